@@ -1,0 +1,28 @@
+# switchless: build, install, test.
+PREFIX ?= /usr/local
+LIBDIR ?= $(PREFIX)/lib
+BINDIR ?= $(PREFIX)/bin
+CARGO ?= cargo
+
+.PHONY: all build deps install uninstall test demo lab
+
+all: build
+
+deps:
+	scripts/deps.sh
+
+build: deps
+	$(CARGO) build --release --locked
+
+# Installs libnccl-net-switchless.so (the name NCCL looks for with NCCL_NET_PLUGIN=switchless) and the CLI.
+install: build
+	install -Dm755 target/release/libswitchless.so $(DESTDIR)$(LIBDIR)/libnccl-net-switchless.so
+	install -Dm755 target/release/switchless $(DESTDIR)$(BINDIR)/switchless
+
+uninstall:
+	rm -f $(DESTDIR)$(LIBDIR)/libnccl-net-switchless.so $(DESTDIR)$(BINDIR)/switchless
+
+# Every test: unit and integration tests, then each end-to-end step in .ci/steps/ in order.
+test: deps
+	$(CARGO) test --locked --all-targets
+	@set -e; for s in .ci/steps/*.sh; do [ -e "$$s" ] || continue; echo "== $$s"; bash "$$s"; done

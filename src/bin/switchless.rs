@@ -1,0 +1,50 @@
+//! The `switchless` command line: doctor, plan, route, bench, nccl-tests.
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use switchless::cli;
+
+fn long_version() -> &'static str {
+    static V: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    V.get_or_init(|| {
+        let abis: Vec<String> = switchless::ABI_VERSIONS
+            .iter()
+            .map(|v| format!("v{v}"))
+            .collect();
+        format!("{} (ncclNet ABI {})", switchless::VERSION, abis.join(", "))
+    })
+}
+
+#[derive(Debug, Parser)]
+#[command(name = "switchless", version = long_version(), about = "NCCL network plugin for switchless RDMA meshes: diagnosis, IP plans, routes, benchmarks")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Diagnose this host's RoCE/Ethernet ports (or a captured tree with --root).
+    Doctor(cli::doctor::Args),
+    /// Turn a cables file into a per-link IP plan.
+    Plan(cli::plan::Args),
+    /// Show which links a connection between two hosts would use.
+    Route(cli::route::Args),
+    /// Drive an ncclNet plugin through its ABI like NCCL's proxy does.
+    Bench(cli::bench::Args),
+    /// Summarize nccl-tests output.
+    NcclTests(cli::nccl_tests::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Doctor(a) => cli::doctor::run(a),
+        Cmd::Plan(a) => cli::plan::run(a),
+        Cmd::Route(a) => cli::route::run(a),
+        Cmd::Bench(a) => cli::bench::run(a),
+        Cmd::NcclTests(a) => cli::nccl_tests::run(a),
+    }
+}

@@ -1,0 +1,2 @@
+//! Typed configuration read from the environment at `init`.
+#![forbid(unsafe_code)]

@@ -1,0 +1,67 @@
+//! Inputs of routing, shared by `fabric` (which produces the local side from the host model) and by the
+//! handle decoder (which produces the remote side). This is the contract between those layers.
+
+use ipnet::Ipv4Net;
+use serde::{Deserialize, Serialize};
+
+/// What kind of path a link can carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LinkKind {
+    /// A RoCE port: an RDMA device port with an IPv4 RoCE v2 GID on this address.
+    Roce,
+    /// A plain IPv4 netdev with no RDMA device (TCP transport).
+    Tcp,
+}
+
+/// One local link: one IPv4 address on one netdev (a netdev with two addresses gives two links).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LocalLink {
+    /// Index of this link in the host's link list (stable for a given host model).
+    pub id: usize,
+    pub kind: LinkKind,
+    /// Kernel netdev name, e.g. `enp1s0f0np0`.
+    pub netdev: String,
+    /// RDMA device and port (RoCE links only), e.g. `rocep1s0f0`, 1.
+    pub rdma_dev: Option<String>,
+    pub port: u8,
+    /// The address with the prefix of its connected subnet, e.g. 10.0.0.1/30.
+    pub addr: Ipv4Net,
+    /// Index of the IPv4-mapped RoCE v2 GID of `addr` on this port (RoCE links only).
+    pub gid_index: Option<u32>,
+    /// PCIe root of the function (e.g. `pci0000:00/0000:00:01.0`); striping balances across these.
+    pub pci_root: String,
+    /// Compact id of (adapter, physical port): links with equal ids share a cable.
+    pub phys_port_id: u16,
+    /// The NCCL device (index into the plugin's device list) this link belongs to, if exposed.
+    pub nccl_dev: Option<usize>,
+    /// Link speed in Mb/s.
+    pub speed_mbps: u32,
+    /// Netdev MTU in bytes and, for RoCE, the active IB MTU in bytes (256..4096).
+    pub mtu: u32,
+    pub active_mtu: u32,
+    /// Operational state is up (carrier present).
+    pub up: bool,
+}
+
+/// A route of the kernel's main table, as read from `/proc/net/route` (IPv4).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelRoute {
+    /// Destination network (0.0.0.0/0 for the default route).
+    pub dest: Ipv4Net,
+    /// Gateway; `None` for a connected (on-link) route.
+    pub gateway: Option<std::net::Ipv4Addr>,
+    /// Outgoing interface.
+    pub ifname: String,
+    pub metric: u32,
+}
+
+/// One link address the peer advertises in its listen handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RemoteLink {
+    /// Address with its prefix length.
+    pub addr: Ipv4Net,
+    /// The peer's compact id of (adapter, physical port) / PCIe root for this address.
+    pub phys_port_id: u16,
+    pub kind: LinkKind,
+}

@@ -1,0 +1,2 @@
+//! Connection state machines, handshake, CTS protocol, striping over paths, requests.
+#![forbid(unsafe_code)]
