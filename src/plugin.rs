@@ -565,6 +565,16 @@ checked!(Request, REQ_MAGIC, "request");
 checked!(Context, CTX_MAGIC, "net context");
 
 impl<B: Backend> Comm<B> {
+    /// The backend's end of the connection.
+    pub fn endpoint(&self) -> &Endpoint<B> {
+        &self.end
+    }
+
+    /// Whether this is the sending end.
+    pub fn is_send(&self) -> bool {
+        matches!(self.end, Endpoint::Send(_))
+    }
+
     fn comm_mut(&mut self) -> CommMut<'_, B> {
         match &mut self.end {
             Endpoint::Send(s) => CommMut::Send(s),

@@ -531,6 +531,10 @@ pub unsafe extern "C" fn test<B: Backend>(request: Vp, done: *mut c_int, sizes: 
 /// `closeSend(sendComm)`.
 pub unsafe extern "C" fn close_send<B: Backend>(send_comm: Vp) -> R {
     guard("closeSend", || {
+        // SAFETY: a comm of ours; checked to be a send comm before ownership is taken.
+        if !unsafe { object::<Comm<B>>(send_comm, "closeSend sendComm")? }.is_send() {
+            return Err(Error::InvalidArgument("closeSend was given a recv comm".into()));
+        }
         // SAFETY: a send comm of ours, closed once.
         plugin::close_send(unsafe { take::<Comm<B>>(send_comm, "closeSend sendComm")? })
     })
@@ -539,6 +543,10 @@ pub unsafe extern "C" fn close_send<B: Backend>(send_comm: Vp) -> R {
 /// `closeRecv(recvComm)`.
 pub unsafe extern "C" fn close_recv<B: Backend>(recv_comm: Vp) -> R {
     guard("closeRecv", || {
+        // SAFETY: a comm of ours; checked to be a recv comm before ownership is taken.
+        if unsafe { object::<Comm<B>>(recv_comm, "closeRecv recvComm")? }.is_send() {
+            return Err(Error::InvalidArgument("closeRecv was given a send comm".into()));
+        }
         // SAFETY: a recv comm of ours, closed once.
         plugin::close_recv(unsafe { take::<Comm<B>>(recv_comm, "closeRecv recvComm")? })
     })

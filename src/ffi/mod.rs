@@ -18,3 +18,6 @@ pub mod props;
 #[doc(hidden)]
 pub mod testsupport;
 pub mod vtables;
+
+#[cfg(test)]
+mod tests;
