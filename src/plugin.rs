@@ -137,7 +137,12 @@ impl Properties {
 
     /// Checks the limits NCCL enforces, naming the field and the accepted range.
     pub fn validate(&self, dev: usize) -> Result<()> {
-        let bad = |what: String| Err(Error::Internal(format!("device {dev} ({:?}): {what}", self.name)));
+        let bad = |what: String| {
+            Err(Error::Internal(format!(
+                "device {dev} ({:?}): {what}",
+                self.name
+            )))
+        };
         if self.max_p2p_bytes == 0 || self.max_p2p_bytes > MAX_NET_SIZE_BYTES {
             return bad(format!(
                 "max_p2p_bytes {} is outside (0, {MAX_NET_SIZE_BYTES}] bytes",
@@ -294,7 +299,12 @@ pub trait Backend: Sized + Send + Sync + 'static {
     fn devices(&self) -> &[Properties];
 
     /// Starts listening on device `dev` for one connection; fills `handle` for the peer.
-    fn listen(self: &Arc<Self>, comm: &CommInfo, dev: usize, handle: &mut Handle) -> Result<Self::Listen>;
+    fn listen(
+        self: &Arc<Self>,
+        comm: &CommInfo,
+        dev: usize,
+        handle: &mut Handle,
+    ) -> Result<Self::Listen>;
 
     /// Connects to the peer described by `handle` (the private, persistent copy: state may be kept in it).
     /// `Ok(None)` = in progress, NCCL calls again with the same handle.
@@ -332,10 +342,16 @@ pub trait Backend: Sized + Send + Sync + 'static {
     ) -> Result<Option<Self::Request>>;
 
     /// Posts one grouped receive of `bufs.len()` buffers. `Ok(None)` = cannot post now, NCCL calls again.
-    fn irecv(comm: &mut Self::Recv, bufs: &[RecvBuf<'_, Self::Mr>]) -> Result<Option<Self::Request>>;
+    fn irecv(
+        comm: &mut Self::Recv,
+        bufs: &[RecvBuf<'_, Self::Mr>],
+    ) -> Result<Option<Self::Request>>;
 
     /// Makes received GPU data visible. `Ok(None)` = nothing to wait for (NOT a retry).
-    fn iflush(comm: &mut Self::Recv, bufs: &[FlushBuf<'_, Self::Mr>]) -> Result<Option<Self::Request>>;
+    fn iflush(
+        comm: &mut Self::Recv,
+        bufs: &[FlushBuf<'_, Self::Mr>],
+    ) -> Result<Option<Self::Request>>;
 
     /// Polls a request. On `Ok(true)` the request is complete and `sizes` holds the byte counts (one for a
     /// send, one per buffer for a receive, none for a flush); the core then frees it.
@@ -387,7 +403,10 @@ fn poisoned(what: &str) -> Error {
 
 /// The open backend, opening it if no context holds one.
 fn acquire<B: Backend>() -> Result<Arc<B>> {
-    let mut live = B::slot().live.lock().map_err(|_| poisoned("backend slot"))?;
+    let mut live = B::slot()
+        .live
+        .lock()
+        .map_err(|_| poisoned("backend slot"))?;
     if let Some(b) = live.upgrade() {
         return Ok(b);
     }
@@ -398,7 +417,10 @@ fn acquire<B: Backend>() -> Result<Arc<B>> {
 
 /// The backend if a context or comm holds it.
 fn current<B: Backend>() -> Result<Option<Arc<B>>> {
-    let live = B::slot().live.lock().map_err(|_| poisoned("backend slot"))?;
+    let live = B::slot()
+        .live
+        .lock()
+        .map_err(|_| poisoned("backend slot"))?;
     Ok(live.upgrade())
 }
 
@@ -447,7 +469,10 @@ pub fn finalize<B: Backend>(ctx: Context<B>) -> Result<()> {
 
 /// `init` of ABI v6–v10: opens the backend once and keeps one shared context until the library unloads.
 pub fn init_legacy<B: Backend>() -> Result<Arc<Context<B>>> {
-    let mut legacy = B::slot().legacy.lock().map_err(|_| poisoned("legacy context"))?;
+    let mut legacy = B::slot()
+        .legacy
+        .lock()
+        .map_err(|_| poisoned("legacy context"))?;
     if let Some(c) = legacy.as_ref() {
         return Ok(Arc::clone(c));
     }
@@ -458,7 +483,10 @@ pub fn init_legacy<B: Backend>() -> Result<Arc<Context<B>>> {
 
 /// The legacy context, for the v6–v10 `listen`/`connect`.
 pub fn legacy_context<B: Backend>() -> Result<Arc<Context<B>>> {
-    let legacy = B::slot().legacy.lock().map_err(|_| poisoned("legacy context"))?;
+    let legacy = B::slot()
+        .legacy
+        .lock()
+        .map_err(|_| poisoned("legacy context"))?;
     legacy.as_ref().map(Arc::clone).ok_or_else(|| {
         Error::InvalidArgument("listen/connect called before a successful init".into())
     })
@@ -480,14 +508,11 @@ pub fn properties<B: Backend>(dev: i32) -> Result<Properties> {
 }
 
 fn device_index(dev: i32, n: usize) -> Result<usize> {
-    usize::try_from(dev)
-        .ok()
-        .filter(|&i| i < n)
-        .ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "device {dev} does not exist; this process has {n} device(s), numbered 0..{n}"
-            ))
-        })
+    usize::try_from(dev).ok().filter(|&i| i < n).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "device {dev} does not exist; this process has {n} device(s), numbered 0..{n}"
+        ))
+    })
 }
 
 const LISTEN_MAGIC: u64 = 0x5357_4c5f_4c49_5354; // "SWL_LIST"
@@ -616,7 +641,11 @@ impl<B: Backend> Request<B> {
 }
 
 /// `listen(ctx, dev, handle)`.
-pub fn listen<B: Backend>(ctx: &Context<B>, dev: i32, handle: &mut Handle) -> Result<Box<Listen<B>>> {
+pub fn listen<B: Backend>(
+    ctx: &Context<B>,
+    dev: i32,
+    handle: &mut Handle,
+) -> Result<Box<Listen<B>>> {
     let i = device_index(dev, ctx.backend.devices().len())?;
     let inner = ctx.backend.listen(&ctx.info, i, handle)?;
     Ok(Box::new(Listen {
@@ -676,8 +705,8 @@ pub fn reg_mr_dmabuf<B: Backend>(
 }
 
 /// `deregMr(comm, mhandle)`.
-pub fn dereg_mr<B: Backend>(comm: &mut Comm<B>, mr: Box<Mr<B>>) -> Result<()> {
-    let Mr { inner, .. } = *mr;
+pub fn dereg_mr<B: Backend>(comm: &mut Comm<B>, mr: Mr<B>) -> Result<()> {
+    let Mr { inner, .. } = mr;
     B::dereg_mr(comm.comm_mut(), inner)
 }
 
@@ -689,13 +718,15 @@ pub fn isend<B: Backend>(
     tag: i32,
     mr: &Mr<B>,
 ) -> Result<Option<Box<Request<B>>>> {
-    Ok(B::isend(comm.send()?, addr, size, tag, &mr.inner)?.map(|inner| {
-        Box::new(Request {
-            magic: REQ_MAGIC,
-            kind: RequestKind::Send,
-            inner,
-        })
-    }))
+    Ok(
+        B::isend(comm.send()?, addr, size, tag, &mr.inner)?.map(|inner| {
+            Box::new(Request {
+                magic: REQ_MAGIC,
+                kind: RequestKind::Send,
+                inner,
+            })
+        }),
+    )
 }
 
 /// `irecv(recvComm, n, data, sizes, tags, mhandles)`; `Ok(None)` = retry later.
@@ -754,7 +785,7 @@ pub fn test<B: Backend>(
 }
 
 /// `closeSend(sendComm)`.
-pub fn close_send<B: Backend>(comm: Box<Comm<B>>) -> Result<()> {
+pub fn close_send<B: Backend>(comm: Comm<B>) -> Result<()> {
     match comm.end {
         Endpoint::Send(s) => B::close_send(s),
         Endpoint::Recv(_) => Err(Error::InvalidArgument(
@@ -764,7 +795,7 @@ pub fn close_send<B: Backend>(comm: Box<Comm<B>>) -> Result<()> {
 }
 
 /// `closeRecv(recvComm)`.
-pub fn close_recv<B: Backend>(comm: Box<Comm<B>>) -> Result<()> {
+pub fn close_recv<B: Backend>(comm: Comm<B>) -> Result<()> {
     match comm.end {
         Endpoint::Recv(r) => B::close_recv(r),
         Endpoint::Send(_) => Err(Error::InvalidArgument(
@@ -774,7 +805,7 @@ pub fn close_recv<B: Backend>(comm: Box<Comm<B>>) -> Result<()> {
 }
 
 /// `closeListen(listenComm)`.
-pub fn close_listen<B: Backend>(listen: Box<Listen<B>>) -> Result<()> {
+pub fn close_listen<B: Backend>(listen: Listen<B>) -> Result<()> {
     B::close_listen(listen.inner)
 }
 
@@ -852,7 +883,12 @@ impl Backend for DeviceOnly {
         }
     }
 
-    fn reg_mr_dmabuf(comm: CommMut<'_, Self>, _: Region, _: u64, _: BorrowedFd<'_>) -> Result<Never> {
+    fn reg_mr_dmabuf(
+        comm: CommMut<'_, Self>,
+        _: Region,
+        _: u64,
+        _: BorrowedFd<'_>,
+    ) -> Result<Never> {
         match comm {
             CommMut::Send(n) | CommMut::Recv(n) => match *n {},
         }

@@ -11,8 +11,8 @@ use super::log;
 use super::props::{AttrIn, CSize, ConfigIn, PropsOut};
 use crate::error::{Error, Result};
 use crate::plugin::{
-    self, Backend, Comm, CommInfo, Context, FlushBuf, Handle, Listen, MAX_GROUPED_RECVS, Mr, PtrSupport,
-    RecvBuf, Region, Request,
+    self, Backend, Comm, CommInfo, Context, FlushBuf, Handle, Listen, MAX_GROUPED_RECVS, Mr,
+    PtrSupport, RecvBuf, Region, Request,
 };
 
 type Vp = *mut c_void;
@@ -128,7 +128,12 @@ pub unsafe extern "C" fn listen_v6<B: Backend>(dev: c_int, h: Vp, listen_comm: *
 }
 
 /// v11+ `listen(ctx, dev, handle, listenComm)`.
-pub unsafe extern "C" fn listen_v11<B: Backend>(ctx: Vp, dev: c_int, h: Vp, listen_comm: *mut Vp) -> R {
+pub unsafe extern "C" fn listen_v11<B: Backend>(
+    ctx: Vp,
+    dev: c_int,
+    h: Vp,
+    listen_comm: *mut Vp,
+) -> R {
     guard("listen", || {
         // SAFETY: ctx came from init_v11 and is alive until finalize.
         let ctx = unsafe { object::<Context<B>>(ctx, "listen ctx")? };
@@ -188,7 +193,13 @@ pub unsafe extern "C" fn connect_v10<B: Backend>(
             comm_id: None,
             traffic_class,
         };
-        do_connect(&*plugin::legacy_context::<B>()?, Some(info), dev, h, send_comm)
+        do_connect(
+            &*plugin::legacy_context::<B>()?,
+            Some(info),
+            dev,
+            h,
+            send_comm,
+        )
     })
 }
 
@@ -265,7 +276,10 @@ pub unsafe extern "C" fn reg_mr<B: Backend, S: CSize>(
         *mh = std::ptr::null_mut();
         // SAFETY: a send or recv comm of ours.
         let comm = unsafe { object::<Comm<B>>(comm, "regMr comm")? };
-        give(mh, plugin::reg_mr(comm, region(data, size.bytes()?, kind)?)?);
+        give(
+            mh,
+            plugin::reg_mr(comm, region(data, size.bytes()?, kind)?)?,
+        );
         Ok(())
     })
 }
@@ -293,7 +307,10 @@ pub unsafe extern "C" fn reg_mr_dmabuf<B: Backend>(
         }
         // SAFETY: NCCL keeps `fd` open for the duration of this call (it closes it right after).
         let fd = unsafe { BorrowedFd::borrow_raw(fd) };
-        give(mh, plugin::reg_mr_dmabuf(comm, region(data, size, kind)?, offset, fd)?);
+        give(
+            mh,
+            plugin::reg_mr_dmabuf(comm, region(data, size, kind)?, offset, fd)?,
+        );
         Ok(())
     })
 }
@@ -305,12 +322,12 @@ pub unsafe extern "C" fn dereg_mr<B: Backend>(comm: Vp, mhandle: Vp) -> R {
         let comm = unsafe { object::<Comm<B>>(comm, "deregMr comm")? };
         // SAFETY: an mhandle from regMr*, deregistered once.
         let mr = unsafe { take::<Mr<B>>(mhandle, "deregMr mhandle")? };
-        plugin::dereg_mr(comm, mr)
+        plugin::dereg_mr(comm, *mr)
     })
 }
 
 /// `getDeviceMr`: host devices have no device-side handle; always NULL.
-pub unsafe extern "C" fn get_device_mr<B: Backend>(_comm: Vp, _mhandle: Vp, dptr: *mut Vp) -> R {
+pub unsafe extern "C" fn get_device_mr(_comm: Vp, _mhandle: Vp, dptr: *mut Vp) -> R {
     guard("getDeviceMr", || {
         // SAFETY: NCCL passes a valid void**.
         *unsafe { out(dptr, "getDeviceMr dptr_mhandle")? } = std::ptr::null_mut();
@@ -512,7 +529,9 @@ pub unsafe extern "C" fn test<B: Backend>(request: Vp, done: *mut c_int, sizes: 
         if !sizes.is_null() {
             for (i, &c) in counts[..n].iter().enumerate() {
                 let c = c_int::try_from(c).map_err(|_| {
-                    Error::Internal(format!("completed size {c} bytes does not fit test()'s int"))
+                    Error::Internal(format!(
+                        "completed size {c} bytes does not fit test()'s int"
+                    ))
                 })?;
                 // SAFETY: NCCL's sizes array has NCCL_PROXY_MAX_SUBS (64) ints for a receive and one for a
                 // send; n <= 64 for a receive, 1 for a send.
@@ -533,10 +552,12 @@ pub unsafe extern "C" fn close_send<B: Backend>(send_comm: Vp) -> R {
     guard("closeSend", || {
         // SAFETY: a comm of ours; checked to be a send comm before ownership is taken.
         if !unsafe { object::<Comm<B>>(send_comm, "closeSend sendComm")? }.is_send() {
-            return Err(Error::InvalidArgument("closeSend was given a recv comm".into()));
+            return Err(Error::InvalidArgument(
+                "closeSend was given a recv comm".into(),
+            ));
         }
         // SAFETY: a send comm of ours, closed once.
-        plugin::close_send(unsafe { take::<Comm<B>>(send_comm, "closeSend sendComm")? })
+        plugin::close_send(*unsafe { take::<Comm<B>>(send_comm, "closeSend sendComm")? })
     })
 }
 
@@ -545,10 +566,12 @@ pub unsafe extern "C" fn close_recv<B: Backend>(recv_comm: Vp) -> R {
     guard("closeRecv", || {
         // SAFETY: a comm of ours; checked to be a recv comm before ownership is taken.
         if unsafe { object::<Comm<B>>(recv_comm, "closeRecv recvComm")? }.is_send() {
-            return Err(Error::InvalidArgument("closeRecv was given a send comm".into()));
+            return Err(Error::InvalidArgument(
+                "closeRecv was given a send comm".into(),
+            ));
         }
         // SAFETY: a recv comm of ours, closed once.
-        plugin::close_recv(unsafe { take::<Comm<B>>(recv_comm, "closeRecv recvComm")? })
+        plugin::close_recv(*unsafe { take::<Comm<B>>(recv_comm, "closeRecv recvComm")? })
     })
 }
 
@@ -556,7 +579,7 @@ pub unsafe extern "C" fn close_recv<B: Backend>(recv_comm: Vp) -> R {
 pub unsafe extern "C" fn close_listen<B: Backend>(listen_comm: Vp) -> R {
     guard("closeListen", || {
         // SAFETY: a listen comm of ours, closed once.
-        plugin::close_listen(unsafe { take::<Listen<B>>(listen_comm, "closeListen listenComm")? })
+        plugin::close_listen(*unsafe { take::<Listen<B>>(listen_comm, "closeListen listenComm")? })
     })
 }
 

@@ -5,7 +5,7 @@ use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use super::abi::ncclResult_t;
-use crate::error::{Error, ResultCode, Result};
+use crate::error::{Error, Result, ResultCode};
 use crate::plugin::Object;
 
 /// The `ncclResult_t` for a crate result code.
@@ -34,7 +34,9 @@ pub fn guard(entry: &'static str, f: impl FnOnce() -> Result<()>) -> ncclResult_
 }
 
 fn report(entry: &str, e: &Error) {
-    let _ = catch_unwind(AssertUnwindSafe(|| tracing::warn!("switchless {entry}: {e}")));
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        tracing::warn!("switchless {entry}: {e}")
+    }));
 }
 
 fn panic_text(payload: &(dyn Any + Send)) -> String {
@@ -53,10 +55,14 @@ fn panic_text(payload: &(dyn Any + Send)) -> String {
 /// `p` is NULL or valid for writes of `T` for `'a`, with no other live reference to it.
 pub unsafe fn out<'a, T>(p: *mut T, what: &str) -> Result<&'a mut T> {
     if p.is_null() {
-        return Err(Error::InvalidArgument(format!("{what} is NULL; a valid pointer is required")));
+        return Err(Error::InvalidArgument(format!(
+            "{what} is NULL; a valid pointer is required"
+        )));
     }
     if !p.is_aligned() {
-        return Err(Error::InvalidArgument(format!("{what} ({p:p}) is misaligned")));
+        return Err(Error::InvalidArgument(format!(
+            "{what} ({p:p}) is misaligned"
+        )));
     }
     // SAFETY: non-NULL and aligned; validity for writes is the caller's contract.
     Ok(unsafe { &mut *p })
@@ -71,16 +77,25 @@ pub unsafe fn out<'a, T>(p: *mut T, what: &str) -> Result<&'a mut T> {
 pub unsafe fn object<'a, T: Object>(p: *mut c_void, what: &str) -> Result<&'a mut T> {
     let p = p.cast::<T>();
     if p.is_null() {
-        return Err(Error::InvalidArgument(format!("{what} is NULL; expected a {}", T::WHAT)));
+        return Err(Error::InvalidArgument(format!(
+            "{what} is NULL; expected a {}",
+            T::WHAT
+        )));
     }
     if !p.is_aligned() {
-        return Err(Error::InvalidArgument(format!("{what} ({p:p}) is not a {}", T::WHAT)));
+        return Err(Error::InvalidArgument(format!(
+            "{what} ({p:p}) is not a {}",
+            T::WHAT
+        )));
     }
     // SAFETY: non-NULL, aligned, and by the caller's contract a live object of ours; the magic check below
     // rejects pointers of another kind.
     let r = unsafe { &mut *p };
     if !r.is_valid() {
-        return Err(Error::InvalidArgument(format!("{what} ({p:p}) is not a live {}", T::WHAT)));
+        return Err(Error::InvalidArgument(format!(
+            "{what} ({p:p}) is not a live {}",
+            T::WHAT
+        )));
     }
     Ok(r)
 }

@@ -18,7 +18,7 @@ use std::ffi::{CString, c_int, c_ulong};
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::sync::Once;
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU8, AtomicU64, Ordering};
 
 use tracing::field::{Field, Visit};
 use tracing::span;
@@ -246,7 +246,9 @@ impl Subscriber for Bridge {
         event.record(&mut text);
         text.message.push_str(&text.fields);
         let file = meta.file().unwrap_or("switchless");
-        let line = meta.line().map_or(0, |l| c_int::try_from(l).unwrap_or(c_int::MAX));
+        let line = meta
+            .line()
+            .map_or(0, |l| c_int::try_from(l).unwrap_or(c_int::MAX));
         match self.slot.logger() {
             Some(log) => {
                 let (level, flags) = nccl_level(meta);
@@ -255,7 +257,16 @@ impl Subscriber for Bridge {
                 // SAFETY: `log` is the logger NCCL (or a test) passed to init, a C-variadic function taking
                 // (level, flags, file, line, fmt, ...). The format is the literal "%s" and exactly one
                 // argument follows: a NUL-terminated string that lives until the call returns.
-                unsafe { log(level, flags, file.as_ptr(), line, c"%s".as_ptr(), msg.as_ptr()) };
+                unsafe {
+                    log(
+                        level,
+                        flags,
+                        file.as_ptr(),
+                        line,
+                        c"%s".as_ptr(),
+                        msg.as_ptr(),
+                    )
+                };
             }
             None => {
                 let _ = writeln!(

@@ -46,7 +46,9 @@ fn vdevs<const N: usize>(dev: c_int, p: &Properties) -> Result<(c_int, [c_int; N
 macro_rules! v6_fields {
     ($o:ident, $p:ident) => {
         $o.name = $p.name.as_ptr().cast_mut();
-        $o.pciPath = $p.pci_path.map_or(std::ptr::null_mut(), |s| s.as_ptr().cast_mut());
+        $o.pciPath = $p
+            .pci_path
+            .map_or(std::ptr::null_mut(), |s| s.as_ptr().cast_mut());
         $o.guid = $p.guid;
         $o.ptrSupport = int($p.ptr_support.0, "ptr_support")?;
         $o.speed = $p.speed_mbps;
@@ -116,8 +118,7 @@ macro_rules! props_v9_plus {
                 v6_fields!($o, $p);
                 v7_fields!($o, $p);
                 v9_fields!($o, $p, dev, $n);
-                $extra
-                *self = $o;
+                $extra * self = $o;
                 Ok(())
             }
         }

@@ -1,6 +1,10 @@
 //! Tests of the adapters through the real vtables (instantiated over in-memory mock backends), the panic
 //! guard, and the C/Rust layout agreement.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::undocumented_unsafe_blocks)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::undocumented_unsafe_blocks
+)]
 
 use std::ffi::{CStr, c_int, c_void};
 use std::os::fd::BorrowedFd;
@@ -50,7 +54,12 @@ static CLOSES: AtomicUsize = AtomicUsize::new(0);
 static LAST_ATTR: Mutex<Option<NetAttr>> = Mutex::new(None);
 
 fn mock_devices() -> Vec<Properties> {
-    let mut d0 = Properties::host("mock0", Some("/sys/devices/pci0000:00/0000:00:02.0"), 0x1122).unwrap();
+    let mut d0 = Properties::host(
+        "mock0",
+        Some("/sys/devices/pci0000:00/0000:00:02.0"),
+        0x1122,
+    )
+    .unwrap();
     d0.speed_mbps = 200_000;
     d0.latency_us = 1.5;
     d0.reg_is_global = true;
@@ -97,7 +106,12 @@ macro_rules! mock_backend {
                 &self.devices
             }
 
-            fn listen(self: &Arc<Self>, _: &CommInfo, dev: usize, h: &mut Handle) -> Result<MockListen> {
+            fn listen(
+                self: &Arc<Self>,
+                _: &CommInfo,
+                dev: usize,
+                h: &mut Handle,
+            ) -> Result<MockListen> {
                 h[0] = 0xab;
                 h[1] = dev as u8;
                 Ok(MockListen { dev, polls: 0 })
@@ -160,7 +174,9 @@ macro_rules! mock_backend {
                     return Ok(None);
                 }
                 if addr < mr.region.addr || addr + size > mr.region.addr + mr.region.size {
-                    return Err(Error::InvalidArgument("buffer outside its registration".into()));
+                    return Err(Error::InvalidArgument(
+                        "buffer outside its registration".into(),
+                    ));
                 }
                 Ok(Some(MockReq {
                     polls: 0,
@@ -171,7 +187,10 @@ macro_rules! mock_backend {
             fn irecv(_: &mut MockRecv, bufs: &[RecvBuf<'_, MockMr>]) -> Result<Option<MockReq>> {
                 Ok(Some(MockReq {
                     polls: 0,
-                    sizes: bufs.iter().map(|b| b.size.min(100) + b.tag as usize).collect(),
+                    sizes: bufs
+                        .iter()
+                        .map(|b| b.size.min(100) + b.tag as usize)
+                        .collect(),
                 }))
             }
 
@@ -220,7 +239,12 @@ fn serial() -> MutexGuard<'static, ()> {
 }
 
 fn ok(r: R) {
-    assert_eq!(r, R::ncclSuccess, "expected ncclSuccess, got {r:?}; log: {:?}", testsupport::take_log());
+    assert_eq!(
+        r,
+        R::ncclSuccess,
+        "expected ncclSuccess, got {r:?}; log: {:?}",
+        testsupport::take_log()
+    );
 }
 
 // ----- one driver for every version ----------------------------------------------------------------------------
@@ -234,7 +258,15 @@ trait Shape {
     fn accept(&self, l: Vp) -> (R, Vp);
     fn reg_mr(&self, comm: Vp, addr: usize, size: usize) -> (R, Vp);
     fn isend(&self, s: Vp, addr: usize, size: usize, tag: c_int, mh: Vp) -> (R, Vp);
-    fn irecv(&self, r: Vp, addrs: &[usize], sizes: &[usize], tags: &[c_int], mhs: &[Vp], preset: Vp) -> (R, Vp);
+    fn irecv(
+        &self,
+        r: Vp,
+        addrs: &[usize],
+        sizes: &[usize],
+        tags: &[c_int],
+        mhs: &[Vp],
+        preset: Vp,
+    ) -> (R, Vp);
     fn common(&self) -> Common;
     /// (name, pciPath, guid, speed, port, latency, maxRecvs, ndevs/devs or None, rail, plane)
     fn props(&self, dev: c_int) -> (R, PropsSeen);
@@ -350,14 +382,27 @@ macro_rules! shape {
                 let r = $isend;
                 (r, $o5)
             }
-            fn irecv(&self, $rc6: Vp, addrs: &[usize], sizes: &[usize], tags: &[c_int], mhs: &[Vp], preset: Vp) -> (R, Vp) {
+            fn irecv(
+                &self,
+                $rc6: Vp,
+                addrs: &[usize],
+                sizes: &[usize],
+                tags: &[c_int],
+                mhs: &[Vp],
+                preset: Vp,
+            ) -> (R, Vp) {
                 let $s6 = self;
                 let $n6 = addrs.len() as c_int;
                 let mut data: Vec<Vp> = addrs.iter().map(|&a| a as Vp).collect();
                 let mut sz: Vec<$irs> = sizes.iter().map(|&s| s as $irs).collect();
                 let mut tg = tags.to_vec();
                 let mut mh = mhs.to_vec();
-                let ($d6, $z6, $t6, $m6) = (data.as_mut_ptr(), sz.as_mut_ptr(), tg.as_mut_ptr(), mh.as_mut_ptr());
+                let ($d6, $z6, $t6, $m6) = (
+                    data.as_mut_ptr(),
+                    sz.as_mut_ptr(),
+                    tg.as_mut_ptr(),
+                    mh.as_mut_ptr(),
+                );
                 let mut $o6: Vp = preset;
                 let r = $irecv;
                 (r, $o6)
@@ -389,7 +434,7 @@ shape!(abi::ncclNet_v6_t, abi::ncclNetProperties_v6_t, vdevs: 0,
     regmr: c_int,
     isend: |s, sc, a, n, t, m, o| unsafe { s.isend.unwrap()(sc, a as Vp, n as c_int, t, m, &mut o) },
     irecv: c_int, |s, rc, n, d, z, t, m, o| unsafe { s.irecv.unwrap()(rc, n, d, z, t, m, &mut o) },
-    props: |_p, _seen| ());
+    props: |p, _seen| { let _unused = p.guid; });
 
 macro_rules! v7_like {
     ($t:ty, $props:ty, $rs:ty, $is:ty, |$pp:ident, $seen:ident| $extra:expr, vdevs: $nv:expr) => {
@@ -424,26 +469,26 @@ v7_like!(abi::ncclNet_v9_t, abi::ncclNetProperties_v9_t, usize, usize, |p, s| {
 }, vdevs: 4);
 
 shape!(abi::ncclNet_v10_t, abi::ncclNetProperties_v10_t, vdevs: 4,
-    init: |s| (unsafe { s.init.unwrap()(Some(testsupport::c_logger()), None) }, null_mut()),
-    finalize: |_s, _c| None,
-    listen: |s, _c, d, h, o| unsafe { s.listen.unwrap()(d, h.as_mut_ptr().cast(), &mut o) },
-    connect: |s, _c, d, h, o| {
-        let mut dh: *mut abi::ncclNetDeviceHandle_v7_t = null_mut();
-        let mut cfg = abi::ncclNetCommConfig_v10_t { trafficClass: 106 };
-        unsafe { s.connect.unwrap()(d, &mut cfg, h.as_mut_ptr().cast(), &mut o, &mut dh) }
-    },
-    accept: |s, l, o| {
-        let mut dh: *mut abi::ncclNetDeviceHandle_v7_t = null_mut();
-        unsafe { s.accept.unwrap()(l, &mut o, &mut dh) }
-    },
-    regmr: usize,
-    isend: |s, sc, a, n, t, m, o| unsafe { s.isend.unwrap()(sc, a as Vp, n, t, m, null_mut(), &mut o) },
-    irecv: usize, |s, rc, n, d, z, t, m, o| unsafe { s.irecv.unwrap()(rc, n, d, z, t, m, null_mut(), &mut o) },
-    props: |p, s| {
-        s.reg_is_global = Some(p.regIsGlobal);
-        s.vdevs = Some(p.vProps.devs[..p.vProps.ndevs as usize].to_vec());
-        s.max_p2p = Some(p.maxP2pBytes);
-    });
+init: |s| (unsafe { s.init.unwrap()(Some(testsupport::c_logger()), None) }, null_mut()),
+finalize: |_s, _c| None,
+listen: |s, _c, d, h, o| unsafe { s.listen.unwrap()(d, h.as_mut_ptr().cast(), &mut o) },
+connect: |s, _c, d, h, o| {
+    let mut dh: *mut abi::ncclNetDeviceHandle_v7_t = null_mut();
+    let mut cfg = abi::ncclNetCommConfig_v10_t { trafficClass: 106 };
+    unsafe { s.connect.unwrap()(d, &mut cfg, h.as_mut_ptr().cast(), &mut o, &mut dh) }
+},
+accept: |s, l, o| {
+    let mut dh: *mut abi::ncclNetDeviceHandle_v7_t = null_mut();
+    unsafe { s.accept.unwrap()(l, &mut o, &mut dh) }
+},
+regmr: usize,
+isend: |s, sc, a, n, t, m, o| unsafe { s.isend.unwrap()(sc, a as Vp, n, t, m, null_mut(), &mut o) },
+irecv: usize, |s, rc, n, d, z, t, m, o| unsafe { s.irecv.unwrap()(rc, n, d, z, t, m, null_mut(), &mut o) },
+props: |p, s| {
+    s.reg_is_global = Some(p.regIsGlobal);
+    s.vdevs = Some(p.vProps.devs[..p.vProps.ndevs as usize].to_vec());
+    s.max_p2p = Some(p.maxP2pBytes);
+});
 
 macro_rules! v11_like {
     ($t:ty, $props:ty, $cfg:ty, vdevs: $nv:expr, |$pp:ident, $seen:ident| $extra:expr) => {
@@ -499,13 +544,23 @@ fn scenario(v: &dyn Shape, version: u32) {
     let (r, p0) = v.props(0);
     ok(r);
     assert_eq!(p0.name, "mock0");
-    assert_eq!(p0.pci.as_deref(), Some("/sys/devices/pci0000:00/0000:00:02.0"));
-    assert_eq!((p0.guid, p0.speed, p0.port, p0.latency, p0.max_recvs), (0x1122, 200_000, 1, 1.5, 8));
+    assert_eq!(
+        p0.pci.as_deref(),
+        Some("/sys/devices/pci0000:00/0000:00:02.0")
+    );
+    assert_eq!(
+        (p0.guid, p0.speed, p0.port, p0.latency, p0.max_recvs),
+        (0x1122, 200_000, 1, 1.5, 8)
+    );
     if version >= 8 {
         assert_eq!(p0.reg_is_global, Some(1));
     }
     if version >= 9 {
-        assert_eq!(p0.vdevs.as_deref(), Some(&[0][..]), "physical device = {{1, {{dev}}}}");
+        assert_eq!(
+            p0.vdevs.as_deref(),
+            Some(&[0][..]),
+            "physical device = {{1, {{dev}}}}"
+        );
         assert_eq!(p0.max_p2p, Some(1 << 40));
     }
     if version >= 11 {
@@ -522,7 +577,11 @@ fn scenario(v: &dyn Shape, version: u32) {
             assert_eq!(p1.vdevs.as_deref(), Some(&[0, 1, 3, 4, 5][..]));
         }
     } else {
-        assert_eq!(r, R::ncclInternalError, "5 fused devices do not fit v{version}'s vProps");
+        assert_eq!(
+            r,
+            R::ncclInternalError,
+            "5 fused devices do not fit v{version}'s vProps"
+        );
     }
     assert_eq!(v.props(2).0, R::ncclInvalidArgument);
     assert_eq!(v.props(-1).0, R::ncclInvalidArgument);
@@ -569,7 +628,14 @@ fn scenario(v: &dyn Shape, version: u32) {
     assert_eq!((done, size), (1, 1000));
 
     // irecv entered with *request = NCCL_NET_OPTIONAL_RECV_COMPLETION is overwritten.
-    let (r, rreq) = v.irecv(rc, &[base, base + 2048], &[2048, 50], &[1, 2], &[rmr, rmr], 0x1 as Vp);
+    let (r, rreq) = v.irecv(
+        rc,
+        &[base, base + 2048],
+        &[2048, 50],
+        &[1, 2],
+        &[rmr, rmr],
+        0x1 as Vp,
+    );
     ok(r);
     assert!(!rreq.is_null() && rreq != 0x1 as Vp);
     let mut sizes = [-1 as c_int; 64];
@@ -582,13 +648,25 @@ fn scenario(v: &dyn Shape, version: u32) {
     let mut fsz = [10 as c_int];
     let mut fmh = [rmr];
     let mut freq: Vp = 0x1 as Vp;
-    ok(unsafe { (c.iflush)(rc, 1, data.as_mut_ptr(), fsz.as_mut_ptr(), fmh.as_mut_ptr(), &mut freq) });
+    ok(unsafe {
+        (c.iflush)(
+            rc,
+            1,
+            data.as_mut_ptr(),
+            fsz.as_mut_ptr(),
+            fmh.as_mut_ptr(),
+            &mut freq,
+        )
+    });
     assert!(freq.is_null());
 
     // A send comm where a recv comm is required, and NULLs, are rejected.
     let (r, _) = v.irecv(s, &[base], &[10], &[0], &[rmr], 0x1 as Vp);
     assert_eq!(r, R::ncclInvalidArgument);
-    assert_eq!(unsafe { (c.test)(null_mut(), &mut done, null_mut()) }, R::ncclInvalidArgument);
+    assert_eq!(
+        unsafe { (c.test)(null_mut(), &mut done, null_mut()) },
+        R::ncclInvalidArgument
+    );
     assert_eq!(unsafe { (c.devices)(null_mut()) }, R::ncclInvalidArgument);
     assert_eq!(unsafe { (c.close_recv)(s) }, R::ncclInvalidArgument);
 
@@ -598,7 +676,9 @@ fn scenario(v: &dyn Shape, version: u32) {
     assert_eq!(r, R::ncclInternalError);
     let log = testsupport::take_log();
     assert!(
-        log.iter().any(|l| l.level == 2 && l.text.contains("isend") && l.text.contains("mock isend panics")),
+        log.iter().any(|l| l.level == 2
+            && l.text.contains("isend")
+            && l.text.contains("mock isend panics")),
         "{log:?}"
     );
 
@@ -653,7 +733,11 @@ fn per_communicator_contexts_share_one_backend_and_the_last_releases_it() {
     let (r, b) = Shape::init(&v);
     ok(r);
     assert_ne!(a, b);
-    assert_eq!(OPENS.load(Ordering::SeqCst), o0 + 1, "one backend for both contexts");
+    assert_eq!(
+        OPENS.load(Ordering::SeqCst),
+        o0 + 1,
+        "one backend for both contexts"
+    );
     let mut n = 0;
     ok(unsafe { v.devices.unwrap()(&mut n) });
     assert_eq!(n, 2);
@@ -682,12 +766,23 @@ fn per_communicator_contexts_share_one_backend_and_the_last_releases_it() {
     assert_eq!(got.send.min_concurrent_peers, None);
     assert_eq!(got.recv.max_flows_per_peer, None);
     assert_eq!((got.op, got.algo), (Some(0x10), None));
-    assert_eq!(unsafe { v.setNetAttr.unwrap()(a, null_mut()) }, R::ncclInvalidArgument);
+    assert_eq!(
+        unsafe { v.setNetAttr.unwrap()(a, null_mut()) },
+        R::ncclInvalidArgument
+    );
 
     ok(unsafe { v.finalize.unwrap()(a) });
-    assert_eq!(DROPS.load(Ordering::SeqCst), d0, "one context still holds the backend");
+    assert_eq!(
+        DROPS.load(Ordering::SeqCst),
+        d0,
+        "one context still holds the backend"
+    );
     ok(unsafe { v.finalize.unwrap()(b) });
-    assert_eq!(DROPS.load(Ordering::SeqCst), d0 + 1, "the last finalize releases the backend");
+    assert_eq!(
+        DROPS.load(Ordering::SeqCst),
+        d0 + 1,
+        "the last finalize releases the backend"
+    );
     ok(unsafe { v.devices.unwrap()(&mut n) });
     assert_eq!(n, 0, "no backend open: 0 devices");
 
@@ -696,7 +791,10 @@ fn per_communicator_contexts_share_one_backend_and_the_last_releases_it() {
     ok(r);
     assert_eq!(OPENS.load(Ordering::SeqCst), o0 + 2);
     ok(unsafe { v.finalize.unwrap()(c) });
-    assert_eq!(unsafe { v.finalize.unwrap()(null_mut()) }, R::ncclInvalidArgument);
+    assert_eq!(
+        unsafe { v.finalize.unwrap()(null_mut()) },
+        R::ncclInvalidArgument
+    );
     let mut ctx: Vp = 0x1 as Vp;
     assert_eq!(
         unsafe { v.init.unwrap()(null_mut(), 1, null_mut(), None, None) },
@@ -746,13 +844,25 @@ fn negative_int_sizes_and_bad_memory_types_are_invalid_arguments() {
     let _ = v.connect(null_mut(), 0, &mut h);
     let (_, s) = v.connect(null_mut(), 0, &mut h);
     let mut mh: Vp = null_mut();
-    assert_eq!(unsafe { v.regMr.unwrap()(s, 0x1000 as Vp, -1, 1, &mut mh) }, R::ncclInvalidArgument);
-    assert_eq!(unsafe { v.regMr.unwrap()(s, 0x1000 as Vp, 10, 3, &mut mh) }, R::ncclInvalidArgument);
-    assert_eq!(unsafe { v.regMr.unwrap()(l, 0x1000 as Vp, 10, 1, &mut mh) }, R::ncclInvalidArgument);
+    assert_eq!(
+        unsafe { v.regMr.unwrap()(s, 0x1000 as Vp, -1, 1, &mut mh) },
+        R::ncclInvalidArgument
+    );
+    assert_eq!(
+        unsafe { v.regMr.unwrap()(s, 0x1000 as Vp, 10, 3, &mut mh) },
+        R::ncclInvalidArgument
+    );
+    assert_eq!(
+        unsafe { v.regMr.unwrap()(l, 0x1000 as Vp, 10, 1, &mut mh) },
+        R::ncclInvalidArgument
+    );
     assert!(mh.is_null());
     let mut req: Vp = null_mut();
     ok(unsafe { v.regMr.unwrap()(s, 0x1000 as Vp, 10, 1, &mut mh) });
-    assert_eq!(unsafe { v.isend.unwrap()(s, 0x1000 as Vp, -5, 0, mh, &mut req) }, R::ncclInvalidArgument);
+    assert_eq!(
+        unsafe { v.isend.unwrap()(s, 0x1000 as Vp, -5, 0, mh, &mut req) },
+        R::ncclInvalidArgument
+    );
     assert_eq!(
         unsafe { v.regMrDmaBuf.unwrap()(s, 0x1000 as Vp, 10, 4, 0, -1, &mut req) },
         R::ncclInvalidArgument
@@ -780,7 +890,10 @@ fn guard_maps_errors_and_panics() {
         assert_eq!(guard("t", || Err(e.clone())).0, code, "{e}");
     }
     assert_eq!(guard("t", || panic!("boom {}", 1)), R::ncclInternalError);
-    assert_eq!(guard("t", || std::panic::panic_any(42u8)), R::ncclInternalError);
+    assert_eq!(
+        guard("t", || std::panic::panic_any(42u8)),
+        R::ncclInternalError
+    );
     // A panic payload whose Drop panics too must not escape.
     struct Evil;
     impl Drop for Evil {
@@ -788,7 +901,10 @@ fn guard_maps_errors_and_panics() {
             panic!("drop of the payload panics");
         }
     }
-    assert_eq!(guard("t", || std::panic::panic_any(Evil)), R::ncclInternalError);
+    assert_eq!(
+        guard("t", || std::panic::panic_any(Evil)),
+        R::ncclInternalError
+    );
 }
 
 #[test]
@@ -805,7 +921,10 @@ fn guard_logs_one_warn_line_through_the_c_logger() {
     let lines = testsupport::take_log();
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert_eq!(lines[0].level, 2);
-    assert_eq!(lines[0].text, "switchless listen: internal error: panic: bad %s %n state\\0here");
+    assert_eq!(
+        lines[0].text,
+        "switchless listen: internal error: panic: bad %s %n state\\0here"
+    );
 }
 
 // ----- layout ----------------------------------------------------------------------------------------------------
@@ -815,7 +934,11 @@ fn every_struct_and_field_has_the_same_layout_in_c_and_rust() {
     let c = testsupport::c_layout();
     let rust = testsupport::rust_layout();
     assert_eq!(c.len(), rust.len());
-    assert!(c.len() > 250, "{} rows: the table should cover every field of every ABI struct", c.len());
+    assert!(
+        c.len() > 250,
+        "{} rows: the table should cover every field of every ABI struct",
+        c.len()
+    );
     for (row, (ty, field, size, align, offset)) in rust.iter().zip(&c) {
         assert_eq!((row.ty, row.field), (ty.as_str(), field.as_str()));
         assert_eq!(

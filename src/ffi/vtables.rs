@@ -62,7 +62,7 @@ macro_rules! vtable {
             closeSend: Some(a::close_send::<$B>),
             closeRecv: Some(a::close_recv::<$B>),
             closeListen: Some(a::close_listen::<$B>),
-            getDeviceMr: Some(a::get_device_mr::<$B>),
+            getDeviceMr: Some(a::get_device_mr),
             // Only for device-side (UNPACK) networking; NCCL calls it after test() already reported done.
             irecvConsumed: None,
             $($extra: $val,)*
@@ -129,7 +129,15 @@ macro_rules! sync {
         unsafe impl Sync for abi::$t {}
     )*};
 }
-sync!(ncclNet_v6_t, ncclNet_v7_t, ncclNet_v8_t, ncclNet_v9_t, ncclNet_v10_t, ncclNet_v11_t, ncclNet_v12_t);
+sync!(
+    ncclNet_v6_t,
+    ncclNet_v7_t,
+    ncclNet_v8_t,
+    ncclNet_v9_t,
+    ncclNet_v10_t,
+    ncclNet_v11_t,
+    ncclNet_v12_t
+);
 
 /// ABI v12 (NCCL 2.30+).
 #[unsafe(no_mangle)]

@@ -88,13 +88,23 @@ pub fn probe() -> Probe {
             continue;
         }
         // SAFETY: non-NULL, NUL-terminated, valid until the list is freed (copied before that).
-        let name = unsafe { CStr::from_ptr(name_ptr) }.to_string_lossy().into_owned();
+        let name = unsafe { CStr::from_ptr(name_ptr) }
+            .to_string_lossy()
+            .into_owned();
         // SAFETY: `dev` is a device of the live list.
         let guid = u64::from_be(unsafe { rdma_sys::ibv_get_device_guid(dev) });
-        let pci_path = std::fs::canonicalize(Path::new("/sys/class/infiniband").join(&name).join("device"))
-            .ok()
-            .map(|p| p.to_string_lossy().into_owned());
-        devices.push(ProbedDevice { name, guid, pci_path });
+        let pci_path = std::fs::canonicalize(
+            Path::new("/sys/class/infiniband")
+                .join(&name)
+                .join("device"),
+        )
+        .ok()
+        .map(|p| p.to_string_lossy().into_owned());
+        devices.push(ProbedDevice {
+            name,
+            guid,
+            pci_path,
+        });
     }
     // SAFETY: `list` came from ibv_get_device_list and is freed exactly once; no pointer into it is kept.
     unsafe { rdma_sys::ibv_free_device_list(list) };
@@ -109,19 +119,44 @@ mod tests {
     #[test]
     fn probe_agrees_with_sysfs() {
         let p = probe();
-        let sysfs = std::fs::read_dir("/sys/class/infiniband").map(|d| d.count()).unwrap_or(0);
-        assert_eq!(p.devices.len(), sysfs, "probe {p:?} vs /sys/class/infiniband");
+        let sysfs = std::fs::read_dir("/sys/class/infiniband")
+            .map(|d| d.count())
+            .unwrap_or(0);
+        assert_eq!(
+            p.devices.len(),
+            sysfs,
+            "probe {p:?} vs /sys/class/infiniband"
+        );
         assert_eq!(p.none.is_some(), p.devices.is_empty());
         if p.devices.is_empty() {
-            assert!(p.why_none().contains("ibv_get_device_list"), "{}", p.why_none());
+            assert!(
+                p.why_none().contains("ibv_get_device_list"),
+                "{}",
+                p.why_none()
+            );
         }
     }
 
     #[test]
     fn reasons_are_specific() {
-        let mk = |n| Probe { devices: vec![], none: Some(n) };
-        assert!(mk(NoDevices::KernelSupportMissing).why_none().contains("ENOSYS"));
-        assert!(mk(NoDevices::NoneListed).why_none().contains("ibverbs-providers"));
-        assert!(mk(NoDevices::ListFailed(libc::EACCES)).why_none().contains("ermission"));
+        let mk = |n| Probe {
+            devices: vec![],
+            none: Some(n),
+        };
+        assert!(
+            mk(NoDevices::KernelSupportMissing)
+                .why_none()
+                .contains("ENOSYS")
+        );
+        assert!(
+            mk(NoDevices::NoneListed)
+                .why_none()
+                .contains("ibverbs-providers")
+        );
+        assert!(
+            mk(NoDevices::ListFailed(libc::EACCES))
+                .why_none()
+                .contains("ermission")
+        );
     }
 }
