@@ -7,7 +7,8 @@
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
-    clippy::undocumented_unsafe_blocks
+    clippy::undocumented_unsafe_blocks,
+    clippy::manual_dangling_ptr
 )]
 
 use std::collections::BTreeSet;
