@@ -926,3 +926,92 @@ impl Backend for DeviceOnly {
         match listen {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn properties_are_validated_against_nccl_limits() {
+        let good = Properties::host("d0", None, 1).unwrap();
+        good.validate(0).unwrap();
+        let mut p = good.clone();
+        p.max_p2p_bytes = 0;
+        assert!(
+            p.validate(0)
+                .unwrap_err()
+                .to_string()
+                .contains("max_p2p_bytes 0")
+        );
+        p.max_p2p_bytes = MAX_NET_SIZE_BYTES + 1;
+        assert!(matches!(p.validate(0), Err(Error::Internal(_))));
+        let mut p = good.clone();
+        p.max_coll_bytes = 0;
+        assert!(p.validate(0).is_err());
+        let mut p = good.clone();
+        p.max_recvs = 0;
+        assert!(
+            p.validate(0)
+                .unwrap_err()
+                .to_string()
+                .contains("max_recvs 0")
+        );
+        let mut p = good;
+        p.vdevs = (0..9).collect();
+        assert!(
+            p.validate(3)
+                .unwrap_err()
+                .to_string()
+                .contains("9 fused devices")
+        );
+    }
+
+    #[test]
+    fn interned_strings_are_shared_and_nul_is_refused() {
+        let a = intern("mlx5_0").unwrap();
+        let b = intern("mlx5_0").unwrap();
+        assert_eq!(a.as_ptr(), b.as_ptr());
+        assert_eq!(a, c"mlx5_0");
+        assert!(matches!(intern("a\0b"), Err(Error::Internal(_))));
+    }
+
+    #[test]
+    fn device_indices_are_checked() {
+        assert_eq!(device_index(1, 2).unwrap(), 1);
+        for bad in [-1, 2, i32::MAX] {
+            let e = device_index(bad, 2).unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument(_)));
+            assert!(e.to_string().contains("2 device(s)"), "{e}");
+        }
+    }
+
+    #[test]
+    fn device_only_backend_follows_the_host() {
+        let probe = crate::verbs::devices::probe();
+        match DeviceOnly::open() {
+            Err(e) => {
+                assert!(probe.devices.is_empty());
+                assert_eq!(e.code(), crate::error::ResultCode::SystemError);
+                let msg = e.to_string();
+                assert!(
+                    msg.contains("no RDMA device") && msg.contains(&probe.why_none()),
+                    "{msg}"
+                );
+            }
+            Ok(b) => {
+                assert_eq!(b.devices().len(), probe.devices.len());
+                let b = Arc::new(b);
+                let mut h = [0u8; HANDLE_SIZE];
+                let e = b.listen(&CommInfo::default(), 0, &mut h).unwrap_err();
+                assert!(e.to_string().contains("not available"));
+            }
+        }
+        assert!(
+            not_available::<()>("connect")
+                .unwrap_err()
+                .to_string()
+                .contains("connect: not available")
+        );
+    }
+}

@@ -6,7 +6,7 @@ use std::ffi::{c_int, c_void};
 use std::os::fd::BorrowedFd;
 
 use super::abi::{self, ncclResult_t as R};
-use super::guard::{array, guard, object, out, take};
+use super::guard::{array, guard, object, out, shared, take};
 use super::log;
 use super::props::{AttrIn, CSize, ConfigIn, PropsOut};
 use crate::error::{Error, Result};
@@ -136,7 +136,7 @@ pub unsafe extern "C" fn listen_v11<B: Backend>(
 ) -> R {
     guard("listen", || {
         // SAFETY: ctx came from init_v11 and is alive until finalize.
-        let ctx = unsafe { object::<Context<B>>(ctx, "listen ctx")? };
+        let ctx = unsafe { shared::<Context<B>>(ctx, "listen ctx")? };
         do_listen(ctx, dev, h, listen_comm)
     })
 }
@@ -213,7 +213,7 @@ pub unsafe extern "C" fn connect_v11<B: Backend>(
 ) -> R {
     guard("connect", || {
         // SAFETY: ctx came from init_v11 and is alive until finalize.
-        let ctx = unsafe { object::<Context<B>>(ctx, "connect ctx")? };
+        let ctx = unsafe { shared::<Context<B>>(ctx, "connect ctx")? };
         do_connect(ctx, None, dev, h, send_comm)
     })
 }
@@ -351,7 +351,7 @@ fn do_isend<B: Backend>(
     // SAFETY: a send comm of ours, used only by NCCL's progress thread.
     let comm = unsafe { object::<Comm<B>>(send_comm, "isend sendComm")? };
     // SAFETY: an mhandle from regMr*, alive until deregMr.
-    let mr = unsafe { object::<Mr<B>>(mhandle, "isend mhandle")? };
+    let mr = unsafe { shared::<Mr<B>>(mhandle, "isend mhandle")? };
     if let Some(r) = plugin::isend(comm, data as usize, size, tag, mr)? {
         give(req, r);
     }
@@ -425,7 +425,7 @@ fn do_irecv<B: Backend, S: CSize>(
     let mut bufs = Vec::with_capacity(n);
     for i in 0..n {
         // SAFETY: mhandles from regMr*, alive until deregMr.
-        let mr = unsafe { object::<Mr<B>>(mhs[i], "irecv mhandle")? };
+        let mr = unsafe { shared::<Mr<B>>(mhs[i], "irecv mhandle")? };
         bufs.push(RecvBuf {
             addr: data[i] as usize,
             size: sizes[i].bytes()?,
@@ -499,7 +499,7 @@ pub unsafe extern "C" fn iflush<B: Backend>(
         let mut bufs = Vec::with_capacity(n);
         for i in 0..n {
             // SAFETY: mhandles from regMr*, alive until deregMr.
-            let mr = unsafe { object::<Mr<B>>(mhs[i], "iflush mhandle")? };
+            let mr = unsafe { shared::<Mr<B>>(mhs[i], "iflush mhandle")? };
             bufs.push(FlushBuf {
                 addr: data[i] as usize,
                 size: sizes[i].bytes()?,
@@ -587,7 +587,7 @@ pub unsafe extern "C" fn close_listen<B: Backend>(listen_comm: Vp) -> R {
 pub unsafe extern "C" fn set_net_attr<B: Backend, A: AttrIn>(ctx: Vp, attr: *mut A) -> R {
     guard("setNetAttr", || {
         // SAFETY: ctx came from init_v11 and is alive until finalize.
-        let ctx = unsafe { object::<Context<B>>(ctx, "setNetAttr ctx")? };
+        let ctx = unsafe { shared::<Context<B>>(ctx, "setNetAttr ctx")? };
         // SAFETY: NCCL passes a valid attr struct during the call.
         let attr = unsafe { out(attr, "setNetAttr netAttr")? };
         plugin::set_net_attr(ctx, &attr.attr())

@@ -100,6 +100,36 @@ pub unsafe fn object<'a, T: Object>(p: *mut c_void, what: &str) -> Result<&'a mu
     Ok(r)
 }
 
+/// A shared reference to an object several NCCL threads may use at once (a ctx: service and progress
+/// threads; an mhandle), after the same checks as [`object`].
+///
+/// # Safety
+/// `p` is NULL or a pointer this library returned for some object, not yet freed.
+pub unsafe fn shared<'a, T: Object>(p: *mut c_void, what: &str) -> Result<&'a T> {
+    let p = p.cast::<T>().cast_const();
+    if p.is_null() {
+        return Err(Error::InvalidArgument(format!(
+            "{what} is NULL; expected a {}",
+            T::WHAT
+        )));
+    }
+    if !p.is_aligned() {
+        return Err(Error::InvalidArgument(format!(
+            "{what} ({p:p}) is not a {}",
+            T::WHAT
+        )));
+    }
+    // SAFETY: non-NULL, aligned, and by the caller's contract a live object of ours; only shared access.
+    let r = unsafe { &*p };
+    if !r.is_valid() {
+        return Err(Error::InvalidArgument(format!(
+            "{what} ({p:p}) is not a live {}",
+            T::WHAT
+        )));
+    }
+    Ok(r)
+}
+
 /// Takes back ownership of an object to free it, after the same checks as [`object`].
 ///
 /// # Safety
