@@ -12,9 +12,11 @@ use crate::plan::render::{self, Format};
 use crate::plan::{self, Options, PortMap, cables};
 
 #[derive(Debug, clap::Args)]
-#[command(after_help = "Example: switchless plan cables.txt --model b300 --format netplan --out netplan/\n\
+#[command(
+    after_help = "Example: switchless plan cables.txt --model b300 --format netplan --out netplan/\n\
 Cables file lines: `SERVER-PORT > SERVER-PORT` (e.g. `1-1 > 2-1`), `#` comments, several per line with commas.\n\
-Map file lines (custom --model FILE): `PORT = IFNAME [IFNAME...]`, optional `name = MODEL`.")]
+Map file lines (custom --model FILE): `PORT = IFNAME [IFNAME...]`, optional `name = MODEL`."
+)]
 pub struct Args {
     /// The cables file (`-` reads standard input).
     pub cables: PathBuf,
@@ -66,9 +68,8 @@ fn execute(args: &Args) -> Result<()> {
         ("<stdin>".to_string(), s)
     } else {
         let name = args.cables.display().to_string();
-        let text = std::fs::read_to_string(&args.cables).map_err(|e| {
-            Error::InvalidUsage(format!("cannot read the cables file {name}: {e}"))
-        })?;
+        let text = std::fs::read_to_string(&args.cables)
+            .map_err(|e| Error::InvalidUsage(format!("cannot read the cables file {name}: {e}")))?;
         (name, text)
     };
     if let Some(n) = args.servers

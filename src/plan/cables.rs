@@ -185,9 +185,7 @@ fn parse_side(side: &str, item: &str) -> std::result::Result<Endpoint, String> {
     let num = |t: &str, what: &str| -> std::result::Result<u32, String> {
         let t = t.trim();
         match t.parse::<u32>() {
-            Ok(0) => Err(format!(
-                "{what} 0 in `{item}`: {what}s are numbered from 1"
-            )),
+            Ok(0) => Err(format!("{what} 0 in `{item}`: {what}s are numbered from 1")),
             Ok(v) => Ok(v),
             Err(_) => Err(format!(
                 "`{t}` in `{item}` is not a {what} number; expected a whole number from 1"
@@ -220,20 +218,8 @@ mod tests {
         assert_eq!(c.servers, 2);
         assert_eq!(c.cables.len(), 2);
         assert_eq!(c.cables[1].line, 4);
-        assert_eq!(
-            c.cables[1].a,
-            Endpoint {
-                server: 1,
-                port: 2
-            }
-        );
-        assert_eq!(
-            c.cables[1].b,
-            Endpoint {
-                server: 2,
-                port: 2
-            }
-        );
+        assert_eq!(c.cables[1].a, Endpoint { server: 1, port: 2 });
+        assert_eq!(c.cables[1].b, Endpoint { server: 2, port: 2 });
     }
 
     #[test]
@@ -258,13 +244,35 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("c.txt:1: `1-1 2-1` has no `>`"), "{e}");
-        assert!(e.contains("c.txt:2: `x` in `1-x > 2-1` is not a port number"), "{e}");
-        assert!(e.contains("c.txt:3: `1-1 > 1-2` joins server 1 to itself"), "{e}");
+        assert!(
+            e.contains("c.txt:2: `x` in `1-x > 2-1` is not a port number"),
+            "{e}"
+        );
+        assert!(
+            e.contains("c.txt:3: `1-1 > 1-2` joins server 1 to itself"),
+            "{e}"
+        );
         assert!(e.contains("c.txt:4: port 9 (server 1) in `1-9 > 2-9` is not in the built-in map b300 (ports 1-8)"), "{e}");
-        assert!(e.contains("c.txt:6: `2-3 > 1-3` repeats the cable at line 5"), "{e}");
-        assert!(e.contains("c.txt:7: port 3 of server 1 is used twice: the cable at line 5 already uses it"), "{e}");
-        assert!(e.contains("c.txt:8: server 0 in `0-1 > 2-1`: servers are numbered from 1"), "{e}");
-        assert!(e.contains("c.txt:9: server 5 in `1-4 > 5-4` is out of range: --servers 4 allows servers 1..=4"), "{e}");
+        assert!(
+            e.contains("c.txt:6: `2-3 > 1-3` repeats the cable at line 5"),
+            "{e}"
+        );
+        assert!(
+            e.contains(
+                "c.txt:7: port 3 of server 1 is used twice: the cable at line 5 already uses it"
+            ),
+            "{e}"
+        );
+        assert!(
+            e.contains("c.txt:8: server 0 in `0-1 > 2-1`: servers are numbered from 1"),
+            "{e}"
+        );
+        assert!(
+            e.contains(
+                "c.txt:9: server 5 in `1-4 > 5-4` is out of range: --servers 4 allows servers 1..=4"
+            ),
+            "{e}"
+        );
     }
 
     #[test]

@@ -70,7 +70,9 @@ pub fn check_host(plan: &Plan, server: u32, live: &[LiveIface]) -> Vec<Finding> 
             Severity::Warning,
             "plan-no-links",
             "plan",
-            format!("the plan gives server {server} no link: no cable in the cables file reaches it"),
+            format!(
+                "the plan gives server {server} no link: no cable in the cables file reaches it"
+            ),
             "add its cables to the cables file and regenerate the plan",
         ));
     }

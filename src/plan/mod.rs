@@ -157,11 +157,13 @@ pub fn build(cables: &Cables, map: &PortMap, opts: &Options) -> Result<Built> {
         let n = ia.len().min(ib.len());
         if ia.len() != ib.len() {
             warnings.push(format!(
-                "line {}: port {} has {} interfaces and port {} has {}; only the first {n} are paired",
+                "line {}: server {} port {} has {} interface(s) but server {} port {} has {}; only the first {n} of each are paired, the rest get no address",
                 c.line,
-                c.a,
+                c.a.server,
+                c.a.port,
                 ia.len(),
-                c.b,
+                c.b.server,
+                c.b.port,
                 ib.len()
             ));
         }
@@ -337,8 +339,7 @@ impl Plan {
                     ));
                 }
                 let host = e.address.addr();
-                if self.prefix == 30
-                    && (host == l.subnet.network() || host == l.subnet.broadcast())
+                if self.prefix == 30 && (host == l.subnet.network() || host == l.subnet.broadcast())
                 {
                     return Err(format!(
                         "link {}: {} is the network or broadcast address of {}",
@@ -433,7 +434,7 @@ impl Plan {
                             })
                         })
                         .collect();
-                    v.sort_by(|a, b| (a.port, a.function).cmp(&(b.port, b.function)));
+                    v.sort_by_key(|a| (a.port, a.function));
                     v
                 },
             })
@@ -613,7 +614,10 @@ mod tests {
         let e = build(&c, &map, &opts).unwrap_err().to_string();
         assert!(e.contains("--base 10.1.0.0/28 holds 16 addresses"), "{e}");
         assert!(e.contains("2 links need 8 addresses"), "{e}");
-        assert!(e.contains("highest slot, 15, ends at address offset 64"), "{e}");
+        assert!(
+            e.contains("highest slot, 15, ends at address offset 64"),
+            "{e}"
+        );
         assert!(e.contains("give --base a /26 or larger range"), "{e}");
     }
 }

@@ -390,16 +390,27 @@ mod tests {
         .to_string();
         assert!(e.contains("m.map: 6 errors"), "{e}");
         assert!(e.contains("m.map:2: `x` is not a port number"), "{e}");
-        assert!(e.contains("m.map:3: port 1 is already defined at line 1"), "{e}");
-        assert!(e.contains("m.map:4: interface a is already listed at line 1"), "{e}");
+        assert!(
+            e.contains("m.map:3: port 1 is already defined at line 1"),
+            "{e}"
+        );
+        assert!(
+            e.contains("m.map:4: interface a is already listed at line 1"),
+            "{e}"
+        );
         assert!(e.contains("m.map:5: port 3 lists no interface"), "{e}");
-        assert!(e.contains("m.map:6: `way-too-long-name0` is not a valid"), "{e}");
+        assert!(
+            e.contains("m.map:6: `way-too-long-name0` is not a valid"),
+            "{e}"
+        );
         assert!(e.contains("m.map:7: `nonsense` has no `=`"), "{e}");
     }
 
     #[test]
     fn empty_map_is_an_error() {
-        let e = PortMap::parse("e.map", "# nothing\n").unwrap_err().to_string();
+        let e = PortMap::parse("e.map", "# nothing\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("e.map: defines no port"), "{e}");
     }
 }

@@ -1,0 +1,384 @@
+//! `check_host`: a live host compared with its part of a plan; one test per finding.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use ipnet::Ipv4Net;
+use switchless::findings::{Finding, Severity};
+use switchless::plan::{self, LiveIface, Options, Plan, PortMap, cables, check_host};
+
+const TWO_NODE: &str = "1-1 > 2-1\n1-2 > 2-2\n";
+const FOUR_NODE: &str = "1-1 > 2-1, 1-2 > 2-2\n1-3 > 3-3, 1-4 > 3-4\n1-5 > 4-5, 1-6 > 4-6\n2-3 > 3-1, 2-4 > 3-2\n2-5 > 4-3, 2-6 > 4-4\n3-5 > 4-1, 3-6 > 4-2\n";
+
+/// The plan, read back from its JSON as `doctor --plan` will.
+fn plan_of(text: &str, servers: Option<u32>) -> Plan {
+    let map = PortMap::b300();
+    let c = cables::parse("cables.txt", text, &map, servers).unwrap();
+    let p = plan::build(&c, &map, &Options::default()).unwrap().plan;
+    Plan::from_json(&p.to_json().unwrap()).unwrap()
+}
+
+/// A host that follows the plan exactly, plus a management interface.
+fn healthy(p: &Plan, server: u32) -> Vec<LiveIface> {
+    let mut v: Vec<LiveIface> = p
+        .links_of(server)
+        .map(|l| {
+            let (me, _) = l.side(server).unwrap();
+            LiveIface {
+                name: me.interface.clone(),
+                addrs: vec![me.address],
+                mtu: p.mtu,
+                up: true,
+            }
+        })
+        .collect();
+    v.push(LiveIface {
+        name: "eno1".into(),
+        addrs: vec![net("192.168.1.10/24")],
+        mtu: 1500,
+        up: true,
+    });
+    v
+}
+
+fn net(s: &str) -> Ipv4Net {
+    s.parse().unwrap()
+}
+
+fn iface<'a>(live: &'a mut [LiveIface], name: &str) -> &'a mut LiveIface {
+    live.iter_mut().find(|i| i.name == name).unwrap()
+}
+
+/// The findings other than the all-clear, as (check, object, severity).
+fn checks(f: &[Finding]) -> Vec<(String, String, Severity)> {
+    f.iter()
+        .map(|f| (f.check.clone(), f.object.clone(), f.severity))
+        .collect()
+}
+
+fn only(f: &[Finding], check: &str, object: &str, sev: Severity) -> Finding {
+    assert_eq!(
+        checks(f),
+        vec![(check.to_string(), object.to_string(), sev)],
+        "{f:#?}"
+    );
+    f[0].clone()
+}
+
+#[test]
+fn healthy_host_matches() {
+    let p = plan_of(TWO_NODE, None);
+    for s in 1..=2 {
+        let f = check_host(&p, s, &healthy(&p, s));
+        let one = only(&f, "plan-host-matches", "plan", Severity::Info);
+        assert!(
+            one.message.contains("all 4 planned interfaces of server"),
+            "{}",
+            one.message
+        );
+    }
+}
+
+#[test]
+fn unknown_server() {
+    let p = plan_of(TWO_NODE, None);
+    let f = check_host(&p, 3, &[]);
+    only(&f, "plan-server-unknown", "plan", Severity::Error);
+}
+
+#[test]
+fn server_without_links() {
+    let p = plan_of(TWO_NODE, Some(3));
+    let f = check_host(&p, 3, &healthy(&p, 3));
+    only(&f, "plan-no-links", "plan", Severity::Warning);
+}
+
+#[test]
+fn missing_interface() {
+    let p = plan_of(TWO_NODE, None);
+    let mut live = healthy(&p, 1);
+    live.retain(|i| i.name != "eno7np0");
+    let f = check_host(&p, 1, &live);
+    let one = only(
+        &f,
+        "plan-interface-missing",
+        "netdev eno7np0",
+        Severity::Error,
+    );
+    assert!(one.message.contains("port 2"), "{}", one.message);
+}
+
+#[test]
+fn link_down() {
+    let p = plan_of(TWO_NODE, None);
+    let mut live = healthy(&p, 2);
+    iface(&mut live, "enp237s0f1np1").up = false;
+    let f = check_host(&p, 2, &live);
+    let one = only(
+        &f,
+        "plan-link-down",
+        "netdev enp237s0f1np1",
+        Severity::Error,
+    );
+    assert!(one.remedy.contains("server 1 port 1"), "{}", one.remedy);
+}
+
+#[test]
+fn wrong_mtu() {
+    let p = plan_of(TWO_NODE, None);
+    let mut live = healthy(&p, 1);
+    iface(&mut live, "eno6np0").mtu = 1500;
+    let f = check_host(&p, 1, &live);
+    let one = only(&f, "plan-mtu-mismatch", "netdev eno6np0", Severity::Error);
+    assert!(
+        one.message
+            .contains("MTU 1500 bytes; the plan says 9000 bytes"),
+        "{}",
+        one.message
+    );
+    let mut live = healthy(&p, 1);
+    iface(&mut live, "eno6np0").mtu = 9216;
+    let f = check_host(&p, 1, &live);
+    only(&f, "plan-mtu-mismatch", "netdev eno6np0", Severity::Warning);
+}
+
+#[test]
+fn missing_address() {
+    let p = plan_of(TWO_NODE, None);
+    let mut live = healthy(&p, 1);
+    iface(&mut live, "eno7np0").addrs.clear();
+    let f = check_host(&p, 1, &live);
+    let one = only(
+        &f,
+        "plan-address-missing",
+        "netdev eno7np0",
+        Severity::Error,
+    );
+    assert!(
+        one.remedy.contains("ip addr add 10.100.0.9/30 dev eno7np0"),
+        "{}",
+        one.remedy
+    );
+}
+
+#[test]
+fn wrong_prefix() {
+    let p = plan_of(TWO_NODE, None);
+    let mut live = healthy(&p, 1);
+    iface(&mut live, "eno6np0").addrs = vec![net("10.100.0.1/16")];
+    let f = check_host(&p, 1, &live);
+    only(
+        &f,
+        "plan-prefix-mismatch",
+        "netdev eno6np0",
+        Severity::Error,
+    );
+}
+
+#[test]
+fn addresses_swapped_between_interfaces_to_the_same_peer() {
+    let p = plan_of(TWO_NODE, None);
+    let mut live = healthy(&p, 1);
+    iface(&mut live, "eno6np0").addrs = vec![net("10.100.0.5/30")];
+    iface(&mut live, "enp237s0f1np1").addrs = vec![net("10.100.0.1/30")];
+    let f = check_host(&p, 1, &live);
+    assert_eq!(
+        checks(&f),
+        vec![
+            (
+                "plan-address-on-wrong-interface".into(),
+                "netdev enp237s0f1np1".into(),
+                Severity::Error
+            ),
+            (
+                "plan-address-on-wrong-interface".into(),
+                "netdev eno6np0".into(),
+                Severity::Error
+            ),
+        ],
+        "{f:#?}"
+    );
+    assert!(
+        f[0].message
+            .contains("holds 10.100.0.1/30, planned for eno6np0"),
+        "{}",
+        f[0].message
+    );
+}
+
+#[test]
+fn address_on_an_interface_facing_another_peer() {
+    // Server 1 of the full mesh: eno6np0 (port 1) faces server 2, eno8np0 (port 3) faces server 3.
+    let p = plan_of(FOUR_NODE, None);
+    let mut live = healthy(&p, 1);
+    iface(&mut live, "eno6np0").addrs = vec![net("10.100.0.17/30")];
+    iface(&mut live, "eno8np0").addrs = vec![net("10.100.0.1/30")];
+    let f = check_host(&p, 1, &live);
+    assert_eq!(
+        checks(&f),
+        vec![
+            (
+                "plan-cable-wrong-peer".into(),
+                "netdev eno8np0".into(),
+                Severity::Error
+            ),
+            (
+                "plan-cable-wrong-peer".into(),
+                "netdev eno6np0".into(),
+                Severity::Error
+            ),
+        ],
+        "{f:#?}"
+    );
+    assert!(f[0].message.contains("to server 3"), "{}", f[0].message);
+    assert!(
+        f[0].remedy
+            .contains("cable server 1 port 1 to server 2 port 1"),
+        "{}",
+        f[0].remedy
+    );
+}
+
+#[test]
+fn address_of_another_server() {
+    let p = plan_of(TWO_NODE, None);
+    // Server 2's configuration applied on server 1.
+    let live = healthy(&p, 2);
+    let f = check_host(&p, 1, &live);
+    assert!(!f.is_empty());
+    assert!(
+        f.iter().all(|f| f.check == "plan-address-missing" || f.check == "plan-address-of-other-server"),
+        "{f:#?}"
+    );
+    assert_eq!(
+        f.iter()
+            .filter(|f| f.check == "plan-address-of-other-server")
+            .count(),
+        4
+    );
+    let o = f
+        .iter()
+        .find(|f| f.check == "plan-address-of-other-server")
+        .unwrap();
+    assert!(
+        o.message.contains("which the plan gives to server 2"),
+        "{}",
+        o.message
+    );
+}
+
+#[test]
+fn stray_address_in_a_link_subnet() {
+    let p = plan_of(TWO_NODE, None);
+    let mut live = healthy(&p, 1);
+    iface(&mut live, "eno6np0").addrs.push(net("10.100.0.3/30"));
+    let f = check_host(&p, 1, &live);
+    only(&f, "plan-address-stray", "netdev eno6np0", Severity::Error);
+}
+
+#[test]
+fn unplanned_address_in_the_range() {
+    let p = plan_of(TWO_NODE, None);
+    let mut live = healthy(&p, 1);
+    // Port 7 (eno12np0) has no cable in the plan; an old address lingers on it.
+    live.push(LiveIface {
+        name: "eno12np0".into(),
+        addrs: vec![net("10.100.9.1/30")],
+        mtu: 9000,
+        up: true,
+    });
+    let f = check_host(&p, 1, &live);
+    only(
+        &f,
+        "plan-address-unplanned",
+        "netdev eno12np0",
+        Severity::Warning,
+    );
+}
+
+#[test]
+fn extra_address_on_a_mesh_port() {
+    let p = plan_of(TWO_NODE, None);
+    let mut live = healthy(&p, 1);
+    iface(&mut live, "eno7np0")
+        .addrs
+        .push(net("169.254.3.4/16"));
+    let f = check_host(&p, 1, &live);
+    only(
+        &f,
+        "plan-extra-address",
+        "netdev eno7np0",
+        Severity::Warning,
+    );
+}
+
+#[test]
+fn planned_address_on_two_interfaces() {
+    let p = plan_of(TWO_NODE, None);
+    let mut live = healthy(&p, 1);
+    live.push(LiveIface {
+        name: "eno12np0".into(),
+        addrs: vec![net("10.100.0.1/30")],
+        mtu: 9000,
+        up: true,
+    });
+    let f = check_host(&p, 1, &live);
+    let one = only(
+        &f,
+        "plan-address-on-wrong-interface",
+        "netdev eno12np0",
+        Severity::Error,
+    );
+    assert!(
+        one.message.contains("also holds 10.100.0.1/30"),
+        "{}",
+        one.message
+    );
+}
+
+#[test]
+fn missing_interface_whose_address_moved() {
+    let p = plan_of(TWO_NODE, None);
+    let mut live = healthy(&p, 1);
+    live.retain(|i| i.name != "eno6np0");
+    live.push(LiveIface {
+        name: "eth9".into(),
+        addrs: vec![net("10.100.0.1/30")],
+        mtu: 9000,
+        up: true,
+    });
+    let f = check_host(&p, 1, &live);
+    assert_eq!(
+        checks(&f),
+        vec![
+            (
+                "plan-interface-missing".into(),
+                "netdev eno6np0".into(),
+                Severity::Error
+            ),
+            (
+                "plan-address-on-wrong-interface".into(),
+                "netdev eth9".into(),
+                Severity::Error
+            ),
+        ],
+        "{f:#?}"
+    );
+}
+
+#[test]
+fn check_ids_are_kebab_case_and_findings_have_remedies() {
+    let p = plan_of(FOUR_NODE, None);
+    let mut live = healthy(&p, 2);
+    live[0].up = false;
+    live[1].mtu = 1500;
+    live[2].addrs = vec![net("10.100.0.3/30"), net("172.16.0.1/24")];
+    for f in check_host(&p, 2, &live) {
+        assert!(f.check.starts_with("plan-"));
+        assert!(
+            f.check.chars().all(|c| c.is_ascii_lowercase() || c == '-'),
+            "{}",
+            f.check
+        );
+        assert!(!f.remedy.is_empty());
+        assert!(!f.message.is_empty());
+    }
+}
