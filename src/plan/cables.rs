@@ -55,8 +55,11 @@ pub struct Cables {
 /// the highest server number in the file. Errors: bad syntax, a server or port of 0 or out of range, a port the
 /// map lacks, a cable from a server to itself, a port used twice, a cable given twice, no cable at all.
 pub fn parse(source: &str, text: &str, map: &PortMap, servers: Option<u32>) -> Result<Cables> {
-    let mut errors = Vec::new();
+    // (line, message); sorted by line before reporting, so syntax and semantic errors interleave in file order.
+    let mut errors: Vec<(usize, String)> = Vec::new();
     let mut raw: Vec<Cable> = Vec::new();
+    // A byte-order mark (some Windows editors write one) is not part of the first line.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     for (idx, line_text) in text.lines().enumerate() {
         let line = idx + 1;
         let content = line_text.split('#').next().unwrap_or("");
@@ -67,7 +70,7 @@ pub fn parse(source: &str, text: &str, map: &PortMap, servers: Option<u32>) -> R
             }
             match parse_item(item) {
                 Ok((x, y)) => raw.push(Cable { line, a: x, b: y }),
-                Err(why) => errors.push(format!("{source}:{line}: {why}")),
+                Err(why) => errors.push((line, format!("{source}:{line}: {why}"))),
             }
         }
     }
@@ -90,36 +93,37 @@ pub fn parse(source: &str, text: &str, map: &PortMap, servers: Option<u32>) -> R
         let text = format!("`{} > {}`", c.a, c.b);
         let mut ok = true;
         if a.server == b.server {
-            errors.push(format!(
+            errors.push((line, format!(
                 "{source}:{line}: {text} joins server {} to itself; a cable must join two different servers",
                 a.server
-            ));
+            )));
             ok = false;
         }
         for e in [c.a, c.b] {
             if let Some(limit) = servers
                 && e.server > limit
             {
-                errors.push(format!(
+                errors.push((line, format!(
                     "{source}:{line}: server {} in {text} is out of range: --servers {limit} allows servers 1..={limit}",
                     e.server
-                ));
+                )));
                 ok = false;
             }
             if map.port(e.port).is_none() {
-                errors.push(format!(
+                errors.push((line, format!(
                     "{source}:{line}: port {} (server {}) in {text} is not in the {} (ports {})",
                     e.port,
                     e.server,
                     map.origin,
                     map.port_list()
-                ));
+                )));
                 ok = false;
             }
         }
         if let Some(first) = pairs.get(&(a, b)) {
-            errors.push(format!(
-                "{source}:{line}: {text} repeats the cable at line {first}"
+            errors.push((
+                line,
+                format!("{source}:{line}: {text} repeats the cable at line {first}"),
             ));
             continue;
         }
@@ -128,10 +132,10 @@ pub fn parse(source: &str, text: &str, map: &PortMap, servers: Option<u32>) -> R
             if let Some(first) = used.get(&e) {
                 // A self-loop on one port (`1-1 > 1-1`) is already reported above.
                 if !(c.a == c.b && *first == line) {
-                    errors.push(format!(
+                    errors.push((line, format!(
                         "{source}:{line}: port {} of server {} is used twice: the cable at line {first} already uses it",
                         e.port, e.server
-                    ));
+                    )));
                 }
                 ok = false;
             } else {
@@ -143,16 +147,20 @@ pub fn parse(source: &str, text: &str, map: &PortMap, servers: Option<u32>) -> R
         }
     }
     if errors.is_empty() && cables.is_empty() {
-        errors.push(format!(
-            "{source}: names no cable; expected lines like `1-1 > 2-1`"
+        errors.push((
+            0,
+            format!("{source}: names no cable; expected lines like `1-1 > 2-1`"),
         ));
     }
     if errors.is_empty() && n < 2 {
-        errors.push(format!(
-            "{source}: --servers {n}: a mesh needs at least 2 servers"
+        errors.push((
+            0,
+            format!("{source}: --servers {n}: a mesh needs at least 2 servers"),
         ));
     }
     if !errors.is_empty() {
+        errors.sort_by_key(|(line, _)| *line);
+        let errors = errors.into_iter().map(|(_, m)| m).collect();
         return Err(collected(source, "cables file", errors));
     }
     Ok(Cables { servers: n, cables })
@@ -273,6 +281,12 @@ mod tests {
             ),
             "{e}"
         );
+    }
+
+    #[test]
+    fn crlf_and_byte_order_mark() {
+        let c = parse("c.txt", "\u{feff}1-1 > 2-1\r\n1-2 > 2-2\r\n", &b300(), None).unwrap();
+        assert_eq!(c.cables.len(), 2);
     }
 
     #[test]

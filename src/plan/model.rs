@@ -149,6 +149,7 @@ impl PortMap {
         let mut name: Option<String> = None;
         let mut ports: BTreeMap<u32, (usize, Vec<String>)> = BTreeMap::new();
         let mut seen_if: BTreeMap<String, usize> = BTreeMap::new();
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         for (idx, raw) in text.lines().enumerate() {
             let line = idx + 1;
             let content = raw.split('#').next().unwrap_or("").trim();
