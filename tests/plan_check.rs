@@ -382,3 +382,80 @@ fn check_ids_are_kebab_case_and_findings_have_remedies() {
         assert!(!f.message.is_empty());
     }
 }
+
+// ---------- reading a host: `ip -j addr show`, captured from network namespaces set up by the plan's ip commands ----------
+
+fn captured(name: &str) -> Vec<LiveIface> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/plan")
+        .join(name);
+    plan::live_from_ip_json(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn reads_ip_json() {
+    let live = captured("ip-addr-server1-bad.json");
+    assert_eq!(live.len(), 17);
+    let lo = &live[0];
+    assert_eq!((lo.name.as_str(), lo.up, lo.mtu), ("lo", true, 65536));
+    assert_eq!(lo.addrs, vec![net("127.0.0.1/8")]);
+    let e = live.iter().find(|i| i.name == "eno9np0").unwrap();
+    assert_eq!(e.addrs, vec![net("10.100.0.25/30"), net("169.254.7.7/16")]);
+    assert!(!live.iter().find(|i| i.name == "eno8np0").unwrap().up);
+    assert_eq!(live.iter().find(|i| i.name == "eno7np0").unwrap().mtu, 1500);
+    let e = plan::live_from_ip_json("{").unwrap_err().to_string();
+    assert!(e.contains("`ip -j addr show` output"), "{e}");
+}
+
+#[test]
+fn captured_host_after_the_ip_commands_matches() {
+    let p = plan_of(
+        &std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/plan/b300-2node.cables"),
+        )
+        .unwrap(),
+        None,
+    );
+    let f = check_host(&p, 1, &captured("ip-addr-server1-ok.json"));
+    only(&f, "plan-host-matches", "plan", Severity::Info);
+}
+
+#[test]
+fn captured_host_with_faults() {
+    let p = plan_of(
+        &std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/plan/b300-2node.cables"),
+        )
+        .unwrap(),
+        None,
+    );
+    let f = check_host(&p, 1, &captured("ip-addr-server1-bad.json"));
+    assert_eq!(
+        checks(&f),
+        vec![
+            (
+                "plan-mtu-mismatch".into(),
+                "netdev eno7np0".into(),
+                Severity::Error
+            ),
+            (
+                "plan-link-down".into(),
+                "netdev eno8np0".into(),
+                Severity::Error
+            ),
+            (
+                "plan-address-missing".into(),
+                "netdev eno11np0".into(),
+                Severity::Error
+            ),
+            (
+                "plan-extra-address".into(),
+                "netdev eno9np0".into(),
+                Severity::Warning
+            ),
+        ],
+        "{f:#?}"
+    );
+}

@@ -18,6 +18,8 @@
 //! | `plan-address-unplanned` | warning | an address in the plan's base range outside every planned link |
 //! | `plan-extra-address` | warning | a planned interface carries an address from outside the plan |
 //! | `plan-host-matches` | info | everything planned for this server is in place |
+//!
+//! [`live_from_ip_json`] turns the output of `ip -j addr show` into [`LiveIface`]s.
 #![forbid(unsafe_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -26,6 +28,7 @@ use std::net::Ipv4Addr;
 use ipnet::Ipv4Net;
 
 use super::{End, Link, Plan};
+use crate::error::{Error, Result};
 use crate::findings::{Finding, Severity};
 
 /// What the host shows for one network interface.
@@ -38,6 +41,70 @@ pub struct LiveIface {
     pub mtu: u32,
     /// Operationally up (carrier present).
     pub up: bool,
+}
+
+/// `ip -j addr show` output, as far as [`live_from_ip_json`] reads it.
+#[derive(Debug, serde::Deserialize)]
+struct IpLink {
+    ifname: Option<String>,
+    #[serde(default)]
+    mtu: u32,
+    #[serde(default)]
+    operstate: String,
+    #[serde(default)]
+    flags: Vec<String>,
+    #[serde(default)]
+    addr_info: Vec<IpAddrInfo>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct IpAddrInfo {
+    #[serde(default)]
+    family: String,
+    /// An IPv4 or IPv6 address, by `family`.
+    local: Option<String>,
+    prefixlen: Option<u8>,
+}
+
+/// Reads the interfaces from the JSON of `ip -j addr show` (iproute2): name, IPv4 addresses, MTU in bytes, and
+/// whether it is up (operstate `UP`, or `UNKNOWN` with the `LOWER_UP` flag, as dummy and some drivers report).
+pub fn live_from_ip_json(text: &str) -> Result<Vec<LiveIface>> {
+    let links: Vec<IpLink> = serde_json::from_str(text).map_err(|e| {
+        Error::InvalidUsage(format!(
+            "`ip -j addr show` output: {e}; expected a JSON array of interfaces"
+        ))
+    })?;
+    let mut out = Vec::new();
+    for l in links {
+        let Some(name) = l.ifname else { continue };
+        let mut addrs = Vec::new();
+        for a in &l.addr_info {
+            if a.family != "inet" {
+                continue;
+            }
+            if let (Some(local), Some(p)) = (&a.local, a.prefixlen) {
+                let net = local
+                    .parse::<Ipv4Addr>()
+                    .map_err(|e| e.to_string())
+                    .and_then(|ip| Ipv4Net::new(ip, p).map_err(|e| e.to_string()))
+                    .map_err(|e| {
+                        Error::InvalidUsage(format!(
+                            "`ip -j addr show` output: {name}: inet address {local}/{p}: {e}"
+                        ))
+                    })?;
+                addrs.push(net);
+            }
+        }
+        let lower_up = l.flags.iter().any(|f| f == "LOWER_UP");
+        let up = l.operstate == "UP" || (l.operstate == "UNKNOWN" && lower_up);
+        out.push(LiveIface {
+            name,
+            addrs,
+            mtu: l.mtu,
+            up,
+        });
+    }
+    Ok(out)
 }
 
 fn netdev(name: &str) -> String {

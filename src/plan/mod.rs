@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use address::Scheme;
 use cables::Cables;
-pub use check::{LiveIface, check_host};
+pub use check::{LiveIface, check_host, live_from_ip_json};
 pub use model::PortMap;
 
 /// The JSON schema version [`Plan::to_json`] writes and [`Plan::from_json`] accepts.
