@@ -393,7 +393,11 @@ fn every_map_file_error_names_file_and_line() {
         ),
         (
             "1 = a/b\n",
-            "map.txt:1: `a/b` is not a valid interface name",
+            "map.txt:1: `a/b` is not an accepted interface name",
+        ),
+        (
+            "1 = a;reboot\n",
+            "map.txt:1: `a;reboot` is not an accepted interface name",
         ),
         (
             "name = x\nname = y\n1 = a\n",
@@ -608,6 +612,23 @@ fn netplan_yaml_parses() {
             }
         }
     }
+}
+
+#[test]
+fn netplan_quotes_names_yaml_would_misread() {
+    use yaml_rust2::YamlLoader;
+    let map = PortMap::parse("odd.map", "1 = true 0x10\n2 = 1e3 eth-2\n").unwrap();
+    let p = plan_with("1-1 > 2-2\n", &map, &Options::default());
+    let files = render::render(&p, Format::Netplan, Some(1)).unwrap();
+    let docs = YamlLoader::load_from_str(&files[0].text).unwrap();
+    let eth = docs[0]["network"]["ethernets"].as_hash().unwrap();
+    let keys: Vec<&str> = eth.keys().map(|k| k.as_str().unwrap()).collect();
+    assert_eq!(keys, ["true", "0x10"]);
+    let files = render::render(&p, Format::Netplan, Some(2)).unwrap();
+    let docs = YamlLoader::load_from_str(&files[0].text).unwrap();
+    let eth = docs[0]["network"]["ethernets"].as_hash().unwrap();
+    let keys: Vec<&str> = eth.keys().map(|k| k.as_str().unwrap()).collect();
+    assert_eq!(keys, ["1e3", "eth-2"]);
 }
 
 #[test]

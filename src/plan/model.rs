@@ -142,8 +142,8 @@ impl PortMap {
     /// 2 = ens2f0np0             # port 2: one interface
     /// ```
     ///
-    /// Ports are whole numbers 1..=65535; each lists one or more Linux interface names (1..15 bytes, no `/`, `:`
-    /// or whitespace), separated by spaces or commas. Every error is collected, each as `FILE:LINE: what`.
+    /// Ports are whole numbers 1..=65535; each lists one or more interface names (1..15 bytes of ASCII letters,
+    /// digits, `.`, `_`, `-`), separated by spaces or commas. Every error is collected, each as `FILE:LINE: what`.
     pub fn parse(source: &str, text: &str) -> Result<PortMap> {
         let mut errors = Vec::new();
         let mut name: Option<String> = None;
@@ -315,20 +315,21 @@ impl PortMap {
     }
 }
 
-/// Linux accepts interface names of 1..15 bytes without `/`, `:` or whitespace, other than `.` and `..`.
+/// Interface names this tool accepts: 1 to 15 bytes (Linux's limit) of ASCII letters, digits, `.`, `_` and `-`,
+/// other than `.` and `..`. Linux allows more, but these names go verbatim into shell commands and YAML.
 pub(crate) fn check_ifname(name: &str) -> std::result::Result<(), String> {
     let ok = !name.is_empty()
         && name.len() <= 15
         && name != "."
         && name != ".."
-        && !name
+        && name
             .chars()
-            .any(|c| c == '/' || c == ':' || c.is_whitespace() || c.is_control());
+            .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '_' || c == '-');
     if ok {
         Ok(())
     } else {
         Err(format!(
-            "`{name}` is not a valid interface name (1 to 15 bytes, no `/`, `:` or whitespace)"
+            "`{name}` is not an accepted interface name (1 to 15 bytes of ASCII letters, digits, `.`, `_`, `-`)"
         ))
     }
 }

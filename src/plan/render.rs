@@ -215,9 +215,12 @@ fn ip_commands(plan: &Plan, s: u32, verified: &Verified) -> String {
     for (me, _) in &sides {
         let _ = writeln!(out, "ip link set dev {} up mtu {}", me.interface, plan.mtu);
     }
-    let _ = writeln!(out, "# --- flush old addresses ---");
+    let _ = writeln!(
+        out,
+        "# --- flush old IPv4 addresses (IPv6 link-local stays) ---"
+    );
     for (me, _) in &sides {
-        let _ = writeln!(out, "ip addr flush dev {}", me.interface);
+        let _ = writeln!(out, "ip -4 addr flush dev {}", me.interface);
     }
     let _ = writeln!(out, "# --- add addresses ---");
     for (me, peer) in &sides {
@@ -284,7 +287,7 @@ fn netplan(plan: &Plan, s: u32, verified: &Verified) -> String {
             peer.interface,
             peer.address.addr()
         );
-        let _ = writeln!(out, "    {}:", me.interface);
+        let _ = writeln!(out, "    {}:", yaml_key(&me.interface));
         let _ = writeln!(out, "      dhcp4: false");
         let _ = writeln!(out, "      dhcp6: false");
         let _ = writeln!(out, "      optional: true");
@@ -293,6 +296,22 @@ fn netplan(plan: &Plan, s: u32, verified: &Verified) -> String {
         let _ = writeln!(out, "        - {}", me.address);
     }
     out
+}
+
+/// An interface name as a YAML mapping key: plain when YAML reads it back as that string, quoted otherwise
+/// (names like `0`, `1e3`, `true`, `null`, `no`, `.inf`).
+fn yaml_key(name: &str) -> String {
+    let lower = name.to_ascii_lowercase();
+    let special = matches!(
+        lower.as_str(),
+        "true" | "false" | "yes" | "no" | "on" | "off" | "y" | "n" | "null" | "~"
+    );
+    let starts_with_letter = name.starts_with(|c: char| c.is_ascii_alphabetic());
+    if special || !starts_with_letter {
+        format!("\"{name}\"")
+    } else {
+        name.to_string()
+    }
 }
 
 fn networkd(plan: &Plan, s: u32, verified: &Verified) -> Vec<OutFile> {
