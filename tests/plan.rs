@@ -839,6 +839,32 @@ fn cli_reports_errors_with_file_and_line() {
         "1",
     ]);
     assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.contains("--servers 1: a mesh needs at least 2 servers"),
+        "{err}"
+    );
+
+    let out = switchless(&[
+        "plan",
+        fixture("b300-2node.cables").to_str().unwrap(),
+        "--base",
+        "10.100.0.0",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.contains("expected NETWORK/PREFIX, e.g. 10.100.0.0/16"),
+        "{err}"
+    );
+
+    let out = switchless(&["plan", "/nonexistent/cables.txt"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.contains("cannot read the cables file /nonexistent/cables.txt"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -28,7 +28,7 @@ pub struct Args {
     #[arg(long)]
     pub servers: Option<u32>,
     /// The range the link subnets are taken from.
-    #[arg(long, default_value = plan::DEFAULT_BASE)]
+    #[arg(long, default_value = plan::DEFAULT_BASE, value_parser = parse_base)]
     pub base: Ipv4Net,
     /// Prefix length of each link: 30 (4 addresses per link) or 31 (2 per link, RFC 3021).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u8).range(30..=31))]
@@ -46,6 +46,15 @@ pub struct Args {
     /// instead of standard output.
     #[arg(long)]
     pub out: Option<PathBuf>,
+}
+
+fn parse_base(s: &str) -> std::result::Result<Ipv4Net, String> {
+    s.parse().map_err(|_| {
+        format!(
+            "`{s}` is not an IPv4 range; expected NETWORK/PREFIX, e.g. {}",
+            plan::DEFAULT_BASE
+        )
+    })
 }
 
 pub fn run(args: Args) -> ExitCode {
