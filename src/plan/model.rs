@@ -402,7 +402,7 @@ mod tests {
         );
         assert!(e.contains("m.map:5: port 3 lists no interface"), "{e}");
         assert!(
-            e.contains("m.map:6: `way-too-long-name0` is not a valid"),
+            e.contains("m.map:6: `way-too-long-name0` is not an accepted"),
             "{e}"
         );
         assert!(e.contains("m.map:7: `nonsense` has no `=`"), "{e}");
