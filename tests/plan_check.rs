@@ -459,3 +459,63 @@ fn captured_host_with_faults() {
         "{f:#?}"
     );
 }
+
+// ---------- properties ----------
+
+use proptest::prelude::*;
+
+/// A random valid B300 cable set: (servers, cables file text).
+fn cable_set() -> impl Strategy<Value = (u32, String)> {
+    (2u32..=6).prop_flat_map(|n| {
+        prop::collection::vec((1..=n, 1u32..=8, 1..=n, 1u32..=8), 1..30).prop_map(move |cands| {
+            let mut used = std::collections::BTreeSet::new();
+            let mut lines = Vec::new();
+            for (s1, p1, s2, p2) in cands {
+                if s1 == s2 || used.contains(&(s1, p1)) || used.contains(&(s2, p2)) {
+                    continue;
+                }
+                used.insert((s1, p1));
+                used.insert((s2, p2));
+                lines.push(format!("{s1}-{p1} > {s2}-{p2}"));
+            }
+            if lines.is_empty() {
+                lines.push("1-1 > 2-1".into());
+            }
+            (n, lines.join("\n"))
+        })
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(100))]
+
+    /// A host configured exactly as planned is clean; swapping the addresses of two of its interfaces never is.
+    #[test]
+    fn healthy_is_clean_and_swaps_are_caught((n, text) in cable_set(), pick in any::<(u32, usize, usize)>()) {
+        let p = plan_of(&text, Some(n));
+        let server = pick.0 % n + 1;
+        let live = healthy(&p, server);
+        let f = check_host(&p, server, &live);
+        let want = if p.links_of(server).count() == 0 { "plan-no-links" } else { "plan-host-matches" };
+        prop_assert_eq!(f.len(), 1, "{:#?}", f);
+        prop_assert_eq!(f[0].check.as_str(), want);
+        let planned = live.len() - 1; // without the management interface
+        if planned >= 2 {
+            let (i, j) = (pick.1 % planned, pick.2 % planned);
+            if i != j {
+                let mut swapped = live.clone();
+                let a = swapped[i].addrs.clone();
+                swapped[i].addrs = swapped[j].addrs.clone();
+                swapped[j].addrs = a;
+                let f = check_host(&p, server, &swapped);
+                prop_assert_eq!(f.iter().filter(|f| f.severity == Severity::Error).count(), 2, "{:#?}", f);
+                prop_assert!(f.iter().all(|f| f.check == "plan-address-on-wrong-interface" || f.check == "plan-cable-wrong-peer"));
+            }
+        }
+    }
+
+    #[test]
+    fn ip_json_reader_never_panics(text in "\\PC{0,300}") {
+        let _ = plan::live_from_ip_json(&text);
+    }
+}
