@@ -276,6 +276,11 @@ pub enum CommMut<'a, B: Backend> {
 /// Calls arrive on NCCL's threads (§2.1 of nccl-net-abi.md): `listen`/`connect`/`accept`/`reg_*`/`close_*`
 /// on the proxy service thread, `isend`/`irecv`/`iflush`/`test` on the progress thread; so everything must be
 /// `Send`, and the backend itself `Sync`. No call may block.
+///
+/// Ownership: the core boxes every object the backend returns and NCCL holds the box between calls; the
+/// backend gets `&mut` access to a comm or request only during one call (NCCL serializes calls per object),
+/// and shared access to registrations. A comm that needs the backend itself (device tables, an event
+/// thread) keeps an `Arc` clone taken in `listen`/`connect`.
 pub trait Backend: Sized + Send + Sync + 'static {
     /// A listening endpoint (one per connection; closed after `accept` or on teardown).
     type Listen: Send;
