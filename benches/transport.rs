@@ -7,7 +7,9 @@
 
 use std::time::{Duration, Instant};
 
-use switchless::transport::comm::{MemHandle, ProtocolConfig, RecvBuf, RecvComm, SendComm, connect_pair};
+use switchless::transport::comm::{
+    MemHandle, ProtocolConfig, RecvBuf, RecvComm, SendComm, connect_pair,
+};
 use switchless::transport::fabric::MemKind;
 use switchless::transport::memfab::{MemEndpoint, MemFab, MemFabConfig};
 
@@ -23,7 +25,10 @@ struct Case {
 }
 
 fn setup(npaths: usize, size: usize, copy_data: bool) -> Case {
-    let fab = MemFab::new(MemFabConfig { reorder_seed: None, copy_data });
+    let fab = MemFab::new(MemFabConfig {
+        reorder_seed: None,
+        copy_data,
+    });
     let (a, b) = fab.pair(&vec![200_000; npaths], 0);
     let (mut s, mut r) = connect_pair(a, b, ProtocolConfig::default()).unwrap();
     let len = size.max(1);
@@ -33,16 +38,32 @@ fn setup(npaths: usize, size: usize, copy_data: bool) -> Case {
     let ra = fab.alloc(len).unwrap();
     let smh = s.reg_mr(sa, len as u64, MemKind::Host).unwrap();
     let rmh = r.reg_mr(ra, len as u64, MemKind::Host).unwrap();
-    Case { fab, s, r, sa, smh, ra, rmh, size: size as u64 }
+    Case {
+        fab,
+        s,
+        r,
+        sa,
+        smh,
+        ra,
+        rmh,
+        size: size as u64,
+    }
 }
 
 fn round(c: &mut Case) {
-    let rreq = c
-        .r
-        .irecv(&[RecvBuf { addr: c.ra, size: c.size, tag: 1, mh: &c.rmh }])
+    let rreq =
+        c.r.irecv(&[RecvBuf {
+            addr: c.ra,
+            size: c.size,
+            tag: 1,
+            mh: &c.rmh,
+        }])
         .unwrap()
         .expect("receive slot free");
-    let sreq = c.s.isend(c.sa, c.size, 1, &c.smh).unwrap().expect("clear-to-send arrived");
+    let sreq =
+        c.s.isend(c.sa, c.size, 1, &c.smh)
+            .unwrap()
+            .expect("clear-to-send arrived");
     while c.s.test(sreq).unwrap().is_none() {}
     loop {
         if let Some(sz) = c.r.test(rreq).unwrap() {
@@ -56,7 +77,10 @@ fn main() {
     let measure = std::env::args().any(|a| a == "--bench");
     let budget = Duration::from_millis(400);
     println!("transport round (irecv + isend + test until both done), in-memory fabric");
-    println!("{:>7} {:>6} {:>10} {:>12} {:>14}", "paths", "size", "copy", "rounds", "ns/round");
+    println!(
+        "{:>7} {:>6} {:>10} {:>12} {:>14}",
+        "paths", "size", "copy", "rounds", "ns/round"
+    );
     for &size in &[0usize, 4096, 1 << 20] {
         for &npaths in &[1usize, 2, 4] {
             for copy in [true, false] {

@@ -1,6 +1,6 @@
 //! The data protocol over the in-memory fabric: grouped receives, tags, truncation, limits, striping,
 //! zero-byte messages, flush, errors, timeouts, teardown and data integrity.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::needless_range_loop)]
 
 use std::time::Duration;
 
@@ -27,22 +27,38 @@ fn rig_with(speeds: &[u64], loopbacks: usize, fcfg: MemFabConfig, pcfg: Protocol
     let (a, b) = fab.pair(speeds, loopbacks);
     let (sid, rid) = (a.id(), b.id());
     let (s, r) = connect_pair(a, b, pcfg).unwrap();
-    Rig { fab, s, r, sid, rid }
+    Rig {
+        fab,
+        s,
+        r,
+        sid,
+        rid,
+    }
 }
 
 fn rig(npaths: usize) -> Rig {
-    rig_with(&vec![100_000; npaths], 0, MemFabConfig::default(), ProtocolConfig::default())
+    rig_with(
+        &vec![100_000; npaths],
+        0,
+        MemFabConfig::default(),
+        ProtocolConfig::default(),
+    )
 }
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8)
+        .collect()
 }
 
 impl Rig {
     fn send_buf(&mut self, data: &[u8]) -> (u64, MemHandle) {
         let addr = self.fab.alloc(data.len().max(1)).unwrap();
         self.fab.write(addr, data).unwrap();
-        let mh = self.s.reg_mr(addr, data.len().max(1) as u64, MemKind::Host).unwrap();
+        let mh = self
+            .s
+            .reg_mr(addr, data.len().max(1) as u64, MemKind::Host)
+            .unwrap();
         (addr, mh)
     }
     fn recv_buf(&mut self, len: usize, kind: MemKind) -> (u64, MemHandle) {
@@ -85,7 +101,15 @@ fn one_message_one_path() {
     let data = pattern(10_000, 1);
     let (sa, smh) = g.send_buf(&data);
     let (ra, rmh) = g.recv_buf(16_384, MemKind::Host);
-    let rreq = g.r.irecv(&[RecvBuf { addr: ra, size: 16_384, tag: 3, mh: &rmh }]).unwrap().unwrap();
+    let rreq =
+        g.r.irecv(&[RecvBuf {
+            addr: ra,
+            size: 16_384,
+            tag: 3,
+            mh: &rmh,
+        }])
+        .unwrap()
+        .unwrap();
     let sreq = g.isend(sa, 10_000, 3, &smh);
     assert_eq!(g.wait_send(sreq), 10_000);
     assert_eq!(g.wait_recv(rreq).as_slice(), &[10_000]);
@@ -103,8 +127,14 @@ fn grouped_receive_matches_by_tag_and_reports_sizes_per_buffer() {
     for _ in 0..3 {
         rbufs.push(g.recv_buf(80_000, MemKind::Host));
     }
-    let bufs: Vec<RecvBuf> =
-        (0..3).map(|i| RecvBuf { addr: rbufs[i].0, size: 80_000, tag: tags[i], mh: &rbufs[i].1 }).collect();
+    let bufs: Vec<RecvBuf> = (0..3)
+        .map(|i| RecvBuf {
+            addr: rbufs[i].0,
+            size: 80_000,
+            tag: tags[i],
+            mh: &rbufs[i].1,
+        })
+        .collect();
     let rreq = g.r.irecv(&bufs).unwrap().unwrap();
     // Send in a different order than the buffers: 7, 5, 6.
     let mut sreqs = Vec::new();
@@ -128,7 +158,15 @@ fn grouped_receive_matches_by_tag_and_reports_sizes_per_buffer() {
 fn send_with_unposted_tag_waits() {
     let mut g = rig(1);
     let (ra, rmh) = g.recv_buf(64, MemKind::Host);
-    let rreq = g.r.irecv(&[RecvBuf { addr: ra, size: 64, tag: 1, mh: &rmh }]).unwrap().unwrap();
+    let rreq =
+        g.r.irecv(&[RecvBuf {
+            addr: ra,
+            size: 64,
+            tag: 1,
+            mh: &rmh,
+        }])
+        .unwrap()
+        .unwrap();
     let (sa, smh) = g.send_buf(&[1; 8]);
     assert_eq!(g.s.isend(sa, 8, 2, &smh).unwrap(), None);
     let req = g.s.isend(sa, 8, 1, &smh).unwrap().unwrap();
@@ -149,19 +187,37 @@ fn no_clear_to_send_means_retry() {
 fn send_larger_than_receive_is_an_error_naming_both_sizes() {
     let mut g = rig(1);
     let (ra, rmh) = g.recv_buf(100, MemKind::Host);
-    g.r.irecv(&[RecvBuf { addr: ra, size: 100, tag: 0, mh: &rmh }]).unwrap().unwrap();
+    g.r.irecv(&[RecvBuf {
+        addr: ra,
+        size: 100,
+        tag: 0,
+        mh: &rmh,
+    }])
+    .unwrap()
+    .unwrap();
     let (sa, smh) = g.send_buf(&[0; 101]);
     let err = g.s.isend(sa, 101, 0, &smh).unwrap_err();
     assert!(matches!(err, Error::InvalidUsage(_)), "{err}");
     let msg = err.to_string();
-    assert!(msg.contains("101 bytes") && msg.contains("100 bytes"), "{msg}");
+    assert!(
+        msg.contains("101 bytes") && msg.contains("100 bytes"),
+        "{msg}"
+    );
 }
 
 #[test]
 fn smaller_send_reports_actual_size() {
     let mut g = rig(3);
     let (ra, rmh) = g.recv_buf(1 << 20, MemKind::Host);
-    let rreq = g.r.irecv(&[RecvBuf { addr: ra, size: 1 << 20, tag: 0, mh: &rmh }]).unwrap().unwrap();
+    let rreq =
+        g.r.irecv(&[RecvBuf {
+            addr: ra,
+            size: 1 << 20,
+            tag: 0,
+            mh: &rmh,
+        }])
+        .unwrap()
+        .unwrap();
     let data = pattern(300_001, 9);
     let (sa, smh) = g.send_buf(&data);
     let sreq = g.isend(sa, 300_001, 0, &smh);
@@ -176,12 +232,30 @@ fn thirty_two_outstanding_receives_then_retry() {
     let (ra, rmh) = g.recv_buf(64 * MAX_REQUESTS, MemKind::Host);
     let mut rreqs = Vec::new();
     for i in 0..MAX_REQUESTS {
-        let b = RecvBuf { addr: ra + 64 * i as u64, size: 64, tag: 0, mh: &rmh };
-        rreqs.push(g.r.irecv(&[b]).unwrap().expect("32 receives must be accepted"));
+        let b = RecvBuf {
+            addr: ra + 64 * i as u64,
+            size: 64,
+            tag: 0,
+            mh: &rmh,
+        };
+        rreqs.push(
+            g.r.irecv(&[b])
+                .unwrap()
+                .expect("32 receives must be accepted"),
+        );
     }
     assert_eq!(g.r.outstanding(), MAX_REQUESTS);
-    let extra = RecvBuf { addr: ra, size: 64, tag: 0, mh: &rmh };
-    assert_eq!(g.r.irecv(&[extra]).unwrap(), None, "the 33rd receive must be refused (retry)");
+    let extra = RecvBuf {
+        addr: ra,
+        size: 64,
+        tag: 0,
+        mh: &rmh,
+    };
+    assert_eq!(
+        g.r.irecv(&[extra]).unwrap(),
+        None,
+        "the 33rd receive must be refused (retry)"
+    );
     let mut sreqs = Vec::new();
     let datas: Vec<Vec<u8>> = (0..MAX_REQUESTS).map(|i| pattern(64, i as u8)).collect();
     let (sa, smh) = g.send_buf(&datas.concat());
@@ -206,7 +280,12 @@ fn sender_accepts_max_requests_times_max_recvs() {
     let mut rreqs = Vec::new();
     for i in 0..MAX_REQUESTS {
         let bufs: Vec<RecvBuf> = (0..MAX_RECVS)
-            .map(|j| RecvBuf { addr: ra + 8 * (i * MAX_RECVS + j) as u64, size: 8, tag: j as u32, mh: &rmh })
+            .map(|j| RecvBuf {
+                addr: ra + 8 * (i * MAX_RECVS + j) as u64,
+                size: 8,
+                tag: j as u32,
+                mh: &rmh,
+            })
             .collect();
         rreqs.push(g.r.irecv(&bufs).unwrap().unwrap());
     }
@@ -222,7 +301,10 @@ fn sender_accepts_max_requests_times_max_recvs() {
     for r in rreqs {
         assert_eq!(g.wait_recv(r).as_slice(), &[8; MAX_RECVS]);
     }
-    assert_eq!(g.fab.read(ra, 8 * MAX_SEND_REQUESTS).unwrap(), vec![7; 8 * MAX_SEND_REQUESTS]);
+    assert_eq!(
+        g.fab.read(ra, 8 * MAX_SEND_REQUESTS).unwrap(),
+        vec![7; 8 * MAX_SEND_REQUESTS]
+    );
 }
 
 #[test]
@@ -238,7 +320,15 @@ fn striping_follows_link_speed() {
     let data = pattern(len, 4);
     let (sa, smh) = g.send_buf(&data);
     let (ra, rmh) = g.recv_buf(len, MemKind::Host);
-    let rreq = g.r.irecv(&[RecvBuf { addr: ra, size: len as u64, tag: 0, mh: &rmh }]).unwrap().unwrap();
+    let rreq =
+        g.r.irecv(&[RecvBuf {
+            addr: ra,
+            size: len as u64,
+            tag: 0,
+            mh: &rmh,
+        }])
+        .unwrap()
+        .unwrap();
     let before: Vec<u64> = (0..4).map(|p| g.fab.path_bytes(g.sid, p)).collect();
     let sreq = g.isend(sa, len as u64, 0, &smh);
     g.wait_send(sreq);
@@ -248,7 +338,10 @@ fn striping_follows_link_speed() {
     for p in 0..4 {
         let sent = g.fab.path_bytes(g.sid, p) - before[p] - if p == 3 { record } else { 0 };
         let ideal = len as u64 * (p as u64 + 1) / 10;
-        assert!(sent.abs_diff(ideal) < 128, "path {p}: {sent} bytes, ideal {ideal}");
+        assert!(
+            sent.abs_diff(ideal) < 128,
+            "path {p}: {sent} bytes, ideal {ideal}"
+        );
     }
 }
 
@@ -258,7 +351,15 @@ fn small_messages_use_one_path() {
     let (ra, rmh) = g.recv_buf(4096, MemKind::Host);
     let (sa, smh) = g.send_buf(&pattern(4096, 0));
     let before = g.fab.stats();
-    let rreq = g.r.irecv(&[RecvBuf { addr: ra, size: 4096, tag: 0, mh: &rmh }]).unwrap().unwrap();
+    let rreq =
+        g.r.irecv(&[RecvBuf {
+            addr: ra,
+            size: 4096,
+            tag: 0,
+            mh: &rmh,
+        }])
+        .unwrap()
+        .unwrap();
     let sreq = g.isend(sa, 4096, 0, &smh);
     g.wait_send(sreq);
     g.wait_recv(rreq);
@@ -274,7 +375,15 @@ fn zero_byte_messages() {
     let (ra, rmh) = g.recv_buf(16, MemKind::Host);
     let (sa, smh) = g.send_buf(&[]);
     for _ in 0..5 {
-        let rreq = g.r.irecv(&[RecvBuf { addr: ra, size: 0, tag: 1, mh: &rmh }]).unwrap().unwrap();
+        let rreq =
+            g.r.irecv(&[RecvBuf {
+                addr: ra,
+                size: 0,
+                tag: 1,
+                mh: &rmh,
+            }])
+            .unwrap()
+            .unwrap();
         let sreq = g.isend(sa, 0, 1, &smh);
         assert_eq!(g.wait_send(sreq), 0);
         assert_eq!(g.wait_recv(rreq).as_slice(), &[0]);
@@ -288,7 +397,15 @@ fn requests_are_never_null_or_the_ll_marker() {
     let (ra, rmh) = g.recv_buf(8, MemKind::Host);
     let (sa, smh) = g.send_buf(&[1; 8]);
     for _ in 0..100 {
-        let rreq = g.r.irecv(&[RecvBuf { addr: ra, size: 8, tag: 0, mh: &rmh }]).unwrap().unwrap();
+        let rreq =
+            g.r.irecv(&[RecvBuf {
+                addr: ra,
+                size: 8,
+                tag: 0,
+                mh: &rmh,
+            }])
+            .unwrap()
+            .unwrap();
         let sreq = g.isend(sa, 8, 0, &smh);
         assert!(rreq.to_raw() > 1 && sreq.to_raw() > 1);
         assert_eq!(Request::from_raw(rreq.to_raw()), rreq);
@@ -298,7 +415,10 @@ fn requests_are_never_null_or_the_ll_marker() {
         assert!(matches!(g.r.test(rreq), Err(Error::InvalidArgument(_))));
         assert!(matches!(g.s.test(sreq), Err(Error::InvalidArgument(_))));
     }
-    assert!(matches!(g.r.test(Request::from_raw(1)), Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        g.r.test(Request::from_raw(1)),
+        Err(Error::InvalidArgument(_))
+    ));
 }
 
 #[test]
@@ -307,43 +427,118 @@ fn bad_arguments_are_rejected_with_what_is_accepted() {
     let (ra, rmh) = g.recv_buf(64, MemKind::Host);
     let e = g.r.irecv(&[]).unwrap_err();
     assert!(e.to_string().contains("1..=8"), "{e}");
-    let nine: Vec<RecvBuf> = (0..9).map(|_| RecvBuf { addr: ra, size: 8, tag: 0, mh: &rmh }).collect();
+    let nine: Vec<RecvBuf> = (0..9)
+        .map(|_| RecvBuf {
+            addr: ra,
+            size: 8,
+            tag: 0,
+            mh: &rmh,
+        })
+        .collect();
     assert!(matches!(g.r.irecv(&nine), Err(Error::InvalidArgument(_))));
-    let e = g.r.irecv(&[RecvBuf { addr: ra + 60, size: 8, tag: 0, mh: &rmh }]).unwrap_err();
-    assert!(e.to_string().contains("outside its memory registration"), "{e}");
+    let e =
+        g.r.irecv(&[RecvBuf {
+            addr: ra + 60,
+            size: 8,
+            tag: 0,
+            mh: &rmh,
+        }])
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("outside its memory registration"),
+        "{e}"
+    );
     let (sa, smh) = g.send_buf(&[0; 16]);
-    assert!(matches!(g.s.isend(sa, 17, 0, &smh), Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        g.s.isend(sa, 17, 0, &smh),
+        Err(Error::InvalidArgument(_))
+    ));
 }
 
 #[test]
 fn flush_reads_through_every_loopback_for_gpu_buffers_only() {
-    let mut g = rig_with(&[100_000, 100_000], 2, MemFabConfig::default(), ProtocolConfig::default());
+    let mut g = rig_with(
+        &[100_000, 100_000],
+        2,
+        MemFabConfig::default(),
+        ProtocolConfig::default(),
+    );
     let (ga, gmh) = g.recv_buf(4096, MemKind::Cuda);
     let (ha, hmh) = g.recv_buf(4096, MemKind::Host);
     // Host memory: nothing to flush.
-    assert_eq!(g.r.iflush(&[FlushBuf { addr: ha, size: 4096, mh: &hmh }]).unwrap(), None);
+    assert_eq!(
+        g.r.iflush(&[FlushBuf {
+            addr: ha,
+            size: 4096,
+            mh: &hmh
+        }])
+        .unwrap(),
+        None
+    );
     // GPU memory with no data: nothing to flush.
-    assert_eq!(g.r.iflush(&[FlushBuf { addr: ga, size: 0, mh: &gmh }]).unwrap(), None);
+    assert_eq!(
+        g.r.iflush(&[FlushBuf {
+            addr: ga,
+            size: 0,
+            mh: &gmh
+        }])
+        .unwrap(),
+        None
+    );
     let before = g.fab.stats().reads;
-    let req = g
-        .r
-        .iflush(&[FlushBuf { addr: ha, size: 10, mh: &hmh }, FlushBuf { addr: ga, size: 100, mh: &gmh }])
+    let req =
+        g.r.iflush(&[
+            FlushBuf {
+                addr: ha,
+                size: 10,
+                mh: &hmh,
+            },
+            FlushBuf {
+                addr: ga,
+                size: 100,
+                mh: &gmh,
+            },
+        ])
         .unwrap()
         .expect("GPU data needs a flush");
     assert!(g.wait_recv(req).as_slice().is_empty());
-    assert_eq!(g.fab.stats().reads - before, 2, "one read per loopback path");
+    assert_eq!(
+        g.fab.stats().reads - before,
+        2,
+        "one read per loopback path"
+    );
     // A fabric without loopback paths needs no flush.
     let mut g2 = rig(1);
     let (ga2, gmh2) = g2.recv_buf(64, MemKind::Cuda);
-    assert_eq!(g2.r.iflush(&[FlushBuf { addr: ga2, size: 64, mh: &gmh2 }]).unwrap(), None);
+    assert_eq!(
+        g2.r.iflush(&[FlushBuf {
+            addr: ga2,
+            size: 64,
+            mh: &gmh2
+        }])
+        .unwrap(),
+        None
+    );
 }
 
 #[test]
 fn flush_read_error_fails_the_flush() {
-    let mut g = rig_with(&[100_000], 1, MemFabConfig::default(), ProtocolConfig::default());
+    let mut g = rig_with(
+        &[100_000],
+        1,
+        MemFabConfig::default(),
+        ProtocolConfig::default(),
+    );
     let (ga, gmh) = g.recv_buf(64, MemKind::Cuda);
     g.fab.fail_next(g.rid, 1, WcStatus::LOC_PROT_ERR);
-    let req = g.r.iflush(&[FlushBuf { addr: ga, size: 64, mh: &gmh }]).unwrap().unwrap();
+    let req =
+        g.r.iflush(&[FlushBuf {
+            addr: ga,
+            size: 64,
+            mh: &gmh,
+        }])
+        .unwrap()
+        .unwrap();
     let err = g.r.test(req).unwrap_err();
     assert!(matches!(err, Error::System(_)), "{err}");
     assert!(err.to_string().contains("loopback0"), "{err}");
@@ -355,18 +550,37 @@ fn completion_error_fails_only_affected_requests_and_names_the_path() {
     let (ra, rmh) = g.recv_buf(128, MemKind::Host);
     let (sa, smh) = g.send_buf(&[3; 64]);
     // One good round first.
-    let rr = g.r.irecv(&[RecvBuf { addr: ra, size: 64, tag: 0, mh: &rmh }]).unwrap().unwrap();
+    let rr =
+        g.r.irecv(&[RecvBuf {
+            addr: ra,
+            size: 64,
+            tag: 0,
+            mh: &rmh,
+        }])
+        .unwrap()
+        .unwrap();
     let sr = g.isend(sa, 64, 0, &smh);
     g.wait_send(sr);
     g.wait_recv(rr);
     // Now the sender's path fails with a transport retry error.
     g.fab.fail_next(g.sid, 0, WcStatus::RETRY_EXC_ERR);
-    let rr = g.r.irecv(&[RecvBuf { addr: ra, size: 64, tag: 0, mh: &rmh }]).unwrap().unwrap();
+    let rr =
+        g.r.irecv(&[RecvBuf {
+            addr: ra,
+            size: 64,
+            tag: 0,
+            mh: &rmh,
+        }])
+        .unwrap()
+        .unwrap();
     let sr = g.isend(sa, 64, 0, &smh);
     let err = g.s.test(sr).unwrap_err();
     assert!(matches!(err, Error::Remote(_)), "{err}");
     let msg = err.to_string();
-    assert!(msg.contains("memfab ep0 path0") && msg.contains("transport retry counter exceeded"), "{msg}");
+    assert!(
+        msg.contains("memfab ep0 path0") && msg.contains("transport retry counter exceeded"),
+        "{msg}"
+    );
     // The receiver saw nothing: pending, and the call returns (no busy loop).
     assert_eq!(g.r.test(rr).unwrap(), None);
 }
@@ -376,7 +590,14 @@ fn local_errors_are_system_errors() {
     let mut g = rig(2);
     let (ra, rmh) = g.recv_buf(64, MemKind::Host);
     let (sa, smh) = g.send_buf(&[3; 64]);
-    g.r.irecv(&[RecvBuf { addr: ra, size: 64, tag: 0, mh: &rmh }]).unwrap().unwrap();
+    g.r.irecv(&[RecvBuf {
+        addr: ra,
+        size: 64,
+        tag: 0,
+        mh: &rmh,
+    }])
+    .unwrap()
+    .unwrap();
     g.fab.fail_next(g.sid, 0, WcStatus::LOC_PROT_ERR);
     g.fab.fail_next(g.sid, 1, WcStatus::LOC_PROT_ERR);
     let sr = g.isend(sa, 64, 0, &smh);
@@ -388,19 +609,38 @@ fn cts_write_error_fails_the_receive() {
     let mut g = rig(1);
     let (ra, rmh) = g.recv_buf(64, MemKind::Host);
     g.fab.fail_next(g.rid, 0, WcStatus::REM_ACCESS_ERR);
-    let rr = g.r.irecv(&[RecvBuf { addr: ra, size: 64, tag: 0, mh: &rmh }]).unwrap().unwrap();
+    let rr =
+        g.r.irecv(&[RecvBuf {
+            addr: ra,
+            size: 64,
+            tag: 0,
+            mh: &rmh,
+        }])
+        .unwrap()
+        .unwrap();
     let err = g.r.test(rr).unwrap_err();
     assert!(err.to_string().contains("clear-to-send"), "{err}");
 }
 
 #[test]
 fn silent_peer_leaves_requests_pending_until_the_timeout() {
-    let pcfg = ProtocolConfig { request_timeout: Some(Duration::from_millis(30)), ..ProtocolConfig::default() };
+    let pcfg = ProtocolConfig {
+        request_timeout: Some(Duration::from_millis(30)),
+        ..ProtocolConfig::default()
+    };
     let mut g = rig_with(&[100_000], 0, MemFabConfig::default(), pcfg);
     let (ra, rmh) = g.recv_buf(64, MemKind::Host);
     let (sa, smh) = g.send_buf(&[3; 64]);
     g.fab.stall(g.sid, true);
-    let rr = g.r.irecv(&[RecvBuf { addr: ra, size: 64, tag: 0, mh: &rmh }]).unwrap().unwrap();
+    let rr =
+        g.r.irecv(&[RecvBuf {
+            addr: ra,
+            size: 64,
+            tag: 0,
+            mh: &rmh,
+        }])
+        .unwrap()
+        .unwrap();
     let sr = g.isend(sa, 64, 0, &smh);
     assert_eq!(g.r.test(rr).unwrap(), None);
     assert_eq!(g.s.test(sr).unwrap(), None);
@@ -411,13 +651,19 @@ fn silent_peer_leaves_requests_pending_until_the_timeout() {
 
 #[test]
 fn sender_without_clear_to_send_times_out() {
-    let pcfg = ProtocolConfig { request_timeout: Some(Duration::from_millis(20)), ..ProtocolConfig::default() };
+    let pcfg = ProtocolConfig {
+        request_timeout: Some(Duration::from_millis(20)),
+        ..ProtocolConfig::default()
+    };
     let mut g = rig_with(&[100_000], 0, MemFabConfig::default(), pcfg);
     let (sa, smh) = g.send_buf(&[3; 64]);
     assert_eq!(g.s.isend(sa, 64, 0, &smh).unwrap(), None);
     std::thread::sleep(Duration::from_millis(40));
     let e = g.s.isend(sa, 64, 0, &smh).unwrap_err();
-    assert!(matches!(e, Error::Timeout(_)) && e.to_string().contains("clear-to-send"), "{e}");
+    assert!(
+        matches!(e, Error::Timeout(_)) && e.to_string().contains("clear-to-send"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -425,7 +671,15 @@ fn without_timeout_a_silent_peer_never_errors() {
     let mut g = rig(1);
     let (ra, rmh) = g.recv_buf(64, MemKind::Host);
     g.fab.stall(g.sid, true);
-    let rr = g.r.irecv(&[RecvBuf { addr: ra, size: 64, tag: 0, mh: &rmh }]).unwrap().unwrap();
+    let rr =
+        g.r.irecv(&[RecvBuf {
+            addr: ra,
+            size: 64,
+            tag: 0,
+            mh: &rmh,
+        }])
+        .unwrap()
+        .unwrap();
     let (sa, smh) = g.send_buf(&[3; 64]);
     let sr = g.isend(sa, 64, 0, &smh);
     for _ in 0..1000 {
@@ -440,18 +694,37 @@ fn without_timeout_a_silent_peer_never_errors() {
 
 #[test]
 fn close_with_requests_outstanding_releases_everything() {
-    let mut g = rig_with(&[100_000, 100_000], 1, MemFabConfig::default(), ProtocolConfig::default());
+    let mut g = rig_with(
+        &[100_000, 100_000],
+        1,
+        MemFabConfig::default(),
+        ProtocolConfig::default(),
+    );
     let keys_before = g.fab.live_keys();
     let (ra, rmh) = g.recv_buf(4096, MemKind::Cuda);
     let (sa, smh) = g.send_buf(&[1; 4096]);
     g.fab.stall(g.sid, true);
     let mut pending = Vec::new();
     for i in 0..10 {
-        let rr = g.r.irecv(&[RecvBuf { addr: ra, size: 4096, tag: 0, mh: &rmh }]).unwrap().unwrap();
+        let rr =
+            g.r.irecv(&[RecvBuf {
+                addr: ra,
+                size: 4096,
+                tag: 0,
+                mh: &rmh,
+            }])
+            .unwrap()
+            .unwrap();
         let sr = g.isend(sa, 4096, 0, &smh);
         pending.push((rr, sr, i));
     }
-    g.r.iflush(&[FlushBuf { addr: ra, size: 4096, mh: &rmh }]).unwrap().unwrap();
+    g.r.iflush(&[FlushBuf {
+        addr: ra,
+        size: 4096,
+        mh: &rmh,
+    }])
+    .unwrap()
+    .unwrap();
     assert_eq!(g.s.outstanding(), 10);
     g.s.dereg_mr(smh).unwrap();
     g.r.dereg_mr(rmh).unwrap();
@@ -459,7 +732,11 @@ fn close_with_requests_outstanding_releases_everything() {
     s.close().unwrap();
     r.close().unwrap();
     // Control memory of both comms and both user registrations are gone.
-    assert!(fab.live_keys() < keys_before, "{} keys left of {keys_before}", fab.live_keys());
+    assert!(
+        fab.live_keys() < keys_before,
+        "{} keys left of {keys_before}",
+        fab.live_keys()
+    );
     assert_eq!(fab.live_keys(), 0);
 }
 
@@ -467,17 +744,30 @@ fn close_with_requests_outstanding_releases_everything() {
 fn reordered_delivery_across_paths_keeps_data_intact() {
     for seed in 1..20u64 {
         let pcfg = ProtocolConfig {
-            stripe: StripeParams { min_chunk: 1024, align: 128 },
+            stripe: StripeParams {
+                min_chunk: 1024,
+                align: 128,
+            },
             ..ProtocolConfig::default()
         };
-        let fcfg = MemFabConfig { reorder_seed: Some(seed), copy_data: true };
+        let fcfg = MemFabConfig {
+            reorder_seed: Some(seed),
+            copy_data: true,
+        };
         let mut g = rig_with(&[100_000, 50_000, 100_000, 25_000], 0, fcfg, pcfg);
         let len = 20_000usize;
         let (ra, rmh) = g.recv_buf(len * 4, MemKind::Host);
-        let datas: Vec<Vec<u8>> = (0..4).map(|i| pattern(len - i * 1000, seed as u8 + i as u8)).collect();
+        let datas: Vec<Vec<u8>> = (0..4)
+            .map(|i| pattern(len - i * 1000, seed as u8 + i as u8))
+            .collect();
         let mut rreqs = Vec::new();
         for i in 0..4 {
-            let b = RecvBuf { addr: ra + (i * len) as u64, size: len as u64, tag: 0, mh: &rmh };
+            let b = RecvBuf {
+                addr: ra + (i * len) as u64,
+                size: len as u64,
+                tag: 0,
+                mh: &rmh,
+            };
             rreqs.push(g.r.irecv(&[b]).unwrap().unwrap());
         }
         let mut sreqs = Vec::new();
@@ -487,7 +777,11 @@ fn reordered_delivery_across_paths_keeps_data_intact() {
         }
         for (i, r) in rreqs.into_iter().enumerate() {
             assert_eq!(g.wait_recv(r).as_slice(), &[datas[i].len() as u64]);
-            assert_eq!(g.fab.read(ra + (i * len) as u64, datas[i].len()).unwrap(), datas[i], "seed {seed}");
+            assert_eq!(
+                g.fab.read(ra + (i * len) as u64, datas[i].len()).unwrap(),
+                datas[i],
+                "seed {seed}"
+            );
         }
         for r in sreqs {
             g.wait_send(r);
@@ -503,7 +797,15 @@ fn receives_stay_posted() {
     let (ra, rmh) = g.recv_buf(1 << 18, MemKind::Host);
     let (sa, smh) = g.send_buf(&pattern(1 << 18, 0));
     for _ in 0..3 {
-        let rr = g.r.irecv(&[RecvBuf { addr: ra, size: 1 << 18, tag: 0, mh: &rmh }]).unwrap().unwrap();
+        let rr =
+            g.r.irecv(&[RecvBuf {
+                addr: ra,
+                size: 1 << 18,
+                tag: 0,
+                mh: &rmh,
+            }])
+            .unwrap()
+            .unwrap();
         let sr = g.isend(sa, 1 << 18, 0, &smh);
         g.wait_send(sr);
         g.wait_recv(rr);

@@ -1,5 +1,5 @@
 //! Property tests of the striping arithmetic over 1–8 paths with unequal speeds.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::needless_range_loop)]
 
 use proptest::prelude::*;
 use switchless::transport::stripe::{MAX_PATHS, StripeParams, stripe};

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::transport::fabric::{
-    Completion, CtrlMem, Fabric, LocalSeg, MemKind, PathRole, ReadWr, Registration, RemoteSeg, WcOpcode,
-    WcStatus, WriteWr,
+    Completion, CtrlMem, Fabric, LocalSeg, MemKind, PathRole, ReadWr, Registration, RemoteSeg,
+    WcOpcode, WcStatus, WriteWr,
 };
 use crate::transport::stripe::{Chunk, MAX_PATHS, StripeParams, stripe};
 use crate::transport::wire::{
@@ -113,7 +113,11 @@ impl Request {
         Request((u64::from(generation) << 32) | ((kind as u64) << 16) | index as u64)
     }
     fn parts(self) -> (u64, usize, u32) {
-        ((self.0 >> 16) & 0xffff, (self.0 & 0xffff) as usize, (self.0 >> 32) as u32)
+        (
+            (self.0 >> 16) & 0xffff,
+            (self.0 & 0xffff) as usize,
+            (self.0 >> 32) as u32,
+        )
     }
     /// The value to hand to NCCL (≥ 2^32).
     pub fn to_raw(self) -> u64 {
@@ -189,8 +193,12 @@ struct Core<F: Fabric> {
 impl<F: Fabric> Core<F> {
     fn new(fab: F, cfg: ProtocolConfig) -> Result<Core<F>> {
         let paths = fab.paths();
-        let data: Vec<usize> = (0..paths.len()).filter(|&i| paths[i].role == PathRole::Data).collect();
-        let loops = (0..paths.len()).filter(|&i| paths[i].role == PathRole::Loopback).collect();
+        let data: Vec<usize> = (0..paths.len())
+            .filter(|&i| paths[i].role == PathRole::Data)
+            .collect();
+        let loops = (0..paths.len())
+            .filter(|&i| paths[i].role == PathRole::Loopback)
+            .collect();
         if data.is_empty() || data.len() > MAX_PATHS {
             return Err(Error::InvalidArgument(format!(
                 "a connection has {} data paths; accepted: 1..={MAX_PATHS}",
@@ -262,10 +270,15 @@ impl<F: Fabric> Core<F> {
     }
 
     fn register(&mut self, addr: u64, len: u64, kind: MemKind) -> Result<MemHandle> {
-        let ulen = usize::try_from(len)
-            .map_err(|_| Error::InvalidArgument(format!("registration of {len} bytes exceeds the address space")))?;
+        let ulen = usize::try_from(len).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "registration of {len} bytes exceeds the address space"
+            ))
+        })?;
         addr.checked_add(len).ok_or_else(|| {
-            Error::InvalidArgument(format!("registration {addr:#x}+{len} bytes wraps the address space"))
+            Error::InvalidArgument(format!(
+                "registration {addr:#x}+{len} bytes wraps the address space"
+            ))
         })?;
         let reg = self.fab.register(addr, ulen, kind)?;
         if reg.keys.len() != self.fab.paths().len() {
@@ -275,11 +288,19 @@ impl<F: Fabric> Core<F> {
                 self.fab.paths().len()
             )));
         }
-        Ok(MemHandle { addr, len, kind, reg })
+        Ok(MemHandle {
+            addr,
+            len,
+            kind,
+            reg,
+        })
     }
 
     /// Polls every path once (bounded), handing each completion to `f`.
-    fn poll_all(&mut self, mut f: impl FnMut(&mut Core<F>, usize, Completion) -> Result<()>) -> Result<()> {
+    fn poll_all(
+        &mut self,
+        mut f: impl FnMut(&mut Core<F>, usize, Completion) -> Result<()>,
+    ) -> Result<()> {
         let npaths = self.fab.paths().len();
         for path in 0..npaths {
             // Bounded: at most the queue depth worth of completions per call.
@@ -390,7 +411,10 @@ impl<F: Fabric> SendComm<F> {
         let fifo = core.alloc(FIFO_DEPTH * SLOT_WORDS)?;
         let rec_src = core.alloc(FIFO_DEPTH * MAX_RECVS)?;
         let mut reqs = Vec::with_capacity(MAX_SEND_REQUESTS);
-        reqs.resize_with(MAX_SEND_REQUESTS, || SendReq { generation: 1, ..SendReq::default() });
+        reqs.resize_with(MAX_SEND_REQUESTS, || SendReq {
+            generation: 1,
+            ..SendReq::default()
+        });
         Ok(SendComm {
             core,
             fifo,
@@ -413,7 +437,8 @@ impl<F: Fabric> SendComm<F> {
 
     /// Accepts the receiver's [`RecvComm::local_info`] (its size-record array).
     pub fn connect(&mut self, peer: CtrlInfo) -> Result<()> {
-        self.core.check_peer(&peer, FIFO_DEPTH * MAX_RECVS, "size-record array")?;
+        self.core
+            .check_peer(&peer, FIFO_DEPTH * MAX_RECVS, "size-record array")?;
         self.peer = Some(peer);
         Ok(())
     }
@@ -466,9 +491,17 @@ impl<F: Fabric> SendComm<F> {
     /// Posts a send of `size` bytes at `data` with `tag` (NCCL `isend`). `Ok(None)` means "call again
     /// later": the receiver's clear-to-send has not arrived, no buffer of it carries `tag` yet, or all
     /// [`MAX_SEND_REQUESTS`] requests are in use.
-    pub fn isend(&mut self, data: u64, size: u64, tag: u32, mh: &MemHandle) -> Result<Option<Request>> {
+    pub fn isend(
+        &mut self,
+        data: u64,
+        size: u64,
+        tag: u32,
+        mh: &MemHandle,
+    ) -> Result<Option<Request>> {
         let Some(peer) = self.peer.as_ref() else {
-            return Err(Error::InvalidArgument("isend on a send comm that is not connected".into()));
+            return Err(Error::InvalidArgument(
+                "isend on a send comm that is not connected".into(),
+            ));
         };
         let peer_addr = peer.addr;
         let mut peer_rkeys = [0u32; MAX_PATHS];
@@ -500,8 +533,13 @@ impl<F: Fabric> SendComm<F> {
         let Some(cur) = self.cur.as_mut() else {
             return Err(Error::Internal("CTS slot vanished".into()));
         };
-        let Some(e) = (0..cur.n).find(|&e| cur.matched & (1 << e) == 0 && cur.elems[e].tag == tag) else {
-            tracing::trace!(tag, seq = cur.seq, "isend: no buffer of the posted receive carries this tag yet");
+        let Some(e) = (0..cur.n).find(|&e| cur.matched & (1 << e) == 0 && cur.elems[e].tag == tag)
+        else {
+            tracing::trace!(
+                tag,
+                seq = cur.seq,
+                "isend: no buffer of the posted receive carries this tag yet"
+            );
             return Ok(None);
         };
         let el = cur.elems[e];
@@ -522,7 +560,13 @@ impl<F: Fabric> SendComm<F> {
         let slot = (seq % FIFO_DEPTH as u64) as usize;
         let rec_word = slot * MAX_RECVS + e;
         let rec_remote = peer_addr + 8 * rec_word as u64;
-        stripe(size, &self.core.speeds, self.core.cfg.stripe, self.rotate, &mut self.chunks);
+        stripe(
+            size,
+            &self.core.speeds,
+            self.core.cfg.stripe,
+            self.rotate,
+            &mut self.chunks,
+        );
         self.rotate = self.rotate.wrapping_add(1);
 
         self.free.pop();
@@ -631,7 +675,10 @@ impl<F: Fabric> SendComm<F> {
                     c.wr_id
                 )));
             };
-            let Some(r) = reqs.get_mut(idx).filter(|r| r.in_use && r.generation == generation) else {
+            let Some(r) = reqs
+                .get_mut(idx)
+                .filter(|r| r.in_use && r.generation == generation)
+            else {
                 return Ok(()); // a request already failed and released
             };
             if !c.status.is_success() {
@@ -649,7 +696,11 @@ impl<F: Fabric> SendComm<F> {
     /// request is released; testing it again is an error.
     pub fn test(&mut self, req: Request) -> Result<Option<u64>> {
         let (kind, idx, generation) = req.parts();
-        let valid = kind == ReqKind::Send as u64 && self.reqs.get(idx).is_some_and(|r| r.in_use && r.generation == generation);
+        let valid = kind == ReqKind::Send as u64
+            && self
+                .reqs
+                .get(idx)
+                .is_some_and(|r| r.in_use && r.generation == generation);
         if !valid {
             return Err(Error::InvalidArgument(format!(
                 "test of request {:#x}, which is not an outstanding send of this comm",
@@ -754,13 +805,20 @@ impl<F: Fabric> RecvComm<F> {
         for k in 0..core.data.len() {
             let path = core.data[k];
             for _ in 0..RECV_DEPTH {
-                core.fab.post_recv(path, wire::wr_id(WrKind::Recv, path, 0))?;
+                core.fab
+                    .post_recv(path, wire::wr_id(WrKind::Recv, path, 0))?;
             }
         }
         let mut slots = Vec::with_capacity(FIFO_DEPTH);
-        slots.resize_with(FIFO_DEPTH, || RecvReq { generation: 1, ..RecvReq::default() });
+        slots.resize_with(FIFO_DEPTH, || RecvReq {
+            generation: 1,
+            ..RecvReq::default()
+        });
         let mut flushes = Vec::with_capacity(MAX_REQUESTS);
-        flushes.resize_with(MAX_REQUESTS, || FlushReq { generation: 1, ..FlushReq::default() });
+        flushes.resize_with(MAX_REQUESTS, || FlushReq {
+            generation: 1,
+            ..FlushReq::default()
+        });
         Ok(RecvComm {
             core,
             shadow,
@@ -783,7 +841,8 @@ impl<F: Fabric> RecvComm<F> {
 
     /// Accepts the sender's [`SendComm::local_info`] (its CTS FIFO).
     pub fn connect(&mut self, peer: CtrlInfo) -> Result<()> {
-        self.core.check_peer(&peer, FIFO_DEPTH * SLOT_WORDS, "CTS FIFO")?;
+        self.core
+            .check_peer(&peer, FIFO_DEPTH * SLOT_WORDS, "CTS FIFO")?;
         self.peer = Some(peer);
         Ok(())
     }
@@ -807,7 +866,9 @@ impl<F: Fabric> RecvComm<F> {
     /// again later": the FIFO slot this receive needs is still held by an older request.
     pub fn irecv(&mut self, bufs: &[RecvBuf<'_>]) -> Result<Option<Request>> {
         let Some(peer) = self.peer.as_ref() else {
-            return Err(Error::InvalidArgument("irecv on a recv comm that is not connected".into()));
+            return Err(Error::InvalidArgument(
+                "irecv on a recv comm that is not connected".into(),
+            ));
         };
         if self.core.closed {
             return Err(Error::InvalidArgument("irecv on a closed recv comm".into()));
@@ -841,9 +902,17 @@ impl<F: Fabric> RecvComm<F> {
         let body = wire::slot_body_words(n);
         let fab = &mut self.core.fab;
         for w in SLOT_HDR..SLOT_HDR + body {
-            fab.ctrl_store(self.shadow.word(base + w), self.slot_words[w], Ordering::Relaxed)?;
+            fab.ctrl_store(
+                self.shadow.word(base + w),
+                self.slot_words[w],
+                Ordering::Relaxed,
+            )?;
         }
-        fab.ctrl_store(self.shadow.word(base + SLOT_IDX), seq + 1, Ordering::Release)?;
+        fab.ctrl_store(
+            self.shadow.word(base + SLOT_IDX),
+            seq + 1,
+            Ordering::Release,
+        )?;
 
         let k = (seq % npaths as u64) as usize;
         let path = self.core.data[k];
@@ -909,9 +978,15 @@ impl<F: Fabric> RecvComm<F> {
     /// requests are in use — callers that treat `None` as done must not exceed that.
     pub fn iflush(&mut self, bufs: &[FlushBuf<'_>]) -> Result<Option<Request>> {
         if self.core.closed {
-            return Err(Error::InvalidArgument("iflush on a closed recv comm".into()));
+            return Err(Error::InvalidArgument(
+                "iflush on a closed recv comm".into(),
+            ));
         }
-        let Some(target) = bufs.iter().rev().find(|b| b.size > 0 && b.mh.kind == MemKind::Cuda) else {
+        let Some(target) = bufs
+            .iter()
+            .rev()
+            .find(|b| b.size > 0 && b.mh.kind == MemKind::Cuda)
+        else {
             return Ok(None);
         };
         target.mh.check_covers(target.addr, 1, "flush")?;
@@ -987,7 +1062,10 @@ impl<F: Fabric> RecvComm<F> {
             };
             match kind {
                 WrKind::Cts => {
-                    let Some(r) = slots.get_mut(idx).filter(|r| r.in_use && r.generation == generation) else {
+                    let Some(r) = slots
+                        .get_mut(idx)
+                        .filter(|r| r.in_use && r.generation == generation)
+                    else {
                         return Ok(());
                     };
                     if c.status.is_success() {
@@ -998,7 +1076,10 @@ impl<F: Fabric> RecvComm<F> {
                     }
                 }
                 WrKind::Flush => {
-                    let Some(f) = flushes.get_mut(idx).filter(|f| f.in_use && f.generation == generation) else {
+                    let Some(f) = flushes
+                        .get_mut(idx)
+                        .filter(|f| f.in_use && f.generation == generation)
+                    else {
                         return Ok(());
                     };
                     if c.status.is_success() {
@@ -1035,7 +1116,9 @@ impl<F: Fabric> RecvComm<F> {
 
     fn on_imm(fab: &F, records: &CtrlMem, slots: &mut [RecvReq], c: &Completion) -> Result<()> {
         let Some(v) = c.imm else {
-            return Err(Error::Remote("write-with-immediate completion without an immediate".into()));
+            return Err(Error::Remote(
+                "write-with-immediate completion without an immediate".into(),
+            ));
         };
         let imm = Imm::decode(v)?;
         let r = &mut slots[imm.slot];
@@ -1055,7 +1138,10 @@ impl<F: Fabric> RecvComm<F> {
         st.expected = imm.npaths as u8;
         st.got += 1;
         if st.got as usize == st.expected as usize {
-            let word = fab.ctrl_load(records.word(imm.slot * MAX_RECVS + imm.elem), Ordering::Acquire)?;
+            let word = fab.ctrl_load(
+                records.word(imm.slot * MAX_RECVS + imm.elem),
+                Ordering::Acquire,
+            )?;
             let size = wire::decode_record(word, r.seq)?;
             if size > st.posted {
                 return Err(Error::Remote(format!(
@@ -1075,8 +1161,14 @@ impl<F: Fabric> RecvComm<F> {
     pub fn test(&mut self, req: Request) -> Result<Option<Sizes>> {
         let (kind, idx, generation) = req.parts();
         let valid = match kind {
-            k if k == ReqKind::Recv as u64 => self.slots.get(idx).is_some_and(|r| r.in_use && r.generation == generation),
-            k if k == ReqKind::Flush as u64 => self.flushes.get(idx).is_some_and(|f| f.in_use && f.generation == generation),
+            k if k == ReqKind::Recv as u64 => self
+                .slots
+                .get(idx)
+                .is_some_and(|r| r.in_use && r.generation == generation),
+            k if k == ReqKind::Flush as u64 => self
+                .flushes
+                .get(idx)
+                .is_some_and(|f| f.in_use && f.generation == generation),
             _ => false,
         };
         if !valid {
@@ -1098,7 +1190,10 @@ impl<F: Fabric> RecvComm<F> {
             }
             if let Some(w) = timed_out(f.posted, self.core.cfg.request_timeout) {
                 self.release_flush(idx);
-                return Err(Error::Timeout(format!("flush read still pending after {} ms", w.as_millis())));
+                return Err(Error::Timeout(format!(
+                    "flush read still pending after {} ms",
+                    w.as_millis()
+                )));
             }
             return Ok(None);
         }

@@ -341,7 +341,10 @@ mod tests {
         assert!(WcStatus::REM_ACCESS_ERR.is_remote());
         assert!(!WcStatus::WR_FLUSH_ERR.is_remote());
         assert!(!WcStatus::LOC_PROT_ERR.is_remote());
-        assert_eq!(WcStatus::RNR_RETRY_EXC_ERR.text(), "RNR retry counter exceeded");
+        assert_eq!(
+            WcStatus::RNR_RETRY_EXC_ERR.text(),
+            "RNR retry counter exceeded"
+        );
         assert_eq!(WcStatus(99).text(), "unknown");
         assert!(WcStatus::RETRY_EXC_ERR.to_string().contains("status 12"));
     }

@@ -24,8 +24,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::error::{Error, Result};
 use crate::transport::fabric::{
-    Completion, CtrlMem, Fabric, MemKind, PathInfo, PathKeys, PathRole, ReadWr, Registration, WcOpcode,
-    WcStatus, WriteWr,
+    Completion, CtrlMem, Fabric, MemKind, PathInfo, PathKeys, PathRole, ReadWr, Registration,
+    WcOpcode, WcStatus, WriteWr,
 };
 
 /// Options.
@@ -134,7 +134,10 @@ fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
 }
 
 fn split_addr(addr: u64) -> (usize, usize) {
-    (((addr >> 32) as usize).wrapping_sub(1), (addr & 0xffff_ffff) as usize)
+    (
+        ((addr >> 32) as usize).wrapping_sub(1),
+        (addr & 0xffff_ffff) as usize,
+    )
 }
 
 fn read_bytes(words: &[AtomicU64], off: usize, out: &mut [u8]) {
@@ -206,7 +209,14 @@ impl Inner {
 
     /// Checks that `key` (owned by endpoint `ep`, path `path`) covers `[addr, addr+len)`; returns
     /// (region, offset).
-    fn check_key(&self, key: u32, ep: usize, path: usize, addr: u64, len: usize) -> Option<(usize, usize)> {
+    fn check_key(
+        &self,
+        key: u32,
+        ep: usize,
+        path: usize,
+        addr: u64,
+        len: usize,
+    ) -> Option<(usize, usize)> {
         let k = self.keys.get(&key)?;
         let (region, off) = split_addr(addr);
         let ok = k.ep == ep
@@ -298,11 +308,13 @@ impl Inner {
         match op {
             Op::Write(w) => {
                 let len = w.local.len as usize;
-                let Some((sr, so)) = self.check_key(w.local.lkey, ep, path, w.local.addr, len) else {
+                let Some((sr, so)) = self.check_key(w.local.lkey, ep, path, w.local.addr, len)
+                else {
                     self.fail(ep, path, wr_id, WcStatus::LOC_PROT_ERR, opcode);
                     return;
                 };
-                let Some((dr, doff)) = self.check_key(w.remote.rkey, t, path, w.remote.addr, len) else {
+                let Some((dr, doff)) = self.check_key(w.remote.rkey, t, path, w.remote.addr, len)
+                else {
                     self.fail(ep, path, wr_id, WcStatus::REM_ACCESS_ERR, opcode);
                     return;
                 };
@@ -318,7 +330,13 @@ impl Inner {
                     None
                 };
                 if len > 0 && (self.copy_data || self.regions[dr].ctrl || self.regions[sr].ctrl) {
-                    copy_words(&self.regions[sr].words, so, &self.regions[dr].words, doff, len);
+                    copy_words(
+                        &self.regions[sr].words,
+                        so,
+                        &self.regions[dr].words,
+                        doff,
+                        len,
+                    );
                 }
                 self.stats.writes += 1;
                 self.stats.bytes += len as u64;
@@ -353,15 +371,23 @@ impl Inner {
             }
             Op::Read(r) => {
                 let len = r.local.len as usize;
-                let Some((dr, doff)) = self.check_key(r.local.lkey, ep, path, r.local.addr, len) else {
+                let Some((dr, doff)) = self.check_key(r.local.lkey, ep, path, r.local.addr, len)
+                else {
                     self.fail(ep, path, wr_id, WcStatus::LOC_PROT_ERR, opcode);
                     return;
                 };
-                let Some((sr, so)) = self.check_key(r.remote.rkey, t, path, r.remote.addr, len) else {
+                let Some((sr, so)) = self.check_key(r.remote.rkey, t, path, r.remote.addr, len)
+                else {
                     self.fail(ep, path, wr_id, WcStatus::REM_ACCESS_ERR, opcode);
                     return;
                 };
-                copy_words(&self.regions[sr].words, so, &self.regions[dr].words, doff, len);
+                copy_words(
+                    &self.regions[sr].words,
+                    so,
+                    &self.regions[dr].words,
+                    doff,
+                    len,
+                );
                 self.stats.reads += 1;
                 self.complete(
                     ep,
@@ -422,10 +448,14 @@ impl Inner {
                 u32::MAX
             )));
         }
-        let words = (len + 7) / 8;
+        let words = len.div_ceil(8);
         let mut v = Vec::with_capacity(words);
         v.resize_with(words, || AtomicU64::new(0));
-        self.regions.push(Region { words: v, len, ctrl });
+        self.regions.push(Region {
+            words: v,
+            len,
+            ctrl,
+        });
         Ok(self.regions.len() - 1)
     }
 
@@ -782,7 +812,15 @@ mod tests {
         assert_eq!(&out[3..13], &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
     }
 
-    fn setup() -> (MemFab, MemEndpoint, MemEndpoint, u64, Registration, u64, Registration) {
+    fn setup() -> (
+        MemFab,
+        MemEndpoint,
+        MemEndpoint,
+        u64,
+        Registration,
+        u64,
+        Registration,
+    ) {
         let fab = MemFab::new(MemFabConfig::default());
         let (mut a, mut b) = fab.pair(&[100, 100], 0);
         let src = fab.alloc(64).unwrap();
@@ -792,11 +830,25 @@ mod tests {
         (fab, a, b, src, ra, dst, rb)
     }
 
-    fn wr(src: u64, ra: &Registration, dst: u64, rb: &Registration, path: usize, imm: Option<u32>) -> WriteWr {
+    fn wr(
+        src: u64,
+        ra: &Registration,
+        dst: u64,
+        rb: &Registration,
+        path: usize,
+        imm: Option<u32>,
+    ) -> WriteWr {
         WriteWr {
             wr_id: 7,
-            local: LocalSeg { addr: src, len: 16, lkey: ra.keys[path].lkey },
-            remote: RemoteSeg { addr: dst, rkey: rb.keys[path].rkey },
+            local: LocalSeg {
+                addr: src,
+                len: 16,
+                lkey: ra.keys[path].lkey,
+            },
+            remote: RemoteSeg {
+                addr: dst,
+                rkey: rb.keys[path].rkey,
+            },
             imm,
             signaled: true,
         }
@@ -806,7 +858,8 @@ mod tests {
     fn write_with_imm_needs_a_posted_receive() {
         let (fab, mut a, mut b, src, ra, dst, rb) = setup();
         fab.write(src, &[9; 16]).unwrap();
-        a.post_write(0, &wr(src, &ra, dst, &rb, 0, Some(5))).unwrap();
+        a.post_write(0, &wr(src, &ra, dst, &rb, 0, Some(5)))
+            .unwrap();
         let mut out = Vec::new();
         a.poll(0, 8, &mut out).unwrap();
         assert_eq!(out[0].status, WcStatus::RNR_RETRY_EXC_ERR);
@@ -817,7 +870,8 @@ mod tests {
         assert_eq!(out[0].status, WcStatus::WR_FLUSH_ERR);
         // Path 1 still works.
         b.post_recv(1, 42).unwrap();
-        a.post_write(1, &wr(src, &ra, dst, &rb, 1, Some(5))).unwrap();
+        a.post_write(1, &wr(src, &ra, dst, &rb, 1, Some(5)))
+            .unwrap();
         out.clear();
         b.poll(1, 8, &mut out).unwrap();
         assert_eq!(out[0].imm, Some(5));

@@ -48,7 +48,13 @@ pub const MAX_PATHS: usize = 8;
 /// Splits `size` bytes over paths with the given speeds (Mb/s), writing the chunks into `out`
 /// (cleared first) in offset order. `speeds` must have 1..=[`MAX_PATHS`] entries; extra entries are
 /// ignored and an empty slice yields no chunk.
-pub fn stripe(size: u64, speeds: &[u64], params: StripeParams, rotate: usize, out: &mut Vec<Chunk>) {
+pub fn stripe(
+    size: u64,
+    speeds: &[u64],
+    params: StripeParams,
+    rotate: usize,
+    out: &mut Vec<Chunk>,
+) {
     out.clear();
     let n = speeds.len().min(MAX_PATHS);
     if n == 0 {
@@ -76,7 +82,9 @@ pub fn stripe(size: u64, speeds: &[u64], params: StripeParams, rotate: usize, ou
         return;
     }
 
-    let mut k = usize::try_from(size / min_chunk).unwrap_or(usize::MAX).clamp(1, n);
+    let mut k = usize::try_from(size / min_chunk)
+        .unwrap_or(usize::MAX)
+        .clamp(1, n);
     loop {
         out.clear();
         let total: u128 = order[..k].iter().map(|&i| u128::from(weight(i))).sum();
@@ -112,7 +120,13 @@ mod tests {
 
     fn run(size: u64, speeds: &[u64], min_chunk: u64, align: u64, rotate: usize) -> Vec<Chunk> {
         let mut v = Vec::new();
-        stripe(size, speeds, StripeParams { min_chunk, align }, rotate, &mut v);
+        stripe(
+            size,
+            speeds,
+            StripeParams { min_chunk, align },
+            rotate,
+            &mut v,
+        );
         v
     }
 
@@ -121,7 +135,10 @@ mod tests {
         let c = run(1 << 20, &[100_000; 4], 32 * 1024, 128, 0);
         assert_eq!(c.len(), 4);
         assert!(c.iter().all(|c| c.len == 256 * 1024));
-        assert_eq!(c.iter().map(|c| c.path).collect::<Vec<_>>(), vec![0, 1, 2, 3]);
+        assert_eq!(
+            c.iter().map(|c| c.path).collect::<Vec<_>>(),
+            vec![0, 1, 2, 3]
+        );
     }
 
     #[test]
@@ -136,7 +153,14 @@ mod tests {
     #[test]
     fn unequal_speeds_prefer_fast_path() {
         let c = run(4096, &[25_000, 100_000], 32 * 1024, 128, 1);
-        assert_eq!(c, vec![Chunk { path: 1, offset: 0, len: 4096 }]);
+        assert_eq!(
+            c,
+            vec![Chunk {
+                path: 1,
+                offset: 0,
+                len: 4096
+            }]
+        );
         let c = run(1 << 20, &[100_000, 300_000], 1024, 128, 0);
         assert_eq!(c[0].path, 1);
         assert_eq!(c[0].len, 786_432);

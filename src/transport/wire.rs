@@ -201,7 +201,11 @@ pub fn split_wr_id(id: u64) -> Option<(WrKind, usize, u32)> {
         4 => WrKind::Flush,
         _ => return None,
     };
-    Some((kind, (id & 0xffff) as usize, ((id >> 16) & 0xffff_ffff) as u32))
+    Some((
+        kind,
+        (id & 0xffff) as usize,
+        ((id >> 16) & 0xffff_ffff) as u32,
+    ))
 }
 
 /// What one side tells the other about its control memory, exchanged once by the handshake:
@@ -309,7 +313,12 @@ mod tests {
             let b = SLOT_ELEMS + i * ELEM_WORDS;
             assert_eq!(decode_elem(&w[b..b + ELEM_WORDS]), *e);
         }
-        assert!(decode_slot_header(w[SLOT_HDR], 2).unwrap_err().to_string().contains("2"));
+        assert!(
+            decode_slot_header(w[SLOT_HDR], 2)
+                .unwrap_err()
+                .to_string()
+                .contains("2")
+        );
         assert!(decode_slot_header(0, 4).is_err());
         assert!(decode_slot_header((SLOT_MAGIC << 32) | (4 << 8) | 9, 4).is_err());
         assert_eq!(slot_body_words(1), 1 + ELEM_WORDS);
@@ -337,13 +346,27 @@ mod tests {
 
     #[test]
     fn ctrl_info_errors_name_the_problem() {
-        let info = CtrlInfo { addr: 0xabc, words: 2048, rkeys: vec![1, 2, 3] };
+        let info = CtrlInfo {
+            addr: 0xabc,
+            words: 2048,
+            rkeys: vec![1, 2, 3],
+        };
         let b = info.to_bytes();
         assert_eq!(CtrlInfo::from_bytes(&b).unwrap(), info);
-        assert!(CtrlInfo::from_bytes(&b[..10]).unwrap_err().to_string().contains("20"));
+        assert!(
+            CtrlInfo::from_bytes(&b[..10])
+                .unwrap_err()
+                .to_string()
+                .contains("20")
+        );
         let mut bad = b.clone();
         bad[4] = 9;
-        assert!(CtrlInfo::from_bytes(&bad).unwrap_err().to_string().contains("version 9"));
+        assert!(
+            CtrlInfo::from_bytes(&bad)
+                .unwrap_err()
+                .to_string()
+                .contains("version 9")
+        );
         let mut bad = b.clone();
         bad.push(0);
         assert!(CtrlInfo::from_bytes(&bad).is_err());
