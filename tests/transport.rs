@@ -625,7 +625,7 @@ fn cts_write_error_fails_the_receive() {
 #[test]
 fn silent_peer_leaves_requests_pending_until_the_timeout() {
     let pcfg = ProtocolConfig {
-        request_timeout: Some(Duration::from_millis(30)),
+        request_timeout: Some(Duration::from_millis(250)),
         ..ProtocolConfig::default()
     };
     let mut g = rig_with(&[100_000], 0, MemFabConfig::default(), pcfg);
@@ -644,7 +644,7 @@ fn silent_peer_leaves_requests_pending_until_the_timeout() {
     let sr = g.isend(sa, 64, 0, &smh);
     assert_eq!(g.r.test(rr).unwrap(), None);
     assert_eq!(g.s.test(sr).unwrap(), None);
-    std::thread::sleep(Duration::from_millis(50));
+    std::thread::sleep(Duration::from_millis(400));
     assert!(matches!(g.r.test(rr), Err(Error::Timeout(_))));
     assert!(matches!(g.s.test(sr), Err(Error::Timeout(_))));
 }
@@ -652,13 +652,13 @@ fn silent_peer_leaves_requests_pending_until_the_timeout() {
 #[test]
 fn sender_without_clear_to_send_times_out() {
     let pcfg = ProtocolConfig {
-        request_timeout: Some(Duration::from_millis(20)),
+        request_timeout: Some(Duration::from_millis(250)),
         ..ProtocolConfig::default()
     };
     let mut g = rig_with(&[100_000], 0, MemFabConfig::default(), pcfg);
     let (sa, smh) = g.send_buf(&[3; 64]);
     assert_eq!(g.s.isend(sa, 64, 0, &smh).unwrap(), None);
-    std::thread::sleep(Duration::from_millis(40));
+    std::thread::sleep(Duration::from_millis(400));
     let e = g.s.isend(sa, 64, 0, &smh).unwrap_err();
     assert!(
         matches!(e, Error::Timeout(_)) && e.to_string().contains("clear-to-send"),
@@ -855,4 +855,91 @@ proptest! {
             g.wait_send(r);
         }
     }
+}
+
+#[test]
+fn more_flushes_than_requests_is_an_error_not_a_silent_none() {
+    let mut g = rig_with(
+        &[100_000],
+        1,
+        MemFabConfig::default(),
+        ProtocolConfig::default(),
+    );
+    let (ga, gmh) = g.recv_buf(64, MemKind::Cuda);
+    g.fab.stall(g.rid, true);
+    for _ in 0..MAX_REQUESTS {
+        assert!(
+            g.r.iflush(&[FlushBuf {
+                addr: ga,
+                size: 64,
+                mh: &gmh
+            }])
+            .unwrap()
+            .is_some()
+        );
+    }
+    let e =
+        g.r.iflush(&[FlushBuf {
+            addr: ga,
+            size: 64,
+            mh: &gmh,
+        }])
+        .unwrap_err();
+    assert!(matches!(e, Error::Internal(_)), "{e}");
+}
+
+#[test]
+fn corrupt_clear_to_send_entries_are_rejected() {
+    use switchless::transport::wire::{SLOT_HDR, SLOT_IDX};
+    let mut g = rig(2);
+    let fifo = g.s.local_info().addr;
+    let (sa, smh) = g.send_buf(&[0; 8]);
+    // Index word says "entry 0 is here", header is garbage.
+    g.fab
+        .write(fifo + 8 * SLOT_HDR as u64, &0xdead_beef_u64.to_le_bytes())
+        .unwrap();
+    g.fab
+        .write(fifo + 8 * SLOT_IDX as u64, &1u64.to_le_bytes())
+        .unwrap();
+    let e = g.s.isend(sa, 8, 0, &smh).unwrap_err();
+    assert!(
+        matches!(e, Error::Remote(_)) && e.to_string().contains("magic"),
+        "{e}"
+    );
+    // Right magic, 9 buffers.
+    let hdr = 9u64 | (2 << 8) | (0x5C75 << 32);
+    g.fab
+        .write(fifo + 8 * SLOT_HDR as u64, &hdr.to_le_bytes())
+        .unwrap();
+    let e = g.s.isend(sa, 8, 0, &smh).unwrap_err();
+    assert!(e.to_string().contains("accepted: 1..=8"), "{e}");
+    // Right magic, wrong path count.
+    let hdr = 1u64 | (3 << 8) | (0x5C75 << 32);
+    g.fab
+        .write(fifo + 8 * SLOT_HDR as u64, &hdr.to_le_bytes())
+        .unwrap();
+    let e = g.s.isend(sa, 8, 0, &smh).unwrap_err();
+    assert!(e.to_string().contains("3 data paths"), "{e}");
+}
+
+#[test]
+fn control_info_exchange_is_checked() {
+    let fab = MemFab::new(MemFabConfig::default());
+    let (a, b) = fab.pair(&[1, 1], 0);
+    let mut s = SendComm::new(a, ProtocolConfig::default()).unwrap();
+    let r = RecvComm::new(b, ProtocolConfig::default()).unwrap();
+    let mut info = r.local_info();
+    info.rkeys.pop();
+    let e = s.connect(info).unwrap_err();
+    assert!(e.to_string().contains("1 data paths"), "{e}");
+    let mut info = r.local_info();
+    info.words = 3;
+    assert!(matches!(s.connect(info), Err(Error::Remote(_))));
+    // Not connected: isend is refused.
+    let addr = fab.alloc(8).unwrap();
+    let mh = s.reg_mr(addr, 8, MemKind::Host).unwrap();
+    assert!(matches!(
+        s.isend(addr, 8, 0, &mh),
+        Err(Error::InvalidArgument(_))
+    ));
 }

@@ -974,8 +974,8 @@ impl<F: Fabric> RecvComm<F> {
 
     /// Flushes GPU-direct receives (NCCL `iflush`): one RDMA read per loopback path from the last
     /// non-empty GPU buffer. `Ok(None)` means "nothing to flush" (no GPU buffer received data, or the
-    /// fabric has no loopback path); it is not a retry. Also `Ok(None)` when all [`MAX_REQUESTS`] flush
-    /// requests are in use — callers that treat `None` as done must not exceed that.
+    /// fabric has no loopback path); it is not a retry. More than [`MAX_REQUESTS`] flushes outstanding
+    /// is an [`Error::Internal`] (never a silent `None`, which NCCL would take as done).
     pub fn iflush(&mut self, bufs: &[FlushBuf<'_>]) -> Result<Option<Request>> {
         if self.core.closed {
             return Err(Error::InvalidArgument(
