@@ -943,3 +943,93 @@ fn control_info_exchange_is_checked() {
         Err(Error::InvalidArgument(_))
     ));
 }
+
+/// Sender and receiver on two threads (as two processes would be), pipelined 8 deep, over 3 paths.
+#[test]
+fn two_threads_pipelined() {
+    use std::collections::VecDeque;
+    use std::time::Instant;
+    const N: usize = 600;
+    const DEPTH: usize = 8;
+    const CAP: usize = 48 * 1024;
+    const POOL: usize = 1 << 20;
+    let pcfg = ProtocolConfig {
+        stripe: StripeParams {
+            min_chunk: 4096,
+            align: 128,
+        },
+        ..ProtocolConfig::default()
+    };
+    let fab = MemFab::new(MemFabConfig::default());
+    let (a, b) = fab.pair(&[100_000, 200_000, 100_000], 0);
+    let (mut s, mut r) = connect_pair(a, b, pcfg).unwrap();
+    let size = |i: usize| (i * 7919) % CAP;
+    let off = |i: usize| (i * 4099) % (POOL - CAP);
+    let pool = pattern(POOL, 77);
+    let sa = fab.alloc(POOL).unwrap();
+    fab.write(sa, &pool).unwrap();
+    let smh = s.reg_mr(sa, POOL as u64, MemKind::Host).unwrap();
+    let ra = fab.alloc(CAP * DEPTH).unwrap();
+    let rmh = r.reg_mr(ra, (CAP * DEPTH) as u64, MemKind::Host).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+
+    let sender = std::thread::spawn(move || {
+        let mut q = VecDeque::new();
+        let mut next = 0;
+        let mut done = 0;
+        while done < N {
+            assert!(Instant::now() < deadline, "sender stuck at {done}/{N}");
+            if next < N && q.len() < DEPTH {
+                if let Some(req) = s
+                    .isend(sa + off(next) as u64, size(next) as u64, 0, &smh)
+                    .unwrap()
+                {
+                    q.push_back((req, next));
+                    next += 1;
+                }
+            }
+            if let Some(&(req, i)) = q.front() {
+                if let Some(n) = s.test(req).unwrap() {
+                    assert_eq!(n, size(i) as u64);
+                    q.pop_front();
+                    done += 1;
+                }
+            }
+        }
+        s.close().unwrap();
+    });
+
+    let mut q = VecDeque::new();
+    let mut next = 0;
+    let mut done = 0;
+    while done < N {
+        assert!(Instant::now() < deadline, "receiver stuck at {done}/{N}");
+        if next < N && q.len() < DEPTH {
+            let slot = next % DEPTH;
+            let buf = RecvBuf {
+                addr: ra + (slot * CAP) as u64,
+                size: CAP as u64,
+                tag: 0,
+                mh: &rmh,
+            };
+            if let Some(req) = r.irecv(&[buf]).unwrap() {
+                q.push_back((req, next));
+                next += 1;
+            }
+        }
+        if let Some(&(req, i)) = q.front() {
+            if let Some(sizes) = r.test(req).unwrap() {
+                assert_eq!(sizes.as_slice(), &[size(i) as u64]);
+                let got = fab.read(ra + ((i % DEPTH) * CAP) as u64, size(i)).unwrap();
+                assert!(
+                    got == pool[off(i)..off(i) + size(i)],
+                    "message {i} corrupted"
+                );
+                q.pop_front();
+                done += 1;
+            }
+        }
+    }
+    sender.join().unwrap();
+    r.close().unwrap();
+}

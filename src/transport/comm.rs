@@ -471,13 +471,11 @@ impl<F: Fabric> SendComm<F> {
         let hdr = fab.ctrl_load(self.fifo.word(base + SLOT_HDR), Ordering::Relaxed)?;
         let n = wire::decode_slot_header(hdr, self.core.data.len())?;
         let mut elems = [CtsElem::default(); MAX_RECVS];
-        let mut w = [0u64; wire::ELEM_WORDS];
-        for (e, el) in elems.iter_mut().enumerate().take(n) {
-            let b = base + wire::SLOT_ELEMS + e * wire::ELEM_WORDS;
-            for (k, word) in w.iter_mut().enumerate() {
-                *word = fab.ctrl_load(self.fifo.word(b + k), Ordering::Relaxed)?;
-            }
-            *el = wire::decode_elem(&w);
+        let mut w = [0u64; MAX_RECVS * wire::ELEM_WORDS];
+        let w = &mut w[..n * wire::ELEM_WORDS];
+        fab.ctrl_read(self.fifo.word(base + wire::SLOT_ELEMS), w)?;
+        for (el, ew) in elems.iter_mut().zip(w.chunks_exact(wire::ELEM_WORDS)) {
+            *el = wire::decode_elem(ew);
         }
         self.cur = Some(CurSlot {
             seq: self.head,
@@ -901,13 +899,10 @@ impl<F: Fabric> RecvComm<F> {
         wire::encode_slot_body(&elems[..n], npaths, &mut self.slot_words);
         let body = wire::slot_body_words(n);
         let fab = &mut self.core.fab;
-        for w in SLOT_HDR..SLOT_HDR + body {
-            fab.ctrl_store(
-                self.shadow.word(base + w),
-                self.slot_words[w],
-                Ordering::Relaxed,
-            )?;
-        }
+        fab.ctrl_write(
+            self.shadow.word(base + SLOT_HDR),
+            &self.slot_words[SLOT_HDR..SLOT_HDR + body],
+        )?;
         fab.ctrl_store(
             self.shadow.word(base + SLOT_IDX),
             seq + 1,

@@ -274,6 +274,24 @@ pub trait Fabric {
     /// Stores one word of control memory (8-byte aligned `addr`) with the given ordering.
     fn ctrl_store(&self, addr: u64, value: u64, order: Ordering) -> Result<()>;
 
+    /// Loads `out.len()` consecutive words from `addr` with relaxed ordering (after an acquire load of
+    /// the word that published them). The default calls [`Fabric::ctrl_load`] per word.
+    fn ctrl_read(&self, addr: u64, out: &mut [u64]) -> Result<()> {
+        for (i, w) in out.iter_mut().enumerate() {
+            *w = self.ctrl_load(addr + 8 * i as u64, Ordering::Relaxed)?;
+        }
+        Ok(())
+    }
+
+    /// Stores consecutive words at `addr` with relaxed ordering (published later by a release store or
+    /// by posting a work request). The default calls [`Fabric::ctrl_store`] per word.
+    fn ctrl_write(&self, addr: u64, words: &[u64]) -> Result<()> {
+        for (i, &w) in words.iter().enumerate() {
+            self.ctrl_store(addr + 8 * i as u64, w, Ordering::Relaxed)?;
+        }
+        Ok(())
+    }
+
     /// Posts an RDMA write on `path`.
     fn post_write(&mut self, path: usize, wr: &WriteWr) -> Result<()>;
 
@@ -312,6 +330,12 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
     }
     fn ctrl_store(&self, addr: u64, value: u64, order: Ordering) -> Result<()> {
         (**self).ctrl_store(addr, value, order)
+    }
+    fn ctrl_read(&self, addr: u64, out: &mut [u64]) -> Result<()> {
+        (**self).ctrl_read(addr, out)
+    }
+    fn ctrl_write(&self, addr: u64, words: &[u64]) -> Result<()> {
+        (**self).ctrl_write(addr, words)
     }
     fn post_write(&mut self, path: usize, wr: &WriteWr) -> Result<()> {
         (**self).post_write(path, wr)

@@ -720,6 +720,30 @@ impl Fabric for MemEndpoint {
         Ok(())
     }
 
+    fn ctrl_read(&self, addr: u64, out: &mut [u64]) -> Result<()> {
+        let g = lock(&self.inner);
+        let (r, off) = g.region_range(addr, 8 * out.len())?;
+        if off % 8 != 0 {
+            return Err(Error::Internal(format!("unaligned control word {addr:#x}")));
+        }
+        for (w, src) in out.iter_mut().zip(&g.regions[r].words[off / 8..]) {
+            *w = src.load(Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn ctrl_write(&self, addr: u64, words: &[u64]) -> Result<()> {
+        let g = lock(&self.inner);
+        let (r, off) = g.region_range(addr, 8 * words.len())?;
+        if off % 8 != 0 {
+            return Err(Error::Internal(format!("unaligned control word {addr:#x}")));
+        }
+        for (dst, &w) in g.regions[r].words[off / 8..].iter().zip(words) {
+            dst.store(w, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
     fn post_write(&mut self, path: usize, wr: &WriteWr) -> Result<()> {
         self.post(path, Op::Write(*wr))
     }
