@@ -367,6 +367,8 @@ fn small_messages_use_one_path() {
     // CTS body + CTS index + data + record-with-immediate.
     assert_eq!(after.writes - before.writes, 4);
     assert_eq!(after.imm_writes - before.imm_writes, 1);
+    // CTS body (64 bytes for one buffer), CTS index and size record are inline; 4 KiB of data is not.
+    assert_eq!(after.inline_writes - before.inline_writes, 3);
 }
 
 #[test]

@@ -38,14 +38,27 @@ pub const SEND_QUEUE_DEPTH: usize = 2 * MAX_SEND_REQUESTS + 2 * FIFO_DEPTH;
 const POLL_BATCH: usize = 16;
 
 /// Protocol knobs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProtocolConfig {
+    /// Writes of at most this many bytes are marked [`WriteWr::inline`] (size records, CTS entries,
+    /// tiny messages). Default 64 bytes; 0 disables the hint.
+    pub inline_max: u32,
     /// Striping (minimum chunk, alignment).
     pub stripe: StripeParams,
     /// A request still pending after this long fails in `test` with [`Error::Timeout`], and an `isend`
     /// that has found no clear-to-send for this long fails likewise. `None` waits forever (NCCL's own
     /// behaviour: a slow peer is not an error).
     pub request_timeout: Option<Duration>,
+}
+
+impl Default for ProtocolConfig {
+    fn default() -> Self {
+        ProtocolConfig {
+            inline_max: 64,
+            stripe: StripeParams::default(),
+            request_timeout: None,
+        }
+    }
 }
 
 /// A registered buffer (NCCL's `mhandle`).
@@ -616,6 +629,7 @@ impl<F: Fabric> SendComm<F> {
                     },
                     imm: with_imm.then_some(imm),
                     signaled: with_imm,
+                    inline: len <= u64::from(self.core.cfg.inline_max),
                 };
                 result = self.core.fab.post_write(path, &wr);
                 if result.is_ok() && with_imm {
@@ -637,6 +651,7 @@ impl<F: Fabric> SendComm<F> {
                     },
                     imm: Some(imm),
                     signaled: true,
+                    inline: 8 <= self.core.cfg.inline_max,
                 };
                 result = self.core.fab.post_write(path, &wr);
                 if result.is_ok() {
@@ -898,6 +913,7 @@ impl<F: Fabric> RecvComm<F> {
         let base = slot * SLOT_WORDS;
         wire::encode_slot_body(&elems[..n], npaths, &mut self.slot_words);
         let body = wire::slot_body_words(n);
+        let inline_max = self.core.cfg.inline_max;
         let fab = &mut self.core.fab;
         fab.ctrl_write(
             self.shadow.word(base + SLOT_HDR),
@@ -932,6 +948,7 @@ impl<F: Fabric> RecvComm<F> {
                 },
                 imm: None,
                 signaled: false,
+                inline: 8 * body as u32 <= inline_max,
             },
         )?;
         fab.post_write(
@@ -949,6 +966,7 @@ impl<F: Fabric> RecvComm<F> {
                 },
                 imm: None,
                 signaled: true,
+                inline: 8 <= inline_max,
             },
         )?;
         r.in_use = true;

@@ -135,6 +135,10 @@ pub struct WriteWr {
     pub imm: Option<u32>,
     /// Produce a completion on success (`IBV_SEND_SIGNALED`).
     pub signaled: bool,
+    /// Hint: the payload is small enough to copy into the work request (`IBV_SEND_INLINE`). A fabric
+    /// honours it only up to its own limit (the QP's `max_inline_data`) and may ignore it; the
+    /// protocol never reuses a source before the work request has completed either way.
+    pub inline: bool,
 }
 
 /// An RDMA read (`IBV_WR_RDMA_READ`), always signaled.

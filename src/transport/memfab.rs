@@ -63,6 +63,8 @@ pub struct Stats {
     pub reads: u64,
     /// Payload bytes written by RDMA writes.
     pub bytes: u64,
+    /// Writes that carried the inline hint.
+    pub inline_writes: u64,
 }
 
 struct Region {
@@ -339,6 +341,7 @@ impl Inner {
                     );
                 }
                 self.stats.writes += 1;
+                self.stats.inline_writes += u64::from(w.inline);
                 self.stats.bytes += len as u64;
                 self.eps[ep].qps[path].bytes += len as u64;
                 if let (Some(recv_id), Some(imm)) = (recv, w.imm) {
@@ -875,6 +878,7 @@ mod tests {
             },
             imm,
             signaled: true,
+            inline: false,
         }
     }
 
