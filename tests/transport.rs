@@ -1035,3 +1035,43 @@ fn two_threads_pipelined() {
     sender.join().unwrap();
     r.close().unwrap();
 }
+
+#[test]
+fn dmabuf_registration_is_gpu_memory_and_gets_flushed() {
+    use std::os::fd::AsFd;
+    let mut g = rig_with(
+        &[100_000],
+        1,
+        MemFabConfig::default(),
+        ProtocolConfig::default(),
+    );
+    let addr = g.fab.alloc(4096).unwrap();
+    let file = tempfile::tempfile().unwrap();
+    let mh = g.r.reg_mr_dmabuf(addr, 4096, 0, file.as_fd()).unwrap();
+    drop(file); // NCCL closes the fd right after regMrDmaBuf.
+    assert_eq!(mh.kind(), MemKind::Cuda);
+    let (sa, smh) = g.send_buf(&pattern(4096, 5));
+    let rr =
+        g.r.irecv(&[RecvBuf {
+            addr,
+            size: 4096,
+            tag: 0,
+            mh: &mh,
+        }])
+        .unwrap()
+        .unwrap();
+    let sr = g.isend(sa, 4096, 0, &smh);
+    g.wait_send(sr);
+    assert_eq!(g.wait_recv(rr).as_slice(), &[4096]);
+    let f =
+        g.r.iflush(&[FlushBuf {
+            addr,
+            size: 4096,
+            mh: &mh,
+        }])
+        .unwrap()
+        .expect("GPU memory is flushed");
+    g.wait_recv(f);
+    assert_eq!(g.fab.read(addr, 4096).unwrap(), pattern(4096, 5));
+    g.r.dereg_mr(mh).unwrap();
+}

@@ -12,6 +12,7 @@
 //!    the sequence number); when all arrived it reads the size record.
 #![forbid(unsafe_code)]
 
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -282,7 +283,13 @@ impl<F: Fabric> Core<F> {
         }
     }
 
-    fn register(&mut self, addr: u64, len: u64, kind: MemKind) -> Result<MemHandle> {
+    fn register(
+        &mut self,
+        addr: u64,
+        len: u64,
+        kind: MemKind,
+        dmabuf: Option<(u64, BorrowedFd<'_>)>,
+    ) -> Result<MemHandle> {
         let ulen = usize::try_from(len).map_err(|_| {
             Error::InvalidArgument(format!(
                 "registration of {len} bytes exceeds the address space"
@@ -293,7 +300,10 @@ impl<F: Fabric> Core<F> {
                 "registration {addr:#x}+{len} bytes wraps the address space"
             ))
         })?;
-        let reg = self.fab.register(addr, ulen, kind)?;
+        let reg = match dmabuf {
+            None => self.fab.register(addr, ulen, kind)?,
+            Some((offset, fd)) => self.fab.register_dmabuf(addr, ulen, offset, fd)?,
+        };
         if reg.keys.len() != self.fab.paths().len() {
             return Err(Error::Internal(format!(
                 "fabric returned keys for {} paths; it has {}",
@@ -463,7 +473,20 @@ impl<F: Fabric> SendComm<F> {
 
     /// Registers memory on every path (NCCL `regMr`).
     pub fn reg_mr(&mut self, addr: u64, len: u64, kind: MemKind) -> Result<MemHandle> {
-        self.core.register(addr, len, kind)
+        self.core.register(addr, len, kind, None)
+    }
+
+    /// Registers GPU memory exported as DMA-BUF (NCCL `regMrDmaBuf`); `fd` need only live for the
+    /// call. The handle has kind [`MemKind::Cuda`].
+    pub fn reg_mr_dmabuf(
+        &mut self,
+        addr: u64,
+        len: u64,
+        offset: u64,
+        fd: BorrowedFd<'_>,
+    ) -> Result<MemHandle> {
+        self.core
+            .register(addr, len, MemKind::Cuda, Some((offset, fd)))
     }
 
     /// Releases a registration (NCCL `deregMr`).
@@ -867,7 +890,20 @@ impl<F: Fabric> RecvComm<F> {
 
     /// Registers memory on every path (NCCL `regMr`).
     pub fn reg_mr(&mut self, addr: u64, len: u64, kind: MemKind) -> Result<MemHandle> {
-        self.core.register(addr, len, kind)
+        self.core.register(addr, len, kind, None)
+    }
+
+    /// Registers GPU memory exported as DMA-BUF (NCCL `regMrDmaBuf`); `fd` need only live for the
+    /// call. The handle has kind [`MemKind::Cuda`].
+    pub fn reg_mr_dmabuf(
+        &mut self,
+        addr: u64,
+        len: u64,
+        offset: u64,
+        fd: BorrowedFd<'_>,
+    ) -> Result<MemHandle> {
+        self.core
+            .register(addr, len, MemKind::Cuda, Some((offset, fd)))
     }
 
     /// Releases a registration (NCCL `deregMr`).

@@ -32,9 +32,10 @@
 //!   to the consumer once the completion is seen (`iflush` then never posts anything).
 #![forbid(unsafe_code)]
 
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::Ordering;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// What a path is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -263,7 +264,23 @@ pub trait Fabric {
     /// Registers `[addr, addr+len)` on every path's device; returns keys per path.
     fn register(&mut self, addr: u64, len: usize, kind: MemKind) -> Result<Registration>;
 
-    /// Releases a registration made by [`Fabric::register`].
+    /// Registers GPU memory exported as a DMA-BUF (`regMrDmaBuf`): `fd` is valid only during the call
+    /// (NCCL closes it right after), `offset` is the offset of `addr` in it. The registration has
+    /// kind [`MemKind::Cuda`]. The default refuses: a fabric without DMA-BUF support.
+    fn register_dmabuf(
+        &mut self,
+        addr: u64,
+        len: usize,
+        offset: u64,
+        fd: BorrowedFd<'_>,
+    ) -> Result<Registration> {
+        let _ = (addr, len, offset, fd);
+        Err(Error::InvalidUsage(
+            "this transport cannot register DMA-BUF memory; accepted: host or CUDA pointers via regMr".into(),
+        ))
+    }
+
+    /// Releases a registration made by [`Fabric::register`] or [`Fabric::register_dmabuf`].
     fn deregister(&mut self, reg: &Registration) -> Result<()>;
 
     /// Allocates `words` zeroed 64-bit words of control memory, registered on every path.
@@ -319,6 +336,15 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
     }
     fn register(&mut self, addr: u64, len: usize, kind: MemKind) -> Result<Registration> {
         (**self).register(addr, len, kind)
+    }
+    fn register_dmabuf(
+        &mut self,
+        addr: u64,
+        len: usize,
+        offset: u64,
+        fd: BorrowedFd<'_>,
+    ) -> Result<Registration> {
+        (**self).register_dmabuf(addr, len, offset, fd)
     }
     fn deregister(&mut self, reg: &Registration) -> Result<()> {
         (**self).deregister(reg)

@@ -668,6 +668,18 @@ impl Fabric for MemEndpoint {
         Ok(g.register(self.id, r, off, len))
     }
 
+    /// Memfab has no GPUs: a DMA-BUF registration is checked like [`Fabric::register`] of `addr`
+    /// (the fd must be open during the call; it is not read).
+    fn register_dmabuf(
+        &mut self,
+        addr: u64,
+        len: usize,
+        _offset: u64,
+        _fd: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<Registration> {
+        self.register(addr, len, MemKind::Cuda)
+    }
+
     fn deregister(&mut self, reg: &Registration) -> Result<()> {
         let mut g = lock(&self.inner);
         let Some(keys) = g.eps[self.id].regs.remove(&reg.token) else {
