@@ -30,6 +30,21 @@
 //! * Loopback paths ([`PathRole::Loopback`]) connect an endpoint to itself and exist only to flush
 //!   GPU-direct writes with an RDMA read. A fabric without loopback paths declares that data is visible
 //!   to the consumer once the completion is seen (`iflush` then never posts anything).
+//!
+//! # Checklist for the verbs adapter
+//!
+//! * One RC QP per path; data path `i` connected to the peer's data path `i` (the handshake orders
+//!   them); one loopback QP per device for the flush (connected to itself).
+//! * Queue sizes: `max_send_wr` ≥ [`super::comm::SEND_QUEUE_DEPTH`], `max_recv_wr` ≥
+//!   [`super::comm::RECV_DEPTH`], CQ ≥ both together; `max_inline_data` as the device allows
+//!   (honour [`WriteWr::inline`] only up to it).
+//! * `register`: `IBV_ACCESS_LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ` on every path's PD (paths on
+//!   one device may share the MR and keys). Control memory: a `Box<[AtomicU64]>` registered the same
+//!   way **without** `IBV_ACCESS_RELAXED_ORDERING`, so a write's bytes land in order per path.
+//! * `post_write`: `num_sge = 0` when `len == 0`; `imm_data = htonl(imm)`; flags `SIGNALED` and
+//!   `INLINE` as asked. `poll`: map `ibv_wc.status` to [`WcStatus`] as is, `IBV_WC_RECV_RDMA_WITH_IMM`
+//!   to [`WcOpcode::RecvRdmaWithImm`] with `imm = ntohl(imm_data)`.
+//! * `shutdown`: move every QP to `IBV_QPS_ERR`; dropping the fabric then destroys QPs, CQs, MRs, PD.
 #![forbid(unsafe_code)]
 
 use std::os::fd::BorrowedFd;
