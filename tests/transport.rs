@@ -369,6 +369,8 @@ fn small_messages_use_one_path() {
     assert_eq!(after.imm_writes - before.imm_writes, 1);
     // CTS body (64 bytes for one buffer), CTS index and size record are inline; 4 KiB of data is not.
     assert_eq!(after.inline_writes - before.inline_writes, 3);
+    // Two batches (doorbells): the CTS pair and the data + record pair.
+    assert_eq!(after.batches - before.batches, 2);
 }
 
 #[test]

@@ -331,6 +331,16 @@ pub trait Fabric {
     /// Posts an RDMA write on `path`.
     fn post_write(&mut self, path: usize, wr: &WriteWr) -> Result<()>;
 
+    /// Posts several RDMA writes on `path`, in order, as one batch (verbs: one chained
+    /// `ibv_post_send`, one doorbell). On error some of them may have been posted, as with verbs'
+    /// `bad_wr`. The default posts them one by one.
+    fn post_writes(&mut self, path: usize, wrs: &[WriteWr]) -> Result<()> {
+        for wr in wrs {
+            self.post_write(path, wr)?;
+        }
+        Ok(())
+    }
+
     /// Posts an RDMA read on `path` (a loopback path, for the flush).
     fn post_read(&mut self, path: usize, wr: &ReadWr) -> Result<()>;
 
@@ -384,6 +394,9 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
     }
     fn post_write(&mut self, path: usize, wr: &WriteWr) -> Result<()> {
         (**self).post_write(path, wr)
+    }
+    fn post_writes(&mut self, path: usize, wrs: &[WriteWr]) -> Result<()> {
+        (**self).post_writes(path, wrs)
     }
     fn post_read(&mut self, path: usize, wr: &ReadWr) -> Result<()> {
         (**self).post_read(path, wr)
