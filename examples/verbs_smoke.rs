@@ -22,10 +22,11 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use switchless::error::Error;
 use switchless::verbs::{
     Access, AlignedBuffer, Completion, CompletionQueue, Context, GidType, MemoryRegion, Mtu,
     PortState, ProtectionDomain, QpCaps, QueuePair, RemoteAddr, RtrParams, RtsParams, SendFlags,
-    Sge, WcOpcode, gid_type_from_sysfs,
+    Sge, WcOpcode, WcStatus, gid_type_from_sysfs,
 };
 
 type R<T> = Result<T, String>;
@@ -174,6 +175,19 @@ fn wait_for(cq: &CompletionQueue, n: usize, start: Instant, what: &str) -> R<Vec
         c.ok().map_err(|e| format!("{what}: {e}"))?;
     }
     Ok(out)
+}
+
+/// The next completion, whatever its status.
+fn wait_any(cq: &CompletionQueue, start: Instant, what: &str) -> R<Completion> {
+    let mut out = Vec::new();
+    while out.is_empty() {
+        cq.poll(&mut out, 1).map_err(|e| e.to_string())?;
+        if start.elapsed() > DEADLINE {
+            return Err(format!("{what}: no completion within {DEADLINE:?}"));
+        }
+        std::thread::yield_now();
+    }
+    Ok(out[0])
 }
 
 fn byte(s: &mut TcpStream, b: u8) -> R<()> {
@@ -339,6 +353,8 @@ fn run_link(link: &Link) -> R<String> {
             return Err(format!("RDMA read data differs at byte {i}"));
         }
         byte(&mut s, 0xD0)?; // done, all good
+        // Keep our QP alive while the client checks error completions against it.
+        expect_byte(&mut s, 0xE0)?;
         format!(
             "server: 1 MiB write-with-imm + 32 B inline received and verified ({recv_us} us after posting), \
              64 KiB RDMA read verified in {read_us} us"
@@ -366,6 +382,31 @@ fn run_link(link: &Link) -> R<String> {
             .map_err(|e| e.to_string())?;
         wait_for(&cq, 1, start, "inline RDMA write")?;
         expect_byte(&mut s, 0xD0)?;
+        // Error paths on real hardware: a bad rkey gives a remote access error (mapped to
+        // Error::Remote), and the next request is flushed because the QP is now in error.
+        let bad = RemoteAddr {
+            addr: peer.addr,
+            rkey: peer.rkey ^ 0x5a5a_0000,
+        };
+        qp.post_rdma_write(12, &[sge], bad, None, SendFlags::SIGNALED)
+            .map_err(|e| e.to_string())?;
+        let c = wait_any(&cq, start, "bad-rkey write")?;
+        if c.status != WcStatus::REM_ACCESS_ERR || !matches!(c.ok(), Err(Error::Remote(_))) {
+            return Err(format!(
+                "bad-rkey write completed with {c:?}, expected a remote access error"
+            ));
+        }
+        let bad_text = c.ok().err().map(|e| e.to_string()).unwrap_or_default();
+        qp.post_rdma_write(13, &[sge], remote, None, SendFlags::SIGNALED)
+            .map_err(|e| e.to_string())?;
+        let f = wait_any(&cq, start, "write after error")?;
+        if f.status != WcStatus::WR_FLUSH_ERR || f.wr_id != 13 {
+            return Err(format!(
+                "write after error completed with {f:?}, expected a flush"
+            ));
+        }
+        byte(&mut s, 0xE0)?;
+        println!("SMOKE cable {} error path ok: {bad_text}", link.lid);
         format!(
             "client: 1 MiB RDMA write with imm completed in {us} us ({:.3} Gb/s, functional only), inline write ok",
             (PAYLOAD as f64 * 8.0) / (us as f64 * 1000.0)

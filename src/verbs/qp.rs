@@ -100,6 +100,24 @@ impl RtrParams {
         }
     }
 
+    /// Applies `NCCL_IB_TC` / `NCCL_IB_SL` as NCCL does (`connect.cc`): the variable when set, else
+    /// the communicator's traffic class (ABI v11+ `ncclNetCommConfig_t.trafficClass`, `None` when
+    /// undefined), else 0. A communicator traffic class above 15 is not used as the SL.
+    pub fn with_config(
+        self,
+        cfg: &crate::config::Config,
+        comm_traffic_class: Option<u8>,
+    ) -> RtrParams {
+        RtrParams {
+            traffic_class: cfg.ib_tc.or(comm_traffic_class).unwrap_or(0),
+            sl: cfg
+                .ib_sl
+                .or(comm_traffic_class.filter(|t| *t <= 15))
+                .unwrap_or(0),
+            ..self
+        }
+    }
+
     /// Checks every field against its range; the error names the field, value and range.
     pub fn validate(&self) -> Result<()> {
         let bad = |what: &str, v: u64, range: &str| {
@@ -707,6 +725,26 @@ mod tests {
             let m = bad.validate().unwrap_err().to_string();
             assert!(m.contains(needle), "{m}");
         }
+    }
+
+    #[test]
+    fn rtr_traffic_class_and_sl_follow_nccl_precedence() {
+        let p = RtrParams::new(1, gid(), 1, Mtu::Mtu4096);
+        let unset = crate::config::Config::default();
+        let q = p.with_config(&unset, None);
+        assert_eq!((q.traffic_class, q.sl), (0, 0));
+        let q = p.with_config(&unset, Some(106));
+        assert_eq!((q.traffic_class, q.sl), (106, 0));
+        let q = p.with_config(&unset, Some(3));
+        assert_eq!((q.traffic_class, q.sl), (3, 3));
+        let set = crate::config::Config {
+            ib_tc: Some(41),
+            ib_sl: Some(5),
+            ..Default::default()
+        };
+        let q = p.with_config(&set, Some(106));
+        assert_eq!((q.traffic_class, q.sl), (41, 5));
+        assert!(q.validate().is_ok());
     }
 
     #[test]
