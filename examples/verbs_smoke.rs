@@ -434,6 +434,10 @@ fn main() -> ExitCode {
         eprintln!("verbs_smoke: LAB_NLINKS is unset or 0; run inside the rxe lab");
         return ExitCode::from(2);
     }
+    if let Err(e) = switchless::verbs::fork_init() {
+        eprintln!("SMOKE FAIL node {node}: {e}");
+        return ExitCode::FAILURE;
+    }
     println!(
         "SMOKE node {node}: {} links; devices {:?}; {}",
         n,

@@ -7,9 +7,9 @@ use super::types::{
 };
 use crate::error::{Error, Result};
 use rdma_sys::{
-    ibv_close_device, ibv_context, ibv_device, ibv_device_attr, ibv_free_device_list,
-    ibv_get_device_list, ibv_get_device_name, ibv_gid, ibv_open_device, ibv_port_attr,
-    ibv_query_device, ibv_query_gid, ibv_query_port,
+    ibv_close_device, ibv_context, ibv_device, ibv_device_attr, ibv_fork_init,
+    ibv_free_device_list, ibv_get_device_list, ibv_get_device_name, ibv_gid, ibv_open_device,
+    ibv_port_attr, ibv_query_device, ibv_query_gid, ibv_query_port,
 };
 use std::ffi::{CStr, c_int};
 use std::net::Ipv4Addr;
@@ -79,6 +79,14 @@ pub fn device_names() -> Result<Vec<String>> {
         Some(list) => list.devices().map(|(_, n)| n).collect(),
         None => Vec::new(),
     })
+}
+
+/// `ibv_fork_init`, as NCCL calls it at init: makes registered memory safe across `fork()` on
+/// kernels without copy-on-fork support for pinned pages (before Linux 5.13). Call it before any
+/// other verbs call (libibverbs refuses with `EINVAL` once memory is registered).
+pub fn fork_init() -> Result<()> {
+    // SAFETY: no arguments; libibverbs serialises it internally.
+    unsafe { verbs_call!(rc ibv_fork_init()) }
 }
 
 /// Device capabilities we size resources by (`ibv_query_device`).

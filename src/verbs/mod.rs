@@ -15,7 +15,7 @@ mod sym;
 mod types;
 
 pub use call::system_error;
-pub use context::{Context, DeviceCaps, device_names};
+pub use context::{Context, DeviceCaps, device_names, fork_init};
 pub use cq::{Completion, CompletionQueue, WcOpcode, WcStatus};
 pub use memory::{AlignedBuffer, MemoryRegion, ProtectionDomain};
 pub use qp::{
