@@ -249,8 +249,8 @@ impl Config {
         if let Some(v) = value("NCCL_SWITCHLESS_TRANSPORT") {
             match v.trim().to_ascii_lowercase().as_str() {
                 "auto" => cfg.transport = TransportMode::Auto,
-                "rdma" | "ib" | "roce" => cfg.transport = TransportMode::Rdma,
-                "tcp" | "socket" => cfg.transport = TransportMode::Tcp,
+                "rdma" => cfg.transport = TransportMode::Rdma,
+                "tcp" => cfg.transport = TransportMode::Tcp,
                 _ => bad(
                     "NCCL_SWITCHLESS_TRANSPORT",
                     &v,
