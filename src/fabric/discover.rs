@@ -126,6 +126,9 @@ pub fn discover_with(reader: &Reader) -> (HostModel, Vec<Finding>) {
         }
     }
 
+    rdma_devices.sort_by(|a, b| natural_key(&a.name).cmp(&natural_key(&b.name)));
+    netdevs.sort_by(|a, b| natural_key(&a.name).cmp(&natural_key(&b.name)));
+
     // Link ports and netdevs, derive active_mtu, cages and addresses.
     let pci_funcs: Vec<PciFunction> = pci.into_values().collect();
     assign_cages(&mut rdma_devices, &netdevs, &pci_funcs);
@@ -185,6 +188,26 @@ pub fn discover_with(reader: &Reader) -> (HostModel, Vec<Finding>) {
     (model, cx.findings)
 }
 
+/// Sort key that orders embedded numbers numerically (mlx5_2 < mlx5_10).
+fn natural_key(s: &str) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    let mut text = String::new();
+    let mut num = String::new();
+    for c in s.chars() {
+        if c.is_ascii_digit() {
+            num.push(c);
+        } else {
+            if !num.is_empty() {
+                out.push((std::mem::take(&mut text), num.parse().unwrap_or(u64::MAX)));
+                num.clear();
+            }
+            text.push(c);
+        }
+    }
+    out.push((text, num.parse().unwrap_or(0)));
+    out
+}
+
 fn net_addr(a: Ipv4Addr, source: &str, ifname: &str, routes: &[KernelRoute]) -> NetAddr {
     let route = routes
         .iter()
@@ -212,9 +235,12 @@ fn connected_route_of(a: Ipv4Addr, routes: &[KernelRoute]) -> Option<&KernelRout
         .max_by_key(|r| r.dest.prefix_len())
 }
 
-fn bdf_of_path(path: &str) -> Option<String> {
-    let last = path.rsplit('/').next()?;
-    is_bdf(last).then(|| last.to_string())
+/// The PCI function a device path sits on: the path itself, or its nearest PCI ancestor (virtio
+/// netdevs link to `…/0000:00:03.0/virtio2`). Returns (function path, bdf).
+fn pci_of_path(path: &str) -> Option<(String, String)> {
+    let comps: Vec<&str> = path.split('/').collect();
+    let i = comps.iter().rposition(|c| is_bdf(c))?;
+    Some((comps[..=i].join("/"), comps[i].to_string()))
 }
 
 fn is_bdf(s: &str) -> bool {
@@ -240,7 +266,7 @@ fn read_pci_of(
             return None;
         }
     };
-    let bdf = bdf_of_path(&path)?;
+    let (path, bdf) = pci_of_path(&path)?;
     if pci.contains_key(&bdf) {
         return Some(bdf);
     }

@@ -387,6 +387,8 @@ pub const SCHEMA: &str = "switchless-doctor/1";
 /// Builds the report: port rows, devices, and the findings (discovery's first, then the checks').
 pub fn report(m: &HostModel, devices: &[NcclDevice], mut findings: Vec<Finding>) -> Report {
     findings.extend(checks(m, devices));
+    // Worst first; stable within a severity.
+    findings.sort_by_key(|f| std::cmp::Reverse(f.severity));
     let cages = m.cages();
     let mut ports = Vec::new();
     for (d, p) in m.ports() {
