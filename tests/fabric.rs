@@ -20,7 +20,10 @@ fn load(name: &str) -> HostModel {
     let (m, f) = fabric::discover(&fixture(name));
     let files: Vec<_> = f.iter().filter(|f| f.check == "kernel-file").collect();
     if !name.contains("odd") {
-        assert!(files.is_empty(), "{name}: unexpected kernel-file findings {files:?}");
+        assert!(
+            files.is_empty(),
+            "{name}: unexpected kernel-file findings {files:?}"
+        );
     }
     m
 }
@@ -177,7 +180,10 @@ fn gb10_two_cables_stay_two_devices() {
     assert_ne!(d[0].phys_port_id, d[1].phys_port_id);
     assert_eq!((d[0].rail_id, d[1].rail_id), (0, 1));
     assert_eq!(d[1].peers, [ip("192.168.102.11"), ip("192.168.103.11")]);
-    assert!(d.iter().all(|d| d.members.len() == 2 && d.speed_mbps == 200_000));
+    assert!(
+        d.iter()
+            .all(|d| d.members.len() == 2 && d.speed_mbps == 200_000)
+    );
 }
 
 #[test]
@@ -331,7 +337,10 @@ fn local_links_and_routes() {
     let links = m.local_links(&devs);
     let roce: Vec<_> = links.iter().filter(|l| l.kind == LinkKind::Roce).collect();
     assert_eq!(roce.len(), 12);
-    assert!(roce.iter().all(|l| l.addr.prefix_len() == 30 && l.gid_index == Some(3)));
+    assert!(
+        roce.iter()
+            .all(|l| l.addr.prefix_len() == 30 && l.gid_index == Some(3))
+    );
     assert!(roce.iter().all(|l| l.nccl_dev.is_some()));
     let l = roce.iter().find(|l| l.netdev == "enp237s0f1np1").unwrap();
     assert_eq!(l.addr.to_string(), "10.112.2.1/30");
@@ -346,7 +355,10 @@ fn verbs_can_override_active_mtu() {
     let mut m = load("gb10-1cable");
     m.set_active_mtu("rocep1s0f0", 1, 1024);
     let (_, p) = m.rdma_port("rocep1s0f0", 1).unwrap();
-    assert_eq!((p.active_mtu, p.active_mtu_source.as_str()), (1024, "verbs"));
+    assert_eq!(
+        (p.active_mtu, p.active_mtu_source.as_str()),
+        (1024, "verbs")
+    );
 }
 
 #[test]
@@ -399,7 +411,10 @@ fn capture_replays_identically() {
         // Symlinks are preserved as the same relative links.
         let mut links = vec!["proc/self".to_string(), "proc/net".to_string()];
         for e in std::fs::read_dir(fixture(&name).join("sys/class/net")).unwrap() {
-            links.push(format!("sys/class/net/{}", e.unwrap().file_name().to_string_lossy()));
+            links.push(format!(
+                "sys/class/net/{}",
+                e.unwrap().file_name().to_string_lossy()
+            ));
         }
         for link in &links {
             assert_eq!(

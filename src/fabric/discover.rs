@@ -68,10 +68,7 @@ impl Ctx<'_> {
         match s.trim().parse::<T>() {
             Ok(v) => Some(v),
             Err(_) => {
-                self.warn_file(
-                    path,
-                    format!("{path} holds {s:?}; expected {accepted}"),
-                );
+                self.warn_file(path, format!("{path} holds {s:?}; expected {accepted}"));
                 None
             }
         }
@@ -134,7 +131,11 @@ pub fn discover_with(reader: &Reader) -> (HostModel, Vec<Finding>) {
     assign_cages(&mut rdma_devices, &netdevs, &pci_funcs);
     for d in &mut rdma_devices {
         for p in &mut d.ports {
-            if let Some(nd) = p.netdev.as_ref().and_then(|n| netdevs.iter_mut().find(|x| &x.name == n)) {
+            if let Some(nd) = p
+                .netdev
+                .as_ref()
+                .and_then(|n| netdevs.iter_mut().find(|x| &x.name == n))
+            {
                 nd.rdma.push((d.name.clone(), p.port));
                 if p.is_ethernet() {
                     if let Some(m) = nd.mtu {
@@ -166,9 +167,12 @@ pub fn discover_with(reader: &Reader) -> (HostModel, Vec<Finding>) {
             if seen.contains(a) {
                 continue;
             }
-            if connected_route_of(*a, &kernel_routes).map(|r| r.ifname.as_str()) == Some(nd.name.as_str()) {
+            if connected_route_of(*a, &kernel_routes).map(|r| r.ifname.as_str())
+                == Some(nd.name.as_str())
+            {
                 seen.insert(*a);
-                nd.addrs.push(net_addr(*a, "fib_trie", &nd.name, &kernel_routes));
+                nd.addrs
+                    .push(net_addr(*a, "fib_trie", &nd.name, &kernel_routes));
             }
         }
         nd.addrs.sort_by_key(|a| a.addr.addr());
@@ -291,7 +295,10 @@ fn read_pci_function(cx: &mut Ctx<'_>, path: &str, bdf: &str) -> PciFunction {
         match u16::from_str_radix(s.trim().trim_start_matches("0x"), 16) {
             Ok(v) => Some(v),
             Err(_) => {
-                cx.warn_file(&p, format!("{p} holds {s:?}; expected a hex id like 0x15b3"));
+                cx.warn_file(
+                    &p,
+                    format!("{p} holds {s:?}; expected a hex id like 0x15b3"),
+                );
                 None
             }
         }
@@ -313,7 +320,10 @@ fn read_pci_function(cx: &mut Ctx<'_>, path: &str, bdf: &str) -> PciFunction {
         match num.parse::<f32>() {
             Ok(v) => Some(v),
             Err(_) => {
-                cx.warn_file(&p, format!("{p} holds {s:?}; expected e.g. \"32.0 GT/s PCIe\""));
+                cx.warn_file(
+                    &p,
+                    format!("{p} holds {s:?}; expected e.g. \"32.0 GT/s PCIe\""),
+                );
                 None
             }
         }
@@ -363,19 +373,25 @@ fn read_netdev(
     let operstate = cx
         .req(&format!("{dir}/operstate"))
         .unwrap_or_else(|| "unknown".to_string());
-    let carrier = cx.opt(&format!("{dir}/carrier")).and_then(|s| match s.trim() {
-        "1" => Some(true),
-        "0" => Some(false),
-        _ => None,
-    });
+    let carrier = cx
+        .opt(&format!("{dir}/carrier"))
+        .and_then(|s| match s.trim() {
+            "1" => Some(true),
+            "0" => Some(false),
+            _ => None,
+        });
     let mac = cx.opt(&format!("{dir}/address"));
     let speed_mbps = cx
         .opt(&format!("{dir}/speed"))
         .and_then(|s| s.trim().parse::<i64>().ok())
         .filter(|v| *v > 0)
         .and_then(|v| u32::try_from(v).ok());
-    let phys_port_name = cx.opt(&format!("{dir}/phys_port_name")).filter(|s| !s.is_empty());
-    let phys_switch_id = cx.opt(&format!("{dir}/phys_switch_id")).filter(|s| !s.is_empty());
+    let phys_port_name = cx
+        .opt(&format!("{dir}/phys_port_name"))
+        .filter(|s| !s.is_empty());
+    let phys_switch_id = cx
+        .opt(&format!("{dir}/phys_switch_id"))
+        .filter(|s| !s.is_empty());
     let pci_bdf = read_pci_of(cx, &dir, pci);
     Some(Netdev {
         name: name.to_string(),
@@ -460,7 +476,10 @@ fn read_rdma_device(
             Some(s) => match parse_guid(&s) {
                 Some(g) => g,
                 None => {
-                    cx.warn_file(&p, format!("{p} holds {s:?}; expected a GUID like 4cbb:4703:00a1:b2c0"));
+                    cx.warn_file(
+                        &p,
+                        format!("{p} holds {s:?}; expected a GUID like 4cbb:4703:00a1:b2c0"),
+                    );
                     0
                 }
             },
@@ -474,7 +493,10 @@ fn read_rdma_device(
     let port_names = match cx.r.list(&format!("{dir}/ports")) {
         Ok(v) => v,
         Err(e) => {
-            cx.warn_file(&format!("{dir}/ports"), format!("cannot list {dir}/ports: {e}"));
+            cx.warn_file(
+                &format!("{dir}/ports"),
+                format!("cannot list {dir}/ports: {e}"),
+            );
             Vec::new()
         }
     };
@@ -536,7 +558,10 @@ fn read_port(
     let idx: Vec<u32> = match cx.r.list(&format!("{dir}/gids")) {
         Ok(v) => v.iter().filter_map(|s| s.parse().ok()).collect(),
         Err(e) => {
-            cx.warn_file(&format!("{dir}/gids"), format!("cannot list {dir}/gids: {e}"));
+            cx.warn_file(
+                &format!("{dir}/gids"),
+                format!("cannot list {dir}/gids: {e}"),
+            );
             Vec::new()
         }
     };
@@ -547,7 +572,12 @@ fn read_port(
         // Unpopulated slots read as all zeros, or fail with EINVAL in some kernels/containers.
         let Some(s) = cx.opt(&gp) else { continue };
         let Some(gid) = parse_gid(&s) else {
-            cx.warn_file(&gp, format!("{gp} holds {s:?}; expected a GID like fe80:0000:0000:0000:0000:0000:0000:0001"));
+            cx.warn_file(
+                &gp,
+                format!(
+                    "{gp} holds {s:?}; expected a GID like fe80:0000:0000:0000:0000:0000:0000:0001"
+                ),
+            );
             continue;
         };
         if gid.is_unspecified() {
@@ -623,7 +653,10 @@ fn port_number(n: Option<&Netdev>, bdf: Option<&str>, rdma_port: u8) -> u8 {
     {
         return p;
     }
-    if let Some(f) = bdf.and_then(|b| b.rsplit('.').next()).and_then(|f| f.parse::<u8>().ok()) {
+    if let Some(f) = bdf
+        .and_then(|b| b.rsplit('.').next())
+        .and_then(|f| f.parse::<u8>().ok())
+    {
         return f;
     }
     rdma_port.saturating_sub(1)
@@ -635,7 +668,10 @@ fn port_number(n: Option<&Netdev>, bdf: Option<&str>, rdma_port: u8) -> u8 {
 /// device (domain:bus:dev) is one cage: the two 400G halves of an 800G cage on DGX B300.
 fn assign_cages(devs: &mut [RdmaDevice], netdevs: &[Netdev], pci: &[PciFunction]) {
     for d in devs.iter_mut() {
-        let f = d.pci.as_deref().and_then(|b| pci.iter().find(|p| p.bdf == b));
+        let f = d
+            .pci
+            .as_deref()
+            .and_then(|b| pci.iter().find(|p| p.bdf == b));
         let shared = f
             .and_then(|f| f.device)
             .is_some_and(|id| SHARED_CAGE_DEVICE_IDS.contains(&id));
@@ -646,8 +682,15 @@ fn assign_cages(devs: &mut [RdmaDevice], netdevs: &[Netdev], pci: &[PciFunction]
         };
         let bdf = d.pci.clone();
         for p in d.ports.iter_mut() {
-            let nd = p.netdev.as_deref().and_then(|n| netdevs.iter().find(|x| x.name == n));
-            let index = if shared { 0 } else { port_number(nd, bdf.as_deref(), p.port) };
+            let nd = p
+                .netdev
+                .as_deref()
+                .and_then(|n| netdevs.iter().find(|x| x.name == n));
+            let index = if shared {
+                0
+            } else {
+                port_number(nd, bdf.as_deref(), p.port)
+            };
             let adapter = if shared {
                 // One cage per PCI device: the functions of one device share it.
                 match bdf.as_deref() {
@@ -688,7 +731,11 @@ fn read_routes(cx: &mut Ctx<'_>) -> Vec<KernelRoute> {
             if f.len() < 8 {
                 return None;
             }
-            let h = |x: &str| u32::from_str_radix(x, 16).ok().map(|v| Ipv4Addr::from(v.to_le_bytes()));
+            let h = |x: &str| {
+                u32::from_str_radix(x, 16)
+                    .ok()
+                    .map(|v| Ipv4Addr::from(v.to_le_bytes()))
+            };
             let dest = h(f[1])?;
             let gw = h(f[2])?;
             let flags = u32::from_str_radix(f[3], 16).ok()?;
@@ -735,7 +782,10 @@ fn read_arp(cx: &mut Ctx<'_>) -> Vec<Neighbour> {
             f[0].parse::<Ipv4Addr>(),
             u32::from_str_radix(f[2].trim_start_matches("0x"), 16),
         ) else {
-            cx.warn_file(path, format!("{path}: line {line:?} is not IP HWtype Flags HWaddress Mask Device"));
+            cx.warn_file(
+                path,
+                format!("{path}: line {line:?} is not IP HWtype Flags HWaddress Mask Device"),
+            );
             continue;
         };
         out.push(Neighbour {
@@ -779,7 +829,9 @@ fn read_memlock(cx: &mut Ctx<'_>) -> Option<Memlock> {
         cx.warn_file(path, format!("{path} has no \"Max locked memory\" line"));
         return None;
     };
-    let f: Vec<&str> = line["Max locked memory".len()..].split_whitespace().collect();
+    let f: Vec<&str> = line["Max locked memory".len()..]
+        .split_whitespace()
+        .collect();
     let val = |x: &str| -> Result<Option<u64>, ()> {
         if x == "unlimited" {
             Ok(None)
@@ -790,7 +842,10 @@ fn read_memlock(cx: &mut Ctx<'_>) -> Option<Memlock> {
     match (f.first().map(|x| val(x)), f.get(1).map(|x| val(x))) {
         (Some(Ok(soft)), Some(Ok(hard))) => Some(Memlock { soft, hard }),
         _ => {
-            cx.warn_file(path, format!("{path}: {line:?} is not \"Max locked memory <soft> <hard> bytes\""));
+            cx.warn_file(
+                path,
+                format!("{path}: {line:?} is not \"Max locked memory <soft> <hard> bytes\""),
+            );
             None
         }
     }
@@ -807,13 +862,23 @@ mod tests {
         assert_eq!(parse_rate_mbps("fast"), None);
         assert_eq!(parse_state("4: ACTIVE"), Some((4, "ACTIVE".into())));
         assert_eq!(parse_state("ACTIVE"), None);
-        assert_eq!(parse_guid("4cbb:4703:00a1:b2c0"), Some(0x4cbb_4703_00a1_b2c0));
+        assert_eq!(
+            parse_guid("4cbb:4703:00a1:b2c0"),
+            Some(0x4cbb_4703_00a1_b2c0)
+        );
         assert_eq!(parse_guid("4cbb:4703"), None);
         let g = parse_gid("0000:0000:0000:0000:0000:ffff:c0a8:640a").unwrap();
-        assert_eq!(classify_gid(g), GidAddr::Ipv4Mapped(Ipv4Addr::new(192, 168, 100, 10)));
+        assert_eq!(
+            classify_gid(g),
+            GidAddr::Ipv4Mapped(Ipv4Addr::new(192, 168, 100, 10))
+        );
         let g = parse_gid("fe80:0000:0000:0000:4ebb:47ff:fe00:0001").unwrap();
         assert_eq!(classify_gid(g), GidAddr::LinkLocal);
-        assert!(parse_gid("0000:0000:0000:0000:0000:0000:0000:0000").unwrap().is_unspecified());
+        assert!(
+            parse_gid("0000:0000:0000:0000:0000:0000:0000:0000")
+                .unwrap()
+                .is_unspecified()
+        );
         assert!(parse_gid("zz").is_none());
         assert!(is_bdf("0002:01:00.1"));
         assert!(!is_bdf("pci0000:00"));

@@ -56,8 +56,12 @@ fn fmt_link(speed: Option<f32>, width: Option<u32>) -> String {
 }
 
 fn fmt_short(speed: Option<f32>, width: Option<u32>) -> String {
-    let g = speed.map(|s| format!("Gen{}", PcieLink::gen_of(s))).unwrap_or_else(|| "Gen?".into());
-    let w = width.map(|w| format!("x{w}")).unwrap_or_else(|| "x?".into());
+    let g = speed
+        .map(|s| format!("Gen{}", PcieLink::gen_of(s)))
+        .unwrap_or_else(|| "Gen?".into());
+    let w = width
+        .map(|w| format!("x{w}"))
+        .unwrap_or_else(|| "x?".into());
     format!("{g} {w}")
 }
 
@@ -85,7 +89,8 @@ pub fn checks(m: &HostModel, devices: &[NcclDevice]) -> Vec<Finding> {
         let nd = p.netdev.as_deref().and_then(|n| m.netdev(n));
         let obj = port_obj(&d.name, p.port);
         let up = nd.is_none_or(|n| n.is_up()) && p.is_active();
-        let addressed = p.ipv4_v2_gids().next().is_some() || nd.is_some_and(|n| !n.addrs.is_empty());
+        let addressed =
+            p.ipv4_v2_gids().next().is_some() || nd.is_some_and(|n| !n.addrs.is_empty());
         if !up {
             let (state, carrier) = (
                 format!("{} ({})", p.state_name, p.phys_state_name),
@@ -103,7 +108,11 @@ pub fn checks(m: &HostModel, devices: &[NcclDevice]) -> Vec<Finding> {
                 })
                 .unwrap_or_else(|| "no netdev".to_string()),
             );
-            let sev = if addressed { Severity::Warning } else { Severity::Info };
+            let sev = if addressed {
+                Severity::Warning
+            } else {
+                Severity::Info
+            };
             f.push(Finding::new(
                 sev,
                 check::LINK_DOWN,
@@ -130,7 +139,8 @@ pub fn checks(m: &HostModel, devices: &[NcclDevice]) -> Vec<Finding> {
             }
             let v2: Vec<_> = p.ipv4_v2_gids().collect();
             if v2.is_empty() {
-                let only_ll = !p.gids.is_empty() && p.gids.iter().all(|g| g.addr == GidAddr::LinkLocal);
+                let only_ll =
+                    !p.gids.is_empty() && p.gids.iter().all(|g| g.addr == GidAddr::LinkLocal);
                 let what = if p.gids.is_empty() {
                     "has no GIDs at all".to_string()
                 } else if only_ll {
@@ -141,7 +151,10 @@ pub fn checks(m: &HostModel, devices: &[NcclDevice]) -> Vec<Finding> {
                         .iter()
                         .map(|g| format!("{}={} {}", g.index, g.gid, g.gid_type.as_str()))
                         .collect();
-                    format!("has no IPv4-mapped RoCE v2 GID (GIDs: {})", kinds.join(", "))
+                    format!(
+                        "has no IPv4-mapped RoCE v2 GID (GIDs: {})",
+                        kinds.join(", ")
+                    )
                 };
                 f.push(Finding::new(
                     Severity::Warning,
@@ -171,15 +184,25 @@ pub fn checks(m: &HostModel, devices: &[NcclDevice]) -> Vec<Finding> {
     // Multi-host / split cages: a member that is idle while another member of the cage is usable.
     let mut cages: BTreeMap<_, Vec<(String, u8)>> = BTreeMap::new();
     for (d, p) in m.ports() {
-        cages.entry(p.cage.clone()).or_default().push((d.name.clone(), p.port));
+        cages
+            .entry(p.cage.clone())
+            .or_default()
+            .push((d.name.clone(), p.port));
     }
     for members in cages.values() {
         let Some(good) = members.iter().find(|(d, p)| usable(m, d, *p)) else {
             continue;
         };
         for (d, p) in members.iter().filter(|(d, p)| !usable(m, d, *p)) {
-            let Some((dev, port)) = m.rdma_port(d, *p) else { continue };
-            let root = dev.pci.as_deref().and_then(|b| m.pci(b)).map(|f| f.root.clone()).unwrap_or_default();
+            let Some((dev, port)) = m.rdma_port(d, *p) else {
+                continue;
+            };
+            let root = dev
+                .pci
+                .as_deref()
+                .and_then(|b| m.pci(b))
+                .map(|f| f.root.clone())
+                .unwrap_or_default();
             let nd = port.netdev.as_deref().and_then(|n| m.netdev(n));
             let why = if !port.is_active() || nd.is_some_and(|n| !n.is_up()) {
                 "down"
@@ -255,7 +278,11 @@ pub fn checks(m: &HostModel, devices: &[NcclDevice]) -> Vec<Finding> {
         // Neighbours on usable RoCE netdevs.
         let roce_up = n.is_up() && n.rdma.iter().any(|(d, p)| usable(m, d, *p));
         if roce_up {
-            for a in n.addrs.iter().filter(|a| a.has_route && a.addr.prefix_len() < 32) {
+            for a in n
+                .addrs
+                .iter()
+                .filter(|a| a.has_route && a.addr.prefix_len() < 32)
+            {
                 let net = a.addr.trunc();
                 let seen = m
                     .neighbours
@@ -286,17 +313,26 @@ pub fn checks(m: &HostModel, devices: &[NcclDevice]) -> Vec<Finding> {
     }
 
     // PCIe links of RDMA functions and Mellanox netdevs.
-    let mut fns: Vec<&str> = m.rdma_devices.iter().filter_map(|d| d.pci.as_deref()).collect();
-    fns.extend(m.netdevs.iter().filter(|n| n.rdma.is_empty()).filter_map(|n| n.pci.as_deref()).filter(|b| {
-        m.pci(b).and_then(|f| f.vendor) == Some(super::discover::MELLANOX_VENDOR)
-    }));
+    let mut fns: Vec<&str> = m
+        .rdma_devices
+        .iter()
+        .filter_map(|d| d.pci.as_deref())
+        .collect();
+    fns.extend(
+        m.netdevs
+            .iter()
+            .filter(|n| n.rdma.is_empty())
+            .filter_map(|n| n.pci.as_deref())
+            .filter(|b| m.pci(b).and_then(|f| f.vendor) == Some(super::discover::MELLANOX_VENDOR)),
+    );
     fns.sort();
     fns.dedup();
     for b in fns {
         let Some(pf) = m.pci(b) else { continue };
         let l = pf.link;
         let width_low = matches!((l.current_width, l.max_width), (Some(c), Some(x)) if c < x);
-        let speed_low = matches!((l.current_speed_gts, l.max_speed_gts), (Some(c), Some(x)) if c + 0.01 < x);
+        let speed_low =
+            matches!((l.current_speed_gts, l.max_speed_gts), (Some(c), Some(x)) if c + 0.01 < x);
         if width_low || speed_low {
             f.push(Finding::new(
                 Severity::Warning,
@@ -318,7 +354,10 @@ pub fn checks(m: &HostModel, devices: &[NcclDevice]) -> Vec<Finding> {
     if let Some(ml) = m.memlock {
         if let Some(soft) = ml.soft {
             let (sev, what) = if soft < MEMLOCK_ERROR_BELOW {
-                (Severity::Error, "memory registration (ibv_reg_mr, QP and CQ creation) will fail with ENOMEM")
+                (
+                    Severity::Error,
+                    "memory registration (ibv_reg_mr, QP and CQ creation) will fail with ENOMEM",
+                )
             } else {
                 (Severity::Warning, "large registrations may fail")
             };
@@ -422,9 +461,16 @@ pub fn report(m: &HostModel, devices: &[NcclDevice], mut findings: Vec<Finding>)
             pcie: pf.map(|f| f.link),
             nccl_device: devices
                 .iter()
-                .find(|x| x.members.iter().any(|mm| mm.rdma_dev == d.name && mm.port == p.port))
+                .find(|x| {
+                    x.members
+                        .iter()
+                        .any(|mm| mm.rdma_dev == d.name && mm.port == p.port)
+                })
                 .map(|x| x.name.clone()),
-            phys_port_id: cages.iter().position(|c| *c == p.cage).and_then(|i| u16::try_from(i).ok()),
+            phys_port_id: cages
+                .iter()
+                .position(|c| *c == p.cage)
+                .and_then(|i| u16::try_from(i).ok()),
         });
     }
     let exit_status = exit_status(&findings);
@@ -442,21 +488,40 @@ pub fn report(m: &HostModel, devices: &[NcclDevice], mut findings: Vec<Finding>)
 pub fn render_text(r: &Report) -> String {
     let mut out = String::new();
     let header = [
-        "DEVICE", "PORT", "NETDEV", "STATE", "ADDRESS", "GID", "MTU/ACTIVE", "PCIE ROOT", "PCIE LINK", "NCCL DEVICE",
+        "DEVICE",
+        "PORT",
+        "NETDEV",
+        "STATE",
+        "ADDRESS",
+        "GID",
+        "MTU/ACTIVE",
+        "PCIE ROOT",
+        "PCIE LINK",
+        "NCCL DEVICE",
     ];
     let mut rows: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
     for p in &r.ports {
         let addr = if p.addresses.is_empty() {
             "-".to_string()
         } else {
-            p.addresses.iter().map(|a| a.addr.clone()).collect::<Vec<_>>().join(",")
+            p.addresses
+                .iter()
+                .map(|a| a.addr.clone())
+                .collect::<Vec<_>>()
+                .join(",")
         };
         let gid = if p.addresses.is_empty() {
             "-".to_string()
         } else {
             p.addresses
                 .iter()
-                .map(|a| format!("{} {}", a.gid_index.map(|i| i.to_string()).unwrap_or_default(), a.gid_type.clone().unwrap_or_default()))
+                .map(|a| {
+                    format!(
+                        "{} {}",
+                        a.gid_index.map(|i| i.to_string()).unwrap_or_default(),
+                        a.gid_type.clone().unwrap_or_default()
+                    )
+                })
                 .collect::<Vec<_>>()
                 .join(",")
         };
@@ -474,19 +539,33 @@ pub fn render_text(r: &Report) -> String {
             p.device.clone(),
             p.port.to_string(),
             p.netdev.clone().unwrap_or_else(|| "-".into()),
-            format!("{}/{}", p.state, p.operstate.clone().unwrap_or_else(|| "-".into())),
+            format!(
+                "{}/{}",
+                p.state,
+                p.operstate.clone().unwrap_or_else(|| "-".into())
+            ),
             addr,
             gid,
-            format!("{}/{}", p.mtu.map(|m| m.to_string()).unwrap_or_else(|| "?".into()), p.active_mtu),
+            format!(
+                "{}/{}",
+                p.mtu.map(|m| m.to_string()).unwrap_or_else(|| "?".into()),
+                p.active_mtu
+            ),
             p.pci_root.clone().unwrap_or_else(|| "-".into()),
             link,
             p.nccl_device.clone().unwrap_or_else(|| "-".into()),
         ]);
     }
     let ncol = header.len();
-    let widths: Vec<usize> = (0..ncol).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
+    let widths: Vec<usize> = (0..ncol)
+        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
+        .collect();
     for row in &rows {
-        let line: Vec<String> = row.iter().enumerate().map(|(i, c)| format!("{c:<w$}", w = widths[i])).collect();
+        let line: Vec<String> = row
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
+            .collect();
         let _ = writeln!(out, "{}", line.join("  ").trim_end());
     }
     let _ = writeln!(out);
@@ -498,7 +577,14 @@ pub fn render_text(r: &Report) -> String {
             let members: Vec<String> = d
                 .members
                 .iter()
-                .map(|m| format!("{}:{}({})", m.rdma_dev, m.port, m.netdev.clone().unwrap_or_default()))
+                .map(|m| {
+                    format!(
+                        "{}:{}({})",
+                        m.rdma_dev,
+                        m.port,
+                        m.netdev.clone().unwrap_or_default()
+                    )
+                })
                 .collect();
             let _ = writeln!(
                 out,
@@ -524,7 +610,11 @@ pub fn render_text(r: &Report) -> String {
                 Severity::Warning => "WARNING",
                 Severity::Error => "ERROR",
             };
-            let _ = writeln!(out, "{sev} [{}] {}: {}\n    remedy: {}", f.check, f.object, f.message, f.remedy);
+            let _ = writeln!(
+                out,
+                "{sev} [{}] {}: {}\n    remedy: {}",
+                f.check, f.object, f.message, f.remedy
+            );
         }
     }
     out

@@ -12,50 +12,56 @@ impl HostModel {
         let cages = self.cages();
         let mut out = Vec::new();
         for n in &self.netdevs {
-            let Some(bdf) = n.pci.as_deref() else { continue };
+            let Some(bdf) = n.pci.as_deref() else {
+                continue;
+            };
             let pci_root = self.pci(bdf).map(|f| f.root.clone()).unwrap_or_default();
             for a in &n.addrs {
                 // The RDMA port and GID carrying this address.
                 let mut roce = None;
                 for (dev, port) in &n.rdma {
                     if let Some((_, p)) = self.rdma_port(dev, *port) {
-                        if let Some((g, _)) = p
-                            .ipv4_v2_gids()
-                            .find(|(g, ip)| *ip == a.addr.addr() && g.ndev.as_deref().is_none_or(|d| d == n.name))
-                        {
+                        if let Some((g, _)) = p.ipv4_v2_gids().find(|(g, ip)| {
+                            *ip == a.addr.addr() && g.ndev.as_deref().is_none_or(|d| d == n.name)
+                        }) {
                             roce = Some((dev.clone(), *port, g.index, p));
                             break;
                         }
                     }
                 }
-                let (kind, rdma_dev, port, gid_index, cage, speed, active_mtu, nccl_dev) = match roce {
-                    Some((dev, port, gi, p)) => {
-                        let nccl = devices
-                            .iter()
-                            .find(|d| d.members.iter().any(|m| m.rdma_dev == dev && m.port == port))
-                            .map(|d| d.index);
-                        (
-                            LinkKind::Roce,
-                            Some(dev),
-                            port,
-                            Some(gi),
-                            Some(p.cage.clone()),
-                            p.rate_mbps.or(n.speed_mbps),
-                            p.active_mtu,
-                            nccl,
-                        )
-                    }
-                    None => (
-                        LinkKind::Tcp,
-                        None,
-                        0,
-                        None,
-                        super::discover::netdev_cage(n),
-                        n.speed_mbps,
-                        0,
-                        None,
-                    ),
-                };
+                let (kind, rdma_dev, port, gid_index, cage, speed, active_mtu, nccl_dev) =
+                    match roce {
+                        Some((dev, port, gi, p)) => {
+                            let nccl = devices
+                                .iter()
+                                .find(|d| {
+                                    d.members
+                                        .iter()
+                                        .any(|m| m.rdma_dev == dev && m.port == port)
+                                })
+                                .map(|d| d.index);
+                            (
+                                LinkKind::Roce,
+                                Some(dev),
+                                port,
+                                Some(gi),
+                                Some(p.cage.clone()),
+                                p.rate_mbps.or(n.speed_mbps),
+                                p.active_mtu,
+                                nccl,
+                            )
+                        }
+                        None => (
+                            LinkKind::Tcp,
+                            None,
+                            0,
+                            None,
+                            super::discover::netdev_cage(n),
+                            n.speed_mbps,
+                            0,
+                            None,
+                        ),
+                    };
                 let phys_port_id = cage
                     .and_then(|c| cages.iter().position(|x| *x == c))
                     .and_then(|p| u16::try_from(p).ok())

@@ -111,7 +111,10 @@ impl HostModel {
                 32 => {}
                 _ => {
                     for nb in self.neighbours.iter().filter(|nb| {
-                        nb.complete && nb.ifname == n.name && net.contains(&nb.addr) && nb.addr != a.addr.addr()
+                        nb.complete
+                            && nb.ifname == n.name
+                            && net.contains(&nb.addr)
+                            && nb.addr != a.addr.addr()
                     }) {
                         out.push(nb.addr);
                     }
@@ -179,7 +182,9 @@ impl HostModel {
             if members.is_empty() {
                 continue;
             }
-            members.sort_by(|a, b| (&a.0, &a.1.rdma_dev, a.1.port).cmp(&(&b.0, &b.1.rdma_dev, b.1.port)));
+            members.sort_by(|a, b| {
+                (&a.0, &a.1.rdma_dev, a.1.port).cmp(&(&b.0, &b.1.rdma_dev, b.1.port))
+            });
             // Speed: per logical port, min(rate, Σ PCIe of its members); shares split evenly.
             let mut by_logical: BTreeMap<String, Vec<usize>> = BTreeMap::new();
             for (i, m) in members.iter().enumerate() {
@@ -226,7 +231,10 @@ impl HostModel {
             let members: Vec<Member> = members
                 .into_iter()
                 .zip(shares)
-                .map(|(m, s)| Member { speed_mbps: s, ..m.1 })
+                .map(|(m, s)| Member {
+                    speed_mbps: s,
+                    ..m.1
+                })
                 .collect();
             devs.push(NcclDevice {
                 index: 0,
