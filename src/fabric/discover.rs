@@ -123,8 +123,8 @@ pub fn discover_with(reader: &Reader) -> (HostModel, Vec<Finding>) {
         }
     }
 
-    rdma_devices.sort_by(|a, b| natural_key(&a.name).cmp(&natural_key(&b.name)));
-    netdevs.sort_by(|a, b| natural_key(&a.name).cmp(&natural_key(&b.name)));
+    rdma_devices.sort_by_key(|d| natural_key(&d.name));
+    netdevs.sort_by_key(|n| natural_key(&n.name));
 
     // Link ports and netdevs, derive active_mtu, cages and addresses.
     let pci_funcs: Vec<PciFunction> = pci.into_values().collect();
