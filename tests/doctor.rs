@@ -281,6 +281,10 @@ fn cli_json_schema_and_exit_status() {
     let d = &v["nccl_devices"][0];
     assert_eq!(d["name"], "sl_enp1s0f0np0");
     assert_eq!(d["speed_mbps"], 200000);
+    assert_eq!(d["guid"], "0x4cbb470300a1b2c0");
+    assert_eq!(d["ptr_support"], 1);
+    assert_eq!(d["max_recvs"], 8);
+    assert_eq!(d["plane_id"], -1);
     let f = v["findings"].as_array().unwrap();
     assert_eq!(f[0]["severity"], "error");
     assert_eq!(f[0]["check"], "same-subnet");

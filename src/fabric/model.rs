@@ -128,8 +128,10 @@ impl RdmaPort {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RdmaDevice {
     pub name: String,
+    #[serde(serialize_with = "serialize_guid")]
     pub node_guid: u64,
     /// Shared by every function of one adapter (NCCL IB reports it as `guid`).
+    #[serde(serialize_with = "serialize_guid")]
     pub sys_image_guid: u64,
     /// PCI function (`0000:01:00.0`), if the device sits on PCI.
     pub pci: Option<String>,
@@ -303,6 +305,11 @@ impl HostModel {
         v.dedup();
         v
     }
+}
+
+/// Serializes a GUID as a hex string ("0x4cbb470300a1b2c0"): JSON numbers lose precision above 2^53.
+pub fn serialize_guid<S: serde::Serializer>(g: &u64, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&format!("0x{g:016x}"))
 }
 
 /// RoCE active MTU the kernel derives from a netdev MTU: the largest IB MTU ≤ MTU − 96 bytes

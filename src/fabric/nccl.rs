@@ -53,7 +53,8 @@ pub struct NcclDevice {
     pub members: Vec<Member>,
     /// Sysfs path of the primary member's PCI function, e.g. `/sys/devices/pci0000:00/0000:00:00.0/0000:01:00.0`.
     pub pci_path: String,
-    /// The adapter's `sys_image_guid`.
+    /// The adapter's `sys_image_guid` (JSON: hex string).
+    #[serde(serialize_with = "super::model::serialize_guid")]
     pub guid: u64,
     /// Sum over the cage's logical ports of min(port rate, total PCIe bandwidth of the members on that
     /// port), in Mb/s. A GB10 cage with both functions up: min(200 Gb/s, 2 × 126 Gb/s) = 200 Gb/s; with
