@@ -210,9 +210,15 @@ fn b300_card_order() -> Vec<&'static str> {
 #[test]
 fn b300_two_node_mesh_merges_the_halves_of_each_cage() {
     let m = load("b300-2node");
-    assert_eq!(m.rdma_devices.len(), 16);
+    // 16 RoCE functions of the 8 CX-8 cards, and mlx5_2: a CX-7 in InfiniBand mode.
+    assert_eq!(m.rdma_devices.len(), 17);
     assert_eq!(m.rdma_devices[0].name, "mlx5_0");
-    assert_eq!(m.rdma_devices[15].name, "mlx5_23");
+    assert_eq!(m.rdma_devices[2].name, "mlx5_2");
+    assert_eq!(m.rdma_devices[16].name, "mlx5_23");
+    let (_, ib) = m.rdma_port("mlx5_2", 1).unwrap();
+    assert!(ib.is_active() && !ib.is_ethernet());
+    assert_eq!(ib.netdev.as_deref(), Some("ibo4"));
+    assert_eq!(ib.gids.len(), 1);
     assert!(m.peer_memory);
     let d = devices(&m);
     assert_eq!(d.len(), 8);
@@ -300,7 +306,8 @@ fn local_links_and_routes() {
     assert_eq!(a.nccl_dev, Some(0));
     assert_eq!(b.nccl_dev, Some(0));
     assert_eq!((a.mtu, a.active_mtu), (9000, 4096));
-    assert_eq!(a.speed_mbps, 200_000);
+    // min(200 Gb/s port rate, Gen5 x4 ≈ 126 Gb/s).
+    assert_eq!(a.speed_mbps, 126_030);
     assert!(a.up);
     let t = by("enP7s7");
     assert_eq!(t.kind, LinkKind::Tcp);
@@ -345,6 +352,7 @@ fn local_links_and_routes() {
     let l = roce.iter().find(|l| l.netdev == "enp237s0f1np1").unwrap();
     assert_eq!(l.addr.to_string(), "10.112.2.1/30");
     assert_eq!(l.rdma_dev.as_deref(), Some("mlx5_23"));
+    assert_eq!(l.speed_mbps, 400_000);
     let l0 = roce.iter().find(|l| l.netdev == "eno6np0").unwrap();
     assert_eq!(l.phys_port_id, l0.phys_port_id, "two halves of one cage");
     assert_eq!(l.nccl_dev, l0.nccl_dev);

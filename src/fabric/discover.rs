@@ -250,7 +250,13 @@ fn pci_of_path(path: &str) -> Option<(String, String)> {
 fn is_bdf(s: &str) -> bool {
     // dddd:bb:dd.f
     let b = s.as_bytes();
-    b.len() == 12 && b[4] == b':' && b[7] == b':' && b[10] == b'.'
+    b.len() == 12
+        && b[4] == b':'
+        && b[7] == b':'
+        && b[10] == b'.'
+        && b.iter()
+            .enumerate()
+            .all(|(i, c)| matches!(i, 4 | 7 | 10) || c.is_ascii_hexdigit())
 }
 
 /// Resolves `<dir>/device` to a PCI function, reading it into `pci` once.
@@ -620,7 +626,9 @@ fn read_port(
             } else {
                 on_fn
                     .iter()
-                    .find(|n| n.phys_port_name.as_deref() == Some(&format!("p{}", port - 1)))
+                    .find(|n| {
+                        n.phys_port_name.as_deref() == Some(&format!("p{}", port.saturating_sub(1)))
+                    })
                     .map(|n| n.name.clone())
             }
         });

@@ -5,17 +5,26 @@ use super::nccl::NcclDevice;
 use crate::route::types::{KernelRoute, LinkKind, LocalLink};
 
 impl HostModel {
-    /// One link per IPv4 address per netdev, ordered by netdev name then address. A link is RoCE when
+    /// One link per IPv4 address per netdev, ordered by netdev name then address. `speed_mbps` is
+    /// min(port rate or netdev speed, PCIe bandwidth of the function): what the link can carry. A link is RoCE when
     /// an RDMA port of the netdev holds the address as an IPv4-mapped RoCE v2 GID (lowest such index),
-    /// TCP otherwise. Netdevs without a PCI function (virtual: bridges, docker0) are left out.
+    /// TCP otherwise. Netdevs with neither a PCI function nor an RDMA port (bridges, docker0) are left out.
     pub fn local_links(&self, devices: &[NcclDevice]) -> Vec<LocalLink> {
         let cages = self.cages();
         let mut out = Vec::new();
         for n in &self.netdevs {
-            let Some(bdf) = n.pci.as_deref() else {
+            // Physical netdevs, and RoCE netdevs without a PCI function of their own (a bond over
+            // RoCE LAG): their PCI function is the RDMA device's.
+            let bdf = n.pci.clone().or_else(|| {
+                n.rdma
+                    .iter()
+                    .find_map(|(d, p)| self.rdma_port(d, *p).and_then(|(d, _)| d.pci.clone()))
+            });
+            let Some(bdf) = bdf else {
                 continue;
             };
-            let pci_root = self.pci(bdf).map(|f| f.root.clone()).unwrap_or_default();
+            let pcie_mbps = self.pci(&bdf).and_then(|f| f.link.current_mbps());
+            let pci_root = self.pci(&bdf).map(|f| f.root.clone()).unwrap_or_default();
             for a in &n.addrs {
                 // The RDMA port and GID carrying this address.
                 let mut roce = None;
@@ -46,7 +55,7 @@ impl HostModel {
                                 port,
                                 Some(gi),
                                 Some(p.cage.clone()),
-                                p.rate_mbps.or(n.speed_mbps),
+                                min_opt(p.rate_mbps.or(n.speed_mbps), pcie_mbps),
                                 p.active_mtu,
                                 nccl,
                             )
@@ -57,7 +66,7 @@ impl HostModel {
                             0,
                             None,
                             super::discover::netdev_cage(n),
-                            n.speed_mbps,
+                            min_opt(n.speed_mbps, pcie_mbps),
                             0,
                             None,
                         ),
@@ -90,5 +99,12 @@ impl HostModel {
     /// The kernel's IPv4 routes (`/proc/net/route`), in file order.
     pub fn routes(&self) -> Vec<KernelRoute> {
         self.kernel_routes.clone()
+    }
+}
+
+fn min_opt(a: Option<u32>, b: Option<u32>) -> Option<u32> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }

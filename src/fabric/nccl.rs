@@ -1,8 +1,9 @@
 //! NCCL devices: the RDMA ports the plugin exposes, with the functions that serve one cage merged.
 //!
 //! Rules (see docs/readme/fabric.md):
-//! * A port is a candidate when it passes the `NCCL_IB_HCA` filter, is ACTIVE, and holds an IPv4-mapped
-//!   RoCE v2 GID (or is an InfiniBand port). Down or unaddressed ports cannot carry a connection.
+//! * A port is a candidate when it passes the `NCCL_IB_HCA` filter, is ACTIVE, has the Ethernet link layer
+//!   and holds an IPv4-mapped RoCE v2 GID. Down or unaddressed ports cannot carry a connection;
+//!   InfiniBand ports are left to NCCL's own IB transport.
 //! * Candidates in the same cage (same adapter `sys_image_guid` and physical port — see
 //!   `discover::assign_cages`) become ONE device; the transport stripes over its members.
 //! * Devices are ordered by the PCI path of their primary member (the member with the lowest PCI path),
@@ -134,11 +135,12 @@ impl HostModel {
         // Group candidate ports by cage.
         let mut groups: BTreeMap<Cage, Vec<(String, u8)>> = BTreeMap::new();
         for (d, p) in self.ports() {
-            if !filter(&d.name, p.port) || !p.is_active() {
+            // RoCE only: routing works on the IPv4 subnets of the RoCE v2 GIDs; InfiniBand ports are left
+            // to NCCL's own IB transport.
+            if !filter(&d.name, p.port) || !p.is_active() || !p.is_ethernet() {
                 continue;
             }
-            let addressed = !p.is_ethernet() || p.ipv4_v2_gids().next().is_some();
-            if !addressed {
+            if p.ipv4_v2_gids().next().is_none() {
                 continue;
             }
             groups
