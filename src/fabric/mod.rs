@@ -31,3 +31,27 @@ pub use reader::Reader;
 pub fn discover(root: &Path) -> (HostModel, Vec<Finding>) {
     discover_with(&Reader::new(root))
 }
+
+/// Logs findings through `tracing` (the plugin's bridge to NCCL's logger, NET subsystem): errors and
+/// warnings at WARN, info at INFO, one line each with the check id, object, message and remedy.
+pub fn log_findings(findings: &[Finding]) {
+    use crate::findings::Severity;
+    for f in findings {
+        match f.severity {
+            Severity::Error | Severity::Warning => tracing::warn!(
+                check = %f.check,
+                "{}: {} (remedy: {})",
+                f.object,
+                f.message,
+                f.remedy
+            ),
+            Severity::Info => tracing::info!(
+                check = %f.check,
+                "{}: {} (remedy: {})",
+                f.object,
+                f.message,
+                f.remedy
+            ),
+        }
+    }
+}
