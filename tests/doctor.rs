@@ -79,6 +79,20 @@ fn clean_hosts_exit_zero() {
 }
 
 #[test]
+fn real_soft_roce_capture_before_traffic() {
+    // Captured right after the rxe devices came up: nothing in the neighbour table yet.
+    let (f, s) = findings("captured/rxe-2vm-node0");
+    assert_eq!(
+        f,
+        want(&[
+            ("no-neighbour", "netdev eth0", Warning),
+            ("no-neighbour", "netdev eth1", Warning),
+        ])
+    );
+    assert_eq!(s, 1);
+}
+
+#[test]
 fn mtu_1500_trap() {
     let (f, s) = findings("broken-mtu1500");
     assert_eq!(

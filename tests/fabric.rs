@@ -395,10 +395,11 @@ fn fixtures() -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(fixture(""))
         .unwrap()
         .filter_map(|e| e.ok())
-        .filter(|e| e.path().is_dir())
+        .filter(|e| e.path().is_dir() && e.file_name() != "captured")
         .map(|e| e.file_name().to_string_lossy().to_string())
         .collect();
     v.sort();
+    v.push("captured/rxe-2vm-node0".to_string());
     v
 }
 
@@ -432,4 +433,44 @@ fn capture_replays_identically() {
             );
         }
     }
+}
+
+#[test]
+fn real_soft_roce_capture() {
+    // Captured with `doctor --capture` in the rxe VM lab (see tests/fixtures/fabric/captured/README.md).
+    let m = load("captured/rxe-2vm-node0");
+    let names: Vec<&str> = m.rdma_devices.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, ["rxe_eth0", "rxe_eth1"]);
+    let (d, p) = m.rdma_port("rxe_eth0", 1).unwrap();
+    // rxe sits on no PCI function: the netdev's virtio function stands in.
+    assert_eq!(d.pci.as_deref(), Some("0000:00:02.0"));
+    assert!(p.is_active() && p.is_ethernet());
+    assert_eq!(p.netdev.as_deref(), Some("eth0"));
+    // rxe: RoCE v2 only, fe80 at index 0 and the IPv4 GID at 1; the other 1022 slots are all-zero.
+    assert_eq!(p.gids.len(), 2);
+    assert_eq!(p.gids[0].addr, GidAddr::LinkLocal);
+    assert_eq!(p.gids[0].gid_type, GidType::RoceV2);
+    let v2: Vec<_> = p.ipv4_v2_gids().map(|(g, a)| (g.index, a)).collect();
+    assert_eq!(v2, [(1, ip("10.100.4.1"))]);
+    assert_eq!(p.active_mtu, 4096, "MTU 9000");
+    let n = m.netdev("eth0").unwrap();
+    assert_eq!(n.mtu, Some(9000));
+    assert_eq!(n.addrs[0].addr.to_string(), "10.100.4.1/30");
+    assert_eq!(n.pci.as_deref(), Some("0000:00:02.0"));
+
+    let d = devices(&m);
+    let names: Vec<&str> = d.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, ["sl_eth0", "sl_eth1"]);
+    assert_eq!(d[0].pci_path, "/sys/devices/pci0000:00/0000:00:02.0");
+    assert_eq!(d[0].peers, [ip("10.100.4.2")]);
+    assert_eq!(d[1].peers, [ip("10.100.8.2")]);
+    assert_ne!(d[0].guid, d[1].guid);
+
+    let links = m.local_links(&d);
+    assert_eq!(links.len(), 2);
+    assert!(
+        links
+            .iter()
+            .all(|l| l.kind == LinkKind::Roce && l.gid_index == Some(1))
+    );
 }

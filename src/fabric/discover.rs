@@ -128,6 +128,20 @@ pub fn discover_with(reader: &Reader) -> (HostModel, Vec<Finding>) {
 
     // Link ports and netdevs, derive active_mtu, cages and addresses.
     let pci_funcs: Vec<PciFunction> = pci.into_values().collect();
+    // Software RDMA devices (rdma_rxe, siw) sit on no PCI function: use the function of the netdev
+    // they run over, so locality (pciPath, PCIe root) still means something.
+    for d in rdma_devices.iter_mut().filter(|d| d.pci.is_none()) {
+        let fns: BTreeSet<&str> = d
+            .ports
+            .iter()
+            .filter_map(|p| p.netdev.as_deref())
+            .filter_map(|n| netdevs.iter().find(|x| x.name == n))
+            .filter_map(|n| n.pci.as_deref())
+            .collect();
+        if fns.len() == 1 {
+            d.pci = fns.into_iter().next().map(str::to_string);
+        }
+    }
     assign_cages(&mut rdma_devices, &netdevs, &pci_funcs);
     for d in &mut rdma_devices {
         for p in &mut d.ports {

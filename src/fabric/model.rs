@@ -133,7 +133,8 @@ pub struct RdmaDevice {
     /// Shared by every function of one adapter (NCCL IB reports it as `guid`).
     #[serde(serialize_with = "serialize_guid")]
     pub sys_image_guid: u64,
-    /// PCI function (`0000:01:00.0`), if the device sits on PCI.
+    /// PCI function (`0000:01:00.0`) the device sits on; for a software device (rdma_rxe) the function
+    /// of the netdev it runs over.
     pub pci: Option<String>,
     pub ports: Vec<RdmaPort>,
 }
