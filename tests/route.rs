@@ -23,7 +23,15 @@ impl Host {
     fn tcp(self, netdev: &str, addr: &str) -> Self {
         self.add(LinkKind::Tcp, netdev, addr, "pci0000:00", 999, None)
     }
-    fn add(mut self, kind: LinkKind, netdev: &str, addr: &str, root: &str, phys: u16, dev: Option<usize>) -> Self {
+    fn add(
+        mut self,
+        kind: LinkKind,
+        netdev: &str,
+        addr: &str,
+        root: &str,
+        phys: u16,
+        dev: Option<usize>,
+    ) -> Self {
         let addr: ipnet::Ipv4Net = addr.parse().unwrap();
         self.links.push(LocalLink {
             id: self.links.len(),
@@ -41,7 +49,12 @@ impl Host {
             active_mtu: 4096,
             up: true,
         });
-        self.routes.push(KernelRoute { dest: addr.trunc(), gateway: None, ifname: netdev.into(), metric: 0 });
+        self.routes.push(KernelRoute {
+            dest: addr.trunc(),
+            gateway: None,
+            ifname: netdev.into(),
+            metric: 0,
+        });
         self
     }
     fn route(mut self, dest: &str, gw: Option<&str>, ifname: &str, metric: u32) -> Self {
@@ -71,11 +84,17 @@ impl Host {
 }
 
 fn dev(d: usize) -> RouteOptions {
-    RouteOptions { nccl_dev: Some(d), ..RouteOptions::default() }
+    RouteOptions {
+        nccl_dev: Some(d),
+        ..RouteOptions::default()
+    }
 }
 
 fn pairs(s: &Selection) -> Vec<(String, Ipv4Addr)> {
-    s.paths.iter().map(|p| (p.local.netdev.clone(), p.remote.addr.addr())).collect()
+    s.paths
+        .iter()
+        .map(|p| (p.local.netdev.clone(), p.remote.addr.addr()))
+        .collect()
 }
 
 fn roots(s: &Selection) -> Vec<String> {
@@ -106,8 +125,20 @@ fn gb10(addrs: &[[&str; 2]]) -> Host {
     let mut h = Host::default();
     for (p, a) in addrs.iter().enumerate() {
         h = h
-            .roce(&format!("enp1s0f{p}np{p}"), a[0], GB10_ROOT_A, p as u16, Some(p))
-            .roce(&format!("enP2p1s0f{p}np{p}"), a[1], GB10_ROOT_B, p as u16, Some(p));
+            .roce(
+                &format!("enp1s0f{p}np{p}"),
+                a[0],
+                GB10_ROOT_A,
+                p as u16,
+                Some(p),
+            )
+            .roce(
+                &format!("enP2p1s0f{p}np{p}"),
+                a[1],
+                GB10_ROOT_B,
+                p as u16,
+                Some(p),
+            );
     }
     h
 }
@@ -120,7 +151,10 @@ fn gb10_pair_one_cable_uses_both_functions_on_both_roots() {
     sane(&s);
     assert_eq!(
         pairs(&s),
-        vec![("enp1s0f0np0".into(), "10.0.0.2".parse().unwrap()), ("enP2p1s0f0np0".into(), "10.0.1.2".parse().unwrap())]
+        vec![
+            ("enp1s0f0np0".into(), "10.0.0.2".parse().unwrap()),
+            ("enP2p1s0f0np0".into(), "10.0.1.2".parse().unwrap())
+        ]
     );
     assert_eq!(roots(&s), vec![GB10_ROOT_A, GB10_ROOT_B]);
     assert!(s.dev_override.is_none());
@@ -138,24 +172,43 @@ fn gb10_both_functions_in_one_subnet_still_get_one_path_each() {
     sane(&s);
     assert_eq!(s.paths.len(), 2);
     let remotes: Vec<Ipv4Addr> = s.paths.iter().map(|p| p.remote.addr.addr()).collect();
-    assert!(remotes.contains(&"10.0.0.3".parse().unwrap()) && remotes.contains(&"10.0.0.4".parse().unwrap()));
+    assert!(
+        remotes.contains(&"10.0.0.3".parse().unwrap())
+            && remotes.contains(&"10.0.0.4".parse().unwrap())
+    );
     assert_eq!(roots(&s), vec![GB10_ROOT_A, GB10_ROOT_B]);
     // The pairs not taken are reported.
-    assert!(s.skipped.iter().any(|k| k.reason.contains("already carries")));
+    assert!(
+        s.skipped
+            .iter()
+            .any(|k| k.reason.contains("already carries"))
+    );
 }
 
 #[test]
 fn gb10_pair_two_cables_four_paths_alternating_roots() {
-    let a = gb10(&[["10.0.0.1/30", "10.0.1.1/30"], ["10.0.2.1/30", "10.0.3.1/30"]]);
-    let b = gb10(&[["10.0.0.2/30", "10.0.1.2/30"], ["10.0.2.2/30", "10.0.3.2/30"]]);
+    let a = gb10(&[
+        ["10.0.0.1/30", "10.0.1.1/30"],
+        ["10.0.2.1/30", "10.0.3.1/30"],
+    ]);
+    let b = gb10(&[
+        ["10.0.0.2/30", "10.0.1.2/30"],
+        ["10.0.2.2/30", "10.0.3.2/30"],
+    ]);
     // No device preference: all four.
     let s = a.connect(&b, RouteOptions::default()).unwrap();
     sane(&s);
     assert_eq!(s.paths.len(), 4);
-    assert_eq!(roots(&s), vec![GB10_ROOT_A, GB10_ROOT_B, GB10_ROOT_A, GB10_ROOT_B]);
+    assert_eq!(
+        roots(&s),
+        vec![GB10_ROOT_A, GB10_ROOT_B, GB10_ROOT_A, GB10_ROOT_B]
+    );
     // NCCL's device 1 (port 1) reaches the peer: only its two functions.
     let s = a.connect(&b, dev(1)).unwrap();
-    assert_eq!(pairs(&s).iter().map(|p| p.0.as_str()).collect::<Vec<_>>(), vec!["enp1s0f1np1", "enP2p1s0f1np1"]);
+    assert_eq!(
+        pairs(&s).iter().map(|p| p.0.as_str()).collect::<Vec<_>>(),
+        vec!["enp1s0f1np1", "enP2p1s0f1np1"]
+    );
     assert!(s.dev_override.is_none());
 }
 
@@ -193,7 +246,10 @@ fn gb10_ring_of_four_neighbours_route_non_neighbours_fail_at_once() {
     assert!(matches!(e, Error::InvalidUsage(_)));
     assert!(t.contains("no local link reaches the peer"), "{t}");
     // Names the peer's addresses and our subnets.
-    assert!(t.contains("10.2.0.0/31") && t.contains("10.1.0.1/31"), "{t}");
+    assert!(
+        t.contains("10.2.0.0/31") && t.contains("10.1.0.1/31"),
+        "{t}"
+    );
     assert!(t.contains("10.0.0.0/31 on enp1s0f0np0"), "{t}");
 }
 
@@ -224,10 +280,13 @@ fn b300_two_nodes_sixteen_links() {
     // NCCL's device (card 3) reaches the peer: both halves of card 3.
     let s = a.connect(&b, dev(3)).unwrap();
     sane(&s);
-    assert_eq!(pairs(&s), vec![
-        ("enp19s0f0np0".into(), "10.3.0.2".parse().unwrap()),
-        ("enp19s0f1np1".into(), "10.3.1.2".parse().unwrap())
-    ]);
+    assert_eq!(
+        pairs(&s),
+        vec![
+            ("enp19s0f0np0".into(), "10.3.0.2".parse().unwrap()),
+            ("enp19s0f1np1".into(), "10.3.1.2".parse().unwrap())
+        ]
+    );
     // No hint: capped at 8 paths, one per card (eight different roots first).
     let s = a.connect(&b, RouteOptions::default()).unwrap();
     sane(&s);
@@ -235,9 +294,23 @@ fn b300_two_nodes_sixteen_links() {
     let mut r = roots(&s);
     r.dedup();
     assert_eq!(r.len(), 8, "{r:?}");
-    assert_eq!(s.skipped.iter().filter(|k| k.reason.contains("capped at 8")).count(), 8);
+    assert_eq!(
+        s.skipped
+            .iter()
+            .filter(|k| k.reason.contains("capped at 8"))
+            .count(),
+        8
+    );
     // A higher cap uses all 16, consecutive paths on different roots.
-    let s = a.connect(&b, RouteOptions { max_paths: 16, ..RouteOptions::default() }).unwrap();
+    let s = a
+        .connect(
+            &b,
+            RouteOptions {
+                max_paths: 16,
+                ..RouteOptions::default()
+            },
+        )
+        .unwrap();
     assert_eq!(s.paths.len(), 16);
     let r = roots(&s);
     assert!(r.windows(2).all(|w| w[0] != w[1]), "{r:?}");
@@ -246,12 +319,15 @@ fn b300_two_nodes_sixteen_links() {
 #[test]
 fn b300_four_node_mesh_two_cables_per_pair() {
     // Pairs (i<j) numbered 0..6; each pair gets two cards on each node; both halves cabled.
-    let pairs_list: Vec<(usize, usize)> = (0..4).flat_map(|i| (i + 1..4).map(move |j| (i, j))).collect();
+    let pairs_list: Vec<(usize, usize)> = (0..4)
+        .flat_map(|i| (i + 1..4).map(move |j| (i, j)))
+        .collect();
     // Node n: the k-th pair involving n uses cards 2k and 2k+1 (6 of 8 cards cabled).
     let hosts: Vec<Host> = (0..4)
         .map(|node| {
-            let mine: Vec<usize> =
-                (0..pairs_list.len()).filter(|&p| pairs_list[p].0 == node || pairs_list[p].1 == node).collect();
+            let mine: Vec<usize> = (0..pairs_list.len())
+                .filter(|&p| pairs_list[p].0 == node || pairs_list[p].1 == node)
+                .collect();
             b300(|card, half| {
                 let pi = *mine.get(card / 2)?;
                 let sub = (card % 2) * 2 + half; // 0..4 within the pair
@@ -268,11 +344,20 @@ fn b300_four_node_mesh_two_cables_per_pair() {
             if a == b {
                 continue;
             }
-            let s = hosts[a].connect(&hosts[b], RouteOptions::default()).unwrap();
+            let s = hosts[a]
+                .connect(&hosts[b], RouteOptions::default())
+                .unwrap();
             sane(&s);
             assert_eq!(s.paths.len(), 4, "{a}->{b}");
-            let pi = pairs_list.iter().position(|&(i, j)| (i, j) == (a.min(b), a.max(b))).unwrap();
-            assert!(s.paths.iter().all(|p| p.remote.addr.addr().octets()[1] == pi as u8));
+            let pi = pairs_list
+                .iter()
+                .position(|&(i, j)| (i, j) == (a.min(b), a.max(b)))
+                .unwrap();
+            assert!(
+                s.paths
+                    .iter()
+                    .all(|p| p.remote.addr.addr().octets()[1] == pi as u8)
+            );
             let r = roots(&s);
             assert!(r.windows(2).all(|w| w[0] != w[1]), "{r:?}");
             // NCCL's card 0 on node a goes to the first peer of a; for other peers it is overridden.
@@ -313,23 +398,49 @@ fn mixed_prefixes_and_longest_prefix_match() {
         }
         h
     };
-    let s = a.connect(&peer(&["10.1.0.2/30"]), RouteOptions::default()).unwrap();
+    let s = a
+        .connect(&peer(&["10.1.0.2/30"]), RouteOptions::default())
+        .unwrap();
     assert_eq!(pairs(&s), vec![("p30".into(), "10.1.0.2".parse().unwrap())]);
-    let s = a.connect(&peer(&["10.2.0.1/31"]), RouteOptions::default()).unwrap();
+    let s = a
+        .connect(&peer(&["10.2.0.1/31"]), RouteOptions::default())
+        .unwrap();
     assert_eq!(pairs(&s), vec![("p31".into(), "10.2.0.1".parse().unwrap())]);
-    let s = a.connect(&peer(&["10.3.0.77/24"]), RouteOptions::default()).unwrap();
-    assert_eq!(pairs(&s), vec![("p24".into(), "10.3.0.77".parse().unwrap())]);
+    let s = a
+        .connect(&peer(&["10.3.0.77/24"]), RouteOptions::default())
+        .unwrap();
+    assert_eq!(
+        pairs(&s),
+        vec![("p24".into(), "10.3.0.77".parse().unwrap())]
+    );
     // 10.3.0.6 is inside p24's /24, but the kernel routes it by the /30 on q30.
-    let s = a.connect(&peer(&["10.3.0.6/30"]), RouteOptions::default()).unwrap();
+    let s = a
+        .connect(&peer(&["10.3.0.6/30"]), RouteOptions::default())
+        .unwrap();
     assert_eq!(pairs(&s), vec![("q30".into(), "10.3.0.6".parse().unwrap())]);
-    let k = s.skipped.iter().find(|k| k.local.starts_with("p24")).unwrap();
+    let k = s
+        .skipped
+        .iter()
+        .find(|k| k.local.starts_with("p24"))
+        .unwrap();
     assert!(k.reason.contains("10.3.0.4/30 dev q30"), "{}", k.reason);
     // A peer outside every connected subnet: the default route via a gateway does not count.
-    let e = a.connect(&peer(&["10.9.0.2/30"]), RouteOptions::default()).unwrap_err().to_string();
-    assert!(e.contains("10.9.0.2/30 (Roce)") && e.contains("10.1.0.0/30 on p30"), "{e}");
+    let e = a
+        .connect(&peer(&["10.9.0.2/30"]), RouteOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("10.9.0.2/30 (Roce)") && e.contains("10.1.0.0/30 on p30"),
+        "{e}"
+    );
     // The kernel sends a connected subnet through a gateway (a static route overriding it): skipped.
-    let b = a.clone().route("10.1.0.2/32", Some("192.168.1.1"), "eth0", 0);
-    let e = b.connect(&peer(&["10.1.0.2/30"]), RouteOptions::default()).unwrap_err().to_string();
+    let b = a
+        .clone()
+        .route("10.1.0.2/32", Some("192.168.1.1"), "eth0", 0);
+    let e = b
+        .connect(&peer(&["10.1.0.2/30"]), RouteOptions::default())
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("via 192.168.1.1"), "{e}");
 }
 
@@ -339,19 +450,48 @@ fn several_addresses_per_netdev() {
         .roce("enp1", "10.0.0.1/30", "r0", 0, Some(0))
         .roce("enp1", "10.0.5.1/30", "r0", 0, Some(0))
         .roce("enp2", "10.0.6.1/30", "r1", 1, Some(1));
-    let b = Host::default().roce("x", "10.0.5.2/30", "s", 0, None).roce("y", "10.0.6.2/30", "t", 1, None);
+    let b = Host::default().roce("x", "10.0.5.2/30", "s", 0, None).roce(
+        "y",
+        "10.0.6.2/30",
+        "t",
+        1,
+        None,
+    );
     let s = a.connect(&b, RouteOptions::default()).unwrap();
     sane(&s);
     let mut p = pairs(&s);
     p.sort();
-    assert_eq!(p, vec![("enp1".into(), "10.0.5.2".parse().unwrap()), ("enp2".into(), "10.0.6.2".parse().unwrap())]);
-    assert_eq!(s.paths.iter().find(|x| x.local.netdev == "enp1").unwrap().local.addr.to_string(), "10.0.5.1/30");
+    assert_eq!(
+        p,
+        vec![
+            ("enp1".into(), "10.0.5.2".parse().unwrap()),
+            ("enp2".into(), "10.0.6.2".parse().unwrap())
+        ]
+    );
+    assert_eq!(
+        s.paths
+            .iter()
+            .find(|x| x.local.netdev == "enp1")
+            .unwrap()
+            .local
+            .addr
+            .to_string(),
+        "10.0.5.1/30"
+    );
 }
 
 #[test]
 fn nothing_shared_is_an_immediate_error_naming_both_sides() {
-    let a = Host::default().roce("enp1", "10.0.0.1/30", "r0", 0, Some(0)).roce("enp2", "10.0.1.1/30", "r1", 1, Some(1));
-    let b = Host::default().roce("x", "10.7.0.2/30", "s", 0, None).roce("y", "10.8.0.2/30", "t", 1, None);
+    let a = Host::default()
+        .roce("enp1", "10.0.0.1/30", "r0", 0, Some(0))
+        .roce("enp2", "10.0.1.1/30", "r1", 1, Some(1));
+    let b = Host::default().roce("x", "10.7.0.2/30", "s", 0, None).roce(
+        "y",
+        "10.8.0.2/30",
+        "t",
+        1,
+        None,
+    );
     let e = a.connect(&b, dev(0)).unwrap_err();
     assert!(matches!(e, Error::InvalidUsage(_)));
     assert_eq!(
@@ -362,8 +502,18 @@ fn nothing_shared_is_an_immediate_error_naming_both_sides() {
     );
     // A peer that advertises nothing, and a host with no links.
     let none = Host::default();
-    assert!(a.connect(&none, RouteOptions::default()).unwrap_err().to_string().contains("advertises no link addresses"));
-    assert!(none.connect(&a, RouteOptions::default()).unwrap_err().to_string().contains("none (no links found)"));
+    assert!(
+        a.connect(&none, RouteOptions::default())
+            .unwrap_err()
+            .to_string()
+            .contains("advertises no link addresses")
+    );
+    assert!(
+        none.connect(&a, RouteOptions::default())
+            .unwrap_err()
+            .to_string()
+            .contains("none (no links found)")
+    );
 }
 
 #[test]
@@ -371,28 +521,68 @@ fn down_links_are_skipped_with_a_reason() {
     let a = gb10(&[["10.0.0.1/30", "10.0.1.1/30"]]).down("enP2p1s0f0np0");
     let b = gb10(&[["10.0.0.2/30", "10.0.1.2/30"]]);
     let s = a.connect(&b, dev(0)).unwrap();
-    assert_eq!(pairs(&s), vec![("enp1s0f0np0".into(), "10.0.0.2".parse().unwrap())]);
-    let k = s.skipped.iter().find(|k| k.local.starts_with("enP2p1s0f0np0")).unwrap();
+    assert_eq!(
+        pairs(&s),
+        vec![("enp1s0f0np0".into(), "10.0.0.2".parse().unwrap())]
+    );
+    let k = s
+        .skipped
+        .iter()
+        .find(|k| k.local.starts_with("enP2p1s0f0np0"))
+        .unwrap();
     assert!(k.reason.contains("down"), "{}", k.reason);
     // All down: the error says so.
     let a = a.down("enp1s0f0np0");
     let e = a.connect(&b, dev(0)).unwrap_err().to_string();
-    assert!(e.contains("link is down") && e.contains("(Roce, down)"), "{e}");
+    assert!(
+        e.contains("link is down") && e.contains("(Roce, down)"),
+        "{e}"
+    );
     // A down link on the listener is not advertised, so the connector cannot pick it.
     let b2 = b.clone().down("enp1s0f0np0");
     let a = gb10(&[["10.0.0.1/30", "10.0.1.1/30"]]);
     let s = a.connect(&b2, dev(0)).unwrap();
-    assert_eq!(pairs(&s), vec![("enP2p1s0f0np0".into(), "10.0.1.2".parse().unwrap())]);
+    assert_eq!(
+        pairs(&s),
+        vec![("enP2p1s0f0np0".into(), "10.0.1.2".parse().unwrap())]
+    );
 }
 
 #[test]
 fn kind_filter_and_same_node() {
-    let a = Host::default().roce("r", "10.0.0.1/30", "r0", 0, Some(0)).tcp("t", "10.0.1.1/30");
-    let b = Host::default().roce("r", "10.0.0.2/30", "s0", 0, None).tcp("t", "10.0.1.2/30");
-    let roce = a.connect(&b, RouteOptions { kinds: KindFilter::Roce, ..RouteOptions::default() }).unwrap();
-    assert_eq!(pairs(&roce), vec![("r".into(), "10.0.0.2".parse().unwrap())]);
-    assert!(roce.skipped.iter().any(|k| k.reason.contains("RoCE paths only")));
-    let tcp = a.connect(&b, RouteOptions { kinds: KindFilter::Tcp, ..RouteOptions::default() }).unwrap();
+    let a = Host::default()
+        .roce("r", "10.0.0.1/30", "r0", 0, Some(0))
+        .tcp("t", "10.0.1.1/30");
+    let b = Host::default()
+        .roce("r", "10.0.0.2/30", "s0", 0, None)
+        .tcp("t", "10.0.1.2/30");
+    let roce = a
+        .connect(
+            &b,
+            RouteOptions {
+                kinds: KindFilter::Roce,
+                ..RouteOptions::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        pairs(&roce),
+        vec![("r".into(), "10.0.0.2".parse().unwrap())]
+    );
+    assert!(
+        roce.skipped
+            .iter()
+            .any(|k| k.reason.contains("RoCE paths only"))
+    );
+    let tcp = a
+        .connect(
+            &b,
+            RouteOptions {
+                kinds: KindFilter::Tcp,
+                ..RouteOptions::default()
+            },
+        )
+        .unwrap();
     assert_eq!(tcp.paths.len(), 2);
     assert!(tcp.paths.iter().all(|p| p.kind == LinkKind::Tcp));
     let any = a.connect(&b, RouteOptions::default()).unwrap();
@@ -400,7 +590,15 @@ fn kind_filter_and_same_node() {
     assert_eq!(kinds, vec![LinkKind::Roce, LinkKind::Tcp]);
     // Only TCP shared, RoCE required: error.
     let b = Host::default().tcp("t", "10.0.1.2/30");
-    let e = a.connect(&b, RouteOptions { kinds: KindFilter::Roce, ..RouteOptions::default() }).unwrap_err();
+    let e = a
+        .connect(
+            &b,
+            RouteOptions {
+                kinds: KindFilter::Roce,
+                ..RouteOptions::default()
+            },
+        )
+        .unwrap_err();
     assert!(e.to_string().contains("RoCE paths only"), "{e}");
     // Connecting to ourselves: our own address is never a path.
     let e = a.connect(&a, RouteOptions::default()).unwrap_err();
