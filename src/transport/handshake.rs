@@ -1070,9 +1070,10 @@ impl Listener {
                 }
                 Advance::Hello(hello, paths) => {
                     let p = self.pending.swap_remove(i);
-                    // The listener has done its job for this one; a later listener deadline is moot.
+                    // Each valid connection restarts the wait for the next one.
+                    self.deadline = Some(now + self.timeout);
                     return Ok(Some(Incoming {
-                        conn: p.conn,
+                        conn: Some(p.conn),
                         peer: p.peer,
                         hello,
                         paths,
@@ -1195,7 +1196,8 @@ enum IState {
 /// [`Incoming::reject`]) and poll it until `Done`.
 #[derive(Debug)]
 pub struct Incoming {
-    conn: Conn,
+    /// Taken when the handshake completes (the socket moves to the caller).
+    conn: Option<Conn>,
     peer: SocketAddr,
     hello: Hello,
     paths: Vec<AcceptedPath>,
@@ -1206,6 +1208,12 @@ pub struct Incoming {
 }
 
 impl Incoming {
+    fn conn(&mut self) -> Result<&mut Conn> {
+        self.conn
+            .as_mut()
+            .ok_or_else(|| Error::Internal("incoming connection used after it completed".into()))
+    }
+
     /// The connector's TCP address.
     pub fn peer(&self) -> SocketAddr {
         self.peer
@@ -1233,8 +1241,9 @@ impl Incoming {
                 self.paths.len()
             )));
         }
-        self.conn.queue(&Message::Reply(Reply {
-            nonce: self.hello.nonce,
+        let nonce = self.hello.nonce;
+        self.conn()?.queue(&Message::Reply(Reply {
+            nonce,
             params: mine,
         }))?;
         self.state = IState::SendReply;
@@ -1245,7 +1254,7 @@ impl Incoming {
     /// Refuses the connection with a reason the connector reports (e.g. QP creation failed here).
     /// Poll until it returns the error carrying the reason.
     pub fn reject(&mut self, reason: &str) -> Result<()> {
-        self.conn.queue(&Message::Reject(reason.to_string()))?;
+        self.conn()?.queue(&Message::Reject(reason.to_string()))?;
         self.reject_reason = Some(reason.to_string());
         self.state = IState::SendReject;
         self.deadline = Instant::now() + self.timeout;
@@ -1273,7 +1282,7 @@ impl Incoming {
             }
             match self.state {
                 IState::AwaitCaller => return Ok(AcceptPoll::Pending),
-                IState::SendReply | IState::SendReject => match self.conn.flush() {
+                IState::SendReply | IState::SendReject => match self.conn()?.flush() {
                     Ok(Io::Pending) => return Ok(AcceptPoll::Pending),
                     Ok(Io::Ready(())) if self.state == IState::SendReply => {
                         self.state = IState::AwaitReady
@@ -1290,15 +1299,14 @@ impl Incoming {
                         return Err(Error::io(format!("{who}: sending the reply"), e));
                     }
                 },
-                IState::AwaitReady => match self.conn.read_frame() {
+                IState::AwaitReady => match self.conn()?.read_frame() {
                     Ok(Io::Pending) => return Ok(AcceptPoll::Pending),
                     Ok(Io::Ready(Message::Ready)) => {
                         self.state = IState::Finished;
-                        let stream = self
-                            .conn
-                            .stream
-                            .try_clone()
-                            .map_err(|e| Error::io("cloning the socket", e))?;
+                        let conn = self.conn.take().ok_or_else(|| {
+                            Error::Internal("incoming socket already taken".into())
+                        })?;
+                        let stream = conn.stream;
                         let local = stream
                             .local_addr()
                             .map_err(|e| Error::io("socket address", e))?;
