@@ -613,3 +613,27 @@ fn selection_is_deterministic() {
     let y = a.connect(&b, RouteOptions::default()).unwrap();
     assert_eq!(x, y);
 }
+
+#[test]
+fn render_text_explains_paths_override_and_skips() {
+    let a = gb10(&[
+        ["10.0.0.1/30", "10.0.1.1/30"],
+        ["10.9.0.1/30", "10.9.1.1/30"],
+    ])
+    .down("enP2p1s0f0np0");
+    let b = gb10(&[["10.0.0.2/30", "10.0.1.2/30"]]);
+    let peer = switchless::route::handle::advertised(&b.links).unwrap();
+    assert_eq!(peer, b.advertise());
+    let s = select(&a.links, &a.routes, &peer, &dev(1)).unwrap();
+    let t = switchless::route::render_text(&s, &peer);
+    assert!(
+        t.starts_with("1 path to the peer (10.0.0.2/30, 10.0.1.2/30):"),
+        "{t}"
+    );
+    assert!(t.contains("path 0: enp1s0f0np0 10.0.0.1/30 (roce_enp1s0f0np0 port 1 GID 3, NCCL dev 0, PCIe root pci0000:00, MTU 4096 B) -> 10.0.0.2 (Roce)"), "{t}");
+    assert!(t.contains("NCCL device 1 overridden"), "{t}");
+    assert!(
+        t.contains("enP2p1s0f0np0 10.0.1.1/30 -> 10.0.1.2: link is down"),
+        "{t}"
+    );
+}

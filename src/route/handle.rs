@@ -411,6 +411,13 @@ impl HandleRepr {
     }
 }
 
+/// What a node with `links` advertises to a connector, through the real encoding and decoding
+/// (used by `switchless route` to predict a connection between two hosts).
+pub fn advertised(links: &[LocalLink]) -> Result<Vec<RemoteLink>> {
+    let (repr, _) = HandleRepr::from_local(links, 1, None, 0);
+    Ok(HandleRepr::from_bytes(&repr.to_bytes()?)?.links)
+}
+
 /// A fresh random nonce from the OS.
 pub fn random_nonce() -> Result<u64> {
     let mut b = [0u8; 8];

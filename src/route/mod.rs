@@ -9,5 +9,5 @@ pub mod types;
 pub use handle::{Handle, HandleRepr};
 pub use select::{
     DevOverride, KindFilter, PathChoice, RouteOptions, Selection, Skipped, check_incoming,
-    kernel_route, select,
+    kernel_route, render_text, select,
 };

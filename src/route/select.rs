@@ -447,3 +447,52 @@ pub fn check_incoming<'a>(
         .map(|_| l)
         .map_err(|e| format!("on the acceptor, {e}"))
 }
+
+/// Human-readable account of a selection (for `switchless route` and debug logs).
+pub fn render_text(sel: &Selection, peer: &[RemoteLink]) -> String {
+    let mut out = String::new();
+    let peer_addrs: Vec<String> = peer.iter().map(|r| r.addr.to_string()).collect();
+    let _ = writeln!(
+        out,
+        "{} path{} to the peer ({}):",
+        sel.paths.len(),
+        if sel.paths.len() == 1 { "" } else { "s" },
+        peer_addrs.join(", ")
+    );
+    for (i, p) in sel.paths.iter().enumerate() {
+        let l = &p.local;
+        let rdma = match (&l.rdma_dev, l.gid_index) {
+            (Some(d), Some(g)) => format!("{d} port {} GID {g}, ", l.port),
+            (Some(d), None) => format!("{d} port {}, ", l.port),
+            _ => String::new(),
+        };
+        let dev = l
+            .nccl_dev
+            .map(|d| format!("NCCL dev {d}, "))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  path {i}: {} {} ({rdma}{dev}PCIe root {}, MTU {} B) -> {} ({:?})\n          {}",
+            l.netdev,
+            l.addr,
+            l.pci_root,
+            l.active_mtu,
+            p.remote.addr.addr(),
+            p.kind,
+            p.reason
+        );
+    }
+    if let Some(o) = &sel.dev_override {
+        let _ = writeln!(out, "NCCL device {} overridden: {}", o.requested, o.reason);
+    }
+    if !sel.skipped.is_empty() {
+        let _ = writeln!(out, "not used:");
+        for s in &sel.skipped {
+            let _ = match s.remote {
+                Some(r) => writeln!(out, "  {} -> {r}: {}", s.local, s.reason),
+                None => writeln!(out, "  {}: {}", s.local, s.reason),
+            };
+        }
+    }
+    out
+}
