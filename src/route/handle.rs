@@ -18,7 +18,10 @@
 //! | 12..14   | port      | the listener's TCP port (1..=65535), reachable on every link address   |
 //! | 14..18   | control   | fallback control IPv4 address (0.0.0.0 = none)                         |
 //! | 18..114  | links     | 16 slots of 6 bytes; slots at index ≥ count are all zero               |
-//! | 114..128 | reserved  | zero                                                                   |
+//! | 114..120 | reserved  | zero                                                                   |
+//! | 120..128 | scratch   | written as zero, ignored by the decoder: the connecting plugin's own   |
+//! |          |           | per-connection state id (NCCL passes the same private handle copy on   |
+//! |          |           | every connect retry, nccl-net-abi.md §2.2, as NCCL IB's `stage`)        |
 //!
 //! A link slot: bytes 0..4 the IPv4 address; byte 4: bit 7 kind (0 RoCE, 1 TCP), bit 6 zero,
 //! bits 0..5 the prefix length (1..=32); byte 5: high nibble the PCIe-root index, low nibble the
@@ -49,6 +52,7 @@ pub const LINK_LEN: usize = 6;
 
 const _: () = assert!(HANDLE_LEN <= NCCL_NET_HANDLE_MAXSIZE);
 const _: () = assert!(field::LINKS.start + MAX_LINKS * LINK_LEN <= field::RESERVED.start);
+const _: () = assert!(field::SCRATCH.end == HANDLE_LEN);
 
 /// Byte ranges of the handle's fields.
 pub mod field {
@@ -61,7 +65,8 @@ pub mod field {
     pub const PORT: Field = 12..14;
     pub const CONTROL: Field = 14..18;
     pub const LINKS: Field = 18..114;
-    pub const RESERVED: Field = 114..128;
+    pub const RESERVED: Field = 114..120;
+    pub const SCRATCH: Field = 120..128;
 
     /// Offsets inside one link slot.
     pub mod link {
@@ -146,6 +151,12 @@ impl<T: AsRef<[u8]>> Handle<T> {
     pub fn reserved(&self) -> &[u8] {
         &self.b()[field::RESERVED]
     }
+    /// The connector's scratch value (see the layout table); not part of [`HandleRepr`].
+    pub fn scratch(&self) -> u64 {
+        let mut n = [0u8; 8];
+        n.copy_from_slice(&self.b()[field::SCRATCH]);
+        u64::from_ne_bytes(n)
+    }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Handle<T> {
@@ -176,6 +187,11 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Handle<T> {
     }
     pub fn clear_reserved(&mut self) {
         self.bm()[field::RESERVED].fill(0);
+        self.bm()[field::SCRATCH].fill(0);
+    }
+    /// Stores the connector's per-connection state id in the handle copy NCCL retries with.
+    pub fn set_scratch(&mut self, v: u64) {
+        self.bm()[field::SCRATCH].copy_from_slice(&v.to_ne_bytes());
     }
 }
 
@@ -520,7 +536,7 @@ mod tests {
             (3, 17, "accepted 0..=16"),
             (3, 0, "unused link slot 0"),
             (3, 2, "link 1: 0.0.0.0 is not a unicast"),
-            (120, 1, "reserved bytes 114..128"),
+            (119, 1, "reserved bytes 114..120"),
             (22, 0x40 | 30, "reserved flag bit 6"),
             (22, 33, "accepted 1..=32"),
             (22, 0, "accepted 1..=32"),
@@ -551,6 +567,12 @@ mod tests {
             matches!(e, Error::InvalidArgument(_)) && e.to_string().contains("needs 128"),
             "{e}"
         );
+        // The scratch bytes belong to the connector: ignored by the decoder, zeroed by emit.
+        let mut b = good;
+        let mut h = Handle::new_unchecked(&mut b[..]);
+        h.set_scratch(0xfeed_beef);
+        assert_eq!(h.scratch(), 0xfeed_beef);
+        assert_eq!(HandleRepr::from_bytes(&b).unwrap(), repr);
         // Trailing bytes beyond 128 are ignored (NCCL's buffer is exactly 128 anyway).
         let mut long = good.to_vec();
         long.push(0xff);
@@ -613,7 +635,7 @@ mod tests {
         fn arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
             if let Ok(repr) = HandleRepr::from_bytes(&bytes) {
                 let again = repr.to_bytes().unwrap();
-                prop_assert_eq!(&again[..], &bytes[..HANDLE_LEN]);
+                prop_assert_eq!(&again[..field::SCRATCH.start], &bytes[..field::SCRATCH.start]);
             }
         }
     }
