@@ -166,6 +166,8 @@ fn happy_path_and_socket_kept_for_oob() {
     let h = HandleRepr::from_bytes(&h.to_bytes().unwrap()).unwrap();
     let mine = params(1, 1);
     let mut c = Connector::start(&h, &paths_to(&h), mine.clone(), T).unwrap();
+    // ready() before the reply is a usage error that leaves the handshake intact.
+    assert!(matches!(c.ready(), Err(Error::Internal(_))));
     let mut inc = next_incoming(&mut l, &mut [&mut c]);
     assert_eq!(inc.hello().params, mine);
     assert_eq!(inc.hello().nonce, h.nonce);
