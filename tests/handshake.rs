@@ -59,17 +59,20 @@ fn listener(timeout: Duration) -> Listener {
 }
 
 fn handle_of(l: &Listener) -> HandleRepr {
-    HandleRepr {
-        nonce: l.nonce(),
-        port: l.local_addr().unwrap().port(),
-        control: None,
-        links: vec![RemoteLink {
+    let (h, left_out) = l.handle(None).unwrap();
+    assert!(left_out.is_empty());
+    assert_eq!(h.nonce, l.nonce());
+    assert_eq!(h.port, l.local_addr().unwrap().port());
+    assert_eq!(
+        h.links,
+        vec![RemoteLink {
             addr: "127.0.0.1/8".parse().unwrap(),
             phys_port_id: 0,
             pci_root_id: 0,
-            kind: LinkKind::Roce,
-        }],
-    }
+            kind: LinkKind::Roce
+        }]
+    );
+    h
 }
 
 fn paths_to(h: &HandleRepr) -> Vec<PathChoice> {

@@ -1005,6 +1005,28 @@ impl Listener {
         })
     }
 
+    /// Binds `0.0.0.0:0` with a fresh random nonce: what the plugin's `listen` does.
+    pub fn bind_any(view: AcceptorView, timeout: Duration) -> Result<Self> {
+        Self::bind(
+            SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
+            crate::route::handle::random_nonce()?,
+            view,
+            timeout,
+        )
+    }
+
+    /// The handle to publish for this listener: its port and nonce, every link of `view` that is up,
+    /// and `control` as the fallback address. Also returns links that did not fit (log them).
+    pub fn handle(&self, control: Option<Ipv4Addr>) -> Result<(HandleRepr, Vec<LocalLink>)> {
+        let port = self.local_addr()?.port();
+        Ok(HandleRepr::from_local(
+            &self.view.links,
+            port,
+            control,
+            self.nonce,
+        ))
+    }
+
     /// The bound address (its port goes into the handle).
     pub fn local_addr(&self) -> Result<SocketAddr> {
         self.socket
