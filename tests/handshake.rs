@@ -605,3 +605,45 @@ fn bad_params_are_refused_before_anything_is_sent() {
             .contains("at most 1024")
     );
 }
+
+/// Measurement, not a check: `cargo test --release --test handshake -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn measure_loopback_handshake_time() {
+    let mut l = listener(T);
+    let h = handle_of(&l);
+    let n = 500;
+    let t0 = Instant::now();
+    for i in 0..n {
+        let mut c = Connector::start(&h, &paths_to(&h), params(1, 1), T).unwrap();
+        let mut inc = loop {
+            let _ = c.poll().unwrap();
+            if let Some(x) = l.poll().unwrap() {
+                break x;
+            }
+        };
+        inc.respond(params(2, 1)).unwrap();
+        loop {
+            let _ = inc.poll().unwrap();
+            if let ConnectPoll::Reply(_) = c.poll().unwrap() {
+                break;
+            }
+        }
+        c.ready().unwrap();
+        let mut done = (false, false);
+        while done != (true, true) {
+            if !done.0 {
+                done.0 = matches!(c.poll().unwrap(), ConnectPoll::Done(_));
+            }
+            if !done.1 {
+                done.1 = matches!(inc.poll().unwrap(), AcceptPoll::Done(_));
+            }
+        }
+        let _ = i;
+    }
+    let per = t0.elapsed() / n;
+    println!(
+        "loopback handshake (connect, hello, reply, ready), busy-polled: {} us each over {n}",
+        per.as_micros()
+    );
+}
