@@ -327,3 +327,23 @@ fn specific_malformed_frames_name_the_problem() {
         assert!(e.contains(needle), "{needle:?} not in {e}");
     }
 }
+
+/// The cargo-fuzz seed files stay valid as the formats evolve.
+#[test]
+fn fuzz_seed_files_decode() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds");
+    let mut n = 0;
+    for entry in std::fs::read_dir(dir.join("handshake_decode")).unwrap() {
+        let b = std::fs::read(entry.unwrap().path()).unwrap();
+        let m = Message::decode(&b).unwrap();
+        assert_eq!(m.encode().unwrap(), b);
+        n += 1;
+    }
+    for entry in std::fs::read_dir(dir.join("handle_decode")).unwrap() {
+        let b = std::fs::read(entry.unwrap().path()).unwrap();
+        let h = switchless::route::HandleRepr::from_bytes(&b).unwrap();
+        assert_eq!(&h.to_bytes().unwrap()[..], &b[..]);
+        n += 1;
+    }
+    assert_eq!(n, 5);
+}
