@@ -647,3 +647,27 @@ fn measure_loopback_handshake_time() {
         per.as_micros()
     );
 }
+
+#[test]
+fn a_flood_of_silent_clients_does_not_lock_out_a_real_connector() {
+    use switchless::transport::handshake::MAX_PENDING;
+    let mut l = listener(T);
+    let h = handle_of(&l);
+    let addr = SocketAddrV4::new(LO, h.port);
+    let silent: Vec<TcpStream> = (0..MAX_PENDING + 8)
+        .map(|_| TcpStream::connect(addr).unwrap())
+        .collect();
+    until(|| {
+        assert!(l.poll().unwrap().is_none());
+        (l.pending() == MAX_PENDING).then_some(())
+    });
+    // Give the kernel time to queue every silent connection, then check the cap holds.
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(l.poll().unwrap().is_none());
+    assert_eq!(l.pending(), MAX_PENDING);
+    let mut c = Connector::start(&h, &paths_to(&h), params(3, 1), T).unwrap();
+    let mut inc = next_incoming(&mut l, &mut [&mut c]);
+    inc.respond(params(4, 1)).unwrap();
+    finish(&mut c, &mut inc, &params(4, 1));
+    drop(silent);
+}

@@ -30,7 +30,8 @@ use crate::route::types::{KernelRoute, LocalLink};
 
 pub use wire::{Hello, Message, PathParams, PathRequest, Reply, SideParams};
 
-/// Incoming connections a listener keeps in progress at once; more are closed on arrival.
+/// Incoming connections a listener keeps in progress at once; when full, the oldest is closed to make
+/// room (a real connector finishes its hello within milliseconds, a stuck or hostile one does not).
 pub const MAX_PENDING: usize = 32;
 
 /// The handshake wire format. Every count and length is bounded before anything is allocated.
@@ -1054,8 +1055,12 @@ impl Listener {
             match self.socket.accept() {
                 Ok((stream, peer)) => {
                     if self.pending.len() >= MAX_PENDING {
-                        tracing::warn!(%peer, "handshake: {MAX_PENDING} connections already pending; closing the new one");
-                        continue;
+                        if let Some(oldest) =
+                            (0..self.pending.len()).min_by_key(|&i| self.pending[i].deadline)
+                        {
+                            let old = self.pending.swap_remove(oldest);
+                            tracing::warn!(peer = %old.peer, "handshake: {MAX_PENDING} connections pending; closing the oldest");
+                        }
                     }
                     match Conn::new(stream) {
                         Ok(conn) => self.pending.push(Pending {
