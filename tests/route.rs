@@ -637,3 +637,40 @@ fn render_text_explains_paths_override_and_skips() {
         "{t}"
     );
 }
+
+#[test]
+fn equal_prefix_routes_lowest_metric_wins_ties_all_count() {
+    use switchless::route::kernel_route;
+    // Two netdevs in one /24; the kernel prefers enp2 by metric.
+    let mut a = Host::default()
+        .roce("enp1", "10.5.0.1/24", "r0", 0, Some(0))
+        .roce("enp2", "10.5.0.2/24", "r1", 1, Some(1));
+    a.routes[0].metric = 100;
+    a.routes[1].metric = 10;
+    let winners = kernel_route(&a.routes, "10.5.0.9".parse().unwrap());
+    assert_eq!(winners.len(), 1);
+    assert_eq!(winners[0].ifname, "enp2");
+    let b = Host::default().roce("x", "10.5.0.9/24", "s", 0, None);
+    let s = a.connect(&b, RouteOptions::default()).unwrap();
+    assert_eq!(
+        pairs(&s),
+        vec![("enp2".into(), "10.5.0.9".parse().unwrap())]
+    );
+    let k = s
+        .skipped
+        .iter()
+        .find(|k| k.local.starts_with("enp1"))
+        .unwrap();
+    assert!(
+        k.reason.contains("10.5.0.0/24 dev enp2 metric 10"),
+        "{}",
+        k.reason
+    );
+    // Equal metrics: both are winners (the GB10 same-subnet case).
+    a.routes[0].metric = 10;
+    assert_eq!(
+        kernel_route(&a.routes, "10.5.0.9".parse().unwrap()).len(),
+        2
+    );
+    assert!(kernel_route(&a.routes, "10.6.0.1".parse().unwrap()).is_empty());
+}
