@@ -7,6 +7,7 @@
 #![allow(unsafe_code)]
 
 pub mod devices;
+pub mod fabric;
 pub(crate) mod call;
 mod context;
 mod cq;

@@ -2,8 +2,9 @@
 //!
 //! Shape:
 //! * [`Backend`]: what a transport implements (device list, properties, comm operations). The exported
-//!   vtables use [`ActiveBackend`]; until the transport lands that is [`DeviceOnly`], which lists the RDMA
-//!   devices but answers every comm operation with an "not available" internal error.
+//!   vtables use [`ActiveBackend`] = [`Switchless`] over [`VerbsFactory`]: routing, the TCP handshake
+//!   and the transport protocol over ibverbs RC QPs (see [`switchless`] and [`paths`]). [`DeviceOnly`]
+//!   (devices listed, every comm operation refused) remains as a minimal reference backend.
 //! * [`Context`]: one per communicator (ABI v11+: `init(ctx, commId, config, …)`); ABI v6–v10 share one
 //!   legacy context. Every context holds the process-wide [`Backend`] through an `Arc`: the backend is opened
 //!   by the first `init` and released when the last context (and the last comm) is gone, so NCCL's
@@ -33,8 +34,14 @@ pub const MAX_VDEVS: usize = 8;
 /// copy given to `connect` is private to that connection and passed again on every retry).
 pub type Handle = [u8; HANDLE_SIZE];
 
-/// The backend the exported vtables use. The lead swaps this for the transport's backend.
-pub type ActiveBackend = DeviceOnly;
+pub mod paths;
+pub mod switchless;
+
+pub use paths::{ConnOptions, Connectable, HostView, PathFactory, PathPlan, VerbsFactory};
+pub use switchless::Switchless;
+
+/// The backend the exported vtables use: routing + handshake + the transport protocol over ibverbs.
+pub type ActiveBackend = Switchless<VerbsFactory>;
 
 /// Memory kinds a device can register (`ptrSupport` bits, also `regMr`'s `type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

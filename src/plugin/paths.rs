@@ -1,0 +1,270 @@
+//! How the backend turns chosen paths into a transport endpoint: the [`PathFactory`] seam.
+//!
+//! The backend ([`super::switchless::Switchless`]) does routing, the handshake and the NCCL contract;
+//! everything that touches a NIC sits behind [`PathFactory`]:
+//!
+//! * [`PathFactory::open`]: the host view at `init` (devices as NCCL sees them, local links, kernel
+//!   routes, configuration);
+//! * [`PathFactory::create`]: one connection's endpoint over the chosen paths (verbs: PD/CQ/QP per path
+//!   in INIT), returning a [`Connectable`] fabric;
+//! * [`Connectable::local_params`] / [`Connectable::connect_peer`]: the handshake's per-path parameters
+//!   out, the peer's in (verbs: RTR + RTS).
+//!
+//! Production uses [`VerbsFactory`] (RoCE paths over ibverbs); tests use a factory over
+//! `transport::memfab`, so the whole backend runs in one process without hardware. A TCP transport plugs
+//! in the same way: `create` builds a TCP fabric for paths of kind [`LinkKind::Tcp`] (not wired yet:
+//! [`VerbsFactory`] refuses them with a clear error).
+#![forbid(unsafe_code)]
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::fabric::NcclDevice;
+use crate::route::types::{KernelRoute, LinkKind, LocalLink};
+use crate::transport::fabric::Fabric;
+use crate::transport::handshake::PathParams;
+use crate::verbs::fabric::{QpTuning, RemoteEnd, VerbsFabric, VerbsPath};
+
+/// One path of a connection as the backend planned it (connector: from `route::select`; acceptor: from
+/// the hello, checked by `route::check_incoming`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathPlan {
+    /// This node's link.
+    pub local: LocalLink,
+    /// The peer's address on the same subnet.
+    pub remote: Ipv4Addr,
+    /// What the path carries.
+    pub kind: LinkKind,
+}
+
+/// What a connection needs besides its paths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ConnOptions {
+    /// Create loopback paths for the GPU-direct flush (receiving side, device can register GPU memory).
+    pub loopback: bool,
+    /// QP attributes (traffic class, SL, timeout, retries).
+    pub tuning: Option<QpTuning>,
+}
+
+/// The host as the backend sees it at `init`.
+#[derive(Debug, Clone)]
+pub struct HostView {
+    /// The configuration (`Config::from_env`).
+    pub config: Config,
+    /// NCCL's devices, in NCCL order.
+    pub devices: Vec<NcclDevice>,
+    /// Every local link (all devices, and TCP links).
+    pub links: Vec<LocalLink>,
+    /// The kernel's IPv4 routes.
+    pub routes: Vec<KernelRoute>,
+}
+
+/// One connection's endpoint before and after the handshake.
+pub trait Connectable: Fabric + Send + 'static {
+    /// This side's parameters, one per data path, in path order (QPNs, PSN, GID, MTU).
+    fn local_params(&self) -> Vec<PathParams>;
+
+    /// Connects every data path to the peer's parameters (verbs: RTR then RTS). Called once.
+    fn connect_peer(&self, peer: &[PathParams], opts: &ConnOptions) -> Result<()>;
+
+    /// The negotiated MTU of data path `i` in bytes, for the connection log line.
+    fn path_mtu(&self, i: usize, peer: &PathParams) -> u32;
+}
+
+/// Builds connection endpoints; one per backend.
+pub trait PathFactory: Sized + Send + Sync + 'static {
+    /// The endpoint type.
+    type Fabric: Connectable;
+
+    /// The per-process slot of the backend over this factory (one `static` per factory type).
+    fn slot() -> &'static crate::plugin::Slot<super::switchless::Switchless<Self>>;
+
+    /// Opens the factory and describes the host. An error makes `init` fail (NCCL falls back).
+    fn open() -> Result<(Self, HostView)>;
+
+    /// Creates the endpoint of one connection over `paths`. `peer` holds the peer's parameters when
+    /// they are already known (acceptor side).
+    fn create(
+        &self,
+        paths: &[PathPlan],
+        peer: Option<&[PathParams]>,
+        opts: &ConnOptions,
+    ) -> Result<Self::Fabric>;
+}
+
+/// The production factory: RoCE paths over ibverbs RC QPs.
+#[derive(Debug)]
+pub struct VerbsFactory {
+    /// Opened devices by name (opened once at `init`, shared by every connection).
+    contexts: BTreeMap<String, Arc<crate::verbs::Context>>,
+    gid_index: Option<u8>,
+}
+
+impl PathFactory for VerbsFactory {
+    type Fabric = VerbsFabric;
+
+    fn slot() -> &'static crate::plugin::Slot<super::switchless::Switchless<Self>> {
+        static SLOT: crate::plugin::Slot<super::switchless::Switchless<VerbsFactory>> =
+            crate::plugin::Slot::new();
+        &SLOT
+    }
+
+    fn open() -> Result<(Self, HostView)> {
+        let config = Config::from_env()?;
+        let probe = crate::verbs::devices::probe();
+        if probe.devices.is_empty() {
+            return Err(Error::System(format!(
+                "no RDMA device: {}; NCCL will use its internal transports",
+                probe.why_none()
+            )));
+        }
+        let (mut model, findings) = crate::fabric::discover(Path::new("/"));
+        crate::fabric::log_findings(&findings);
+        let mut contexts = BTreeMap::new();
+        for d in &probe.devices {
+            let ctx = match crate::verbs::Context::open(&d.name) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!("NET/switchless: cannot open RDMA device {}: {e}", d.name);
+                    continue;
+                }
+            };
+            let ports: Vec<u8> = model
+                .rdma_devices
+                .iter()
+                .filter(|m| m.name == d.name)
+                .flat_map(|m| m.ports.iter().map(|p| p.port))
+                .collect();
+            for port in ports {
+                match ctx.query_port(port) {
+                    Ok(info) => {
+                        if let Some(mtu) = info.active_mtu {
+                            model.set_active_mtu(&d.name, port, mtu.bytes());
+                        }
+                    }
+                    Err(e) => tracing::warn!("NET/switchless: {e}"),
+                }
+            }
+            contexts.insert(d.name.clone(), ctx);
+        }
+        let dmabuf = crate::verbs::optional_symbols().has_dmabuf();
+        let filter = |dev: &str, port: u8| {
+            config.ib_hca.matches(dev, port) && contexts.contains_key(dev)
+        };
+        let devices = model.nccl_devices(&filter, dmabuf);
+        if devices.is_empty() {
+            let names: Vec<String> = probe.devices.iter().map(|d| d.name.clone()).collect();
+            return Err(Error::System(format!(
+                "no usable RoCE port among RDMA devices [{}]: a port must pass NCCL_IB_HCA, be ACTIVE, \
+                 use Ethernet and hold an IPv4 RoCE v2 GID (run `switchless doctor`); NCCL will use its \
+                 internal transports",
+                names.join(", ")
+            )));
+        }
+        let links = model.local_links(&devices);
+        let routes = model.routes();
+        let gid_index = config.ib_gid_index;
+        Ok((
+            VerbsFactory {
+                contexts,
+                gid_index,
+            },
+            HostView {
+                config,
+                devices,
+                links,
+                routes,
+            },
+        ))
+    }
+
+    fn create(
+        &self,
+        paths: &[PathPlan],
+        _peer: Option<&[PathParams]>,
+        opts: &ConnOptions,
+    ) -> Result<VerbsFabric> {
+        let mut vp = Vec::with_capacity(paths.len());
+        for p in paths {
+            if p.kind != LinkKind::Roce {
+                return Err(Error::InvalidUsage(format!(
+                    "path {} -> {} is a TCP path; this build carries connections over RoCE only \
+                     (NCCL_SWITCHLESS_TRANSPORT=tcp is not available yet)",
+                    p.local.addr, p.remote
+                )));
+            }
+            let l = &p.local;
+            let dev = l.rdma_dev.as_deref().ok_or_else(|| {
+                Error::Internal(format!("RoCE link {} has no RDMA device", l.netdev))
+            })?;
+            let ctx = self.contexts.get(dev).ok_or_else(|| {
+                Error::System(format!(
+                    "RDMA device {dev} of {} was not opened at init",
+                    l.netdev
+                ))
+            })?;
+            let gid_index = match self.gid_index {
+                Some(g) => u32::from(g),
+                None => l.gid_index.ok_or_else(|| {
+                    Error::System(format!(
+                        "{} ({}) has no IPv4 RoCE v2 GID for {}",
+                        l.netdev, dev, l.addr
+                    ))
+                })?,
+            };
+            vp.push(VerbsPath {
+                ctx: Arc::clone(ctx),
+                port: l.port,
+                gid_index,
+                active_mtu: l.active_mtu,
+                speed_mbps: u64::from(l.speed_mbps),
+                label: format!("{} {} {}:{} gid {}", l.netdev, l.addr, dev, l.port, gid_index),
+            });
+        }
+        VerbsFabric::new(&vp, opts.loopback)
+    }
+}
+
+impl Connectable for VerbsFabric {
+    fn local_params(&self) -> Vec<PathParams> {
+        self.local_ends()
+            .iter()
+            .map(|e| PathParams {
+                qpns: vec![e.qpn],
+                psn: e.psn,
+                gid: e.gid,
+                gid_index: e.gid_index,
+                mtu: e.mtu,
+                rkey: 0,
+                addr: 0,
+            })
+            .collect()
+    }
+
+    fn connect_peer(&self, peer: &[PathParams], opts: &ConnOptions) -> Result<()> {
+        let ends = peer
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let qpn = *p.qpns.first().ok_or_else(|| {
+                    Error::Remote(format!("the peer sent no QP number for path {i}"))
+                })?;
+                Ok(RemoteEnd {
+                    qpn,
+                    psn: p.psn,
+                    gid: p.gid,
+                    mtu: p.mtu,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.connect(&ends, &opts.tuning.unwrap_or_default())
+    }
+
+    fn path_mtu(&self, i: usize, peer: &PathParams) -> u32 {
+        self.path_mtu_bytes(i, peer.mtu)
+    }
+}

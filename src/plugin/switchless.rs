@@ -1,0 +1,794 @@
+//! The real backend: [`Switchless`], generic over the [`PathFactory`] that builds endpoints (verbs in
+//! production, an in-memory fabric in tests).
+//!
+//! What it does per NCCL call (nccl-net-abi.md §2.2):
+//!
+//! * `listen(dev)`: binds a non-blocking TCP listener on `0.0.0.0:0` and writes the listen handle with
+//!   **every** local link that is up (address/prefix, PCIe root and cable ids, kind), the nonce, the port
+//!   and a control address (the first up TCP-only link, e.g. a management NIC, if any).
+//! * `connect(dev, handle)`: decodes the handle (a bad one is an `InvalidArgument` naming the field),
+//!   routes with `dev` as a hint (`route::select`; an override is logged at INFO), creates the endpoint
+//!   over the chosen paths and a [`SendComm`], and starts the handshake with the per-path parameters and
+//!   the send comm's control info in `extra`. It returns `Ok(None)` until the handshake completes.
+//!   **Retry state**: NCCL passes the same private handle copy on every retry, so the first call writes a
+//!   state id into the handle's scratch bytes (120..128, ignored by the decoder) and parks the
+//!   connection in the backend under that id; later calls find it there. On the acceptor's reply the
+//!   paths are connected (verbs: RTR with path MTU = min of both active MTUs and the peer's GID, then
+//!   RTS with NCCL_IB_TIMEOUT/RETRY_CNT/TC/SL), the peer's control info is installed and `ready` is sent.
+//!   The handshake gives up after `NCCL_SWITCHLESS_CONNECT_TIMEOUT` with an error naming the peer and
+//!   the step; parked states older than twice that are dropped.
+//! * `accept(listen)`: polls the listener; on a valid hello (its paths already checked against this
+//!   node's links and routes) creates the endpoint on the requested local links, connects it to the
+//!   connector's parameters, builds the [`RecvComm`] (receives posted) and responds; returns the comm when
+//!   the connector's `ready` arrives.
+//! * One INFO line per connection: peer, and per path the local/remote netdev address, GID index, PCIe
+//!   root, MTU and QP numbers.
+//! * Data calls delegate to [`SendComm`]/[`RecvComm`]. A request holds a shared reference to its comm
+//!   (`test` gets no comm from NCCL); closing a comm stops it, and a request tested afterwards fails.
+//!
+//! No threads: everything runs on NCCL's calls, so `dlclose` after `finalize` leaves nothing behind.
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::net::Ipv4Addr;
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::paths::{ConnOptions, Connectable, HostView, PathFactory, PathPlan};
+use super::{
+    Backend, CommInfo, CommMut, FlushBuf, Handle, Properties, PtrSupport, RecvBuf, Region, Slot,
+};
+use crate::config::TransportMode;
+use crate::error::{Error, Result};
+use crate::fabric::NcclDevice;
+use crate::route::handle::{Handle as HandleView, HandleRepr};
+use crate::route::select::{KindFilter, RouteOptions, select};
+use crate::route::types::LinkKind;
+use crate::transport::comm::{self, MemHandle, ProtocolConfig, RecvComm, SendComm};
+use crate::transport::fabric::MemKind;
+use crate::transport::handshake::{
+    AcceptPoll, AcceptorView, ConnectPoll, Connector, Incoming, Listener, PathParams, SideParams,
+};
+use crate::transport::stripe::StripeParams;
+use crate::transport::wire::CtrlInfo;
+use crate::verbs::fabric::QpTuning;
+
+/// A comm shared between its NCCL object and its in-flight requests; `None` once closed.
+type Shared<T> = Arc<Mutex<Option<T>>>;
+
+fn lock<T>(m: &Mutex<T>) -> Result<MutexGuard<'_, T>> {
+    m.lock()
+        .map_err(|_| Error::Internal("comm lock poisoned by an earlier panic".into()))
+}
+
+/// The backend. See the module docs.
+pub struct Switchless<P: PathFactory> {
+    factory: P,
+    view: HostView,
+    props: Vec<Properties>,
+    proto: ProtocolConfig,
+    connecting: Mutex<HashMap<u64, ConnectState<P::Fabric>>>,
+    id_base: u64,
+    next_id: AtomicU64,
+}
+
+impl<P: PathFactory> std::fmt::Debug for Switchless<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Switchless")
+            .field("devices", &self.props.len())
+            .field("links", &self.view.links.len())
+            .finish()
+    }
+}
+
+struct ConnectState<F: Connectable> {
+    connector: Connector,
+    comm: SendComm<F>,
+    plans: Vec<PathPlan>,
+    local: Vec<PathParams>,
+    remote: Option<Vec<PathParams>>,
+    opts: ConnOptions,
+    peer: String,
+    dev: usize,
+    started: Instant,
+}
+
+/// The sending end of a connection (`sendComm`).
+pub struct SendEnd<F: Connectable> {
+    comm: Shared<SendComm<F>>,
+}
+
+/// The receiving end of a connection (`recvComm`).
+pub struct RecvEnd<F: Connectable> {
+    comm: Shared<RecvComm<F>>,
+}
+
+/// An in-flight request: its comm and the comm's request handle.
+pub enum Req<F: Connectable> {
+    /// From `isend`.
+    Send(Shared<SendComm<F>>, comm::Request),
+    /// From `irecv` or `iflush`.
+    Recv(Shared<RecvComm<F>>, comm::Request),
+}
+
+enum AcceptState<F: Connectable> {
+    Waiting,
+    Responding {
+        inc: Incoming,
+        comm: RecvComm<F>,
+        plans: Vec<PathPlan>,
+        local: Vec<PathParams>,
+    },
+    Done,
+    Failed,
+}
+
+/// A listening endpoint (`listenComm`).
+pub struct ListenEnd<P: PathFactory> {
+    backend: Arc<Switchless<P>>,
+    listener: Listener,
+    dev: usize,
+    state: AcceptState<P::Fabric>,
+}
+
+/// NCCL's view of one device.
+pub fn properties_of(d: &NcclDevice, cfg: &crate::config::Config) -> Result<Properties> {
+    let pci = (!d.pci_path.is_empty()).then_some(d.pci_path.as_str());
+    let mut p = Properties::host(&d.name, pci, d.guid)?;
+    p.speed_mbps = i32::try_from(d.speed_mbps).unwrap_or(i32::MAX);
+    p.port = i32::from(d.port);
+    p.latency_us = d.latency_us;
+    p.max_comms = d.max_comms;
+    p.max_recvs = d.max_recvs.min(crate::transport::wire::MAX_RECVS as i32);
+    p.ptr_support = PtrSupport(d.ptr_support);
+    p.max_p2p_bytes = usize::try_from(d.max_p2p_bytes).unwrap_or(super::MAX_NET_SIZE_BYTES);
+    let (rail, plane) = d
+        .members
+        .first()
+        .map_or((None, None), |m| cfg.ib_hca.rail_plane(&m.rdma_dev, m.port));
+    p.rail_id = rail.or((d.rail_id >= 0).then_some(d.rail_id));
+    p.plane_id = plane.or((d.plane_id >= 0).then_some(d.plane_id));
+    Ok(p)
+}
+
+impl<P: PathFactory> Switchless<P> {
+    /// Builds the backend over an opened factory and host view (what [`Backend::open`] does after
+    /// `P::open`; tests call it directly).
+    pub fn from_parts(factory: P, view: HostView) -> Result<Switchless<P>> {
+        let props = view
+            .devices
+            .iter()
+            .map(|d| properties_of(d, &view.config))
+            .collect::<Result<Vec<_>>>()?;
+        let proto = ProtocolConfig {
+            stripe: StripeParams {
+                min_chunk: view.config.min_chunk.max(1),
+                ..StripeParams::default()
+            },
+            ..ProtocolConfig::default()
+        };
+        let mut b = [0u8; 4];
+        getrandom::fill(&mut b)
+            .map_err(|e| Error::System(format!("reading random bytes for state ids: {e}")))?;
+        Ok(Switchless {
+            factory,
+            view,
+            props,
+            proto,
+            connecting: Mutex::new(HashMap::new()),
+            id_base: u64::from(u32::from_le_bytes(b) | 1) << 32,
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    /// The factory (tests reach their in-memory fabric through it).
+    pub fn factory(&self) -> &P {
+        &self.factory
+    }
+
+    /// The host view the backend routes with.
+    pub fn view(&self) -> &HostView {
+        &self.view
+    }
+
+    /// Connections in progress (parked between `connect` retries).
+    pub fn connecting(&self) -> usize {
+        self.connecting.lock().map_or(0, |m| m.len())
+    }
+
+    fn timeout(&self) -> Duration {
+        self.view.config.connect_timeout
+    }
+
+    fn kinds(&self) -> KindFilter {
+        match self.view.config.transport {
+            TransportMode::Tcp => KindFilter::Tcp,
+            TransportMode::Auto if self.view.config.tcp_fallback => KindFilter::Any,
+            _ => KindFilter::Roce,
+        }
+    }
+
+    fn opts(&self, comm: &CommInfo, dev: usize, receiving: bool) -> ConnOptions {
+        let gpu = PtrSupport(PtrSupport::CUDA.0 | PtrSupport::DMABUF.0);
+        let loopback = receiving
+            && self
+                .props
+                .get(dev)
+                .is_some_and(|p| p.ptr_support.0 & gpu.0 != 0);
+        let tc = comm.traffic_class.and_then(|t| u8::try_from(t).ok());
+        ConnOptions {
+            loopback,
+            tuning: Some(QpTuning::from_config(&self.view.config, tc)),
+        }
+    }
+
+    fn control_addr(&self) -> Option<Ipv4Addr> {
+        self.view
+            .links
+            .iter()
+            .find(|l| l.up && l.kind == LinkKind::Tcp)
+            .map(|l| l.addr.addr())
+    }
+
+    fn sweep(&self, map: &mut HashMap<u64, ConnectState<P::Fabric>>) {
+        let limit = 2 * self.timeout() + Duration::from_secs(10);
+        map.retain(|id, s| {
+            let keep = s.started.elapsed() < limit;
+            if !keep {
+                tracing::warn!(
+                    "NET/switchless: dropping connection {id:#x} to {}: abandoned by NCCL for {} s",
+                    s.peer,
+                    s.started.elapsed().as_secs()
+                );
+            }
+            keep
+        });
+    }
+
+    fn start_connect(
+        self: &Arc<Self>,
+        comm: &CommInfo,
+        dev: usize,
+        handle: &Handle,
+    ) -> Result<ConnectState<P::Fabric>> {
+        let repr = HandleRepr::from_bytes(&handle[..]).map_err(|e| {
+            Error::InvalidArgument(format!(
+                "connect on device {dev}: the handle is not a switchless listen handle: {e}"
+            ))
+        })?;
+        let peer = format!(
+            "peer {} (port {})",
+            repr.links
+                .iter()
+                .map(|l| l.addr.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            repr.port
+        );
+        let sel = select(
+            &self.view.links,
+            &self.view.routes,
+            &repr.links,
+            &RouteOptions {
+                nccl_dev: Some(dev),
+                kinds: self.kinds(),
+                ..RouteOptions::default()
+            },
+        )?;
+        if let Some(ov) = &sel.dev_override {
+            tracing::info!(
+                "NET/switchless: connect to {peer}: NCCL device {} cannot reach it ({}); using links of device(s) {:?}",
+                ov.requested,
+                ov.reason,
+                ov.used
+            );
+        }
+        let plans: Vec<PathPlan> = sel
+            .paths
+            .iter()
+            .map(|p| PathPlan {
+                local: p.local.clone(),
+                remote: p.remote.addr.addr(),
+                kind: p.kind,
+            })
+            .collect();
+        let opts = self.opts(comm, dev, false);
+        let fab = self
+            .factory
+            .create(&plans, None, &opts)
+            .map_err(|e| step_error(e, &peer, "creating the queue pairs"))?;
+        let local = fab.local_params();
+        let sc = SendComm::new(fab, self.proto)?;
+        let extra = sc.local_info().to_bytes();
+        let connector = Connector::start(
+            &repr,
+            &sel.paths,
+            SideParams {
+                paths: local.clone(),
+                extra,
+            },
+            self.timeout(),
+        )?;
+        Ok(ConnectState {
+            connector,
+            comm: sc,
+            plans,
+            local,
+            remote: None,
+            opts,
+            peer,
+            dev,
+            started: Instant::now(),
+        })
+    }
+
+    /// Advances a connection; `Ok(Err(state))` = still in progress.
+    fn advance(
+        &self,
+        mut s: ConnectState<P::Fabric>,
+    ) -> Result<std::result::Result<SendEnd<P::Fabric>, ConnectState<P::Fabric>>> {
+        loop {
+            match s.connector.poll()? {
+                ConnectPoll::Pending => return Ok(Err(s)),
+                ConnectPoll::Reply(side) => {
+                    let ctrl = CtrlInfo::from_bytes(&side.extra)
+                        .map_err(|e| step_error(e, &s.peer, "reading its control info"))?;
+                    s.comm
+                        .fabric()
+                        .connect_peer(&side.paths, &s.opts)
+                        .map_err(|e| step_error(e, &s.peer, "bringing the QPs to RTR/RTS"))?;
+                    s.comm.connect(ctrl)?;
+                    s.remote = Some(side.paths);
+                    s.connector.ready()?;
+                }
+                ConnectPoll::Done(est) => {
+                    let remote = s.remote.take().unwrap_or_default();
+                    tracing::info!(
+                        "NET/switchless: {}",
+                        describe(
+                            "connected to",
+                            &s.peer,
+                            s.dev,
+                            &self.props,
+                            &s.plans,
+                            &s.local,
+                            &remote,
+                            s.comm.fabric(),
+                            &format!("tcp {} -> {}", est.local, est.peer),
+                        )
+                    );
+                    return Ok(Ok(SendEnd {
+                        comm: Arc::new(Mutex::new(Some(s.comm))),
+                    }));
+                }
+            }
+        }
+    }
+
+    fn respond(
+        &self,
+        mut inc: Incoming,
+        dev: usize,
+    ) -> Result<AcceptState<P::Fabric>> {
+        let who = format!("connector {}", inc.peer());
+        let plans: Vec<PathPlan> = inc
+            .paths()
+            .iter()
+            .map(|p| PathPlan {
+                local: p.local.clone(),
+                remote: p.request.connector.addr(),
+                kind: p.request.kind,
+            })
+            .collect();
+        let peer: Vec<PathParams> = inc.paths().iter().map(|p| p.peer_params.clone()).collect();
+        let opts = self.opts(&CommInfo::default(), dev, true);
+        let built = (|| -> Result<(RecvComm<P::Fabric>, Vec<PathParams>)> {
+            let fab = self.factory.create(&plans, Some(&peer), &opts)?;
+            let mut rc = RecvComm::new(fab, self.proto)?;
+            rc.connect(CtrlInfo::from_bytes(&inc.hello().params.extra)?)?;
+            rc.fabric().connect_peer(&peer, &opts)?;
+            let local = rc.fabric().local_params();
+            Ok((rc, local))
+        })();
+        match built {
+            Ok((rc, local)) => {
+                inc.respond(SideParams {
+                    paths: local.clone(),
+                    extra: rc.local_info().to_bytes(),
+                })?;
+                Ok(AcceptState::Responding {
+                    inc,
+                    comm: rc,
+                    plans,
+                    local,
+                })
+            }
+            Err(e) => {
+                let reason = e.to_string();
+                if inc.reject(&reason).is_ok() {
+                    let _ = inc.poll();
+                }
+                Err(step_error(e, &who, "setting up the accepted paths"))
+            }
+        }
+    }
+}
+
+fn step_error(e: Error, peer: &str, step: &str) -> Error {
+    let m = |x: String| format!("connection with {peer}: {step}: {x}");
+    match e {
+        Error::InvalidArgument(x) => Error::InvalidArgument(m(x)),
+        Error::InvalidUsage(x) => Error::InvalidUsage(m(x)),
+        Error::System(x) => Error::System(m(x)),
+        Error::Remote(x) => Error::Remote(m(x)),
+        Error::Timeout(x) => Error::Timeout(m(x)),
+        Error::Internal(x) => Error::Internal(m(x)),
+    }
+}
+
+/// The one INFO line of a connection.
+#[allow(clippy::too_many_arguments)]
+fn describe<F: Connectable>(
+    verb: &str,
+    peer: &str,
+    dev: usize,
+    props: &[Properties],
+    plans: &[PathPlan],
+    local: &[PathParams],
+    remote: &[PathParams],
+    fab: &F,
+    tcp: &str,
+) -> String {
+    let name = props
+        .get(dev)
+        .map(|p| p.name.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut s = format!(
+        "{verb} {peer} on NCCL device {dev} ({name}), {} path(s), {tcp}:",
+        plans.len()
+    );
+    for (i, p) in plans.iter().enumerate() {
+        let l = local.get(i);
+        let r = remote.get(i);
+        let qp = |x: Option<&PathParams>| {
+            x.and_then(|x| x.qpns.first())
+                .map_or("-".to_string(), |q| format!("{q:#x}"))
+        };
+        let mtu = r.map_or(0, |r| fab.path_mtu(i, r));
+        let _ = write!(
+            s,
+            " [{i}] {} {} {} -> {} gid {} root {} mtu {mtu} qp {} -> {};",
+            p.local.netdev,
+            p.local.rdma_dev.as_deref().unwrap_or("tcp"),
+            p.local.addr,
+            p.remote,
+            l.map_or(0, |l| l.gid_index),
+            p.local.pci_root,
+            qp(l),
+            qp(r)
+        );
+    }
+    s.pop();
+    s
+}
+
+fn mem_kind(r: &Region) -> MemKind {
+    if r.kind.0 & (PtrSupport::CUDA.0 | PtrSupport::DMABUF.0) != 0 {
+        MemKind::Cuda
+    } else {
+        MemKind::Host
+    }
+}
+
+fn closed(what: &str) -> Error {
+    Error::InvalidArgument(format!("{what} on a comm that is already closed"))
+}
+
+impl<P: PathFactory> Backend for Switchless<P> {
+    type Listen = ListenEnd<P>;
+    type Send = SendEnd<P::Fabric>;
+    type Recv = RecvEnd<P::Fabric>;
+    type Mr = MemHandle;
+    type Request = Req<P::Fabric>;
+
+    fn slot() -> &'static Slot<Self> {
+        P::slot()
+    }
+
+    fn open() -> Result<Self> {
+        let (factory, view) = P::open()?;
+        Switchless::from_parts(factory, view)
+    }
+
+    fn devices(&self) -> &[Properties] {
+        &self.props
+    }
+
+    fn listen(
+        self: &Arc<Self>,
+        _comm: &CommInfo,
+        dev: usize,
+        handle: &mut Handle,
+    ) -> Result<ListenEnd<P>> {
+        let view = AcceptorView {
+            links: self.view.links.clone(),
+            routes: self.view.routes.clone(),
+        };
+        let listener = Listener::bind_any(view, self.timeout())?;
+        let (repr, left_out) = listener.handle(self.control_addr())?;
+        if repr.links.is_empty() {
+            return Err(Error::System(
+                "listen: no local link is up; the listen handle would advertise no address".into(),
+            ));
+        }
+        for l in left_out.iter().filter(|l| l.up) {
+            tracing::info!(
+                "NET/switchless: listen handle has no room for {} {} (at most 16 links are advertised)",
+                l.netdev,
+                l.addr
+            );
+        }
+        handle.fill(0);
+        repr.emit(&mut HandleView::new_unchecked(&mut handle[..]))?;
+        Ok(ListenEnd {
+            backend: Arc::clone(self),
+            listener,
+            dev,
+            state: AcceptState::Waiting,
+        })
+    }
+
+    fn connect(
+        self: &Arc<Self>,
+        comm: &CommInfo,
+        dev: usize,
+        handle: &mut Handle,
+    ) -> Result<Option<SendEnd<P::Fabric>>> {
+        let id = HandleView::new_unchecked(&handle[..]).scratch();
+        let state = if id == 0 {
+            let s = self.start_connect(comm, dev, handle)?;
+            let id = self.id_base | self.next_id.fetch_add(1, Ordering::Relaxed);
+            HandleView::new_unchecked(&mut handle[..]).set_scratch(id);
+            (id, s)
+        } else {
+            let mut map = lock(&self.connecting)?;
+            let s = map.remove(&id).ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "connect retried with connection state {id:#x}, which this process does not have \
+                     (it failed or timed out earlier, or the handle's scratch bytes 120..128 are not zero)"
+                ))
+            })?;
+            (id, s)
+        };
+        let (id, s) = state;
+        match self.advance(s) {
+            Ok(Ok(end)) => {
+                HandleView::new_unchecked(&mut handle[..]).set_scratch(0);
+                Ok(Some(end))
+            }
+            Ok(Err(s)) => {
+                let mut map = lock(&self.connecting)?;
+                self.sweep(&mut map);
+                map.insert(id, s);
+                Ok(None)
+            }
+            Err(e) => {
+                HandleView::new_unchecked(&mut handle[..]).set_scratch(0);
+                Err(e)
+            }
+        }
+    }
+
+    fn accept(l: &mut ListenEnd<P>) -> Result<Option<RecvEnd<P::Fabric>>> {
+        loop {
+            match std::mem::replace(&mut l.state, AcceptState::Failed) {
+                AcceptState::Waiting => match l.listener.poll()? {
+                    None => {
+                        l.state = AcceptState::Waiting;
+                        return Ok(None);
+                    }
+                    Some(inc) => l.state = l.backend.respond(inc, l.dev)?,
+                },
+                AcceptState::Responding {
+                    mut inc,
+                    comm,
+                    plans,
+                    local,
+                } => match inc.poll()? {
+                    AcceptPoll::Pending => {
+                        l.state = AcceptState::Responding {
+                            inc,
+                            comm,
+                            plans,
+                            local,
+                        };
+                        return Ok(None);
+                    }
+                    AcceptPoll::Done(est) => {
+                        let remote: Vec<PathParams> =
+                            inc.paths().iter().map(|p| p.peer_params.clone()).collect();
+                        tracing::info!(
+                            "NET/switchless: {}",
+                            describe(
+                                "accepted from",
+                                &format!("connector {}", est.peer.ip()),
+                                l.dev,
+                                &l.backend.props,
+                                &plans,
+                                &local,
+                                &remote,
+                                comm.fabric(),
+                                &format!("tcp {} <- {}", est.local, est.peer),
+                            )
+                        );
+                        l.state = AcceptState::Done;
+                        return Ok(Some(RecvEnd {
+                            comm: Arc::new(Mutex::new(Some(comm))),
+                        }));
+                    }
+                },
+                AcceptState::Done => {
+                    l.state = AcceptState::Done;
+                    return Err(Error::InvalidArgument(
+                        "accept called again on a listen comm that already returned its connection"
+                            .into(),
+                    ));
+                }
+                AcceptState::Failed => {
+                    return Err(Error::InvalidArgument(
+                        "accept called again on a listen comm whose accept failed".into(),
+                    ));
+                }
+            }
+        }
+    }
+
+    fn reg_mr(comm: CommMut<'_, Self>, region: Region) -> Result<MemHandle> {
+        let kind = mem_kind(&region);
+        let (addr, len) = (region.addr as u64, region.size as u64);
+        match comm {
+            CommMut::Send(s) => lock(&s.comm)?
+                .as_mut()
+                .ok_or_else(|| closed("regMr"))?
+                .reg_mr(addr, len, kind),
+            CommMut::Recv(r) => lock(&r.comm)?
+                .as_mut()
+                .ok_or_else(|| closed("regMr"))?
+                .reg_mr(addr, len, kind),
+        }
+    }
+
+    fn reg_mr_dmabuf(
+        comm: CommMut<'_, Self>,
+        region: Region,
+        offset: u64,
+        fd: BorrowedFd<'_>,
+    ) -> Result<MemHandle> {
+        let (addr, len) = (region.addr as u64, region.size as u64);
+        match comm {
+            CommMut::Send(s) => lock(&s.comm)?
+                .as_mut()
+                .ok_or_else(|| closed("regMrDmaBuf"))?
+                .reg_mr_dmabuf(addr, len, offset, fd),
+            CommMut::Recv(r) => lock(&r.comm)?
+                .as_mut()
+                .ok_or_else(|| closed("regMrDmaBuf"))?
+                .reg_mr_dmabuf(addr, len, offset, fd),
+        }
+    }
+
+    fn dereg_mr(comm: CommMut<'_, Self>, mr: MemHandle) -> Result<()> {
+        match comm {
+            CommMut::Send(s) => lock(&s.comm)?
+                .as_mut()
+                .ok_or_else(|| closed("deregMr"))?
+                .dereg_mr(mr),
+            CommMut::Recv(r) => lock(&r.comm)?
+                .as_mut()
+                .ok_or_else(|| closed("deregMr"))?
+                .dereg_mr(mr),
+        }
+    }
+
+    fn isend(
+        comm: &mut SendEnd<P::Fabric>,
+        addr: usize,
+        size: usize,
+        tag: i32,
+        mr: &MemHandle,
+    ) -> Result<Option<Req<P::Fabric>>> {
+        let mut g = lock(&comm.comm)?;
+        let sc = g.as_mut().ok_or_else(|| closed("isend"))?;
+        Ok(sc
+            .isend(addr as u64, size as u64, tag as u32, mr)?
+            .map(|r| Req::Send(Arc::clone(&comm.comm), r)))
+    }
+
+    fn irecv(
+        comm: &mut RecvEnd<P::Fabric>,
+        bufs: &[RecvBuf<'_, MemHandle>],
+    ) -> Result<Option<Req<P::Fabric>>> {
+        let v: Vec<comm::RecvBuf<'_>> = bufs
+            .iter()
+            .map(|b| comm::RecvBuf {
+                addr: b.addr as u64,
+                size: b.size as u64,
+                tag: b.tag as u32,
+                mh: b.mr,
+            })
+            .collect();
+        let mut g = lock(&comm.comm)?;
+        let rc = g.as_mut().ok_or_else(|| closed("irecv"))?;
+        Ok(rc
+            .irecv(&v)?
+            .map(|r| Req::Recv(Arc::clone(&comm.comm), r)))
+    }
+
+    fn iflush(
+        comm: &mut RecvEnd<P::Fabric>,
+        bufs: &[FlushBuf<'_, MemHandle>],
+    ) -> Result<Option<Req<P::Fabric>>> {
+        let v: Vec<comm::FlushBuf<'_>> = bufs
+            .iter()
+            .map(|b| comm::FlushBuf {
+                addr: b.addr as u64,
+                size: b.size as u64,
+                mh: b.mr,
+            })
+            .collect();
+        let mut g = lock(&comm.comm)?;
+        let rc = g.as_mut().ok_or_else(|| closed("iflush"))?;
+        Ok(rc
+            .iflush(&v)?
+            .map(|r| Req::Recv(Arc::clone(&comm.comm), r)))
+    }
+
+    fn test(req: &mut Req<P::Fabric>, sizes: &mut [usize]) -> Result<bool> {
+        match req {
+            Req::Send(c, r) => {
+                let mut g = lock(c)?;
+                let sc = g.as_mut().ok_or_else(|| closed("test"))?;
+                match sc.test(*r)? {
+                    Some(n) => {
+                        if let Some(s) = sizes.first_mut() {
+                            *s = n as usize;
+                        }
+                        Ok(true)
+                    }
+                    None => Ok(false),
+                }
+            }
+            Req::Recv(c, r) => {
+                let mut g = lock(c)?;
+                let rc = g.as_mut().ok_or_else(|| closed("test"))?;
+                match rc.test(*r)? {
+                    Some(got) => {
+                        for (o, s) in sizes.iter_mut().zip(got.as_slice()) {
+                            *o = *s as usize;
+                        }
+                        Ok(true)
+                    }
+                    None => Ok(false),
+                }
+            }
+        }
+    }
+
+    fn close_send(comm: SendEnd<P::Fabric>) -> Result<()> {
+        let taken = lock(&comm.comm)?.take();
+        taken.map_or(Ok(()), SendComm::close)
+    }
+
+    fn close_recv(comm: RecvEnd<P::Fabric>) -> Result<()> {
+        let taken = lock(&comm.comm)?.take();
+        taken.map_or(Ok(()), RecvComm::close)
+    }
+
+    fn close_listen(listen: ListenEnd<P>) -> Result<()> {
+        drop(listen);
+        Ok(())
+    }
+}

@@ -1,0 +1,694 @@
+//! [`VerbsFabric`]: the transport's [`Fabric`] over ibverbs RC queue pairs.
+//!
+//! One endpoint of one connection: one RC QP (with its own CQ, shared by its send and receive queues)
+//! per data path, plus, when asked, one loopback QP per RDMA device for the GPU-direct flush (an RC QP
+//! connected to itself on the same port and GID). Follows the checklist in `transport::fabric`:
+//!
+//! * queue sizes: `max_send_wr` = [`SEND_QUEUE_DEPTH`] (576), `max_recv_wr` = [`RECV_DEPTH`] (256), CQ
+//!   ≥ both together;
+//! * registrations: one MR per distinct protection domain (one PD per RDMA device of the connection),
+//!   keys per path; data memory may use relaxed ordering, control memory never does;
+//! * control memory is a `Box<[AtomicU64]>` registered with strict ordering; `ctrl_load`/`ctrl_store` are
+//!   atomic loads and stores with the ordering the protocol asks for (AArch64: the NIC's writes are
+//!   observed after an `Acquire` load of the publishing word);
+//! * writes: `num_sge = 0` for zero-length writes, immediates in network byte order on the wire
+//!   (the verbs layer converts in both directions; the trait speaks host order);
+//! * `shutdown` moves every QP to ERR; dropping the fabric then destroys QPs, CQs, MRs and PDs, in that
+//!   order (control memory is freed only after its MRs are gone).
+//!
+//! Life cycle: [`VerbsFabric::new`] creates the QPs and moves them to INIT (receives may be posted);
+//! [`VerbsFabric::local_ends`] gives what the peer needs; [`VerbsFabric::connect`] moves every data QP
+//! to RTR then RTS towards the peer's ends. `NCCL_IB_QPS_PER_CONNECTION` is not folded in: one QP per
+//! path (striping over paths already spreads a connection).
+//!
+//! The inline hint of [`WriteWr`] is not used (allowed by the trait): every write goes through its SGE.
+
+use std::collections::HashMap;
+use std::os::fd::BorrowedFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::context::Context;
+use super::cq::{Completion as VerbsCompletion, CompletionQueue, WcOpcode as VerbsOpcode};
+use super::memory::{MemoryRegion, ProtectionDomain};
+use super::qp::{QpCaps, QueuePair, RemoteAddr, RtrParams, RtsParams, SendFlags, Sge};
+use super::types::{Access, Gid, Mtu};
+use crate::error::{Error, Result};
+use crate::transport::comm::{RECV_DEPTH, SEND_QUEUE_DEPTH};
+use crate::transport::fabric::{
+    Completion, CtrlMem, Fabric, MemKind, PathInfo, PathKeys, PathRole, ReadWr, Registration,
+    WcOpcode, WcStatus, WriteWr,
+};
+
+/// One data path to build: an RDMA device port and the GID to send from.
+#[derive(Debug, Clone)]
+pub struct VerbsPath {
+    /// The opened device (shared by every connection on it).
+    pub ctx: Arc<Context>,
+    /// Port number (1-based).
+    pub port: u8,
+    /// Local GID index (the IPv4 RoCE v2 GID of the link's address, or `NCCL_IB_GID_INDEX`).
+    pub gid_index: u32,
+    /// Active MTU of the port in bytes (256..=4096).
+    pub active_mtu: u32,
+    /// Link speed in Mb/s (stripe weight).
+    pub speed_mbps: u64,
+    /// For logs: netdev, address, device and port.
+    pub label: String,
+}
+
+/// What the peer needs to connect to one data path of this endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalEnd {
+    pub qpn: u32,
+    pub psn: u32,
+    pub gid: [u8; 16],
+    pub gid_index: u32,
+    /// Active MTU in bytes.
+    pub mtu: u32,
+}
+
+/// The peer's end of one data path (from the handshake).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteEnd {
+    pub qpn: u32,
+    pub psn: u32,
+    pub gid: [u8; 16],
+    /// The peer's active MTU in bytes.
+    pub mtu: u32,
+}
+
+/// QP attributes from the configuration and the communicator (NCCL_IB_TC/SL/TIMEOUT/RETRY_CNT).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpTuning {
+    pub traffic_class: u8,
+    pub sl: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+}
+
+impl QpTuning {
+    /// NCCL's precedence: the variable, else the communicator's traffic class, else 0.
+    pub fn from_config(cfg: &crate::config::Config, comm_traffic_class: Option<u8>) -> QpTuning {
+        let rtr = RtrParams::new(1, [1; 16], 0, Mtu::Mtu1024).with_config(cfg, comm_traffic_class);
+        QpTuning {
+            traffic_class: rtr.traffic_class,
+            sl: rtr.sl,
+            timeout: cfg.ib_timeout,
+            retry_cnt: cfg.ib_retry_cnt,
+        }
+    }
+}
+
+impl Default for QpTuning {
+    fn default() -> Self {
+        QpTuning::from_config(&crate::config::Config::default(), None)
+    }
+}
+
+/// Control memory: MRs first so they are deregistered before the words are freed.
+struct CtrlBlock {
+    mrs: Vec<MemoryRegion>,
+    words: Box<[AtomicU64]>,
+    token: u64,
+}
+
+impl CtrlBlock {
+    fn base(&self) -> u64 {
+        self.words.as_ptr() as u64
+    }
+}
+
+/// The verbs endpoint of one connection. See the module docs.
+pub struct VerbsFabric {
+    // Drop order matters: QPs, then control memory (MRs, then words), then data MRs, then PDs.
+    qps: Vec<QueuePair>,
+    cqs: Vec<Arc<CompletionQueue>>,
+    ctrl: Vec<CtrlBlock>,
+    regs: HashMap<u64, Vec<MemoryRegion>>,
+    pds: Vec<Arc<ProtectionDomain>>,
+    /// Index into `pds` per path.
+    path_pd: Vec<usize>,
+    infos: Vec<PathInfo>,
+    local: Vec<LocalEnd>,
+    next_token: u64,
+    shut: bool,
+    scratch: Vec<VerbsCompletion>,
+}
+
+// The raw verbs objects are Send + Sync (see their SAFETY notes); the rest is plain data.
+impl std::fmt::Debug for VerbsFabric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VerbsFabric")
+            .field("paths", &self.infos)
+            .field("local", &self.local)
+            .finish()
+    }
+}
+
+fn random_psn() -> Result<u32> {
+    let mut b = [0u8; 4];
+    getrandom::fill(&mut b)
+        .map_err(|e| Error::System(format!("reading random bytes for a PSN: {e}")))?;
+    Ok(u32::from_le_bytes(b) & super::qp::MAX_QPN)
+}
+
+fn path_mtu(a: u32, b: u32) -> Mtu {
+    let m = a.min(b);
+    [4096, 2048, 1024, 512, 256]
+        .into_iter()
+        .find(|&x| x <= m)
+        .and_then(Mtu::from_bytes)
+        .unwrap_or(Mtu::Mtu256)
+}
+
+const QP_ACCESS: Access = Access(Access::REMOTE_WRITE.0 | Access::REMOTE_READ.0);
+
+impl VerbsFabric {
+    /// Creates one RC QP per data path (in INIT) and, with `loopback`, one loopback QP per device
+    /// brought up to RTS connected to itself.
+    pub fn new(paths: &[VerbsPath], loopback: bool) -> Result<VerbsFabric> {
+        if paths.is_empty() {
+            return Err(Error::InvalidArgument(
+                "a verbs fabric needs at least one path".into(),
+            ));
+        }
+        let mut f = VerbsFabric {
+            qps: Vec::new(),
+            cqs: Vec::new(),
+            ctrl: Vec::new(),
+            regs: HashMap::new(),
+            pds: Vec::new(),
+            path_pd: Vec::new(),
+            infos: Vec::new(),
+            local: Vec::new(),
+            next_token: 1,
+            shut: false,
+            scratch: Vec::with_capacity(32),
+        };
+        let caps = QpCaps {
+            max_send_wr: SEND_QUEUE_DEPTH as u32,
+            max_recv_wr: RECV_DEPTH as u32,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let cq_depth = (SEND_QUEUE_DEPTH + RECV_DEPTH + 64) as u32;
+        for p in paths {
+            let pd = f.pd_for(&p.ctx)?;
+            let cq = CompletionQueue::new(&p.ctx, cq_depth)?;
+            let qp = QueuePair::new_rc(&f.pds[pd], &cq, &cq, caps)?;
+            qp.to_init(p.port, QP_ACCESS)?;
+            let gid = p.ctx.query_gid(p.port, p.gid_index)?;
+            if gid.is_zero() {
+                return Err(Error::System(format!(
+                    "{}: GID index {} of {} port {} is empty",
+                    p.label,
+                    p.gid_index,
+                    p.ctx.name(),
+                    p.port
+                )));
+            }
+            f.local.push(LocalEnd {
+                qpn: qp.qp_num(),
+                psn: random_psn()?,
+                gid: gid.0,
+                gid_index: p.gid_index,
+                mtu: p.active_mtu,
+            });
+            f.infos.push(PathInfo {
+                label: format!("{} qp {:#x}", p.label, qp.qp_num()),
+                speed_mbps: p.speed_mbps,
+                role: PathRole::Data,
+            });
+            f.path_pd.push(pd);
+            f.qps.push(qp);
+            f.cqs.push(cq);
+        }
+        if loopback {
+            let mut done: Vec<usize> = Vec::new();
+            for p in paths {
+                let pd = f.pd_for(&p.ctx)?;
+                if done.contains(&pd) {
+                    continue;
+                }
+                done.push(pd);
+                let cq = CompletionQueue::new(&p.ctx, 64)?;
+                let lcaps = QpCaps {
+                    max_send_wr: 64,
+                    max_recv_wr: 1,
+                    ..caps
+                };
+                let qp = QueuePair::new_rc(&f.pds[pd], &cq, &cq, lcaps)?;
+                qp.to_init(p.port, QP_ACCESS)?;
+                let gid: Gid = p.ctx.query_gid(p.port, p.gid_index)?;
+                let psn = random_psn()?;
+                let sgid = u8::try_from(p.gid_index).map_err(|_| {
+                    Error::InvalidArgument(format!("GID index {} exceeds 255", p.gid_index))
+                })?;
+                let mut rtr = RtrParams::new(
+                    qp.qp_num(),
+                    gid.0,
+                    sgid,
+                    path_mtu(p.active_mtu, p.active_mtu),
+                );
+                rtr.remote_psn = psn;
+                qp.to_rtr(&rtr)?;
+                qp.to_rts(&RtsParams {
+                    psn,
+                    ..RtsParams::default()
+                })?;
+                f.infos.push(PathInfo {
+                    label: format!("loopback {} qp {:#x}", p.label, qp.qp_num()),
+                    speed_mbps: 0,
+                    role: PathRole::Loopback,
+                });
+                f.path_pd.push(pd);
+                f.qps.push(qp);
+                f.cqs.push(cq);
+            }
+        }
+        Ok(f)
+    }
+
+    fn pd_for(&mut self, ctx: &Arc<Context>) -> Result<usize> {
+        if let Some(i) = self
+            .pds
+            .iter()
+            .position(|pd| Arc::ptr_eq(pd.context(), ctx))
+        {
+            return Ok(i);
+        }
+        self.pds.push(ProtectionDomain::new(ctx)?);
+        Ok(self.pds.len() - 1)
+    }
+
+    /// This endpoint's data paths as the peer needs them (QPN, PSN, GID, MTU), in path order.
+    pub fn local_ends(&self) -> &[LocalEnd] {
+        &self.local
+    }
+
+    /// Moves every data QP to RTR towards `peer[i]` (path MTU = min of the two active MTUs), then to
+    /// RTS, with the configured timeout, retries, traffic class and SL.
+    pub fn connect(&self, peer: &[RemoteEnd], tuning: &QpTuning) -> Result<()> {
+        if peer.len() != self.local.len() {
+            return Err(Error::Remote(format!(
+                "the peer sent parameters for {} paths; this connection has {}",
+                peer.len(),
+                self.local.len()
+            )));
+        }
+        for (i, (me, them)) in self.local.iter().zip(peer).enumerate() {
+            let qp = &self.qps[i];
+            let sgid = u8::try_from(me.gid_index).map_err(|_| {
+                Error::InvalidArgument(format!("GID index {} exceeds 255", me.gid_index))
+            })?;
+            let mut rtr = RtrParams::new(them.qpn, them.gid, sgid, path_mtu(me.mtu, them.mtu));
+            rtr.remote_psn = them.psn;
+            rtr.traffic_class = tuning.traffic_class;
+            rtr.sl = tuning.sl;
+            qp.to_rtr(&rtr)
+                .map_err(|e| context(e, &format!("path {i} ({})", self.infos[i].label)))?;
+            qp.to_rts(&RtsParams {
+                psn: me.psn,
+                timeout: tuning.timeout,
+                retry_cnt: tuning.retry_cnt,
+                ..RtsParams::default()
+            })
+            .map_err(|e| context(e, &format!("path {i} ({})", self.infos[i].label)))?;
+        }
+        Ok(())
+    }
+
+    /// The negotiated path MTU of data path `i` with a peer whose active MTU is `peer_mtu` bytes.
+    pub fn path_mtu_bytes(&self, i: usize, peer_mtu: u32) -> u32 {
+        self.local
+            .get(i)
+            .map_or(0, |l| path_mtu(l.mtu, peer_mtu).bytes())
+    }
+
+    fn check_path(&self, path: usize) -> Result<()> {
+        if path < self.qps.len() {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "path {path} does not exist; this connection has {} paths",
+                self.qps.len()
+            )))
+        }
+    }
+
+    fn keys(&self, mrs: &[MemoryRegion]) -> Vec<PathKeys> {
+        self.path_pd
+            .iter()
+            .map(|&pd| PathKeys {
+                lkey: mrs[pd].lkey(),
+                rkey: mrs[pd].rkey(),
+            })
+            .collect()
+    }
+
+    fn word(&self, addr: u64) -> Result<&AtomicU64> {
+        for b in &self.ctrl {
+            let base = b.base();
+            let end = base + 8 * b.words.len() as u64;
+            if addr >= base && addr < end {
+                if (addr - base) % 8 != 0 {
+                    break;
+                }
+                return Ok(&b.words[((addr - base) / 8) as usize]);
+            }
+        }
+        Err(Error::Internal(format!(
+            "control word {addr:#x} is not an aligned word of this connection's control memory"
+        )))
+    }
+}
+
+fn context(e: Error, what: &str) -> Error {
+    match e {
+        Error::System(m) => Error::System(format!("{what}: {m}")),
+        Error::InvalidArgument(m) => Error::InvalidArgument(format!("{what}: {m}")),
+        Error::Remote(m) => Error::Remote(format!("{what}: {m}")),
+        other => other,
+    }
+}
+
+fn load_order(o: Ordering) -> Ordering {
+    match o {
+        Ordering::Release | Ordering::AcqRel => Ordering::Acquire,
+        other => other,
+    }
+}
+
+fn store_order(o: Ordering) -> Ordering {
+    match o {
+        Ordering::Acquire | Ordering::AcqRel => Ordering::Release,
+        other => other,
+    }
+}
+
+impl Fabric for VerbsFabric {
+    fn paths(&self) -> &[PathInfo] {
+        &self.infos
+    }
+
+    fn register(&mut self, addr: u64, len: usize, kind: MemKind) -> Result<Registration> {
+        if len == 0 {
+            return Err(Error::InvalidArgument(
+                "registration of 0 bytes; accepted: at least 1 byte".into(),
+            ));
+        }
+        let mut mrs = Vec::with_capacity(self.pds.len());
+        for pd in &self.pds {
+            // SAFETY: NCCL keeps `addr..addr+len` mapped from regMr until deregMr, which drops this MR
+            // (deregister) before the memory is released; the NIC touches it only through QPs of this
+            // fabric, which are stopped before teardown.
+            let mr = unsafe {
+                MemoryRegion::register(
+                    pd,
+                    addr as *mut u8,
+                    len,
+                    Access::RDMA | Access::RELAXED_ORDERING,
+                )
+            };
+            let mr = match mr {
+                Ok(m) => m,
+                // SAFETY: as above; retried without the optional relaxed-ordering flag.
+                Err(_) => unsafe { MemoryRegion::register(pd, addr as *mut u8, len, Access::RDMA) }
+                    .map_err(|e| {
+                        context(
+                            e,
+                            &format!(
+                                "registering {} memory",
+                                if kind == MemKind::Cuda { "GPU" } else { "host" }
+                            ),
+                        )
+                    })?,
+            };
+            mrs.push(mr);
+        }
+        let keys = self.keys(&mrs);
+        let token = self.next_token;
+        self.next_token += 1;
+        self.regs.insert(token, mrs);
+        Ok(Registration { keys, token })
+    }
+
+    fn register_dmabuf(
+        &mut self,
+        addr: u64,
+        len: usize,
+        offset: u64,
+        fd: BorrowedFd<'_>,
+    ) -> Result<Registration> {
+        let mut mrs = Vec::with_capacity(self.pds.len());
+        for pd in &self.pds {
+            mrs.push(MemoryRegion::register_dmabuf(
+                pd,
+                offset,
+                len,
+                addr,
+                fd,
+                Access::RDMA,
+            )?);
+        }
+        let keys = self.keys(&mrs);
+        let token = self.next_token;
+        self.next_token += 1;
+        self.regs.insert(token, mrs);
+        Ok(Registration { keys, token })
+    }
+
+    fn deregister(&mut self, reg: &Registration) -> Result<()> {
+        self.regs.remove(&reg.token).map(drop).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "deregistration of token {}, which this connection did not register (or already released)",
+                reg.token
+            ))
+        })
+    }
+
+    fn alloc_ctrl(&mut self, words: usize) -> Result<CtrlMem> {
+        if words == 0 {
+            return Err(Error::InvalidArgument(
+                "control memory of 0 words".into(),
+            ));
+        }
+        let block: Box<[AtomicU64]> = (0..words).map(|_| AtomicU64::new(0)).collect();
+        let ptr = block.as_ptr() as *mut u8;
+        let mut mrs = Vec::with_capacity(self.pds.len());
+        for pd in &self.pds {
+            // SAFETY: the words live in the CtrlBlock that owns these MRs and are freed only after them
+            // (field order); the NIC writes them through the atomics' UnsafeCell storage, and the CPU
+            // reads them only with atomic loads. No RELAXED_ORDERING: writes land in order per path.
+            mrs.push(unsafe { MemoryRegion::register(pd, ptr, words * 8, Access::RDMA) }?);
+        }
+        let keys = self.keys(&mrs);
+        let token = self.next_token;
+        self.next_token += 1;
+        let addr = ptr as u64;
+        self.ctrl.push(CtrlBlock {
+            mrs,
+            words: block,
+            token,
+        });
+        Ok(CtrlMem {
+            addr,
+            words,
+            reg: Registration { keys, token },
+        })
+    }
+
+    fn free_ctrl(&mut self, mem: &CtrlMem) -> Result<()> {
+        let i = self
+            .ctrl
+            .iter()
+            .position(|b| b.token == mem.reg.token)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "control memory at {:#x} is not allocated by this connection",
+                    mem.addr
+                ))
+            })?;
+        let b = self.ctrl.swap_remove(i);
+        drop(b.mrs);
+        drop(b.words);
+        Ok(())
+    }
+
+    fn ctrl_load(&self, addr: u64, order: Ordering) -> Result<u64> {
+        Ok(self.word(addr)?.load(load_order(order)))
+    }
+
+    fn ctrl_store(&self, addr: u64, value: u64, order: Ordering) -> Result<()> {
+        self.word(addr)?.store(value, store_order(order));
+        Ok(())
+    }
+
+    fn post_write(&mut self, path: usize, wr: &WriteWr) -> Result<()> {
+        self.check_path(path)?;
+        let sge = [Sge {
+            addr: wr.local.addr,
+            length: wr.local.len,
+            lkey: wr.local.lkey,
+        }];
+        let local: &[Sge] = if wr.local.len == 0 { &[] } else { &sge };
+        self.qps[path].post_rdma_write(
+            wr.wr_id,
+            local,
+            RemoteAddr {
+                addr: wr.remote.addr,
+                rkey: wr.remote.rkey,
+            },
+            wr.imm,
+            SendFlags {
+                signaled: wr.signaled,
+                fence: false,
+            },
+        )
+    }
+
+    fn post_read(&mut self, path: usize, wr: &ReadWr) -> Result<()> {
+        self.check_path(path)?;
+        self.qps[path].post_rdma_read(
+            wr.wr_id,
+            &[Sge {
+                addr: wr.local.addr,
+                length: wr.local.len,
+                lkey: wr.local.lkey,
+            }],
+            RemoteAddr {
+                addr: wr.remote.addr,
+                rkey: wr.remote.rkey,
+            },
+            SendFlags::SIGNALED,
+        )
+    }
+
+    fn post_recv(&mut self, path: usize, wr_id: u64) -> Result<()> {
+        self.check_path(path)?;
+        self.qps[path].post_recv(wr_id, &[])
+    }
+
+    fn poll(&mut self, path: usize, max: usize, out: &mut Vec<Completion>) -> Result<usize> {
+        self.check_path(path)?;
+        self.scratch.clear();
+        let n = self.cqs[path].poll(&mut self.scratch, max)?;
+        for c in &self.scratch {
+            out.push(map_completion(c)?);
+        }
+        Ok(n)
+    }
+
+    fn shutdown(&mut self) -> Result<()> {
+        if self.shut {
+            return Ok(());
+        }
+        self.shut = true;
+        let mut first = None;
+        for qp in &self.qps {
+            if let Err(e) = qp.to_error() {
+                first.get_or_insert(e);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+}
+
+/// Maps a verbs completion onto the transport's (same status numbering; opcodes reduced to what the
+/// protocol posts; on error the opcode is undefined, as in verbs).
+pub fn map_completion(c: &VerbsCompletion) -> Result<Completion> {
+    let status = WcStatus(c.status.0);
+    let opcode = match c.opcode {
+        VerbsOpcode::RdmaWrite => WcOpcode::RdmaWrite,
+        VerbsOpcode::RdmaRead => WcOpcode::RdmaRead,
+        VerbsOpcode::RecvRdmaWithImm => WcOpcode::RecvRdmaWithImm,
+        _ if !status.is_success() => WcOpcode::RdmaWrite,
+        other => {
+            return Err(Error::Internal(format!(
+                "completion of work request {} on QP {:#x} has opcode {other:?}, which this transport never posts",
+                c.wr_id, c.qp_num
+            )));
+        }
+    };
+    Ok(Completion {
+        wr_id: c.wr_id,
+        status,
+        opcode,
+        byte_len: c.byte_len,
+        imm: c.imm_data,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::verbs::cq::WcStatus as VStatus;
+
+    fn vc(status: u32, opcode: VerbsOpcode, imm: Option<u32>) -> VerbsCompletion {
+        VerbsCompletion {
+            wr_id: 9,
+            status: VStatus(status),
+            opcode,
+            byte_len: 4096,
+            imm_data: imm,
+            qp_num: 0x42,
+            vendor_err: 0,
+        }
+    }
+
+    #[test]
+    fn completions_map_one_to_one() {
+        let c = map_completion(&vc(0, VerbsOpcode::RecvRdmaWithImm, Some(0xdead_beef))).unwrap();
+        assert_eq!(c.opcode, WcOpcode::RecvRdmaWithImm);
+        assert_eq!(c.imm, Some(0xdead_beef));
+        assert_eq!(c.byte_len, 4096);
+        assert!(c.status.is_success());
+        let c = map_completion(&vc(0, VerbsOpcode::RdmaRead, None)).unwrap();
+        assert_eq!(c.opcode, WcOpcode::RdmaRead);
+        let c = map_completion(&vc(12, VerbsOpcode::Other(99), None)).unwrap();
+        assert_eq!(c.status, WcStatus::RETRY_EXC_ERR);
+        assert!(c.status.is_remote());
+        let e = map_completion(&vc(0, VerbsOpcode::Send, None)).unwrap_err();
+        assert!(e.to_string().contains("never posts"), "{e}");
+    }
+
+    #[test]
+    fn path_mtu_is_the_smaller_valid_ib_mtu() {
+        assert_eq!(path_mtu(4096, 1024), Mtu::Mtu1024);
+        assert_eq!(path_mtu(4096, 4096), Mtu::Mtu4096);
+        assert_eq!(path_mtu(4096, 9000), Mtu::Mtu4096);
+        assert_eq!(path_mtu(3000, 4096), Mtu::Mtu2048);
+        assert_eq!(path_mtu(0, 4096), Mtu::Mtu256);
+    }
+
+    #[test]
+    fn orderings_never_panic() {
+        let w = AtomicU64::new(5);
+        for o in [
+            Ordering::Relaxed,
+            Ordering::Acquire,
+            Ordering::Release,
+            Ordering::AcqRel,
+            Ordering::SeqCst,
+        ] {
+            w.store(7, store_order(o));
+            assert_eq!(w.load(load_order(o)), 7);
+        }
+    }
+
+    #[test]
+    fn tuning_follows_config_precedence() {
+        let cfg = crate::config::Config {
+            ib_tc: Some(41),
+            ib_timeout: 14,
+            ib_retry_cnt: 3,
+            ..Default::default()
+        };
+        let t = QpTuning::from_config(&cfg, Some(3));
+        assert_eq!((t.traffic_class, t.sl, t.timeout, t.retry_cnt), (41, 3, 14, 3));
+        let d = QpTuning::default();
+        assert_eq!((d.traffic_class, d.sl, d.timeout, d.retry_cnt), (0, 0, 20, 7));
+    }
+}
