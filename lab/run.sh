@@ -20,6 +20,8 @@
 #   --no-install         do not apt-get install missing packages [NO_INSTALL=1]
 #   --no-retry           do not retry after a guest kernel fault
 #   --bench-args "..."   extra arguments for every `switchless bench` check [BENCH_ARGS]
+#   LAB_INJECT_FAULT=1   test hook: node 1 crashes its kernel (sysrq) in the first round, to
+#                        exercise the fault detection and the single retry
 # Exit status: 0 when every node booted, set up its cables and passed every check.
 # A round whose failure shows a guest kernel fault (Oops/BUG/panic/WARNING in a console log: an rxe
 # or emulator flake, see docs/readme/lab.md) is retried once; no other failure is retried.
@@ -261,7 +263,7 @@ read -r _ mip1 <<< "$(lab_mgmt_addr 1)"
 {
     echo "L_nodes=$NODES"; echo "L_mtu=$MTU"; echo "L_checks=$(q "$CHECKS_LIST")"
     echo "L_ctimeout=$CHECK_TIMEOUT"; echo "L_bwargs=$(q "$BW_ARGS")"; echo "L_latargs=$(q "$LAT_ARGS")"
-    echo "L_benchargs=$(q "$BENCH_ARGS")"; echo "L_bootstrap=$mip1"
+    echo "L_benchargs=$(q "$BENCH_ARGS")"; echo "L_bootstrap=$mip1"; echo "L_inject_fault=${LAB_INJECT_FAULT:-0}"
     for ((n = 1; n <= NODES; n++)); do
         read -r mplen mip <<< "$(lab_mgmt_addr "$n")"
         echo "L_links_$n=$(q "${NODE_LINKS[n]}")"
@@ -285,6 +287,7 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+attempt=1
 
 FAULT_RE='Kernel panic|Oops|BUG:|WARNING: CPU|double fault|general protection fault'
 round() { # one boot-and-check round; returns 0 when every node passed
@@ -316,7 +319,7 @@ round() { # one boot-and-check round; returns 0 when every node passed
             -virtfs "local,path=$RESULTS/node$n,mount_tag=results,security_model=none" \
             -netdev "socket,id=mg,mcast=230.0.0.1:$MGMT_PORT,localaddr=127.0.0.1" \
             -device "virtio-net-pci,romfile=,netdev=mg,mac=$mac" ${NODE_NET[n]} \
-            -append "console=ttyS0 quiet loglevel=3 oops=panic panic=-1 lab.node=$n" \
+            -append "console=ttyS0 quiet loglevel=3 oops=panic panic=-1 lab.node=$n lab.attempt=$attempt" \
             < /dev/null > "$RESULTS/node$n.log" 2>&1 &
         PIDS+=($!)
         log "VM node$n pid ${PIDS[n - 1]}: links ${NODE_LINKS[n]}"
@@ -351,7 +354,6 @@ round() { # one boot-and-check round; returns 0 when every node passed
     return $rc
 }
 
-attempt=1
 rc=0
 round || rc=$?
 if [ $rc -ne 0 ] && [ "$FAULT" = 1 ] && [ "$RETRY" = 1 ]; then
