@@ -291,7 +291,7 @@ attempt=1
 
 FAULT_RE='Kernel panic|Oops|BUG:|WARNING: CPU|double fault|general protection fault'
 round() { # one boot-and-check round; returns 0 when every node passed
-    local n p i rc=0 alive end t mac
+    local n p i rc=0 alive end t mac why
     ip netns add "$NS"
     ip -n "$NS" link set lo up
     # QEMU's TCP netdev does not set TCP_NODELAY: without quickack, Nagle + delayed ACK add ~20 ms
@@ -343,7 +343,8 @@ round() { # one boot-and-check round; returns 0 when every node passed
     FAULT=0
     for ((n = 1; n <= NODES; n++)); do
         if ! grep -qa "RESULT PASS" "$RESULTS/node$n.log"; then
-            rc=1; log "node$n did not pass: $(grep -aE 'RESULT|CHECKFAIL|FAIL' "$RESULTS/node$n.log" | tail -3 | tr -d '\r' | tr '\n' ' ')"
+            why=$(grep -aE 'RESULT|CHECKFAIL|FAIL' "$RESULTS/node$n.log" | tail -3 | tr -d '\r' | tr '\n' ' ')
+            rc=1; log "node$n did not pass: ${why:-no RESULT line (stopped early: another node failed, or the round timed out)}"
         fi
         if grep -qaE "$FAULT_RE" "$RESULTS/node$n.log"; then
             FAULT=1; rc=1
