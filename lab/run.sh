@@ -28,7 +28,7 @@
 set -euo pipefail
 LAB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$LAB_DIR/.." && pwd)
-# shellcheck source=lib/addr.sh
+# shellcheck source=lib/addr.sh source-path=SCRIPTDIR
 . "$LAB_DIR/lib/addr.sh"
 
 MTU=${LAB_MTU:-9000}
