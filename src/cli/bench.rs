@@ -148,12 +148,16 @@ fn real(a: &Args, o: &b::Options, nranks: usize) -> Result<b::Report> {
     run_plugin(a, o, &mut boot)
 }
 
-/// Loads the plugin through `ffi::host` (not built yet in this tree).
-fn run_plugin(a: &Args, _o: &b::Options, _boot: &mut b::Bootstrap) -> Result<b::Report> {
-    let _ = &a.plugin;
-    Err(Error::Internal(
-        "the plugin host (src/ffi/host.rs, loading an ncclNet plugin by path) is not in this build yet; use --loopback".into(),
-    ))
+/// Loads the plugin (`--plugin` or ours by default) through `ffi::host` and runs the mode.
+fn run_plugin(a: &Args, o: &b::Options, boot: &mut b::Bootstrap) -> Result<b::Report> {
+    let mut net = crate::ffi::host::HostNet::load_default(a.plugin.as_deref())?;
+    // one communicator id for the whole job, like NCCL's commHash
+    b::Net::init(&mut net, 0x5357_4c42_0000_0000 | boot.nranks() as u64)?;
+    let r = b::run(&net, boot, o);
+    let f = b::Net::finalize(&mut net);
+    let r = r?;
+    f?;
+    Ok(r)
 }
 
 fn go(a: &Args) -> Result<b::Report> {
