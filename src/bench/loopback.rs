@@ -471,3 +471,108 @@ pub fn run_ranks(o: &Options, nranks: usize, cfg: LoopbackConfig) -> Result<Repo
     }
     root
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(cfg: LoopbackConfig) -> (LoopbackNet, LoopSend, LoopRecv) {
+        let f = LoopbackFabric::new(cfg);
+        let mut a = LoopbackNet::new(f.clone());
+        a.init(1).unwrap();
+        let (mut h, mut l) = a.listen(0).unwrap();
+        let mut tries = 0;
+        let s = loop {
+            tries += 1;
+            if let Some(s) = a.connect(1, &mut h).unwrap() {
+                break s;
+            }
+        };
+        assert_eq!(
+            tries, 3,
+            "two NULLs, then the connection (state kept in the handle)"
+        );
+        let r = a.accept(&mut l).unwrap().unwrap();
+        (a, s, r)
+    }
+
+    #[test]
+    fn a_send_completes_only_when_a_receive_takes_it() {
+        let (n, mut s, mut r) = pair(LoopbackConfig {
+            isend_null_every: 0,
+            ..LoopbackConfig::default()
+        });
+        let sb = SharedBuf::new(16);
+        let rb = SharedBuf::new(16);
+        sb.lock().copy_from_slice(&[7u8; 16]);
+        let smr = n.reg_mr(CommRef::Send(&s), &sb).unwrap();
+        let rmr = n.reg_mr(CommRef::Recv(&r), &rb).unwrap();
+        let mut sq = n
+            .isend(&mut s, &Region::new(&sb, 0, 16).unwrap(), 3, &smr)
+            .unwrap()
+            .unwrap();
+        assert_eq!(n.test(&mut sq).unwrap(), None);
+        let bufs = [RecvBuf {
+            region: Region::new(&rb, 0, 16).unwrap(),
+            tag: 3,
+            mr: &rmr,
+        }];
+        let mut rq = n.irecv(&mut r, &bufs).unwrap().unwrap();
+        assert_eq!(n.test(&mut sq).unwrap(), Some(vec![16]));
+        assert_eq!(n.test(&mut rq).unwrap(), Some(vec![16]));
+        assert_eq!(&rb.lock()[..], &[7u8; 16]);
+        assert!(
+            n.test(&mut rq).is_err(),
+            "testing a finished request is a misuse"
+        );
+    }
+
+    #[test]
+    fn unregistered_buffers_wrong_tags_and_short_receives_are_errors() {
+        let (n, mut s, mut r) = pair(LoopbackConfig {
+            isend_null_every: 0,
+            ..LoopbackConfig::default()
+        });
+        let sb = SharedBuf::new(16);
+        let other = SharedBuf::new(16);
+        let mr_other = n.reg_mr(CommRef::Send(&s), &other).unwrap();
+        assert!(
+            n.isend(&mut s, &Region::new(&sb, 0, 16).unwrap(), 0, &mr_other)
+                .is_err()
+        );
+        let smr = n.reg_mr(CommRef::Send(&s), &sb).unwrap();
+        let rb = SharedBuf::new(8);
+        let rmr = n.reg_mr(CommRef::Recv(&r), &rb).unwrap();
+        let _sq = n
+            .isend(&mut s, &Region::new(&sb, 0, 16).unwrap(), 1, &smr)
+            .unwrap()
+            .unwrap();
+        let bufs = [RecvBuf {
+            region: Region::new(&rb, 0, 8).unwrap(),
+            tag: 2,
+            mr: &rmr,
+        }];
+        let mut rq = n.irecv(&mut r, &bufs).unwrap().unwrap();
+        assert!(n.test(&mut rq).unwrap_err().to_string().contains("tag 1"));
+        assert!(Region::new(&rb, 4, 8).is_err());
+        // a receive smaller than the send
+        let (n, mut s, mut r) = pair(LoopbackConfig {
+            isend_null_every: 0,
+            ..LoopbackConfig::default()
+        });
+        let smr = n.reg_mr(CommRef::Send(&s), &sb).unwrap();
+        let rmr = n.reg_mr(CommRef::Recv(&r), &rb).unwrap();
+        let _sq = n
+            .isend(&mut s, &Region::new(&sb, 0, 16).unwrap(), 1, &smr)
+            .unwrap()
+            .unwrap();
+        let bufs = [RecvBuf {
+            region: Region::new(&rb, 0, 8).unwrap(),
+            tag: 1,
+            mr: &rmr,
+        }];
+        let mut rq = n.irecv(&mut r, &bufs).unwrap().unwrap();
+        let e = n.test(&mut rq).unwrap_err().to_string();
+        assert!(e.contains("16 B send into a 8 B receive"), "{e}");
+    }
+}
