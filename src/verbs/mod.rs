@@ -6,11 +6,11 @@
 //! always runs children first, whatever order the caller drops them in.
 #![allow(unsafe_code)]
 
-pub mod devices;
-pub mod fabric;
 pub(crate) mod call;
 mod context;
 mod cq;
+pub mod devices;
+pub mod fabric;
 mod memory;
 mod qp;
 mod sym;
