@@ -217,6 +217,21 @@ pub fn select(
     }
 
     if usable.is_empty() {
+        if !remote.is_empty()
+            && remote
+                .iter()
+                .all(|r| local.iter().any(|l| l.addr.addr() == r.addr.addr()))
+        {
+            return Err(Error::InvalidUsage(format!(
+                "the peer is this host: every address it advertises ({}) is one of this host's; connections from a \
+                 node to itself over the network are not supported (NCCL normally uses P2P or SHM inside a node)",
+                remote
+                    .iter()
+                    .map(|r| r.addr.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
         return Err(no_path_error(local, remote, &skipped));
     }
 
@@ -224,6 +239,15 @@ pub fn select(
     let mut dev_override = None;
     if let Some(dev) = opts.nccl_dev {
         if usable.iter().any(|u| local[u.0].nccl_dev == Some(dev)) {
+            for u in usable.iter().filter(|u| local[u.0].nccl_dev != Some(dev)) {
+                skipped.push(Skipped {
+                    local: link_name(&local[u.0]),
+                    remote: Some(remote[u.1].addr.addr()),
+                    reason: format!(
+                        "usable, but NCCL's device {dev} reaches the peer and is preferred"
+                    ),
+                });
+            }
             usable.retain(|u| local[u.0].nccl_dev == Some(dev));
         } else {
             let mut used: Vec<Option<usize>> = usable.iter().map(|u| local[u.0].nccl_dev).collect();

@@ -6,10 +6,10 @@
 //! always runs children first, whatever order the caller drops them in.
 #![allow(unsafe_code)]
 
-pub mod devices;
 pub(crate) mod call;
 mod context;
 mod cq;
+pub mod devices;
 mod memory;
 mod qp;
 mod sym;
