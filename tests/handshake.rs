@@ -671,3 +671,59 @@ fn a_flood_of_silent_clients_does_not_lock_out_a_real_connector() {
     finish(&mut c, &mut inc, &params(4, 1));
     drop(silent);
 }
+
+#[test]
+fn several_paths_keep_their_order_and_each_is_checked() {
+    let mut l = listener(T);
+    let h = handle_of(&l);
+    let mut paths = paths_to(&h);
+    paths.push(paths[0].clone());
+    paths.push(paths[0].clone());
+    let mine = params(5, 3);
+    let mut c = Connector::start(&h, &paths, mine.clone(), T).unwrap();
+    let mut inc = next_incoming(&mut l, &mut [&mut c]);
+    assert_eq!(inc.paths().len(), 3);
+    for (i, p) in inc.paths().iter().enumerate() {
+        assert_eq!(p.peer_params, mine.paths[i]);
+    }
+    // A reply for the wrong number of paths is refused locally.
+    assert!(inc.respond(params(6, 2)).is_err());
+    inc.respond(params(6, 3)).unwrap();
+    finish(&mut c, &mut inc, &params(6, 3));
+
+    // The third path names an address the acceptor does not have: rejected, naming path 2.
+    let reqs = vec![
+        PathRequest {
+            connector: "127.0.0.1/8".parse().unwrap(),
+            acceptor: LO,
+            kind: LinkKind::Roce,
+        },
+        PathRequest {
+            connector: "127.0.0.1/8".parse().unwrap(),
+            acceptor: LO,
+            kind: LinkKind::Roce,
+        },
+        PathRequest {
+            connector: "127.0.0.1/8".parse().unwrap(),
+            acceptor: "127.0.0.9".parse().unwrap(),
+            kind: LinkKind::Roce,
+        },
+    ];
+    let mut c = Connector::start_to(
+        vec![(SocketAddrV4::new(LO, h.port), None)],
+        h.nonce,
+        reqs,
+        params(5, 3),
+        T,
+        "p".into(),
+    )
+    .unwrap();
+    let e = until(|| {
+        assert!(l.poll().unwrap().is_none());
+        c.poll().err()
+    });
+    assert!(
+        e.to_string().contains("path 2 (127.0.0.1 -> 127.0.0.9)"),
+        "{e}"
+    );
+}

@@ -602,7 +602,16 @@ fn kind_filter_and_same_node() {
     assert!(e.to_string().contains("RoCE paths only"), "{e}");
     // Connecting to ourselves: our own address is never a path.
     let e = a.connect(&a, RouteOptions::default()).unwrap_err();
-    assert!(e.to_string().contains("own address"), "{e}");
+    assert!(e.to_string().contains("the peer is this host"), "{e}");
+    // One of the peer's addresses duplicates ours, the other is unreachable: the long form names it.
+    let c = Host::default()
+        .roce("r", "10.0.0.1/30", "s0", 0, None)
+        .roce("z", "10.8.0.2/30", "s1", 1, None);
+    let e = a.connect(&c, RouteOptions::default()).unwrap_err();
+    assert!(
+        e.to_string().contains("which is this link's own address"),
+        "{e}"
+    );
 }
 
 #[test]

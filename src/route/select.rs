@@ -75,6 +75,31 @@ pub struct PathChoice {
     pub reason: String,
 }
 
+/// One line for logs: local netdev and address, RDMA device, port, GID index, NCCL device, PCIe root,
+/// active MTU, peer address and kind (the per-connection INFO line adds the peer and the QPs).
+impl std::fmt::Display for PathChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let l = &self.local;
+        write!(f, "{} {} (", l.netdev, l.addr)?;
+        match (&l.rdma_dev, l.gid_index) {
+            (Some(d), Some(g)) => write!(f, "{d} port {} GID {g}, ", l.port)?,
+            (Some(d), None) => write!(f, "{d} port {}, ", l.port)?,
+            _ => {}
+        }
+        if let Some(d) = l.nccl_dev {
+            write!(f, "NCCL dev {d}, ")?;
+        }
+        write!(
+            f,
+            "PCIe root {}, MTU {} B) -> {} ({:?})",
+            l.pci_root,
+            l.active_mtu,
+            self.remote.addr.addr(),
+            self.kind
+        )
+    }
+}
+
 /// NCCL's device could not reach the peer, so other links are used.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DevOverride {
@@ -217,6 +242,21 @@ pub fn select(
     }
 
     if usable.is_empty() {
+        if !remote.is_empty()
+            && remote
+                .iter()
+                .all(|r| local.iter().any(|l| l.addr.addr() == r.addr.addr()))
+        {
+            return Err(Error::InvalidUsage(format!(
+                "the peer is this host: every address it advertises ({}) is one of this host's; connections from a \
+                 node to itself over the network are not supported (NCCL normally uses P2P or SHM inside a node)",
+                remote
+                    .iter()
+                    .map(|r| r.addr.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
         return Err(no_path_error(local, remote, &skipped));
     }
 
@@ -224,6 +264,15 @@ pub fn select(
     let mut dev_override = None;
     if let Some(dev) = opts.nccl_dev {
         if usable.iter().any(|u| local[u.0].nccl_dev == Some(dev)) {
+            for u in usable.iter().filter(|u| local[u.0].nccl_dev != Some(dev)) {
+                skipped.push(Skipped {
+                    local: link_name(&local[u.0]),
+                    remote: Some(remote[u.1].addr.addr()),
+                    reason: format!(
+                        "usable, but NCCL's device {dev} reaches the peer and is preferred"
+                    ),
+                });
+            }
             usable.retain(|u| local[u.0].nccl_dev == Some(dev));
         } else {
             let mut used: Vec<Option<usize>> = usable.iter().map(|u| local[u.0].nccl_dev).collect();
@@ -460,27 +509,7 @@ pub fn render_text(sel: &Selection, peer: &[RemoteLink]) -> String {
         peer_addrs.join(", ")
     );
     for (i, p) in sel.paths.iter().enumerate() {
-        let l = &p.local;
-        let rdma = match (&l.rdma_dev, l.gid_index) {
-            (Some(d), Some(g)) => format!("{d} port {} GID {g}, ", l.port),
-            (Some(d), None) => format!("{d} port {}, ", l.port),
-            _ => String::new(),
-        };
-        let dev = l
-            .nccl_dev
-            .map(|d| format!("NCCL dev {d}, "))
-            .unwrap_or_default();
-        let _ = writeln!(
-            out,
-            "  path {i}: {} {} ({rdma}{dev}PCIe root {}, MTU {} B) -> {} ({:?})\n          {}",
-            l.netdev,
-            l.addr,
-            l.pci_root,
-            l.active_mtu,
-            p.remote.addr.addr(),
-            p.kind,
-            p.reason
-        );
+        let _ = writeln!(out, "  path {i}: {p}\n          {}", p.reason);
     }
     if let Some(o) = &sel.dev_override {
         let _ = writeln!(out, "NCCL device {} overridden: {}", o.requested, o.reason);
