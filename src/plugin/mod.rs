@@ -34,6 +34,7 @@ pub const MAX_VDEVS: usize = 8;
 /// copy given to `connect` is private to that connection and passed again on every retry).
 pub type Handle = [u8; HANDLE_SIZE];
 
+pub mod memfactory;
 pub mod paths;
 pub mod switchless;
 

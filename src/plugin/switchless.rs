@@ -106,6 +106,44 @@ pub struct RecvEnd<F: Connectable> {
     comm: Shared<RecvComm<F>>,
 }
 
+impl<F: Connectable> std::fmt::Debug for SendEnd<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendEnd")
+            .field("paths", &self.path_labels())
+            .finish()
+    }
+}
+
+impl<F: Connectable> std::fmt::Debug for RecvEnd<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecvEnd")
+            .field("paths", &self.path_labels())
+            .finish()
+    }
+}
+
+impl<F: Connectable> SendEnd<F> {
+    /// The labels of the connection's paths (data paths, then loopbacks); empty once closed.
+    pub fn path_labels(&self) -> Vec<String> {
+        self.comm.lock().ok().and_then(|g| {
+            g.as_ref()
+                .map(|c| c.fabric().paths().iter().map(|p| p.label.clone()).collect())
+        })
+        .unwrap_or_default()
+    }
+}
+
+impl<F: Connectable> RecvEnd<F> {
+    /// The labels of the connection's paths (data paths, then loopbacks); empty once closed.
+    pub fn path_labels(&self) -> Vec<String> {
+        self.comm.lock().ok().and_then(|g| {
+            g.as_ref()
+                .map(|c| c.fabric().paths().iter().map(|p| p.label.clone()).collect())
+        })
+        .unwrap_or_default()
+    }
+}
+
 /// An in-flight request: its comm and the comm's request handle.
 pub enum Req<F: Connectable> {
     /// From `isend`.

@@ -1,0 +1,254 @@
+//! [`MemFactory`]: a [`PathFactory`] over the in-process `transport::memfab`, so the real backend
+//! ([`super::Switchless`]) runs end to end in one process without RDMA hardware: real listen handles,
+//! real routing, the real TCP handshake on 127.0.0.1, the real protocol; only the NIC is simulated.
+//!
+//! The connecting side creates both endpoints of a memfab pair, keeps its own and parks the other under
+//! a token it sends as its "QP number"; the accepting side takes the parked endpoint named by the
+//! connector's parameters. So both ends must live in one process (tests, benchmarks).
+//!
+//! [`MemFactory::install`] sets the host view and fabric the next [`PathFactory::open`] uses, so tests
+//! can also go through `plugin::init` and the core functions the FFI layer calls.
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::paths::{ConnOptions, Connectable, HostView, PathFactory, PathPlan};
+use super::switchless::Switchless;
+use crate::error::{Error, Result};
+use crate::transport::fabric::{
+    Completion, CtrlMem, Fabric, MemKind, PathInfo, ReadWr, Registration, WriteWr,
+};
+use crate::transport::handshake::PathParams;
+use crate::transport::memfab::{MemEndpoint, MemFab};
+
+/// Builds memfab endpoints for the backend. See the module docs.
+#[derive(Clone)]
+pub struct MemFactory {
+    fab: MemFab,
+    loopbacks: usize,
+    parked: Arc<Mutex<HashMap<u32, MemEndpoint>>>,
+    next: Arc<AtomicU32>,
+    /// Connections created (both sides), for tests.
+    created: Arc<AtomicU32>,
+}
+
+impl std::fmt::Debug for MemFactory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemFactory")
+            .field("loopbacks", &self.loopbacks)
+            .finish()
+    }
+}
+
+static INSTALLED: Mutex<Option<(MemFactory, HostView)>> = Mutex::new(None);
+
+impl MemFactory {
+    /// A factory over `fab`; every endpoint gets `loopbacks` loopback paths.
+    pub fn new(fab: MemFab, loopbacks: usize) -> MemFactory {
+        MemFactory {
+            fab,
+            loopbacks,
+            parked: Arc::new(Mutex::new(HashMap::new())),
+            next: Arc::new(AtomicU32::new(1)),
+            created: Arc::new(AtomicU32::new(0)),
+        }
+    }
+
+    /// The simulated fabric (allocate and inspect buffer memory through it).
+    pub fn fab(&self) -> &MemFab {
+        &self.fab
+    }
+
+    /// Endpoints created so far (connecting and accepting sides).
+    pub fn created(&self) -> u32 {
+        self.created.load(Ordering::Relaxed)
+    }
+
+    /// Endpoints waiting for their acceptor.
+    pub fn parked(&self) -> usize {
+        self.parked.lock().map_or(0, |m| m.len())
+    }
+
+    /// Sets what the next [`PathFactory::open`] returns (a clone of `self` and `view`).
+    pub fn install(&self, view: HostView) {
+        if let Ok(mut g) = INSTALLED.lock() {
+            *g = Some((self.clone(), view));
+        }
+    }
+}
+
+/// One memfab endpoint plus the token that names it in the handshake.
+pub struct MemConn {
+    ep: MemEndpoint,
+    token: u32,
+}
+
+impl PathFactory for MemFactory {
+    type Fabric = MemConn;
+
+    fn slot() -> &'static crate::plugin::Slot<Switchless<Self>> {
+        static SLOT: crate::plugin::Slot<Switchless<MemFactory>> = crate::plugin::Slot::new();
+        &SLOT
+    }
+
+    fn open() -> Result<(Self, HostView)> {
+        INSTALLED
+            .lock()
+            .map_err(|_| Error::Internal("memfab factory lock poisoned".into()))?
+            .clone()
+            .ok_or_else(|| {
+                Error::System(
+                    "the in-memory fabric is not installed (MemFactory::install before init)".into(),
+                )
+            })
+    }
+
+    fn create(
+        &self,
+        paths: &[PathPlan],
+        peer: Option<&[PathParams]>,
+        _opts: &ConnOptions,
+    ) -> Result<MemConn> {
+        self.created.fetch_add(1, Ordering::Relaxed);
+        match peer {
+            None => {
+                let speeds: Vec<u64> = paths
+                    .iter()
+                    .map(|p| u64::from(p.local.speed_mbps))
+                    .collect();
+                let (mine, theirs) = self.fab.pair(&speeds, self.loopbacks);
+                let token = self.next.fetch_add(1, Ordering::Relaxed);
+                self.parked
+                    .lock()
+                    .map_err(|_| Error::Internal("memfab park lock poisoned".into()))?
+                    .insert(token, theirs);
+                Ok(MemConn { ep: mine, token })
+            }
+            Some(peer) => {
+                let token = peer
+                    .first()
+                    .and_then(|p| p.qpns.first())
+                    .copied()
+                    .ok_or_else(|| Error::Remote("the peer sent no memfab token".into()))?;
+                let ep = self
+                    .parked
+                    .lock()
+                    .map_err(|_| Error::Internal("memfab park lock poisoned".into()))?
+                    .remove(&token)
+                    .ok_or_else(|| {
+                        Error::Remote(format!(
+                            "memfab endpoint {token} is not parked in this process"
+                        ))
+                    })?;
+                let data = ep.paths().len() - self.loopbacks;
+                if data != paths.len() {
+                    return Err(Error::Remote(format!(
+                        "memfab endpoint {token} has {data} data paths; the hello asked for {}",
+                        paths.len()
+                    )));
+                }
+                Ok(MemConn { ep, token })
+            }
+        }
+    }
+}
+
+impl Connectable for MemConn {
+    fn local_params(&self) -> Vec<PathParams> {
+        let n = self
+            .ep
+            .paths()
+            .iter()
+            .filter(|p| p.role == crate::transport::fabric::PathRole::Data)
+            .count();
+        (0..n)
+            .map(|i| PathParams {
+                qpns: vec![self.token, i as u32],
+                psn: 0,
+                gid: [0; 16],
+                gid_index: 0,
+                mtu: 4096,
+                rkey: 0,
+                addr: 0,
+            })
+            .collect()
+    }
+
+    fn connect_peer(&self, peer: &[PathParams], _opts: &ConnOptions) -> Result<()> {
+        let ok = peer
+            .iter()
+            .all(|p| p.qpns.first().copied() == Some(self.token));
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::Remote(format!(
+                "peer parameters do not name memfab endpoint pair {}",
+                self.token
+            )))
+        }
+    }
+
+    fn path_mtu(&self, _i: usize, peer: &PathParams) -> u32 {
+        peer.mtu.min(4096)
+    }
+}
+
+impl Fabric for MemConn {
+    fn paths(&self) -> &[PathInfo] {
+        self.ep.paths()
+    }
+    fn register(&mut self, addr: u64, len: usize, kind: MemKind) -> Result<Registration> {
+        self.ep.register(addr, len, kind)
+    }
+    fn register_dmabuf(
+        &mut self,
+        addr: u64,
+        len: usize,
+        offset: u64,
+        fd: BorrowedFd<'_>,
+    ) -> Result<Registration> {
+        self.ep.register_dmabuf(addr, len, offset, fd)
+    }
+    fn deregister(&mut self, reg: &Registration) -> Result<()> {
+        self.ep.deregister(reg)
+    }
+    fn alloc_ctrl(&mut self, words: usize) -> Result<CtrlMem> {
+        self.ep.alloc_ctrl(words)
+    }
+    fn free_ctrl(&mut self, mem: &CtrlMem) -> Result<()> {
+        self.ep.free_ctrl(mem)
+    }
+    fn ctrl_load(&self, addr: u64, order: Ordering) -> Result<u64> {
+        self.ep.ctrl_load(addr, order)
+    }
+    fn ctrl_store(&self, addr: u64, value: u64, order: Ordering) -> Result<()> {
+        self.ep.ctrl_store(addr, value, order)
+    }
+    fn ctrl_read(&self, addr: u64, out: &mut [u64]) -> Result<()> {
+        self.ep.ctrl_read(addr, out)
+    }
+    fn ctrl_write(&self, addr: u64, words: &[u64]) -> Result<()> {
+        self.ep.ctrl_write(addr, words)
+    }
+    fn post_write(&mut self, path: usize, wr: &WriteWr) -> Result<()> {
+        self.ep.post_write(path, wr)
+    }
+    fn post_writes(&mut self, path: usize, wrs: &[WriteWr]) -> Result<()> {
+        self.ep.post_writes(path, wrs)
+    }
+    fn post_read(&mut self, path: usize, wr: &ReadWr) -> Result<()> {
+        self.ep.post_read(path, wr)
+    }
+    fn post_recv(&mut self, path: usize, wr_id: u64) -> Result<()> {
+        self.ep.post_recv(path, wr_id)
+    }
+    fn poll(&mut self, path: usize, max: usize, out: &mut Vec<Completion>) -> Result<usize> {
+        self.ep.poll(path, max, out)
+    }
+    fn shutdown(&mut self) -> Result<()> {
+        self.ep.shutdown()
+    }
+}

@@ -1,0 +1,488 @@
+//! The real backend (`plugin::Switchless`) end to end in one process: listen handles, routing, the TCP
+//! handshake on 127.0.0.1, the transport protocol; only the NIC is simulated (`MemFactory` over memfab).
+//!
+//! Host model used by every test: two links on `lo` (127.0.0.1/8 and 127.0.0.2/8, two "functions" of one
+//! NCCL device unless a test says otherwise) and a kernel route 127.0.0.0/8 dev lo; so a node reaches its
+//! "peer" (itself) over two paths, 127.0.0.1 -> 127.0.0.2 and 127.0.0.2 -> 127.0.0.1.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use switchless::config::Config;
+use switchless::error::Error;
+use switchless::fabric::{Member, NcclDevice};
+use switchless::plugin::memfactory::MemFactory;
+use switchless::plugin::{
+    self, Backend, CommInfo, Endpoint, HANDLE_SIZE, Handle, HostView, PtrSupport, RecvBuf, Region,
+    Switchless,
+};
+use switchless::route::types::{KernelRoute, LinkKind, LocalLink};
+use switchless::transport::memfab::{MemFab, MemFabConfig};
+
+type B = Switchless<MemFactory>;
+
+fn serial() -> MutexGuard<'static, ()> {
+    static M: Mutex<()> = Mutex::new(());
+    M.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn link(id: usize, netdev: &str, addr: &str, dev: Option<usize>, root: &str) -> LocalLink {
+    LocalLink {
+        id,
+        kind: LinkKind::Roce,
+        netdev: netdev.into(),
+        rdma_dev: Some(format!("mem{id}")),
+        port: 1,
+        addr: addr.parse().unwrap(),
+        gid_index: Some(1),
+        pci_root: root.into(),
+        phys_port_id: 0,
+        nccl_dev: dev,
+        speed_mbps: 100_000,
+        mtu: 9000,
+        active_mtu: 4096,
+        up: true,
+    }
+}
+
+fn device(index: usize, name: &str) -> NcclDevice {
+    NcclDevice {
+        index,
+        name: name.into(),
+        members: vec![Member {
+            rdma_dev: format!("mem{index}"),
+            port: 1,
+            netdev: Some("lo".into()),
+            pci_bdf: None,
+            pci_root: None,
+            speed_mbps: 100_000,
+        }],
+        pci_path: String::new(),
+        guid: 0x1000 + index as u64,
+        speed_mbps: 200_000,
+        port: 1,
+        latency_us: 0.0,
+        max_comms: 65536,
+        max_recvs: 8,
+        ptr_support: 1,
+        max_p2p_bytes: 1 << 40,
+        rail_id: -1,
+        plane_id: -1,
+        phys_port_id: 0,
+        peers: Vec::new(),
+    }
+}
+
+fn lo_route() -> KernelRoute {
+    KernelRoute {
+        dest: "127.0.0.0/8".parse().unwrap(),
+        gateway: None,
+        ifname: "lo".into(),
+        metric: 0,
+    }
+}
+
+/// One device with two links on lo (a GB10-like port with two PCIe functions).
+fn two_path_view(config: Config) -> HostView {
+    HostView {
+        config,
+        devices: vec![device(0, "sl_lo")],
+        links: vec![
+            link(0, "lo", "127.0.0.1/8", Some(0), "pci0000:00"),
+            link(1, "lo", "127.0.0.2/8", Some(0), "pci0002:00"),
+        ],
+        routes: vec![lo_route()],
+    }
+}
+
+fn backend(view: HostView) -> Arc<B> {
+    let f = MemFactory::new(MemFab::new(MemFabConfig::default()), 0);
+    Arc::new(Switchless::from_parts(f, view).unwrap())
+}
+
+/// Drives connect and accept (the same NCCL contract: call again on None) until both return comms.
+fn establish(
+    b: &Arc<B>,
+    dev_listen: usize,
+    dev_connect: usize,
+) -> (
+    <B as Backend>::Send,
+    <B as Backend>::Recv,
+    <B as Backend>::Listen,
+) {
+    let mut h: Handle = [0; HANDLE_SIZE];
+    let mut l = b.listen(&CommInfo::default(), dev_listen, &mut h).unwrap();
+    let mut mine = h; // NCCL's private copy for connect
+    let (mut s, mut r) = (None, None);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut calls = 0;
+    while s.is_none() || r.is_none() {
+        assert!(Instant::now() < deadline, "handshake did not finish");
+        if s.is_none() {
+            s = b.connect(&CommInfo::default(), dev_connect, &mut mine).unwrap();
+            calls += 1;
+        }
+        if r.is_none() {
+            r = B::accept(&mut l).unwrap();
+        }
+    }
+    assert!(calls >= 2, "connect must be non-blocking (returned at once)");
+    assert_eq!(b.connecting(), 0, "no parked state after completion");
+    assert_eq!(&mine[120..128], &[0u8; 8], "state id cleared at completion");
+    (s.unwrap(), r.unwrap(), l)
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[test]
+fn listen_connect_accept_send_recv_through_the_plugin_core() {
+    let _g = serial();
+    let fab = MemFab::new(MemFabConfig::default());
+    let factory = MemFactory::new(fab.clone(), 0);
+    factory.install(two_path_view(Config::default()));
+    let ctx = plugin::init::<B>(CommInfo {
+        comm_id: Some(7),
+        traffic_class: None,
+    })
+    .unwrap();
+    assert_eq!(plugin::devices::<B>().unwrap(), 1);
+    let props = plugin::properties::<B>(0).unwrap();
+    assert_eq!(props.name.to_str().unwrap(), "sl_lo");
+    assert_eq!(props.speed_mbps, 200_000);
+    assert_eq!(props.max_recvs, 8);
+    assert_eq!(props.rail_id, None);
+
+    let mut h: Handle = [0; HANDLE_SIZE];
+    let mut listen = plugin::listen(&ctx, 0, &mut h).unwrap();
+    let repr = switchless::route::HandleRepr::from_bytes(&h).unwrap();
+    assert_eq!(repr.links.len(), 2, "the handle advertises every up link");
+    let mut mine = h;
+    let (mut sc, mut rc) = (None, None);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while sc.is_none() || rc.is_none() {
+        assert!(Instant::now() < deadline);
+        if sc.is_none() {
+            sc = plugin::connect(&ctx, None, 0, &mut mine).unwrap();
+        }
+        if rc.is_none() {
+            rc = plugin::accept(&mut listen).unwrap();
+        }
+    }
+    plugin::close_listen(*listen).unwrap();
+    let (mut sc, mut rc) = (sc.unwrap(), rc.unwrap());
+    match (sc.endpoint(), rc.endpoint()) {
+        (Endpoint::Send(s), Endpoint::Recv(r)) => {
+            assert_eq!(s.path_labels().len(), 2, "{:?}", s.path_labels());
+            assert_eq!(r.path_labels().len(), 2);
+        }
+        _ => panic!("wrong comm kinds"),
+    }
+
+    const CAP: usize = 3 << 20;
+    let src = fab.alloc(CAP).unwrap();
+    let dst = fab.alloc(CAP).unwrap();
+    let smr = plugin::reg_mr(
+        &mut sc,
+        Region {
+            addr: src as usize,
+            size: CAP,
+            kind: PtrSupport::HOST,
+        },
+    )
+    .unwrap();
+    let rmr = plugin::reg_mr(
+        &mut rc,
+        Region {
+            addr: dst as usize,
+            size: CAP,
+            kind: PtrSupport::HOST,
+        },
+    )
+    .unwrap();
+
+    for (k, &size) in [0usize, 1, 4096, 1 << 20, (2 << 20) + 77]
+        .iter()
+        .enumerate()
+    {
+        let data = pattern(size, k as u8);
+        if size > 0 {
+            fab.write(src, &data).unwrap();
+        }
+        let mut rreq = plugin::irecv(
+            &mut rc,
+            &[RecvBuf {
+                addr: dst as usize,
+                size: CAP,
+                tag: 5,
+                mr: smr_inner(&rmr),
+            }],
+        )
+        .unwrap()
+        .expect("a receive can always be posted here");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut sreq = loop {
+            if let Some(r) = plugin::isend(&mut sc, src as usize, size, 5, &smr).unwrap() {
+                break r;
+            }
+            assert!(Instant::now() < deadline, "isend never found the CTS");
+        };
+        let mut sizes = [usize::MAX; plugin::MAX_GROUPED_RECVS];
+        let (mut sdone, mut rdone) = (false, false);
+        while !(sdone && rdone) {
+            assert!(Instant::now() < deadline, "requests did not complete");
+            if !sdone {
+                if let Some(n) = plugin::test(&mut sreq, &mut sizes).unwrap() {
+                    assert_eq!(n, 1);
+                    assert_eq!(sizes[0], size);
+                    sdone = true;
+                }
+            }
+            if !rdone {
+                if let Some(n) = plugin::test(&mut rreq, &mut sizes).unwrap() {
+                    assert_eq!(n, 1);
+                    assert_eq!(sizes[0], size, "received size");
+                    rdone = true;
+                }
+            }
+        }
+        if size > 0 {
+            assert_eq!(fab.read(dst, size).unwrap(), data, "payload of {size} bytes");
+        }
+    }
+    plugin::dereg_mr(&mut sc, *smr).unwrap();
+    plugin::dereg_mr(&mut rc, *rmr).unwrap();
+    plugin::close_send(*sc).unwrap();
+    plugin::close_recv(*rc).unwrap();
+    plugin::finalize(ctx).unwrap();
+    assert_eq!(plugin::devices::<B>().unwrap(), 0, "backend released");
+}
+
+fn smr_inner(m: &plugin::Mr<B>) -> &<B as Backend>::Mr {
+    m.inner()
+}
+
+#[test]
+fn grouped_receive_with_tags_and_many_connections() {
+    let b = backend(two_path_view(Config::default()));
+    for round in 0..3 {
+        let (mut s, mut r, l) = establish(&b, 0, 0);
+        B::close_listen(l).unwrap();
+        let fab = b.factory().fab().clone();
+        let src = fab.alloc(1 << 16).unwrap();
+        let dst = fab.alloc(1 << 16).unwrap();
+        let smr = B::reg_mr(
+            plugin::CommMut::Send(&mut s),
+            Region {
+                addr: src as usize,
+                size: 1 << 16,
+                kind: PtrSupport::HOST,
+            },
+        )
+        .unwrap();
+        let rmr = B::reg_mr(
+            plugin::CommMut::Recv(&mut r),
+            Region {
+                addr: dst as usize,
+                size: 1 << 16,
+                kind: PtrSupport::HOST,
+            },
+        )
+        .unwrap();
+        fab.write(src, &pattern(1 << 16, round)).unwrap();
+        // Two buffers, tags 1 and 2; sends arrive in the opposite tag order.
+        let bufs = [
+            RecvBuf {
+                addr: dst as usize,
+                size: 1 << 15,
+                tag: 1,
+                mr: &rmr,
+            },
+            RecvBuf {
+                addr: dst as usize + (1 << 15),
+                size: 1 << 15,
+                tag: 2,
+                mr: &rmr,
+            },
+        ];
+        let mut rr = B::irecv(&mut r, &bufs).unwrap().unwrap();
+        let mut s2 = None;
+        let mut s1 = None;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while s2.is_none() {
+            s2 = B::isend(&mut s, src as usize + 1000, 3000, 2, &smr).unwrap();
+            assert!(Instant::now() < deadline);
+        }
+        while s1.is_none() {
+            s1 = B::isend(&mut s, src as usize, 100, 1, &smr).unwrap();
+            assert!(Instant::now() < deadline);
+        }
+        let mut sizes = [0usize; 2];
+        while !B::test(&mut rr, &mut sizes).unwrap() {
+            assert!(Instant::now() < deadline);
+        }
+        assert_eq!(sizes, [100, 3000]);
+        let mut one = [0usize; 1];
+        for mut q in [s1.unwrap(), s2.unwrap()] {
+            while !B::test(&mut q, &mut one).unwrap() {
+                assert!(Instant::now() < deadline);
+            }
+        }
+        let want = pattern(1 << 16, round);
+        assert_eq!(fab.read(dst, 100).unwrap(), &want[..100]);
+        assert_eq!(
+            fab.read(dst + (1 << 15), 3000).unwrap(),
+            &want[1000..4000]
+        );
+        B::dereg_mr(plugin::CommMut::Send(&mut s), smr).unwrap();
+        B::dereg_mr(plugin::CommMut::Recv(&mut r), rmr).unwrap();
+        B::close_send(s).unwrap();
+        B::close_recv(r).unwrap();
+    }
+    assert_eq!(b.factory().parked(), 0);
+    assert_eq!(b.factory().created(), 6);
+}
+
+#[test]
+fn nccl_device_is_a_hint_and_the_override_is_used() {
+    // Device 1 has one link on a subnet where the peer has no address; device 0 reaches it.
+    let mut v = two_path_view(Config::default());
+    v.devices.push(device(1, "sl_eth9"));
+    v.links.push(link(2, "eth9", "10.9.9.1/30", Some(1), "pci0003:00"));
+    v.routes.push(KernelRoute {
+        dest: "10.9.9.0/30".parse().unwrap(),
+        gateway: None,
+        ifname: "eth9".into(),
+        metric: 0,
+    });
+    let b = backend(v);
+    let (s, r, _l) = establish(&b, 0, 1);
+    let labels = s.path_labels();
+    assert_eq!(labels.len(), 2, "{labels:?}");
+    assert_eq!(r.path_labels().len(), 2);
+    B::close_send(s).unwrap();
+    B::close_recv(r).unwrap();
+}
+
+#[test]
+fn the_device_hint_restricts_paths_when_it_reaches_the_peer() {
+    // Two devices, one link each: connecting on device 0 uses only its link.
+    let mut v = two_path_view(Config::default());
+    v.devices.push(device(1, "sl_lo2"));
+    v.links[1].nccl_dev = Some(1);
+    let b = backend(v);
+    let (s, r, _l) = establish(&b, 1, 0);
+    assert_eq!(s.path_labels().len(), 1, "{:?}", s.path_labels());
+    assert_eq!(r.path_labels().len(), 1);
+}
+
+#[test]
+fn loopback_paths_exist_when_the_device_registers_gpu_memory() {
+    let mut v = two_path_view(Config::default());
+    v.devices[0].ptr_support = 1 | 2;
+    let f = MemFactory::new(MemFab::new(MemFabConfig::default()), 1);
+    let b = Arc::new(Switchless::from_parts(f, v).unwrap());
+    assert_eq!(b.devices()[0].ptr_support, PtrSupport(3));
+    let (s, r, _l) = establish(&b, 0, 0);
+    assert_eq!(r.path_labels().len(), 3, "{:?}", r.path_labels());
+    assert!(r.path_labels()[2].contains("loopback"));
+    drop((s, r));
+}
+
+#[test]
+fn bad_handles_and_unknown_retry_state_are_clear_errors() {
+    let b = backend(two_path_view(Config::default()));
+    let mut h: Handle = [0xAB; HANDLE_SIZE];
+    h[120..].fill(0);
+    let e = b.connect(&CommInfo::default(), 0, &mut h).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    assert!(e.to_string().contains("not a switchless listen handle"), "{e}");
+
+    let mut h: Handle = [0; HANDLE_SIZE];
+    let _l = b.listen(&CommInfo::default(), 0, &mut h).unwrap();
+    h[120..].copy_from_slice(&0x1234u64.to_le_bytes());
+    let e = b.connect(&CommInfo::default(), 0, &mut h).unwrap_err();
+    assert!(e.to_string().contains("connection state 0x1234"), "{e}");
+}
+
+#[test]
+fn a_peer_on_no_shared_subnet_fails_at_once() {
+    // The listener's node only has 10.9.9.1/30; this node only 127/8: no route.
+    let b = backend(two_path_view(Config::default()));
+    let listener_side = {
+        let mut v = two_path_view(Config::default());
+        v.links = vec![link(0, "eth9", "10.9.9.1/30", Some(0), "pci0000:00")];
+        backend(v)
+    };
+    let mut h: Handle = [0; HANDLE_SIZE];
+    let _l = listener_side
+        .listen(&CommInfo::default(), 0, &mut h)
+        .unwrap();
+    let t = Instant::now();
+    let e = b.connect(&CommInfo::default(), 0, &mut h).unwrap_err();
+    assert!(t.elapsed() < Duration::from_secs(2));
+    assert!(matches!(e, Error::InvalidUsage(_)), "{e}");
+    assert!(e.to_string().contains("10.9.9.1"), "{e}");
+    assert_eq!(b.connecting(), 0);
+}
+
+#[test]
+fn a_listener_that_is_gone_gives_an_error_naming_the_peer() {
+    let cfg = Config::from_vars(|n| {
+        (n == "NCCL_SWITCHLESS_CONNECT_TIMEOUT").then(|| "300ms".to_string())
+    })
+    .unwrap();
+    let b = backend(two_path_view(cfg));
+    let mut h: Handle = [0; HANDLE_SIZE];
+    let l = b.listen(&CommInfo::default(), 0, &mut h).unwrap();
+    B::close_listen(l).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let e = loop {
+        match b.connect(&CommInfo::default(), 0, &mut h) {
+            Ok(None) => assert!(Instant::now() < deadline, "connect never gave up"),
+            Ok(Some(_)) => panic!("connected to a closed listener"),
+            Err(e) => break e,
+        }
+    };
+    let m = e.to_string();
+    assert!(m.contains("127.0.0."), "{m}");
+    assert_eq!(b.connecting(), 0, "failed state is not kept");
+}
+
+#[test]
+fn closing_a_comm_fails_its_outstanding_requests() {
+    let b = backend(two_path_view(Config::default()));
+    let (s, mut r, _l) = establish(&b, 0, 0);
+    let fab = b.factory().fab().clone();
+    let dst = fab.alloc(4096).unwrap();
+    let rmr = B::reg_mr(
+        plugin::CommMut::Recv(&mut r),
+        Region {
+            addr: dst as usize,
+            size: 4096,
+            kind: PtrSupport::HOST,
+        },
+    )
+    .unwrap();
+    let mut rr = B::irecv(
+        &mut r,
+        &[RecvBuf {
+            addr: dst as usize,
+            size: 4096,
+            tag: 0,
+            mr: &rmr,
+        }],
+    )
+    .unwrap()
+    .unwrap();
+    let mut sz = [0usize; 1];
+    assert!(!B::test(&mut rr, &mut sz).unwrap(), "nothing was sent");
+    B::close_recv(r).unwrap();
+    let e = B::test(&mut rr, &mut sz).unwrap_err();
+    assert!(e.to_string().contains("already closed"), "{e}");
+    B::close_send(s).unwrap();
+}
