@@ -120,14 +120,19 @@ fn establish(
     while s.is_none() || r.is_none() {
         assert!(Instant::now() < deadline, "handshake did not finish");
         if s.is_none() {
-            s = b.connect(&CommInfo::default(), dev_connect, &mut mine).unwrap();
+            s = b
+                .connect(&CommInfo::default(), dev_connect, &mut mine)
+                .unwrap();
             calls += 1;
         }
         if r.is_none() {
             r = B::accept(&mut l).unwrap();
         }
     }
-    assert!(calls >= 2, "connect must be non-blocking (returned at once)");
+    assert!(
+        calls >= 2,
+        "connect must be non-blocking (returned at once)"
+    );
     assert_eq!(b.connecting(), 0, "no parked state after completion");
     assert_eq!(&mine[120..128], &[0u8; 8], "state id cleared at completion");
     (s.unwrap(), r.unwrap(), l)
@@ -251,7 +256,11 @@ fn listen_connect_accept_send_recv_through_the_plugin_core() {
             }
         }
         if size > 0 {
-            assert_eq!(fab.read(dst, size).unwrap(), data, "payload of {size} bytes");
+            assert_eq!(
+                fab.read(dst, size).unwrap(),
+                data,
+                "payload of {size} bytes"
+            );
         }
     }
     plugin::dereg_mr(&mut sc, *smr).unwrap();
@@ -334,10 +343,7 @@ fn grouped_receive_with_tags_and_many_connections() {
         }
         let want = pattern(1 << 16, round);
         assert_eq!(fab.read(dst, 100).unwrap(), &want[..100]);
-        assert_eq!(
-            fab.read(dst + (1 << 15), 3000).unwrap(),
-            &want[1000..4000]
-        );
+        assert_eq!(fab.read(dst + (1 << 15), 3000).unwrap(), &want[1000..4000]);
         B::dereg_mr(plugin::CommMut::Send(&mut s), smr).unwrap();
         B::dereg_mr(plugin::CommMut::Recv(&mut r), rmr).unwrap();
         B::close_send(s).unwrap();
@@ -352,7 +358,8 @@ fn nccl_device_is_a_hint_and_the_override_is_used() {
     // Device 1 has one link on a subnet where the peer has no address; device 0 reaches it.
     let mut v = two_path_view(Config::default());
     v.devices.push(device(1, "sl_eth9"));
-    v.links.push(link(2, "eth9", "10.9.9.1/30", Some(1), "pci0003:00"));
+    v.links
+        .push(link(2, "eth9", "10.9.9.1/30", Some(1), "pci0003:00"));
     v.routes.push(KernelRoute {
         dest: "10.9.9.0/30".parse().unwrap(),
         gateway: None,
@@ -400,7 +407,10 @@ fn bad_handles_and_unknown_retry_state_are_clear_errors() {
     h[120..].fill(0);
     let e = b.connect(&CommInfo::default(), 0, &mut h).unwrap_err();
     assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
-    assert!(e.to_string().contains("not a switchless listen handle"), "{e}");
+    assert!(
+        e.to_string().contains("not a switchless listen handle"),
+        "{e}"
+    );
 
     let mut h: Handle = [0; HANDLE_SIZE];
     let _l = b.listen(&CommInfo::default(), 0, &mut h).unwrap();

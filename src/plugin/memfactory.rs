@@ -101,7 +101,8 @@ impl PathFactory for MemFactory {
             .clone()
             .ok_or_else(|| {
                 Error::System(
-                    "the in-memory fabric is not installed (MemFactory::install before init)".into(),
+                    "the in-memory fabric is not installed (MemFactory::install before init)"
+                        .into(),
                 )
             })
     }

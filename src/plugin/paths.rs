@@ -152,9 +152,8 @@ impl PathFactory for VerbsFactory {
             contexts.insert(d.name.clone(), ctx);
         }
         let dmabuf = crate::verbs::optional_symbols().has_dmabuf();
-        let filter = |dev: &str, port: u8| {
-            config.ib_hca.matches(dev, port) && contexts.contains_key(dev)
-        };
+        let filter =
+            |dev: &str, port: u8| config.ib_hca.matches(dev, port) && contexts.contains_key(dev);
         let devices = model.nccl_devices(&filter, dmabuf);
         if devices.is_empty() {
             let names: Vec<String> = probe.devices.iter().map(|d| d.name.clone()).collect();
@@ -222,7 +221,10 @@ impl PathFactory for VerbsFactory {
                 gid_index,
                 active_mtu: l.active_mtu,
                 speed_mbps: u64::from(l.speed_mbps),
-                label: format!("{} {} {}:{} gid {}", l.netdev, l.addr, dev, l.port, gid_index),
+                label: format!(
+                    "{} {} {}:{} gid {}",
+                    l.netdev, l.addr, dev, l.port, gid_index
+                ),
             });
         }
         VerbsFabric::new(&vp, opts.loopback)

@@ -70,7 +70,7 @@ pub struct Switchless<P: PathFactory> {
     view: HostView,
     props: Vec<Properties>,
     proto: ProtocolConfig,
-    connecting: Mutex<HashMap<u64, ConnectState<P::Fabric>>>,
+    connecting: Mutex<HashMap<u64, Box<ConnectState<P::Fabric>>>>,
     id_base: u64,
     next_id: AtomicU64,
 }
@@ -125,22 +125,28 @@ impl<F: Connectable> std::fmt::Debug for RecvEnd<F> {
 impl<F: Connectable> SendEnd<F> {
     /// The labels of the connection's paths (data paths, then loopbacks); empty once closed.
     pub fn path_labels(&self) -> Vec<String> {
-        self.comm.lock().ok().and_then(|g| {
-            g.as_ref()
-                .map(|c| c.fabric().paths().iter().map(|p| p.label.clone()).collect())
-        })
-        .unwrap_or_default()
+        self.comm
+            .lock()
+            .ok()
+            .and_then(|g| {
+                g.as_ref()
+                    .map(|c| c.fabric().paths().iter().map(|p| p.label.clone()).collect())
+            })
+            .unwrap_or_default()
     }
 }
 
 impl<F: Connectable> RecvEnd<F> {
     /// The labels of the connection's paths (data paths, then loopbacks); empty once closed.
     pub fn path_labels(&self) -> Vec<String> {
-        self.comm.lock().ok().and_then(|g| {
-            g.as_ref()
-                .map(|c| c.fabric().paths().iter().map(|p| p.label.clone()).collect())
-        })
-        .unwrap_or_default()
+        self.comm
+            .lock()
+            .ok()
+            .and_then(|g| {
+                g.as_ref()
+                    .map(|c| c.fabric().paths().iter().map(|p| p.label.clone()).collect())
+            })
+            .unwrap_or_default()
     }
 }
 
@@ -152,16 +158,24 @@ pub enum Req<F: Connectable> {
     Recv(Shared<RecvComm<F>>, comm::Request),
 }
 
+struct Responding<F: Connectable> {
+    inc: Incoming,
+    comm: RecvComm<F>,
+    plans: Vec<PathPlan>,
+    local: Vec<PathParams>,
+}
+
 enum AcceptState<F: Connectable> {
     Waiting,
-    Responding {
-        inc: Incoming,
-        comm: RecvComm<F>,
-        plans: Vec<PathPlan>,
-        local: Vec<PathParams>,
-    },
+    Responding(Box<Responding<F>>),
     Done,
     Failed,
+}
+
+/// Where a connection stands after one `connect` call.
+enum Progress<F: Connectable> {
+    Done(SendEnd<F>),
+    Pending(Box<ConnectState<F>>),
 }
 
 /// A listening endpoint (`listenComm`).
@@ -271,7 +285,7 @@ impl<P: PathFactory> Switchless<P> {
             .map(|l| l.addr.addr())
     }
 
-    fn sweep(&self, map: &mut HashMap<u64, ConnectState<P::Fabric>>) {
+    fn sweep(&self, map: &mut HashMap<u64, Box<ConnectState<P::Fabric>>>) {
         let limit = 2 * self.timeout() + Duration::from_secs(10);
         map.retain(|id, s| {
             let keep = s.started.elapsed() < limit;
@@ -291,7 +305,7 @@ impl<P: PathFactory> Switchless<P> {
         comm: &CommInfo,
         dev: usize,
         handle: &Handle,
-    ) -> Result<ConnectState<P::Fabric>> {
+    ) -> Result<Box<ConnectState<P::Fabric>>> {
         let repr = HandleRepr::from_bytes(&handle[..]).map_err(|e| {
             Error::InvalidArgument(format!(
                 "connect on device {dev}: the handle is not a switchless listen handle: {e}"
@@ -350,7 +364,7 @@ impl<P: PathFactory> Switchless<P> {
             },
             self.timeout(),
         )?;
-        Ok(ConnectState {
+        Ok(Box::new(ConnectState {
             connector,
             comm: sc,
             plans,
@@ -360,17 +374,14 @@ impl<P: PathFactory> Switchless<P> {
             peer,
             dev,
             started: Instant::now(),
-        })
+        }))
     }
 
-    /// Advances a connection; `Ok(Err(state))` = still in progress.
-    fn advance(
-        &self,
-        mut s: ConnectState<P::Fabric>,
-    ) -> Result<std::result::Result<SendEnd<P::Fabric>, ConnectState<P::Fabric>>> {
+    /// Advances a connection as far as the sockets allow.
+    fn advance(&self, mut s: Box<ConnectState<P::Fabric>>) -> Result<Progress<P::Fabric>> {
         loop {
             match s.connector.poll()? {
-                ConnectPoll::Pending => return Ok(Err(s)),
+                ConnectPoll::Pending => return Ok(Progress::Pending(s)),
                 ConnectPoll::Reply(side) => {
                     let ctrl = CtrlInfo::from_bytes(&side.extra)
                         .map_err(|e| step_error(e, &s.peer, "reading its control info"))?;
@@ -398,7 +409,7 @@ impl<P: PathFactory> Switchless<P> {
                             &format!("tcp {} -> {}", est.local, est.peer),
                         )
                     );
-                    return Ok(Ok(SendEnd {
+                    return Ok(Progress::Done(SendEnd {
                         comm: Arc::new(Mutex::new(Some(s.comm))),
                     }));
                 }
@@ -406,11 +417,7 @@ impl<P: PathFactory> Switchless<P> {
         }
     }
 
-    fn respond(
-        &self,
-        mut inc: Incoming,
-        dev: usize,
-    ) -> Result<AcceptState<P::Fabric>> {
+    fn respond(&self, mut inc: Incoming, dev: usize) -> Result<AcceptState<P::Fabric>> {
         let who = format!("connector {}", inc.peer());
         let plans: Vec<PathPlan> = inc
             .paths()
@@ -437,12 +444,12 @@ impl<P: PathFactory> Switchless<P> {
                     paths: local.clone(),
                     extra: rc.local_info().to_bytes(),
                 })?;
-                Ok(AcceptState::Responding {
+                Ok(AcceptState::Responding(Box::new(Responding {
                     inc,
                     comm: rc,
                     plans,
                     local,
-                })
+                })))
             }
             Err(e) => {
                 let reason = e.to_string();
@@ -603,11 +610,11 @@ impl<P: PathFactory> Backend for Switchless<P> {
         };
         let (id, s) = state;
         match self.advance(s) {
-            Ok(Ok(end)) => {
+            Ok(Progress::Done(end)) => {
                 HandleView::new_unchecked(&mut handle[..]).set_scratch(0);
                 Ok(Some(end))
             }
-            Ok(Err(s)) => {
+            Ok(Progress::Pending(s)) => {
                 let mut map = lock(&self.connecting)?;
                 self.sweep(&mut map);
                 map.insert(id, s);
@@ -630,22 +637,18 @@ impl<P: PathFactory> Backend for Switchless<P> {
                     }
                     Some(inc) => l.state = l.backend.respond(inc, l.dev)?,
                 },
-                AcceptState::Responding {
-                    mut inc,
-                    comm,
-                    plans,
-                    local,
-                } => match inc.poll()? {
+                AcceptState::Responding(mut r) => match r.inc.poll()? {
                     AcceptPoll::Pending => {
-                        l.state = AcceptState::Responding {
+                        l.state = AcceptState::Responding(r);
+                        return Ok(None);
+                    }
+                    AcceptPoll::Done(est) => {
+                        let Responding {
                             inc,
                             comm,
                             plans,
                             local,
-                        };
-                        return Ok(None);
-                    }
-                    AcceptPoll::Done(est) => {
+                        } = *r;
                         let remote: Vec<PathParams> =
                             inc.paths().iter().map(|p| p.peer_params.clone()).collect();
                         tracing::info!(
@@ -760,9 +763,7 @@ impl<P: PathFactory> Backend for Switchless<P> {
             .collect();
         let mut g = lock(&comm.comm)?;
         let rc = g.as_mut().ok_or_else(|| closed("irecv"))?;
-        Ok(rc
-            .irecv(&v)?
-            .map(|r| Req::Recv(Arc::clone(&comm.comm), r)))
+        Ok(rc.irecv(&v)?.map(|r| Req::Recv(Arc::clone(&comm.comm), r)))
     }
 
     fn iflush(
@@ -779,9 +780,7 @@ impl<P: PathFactory> Backend for Switchless<P> {
             .collect();
         let mut g = lock(&comm.comm)?;
         let rc = g.as_mut().ok_or_else(|| closed("iflush"))?;
-        Ok(rc
-            .iflush(&v)?
-            .map(|r| Req::Recv(Arc::clone(&comm.comm), r)))
+        Ok(rc.iflush(&v)?.map(|r| Req::Recv(Arc::clone(&comm.comm), r)))
     }
 
     fn test(req: &mut Req<P::Fabric>, sizes: &mut [usize]) -> Result<bool> {

@@ -471,9 +471,7 @@ impl Fabric for VerbsFabric {
 
     fn alloc_ctrl(&mut self, words: usize) -> Result<CtrlMem> {
         if words == 0 {
-            return Err(Error::InvalidArgument(
-                "control memory of 0 words".into(),
-            ));
+            return Err(Error::InvalidArgument("control memory of 0 words".into()));
         }
         let block: Box<[AtomicU64]> = (0..words).map(|_| AtomicU64::new(0)).collect();
         let ptr = block.as_ptr() as *mut u8;
@@ -687,8 +685,14 @@ mod tests {
             ..Default::default()
         };
         let t = QpTuning::from_config(&cfg, Some(3));
-        assert_eq!((t.traffic_class, t.sl, t.timeout, t.retry_cnt), (41, 3, 14, 3));
+        assert_eq!(
+            (t.traffic_class, t.sl, t.timeout, t.retry_cnt),
+            (41, 3, 14, 3)
+        );
         let d = QpTuning::default();
-        assert_eq!((d.traffic_class, d.sl, d.timeout, d.retry_cnt), (0, 0, 20, 7));
+        assert_eq!(
+            (d.traffic_class, d.sl, d.timeout, d.retry_cnt),
+            (0, 0, 20, 7)
+        );
     }
 }
