@@ -183,6 +183,7 @@ pub struct ListenEnd<P: PathFactory> {
     backend: Arc<Switchless<P>>,
     listener: Listener,
     dev: usize,
+    comm: CommInfo,
     state: AcceptState<P::Fabric>,
 }
 
@@ -417,7 +418,12 @@ impl<P: PathFactory> Switchless<P> {
         }
     }
 
-    fn respond(&self, mut inc: Incoming, dev: usize) -> Result<AcceptState<P::Fabric>> {
+    fn respond(
+        &self,
+        mut inc: Incoming,
+        dev: usize,
+        info: &CommInfo,
+    ) -> Result<AcceptState<P::Fabric>> {
         let who = format!("connector {}", inc.peer());
         let plans: Vec<PathPlan> = inc
             .paths()
@@ -429,7 +435,7 @@ impl<P: PathFactory> Switchless<P> {
             })
             .collect();
         let peer: Vec<PathParams> = inc.paths().iter().map(|p| p.peer_params.clone()).collect();
-        let opts = self.opts(&CommInfo::default(), dev, true);
+        let opts = self.opts(info, dev, true);
         let built = (|| -> Result<(RecvComm<P::Fabric>, Vec<PathParams>)> {
             let fab = self.factory.create(&plans, Some(&peer), &opts)?;
             let mut rc = RecvComm::new(fab, self.proto)?;
@@ -554,7 +560,7 @@ impl<P: PathFactory> Backend for Switchless<P> {
 
     fn listen(
         self: &Arc<Self>,
-        _comm: &CommInfo,
+        comm: &CommInfo,
         dev: usize,
         handle: &mut Handle,
     ) -> Result<ListenEnd<P>> {
@@ -582,6 +588,7 @@ impl<P: PathFactory> Backend for Switchless<P> {
             backend: Arc::clone(self),
             listener,
             dev,
+            comm: *comm,
             state: AcceptState::Waiting,
         })
     }
@@ -635,7 +642,7 @@ impl<P: PathFactory> Backend for Switchless<P> {
                         l.state = AcceptState::Waiting;
                         return Ok(None);
                     }
-                    Some(inc) => l.state = l.backend.respond(inc, l.dev)?,
+                    Some(inc) => l.state = l.backend.respond(inc, l.dev, &l.comm)?,
                 },
                 AcceptState::Responding(mut r) => match r.inc.poll()? {
                     AcceptPoll::Pending => {

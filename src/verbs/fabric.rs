@@ -21,7 +21,8 @@
 //! to RTR then RTS towards the peer's ends. `NCCL_IB_QPS_PER_CONNECTION` is not folded in: one QP per
 //! path (striping over paths already spreads a connection).
 //!
-//! The inline hint of [`WriteWr`] is not used (allowed by the trait): every write goes through its SGE.
+//! The inline hint of [`WriteWr`] is honoured up to the QP's granted `max_inline_data` (64 bytes
+//! requested; a device that refuses inline gets QPs without it and SGE writes only).
 
 use std::collections::HashMap;
 use std::os::fd::BorrowedFd;
@@ -162,6 +163,9 @@ fn path_mtu(a: u32, b: u32) -> Mtu {
         .unwrap_or(Mtu::Mtu256)
 }
 
+/// Inline payload requested per QP, bytes (the protocol marks writes of at most 64 bytes inline).
+const INLINE_BYTES: u32 = 64;
+
 const QP_ACCESS: Access = Access(Access::REMOTE_WRITE.0 | Access::REMOTE_READ.0);
 
 impl VerbsFabric {
@@ -191,13 +195,25 @@ impl VerbsFabric {
             max_recv_wr: RECV_DEPTH as u32,
             max_send_sge: 1,
             max_recv_sge: 1,
-            max_inline_data: 0,
+            max_inline_data: INLINE_BYTES,
         };
         let cq_depth = (SEND_QUEUE_DEPTH + RECV_DEPTH + 64) as u32;
         for p in paths {
             let pd = f.pd_for(&p.ctx)?;
             let cq = CompletionQueue::new(&p.ctx, cq_depth)?;
-            let qp = QueuePair::new_rc(&f.pds[pd], &cq, &cq, caps)?;
+            let qp = match QueuePair::new_rc(&f.pds[pd], &cq, &cq, caps) {
+                Ok(q) => q,
+                // A device that cannot inline: plain SGE writes only.
+                Err(_) => QueuePair::new_rc(
+                    &f.pds[pd],
+                    &cq,
+                    &cq,
+                    QpCaps {
+                        max_inline_data: 0,
+                        ..caps
+                    },
+                )?,
+            };
             qp.to_init(p.port, QP_ACCESS)?;
             let gid = p.ctx.query_gid(p.port, p.gid_index)?;
             if gid.is_zero() {
@@ -237,6 +253,7 @@ impl VerbsFabric {
                 let lcaps = QpCaps {
                     max_send_wr: 64,
                     max_recv_wr: 1,
+                    max_inline_data: 0,
                     ..caps
                 };
                 let qp = QueuePair::new_rc(&f.pds[pd], &cq, &cq, lcaps)?;
@@ -526,25 +543,32 @@ impl Fabric for VerbsFabric {
 
     fn post_write(&mut self, path: usize, wr: &WriteWr) -> Result<()> {
         self.check_path(path)?;
+        let qp = &self.qps[path];
+        let flags = SendFlags {
+            signaled: wr.signaled,
+            fence: false,
+        };
+        let remote = RemoteAddr {
+            addr: wr.remote.addr,
+            rkey: wr.remote.rkey,
+        };
+        if wr.inline && wr.local.len > 0 && wr.local.len <= qp.caps().max_inline_data {
+            // SAFETY: the protocol posts writes only from memory it registered (control memory owned
+            // by this fabric, or NCCL buffers whose registration covers the range: the comm checks
+            // `addr..addr+len` against the memory handle), so the range is mapped and readable; the
+            // bytes are copied into the work request before ibv_post_send returns.
+            let data = unsafe {
+                std::slice::from_raw_parts(wr.local.addr as *const u8, wr.local.len as usize)
+            };
+            return qp.post_rdma_write_inline(wr.wr_id, data, remote, wr.imm, flags);
+        }
         let sge = [Sge {
             addr: wr.local.addr,
             length: wr.local.len,
             lkey: wr.local.lkey,
         }];
         let local: &[Sge] = if wr.local.len == 0 { &[] } else { &sge };
-        self.qps[path].post_rdma_write(
-            wr.wr_id,
-            local,
-            RemoteAddr {
-                addr: wr.remote.addr,
-                rkey: wr.remote.rkey,
-            },
-            wr.imm,
-            SendFlags {
-                signaled: wr.signaled,
-                fence: false,
-            },
-        )
+        qp.post_rdma_write(wr.wr_id, local, remote, wr.imm, flags)
     }
 
     fn post_read(&mut self, path: usize, wr: &ReadWr) -> Result<()> {
