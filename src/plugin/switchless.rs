@@ -33,7 +33,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 use std::os::fd::BorrowedFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -73,6 +73,8 @@ pub struct Switchless<P: PathFactory> {
     connecting: Mutex<HashMap<u64, Box<ConnectState<P::Fabric>>>>,
     id_base: u64,
     next_id: AtomicU64,
+    /// The small-MTU warning was given (once per process).
+    warned_mtu: AtomicBool,
 }
 
 impl<P: PathFactory> std::fmt::Debug for Switchless<P> {
@@ -234,6 +236,7 @@ impl<P: PathFactory> Switchless<P> {
             connecting: Mutex::new(HashMap::new()),
             id_base: u64::from(u32::from_le_bytes(b) | 1) << 32,
             next_id: AtomicU64::new(1),
+            warned_mtu: AtomicBool::new(false),
         })
     }
 
@@ -250,6 +253,27 @@ impl<P: PathFactory> Switchless<P> {
     /// Connections in progress (parked between `connect` retries).
     pub fn connecting(&self) -> usize {
         self.connecting.lock().map_or(0, |m| m.len())
+    }
+
+    /// Warns once per process when a RoCE path runs below a 4096-byte MTU (the interface-MTU-1500 trap).
+    fn check_mtu<F: Connectable>(&self, plans: &[PathPlan], remote: &[PathParams], fab: &F) {
+        for (i, (p, r)) in plans.iter().zip(remote).enumerate() {
+            let mtu = fab.path_mtu(i, r);
+            if p.kind == LinkKind::Roce
+                && mtu < 4096
+                && !self.warned_mtu.swap(true, Ordering::Relaxed)
+            {
+                tracing::warn!(
+                    "NET/switchless: path {} -> {} runs with a {mtu}-byte RoCE MTU (local active MTU {} bytes, \
+                     peer {} bytes): an interface MTU below 4200 bytes caps RoCE at 1024 or 2048 bytes and \
+                     costs bandwidth; set the MTU of both ends to 9000 (see `switchless doctor`)",
+                    p.local.netdev,
+                    p.remote,
+                    p.local.active_mtu,
+                    r.mtu
+                );
+            }
+        }
     }
 
     fn timeout(&self) -> Duration {
@@ -396,6 +420,7 @@ impl<P: PathFactory> Switchless<P> {
                 }
                 ConnectPoll::Done(est) => {
                     let remote = s.remote.take().unwrap_or_default();
+                    self.check_mtu(&s.plans, &remote, s.comm.fabric());
                     tracing::info!(
                         "NET/switchless: {}",
                         describe(
@@ -658,6 +683,7 @@ impl<P: PathFactory> Backend for Switchless<P> {
                         } = *r;
                         let remote: Vec<PathParams> =
                             inc.paths().iter().map(|p| p.peer_params.clone()).collect();
+                        l.backend.check_mtu(&plans, &remote, comm.fabric());
                         tracing::info!(
                             "NET/switchless: {}",
                             describe(
