@@ -1263,7 +1263,11 @@ pub fn render_text(s: &Summary) -> String {
         }
         match r.avg_busbw_gbyte_s {
             Some(avg) => {
-                let _ = writeln!(o, "  Avg bus bandwidth (nccl-tests footer): {}", bw(avg));
+                let _ = writeln!(
+                    o,
+                    "  Avg bus bandwidth (nccl-tests footer): {avg} GB/s = {:.1} Gb/s",
+                    gbyte_to_gbit(avg)
+                );
             }
             None => {
                 let _ = writeln!(o, "  Avg bus bandwidth: missing (run incomplete)");
