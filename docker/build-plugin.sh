@@ -54,7 +54,7 @@ install_prefix() {
 
 # Highest GLIBC_x.y version a file needs.
 glibc_needed() {
-  objdump -T "$1" | grep -o 'GLIBC_[0-9][0-9.]*' | sed 's/GLIBC_//' | sort -t. -k1,1n -k2,2n -k3,3n | tail -n1
+  { objdump -T "$1" | grep -o 'GLIBC_[0-9][0-9.]*' || true; } | sed 's/GLIBC_//' | sort -t. -k1,1n -k2,2n -k3,3n | tail -n1
 }
 
 version_le() {
@@ -78,7 +78,7 @@ check() {
   needed=$(readelf -d "$so" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
   bad=$(grep -vE "$ALLOWED_NEEDED" <<< "$needed" || true)
   [ -z "$bad" ] || die "$so needs libraries a runtime image may lack: $(echo "$bad" | tr '\n' ' ')(allowed: libc, libm, libgcc_s, libdl, libpthread, librt, libibverbs, librdmacm)"
-  echo "ok: needs only $(echo "$needed" | tr '\n' ' ')"
+  echo "ok: needs only: $(echo "$needed" | tr '\n' ' ')"
 
   glibc=$(glibc_needed "$so")
   if [ -n "$glibc" ]; then
