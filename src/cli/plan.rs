@@ -1,15 +1,132 @@
-//! `switchless plan` (not yet implemented).
+//! `switchless plan`: turn a cables file into a per-link IP plan (see `docs/readme/plan.md`).
+#![forbid(unsafe_code)]
 
+use std::io::{Read as _, Write as _};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
+use ipnet::Ipv4Net;
+
+use crate::error::{Error, Result};
+use crate::plan::render::{self, Format};
+use crate::plan::{self, Options, PortMap, cables};
+
 #[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Example: switchless plan cables.txt --model b300 --format netplan --out netplan/\n\
+Cables file lines: `SERVER-PORT > SERVER-PORT` (e.g. `1-1 > 2-1`), `#` comments, several per line with commas.\n\
+Map file lines (custom --model FILE): `PORT = IFNAME [IFNAME...]`, optional `name = MODEL`."
+)]
 pub struct Args {
-    /// Read kernel files under this directory instead of /.
-    #[arg(long, default_value = "/")]
-    pub root: std::path::PathBuf,
+    /// The cables file (`-` reads standard input).
+    pub cables: PathBuf,
+    /// Server model: `b300` (DGX B300, 8 ports × 2 interfaces), `gb10` (DGX Spark, 2 ports × 2 functions),
+    /// or the path of a port map file.
+    #[arg(long, default_value = "b300")]
+    pub model: String,
+    /// Number of servers (default: the highest server the cables file names).
+    #[arg(long)]
+    pub servers: Option<u32>,
+    /// The range the link subnets are taken from.
+    #[arg(long, default_value = plan::DEFAULT_BASE, value_parser = parse_base)]
+    pub base: Ipv4Net,
+    /// Prefix length of each link: 30 (4 addresses per link) or 31 (2 per link, RFC 3021).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u8).range(30..=31))]
+    pub prefix: u8,
+    /// Interface MTU in bytes.
+    #[arg(long, default_value_t = 9000)]
+    pub mtu: u32,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+    /// Print only this server's part.
+    #[arg(long)]
+    pub server: Option<u32>,
+    /// Write files into this directory (one per server for ip/netplan, one per interface for networkd)
+    /// instead of standard output.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
 }
 
-pub fn run(_args: Args) -> ExitCode {
-    eprintln!("switchless plan: not implemented yet");
-    ExitCode::from(2)
+fn parse_base(s: &str) -> std::result::Result<Ipv4Net, String> {
+    s.parse().map_err(|_| {
+        format!(
+            "`{s}` is not an IPv4 range; expected NETWORK/PREFIX, e.g. {}",
+            plan::DEFAULT_BASE
+        )
+    })
+}
+
+pub fn run(args: Args) -> ExitCode {
+    match execute(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("switchless plan: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn execute(args: &Args) -> Result<()> {
+    let map = PortMap::load(&args.model)?;
+    let (name, text) = if args.cables.as_os_str() == "-" {
+        let mut s = String::new();
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .map_err(|e| Error::io("reading the cables file from standard input", e))?;
+        ("<stdin>".to_string(), s)
+    } else {
+        let name = args.cables.display().to_string();
+        let text = std::fs::read_to_string(&args.cables)
+            .map_err(|e| Error::InvalidUsage(format!("cannot read the cables file {name}: {e}")))?;
+        (name, text)
+    };
+    if let Some(n) = args.servers
+        && n < 2
+    {
+        return Err(Error::InvalidUsage(format!(
+            "--servers {n}: a mesh needs at least 2 servers"
+        )));
+    }
+    let cables = cables::parse(&name, &text, &map, args.servers)?;
+    let built = plan::build(
+        &cables,
+        &map,
+        &Options {
+            base: args.base,
+            prefix: args.prefix,
+            mtu: args.mtu,
+        },
+    )?;
+    for w in &built.warnings {
+        eprintln!("switchless plan: warning: {w}");
+    }
+    let files = render::render(&built.plan, args.format, args.server)?;
+    match &args.out {
+        None => {
+            let mut stdout = std::io::stdout().lock();
+            stdout
+                .write_all(render::to_stdout(&files).as_bytes())
+                .map_err(|e| Error::io("writing to standard output", e))?;
+        }
+        Some(dir) => {
+            for f in &files {
+                let path = dir.join(&f.path);
+                if let Some(parent) = path.parent() {
+                    std::fs::create_dir_all(parent)
+                        .map_err(|e| Error::io(format!("creating {}", parent.display()), e))?;
+                }
+                std::fs::write(&path, &f.text)
+                    .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
+                if args.format == Format::Netplan {
+                    // netplan warns about configuration files other users can read.
+                    use std::os::unix::fs::PermissionsExt as _;
+                    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+                        .map_err(|e| Error::io(format!("chmod 600 {}", path.display()), e))?;
+                }
+                eprintln!("switchless plan: wrote {}", path.display());
+            }
+        }
+    }
+    Ok(())
 }

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# End-to-end check of `switchless plan` on the fixtures in tests/fixtures/plan:
+#  1. netplan itself accepts every server's YAML (`netplan generate --root-dir`), and the addresses and MTU it
+#     renders equal the plan's JSON and our own --format networkd files;
+#  2. the --format ip commands, run in one network namespace per server joined by veth pairs named like the real
+#     ports, give every link a working subnet: each planned ping (plain, then 9000-byte frames with don't-fragment)
+#     succeeds; and a jumbo ping fails once one end's MTU is lowered (so the check can fail).
+# Needs root (namespaces), iproute2, iputils-ping, netplan.io, jq (scripts/deps.d/plan.txt). Bounded: about 30 s on 2 cores.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+for tool in netplan ip ping jq; do
+  command -v "$tool" >/dev/null || { echo "40-plan: $tool is missing; run scripts/deps.sh" >&2; exit 1; }
+done
+[ "$(id -u)" -eq 0 ] || { echo "40-plan: needs root to create network namespaces" >&2; exit 1; }
+
+cargo build --quiet --bin switchless
+bin="${CARGO_TARGET_DIR:-target}/debug/switchless"
+fx=tests/fixtures/plan
+work=$(mktemp -d)
+namespaces=()
+cleanup() {
+  for ns in "${namespaces[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+fail() { echo "40-plan: FAIL: $*" >&2; exit 1; }
+
+check_case() {
+  local cables="$fx/$1" model="$2" tag="$3"
+  local json servers s
+  json="$work/$tag.json"
+  "$bin" plan "$cables" --model "$model" --format json >"$json" 2>/dev/null
+  servers=$(jq .server_count "$json")
+
+  # 1. netplan and networkd renderings agree with the JSON.
+  for s in $(seq 1 "$servers"); do
+    local want root nd
+    want=$(jq -r --argjson s "$s" '.servers[] | select(.server == $s) | .interfaces[] | "\(.interface) \(.address)"' "$json" | sort)
+    root="$work/$tag-netplan-$s"
+    mkdir -p "$root/etc/netplan"
+    "$bin" plan "$cables" --model "$model" --format netplan --server "$s" >"$root/etc/netplan/60-switchless.yaml" 2>/dev/null
+    chmod 600 "$root/etc/netplan/60-switchless.yaml"
+    netplan generate --root-dir "$root" || fail "$tag server $s: netplan rejects the YAML"
+    local got_np=""
+    for f in "$root"/run/systemd/network/10-netplan-*.network; do
+      [ -e "$f" ] || continue
+      got_np+="$(sed -n 's/^Name=//p' "$f") $(sed -n 's/^Address=//p' "$f")"$'\n'
+      grep -qx 'MTUBytes=9000' "$f" || fail "$tag server $s: $f lacks MTUBytes=9000"
+    done
+    [ "$(printf '%s' "$got_np" | sed '/^$/d' | sort)" = "$want" ] || fail "$tag server $s: netplan renders other addresses than the plan"
+    nd="$work/$tag-networkd"
+    "$bin" plan "$cables" --model "$model" --format networkd --server "$s" --out "$nd" 2>/dev/null
+    local got_nd=""
+    for f in "$nd/server$s"/*.network; do
+      [ -e "$f" ] || continue
+      got_nd+="$(sed -n 's/^Name=//p' "$f") $(sed -n 's/^Address=//p' "$f")"$'\n'
+    done
+    [ "$(printf '%s' "$got_nd" | sed '/^$/d' | sort)" = "$want" ] || fail "$tag server $s: networkd files disagree with the plan"
+  done
+
+  # 2. The ip commands in namespaces joined by veth pairs.
+  local ns=()
+  for s in $(seq 1 "$servers"); do
+    ns[s]="swlplan$$-$tag-$s"
+    ip netns add "${ns[s]}"
+    namespaces+=("${ns[s]}")
+  done
+  while read -r sa ia sb ib; do
+    ip netns exec "${ns[sa]}" ip link add name "$ia" type veth peer name "$ib" netns "${ns[sb]}"
+  done < <(jq -r '.links[] | "\(.ends[0].server) \(.ends[0].interface) \(.ends[1].server) \(.ends[1].interface)"' "$json")
+  for s in $(seq 1 "$servers"); do
+    "$bin" plan "$cables" --model "$model" --format ip --server "$s" 2>/dev/null | grep -v '^ping ' \
+      | ip netns exec "${ns[s]}" sh -e || fail "$tag server $s: the ip commands failed"
+  done
+  for s in $(seq 1 "$servers"); do
+    local want got
+    want=$(jq -r --argjson s "$s" '.servers[] | select(.server == $s) | .interfaces[] | "\(.interface) \(.address) 9000 UP"' "$json" | sort)
+    got=$(ip netns exec "${ns[s]}" ip -j addr show | jq -r '.[] | select(.ifname != "lo") | "\(.ifname) \(.addr_info[] | select(.family == "inet") | "\(.local)/\(.prefixlen)") \(.mtu) \(.operstate)"' | sort)
+    [ "$got" = "$want" ] || fail "$tag server $s: addresses after the ip commands:"$'\n'"$got"$'\n'"planned:"$'\n'"$want"
+  done
+  local pings=0
+  for s in $(seq 1 "$servers"); do
+    while read -r cmd; do
+      # One packet per check instead of three keeps the step short.
+      ip netns exec "${ns[s]}" ${cmd/-c 3/-c 1} >/dev/null || fail "$tag server $s: \`$cmd\` failed"
+      pings=$((pings + 1))
+    done < <("$bin" plan "$cables" --model "$model" --format ip --server "$s" 2>/dev/null | grep '^ping ')
+  done
+  # The jumbo check must catch a lowered MTU.
+  local first_if first_peer
+  first_if=$(jq -r '.links[0].ends[0].interface' "$json")
+  first_peer=$(jq -r '.links[0].ends[1].address | split("/")[0]' "$json")
+  ip netns exec "${ns[$(jq '.links[0].ends[1].server' "$json")]}" ip link set dev "$(jq -r '.links[0].ends[1].interface' "$json")" mtu 1500
+  if ip netns exec "${ns[$(jq '.links[0].ends[0].server' "$json")]}" ping -I "$first_if" -c 1 -W 1 -M do -s 8972 "$first_peer" >/dev/null 2>&1; then
+    fail "$tag: a 9000-byte ping crossed a link whose far end has MTU 1500"
+  fi
+  for s in $(seq 1 "$servers"); do ip netns del "${ns[s]}"; done
+  echo "40-plan: $tag: netplan + networkd agree with the plan; $pings pings over $(jq '.links | length' "$json") links passed"
+}
+
+check_case b300-2node.cables b300 b300x2
+check_case b300-4node.cables b300 b300x4
+check_case gb10-3ring.cables gb10 gb10x3
+check_case custom.cables "$fx/custom.map" custom
+echo "40-plan: ok"

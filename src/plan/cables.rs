@@ -1,0 +1,299 @@
+//! The cables file: which port of which server is cabled to which port of which other server.
+//!
+//! The format is the one of the B300 generator described in seed 002 and `nccl-net-abi.md` §5.2:
+//!
+//! ```text
+//! # cables.txt — `SERVER-PORT > SERVER-PORT`, servers 1..N, ports as the model numbers them
+//! 1-1 > 2-1
+//! 1-2 > 2-2, 1-3 > 3-3     # several cables on one line, separated by commas
+//! ```
+//!
+//! `#` starts a comment, blank lines are ignored, whitespace around numbers, `-`, `>` and `,` is free. The
+//! direction of `>` carries no meaning: each cable is stored with its lower-numbered server first.
+#![forbid(unsafe_code)]
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::model::{PortMap, collected};
+use crate::error::Result;
+
+/// One end of a cable: a server (1-based) and a port of its model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Endpoint {
+    pub server: u32,
+    pub port: u32,
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.server, self.port)
+    }
+}
+
+/// A validated cable: `a.server < b.server`; `line` is where the file names it (1-based).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cable {
+    pub line: usize,
+    pub a: Endpoint,
+    pub b: Endpoint,
+}
+
+/// A validated cables file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cables {
+    /// Servers 1..=servers (given with `--servers`, else the highest server the file names).
+    pub servers: u32,
+    /// In file order.
+    pub cables: Vec<Cable>,
+}
+
+/// Parses and validates a cables file against a port map, collecting every error before failing.
+///
+/// `source` names the file in messages (`FILE:LINE: what`). `servers` is `--servers N` when given; otherwise
+/// the highest server number in the file. Errors: bad syntax, a server or port of 0 or out of range, a port the
+/// map lacks, a cable from a server to itself, a port used twice, a cable given twice, no cable at all.
+pub fn parse(source: &str, text: &str, map: &PortMap, servers: Option<u32>) -> Result<Cables> {
+    // (line, message); sorted by line before reporting, so syntax and semantic errors interleave in file order.
+    let mut errors: Vec<(usize, String)> = Vec::new();
+    let mut raw: Vec<Cable> = Vec::new();
+    // A byte-order mark (some Windows editors write one) is not part of the first line.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    for (idx, line_text) in text.lines().enumerate() {
+        let line = idx + 1;
+        let content = line_text.split('#').next().unwrap_or("");
+        for item in content.split(',') {
+            let item = item.trim();
+            if item.is_empty() {
+                continue;
+            }
+            match parse_item(item) {
+                Ok((x, y)) => raw.push(Cable { line, a: x, b: y }),
+                Err(why) => errors.push((line, format!("{source}:{line}: {why}"))),
+            }
+        }
+    }
+    let max_seen = raw
+        .iter()
+        .map(|c| c.a.server.max(c.b.server))
+        .max()
+        .unwrap_or(0);
+    let n = servers.unwrap_or(max_seen);
+    let mut used: BTreeMap<Endpoint, usize> = BTreeMap::new();
+    let mut pairs: BTreeMap<(Endpoint, Endpoint), usize> = BTreeMap::new();
+    let mut cables = Vec::new();
+    for c in raw {
+        let line = c.line;
+        let (a, b) = if c.a.server <= c.b.server {
+            (c.a, c.b)
+        } else {
+            (c.b, c.a)
+        };
+        let text = format!("`{} > {}`", c.a, c.b);
+        let mut ok = true;
+        if a.server == b.server {
+            errors.push((line, format!(
+                "{source}:{line}: {text} joins server {} to itself; a cable must join two different servers",
+                a.server
+            )));
+            ok = false;
+        }
+        for e in [c.a, c.b] {
+            if let Some(limit) = servers
+                && e.server > limit
+            {
+                errors.push((line, format!(
+                    "{source}:{line}: server {} in {text} is out of range: --servers {limit} allows servers 1..={limit}",
+                    e.server
+                )));
+                ok = false;
+            }
+            if map.port(e.port).is_none() {
+                errors.push((line, format!(
+                    "{source}:{line}: port {} (server {}) in {text} is not in the {} (ports {})",
+                    e.port,
+                    e.server,
+                    map.origin,
+                    map.port_list()
+                )));
+                ok = false;
+            }
+        }
+        if let Some(first) = pairs.get(&(a, b)) {
+            errors.push((
+                line,
+                format!("{source}:{line}: {text} repeats the cable at line {first}"),
+            ));
+            continue;
+        }
+        pairs.insert((a, b), line);
+        for e in [c.a, c.b] {
+            if let Some(first) = used.get(&e) {
+                // A self-loop on one port (`1-1 > 1-1`) is already reported above.
+                if !(c.a == c.b && *first == line) {
+                    errors.push((line, format!(
+                        "{source}:{line}: port {} of server {} is used twice: the cable at line {first} already uses it",
+                        e.port, e.server
+                    )));
+                }
+                ok = false;
+            } else {
+                used.insert(e, line);
+            }
+        }
+        if ok {
+            cables.push(Cable { line, a, b });
+        }
+    }
+    if errors.is_empty() && cables.is_empty() {
+        errors.push((
+            0,
+            format!("{source}: names no cable; expected lines like `1-1 > 2-1`"),
+        ));
+    }
+    if errors.is_empty() && n < 2 {
+        errors.push((
+            0,
+            format!("{source}: --servers {n}: a mesh needs at least 2 servers"),
+        ));
+    }
+    if !errors.is_empty() {
+        errors.sort_by_key(|(line, _)| *line);
+        let errors = errors.into_iter().map(|(_, m)| m).collect();
+        return Err(collected(source, "cables file", errors));
+    }
+    Ok(Cables { servers: n, cables })
+}
+
+/// `S-P > S-P` → the two ends, as written.
+fn parse_item(item: &str) -> std::result::Result<(Endpoint, Endpoint), String> {
+    let sides: Vec<&str> = item.split('>').collect();
+    if sides.len() != 2 {
+        let what = if sides.len() < 2 {
+            "has no `>`"
+        } else {
+            "has more than one `>`"
+        };
+        return Err(format!(
+            "`{item}` {what}; expected `SERVER-PORT > SERVER-PORT`, e.g. `1-1 > 2-1`"
+        ));
+    }
+    let a = parse_side(sides[0].trim(), item)?;
+    let b = parse_side(sides[1].trim(), item)?;
+    Ok((a, b))
+}
+
+fn parse_side(side: &str, item: &str) -> std::result::Result<Endpoint, String> {
+    let Some((s, p)) = side.split_once('-') else {
+        return Err(format!(
+            "`{side}` in `{item}` is not `SERVER-PORT`; expected two whole numbers joined by `-`, e.g. `2-1`"
+        ));
+    };
+    let num = |t: &str, what: &str| -> std::result::Result<u32, String> {
+        let t = t.trim();
+        match t.parse::<u32>() {
+            Ok(0) => Err(format!("{what} 0 in `{item}`: {what}s are numbered from 1")),
+            Ok(v) => Ok(v),
+            Err(_) => Err(format!(
+                "`{t}` in `{item}` is not a {what} number; expected a whole number from 1"
+            )),
+        }
+    };
+    Ok(Endpoint {
+        server: num(s, "server")?,
+        port: num(p, "port")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn b300() -> PortMap {
+        PortMap::b300()
+    }
+
+    #[test]
+    fn parses_seed_002_form() {
+        let c = parse(
+            "c.txt",
+            "# cables.txt\n\n1-1 > 2-1\n  2-2>1-2  # reversed\n",
+            &b300(),
+            None,
+        )
+        .unwrap();
+        assert_eq!(c.servers, 2);
+        assert_eq!(c.cables.len(), 2);
+        assert_eq!(c.cables[1].line, 4);
+        assert_eq!(c.cables[1].a, Endpoint { server: 1, port: 2 });
+        assert_eq!(c.cables[1].b, Endpoint { server: 2, port: 2 });
+    }
+
+    #[test]
+    fn several_per_line_and_whitespace() {
+        let c = parse(
+            "c.txt",
+            "1 - 1 > 2 - 1 ,  1-2 > 3-2,\n2-3>3-3",
+            &b300(),
+            Some(4),
+        )
+        .unwrap();
+        assert_eq!(c.servers, 4);
+        assert_eq!(c.cables.len(), 3);
+        assert_eq!(c.cables[1].line, 1);
+        assert_eq!(c.cables[2].line, 2);
+    }
+
+    #[test]
+    fn collects_every_error() {
+        let text = "1-1 2-1\n1-x > 2-1\n1-1 > 1-2\n1-9 > 2-9\n1-3 > 2-3\n2-3 > 1-3\n1-3 > 3-4\n0-1 > 2-1\n1-4 > 5-4\n";
+        let e = parse("c.txt", text, &b300(), Some(4))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("c.txt:1: `1-1 2-1` has no `>`"), "{e}");
+        assert!(
+            e.contains("c.txt:2: `x` in `1-x > 2-1` is not a port number"),
+            "{e}"
+        );
+        assert!(
+            e.contains("c.txt:3: `1-1 > 1-2` joins server 1 to itself"),
+            "{e}"
+        );
+        assert!(e.contains("c.txt:4: port 9 (server 1) in `1-9 > 2-9` is not in the built-in map b300 (ports 1-8)"), "{e}");
+        assert!(
+            e.contains("c.txt:6: `2-3 > 1-3` repeats the cable at line 5"),
+            "{e}"
+        );
+        assert!(
+            e.contains(
+                "c.txt:7: port 3 of server 1 is used twice: the cable at line 5 already uses it"
+            ),
+            "{e}"
+        );
+        assert!(
+            e.contains("c.txt:8: server 0 in `0-1 > 2-1`: servers are numbered from 1"),
+            "{e}"
+        );
+        assert!(
+            e.contains(
+                "c.txt:9: server 5 in `1-4 > 5-4` is out of range: --servers 4 allows servers 1..=4"
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn crlf_and_byte_order_mark() {
+        let c = parse("c.txt", "\u{feff}1-1 > 2-1\r\n1-2 > 2-2\r\n", &b300(), None).unwrap();
+        assert_eq!(c.cables.len(), 2);
+    }
+
+    #[test]
+    fn empty_file_is_an_error() {
+        let e = parse("c.txt", "# none\n", &b300(), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("c.txt: names no cable"), "{e}");
+    }
+}

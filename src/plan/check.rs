@@ -1,0 +1,392 @@
+//! Checks a live host against its part of a plan (`switchless doctor --plan plan.json --server N`).
+//!
+//! Check ids (stable):
+//!
+//! | id | severity | meaning |
+//! |---|---|---|
+//! | `plan-server-unknown` | error | `--server` is not a server of the plan |
+//! | `plan-no-links` | warning | the plan gives this server no link |
+//! | `plan-interface-missing` | error | a planned interface does not exist on the host |
+//! | `plan-link-down` | error | a planned interface is down |
+//! | `plan-mtu-mismatch` | error (lower) / warning (higher) | MTU differs from the plan |
+//! | `plan-address-missing` | error | a planned address is on no interface |
+//! | `plan-prefix-mismatch` | error | the planned address is there with another prefix length |
+//! | `plan-address-on-wrong-interface` | error | a planned address sits on another interface facing the same peer (or none), or on two interfaces |
+//! | `plan-cable-wrong-peer` | error | a planned address sits on an interface the plan cables to another peer: a cable in the wrong port |
+//! | `plan-address-of-other-server` | error | the host holds an address the plan gives to another server |
+//! | `plan-address-stray` | error | an address in a link subnet that is neither of its two planned addresses |
+//! | `plan-address-unplanned` | warning | an address in the plan's base range outside every planned link |
+//! | `plan-extra-address` | warning | a planned interface carries an address from outside the plan |
+//! | `plan-host-matches` | info | everything planned for this server is in place |
+//!
+//! [`live_from_ip_json`] turns the output of `ip -j addr show` into [`LiveIface`]s.
+#![forbid(unsafe_code)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+
+use super::{End, Link, Plan};
+use crate::error::{Error, Result};
+use crate::findings::{Finding, Severity};
+
+/// What the host shows for one network interface.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveIface {
+    pub name: String,
+    /// IPv4 addresses with their prefix lengths.
+    pub addrs: Vec<Ipv4Net>,
+    /// Bytes.
+    pub mtu: u32,
+    /// Operationally up (carrier present).
+    pub up: bool,
+}
+
+/// `ip -j addr show` output, as far as [`live_from_ip_json`] reads it.
+#[derive(Debug, serde::Deserialize)]
+struct IpLink {
+    ifname: Option<String>,
+    #[serde(default)]
+    mtu: u32,
+    #[serde(default)]
+    operstate: String,
+    #[serde(default)]
+    flags: Vec<String>,
+    #[serde(default)]
+    addr_info: Vec<IpAddrInfo>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct IpAddrInfo {
+    #[serde(default)]
+    family: String,
+    /// An IPv4 or IPv6 address, by `family`.
+    local: Option<String>,
+    prefixlen: Option<u8>,
+}
+
+/// Reads the interfaces from the JSON of `ip -j addr show` (iproute2): name, IPv4 addresses, MTU in bytes, and
+/// whether it is up (operstate `UP`, or `UNKNOWN` with the `LOWER_UP` flag, as dummy and some drivers report).
+pub fn live_from_ip_json(text: &str) -> Result<Vec<LiveIface>> {
+    let links: Vec<IpLink> = serde_json::from_str(text).map_err(|e| {
+        Error::InvalidUsage(format!(
+            "`ip -j addr show` output: {e}; expected a JSON array of interfaces"
+        ))
+    })?;
+    let mut out = Vec::new();
+    for l in links {
+        let Some(name) = l.ifname else { continue };
+        let mut addrs = Vec::new();
+        for a in &l.addr_info {
+            if a.family != "inet" {
+                continue;
+            }
+            if let (Some(local), Some(p)) = (&a.local, a.prefixlen) {
+                let net = local
+                    .parse::<Ipv4Addr>()
+                    .map_err(|e| e.to_string())
+                    .and_then(|ip| Ipv4Net::new(ip, p).map_err(|e| e.to_string()))
+                    .map_err(|e| {
+                        Error::InvalidUsage(format!(
+                            "`ip -j addr show` output: {name}: inet address {local}/{p}: {e}"
+                        ))
+                    })?;
+                addrs.push(net);
+            }
+        }
+        let lower_up = l.flags.iter().any(|f| f == "LOWER_UP");
+        let up = l.operstate == "UP" || (l.operstate == "UNKNOWN" && lower_up);
+        out.push(LiveIface {
+            name,
+            addrs,
+            mtu: l.mtu,
+            up,
+        });
+    }
+    Ok(out)
+}
+
+fn netdev(name: &str) -> String {
+    format!("netdev {name}")
+}
+
+/// Compares the live host with the part of `plan` for `server` and reports every difference.
+pub fn check_host(plan: &Plan, server: u32, live: &[LiveIface]) -> Vec<Finding> {
+    let mut out = Vec::new();
+    if server == 0 || server > plan.servers {
+        out.push(Finding::new(
+            Severity::Error,
+            "plan-server-unknown",
+            "plan",
+            format!(
+                "server {server} is not in the plan, which has servers 1..={}",
+                plan.servers
+            ),
+            "give the number this host has in the cables file (--server N)",
+        ));
+        return out;
+    }
+    let mut mine: Vec<(&End, &End, &Link)> = plan
+        .links_of(server)
+        .filter_map(|l| l.side(server).map(|(me, peer)| (me, peer, l)))
+        .collect();
+    mine.sort_by_key(|(me, _, l)| (me.port, l.function));
+    if mine.is_empty() {
+        out.push(Finding::new(
+            Severity::Warning,
+            "plan-no-links",
+            "plan",
+            format!(
+                "the plan gives server {server} no link: no cable in the cables file reaches it"
+            ),
+            "add its cables to the cables file and regenerate the plan",
+        ));
+    }
+    let by_name: BTreeMap<&str, &LiveIface> =
+        live.iter().rev().map(|i| (i.name.as_str(), i)).collect();
+    let planned_here: BTreeMap<&str, (&End, &End, &Link)> = mine
+        .iter()
+        .map(|&(me, peer, l)| (me.interface.as_str(), (me, peer, l)))
+        .collect();
+    let mut all_addrs: BTreeMap<Ipv4Addr, (&Link, &End)> = BTreeMap::new();
+    let mut subnets: BTreeMap<Ipv4Addr, &Link> = BTreeMap::new();
+    for l in &plan.links {
+        subnets.insert(l.subnet.network(), l);
+        for e in &l.ends {
+            all_addrs.insert(e.address.addr(), (l, e));
+        }
+    }
+    let mut accounted: BTreeSet<(&str, Ipv4Addr)> = BTreeSet::new();
+
+    for &(me, peer, l) in &mine {
+        let ip = me.address.addr();
+        let where_ = format!(
+            "port {}, link {} to server {} port {} {}",
+            me.port, l.id, peer.server, peer.port, peer.interface
+        );
+        let iface = by_name.get(me.interface.as_str()).copied();
+        match iface {
+            None => out.push(Finding::new(
+                Severity::Error,
+                "plan-interface-missing",
+                netdev(&me.interface),
+                format!(
+                    "{} ({where_}) does not exist on this host",
+                    me.interface
+                ),
+                format!(
+                    "check the model's port map (plan model {}), that the NIC is in Ethernet mode and its driver is loaded",
+                    plan.model.name
+                ),
+            )),
+            Some(i) => {
+                if !i.up {
+                    out.push(Finding::new(
+                        Severity::Error,
+                        "plan-link-down",
+                        netdev(&i.name),
+                        format!("{} ({where_}) is down", i.name),
+                        format!(
+                            "`ip link set dev {} up`; if it stays down, check that the cable in port {} reaches server {} port {}",
+                            i.name, me.port, peer.server, peer.port
+                        ),
+                    ));
+                }
+                if i.mtu != plan.mtu {
+                    let sev = if i.mtu < plan.mtu {
+                        Severity::Error
+                    } else {
+                        Severity::Warning
+                    };
+                    out.push(Finding::new(
+                        sev,
+                        "plan-mtu-mismatch",
+                        netdev(&i.name),
+                        format!(
+                            "{} has MTU {} bytes; the plan says {} bytes (both ends of a link must agree; RoCE needs 4200 bytes or more for active_mtu 4096)",
+                            i.name, i.mtu, plan.mtu
+                        ),
+                        format!(
+                            "`ip link set dev {} mtu {}` and persist it (switchless plan --format netplan)",
+                            i.name, plan.mtu
+                        ),
+                    ));
+                }
+            }
+        }
+        // Where is the planned address?
+        if let Some(i) = iface
+            && let Some(a) = i.addrs.iter().find(|a| a.addr() == ip)
+        {
+            accounted.insert((i.name.as_str(), ip));
+            if a.prefix_len() != me.address.prefix_len() {
+                out.push(Finding::new(
+                    Severity::Error,
+                    "plan-prefix-mismatch",
+                    netdev(&i.name),
+                    format!(
+                        "{} holds {a}; the plan says {} ({where_}); a wider prefix overlaps other links' subnets",
+                        i.name, me.address
+                    ),
+                    format!(
+                        "`ip addr del {a} dev {0} && ip addr add {1} dev {0}`",
+                        i.name, me.address
+                    ),
+                ));
+            }
+            continue;
+        }
+        let elsewhere = live
+            .iter()
+            .find(|o| o.name != me.interface && o.addrs.iter().any(|a| a.addr() == ip));
+        match elsewhere {
+            Some(o) => {
+                accounted.insert((o.name.as_str(), ip));
+                match planned_here.get(o.name.as_str()) {
+                    Some((o_me, o_peer, o_link)) if o_peer.server != peer.server => {
+                        out.push(Finding::new(
+                            Severity::Error,
+                            "plan-cable-wrong-peer",
+                            netdev(&o.name),
+                            format!(
+                                "{} holds {}, planned for {} ({where_}), but the plan cables {} (port {}, link {}) to server {}: a cable is in the wrong port, or the addresses were set by hand to follow the cables",
+                                o.name, me.address, me.interface, o.name, o_me.port, o_link.id, o_peer.server
+                            ),
+                            format!(
+                                "cable server {server} port {} to server {} port {} as the plan says (or fix the cables file and regenerate the plan), then apply the plan",
+                                me.port, peer.server, peer.port
+                            ),
+                        ));
+                    }
+                    _ => out.push(Finding::new(
+                        Severity::Error,
+                        "plan-address-on-wrong-interface",
+                        netdev(&o.name),
+                        format!(
+                            "{} holds {}, planned for {} ({where_})",
+                            o.name, me.address, me.interface
+                        ),
+                        format!(
+                            "`ip addr del {0} dev {1} && ip addr add {0} dev {2}`, or apply the plan; if cables were swapped between ports, swap them back",
+                            me.address, o.name, me.interface
+                        ),
+                    )),
+                }
+            }
+            None if iface.is_some() => out.push(Finding::new(
+                Severity::Error,
+                "plan-address-missing",
+                netdev(&me.interface),
+                format!(
+                    "{} lacks its planned address {} ({where_}, peer address {})",
+                    me.interface,
+                    me.address,
+                    peer.address.addr()
+                ),
+                format!(
+                    "`ip addr add {} dev {}`, or apply the plan (switchless plan --format netplan --server {server})",
+                    me.address, me.interface
+                ),
+            )),
+            None => {} // the missing interface is reported already
+        }
+    }
+
+    for i in live {
+        for a in &i.addrs {
+            let ip = a.addr();
+            if accounted.contains(&(i.name.as_str(), ip)) {
+                continue;
+            }
+            if let Some((l, e)) = all_addrs.get(&ip) {
+                if e.server == server {
+                    out.push(Finding::new(
+                        Severity::Error,
+                        "plan-address-on-wrong-interface",
+                        netdev(&i.name),
+                        format!(
+                            "{} also holds {a}, planned for {} (link {}); an address belongs on one interface only",
+                            i.name, e.interface, l.id
+                        ),
+                        format!("`ip addr del {a} dev {}`", i.name),
+                    ));
+                } else {
+                    out.push(Finding::new(
+                        Severity::Error,
+                        "plan-address-of-other-server",
+                        netdev(&i.name),
+                        format!(
+                            "{} holds {a}, which the plan gives to server {} ({}, link {}); this host is server {server}",
+                            i.name, e.server, e.interface, l.id
+                        ),
+                        format!(
+                            "check that this host is server {server} of the cables file; otherwise `ip addr del {a} dev {}` and apply this server's part of the plan",
+                            i.name
+                        ),
+                    ));
+                }
+                continue;
+            }
+            let net = Ipv4Net::new(ip, plan.prefix)
+                .map(|n| n.network())
+                .unwrap_or(ip);
+            if let Some(l) = subnets.get(&net) {
+                out.push(Finding::new(
+                    Severity::Error,
+                    "plan-address-stray",
+                    netdev(&i.name),
+                    format!(
+                        "{} holds {a}, inside link {}'s subnet {} but neither of its planned addresses ({}, {})",
+                        i.name, l.id, l.subnet, l.ends[0].address, l.ends[1].address
+                    ),
+                    format!("`ip addr del {a} dev {}` and apply the plan", i.name),
+                ));
+                continue;
+            }
+            let in_base = plan.base.contains(&ip);
+            if in_base {
+                out.push(Finding::new(
+                    Severity::Warning,
+                    "plan-address-unplanned",
+                    netdev(&i.name),
+                    format!(
+                        "{} holds {a}, inside the plan's range {} but in no planned link (left over from an older plan?)",
+                        i.name, plan.base
+                    ),
+                    format!("`ip addr del {a} dev {}`", i.name),
+                ));
+            } else if planned_here.contains_key(i.name.as_str()) {
+                out.push(Finding::new(
+                    Severity::Warning,
+                    "plan-extra-address",
+                    netdev(&i.name),
+                    format!(
+                        "{} carries {a} besides its planned address; a second subnet on a mesh port can make peers pick a GID that does not reach them",
+                        i.name
+                    ),
+                    format!(
+                        "`ip addr del {a} dev {}` unless something else needs it",
+                        i.name
+                    ),
+                ));
+            }
+        }
+    }
+
+    if !out.iter().any(|f| f.severity > Severity::Info) {
+        out.push(Finding::new(
+            Severity::Info,
+            "plan-host-matches",
+            "plan",
+            format!(
+                "all {} planned interfaces of server {server} are up with MTU {} bytes and their planned /{} addresses",
+                mine.len(),
+                plan.mtu,
+                plan.prefix
+            ),
+            "nothing to do",
+        ));
+    }
+    out
+}
