@@ -18,7 +18,8 @@ mapfile -t files < <(
   } | sort -u
 )
 echo "shellcheck: ${#files[@]} files"
-shellcheck -x "${files[@]}"
+sc_rc=0
+shellcheck -x "${files[@]}" || sc_rc=$?
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -60,4 +61,30 @@ for want in "NCCL_NET_PLUGIN=switchless" "NCCL_SOCKET_IFNAME=mgmt0" "NCCL_DEBUG_
   grep -qF -- "$want" <<< "$env_out" || fail "rank.sh environment lacks '$want'"
 done
 grep -qF "plugin=$tmp/p/lib/libnccl-net-switchless.so" "$tmp/rank.err" || fail "rank.sh did not find the plugin: $(cat "$tmp/rank.err")"
+# End to end through a stand-in srun (runs the rank command once, here) and a stand-in all_reduce_perf
+# that prints a fixture: rank.sh, the output files and the summary with its exit status.
+bin="${CARGO_TARGET_DIR:-target}/debug/switchless"
+[ -x "$bin" ] || cargo build --locked --bin switchless
+mkdir -p "$tmp/fake/bin" "$tmp/fake/nccl-tests"
+cat > "$tmp/fake/bin/srun" << 'SRUN'
+#!/usr/bin/env bash
+# stand-in srun: drop srun's options, run the command once
+while [ $# -gt 0 ] && [ "$1" != bash ]; do shift; done
+SWITCHLESS_TEST=all_reduce exec "$@"
+SRUN
+printf '#!/bin/sh\ncat "%s"\n' "$PWD/tests/fixtures/nccl-tests/b300-2node-all_reduce-switchless.log" > "$tmp/fake/nccl-tests/all_reduce_perf"
+chmod +x "$tmp/fake/bin/srun" "$tmp/fake/nccl-tests/all_reduce_perf"
+run_fake() {
+  PATH="$tmp/fake/bin:$PATH" SWITCHLESS_BIN="$bin" nccl-tests/srun-nccl-tests.sh -N 2 -g 8 --no-container \
+    --nccl-tests-dir "$tmp/fake/nccl-tests" -o "$tmp/e2e" "$@"
+}
+run_fake --expect-busbw 6000Gb/s > "$tmp/e2e.log" 2>&1 || fail "wrapper failed a passing run: $(cat "$tmp/e2e.log")"
+grep -q "network plugin 'switchless': used" "$tmp/e2e/all_reduce.summary.txt" || fail "no plugin verdict in the summary"
+grep -q "^switchless: rank=0 " "$tmp/e2e/all_reduce.out" || fail "rank.sh banner missing from the output"
+if run_fake --expect-busbw 800 > "$tmp/e2e.log" 2>&1; then fail "wrapper passed a run below --expect-busbw 800"; fi
+grep -q "result: FAIL" "$tmp/e2e.log" || fail "no FAIL verdict: $(cat "$tmp/e2e.log")"
 echo "nccl-tests scripts: OK"
+if [ "$sc_rc" != 0 ]; then
+  echo "shellcheck found problems (above)" >&2
+  exit 1
+fi
