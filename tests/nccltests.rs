@@ -298,3 +298,43 @@ fn cli_json() {
     assert_eq!(v["runs"][0]["rows"][14]["in_place"]["busbw_gbyte_s"], 23.28);
     assert_eq!(v["problems"].as_array().unwrap().len(), 0);
 }
+
+mod fuzz {
+    use proptest::prelude::*;
+    use switchless::nccltests;
+
+    /// Lines that look like nccl-tests output, NCCL log lines, launcher prefixes and junk, in any order.
+    fn line() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("# nccl-tests version 2.18.3 nccl-headers=22907 nccl-library=22907".to_string()),
+            Just("# Collective test starting: all_reduce_perf".to_string()),
+            Just("#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw   busbw  #wrong".to_string()),
+            Just(" size count type redop time algbw busbw error".to_string()),
+            Just("# Out of bounds values : 0 OK".to_string()),
+            Just("# Avg bus bandwidth    : 787.211 ".to_string()),
+            Just("# Avg bus bandwidth    : x".to_string()),
+            Just("# Collective test concluded: all_reduce_perf".to_string()),
+            Just("#  Rank  0 Group  0 Pid   4242 on    spark-a device  0 [000f:01:00] NVIDIA GB10".to_string()),
+            Just("0: h:1:2 [0] NCCL INFO Using network switchless".to_string()),
+            Just("   1024   256  float  sum  -1h:1:2 [0] NCCL INFO Channel 00/0".to_string()),
+            Just("[1,0]<stdout>:     1024   256  float  sum  -1  10.0  0.1  0.1  0  10.0  0.1  0.1  0".to_string()),
+            "[ -~]{0,80}",
+            "[0-9 .e+N/A-]{0,60}",
+            any::<String>(),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+        #[test]
+        fn parser_never_panics(lines in proptest::collection::vec(line(), 0..40)) {
+            let text = lines.join("\n");
+            if let Ok(f) = nccltests::parse_text("fuzz", &text) {
+                if let Ok(s) = nccltests::summarize(vec![f], &nccltests::Options::default()) {
+                    let _ = nccltests::render_text(&s);
+                    prop_assert!(serde_json::to_string(&s).is_ok());
+                }
+            }
+        }
+    }
+}
