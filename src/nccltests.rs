@@ -223,6 +223,11 @@ pub struct NcclLog {
     pub warnings: Vec<String>,
     /// Number of NCCL log lines seen.
     pub lines: usize,
+    /// INFO lines per `NET/<name>` prefix (`NET/IB`, `NET/Plugin`, the plugin's own `NET/switchless` lines).
+    pub net_prefix_lines: BTreeMap<String, usize>,
+    /// `Channel … via NET/<name>/<dev>…` connections per network name, and how many use GPUDirect RDMA
+    /// (`/GDRDMA`): (connections, with GDRDMA).
+    pub net_channels: BTreeMap<String, (usize, usize)>,
 }
 
 const MAX_KEPT: usize = 20;
@@ -253,6 +258,14 @@ impl NcclLog {
             push_unique(&mut self.warnings, w);
         }
         self.lines += other.lines;
+        for (k, v) in other.net_prefix_lines {
+            *self.net_prefix_lines.entry(k).or_default() += v;
+        }
+        for (k, (n, g)) in other.net_channels {
+            let e = self.net_channels.entry(k).or_default();
+            e.0 += n;
+            e.1 += g;
+        }
     }
 
     /// Feeds one NCCL log line (`… NCCL INFO msg` or `… NCCL WARN msg`). Returns false if it is not one.
@@ -275,6 +288,23 @@ impl NcclLog {
     }
 
     fn info(&mut self, proc_key: String, msg: &str) {
+        if let Some(rest) = msg.strip_prefix("NET/") {
+            let name = rest.split([' ', ':']).next().unwrap_or("");
+            *self
+                .net_prefix_lines
+                .entry(format!("NET/{name}"))
+                .or_default() += 1;
+        }
+        if msg.starts_with("Channel ") {
+            if let Some((_, via)) = msg.split_once(" via NET/") {
+                let name = via.split('/').next().unwrap_or("").to_string();
+                let e = self.net_channels.entry(name).or_default();
+                e.0 += 1;
+                if via.contains("/GDRDMA") {
+                    e.1 += 1;
+                }
+            }
+        }
         if let Some(name) = msg.strip_prefix("Using network ") {
             self.network(proc_key, name);
         } else if let Some(rest) = msg.strip_prefix("Assigned NET plugin ") {
@@ -1335,6 +1365,26 @@ pub fn render_text(s: &Summary) -> String {
                 .join(", ")
         );
     }
+    let own = format!("NET/{}", p.expected);
+    if let Some((_, n)) = s
+        .nccl
+        .net_prefix_lines
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(&own))
+    {
+        let _ = writeln!(o, "  plugin log lines ({own}): {n}");
+    }
+    for (net, (n, gdr)) in &s.nccl.net_channels {
+        let _ = writeln!(
+            o,
+            "  NET/{net} channel connections: {n}, with GPUDirect RDMA: {gdr}{}",
+            if *gdr < *n {
+                " (the others stage through host memory)"
+            } else {
+                ""
+            }
+        );
+    }
     if !s.nccl.nccl_versions.is_empty() {
         let _ = writeln!(
             o,
@@ -1485,6 +1535,19 @@ mod tests {
             "[2026-11-29 10:00:00] h2:20:21 [0] misc/socket.cc:50 NCCL WARN Net : Connect failed"
         ));
         assert!(!log.feed("#  Rank  0 Group  0 Pid 10 on h1 device  0"));
+        assert!(
+            log.feed("h1:10:11 [0] NCCL INFO NET/switchless : connection to h2 via enp1s0f0np0")
+        );
+        assert!(log.feed(
+            "h1:10:11 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/switchless/0/GDRDMA"
+        ));
+        assert!(log.feed(
+            "h1:10:11 [0] NCCL INFO Channel 01/0 : 0[0] -> 1[0] [send] via NET/switchless/1"
+        ));
+        assert_eq!(log.net_prefix_lines.get("NET/switchless"), Some(&1));
+        assert_eq!(log.net_prefix_lines.get("NET/Plugin"), Some(&3));
+        assert_eq!(log.net_channels.get("switchless"), Some(&(2, 1)));
+        log.lines -= 3;
         assert_eq!(log.lines, 6);
         assert_eq!(log.plugin_failures.len(), 1, "{:?}", log.plugin_failures);
         assert_eq!(log.warnings, vec!["Net : Connect failed".to_string()]);

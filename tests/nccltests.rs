@@ -79,6 +79,7 @@ fn b300_two_nodes_switchless_matches_the_seed_summary() {
     assert_eq!(s.plugin.status, PluginStatus::Used);
     assert_eq!(s.plugin.networks.get("switchless"), Some(&2));
     assert_eq!(s.plugin.abi_versions, vec![11]);
+    assert_eq!(s.nccl.net_channels.get("switchless"), Some(&(2, 2)));
     assert_eq!(s.plugin.hosts, vec!["b300-001", "b300-002"]);
     assert!(
         s.nccl
@@ -131,6 +132,9 @@ fn gb10_two_nodes_with_debug_files() {
     assert_eq!(r.avg_busbw_gbyte_s, Some(18.1907));
     assert_eq!(s.plugin.status, PluginStatus::Used);
     assert_eq!(s.plugin.processes, 2);
+    // the plugin's per-connection route lines and NCCL's channel lines from the NCCL_DEBUG_FILE logs
+    assert_eq!(s.nccl.net_prefix_lines.get("NET/switchless"), Some(&4));
+    assert_eq!(s.nccl.net_channels.get("switchless"), Some(&(4, 4)));
     assert_eq!(
         s.nccl.nccl_versions.iter().collect::<Vec<_>>(),
         vec!["2.28.9+cuda13.0"]
