@@ -433,6 +433,7 @@ struct Layout {
     algbw: usize,
     busbw: usize,
     wrong: Option<usize>,
+    /// Columns follow the placement groups (`timestamp`, RCCL's `algo proto nchannels`): rows may be longer.
     timestamp: bool,
     names: String,
 }
@@ -476,6 +477,7 @@ fn parse_header(body: &str) -> std::result::Result<Option<Layout>, String> {
     }
     let mut groups: Vec<Vec<&str>> = Vec::new();
     let mut timestamp = false;
+    let mut extra = false;
     while i < tokens.len() {
         if tokens[i] == "timestamp" {
             timestamp = true;
@@ -496,6 +498,13 @@ fn parse_header(body: &str) -> std::result::Result<Option<Layout>, String> {
         .first()
         .ok_or("no 'time' column after the leading columns")?
         .clone();
+    // Columns after the last placement group (RCCL's `algo proto nchannels`) are allowed and ignored.
+    if let Some(last) = groups.last_mut() {
+        if last.len() > first.len() && last[..first.len()] == first[..] {
+            extra = true;
+            last.truncate(first.len());
+        }
+    }
     if groups.iter().any(|g| *g != first) {
         return Err("the out-of-place and in-place column groups differ".into());
     }
@@ -517,7 +526,7 @@ fn parse_header(body: &str) -> std::result::Result<Option<Layout>, String> {
         algbw,
         busbw,
         wrong,
-        timestamp,
+        timestamp: timestamp || extra,
         names: tokens.join(" "),
     }))
 }
@@ -1464,6 +1473,51 @@ mod tests {
         .unwrap();
         assert_eq!(r.root, None);
         assert_eq!(r.out_of_place.unwrap().wrong, Some(2));
+    }
+
+    #[test]
+    fn trailing_columns_after_the_groups() {
+        let h = " size count type redop root time algbw busbw #wrong time algbw busbw #wrong algo proto nchannels";
+        let l = parse_header(h).unwrap().unwrap();
+        assert_eq!((l.groups, l.group_len), (2, 4));
+        let r = parse_row(
+            &l,
+            1,
+            "2097152 524288 float sum -1 87.02 24.10 45.18 0 86.52 24.24 45.45 0 RING SIMPLE 32",
+        )
+        .unwrap();
+        assert_eq!(r.in_place.unwrap().busbw_gbyte_s, 45.45);
+    }
+
+    #[test]
+    fn old_release_without_version_line() {
+        // nccl-tests 2.13-era output: no version line, 1-byte PCI ids, two runs in one file.
+        let run = "# nThread 1 nGpus 1 minBytes 536870912 maxBytes 1073741824 step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0
+#
+# Using devices
+#  Rank  0 Group  0 Pid     65 on node-a device  0 [0x8a] NVIDIA A800-SXM4-80GB
+#  Rank  1 Group  0 Pid     66 on node-b device  0 [0x8f] NVIDIA A800-SXM4-80GB
+#
+#                                                              out-of-place                       in-place
+#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)
+   536870912     134217728     float     sum      -1    24942   21.52   21.52      0    24966   21.50   21.50      0
+  1073741824     268435456     float     sum      -1    49507   21.69   21.69      0    49613   21.64   21.64      0
+# Out of bounds values : 0 OK
+# Avg bus bandwidth    : 21.5875
+#
+";
+        let text = format!("{run}{run}");
+        let p = parse_text("old", &text).unwrap();
+        assert_eq!(p.runs.len(), 2);
+        for r in &p.runs {
+            assert_eq!(r.rows.len(), 2);
+            assert_eq!(r.ranks[1].host, "node-b");
+            assert_eq!(r.ranks[1].gpu, "NVIDIA A800-SXM4-80GB");
+            assert!(r.complete());
+            assert_eq!(r.test, None);
+        }
+        assert_eq!(p.runs[1].start_line, 15);
     }
 
     #[test]
