@@ -83,7 +83,7 @@ check() {
   glibc=$(glibc_needed "$so")
   if [ -n "$glibc" ]; then
     version_le "$glibc" "$MAX_GLIBC" || die "$so needs glibc $glibc, newer than the runtime's $MAX_GLIBC (build on an older distribution)"
-    echo "ok: needs glibc <= $glibc (runtime has $MAX_GLIBC)"
+    echo "ok: needs glibc >= $glibc (its newest GLIBC_ symbol version); the runtime image has $MAX_GLIBC"
   fi
 
   # dlopen the way NCCL does (RTLD_NOW|RTLD_LOCAL, by the name NCCL_NET_PLUGIN=switchless resolves to),
