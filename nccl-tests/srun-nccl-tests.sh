@@ -26,7 +26,8 @@ Writes DIR/<test>.out (the ranks' output, labelled by srun -l), DIR/nccl.<test>.
 
 Slurm options:
       --image IMAGE        container image for pyxis (default
-                           ghcr.io/coreweave/nccl-tests:13.2.0-devel-ubuntu24.04-nccl2.29.7-1-7112046)
+                           ghcr.io/coreweave/nccl-tests:13.2.0-devel-ubuntu24.04-nccl2.29.7-1-7112046;
+                           enroot < 4.0 needs REGISTRY#IMAGE: ghcr.io#coreweave/nccl-tests:TAG)
       --no-container       run the binaries on the hosts (no pyxis)
       --mounts LIST        extra --container-mounts entries (SRC:DST[,SRC:DST...])
       --srun-arg ARG       extra srun argument (repeatable), e.g. --srun-arg=--partition=b300
