@@ -390,13 +390,14 @@ fn process_key(prefix: &str) -> String {
     "unknown".to_string()
 }
 
-/// Removes a launcher's per-line prefix: `srun -l` (`12: `) or `mpirun --tag-output` (`[1,0]<stdout>:`).
-fn strip_launcher_prefix(line: &str) -> &str {
+/// Splits a launcher's per-line prefix off: `srun -l` (`12: `, label `12`) or `mpirun --tag-output`
+/// (`[1,0]<stdout>:`, label `1,0`). Lines without one have no label.
+fn split_launcher_prefix(line: &str) -> (Option<&str>, &str) {
     let t = line.trim_start();
     // srun -l: digits then ": "
     let digits = t.bytes().take_while(u8::is_ascii_digit).count();
     if digits > 0 && t[digits..].starts_with(": ") {
-        return &t[digits + 2..];
+        return (Some(&t[..digits]), &t[digits + 2..]);
     }
     // mpirun --tag-output: "[job,rank]<stdout>:" or "<stderr>:"
     if t.starts_with('[') {
@@ -405,12 +406,12 @@ fn strip_launcher_prefix(line: &str) -> &str {
                 let inner = &t[1..i];
                 if inner.split(',').all(|p| p.trim().parse::<u64>().is_ok()) {
                     let rest = &t[i + tag.len()..];
-                    return rest.strip_prefix(' ').unwrap_or(rest);
+                    return (Some(inner), rest.strip_prefix(' ').unwrap_or(rest));
                 }
             }
         }
     }
-    line
+    (None, line)
 }
 
 /// The leading columns of a result table.
@@ -632,6 +633,17 @@ struct Pending {
     reason: String,
 }
 
+/// Parser state for one output stream: one launcher label (`srun -l` task, `mpirun` rank), or the
+/// unlabelled lines. Separate streams keep the tables of processes that each print a whole run apart
+/// (nccl-tests built without MPI=1).
+#[derive(Default)]
+struct Stream {
+    run: Option<Run>,
+    layout: Option<Layout>,
+    footer: bool,
+    pending: Option<Pending>,
+}
+
 /// Parses one file's text. `source` names it in messages.
 ///
 /// Lines that are neither nccl-tests output nor NCCL log lines are ignored. A result row that does not
@@ -642,10 +654,8 @@ pub fn parse_text(source: &str, text: &str) -> Result<ParsedFile> {
         source: source.to_string(),
         ..ParsedFile::default()
     };
-    let mut run: Option<Run> = None;
-    let mut layout: Option<Layout> = None;
-    let mut footer = false;
-    let mut pending: Option<Pending> = None;
+    let mut streams: BTreeMap<Option<String>, Stream> = BTreeMap::new();
+    let mut finished: Vec<Run> = Vec::new();
 
     let malformed = |p: &Pending| {
         Error::InvalidUsage(format!(
@@ -659,25 +669,30 @@ pub fn parse_text(source: &str, text: &str) -> Result<ParsedFile> {
     for (idx, raw) in text.lines().enumerate() {
         let n = idx + 1;
         let raw = raw.trim_end_matches('\r');
+        let (label, line) = split_launcher_prefix(raw);
+        let key = label.map(str::to_string);
         if out.nccl.feed(raw) {
             // NCCL may log while nccl-tests is in the middle of a row: the row's first columns are then
             // glued to the log line and its remaining columns follow on a later line.
-            if let (Some(l), false, None) = (layout.as_ref(), footer, pending.as_ref()) {
-                if let Some(frag) = glued_row_fragment(strip_launcher_prefix(raw), l) {
-                    pending = Some(Pending {
-                        line: n,
-                        text: frag,
-                        reason: "row cut by a NCCL log line".to_string(),
-                    });
+            if let Some(st) = streams.get_mut(&key) {
+                if let (Some(l), false, None) = (st.layout.as_ref(), st.footer, st.pending.as_ref())
+                {
+                    if let Some(frag) = glued_row_fragment(line, l) {
+                        st.pending = Some(Pending {
+                            line: n,
+                            text: frag,
+                            reason: "row cut by a NCCL log line".to_string(),
+                        });
+                    }
                 }
             }
             continue;
         }
-        let line = strip_launcher_prefix(raw);
         let t = line.trim();
         if t.is_empty() {
             continue;
         }
+        let st = streams.entry(key).or_default();
         if let Some(body) = t.strip_prefix('#') {
             let body_t = body.trim();
             // A new run starts at the version line, at the start line, or at the first parameter line.
@@ -685,23 +700,23 @@ pub fn parse_text(source: &str, text: &str) -> Result<ParsedFile> {
                 || body_t.starts_with("Collective test starting:")
                 || body_t.starts_with("nThread ");
             if starts_run {
-                let continues = run.as_ref().is_some_and(|r| {
-                    layout.is_none()
+                let continues = st.run.as_ref().is_some_and(|r| {
+                    st.layout.is_none()
                         && r.rows.is_empty()
                         && !(body_t.starts_with("nccl-tests version")
                             && r.nccl_tests_version.is_some())
                         && !(body_t.starts_with("Collective test starting:") && r.test.is_some())
                 });
                 if !continues {
-                    if let Some(p) = pending.take() {
+                    if let Some(p) = st.pending.take() {
                         return Err(malformed(&p));
                     }
-                    out.runs.extend(run.take());
-                    run = Some(Run::new(source, n));
-                    layout = None;
-                    footer = false;
+                    finished.extend(st.run.take());
+                    st.run = Some(Run::new(source, n));
+                    st.layout = None;
+                    st.footer = false;
                 }
-                let r = run.get_or_insert_with(|| Run::new(source, n));
+                let r = st.run.get_or_insert_with(|| Run::new(source, n));
                 if let Some(rest) = body_t.strip_prefix("nccl-tests version") {
                     let mut it = rest.split_whitespace();
                     r.nccl_tests_version = it.next().map(str::to_string);
@@ -714,23 +729,27 @@ pub fn parse_text(source: &str, text: &str) -> Result<ParsedFile> {
                 continue;
             }
             if body_t.starts_with("Rank ") {
-                if let (Some(r), Some(d)) = (run.as_mut(), parse_rank(body_t)) {
+                if let (Some(r), Some(d)) = (st.run.as_mut(), parse_rank(body_t)) {
                     r.ranks.push(d);
                 }
                 continue;
             }
             match parse_header(body_t) {
                 Ok(Some(l)) => {
-                    if let Some(p) = pending.take() {
+                    if let Some(p) = st.pending.take() {
                         return Err(malformed(&p));
                     }
                     // A second table without a new preamble (old releases): a new run.
-                    if run.as_ref().is_some_and(|r| !r.rows.is_empty() || footer) {
-                        out.runs.extend(run.take());
+                    if st
+                        .run
+                        .as_ref()
+                        .is_some_and(|r| !r.rows.is_empty() || st.footer)
+                    {
+                        finished.extend(st.run.take());
                     }
-                    run.get_or_insert_with(|| Run::new(source, n));
-                    layout = Some(l);
-                    footer = false;
+                    st.run.get_or_insert_with(|| Run::new(source, n));
+                    st.layout = Some(l);
+                    st.footer = false;
                     continue;
                 }
                 Ok(None) => {}
@@ -743,10 +762,10 @@ pub fn parse_text(source: &str, text: &str) -> Result<ParsedFile> {
             if let Some((key, value)) = body_t.split_once(':') {
                 let key = key.trim();
                 let value = value.trim();
-                let Some(r) = run.as_mut() else { continue };
+                let Some(r) = st.run.as_mut() else { continue };
                 match key {
                     "Out of bounds values" => {
-                        if let Some(p) = pending.take() {
+                        if let Some(p) = st.pending.take() {
                             return Err(malformed(&p));
                         }
                         let v = value.split_whitespace().next().unwrap_or("");
@@ -755,10 +774,10 @@ pub fn parse_text(source: &str, text: &str) -> Result<ParsedFile> {
                                 "{source}:{n}: 'Out of bounds values' is '{v}', expected a whole number: `{t}`"
                             ))
                         })?);
-                        footer = true;
+                        st.footer = true;
                     }
                     "Avg bus bandwidth" => {
-                        if let Some(p) = pending.take() {
+                        if let Some(p) = st.pending.take() {
                             return Err(malformed(&p));
                         }
                         let v = value.split_whitespace().next().unwrap_or("");
@@ -768,14 +787,14 @@ pub fn parse_text(source: &str, text: &str) -> Result<ParsedFile> {
                             ))
                         })?;
                         r.avg_busbw_gbyte_s = Some(bw);
-                        footer = true;
+                        st.footer = true;
                     }
                     "Collective test concluded" => {
                         r.concluded = true;
                         if r.test.is_none() {
                             r.test = Some(value.to_string());
                         }
-                        footer = true;
+                        st.footer = true;
                     }
                     "error" => r.errors.push(value.to_string()),
                     _ => {}
@@ -784,15 +803,17 @@ pub fn parse_text(source: &str, text: &str) -> Result<ParsedFile> {
             continue;
         }
         // Result rows start with a digit, inside a table whose footer has not been printed.
-        let Some(l) = layout.as_ref() else { continue };
-        if footer || !t.starts_with(|c: char| c.is_ascii_digit()) {
+        let Some(l) = st.layout.as_ref() else {
+            continue;
+        };
+        if st.footer || !t.starts_with(|c: char| c.is_ascii_digit()) {
             continue;
         }
         // The rest of a row whose first columns came earlier (cut by a NCCL log line).
-        if let Some(p) = pending.as_ref() {
+        if let Some(p) = st.pending.as_ref() {
             if let Ok(row) = parse_row(l, p.line, &format!("{} {t}", p.text)) {
-                pending = None;
-                if let Some(r) = run.as_mut() {
+                st.pending = None;
+                if let Some(r) = st.run.as_mut() {
                     r.rows.push(row);
                 }
                 continue;
@@ -800,18 +821,18 @@ pub fn parse_text(source: &str, text: &str) -> Result<ParsedFile> {
         }
         match parse_row(l, n, t) {
             Ok(row) => {
-                if let Some(p) = pending.take() {
+                if let Some(p) = st.pending.take() {
                     return Err(malformed(&p));
                 }
-                if let Some(r) = run.as_mut() {
+                if let Some(r) = st.run.as_mut() {
                     r.rows.push(row);
                 }
             }
             Err(reason) => {
-                if let Some(p) = pending.take() {
+                if let Some(p) = st.pending.take() {
                     return Err(malformed(&p));
                 }
-                pending = Some(Pending {
+                st.pending = Some(Pending {
                     line: n,
                     text: t.to_string(),
                     reason,
@@ -819,12 +840,16 @@ pub fn parse_text(source: &str, text: &str) -> Result<ParsedFile> {
             }
         }
     }
-    if let Some(mut r) = run.take() {
-        if let Some(p) = pending.take() {
-            r.truncated_row = Some((p.line, p.text));
+    for st in streams.into_values() {
+        if let Some(mut r) = st.run {
+            if let Some(p) = st.pending {
+                r.truncated_row = Some((p.line, p.text));
+            }
+            finished.push(r);
         }
-        out.runs.push(r);
     }
+    finished.sort_by_key(|r| r.start_line);
+    out.runs = finished;
     Ok(out)
 }
 
@@ -1553,12 +1578,27 @@ mod tests {
 
     #[test]
     fn launcher_prefixes() {
-        assert_eq!(strip_launcher_prefix("0: # Avg"), "# Avg");
-        assert_eq!(strip_launcher_prefix(" 12:   1024  256"), "  1024  256");
-        assert_eq!(strip_launcher_prefix("[1,0]<stdout>:# Avg"), "# Avg");
-        assert_eq!(strip_launcher_prefix("[1,15]<stderr>: x"), "x");
-        assert_eq!(strip_launcher_prefix("   1024   256"), "   1024   256");
-        assert_eq!(strip_launcher_prefix("[abc]<stdout>:x"), "[abc]<stdout>:x");
+        assert_eq!(split_launcher_prefix("0: # Avg"), (Some("0"), "# Avg"));
+        assert_eq!(
+            split_launcher_prefix(" 12:   1024  256"),
+            (Some("12"), "  1024  256")
+        );
+        assert_eq!(
+            split_launcher_prefix("[1,0]<stdout>:# Avg"),
+            (Some("1,0"), "# Avg")
+        );
+        assert_eq!(
+            split_launcher_prefix("[1,15]<stderr>: x"),
+            (Some("1,15"), "x")
+        );
+        assert_eq!(
+            split_launcher_prefix("   1024   256"),
+            (None, "   1024   256")
+        );
+        assert_eq!(
+            split_launcher_prefix("[abc]<stdout>:x"),
+            (None, "[abc]<stdout>:x")
+        );
     }
 
     #[test]
@@ -1740,6 +1780,23 @@ mod tests {
         assert_eq!(r.rows[1].line, 6);
         assert_eq!(r.rows[1].in_place.unwrap().busbw_gbyte_s, 4.0);
         assert_eq!(p.nccl.lines, 2);
+    }
+
+    #[test]
+    fn interleaved_runs_of_separate_processes() {
+        // nccl-tests built without MPI=1 under `srun -l`: every task prints its own whole run.
+        let text = table(&[GOOD, GOOD], true);
+        let mut mixed = String::new();
+        for l in text.lines() {
+            mixed.push_str(&format!("0: {l}\n1: {l}\n"));
+        }
+        let p = parse_text("f", &mixed).unwrap();
+        assert_eq!(p.runs.len(), 2);
+        for r in &p.runs {
+            assert_eq!(r.rows.len(), 2);
+            assert!(r.complete());
+        }
+        assert_eq!((p.runs[0].start_line, p.runs[1].start_line), (1, 2));
     }
 
     #[test]
