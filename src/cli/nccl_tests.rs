@@ -25,6 +25,9 @@ pub enum Cmd {
 }
 
 #[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Exit status: 0 every run complete, no wrong elements, target met; 1 wrong elements, an incomplete run, busbw below --expect-busbw, or (--require-plugin) plugin use not confirmed; 2 unreadable file or malformed table.\nBandwidths: nccl-tests' GB is 10^9 bytes, so 1 GB/s = 8 Gb/s."
+)]
 pub struct SummarizeArgs {
     /// nccl-tests output files and NCCL_DEBUG_FILE logs (`-` reads standard input).
     #[arg(required = true, value_name = "FILE")]
