@@ -20,6 +20,29 @@ pub struct Args {
     /// attach to a bug report. DIR must not exist or be empty.
     #[arg(long, value_name = "DIR")]
     pub capture: Option<PathBuf>,
+    /// Also compare the host with its part of an IP plan (the JSON of `switchless plan --format json`).
+    #[arg(long, value_name = "PLAN.json", requires = "server")]
+    pub plan: Option<PathBuf>,
+    /// Which server of the plan this host is (1-based, as in the cables file).
+    #[arg(long, value_name = "N", requires = "plan")]
+    pub server: Option<u32>,
+}
+
+/// Reads the plan file named by `--plan`.
+fn load_plan(path: &std::path::Path) -> Result<crate::plan::Plan, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("--plan {}: cannot read: {e}", path.display()))?;
+    crate::plan::Plan::from_json(&text).map_err(|e| format!("--plan {}: {e}", path.display()))
+}
+
+/// The NCCL_IB_HCA filter of the environment (doctor shows the devices NCCL would get).
+fn hca_filter() -> Result<crate::config::HcaFilter, String> {
+    match std::env::var("NCCL_IB_HCA") {
+        Ok(v) if !v.trim().is_empty() => {
+            crate::config::HcaFilter::parse(&v).map_err(|e| e.to_string())
+        }
+        _ => Ok(crate::config::HcaFilter::all()),
+    }
 }
 
 /// Discovery plus every check, without printing (the plan checker extends `findings` here).
@@ -35,8 +58,16 @@ pub fn diagnose(args: &Args) -> Result<(doctor::Report, Option<usize>), String> 
             args.root.display()
         ));
     }
-    let (model, findings) = fabric::discover_with(&rd);
-    let devices = model.nccl_devices(&|_, _| true, false);
+    let plan = match (&args.plan, args.server) {
+        (Some(p), Some(n)) => Some((load_plan(p)?, n)),
+        _ => None,
+    };
+    let filter = hca_filter()?;
+    let (model, mut findings) = fabric::discover_with(&rd);
+    let devices = model.nccl_devices(&|dev, port| filter.matches(dev, port), false);
+    if let Some((plan, n)) = &plan {
+        findings.extend(crate::plan::check_host(plan, *n, &model.live_ifaces()));
+    }
     let captured = match &args.capture {
         Some(dir) => {
             if dir.exists()
