@@ -9,9 +9,10 @@
 #   --mtu N              netdev MTU of every cable [LAB_MTU, default 9000 -> active_mtu 4096;
 #                        1500 reproduces the active_mtu 1024 trap]
 #   --checks "C ..."     checks to run instead of the topology's `checks` line [CHECKS]
-#   --bin-dir DIR        directory holding the `switchless` binary and libswitchless.so
+#   --bin-dir DIR        directory holding the `switchless` binary and libswitchless.so (a cargo
+#                        release or debug dir; deps/libswitchless.so is used when newer)
 #                        [LAB_BIN_DIR, default ${CARGO_TARGET_DIR:-target}/release]
-#   --no-build           do not run `cargo build --release` when the binary is missing
+#   --no-build           do not run `cargo build [--release]` when the binary is missing
 #   --no-switchless      leave the switchless binary and plugin out of the VMs (perftest only)
 #   --results DIR        results directory [LAB_RESULTS, default lab/.cache/results/<topo>-<time>]
 #   --timeout S          limit for one boot-and-check round, seconds [LAB_TIMEOUT, default 600]
@@ -125,11 +126,13 @@ CHECKS_LIST=${CHECKS_OVERRIDE:-$TOPO_CHECKS}
 for c in $CHECKS_LIST; do
     case $c in
         write_bw | read_bw | send_bw | write_lat | send_lat | read_lat | pingpong) ;;
-        bench:latency | bench:bandwidth | bench:alltoall | bench:allreduce) ;;
-        *) die "unknown check '$c' (accepted: write_bw read_bw send_bw write_lat send_lat read_lat pingpong bench:latency bench:bandwidth bench:alltoall bench:allreduce)" ;;
+        bench:latency | bench:bandwidth | bench:alltoall | bench:allreduce | doctor) ;;
+        *) die "unknown check '$c' (accepted: write_bw read_bw send_bw write_lat send_lat read_lat pingpong bench:latency bench:bandwidth bench:alltoall bench:allreduce doctor)" ;;
     esac
 done
-if [ "$WITH_SW" = 0 ] && [[ " $CHECKS_LIST " == *" bench:"* ]]; then die "bench checks need the switchless binary (drop --no-switchless)"; fi
+if [ "$WITH_SW" = 0 ] && [[ " $CHECKS_LIST " == *" bench:"* || " $CHECKS_LIST " == *" doctor "* ]]; then
+    die "bench and doctor checks need the switchless binary (drop --no-switchless)"
+fi
 log "topology $TOPO_NAME: $NODES nodes, $NLINKS links; mtu $MTU; checks: ${CHECKS_LIST:-none}"
 
 # ---------------------------------------------------------------- packages
@@ -173,15 +176,32 @@ log "kernel $KVER, accel $ACCEL_NAME, $(qemu-system-x86_64 --version | head -1)"
 # ---------------------------------------------------------------- switchless binary + plugin
 SW_BIN="" SW_LIB=""
 if [ "$WITH_SW" = 1 ]; then
-    if [ ! -x "$BIN_DIR/switchless" ] || [ ! -f "$BIN_DIR/libswitchless.so" ]; then
+    # the plugin: cargo's uplifted copy, or the deps/ copy that `cargo test` leaves (the uplifted one
+    # is stale after a test-only build): the newer of the two
+    find_lib() {
+        local c best=""
+        for c in "$BIN_DIR/libswitchless.so" "$BIN_DIR/deps/libswitchless.so"; do
+            [ -f "$c" ] || continue
+            if [ -z "$best" ] || [ "$c" -nt "$best" ]; then best=$c; fi
+        done
+        echo "$best"
+    }
+    SW_LIB=$(find_lib)
+    if [ ! -x "$BIN_DIR/switchless" ] || [ -z "$SW_LIB" ]; then
         [ "$BUILD" = 1 ] || die "$BIN_DIR has no switchless + libswitchless.so (build them, drop --no-build, or pass --no-switchless)"
-        case $BIN_DIR in */release) ;; *) die "--bin-dir $BIN_DIR lacks the binaries and is not a cargo release dir; build them first" ;; esac
-        t=$(date +%s.%N); log "building release binaries into $BIN_DIR"
-        (cd "$REPO" && CARGO_TARGET_DIR=$(dirname "$BIN_DIR") cargo build --release) >&2 || die "cargo build --release failed"
+        case $BIN_DIR in
+            */release) prof=(--release) ;;
+            */debug) prof=() ;;
+            *) die "--bin-dir $BIN_DIR lacks the binaries and is not a cargo release or debug dir; build them first" ;;
+        esac
+        t=$(date +%s.%N); log "building ${prof[*]:-debug} binaries into $BIN_DIR"
+        (cd "$REPO" && CARGO_TARGET_DIR=$(dirname "$BIN_DIR") cargo build "${prof[@]}") >&2 || die "cargo build ${prof[*]} failed"
         log "build took $(since "$t")s"
+        SW_LIB=$(find_lib)
     fi
-    SW_BIN=$BIN_DIR/switchless SW_LIB=$BIN_DIR/libswitchless.so
-    { [ -x "$SW_BIN" ] && [ -f "$SW_LIB" ]; } || die "no $SW_BIN or $SW_LIB"
+    SW_BIN=$BIN_DIR/switchless
+    { [ -x "$SW_BIN" ] && [ -f "$SW_LIB" ]; } || die "no $SW_BIN or libswitchless.so in $BIN_DIR"
+    log "switchless: $SW_BIN, plugin: $SW_LIB"
 fi
 
 # ---------------------------------------------------------------- results dir
@@ -374,7 +394,7 @@ if grep -q '"status":"fail"' "$RESULTS/summary.jsonl" 2> /dev/null; then rc=1; f
 {
     echo "topology=$TOPO_NAME nodes=$NODES links=$NLINKS mtu=$MTU accel=$ACCEL_NAME kernel=$KVER attempts=$attempt"
     echo "checks: ${CHECKS_LIST:-none}"
-    grep -ahoE 'LAB\[[0-9]+\] (booted|rxe ready|link |SUMMARY|CHECKOK|CHECKFAIL|checks finished|RESULT).*' "$RESULTS"/node*.log | tr -d '\r' || true
+    grep -ahoE 'LAB\[[0-9]+\] (booted|rxe ready|link |SUMMARY|doctor findings|CHECKOK|CHECKFAIL|checks finished|RESULT).*' "$RESULTS"/node*.log | tr -d '\r' || true
     echo "total $(since "$T0")s"
     [ $rc -eq 0 ] && echo "LAB PASS" || echo "LAB FAIL"
 } > "$RESULTS/summary.txt"
