@@ -21,6 +21,8 @@
 #   --no-install         do not apt-get install missing packages [NO_INSTALL=1]
 #   --no-retry           do not retry after a guest kernel fault
 #   --bench-args "..."   extra arguments for every `switchless bench` check [BENCH_ARGS]
+#   --guest-env "K=V ..." environment for the checks in the VMs, e.g. "NCCL_DEBUG=INFO
+#                        NCCL_IB_TIMEOUT=20" [LAB_GUEST_ENV]
 #   LAB_INJECT_FAULT=1   test hook: node 1 crashes its kernel (sysrq) in the first round, to
 #                        exercise the fault detection and the single retry
 # Exit status: 0 when every node booted, set up its cables and passed every check.
@@ -43,6 +45,7 @@ CHECK_TIMEOUT=${LAB_CHECK_TIMEOUT:-120}
 MEM=${LAB_MEM:-512}
 RETRY=1
 BENCH_ARGS=${BENCH_ARGS:-}
+GUEST_ENV=${LAB_GUEST_ENV:-}
 CACHE=$LAB_DIR/.cache
 # -u 20: QP timeout 4.3 s; TCG stalls otherwise trigger retransmits (rxe's NAK path is where guest
 # oopses were seen). Small transfers: the guest-kernel flake rate grows with traffic.
@@ -72,6 +75,7 @@ while [ $# -gt 0 ]; do
         --no-install) NO_INSTALL=1; shift ;;
         --no-retry) RETRY=0; shift ;;
         --bench-args) BENCH_ARGS=$2; shift 2 ;;
+        --guest-env) GUEST_ENV=$2; shift 2 ;;
         -h | --help) usage; exit 0 ;;
         -*) die "unknown option '$1' (see lab/run.sh --help)" ;;
         *) [ -z "$TOPO" ] || die "one topology only (got '$TOPO' and '$1')"; TOPO=$1; shift ;;
@@ -81,6 +85,9 @@ done
 case $MTU in '' | *[!0-9]*) die "--mtu '$MTU' is not a number (accepted: 1280..9000)" ;; esac
 { [ "$MTU" -ge 1280 ] && [ "$MTU" -le 9000 ]; } || die "--mtu $MTU out of range (accepted: 1280..9000)"
 [ "$(id -u)" -eq 0 ] || die "needs root (apt-get, ip netns, 9p export)"
+for kv in $GUEST_ENV; do
+    [[ $kv =~ ^[A-Za-z_][A-Za-z0-9_]*=[A-Za-z0-9_.,:/+-]*$ ]] || die "--guest-env entry '$kv' (accepted: NAME=VALUE, value of letters, digits and _.,:/+-)"
+done
 
 # ---------------------------------------------------------------- topology
 TOPO_FILE=$TOPO
@@ -284,6 +291,7 @@ read -r _ mip1 <<< "$(lab_mgmt_addr 1)"
     echo "L_nodes=$NODES"; echo "L_mtu=$MTU"; echo "L_checks=$(q "$CHECKS_LIST")"
     echo "L_ctimeout=$CHECK_TIMEOUT"; echo "L_bwargs=$(q "$BW_ARGS")"; echo "L_latargs=$(q "$LAT_ARGS")"
     echo "L_benchargs=$(q "$BENCH_ARGS")"; echo "L_bootstrap=$mip1"; echo "L_inject_fault=${LAB_INJECT_FAULT:-0}"
+    echo "L_env=$(q "$GUEST_ENV")"
     for ((n = 1; n <= NODES; n++)); do
         read -r mplen mip <<< "$(lab_mgmt_addr "$n")"
         echo "L_links_$n=$(q "${NODE_LINKS[n]}")"

@@ -15,6 +15,8 @@
 # shellcheck disable=SC2086 # command lines and link records are split into words on purpose
 set -a; . /tmp/lab.env; set +a
 . /etc/lab.conf
+# --guest-env: NAME=VALUE words, checked on the host
+for kv in $L_env; do export "${kv?}"; done
 R=/results
 SW=/opt/switchless/bin/switchless
 J=$R/checks.jsonl
