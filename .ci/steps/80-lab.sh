@@ -3,15 +3,24 @@
 # mesh) topologies: perftest ib_write_bw + ib_send_lat on every cable, then `switchless doctor` in every
 # VM (clean at MTU 9000); a pair at MTU 1500, where doctor must report the active_mtu 1024 trap
 # (mtu-below-4200). The binaries are the debug build `cargo test --all-targets` left (built when
-# missing). With LAB_BENCH=1 also `switchless bench latency` and `allreduce` between the nodes through
-# the plugin; LAB_BENCH defaults to 0 until the plugin has a transport backend (today its listen()
-# says "no transport backend yet"): then flip the default below to 1.
+# missing). Then `switchless bench latency` and `allreduce` between the nodes through the plugin,
+# when the plugin has a transport: LAB_BENCH=auto (default) turns them on unless the plugin library
+# still carries the device-only backend ("no transport backend yet"); LAB_BENCH=1/0 forces it.
 # About 30-90 s per lab run under TCG on 2 shared cores, plus the one-time guest kernel download.
 # Needs root (apt-get, ip netns, 9p). Each lab run retries once on a guest-kernel fault only.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
-bench=${LAB_BENCH:-0}
+bench=${LAB_BENCH:-auto}
+if [ "$bench" = auto ]; then
+    lib=""
+    for c in "$CARGO_TARGET_DIR/debug/libswitchless.so" "$CARGO_TARGET_DIR/debug/deps/libswitchless.so"; do
+        if [ -f "$c" ] && { [ -z "$lib" ] || [ "$c" -nt "$lib" ]; }; then lib=$c; fi
+    done
+    bench=1
+    if [ -z "$lib" ] || grep -qa "no transport backend yet" "$lib"; then bench=0; fi
+    echo "LAB_BENCH=auto -> $bench (plugin ${lib:-not built yet})"
+fi
 checks="write_bw send_lat doctor"
 if [ "$bench" = 1 ]; then
     checks+=" bench:latency bench:allreduce"
