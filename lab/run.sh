@@ -158,15 +158,26 @@ fi
 command -v qemu-system-x86_64 > /dev/null || die "qemu-system-x86_64 missing (package qemu-system-x86)"
 
 # ---------------------------------------------------------------- guest kernel
-# bookworm's own kernel (6.1): its rxe flakes least (rxelab.md). Downloaded, never installed.
-kpkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
-[ -n "$kpkg" ] || die "apt-cache found no linux-image-amd64 dependency (is a Debian apt source configured?)"
+# The distribution's own kernel, downloaded with apt-get download and unpacked (never installed).
+# Debian: linux-image-<ver>-amd64-unsigned (bookworm's 6.1: its rxe flakes least, rxelab.md).
+# Ubuntu: linux-image-<ver>-generic + linux-modules-<ver>-generic + linux-modules-extra (rdma_rxe).
+if apt-cache show linux-image-amd64 > /dev/null 2>&1; then
+    kpkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
+    debs=("$kpkg-unsigned")
+elif apt-cache show linux-image-generic > /dev/null 2>&1; then
+    kpkg=$(apt-cache depends linux-image-generic | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
+    debs=("$kpkg" "linux-modules-${kpkg#linux-image-}" "linux-modules-extra-${kpkg#linux-image-}")
+else
+    die "apt-cache knows neither linux-image-amd64 (Debian) nor linux-image-generic (Ubuntu): no guest kernel to download"
+fi
+[ -n "$kpkg" ] || die "apt-cache found no kernel package behind the linux-image meta package"
 KROOT=$CACHE/kernels/$kpkg
 if [ ! -d "$KROOT/boot" ]; then
     t=$(date +%s.%N); rm -rf "$KROOT"; mkdir -p "$KROOT"
-    (cd "$KROOT" && apt-get download -q "$kpkg-unsigned" > /dev/null 2>&1 && dpkg-deb -x ./*.deb . && rm -f ./*.deb &&
-        depmod -b . "$(ls lib/modules)") || { rm -rf "$KROOT"; die "download/unpack of $kpkg-unsigned failed"; }
-    log "fetched and unpacked $kpkg in $(since "$t")s"
+    (cd "$KROOT" && apt-get download -q "${debs[@]}" > /dev/null 2>&1 && for d in ./*.deb; do dpkg-deb -x "$d" .; done &&
+        rm -f ./*.deb && { [ -d lib/modules ] || ln -s usr/lib lib; } && depmod -b . "$(ls lib/modules)") ||
+        { rm -rf "$KROOT"; die "download/unpack of ${debs[*]} failed"; }
+    log "fetched and unpacked ${debs[*]} in $(since "$t")s"
 fi
 KVER=$(find "$KROOT/lib/modules" -mindepth 1 -maxdepth 1 -printf '%f\n' | sort -V | tail -1)
 KERNEL=$KROOT/boot/vmlinuz-$KVER
