@@ -11,7 +11,7 @@ for d in "$tmp"/gen/*/; do
   diff -r --no-dereference "$d" "tests/fixtures/fabric/$name" >/dev/null \
     || { echo "fixture $name differs from gen.py output: rerun python3 tests/fixtures/fabric/gen.py" >&2; diff -r --no-dereference "$d" "tests/fixtures/fabric/$name" | head -20 >&2; exit 1; }
 done
-n_gen=$(ls "$tmp/gen" | wc -l)
+n_gen=$(find "$tmp/gen" -mindepth 1 -maxdepth 1 | wc -l)
 n_git=$(find tests/fixtures/fabric -mindepth 1 -maxdepth 1 -type d ! -name captured | wc -l)
 [ "$n_gen" -eq "$n_git" ] || { echo "fixture count: gen.py $n_gen, committed $n_git" >&2; exit 1; }
 bin=${CARGO_TARGET_DIR:-target}/debug/switchless

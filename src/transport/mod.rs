@@ -13,6 +13,7 @@
 
 pub mod comm;
 pub mod fabric;
+pub mod handshake;
 pub mod memfab;
 pub mod stripe;
 pub mod wire;
