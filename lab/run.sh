@@ -9,9 +9,10 @@
 #   --mtu N              netdev MTU of every cable [LAB_MTU, default 9000 -> active_mtu 4096;
 #                        1500 reproduces the active_mtu 1024 trap]
 #   --checks "C ..."     checks to run instead of the topology's `checks` line [CHECKS]
-#   --bin-dir DIR        directory holding the `switchless` binary and libswitchless.so
+#   --bin-dir DIR        directory holding the `switchless` binary and libswitchless.so (a cargo
+#                        release or debug dir; deps/libswitchless.so is used when newer)
 #                        [LAB_BIN_DIR, default ${CARGO_TARGET_DIR:-target}/release]
-#   --no-build           do not run `cargo build --release` when the binary is missing
+#   --no-build           do not run `cargo build [--release]` when the binary is missing
 #   --no-switchless      leave the switchless binary and plugin out of the VMs (perftest only)
 #   --results DIR        results directory [LAB_RESULTS, default lab/.cache/results/<topo>-<time>]
 #   --timeout S          limit for one boot-and-check round, seconds [LAB_TIMEOUT, default 600]
@@ -20,6 +21,8 @@
 #   --no-install         do not apt-get install missing packages [NO_INSTALL=1]
 #   --no-retry           do not retry after a guest kernel fault
 #   --bench-args "..."   extra arguments for every `switchless bench` check [BENCH_ARGS]
+#   --guest-env "K=V ..." environment for the checks in the VMs, e.g. "NCCL_DEBUG=INFO
+#                        NCCL_IB_TIMEOUT=20" [LAB_GUEST_ENV]
 #   LAB_INJECT_FAULT=1   test hook: node 1 crashes its kernel (sysrq) in the first round, to
 #                        exercise the fault detection and the single retry
 # Exit status: 0 when every node booted, set up its cables and passed every check.
@@ -42,6 +45,7 @@ CHECK_TIMEOUT=${LAB_CHECK_TIMEOUT:-120}
 MEM=${LAB_MEM:-512}
 RETRY=1
 BENCH_ARGS=${BENCH_ARGS:-}
+GUEST_ENV=${LAB_GUEST_ENV:-}
 CACHE=$LAB_DIR/.cache
 # -u 20: QP timeout 4.3 s; TCG stalls otherwise trigger retransmits (rxe's NAK path is where guest
 # oopses were seen). Small transfers: the guest-kernel flake rate grows with traffic.
@@ -71,6 +75,7 @@ while [ $# -gt 0 ]; do
         --no-install) NO_INSTALL=1; shift ;;
         --no-retry) RETRY=0; shift ;;
         --bench-args) BENCH_ARGS=$2; shift 2 ;;
+        --guest-env) GUEST_ENV=$2; shift 2 ;;
         -h | --help) usage; exit 0 ;;
         -*) die "unknown option '$1' (see lab/run.sh --help)" ;;
         *) [ -z "$TOPO" ] || die "one topology only (got '$TOPO' and '$1')"; TOPO=$1; shift ;;
@@ -80,6 +85,9 @@ done
 case $MTU in '' | *[!0-9]*) die "--mtu '$MTU' is not a number (accepted: 1280..9000)" ;; esac
 { [ "$MTU" -ge 1280 ] && [ "$MTU" -le 9000 ]; } || die "--mtu $MTU out of range (accepted: 1280..9000)"
 [ "$(id -u)" -eq 0 ] || die "needs root (apt-get, ip netns, 9p export)"
+for kv in $GUEST_ENV; do
+    [[ $kv =~ ^[A-Za-z_][A-Za-z0-9_]*=[A-Za-z0-9_.,:/+-]*$ ]] || die "--guest-env entry '$kv' (accepted: NAME=VALUE, value of letters, digits and _.,:/+-)"
+done
 
 # ---------------------------------------------------------------- topology
 TOPO_FILE=$TOPO
@@ -125,11 +133,13 @@ CHECKS_LIST=${CHECKS_OVERRIDE:-$TOPO_CHECKS}
 for c in $CHECKS_LIST; do
     case $c in
         write_bw | read_bw | send_bw | write_lat | send_lat | read_lat | pingpong) ;;
-        bench:latency | bench:bandwidth | bench:alltoall | bench:allreduce) ;;
-        *) die "unknown check '$c' (accepted: write_bw read_bw send_bw write_lat send_lat read_lat pingpong bench:latency bench:bandwidth bench:alltoall bench:allreduce)" ;;
+        bench:latency | bench:bandwidth | bench:alltoall | bench:allreduce | doctor) ;;
+        *) die "unknown check '$c' (accepted: write_bw read_bw send_bw write_lat send_lat read_lat pingpong bench:latency bench:bandwidth bench:alltoall bench:allreduce doctor)" ;;
     esac
 done
-if [ "$WITH_SW" = 0 ] && [[ " $CHECKS_LIST " == *" bench:"* ]]; then die "bench checks need the switchless binary (drop --no-switchless)"; fi
+if [ "$WITH_SW" = 0 ] && [[ " $CHECKS_LIST " == *" bench:"* || " $CHECKS_LIST " == *" doctor "* ]]; then
+    die "bench and doctor checks need the switchless binary (drop --no-switchless)"
+fi
 log "topology $TOPO_NAME: $NODES nodes, $NLINKS links; mtu $MTU; checks: ${CHECKS_LIST:-none}"
 
 # ---------------------------------------------------------------- packages
@@ -148,15 +158,26 @@ fi
 command -v qemu-system-x86_64 > /dev/null || die "qemu-system-x86_64 missing (package qemu-system-x86)"
 
 # ---------------------------------------------------------------- guest kernel
-# bookworm's own kernel (6.1): its rxe flakes least (rxelab.md). Downloaded, never installed.
-kpkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
-[ -n "$kpkg" ] || die "apt-cache found no linux-image-amd64 dependency (is a Debian apt source configured?)"
+# The distribution's own kernel, downloaded with apt-get download and unpacked (never installed).
+# Debian: linux-image-<ver>-amd64-unsigned (bookworm's 6.1: its rxe flakes least, rxelab.md).
+# Ubuntu: linux-image-<ver>-generic + linux-modules-<ver>-generic + linux-modules-extra (rdma_rxe).
+if apt-cache show linux-image-amd64 > /dev/null 2>&1; then
+    kpkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
+    debs=("$kpkg-unsigned")
+elif apt-cache show linux-image-generic > /dev/null 2>&1; then
+    kpkg=$(apt-cache depends linux-image-generic | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
+    debs=("$kpkg" "linux-modules-${kpkg#linux-image-}" "linux-modules-extra-${kpkg#linux-image-}")
+else
+    die "apt-cache knows neither linux-image-amd64 (Debian) nor linux-image-generic (Ubuntu): no guest kernel to download"
+fi
+[ -n "$kpkg" ] || die "apt-cache found no kernel package behind the linux-image meta package"
 KROOT=$CACHE/kernels/$kpkg
 if [ ! -d "$KROOT/boot" ]; then
     t=$(date +%s.%N); rm -rf "$KROOT"; mkdir -p "$KROOT"
-    (cd "$KROOT" && apt-get download -q "$kpkg-unsigned" > /dev/null 2>&1 && dpkg-deb -x ./*.deb . && rm -f ./*.deb &&
-        depmod -b . "$(ls lib/modules)") || { rm -rf "$KROOT"; die "download/unpack of $kpkg-unsigned failed"; }
-    log "fetched and unpacked $kpkg in $(since "$t")s"
+    (cd "$KROOT" && apt-get download -q "${debs[@]}" > /dev/null 2>&1 && for d in ./*.deb; do dpkg-deb -x "$d" .; done &&
+        rm -f ./*.deb && { [ -d lib/modules ] || ln -s usr/lib lib; } && depmod -b . "$(ls lib/modules)") ||
+        { rm -rf "$KROOT"; die "download/unpack of ${debs[*]} failed"; }
+    log "fetched and unpacked ${debs[*]} in $(since "$t")s"
 fi
 KVER=$(find "$KROOT/lib/modules" -mindepth 1 -maxdepth 1 -printf '%f\n' | sort -V | tail -1)
 KERNEL=$KROOT/boot/vmlinuz-$KVER
@@ -173,15 +194,32 @@ log "kernel $KVER, accel $ACCEL_NAME, $(qemu-system-x86_64 --version | head -1)"
 # ---------------------------------------------------------------- switchless binary + plugin
 SW_BIN="" SW_LIB=""
 if [ "$WITH_SW" = 1 ]; then
-    if [ ! -x "$BIN_DIR/switchless" ] || [ ! -f "$BIN_DIR/libswitchless.so" ]; then
+    # the plugin: cargo's uplifted copy, or the deps/ copy that `cargo test` leaves (the uplifted one
+    # is stale after a test-only build): the newer of the two
+    find_lib() {
+        local c best=""
+        for c in "$BIN_DIR/libswitchless.so" "$BIN_DIR/deps/libswitchless.so"; do
+            [ -f "$c" ] || continue
+            if [ -z "$best" ] || [ "$c" -nt "$best" ]; then best=$c; fi
+        done
+        echo "$best"
+    }
+    SW_LIB=$(find_lib)
+    if [ ! -x "$BIN_DIR/switchless" ] || [ -z "$SW_LIB" ]; then
         [ "$BUILD" = 1 ] || die "$BIN_DIR has no switchless + libswitchless.so (build them, drop --no-build, or pass --no-switchless)"
-        case $BIN_DIR in */release) ;; *) die "--bin-dir $BIN_DIR lacks the binaries and is not a cargo release dir; build them first" ;; esac
-        t=$(date +%s.%N); log "building release binaries into $BIN_DIR"
-        (cd "$REPO" && CARGO_TARGET_DIR=$(dirname "$BIN_DIR") cargo build --release) >&2 || die "cargo build --release failed"
+        case $BIN_DIR in
+            */release) prof=(--release) ;;
+            */debug) prof=() ;;
+            *) die "--bin-dir $BIN_DIR lacks the binaries and is not a cargo release or debug dir; build them first" ;;
+        esac
+        t=$(date +%s.%N); log "building ${prof[*]:-debug} binaries into $BIN_DIR"
+        (cd "$REPO" && CARGO_TARGET_DIR=$(dirname "$BIN_DIR") cargo build "${prof[@]}") >&2 || die "cargo build ${prof[*]} failed"
         log "build took $(since "$t")s"
+        SW_LIB=$(find_lib)
     fi
-    SW_BIN=$BIN_DIR/switchless SW_LIB=$BIN_DIR/libswitchless.so
-    { [ -x "$SW_BIN" ] && [ -f "$SW_LIB" ]; } || die "no $SW_BIN or $SW_LIB"
+    SW_BIN=$BIN_DIR/switchless
+    { [ -x "$SW_BIN" ] && [ -f "$SW_LIB" ]; } || die "no $SW_BIN or libswitchless.so in $BIN_DIR"
+    log "switchless: $SW_BIN, plugin: $SW_LIB"
 fi
 
 # ---------------------------------------------------------------- results dir
@@ -264,6 +302,7 @@ read -r _ mip1 <<< "$(lab_mgmt_addr 1)"
     echo "L_nodes=$NODES"; echo "L_mtu=$MTU"; echo "L_checks=$(q "$CHECKS_LIST")"
     echo "L_ctimeout=$CHECK_TIMEOUT"; echo "L_bwargs=$(q "$BW_ARGS")"; echo "L_latargs=$(q "$LAT_ARGS")"
     echo "L_benchargs=$(q "$BENCH_ARGS")"; echo "L_bootstrap=$mip1"; echo "L_inject_fault=${LAB_INJECT_FAULT:-0}"
+    echo "L_env=$(q "$GUEST_ENV")"
     for ((n = 1; n <= NODES; n++)); do
         read -r mplen mip <<< "$(lab_mgmt_addr "$n")"
         echo "L_links_$n=$(q "${NODE_LINKS[n]}")"
@@ -374,7 +413,7 @@ if grep -q '"status":"fail"' "$RESULTS/summary.jsonl" 2> /dev/null; then rc=1; f
 {
     echo "topology=$TOPO_NAME nodes=$NODES links=$NLINKS mtu=$MTU accel=$ACCEL_NAME kernel=$KVER attempts=$attempt"
     echo "checks: ${CHECKS_LIST:-none}"
-    grep -ahoE 'LAB\[[0-9]+\] (booted|rxe ready|link |SUMMARY|CHECKOK|CHECKFAIL|checks finished|RESULT).*' "$RESULTS"/node*.log | tr -d '\r' || true
+    grep -ahoE 'LAB\[[0-9]+\] (booted|rxe ready|link |SUMMARY|doctor findings|CHECKOK|CHECKFAIL|checks finished|RESULT).*' "$RESULTS"/node*.log | tr -d '\r' || true
     echo "total $(since "$T0")s"
     [ $rc -eq 0 ] && echo "LAB PASS" || echo "LAB FAIL"
 } > "$RESULTS/summary.txt"

@@ -5,6 +5,7 @@
 #       perftest on every cable of this node, one cable at a time in global link order (both
 #       ends walk the links in the same order, so no topology can deadlock); the lower node of a
 #       cable is the server.
+#   doctor      `switchless doctor` (and --json); passes when it finds no error (exit 0 or 1)
 #   bench:MODE  (MODE = latency | bandwidth | alltoall | allreduce)
 #       `switchless bench MODE` on every node at once, rank = node - 1, bootstrap at node 1's
 #       management address.
@@ -14,6 +15,8 @@
 # shellcheck disable=SC2086 # command lines and link records are split into words on purpose
 set -a; . /tmp/lab.env; set +a
 . /etc/lab.conf
+# --guest-env: NAME=VALUE words, checked on the host
+for kv in $L_env; do export "${kv?}"; done
 R=/results
 SW=/opt/switchless/bin/switchless
 J=$R/checks.jsonl
@@ -118,6 +121,26 @@ case " $L_checks " in
             else jl mgmt null 1 ping fail 1 "$(dt "$t1")" '{}' ""; say "CHECKFAIL mgmt: no answer from $LAB_BOOTSTRAP_IP"; fail=1; fi
         fi ;;
 esac
+run_doctor() { # switchless doctor on this node: passes with no error-level finding (exit 0 or 1)
+    out=$R/doctor.txt
+    if [ ! -x $SW ]; then
+        say "CHECKFAIL doctor: $SW is not in the initramfs"; fail=1
+        jl doctor null null node fail 127 0 '{}' ""; return
+    fi
+    t1=$(up)
+    $SW doctor > "$out" 2>&1; rc=$?
+    $SW doctor --json > "$R/doctor.json" 2> /dev/null
+    cat "$out"
+    s=$(dt "$t1")
+    case $rc in
+        0 | 1) st=pass; say "CHECKOK doctor exit $rc ${s}s" ;;
+        *) st=fail; fail=1; say "CHECKFAIL doctor exit $rc" ;;
+    esac
+    codes=$(sed -n 's/^\(WARNING\|ERROR\) \[\([a-z0-9-]*\)\].*/"\2"/p' "$out" | sort -u | tr '\n' ',' | sed 's/,$//')
+    say "doctor findings: [$codes]"
+    jl doctor null null node "$st" "$rc" "$s" "{\"exit_status\":$rc,\"findings\":[$codes]}" "${out#"$R"/}"
+}
+
 k=0
 t0=$(up)
 for c in $L_checks; do
@@ -125,7 +148,8 @@ for c in $L_checks; do
     case $c in
         write_bw | read_bw | send_bw | write_lat | send_lat | read_lat | pingpong) run_perftest "$c" $k ;;
         bench:latency | bench:bandwidth | bench:alltoall | bench:allreduce) run_bench "${c#bench:}" $k ;;
-        *) say "CHECKFAIL unknown check '$c' (accepted: write_bw read_bw send_bw write_lat send_lat read_lat pingpong bench:latency bench:bandwidth bench:alltoall bench:allreduce)"
+        doctor) run_doctor ;;
+        *) say "CHECKFAIL unknown check '$c' (accepted: write_bw read_bw send_bw write_lat send_lat read_lat pingpong bench:latency bench:bandwidth bench:alltoall bench:allreduce doctor)"
            jl "$c" null null none fail 2 0 '{}' ""; fail=1 ;;
     esac
 done
