@@ -841,8 +841,8 @@ pub struct DeviceOnly {
 
 fn not_available<T>(op: &str) -> Result<T> {
     Err(Error::Internal(format!(
-        "{op}: not available: this build of switchless has no transport backend yet \
-         (devices are listed, connections cannot be made)"
+        "{op}: not available: the device-only reference backend lists devices but makes no \
+         connections (the exported vtables use the Switchless backend)"
     )))
 }
 
