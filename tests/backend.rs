@@ -496,3 +496,30 @@ fn closing_a_comm_fails_its_outstanding_requests() {
     assert!(e.to_string().contains("already closed"), "{e}");
     B::close_send(s).unwrap();
 }
+
+#[test]
+fn properties_come_from_the_nccl_device_and_nccl_ib_hca() {
+    use switchless::plugin::switchless::properties_of;
+    let mut d = device(0, "sl_eth1");
+    d.pci_path = "/sys/devices/pci0000:00/0000:00:03.0".into();
+    d.rail_id = 2;
+    d.ptr_support = 1 | 4;
+    let p = properties_of(&d, &Config::default()).unwrap();
+    assert_eq!(p.name.to_str().unwrap(), "sl_eth1");
+    assert_eq!(
+        p.pci_path.unwrap().to_str().unwrap(),
+        "/sys/devices/pci0000:00/0000:00:03.0"
+    );
+    assert_eq!((p.rail_id, p.plane_id), (Some(2), None));
+    assert_eq!(p.ptr_support, PtrSupport(5));
+    assert_eq!((p.speed_mbps, p.port, p.max_recvs), (200_000, 1, 8));
+    p.validate(0).unwrap();
+    // NCCL_IB_HCA's rail and plane win over the discovered rail.
+    let cfg =
+        Config::from_vars(|n| (n == "NCCL_IB_HCA").then(|| "mem0:1:7:3".to_string())).unwrap();
+    let p = properties_of(&d, &cfg).unwrap();
+    assert_eq!((p.rail_id, p.plane_id), (Some(7), Some(3)));
+    // No PCI path: a virtual NIC for NCCL.
+    d.pci_path.clear();
+    assert!(properties_of(&d, &cfg).unwrap().pci_path.is_none());
+}
