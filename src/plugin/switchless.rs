@@ -356,12 +356,7 @@ impl<P: PathFactory> Switchless<P> {
             },
         )?;
         if let Some(ov) = &sel.dev_override {
-            tracing::info!(
-                "NET/switchless: connect to {peer}: NCCL device {} cannot reach it ({}); using links of device(s) {:?}",
-                ov.requested,
-                ov.reason,
-                ov.used
-            );
+            tracing::info!("NET/switchless: connect to {peer}: {}", ov.reason);
         }
         let plans: Vec<PathPlan> = sel
             .paths
