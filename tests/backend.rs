@@ -523,3 +523,86 @@ fn properties_come_from_the_nccl_device_and_nccl_ib_hca() {
     d.pci_path.clear();
     assert!(properties_of(&d, &cfg).unwrap().pci_path.is_none());
 }
+
+#[test]
+fn qps_per_connection_multiplies_the_paths_up_to_eight() {
+    let cfg = Config::from_vars(|n| (n == "NCCL_IB_QPS_PER_CONNECTION").then(|| "3".to_string()))
+        .unwrap();
+    let b = backend(two_path_view(cfg));
+    let (mut s, mut r, _l) = establish(&b, 0, 0);
+    assert_eq!(s.path_labels().len(), 6, "{:?}", s.path_labels());
+    assert_eq!(r.path_labels().len(), 6);
+    // Data still arrives intact when striped over the six QPs.
+    let fab = b.factory().fab().clone();
+    let n = 3 << 20;
+    let src = fab.alloc(n).unwrap();
+    let dst = fab.alloc(n).unwrap();
+    let data = pattern(n, 9);
+    fab.write(src, &data).unwrap();
+    let reg = |c: plugin::CommMut<'_, B>, a: u64| {
+        B::reg_mr(
+            c,
+            Region {
+                addr: a as usize,
+                size: n,
+                kind: PtrSupport::HOST,
+            },
+        )
+        .unwrap()
+    };
+    let smr = reg(plugin::CommMut::Send(&mut s), src);
+    let rmr = reg(plugin::CommMut::Recv(&mut r), dst);
+    let mut rr = B::irecv(
+        &mut r,
+        &[RecvBuf {
+            addr: dst as usize,
+            size: n,
+            tag: 3,
+            mr: &rmr,
+        }],
+    )
+    .unwrap()
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut sr = loop {
+        if let Some(q) = B::isend(&mut s, src as usize, n, 3, &smr).unwrap() {
+            break q;
+        }
+        assert!(Instant::now() < deadline);
+    };
+    let mut one = [0usize; 1];
+    while !B::test(&mut sr, &mut one).unwrap() {
+        assert!(Instant::now() < deadline);
+    }
+    while !B::test(&mut rr, &mut one).unwrap() {
+        assert!(Instant::now() < deadline);
+    }
+    assert_eq!(one[0], n);
+    assert_eq!(fab.read(dst, n).unwrap(), data);
+
+    // Eight is the cap: 2 links x 8 QPs asked -> 4 per link.
+    let p = |a: &str, r: &str| switchless::route::PathChoice {
+        local: link(0, "lo", a, Some(0), "r"),
+        remote: switchless::route::types::RemoteLink {
+            addr: r.parse().unwrap(),
+            phys_port_id: 0,
+            pci_root_id: 0,
+            kind: LinkKind::Roce,
+        },
+        kind: LinkKind::Roce,
+        reason: String::new(),
+    };
+    let two = [
+        p("127.0.0.1/8", "127.0.0.2/8"),
+        p("127.0.0.2/8", "127.0.0.1/8"),
+    ];
+    let f = switchless::plugin::switchless::fold_qps(&two, 8);
+    assert_eq!(f.len(), 8);
+    assert_eq!(f[0].local.addr, two[0].local.addr);
+    assert_eq!(f[1].local.addr, two[1].local.addr, "interleaved");
+    assert_eq!(
+        f[0].local.speed_mbps, 25_000,
+        "speed shared by the 4 QPs of a link"
+    );
+    assert_eq!(switchless::plugin::switchless::fold_qps(&two, 1).len(), 2);
+}

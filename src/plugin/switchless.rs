@@ -45,7 +45,7 @@ use crate::config::TransportMode;
 use crate::error::{Error, Result};
 use crate::fabric::NcclDevice;
 use crate::route::handle::{Handle as HandleView, HandleRepr};
-use crate::route::select::{KindFilter, RouteOptions, select};
+use crate::route::select::{KindFilter, PathChoice, RouteOptions, select};
 use crate::route::types::LinkKind;
 use crate::transport::comm::{self, MemHandle, ProtocolConfig, RecvComm, SendComm};
 use crate::transport::fabric::MemKind;
@@ -358,8 +358,8 @@ impl<P: PathFactory> Switchless<P> {
         if let Some(ov) = &sel.dev_override {
             tracing::info!("NET/switchless: connect to {peer}: {}", ov.reason);
         }
-        let plans: Vec<PathPlan> = sel
-            .paths
+        let chosen = fold_qps(&sel.paths, self.view.config.ib_qps_per_connection);
+        let plans: Vec<PathPlan> = chosen
             .iter()
             .map(|p| PathPlan {
                 local: p.local.clone(),
@@ -377,7 +377,7 @@ impl<P: PathFactory> Switchless<P> {
         let extra = sc.local_info().to_bytes();
         let connector = Connector::start(
             &repr,
-            &sel.paths,
+            &chosen,
             SideParams {
                 paths: local.clone(),
                 extra,
@@ -486,6 +486,26 @@ impl<P: PathFactory> Switchless<P> {
             }
         }
     }
+}
+
+/// `NCCL_IB_QPS_PER_CONNECTION`: each chosen path is carried by `qps` queue pairs (each a path of the
+/// transport, sharing the link's speed), capped so a connection has at most
+/// [`crate::transport::stripe::MAX_PATHS`] of them. Interleaved (p0, p1, p0, p1, ...) so consecutive
+/// paths keep alternating PCIe roots.
+pub fn fold_qps(paths: &[PathChoice], qps: u8) -> Vec<PathChoice> {
+    let n = paths.len().max(1);
+    let k = usize::from(qps.max(1))
+        .min(crate::transport::stripe::MAX_PATHS / n)
+        .max(1);
+    let mut out = Vec::with_capacity(n * k);
+    for _ in 0..k {
+        for p in paths {
+            let mut q = p.clone();
+            q.local.speed_mbps /= k as u32;
+            out.push(q);
+        }
+    }
+    out
 }
 
 fn step_error(e: Error, peer: &str, step: &str) -> Error {
