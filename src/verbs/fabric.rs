@@ -11,7 +11,8 @@
 //! * control memory is a `Box<[AtomicU64]>` registered with strict ordering; `ctrl_load`/`ctrl_store` are
 //!   atomic loads and stores with the ordering the protocol asks for (AArch64: the NIC's writes are
 //!   observed after an `Acquire` load of the publishing word);
-//! * writes: `num_sge = 0` for zero-length writes, immediates in network byte order on the wire
+//! * writes: a batch (`post_writes`) is one chained `ibv_post_send` (one doorbell per 8 writes);
+//!   `num_sge = 0` for zero-length writes, immediates in network byte order on the wire
 //!   (the verbs layer converts in both directions; the trait speaks host order);
 //! * `shutdown` moves every QP to ERR; dropping the fabric then destroys QPs, CQs, MRs and PDs, in that
 //!   order (control memory is freed only after its MRs are gone).
@@ -22,7 +23,8 @@
 //! path (striping over paths already spreads a connection).
 //!
 //! The inline hint of [`WriteWr`] is honoured up to the QP's granted `max_inline_data` (64 bytes
-//! requested; a device that refuses inline gets QPs without it and SGE writes only).
+//! requested; a device that refuses inline gets QPs without it and SGE writes only): the provider
+//! copies the bytes from the SGE at post time.
 
 use std::collections::HashMap;
 use std::os::fd::BorrowedFd;
@@ -32,7 +34,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::context::Context;
 use super::cq::{Completion as VerbsCompletion, CompletionQueue, WcOpcode as VerbsOpcode};
 use super::memory::{MemoryRegion, ProtectionDomain};
-use super::qp::{QpCaps, QueuePair, RemoteAddr, RtrParams, RtsParams, SendFlags, Sge};
+use super::qp::{
+    CHAIN_MAX, QpCaps, QueuePair, RemoteAddr, RtrParams, RtsParams, SendFlags, Sge, WriteReq,
+};
 use super::types::{Access, Gid, Mtu};
 use crate::error::{Error, Result};
 use crate::transport::comm::{RECV_DEPTH, SEND_QUEUE_DEPTH};
@@ -542,33 +546,28 @@ impl Fabric for VerbsFabric {
     }
 
     fn post_write(&mut self, path: usize, wr: &WriteWr) -> Result<()> {
+        self.post_writes(path, std::slice::from_ref(wr))
+    }
+
+    fn post_writes(&mut self, path: usize, wrs: &[WriteWr]) -> Result<()> {
         self.check_path(path)?;
         let qp = &self.qps[path];
-        let flags = SendFlags {
-            signaled: wr.signaled,
-            fence: false,
-        };
-        let remote = RemoteAddr {
-            addr: wr.remote.addr,
-            rkey: wr.remote.rkey,
-        };
-        if wr.inline && wr.local.len > 0 && wr.local.len <= qp.caps().max_inline_data {
-            // SAFETY: the protocol posts writes only from memory it registered (control memory owned
-            // by this fabric, or NCCL buffers whose registration covers the range: the comm checks
-            // `addr..addr+len` against the memory handle), so the range is mapped and readable; the
-            // bytes are copied into the work request before ibv_post_send returns.
-            let data = unsafe {
-                std::slice::from_raw_parts(wr.local.addr as *const u8, wr.local.len as usize)
-            };
-            return qp.post_rdma_write_inline(wr.wr_id, data, remote, wr.imm, flags);
+        let max_inline = qp.caps().max_inline_data;
+        let mut reqs = [WriteReq {
+            wr_id: 0,
+            local: None,
+            remote: RemoteAddr { addr: 0, rkey: 0 },
+            imm: None,
+            flags: SendFlags::UNSIGNALED,
+            inline: false,
+        }; CHAIN_MAX];
+        for chunk in wrs.chunks(CHAIN_MAX) {
+            for (r, wr) in reqs.iter_mut().zip(chunk) {
+                *r = to_req(wr, max_inline);
+            }
+            qp.post_rdma_writes(&reqs[..chunk.len()])?;
         }
-        let sge = [Sge {
-            addr: wr.local.addr,
-            length: wr.local.len,
-            lkey: wr.local.lkey,
-        }];
-        let local: &[Sge] = if wr.local.len == 0 { &[] } else { &sge };
-        qp.post_rdma_write(wr.wr_id, local, remote, wr.imm, flags)
+        Ok(())
     }
 
     fn post_read(&mut self, path: usize, wr: &ReadWr) -> Result<()> {
@@ -615,6 +614,30 @@ impl Fabric for VerbsFabric {
             }
         }
         first.map_or(Ok(()), Err)
+    }
+}
+
+/// The verbs form of one write: zero-length writes carry no SGE (`num_sge = 0`); the inline hint is
+/// honoured up to the QP's `max_inline_data`.
+fn to_req(wr: &WriteWr, max_inline: u32) -> WriteReq {
+    let local = (wr.local.len > 0).then_some(Sge {
+        addr: wr.local.addr,
+        length: wr.local.len,
+        lkey: wr.local.lkey,
+    });
+    WriteReq {
+        wr_id: wr.wr_id,
+        local,
+        remote: RemoteAddr {
+            addr: wr.remote.addr,
+            rkey: wr.remote.rkey,
+        },
+        imm: wr.imm,
+        flags: SendFlags {
+            signaled: wr.signaled,
+            fence: false,
+        },
+        inline: wr.inline && local.is_some() && wr.local.len <= max_inline,
     }
 }
 
@@ -674,6 +697,45 @@ mod tests {
         assert!(c.status.is_remote());
         let e = map_completion(&vc(0, VerbsOpcode::Send, None)).unwrap_err();
         assert!(e.to_string().contains("never posts"), "{e}");
+    }
+
+    #[test]
+    fn writes_map_to_verbs_requests() {
+        use crate::transport::fabric::{LocalSeg, RemoteSeg};
+        let wr = WriteWr {
+            wr_id: 7,
+            local: LocalSeg {
+                addr: 0x1000,
+                len: 48,
+                lkey: 3,
+            },
+            remote: RemoteSeg {
+                addr: 0x2000,
+                rkey: 4,
+            },
+            imm: Some(0xabcd),
+            signaled: true,
+            inline: true,
+        };
+        let r = to_req(&wr, 64);
+        assert!(r.inline && r.flags.signaled);
+        assert_eq!(r.local.unwrap().length, 48);
+        assert_eq!(
+            (r.remote.addr, r.remote.rkey, r.imm),
+            (0x2000, 4, Some(0xabcd))
+        );
+        assert!(!to_req(&wr, 32).inline, "beyond the QP's inline limit");
+        assert!(!to_req(&wr, 0).inline, "a QP without inline");
+        let empty = WriteWr {
+            local: LocalSeg {
+                addr: 0,
+                len: 0,
+                lkey: 0,
+            },
+            ..wr
+        };
+        let r = to_req(&empty, 64);
+        assert!(r.local.is_none() && !r.inline, "zero-length: no SGE");
     }
 
     #[test]

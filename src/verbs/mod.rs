@@ -21,7 +21,8 @@ pub use context::{Context, DeviceCaps, device_names, fork_init};
 pub use cq::{Completion, CompletionQueue, WcOpcode, WcStatus};
 pub use memory::{AlignedBuffer, MemoryRegion, ProtectionDomain};
 pub use qp::{
-    MAX_QPN, MAX_SGE, QpCaps, QueuePair, RemoteAddr, RtrParams, RtsParams, SendFlags, Sge,
+    CHAIN_MAX, MAX_QPN, MAX_SGE, QpCaps, QueuePair, RemoteAddr, RtrParams, RtsParams, SendFlags,
+    Sge, WriteReq,
 };
 pub use sym::{OptionalSymbols, optional_symbols};
 pub use types::{

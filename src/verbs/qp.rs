@@ -60,6 +60,23 @@ pub struct RemoteAddr {
     pub rkey: u32,
 }
 
+/// Most writes posted by one `ibv_post_send` in [`QueuePair::post_rdma_writes`].
+pub const CHAIN_MAX: usize = 8;
+
+/// One RDMA write of [`QueuePair::post_rdma_writes`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteReq {
+    pub wr_id: u64,
+    /// Source in registered memory; `None` writes 0 bytes (`num_sge = 0`, an immediate-only write).
+    pub local: Option<Sge>,
+    pub remote: RemoteAddr,
+    /// Immediate in host order (sent in network order); consumes a receive at the peer.
+    pub imm: Option<u32>,
+    pub flags: SendFlags,
+    /// Copy the payload into the work request (`IBV_SEND_INLINE`).
+    pub inline: bool,
+}
+
 /// Attributes of the RTR transition (RoCE v2: `is_global = 1` with a GRH).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RtrParams {
@@ -602,6 +619,94 @@ impl QueuePair {
         };
         let mut wr = Self::send_wr(wr_id, opcode, &mut sge, n, flags.bits(true), remote, imm);
         self.post_send_wr(&mut wr, "inline RDMA write")
+    }
+
+    /// Posts a chain of RDMA writes with one `ibv_post_send` (one doorbell per [`CHAIN_MAX`] writes),
+    /// executed in order. A write with `inline` copies its payload (≤ [`QpCaps::max_inline_data`]
+    /// bytes) into the work request at post time. On error, the writes before the failing one were
+    /// posted (as with verbs' `bad_wr`); the error names the failing index.
+    pub fn post_rdma_writes(&self, reqs: &[WriteReq]) -> Result<()> {
+        for (c, chunk) in reqs.chunks(CHAIN_MAX).enumerate() {
+            let mut sges = [ibv_sge {
+                addr: 0,
+                length: 0,
+                lkey: 0,
+            }; CHAIN_MAX];
+            // SAFETY: ibv_send_wr is plain old data; all-zero is valid (NULL next and sg_list).
+            let mut wrs: [ibv_send_wr; CHAIN_MAX] = unsafe { std::mem::zeroed() };
+            for (i, r) in chunk.iter().enumerate() {
+                let len = r.local.map_or(0, |l| l.length);
+                if r.inline && len > self.caps.max_inline_data {
+                    return Err(Error::InvalidArgument(format!(
+                        "inline RDMA write of {len} bytes; this QP inlines at most {} bytes",
+                        self.caps.max_inline_data
+                    )));
+                }
+                if let Some(l) = r.local {
+                    sges[i] = ibv_sge {
+                        addr: l.addr,
+                        length: l.length,
+                        lkey: l.lkey,
+                    };
+                }
+            }
+            let n = chunk.len();
+            let sg = sges.as_mut_ptr();
+            for (i, r) in chunk.iter().enumerate() {
+                let w = &mut wrs[i];
+                w.wr_id = r.wr_id;
+                w.sg_list = if r.local.is_some() {
+                    // SAFETY: `i < n ≤ CHAIN_MAX`, so the offset stays inside `sges`, which is not
+                    // touched again and outlives the post below.
+                    unsafe { sg.add(i) }
+                } else {
+                    std::ptr::null_mut()
+                };
+                w.num_sge = c_int::from(r.local.is_some());
+                w.opcode = if r.imm.is_some() {
+                    ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM
+                } else {
+                    ibv_wr_opcode::IBV_WR_RDMA_WRITE
+                };
+                w.send_flags = r.flags.bits(r.inline && r.local.is_some());
+                if let Some(imm) = r.imm {
+                    w.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+                }
+                w.wr.rdma = rdma_sys::rdma_t {
+                    remote_addr: r.remote.addr,
+                    rkey: r.remote.rkey,
+                };
+            }
+            // Link the chain through one base pointer (no reference to `wrs` is made after this).
+            let base = wrs.as_mut_ptr();
+            for i in 0..n.saturating_sub(1) {
+                // SAFETY: `i + 1 < n ≤ CHAIN_MAX`: both offsets are inside `wrs`; `next` is NULL
+                // (zeroed) for the last request.
+                unsafe { (*base.add(i)).next = base.add(i + 1) };
+            }
+            let mut bad: *mut ibv_send_wr = std::ptr::null_mut();
+            // SAFETY: live QP; `wrs[..n]` is a NULL-terminated chain of initialised requests whose
+            // SGE pointers point into `sges`; both arrays live until after the call (the provider
+            // copies the requests, and inline payloads, before returning).
+            let rc = unsafe { ibv_post_send(self.qp.as_ptr(), base, &mut bad) };
+            if rc != 0 {
+                let failed = if bad.is_null() {
+                    0
+                } else {
+                    (bad as usize - base as usize) / std::mem::size_of::<ibv_send_wr>()
+                };
+                return Err(system_error(
+                    format!(
+                        "ibv_post_send(chain of {n} RDMA writes, write {} failed, on {} QP {:#x})",
+                        c * CHAIN_MAX + failed,
+                        self.device(),
+                        self.qp_num()
+                    ),
+                    rc_errno(rc, last_errno()),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Posts an RDMA read of `remote` into the `local` SGEs (registered with LOCAL_WRITE).
