@@ -1,2 +1,18 @@
 //! Connection state machines, handshake, CTS protocol, striping over paths, requests.
 #![forbid(unsafe_code)]
+//!
+//! # Data path (see `docs/readme/transport.md`)
+//!
+//! * [`fabric`]: the `Fabric` trait, the verbs-level operations the protocol needs (RDMA write with or
+//!   without immediate, RDMA read, receives, completion polling, registration, control memory).
+//! * [`comm`]: `SendComm` / `RecvComm`, the receiver-driven protocol (CTS FIFO, tags, sizes, striping,
+//!   flush, errors, teardown).
+//! * [`stripe`]: pure arithmetic splitting a message over paths by link speed.
+//! * [`wire`]: layouts shared by both sides (CTS slot, size record, immediate, `wr_id`, control info).
+//! * [`memfab`]: an in-process fabric with fault injection for tests and benchmarks.
+
+pub mod comm;
+pub mod fabric;
+pub mod memfab;
+pub mod stripe;
+pub mod wire;

@@ -1,0 +1,379 @@
+//! The path abstraction: the handful of verbs-level operations the data protocol needs.
+//!
+//! A [`Fabric`] is **one endpoint of one connection**: an ordered list of paths (numbered from 0),
+//! each an RC-like queue pair with its own completion queue, plus CPU access to a few words of
+//! *control memory* that the remote side writes into. Three implementations are planned:
+//!
+//! * [`super::memfab`]: an in-process fabric for tests and benchmarks (deterministic, with faults);
+//! * ibverbs RC QPs (the adapter over `crate::verbs`): one QP + CQ per path, control memory is a
+//!   `Box<[AtomicU64]>` registered with strict ordering (no `IBV_ACCESS_RELAXED_ORDERING`);
+//! * a TCP emulation: each path a stream carrying `{remote addr, rkey, len, imm}` headers plus payload,
+//!   with receiver-side helper threads that place the payload and generate completions.
+//!
+//! # Contract an implementation must keep (the same guarantees RC queue pairs give)
+//!
+//! * Work requests posted on one path execute **in order**: when the peer sees the completion of a
+//!   write-with-immediate posted on path `p`, every write posted earlier on `p` is visible in its
+//!   memory. Writes on *different* paths are not ordered with respect to each other.
+//! * A signaled work request produces exactly one completion on the posting side's CQ of that path. An
+//!   unsignaled one produces none on success; a work request that fails always produces a completion
+//!   with an error status, and the path then fails every later work request with
+//!   [`WcStatus::WR_FLUSH_ERR`].
+//! * A signaled completion of work request `k` on a path implies that every earlier work request on that
+//!   path has completed (so the protocol signals only the last one of a batch).
+//! * A write with an immediate consumes one receive posted with [`Fabric::post_recv`] on the same path
+//!   at the peer and completes it with [`WcOpcode::RecvRdmaWithImm`], `imm`, and `byte_len` = the
+//!   write's length. Without a posted receive the write fails (`RNR_RETRY_EXC_ERR`).
+//! * Control memory words written by the peer (by RDMA write) are read by the CPU with
+//!   [`Fabric::ctrl_load`]; the protocol asks for `Acquire` on every word whose value publishes other
+//!   words (AArch64: the NIC's writes are not ordered for a plain load).
+//! * Loopback paths ([`PathRole::Loopback`]) connect an endpoint to itself and exist only to flush
+//!   GPU-direct writes with an RDMA read. A fabric without loopback paths declares that data is visible
+//!   to the consumer once the completion is seen (`iflush` then never posts anything).
+#![forbid(unsafe_code)]
+
+use std::sync::atomic::Ordering;
+
+use crate::error::Result;
+
+/// What a path is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PathRole {
+    /// Carries data to the peer (an RC QP connected to the peer's path with the same index).
+    Data,
+    /// Connected to this endpoint itself; used only for the flush read of GPU-direct receives.
+    Loopback,
+}
+
+/// Static description of one path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathInfo {
+    /// Human-readable label for logs: netdevs, GIDs, QP numbers (given by whoever built the path).
+    pub label: String,
+    /// Link speed in Mb/s (megabits per second); the stripe weight. 0 means unknown (weight 1).
+    pub speed_mbps: u64,
+    /// Data or loopback.
+    pub role: PathRole,
+}
+
+/// Type of registered memory (NCCL's `NCCL_PTR_HOST` / `NCCL_PTR_CUDA`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MemKind {
+    /// Host memory.
+    Host,
+    /// GPU memory (GPU-direct RDMA): received data may need a flush read before the GPU consumes it.
+    Cuda,
+}
+
+/// Local and remote keys of one registration on one path's device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct PathKeys {
+    /// Key for local scatter/gather entries (`ibv_mr.lkey`).
+    pub lkey: u32,
+    /// Key the peer uses to write or read this memory (`ibv_mr.rkey`).
+    pub rkey: u32,
+}
+
+/// A memory registration: keys per path (index = path index, loopback paths included).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registration {
+    /// Keys per path, `keys.len() == fabric.paths().len()`.
+    pub keys: Vec<PathKeys>,
+    /// Opaque value the fabric uses to find the registration again in [`Fabric::deregister`].
+    pub token: u64,
+}
+
+/// A block of control memory owned by the fabric: `words` 64-bit words at `addr` (8-byte aligned),
+/// registered on every path for local and remote read/write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CtrlMem {
+    /// Address of word 0.
+    pub addr: u64,
+    /// Number of 64-bit words.
+    pub words: usize,
+    /// The registration (keys per path).
+    pub reg: Registration,
+}
+
+impl CtrlMem {
+    /// Address of word `i`.
+    pub fn word(&self, i: usize) -> u64 {
+        self.addr + 8 * i as u64
+    }
+}
+
+/// A local scatter/gather element.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LocalSeg {
+    /// Local address.
+    pub addr: u64,
+    /// Length in bytes (0 allowed: a zero-length write with immediate).
+    pub len: u32,
+    /// Local key of the registration covering `[addr, addr+len)` on the posting path.
+    pub lkey: u32,
+}
+
+/// A remote target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteSeg {
+    /// Remote address.
+    pub addr: u64,
+    /// Remote key valid on the posting path.
+    pub rkey: u32,
+}
+
+/// An RDMA write (`IBV_WR_RDMA_WRITE` or `IBV_WR_RDMA_WRITE_WITH_IMM`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteWr {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Source.
+    pub local: LocalSeg,
+    /// Destination.
+    pub remote: RemoteSeg,
+    /// 32-bit immediate (host order here; the verbs adapter converts to network order and back).
+    pub imm: Option<u32>,
+    /// Produce a completion on success (`IBV_SEND_SIGNALED`).
+    pub signaled: bool,
+    /// Hint: the payload is small enough to copy into the work request (`IBV_SEND_INLINE`). A fabric
+    /// honours it only up to its own limit (the QP's `max_inline_data`) and may ignore it; the
+    /// protocol never reuses a source before the work request has completed either way.
+    pub inline: bool,
+}
+
+/// An RDMA read (`IBV_WR_RDMA_READ`), always signaled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadWr {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Destination (local).
+    pub local: LocalSeg,
+    /// Source (remote, or this endpoint's memory on a loopback path).
+    pub remote: RemoteSeg,
+}
+
+/// Completion status; the numbering is `enum ibv_wc_status` so the verbs adapter maps it 1:1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WcStatus(pub u32);
+
+impl WcStatus {
+    /// `IBV_WC_SUCCESS`.
+    pub const SUCCESS: WcStatus = WcStatus(0);
+    /// `IBV_WC_LOC_LEN_ERR`.
+    pub const LOC_LEN_ERR: WcStatus = WcStatus(1);
+    /// `IBV_WC_LOC_QP_OP_ERR`.
+    pub const LOC_QP_OP_ERR: WcStatus = WcStatus(2);
+    /// `IBV_WC_LOC_PROT_ERR`.
+    pub const LOC_PROT_ERR: WcStatus = WcStatus(4);
+    /// `IBV_WC_WR_FLUSH_ERR`.
+    pub const WR_FLUSH_ERR: WcStatus = WcStatus(5);
+    /// `IBV_WC_REM_INV_REQ_ERR`.
+    pub const REM_INV_REQ_ERR: WcStatus = WcStatus(9);
+    /// `IBV_WC_REM_ACCESS_ERR`.
+    pub const REM_ACCESS_ERR: WcStatus = WcStatus(10);
+    /// `IBV_WC_REM_OP_ERR`.
+    pub const REM_OP_ERR: WcStatus = WcStatus(11);
+    /// `IBV_WC_RETRY_EXC_ERR` (the peer does not answer: transport retries exhausted).
+    pub const RETRY_EXC_ERR: WcStatus = WcStatus(12);
+    /// `IBV_WC_RNR_RETRY_EXC_ERR` (no receive posted at the peer).
+    pub const RNR_RETRY_EXC_ERR: WcStatus = WcStatus(13);
+    /// `IBV_WC_GENERAL_ERR`.
+    pub const GENERAL_ERR: WcStatus = WcStatus(21);
+
+    /// Whether this is success.
+    pub fn is_success(self) -> bool {
+        self.0 == 0
+    }
+
+    /// Whether the status blames the remote side or the link to it (then NCCL gets `ncclRemoteError`;
+    /// otherwise `ncclSystemError`).
+    pub fn is_remote(self) -> bool {
+        matches!(self.0, 9..=13 | 17)
+    }
+
+    /// The text `ibv_wc_status_str` gives for this status.
+    pub fn text(self) -> &'static str {
+        match self.0 {
+            0 => "success",
+            1 => "local length error",
+            2 => "local QP operation error",
+            3 => "local EE context operation error",
+            4 => "local protection error",
+            5 => "Work Request Flushed Error",
+            6 => "memory management operation error",
+            7 => "bad response error",
+            8 => "local access error",
+            9 => "remote invalid request error",
+            10 => "remote access error",
+            11 => "remote operation error",
+            12 => "transport retry counter exceeded",
+            13 => "RNR retry counter exceeded",
+            14 => "local RDD violation error",
+            15 => "remote invalid RD request",
+            16 => "aborted error",
+            17 => "invalid EE context number",
+            18 => "invalid EE context state",
+            19 => "fatal error",
+            20 => "response timeout error",
+            21 => "general error",
+            _ => "unknown",
+        }
+    }
+}
+
+impl std::fmt::Display for WcStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (status {})", self.text(), self.0)
+    }
+}
+
+/// What completed (`enum ibv_wc_opcode`, reduced to what the protocol posts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WcOpcode {
+    /// A posted RDMA write (with or without immediate) completed at the sender.
+    RdmaWrite,
+    /// A posted RDMA read completed.
+    RdmaRead,
+    /// A receive was consumed by the peer's write with immediate.
+    RecvRdmaWithImm,
+}
+
+/// One completion queue entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    /// The `wr_id` of the work request (or of the posted receive).
+    pub wr_id: u64,
+    /// Status; on error the other fields except `wr_id` are undefined (as in verbs).
+    pub status: WcStatus,
+    /// Opcode.
+    pub opcode: WcOpcode,
+    /// Bytes written, for [`WcOpcode::RecvRdmaWithImm`].
+    pub byte_len: u32,
+    /// The immediate, for [`WcOpcode::RecvRdmaWithImm`].
+    pub imm: Option<u32>,
+}
+
+/// One endpoint of a connection: its paths and the memory they address. See the module docs for the
+/// ordering contract. All methods are non-blocking.
+pub trait Fabric {
+    /// The paths, data paths and loopback paths, in index order. Data path `i` is connected to the
+    /// peer's data path `i`.
+    fn paths(&self) -> &[PathInfo];
+
+    /// Registers `[addr, addr+len)` on every path's device; returns keys per path.
+    fn register(&mut self, addr: u64, len: usize, kind: MemKind) -> Result<Registration>;
+
+    /// Releases a registration made by [`Fabric::register`].
+    fn deregister(&mut self, reg: &Registration) -> Result<()>;
+
+    /// Allocates `words` zeroed 64-bit words of control memory, registered on every path.
+    fn alloc_ctrl(&mut self, words: usize) -> Result<CtrlMem>;
+
+    /// Frees control memory from [`Fabric::alloc_ctrl`].
+    fn free_ctrl(&mut self, mem: &CtrlMem) -> Result<()>;
+
+    /// Loads one word of control memory (8-byte aligned `addr`) with the given ordering.
+    fn ctrl_load(&self, addr: u64, order: Ordering) -> Result<u64>;
+
+    /// Stores one word of control memory (8-byte aligned `addr`) with the given ordering.
+    fn ctrl_store(&self, addr: u64, value: u64, order: Ordering) -> Result<()>;
+
+    /// Loads `out.len()` consecutive words from `addr` with relaxed ordering (after an acquire load of
+    /// the word that published them). The default calls [`Fabric::ctrl_load`] per word.
+    fn ctrl_read(&self, addr: u64, out: &mut [u64]) -> Result<()> {
+        for (i, w) in out.iter_mut().enumerate() {
+            *w = self.ctrl_load(addr + 8 * i as u64, Ordering::Relaxed)?;
+        }
+        Ok(())
+    }
+
+    /// Stores consecutive words at `addr` with relaxed ordering (published later by a release store or
+    /// by posting a work request). The default calls [`Fabric::ctrl_store`] per word.
+    fn ctrl_write(&self, addr: u64, words: &[u64]) -> Result<()> {
+        for (i, &w) in words.iter().enumerate() {
+            self.ctrl_store(addr + 8 * i as u64, w, Ordering::Relaxed)?;
+        }
+        Ok(())
+    }
+
+    /// Posts an RDMA write on `path`.
+    fn post_write(&mut self, path: usize, wr: &WriteWr) -> Result<()>;
+
+    /// Posts an RDMA read on `path` (a loopback path, for the flush).
+    fn post_read(&mut self, path: usize, wr: &ReadWr) -> Result<()>;
+
+    /// Posts a receive (no scatter list) on `path`, consumed by a write with immediate from the peer.
+    fn post_recv(&mut self, path: usize, wr_id: u64) -> Result<()>;
+
+    /// Appends up to `max` completions of `path` to `out`; returns how many were appended.
+    fn poll(&mut self, path: usize, max: usize, out: &mut Vec<Completion>) -> Result<usize>;
+
+    /// Stops the paths before teardown: every work request still queued completes with
+    /// [`WcStatus::WR_FLUSH_ERR`] or is dropped (verbs: QPs to the error state). Idempotent.
+    fn shutdown(&mut self) -> Result<()>;
+}
+
+impl<F: Fabric + ?Sized> Fabric for Box<F> {
+    fn paths(&self) -> &[PathInfo] {
+        (**self).paths()
+    }
+    fn register(&mut self, addr: u64, len: usize, kind: MemKind) -> Result<Registration> {
+        (**self).register(addr, len, kind)
+    }
+    fn deregister(&mut self, reg: &Registration) -> Result<()> {
+        (**self).deregister(reg)
+    }
+    fn alloc_ctrl(&mut self, words: usize) -> Result<CtrlMem> {
+        (**self).alloc_ctrl(words)
+    }
+    fn free_ctrl(&mut self, mem: &CtrlMem) -> Result<()> {
+        (**self).free_ctrl(mem)
+    }
+    fn ctrl_load(&self, addr: u64, order: Ordering) -> Result<u64> {
+        (**self).ctrl_load(addr, order)
+    }
+    fn ctrl_store(&self, addr: u64, value: u64, order: Ordering) -> Result<()> {
+        (**self).ctrl_store(addr, value, order)
+    }
+    fn ctrl_read(&self, addr: u64, out: &mut [u64]) -> Result<()> {
+        (**self).ctrl_read(addr, out)
+    }
+    fn ctrl_write(&self, addr: u64, words: &[u64]) -> Result<()> {
+        (**self).ctrl_write(addr, words)
+    }
+    fn post_write(&mut self, path: usize, wr: &WriteWr) -> Result<()> {
+        (**self).post_write(path, wr)
+    }
+    fn post_read(&mut self, path: usize, wr: &ReadWr) -> Result<()> {
+        (**self).post_read(path, wr)
+    }
+    fn post_recv(&mut self, path: usize, wr_id: u64) -> Result<()> {
+        (**self).post_recv(path, wr_id)
+    }
+    fn poll(&mut self, path: usize, max: usize, out: &mut Vec<Completion>) -> Result<usize> {
+        (**self).poll(path, max, out)
+    }
+    fn shutdown(&mut self) -> Result<()> {
+        (**self).shutdown()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_classes() {
+        assert!(WcStatus::SUCCESS.is_success());
+        assert!(WcStatus::RETRY_EXC_ERR.is_remote());
+        assert!(WcStatus::REM_ACCESS_ERR.is_remote());
+        assert!(!WcStatus::WR_FLUSH_ERR.is_remote());
+        assert!(!WcStatus::LOC_PROT_ERR.is_remote());
+        assert_eq!(
+            WcStatus::RNR_RETRY_EXC_ERR.text(),
+            "RNR retry counter exceeded"
+        );
+        assert_eq!(WcStatus(99).text(), "unknown");
+        assert!(WcStatus::RETRY_EXC_ERR.to_string().contains("status 12"));
+    }
+}

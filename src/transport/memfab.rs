@@ -1,0 +1,941 @@
+//! An in-process [`Fabric`] for tests and benchmarks: pairs of endpoints whose paths behave like RC
+//! queue pairs, deterministic, with fault injection.
+//!
+//! * Memory: the fabric owns every byte. [`MemFab::alloc`] returns an address
+//!   `((region + 1) << 32) | offset`; tests fill and check it with [`MemFab::write`] / [`MemFab::read`].
+//!   Regions are arrays of `AtomicU64` words: an RDMA write stores whole words with `Release` (partial
+//!   words with a compare-exchange), and [`Fabric::ctrl_load`] loads with the ordering the protocol
+//!   asks for, as a CPU polling NIC-written memory would.
+//! * Keys: registration gives every path its own lkey/rkey; a write is checked like a NIC would
+//!   (`LOC_PROT_ERR` for a bad local key or range, `REM_ACCESS_ERR` for a bad remote one,
+//!   `RNR_RETRY_EXC_ERR` for a write with immediate when no receive is posted). An error puts the path
+//!   in the error state: later work requests complete with `WR_FLUSH_ERR`.
+//! * Delivery: by default each work request executes when posted. With
+//!   [`MemFabConfig::reorder_seed`], work requests queue per path and execute when any endpoint polls,
+//!   a few at a time from randomly chosen paths (seeded, so runs repeat): in order within a path, in any
+//!   order across paths.
+//! * Faults: [`MemFab::fail_next`] (the next work request on a path fails with a status),
+//!   [`MemFab::stall`] (an endpoint's work requests stop executing: a peer that stops answering).
+#![forbid(unsafe_code)]
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::error::{Error, Result};
+use crate::transport::fabric::{
+    Completion, CtrlMem, Fabric, MemKind, PathInfo, PathKeys, PathRole, ReadWr, Registration,
+    WcOpcode, WcStatus, WriteWr,
+};
+
+/// Options.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemFabConfig {
+    /// `None`: execute each work request when posted. `Some(seed)`: queue and execute in a seeded
+    /// random interleaving across paths when endpoints poll.
+    pub reorder_seed: Option<u64>,
+    /// Copy payload bytes into data buffers (`false` only checks keys and ranges; control memory is
+    /// always written). `false` isolates the protocol's CPU cost in benchmarks.
+    pub copy_data: bool,
+}
+
+impl Default for MemFabConfig {
+    fn default() -> Self {
+        MemFabConfig {
+            reorder_seed: None,
+            copy_data: true,
+        }
+    }
+}
+
+/// Identifies an endpoint of the fabric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct EpId(pub usize);
+
+/// Counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// RDMA writes executed successfully.
+    pub writes: u64,
+    /// Writes that carried an immediate.
+    pub imm_writes: u64,
+    /// RDMA reads executed successfully.
+    pub reads: u64,
+    /// Payload bytes written by RDMA writes.
+    pub bytes: u64,
+    /// Writes that carried the inline hint.
+    pub inline_writes: u64,
+}
+
+struct Region {
+    words: Vec<AtomicU64>,
+    len: usize,
+    ctrl: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Key {
+    ep: usize,
+    path: usize,
+    region: usize,
+    start: usize,
+    len: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Write(WriteWr),
+    Read(ReadWr),
+}
+
+#[derive(Default)]
+struct Qp {
+    queue: VecDeque<Op>,
+    cq: VecDeque<Completion>,
+    recvs: VecDeque<u64>,
+    error: bool,
+    fault: Option<WcStatus>,
+    bytes: u64,
+}
+
+struct Endpoint {
+    peer: usize,
+    roles: Vec<PathRole>,
+    qps: Vec<Qp>,
+    stalled: bool,
+    regs: HashMap<u64, Vec<u32>>,
+}
+
+struct Inner {
+    regions: Vec<Region>,
+    keys: HashMap<u32, Key>,
+    next_key: u32,
+    next_token: u64,
+    eps: Vec<Endpoint>,
+    rng: u64,
+    reorder: bool,
+    copy_data: bool,
+    stats: Stats,
+}
+
+/// The fabric: memory, keys and every endpoint's queues. Cheap to clone (shared).
+#[derive(Clone)]
+pub struct MemFab {
+    inner: Arc<Mutex<Inner>>,
+}
+
+/// One endpoint: implements [`Fabric`].
+pub struct MemEndpoint {
+    inner: Arc<Mutex<Inner>>,
+    id: usize,
+    paths: Vec<PathInfo>,
+}
+
+fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn split_addr(addr: u64) -> (usize, usize) {
+    (
+        ((addr >> 32) as usize).wrapping_sub(1),
+        (addr & 0xffff_ffff) as usize,
+    )
+}
+
+fn read_bytes(words: &[AtomicU64], off: usize, out: &mut [u8]) {
+    let mut pos = off;
+    let mut i = 0;
+    while i < out.len() {
+        let (w, b) = (pos / 8, pos % 8);
+        let n = (8 - b).min(out.len() - i);
+        let word = words[w].load(Ordering::Acquire).to_le_bytes();
+        out[i..i + n].copy_from_slice(&word[b..b + n]);
+        pos += n;
+        i += n;
+    }
+}
+
+fn write_bytes(words: &[AtomicU64], off: usize, data: &[u8]) {
+    let mut pos = off;
+    let mut i = 0;
+    while i < data.len() {
+        let (w, b) = (pos / 8, pos % 8);
+        let n = (8 - b).min(data.len() - i);
+        if n == 8 {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&data[i..i + 8]);
+            words[w].store(u64::from_le_bytes(a), Ordering::Release);
+        } else {
+            let part = &data[i..i + n];
+            let _ = words[w].fetch_update(Ordering::Release, Ordering::Relaxed, |cur| {
+                let mut a = cur.to_le_bytes();
+                a[b..b + n].copy_from_slice(part);
+                Some(u64::from_le_bytes(a))
+            });
+        }
+        pos += n;
+        i += n;
+    }
+}
+
+fn copy_words(src: &[AtomicU64], soff: usize, dst: &[AtomicU64], doff: usize, len: usize) {
+    if soff % 8 == 0 && doff % 8 == 0 {
+        let full = len / 8;
+        for k in 0..full {
+            let v = src[soff / 8 + k].load(Ordering::Relaxed);
+            dst[doff / 8 + k].store(v, Ordering::Release);
+        }
+        let tail = len % 8;
+        if tail > 0 {
+            let mut t = [0u8; 8];
+            read_bytes(src, soff + full * 8, &mut t[..tail]);
+            write_bytes(dst, doff + full * 8, &t[..tail]);
+        }
+    } else {
+        let mut tmp = vec![0u8; len];
+        read_bytes(src, soff, &mut tmp);
+        write_bytes(dst, doff, &tmp);
+    }
+}
+
+impl Inner {
+    fn next_rand(&mut self) -> u64 {
+        // xorshift64*
+        let mut x = self.rng;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Checks that `key` (owned by endpoint `ep`, path `path`) covers `[addr, addr+len)`; returns
+    /// (region, offset).
+    fn check_key(
+        &self,
+        key: u32,
+        ep: usize,
+        path: usize,
+        addr: u64,
+        len: usize,
+    ) -> Option<(usize, usize)> {
+        let k = self.keys.get(&key)?;
+        let (region, off) = split_addr(addr);
+        let ok = k.ep == ep
+            && k.path == path
+            && k.region == region
+            && off >= k.start
+            && off.checked_add(len).is_some_and(|e| e <= k.start + k.len);
+        ok.then_some((region, off))
+    }
+
+    fn register(&mut self, ep: usize, region: usize, start: usize, len: usize) -> Registration {
+        let npaths = self.eps[ep].roles.len();
+        let mut keys = Vec::with_capacity(npaths);
+        let mut all = Vec::with_capacity(2 * npaths);
+        for path in 0..npaths {
+            let mut pk = PathKeys::default();
+            for slot in [&mut pk.lkey, &mut pk.rkey] {
+                self.next_key = self.next_key.wrapping_add(0x9e37).max(1);
+                let key = self.next_key;
+                self.keys.insert(
+                    key,
+                    Key {
+                        ep,
+                        path,
+                        region,
+                        start,
+                        len,
+                    },
+                );
+                *slot = key;
+                all.push(key);
+            }
+            keys.push(pk);
+        }
+        self.next_token += 1;
+        let token = self.next_token;
+        self.eps[ep].regs.insert(token, all);
+        Registration { keys, token }
+    }
+
+    fn target_of(&self, ep: usize, path: usize) -> usize {
+        match self.eps[ep].roles[path] {
+            PathRole::Data => self.eps[ep].peer,
+            PathRole::Loopback => ep,
+        }
+    }
+
+    fn complete(&mut self, ep: usize, path: usize, c: Completion) {
+        self.eps[ep].qps[path].cq.push_back(c);
+    }
+
+    fn fail(&mut self, ep: usize, path: usize, wr_id: u64, status: WcStatus, opcode: WcOpcode) {
+        self.eps[ep].qps[path].error = true;
+        self.complete(
+            ep,
+            path,
+            Completion {
+                wr_id,
+                status,
+                opcode,
+                byte_len: 0,
+                imm: None,
+            },
+        );
+    }
+
+    /// Executes one queued op of (ep, path).
+    fn execute(&mut self, ep: usize, path: usize) {
+        let Some(op) = self.eps[ep].qps[path].queue.pop_front() else {
+            return;
+        };
+        let (wr_id, opcode) = match op {
+            Op::Write(w) => (w.wr_id, WcOpcode::RdmaWrite),
+            Op::Read(r) => (r.wr_id, WcOpcode::RdmaRead),
+        };
+        if self.eps[ep].qps[path].error {
+            self.fail(ep, path, wr_id, WcStatus::WR_FLUSH_ERR, opcode);
+            return;
+        }
+        if let Some(st) = self.eps[ep].qps[path].fault.take() {
+            self.fail(ep, path, wr_id, st, opcode);
+            return;
+        }
+        let t = self.target_of(ep, path);
+        if t != ep && self.eps[t].qps[path].error {
+            self.fail(ep, path, wr_id, WcStatus::RETRY_EXC_ERR, opcode);
+            return;
+        }
+        match op {
+            Op::Write(w) => {
+                let len = w.local.len as usize;
+                let Some((sr, so)) = self.check_key(w.local.lkey, ep, path, w.local.addr, len)
+                else {
+                    self.fail(ep, path, wr_id, WcStatus::LOC_PROT_ERR, opcode);
+                    return;
+                };
+                let Some((dr, doff)) = self.check_key(w.remote.rkey, t, path, w.remote.addr, len)
+                else {
+                    self.fail(ep, path, wr_id, WcStatus::REM_ACCESS_ERR, opcode);
+                    return;
+                };
+                let recv = if w.imm.is_some() {
+                    match self.eps[t].qps[path].recvs.pop_front() {
+                        Some(r) => Some(r),
+                        None => {
+                            self.fail(ep, path, wr_id, WcStatus::RNR_RETRY_EXC_ERR, opcode);
+                            return;
+                        }
+                    }
+                } else {
+                    None
+                };
+                if len > 0 && (self.copy_data || self.regions[dr].ctrl || self.regions[sr].ctrl) {
+                    copy_words(
+                        &self.regions[sr].words,
+                        so,
+                        &self.regions[dr].words,
+                        doff,
+                        len,
+                    );
+                }
+                self.stats.writes += 1;
+                self.stats.inline_writes += u64::from(w.inline);
+                self.stats.bytes += len as u64;
+                self.eps[ep].qps[path].bytes += len as u64;
+                if let (Some(recv_id), Some(imm)) = (recv, w.imm) {
+                    self.stats.imm_writes += 1;
+                    self.complete(
+                        t,
+                        path,
+                        Completion {
+                            wr_id: recv_id,
+                            status: WcStatus::SUCCESS,
+                            opcode: WcOpcode::RecvRdmaWithImm,
+                            byte_len: w.local.len,
+                            imm: Some(imm),
+                        },
+                    );
+                }
+                if w.signaled {
+                    self.complete(
+                        ep,
+                        path,
+                        Completion {
+                            wr_id,
+                            status: WcStatus::SUCCESS,
+                            opcode,
+                            byte_len: 0,
+                            imm: None,
+                        },
+                    );
+                }
+            }
+            Op::Read(r) => {
+                let len = r.local.len as usize;
+                let Some((dr, doff)) = self.check_key(r.local.lkey, ep, path, r.local.addr, len)
+                else {
+                    self.fail(ep, path, wr_id, WcStatus::LOC_PROT_ERR, opcode);
+                    return;
+                };
+                let Some((sr, so)) = self.check_key(r.remote.rkey, t, path, r.remote.addr, len)
+                else {
+                    self.fail(ep, path, wr_id, WcStatus::REM_ACCESS_ERR, opcode);
+                    return;
+                };
+                copy_words(
+                    &self.regions[sr].words,
+                    so,
+                    &self.regions[dr].words,
+                    doff,
+                    len,
+                );
+                self.stats.reads += 1;
+                self.complete(
+                    ep,
+                    path,
+                    Completion {
+                        wr_id,
+                        status: WcStatus::SUCCESS,
+                        opcode,
+                        byte_len: r.local.len,
+                        imm: None,
+                    },
+                );
+            }
+        }
+    }
+
+    fn run_queue(&mut self, ep: usize, path: usize) {
+        if self.eps[ep].stalled {
+            return;
+        }
+        while !self.eps[ep].qps[path].queue.is_empty() {
+            self.execute(ep, path);
+        }
+    }
+
+    /// Reorder mode: executes a few ops from randomly chosen runnable queues.
+    fn deliver_some(&mut self) {
+        let rounds = 1 + self.next_rand() % 8;
+        for _ in 0..rounds {
+            let runnable: Vec<(usize, usize)> = self
+                .eps
+                .iter()
+                .enumerate()
+                .filter(|(_, e)| !e.stalled)
+                .flat_map(|(i, e)| {
+                    e.qps
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, q)| !q.queue.is_empty())
+                        .map(move |(p, _)| (i, p))
+                })
+                .collect();
+            if runnable.is_empty() {
+                return;
+            }
+            let (ep, path) = runnable[(self.next_rand() % runnable.len() as u64) as usize];
+            let n = 1 + self.next_rand() % 3;
+            for _ in 0..n {
+                self.execute(ep, path);
+            }
+        }
+    }
+
+    fn alloc_region(&mut self, len: usize, ctrl: bool) -> Result<usize> {
+        if len > u32::MAX as usize {
+            return Err(Error::InvalidArgument(format!(
+                "memfab region of {len} bytes; at most {} bytes accepted",
+                u32::MAX
+            )));
+        }
+        let words = len.div_ceil(8);
+        let mut v = Vec::with_capacity(words);
+        v.resize_with(words, || AtomicU64::new(0));
+        self.regions.push(Region {
+            words: v,
+            len,
+            ctrl,
+        });
+        Ok(self.regions.len() - 1)
+    }
+
+    fn region_range(&self, addr: u64, len: usize) -> Result<(usize, usize)> {
+        let (r, off) = split_addr(addr);
+        match self.regions.get(r) {
+            Some(reg) if off.checked_add(len).is_some_and(|e| e <= reg.len) => Ok((r, off)),
+            _ => Err(Error::InvalidArgument(format!(
+                "memfab address {addr:#x}+{len} bytes is not inside an allocated region"
+            ))),
+        }
+    }
+}
+
+impl MemFab {
+    /// A new, empty fabric.
+    pub fn new(cfg: MemFabConfig) -> MemFab {
+        MemFab {
+            inner: Arc::new(Mutex::new(Inner {
+                regions: Vec::new(),
+                keys: HashMap::new(),
+                next_key: 0x100,
+                next_token: 0,
+                eps: Vec::new(),
+                rng: cfg.reorder_seed.unwrap_or(1).max(1),
+                reorder: cfg.reorder_seed.is_some(),
+                copy_data: cfg.copy_data,
+                stats: Stats::default(),
+            })),
+        }
+    }
+
+    /// Two connected endpoints with one data path per entry of `speeds_mbps` (Mb/s) and `loopbacks`
+    /// loopback paths each (after the data paths).
+    pub fn pair(&self, speeds_mbps: &[u64], loopbacks: usize) -> (MemEndpoint, MemEndpoint) {
+        let mut g = lock(&self.inner);
+        let a = g.eps.len();
+        let b = a + 1;
+        let mut mk = |me: usize, peer: usize| {
+            let mut paths: Vec<PathInfo> = speeds_mbps
+                .iter()
+                .enumerate()
+                .map(|(i, &s)| PathInfo {
+                    label: format!("memfab ep{me} path{i} -> ep{peer}"),
+                    speed_mbps: s,
+                    role: PathRole::Data,
+                })
+                .collect();
+            for i in 0..loopbacks {
+                paths.push(PathInfo {
+                    label: format!("memfab ep{me} loopback{i}"),
+                    speed_mbps: 0,
+                    role: PathRole::Loopback,
+                });
+            }
+            let mut qps = Vec::new();
+            qps.resize_with(paths.len(), Qp::default);
+            g.eps.push(Endpoint {
+                peer,
+                roles: paths.iter().map(|p| p.role).collect(),
+                qps,
+                stalled: false,
+                regs: HashMap::new(),
+            });
+            MemEndpoint {
+                inner: Arc::clone(&self.inner),
+                id: me,
+                paths,
+            }
+        };
+        let ea = mk(a, b);
+        let eb = mk(b, a);
+        (ea, eb)
+    }
+
+    /// Allocates `len` zeroed bytes of data memory; returns its address.
+    pub fn alloc(&self, len: usize) -> Result<u64> {
+        let mut g = lock(&self.inner);
+        let r = g.alloc_region(len, false)?;
+        Ok(((r as u64) + 1) << 32)
+    }
+
+    /// Writes bytes (as a CPU would).
+    pub fn write(&self, addr: u64, data: &[u8]) -> Result<()> {
+        let g = lock(&self.inner);
+        let (r, off) = g.region_range(addr, data.len())?;
+        write_bytes(&g.regions[r].words, off, data);
+        Ok(())
+    }
+
+    /// Reads bytes (as a CPU would).
+    pub fn read(&self, addr: u64, len: usize) -> Result<Vec<u8>> {
+        let g = lock(&self.inner);
+        let (r, off) = g.region_range(addr, len)?;
+        let mut v = vec![0u8; len];
+        read_bytes(&g.regions[r].words, off, &mut v);
+        Ok(v)
+    }
+
+    /// The next work request executed on `path` of `ep` fails with `status`; the path then fails
+    /// everything after it with `WR_FLUSH_ERR`.
+    pub fn fail_next(&self, ep: EpId, path: usize, status: WcStatus) {
+        let mut g = lock(&self.inner);
+        if let Some(q) = g.eps.get_mut(ep.0).and_then(|e| e.qps.get_mut(path)) {
+            q.fault = Some(status);
+        }
+    }
+
+    /// Stops (or resumes) executing `ep`'s work requests: its peer sees nothing more from it and its
+    /// own requests get no completions (a link or peer that stops answering).
+    pub fn stall(&self, ep: EpId, stalled: bool) {
+        let mut g = lock(&self.inner);
+        if let Some(e) = g.eps.get_mut(ep.0) {
+            e.stalled = stalled;
+        }
+        if !stalled && !g.reorder {
+            let n = g.eps.get(ep.0).map_or(0, |e| e.qps.len());
+            for p in 0..n {
+                g.run_queue(ep.0, p);
+            }
+        }
+    }
+
+    /// Executes every queued work request of non-stalled endpoints.
+    pub fn deliver_all(&self) {
+        let mut g = lock(&self.inner);
+        for ep in 0..g.eps.len() {
+            for p in 0..g.eps[ep].qps.len() {
+                g.run_queue(ep, p);
+            }
+        }
+    }
+
+    /// Reorder mode: executes a few queued work requests (what any poll does); no-op otherwise.
+    pub fn step(&self) {
+        let mut g = lock(&self.inner);
+        if g.reorder {
+            g.deliver_some();
+        }
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> Stats {
+        lock(&self.inner).stats.clone()
+    }
+
+    /// Payload bytes written so far by `ep` on `path` (striping checks).
+    pub fn path_bytes(&self, ep: EpId, path: usize) -> u64 {
+        lock(&self.inner)
+            .eps
+            .get(ep.0)
+            .and_then(|e| e.qps.get(path))
+            .map_or(0, |q| q.bytes)
+    }
+
+    /// Number of receives posted and not yet consumed on `path` of `ep`.
+    pub fn posted_recvs(&self, ep: EpId, path: usize) -> usize {
+        lock(&self.inner)
+            .eps
+            .get(ep.0)
+            .and_then(|e| e.qps.get(path))
+            .map_or(0, |q| q.recvs.len())
+    }
+
+    /// Number of live memory keys (leak checks after close).
+    pub fn live_keys(&self) -> usize {
+        lock(&self.inner).keys.len()
+    }
+}
+
+impl MemEndpoint {
+    /// This endpoint's id (for fault injection).
+    pub fn id(&self) -> EpId {
+        EpId(self.id)
+    }
+
+    fn check_path(&self, path: usize) -> Result<()> {
+        if path < self.paths.len() {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "memfab path {path}; this endpoint has paths 0..{}",
+                self.paths.len()
+            )))
+        }
+    }
+
+    fn post(&mut self, path: usize, op: Op) -> Result<()> {
+        self.check_path(path)?;
+        let mut g = lock(&self.inner);
+        g.eps[self.id].qps[path].queue.push_back(op);
+        if !g.reorder {
+            g.run_queue(self.id, path);
+        }
+        Ok(())
+    }
+}
+
+impl Fabric for MemEndpoint {
+    fn paths(&self) -> &[PathInfo] {
+        &self.paths
+    }
+
+    fn register(&mut self, addr: u64, len: usize, _kind: MemKind) -> Result<Registration> {
+        let mut g = lock(&self.inner);
+        let (r, off) = g.region_range(addr, len)?;
+        Ok(g.register(self.id, r, off, len))
+    }
+
+    fn deregister(&mut self, reg: &Registration) -> Result<()> {
+        let mut g = lock(&self.inner);
+        let Some(keys) = g.eps[self.id].regs.remove(&reg.token) else {
+            return Err(Error::InvalidArgument(format!(
+                "deregistration of unknown memfab registration {}",
+                reg.token
+            )));
+        };
+        for k in keys {
+            g.keys.remove(&k);
+        }
+        Ok(())
+    }
+
+    fn alloc_ctrl(&mut self, words: usize) -> Result<CtrlMem> {
+        let mut g = lock(&self.inner);
+        let r = g.alloc_region(words * 8, true)?;
+        let reg = g.register(self.id, r, 0, words * 8);
+        Ok(CtrlMem {
+            addr: ((r as u64) + 1) << 32,
+            words,
+            reg,
+        })
+    }
+
+    fn free_ctrl(&mut self, mem: &CtrlMem) -> Result<()> {
+        self.deregister(&mem.reg)?;
+        let mut g = lock(&self.inner);
+        let (r, _) = split_addr(mem.addr);
+        if let Some(reg) = g.regions.get_mut(r) {
+            reg.words = Vec::new();
+            reg.len = 0;
+        }
+        Ok(())
+    }
+
+    fn ctrl_load(&self, addr: u64, order: Ordering) -> Result<u64> {
+        let g = lock(&self.inner);
+        let (r, off) = g.region_range(addr, 8)?;
+        if off % 8 != 0 {
+            return Err(Error::Internal(format!("unaligned control word {addr:#x}")));
+        }
+        Ok(g.regions[r].words[off / 8].load(order))
+    }
+
+    fn ctrl_store(&self, addr: u64, value: u64, order: Ordering) -> Result<()> {
+        let g = lock(&self.inner);
+        let (r, off) = g.region_range(addr, 8)?;
+        if off % 8 != 0 {
+            return Err(Error::Internal(format!("unaligned control word {addr:#x}")));
+        }
+        g.regions[r].words[off / 8].store(value, order);
+        Ok(())
+    }
+
+    fn ctrl_read(&self, addr: u64, out: &mut [u64]) -> Result<()> {
+        let g = lock(&self.inner);
+        let (r, off) = g.region_range(addr, 8 * out.len())?;
+        if off % 8 != 0 {
+            return Err(Error::Internal(format!("unaligned control word {addr:#x}")));
+        }
+        for (w, src) in out.iter_mut().zip(&g.regions[r].words[off / 8..]) {
+            *w = src.load(Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn ctrl_write(&self, addr: u64, words: &[u64]) -> Result<()> {
+        let g = lock(&self.inner);
+        let (r, off) = g.region_range(addr, 8 * words.len())?;
+        if off % 8 != 0 {
+            return Err(Error::Internal(format!("unaligned control word {addr:#x}")));
+        }
+        for (dst, &w) in g.regions[r].words[off / 8..].iter().zip(words) {
+            dst.store(w, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn post_write(&mut self, path: usize, wr: &WriteWr) -> Result<()> {
+        self.post(path, Op::Write(*wr))
+    }
+
+    fn post_read(&mut self, path: usize, wr: &ReadWr) -> Result<()> {
+        self.post(path, Op::Read(*wr))
+    }
+
+    fn post_recv(&mut self, path: usize, wr_id: u64) -> Result<()> {
+        self.check_path(path)?;
+        let mut g = lock(&self.inner);
+        let q = &mut g.eps[self.id].qps[path];
+        if q.error {
+            q.cq.push_back(Completion {
+                wr_id,
+                status: WcStatus::WR_FLUSH_ERR,
+                opcode: WcOpcode::RecvRdmaWithImm,
+                byte_len: 0,
+                imm: None,
+            });
+        } else {
+            q.recvs.push_back(wr_id);
+        }
+        Ok(())
+    }
+
+    fn poll(&mut self, path: usize, max: usize, out: &mut Vec<Completion>) -> Result<usize> {
+        self.check_path(path)?;
+        let mut g = lock(&self.inner);
+        if g.reorder {
+            g.deliver_some();
+        }
+        let q = &mut g.eps[self.id].qps[path];
+        let n = max.min(q.cq.len());
+        out.extend(q.cq.drain(..n));
+        Ok(n)
+    }
+
+    fn shutdown(&mut self) -> Result<()> {
+        let mut g = lock(&self.inner);
+        let ep = &mut g.eps[self.id];
+        for q in ep.qps.iter_mut() {
+            q.error = true;
+            while let Some(op) = q.queue.pop_front() {
+                let (wr_id, opcode) = match op {
+                    Op::Write(w) => (w.wr_id, WcOpcode::RdmaWrite),
+                    Op::Read(r) => (r.wr_id, WcOpcode::RdmaRead),
+                };
+                q.cq.push_back(Completion {
+                    wr_id,
+                    status: WcStatus::WR_FLUSH_ERR,
+                    opcode,
+                    byte_len: 0,
+                    imm: None,
+                });
+            }
+            while let Some(wr_id) = q.recvs.pop_front() {
+                q.cq.push_back(Completion {
+                    wr_id,
+                    status: WcStatus::WR_FLUSH_ERR,
+                    opcode: WcOpcode::RecvRdmaWithImm,
+                    byte_len: 0,
+                    imm: None,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::fabric::{LocalSeg, RemoteSeg};
+
+    #[test]
+    fn byte_copies_at_any_alignment() {
+        let words: Vec<AtomicU64> = (0..4).map(|_| AtomicU64::new(0)).collect();
+        write_bytes(&words, 3, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
+        let mut out = [0u8; 13];
+        read_bytes(&words, 2, &mut out);
+        assert_eq!(out, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 0]);
+        let dst: Vec<AtomicU64> = (0..4).map(|_| AtomicU64::new(0)).collect();
+        copy_words(&words, 3, &dst, 9, 11);
+        let mut out2 = [0u8; 11];
+        read_bytes(&dst, 9, &mut out2);
+        assert_eq!(out2, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
+        copy_words(&words, 0, &dst, 0, 13);
+        read_bytes(&dst, 0, &mut out);
+        assert_eq!(&out[3..13], &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+    }
+
+    fn setup() -> (
+        MemFab,
+        MemEndpoint,
+        MemEndpoint,
+        u64,
+        Registration,
+        u64,
+        Registration,
+    ) {
+        let fab = MemFab::new(MemFabConfig::default());
+        let (mut a, mut b) = fab.pair(&[100, 100], 0);
+        let src = fab.alloc(64).unwrap();
+        let dst = fab.alloc(64).unwrap();
+        let ra = a.register(src, 64, MemKind::Host).unwrap();
+        let rb = b.register(dst, 64, MemKind::Host).unwrap();
+        (fab, a, b, src, ra, dst, rb)
+    }
+
+    fn wr(
+        src: u64,
+        ra: &Registration,
+        dst: u64,
+        rb: &Registration,
+        path: usize,
+        imm: Option<u32>,
+    ) -> WriteWr {
+        WriteWr {
+            wr_id: 7,
+            local: LocalSeg {
+                addr: src,
+                len: 16,
+                lkey: ra.keys[path].lkey,
+            },
+            remote: RemoteSeg {
+                addr: dst,
+                rkey: rb.keys[path].rkey,
+            },
+            imm,
+            signaled: true,
+            inline: false,
+        }
+    }
+
+    #[test]
+    fn write_with_imm_needs_a_posted_receive() {
+        let (fab, mut a, mut b, src, ra, dst, rb) = setup();
+        fab.write(src, &[9; 16]).unwrap();
+        a.post_write(0, &wr(src, &ra, dst, &rb, 0, Some(5)))
+            .unwrap();
+        let mut out = Vec::new();
+        a.poll(0, 8, &mut out).unwrap();
+        assert_eq!(out[0].status, WcStatus::RNR_RETRY_EXC_ERR);
+        // The path is now in error: later requests are flushed.
+        a.post_write(0, &wr(src, &ra, dst, &rb, 0, None)).unwrap();
+        out.clear();
+        a.poll(0, 8, &mut out).unwrap();
+        assert_eq!(out[0].status, WcStatus::WR_FLUSH_ERR);
+        // Path 1 still works.
+        b.post_recv(1, 42).unwrap();
+        a.post_write(1, &wr(src, &ra, dst, &rb, 1, Some(5)))
+            .unwrap();
+        out.clear();
+        b.poll(1, 8, &mut out).unwrap();
+        assert_eq!(out[0].imm, Some(5));
+        assert_eq!(out[0].wr_id, 42);
+        assert_eq!(out[0].byte_len, 16);
+        assert_eq!(fab.read(dst, 16).unwrap(), vec![9; 16]);
+    }
+
+    #[test]
+    fn keys_are_per_path_and_checked() {
+        let (_fab, mut a, _b, src, ra, dst, rb) = setup();
+        // rkey of path 1 used on path 0.
+        let mut w = wr(src, &ra, dst, &rb, 0, None);
+        w.remote.rkey = rb.keys[1].rkey;
+        a.post_write(0, &w).unwrap();
+        let mut out = Vec::new();
+        a.poll(0, 8, &mut out).unwrap();
+        assert_eq!(out[0].status, WcStatus::REM_ACCESS_ERR);
+        // Out of range on path 1.
+        let mut w = wr(src, &ra, dst, &rb, 1, None);
+        w.remote.addr = dst + 60;
+        a.post_write(1, &w).unwrap();
+        out.clear();
+        a.poll(1, 8, &mut out).unwrap();
+        assert_eq!(out[0].status, WcStatus::REM_ACCESS_ERR);
+    }
+
+    #[test]
+    fn stalled_endpoint_executes_nothing_until_resumed() {
+        let (fab, mut a, _b, src, ra, dst, rb) = setup();
+        fab.stall(a.id(), true);
+        a.post_write(0, &wr(src, &ra, dst, &rb, 0, None)).unwrap();
+        let mut out = Vec::new();
+        assert_eq!(a.poll(0, 8, &mut out).unwrap(), 0);
+        fab.stall(a.id(), false);
+        assert_eq!(a.poll(0, 8, &mut out).unwrap(), 1);
+        assert!(out[0].status.is_success());
+    }
+}

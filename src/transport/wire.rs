@@ -1,0 +1,387 @@
+//! Layouts the two sides of a connection share: the clear-to-send (CTS) FIFO slot, the size records,
+//! the 32-bit immediate, work-request ids and the control-memory exchange ([`CtrlInfo`]).
+//!
+//! All of it is 64-bit words in little-endian host order (both ends run the same plugin; RDMA copies
+//! bytes verbatim). Everything read from the peer is validated before use.
+#![forbid(unsafe_code)]
+
+use crate::error::{Error, Result};
+use crate::transport::stripe::MAX_PATHS;
+
+/// Receive buffers grouped under one request (NCCL's `maxRecvs`).
+pub const MAX_RECVS: usize = 8;
+/// Concurrent requests per comm (`NCCL_NET_MAX_REQUESTS`).
+pub const MAX_REQUESTS: usize = 32;
+/// Concurrent send requests per send comm (`MAX_REQUESTS × MAX_RECVS`, per NCCL's README).
+pub const MAX_SEND_REQUESTS: usize = MAX_REQUESTS * MAX_RECVS;
+/// CTS FIFO slots: one per outstanding grouped receive.
+pub const FIFO_DEPTH: usize = MAX_REQUESTS;
+
+/// Words per CTS FIFO slot (512 bytes, so slots never share a cache line).
+pub const SLOT_WORDS: usize = 64;
+/// Word 0 of a slot: `seq + 1`, written by its own RDMA write after the body.
+pub const SLOT_IDX: usize = 0;
+/// Word 1 of a slot: header (`n`, data path count, magic).
+pub const SLOT_HDR: usize = 1;
+/// First element word.
+pub const SLOT_ELEMS: usize = 2;
+/// Words per element: addr, size, tag, 4 words of rkeys (2 per word).
+pub const ELEM_WORDS: usize = 3 + MAX_PATHS / 2;
+const SLOT_MAGIC: u64 = 0x5C75;
+
+const _: () = assert!(SLOT_ELEMS + MAX_RECVS * ELEM_WORDS <= SLOT_WORDS);
+const _: () = assert!(FIFO_DEPTH <= 256);
+
+/// One buffer of a clear-to-send entry: where the sender may write and how much.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CtsElem {
+    /// Receive buffer address.
+    pub addr: u64,
+    /// Receive buffer size in bytes.
+    pub size: u64,
+    /// NCCL tag (the sender's rank).
+    pub tag: u32,
+    /// Remote keys of the buffer, per data path.
+    pub rkeys: [u32; MAX_PATHS],
+}
+
+/// A decoded clear-to-send slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CtsSlot {
+    /// Number of buffers, 1..=[`MAX_RECVS`].
+    pub n: usize,
+    /// The buffers.
+    pub elems: [CtsElem; MAX_RECVS],
+}
+
+/// Encodes the body (every word but [`SLOT_IDX`]) of a slot into `words` (length [`SLOT_WORDS`]).
+pub fn encode_slot_body(elems: &[CtsElem], npaths: usize, words: &mut [u64; SLOT_WORDS]) {
+    words[SLOT_HDR] = elems.len() as u64 | ((npaths as u64) << 8) | (SLOT_MAGIC << 32);
+    for (e, el) in elems.iter().enumerate() {
+        let b = SLOT_ELEMS + e * ELEM_WORDS;
+        words[b] = el.addr;
+        words[b + 1] = el.size;
+        words[b + 2] = u64::from(el.tag);
+        for k in 0..MAX_PATHS / 2 {
+            words[b + 3 + k] = u64::from(el.rkeys[2 * k]) | (u64::from(el.rkeys[2 * k + 1]) << 32);
+        }
+    }
+}
+
+/// Number of words of the body that carry information for `n` buffers (from [`SLOT_HDR`]).
+pub fn slot_body_words(n: usize) -> usize {
+    SLOT_ELEMS + n * ELEM_WORDS - SLOT_HDR
+}
+
+/// Decodes the header word; returns `n`. Checks the magic, `n` and that the peer has `npaths` data
+/// paths like us.
+pub fn decode_slot_header(hdr: u64, npaths: usize) -> Result<usize> {
+    let n = (hdr & 0xff) as usize;
+    let their_paths = ((hdr >> 8) & 0xff) as usize;
+    if hdr >> 32 != SLOT_MAGIC {
+        return Err(Error::Remote(format!(
+            "clear-to-send entry has magic {:#x}; expected {SLOT_MAGIC:#x} (corrupt FIFO write)",
+            hdr >> 32
+        )));
+    }
+    if n == 0 || n > MAX_RECVS {
+        return Err(Error::Remote(format!(
+            "clear-to-send entry groups {n} receive buffers; accepted: 1..={MAX_RECVS}"
+        )));
+    }
+    if their_paths != npaths {
+        return Err(Error::Remote(format!(
+            "clear-to-send entry was written for {their_paths} data paths; this connection has {npaths}"
+        )));
+    }
+    Ok(n)
+}
+
+/// Decodes element `e` from the words `[b, b + ELEM_WORDS)` of a slot.
+pub fn decode_elem(w: &[u64]) -> CtsElem {
+    let mut el = CtsElem {
+        addr: w[0],
+        size: w[1],
+        tag: w[2] as u32,
+        rkeys: [0; MAX_PATHS],
+    };
+    for k in 0..MAX_PATHS / 2 {
+        el.rkeys[2 * k] = w[3 + k] as u32;
+        el.rkeys[2 * k + 1] = (w[3 + k] >> 32) as u32;
+    }
+    el
+}
+
+/// Size record the sender writes into the receiver's record array before the immediate that
+/// completes the element: the size (48 bits) and the low 16 bits of the slot's sequence number.
+pub fn encode_record(size: u64, seq: u64) -> u64 {
+    (size & RECORD_SIZE_MASK) | ((seq & 0xffff) << 48)
+}
+
+/// Largest message the record can describe (2^48 − 1 bytes).
+pub const RECORD_SIZE_MASK: u64 = (1 << 48) - 1;
+
+/// Decodes a size record; checks the sequence number.
+pub fn decode_record(word: u64, seq: u64) -> Result<u64> {
+    if word >> 48 != seq & 0xffff {
+        return Err(Error::Remote(format!(
+            "size record carries sequence {:#x}; expected {:#x} (stale or corrupt write)",
+            word >> 48,
+            seq & 0xffff
+        )));
+    }
+    Ok(word & RECORD_SIZE_MASK)
+}
+
+/// The immediate carried by the last write of an element on each path it uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Imm {
+    /// FIFO slot of the grouped receive.
+    pub slot: usize,
+    /// Buffer index within the grouped receive.
+    pub elem: usize,
+    /// How many paths carry an immediate for this element (1..=8).
+    pub npaths: usize,
+    /// Low 16 bits of the slot's sequence number.
+    pub seq16: u16,
+}
+
+impl Imm {
+    /// Packs: slot in bits 0..8, elem in 8..11, npaths−1 in 11..14, seq16 in 16..32.
+    pub fn encode(self) -> u32 {
+        (self.slot as u32 & 0xff)
+            | ((self.elem as u32 & 0x7) << 8)
+            | (((self.npaths as u32).wrapping_sub(1) & 0x7) << 11)
+            | (u32::from(self.seq16) << 16)
+    }
+
+    /// Unpacks and validates against the FIFO depth.
+    pub fn decode(v: u32) -> Result<Imm> {
+        let imm = Imm {
+            slot: (v & 0xff) as usize,
+            elem: ((v >> 8) & 0x7) as usize,
+            npaths: (((v >> 11) & 0x7) + 1) as usize,
+            seq16: (v >> 16) as u16,
+        };
+        if v & 0xc000 != 0 || imm.slot >= FIFO_DEPTH {
+            return Err(Error::Remote(format!(
+                "immediate {v:#010x} is not one of ours (slot {} of {FIFO_DEPTH}, reserved bits {:#x})",
+                imm.slot,
+                (v >> 14) & 3
+            )));
+        }
+        Ok(imm)
+    }
+}
+
+/// Kinds of work requests, in the top byte of `wr_id`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WrKind {
+    /// Data and record writes of a send request.
+    Send = 1,
+    /// Clear-to-send writes of a receive request.
+    Cts = 2,
+    /// Pre-posted receives for immediates.
+    Recv = 3,
+    /// Flush reads.
+    Flush = 4,
+}
+
+/// Builds a `wr_id`: kind, request index, generation.
+pub fn wr_id(kind: WrKind, index: usize, generation: u32) -> u64 {
+    ((kind as u64) << 56) | (u64::from(generation) << 16) | (index as u64 & 0xffff)
+}
+
+/// Splits a `wr_id`; `None` for a kind we never post.
+pub fn split_wr_id(id: u64) -> Option<(WrKind, usize, u32)> {
+    let kind = match id >> 56 {
+        1 => WrKind::Send,
+        2 => WrKind::Cts,
+        3 => WrKind::Recv,
+        4 => WrKind::Flush,
+        _ => return None,
+    };
+    Some((
+        kind,
+        (id & 0xffff) as usize,
+        ((id >> 16) & 0xffff_ffff) as u32,
+    ))
+}
+
+/// What one side tells the other about its control memory, exchanged once by the handshake:
+/// the sender's CTS FIFO, or the receiver's size records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CtrlInfo {
+    /// Address of word 0.
+    pub addr: u64,
+    /// Words available from `addr`.
+    pub words: u32,
+    /// Remote key per data path.
+    pub rkeys: Vec<u32>,
+}
+
+const CTRL_MAGIC: u32 = 0x5357_4c43; // "SWLC"
+const CTRL_VERSION: u8 = 1;
+
+impl CtrlInfo {
+    /// Encoded size for `npaths` data paths: 20 + 4 × npaths bytes (52 bytes for 8 paths).
+    pub fn encoded_len(npaths: usize) -> usize {
+        20 + 4 * npaths
+    }
+
+    /// Encodes: magic u32, version u8, npaths u8, 2 reserved bytes, addr u64, words u32, rkeys.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(Self::encoded_len(self.rkeys.len()));
+        v.extend_from_slice(&CTRL_MAGIC.to_le_bytes());
+        v.push(CTRL_VERSION);
+        v.push(self.rkeys.len() as u8);
+        v.extend_from_slice(&[0, 0]);
+        v.extend_from_slice(&self.addr.to_le_bytes());
+        v.extend_from_slice(&self.words.to_le_bytes());
+        for k in &self.rkeys {
+            v.extend_from_slice(&k.to_le_bytes());
+        }
+        v
+    }
+
+    /// Decodes untrusted bytes from the peer; the error names what was wrong.
+    pub fn from_bytes(b: &[u8]) -> Result<CtrlInfo> {
+        if b.len() < 20 {
+            return Err(Error::Remote(format!(
+                "control-memory info is {} bytes; at least 20 expected",
+                b.len()
+            )));
+        }
+        let magic = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        if magic != CTRL_MAGIC {
+            return Err(Error::Remote(format!(
+                "control-memory info has magic {magic:#x}; expected {CTRL_MAGIC:#x}"
+            )));
+        }
+        if b[4] != CTRL_VERSION {
+            return Err(Error::Remote(format!(
+                "control-memory info version {}; this plugin speaks version {CTRL_VERSION}",
+                b[4]
+            )));
+        }
+        let npaths = b[5] as usize;
+        if npaths == 0 || npaths > MAX_PATHS {
+            return Err(Error::Remote(format!(
+                "control-memory info lists {npaths} paths; accepted: 1..={MAX_PATHS}"
+            )));
+        }
+        if b.len() != Self::encoded_len(npaths) {
+            return Err(Error::Remote(format!(
+                "control-memory info is {} bytes; {} expected for {npaths} paths",
+                b.len(),
+                Self::encoded_len(npaths)
+            )));
+        }
+        let mut a = [0u8; 8];
+        a.copy_from_slice(&b[8..16]);
+        let words = u32::from_le_bytes([b[16], b[17], b[18], b[19]]);
+        let rkeys = b[20..]
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        Ok(CtrlInfo {
+            addr: u64::from_le_bytes(a),
+            words,
+            rkeys,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn slot_roundtrip() {
+        let mut elems = [CtsElem::default(); 3];
+        for (i, e) in elems.iter_mut().enumerate() {
+            e.addr = 0x1000 * (i as u64 + 1);
+            e.size = 77 + i as u64;
+            e.tag = 0xffff_fff0 + i as u32;
+            e.rkeys = [i as u32, 1, 2, 3, 4, 5, 6, u32::MAX];
+        }
+        let mut w = [0u64; SLOT_WORDS];
+        encode_slot_body(&elems, 4, &mut w);
+        assert_eq!(decode_slot_header(w[SLOT_HDR], 4).unwrap(), 3);
+        for (i, e) in elems.iter().enumerate() {
+            let b = SLOT_ELEMS + i * ELEM_WORDS;
+            assert_eq!(decode_elem(&w[b..b + ELEM_WORDS]), *e);
+        }
+        assert!(
+            decode_slot_header(w[SLOT_HDR], 2)
+                .unwrap_err()
+                .to_string()
+                .contains("2")
+        );
+        assert!(decode_slot_header(0, 4).is_err());
+        assert!(decode_slot_header((SLOT_MAGIC << 32) | (4 << 8) | 9, 4).is_err());
+        assert_eq!(slot_body_words(1), 1 + ELEM_WORDS);
+    }
+
+    #[test]
+    fn record_checks_sequence() {
+        let w = encode_record(12345, 0x1_0007);
+        assert_eq!(decode_record(w, 0x7).unwrap(), 12345);
+        assert!(decode_record(w, 0x8).is_err());
+    }
+
+    #[test]
+    fn imm_rejects_foreign_values() {
+        assert!(Imm::decode(0xffff_ffff).is_err());
+        assert!(Imm::decode(FIFO_DEPTH as u32).is_err());
+    }
+
+    #[test]
+    fn wr_id_roundtrip() {
+        let id = wr_id(WrKind::Flush, 255, 0xdead_beef);
+        assert_eq!(split_wr_id(id), Some((WrKind::Flush, 255, 0xdead_beef)));
+        assert_eq!(split_wr_id(0), None);
+    }
+
+    #[test]
+    fn ctrl_info_errors_name_the_problem() {
+        let info = CtrlInfo {
+            addr: 0xabc,
+            words: 2048,
+            rkeys: vec![1, 2, 3],
+        };
+        let b = info.to_bytes();
+        assert_eq!(CtrlInfo::from_bytes(&b).unwrap(), info);
+        assert!(
+            CtrlInfo::from_bytes(&b[..10])
+                .unwrap_err()
+                .to_string()
+                .contains("20")
+        );
+        let mut bad = b.clone();
+        bad[4] = 9;
+        assert!(
+            CtrlInfo::from_bytes(&bad)
+                .unwrap_err()
+                .to_string()
+                .contains("version 9")
+        );
+        let mut bad = b.clone();
+        bad.push(0);
+        assert!(CtrlInfo::from_bytes(&bad).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn imm_roundtrip(slot in 0..FIFO_DEPTH, elem in 0..MAX_RECVS, npaths in 1..=MAX_PATHS, seq16 in any::<u16>()) {
+            let imm = Imm { slot, elem, npaths, seq16 };
+            prop_assert_eq!(Imm::decode(imm.encode()).unwrap(), imm);
+        }
+
+        #[test]
+        fn ctrl_info_decoder_never_panics(b in proptest::collection::vec(any::<u8>(), 0..80)) {
+            let _ = CtrlInfo::from_bytes(&b);
+        }
+    }
+}

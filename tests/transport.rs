@@ -1,0 +1,1037 @@
+//! The data protocol over the in-memory fabric: grouped receives, tags, truncation, limits, striping,
+//! zero-byte messages, flush, errors, timeouts, teardown and data integrity.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::needless_range_loop)]
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use switchless::error::Error;
+use switchless::transport::comm::{
+    FlushBuf, MemHandle, ProtocolConfig, RecvBuf, RecvComm, Request, SendComm, Sizes, connect_pair,
+};
+use switchless::transport::fabric::{MemKind, WcStatus};
+use switchless::transport::memfab::{EpId, MemEndpoint, MemFab, MemFabConfig};
+use switchless::transport::stripe::StripeParams;
+use switchless::transport::wire::{MAX_RECVS, MAX_REQUESTS, MAX_SEND_REQUESTS};
+
+struct Rig {
+    fab: MemFab,
+    s: SendComm<MemEndpoint>,
+    r: RecvComm<MemEndpoint>,
+    sid: EpId,
+    rid: EpId,
+}
+
+fn rig_with(speeds: &[u64], loopbacks: usize, fcfg: MemFabConfig, pcfg: ProtocolConfig) -> Rig {
+    let fab = MemFab::new(fcfg);
+    let (a, b) = fab.pair(speeds, loopbacks);
+    let (sid, rid) = (a.id(), b.id());
+    let (s, r) = connect_pair(a, b, pcfg).unwrap();
+    Rig {
+        fab,
+        s,
+        r,
+        sid,
+        rid,
+    }
+}
+
+fn rig(npaths: usize) -> Rig {
+    rig_with(
+        &vec![100_000; npaths],
+        0,
+        MemFabConfig::default(),
+        ProtocolConfig::default(),
+    )
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8)
+        .collect()
+}
+
+impl Rig {
+    fn send_buf(&mut self, data: &[u8]) -> (u64, MemHandle) {
+        let addr = self.fab.alloc(data.len().max(1)).unwrap();
+        self.fab.write(addr, data).unwrap();
+        let mh = self
+            .s
+            .reg_mr(addr, data.len().max(1) as u64, MemKind::Host)
+            .unwrap();
+        (addr, mh)
+    }
+    fn recv_buf(&mut self, len: usize, kind: MemKind) -> (u64, MemHandle) {
+        let addr = self.fab.alloc(len.max(1)).unwrap();
+        self.fab.write(addr, &vec![0xEE; len.max(1)]).unwrap();
+        let mh = self.r.reg_mr(addr, len.max(1) as u64, kind).unwrap();
+        (addr, mh)
+    }
+    /// isend, retrying while the CTS has not arrived (stepping the fabric in reorder mode).
+    fn isend(&mut self, addr: u64, size: u64, tag: u32, mh: &MemHandle) -> Request {
+        for _ in 0..10_000 {
+            if let Some(req) = self.s.isend(addr, size, tag, mh).unwrap() {
+                return req;
+            }
+            self.fab.step();
+        }
+        panic!("isend never got a clear-to-send");
+    }
+    fn wait_send(&mut self, req: Request) -> u64 {
+        for _ in 0..10_000 {
+            if let Some(n) = self.s.test(req).unwrap() {
+                return n;
+            }
+        }
+        panic!("send never completed");
+    }
+    fn wait_recv(&mut self, req: Request) -> Sizes {
+        for _ in 0..10_000 {
+            if let Some(s) = self.r.test(req).unwrap() {
+                return s;
+            }
+        }
+        panic!("receive never completed");
+    }
+}
+
+#[test]
+fn one_message_one_path() {
+    let mut g = rig(1);
+    let data = pattern(10_000, 1);
+    let (sa, smh) = g.send_buf(&data);
+    let (ra, rmh) = g.recv_buf(16_384, MemKind::Host);
+    let rreq =
+        g.r.irecv(&[RecvBuf {
+            addr: ra,
+            size: 16_384,
+            tag: 3,
+            mh: &rmh,
+        }])
+        .unwrap()
+        .unwrap();
+    let sreq = g.isend(sa, 10_000, 3, &smh);
+    assert_eq!(g.wait_send(sreq), 10_000);
+    assert_eq!(g.wait_recv(rreq).as_slice(), &[10_000]);
+    assert_eq!(g.fab.read(ra, 10_000).unwrap(), data);
+    // Bytes past the message are untouched.
+    assert_eq!(g.fab.read(ra + 10_000, 16).unwrap(), vec![0xEE; 16]);
+}
+
+#[test]
+fn grouped_receive_matches_by_tag_and_reports_sizes_per_buffer() {
+    let mut g = rig(2);
+    let tags = [5u32, 6, 7];
+    let sizes = [1000usize, 0, 70_000];
+    let mut rbufs = Vec::new();
+    for _ in 0..3 {
+        rbufs.push(g.recv_buf(80_000, MemKind::Host));
+    }
+    let bufs: Vec<RecvBuf> = (0..3)
+        .map(|i| RecvBuf {
+            addr: rbufs[i].0,
+            size: 80_000,
+            tag: tags[i],
+            mh: &rbufs[i].1,
+        })
+        .collect();
+    let rreq = g.r.irecv(&bufs).unwrap().unwrap();
+    // Send in a different order than the buffers: 7, 5, 6.
+    let mut sreqs = Vec::new();
+    let mut datas = Vec::new();
+    for i in [2usize, 0, 1] {
+        let data = pattern(sizes[i], i as u8);
+        let (sa, smh) = g.send_buf(&data);
+        sreqs.push(g.isend(sa, sizes[i] as u64, tags[i], &smh));
+        datas.push((i, data));
+    }
+    for (req, (i, _)) in sreqs.into_iter().zip(&datas) {
+        assert_eq!(g.wait_send(req), sizes[*i] as u64);
+    }
+    assert_eq!(g.wait_recv(rreq).as_slice(), &[1000, 0, 70_000]);
+    for (i, data) in &datas {
+        assert_eq!(&g.fab.read(rbufs[*i].0, sizes[*i]).unwrap(), data);
+    }
+}
+
+#[test]
+fn send_with_unposted_tag_waits() {
+    let mut g = rig(1);
+    let (ra, rmh) = g.recv_buf(64, MemKind::Host);
+    let rreq =
+        g.r.irecv(&[RecvBuf {
+            addr: ra,
+            size: 64,
+            tag: 1,
+            mh: &rmh,
+        }])
+        .unwrap()
+        .unwrap();
+    let (sa, smh) = g.send_buf(&[1; 8]);
+    assert_eq!(g.s.isend(sa, 8, 2, &smh).unwrap(), None);
+    let req = g.s.isend(sa, 8, 1, &smh).unwrap().unwrap();
+    g.wait_send(req);
+    assert_eq!(g.wait_recv(rreq).as_slice(), &[8]);
+}
+
+#[test]
+fn no_clear_to_send_means_retry() {
+    let mut g = rig(2);
+    let (sa, smh) = g.send_buf(&[1; 8]);
+    for _ in 0..3 {
+        assert_eq!(g.s.isend(sa, 8, 0, &smh).unwrap(), None);
+    }
+}
+
+#[test]
+fn send_larger_than_receive_is_an_error_naming_both_sizes() {
+    let mut g = rig(1);
+    let (ra, rmh) = g.recv_buf(100, MemKind::Host);
+    g.r.irecv(&[RecvBuf {
+        addr: ra,
+        size: 100,
+        tag: 0,
+        mh: &rmh,
+    }])
+    .unwrap()
+    .unwrap();
+    let (sa, smh) = g.send_buf(&[0; 101]);
+    let err = g.s.isend(sa, 101, 0, &smh).unwrap_err();
+    assert!(matches!(err, Error::InvalidUsage(_)), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("101 bytes") && msg.contains("100 bytes"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn smaller_send_reports_actual_size() {
+    let mut g = rig(3);
+    let (ra, rmh) = g.recv_buf(1 << 20, MemKind::Host);
+    let rreq =
+        g.r.irecv(&[RecvBuf {
+            addr: ra,
+            size: 1 << 20,
+            tag: 0,
+            mh: &rmh,
+        }])
+        .unwrap()
+        .unwrap();
+    let data = pattern(300_001, 9);
+    let (sa, smh) = g.send_buf(&data);
+    let sreq = g.isend(sa, 300_001, 0, &smh);
+    g.wait_send(sreq);
+    assert_eq!(g.wait_recv(rreq).as_slice(), &[300_001]);
+    assert_eq!(g.fab.read(ra, 300_001).unwrap(), data);
+}
+
+#[test]
+fn thirty_two_outstanding_receives_then_retry() {
+    let mut g = rig(2);
+    let (ra, rmh) = g.recv_buf(64 * MAX_REQUESTS, MemKind::Host);
+    let mut rreqs = Vec::new();
+    for i in 0..MAX_REQUESTS {
+        let b = RecvBuf {
+            addr: ra + 64 * i as u64,
+            size: 64,
+            tag: 0,
+            mh: &rmh,
+        };
+        rreqs.push(
+            g.r.irecv(&[b])
+                .unwrap()
+                .expect("32 receives must be accepted"),
+        );
+    }
+    assert_eq!(g.r.outstanding(), MAX_REQUESTS);
+    let extra = RecvBuf {
+        addr: ra,
+        size: 64,
+        tag: 0,
+        mh: &rmh,
+    };
+    assert_eq!(
+        g.r.irecv(&[extra]).unwrap(),
+        None,
+        "the 33rd receive must be refused (retry)"
+    );
+    let mut sreqs = Vec::new();
+    let datas: Vec<Vec<u8>> = (0..MAX_REQUESTS).map(|i| pattern(64, i as u8)).collect();
+    let (sa, smh) = g.send_buf(&datas.concat());
+    for i in 0..MAX_REQUESTS {
+        sreqs.push(g.isend(sa + 64 * i as u64, 64, 0, &smh));
+    }
+    // Test in post order, as NCCL does; the plugin may complete them in any order.
+    for (i, req) in rreqs.into_iter().enumerate() {
+        assert_eq!(g.wait_recv(req).as_slice(), &[64]);
+        assert_eq!(g.fab.read(ra + 64 * i as u64, 64).unwrap(), datas[i]);
+    }
+    for req in sreqs {
+        assert_eq!(g.wait_send(req), 64);
+    }
+    assert!(g.r.irecv(&[extra]).unwrap().is_some());
+}
+
+#[test]
+fn sender_accepts_max_requests_times_max_recvs() {
+    let mut g = rig(1);
+    let (ra, rmh) = g.recv_buf(8 * MAX_SEND_REQUESTS, MemKind::Host);
+    let mut rreqs = Vec::new();
+    for i in 0..MAX_REQUESTS {
+        let bufs: Vec<RecvBuf> = (0..MAX_RECVS)
+            .map(|j| RecvBuf {
+                addr: ra + 8 * (i * MAX_RECVS + j) as u64,
+                size: 8,
+                tag: j as u32,
+                mh: &rmh,
+            })
+            .collect();
+        rreqs.push(g.r.irecv(&bufs).unwrap().unwrap());
+    }
+    let (sa, smh) = g.send_buf(&[7; 8]);
+    let mut sreqs = Vec::new();
+    for i in 0..MAX_SEND_REQUESTS {
+        sreqs.push(g.isend(sa, 8, (i % MAX_RECVS) as u32, &smh));
+    }
+    assert_eq!(g.s.outstanding(), MAX_SEND_REQUESTS);
+    for r in sreqs {
+        g.wait_send(r);
+    }
+    for r in rreqs {
+        assert_eq!(g.wait_recv(r).as_slice(), &[8; MAX_RECVS]);
+    }
+    assert_eq!(
+        g.fab.read(ra, 8 * MAX_SEND_REQUESTS).unwrap(),
+        vec![7; 8 * MAX_SEND_REQUESTS]
+    );
+}
+
+#[test]
+fn striping_follows_link_speed() {
+    // 4 paths at 100, 200, 300, 400 Gb/s (in Mb/s); 1 MiB splits 1:2:3:4 (within 128 bytes).
+    let mut g = rig_with(
+        &[100_000, 200_000, 300_000, 400_000],
+        0,
+        MemFabConfig::default(),
+        ProtocolConfig::default(),
+    );
+    let len = 1usize << 20;
+    let data = pattern(len, 4);
+    let (sa, smh) = g.send_buf(&data);
+    let (ra, rmh) = g.recv_buf(len, MemKind::Host);
+    let rreq =
+        g.r.irecv(&[RecvBuf {
+            addr: ra,
+            size: len as u64,
+            tag: 0,
+            mh: &rmh,
+        }])
+        .unwrap()
+        .unwrap();
+    let before: Vec<u64> = (0..4).map(|p| g.fab.path_bytes(g.sid, p)).collect();
+    let sreq = g.isend(sa, len as u64, 0, &smh);
+    g.wait_send(sreq);
+    g.wait_recv(rreq);
+    assert_eq!(g.fab.read(ra, len).unwrap(), data);
+    let record = 8; // the size record rides on the fastest path
+    for p in 0..4 {
+        let sent = g.fab.path_bytes(g.sid, p) - before[p] - if p == 3 { record } else { 0 };
+        let ideal = len as u64 * (p as u64 + 1) / 10;
+        assert!(
+            sent.abs_diff(ideal) < 128,
+            "path {p}: {sent} bytes, ideal {ideal}"
+        );
+    }
+}
+
+#[test]
+fn small_messages_use_one_path() {
+    let mut g = rig(4);
+    let (ra, rmh) = g.recv_buf(4096, MemKind::Host);
+    let (sa, smh) = g.send_buf(&pattern(4096, 0));
+    let before = g.fab.stats();
+    let rreq =
+        g.r.irecv(&[RecvBuf {
+            addr: ra,
+            size: 4096,
+            tag: 0,
+            mh: &rmh,
+        }])
+        .unwrap()
+        .unwrap();
+    let sreq = g.isend(sa, 4096, 0, &smh);
+    g.wait_send(sreq);
+    g.wait_recv(rreq);
+    let after = g.fab.stats();
+    // CTS body + CTS index + data + record-with-immediate.
+    assert_eq!(after.writes - before.writes, 4);
+    assert_eq!(after.imm_writes - before.imm_writes, 1);
+    // CTS body (64 bytes for one buffer), CTS index and size record are inline; 4 KiB of data is not.
+    assert_eq!(after.inline_writes - before.inline_writes, 3);
+}
+
+#[test]
+fn zero_byte_messages() {
+    let mut g = rig(2);
+    let (ra, rmh) = g.recv_buf(16, MemKind::Host);
+    let (sa, smh) = g.send_buf(&[]);
+    for _ in 0..5 {
+        let rreq =
+            g.r.irecv(&[RecvBuf {
+                addr: ra,
+                size: 0,
+                tag: 1,
+                mh: &rmh,
+            }])
+            .unwrap()
+            .unwrap();
+        let sreq = g.isend(sa, 0, 1, &smh);
+        assert_eq!(g.wait_send(sreq), 0);
+        assert_eq!(g.wait_recv(rreq).as_slice(), &[0]);
+    }
+    assert_eq!(g.fab.read(ra, 16).unwrap(), vec![0xEE; 16]);
+}
+
+#[test]
+fn requests_are_never_null_or_the_ll_marker() {
+    let mut g = rig(1);
+    let (ra, rmh) = g.recv_buf(8, MemKind::Host);
+    let (sa, smh) = g.send_buf(&[1; 8]);
+    for _ in 0..100 {
+        let rreq =
+            g.r.irecv(&[RecvBuf {
+                addr: ra,
+                size: 8,
+                tag: 0,
+                mh: &rmh,
+            }])
+            .unwrap()
+            .unwrap();
+        let sreq = g.isend(sa, 8, 0, &smh);
+        assert!(rreq.to_raw() > 1 && sreq.to_raw() > 1);
+        assert_eq!(Request::from_raw(rreq.to_raw()), rreq);
+        g.wait_send(sreq);
+        g.wait_recv(rreq);
+        // A request reported done is released: testing it again is an error.
+        assert!(matches!(g.r.test(rreq), Err(Error::InvalidArgument(_))));
+        assert!(matches!(g.s.test(sreq), Err(Error::InvalidArgument(_))));
+    }
+    assert!(matches!(
+        g.r.test(Request::from_raw(1)),
+        Err(Error::InvalidArgument(_))
+    ));
+}
+
+#[test]
+fn bad_arguments_are_rejected_with_what_is_accepted() {
+    let mut g = rig(1);
+    let (ra, rmh) = g.recv_buf(64, MemKind::Host);
+    let e = g.r.irecv(&[]).unwrap_err();
+    assert!(e.to_string().contains("1..=8"), "{e}");
+    let nine: Vec<RecvBuf> = (0..9)
+        .map(|_| RecvBuf {
+            addr: ra,
+            size: 8,
+            tag: 0,
+            mh: &rmh,
+        })
+        .collect();
+    assert!(matches!(g.r.irecv(&nine), Err(Error::InvalidArgument(_))));
+    let e =
+        g.r.irecv(&[RecvBuf {
+            addr: ra + 60,
+            size: 8,
+            tag: 0,
+            mh: &rmh,
+        }])
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("outside its memory registration"),
+        "{e}"
+    );
+    let (sa, smh) = g.send_buf(&[0; 16]);
+    assert!(matches!(
+        g.s.isend(sa, 17, 0, &smh),
+        Err(Error::InvalidArgument(_))
+    ));
+}
+
+#[test]
+fn flush_reads_through_every_loopback_for_gpu_buffers_only() {
+    let mut g = rig_with(
+        &[100_000, 100_000],
+        2,
+        MemFabConfig::default(),
+        ProtocolConfig::default(),
+    );
+    let (ga, gmh) = g.recv_buf(4096, MemKind::Cuda);
+    let (ha, hmh) = g.recv_buf(4096, MemKind::Host);
+    // Host memory: nothing to flush.
+    assert_eq!(
+        g.r.iflush(&[FlushBuf {
+            addr: ha,
+            size: 4096,
+            mh: &hmh
+        }])
+        .unwrap(),
+        None
+    );
+    // GPU memory with no data: nothing to flush.
+    assert_eq!(
+        g.r.iflush(&[FlushBuf {
+            addr: ga,
+            size: 0,
+            mh: &gmh
+        }])
+        .unwrap(),
+        None
+    );
+    let before = g.fab.stats().reads;
+    let req =
+        g.r.iflush(&[
+            FlushBuf {
+                addr: ha,
+                size: 10,
+                mh: &hmh,
+            },
+            FlushBuf {
+                addr: ga,
+                size: 100,
+                mh: &gmh,
+            },
+        ])
+        .unwrap()
+        .expect("GPU data needs a flush");
+    assert!(g.wait_recv(req).as_slice().is_empty());
+    assert_eq!(
+        g.fab.stats().reads - before,
+        2,
+        "one read per loopback path"
+    );
+    // A fabric without loopback paths needs no flush.
+    let mut g2 = rig(1);
+    let (ga2, gmh2) = g2.recv_buf(64, MemKind::Cuda);
+    assert_eq!(
+        g2.r.iflush(&[FlushBuf {
+            addr: ga2,
+            size: 64,
+            mh: &gmh2
+        }])
+        .unwrap(),
+        None
+    );
+}
+
+#[test]
+fn flush_read_error_fails_the_flush() {
+    let mut g = rig_with(
+        &[100_000],
+        1,
+        MemFabConfig::default(),
+        ProtocolConfig::default(),
+    );
+    let (ga, gmh) = g.recv_buf(64, MemKind::Cuda);
+    g.fab.fail_next(g.rid, 1, WcStatus::LOC_PROT_ERR);
+    let req =
+        g.r.iflush(&[FlushBuf {
+            addr: ga,
+            size: 64,
+            mh: &gmh,
+        }])
+        .unwrap()
+        .unwrap();
+    let err = g.r.test(req).unwrap_err();
+    assert!(matches!(err, Error::System(_)), "{err}");
+    assert!(err.to_string().contains("loopback0"), "{err}");
+}
+
+#[test]
+fn completion_error_fails_only_affected_requests_and_names_the_path() {
+    let mut g = rig(1);
+    let (ra, rmh) = g.recv_buf(128, MemKind::Host);
+    let (sa, smh) = g.send_buf(&[3; 64]);
+    // One good round first.
+    let rr =
+        g.r.irecv(&[RecvBuf {
+            addr: ra,
+            size: 64,
+            tag: 0,
+            mh: &rmh,
+        }])
+        .unwrap()
+        .unwrap();
+    let sr = g.isend(sa, 64, 0, &smh);
+    g.wait_send(sr);
+    g.wait_recv(rr);
+    // Now the sender's path fails with a transport retry error.
+    g.fab.fail_next(g.sid, 0, WcStatus::RETRY_EXC_ERR);
+    let rr =
+        g.r.irecv(&[RecvBuf {
+            addr: ra,
+            size: 64,
+            tag: 0,
+            mh: &rmh,
+        }])
+        .unwrap()
+        .unwrap();
+    let sr = g.isend(sa, 64, 0, &smh);
+    let err = g.s.test(sr).unwrap_err();
+    assert!(matches!(err, Error::Remote(_)), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("memfab ep0 path0") && msg.contains("transport retry counter exceeded"),
+        "{msg}"
+    );
+    // The receiver saw nothing: pending, and the call returns (no busy loop).
+    assert_eq!(g.r.test(rr).unwrap(), None);
+}
+
+#[test]
+fn local_errors_are_system_errors() {
+    let mut g = rig(2);
+    let (ra, rmh) = g.recv_buf(64, MemKind::Host);
+    let (sa, smh) = g.send_buf(&[3; 64]);
+    g.r.irecv(&[RecvBuf {
+        addr: ra,
+        size: 64,
+        tag: 0,
+        mh: &rmh,
+    }])
+    .unwrap()
+    .unwrap();
+    g.fab.fail_next(g.sid, 0, WcStatus::LOC_PROT_ERR);
+    g.fab.fail_next(g.sid, 1, WcStatus::LOC_PROT_ERR);
+    let sr = g.isend(sa, 64, 0, &smh);
+    assert!(matches!(g.s.test(sr), Err(Error::System(_))));
+}
+
+#[test]
+fn cts_write_error_fails_the_receive() {
+    let mut g = rig(1);
+    let (ra, rmh) = g.recv_buf(64, MemKind::Host);
+    g.fab.fail_next(g.rid, 0, WcStatus::REM_ACCESS_ERR);
+    let rr =
+        g.r.irecv(&[RecvBuf {
+            addr: ra,
+            size: 64,
+            tag: 0,
+            mh: &rmh,
+        }])
+        .unwrap()
+        .unwrap();
+    let err = g.r.test(rr).unwrap_err();
+    assert!(err.to_string().contains("clear-to-send"), "{err}");
+}
+
+#[test]
+fn silent_peer_leaves_requests_pending_until_the_timeout() {
+    let pcfg = ProtocolConfig {
+        request_timeout: Some(Duration::from_millis(250)),
+        ..ProtocolConfig::default()
+    };
+    let mut g = rig_with(&[100_000], 0, MemFabConfig::default(), pcfg);
+    let (ra, rmh) = g.recv_buf(64, MemKind::Host);
+    let (sa, smh) = g.send_buf(&[3; 64]);
+    g.fab.stall(g.sid, true);
+    let rr =
+        g.r.irecv(&[RecvBuf {
+            addr: ra,
+            size: 64,
+            tag: 0,
+            mh: &rmh,
+        }])
+        .unwrap()
+        .unwrap();
+    let sr = g.isend(sa, 64, 0, &smh);
+    assert_eq!(g.r.test(rr).unwrap(), None);
+    assert_eq!(g.s.test(sr).unwrap(), None);
+    std::thread::sleep(Duration::from_millis(400));
+    assert!(matches!(g.r.test(rr), Err(Error::Timeout(_))));
+    assert!(matches!(g.s.test(sr), Err(Error::Timeout(_))));
+}
+
+#[test]
+fn sender_without_clear_to_send_times_out() {
+    let pcfg = ProtocolConfig {
+        request_timeout: Some(Duration::from_millis(250)),
+        ..ProtocolConfig::default()
+    };
+    let mut g = rig_with(&[100_000], 0, MemFabConfig::default(), pcfg);
+    let (sa, smh) = g.send_buf(&[3; 64]);
+    assert_eq!(g.s.isend(sa, 64, 0, &smh).unwrap(), None);
+    std::thread::sleep(Duration::from_millis(400));
+    let e = g.s.isend(sa, 64, 0, &smh).unwrap_err();
+    assert!(
+        matches!(e, Error::Timeout(_)) && e.to_string().contains("clear-to-send"),
+        "{e}"
+    );
+}
+
+#[test]
+fn without_timeout_a_silent_peer_never_errors() {
+    let mut g = rig(1);
+    let (ra, rmh) = g.recv_buf(64, MemKind::Host);
+    g.fab.stall(g.sid, true);
+    let rr =
+        g.r.irecv(&[RecvBuf {
+            addr: ra,
+            size: 64,
+            tag: 0,
+            mh: &rmh,
+        }])
+        .unwrap()
+        .unwrap();
+    let (sa, smh) = g.send_buf(&[3; 64]);
+    let sr = g.isend(sa, 64, 0, &smh);
+    for _ in 0..1000 {
+        assert_eq!(g.r.test(rr).unwrap(), None);
+        assert_eq!(g.s.test(sr).unwrap(), None);
+    }
+    // The link comes back: everything completes.
+    g.fab.stall(g.sid, false);
+    g.wait_send(sr);
+    assert_eq!(g.wait_recv(rr).as_slice(), &[64]);
+}
+
+#[test]
+fn close_with_requests_outstanding_releases_everything() {
+    let mut g = rig_with(
+        &[100_000, 100_000],
+        1,
+        MemFabConfig::default(),
+        ProtocolConfig::default(),
+    );
+    let keys_before = g.fab.live_keys();
+    let (ra, rmh) = g.recv_buf(4096, MemKind::Cuda);
+    let (sa, smh) = g.send_buf(&[1; 4096]);
+    g.fab.stall(g.sid, true);
+    let mut pending = Vec::new();
+    for i in 0..10 {
+        let rr =
+            g.r.irecv(&[RecvBuf {
+                addr: ra,
+                size: 4096,
+                tag: 0,
+                mh: &rmh,
+            }])
+            .unwrap()
+            .unwrap();
+        let sr = g.isend(sa, 4096, 0, &smh);
+        pending.push((rr, sr, i));
+    }
+    g.r.iflush(&[FlushBuf {
+        addr: ra,
+        size: 4096,
+        mh: &rmh,
+    }])
+    .unwrap()
+    .unwrap();
+    assert_eq!(g.s.outstanding(), 10);
+    g.s.dereg_mr(smh).unwrap();
+    g.r.dereg_mr(rmh).unwrap();
+    let Rig { fab, s, r, .. } = g;
+    s.close().unwrap();
+    r.close().unwrap();
+    // Control memory of both comms and both user registrations are gone.
+    assert!(
+        fab.live_keys() < keys_before,
+        "{} keys left of {keys_before}",
+        fab.live_keys()
+    );
+    assert_eq!(fab.live_keys(), 0);
+}
+
+#[test]
+fn reordered_delivery_across_paths_keeps_data_intact() {
+    for seed in 1..20u64 {
+        let pcfg = ProtocolConfig {
+            stripe: StripeParams {
+                min_chunk: 1024,
+                align: 128,
+            },
+            ..ProtocolConfig::default()
+        };
+        let fcfg = MemFabConfig {
+            reorder_seed: Some(seed),
+            copy_data: true,
+        };
+        let mut g = rig_with(&[100_000, 50_000, 100_000, 25_000], 0, fcfg, pcfg);
+        let len = 20_000usize;
+        let (ra, rmh) = g.recv_buf(len * 4, MemKind::Host);
+        let datas: Vec<Vec<u8>> = (0..4)
+            .map(|i| pattern(len - i * 1000, seed as u8 + i as u8))
+            .collect();
+        let mut rreqs = Vec::new();
+        for i in 0..4 {
+            let b = RecvBuf {
+                addr: ra + (i * len) as u64,
+                size: len as u64,
+                tag: 0,
+                mh: &rmh,
+            };
+            rreqs.push(g.r.irecv(&[b]).unwrap().unwrap());
+        }
+        let mut sreqs = Vec::new();
+        for d in &datas {
+            let (sa, smh) = g.send_buf(d);
+            sreqs.push(g.isend(sa, d.len() as u64, 0, &smh));
+        }
+        for (i, r) in rreqs.into_iter().enumerate() {
+            assert_eq!(g.wait_recv(r).as_slice(), &[datas[i].len() as u64]);
+            assert_eq!(
+                g.fab.read(ra + (i * len) as u64, datas[i].len()).unwrap(),
+                datas[i],
+                "seed {seed}"
+            );
+        }
+        for r in sreqs {
+            g.wait_send(r);
+        }
+    }
+}
+
+#[test]
+fn receives_stay_posted() {
+    let mut g = rig(2);
+    let depth = g.fab.posted_recvs(g.rid, 0);
+    assert_eq!(depth, MAX_REQUESTS * MAX_RECVS);
+    let (ra, rmh) = g.recv_buf(1 << 18, MemKind::Host);
+    let (sa, smh) = g.send_buf(&pattern(1 << 18, 0));
+    for _ in 0..3 {
+        let rr =
+            g.r.irecv(&[RecvBuf {
+                addr: ra,
+                size: 1 << 18,
+                tag: 0,
+                mh: &rmh,
+            }])
+            .unwrap()
+            .unwrap();
+        let sr = g.isend(sa, 1 << 18, 0, &smh);
+        g.wait_send(sr);
+        g.wait_recv(rr);
+    }
+    assert_eq!(g.fab.posted_recvs(g.rid, 0), depth);
+    assert_eq!(g.fab.posted_recvs(g.rid, 1), depth);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Patterns over random sizes, 1–4 paths of random speeds, grouped receives, reordering.
+    #[test]
+    fn data_integrity(
+        speeds in proptest::collection::vec(1_000u64..400_000, 1..=4),
+        sizes in proptest::collection::vec(0usize..150_000, 1..=4),
+        slack in 0usize..5000,
+        seed in proptest::option::of(1u64..1000),
+        min_chunk in 512u64..65_536,
+    ) {
+        let pcfg = ProtocolConfig { stripe: StripeParams { min_chunk, align: 128 }, ..ProtocolConfig::default() };
+        let mut g = rig_with(&speeds, 0, MemFabConfig { reorder_seed: seed, copy_data: true }, pcfg);
+        let n = sizes.len();
+        let cap = 150_000 + slack;
+        let mut rb = Vec::new();
+        for _ in 0..n {
+            rb.push(g.recv_buf(cap, MemKind::Host));
+        }
+        let bufs: Vec<RecvBuf> = (0..n).map(|i| RecvBuf { addr: rb[i].0, size: cap as u64, tag: 10 + i as u32, mh: &rb[i].1 }).collect();
+        let rr = g.r.irecv(&bufs).unwrap().unwrap();
+        let mut sreqs = Vec::new();
+        let mut datas = Vec::new();
+        for (i, &sz) in sizes.iter().enumerate().rev() {
+            let d = pattern(sz, i as u8 * 17 + 1);
+            let (sa, smh) = g.send_buf(&d);
+            sreqs.push(g.isend(sa, sz as u64, 10 + i as u32, &smh));
+            datas.push((i, d));
+        }
+        let got = g.wait_recv(rr);
+        let want: Vec<u64> = sizes.iter().map(|&s| s as u64).collect();
+        prop_assert_eq!(got.as_slice(), &want[..]);
+        for (i, d) in &datas {
+            prop_assert_eq!(&g.fab.read(rb[*i].0, d.len()).unwrap(), d);
+            prop_assert_eq!(g.fab.read(rb[*i].0 + d.len() as u64, 8).unwrap(), vec![0xEE; 8]);
+        }
+        for r in sreqs {
+            g.wait_send(r);
+        }
+    }
+}
+
+#[test]
+fn more_flushes_than_requests_is_an_error_not_a_silent_none() {
+    let mut g = rig_with(
+        &[100_000],
+        1,
+        MemFabConfig::default(),
+        ProtocolConfig::default(),
+    );
+    let (ga, gmh) = g.recv_buf(64, MemKind::Cuda);
+    g.fab.stall(g.rid, true);
+    for _ in 0..MAX_REQUESTS {
+        assert!(
+            g.r.iflush(&[FlushBuf {
+                addr: ga,
+                size: 64,
+                mh: &gmh
+            }])
+            .unwrap()
+            .is_some()
+        );
+    }
+    let e =
+        g.r.iflush(&[FlushBuf {
+            addr: ga,
+            size: 64,
+            mh: &gmh,
+        }])
+        .unwrap_err();
+    assert!(matches!(e, Error::Internal(_)), "{e}");
+}
+
+#[test]
+fn corrupt_clear_to_send_entries_are_rejected() {
+    use switchless::transport::wire::{SLOT_HDR, SLOT_IDX};
+    let mut g = rig(2);
+    let fifo = g.s.local_info().addr;
+    let (sa, smh) = g.send_buf(&[0; 8]);
+    // Index word says "entry 0 is here", header is garbage.
+    g.fab
+        .write(fifo + 8 * SLOT_HDR as u64, &0xdead_beef_u64.to_le_bytes())
+        .unwrap();
+    g.fab
+        .write(fifo + 8 * SLOT_IDX as u64, &1u64.to_le_bytes())
+        .unwrap();
+    let e = g.s.isend(sa, 8, 0, &smh).unwrap_err();
+    assert!(
+        matches!(e, Error::Remote(_)) && e.to_string().contains("magic"),
+        "{e}"
+    );
+    // Right magic, 9 buffers.
+    let hdr = 9u64 | (2 << 8) | (0x5C75 << 32);
+    g.fab
+        .write(fifo + 8 * SLOT_HDR as u64, &hdr.to_le_bytes())
+        .unwrap();
+    let e = g.s.isend(sa, 8, 0, &smh).unwrap_err();
+    assert!(e.to_string().contains("accepted: 1..=8"), "{e}");
+    // Right magic, wrong path count.
+    let hdr = 1u64 | (3 << 8) | (0x5C75 << 32);
+    g.fab
+        .write(fifo + 8 * SLOT_HDR as u64, &hdr.to_le_bytes())
+        .unwrap();
+    let e = g.s.isend(sa, 8, 0, &smh).unwrap_err();
+    assert!(e.to_string().contains("3 data paths"), "{e}");
+}
+
+#[test]
+fn control_info_exchange_is_checked() {
+    let fab = MemFab::new(MemFabConfig::default());
+    let (a, b) = fab.pair(&[1, 1], 0);
+    let mut s = SendComm::new(a, ProtocolConfig::default()).unwrap();
+    let r = RecvComm::new(b, ProtocolConfig::default()).unwrap();
+    let mut info = r.local_info();
+    info.rkeys.pop();
+    let e = s.connect(info).unwrap_err();
+    assert!(e.to_string().contains("1 data paths"), "{e}");
+    let mut info = r.local_info();
+    info.words = 3;
+    assert!(matches!(s.connect(info), Err(Error::Remote(_))));
+    // Not connected: isend is refused.
+    let addr = fab.alloc(8).unwrap();
+    let mh = s.reg_mr(addr, 8, MemKind::Host).unwrap();
+    assert!(matches!(
+        s.isend(addr, 8, 0, &mh),
+        Err(Error::InvalidArgument(_))
+    ));
+}
+
+/// Sender and receiver on two threads (as two processes would be), pipelined 8 deep, over 3 paths.
+#[test]
+fn two_threads_pipelined() {
+    use std::collections::VecDeque;
+    use std::time::Instant;
+    const N: usize = 600;
+    const DEPTH: usize = 8;
+    const CAP: usize = 48 * 1024;
+    const POOL: usize = 1 << 20;
+    let pcfg = ProtocolConfig {
+        stripe: StripeParams {
+            min_chunk: 4096,
+            align: 128,
+        },
+        ..ProtocolConfig::default()
+    };
+    let fab = MemFab::new(MemFabConfig::default());
+    let (a, b) = fab.pair(&[100_000, 200_000, 100_000], 0);
+    let (mut s, mut r) = connect_pair(a, b, pcfg).unwrap();
+    let size = |i: usize| (i * 7919) % CAP;
+    let off = |i: usize| (i * 4099) % (POOL - CAP);
+    let pool = pattern(POOL, 77);
+    let sa = fab.alloc(POOL).unwrap();
+    fab.write(sa, &pool).unwrap();
+    let smh = s.reg_mr(sa, POOL as u64, MemKind::Host).unwrap();
+    let ra = fab.alloc(CAP * DEPTH).unwrap();
+    let rmh = r.reg_mr(ra, (CAP * DEPTH) as u64, MemKind::Host).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+
+    let sender = std::thread::spawn(move || {
+        let mut q = VecDeque::new();
+        let mut next = 0;
+        let mut done = 0;
+        while done < N {
+            assert!(Instant::now() < deadline, "sender stuck at {done}/{N}");
+            if next < N && q.len() < DEPTH {
+                if let Some(req) = s
+                    .isend(sa + off(next) as u64, size(next) as u64, 0, &smh)
+                    .unwrap()
+                {
+                    q.push_back((req, next));
+                    next += 1;
+                }
+            }
+            if let Some(&(req, i)) = q.front() {
+                if let Some(n) = s.test(req).unwrap() {
+                    assert_eq!(n, size(i) as u64);
+                    q.pop_front();
+                    done += 1;
+                }
+            }
+        }
+        s.close().unwrap();
+    });
+
+    let mut q = VecDeque::new();
+    let mut next = 0;
+    let mut done = 0;
+    while done < N {
+        assert!(Instant::now() < deadline, "receiver stuck at {done}/{N}");
+        if next < N && q.len() < DEPTH {
+            let slot = next % DEPTH;
+            let buf = RecvBuf {
+                addr: ra + (slot * CAP) as u64,
+                size: CAP as u64,
+                tag: 0,
+                mh: &rmh,
+            };
+            if let Some(req) = r.irecv(&[buf]).unwrap() {
+                q.push_back((req, next));
+                next += 1;
+            }
+        }
+        if let Some(&(req, i)) = q.front() {
+            if let Some(sizes) = r.test(req).unwrap() {
+                assert_eq!(sizes.as_slice(), &[size(i) as u64]);
+                let got = fab.read(ra + ((i % DEPTH) * CAP) as u64, size(i)).unwrap();
+                assert!(
+                    got == pool[off(i)..off(i) + size(i)],
+                    "message {i} corrupted"
+                );
+                q.pop_front();
+                done += 1;
+            }
+        }
+    }
+    sender.join().unwrap();
+    r.close().unwrap();
+}
