@@ -380,7 +380,15 @@ fn poll_one(f: &mut TcpFabric, path: usize) -> Completion {
     })
 }
 
-fn write(wr_id: u64, src: u64, len: u32, lkey: u32, dst: u64, rkey: u32, imm: Option<u32>) -> WriteWr {
+fn write(
+    wr_id: u64,
+    src: u64,
+    len: u32,
+    lkey: u32,
+    dst: u64,
+    rkey: u32,
+    imm: Option<u32>,
+) -> WriteWr {
     WriteWr {
         wr_id,
         local: LocalSeg {
@@ -406,18 +414,36 @@ fn write_with_immediate_lands_after_earlier_writes_of_the_path() {
     let rb = b.register(dst.addr(), n, MemKind::Host).unwrap();
     let ctrl = b.alloc_ctrl(4).unwrap();
     let csrc = a.alloc_ctrl(4).unwrap();
-    a.ctrl_store(csrc.word(0), 0xabcd, Ordering::Release).unwrap();
+    a.ctrl_store(csrc.word(0), 0xabcd, Ordering::Release)
+        .unwrap();
     b.post_recv(0, 77).unwrap();
     for round in 0..20u64 {
         // A large unsignaled data write split over every stream, then a control write carrying the
         // immediate: when the receive completes, every byte of the data write must be in place.
-        let mut w = write(round, src.addr(), n as u32, ra.keys[0].lkey, dst.addr(), rb.keys[0].rkey, None);
+        let mut w = write(
+            round,
+            src.addr(),
+            n as u32,
+            ra.keys[0].lkey,
+            dst.addr(),
+            rb.keys[0].rkey,
+            None,
+        );
         w.signaled = false;
         a.post_write(0, &w).unwrap();
-        a.ctrl_store(csrc.word(0), round, Ordering::Release).unwrap();
+        a.ctrl_store(csrc.word(0), round, Ordering::Release)
+            .unwrap();
         a.post_write(
             0,
-            &write(1000 + round, csrc.word(0), 8, csrc.reg.keys[0].lkey, ctrl.word(1), ctrl.reg.keys[0].rkey, Some(round as u32)),
+            &write(
+                1000 + round,
+                csrc.word(0),
+                8,
+                csrc.reg.keys[0].lkey,
+                ctrl.word(1),
+                ctrl.reg.keys[0].rkey,
+                Some(round as u32),
+            ),
         )
         .unwrap();
         let c = poll_one(&mut b, 0);
@@ -447,7 +473,15 @@ fn writes_outside_a_registration_are_refused_and_fail_the_path() {
     b.post_recv(1, 2).unwrap();
     a.post_write(
         0,
-        &write(9, src.addr(), 4096, ra.keys[0].lkey, dst.addr() + 2048, rb.keys[0].rkey, Some(1)),
+        &write(
+            9,
+            src.addr(),
+            4096,
+            ra.keys[0].lkey,
+            dst.addr() + 2048,
+            rb.keys[0].rkey,
+            Some(1),
+        ),
     )
     .unwrap();
     // The receiving side flushes its receive on that path and never writes past the registration.
@@ -457,7 +491,15 @@ fn writes_outside_a_registration_are_refused_and_fail_the_path() {
     // A forged key is refused the same way (path 1).
     a.post_write(
         1,
-        &write(10, src.addr(), 16, ra.keys[1].lkey, dst.addr(), 0x1234_5679, Some(1)),
+        &write(
+            10,
+            src.addr(),
+            16,
+            ra.keys[1].lkey,
+            dst.addr(),
+            0x1234_5679,
+            Some(1),
+        ),
     )
     .unwrap();
     let c = poll_one(&mut b, 1);
@@ -466,8 +508,19 @@ fn writes_outside_a_registration_are_refused_and_fail_the_path() {
     // The writer's path fails too: its requests complete with errors, none hangs.
     let c = eventually("an error completion at the writer", || {
         let mut out = Vec::new();
-        a.post_write(0, &write(11, src.addr(), 16, ra.keys[0].lkey, dst.addr(), rb.keys[0].rkey, None))
-            .unwrap();
+        a.post_write(
+            0,
+            &write(
+                11,
+                src.addr(),
+                16,
+                ra.keys[0].lkey,
+                dst.addr(),
+                rb.keys[0].rkey,
+                None,
+            ),
+        )
+        .unwrap();
         std::thread::sleep(Duration::from_millis(5));
         a.poll(0, 16, &mut out).unwrap();
         out.into_iter().find(|c| !c.status.is_success())
@@ -480,12 +533,18 @@ fn bad_local_key_is_a_local_protection_error() {
     let (mut a, _b) = loopback_pair(&[10_000], &cfg(2)).unwrap();
     let src = HostBuffer::new(64).unwrap();
     let ra = a.register(src.addr(), 64, MemKind::Host).unwrap();
-    a.post_write(0, &write(5, src.addr() + 32, 64, ra.keys[0].lkey, 0x1000, 1, None))
-        .unwrap();
+    a.post_write(
+        0,
+        &write(5, src.addr() + 32, 64, ra.keys[0].lkey, 0x1000, 1, None),
+    )
+    .unwrap();
     let c = poll_one(&mut a, 0);
     assert_eq!((c.wr_id, c.status), (5, WcStatus::LOC_PROT_ERR));
-    a.post_write(0, &write(6, src.addr(), 8, ra.keys[0].lkey, 0x1000, 1, None))
-        .unwrap();
+    a.post_write(
+        0,
+        &write(6, src.addr(), 8, ra.keys[0].lkey, 0x1000, 1, None),
+    )
+    .unwrap();
     let c = poll_one(&mut a, 0);
     assert_eq!((c.wr_id, c.status), (6, WcStatus::WR_FLUSH_ERR));
 }
@@ -533,8 +592,11 @@ fn shutdown_flushes_queued_work_and_posted_receives() {
     b.post_recv(0, 43).unwrap();
     let src = HostBuffer::new(8).unwrap();
     let rs = b.register(src.addr(), 8, MemKind::Host).unwrap();
-    b.post_write(0, &write(7, src.addr(), 8, rs.keys[0].lkey, 0x1000, 1, None))
-        .unwrap();
+    b.post_write(
+        0,
+        &write(7, src.addr(), 8, rs.keys[0].lkey, 0x1000, 1, None),
+    )
+    .unwrap();
     out.clear();
     b.poll(0, 8, &mut out).unwrap();
     assert_eq!(out.len(), 2);

@@ -323,7 +323,11 @@ enum Payload {
     /// Copied when posted (small writes and control-memory sources).
     Bytes(Vec<u8>),
     /// Sent from registered memory by the helper thread.
-    Raw { reg: Arc<Reg>, addr: u64, len: usize },
+    Raw {
+        reg: Arc<Reg>,
+        addr: u64,
+        len: usize,
+    },
 }
 
 struct Frame {
@@ -500,7 +504,11 @@ impl PathShared {
             tx.first_wr += 1;
             self.complete(Completion {
                 wr_id: w.wr_id,
-                status: if first { status } else { WcStatus::WR_FLUSH_ERR },
+                status: if first {
+                    status
+                } else {
+                    WcStatus::WR_FLUSH_ERR
+                },
                 opcode: WcOpcode::RdmaWrite,
                 byte_len: 0,
                 imm: None,
@@ -713,7 +721,14 @@ fn send_raw(sh: &Shared, sock: &TcpStream, reg: &Reg, addr: u64, len: usize) -> 
 }
 
 /// Receives `len` bytes straight into a registered region, copying under its lock.
-fn recv_raw(sh: &Shared, sock: &TcpStream, reg: &Reg, region: &RawRegion, addr: u64, len: usize) -> Io {
+fn recv_raw(
+    sh: &Shared,
+    sock: &TcpStream,
+    reg: &Reg,
+    region: &RawRegion,
+    addr: u64,
+    len: usize,
+) -> Io {
     let mut off = 0usize;
     while off < len {
         if sh.stop.load(Ordering::Relaxed) {
@@ -809,7 +824,9 @@ fn rx_frame(sh: &Shared, p: usize, s: usize) -> std::result::Result<(), RxErr> {
     if rx.error {
         return Ok(());
     }
-    if h.seq < rx.next_apply || h.seq >= rx.next_apply + SEQ_WINDOW || rx.pending.contains_key(&h.seq)
+    if h.seq < rx.next_apply
+        || h.seq >= rx.next_apply + SEQ_WINDOW
+        || rx.pending.contains_key(&h.seq)
     {
         return Err(RxErr::Violation(format!(
             "frame sequence {} outside the window {}..{} or repeated",
@@ -1203,7 +1220,10 @@ impl TcpFabric {
 
     fn new_key(&mut self) -> u32 {
         loop {
-            self.next_key = self.next_key.wrapping_mul(0x9e37_79b9).wrapping_add(0x7f4a_7c15);
+            self.next_key = self
+                .next_key
+                .wrapping_mul(0x9e37_79b9)
+                .wrapping_add(0x7f4a_7c15);
             let k = self.next_key;
             if k != 0 && !read_lock(&self.sh.regs).contains_key(&k) {
                 return k;
@@ -1223,7 +1243,13 @@ impl TcpFabric {
         self.next_token += 1;
         self.tokens.insert(self.next_token, key);
         Registration {
-            keys: vec![PathKeys { lkey: key, rkey: key }; self.paths.len()],
+            keys: vec![
+                PathKeys {
+                    lkey: key,
+                    rkey: key
+                };
+                self.paths.len()
+            ],
             token: self.next_token,
         }
     }
@@ -1255,7 +1281,13 @@ fn check_specs(specs: &[TcpPathSpec]) -> Result<()> {
     Ok(())
 }
 
-fn hello(nonce: u64, npaths: usize, path: usize, nstreams: usize, stream: usize) -> [u8; HELLO_LEN] {
+fn hello(
+    nonce: u64,
+    npaths: usize,
+    path: usize,
+    nstreams: usize,
+    stream: usize,
+) -> [u8; HELLO_LEN] {
     let mut h = [0u8; HELLO_LEN];
     h[0..4].copy_from_slice(&HELLO_MAGIC);
     h[4] = HELLO_VERSION;
@@ -1569,7 +1601,11 @@ impl Fabric for TcpFabric {
             let seq = tx.next_seq;
             tx.next_seq += 1;
             let hdr = Header {
-                flags: if last && wr.imm.is_some() { FLAG_IMM } else { 0 },
+                flags: if last && wr.imm.is_some() {
+                    FLAG_IMM
+                } else {
+                    0
+                },
                 len: flen as u32,
                 seq,
                 addr: wr.remote.addr + off as u64,
@@ -1690,7 +1726,10 @@ mod tests {
         // 10 Gb/s, 100 µs, 4 streams: BDP 125 000 bytes, per stream 31 250, doubled 62 500 → floor.
         assert_eq!(socket_buffer_bytes(10_000, 100, 4), 256 * 1024);
         // 100 Gb/s, 1 ms, 2 streams: 100e9/8 × 1e-3 / 2 × 2 = 12.5 MB → rounded to 4 KiB.
-        assert_eq!(socket_buffer_bytes(100_000, 1000, 2), 12_500_000usize.div_ceil(4096) * 4096);
+        assert_eq!(
+            socket_buffer_bytes(100_000, 1000, 2),
+            12_500_000usize.div_ceil(4096) * 4096
+        );
     }
 
     #[test]

@@ -146,8 +146,7 @@ impl RawRegion {
         if len == 0 {
             return Ok(0);
         }
-        let flags =
-            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | if more { libc::MSG_MORE } else { 0 };
+        let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | if more { libc::MSG_MORE } else { 0 };
         // SAFETY: the source range is inside the live registration (checked above); the kernel only
         // reads `len` bytes from it; the fd is borrowed from a live socket.
         let n = unsafe { libc::send(sock.as_raw_fd(), p.cast_const().cast(), len, flags) };
@@ -299,7 +298,8 @@ impl HostBuffer {
 
 impl Drop for HostBuffer {
     fn drop(&mut self) {
-        if let Ok(layout) = std::alloc::Layout::from_size_align(self.len.max(1), HOST_BUFFER_ALIGN) {
+        if let Ok(layout) = std::alloc::Layout::from_size_align(self.len.max(1), HOST_BUFFER_ALIGN)
+        {
             // SAFETY: `ptr` came from `alloc_zeroed` with this same layout and is freed once.
             unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
         }
