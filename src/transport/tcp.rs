@@ -195,14 +195,21 @@ pub struct TcpPathSpec {
 /// Binds a listener for one path on `local` (port chosen by the kernel), with the socket buffers of
 /// `cfg` already applied (accepted sockets inherit them, which the TCP window scale needs).
 pub fn listen(local: IpAddr, speed_mbps: u64, cfg: &TcpConfig) -> Result<TcpListener> {
+    listen_at(SocketAddr::new(local, 0), speed_mbps, cfg)
+}
+
+/// Like [`listen`] on a chosen port (tools and tests that have no handshake to carry the port).
+pub fn listen_at(addr: SocketAddr, speed_mbps: u64, cfg: &TcpConfig) -> Result<TcpListener> {
     cfg.check()?;
-    let addr = SocketAddr::new(local, 0);
+    let local = addr.ip();
     let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
         .map_err(|e| Error::io(format!("TCP listener socket for {local}"), e))?;
     let streams = cfg.streams.unwrap_or_else(|| streams_for_speed(speed_mbps));
     apply_buffers(&sock, speed_mbps, streams, cfg)?;
+    sock.set_reuse_address(true)
+        .map_err(|e| Error::io("SO_REUSEADDR", e))?;
     sock.bind(&addr.into())
-        .map_err(|e| Error::io(format!("binding a TCP listener to {local}"), e))?;
+        .map_err(|e| Error::io(format!("binding a TCP listener to {addr}"), e))?;
     sock.listen(128)
         .map_err(|e| Error::io(format!("listening on {local}"), e))?;
     Ok(sock.into())
