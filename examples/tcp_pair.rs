@@ -50,6 +50,17 @@ enum Cmd {
         #[arg(long, default_value_t = 20)]
         timeout: u64,
     },
+    /// Only connect the TCP fabric (nonce 0) and report the outcome: the set-up error path.
+    Probe {
+        #[arg(long)]
+        local: IpAddr,
+        #[arg(long)]
+        remote: IpAddr,
+        #[arg(long, default_value_t = 5400)]
+        port: u16,
+        #[arg(long, default_value_t = 5)]
+        timeout: u64,
+    },
     /// Send.
     Connect {
         #[arg(long)]
@@ -378,7 +389,27 @@ fn connect(
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let probe = matches!(cli.cmd, Cmd::Probe { .. });
     let r = match cli.cmd {
+        Cmd::Probe {
+            local,
+            remote,
+            port,
+            timeout,
+        } => {
+            let cfg = TcpConfig {
+                connect_timeout: Duration::from_secs(timeout),
+                ..TcpConfig::default()
+            };
+            let spec = TcpPathSpec {
+                local,
+                remote: SocketAddr::new(remote, port),
+                speed_mbps: 10_000,
+                mtu: 0,
+                label: String::new(),
+            };
+            TcpFabric::connect(&[spec], 0, &cfg).map(|_| println!("tcp_pair: probe: connected"))
+        }
         Cmd::Serve {
             local,
             port,
@@ -403,6 +434,10 @@ fn main() -> ExitCode {
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if probe => {
+            eprintln!("tcp_pair: probe: TcpFabric::connect failed: {e}");
+            ExitCode::FAILURE
+        }
         Err(e) => {
             eprintln!("tcp_pair: error: {e}");
             ExitCode::FAILURE

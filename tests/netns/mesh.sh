@@ -13,6 +13,8 @@
 #   SWL_NETNS_PAYLOAD=/path/to/cmd swaps the payload: it is called as
 #     cmd serve   <local-ip> <peer-ip> <port>     (in the receiving namespace, must exit 0 when all data verified)
 #     cmd connect <local-ip> <peer-ip> <port>     (in the sending namespace)
+#   SWL_NETNS_PROBE=/path/to/cmd swaps the non-neighbour probe: cmd <local-ip> <peer-ip> <port> must fail fast
+#     and name the missing route ("unreachable" or "no route").
 #   so the lead can later run `switchless bench` through the plugin ABI instead.
 # Needs root, iproute2 (ip, ss), and for --bench iperf3 and jq. Everything created is removed on exit.
 set -euo pipefail
@@ -153,9 +155,14 @@ done
 
 # Non-neighbours: node 1 -> node 3 (10.200.12.2 / 10.200.13.1), node 2 -> node 4 (10.200.13.2 / 10.200.14.2).
 nonneighbour() {
-  local ns="$1" local_ip="$2" peer_ip="$3" what="$4" start end out
+  local ns="$1" local_ip="$2" peer_ip="$3" what="$4" start end out cmd
   start=$(date +%s%N)
-  if out=$(timeout 10 ip netns exec "$ns" "$bin" connect --local "$local_ip" --remote "$peer_ip" --port 5399 --timeout 5 2>&1); then
+  if [ -n "${SWL_NETNS_PROBE:-}" ]; then
+    cmd=("$SWL_NETNS_PROBE" "$local_ip" "$peer_ip" 5399)
+  else
+    cmd=("$bin" probe --local "$local_ip" --remote "$peer_ip" --port 5399 --timeout 5)
+  fi
+  if out=$(timeout 10 ip netns exec "$ns" "${cmd[@]}" 2>&1); then
     fail "$what: connecting to a non-neighbour succeeded"
   fi
   end=$(date +%s%N)
