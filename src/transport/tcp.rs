@@ -496,9 +496,10 @@ impl PathShared {
         }
     }
 
-    /// Fails the sending side: the oldest outstanding work request gets `status`, every later one
-    /// `WR_FLUSH_ERR`; queued frames are dropped.
-    fn fail_tx(&self, status: WcStatus, why: &str) {
+    /// Fails the sending side: the work request with index `culprit` (the oldest outstanding one when
+    /// `None`) completes with `status`, every other outstanding one with `WR_FLUSH_ERR` (in posting
+    /// order); queued frames are dropped and the path stays in error.
+    fn fail_tx(&self, status: WcStatus, culprit: Option<u64>, why: &str) {
         let mut tx = lock(&self.tx);
         if !tx.error {
             tx.error = true;
@@ -506,12 +507,13 @@ impl PathShared {
                 tracing::warn!(label = %self.label, "NET/switchless: TCP path {}: {why}", self.label);
             }
         }
-        let mut first = true;
+        let culprit = culprit.unwrap_or(tx.first_wr);
         while let Some(w) = tx.wrs.pop_front() {
+            let index = tx.first_wr;
             tx.first_wr += 1;
             self.complete(Completion {
                 wr_id: w.wr_id,
-                status: if first {
+                status: if index == culprit {
                     status
                 } else {
                     WcStatus::WR_FLUSH_ERR
@@ -520,7 +522,6 @@ impl PathShared {
                 byte_len: 0,
                 imm: None,
             });
-            first = false;
         }
         drop(tx);
         for s in &self.streams {
@@ -674,13 +675,14 @@ fn tx_loop(sh: Arc<Shared>, p: usize, s: usize) {
             Io::Stopped => return,
             Io::Eof => {}
             Io::Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
-                path.fail_tx(WcStatus::LOC_PROT_ERR, &e.to_string());
+                path.fail_tx(WcStatus::LOC_PROT_ERR, Some(frame.wr), &e.to_string());
                 path.close_streams();
                 return;
             }
             Io::Err(e) => {
                 path.fail_tx(
                     WcStatus::RETRY_EXC_ERR,
+                    Some(frame.wr),
                     &format!("stream {s}: sending failed: {e}"),
                 );
                 path.fail_rx(&format!("stream {s} broke: {e}"), false);
@@ -895,7 +897,11 @@ fn rx_loop(sh: Arc<Shared>, p: usize, s: usize) {
                 };
                 if all {
                     path.fail_rx("the peer closed every stream", true);
-                    path.fail_tx(WcStatus::RETRY_EXC_ERR, "the peer closed every stream");
+                    path.fail_tx(
+                        WcStatus::RETRY_EXC_ERR,
+                        None,
+                        "the peer closed every stream",
+                    );
                 }
                 return;
             }
@@ -906,6 +912,7 @@ fn rx_loop(sh: Arc<Shared>, p: usize, s: usize) {
                 path.fail_rx(&format!("stream {s}: receiving failed: {e}"), true);
                 path.fail_tx(
                     WcStatus::RETRY_EXC_ERR,
+                    None,
                     &format!("stream {s} broke while receiving: {e}"),
                 );
                 path.close_streams();
@@ -913,7 +920,7 @@ fn rx_loop(sh: Arc<Shared>, p: usize, s: usize) {
             }
             Err(RxErr::Violation(why)) => {
                 path.fail_rx(&format!("stream {s}: {why}; closing the path"), true);
-                path.fail_tx(WcStatus::REM_OP_ERR, &why);
+                path.fail_tx(WcStatus::REM_OP_ERR, None, &why);
                 path.close_streams();
                 return;
             }
@@ -1556,6 +1563,7 @@ impl Fabric for TcpFabric {
         let Some(reg) = reg.filter(|r| r.contains(wr.local.addr, len)) else {
             // Like a NIC: a bad local key or range fails the request and puts the path in error.
             let mut tx = lock(&p.tx);
+            let index = tx.first_wr + tx.wrs.len() as u64;
             tx.wrs.push_back(WrTrack {
                 wr_id: wr.wr_id,
                 remaining: 1,
@@ -1564,6 +1572,7 @@ impl Fabric for TcpFabric {
             drop(tx);
             p.fail_tx(
                 WcStatus::LOC_PROT_ERR,
+                Some(index),
                 &format!(
                     "write source {:#x}+{len} bytes is not covered by lkey {:#x} (local protection error)",
                     wr.local.addr, wr.local.lkey
@@ -1697,7 +1706,7 @@ impl Fabric for TcpFabric {
             }
         }
         for p in &self.sh.paths {
-            p.fail_tx(WcStatus::WR_FLUSH_ERR, "shut down");
+            p.fail_tx(WcStatus::WR_FLUSH_ERR, None, "shut down");
             p.fail_rx("shut down", false);
         }
         if panicked > 0 {
@@ -1778,6 +1787,12 @@ mod tests {
         assert!(c.check().is_ok());
         c.frame_bytes = 1;
         assert!(c.check().unwrap_err().to_string().contains("frame size"));
+    }
+
+    #[test]
+    fn fabric_moves_between_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<TcpFabric>();
     }
 
     #[test]
