@@ -16,7 +16,8 @@ use switchless::transport::fabric::{
     Completion, Fabric, LocalSeg, MemKind, ReadWr, RemoteSeg, WcOpcode, WcStatus, WriteWr,
 };
 use switchless::transport::tcp::{
-    BufferPolicy, TcpConfig, TcpFabric, TcpPathSpec, listen, loopback_pair,
+    BufferPolicy, TcpAcceptor, TcpConfig, TcpConnector, TcpFabric, TcpPathSpec, listen,
+    loopback_pair,
 };
 use switchless::verbs::rawmem::HostBuffer;
 
@@ -664,7 +665,11 @@ fn wrong_nonce_is_rejected_by_the_acceptor() {
     assert!(matches!(err, Error::Timeout(_)), "{err}");
     assert!(err.to_string().contains("path 0: 0 of"), "{err}");
     let cerr = t.join().unwrap().unwrap_err();
-    assert!(cerr.to_string().contains("did not acknowledge"), "{cerr}");
+    assert!(
+        cerr.to_string()
+            .contains("closed the stream before acknowledging"),
+        "{cerr}"
+    );
 }
 
 #[test]
@@ -678,4 +683,73 @@ fn stream_count_override_and_bad_values() {
     assert_eq!((a.streams(0), b.streams(0)), (5, 5));
     let err = loopback_pair(&[1_000], &cfg(17)).unwrap_err();
     assert!(err.to_string().contains("1..=16"), "{err}");
+}
+
+#[test]
+fn set_up_is_driven_without_blocking_from_one_thread() {
+    let tcfg = cfg(3);
+    let listeners: Vec<_> = (0..2)
+        .map(|_| listen(lo(), 10_000, &tcfg).unwrap())
+        .collect();
+    let specs: Vec<TcpPathSpec> = listeners
+        .iter()
+        .map(|l| TcpPathSpec {
+            local: lo(),
+            remote: l.local_addr().unwrap(),
+            speed_mbps: 10_000,
+            mtu: 1500,
+            label: "veth".into(),
+        })
+        .collect();
+    let mut c = TcpConnector::start(&specs, 42, &tcfg).unwrap();
+    // Nothing acknowledged before the acceptor runs: the connector says "call again".
+    assert!(c.poll().unwrap().is_none());
+    let mut a = TcpAcceptor::new(&listeners, &specs, 42, &tcfg).unwrap();
+    let mut fa = None;
+    let mut fc = None;
+    let t = Instant::now();
+    while (fa.is_none() || fc.is_none()) && t.elapsed() < Duration::from_secs(10) {
+        if fa.is_none() {
+            fa = a.poll().unwrap();
+        }
+        if fc.is_none() {
+            fc = c.poll().unwrap();
+        }
+    }
+    let (fa, fc) = (fa.unwrap(), fc.unwrap());
+    assert_eq!((fa.streams(0), fa.streams(1)), (3, 3));
+    assert_eq!((fc.streams(0), fc.streams(1)), (3, 3));
+    let label = &fc.paths()[1].label;
+    assert!(
+        label.contains("tcp1 veth 127.0.0.1 -> 127.0.0.1 (3 streams, MTU 1500 bytes)"),
+        "{label}"
+    );
+    // And the protocol runs over them.
+    let (mut s, mut r) = connect_pair(fc, fa, ProtocolConfig::default()).unwrap();
+    let data = pattern(300_000, 4);
+    let sb = HostBuffer::new(data.len()).unwrap();
+    sb.write(0, &data).unwrap();
+    let rb = HostBuffer::new(data.len()).unwrap();
+    let smh = s
+        .reg_mr(sb.addr(), data.len() as u64, MemKind::Host)
+        .unwrap();
+    let rmh = r
+        .reg_mr(rb.addr(), data.len() as u64, MemKind::Host)
+        .unwrap();
+    let rreq = r
+        .irecv(&[RecvBuf {
+            addr: rb.addr(),
+            size: data.len() as u64,
+            tag: 1,
+            mh: &rmh,
+        }])
+        .unwrap()
+        .unwrap();
+    let sreq = eventually("isend", || {
+        s.isend(sb.addr(), data.len() as u64, 1, &smh).unwrap()
+    });
+    eventually("send", || s.test(sreq).unwrap());
+    let sizes = eventually("receive", || r.test(rreq).unwrap());
+    assert_eq!(sizes.as_slice(), &[data.len() as u64]);
+    assert_eq!(rb.read(0, data.len()).unwrap(), data);
 }

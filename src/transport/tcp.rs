@@ -69,7 +69,7 @@ pub const MAX_STREAMS: usize = 16;
 /// on 10GBase-T).
 pub const MBPS_PER_STREAM: u64 = 2500;
 /// Longest a helper thread waits in one `poll(2)` or condition wait before checking for a stop, ms.
-pub const WAIT_MS: i32 = 20;
+pub const WAIT_MS: i32 = 100;
 /// Writes up to this many bytes are copied when posted and sent as one frame.
 pub const COPY_AT_POST_BYTES: usize = 4096;
 /// Frame payloads are at least this large (unless the write is smaller).
@@ -492,6 +492,8 @@ impl PathShared {
     fn close_streams(&self) {
         for s in &self.streams {
             let _ = s.sock.shutdown(std::net::Shutdown::Both);
+            // Under the queue lock: a sender between its stop check and its wait cannot miss this.
+            let _q = lock(&s.q);
             s.cv.notify_all();
         }
     }
@@ -1059,148 +1061,33 @@ impl TcpFabric {
         Ok(fab)
     }
 
-    /// Connects every path: `streams` TCP connections per path (from [`TcpConfig::streams`] or
-    /// [`streams_for_speed`]), each bound to `spec.local` and connected to `spec.remote`, announced
-    /// with `nonce` (the value the acceptor expects, from the handshake). Blocks until the acceptor
-    /// has acknowledged every stream or [`TcpConfig::connect_timeout`] passes. A peer address that
-    /// is not reachable over the local link fails fast with the kernel's error (no route).
+    /// Connects every path and waits for the acceptor: [`TcpConnector::start`] then
+    /// [`TcpConnector::poll`] until done (at most [`TcpConfig::connect_timeout`]).
     pub fn connect(specs: &[TcpPathSpec], nonce: u64, cfg: &TcpConfig) -> Result<TcpFabric> {
-        cfg.check()?;
-        check_specs(specs)?;
-        let deadline = Instant::now() + cfg.connect_timeout;
-        let mut all = Vec::with_capacity(specs.len());
-        for (i, spec) in specs.iter().enumerate() {
-            let n = cfg
-                .streams
-                .unwrap_or_else(|| streams_for_speed(spec.speed_mbps));
-            let mut socks = Vec::with_capacity(n);
-            for s in 0..n {
-                let sock = connect_stream(spec, i, s, n, specs.len(), nonce, cfg, deadline)?;
-                socks.push(sock);
+        let mut c = TcpConnector::start(specs, nonce, cfg)?;
+        loop {
+            if let Some(f) = c.poll()? {
+                return Ok(f);
             }
-            all.push(socks);
+            std::thread::sleep(Duration::from_millis(1));
         }
-        for (i, socks) in all.iter_mut().enumerate() {
-            for (s, sock) in socks.iter_mut().enumerate() {
-                let left = deadline.saturating_duration_since(Instant::now());
-                sock.set_read_timeout(Some(left.max(Duration::from_millis(1))))
-                    .map_err(|e| Error::io("setting a read timeout", e))?;
-                let mut ack = [0u8; 8];
-                sock.read_exact(&mut ack).map_err(|e| {
-                    Error::Remote(format!(
-                        "TCP path {i} stream {s} to {}: the acceptor did not acknowledge the stream ({e}); \
-                         wrong nonce, path count or a closed listener",
-                        specs[i].remote
-                    ))
-                })?;
-                if ack[0..4] != ACK_MAGIC {
-                    return Err(Error::Remote(format!(
-                        "TCP path {i} stream {s}: acknowledgement {:02x?}, expected \"SWTA\"",
-                        &ack[0..4]
-                    )));
-                }
-                sock.set_read_timeout(None)
-                    .map_err(|e| Error::io("clearing a read timeout", e))?;
-            }
-        }
-        TcpFabric::from_streams(specs, all, cfg, "connector")
     }
 
-    /// Accepts every path's streams on `listeners[path]` (from [`listen`]), checking each stream's
-    /// hello (magic, version, `nonce`, path index and count) and, unless `specs[path].remote` is
-    /// unspecified, the peer's address. Stray connections are closed and logged, not fatal. Blocks
-    /// until every stream has arrived or [`TcpConfig::connect_timeout`] passes.
+    /// Accepts every path's streams: [`TcpAcceptor::new`] then [`TcpAcceptor::poll`] until done (at
+    /// most [`TcpConfig::connect_timeout`]).
     pub fn accept(
         listeners: &[TcpListener],
         specs: &[TcpPathSpec],
         nonce: u64,
         cfg: &TcpConfig,
     ) -> Result<TcpFabric> {
-        cfg.check()?;
-        check_specs(specs)?;
-        if listeners.len() != specs.len() {
-            return Err(Error::InvalidArgument(format!(
-                "{} listeners for {} TCP paths; one listener per path is required",
-                listeners.len(),
-                specs.len()
-            )));
-        }
-        let deadline = Instant::now() + cfg.connect_timeout;
-        let mut slots: Vec<Vec<Option<TcpStream>>> = (0..specs.len()).map(|_| Vec::new()).collect();
-        for l in listeners {
-            l.set_nonblocking(true)
-                .map_err(|e| Error::io("making a TCP listener non-blocking", e))?;
-        }
+        let mut a = TcpAcceptor::new(listeners, specs, nonce, cfg)?;
         loop {
-            let complete = slots
-                .iter()
-                .all(|s| !s.is_empty() && s.iter().all(Option::is_some));
-            if complete {
-                break;
+            if let Some(f) = a.poll()? {
+                return Ok(f);
             }
-            if Instant::now() >= deadline {
-                let missing: Vec<String> = slots
-                    .iter()
-                    .enumerate()
-                    .map(|(i, s)| {
-                        let have = s.iter().filter(|x| x.is_some()).count();
-                        format!("path {i}: {have} of {} streams", s.len().max(1))
-                    })
-                    .collect();
-                return Err(Error::Timeout(format!(
-                    "accepting TCP streams for {} ms: {}",
-                    cfg.connect_timeout.as_millis(),
-                    missing.join(", ")
-                )));
-            }
-            let mut got_any = false;
-            for (i, l) in listeners.iter().enumerate() {
-                match l.accept() {
-                    Ok((sock, from)) => {
-                        got_any = true;
-                        match accept_stream(sock, from, i, specs, nonce, deadline) {
-                            Ok((s, n, sock)) => {
-                                let slot = &mut slots[i];
-                                if slot.is_empty() {
-                                    slot.resize_with(n, || None);
-                                }
-                                if slot.len() != n || slot[s].is_some() {
-                                    tracing::warn!(
-                                        "NET/switchless: TCP path {i}: stream {s} of {n} from {from} conflicts with streams already accepted; closed"
-                                    );
-                                    continue;
-                                }
-                                let mut sock = sock;
-                                let mut ack = [0u8; 8];
-                                ack[0..4].copy_from_slice(&ACK_MAGIC);
-                                if let Err(e) = sock.write_all(&ack) {
-                                    tracing::warn!(
-                                        "NET/switchless: TCP path {i}: acknowledging stream {s} to {from}: {e}"
-                                    );
-                                    continue;
-                                }
-                                slot[s] = Some(sock);
-                            }
-                            Err(e) => {
-                                tracing::warn!(
-                                    "NET/switchless: TCP path {i}: connection from {from} rejected: {e}"
-                                );
-                            }
-                        }
-                    }
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                    Err(e) => return Err(Error::io(format!("accepting on TCP path {i}"), e)),
-                }
-            }
-            if !got_any {
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            std::thread::sleep(Duration::from_millis(1));
         }
-        let streams = slots
-            .into_iter()
-            .map(|s| s.into_iter().flatten().collect())
-            .collect();
-        TcpFabric::from_streams(specs, streams, cfg, "acceptor")
     }
 
     /// Number of streams of data path `path` (0 if there is no such path).
@@ -1281,6 +1168,228 @@ impl TcpFabric {
                     "control memory {addr:#x}+{len} bytes is not allocated by this TCP fabric"
                 ))
             })
+    }
+}
+
+/// The connecting side of a TCP connection set-up, driven without blocking (NCCL calls `connect`
+/// again and again): [`TcpConnector::start`] opens every stream (the TCP three-way handshake is done
+/// by the peer's kernel, so it needs no help from the peer's application; an unreachable peer fails
+/// here at once) and sends each stream's hello; [`TcpConnector::poll`] collects the acceptor's
+/// acknowledgements and returns the fabric when all have arrived.
+pub struct TcpConnector {
+    specs: Vec<TcpPathSpec>,
+    cfg: TcpConfig,
+    socks: Vec<Vec<(TcpStream, [u8; 8], usize)>>,
+    deadline: Instant,
+}
+
+impl TcpConnector {
+    /// Connects `streams` TCP connections per path (from [`TcpConfig::streams`] or
+    /// [`streams_for_speed`]), each bound to `spec.local` and connected to `spec.remote`, and
+    /// announces each with `nonce` (the value the acceptor expects, from the handshake), the path
+    /// index and the stream count. Blocks only for the TCP handshakes (bounded by
+    /// [`TcpConfig::connect_timeout`]).
+    pub fn start(specs: &[TcpPathSpec], nonce: u64, cfg: &TcpConfig) -> Result<TcpConnector> {
+        cfg.check()?;
+        check_specs(specs)?;
+        let deadline = Instant::now() + cfg.connect_timeout;
+        let mut all = Vec::with_capacity(specs.len());
+        for (i, spec) in specs.iter().enumerate() {
+            let n = cfg
+                .streams
+                .unwrap_or_else(|| streams_for_speed(spec.speed_mbps));
+            let mut socks = Vec::with_capacity(n);
+            for s in 0..n {
+                let sock = connect_stream(spec, i, s, n, specs.len(), nonce, cfg, deadline)?;
+                socks.push((sock, [0u8; 8], 0));
+            }
+            all.push(socks);
+        }
+        Ok(TcpConnector {
+            specs: specs.to_vec(),
+            cfg: cfg.clone(),
+            socks: all,
+            deadline,
+        })
+    }
+
+    /// Reads the acknowledgements that have arrived; `Ok(Some(fabric))` once every stream is
+    /// acknowledged, `Ok(None)` to call again, an error when the acceptor closed a stream (wrong
+    /// nonce or path) or the deadline passed.
+    pub fn poll(&mut self) -> Result<Option<TcpFabric>> {
+        let mut complete = true;
+        for (i, socks) in self.socks.iter_mut().enumerate() {
+            for (s, (sock, ack, got)) in socks.iter_mut().enumerate() {
+                while *got < ack.len() {
+                    match rawmem::recv_slice(sock, &mut ack[*got..]) {
+                        Ok(0) => {
+                            return Err(Error::Remote(format!(
+                                "TCP path {i} stream {s} to {}: the acceptor closed the stream before \
+                                 acknowledging it (it did not accept our nonce, path index or count; see its log)",
+                                self.specs[i].remote
+                            )));
+                        }
+                        Ok(n) => *got += n,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => {
+                            return Err(Error::Remote(format!(
+                                "TCP path {i} stream {s} to {}: the acceptor did not acknowledge the stream: {e}",
+                                self.specs[i].remote
+                            )));
+                        }
+                    }
+                }
+                if *got < ack.len() {
+                    complete = false;
+                } else if ack[0..4] != ACK_MAGIC {
+                    return Err(Error::Remote(format!(
+                        "TCP path {i} stream {s}: acknowledgement {:02x?}, expected \"SWTA\"",
+                        &ack[0..4]
+                    )));
+                }
+            }
+        }
+        if !complete {
+            if Instant::now() >= self.deadline {
+                return Err(Error::Timeout(format!(
+                    "TCP connect: the acceptor did not acknowledge every stream within {} ms",
+                    self.cfg.connect_timeout.as_millis()
+                )));
+            }
+            return Ok(None);
+        }
+        let socks = std::mem::take(&mut self.socks)
+            .into_iter()
+            .map(|v| v.into_iter().map(|(s, _, _)| s).collect())
+            .collect();
+        TcpFabric::from_streams(&self.specs, socks, &self.cfg, "connector").map(Some)
+    }
+}
+
+/// The accepting side of a TCP connection set-up, driven without blocking (NCCL calls `accept`
+/// again and again): every [`TcpAcceptor::poll`] accepts the streams that have arrived on the
+/// listeners, checks their hellos and acknowledges them, and returns the fabric once every path has
+/// all its streams.
+pub struct TcpAcceptor {
+    listeners: Vec<TcpListener>,
+    specs: Vec<TcpPathSpec>,
+    cfg: TcpConfig,
+    nonce: u64,
+    slots: Vec<Vec<Option<TcpStream>>>,
+    deadline: Instant,
+}
+
+impl TcpAcceptor {
+    /// Takes one listener per path (from [`listen`]; `listeners[i]` serves path `i`). Streams must
+    /// carry `nonce`, the right path index and count and, unless `specs[path].remote` is
+    /// unspecified, come from the path's peer address; anything else is closed and logged, not fatal.
+    pub fn new(
+        listeners: &[TcpListener],
+        specs: &[TcpPathSpec],
+        nonce: u64,
+        cfg: &TcpConfig,
+    ) -> Result<TcpAcceptor> {
+        cfg.check()?;
+        check_specs(specs)?;
+        if listeners.len() != specs.len() {
+            return Err(Error::InvalidArgument(format!(
+                "{} listeners for {} TCP paths; one listener per path is required",
+                listeners.len(),
+                specs.len()
+            )));
+        }
+        let listeners = listeners
+            .iter()
+            .map(|l| {
+                let l = l
+                    .try_clone()
+                    .map_err(|e| Error::io("duplicating a TCP listener", e))?;
+                l.set_nonblocking(true)
+                    .map_err(|e| Error::io("making a TCP listener non-blocking", e))?;
+                Ok(l)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(TcpAcceptor {
+            listeners,
+            specs: specs.to_vec(),
+            cfg: cfg.clone(),
+            nonce,
+            slots: (0..specs.len()).map(|_| Vec::new()).collect(),
+            deadline: Instant::now() + cfg.connect_timeout,
+        })
+    }
+
+    /// Accepts what has arrived; `Ok(Some(fabric))` when every path is complete, `Ok(None)` to call
+    /// again, [`Error::Timeout`] (naming the missing streams) after [`TcpConfig::connect_timeout`].
+    pub fn poll(&mut self) -> Result<Option<TcpFabric>> {
+        for (i, l) in self.listeners.iter().enumerate() {
+            loop {
+                let (sock, from) = match l.accept() {
+                    Ok(x) => x,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(Error::io(format!("accepting on TCP path {i}"), e)),
+                };
+                let (s, n, mut sock) =
+                    match accept_stream(sock, from, i, &self.specs, self.nonce, self.deadline) {
+                        Ok(x) => x,
+                        Err(e) => {
+                            tracing::warn!(
+                                "NET/switchless: TCP path {i}: connection from {from} rejected: {e}"
+                            );
+                            continue;
+                        }
+                    };
+                let slot = &mut self.slots[i];
+                if slot.is_empty() {
+                    slot.resize_with(n, || None);
+                }
+                if slot.len() != n || slot[s].is_some() {
+                    tracing::warn!(
+                        "NET/switchless: TCP path {i}: stream {s} of {n} from {from} conflicts with streams already accepted; closed"
+                    );
+                    continue;
+                }
+                let mut ack = [0u8; 8];
+                ack[0..4].copy_from_slice(&ACK_MAGIC);
+                if let Err(e) = sock.write_all(&ack) {
+                    tracing::warn!(
+                        "NET/switchless: TCP path {i}: acknowledging stream {s} to {from}: {e}"
+                    );
+                    continue;
+                }
+                slot[s] = Some(sock);
+            }
+        }
+        let complete = self
+            .slots
+            .iter()
+            .all(|s| !s.is_empty() && s.iter().all(Option::is_some));
+        if !complete {
+            if Instant::now() >= self.deadline {
+                let missing: Vec<String> = self
+                    .slots
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| {
+                        let have = s.iter().filter(|x| x.is_some()).count();
+                        format!("path {i}: {have} of {} streams", s.len().max(1))
+                    })
+                    .collect();
+                return Err(Error::Timeout(format!(
+                    "accepting TCP streams for {} ms: {}",
+                    self.cfg.connect_timeout.as_millis(),
+                    missing.join(", ")
+                )));
+            }
+            return Ok(None);
+        }
+        let streams = std::mem::take(&mut self.slots)
+            .into_iter()
+            .map(|s| s.into_iter().flatten().collect())
+            .collect();
+        TcpFabric::from_streams(&self.specs, streams, &self.cfg, "acceptor").map(Some)
     }
 }
 
@@ -1388,7 +1497,7 @@ fn accept_stream(
     sock.set_nodelay(true).map_err(|e| e.to_string())?;
     let left = deadline
         .saturating_duration_since(Instant::now())
-        .clamp(Duration::from_millis(1), Duration::from_secs(5));
+        .clamp(Duration::from_millis(1), Duration::from_secs(1));
     sock.set_read_timeout(Some(left))
         .map_err(|e| e.to_string())?;
     let mut h = [0u8; HELLO_LEN];
