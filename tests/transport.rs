@@ -369,6 +369,8 @@ fn small_messages_use_one_path() {
     assert_eq!(after.imm_writes - before.imm_writes, 1);
     // CTS body (64 bytes for one buffer), CTS index and size record are inline; 4 KiB of data is not.
     assert_eq!(after.inline_writes - before.inline_writes, 3);
+    // Two batches (doorbells): the CTS pair and the data + record pair.
+    assert_eq!(after.batches - before.batches, 2);
 }
 
 #[test]
@@ -1034,4 +1036,149 @@ fn two_threads_pipelined() {
     }
     sender.join().unwrap();
     r.close().unwrap();
+}
+
+#[test]
+fn dmabuf_registration_is_gpu_memory_and_gets_flushed() {
+    use std::os::fd::AsFd;
+    let mut g = rig_with(
+        &[100_000],
+        1,
+        MemFabConfig::default(),
+        ProtocolConfig::default(),
+    );
+    let addr = g.fab.alloc(4096).unwrap();
+    let file = tempfile::tempfile().unwrap();
+    let mh = g.r.reg_mr_dmabuf(addr, 4096, 0, file.as_fd()).unwrap();
+    drop(file); // NCCL closes the fd right after regMrDmaBuf.
+    assert_eq!(mh.kind(), MemKind::Cuda);
+    let (sa, smh) = g.send_buf(&pattern(4096, 5));
+    let rr =
+        g.r.irecv(&[RecvBuf {
+            addr,
+            size: 4096,
+            tag: 0,
+            mh: &mh,
+        }])
+        .unwrap()
+        .unwrap();
+    let sr = g.isend(sa, 4096, 0, &smh);
+    g.wait_send(sr);
+    assert_eq!(g.wait_recv(rr).as_slice(), &[4096]);
+    let f =
+        g.r.iflush(&[FlushBuf {
+            addr,
+            size: 4096,
+            mh: &mh,
+        }])
+        .unwrap()
+        .expect("GPU memory is flushed");
+    g.wait_recv(f);
+    assert_eq!(g.fab.read(addr, 4096).unwrap(), pattern(4096, 5));
+    g.r.dereg_mr(mh).unwrap();
+}
+
+/// Captures WARN events (a minimal `tracing` subscriber; no extra dependency).
+mod capture {
+    use std::sync::{Arc, Mutex};
+    use tracing::field::{Field, Visit};
+    use tracing::span::{Attributes, Id, Record};
+    use tracing::{Event, Level, Metadata, Subscriber};
+
+    #[derive(Clone, Default)]
+    pub struct Warns(pub Arc<Mutex<Vec<String>>>);
+
+    struct Text(String);
+    impl Visit for Text {
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            self.0.push_str(&format!("{}={:?} ", field.name(), value));
+        }
+    }
+
+    impl Subscriber for Warns {
+        fn enabled(&self, _: &Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &Attributes<'_>) -> Id {
+            Id::from_u64(1)
+        }
+        fn record(&self, _: &Id, _: &Record<'_>) {}
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, e: &Event<'_>) {
+            if *e.metadata().level() == Level::WARN {
+                let mut t = Text(String::new());
+                e.record(&mut t);
+                self.0.lock().unwrap().push(t.0);
+            }
+        }
+        fn enter(&self, _: &Id) {}
+        fn exit(&self, _: &Id) {}
+    }
+}
+
+#[test]
+fn one_warning_per_failed_path_naming_path_and_status() {
+    let warns = capture::Warns::default();
+    let w2 = warns.clone();
+    tracing::subscriber::with_default(w2, || {
+        let mut g = rig(2);
+        let (ra, rmh) = g.recv_buf(1 << 20, MemKind::Host);
+        let (sa, smh) = g.send_buf(&pattern(1 << 20, 1));
+        for _ in 0..3 {
+            g.r.irecv(&[RecvBuf {
+                addr: ra,
+                size: 1 << 20,
+                tag: 0,
+                mh: &rmh,
+            }])
+            .unwrap()
+            .unwrap();
+        }
+        g.fab.fail_next(g.sid, 1, WcStatus::REM_ACCESS_ERR);
+        let sreqs: Vec<Request> = (0..3).map(|_| g.isend(sa, 1 << 20, 0, &smh)).collect();
+        // The first fails with the injected status, the later ones with flush errors: all fail.
+        for sr in sreqs {
+            assert!(matches!(
+                g.s.test(sr),
+                Err(Error::Remote(_)) | Err(Error::System(_))
+            ));
+        }
+    });
+    let w = warns.0.lock().unwrap();
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(
+        w[0].contains("memfab ep0 path1") && w[0].contains("remote access error"),
+        "{}",
+        w[0]
+    );
+}
+
+#[test]
+fn works_through_a_boxed_dyn_fabric() {
+    use switchless::transport::fabric::Fabric;
+    let fab = MemFab::new(MemFabConfig::default());
+    let (a, b) = fab.pair(&[1, 1], 0);
+    let a: Box<dyn Fabric + Send> = Box::new(a);
+    let b: Box<dyn Fabric + Send> = Box::new(b);
+    let (mut s, mut r) = connect_pair(a, b, ProtocolConfig::default()).unwrap();
+    let sa = fab.alloc(100).unwrap();
+    fab.write(sa, &pattern(100, 3)).unwrap();
+    let ra = fab.alloc(100).unwrap();
+    let smh = s.reg_mr(sa, 100, MemKind::Host).unwrap();
+    let rmh = r.reg_mr(ra, 100, MemKind::Host).unwrap();
+    let rr = r
+        .irecv(&[RecvBuf {
+            addr: ra,
+            size: 100,
+            tag: 0,
+            mh: &rmh,
+        }])
+        .unwrap()
+        .unwrap();
+    let sr = s.isend(sa, 100, 0, &smh).unwrap().unwrap();
+    assert_eq!(s.test(sr).unwrap(), Some(100));
+    assert_eq!(r.test(rr).unwrap().unwrap().as_slice(), &[100]);
+    assert_eq!(fab.read(ra, 100).unwrap(), pattern(100, 3));
+    // Comms move to another thread (NCCL's progress thread).
+    std::thread::spawn(move || drop((s, r))).join().unwrap();
 }

@@ -12,6 +12,7 @@
 //!    the sequence number); when all arrived it reads the size record.
 #![forbid(unsafe_code)]
 
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -282,7 +283,13 @@ impl<F: Fabric> Core<F> {
         }
     }
 
-    fn register(&mut self, addr: u64, len: u64, kind: MemKind) -> Result<MemHandle> {
+    fn register(
+        &mut self,
+        addr: u64,
+        len: u64,
+        kind: MemKind,
+        dmabuf: Option<(u64, BorrowedFd<'_>)>,
+    ) -> Result<MemHandle> {
         let ulen = usize::try_from(len).map_err(|_| {
             Error::InvalidArgument(format!(
                 "registration of {len} bytes exceeds the address space"
@@ -293,7 +300,10 @@ impl<F: Fabric> Core<F> {
                 "registration {addr:#x}+{len} bytes wraps the address space"
             ))
         })?;
-        let reg = self.fab.register(addr, ulen, kind)?;
+        let reg = match dmabuf {
+            None => self.fab.register(addr, ulen, kind)?,
+            Some((offset, fd)) => self.fab.register_dmabuf(addr, ulen, offset, fd)?,
+        };
         if reg.keys.len() != self.fab.paths().len() {
             return Err(Error::Internal(format!(
                 "fabric returned keys for {} paths; it has {}",
@@ -413,6 +423,7 @@ pub struct SendComm<F: Fabric> {
     free: Vec<usize>,
     rotate: usize,
     chunks: Vec<Chunk>,
+    batch: Vec<WriteWr>,
     stalled_since: Option<Instant>,
 }
 
@@ -439,6 +450,7 @@ impl<F: Fabric> SendComm<F> {
             free: (0..MAX_SEND_REQUESTS).rev().collect(),
             rotate: 0,
             chunks: Vec::with_capacity(MAX_PATHS),
+            batch: Vec::with_capacity(2),
             stalled_since: None,
         })
     }
@@ -463,7 +475,20 @@ impl<F: Fabric> SendComm<F> {
 
     /// Registers memory on every path (NCCL `regMr`).
     pub fn reg_mr(&mut self, addr: u64, len: u64, kind: MemKind) -> Result<MemHandle> {
-        self.core.register(addr, len, kind)
+        self.core.register(addr, len, kind, None)
+    }
+
+    /// Registers GPU memory exported as DMA-BUF (NCCL `regMrDmaBuf`); `fd` need only live for the
+    /// call. The handle has kind [`MemKind::Cuda`].
+    pub fn reg_mr_dmabuf(
+        &mut self,
+        addr: u64,
+        len: u64,
+        offset: u64,
+        fd: BorrowedFd<'_>,
+    ) -> Result<MemHandle> {
+        self.core
+            .register(addr, len, MemKind::Cuda, Some((offset, fd)))
     }
 
     /// Releases a registration (NCCL `deregMr`).
@@ -604,6 +629,9 @@ impl<F: Fabric> SendComm<F> {
             Ordering::Release,
         )?;
 
+        // One batch per path (one doorbell on verbs): its data pieces, then, on the first path of the
+        // stripe, the size record. The last work request of each batch carries the immediate and is
+        // the only signaled one.
         let mut posted = 0u32;
         let mut result = Ok(());
         for (ci, c) in self.chunks.iter().enumerate() {
@@ -611,12 +639,12 @@ impl<F: Fabric> SendComm<F> {
             let lkey = mh.reg.keys[path].lkey;
             let rkey = el.rkeys[c.path];
             let carries_record = ci == 0;
+            self.batch.clear();
             let mut off = 0u64;
-            while off < c.len && result.is_ok() {
+            while off < c.len {
                 let len = (c.len - off).min(MAX_WR_BYTES);
-                let last = off + len == c.len;
-                let with_imm = last && !carries_record;
-                let wr = WriteWr {
+                let with_imm = off + len == c.len && !carries_record;
+                self.batch.push(WriteWr {
                     wr_id: id,
                     local: LocalSeg {
                         addr: data + c.offset + off,
@@ -630,15 +658,11 @@ impl<F: Fabric> SendComm<F> {
                     imm: with_imm.then_some(imm),
                     signaled: with_imm,
                     inline: len <= u64::from(self.core.cfg.inline_max),
-                };
-                result = self.core.fab.post_write(path, &wr);
-                if result.is_ok() && with_imm {
-                    posted += 1;
-                }
+                });
                 off += len;
             }
-            if carries_record && result.is_ok() {
-                let wr = WriteWr {
+            if carries_record {
+                self.batch.push(WriteWr {
                     wr_id: id,
                     local: LocalSeg {
                         addr: self.rec_src.word(rec_word),
@@ -652,15 +676,13 @@ impl<F: Fabric> SendComm<F> {
                     imm: Some(imm),
                     signaled: true,
                     inline: 8 <= self.core.cfg.inline_max,
-                };
-                result = self.core.fab.post_write(path, &wr);
-                if result.is_ok() {
-                    posted += 1;
-                }
+                });
             }
+            result = self.core.fab.post_writes(path, &self.batch);
             if result.is_err() {
                 break;
             }
+            posted += 1;
         }
         let r = &mut self.reqs[idx];
         r.pending = posted;
@@ -867,7 +889,20 @@ impl<F: Fabric> RecvComm<F> {
 
     /// Registers memory on every path (NCCL `regMr`).
     pub fn reg_mr(&mut self, addr: u64, len: u64, kind: MemKind) -> Result<MemHandle> {
-        self.core.register(addr, len, kind)
+        self.core.register(addr, len, kind, None)
+    }
+
+    /// Registers GPU memory exported as DMA-BUF (NCCL `regMrDmaBuf`); `fd` need only live for the
+    /// call. The handle has kind [`MemKind::Cuda`].
+    pub fn reg_mr_dmabuf(
+        &mut self,
+        addr: u64,
+        len: u64,
+        offset: u64,
+        fd: BorrowedFd<'_>,
+    ) -> Result<MemHandle> {
+        self.core
+            .register(addr, len, MemKind::Cuda, Some((offset, fd)))
     }
 
     /// Releases a registration (NCCL `deregMr`).
@@ -933,41 +968,40 @@ impl<F: Fabric> RecvComm<F> {
         let id = wire::wr_id(WrKind::Cts, slot, r.generation);
         // Body first, then the index word on the same path: the sender sees the index only after the
         // body is in place.
-        fab.post_write(
+        fab.post_writes(
             path,
-            &WriteWr {
-                wr_id: id,
-                local: LocalSeg {
-                    addr: self.shadow.word(base + SLOT_HDR),
-                    len: (8 * body) as u32,
-                    lkey,
+            &[
+                WriteWr {
+                    wr_id: id,
+                    local: LocalSeg {
+                        addr: self.shadow.word(base + SLOT_HDR),
+                        len: (8 * body) as u32,
+                        lkey,
+                    },
+                    remote: RemoteSeg {
+                        addr: peer.addr + 8 * (base + SLOT_HDR) as u64,
+                        rkey,
+                    },
+                    imm: None,
+                    signaled: false,
+                    inline: 8 * body as u32 <= inline_max,
                 },
-                remote: RemoteSeg {
-                    addr: peer.addr + 8 * (base + SLOT_HDR) as u64,
-                    rkey,
+                WriteWr {
+                    wr_id: id,
+                    local: LocalSeg {
+                        addr: self.shadow.word(base + SLOT_IDX),
+                        len: 8,
+                        lkey,
+                    },
+                    remote: RemoteSeg {
+                        addr: peer.addr + 8 * (base + SLOT_IDX) as u64,
+                        rkey,
+                    },
+                    imm: None,
+                    signaled: true,
+                    inline: 8 <= inline_max,
                 },
-                imm: None,
-                signaled: false,
-                inline: 8 * body as u32 <= inline_max,
-            },
-        )?;
-        fab.post_write(
-            path,
-            &WriteWr {
-                wr_id: id,
-                local: LocalSeg {
-                    addr: self.shadow.word(base + SLOT_IDX),
-                    len: 8,
-                    lkey,
-                },
-                remote: RemoteSeg {
-                    addr: peer.addr + 8 * (base + SLOT_IDX) as u64,
-                    rkey,
-                },
-                imm: None,
-                signaled: true,
-                inline: 8 <= inline_max,
-            },
+            ],
         )?;
         r.in_use = true;
         r.seq = seq;

@@ -30,11 +30,27 @@
 //! * Loopback paths ([`PathRole::Loopback`]) connect an endpoint to itself and exist only to flush
 //!   GPU-direct writes with an RDMA read. A fabric without loopback paths declares that data is visible
 //!   to the consumer once the completion is seen (`iflush` then never posts anything).
+//!
+//! # Checklist for the verbs adapter
+//!
+//! * One RC QP per path; data path `i` connected to the peer's data path `i` (the handshake orders
+//!   them); one loopback QP per device for the flush (connected to itself).
+//! * Queue sizes: `max_send_wr` ≥ [`super::comm::SEND_QUEUE_DEPTH`], `max_recv_wr` ≥
+//!   [`super::comm::RECV_DEPTH`], CQ ≥ both together; `max_inline_data` as the device allows
+//!   (honour [`WriteWr::inline`] only up to it).
+//! * `register`: `IBV_ACCESS_LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ` on every path's PD (paths on
+//!   one device may share the MR and keys). Control memory: a `Box<[AtomicU64]>` registered the same
+//!   way **without** `IBV_ACCESS_RELAXED_ORDERING`, so a write's bytes land in order per path.
+//! * `post_write`: `num_sge = 0` when `len == 0`; `imm_data = htonl(imm)`; flags `SIGNALED` and
+//!   `INLINE` as asked. `poll`: map `ibv_wc.status` to [`WcStatus`] as is, `IBV_WC_RECV_RDMA_WITH_IMM`
+//!   to [`WcOpcode::RecvRdmaWithImm`] with `imm = ntohl(imm_data)`.
+//! * `shutdown`: move every QP to `IBV_QPS_ERR`; dropping the fabric then destroys QPs, CQs, MRs, PD.
 #![forbid(unsafe_code)]
 
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::Ordering;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// What a path is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -263,7 +279,23 @@ pub trait Fabric {
     /// Registers `[addr, addr+len)` on every path's device; returns keys per path.
     fn register(&mut self, addr: u64, len: usize, kind: MemKind) -> Result<Registration>;
 
-    /// Releases a registration made by [`Fabric::register`].
+    /// Registers GPU memory exported as a DMA-BUF (`regMrDmaBuf`): `fd` is valid only during the call
+    /// (NCCL closes it right after), `offset` is the offset of `addr` in it. The registration has
+    /// kind [`MemKind::Cuda`]. The default refuses: a fabric without DMA-BUF support.
+    fn register_dmabuf(
+        &mut self,
+        addr: u64,
+        len: usize,
+        offset: u64,
+        fd: BorrowedFd<'_>,
+    ) -> Result<Registration> {
+        let _ = (addr, len, offset, fd);
+        Err(Error::InvalidUsage(
+            "this transport cannot register DMA-BUF memory; accepted: host or CUDA pointers via regMr".into(),
+        ))
+    }
+
+    /// Releases a registration made by [`Fabric::register`] or [`Fabric::register_dmabuf`].
     fn deregister(&mut self, reg: &Registration) -> Result<()>;
 
     /// Allocates `words` zeroed 64-bit words of control memory, registered on every path.
@@ -299,6 +331,16 @@ pub trait Fabric {
     /// Posts an RDMA write on `path`.
     fn post_write(&mut self, path: usize, wr: &WriteWr) -> Result<()>;
 
+    /// Posts several RDMA writes on `path`, in order, as one batch (verbs: one chained
+    /// `ibv_post_send`, one doorbell). On error some of them may have been posted, as with verbs'
+    /// `bad_wr`. The default posts them one by one.
+    fn post_writes(&mut self, path: usize, wrs: &[WriteWr]) -> Result<()> {
+        for wr in wrs {
+            self.post_write(path, wr)?;
+        }
+        Ok(())
+    }
+
     /// Posts an RDMA read on `path` (a loopback path, for the flush).
     fn post_read(&mut self, path: usize, wr: &ReadWr) -> Result<()>;
 
@@ -319,6 +361,15 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
     }
     fn register(&mut self, addr: u64, len: usize, kind: MemKind) -> Result<Registration> {
         (**self).register(addr, len, kind)
+    }
+    fn register_dmabuf(
+        &mut self,
+        addr: u64,
+        len: usize,
+        offset: u64,
+        fd: BorrowedFd<'_>,
+    ) -> Result<Registration> {
+        (**self).register_dmabuf(addr, len, offset, fd)
     }
     fn deregister(&mut self, reg: &Registration) -> Result<()> {
         (**self).deregister(reg)
@@ -343,6 +394,9 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
     }
     fn post_write(&mut self, path: usize, wr: &WriteWr) -> Result<()> {
         (**self).post_write(path, wr)
+    }
+    fn post_writes(&mut self, path: usize, wrs: &[WriteWr]) -> Result<()> {
+        (**self).post_writes(path, wrs)
     }
     fn post_read(&mut self, path: usize, wr: &ReadWr) -> Result<()> {
         (**self).post_read(path, wr)

@@ -65,6 +65,8 @@ pub struct Stats {
     pub bytes: u64,
     /// Writes that carried the inline hint.
     pub inline_writes: u64,
+    /// Calls of `post_writes` (doorbells, on verbs).
+    pub batches: u64,
 }
 
 struct Region {
@@ -668,6 +670,18 @@ impl Fabric for MemEndpoint {
         Ok(g.register(self.id, r, off, len))
     }
 
+    /// Memfab has no GPUs: a DMA-BUF registration is checked like [`Fabric::register`] of `addr`
+    /// (the fd must be open during the call; it is not read).
+    fn register_dmabuf(
+        &mut self,
+        addr: u64,
+        len: usize,
+        _offset: u64,
+        _fd: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<Registration> {
+        self.register(addr, len, MemKind::Cuda)
+    }
+
     fn deregister(&mut self, reg: &Registration) -> Result<()> {
         let mut g = lock(&self.inner);
         let Some(keys) = g.eps[self.id].regs.remove(&reg.token) else {
@@ -749,6 +763,19 @@ impl Fabric for MemEndpoint {
 
     fn post_write(&mut self, path: usize, wr: &WriteWr) -> Result<()> {
         self.post(path, Op::Write(*wr))
+    }
+
+    fn post_writes(&mut self, path: usize, wrs: &[WriteWr]) -> Result<()> {
+        self.check_path(path)?;
+        let mut g = lock(&self.inner);
+        g.stats.batches += 1;
+        for wr in wrs {
+            g.eps[self.id].qps[path].queue.push_back(Op::Write(*wr));
+        }
+        if !g.reorder {
+            g.run_queue(self.id, path);
+        }
+        Ok(())
     }
 
     fn post_read(&mut self, path: usize, wr: &ReadWr) -> Result<()> {

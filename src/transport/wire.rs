@@ -45,15 +45,6 @@ pub struct CtsElem {
     pub rkeys: [u32; MAX_PATHS],
 }
 
-/// A decoded clear-to-send slot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CtsSlot {
-    /// Number of buffers, 1..=[`MAX_RECVS`].
-    pub n: usize,
-    /// The buffers.
-    pub elems: [CtsElem; MAX_RECVS],
-}
-
 /// Encodes the body (every word but [`SLOT_IDX`]) of a slot into `words` (length [`SLOT_WORDS`]).
 pub fn encode_slot_body(elems: &[CtsElem], npaths: usize, words: &mut [u64; SLOT_WORDS]) {
     words[SLOT_HDR] = elems.len() as u64 | ((npaths as u64) << 8) | (SLOT_MAGIC << 32);
@@ -97,7 +88,7 @@ pub fn decode_slot_header(hdr: u64, npaths: usize) -> Result<usize> {
     Ok(n)
 }
 
-/// Decodes element `e` from the words `[b, b + ELEM_WORDS)` of a slot.
+/// Decodes one element from its [`ELEM_WORDS`] words.
 pub fn decode_elem(w: &[u64]) -> CtsElem {
     let mut el = CtsElem {
         addr: w[0],
