@@ -10,6 +10,7 @@
 //! The connector chooses the message size, count and stream count and tells the server over a small
 //! control connection (port), which also carries the nonce and the control-memory info of both
 //! comms; the fabric's streams use port + 1. Exit status 0 only if every message arrived intact.
+//! `TCP_PAIR_POLL_US` sets the pause between unsuccessful polls (default 50 µs; 0 spins).
 #![allow(clippy::print_stdout)]
 
 use std::io::{Read, Write};
@@ -146,8 +147,24 @@ fn deadline_loop<T>(
                 timeout.as_secs()
             )));
         }
-        std::thread::yield_now();
+        match poll_sleep() {
+            Duration::ZERO => std::thread::yield_now(),
+            d => std::thread::sleep(d),
+        }
     }
+}
+
+/// Pause between polls that found nothing: `TCP_PAIR_POLL_US` µs (default 50; 0 spins like NCCL's
+/// progress thread, which on a real host has a core of its own; on a 2-core test VM a spinning
+/// poller steals the helper threads' CPU).
+fn poll_sleep() -> Duration {
+    static US: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    Duration::from_micros(*US.get_or_init(|| {
+        std::env::var("TCP_PAIR_POLL_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(50)
+    }))
 }
 
 fn serve(local: IpAddr, port: u16, peer: Option<IpAddr>, speed: u64, timeout: u64) -> Result<()> {
