@@ -44,8 +44,14 @@ if [ "$bench" = 1 ]; then
 fi
 
 if [ -z "$bin" ]; then
-  cargo build --quiet --release --example tcp_pair
-  bin="${CARGO_TARGET_DIR:-target}/release/examples/tcp_pair"
+  # Debug build for the functional runs (already built by `cargo test --all-targets`); release to measure.
+  if [ "$bench" = 1 ]; then
+    cargo build --quiet --release --example tcp_pair
+    bin="${CARGO_TARGET_DIR:-target}/release/examples/tcp_pair"
+  else
+    cargo build --quiet --example tcp_pair
+    bin="${CARGO_TARGET_DIR:-target}/debug/examples/tcp_pair"
+  fi
 fi
 [ -x "$bin" ] || { echo "mesh.sh: $bin is not executable" >&2; exit 1; }
 bin=$(readlink -f "$bin")
