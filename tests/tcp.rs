@@ -753,3 +753,128 @@ fn set_up_is_driven_without_blocking_from_one_thread() {
     assert_eq!(sizes.as_slice(), &[data.len() as u64]);
     assert_eq!(rb.read(0, data.len()).unwrap(), data);
 }
+
+/// A hand-made stream hello (the format of `transport::tcp`).
+fn raw_hello(nonce: u64, npaths: u8, path: u8, nstreams: u8, stream: u8) -> [u8; 24] {
+    let mut h = [0u8; 24];
+    h[0..4].copy_from_slice(b"SWTS");
+    h[4] = 1;
+    h[5] = npaths;
+    h[6] = path;
+    h[7] = nstreams;
+    h[8] = stream;
+    h[16..24].copy_from_slice(&nonce.to_le_bytes());
+    h
+}
+
+#[test]
+fn silent_and_garbage_peers_never_block_the_acceptor_or_touch_memory() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    let tcfg = TcpConfig {
+        streams: Some(1),
+        connect_timeout: Duration::from_secs(10),
+        ..TcpConfig::default()
+    };
+    let l = listen(lo(), 10_000, &tcfg).unwrap();
+    let addr = l.local_addr().unwrap();
+    let spec = TcpPathSpec {
+        local: lo(),
+        remote: SocketAddr::new(lo(), 0),
+        speed_mbps: 10_000,
+        mtu: 0,
+        label: String::new(),
+    };
+    let mut acc = TcpAcceptor::new(&[l], &[spec], 5, &tcfg).unwrap();
+    // A connection that says nothing: poll returns at once, again and again.
+    let _silent = TcpStream::connect(addr).unwrap();
+    for _ in 0..20 {
+        let t = Instant::now();
+        assert!(acc.poll().unwrap().is_none());
+        assert!(t.elapsed() < Duration::from_millis(200));
+    }
+    // A connection with a wrong hello is closed.
+    let mut bad = TcpStream::connect(addr).unwrap();
+    bad.write_all(&raw_hello(6, 1, 0, 1, 0)).unwrap();
+    // The real peer: a good hello, then garbage frames.
+    let mut peer = TcpStream::connect(addr).unwrap();
+    peer.write_all(&raw_hello(5, 1, 0, 1, 0)).unwrap();
+    let mut fab = eventually("the acceptor completes", || acc.poll().unwrap());
+    let mut ack = [0u8; 8];
+    peer.read_exact(&mut ack).unwrap();
+    assert_eq!(&ack[0..4], b"SWTA");
+    let mut b = [0u8; 1];
+    bad.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(bad.read(&mut b).unwrap(), 0, "the bad hello was not closed");
+
+    let target = HostBuffer::new(4096).unwrap();
+    let reg = fab.register(target.addr(), 4096, MemKind::Host).unwrap();
+    fab.post_recv(0, 9).unwrap();
+    // A frame header aimed at the registration but 1 byte too long, then random bytes.
+    let mut h = [0u8; 40];
+    h[0..2].copy_from_slice(&0x5754u16.to_le_bytes());
+    h[2] = 1;
+    h[3] = 1;
+    h[4..8].copy_from_slice(&4097u32.to_le_bytes());
+    h[16..24].copy_from_slice(&target.addr().to_le_bytes());
+    h[24..28].copy_from_slice(&reg.keys[0].rkey.to_le_bytes());
+    peer.write_all(&h).unwrap();
+    let _ = peer.write_all(&pattern(8192, 1));
+    let c = poll_one(&mut fab, 0);
+    assert_eq!((c.wr_id, c.status), (9, WcStatus::WR_FLUSH_ERR));
+    assert_eq!(target.read(0, 4096).unwrap(), vec![0; 4096]);
+    // The fabric closed the stream on the peer.
+    peer.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut rest = Vec::new();
+    match peer.read_to_end(&mut rest) {
+        Ok(_) => {}
+        Err(e) => assert_eq!(
+            e.kind(),
+            std::io::ErrorKind::ConnectionReset,
+            "the stream was not closed: {e}"
+        ),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 8, ..ProptestConfig::default() })]
+
+    /// Random bytes as a peer's stream (after a valid hello): the receiving fabric fails the path or
+    /// keeps waiting, never writes outside its registration and never panics.
+    #[test]
+    fn random_frames_never_write_outside_a_registration(junk in proptest::collection::vec(any::<u8>(), 1..600), aim in any::<bool>()) {
+        use std::io::Write;
+        use std::net::TcpStream;
+        let tcfg = TcpConfig { streams: Some(1), ..TcpConfig::default() };
+        let l = listen(lo(), 10_000, &tcfg).unwrap();
+        let addr = l.local_addr().unwrap();
+        let spec = TcpPathSpec { local: lo(), remote: SocketAddr::new(lo(), 0), speed_mbps: 0, mtu: 0, label: String::new() };
+        let mut acc = TcpAcceptor::new(&[l], &[spec], 1, &tcfg).unwrap();
+        let mut peer = TcpStream::connect(addr).unwrap();
+        peer.write_all(&raw_hello(1, 1, 0, 1, 0)).unwrap();
+        let mut fab = eventually("accept", || acc.poll().unwrap());
+        // 64 guard bytes on each side of the 256-byte registration.
+        let mem = HostBuffer::new(384).unwrap();
+        let reg = fab.register(mem.addr() + 64, 256, MemKind::Host).unwrap();
+        let mut bytes = junk.clone();
+        if aim && bytes.len() >= 40 {
+            // A plausible header: right magic/op, the live rkey, an address near the registration.
+            bytes[0..2].copy_from_slice(&0x5754u16.to_le_bytes());
+            bytes[2] = 1;
+            bytes[3] &= 1;
+            let len = u32::from(bytes[4]) * 2;
+            bytes[4..8].copy_from_slice(&len.to_le_bytes());
+            let at = mem.addr() + u64::from(bytes[8]) + 64 - 128;
+            bytes[16..24].copy_from_slice(&at.to_le_bytes());
+            bytes[24..28].copy_from_slice(&reg.keys[0].rkey.to_le_bytes());
+        }
+        let _ = peer.write_all(&bytes);
+        std::thread::sleep(Duration::from_millis(30));
+        drop(peer);
+        std::thread::sleep(Duration::from_millis(30));
+        fab.shutdown().unwrap();
+        let all = mem.read(0, 384).unwrap();
+        prop_assert_eq!(&all[..64], &[0u8; 64][..]);
+        prop_assert_eq!(&all[320..], &[0u8; 64][..]);
+    }
+}

@@ -45,7 +45,7 @@
 #![forbid(unsafe_code)]
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
@@ -1277,8 +1277,24 @@ pub struct TcpAcceptor {
     cfg: TcpConfig,
     nonce: u64,
     slots: Vec<Vec<Option<TcpStream>>>,
+    /// Accepted connections whose hello is still arriving: (socket, peer, path, bytes, count, since).
+    pending: Vec<PendingHello>,
     deadline: Instant,
 }
+
+struct PendingHello {
+    sock: TcpStream,
+    from: SocketAddr,
+    path: usize,
+    buf: [u8; HELLO_LEN],
+    got: usize,
+    since: Instant,
+}
+
+/// Connections whose hello has not fully arrived that an acceptor keeps at once; more are closed.
+pub const MAX_PENDING_STREAMS: usize = 64;
+/// Time a connection gets to deliver its hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl TcpAcceptor {
     /// Takes one listener per path (from [`listen`]; `listeners[i]` serves path `i`). Streams must
@@ -1316,6 +1332,7 @@ impl TcpAcceptor {
             cfg: cfg.clone(),
             nonce,
             slots: (0..specs.len()).map(|_| Vec::new()).collect(),
+            pending: Vec::new(),
             deadline: Instant::now() + cfg.connect_timeout,
         })
     }
@@ -1323,6 +1340,7 @@ impl TcpAcceptor {
     /// Accepts what has arrived; `Ok(Some(fabric))` when every path is complete, `Ok(None)` to call
     /// again, [`Error::Timeout`] (naming the missing streams) after [`TcpConfig::connect_timeout`].
     pub fn poll(&mut self) -> Result<Option<TcpFabric>> {
+        // 1. New connections: check the peer address, then wait for the hello without blocking.
         for (i, l) in self.listeners.iter().enumerate() {
             loop {
                 let (sock, from) = match l.accept() {
@@ -1331,36 +1349,98 @@ impl TcpAcceptor {
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                     Err(e) => return Err(Error::io(format!("accepting on TCP path {i}"), e)),
                 };
-                let (s, n, mut sock) =
-                    match accept_stream(sock, from, i, &self.specs, self.nonce, self.deadline) {
-                        Ok(x) => x,
-                        Err(e) => {
-                            tracing::warn!(
-                                "NET/switchless: TCP path {i}: connection from {from} rejected: {e}"
-                            );
-                            continue;
-                        }
-                    };
-                let slot = &mut self.slots[i];
-                if slot.is_empty() {
-                    slot.resize_with(n, || None);
-                }
-                if slot.len() != n || slot[s].is_some() {
+                let want = self.specs[i].remote.ip();
+                if !want.is_unspecified() && from.ip() != want {
                     tracing::warn!(
-                        "NET/switchless: TCP path {i}: stream {s} of {n} from {from} conflicts with streams already accepted; closed"
+                        "NET/switchless: TCP path {i}: connection from {from} rejected: the path's peer is {want}"
                     );
                     continue;
                 }
-                let mut ack = [0u8; 8];
-                ack[0..4].copy_from_slice(&ACK_MAGIC);
-                if let Err(e) = sock.write_all(&ack) {
+                if self.pending.len() >= MAX_PENDING_STREAMS {
                     tracing::warn!(
-                        "NET/switchless: TCP path {i}: acknowledging stream {s} to {from}: {e}"
+                        "NET/switchless: TCP path {i}: connection from {from} rejected: {MAX_PENDING_STREAMS} connections already wait for their hello"
                     );
                     continue;
                 }
-                slot[s] = Some(sock);
+                self.pending.push(PendingHello {
+                    sock,
+                    from,
+                    path: i,
+                    buf: [0; HELLO_LEN],
+                    got: 0,
+                    since: Instant::now(),
+                });
             }
+        }
+        // 2. Hellos that have arrived: check, acknowledge, file.
+        let mut k = 0;
+        while k < self.pending.len() {
+            let ph = &mut self.pending[k];
+            let mut verdict: Option<std::result::Result<(), String>> = None;
+            while ph.got < HELLO_LEN {
+                match rawmem::recv_slice(&ph.sock, &mut ph.buf[ph.got..]) {
+                    Ok(0) => {
+                        verdict = Some(Err("closed before its hello was complete".into()));
+                        break;
+                    }
+                    Ok(n) => ph.got += n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        verdict = Some(Err(format!("reading the stream hello: {e}")));
+                        break;
+                    }
+                }
+            }
+            if verdict.is_none() {
+                if ph.got == HELLO_LEN {
+                    verdict = Some(Ok(()));
+                } else if ph.since.elapsed() > HELLO_TIMEOUT {
+                    verdict = Some(Err(format!(
+                        "no complete hello within {} s",
+                        HELLO_TIMEOUT.as_secs()
+                    )));
+                }
+            }
+            let Some(verdict) = verdict else {
+                k += 1;
+                continue;
+            };
+            let ph = self.pending.swap_remove(k);
+            let (i, from) = (ph.path, ph.from);
+            let checked =
+                verdict.and_then(|()| check_hello(&ph.buf, i, self.specs.len(), self.nonce));
+            let (s, n) = match checked {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::warn!(
+                        "NET/switchless: TCP path {i}: connection from {from} rejected: {e}"
+                    );
+                    continue;
+                }
+            };
+            let slot = &mut self.slots[i];
+            if slot.is_empty() {
+                slot.resize_with(n, || None);
+            }
+            if slot.len() != n || slot[s].is_some() {
+                tracing::warn!(
+                    "NET/switchless: TCP path {i}: stream {s} of {n} from {from} conflicts with streams already accepted; closed"
+                );
+                continue;
+            }
+            let mut sock = ph.sock;
+            let mut ack = [0u8; 8];
+            ack[0..4].copy_from_slice(&ACK_MAGIC);
+            // 8 bytes into an empty socket buffer: never blocks.
+            let sent = sock.set_nodelay(true).and_then(|()| sock.write_all(&ack));
+            if let Err(e) = sent {
+                tracing::warn!(
+                    "NET/switchless: TCP path {i}: acknowledging stream {s} to {from}: {e}"
+                );
+                continue;
+            }
+            slot[s] = Some(sock);
         }
         let complete = self
             .slots
@@ -1477,33 +1557,13 @@ fn connect_stream(
     Ok(tcp)
 }
 
-fn accept_stream(
-    sock: TcpStream,
-    from: SocketAddr,
+/// Checks a complete stream hello; returns (stream, stream count).
+fn check_hello(
+    h: &[u8; HELLO_LEN],
     path: usize,
-    specs: &[TcpPathSpec],
+    npaths_want: usize,
     nonce: u64,
-    deadline: Instant,
-) -> std::result::Result<(usize, usize, TcpStream), String> {
-    let want = specs[path].remote.ip();
-    if !want.is_unspecified() && from.ip() != want {
-        return Err(format!(
-            "it comes from {}, the path's peer is {want}",
-            from.ip()
-        ));
-    }
-    let mut sock = sock;
-    sock.set_nonblocking(false).map_err(|e| e.to_string())?;
-    sock.set_nodelay(true).map_err(|e| e.to_string())?;
-    let left = deadline
-        .saturating_duration_since(Instant::now())
-        .clamp(Duration::from_millis(1), Duration::from_secs(1));
-    sock.set_read_timeout(Some(left))
-        .map_err(|e| e.to_string())?;
-    let mut h = [0u8; HELLO_LEN];
-    sock.read_exact(&mut h)
-        .map_err(|e| format!("reading the stream hello: {e}"))?;
-    sock.set_read_timeout(None).map_err(|e| e.to_string())?;
+) -> std::result::Result<(usize, usize), String> {
     if h[0..4] != HELLO_MAGIC {
         return Err(format!(
             "hello magic {:02x?}, expected \"SWTS\": not a switchless TCP stream",
@@ -1522,10 +1582,9 @@ fn accept_stream(
         return Err("hello nonce does not match this connection".into());
     }
     let (npaths, p, n, s) = (h[5] as usize, h[6] as usize, h[7] as usize, h[8] as usize);
-    if npaths != specs.len() || p != path {
+    if npaths != npaths_want || p != path {
         return Err(format!(
-            "hello names path {p} of {npaths}; this listener serves path {path} of {}",
-            specs.len()
+            "hello names path {p} of {npaths}; this listener serves path {path} of {npaths_want}"
         ));
     }
     if !(1..=MAX_STREAMS).contains(&n) || s >= n {
@@ -1533,7 +1592,7 @@ fn accept_stream(
             "hello names stream {s} of {n}; accepted: 1..={MAX_STREAMS} streams"
         ));
     }
-    Ok((s, n, sock))
+    Ok((s, n))
 }
 
 /// Two connected endpoints on 127.0.0.1 with one path per entry of `speeds_mbps` (tests, benchmarks).
