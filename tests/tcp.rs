@@ -188,7 +188,7 @@ fn grouped_receive_matches_by_tag_and_reports_sizes_per_buffer() {
 
 #[test]
 fn striping_over_paths_and_streams_follows_link_speed() {
-    let mut g = rig_with(&[10_000, 10_000, 20_000], &cfg(3));
+    let mut g = rig_with(&[10_000, 10_000, 20_000, 40_000], &cfg(3));
     let n = 8 << 20;
     let data = pattern(n, 9);
     let sb = g.send_buf(&data);
@@ -198,21 +198,22 @@ fn striping_over_paths_and_streams_follows_link_speed() {
     g.wait_send(sreq);
     assert_eq!(g.wait_recv(rreq).as_slice(), &[n as u64]);
     assert_eq!(g.read(&rb, n), data);
-    let per_path: Vec<u64> = (0..3)
+    let per_path: Vec<u64> = (0..4)
         .map(|p| g.s.fabric().stream_bytes(p).iter().sum::<u64>())
         .collect();
-    // 1 : 1 : 2 by link speed (plus an 8-byte size record on the first path of the stripe).
+    // 1 : 1 : 2 : 4 by link speed (plus an 8-byte size record on the first path of the stripe).
     let total: u64 = per_path.iter().sum();
     assert!(total >= n as u64 && total <= n as u64 + 64, "{per_path:?}");
-    for (p, want) in [(0, n / 4), (1, n / 4), (2, n / 2)] {
+    for (p, want) in [(0, n / 8), (1, n / 8), (2, n / 4), (3, n / 2)] {
         let got = per_path[p] as i64;
         assert!(
             (got - want as i64).abs() < 4096,
             "path {p}: {got} bytes, expected about {want}: {per_path:?}"
         );
     }
-    for p in 0..3 {
+    for p in 0..4 {
         let s = g.s.fabric().stream_bytes(p);
+        assert_eq!(s.len(), 3);
         assert!(s.iter().all(|&b| b > 0), "path {p}: {s:?}");
     }
 }
