@@ -3,6 +3,7 @@ PREFIX ?= /usr/local
 LIBDIR ?= $(PREFIX)/lib
 BINDIR ?= $(PREFIX)/bin
 CARGO ?= cargo
+TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 
 .PHONY: all build deps install uninstall test demo lab
 
@@ -16,8 +17,8 @@ build: deps
 
 # Installs libnccl-net-switchless.so (the name NCCL looks for with NCCL_NET_PLUGIN=switchless) and the CLI.
 install: build
-	install -Dm755 target/release/libswitchless.so $(DESTDIR)$(LIBDIR)/libnccl-net-switchless.so
-	install -Dm755 target/release/switchless $(DESTDIR)$(BINDIR)/switchless
+	install -Dm755 $(TARGET_DIR)/release/libswitchless.so $(DESTDIR)$(LIBDIR)/libnccl-net-switchless.so
+	install -Dm755 $(TARGET_DIR)/release/switchless $(DESTDIR)$(BINDIR)/switchless
 
 uninstall:
 	rm -f $(DESTDIR)$(LIBDIR)/libnccl-net-switchless.so $(DESTDIR)$(BINDIR)/switchless

@@ -13,7 +13,7 @@
 //! * [`verbs`]: RAII wrappers over ibverbs; with [`ffi`] the only place `unsafe` is allowed.
 //!
 //! Beside the data path: [`config`] (environment), [`plan`] (cables file → IP plan),
-//! [`nccltests`] (nccl-tests output parser), [`bench`] (the ABI driver's modes), [`cli`].
+//! [`nccltests`] (nccl-tests output parser), [`bench`](mod@bench) (the ABI driver's modes), [`cli`].
 #![deny(unsafe_code)]
 
 pub mod bench;

@@ -1,2 +1,1022 @@
 //! The core plugin, written once in safe Rust; `ffi` adapts it to every ABI version.
+//!
+//! Shape:
+//! * [`Backend`]: what a transport implements (device list, properties, comm operations). The exported
+//!   vtables use [`ActiveBackend`]; until the transport lands that is [`DeviceOnly`], which lists the RDMA
+//!   devices but answers every comm operation with an "not available" internal error.
+//! * [`Context`]: one per communicator (ABI v11+: `init(ctx, commId, config, …)`); ABI v6–v10 share one
+//!   legacy context. Every context holds the process-wide [`Backend`] through an `Arc`: the backend is opened
+//!   by the first `init` and released when the last context (and the last comm) is gone, so NCCL's
+//!   `finalize` → `dlclose` leaves nothing running.
+//! * [`Listen`], [`Comm`], [`Mr`], [`Request`]: the objects NCCL holds as `void*` between calls (boxed here,
+//!   converted to and from raw pointers only in `ffi`). Each starts with a magic word so that `ffi` can reject
+//!   a pointer of the wrong kind with `ncclInvalidArgument` instead of misusing it.
 #![forbid(unsafe_code)]
+
+use std::collections::BTreeSet;
+use std::ffi::{CStr, CString};
+use std::os::fd::BorrowedFd;
+use std::sync::{Arc, Mutex, Weak};
+
+use crate::error::{Error, Result};
+
+/// Bytes of the opaque connection handle `listen` fills and `connect` receives (`NCCL_NET_HANDLE_MAXSIZE`).
+pub const HANDLE_SIZE: usize = 128;
+/// Largest `maxP2pBytes`/`maxCollBytes` NCCL accepts (1 TiB).
+pub const MAX_NET_SIZE_BYTES: usize = 1 << 40;
+/// Largest number of buffers in one grouped receive (`NCCL_PROXY_MAX_SUBS`: the length of `test`'s sizes).
+pub const MAX_GROUPED_RECVS: usize = 64;
+/// Most physical devices one virtual device may fuse (ABI v12; v9–v11 allow 4).
+pub const MAX_VDEVS: usize = 8;
+
+/// The opaque connection handle (`listen` writes it, NCCL ships it to the peer, `connect` reads it; the
+/// copy given to `connect` is private to that connection and passed again on every retry).
+pub type Handle = [u8; HANDLE_SIZE];
+
+/// The backend the exported vtables use. The lead swaps this for the transport's backend.
+pub type ActiveBackend = DeviceOnly;
+
+/// Memory kinds a device can register (`ptrSupport` bits, also `regMr`'s `type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PtrSupport(pub u32);
+
+impl PtrSupport {
+    /// Host memory (`NCCL_PTR_HOST`).
+    pub const HOST: PtrSupport = PtrSupport(0x1);
+    /// GPU memory through GPUDirect / peer memory (`NCCL_PTR_CUDA`).
+    pub const CUDA: PtrSupport = PtrSupport(0x2);
+    /// GPU memory through DMA-BUF (`NCCL_PTR_DMABUF`).
+    pub const DMABUF: PtrSupport = PtrSupport(0x4);
+
+    /// Both sets of bits.
+    pub const fn union(self, other: PtrSupport) -> PtrSupport {
+        PtrSupport(self.0 | other.0)
+    }
+}
+
+/// Offload type of a device (`ncclNetDeviceType`). switchless reports `Host`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NetDeviceType {
+    /// NCCL's proxy thread drives the network (`NCCL_NET_DEVICE_HOST`).
+    #[default]
+    Host,
+    /// Device-side unpack (`NCCL_NET_DEVICE_UNPACK`, version 7).
+    Unpack,
+}
+
+/// One NCCL device as the plugin reports it, independent of the ABI version.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Properties {
+    /// Unique and stable; NCCL keys its topology XML on it. Interned: the pointer stays valid while the
+    /// library is loaded, across backend re-opens.
+    pub name: &'static CStr,
+    /// `/sys/devices/...` path of the PCI function; `None` = virtual NIC (attached to CPU 0 by NCCL).
+    pub pci_path: Option<&'static CStr>,
+    /// NIC chip identity; devices with equal guid and port are one physical port to NCCL.
+    pub guid: u64,
+    /// Registrable memory kinds.
+    pub ptr_support: PtrSupport,
+    /// Port speed in Mbps (NCCL treats ≤ 0 as 10000 Mbps).
+    pub speed_mbps: i32,
+    /// Port number.
+    pub port: i32,
+    /// Network latency in microseconds; 0 = NCCL's default.
+    pub latency_us: f32,
+    /// Most comms the device supports.
+    pub max_comms: i32,
+    /// Most buffers in one grouped `irecv` (≥ 1, ≤ [`MAX_GROUPED_RECVS`]).
+    pub max_recvs: i32,
+    /// Offload type.
+    pub net_device_type: NetDeviceType,
+    /// Offload version (0 = `NCCL_NET_DEVICE_INVALID_VERSION` for `Host`).
+    pub net_device_version: i32,
+    /// Registrations are not tied to one comm (v8+).
+    pub reg_is_global: bool,
+    /// Ask NCCL to `iflush` after every GPU receive (v9+).
+    pub force_flush: bool,
+    /// Largest single p2p transfer in bytes, in (0, 1 TiB] (v9+).
+    pub max_p2p_bytes: usize,
+    /// Largest single collnet transfer in bytes, in (0, 1 TiB] (v9+).
+    pub max_coll_bytes: usize,
+    /// Requests in one multi-request (v11+; unused by NCCL 2.30, report 1).
+    pub max_multi_request_size: i32,
+    /// Rail (v12); `None` = `NCCL_NET_ID_UNDEF`.
+    pub rail_id: Option<i16>,
+    /// Plane (v12); `None` = `NCCL_NET_ID_UNDEF`.
+    pub plane_id: Option<i16>,
+    /// Physical devices fused into this one (v9+); empty = a physical device (reported as `{1, {dev}}`).
+    pub vdevs: Vec<i32>,
+}
+
+impl Properties {
+    /// A host device with the given identity and NCCL IB's defaults for the rest (1 TiB p2p, 512 MiB
+    /// collnet, 8 grouped receives, 1 request per multi-request, no rail/plane).
+    pub fn host(name: &str, pci_path: Option<&str>, guid: u64) -> Result<Properties> {
+        Ok(Properties {
+            name: intern(name)?,
+            pci_path: pci_path.map(intern).transpose()?,
+            guid,
+            ptr_support: PtrSupport::HOST,
+            speed_mbps: 0,
+            port: 1,
+            latency_us: 0.0,
+            max_comms: 65536,
+            max_recvs: 8,
+            net_device_type: NetDeviceType::Host,
+            net_device_version: 0,
+            reg_is_global: false,
+            force_flush: false,
+            max_p2p_bytes: MAX_NET_SIZE_BYTES,
+            max_coll_bytes: 512 << 20,
+            max_multi_request_size: 1,
+            rail_id: None,
+            plane_id: None,
+            vdevs: Vec::new(),
+        })
+    }
+
+    /// Checks the limits NCCL enforces, naming the field and the accepted range.
+    pub fn validate(&self, dev: usize) -> Result<()> {
+        let bad = |what: String| {
+            Err(Error::Internal(format!(
+                "device {dev} ({:?}): {what}",
+                self.name
+            )))
+        };
+        if self.max_p2p_bytes == 0 || self.max_p2p_bytes > MAX_NET_SIZE_BYTES {
+            return bad(format!(
+                "max_p2p_bytes {} is outside (0, {MAX_NET_SIZE_BYTES}] bytes",
+                self.max_p2p_bytes
+            ));
+        }
+        if self.max_coll_bytes == 0 || self.max_coll_bytes > MAX_NET_SIZE_BYTES {
+            return bad(format!(
+                "max_coll_bytes {} is outside (0, {MAX_NET_SIZE_BYTES}] bytes",
+                self.max_coll_bytes
+            ));
+        }
+        if self.max_recvs < 1 || self.max_recvs as usize > MAX_GROUPED_RECVS {
+            return bad(format!(
+                "max_recvs {} is outside [1, {MAX_GROUPED_RECVS}]",
+                self.max_recvs
+            ));
+        }
+        if self.vdevs.len() > MAX_VDEVS {
+            return bad(format!(
+                "{} fused devices; at most {MAX_VDEVS} are accepted",
+                self.vdevs.len()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Returns a `'static` C string equal to `s`, allocated once per distinct value for the life of the
+/// library (device names and PCI paths must outlive every `getProperties` answer).
+pub fn intern(s: &str) -> Result<&'static CStr> {
+    static STRINGS: Mutex<BTreeSet<&'static CStr>> = Mutex::new(BTreeSet::new());
+    let c = CString::new(s)
+        .map_err(|_| Error::Internal(format!("device string {s:?} contains a NUL byte")))?;
+    let mut set = STRINGS
+        .lock()
+        .map_err(|_| Error::Internal("string interner lock poisoned".into()))?;
+    if let Some(found) = set.get(c.as_c_str()) {
+        return Ok(found);
+    }
+    let leaked: &'static CStr = Box::leak(c.into_boxed_c_str());
+    set.insert(leaked);
+    Ok(leaked)
+}
+
+/// What NCCL tells a communicator's `init` (v11+) or `connect` (v10).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CommInfo {
+    /// NCCL's communicator hash (v11+); `None` for the legacy (v6–v10) context.
+    pub comm_id: Option<u64>,
+    /// `ncclNetCommConfig.trafficClass`; `None` = `NCCL_NET_TRAFFIC_CLASS_UNDEF`.
+    pub traffic_class: Option<i32>,
+}
+
+/// Limits per comm direction in an [`NetAttr`] (`ncclNetCommAttr`); `None` = `NCCL_NET_ATTR_UNDEF`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CommAttr {
+    /// Most peers communicated with at once.
+    pub max_concurrent_peers: Option<i32>,
+    /// Fewest peers communicated with at once.
+    pub min_concurrent_peers: Option<i32>,
+    /// Most flows per peer.
+    pub max_flows_per_peer: Option<i32>,
+    /// Fewest flows per peer.
+    pub min_flows_per_peer: Option<i32>,
+}
+
+/// Transfer hints of `setNetAttr` (v11+). NCCL IB ignores them; so may a backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NetAttr {
+    /// Hints for send comms.
+    pub send: CommAttr,
+    /// Hints for recv comms.
+    pub recv: CommAttr,
+    /// Bit set of collective/p2p operations; `None` = undefined.
+    pub op: Option<u32>,
+    /// Bit set of algorithms; `None` = undefined.
+    pub algo: Option<u32>,
+    /// Bit set of protocols; `None` = undefined.
+    pub proto: Option<u32>,
+}
+
+/// A memory range NCCL asks to register or transfer: a raw address (host or GPU) and a size in bytes.
+/// The plugin never dereferences it; it hands it to the NIC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Region {
+    /// Virtual address (host or device; for DMA-BUF also the iova).
+    pub addr: usize,
+    /// Size in bytes.
+    pub size: usize,
+    /// `NCCL_PTR_HOST` or `NCCL_PTR_CUDA` (or `NCCL_PTR_DMABUF`).
+    pub kind: PtrSupport,
+}
+
+/// One buffer of a grouped receive.
+#[derive(Debug)]
+pub struct RecvBuf<'a, M> {
+    /// Address of the buffer.
+    pub addr: usize,
+    /// Capacity in bytes (a send may be smaller; a larger one is an error).
+    pub size: usize,
+    /// Tag the matching send carries.
+    pub tag: i32,
+    /// Registration covering the buffer.
+    pub mr: &'a M,
+}
+
+/// One buffer of a flush.
+#[derive(Debug)]
+pub struct FlushBuf<'a, M> {
+    /// Address of the buffer.
+    pub addr: usize,
+    /// Bytes received into it.
+    pub size: usize,
+    /// Registration covering the buffer.
+    pub mr: &'a M,
+}
+
+/// A send or recv comm, as given to `regMr`/`deregMr` (NCCL passes either without saying which).
+pub enum CommMut<'a, B: Backend> {
+    /// A comm made by `connect`.
+    Send(&'a mut B::Send),
+    /// A comm made by `accept`.
+    Recv(&'a mut B::Recv),
+}
+
+/// What a transport implements. One instance per process lives while any [`Context`] or comm lives; it is
+/// opened by the first `init` ([`Backend::open`]) and dropped (threads joined, resources freed) when the last
+/// context and comm are gone, before NCCL `dlclose`s the library.
+///
+/// Calls arrive on NCCL's threads (§2.1 of nccl-net-abi.md): `listen`/`connect`/`accept`/`reg_*`/`close_*`
+/// on the proxy service thread, `isend`/`irecv`/`iflush`/`test` on the progress thread; so everything must be
+/// `Send`, and the backend itself `Sync`. No call may block.
+///
+/// Ownership: the core boxes every object the backend returns and NCCL holds the box between calls; the
+/// backend gets `&mut` access to a comm or request only during one call (NCCL serializes calls per object),
+/// and shared access to registrations. A comm that needs the backend itself (device tables, an event
+/// thread) keeps an `Arc` clone taken in `listen`/`connect`.
+pub trait Backend: Sized + Send + Sync + 'static {
+    /// A listening endpoint (one per connection; closed after `accept` or on teardown).
+    type Listen: Send;
+    /// The sending side of a connection.
+    type Send: Send;
+    /// The receiving side of a connection.
+    type Recv: Send;
+    /// A memory registration.
+    type Mr: Send + Sync;
+    /// An in-flight send, receive or flush.
+    type Request: Send;
+
+    /// The per-process slot that holds the open backend (one `static` per backend type).
+    fn slot() -> &'static Slot<Self>;
+
+    /// Opens the backend (device discovery). An error makes `init` fail, so NCCL falls back to its
+    /// internal transports; the error's message is logged once as a WARN line.
+    fn open() -> Result<Self>;
+
+    /// The devices, in NCCL device order. Fixed for the life of the backend.
+    fn devices(&self) -> &[Properties];
+
+    /// Starts listening on device `dev` for one connection; fills `handle` for the peer.
+    fn listen(
+        self: &Arc<Self>,
+        comm: &CommInfo,
+        dev: usize,
+        handle: &mut Handle,
+    ) -> Result<Self::Listen>;
+
+    /// Connects to the peer described by `handle` (the private, persistent copy: state may be kept in it).
+    /// `Ok(None)` = in progress, NCCL calls again with the same handle.
+    fn connect(
+        self: &Arc<Self>,
+        comm: &CommInfo,
+        dev: usize,
+        handle: &mut Handle,
+    ) -> Result<Option<Self::Send>>;
+
+    /// Accepts the connection for `listen`. `Ok(None)` = in progress, NCCL calls again.
+    fn accept(listen: &mut Self::Listen) -> Result<Option<Self::Recv>>;
+
+    /// Registers `region` on the device of `comm`.
+    fn reg_mr(comm: CommMut<'_, Self>, region: Region) -> Result<Self::Mr>;
+
+    /// Registers a DMA-BUF: `fd` (closed by NCCL right after this call) at `offset`, mapped at `region`.
+    fn reg_mr_dmabuf(
+        comm: CommMut<'_, Self>,
+        region: Region,
+        offset: u64,
+        fd: BorrowedFd<'_>,
+    ) -> Result<Self::Mr>;
+
+    /// Releases a registration.
+    fn dereg_mr(comm: CommMut<'_, Self>, mr: Self::Mr) -> Result<()>;
+
+    /// Posts a send of `size` bytes at `addr`. `Ok(None)` = cannot post now, NCCL calls again.
+    fn isend(
+        comm: &mut Self::Send,
+        addr: usize,
+        size: usize,
+        tag: i32,
+        mr: &Self::Mr,
+    ) -> Result<Option<Self::Request>>;
+
+    /// Posts one grouped receive of `bufs.len()` buffers. `Ok(None)` = cannot post now, NCCL calls again.
+    fn irecv(
+        comm: &mut Self::Recv,
+        bufs: &[RecvBuf<'_, Self::Mr>],
+    ) -> Result<Option<Self::Request>>;
+
+    /// Makes received GPU data visible. `Ok(None)` = nothing to wait for (NOT a retry).
+    fn iflush(
+        comm: &mut Self::Recv,
+        bufs: &[FlushBuf<'_, Self::Mr>],
+    ) -> Result<Option<Self::Request>>;
+
+    /// Polls a request. On `Ok(true)` the request is complete and `sizes` holds the byte counts (one for a
+    /// send, one per buffer for a receive, none for a flush); the core then frees it.
+    fn test(req: &mut Self::Request, sizes: &mut [usize]) -> Result<bool>;
+
+    /// Closes a send comm (requests may still be in flight on abort).
+    fn close_send(comm: Self::Send) -> Result<()>;
+
+    /// Closes a recv comm (requests may still be in flight on abort).
+    fn close_recv(comm: Self::Recv) -> Result<()>;
+
+    /// Closes a listen comm (accepted or not).
+    fn close_listen(listen: Self::Listen) -> Result<()>;
+
+    /// Transfer hints (`setNetAttr`, v11+). Default: ignored.
+    fn set_net_attr(&self, _comm: &CommInfo, _attr: &NetAttr) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// The per-process home of an open backend: a weak reference, so the backend lives exactly as long as the
+/// contexts and comms that hold it; plus the context shared by the ABI versions without per-communicator
+/// init (v6–v10), which lives until the library is unloaded.
+#[derive(Debug)]
+pub struct Slot<B> {
+    live: Mutex<Weak<B>>,
+    legacy: Mutex<Option<Arc<Context<B>>>>,
+}
+
+impl<B> Slot<B> {
+    /// An empty slot (for a `static`).
+    pub const fn new() -> Slot<B> {
+        Slot {
+            live: Mutex::new(Weak::new()),
+            legacy: Mutex::new(None),
+        }
+    }
+}
+
+impl<B> Default for Slot<B> {
+    fn default() -> Self {
+        Slot::new()
+    }
+}
+
+fn poisoned(what: &str) -> Error {
+    Error::Internal(format!("{what} lock poisoned by an earlier panic"))
+}
+
+/// The open backend, opening it if no context holds one.
+fn acquire<B: Backend>() -> Result<Arc<B>> {
+    let mut live = B::slot()
+        .live
+        .lock()
+        .map_err(|_| poisoned("backend slot"))?;
+    if let Some(b) = live.upgrade() {
+        return Ok(b);
+    }
+    let b = Arc::new(B::open()?);
+    *live = Arc::downgrade(&b);
+    Ok(b)
+}
+
+/// The backend if a context or comm holds it.
+fn current<B: Backend>() -> Result<Option<Arc<B>>> {
+    let live = B::slot()
+        .live
+        .lock()
+        .map_err(|_| poisoned("backend slot"))?;
+    Ok(live.upgrade())
+}
+
+/// A communicator's plugin state (`void* ctx` of ABI v11+).
+#[derive(Debug)]
+pub struct Context<B> {
+    magic: u64,
+    backend: Arc<B>,
+    info: CommInfo,
+}
+
+impl<B: Backend> Context<B> {
+    /// What NCCL said about the communicator.
+    pub fn info(&self) -> &CommInfo {
+        &self.info
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Arc<B> {
+        &self.backend
+    }
+}
+
+/// `init` of ABI v11+: a new context; opens the backend if none is open.
+pub fn init<B: Backend>(info: CommInfo) -> Result<Context<B>> {
+    let backend = acquire::<B>()?;
+    tracing::info!(
+        target: crate::ffi::log::TARGET_INIT,
+        comm_id = info.comm_id.map(|c| format!("{c:#x}")).unwrap_or_default(),
+        devices = backend.devices().len(),
+        "switchless {} initialized",
+        crate::VERSION
+    );
+    Ok(Context {
+        magic: CTX_MAGIC,
+        backend,
+        info,
+    })
+}
+
+/// `finalize` of ABI v11+: drops the context; the last one releases the backend.
+pub fn finalize<B: Backend>(ctx: Context<B>) -> Result<()> {
+    drop(ctx);
+    Ok(())
+}
+
+/// `init` of ABI v6–v10: opens the backend once and keeps one shared context until the library unloads.
+pub fn init_legacy<B: Backend>() -> Result<Arc<Context<B>>> {
+    let mut legacy = B::slot()
+        .legacy
+        .lock()
+        .map_err(|_| poisoned("legacy context"))?;
+    if let Some(c) = legacy.as_ref() {
+        return Ok(Arc::clone(c));
+    }
+    let ctx = Arc::new(init::<B>(CommInfo::default())?);
+    *legacy = Some(Arc::clone(&ctx));
+    Ok(ctx)
+}
+
+/// The legacy context, for the v6–v10 `listen`/`connect`.
+pub fn legacy_context<B: Backend>() -> Result<Arc<Context<B>>> {
+    let legacy = B::slot()
+        .legacy
+        .lock()
+        .map_err(|_| poisoned("legacy context"))?;
+    legacy.as_ref().map(Arc::clone).ok_or_else(|| {
+        Error::InvalidArgument("listen/connect called before a successful init".into())
+    })
+}
+
+/// `devices`: 0 while no backend is open (init failed or was never called).
+pub fn devices<B: Backend>() -> Result<usize> {
+    Ok(current::<B>()?.map_or(0, |b| b.devices().len()))
+}
+
+/// `getProperties(dev)`, validated.
+pub fn properties<B: Backend>(dev: i32) -> Result<Properties> {
+    let backend = current::<B>()?;
+    let devs = backend.as_deref().map_or(&[][..], |b| b.devices());
+    let i = device_index(dev, devs.len())?;
+    let p = devs[i].clone();
+    p.validate(i)?;
+    Ok(p)
+}
+
+fn device_index(dev: i32, n: usize) -> Result<usize> {
+    usize::try_from(dev).ok().filter(|&i| i < n).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "device {dev} does not exist; this process has {n} device(s), numbered 0..{n}"
+        ))
+    })
+}
+
+const LISTEN_MAGIC: u64 = 0x5357_4c5f_4c49_5354; // "SWL_LIST"
+const COMM_MAGIC: u64 = 0x5357_4c5f_434f_4d4d; // "SWL_COMM"
+const MR_MAGIC: u64 = 0x5357_4c5f_4d52_5f5f; // "SWL_MR__"
+const REQ_MAGIC: u64 = 0x5357_4c5f_5245_5155; // "SWL_REQU"
+const CTX_MAGIC: u64 = 0x5357_4c5f_4354_5854; // "SWL_CTXT"
+
+/// A listen comm (`void* listenComm`).
+pub struct Listen<B: Backend> {
+    magic: u64,
+    inner: B::Listen,
+}
+
+/// The two ends of a connection, behind one type because `regMr`/`deregMr` get either.
+pub enum Endpoint<B: Backend> {
+    /// From `connect`.
+    Send(B::Send),
+    /// From `accept`.
+    Recv(B::Recv),
+}
+
+/// A send or recv comm (`void* sendComm` / `void* recvComm`).
+pub struct Comm<B: Backend> {
+    magic: u64,
+    end: Endpoint<B>,
+}
+
+/// A registration (`void* mhandle`).
+pub struct Mr<B: Backend> {
+    magic: u64,
+    inner: B::Mr,
+}
+
+/// What a request is waiting for; decides how many sizes `test` reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestKind {
+    /// One size.
+    Send,
+    /// One size per buffer.
+    Recv(usize),
+    /// No sizes.
+    Flush,
+}
+
+/// An in-flight request (`void* request`).
+pub struct Request<B: Backend> {
+    magic: u64,
+    kind: RequestKind,
+    inner: B::Request,
+}
+
+/// An object NCCL holds as a `void*` between calls, with a magic word checked before every use.
+pub trait Object {
+    /// What the object is, for error messages.
+    const WHAT: &'static str;
+    /// Whether this object is alive and of this kind.
+    fn is_valid(&self) -> bool;
+}
+
+macro_rules! checked {
+    ($t:ident, $magic:ident, $what:literal) => {
+        impl<B: Backend> Object for $t<B> {
+            const WHAT: &'static str = $what;
+            fn is_valid(&self) -> bool {
+                self.magic == $magic
+            }
+        }
+    };
+}
+checked!(Listen, LISTEN_MAGIC, "listen comm");
+checked!(Comm, COMM_MAGIC, "send/recv comm");
+checked!(Mr, MR_MAGIC, "memory handle");
+checked!(Request, REQ_MAGIC, "request");
+checked!(Context, CTX_MAGIC, "net context");
+
+impl<B: Backend> Comm<B> {
+    /// The backend's end of the connection.
+    pub fn endpoint(&self) -> &Endpoint<B> {
+        &self.end
+    }
+
+    /// Whether this is the sending end.
+    pub fn is_send(&self) -> bool {
+        matches!(self.end, Endpoint::Send(_))
+    }
+
+    fn comm_mut(&mut self) -> CommMut<'_, B> {
+        match &mut self.end {
+            Endpoint::Send(s) => CommMut::Send(s),
+            Endpoint::Recv(r) => CommMut::Recv(r),
+        }
+    }
+
+    fn send(&mut self) -> Result<&mut B::Send> {
+        match &mut self.end {
+            Endpoint::Send(s) => Ok(s),
+            Endpoint::Recv(_) => Err(Error::InvalidArgument(
+                "a recv comm was given where a send comm is required".into(),
+            )),
+        }
+    }
+
+    fn recv(&mut self) -> Result<&mut B::Recv> {
+        match &mut self.end {
+            Endpoint::Recv(r) => Ok(r),
+            Endpoint::Send(_) => Err(Error::InvalidArgument(
+                "a send comm was given where a recv comm is required".into(),
+            )),
+        }
+    }
+}
+
+impl<B: Backend> Mr<B> {
+    /// The backend's registration.
+    pub fn inner(&self) -> &B::Mr {
+        &self.inner
+    }
+}
+
+impl<B: Backend> Request<B> {
+    /// What the request waits for.
+    pub fn kind(&self) -> RequestKind {
+        self.kind
+    }
+}
+
+/// `listen(ctx, dev, handle)`.
+pub fn listen<B: Backend>(
+    ctx: &Context<B>,
+    dev: i32,
+    handle: &mut Handle,
+) -> Result<Box<Listen<B>>> {
+    let i = device_index(dev, ctx.backend.devices().len())?;
+    let inner = ctx.backend.listen(&ctx.info, i, handle)?;
+    Ok(Box::new(Listen {
+        magic: LISTEN_MAGIC,
+        inner,
+    }))
+}
+
+/// `connect(ctx, dev, handle)`; `info` overrides the context's (v10 passes the config per connect).
+pub fn connect<B: Backend>(
+    ctx: &Context<B>,
+    info: Option<CommInfo>,
+    dev: i32,
+    handle: &mut Handle,
+) -> Result<Option<Box<Comm<B>>>> {
+    let i = device_index(dev, ctx.backend.devices().len())?;
+    let info = info.unwrap_or(ctx.info);
+    Ok(ctx.backend.connect(&info, i, handle)?.map(|s| {
+        Box::new(Comm {
+            magic: COMM_MAGIC,
+            end: Endpoint::Send(s),
+        })
+    }))
+}
+
+/// `accept(listenComm)`.
+pub fn accept<B: Backend>(listen: &mut Listen<B>) -> Result<Option<Box<Comm<B>>>> {
+    Ok(B::accept(&mut listen.inner)?.map(|r| {
+        Box::new(Comm {
+            magic: COMM_MAGIC,
+            end: Endpoint::Recv(r),
+        })
+    }))
+}
+
+/// `regMr(comm, data, size, type)`.
+pub fn reg_mr<B: Backend>(comm: &mut Comm<B>, region: Region) -> Result<Box<Mr<B>>> {
+    let inner = B::reg_mr(comm.comm_mut(), region)?;
+    Ok(Box::new(Mr {
+        magic: MR_MAGIC,
+        inner,
+    }))
+}
+
+/// `regMrDmaBuf(comm, data, size, type, offset, fd)`.
+pub fn reg_mr_dmabuf<B: Backend>(
+    comm: &mut Comm<B>,
+    region: Region,
+    offset: u64,
+    fd: BorrowedFd<'_>,
+) -> Result<Box<Mr<B>>> {
+    let inner = B::reg_mr_dmabuf(comm.comm_mut(), region, offset, fd)?;
+    Ok(Box::new(Mr {
+        magic: MR_MAGIC,
+        inner,
+    }))
+}
+
+/// `deregMr(comm, mhandle)`.
+pub fn dereg_mr<B: Backend>(comm: &mut Comm<B>, mr: Mr<B>) -> Result<()> {
+    let Mr { inner, .. } = mr;
+    B::dereg_mr(comm.comm_mut(), inner)
+}
+
+/// `isend(sendComm, data, size, tag, mhandle)`; `Ok(None)` = retry later.
+pub fn isend<B: Backend>(
+    comm: &mut Comm<B>,
+    addr: usize,
+    size: usize,
+    tag: i32,
+    mr: &Mr<B>,
+) -> Result<Option<Box<Request<B>>>> {
+    Ok(
+        B::isend(comm.send()?, addr, size, tag, &mr.inner)?.map(|inner| {
+            Box::new(Request {
+                magic: REQ_MAGIC,
+                kind: RequestKind::Send,
+                inner,
+            })
+        }),
+    )
+}
+
+/// `irecv(recvComm, n, data, sizes, tags, mhandles)`; `Ok(None)` = retry later.
+pub fn irecv<B: Backend>(
+    comm: &mut Comm<B>,
+    bufs: &[RecvBuf<'_, B::Mr>],
+) -> Result<Option<Box<Request<B>>>> {
+    if bufs.is_empty() || bufs.len() > MAX_GROUPED_RECVS {
+        return Err(Error::InvalidArgument(format!(
+            "irecv of {} buffers; accepted: 1..={MAX_GROUPED_RECVS}",
+            bufs.len()
+        )));
+    }
+    Ok(B::irecv(comm.recv()?, bufs)?.map(|inner| {
+        Box::new(Request {
+            magic: REQ_MAGIC,
+            kind: RequestKind::Recv(bufs.len()),
+            inner,
+        })
+    }))
+}
+
+/// `iflush(recvComm, n, data, sizes, mhandles)`; `Ok(None)` = nothing to wait for.
+pub fn iflush<B: Backend>(
+    comm: &mut Comm<B>,
+    bufs: &[FlushBuf<'_, B::Mr>],
+) -> Result<Option<Box<Request<B>>>> {
+    if bufs.is_empty() || bufs.len() > MAX_GROUPED_RECVS {
+        return Err(Error::InvalidArgument(format!(
+            "iflush of {} buffers; accepted: 1..={MAX_GROUPED_RECVS}",
+            bufs.len()
+        )));
+    }
+    Ok(B::iflush(comm.recv()?, bufs)?.map(|inner| {
+        Box::new(Request {
+            magic: REQ_MAGIC,
+            kind: RequestKind::Flush,
+            inner,
+        })
+    }))
+}
+
+/// `test(request)`: `Ok(Some(n))` when complete, with `n` byte counts in `sizes` (1 for a send, one per
+/// buffer for a receive, 0 for a flush); the caller then frees the request. `Ok(None)` while in flight.
+pub fn test<B: Backend>(
+    req: &mut Request<B>,
+    sizes: &mut [usize; MAX_GROUPED_RECVS],
+) -> Result<Option<usize>> {
+    let n = match req.kind {
+        RequestKind::Send => 1,
+        RequestKind::Recv(n) => n,
+        RequestKind::Flush => 0,
+    };
+    let done = B::test(&mut req.inner, &mut sizes[..n])?;
+    Ok(done.then_some(n))
+}
+
+/// `closeSend(sendComm)`.
+pub fn close_send<B: Backend>(comm: Comm<B>) -> Result<()> {
+    match comm.end {
+        Endpoint::Send(s) => B::close_send(s),
+        Endpoint::Recv(_) => Err(Error::InvalidArgument(
+            "closeSend was given a recv comm".into(),
+        )),
+    }
+}
+
+/// `closeRecv(recvComm)`.
+pub fn close_recv<B: Backend>(comm: Comm<B>) -> Result<()> {
+    match comm.end {
+        Endpoint::Recv(r) => B::close_recv(r),
+        Endpoint::Send(_) => Err(Error::InvalidArgument(
+            "closeRecv was given a send comm".into(),
+        )),
+    }
+}
+
+/// `closeListen(listenComm)`.
+pub fn close_listen<B: Backend>(listen: Listen<B>) -> Result<()> {
+    B::close_listen(listen.inner)
+}
+
+/// `setNetAttr(ctx, attr)` (v11+).
+pub fn set_net_attr<B: Backend>(ctx: &Context<B>, attr: &NetAttr) -> Result<()> {
+    ctx.backend.set_net_attr(&ctx.info, attr)
+}
+
+/// Uninhabited: the comm types of a backend that cannot make comms.
+#[derive(Debug)]
+pub enum Never {}
+
+/// The backend until the transport lands: lists the host's RDMA devices (classic verbs probe) and fails
+/// every comm operation with an internal error that says the transport is not available. With no RDMA
+/// device, [`Backend::open`] fails with a system error that says why, so NCCL falls back.
+#[derive(Debug)]
+pub struct DeviceOnly {
+    devices: Vec<Properties>,
+}
+
+fn not_available<T>(op: &str) -> Result<T> {
+    Err(Error::Internal(format!(
+        "{op}: not available: this build of switchless has no transport backend yet \
+         (devices are listed, connections cannot be made)"
+    )))
+}
+
+impl Backend for DeviceOnly {
+    type Listen = Never;
+    type Send = Never;
+    type Recv = Never;
+    type Mr = Never;
+    type Request = Never;
+
+    fn slot() -> &'static Slot<Self> {
+        static SLOT: Slot<DeviceOnly> = Slot::new();
+        &SLOT
+    }
+
+    fn open() -> Result<Self> {
+        let probe = crate::verbs::devices::probe();
+        if probe.devices.is_empty() {
+            return Err(Error::System(format!(
+                "no RDMA device: {}; NCCL will use its internal transports",
+                probe.why_none()
+            )));
+        }
+        let devices = probe
+            .devices
+            .iter()
+            .map(|d| Properties::host(&d.name, d.pci_path.as_deref(), d.guid))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(DeviceOnly { devices })
+    }
+
+    fn devices(&self) -> &[Properties] {
+        &self.devices
+    }
+
+    fn listen(self: &Arc<Self>, _: &CommInfo, _: usize, _: &mut Handle) -> Result<Never> {
+        not_available("listen")
+    }
+
+    fn connect(self: &Arc<Self>, _: &CommInfo, _: usize, _: &mut Handle) -> Result<Option<Never>> {
+        not_available("connect")
+    }
+
+    fn accept(listen: &mut Never) -> Result<Option<Never>> {
+        match *listen {}
+    }
+
+    fn reg_mr(comm: CommMut<'_, Self>, _: Region) -> Result<Never> {
+        match comm {
+            CommMut::Send(n) | CommMut::Recv(n) => match *n {},
+        }
+    }
+
+    fn reg_mr_dmabuf(
+        comm: CommMut<'_, Self>,
+        _: Region,
+        _: u64,
+        _: BorrowedFd<'_>,
+    ) -> Result<Never> {
+        match comm {
+            CommMut::Send(n) | CommMut::Recv(n) => match *n {},
+        }
+    }
+
+    fn dereg_mr(_: CommMut<'_, Self>, mr: Never) -> Result<()> {
+        match mr {}
+    }
+
+    fn isend(comm: &mut Never, _: usize, _: usize, _: i32, _: &Never) -> Result<Option<Never>> {
+        match *comm {}
+    }
+
+    fn irecv(comm: &mut Never, _: &[RecvBuf<'_, Never>]) -> Result<Option<Never>> {
+        match *comm {}
+    }
+
+    fn iflush(comm: &mut Never, _: &[FlushBuf<'_, Never>]) -> Result<Option<Never>> {
+        match *comm {}
+    }
+
+    fn test(req: &mut Never, _: &mut [usize]) -> Result<bool> {
+        match *req {}
+    }
+
+    fn close_send(comm: Never) -> Result<()> {
+        match comm {}
+    }
+
+    fn close_recv(comm: Never) -> Result<()> {
+        match comm {}
+    }
+
+    fn close_listen(listen: Never) -> Result<()> {
+        match listen {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    #[test]
+    fn properties_are_validated_against_nccl_limits() {
+        let good = Properties::host("d0", None, 1).unwrap();
+        good.validate(0).unwrap();
+        let mut p = good.clone();
+        p.max_p2p_bytes = 0;
+        assert!(
+            p.validate(0)
+                .unwrap_err()
+                .to_string()
+                .contains("max_p2p_bytes 0")
+        );
+        p.max_p2p_bytes = MAX_NET_SIZE_BYTES + 1;
+        assert!(matches!(p.validate(0), Err(Error::Internal(_))));
+        let mut p = good.clone();
+        p.max_coll_bytes = 0;
+        assert!(p.validate(0).is_err());
+        let mut p = good.clone();
+        p.max_recvs = 0;
+        assert!(
+            p.validate(0)
+                .unwrap_err()
+                .to_string()
+                .contains("max_recvs 0")
+        );
+        let mut p = good;
+        p.vdevs = (0..9).collect();
+        assert!(
+            p.validate(3)
+                .unwrap_err()
+                .to_string()
+                .contains("9 fused devices")
+        );
+    }
+
+    #[test]
+    fn interned_strings_are_shared_and_nul_is_refused() {
+        let a = intern("mlx5_0").unwrap();
+        let b = intern("mlx5_0").unwrap();
+        assert_eq!(a.as_ptr(), b.as_ptr());
+        assert_eq!(a, c"mlx5_0");
+        assert!(matches!(intern("a\0b"), Err(Error::Internal(_))));
+    }
+
+    #[test]
+    fn device_indices_are_checked() {
+        assert_eq!(device_index(1, 2).unwrap(), 1);
+        for bad in [-1, 2, i32::MAX] {
+            let e = device_index(bad, 2).unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument(_)));
+            assert!(e.to_string().contains("2 device(s)"), "{e}");
+        }
+    }
+
+    #[test]
+    fn device_only_backend_follows_the_host() {
+        let probe = crate::verbs::devices::probe();
+        match DeviceOnly::open() {
+            Err(e) => {
+                assert!(probe.devices.is_empty());
+                assert_eq!(e.code(), crate::error::ResultCode::SystemError);
+                let msg = e.to_string();
+                assert!(
+                    msg.contains("no RDMA device") && msg.contains(&probe.why_none()),
+                    "{msg}"
+                );
+            }
+            Ok(b) => {
+                assert_eq!(b.devices().len(), probe.devices.len());
+                let b = Arc::new(b);
+                let mut h = [0u8; HANDLE_SIZE];
+                let e = b.listen(&CommInfo::default(), 0, &mut h).unwrap_err();
+                assert!(e.to_string().contains("not available"));
+            }
+        }
+        assert!(
+            not_available::<()>("connect")
+                .unwrap_err()
+                .to_string()
+                .contains("connect: not available")
+        );
+    }
+}

@@ -20,6 +20,9 @@ fn long_version() -> &'static str {
 #[derive(Debug, Parser)]
 #[command(name = "switchless", version = long_version(), about = "NCCL network plugin for switchless RDMA meshes: diagnosis, IP plans, routes, benchmarks")]
 struct Cli {
+    /// More log output on stderr (-v: info, -vv: debug).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -40,6 +43,12 @@ enum Cmd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let level = match cli.verbose {
+        0 => tracing::Level::WARN,
+        1 => tracing::Level::INFO,
+        _ => tracing::Level::DEBUG,
+    };
+    switchless::ffi::log::install_stderr(level);
     match cli.cmd {
         Cmd::Doctor(a) => cli::doctor::run(a),
         Cmd::Plan(a) => cli::plan::run(a),

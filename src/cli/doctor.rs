@@ -1,15 +1,127 @@
-//! `switchless doctor` (not yet implemented).
+//! `switchless doctor`: diagnose this host's RDMA/Ethernet ports (or a captured tree with `--root`).
+//!
+//! Exit status: 0 clean (info findings only), 1 warnings, 2 errors (`findings::exit_status`).
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+
+use crate::fabric::{self, Reader, doctor, reader};
+use crate::findings::{Finding, Severity};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Read kernel files under this directory instead of /.
     #[arg(long, default_value = "/")]
-    pub root: std::path::PathBuf,
+    pub root: PathBuf,
+    /// Print the report as JSON (schema "switchless-doctor/1", see the README).
+    #[arg(long)]
+    pub json: bool,
+    /// Copy exactly the kernel files discovery reads into DIR (a tree that --root DIR reads back), to
+    /// attach to a bug report. DIR must not exist or be empty.
+    #[arg(long, value_name = "DIR")]
+    pub capture: Option<PathBuf>,
+    /// Also compare the host with its part of an IP plan (the JSON of `switchless plan --format json`).
+    #[arg(long, value_name = "PLAN.json", requires = "server")]
+    pub plan: Option<PathBuf>,
+    /// Which server of the plan this host is (1-based, as in the cables file).
+    #[arg(long, value_name = "N", requires = "plan")]
+    pub server: Option<u32>,
 }
 
-pub fn run(_args: Args) -> ExitCode {
-    eprintln!("switchless doctor: not implemented yet");
-    ExitCode::from(2)
+/// Reads the plan file named by `--plan`.
+fn load_plan(path: &std::path::Path) -> Result<crate::plan::Plan, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("--plan {}: cannot read: {e}", path.display()))?;
+    crate::plan::Plan::from_json(&text).map_err(|e| format!("--plan {}: {e}", path.display()))
+}
+
+/// The NCCL_IB_HCA filter of the environment (doctor shows the devices NCCL would get).
+fn hca_filter() -> Result<crate::config::HcaFilter, String> {
+    match std::env::var("NCCL_IB_HCA") {
+        Ok(v) if !v.trim().is_empty() => {
+            crate::config::HcaFilter::parse(&v).map_err(|e| e.to_string())
+        }
+        _ => Ok(crate::config::HcaFilter::all()),
+    }
+}
+
+/// Discovery plus every check, without printing (the plan checker extends `findings` here).
+pub fn diagnose(args: &Args) -> Result<(doctor::Report, Option<usize>), String> {
+    let rd = if args.capture.is_some() {
+        Reader::recording(&args.root)
+    } else {
+        Reader::new(&args.root)
+    };
+    if !args.root.is_dir() {
+        return Err(format!(
+            "--root {}: not a directory (expected / or a tree captured with --capture)",
+            args.root.display()
+        ));
+    }
+    let plan = match (&args.plan, args.server) {
+        (Some(p), Some(n)) => Some((load_plan(p)?, n)),
+        _ => None,
+    };
+    let filter = hca_filter()?;
+    let (model, mut findings) = fabric::discover_with(&rd);
+    let devices = model.nccl_devices(&|dev, port| filter.matches(dev, port), false);
+    if let Some((plan, n)) = &plan {
+        findings.extend(crate::plan::check_host(plan, *n, &model.live_ifaces()));
+    }
+    let captured = match &args.capture {
+        Some(dir) => {
+            if dir.exists()
+                && std::fs::read_dir(dir)
+                    .map(|mut d| d.next().is_some())
+                    .unwrap_or(true)
+            {
+                return Err(format!(
+                    "--capture {}: the directory exists and is not empty (expected a new or empty directory)",
+                    dir.display()
+                ));
+            }
+            Some(
+                reader::capture(&rd, dir)
+                    .map_err(|e| format!("--capture {}: {e}", dir.display()))?,
+            )
+        }
+        None => None,
+    };
+    Ok((doctor::report(&model, &devices, findings), captured))
+}
+
+pub fn run(args: Args) -> ExitCode {
+    match diagnose(&args) {
+        Ok((report, captured)) => {
+            if args.json {
+                match serde_json::to_string_pretty(&report) {
+                    Ok(s) => println!("{s}"),
+                    Err(e) => {
+                        eprintln!("switchless doctor: cannot encode the report as JSON: {e}");
+                        return ExitCode::from(2);
+                    }
+                }
+            } else {
+                print!("{}", doctor::render_text(&report));
+            }
+            if let (Some(n), Some(dir)) = (captured, &args.capture) {
+                eprintln!(
+                    "switchless doctor: captured {n} files under {} (replay with --root {0})",
+                    dir.display()
+                );
+            }
+            ExitCode::from(report.exit_status)
+        }
+        Err(msg) => {
+            let f = Finding::new(
+                Severity::Error,
+                "usage",
+                "command line",
+                msg,
+                "see switchless doctor --help",
+            );
+            eprintln!("switchless doctor: {}: {}", f.object, f.message);
+            ExitCode::from(2)
+        }
+    }
 }

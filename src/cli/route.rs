@@ -1,15 +1,109 @@
-//! `switchless route` (not yet implemented).
+//! `switchless route`: which links a connection to a peer would use, and why — the plugin's own
+//! routing code (`route::select`) run on two hosts' kernel files.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+
+use ipnet::Ipv4Net;
+
+use crate::fabric;
+use crate::route::handle::advertised;
+use crate::route::types::{LinkKind, RemoteLink};
+use crate::route::{KindFilter, RouteOptions, render_text, select};
+
+/// Path kinds, as `--kinds` takes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Kinds {
+    /// RoCE on both ends (the verbs transport).
+    Roce,
+    /// Any IPv4 pair, carried as TCP.
+    Tcp,
+    /// Everything; RoCE where both ends are RoCE.
+    Any,
+}
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Read kernel files under this directory instead of /.
+    /// Read this host's kernel files under this directory instead of /.
     #[arg(long, default_value = "/")]
-    pub root: std::path::PathBuf,
+    pub root: PathBuf,
+    /// The peer's kernel files (a tree captured on the peer with `switchless doctor --capture`).
+    #[arg(long, required_unless_present = "peer", conflicts_with = "peer")]
+    pub peer_root: Option<PathBuf>,
+    /// The peer's link addresses instead of its tree, comma-separated, e.g. 10.0.0.2/30,10.0.1.2/30
+    /// (taken as RoCE links).
+    #[arg(long, value_delimiter = ',')]
+    pub peer: Vec<Ipv4Net>,
+    /// The NCCL device NCCL would pass to connect (a locality hint).
+    #[arg(long)]
+    pub dev: Option<usize>,
+    /// Which path kinds the transport can use.
+    #[arg(long, value_enum, default_value = "any")]
+    pub kinds: Kinds,
+    /// At most this many paths.
+    #[arg(long, default_value_t = crate::route::select::DEFAULT_MAX_PATHS)]
+    pub max_paths: usize,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
-pub fn run(_args: Args) -> ExitCode {
-    eprintln!("switchless route: not implemented yet");
-    ExitCode::from(2)
+pub fn run(args: Args) -> ExitCode {
+    let (model, _) = fabric::discover(&args.root);
+    let devices = model.nccl_devices(&|_, _| true, false);
+    let local = model.local_links(&devices);
+    let routes = model.routes();
+    let peer: Vec<RemoteLink> = match &args.peer_root {
+        Some(p) => {
+            let (pm, _) = fabric::discover(p);
+            let pd = pm.nccl_devices(&|_, _| true, false);
+            match advertised(&pm.local_links(&pd)) {
+                Ok(v) => v,
+                Err(e) => return fail(args.json, &format!("peer {}: {e}", p.display())),
+            }
+        }
+        None => args
+            .peer
+            .iter()
+            .map(|a| RemoteLink {
+                addr: *a,
+                phys_port_id: 0,
+                pci_root_id: 0,
+                kind: LinkKind::Roce,
+            })
+            .collect(),
+    };
+    let opts = RouteOptions {
+        nccl_dev: args.dev,
+        kinds: match args.kinds {
+            Kinds::Roce => KindFilter::Roce,
+            Kinds::Tcp => KindFilter::Tcp,
+            Kinds::Any => KindFilter::Any,
+        },
+        max_paths: args.max_paths,
+    };
+    match select(&local, &routes, &peer, &opts) {
+        Ok(sel) => {
+            if args.json {
+                let v = serde_json::json!({ "peer": peer, "selection": sel });
+                match serde_json::to_string_pretty(&v) {
+                    Ok(s) => println!("{s}"),
+                    Err(e) => return fail(false, &format!("encoding JSON: {e}")),
+                }
+            } else {
+                print!("{}", render_text(&sel, &peer));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(args.json, &e.to_string()),
+    }
+}
+
+fn fail(json: bool, msg: &str) -> ExitCode {
+    if json {
+        println!("{}", serde_json::json!({ "error": msg }));
+    } else {
+        eprintln!("switchless route: {msg}");
+    }
+    ExitCode::from(1)
 }

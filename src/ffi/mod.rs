@@ -1,3 +1,23 @@
 //! The C ABI: exported vtables (one thin adapter per version over `plugin`), panic guard, logger bridge,
 //! and the host side (loading an ncclNet plugin by path) used by `switchless bench`.
+//!
+//! * [`abi`]: bindgen types from `include/nccl_net_switchless.h` (ABI v6–v12).
+//! * [`vtables`]: the exported `ncclNetPlugin_v6` … `ncclNetPlugin_v12` statics; each field is one generic
+//!   entry point of `adapters` instantiated for the version's argument shapes ([`props`] converts the
+//!   per-version structs).
+//! * `guard`: every entry point runs inside [`guard::guard`] (no unwinding into C; errors and panics become a
+//!   WARN line and an `ncclResult_t`).
+//! * [`log`]: the `tracing` → `ncclDebugLogger_t` bridge.
 #![allow(unsafe_code)]
+
+pub mod abi;
+mod adapters;
+pub mod guard;
+pub mod log;
+pub mod props;
+#[doc(hidden)]
+pub mod testsupport;
+pub mod vtables;
+
+#[cfg(test)]
+mod tests;

@@ -2,4 +2,12 @@
 //! No I/O here; inputs come from the fabric model (local side) and the peer's listen handle (remote side).
 #![forbid(unsafe_code)]
 
+pub mod handle;
+pub mod select;
 pub mod types;
+
+pub use handle::{Handle, HandleRepr};
+pub use select::{
+    DevOverride, KindFilter, PathChoice, RouteOptions, Selection, Skipped, check_incoming,
+    kernel_route, render_text, select,
+};

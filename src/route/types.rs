@@ -63,5 +63,9 @@ pub struct RemoteLink {
     pub addr: Ipv4Net,
     /// The peer's compact id of (adapter, physical port) / PCIe root for this address.
     pub phys_port_id: u16,
+    /// The peer's compact id of the PCIe root of this address's function (added by `route`; in a
+    /// decoded handle both ids are handle-local indices 0..=15). Striping alternates these.
+    #[serde(default)]
+    pub pci_root_id: u16,
     pub kind: LinkKind,
 }

@@ -14,6 +14,7 @@
 
 pub mod comm;
 pub mod fabric;
+pub mod handshake;
 pub mod memfab;
 pub mod stripe;
 pub mod tcp;

@@ -1,5 +1,29 @@
 //! RAII wrappers over ibverbs (rdma-sys for classic verbs; newer symbols resolved at run time).
 //! With `ffi`, the only module where `unsafe` is allowed; every unsafe block has a `SAFETY:` comment.
+//!
+//! Ownership: every object holds an `Arc` to its parent ([`QueuePair`] → [`ProtectionDomain`] and
+//! [`CompletionQueue`]s → [`Context`]; [`MemoryRegion`] → [`ProtectionDomain`]), so destruction
+//! always runs children first, whatever order the caller drops them in.
 #![allow(unsafe_code)]
 
+pub(crate) mod call;
+mod context;
+mod cq;
+pub mod devices;
+mod memory;
+mod qp;
 pub mod rawmem;
+mod sym;
+mod types;
+
+pub use call::system_error;
+pub use context::{Context, DeviceCaps, device_names, fork_init};
+pub use cq::{Completion, CompletionQueue, WcOpcode, WcStatus};
+pub use memory::{AlignedBuffer, MemoryRegion, ProtectionDomain};
+pub use qp::{
+    MAX_QPN, MAX_SGE, QpCaps, QueuePair, RemoteAddr, RtrParams, RtsParams, SendFlags, Sge,
+};
+pub use sym::{OptionalSymbols, optional_symbols};
+pub use types::{
+    Access, Gid, GidEntry, GidType, LinkLayer, Mtu, PortInfo, PortState, gid_type_from_sysfs,
+};

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# CI: shellcheck every shell script (nccl-tests/, docker/, scripts/, lab/, .ci/), then smoke-test the
+# nccl-tests launchers without a cluster (--dry-run, and rank.sh with `env` as the benchmark).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+command -v shellcheck > /dev/null || {
+  echo "shellcheck is not installed (scripts/deps.d/nccltests.txt lists it; run scripts/deps.sh)" >&2
+  exit 1
+}
+
+mapfile -t files < <(
+  {
+    for d in nccl-tests docker scripts lab .ci; do
+      [ -d "$d" ] && find "$d" -type f \( -name '*.sh' -o -name '*.sbatch' \) -not -path '*/.cache/*'
+    done
+    [ -f .ci/run ] && echo .ci/run
+  } | sort -u
+)
+echo "shellcheck: ${#files[@]} files"
+sc_rc=0
+shellcheck -x "${files[@]}" || sc_rc=$?
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() {
+  echo "nccl-tests smoke: $*" >&2
+  exit 1
+}
+
+# srun: pyxis flags, plugin mount, PMIx, bootstrap interface, debug logging, every test.
+out=$(nccl-tests/srun-nccl-tests.sh -N 2 -g 8 -t all --plugin-dir /shared/sw -i eno1 -o "$tmp/s" --dry-run -- -c 1)
+for want in "--container-image=ghcr.io/coreweave/nccl-tests:13.2.0-devel-ubuntu24.04-nccl2.29.7-1-7112046" \
+  "--container-mounts=$tmp/s:$tmp/s\\,/shared/sw:/opt/switchless:ro" "--mpi=pmix" "--ntasks-per-node=1" \
+  "NCCL_SOCKET_IFNAME=eno1" "NCCL_NET_PLUGIN=switchless" "NCCL_DEBUG_SUBSYS=INIT\\,NET" \
+  "all_reduce_perf -b 512M -e 16G -f 2 -g 8 -n 20 -c 1" all_gather_perf reduce_scatter_perf alltoall_perf \
+  sendrecv_perf broadcast_perf; do
+  grep -qF -- "$want" <<< "$out" || fail "srun dry run lacks '$want':"$'\n'"$out"
+done
+[ "$(grep -c '^+ ' <<< "$out")" = 6 ] || fail "srun dry run: expected 6 commands"
+
+# mpirun: hosts, -x forwarding, strict mode.
+out=$(nccl-tests/mpirun-nccl-tests.sh -H a,b -g 1 -t sendrecv --strict --quiet -o "$tmp/m" --dry-run)
+for want in "-H a:1\\,b:1" "-x NCCL_NET=switchless" "-x NCCL_DEBUG=WARN" "sendrecv_perf" "--map-by ppr:1:node"; do
+  grep -qF -- "$want" <<< "$out" || fail "mpirun dry run lacks '$want':"$'\n'"$out"
+done
+
+# Bad input is refused with a message.
+if err=$(nccl-tests/srun-nccl-tests.sh -t all_reduce,nope --dry-run 2>&1); then fail "accepted an unknown test"; fi
+grep -q "unknown test 'nope'" <<< "$err" || fail "unclear error: $err"
+if err=$(nccl-tests/mpirun-nccl-tests.sh -g 1 --dry-run 2>&1); then fail "accepted no hosts"; fi
+grep -q -- "-H host1" <<< "$err" || fail "unclear error: $err"
+
+# rank.sh: defaults, plugin dir on LD_LIBRARY_PATH, per-process NCCL log path, plugin found.
+mkdir -p "$tmp/p/lib"
+: > "$tmp/p/lib/libnccl-net-switchless.so"
+env_out=$(env -u NCCL_NET_PLUGIN SWITCHLESS_LOG_DIR="$tmp/logs" SWITCHLESS_TEST=all_reduce SWITCHLESS_PLUGIN_DIR="$tmp/p" \
+  NCCL_SOCKET_IFNAME=mgmt0 bash nccl-tests/rank.sh env 2> "$tmp/rank.err")
+for want in "NCCL_NET_PLUGIN=switchless" "NCCL_SOCKET_IFNAME=mgmt0" "NCCL_DEBUG_FILE=$tmp/logs/nccl.all_reduce.%h.%p.log" \
+  "LD_LIBRARY_PATH=$tmp/p/lib"; do
+  grep -qF -- "$want" <<< "$env_out" || fail "rank.sh environment lacks '$want'"
+done
+grep -qF "plugin=$tmp/p/lib/libnccl-net-switchless.so" "$tmp/rank.err" || fail "rank.sh did not find the plugin: $(cat "$tmp/rank.err")"
+# End to end through a stand-in srun (runs the rank command once, here) and a stand-in all_reduce_perf
+# that prints a fixture: rank.sh, the output files and the summary with its exit status.
+bin="${CARGO_TARGET_DIR:-target}/debug/switchless"
+[ -x "$bin" ] || cargo build --locked --bin switchless
+mkdir -p "$tmp/fake/bin" "$tmp/fake/nccl-tests"
+cat > "$tmp/fake/bin/srun" << 'SRUN'
+#!/usr/bin/env bash
+# stand-in srun: drop srun's options, run the command once
+while [ $# -gt 0 ] && [ "$1" != bash ]; do shift; done
+SWITCHLESS_TEST=all_reduce exec "$@"
+SRUN
+printf '#!/bin/sh\ncat "%s"\n' "$PWD/tests/fixtures/nccl-tests/b300-2node-all_reduce-switchless.log" > "$tmp/fake/nccl-tests/all_reduce_perf"
+chmod +x "$tmp/fake/bin/srun" "$tmp/fake/nccl-tests/all_reduce_perf"
+run_fake() {
+  PATH="$tmp/fake/bin:$PATH" SWITCHLESS_BIN="$bin" nccl-tests/srun-nccl-tests.sh -N 2 -g 8 --no-container \
+    --nccl-tests-dir "$tmp/fake/nccl-tests" -o "$tmp/e2e" "$@"
+}
+run_fake --expect-busbw 6000Gb/s > "$tmp/e2e.log" 2>&1 || fail "wrapper failed a passing run: $(cat "$tmp/e2e.log")"
+grep -q "network plugin 'switchless': used" "$tmp/e2e/all_reduce.summary.txt" || fail "no plugin verdict in the summary"
+grep -q "^switchless: rank=0 " "$tmp/e2e/all_reduce.out" || fail "rank.sh banner missing from the output"
+if run_fake --expect-busbw 800 > "$tmp/e2e.log" 2>&1; then fail "wrapper passed a run below --expect-busbw 800"; fi
+grep -q "result: FAIL" "$tmp/e2e.log" || fail "no FAIL verdict: $(cat "$tmp/e2e.log")"
+echo "nccl-tests scripts: OK"
+if [ "$sc_rc" != 0 ]; then
+  echo "shellcheck found problems (above)" >&2
+  exit 1
+fi

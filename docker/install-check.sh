@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs the Docker image's build-and-install steps here (no container engine needed): the same
+# docker/build-plugin.sh the Dockerfile's RUN lines call, into a temporary prefix, then checks the
+# installed plugin: ncclNetPlugin_v6 … v12 exported, dlopen(RTLD_NOW|RTLD_LOCAL) by the name NCCL uses,
+# no unexpected library dependencies, glibc no newer than the runtime image's, `switchless --version`.
+#
+#   docker/install-check.sh            build (cargo build --release into ./target) and check
+#   KEEP=1 docker/install-check.sh     keep the temporary prefix and print its path
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+tmp=$(mktemp -d)
+if [ "${KEEP:-0}" = 1 ]; then
+  echo "prefix kept in $tmp/usr/local"
+else
+  trap 'rm -rf "$tmp"' EXIT
+fi
+prefix="$tmp/usr/local"
+
+"$here/build-plugin.sh" deps
+"$here/build-plugin.sh" install "$prefix"
+"$here/build-plugin.sh" check "$prefix"
+echo "docker install check: OK ($prefix)"

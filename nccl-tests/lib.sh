@@ -1,0 +1,196 @@
+# shellcheck shell=bash disable=SC2034  # the SL_* variables are used by the scripts that source this
+# Shared by srun-nccl-tests.sh and mpirun-nccl-tests.sh: common options, the environment every rank
+# gets, and the summary. Source it; it defines sl_* functions and SL_* variables.
+
+SL_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+SL_ALL_TESTS="all_reduce all_gather reduce_scatter alltoall sendrecv broadcast"
+
+# Defaults (the seed's B300 run: -b 512M -e 16G -f 2 -g 8 -n 20).
+SL_NODES=2
+SL_GPUS=8
+SL_TESTS="all_reduce"
+SL_MIN=512M
+SL_MAX=16G
+SL_FACTOR=2
+SL_ITERS=20
+SL_BOOT_IF="${NCCL_SOCKET_IFNAME:-}"
+SL_OUT=""
+SL_DEBUG=1 # 0: NCCL_DEBUG=WARN; 1: INFO for INIT,NET (route log); 2: --debug
+SL_EXPECT=""
+SL_STRICT=0
+SL_DRY=0
+SL_NCCL_TESTS_DIR="/opt/nccl-tests/build"
+SL_PLUGIN_DIR=""
+SL_ENV=()
+SL_TEST_ARGS=()
+SL_REST=()
+
+sl_common_usage() {
+  cat << 'EOF'
+Common options:
+  -N, --nodes N            nodes (default 2)
+  -g, --gpus-per-node G    GPUs per node, one process per node drives them all (default 8; GB10: 1)
+  -t, --tests LIST         comma-separated: all_reduce,all_gather,reduce_scatter,alltoall,sendrecv,
+                           broadcast, or "all" (default all_reduce)
+  -b, --min-bytes SIZE     smallest message (default 512M)
+  -e, --max-bytes SIZE     largest message (default 16G)
+  -f, --factor F           size step factor (default 2)
+  -n, --iters N            timed iterations per size (default 20)
+  -i, --bootstrap-if IF    NCCL_SOCKET_IFNAME for NCCL's TCP bootstrap (default: $NCCL_SOCKET_IFNAME, else
+                           each node's default-route interface); must reach every node
+  -o, --out DIR            output directory (default ./nccl-tests-<job or time>); must be on a file system
+                           every node sees, or NCCL's per-process logs stay on each node
+      --nccl-tests-dir D   directory of the *_perf binaries (default /opt/nccl-tests/build)
+      --plugin-dir DIR     install prefix of the plugin (DIR/lib/libnccl-net-switchless.so), e.g. the
+                           PREFIX of `make install`; default: the plugin is already installed
+      --expect-busbw BW    fail when busbw at the largest size is below BW (787, 787GB/s or 6300Gb/s)
+      --strict             NCCL_NET=switchless: fail instead of falling back to NCCL's IB transport
+      --debug              more NCCL logging (INIT,NET,GRAPH,ENV,TUNING) in the per-process logs
+      --quiet              NCCL_DEBUG=WARN (no per-connection route log, plugin use not verifiable)
+      --env VAR=VALUE      extra environment for every rank (repeatable)
+      --dry-run            print the commands, run nothing
+  -h, --help               this help
+  -- ARGS                  extra arguments for the nccl-tests binaries (e.g. -- -d bfloat16 -c 0)
+EOF
+}
+
+sl_die() {
+  echo "$(basename "$0"): $*" >&2
+  exit 2
+}
+
+# Parses one common option. Sets SL_SHIFT to the number of words used, 0 if the option is not common.
+sl_parse_common() {
+  SL_SHIFT=2
+  local opt="$1" val="${2-}"
+  case "$opt" in
+    -N | --nodes) SL_NODES="$val" ;;
+    -g | --gpus-per-node) SL_GPUS="$val" ;;
+    -t | --tests) SL_TESTS="$val" ;;
+    -b | --min-bytes) SL_MIN="$val" ;;
+    -e | --max-bytes) SL_MAX="$val" ;;
+    -f | --factor) SL_FACTOR="$val" ;;
+    -n | --iters) SL_ITERS="$val" ;;
+    -i | --bootstrap-if) SL_BOOT_IF="$val" ;;
+    -o | --out) SL_OUT="$val" ;;
+    --nccl-tests-dir) SL_NCCL_TESTS_DIR="$val" ;;
+    --plugin-dir) SL_PLUGIN_DIR="$val" ;;
+    --expect-busbw) SL_EXPECT="$val" ;;
+    --env)
+      case "$val" in
+        [A-Za-z_]*=*) SL_ENV+=("$val") ;;
+        *) sl_die "--env takes VAR=VALUE, got '$val'" ;;
+      esac
+      ;;
+    --strict) SL_STRICT=1 SL_SHIFT=1 ;;
+    --debug) SL_DEBUG=2 SL_SHIFT=1 ;;
+    --quiet) SL_DEBUG=0 SL_SHIFT=1 ;;
+    --dry-run) SL_DRY=1 SL_SHIFT=1 ;;
+    --)
+      SL_SHIFT=1
+      return 0
+      ;;
+    *) SL_SHIFT=0 ;;
+  esac
+  if [ "$SL_SHIFT" = 2 ] && [ $# -lt 2 ]; then
+    sl_die "option $opt needs a value"
+  fi
+}
+
+sl_validate() {
+  local t
+  [[ "$SL_NODES" =~ ^[1-9][0-9]*$ ]] || sl_die "--nodes must be a positive whole number, got '$SL_NODES'"
+  [[ "$SL_GPUS" =~ ^[1-9][0-9]*$ ]] || sl_die "--gpus-per-node must be a positive whole number, got '$SL_GPUS'"
+  [[ "$SL_ITERS" =~ ^[1-9][0-9]*$ ]] || sl_die "--iters must be a positive whole number, got '$SL_ITERS'"
+  [[ "$SL_FACTOR" =~ ^[1-9][0-9]*$ ]] || sl_die "--factor must be a positive whole number, got '$SL_FACTOR'"
+  for t in "$SL_MIN" "$SL_MAX"; do
+    [[ "$t" =~ ^[0-9]+[KMGkmg]?$ ]] || sl_die "message sizes look like 8, 64K, 512M or 16G; got '$t'"
+  done
+  if [ "$SL_TESTS" = all ]; then
+    SL_TESTS="$SL_ALL_TESTS"
+  else
+    SL_TESTS="${SL_TESTS//,/ }"
+    for t in $SL_TESTS; do
+      case " $SL_ALL_TESTS " in
+        *" $t "*) ;;
+        *) sl_die "unknown test '$t' (accepted: ${SL_ALL_TESTS// /, }, all)" ;;
+      esac
+    done
+  fi
+  if [ -z "$SL_OUT" ]; then
+    SL_OUT="$PWD/nccl-tests-${SLURM_JOB_ID:-$(date +%Y%m%d-%H%M%S)}"
+  fi
+  case "$SL_OUT" in
+    /*) ;;
+    *) SL_OUT="$PWD/$SL_OUT" ;;
+  esac
+}
+
+# The environment every rank gets, as VAR=VALUE words in SL_RANK_ENV.
+sl_rank_env() {
+  SL_RANK_ENV=(
+    "NCCL_NET_PLUGIN=${NCCL_NET_PLUGIN:-switchless}"
+    "SWITCHLESS_LOG_DIR=$SL_OUT"
+    "CUDA_DEVICE_ORDER=PCI_BUS_ID"
+  )
+  if [ -n "$SL_BOOT_IF" ]; then
+    SL_RANK_ENV+=("NCCL_SOCKET_IFNAME=$SL_BOOT_IF")
+  fi
+  case "$SL_DEBUG" in
+    0) SL_RANK_ENV+=("NCCL_DEBUG=WARN") ;;
+    1) SL_RANK_ENV+=("NCCL_DEBUG=INFO" "NCCL_DEBUG_SUBSYS=INIT,NET") ;;
+    2) SL_RANK_ENV+=("NCCL_DEBUG=INFO" "NCCL_DEBUG_SUBSYS=INIT,NET,GRAPH,ENV,TUNING") ;;
+  esac
+  if [ "$SL_STRICT" = 1 ]; then
+    SL_RANK_ENV+=("NCCL_NET=${NCCL_NET_PLUGIN:-switchless}")
+  fi
+  SL_RANK_ENV+=("${SL_ENV[@]}")
+}
+
+# nccl-tests arguments for one test.
+sl_test_args() {
+  SL_TEST_ARGS=(-b "$SL_MIN" -e "$SL_MAX" -f "$SL_FACTOR" -g "$SL_GPUS" -n "$SL_ITERS" "${SL_REST[@]}")
+}
+
+# Prints a command, quoted so it can be pasted.
+sl_show() {
+  local w out=""
+  for w in "$@"; do
+    out+="$(printf '%q' "$w") "
+  done
+  echo "+ ${out% }"
+}
+
+sl_find_cli() {
+  if [ -n "${SWITCHLESS_BIN:-}" ]; then
+    echo "$SWITCHLESS_BIN"
+  elif [ -n "$SL_PLUGIN_DIR" ] && [ -x "$SL_PLUGIN_DIR/bin/switchless" ]; then
+    echo "$SL_PLUGIN_DIR/bin/switchless"
+  elif command -v switchless > /dev/null 2>&1; then
+    command -v switchless
+  fi
+}
+
+# Summarizes one test's output (stdout file + NCCL logs). Returns the summary's status.
+sl_summarize() {
+  local test="$1" cli args logs
+  args=("$SL_OUT/$test.out")
+  shopt -s nullglob
+  logs=("$SL_OUT"/nccl."$test".*.log)
+  shopt -u nullglob
+  args+=("${logs[@]}")
+  if [ "$SL_DEBUG" -ge 1 ]; then
+    args+=(--require-plugin)
+  fi
+  if [ -n "$SL_EXPECT" ]; then
+    args+=(--expect-busbw "$SL_EXPECT")
+  fi
+  cli=$(sl_find_cli)
+  if [ -z "$cli" ]; then
+    echo "switchless CLI not found (set SWITCHLESS_BIN); summarize later with:"
+    sl_show switchless nccl-tests summarize "${args[@]}"
+    return 0
+  fi
+  "$cli" nccl-tests summarize "${args[@]}" | tee "$SL_OUT/$test.summary.txt"
+  return "${PIPESTATUS[0]}"
+}

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Runs NVIDIA nccl-tests with the switchless NCCL net plugin under Slurm, in a container (pyxis/enroot)
+# or on the hosts, then summarizes each test with `switchless nccl-tests summarize`.
+#
+#   # 2x DGX B300 (8 GPUs each), all six collectives, in the coreweave image with the plugin mounted:
+#   nccl-tests/srun-nccl-tests.sh -N 2 -g 8 --tests all --plugin-dir /shared/switchless -i eno1
+#   # 2x GB10 with our image (plugin inside), all_gather 16 GiB, fail below 185 Gb/s:
+#   nccl-tests/srun-nccl-tests.sh -N 2 -g 1 -t all_gather -b 16G -e 16G --image ghcr.io#you/switchless-nccl-tests:latest --expect-busbw 185Gb/s
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
+
+SL_IMAGE="ghcr.io/coreweave/nccl-tests:13.2.0-devel-ubuntu24.04-nccl2.29.7-1-7112046"
+SL_CONTAINER=1
+SL_MOUNTS=""
+SL_SRUN_ARGS=()
+
+usage() {
+  cat << 'EOF'
+usage: srun-nccl-tests.sh [options] [-- nccl-tests args]
+
+Runs one process per node (srun --ntasks-per-node=1 --mpi=pmix), each driving --gpus-per-node GPUs,
+with NCCL_NET_PLUGIN=switchless. Inside an allocation (salloc/sbatch) it uses the allocation.
+Writes DIR/<test>.out (the ranks' output, labelled by srun -l), DIR/nccl.<test>.<host>.<pid>.log
+(NCCL's per-process log, with the plugin's per-connection route lines) and DIR/<test>.summary.txt.
+
+Slurm options:
+      --image IMAGE        container image for pyxis (default
+                           ghcr.io/coreweave/nccl-tests:13.2.0-devel-ubuntu24.04-nccl2.29.7-1-7112046;
+                           enroot < 4.0 needs REGISTRY#IMAGE: ghcr.io#coreweave/nccl-tests:TAG)
+      --no-container       run the binaries on the hosts (no pyxis)
+      --mounts LIST        extra --container-mounts entries (SRC:DST[,SRC:DST...])
+      --srun-arg ARG       extra srun argument (repeatable), e.g. --srun-arg=--partition=b300
+EOF
+  sl_common_usage
+}
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -h | --help)
+      usage
+      exit 0
+      ;;
+    --image)
+      [ $# -ge 2 ] || sl_die "--image needs a value"
+      SL_IMAGE="$2"
+      shift 2
+      ;;
+    --image=*)
+      SL_IMAGE="${1#*=}"
+      shift
+      ;;
+    --no-container)
+      SL_CONTAINER=0
+      shift
+      ;;
+    --mounts)
+      [ $# -ge 2 ] || sl_die "--mounts needs a value"
+      SL_MOUNTS="$2"
+      shift 2
+      ;;
+    --srun-arg)
+      [ $# -ge 2 ] || sl_die "--srun-arg needs a value"
+      SL_SRUN_ARGS+=("$2")
+      shift 2
+      ;;
+    --srun-arg=*)
+      SL_SRUN_ARGS+=("${1#*=}")
+      shift
+      ;;
+    --)
+      shift
+      SL_REST=("$@")
+      break
+      ;;
+    --*=*)
+      sl_parse_common "${1%%=*}" "${1#*=}"
+      [ "$SL_SHIFT" != 0 ] || sl_die "unknown option '$1' (see --help)"
+      shift
+      ;;
+    *)
+      sl_parse_common "$@"
+      [ "$SL_SHIFT" != 0 ] || sl_die "unknown option '$1' (see --help)"
+      shift "$SL_SHIFT"
+      ;;
+  esac
+done
+
+sl_validate
+sl_rank_env
+mkdir -p "$SL_OUT"
+
+rank_script=$(cat "$SL_DIR/rank.sh")
+plugin_in_container=""
+mounts="$SL_OUT:$SL_OUT"
+if [ -n "$SL_PLUGIN_DIR" ]; then
+  [ -e "$SL_PLUGIN_DIR/lib/libnccl-net-switchless.so" ] || [ "$SL_DRY" = 1 ] ||
+    sl_die "--plugin-dir $SL_PLUGIN_DIR has no lib/libnccl-net-switchless.so (run: make install PREFIX=$SL_PLUGIN_DIR)"
+  if [ "$SL_CONTAINER" = 1 ]; then
+    plugin_in_container=/opt/switchless
+    mounts+=",$SL_PLUGIN_DIR:$plugin_in_container:ro"
+  else
+    plugin_in_container="$SL_PLUGIN_DIR"
+  fi
+fi
+[ -z "$SL_MOUNTS" ] || mounts+=",$SL_MOUNTS"
+
+# Environment for the ranks: srun exports the caller's environment (--export=ALL) and pyxis passes it
+# into the container; OpenMPI/UCX settings keep MPI's own traffic on the bootstrap network (as in the
+# seed's B300 run).
+export "${SL_RANK_ENV[@]}"
+export PMIX_MCA_gds=hash OMPI_MCA_coll='^ucc,hcoll' OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,tcp UCX_TLS=tcp
+if [ -n "$SL_BOOT_IF" ]; then
+  export OMPI_MCA_oob_tcp_if_include="$SL_BOOT_IF" OMPI_MCA_btl_tcp_if_include="$SL_BOOT_IF" UCX_NET_DEVICES="$SL_BOOT_IF"
+fi
+[ -z "$plugin_in_container" ] || export SWITCHLESS_PLUGIN_DIR="$plugin_in_container"
+
+srun_cmd=(srun -N "$SL_NODES" --ntasks-per-node=1 --gpus-per-node="$SL_GPUS" --mpi=pmix -u -l --kill-on-bad-exit=1)
+if [ "$SL_CONTAINER" = 1 ]; then
+  srun_cmd+=(--container-image="$SL_IMAGE" --container-mounts="$mounts" --container-writable --no-container-mount-home)
+fi
+srun_cmd+=("${SL_SRUN_ARGS[@]}")
+
+echo "switchless nccl-tests: ${SL_NODES} node(s) x ${SL_GPUS} GPU(s), tests: ${SL_TESTS}, output: ${SL_OUT}"
+sl_test_args
+status=0
+for t in $SL_TESTS; do
+  cmd=("${srun_cmd[@]}" --export="ALL,SWITCHLESS_TEST=$t" bash -c "$rank_script" rank.sh "$SL_NCCL_TESTS_DIR/${t}_perf" "${SL_TEST_ARGS[@]}")
+  if [ "$SL_DRY" = 1 ]; then
+    sl_show env "${SL_RANK_ENV[@]}" "${srun_cmd[@]}" --export="ALL,SWITCHLESS_TEST=$t" bash -c '<nccl-tests/rank.sh>' rank.sh "$SL_NCCL_TESTS_DIR/${t}_perf" "${SL_TEST_ARGS[@]}"
+    continue
+  fi
+  echo "== ${t}_perf"
+  rc=0
+  "${cmd[@]}" 2>&1 | tee "$SL_OUT/$t.out" || rc=$?
+  [ "$rc" = 0 ] || echo "switchless nccl-tests: ${t}_perf exited with status $rc"
+  sl_summarize "$t" || rc=1
+  [ "$rc" = 0 ] || status=1
+done
+exit "$status"

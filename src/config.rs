@@ -1,2 +1,0 @@
-//! Typed configuration read from the environment at `init`.
-#![forbid(unsafe_code)]

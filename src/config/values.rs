@@ -1,0 +1,196 @@
+//! Parsers for single environment values: integers with NCCL's `strtoll(…, 0)` forms, booleans,
+//! byte sizes and durations. Each returns the accepted-forms text on failure so the caller can
+//! build one error naming the variable and the value.
+#![forbid(unsafe_code)]
+
+use std::time::Duration;
+
+/// Why a value was rejected: a sentence saying what is accepted.
+pub(crate) type Reject = String;
+
+/// Parses a signed integer the way NCCL's `NCCL_PARAM` does (`strtoll(s, NULL, 0)`): decimal or
+/// `0x` hexadecimal, optional sign. Unlike `strtoll` it rejects trailing garbage, overflow and a
+/// leading `0` on a multi-digit decimal (which `strtoll` would read as octal: `010` is 8 for NCCL).
+pub(crate) fn parse_int(s: &str) -> Result<i64, Reject> {
+    let t = s.trim();
+    let (neg, body) = match t.as_bytes().first() {
+        Some(b'-') => (true, &t[1..]),
+        Some(b'+') => (false, &t[1..]),
+        _ => (false, t),
+    };
+    if body.is_empty() {
+        return Err("expected an integer".into());
+    }
+    let magnitude: u64 = if let Some(hex) =
+        body.strip_prefix("0x").or_else(|| body.strip_prefix("0X"))
+    {
+        if hex.is_empty() || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err("expected hexadecimal digits after 0x".into());
+        }
+        u64::from_str_radix(hex, 16).map_err(|_| "the number is too large".to_string())?
+    } else {
+        if !body.bytes().all(|b| b.is_ascii_digit()) {
+            return Err("expected a decimal integer (or 0x… hexadecimal)".into());
+        }
+        if body.len() > 1 && body.starts_with('0') {
+            return Err(
+                "a leading 0 is ambiguous (NCCL reads it as octal); write the decimal value without leading zeros"
+                    .into(),
+            );
+        }
+        body.parse::<u64>()
+            .map_err(|_| "the number is too large".to_string())?
+    };
+    if neg {
+        if magnitude > i64::MAX as u64 + 1 {
+            return Err("the number is too large".into());
+        }
+        Ok((magnitude as i128).wrapping_neg() as i64)
+    } else {
+        i64::try_from(magnitude).map_err(|_| "the number is too large".to_string())
+    }
+}
+
+/// An integer in `lo..=hi`.
+pub(crate) fn parse_int_in(s: &str, lo: i64, hi: i64) -> Result<i64, Reject> {
+    let v = parse_int(s)?;
+    if v < lo || v > hi {
+        return Err(format!("{v} is out of range"));
+    }
+    Ok(v)
+}
+
+/// A plain decimal field (NCCL_IB_HCA ports, rails, planes; NCCL uses `atoi`): digits only,
+/// leading zeros allowed.
+pub(crate) fn parse_decimal_u64(s: &str) -> Result<u64, Reject> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err("expected a non-negative decimal number".into());
+    }
+    s.parse::<u64>()
+        .map_err(|_| "the number is too large".to_string())
+}
+
+/// `0`/`1` (also `true`/`false`, `yes`/`no`, `on`/`off`, any case).
+pub(crate) fn parse_bool(s: &str) -> Result<bool, Reject> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err("expected 0 or 1".into()),
+    }
+}
+
+/// Splits `123abc` into (`123`, `abc`) after trimming.
+fn split_number_suffix(s: &str) -> (&str, &str) {
+    let t = s.trim();
+    let end = t
+        .bytes()
+        .position(|b| !b.is_ascii_digit())
+        .unwrap_or(t.len());
+    (&t[..end], t[end..].trim())
+}
+
+/// A byte count: digits with an optional binary suffix `K`/`KiB` (1024), `M`/`MiB` (1024²),
+/// `G`/`GiB` (1024³), or `B`; case-insensitive. Decimal `KB`/`MB` are refused as ambiguous.
+pub(crate) fn parse_bytes(s: &str) -> Result<u64, Reject> {
+    let (digits, suffix) = split_number_suffix(s);
+    if digits.is_empty() {
+        return Err("expected a byte count such as 131072, 128K or 1M".into());
+    }
+    let n = parse_decimal_u64(digits)?;
+    let mult: u64 = match suffix.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "ki" | "kib" => 1 << 10,
+        "m" | "mi" | "mib" => 1 << 20,
+        "g" | "gi" | "gib" => 1 << 30,
+        "kb" | "mb" | "gb" => {
+            return Err(format!(
+                "the suffix {suffix:?} is ambiguous (1000 or 1024?); use K/KiB, M/MiB or G/GiB (powers of 1024)"
+            ));
+        }
+        _ => return Err(format!("unknown size suffix {suffix:?}")),
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| "the size is too large".to_string())
+}
+
+/// A duration: a bare number is milliseconds; suffixes `ms`, `s`, `m` (minutes).
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, Reject> {
+    let (digits, suffix) = split_number_suffix(s);
+    if digits.is_empty() {
+        return Err("expected a duration such as 30000, 500ms, 30s or 2m".into());
+    }
+    let n = parse_decimal_u64(digits)?;
+    let ms_per_unit: u64 = match suffix.to_ascii_lowercase().as_str() {
+        "" | "ms" => 1,
+        "s" => 1000,
+        "m" | "min" => 60_000,
+        _ => return Err(format!("unknown duration unit {suffix:?}")),
+    };
+    let ms = n
+        .checked_mul(ms_per_unit)
+        .ok_or_else(|| "the duration is too large".to_string())?;
+    Ok(Duration::from_millis(ms))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ints_follow_strtoll_base0_but_strictly() {
+        assert_eq!(parse_int("20"), Ok(20));
+        assert_eq!(parse_int(" 20 "), Ok(20));
+        assert_eq!(parse_int("0x68"), Ok(0x68));
+        assert_eq!(parse_int("-1"), Ok(-1));
+        assert_eq!(parse_int("+3"), Ok(3));
+        assert_eq!(parse_int("0"), Ok(0));
+        assert_eq!(parse_int("-9223372036854775808"), Ok(i64::MIN));
+        assert!(parse_int("9223372036854775808").is_err());
+        assert!(parse_int("99999999999999999999").is_err());
+        assert!(parse_int("010").is_err());
+        assert!(parse_int("12abc").is_err());
+        assert!(parse_int("").is_err());
+        assert!(parse_int("-").is_err());
+        assert!(parse_int("0x").is_err());
+        assert!(parse_int("1 2").is_err());
+        assert!(parse_int("1.5").is_err());
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_bytes("131072"), Ok(131072));
+        assert_eq!(parse_bytes("128K"), Ok(128 * 1024));
+        assert_eq!(parse_bytes("128 KiB"), Ok(128 * 1024));
+        assert_eq!(parse_bytes("1m"), Ok(1 << 20));
+        assert_eq!(parse_bytes("2G"), Ok(2 << 30));
+        assert!(parse_bytes("128KB").unwrap_err().contains("ambiguous"));
+        assert!(parse_bytes("K").is_err());
+        assert!(parse_bytes("-1K").is_err());
+        assert!(parse_bytes("99999999999999999999").is_err());
+        assert!(parse_bytes("17179869184G").is_err());
+        assert!(parse_bytes("1T").is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30000"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("2 min"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("1h").is_err());
+        assert!(parse_duration("1.5s").is_err());
+        assert!(parse_duration("s").is_err());
+        assert!(parse_duration("-5s").is_err());
+    }
+
+    #[test]
+    fn bools() {
+        assert_eq!(parse_bool("1"), Ok(true));
+        assert_eq!(parse_bool(" ON "), Ok(true));
+        assert_eq!(parse_bool("0"), Ok(false));
+        assert_eq!(parse_bool("False"), Ok(false));
+        assert!(parse_bool("2").is_err());
+        assert!(parse_bool("").is_err());
+    }
+}

@@ -1,0 +1,335 @@
+//! Opened RDMA devices: the device list, [`Context`] and its port and GID queries.
+
+use super::call::{check_ptr, last_errno, system_error, verbs_call};
+use super::sym::{GidEntryRaw, optional_symbols};
+use super::types::{
+    Gid, GidEntry, GidType, LinkLayer, Mtu, PortInfo, PortState, gid_type_from_sysfs,
+};
+use crate::error::{Error, Result};
+use rdma_sys::{
+    ibv_close_device, ibv_context, ibv_device, ibv_device_attr, ibv_fork_init,
+    ibv_free_device_list, ibv_get_device_list, ibv_get_device_name, ibv_gid, ibv_open_device,
+    ibv_port_attr, ibv_query_device, ibv_query_gid, ibv_query_port,
+};
+use std::ffi::{CStr, c_int};
+use std::net::Ipv4Addr;
+use std::path::Path;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// The device list from `ibv_get_device_list`, freed on drop.
+struct DeviceList {
+    list: NonNull<*mut ibv_device>,
+    len: usize,
+}
+
+impl DeviceList {
+    /// `Ok(None)` when the kernel has no RDMA support (NULL with `ENOSYS`).
+    fn get() -> Result<Option<DeviceList>> {
+        let mut n: c_int = 0;
+        // SAFETY: `n` is a valid out-pointer; the returned array is freed in Drop.
+        let p = unsafe { ibv_get_device_list(&mut n) };
+        if p.is_null() {
+            let errno = last_errno();
+            if errno == libc::ENOSYS {
+                return Ok(None);
+            }
+            return Err(system_error("ibv_get_device_list", errno));
+        }
+        let list = check_ptr("ibv_get_device_list", p)?;
+        Ok(Some(DeviceList {
+            list,
+            len: usize::try_from(n).unwrap_or(0),
+        }))
+    }
+
+    fn devices(&self) -> impl Iterator<Item = (*mut ibv_device, String)> + '_ {
+        (0..self.len).filter_map(move |i| {
+            // SAFETY: `i < len`, the number of entries libibverbs reported for this array.
+            let dev = unsafe { *self.list.as_ptr().add(i) };
+            if dev.is_null() {
+                return None;
+            }
+            // SAFETY: `dev` is a device of the live list; the name is NUL-terminated and owned by it.
+            let name = unsafe { ibv_get_device_name(dev) };
+            if name.is_null() {
+                return None;
+            }
+            // SAFETY: non-NULL, NUL-terminated, valid while the list lives (copied out here).
+            let name = unsafe { CStr::from_ptr(name) }
+                .to_string_lossy()
+                .into_owned();
+            Some((dev, name))
+        })
+    }
+}
+
+impl Drop for DeviceList {
+    fn drop(&mut self) {
+        // SAFETY: the array came from ibv_get_device_list and is freed once; devices opened from
+        // it stay valid (verbs contract).
+        unsafe { ibv_free_device_list(self.list.as_ptr()) };
+    }
+}
+
+/// Names of the RDMA devices libibverbs sees (e.g. `mlx5_0`, `rxe0`). Empty when there are none or
+/// the kernel has no RDMA support.
+pub fn device_names() -> Result<Vec<String>> {
+    Ok(match DeviceList::get()? {
+        Some(list) => list.devices().map(|(_, n)| n).collect(),
+        None => Vec::new(),
+    })
+}
+
+/// `ibv_fork_init`, as NCCL calls it at init: makes registered memory safe across `fork()` on
+/// kernels without copy-on-fork support for pinned pages (before Linux 5.13). Call it before any
+/// other verbs call (libibverbs refuses with `EINVAL` once memory is registered).
+pub fn fork_init() -> Result<()> {
+    // SAFETY: no arguments; libibverbs serialises it internally.
+    unsafe { verbs_call!(rc ibv_fork_init()) }
+}
+
+/// Device capabilities we size resources by (`ibv_query_device`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceCaps {
+    pub fw_ver: String,
+    pub vendor_part_id: u32,
+    pub phys_port_cnt: u8,
+    pub max_mr_size: u64,
+    pub max_qp: u32,
+    pub max_qp_wr: u32,
+    pub max_sge: u32,
+    pub max_cqe: u32,
+    /// Outstanding RDMA reads a QP can answer (responder) / issue (initiator).
+    pub max_qp_rd_atom: u32,
+    pub max_qp_init_rd_atom: u32,
+}
+
+/// An opened RDMA device (`ibv_context`). Shared with `Arc`: every object created from it holds one,
+/// so the device is closed after the last of them is dropped.
+pub struct Context {
+    ctx: NonNull<ibv_context>,
+    name: String,
+}
+
+// SAFETY: an ibv_context may be used from any thread; libibverbs and the providers serialise
+// internally (all verbs are thread-safe per the verbs API).
+unsafe impl Send for Context {}
+// SAFETY: as above; `&Context` only exposes verbs calls, which are thread-safe.
+unsafe impl Sync for Context {}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context").field("name", &self.name).finish()
+    }
+}
+
+impl Context {
+    /// Opens the device called `name`.
+    pub fn open(name: &str) -> Result<Arc<Context>> {
+        let list = DeviceList::get()?.ok_or_else(|| {
+            Error::System(format!(
+                "cannot open RDMA device {name:?}: the kernel has no RDMA support (ibv_get_device_list: ENOSYS)"
+            ))
+        })?;
+        let mut names = Vec::new();
+        for (dev, n) in list.devices() {
+            if n == name {
+                // SAFETY: `dev` belongs to the live list; opening before the list is freed is the
+                // documented order.
+                let ctx = unsafe { verbs_call!(ptr ibv_open_device(dev), "{name}") }?;
+                return Ok(Arc::new(Context {
+                    ctx,
+                    name: name.to_string(),
+                }));
+            }
+            names.push(n);
+        }
+        Err(Error::System(format!(
+            "no RDMA device named {name:?}; devices present: [{}]",
+            names.join(", ")
+        )))
+    }
+
+    /// The device name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut ibv_context {
+        self.ctx.as_ptr()
+    }
+
+    /// `ibv_query_device`.
+    pub fn query_device(&self) -> Result<DeviceCaps> {
+        // SAFETY: ibv_device_attr is plain old data; all-zero is a valid value.
+        let mut a: ibv_device_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: live context; `a` is a valid out-pointer of the right type.
+        unsafe { verbs_call!(rc ibv_query_device(self.as_ptr(), &mut a), "{}", self.name) }?;
+        let u = |v: c_int| u32::try_from(v).unwrap_or(0);
+        // fw_ver is a fixed C array; read it bounded to its length.
+        let fw: Vec<u8> = a.fw_ver.iter().map(|&c| c as u8).collect();
+        let fw_ver = CStr::from_bytes_until_nul(&fw)
+            .map(|c| c.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| String::from_utf8_lossy(&fw).into_owned());
+        Ok(DeviceCaps {
+            fw_ver,
+            vendor_part_id: a.vendor_part_id,
+            phys_port_cnt: a.phys_port_cnt,
+            max_mr_size: a.max_mr_size,
+            max_qp: u(a.max_qp),
+            max_qp_wr: u(a.max_qp_wr),
+            max_sge: u(a.max_sge),
+            max_cqe: u(a.max_cqe),
+            max_qp_rd_atom: u(a.max_qp_rd_atom),
+            max_qp_init_rd_atom: u(a.max_qp_init_rd_atom),
+        })
+    }
+
+    /// `ibv_query_port` (the exported IBVERBS_1.1 symbol; it fills the classic fields, which are all
+    /// we read).
+    pub fn query_port(&self, port: u8) -> Result<PortInfo> {
+        // SAFETY: ibv_port_attr is plain old data; all-zero is valid.
+        let mut a: ibv_port_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: live context; `a` is the full current struct, at least as large as the compat
+        // prefix the symbol writes.
+        unsafe {
+            verbs_call!(
+                rc ibv_query_port(self.as_ptr(), port, (&mut a as *mut ibv_port_attr).cast()),
+                "{} port {port}",
+                self.name
+            )
+        }?;
+        Ok(PortInfo {
+            state: PortState::from_ibv(a.state),
+            active_mtu: Mtu::from_ibv(a.active_mtu),
+            max_mtu: Mtu::from_ibv(a.max_mtu),
+            gid_tbl_len: u32::try_from(a.gid_tbl_len).unwrap_or(0),
+            link_layer: LinkLayer::from_ibv(a.link_layer),
+            lid: a.lid,
+            active_width: a.active_width,
+            active_speed: a.active_speed,
+        })
+    }
+
+    /// `ibv_query_gid`.
+    pub fn query_gid(&self, port: u8, index: u32) -> Result<Gid> {
+        let idx = c_int::try_from(index)
+            .map_err(|_| Error::InvalidArgument(format!("GID index {index} is too large")))?;
+        let mut g = ibv_gid { raw: [0; 16] };
+        // SAFETY: live context; `g` is a valid out-pointer.
+        unsafe {
+            verbs_call!(
+                rc ibv_query_gid(self.as_ptr(), port, idx, &mut g),
+                "{} port {port} index {index}",
+                self.name
+            )
+        }?;
+        // SAFETY: every bit pattern of the union is a valid [u8; 16].
+        Ok(Gid(unsafe { g.raw }))
+    }
+
+    /// The GID type of one entry: `_ibv_query_gid_ex` when libibverbs has it, else sysfs
+    /// (`/sys/class/infiniband/<dev>/ports/<port>/gid_attrs/types/<index>`).
+    pub fn gid_type(&self, port: u8, index: u32) -> Result<GidType> {
+        if let Some(f) = optional_symbols().query_gid_ex {
+            let mut e = GidEntryRaw::default();
+            // SAFETY: `f` is _ibv_query_gid_ex (signature checked in sym.rs); live context; `e` is a
+            // valid out-pointer of the size we pass.
+            let rc = unsafe {
+                f(
+                    self.as_ptr(),
+                    u32::from(port),
+                    index,
+                    &mut e,
+                    0,
+                    std::mem::size_of::<GidEntryRaw>(),
+                )
+            };
+            super::call::check_rc(
+                format!("_ibv_query_gid_ex({} port {port} index {index})", self.name),
+                rc,
+            )?;
+            return GidType::from_ibv(e.gid_type).ok_or_else(|| {
+                Error::System(format!(
+                    "_ibv_query_gid_ex({} port {port} index {index}) returned unknown GID type {}",
+                    self.name, e.gid_type
+                ))
+            });
+        }
+        let ll = self.query_port(port)?.link_layer;
+        gid_type_from_sysfs(Path::new("/sys"), &self.name, port, index, ll)
+    }
+
+    /// The populated (non-zero) entries of the port's GID table, with their types when known.
+    pub fn gid_table(&self, port: u8) -> Result<Vec<GidEntry>> {
+        let info = self.query_port(port)?;
+        let mut out = Vec::new();
+        for index in 0..info.gid_tbl_len {
+            let gid = match self.query_gid(port, index) {
+                Ok(g) => g,
+                // Containers may hide entries (EINVAL), as NCCL tolerates; skip them.
+                Err(_) => continue,
+            };
+            if gid.is_zero() {
+                continue;
+            }
+            let gid_type = self.gid_type(port, index).ok();
+            out.push(GidEntry {
+                index,
+                gid,
+                gid_type,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Index of the RoCE v2 GID carrying `addr` (IPv4-mapped) on `port`, if any.
+    pub fn find_roce_v2_gid(&self, port: u8, addr: Ipv4Addr) -> Result<Option<u32>> {
+        let want = Gid::from_ipv4(addr);
+        Ok(self
+            .gid_table(port)?
+            .into_iter()
+            .find(|e| e.gid == want && e.gid_type == Some(GidType::RoceV2))
+            .map(|e| e.index))
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: opened by ibv_open_device and closed once; every child object holds an Arc to
+        // this Context, so none is alive any more.
+        let rc = unsafe { ibv_close_device(self.ctx.as_ptr()) };
+        if rc != 0 {
+            tracing::warn!(
+                "{}",
+                system_error(
+                    format!("ibv_close_device({})", self.name),
+                    super::call::rc_errno(rc, last_errno())
+                )
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The build host has libibverbs but no RDMA devices (no rdma kernel modules): the list is
+    /// empty or ENOSYS, either way an empty Vec, and opening names what exists.
+    #[test]
+    fn no_devices_gives_empty_list_and_clear_open_error() {
+        let names = device_names().unwrap();
+        if !names.is_empty() {
+            eprintln!("skipping: this host has RDMA devices {names:?}");
+            return;
+        }
+        let m = Context::open("mlx5_0").unwrap_err().to_string();
+        assert!(
+            m.contains("no RDMA device named \"mlx5_0\"; devices present: []")
+                || m.contains("ENOSYS"),
+            "{m}"
+        );
+    }
+}

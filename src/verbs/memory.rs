@@ -1,0 +1,348 @@
+//! Protection domains, memory regions and page-aligned host buffers.
+
+use super::call::{last_errno, rc_errno, system_error, verbs_call};
+use super::context::Context;
+use super::sym::optional_symbols;
+use super::types::Access;
+use crate::error::{Error, Result};
+use rdma_sys::{ibv_alloc_pd, ibv_dealloc_pd, ibv_dereg_mr, ibv_mr, ibv_pd, ibv_reg_mr};
+use std::alloc::Layout;
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// A protection domain (`ibv_pd`). Holds its [`Context`].
+pub struct ProtectionDomain {
+    pd: NonNull<ibv_pd>,
+    ctx: Arc<Context>,
+}
+
+// SAFETY: verbs objects may be used from any thread (thread-safe verbs API).
+unsafe impl Send for ProtectionDomain {}
+// SAFETY: as above; `&ProtectionDomain` only exposes thread-safe verbs calls.
+unsafe impl Sync for ProtectionDomain {}
+
+impl std::fmt::Debug for ProtectionDomain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProtectionDomain")
+            .field("device", &self.ctx.name())
+            .finish()
+    }
+}
+
+impl ProtectionDomain {
+    /// `ibv_alloc_pd`.
+    pub fn new(ctx: &Arc<Context>) -> Result<Arc<ProtectionDomain>> {
+        // SAFETY: `ctx` is a live opened device.
+        let pd = unsafe { verbs_call!(ptr ibv_alloc_pd(ctx.as_ptr()), "{}", ctx.name()) }?;
+        Ok(Arc::new(ProtectionDomain {
+            pd,
+            ctx: Arc::clone(ctx),
+        }))
+    }
+
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut ibv_pd {
+        self.pd.as_ptr()
+    }
+}
+
+impl Drop for ProtectionDomain {
+    fn drop(&mut self) {
+        // SAFETY: allocated by ibv_alloc_pd, freed once; every MR and QP of this PD holds an Arc to
+        // it, so none is alive. The Context (held by `self.ctx`) is dropped after this.
+        let rc = unsafe { ibv_dealloc_pd(self.pd.as_ptr()) };
+        if rc != 0 {
+            tracing::warn!(
+                "{}",
+                system_error(
+                    format!("ibv_dealloc_pd({})", self.ctx.name()),
+                    rc_errno(rc, last_errno())
+                )
+            );
+        }
+    }
+}
+
+/// A registered memory region (`ibv_mr`). Holds its [`ProtectionDomain`].
+pub struct MemoryRegion {
+    mr: NonNull<ibv_mr>,
+    pd: Arc<ProtectionDomain>,
+    dmabuf: bool,
+}
+
+// SAFETY: an ibv_mr is immutable after registration; keys and addresses may be read anywhere, and
+// ibv_dereg_mr is thread-safe.
+unsafe impl Send for MemoryRegion {}
+// SAFETY: as above.
+unsafe impl Sync for MemoryRegion {}
+
+impl std::fmt::Debug for MemoryRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryRegion")
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len())
+            .field("lkey", &self.lkey())
+            .field("rkey", &self.rkey())
+            .field("dmabuf", &self.dmabuf)
+            .finish()
+    }
+}
+
+impl MemoryRegion {
+    /// Registers `len` bytes of host (or GPU, with peer-memory) memory at `addr` with `access`
+    /// (normally [`Access::RDMA`]).
+    ///
+    /// # Safety
+    /// `addr..addr+len` must stay mapped, and not be reused for anything the NIC must not touch,
+    /// until this `MemoryRegion` is dropped: remote peers with the rkey, and local work requests with
+    /// the lkey, read and write it by DMA.
+    pub unsafe fn register(
+        pd: &Arc<ProtectionDomain>,
+        addr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<MemoryRegion> {
+        if len == 0 {
+            return Err(Error::InvalidArgument(
+                "cannot register an empty memory region (length 0)".into(),
+            ));
+        }
+        let access_c = i32::try_from(access.0).map_err(|_| {
+            Error::InvalidArgument(format!("access flags {:#x} out of range", access.0))
+        })?;
+        // SAFETY: live PD; the caller guarantees the range stays valid for the MR's lifetime.
+        let mr = unsafe {
+            verbs_call!(
+                ptr ibv_reg_mr(pd.as_ptr(), addr.cast(), len, access_c),
+                "{} addr {:#x} len {len} bytes access {:#x}",
+                pd.context().name(),
+                addr as usize,
+                access.0
+            )
+        }?;
+        Ok(MemoryRegion {
+            mr,
+            pd: Arc::clone(pd),
+            dmabuf: false,
+        })
+    }
+
+    /// Registers `len` bytes at `offset` of a DMA-BUF (`ibv_reg_dmabuf_mr`), addressed by remote
+    /// peers as `iova`. Fails with a clear error when libibverbs is older than rdma-core 34.
+    /// The kernel takes its own reference on the DMA-BUF, so `fd` may be closed afterwards.
+    pub fn register_dmabuf(
+        pd: &Arc<ProtectionDomain>,
+        offset: u64,
+        len: usize,
+        iova: u64,
+        fd: BorrowedFd<'_>,
+        access: Access,
+    ) -> Result<MemoryRegion> {
+        let f = optional_symbols().reg_dmabuf_mr.ok_or_else(|| {
+            Error::System(
+                "DMA-BUF registration is unavailable: libibverbs lacks ibv_reg_dmabuf_mr@IBVERBS_1.12 \
+                 (rdma-core 34 or newer is needed)"
+                    .into(),
+            )
+        })?;
+        if len == 0 {
+            return Err(Error::InvalidArgument(
+                "cannot register an empty DMA-BUF region (length 0)".into(),
+            ));
+        }
+        let access_c = i32::try_from(access.0).map_err(|_| {
+            Error::InvalidArgument(format!("access flags {:#x} out of range", access.0))
+        })?;
+        // SAFETY: `f` is ibv_reg_dmabuf_mr (signature checked in sym.rs); live PD; the fd is open for
+        // the call (BorrowedFd) and the kernel pins the DMA-BUF itself, so no user memory is at risk.
+        let p = unsafe { f(pd.as_ptr(), offset, len, iova, fd.as_raw_fd(), access_c) };
+        let mr = super::call::check_ptr(
+            format!(
+                "ibv_reg_dmabuf_mr({} fd {} offset {offset} len {len} bytes)",
+                pd.context().name(),
+                fd.as_raw_fd()
+            ),
+            p,
+        )?;
+        Ok(MemoryRegion {
+            mr,
+            pd: Arc::clone(pd),
+            dmabuf: true,
+        })
+    }
+
+    fn raw(&self) -> &ibv_mr {
+        // SAFETY: the MR is live while `self` is; libibverbs never changes these fields after reg.
+        unsafe { self.mr.as_ref() }
+    }
+
+    /// Local key, for SGEs.
+    pub fn lkey(&self) -> u32 {
+        self.raw().lkey
+    }
+
+    /// Remote key, for peers.
+    pub fn rkey(&self) -> u32 {
+        self.raw().rkey
+    }
+
+    /// Start address (for a DMA-BUF region, the address libibverbs reports).
+    pub fn addr(&self) -> u64 {
+        self.raw().addr as u64
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.raw().length
+    }
+
+    /// Never true (registration refuses empty ranges); for the `len` convention.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Registered through DMA-BUF.
+    pub fn is_dmabuf(&self) -> bool {
+        self.dmabuf
+    }
+
+    pub fn pd(&self) -> &Arc<ProtectionDomain> {
+        &self.pd
+    }
+}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        // SAFETY: registered by ibv_reg_mr/ibv_reg_dmabuf_mr and deregistered once; the PD is held.
+        let rc = unsafe { ibv_dereg_mr(self.mr.as_ptr()) };
+        if rc != 0 {
+            tracing::warn!(
+                "{}",
+                system_error(
+                    format!("ibv_dereg_mr({})", self.pd.context().name()),
+                    rc_errno(rc, last_errno())
+                )
+            );
+        }
+    }
+}
+
+/// A zeroed, page-aligned (4096 bytes) host buffer for registration (bounce buffers, CTS FIFOs,
+/// tests). Freed on drop; register it with [`MemoryRegion::register`] and drop the region first.
+pub struct AlignedBuffer {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+// SAFETY: the buffer owns its allocation exclusively; access goes through &self/&mut self.
+unsafe impl Send for AlignedBuffer {}
+// SAFETY: shared access only reads (`read`); writes need `&mut self`.
+unsafe impl Sync for AlignedBuffer {}
+
+impl AlignedBuffer {
+    pub const ALIGN: usize = 4096;
+
+    /// Allocates `len` (> 0) zeroed bytes.
+    pub fn new(len: usize) -> Result<AlignedBuffer> {
+        if len == 0 {
+            return Err(Error::InvalidArgument("buffer length 0".into()));
+        }
+        let layout = Layout::from_size_align(len, Self::ALIGN)
+            .map_err(|e| Error::InvalidArgument(format!("buffer of {len} bytes: {e}")))?;
+        // SAFETY: the layout has non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(p).ok_or_else(|| {
+            Error::System(format!("cannot allocate {len} bytes for an RDMA buffer"))
+        })?;
+        Ok(AlignedBuffer { ptr, layout })
+    }
+
+    pub fn len(&self) -> usize {
+        self.layout.size()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Address as the NIC sees it (for SGEs and remote addresses).
+    pub fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+
+    /// Copies `data` to `offset`.
+    pub fn write(&mut self, offset: usize, data: &[u8]) -> Result<()> {
+        self.check(offset, data.len())?;
+        // SAFETY: bounds checked; `&mut self` excludes other CPU access to the buffer.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len())
+        };
+        Ok(())
+    }
+
+    /// Copies from `offset` into `out`, after an acquire fence so that bytes the NIC wrote before a
+    /// completion we observed are seen.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.check(offset, out.len())?;
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        // SAFETY: bounds checked; volatile-free copy of plain bytes; no `&mut` to the buffer exists.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                self.ptr.as_ptr().add(offset),
+                out.as_mut_ptr(),
+                out.len(),
+            )
+        };
+        Ok(())
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len() => Ok(()),
+            _ => Err(Error::InvalidArgument(format!(
+                "range {offset}+{len} bytes is outside the {}-byte buffer",
+                self.len()
+            ))),
+        }
+    }
+}
+
+impl Drop for AlignedBuffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated with this layout by alloc_zeroed, freed once.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_buffer_bounds_and_alignment() {
+        let mut b = AlignedBuffer::new(10_000).unwrap();
+        assert_eq!(b.addr() % 4096, 0);
+        assert_eq!(b.len(), 10_000);
+        let mut out = [1u8; 4];
+        b.read(9_996, &mut out).unwrap();
+        assert_eq!(out, [0; 4]);
+        b.write(9_996, &[1, 2, 3, 4]).unwrap();
+        b.read(9_996, &mut out).unwrap();
+        assert_eq!(out, [1, 2, 3, 4]);
+        assert!(b.write(9_997, &[0; 4]).is_err());
+        assert!(b.read(usize::MAX, &mut out).is_err());
+        assert!(AlignedBuffer::new(0).is_err());
+    }
+}

@@ -1,0 +1,365 @@
+//! `switchless doctor` on the fixture trees: every finding by check id, object and severity, the exit
+//! status, the JSON schema, and `--capture` replaying to the same report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use switchless::fabric::{self, doctor};
+use switchless::findings::Severity::{self, Error, Info, Warning};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/fabric")
+        .join(name)
+}
+
+fn findings(name: &str) -> (Vec<(String, String, Severity)>, u8) {
+    let (m, f) = fabric::discover(&fixture(name));
+    let devs = m.nccl_devices(&|_, _| true, false);
+    let r = doctor::report(&m, &devs, f);
+    let mut v: Vec<_> = r
+        .findings
+        .iter()
+        .map(|f| (f.check.clone(), f.object.clone(), f.severity))
+        .collect();
+    v.sort();
+    (v, r.exit_status)
+}
+
+fn want(list: &[(&str, &str, Severity)]) -> Vec<(String, String, Severity)> {
+    let mut v: Vec<_> = list
+        .iter()
+        .map(|(c, o, s)| (c.to_string(), o.to_string(), *s))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Findings every GB10 one-cable variant has: the uncabled QSFP port 1 and the management NIC.
+const GB10_BASE: &[(&str, &str, Severity)] = &[
+    ("link-down", "netdev enp1s0f1np1", Info),
+    ("link-down", "netdev enP2p1s0f1np1", Info),
+    ("address-without-rdma", "netdev enP7s7", Info),
+];
+
+fn gb10_with(extra: &[(&str, &str, Severity)]) -> Vec<(String, String, Severity)> {
+    let mut v = GB10_BASE.to_vec();
+    v.extend_from_slice(extra);
+    want(&v)
+}
+
+#[test]
+fn clean_hosts_exit_zero() {
+    let (f, s) = findings("gb10-1cable");
+    assert_eq!(f, gb10_with(&[]));
+    assert_eq!(s, 0);
+
+    let (f, s) = findings("gb10-2cable");
+    assert_eq!(f, want(&[("address-without-rdma", "netdev enP7s7", Info)]));
+    assert_eq!(s, 0);
+
+    let (f, s) = findings("b300-2node");
+    assert_eq!(f, want(&[("address-without-rdma", "netdev eno1", Info)]));
+    assert_eq!(s, 0);
+
+    // Cables 7 and 8 of server 1 are unused in the 4-node plan: cards 1 and 2.
+    let (f, s) = findings("b300-4node");
+    assert_eq!(
+        f,
+        want(&[
+            ("address-without-rdma", "netdev eno1", Info),
+            ("link-down", "netdev eno12np0", Info),
+            ("link-down", "netdev enp57s0f1np1", Info),
+            ("link-down", "netdev eno13np0", Info),
+            ("link-down", "netdev enp95s0f1np1", Info),
+        ])
+    );
+    assert_eq!(s, 0);
+}
+
+#[test]
+fn real_soft_roce_capture_before_traffic() {
+    // Captured right after the rxe devices came up: nothing in the neighbour table yet.
+    let (f, s) = findings("captured/rxe-2vm-node0");
+    assert_eq!(
+        f,
+        want(&[
+            ("no-neighbour", "netdev eth0", Warning),
+            ("no-neighbour", "netdev eth1", Warning),
+        ])
+    );
+    assert_eq!(s, 1);
+}
+
+#[test]
+fn mtu_1500_trap() {
+    let (f, s) = findings("broken-mtu1500");
+    assert_eq!(
+        f,
+        gb10_with(&[
+            ("mtu-below-4200", "netdev enp1s0f0np0", Warning),
+            ("mtu-below-4200", "netdev enP2p1s0f0np0", Warning),
+        ])
+    );
+    assert_eq!(s, 1);
+    let (m, _) = fabric::discover(&fixture("broken-mtu1500"));
+    assert_eq!(m.rdma_port("rocep1s0f0", 1).unwrap().1.active_mtu, 1024);
+}
+
+#[test]
+fn two_functions_in_one_subnet() {
+    let (f, s) = findings("broken-same-subnet");
+    assert_eq!(
+        f,
+        gb10_with(&[("same-subnet", "subnet 192.168.100.0/24", Error)])
+    );
+    assert_eq!(s, 2);
+}
+
+#[test]
+fn link_local_gids_only() {
+    let (f, s) = findings("broken-link-local-gid");
+    assert_eq!(
+        f,
+        gb10_with(&[
+            ("no-ipv4-roce-v2-gid", "roceP2p1s0f0 port 1", Warning),
+            ("multihost-function-idle", "roceP2p1s0f0 port 1", Warning),
+        ])
+    );
+    assert_eq!(s, 1);
+    let (m, f) = fabric::discover(&fixture("broken-link-local-gid"));
+    let r = doctor::report(&m, &m.nccl_devices(&|_, _| true, false), f);
+    let g = r
+        .findings
+        .iter()
+        .find(|f| f.check == "no-ipv4-roce-v2-gid")
+        .unwrap();
+    assert!(g.message.contains("only link-local GIDs"), "{}", g.message);
+}
+
+#[test]
+fn second_pcie_function_idle() {
+    let (f, s) = findings("broken-half-idle");
+    assert_eq!(
+        f,
+        gb10_with(&[
+            ("link-down", "netdev enP2p1s0f0np0", Info),
+            ("multihost-function-idle", "roceP2p1s0f0 port 1", Warning),
+        ])
+    );
+    assert_eq!(s, 1);
+}
+
+#[test]
+fn pcie_gen5_x2_instead_of_x4() {
+    let (f, s) = findings("broken-pcie-x2");
+    assert_eq!(
+        f,
+        gb10_with(&[
+            ("pcie-link-degraded", "pci 0002:01:00.0", Warning),
+            ("pcie-link-degraded", "pci 0002:01:00.1", Warning),
+        ])
+    );
+    assert_eq!(s, 1);
+}
+
+#[test]
+fn memlock_too_low() {
+    let (f, s) = findings("broken-memlock");
+    assert_eq!(
+        f,
+        gb10_with(&[("memlock-low", "process RLIMIT_MEMLOCK", Error)])
+    );
+    assert_eq!(s, 2);
+}
+
+#[test]
+fn addressed_link_without_carrier() {
+    let (f, s) = findings("broken-no-carrier");
+    assert_eq!(
+        f,
+        gb10_with(&[
+            ("link-down", "netdev enp1s0f0np0", Warning),
+            ("multihost-function-idle", "rocep1s0f0 port 1", Warning),
+        ])
+    );
+    assert_eq!(s, 1);
+}
+
+#[test]
+fn mellanox_netdev_with_address_but_no_rdma() {
+    let (f, s) = findings("broken-address-without-rdma");
+    assert_eq!(
+        f,
+        want(&[
+            ("link-down", "netdev enP2p1s0f1np1", Info),
+            ("address-without-rdma", "netdev enP7s7", Info),
+            ("address-without-rdma", "netdev enp1s0f1np1", Warning),
+        ])
+    );
+    assert_eq!(s, 1);
+}
+
+#[test]
+fn subnet_with_no_other_host() {
+    let (f, s) = findings("broken-no-neighbour");
+    assert_eq!(
+        f,
+        gb10_with(&[("no-neighbour", "netdev enP2p1s0f0np0", Warning)])
+    );
+    assert_eq!(s, 1);
+}
+
+#[test]
+fn no_rdma_devices_at_all() {
+    let (f, s) = findings("broken-no-rdma");
+    assert_eq!(
+        f,
+        want(&[
+            ("no-rdma-devices", "host", Error),
+            ("address-without-rdma", "netdev enP7s7", Info),
+        ])
+    );
+    assert_eq!(s, 2);
+}
+
+#[test]
+fn ipv4_link_local_address() {
+    let (f, s) = findings("broken-ipv4-link-local");
+    assert_eq!(
+        f,
+        gb10_with(&[("ipv4-link-local-gid", "roceP2p1s0f0 port 1", Warning)])
+    );
+    assert_eq!(s, 1);
+}
+
+#[test]
+fn address_without_connected_route() {
+    let (f, s) = findings("broken-no-route");
+    assert_eq!(
+        f,
+        gb10_with(&[("no-connected-route", "netdev enP2p1s0f0np0", Warning)])
+    );
+    assert_eq!(s, 1);
+}
+
+#[test]
+fn odd_kernel_files() {
+    let (f, s) = findings("broken-odd-files");
+    assert_eq!(
+        f,
+        gb10_with(&[
+            (
+                "kernel-file",
+                "file /sys/class/net/enp1s0f0np0/mtu",
+                Warning
+            ),
+            (
+                "kernel-file",
+                "file /sys/class/infiniband/roceP2p1s0f0/ports/1/rate",
+                Warning
+            ),
+        ])
+    );
+    assert_eq!(s, 1);
+}
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_switchless"))
+}
+
+#[test]
+fn cli_json_schema_and_exit_status() {
+    let out = bin()
+        .args(["doctor", "--json", "--root"])
+        .arg(fixture("broken-same-subnet"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["schema"], "switchless-doctor/1");
+    assert_eq!(v["exit_status"], 2);
+    let ports = v["ports"].as_array().unwrap();
+    assert_eq!(ports.len(), 4);
+    let p = ports.iter().find(|p| p["device"] == "rocep1s0f0").unwrap();
+    assert_eq!(p["netdev"], "enp1s0f0np0");
+    assert_eq!(p["addresses"][0]["addr"], "192.168.100.10/24");
+    assert_eq!(p["addresses"][0]["gid_index"], 3);
+    assert_eq!(p["addresses"][0]["gid_type"], "RoCE v2");
+    assert_eq!(p["mtu"], 9000);
+    assert_eq!(p["active_mtu"], 4096);
+    assert_eq!(p["pci_root"], "pci0000:00/0000:00:00.0");
+    assert_eq!(p["pcie"]["current_width"], 4);
+    assert_eq!(p["nccl_device"], "sl_enp1s0f0np0");
+    let d = &v["nccl_devices"][0];
+    assert_eq!(d["name"], "sl_enp1s0f0np0");
+    assert_eq!(d["speed_mbps"], 200000);
+    assert_eq!(d["guid"], "0x4cbb470300a1b2c0");
+    assert_eq!(d["ptr_support"], 1);
+    assert_eq!(d["max_recvs"], 8);
+    assert_eq!(d["plane_id"], -1);
+    let f = v["findings"].as_array().unwrap();
+    assert_eq!(f[0]["severity"], "error");
+    assert_eq!(f[0]["check"], "same-subnet");
+    assert!(f[0]["remedy"].as_str().unwrap().len() > 10);
+
+    let out = bin()
+        .args(["doctor", "--root"])
+        .arg(fixture("gb10-2cable"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("NCCL DEVICE"), "{text}");
+    assert!(text.contains("roceP2p1s0f1"), "{text}");
+    assert!(text.contains("Gen5 x4"), "{text}");
+
+    let out = bin()
+        .args(["doctor", "--root"])
+        .arg(fixture("broken-mtu1500"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+
+    let out = bin()
+        .args(["doctor", "--root", "/nonexistent/switchless"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a directory"));
+}
+
+#[test]
+fn cli_capture_replays_to_the_same_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let cap = dir.path().join("cap");
+    let a = bin()
+        .args(["doctor", "--json", "--root"])
+        .arg(fixture("b300-4node"))
+        .arg("--capture")
+        .arg(&cap)
+        .output()
+        .unwrap();
+    assert_eq!(a.status.code(), Some(0));
+    let b = bin()
+        .args(["doctor", "--json", "--root"])
+        .arg(&cap)
+        .output()
+        .unwrap();
+    assert_eq!(b.status.code(), Some(0));
+    let mut va: serde_json::Value = serde_json::from_slice(&a.stdout).unwrap();
+    let mut vb: serde_json::Value = serde_json::from_slice(&b.stdout).unwrap();
+    va["root"] = serde_json::Value::Null;
+    vb["root"] = serde_json::Value::Null;
+    assert_eq!(va, vb);
+    // A second capture into a non-empty directory is refused.
+    let c = bin()
+        .args(["doctor", "--root"])
+        .arg(fixture("b300-4node"))
+        .arg("--capture")
+        .arg(&cap)
+        .output()
+        .unwrap();
+    assert_eq!(c.status.code(), Some(2));
+}

@@ -1,0 +1,133 @@
+//! `switchless doctor --plan plan.json --server N`: the plan checker's findings join doctor's report.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_switchless");
+
+fn fixture(name: &str) -> String {
+    format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn plan_json(dir: &std::path::Path) -> std::path::PathBuf {
+    let out = Command::new(BIN)
+        .args([
+            "plan",
+            &fixture("plan/b300-2node.cables"),
+            "--format",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let p = dir.join("plan.json");
+    std::fs::write(&p, out.stdout).unwrap();
+    p
+}
+
+fn doctor_json(args: &[&str]) -> (i32, serde_json::Value) {
+    let out = Command::new(BIN)
+        .arg("doctor")
+        .args(args)
+        .arg("--json")
+        .env_remove("NCCL_IB_HCA")
+        .output()
+        .unwrap();
+    let v = serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    (out.status.code().unwrap(), v)
+}
+
+#[test]
+fn plan_findings_join_the_report() {
+    let tmp = tempfile::tempdir().unwrap();
+    let plan = plan_json(tmp.path());
+    let root = fixture("fabric/b300-2node");
+    let (plain_rc, plain) = doctor_json(&["--root", &root]);
+    let (rc, with_plan) = doctor_json(&[
+        "--root",
+        &root,
+        "--plan",
+        plan.to_str().unwrap(),
+        "--server",
+        "1",
+    ]);
+    let checks = |v: &serde_json::Value| -> Vec<(String, String)> {
+        v["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| {
+                (
+                    f["check"].as_str().unwrap().to_string(),
+                    f["object"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    assert!(!checks(&plain).iter().any(|(c, _)| c.starts_with("plan-")));
+    let planned = checks(&with_plan);
+    // The fixture uses the seed's 10.1ab.k.x addresses, the plan its own scheme: every one of the
+    // 16 planned addresses is missing, and the seed's addresses are extra.
+    let missing: Vec<_> = planned
+        .iter()
+        .filter(|(c, _)| c == "plan-address-missing")
+        .collect();
+    assert_eq!(missing.len(), 16, "{planned:?}");
+    assert!(
+        planned
+            .iter()
+            .any(|(c, o)| c == "plan-address-missing" && o.contains("eno6np0"))
+    );
+    assert_eq!(rc, 2, "missing planned addresses are errors");
+    assert!(plain_rc < 2);
+}
+
+#[test]
+fn plan_errors_name_the_file() {
+    let out = Command::new(BIN)
+        .args([
+            "doctor",
+            "--root",
+            &fixture("fabric/b300-2node"),
+            "--plan",
+            "/nonexistent/plan.json",
+            "--server",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/nonexistent/plan.json"), "{err}");
+
+    let tmp = tempfile::tempdir().unwrap();
+    let bad = tmp.path().join("bad.json");
+    std::fs::write(&bad, "{not json").unwrap();
+    let out = Command::new(BIN)
+        .args(["doctor", "--root", &fixture("fabric/b300-2node")])
+        .args(["--plan", bad.to_str().unwrap(), "--server", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("bad.json"));
+}
+
+#[test]
+fn server_requires_plan_and_bad_hca_is_refused() {
+    let out = Command::new(BIN)
+        .args(["doctor", "--server", "1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let out = Command::new(BIN)
+        .args(["doctor", "--root", &fixture("fabric/b300-2node")])
+        .env("NCCL_IB_HCA", "mlx5_0:0")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("NCCL_IB_HCA"));
+}

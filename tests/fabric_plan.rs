@@ -1,0 +1,66 @@
+//! The B300 fixtures agree with the plan `switchless plan` builds from the same cables: the same
+//! interfaces (cable port → card → np0/np1 map of nccl-net-abi.md §5.2), up, with the planned MTU. The
+//! fixtures use the sionic 10.1ab.k.x addresses and the plan its own sequential /30s, so the only
+//! differences `plan::check_host` may report are the addresses themselves: one missing planned address
+//! and one extra address per planned interface.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+
+use switchless::fabric;
+use switchless::findings::Severity;
+use switchless::plan::{self, Options, Plan, PortMap, cables, check_host};
+
+fn plan_of(text: &str) -> Plan {
+    let map = PortMap::b300();
+    let c = cables::parse("cables.txt", text, &map, None).unwrap();
+    plan::build(&c, &map, &Options::default()).unwrap().plan
+}
+
+fn live(name: &str) -> Vec<plan::LiveIface> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/fabric")
+        .join(name);
+    let (m, _) = fabric::discover(&root);
+    m.live_ifaces()
+}
+
+fn problems(f: &[switchless::findings::Finding]) -> Vec<String> {
+    f.iter()
+        .filter(|f| f.severity > Severity::Info)
+        .filter(|f| f.check != "plan-address-missing" && f.check != "plan-extra-address")
+        .map(|f| format!("{} {}: {}", f.check, f.object, f.message))
+        .collect()
+}
+
+fn count(f: &[switchless::findings::Finding], check: &str) -> usize {
+    f.iter().filter(|f| f.check == check).count()
+}
+
+#[test]
+fn b300_two_node_fixture_matches_the_plan() {
+    let text: String = (1..=8).map(|k| format!("1-{k} > 2-{k}\n")).collect();
+    let p = plan_of(&text);
+    let f = check_host(&p, 1, &live("b300-2node"));
+    assert!(problems(&f).is_empty(), "{:#?}", problems(&f));
+    assert_eq!(count(&f, "plan-address-missing"), 16);
+    assert_eq!(count(&f, "plan-extra-address"), 16);
+}
+
+#[test]
+fn b300_four_node_fixture_matches_the_plan() {
+    let text = "1-1 > 2-1, 1-2 > 2-2\n1-3 > 3-3, 1-4 > 3-4\n1-5 > 4-5, 1-6 > 4-6\n2-3 > 3-1, 2-4 > 3-2\n2-5 > 4-3, 2-6 > 4-4\n3-5 > 4-1, 3-6 > 4-2\n";
+    let p = plan_of(text);
+    let f = check_host(&p, 1, &live("b300-4node"));
+    assert!(problems(&f).is_empty(), "{:#?}", problems(&f));
+    assert_eq!(count(&f, "plan-address-missing"), 12);
+    assert_eq!(count(&f, "plan-extra-address"), 12);
+    // A plan that uses cable port 7 (down and unaddressed in this fixture) must not pass.
+    let text2 = "1-7 > 2-1\n";
+    let p2 = plan_of(text2);
+    let f = check_host(&p2, 1, &live("b300-4node"));
+    assert!(
+        !problems(&f).is_empty(),
+        "cable port 7 is down in the fixture"
+    );
+}

@@ -1,0 +1,344 @@
+//! nccl-tests output fixtures (tests/fixtures/nccl-tests/, written by make_fixtures.py in nccl-tests'
+//! exact printf formats) through the parser and the `switchless nccl-tests summarize` command.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use switchless::nccltests::{self, Metric, Options, PluginStatus};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/nccl-tests")
+        .join(name)
+}
+
+fn parse(name: &str) -> nccltests::ParsedFile {
+    let p = fixture(name);
+    let text = std::fs::read_to_string(&p).unwrap();
+    nccltests::parse_text(name, &text).unwrap()
+}
+
+fn summarize(names: &[&str], opts: &Options) -> nccltests::Summary {
+    nccltests::summarize(names.iter().map(|n| parse(n)).collect(), opts).unwrap()
+}
+
+fn cli(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_switchless"))
+        .arg("nccl-tests")
+        .arg("summarize")
+        .args(args)
+        .current_dir(fixture(""))
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+const B300: &str = "b300-2node-all_reduce-switchless.log";
+const GB10: &str = "gb10-2node-all_reduce-switchless.log";
+const GB10_LOG_A: &str = "gb10-2node-logs/nccl.spark-a.4242.log";
+const GB10_LOG_B: &str = "gb10-2node-logs/nccl.spark-b.5151.log";
+
+#[test]
+fn b300_two_nodes_switchless_matches_the_seed_summary() {
+    let f = parse(B300);
+    assert_eq!(f.runs.len(), 1);
+    let r = &f.runs[0];
+    assert_eq!(r.test.as_deref(), Some("all_reduce_perf"));
+    assert_eq!(r.nccl_tests_version.as_deref(), Some("2.18.3"));
+    assert_eq!(r.nccl_library, Some(22907));
+    assert_eq!(r.ranks.len(), 16);
+    assert_eq!(
+        r.hosts().into_iter().collect::<Vec<_>>(),
+        vec!["b300-001", "b300-002"]
+    );
+    assert_eq!(r.ranks[15].gpu, "NVIDIA B300 SXM6 AC");
+    // six sizes, 512 MiB … 16 GiB, one of them cut by a NCCL INFO line and rejoined
+    let sizes: Vec<u64> = r.rows.iter().map(|x| x.size_bytes).collect();
+    assert_eq!(
+        sizes,
+        vec![512 << 20, 1 << 30, 2 << 30, 4 << 30, 8 << 30, 16 << 30]
+    );
+    let cut = &r.rows[3];
+    assert_eq!(cut.out_of_place.unwrap().busbw_gbyte_s, 794.62);
+    assert_eq!(cut.in_place.unwrap().time_us, 10138.2);
+    assert_eq!(r.avg_busbw_gbyte_s, Some(787.211));
+    assert_eq!(r.out_of_bounds, Some(0));
+    assert!(r.concluded && r.complete());
+    assert_eq!(r.wrong_total(), 0);
+    // the footer is the mean of the rows (up to their 2-decimal rounding)
+    assert!((r.mean_busbw().unwrap() - 787.211).abs() < 0.01);
+    assert_eq!(Metric::Largest.value(r), Some(798.02));
+    assert_eq!(Metric::Peak.value(r), Some(798.80));
+
+    let s = summarize(&[B300], &Options::default());
+    assert_eq!(s.plugin.status, PluginStatus::Used);
+    assert_eq!(s.plugin.networks.get("switchless"), Some(&2));
+    assert_eq!(s.plugin.abi_versions, vec![11]);
+    assert_eq!(s.nccl.net_channels.get("switchless"), Some(&(2, 2)));
+    assert_eq!(s.plugin.hosts, vec!["b300-001", "b300-002"]);
+    assert!(
+        s.nccl
+            .plugin_paths
+            .contains("/usr/local/lib/libnccl-net-switchless.so")
+    );
+    assert!(s.passed(), "{:?}", s.problems);
+}
+
+#[test]
+fn b300_target_in_both_units() {
+    let over = Options {
+        expect_busbw_gbyte_s: Some(nccltests::parse_bandwidth("6297Gb/s").unwrap()),
+        metric: Metric::Avg,
+        ..Options::default()
+    };
+    assert!(summarize(&[B300], &over).passed());
+    let under = Options {
+        expect_busbw_gbyte_s: Some(nccltests::parse_bandwidth("788GB/s").unwrap()),
+        metric: Metric::Avg,
+        ..Options::default()
+    };
+    let s = summarize(&[B300], &under);
+    assert!(!s.passed());
+    assert_eq!(s.targets.len(), 1);
+    assert!(!s.targets[0].ok);
+    assert_eq!(s.targets[0].measured_gbyte_s, Some(787.211));
+}
+
+#[test]
+fn gb10_two_nodes_with_debug_files() {
+    let s = summarize(
+        &[GB10, GB10_LOG_A, GB10_LOG_B],
+        &Options {
+            expect_busbw_gbyte_s: Some(nccltests::parse_bandwidth("185Gb/s").unwrap()),
+            require_plugin: true,
+            ..Options::default()
+        },
+    );
+    assert!(s.passed(), "{:?}", s.problems);
+    assert_eq!(s.runs.len(), 1, "log files hold no runs");
+    let r = &s.runs[0];
+    assert_eq!(r.rows.len(), 15);
+    assert_eq!(r.ranks.len(), 2);
+    let largest = Metric::Largest.value(r).unwrap();
+    assert_eq!(largest, 23.28);
+    // ~186 Gb/s: both PCIe functions of the cable carry traffic
+    let gbit = nccltests::gbyte_to_gbit(largest);
+    assert!((185.0..=190.0).contains(&gbit), "{gbit}");
+    assert_eq!(r.avg_busbw_gbyte_s, Some(18.1907));
+    assert_eq!(s.plugin.status, PluginStatus::Used);
+    assert_eq!(s.plugin.processes, 2);
+    // the plugin's per-connection route lines and NCCL's channel lines from the NCCL_DEBUG_FILE logs
+    assert_eq!(s.nccl.net_prefix_lines.get("NET/switchless"), Some(&4));
+    assert_eq!(s.nccl.net_channels.get("switchless"), Some(&(4, 4)));
+    assert_eq!(
+        s.nccl.nccl_versions.iter().collect::<Vec<_>>(),
+        vec!["2.28.9+cuda13.0"]
+    );
+    // without the logs the plugin use is unknown, and --require-plugin fails
+    let s = summarize(
+        &[GB10],
+        &Options {
+            require_plugin: true,
+            ..Options::default()
+        },
+    );
+    assert_eq!(s.plugin.status, PluginStatus::Unknown);
+    assert!(!s.passed());
+}
+
+#[test]
+fn gb10_one_function_only_is_below_target() {
+    // 93 Gb/s per function: a run that only reaches one function's rate fails a 185 Gb/s target.
+    let text = std::fs::read_to_string(fixture(GB10)).unwrap();
+    let halved = text.replace("23.28", "11.64");
+    let f = nccltests::parse_text("halved", &halved).unwrap();
+    let s = nccltests::summarize(
+        vec![f],
+        &Options {
+            expect_busbw_gbyte_s: Some(nccltests::parse_bandwidth("185Gb/s").unwrap()),
+            ..Options::default()
+        },
+    )
+    .unwrap();
+    assert!(!s.passed());
+    assert!(
+        s.problems[0].contains("11.64 GB/s (93.1 Gb/s)"),
+        "{:?}",
+        s.problems
+    );
+}
+
+#[test]
+fn wrong_elements_and_out_of_bounds_fail() {
+    let s = summarize(&["b300-2node-all_reduce-wrong.log"], &Options::default());
+    let r = &s.runs[0];
+    assert_eq!(r.out_of_bounds, Some(2));
+    // nccl-tests prints #wrong with %6g: 4194304 reads back as 4.1943e+06
+    assert_eq!(r.rows[1].in_place.unwrap().wrong, Some(4_194_300));
+    assert_eq!(r.rows[3].out_of_place.unwrap().wrong, Some(131_072));
+    assert!(!s.passed());
+    assert_eq!(s.problems.len(), 3, "{:?}", s.problems);
+    assert!(s.problems.iter().any(|p| p.contains("2 out-of-bounds")));
+}
+
+#[test]
+fn internal_ib_instead_of_switchless_is_detected() {
+    let s = summarize(
+        &["b300-2node-all_reduce-ib-fallback.log"],
+        &Options::default(),
+    );
+    assert_eq!(s.plugin.status, PluginStatus::NotUsed);
+    assert_eq!(s.plugin.networks.get("IB"), Some(&2));
+    assert!(
+        s.nccl
+            .plugin_failures
+            .iter()
+            .any(|f| f.contains("Could not find: switchless libnccl-net-switchless.so"))
+    );
+    assert_eq!(s.runs[0].nccl_tests_version.as_deref(), Some("2.19.6"));
+    // reported, but only a failure when the plugin is required
+    assert!(s.passed());
+    let s = summarize(
+        &["b300-2node-all_reduce-ib-fallback.log"],
+        &Options {
+            require_plugin: true,
+            ..Options::default()
+        },
+    );
+    assert!(!s.passed());
+    assert!(
+        s.problems[0].contains("NCCL used network IB"),
+        "{:?}",
+        s.problems
+    );
+}
+
+#[test]
+fn truncated_run_is_incomplete() {
+    let s = summarize(
+        &["gb10-2node-all_gather-truncated.log"],
+        &Options::default(),
+    );
+    let r = &s.runs[0];
+    assert_eq!(r.test.as_deref(), Some("all_gather_perf"));
+    assert_eq!(r.rows.len(), 3);
+    assert_eq!(r.truncated_row.as_ref().unwrap().0, 15);
+    assert!(!r.complete());
+    assert_eq!(s.nccl.warnings.len(), 1);
+    assert!(!s.passed());
+    assert!(s.problems[0].contains("incomplete run"), "{:?}", s.problems);
+}
+
+#[test]
+fn mpirun_tags_and_no_nccl_debug() {
+    let s = summarize(&["b300-4node-alltoall-nodebug.log"], &Options::default());
+    let r = &s.runs[0];
+    assert_eq!(r.ranks.len(), 32);
+    assert_eq!(r.hosts().len(), 4);
+    assert_eq!(r.rows.len(), 3);
+    assert_eq!(r.rows[0].count, 8_388_608);
+    assert_eq!(r.rows[0].redop, "none");
+    assert_eq!(r.avg_busbw_gbyte_s, Some(369.483));
+    assert_eq!(s.plugin.status, PluginStatus::Unknown);
+    assert!(s.passed());
+}
+
+#[test]
+fn garbage_row_names_the_line() {
+    let text = std::fs::read_to_string(fixture("garbage-row.log")).unwrap();
+    let e = nccltests::parse_text("garbage-row.log", &text)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("garbage-row.log:13:"), "{e}");
+    assert!(e.contains("expected 13 columns"), "{e}");
+}
+
+#[test]
+fn cli_exit_codes_and_output() {
+    let (rc, out, _) = cli(&[B300, "--expect-busbw", "780", "--metric", "avg"]);
+    assert_eq!(rc, 0, "{out}");
+    assert!(
+        out.contains("Avg bus bandwidth (nccl-tests footer): 787.211 GB/s = 6297.7 Gb/s"),
+        "{out}"
+    );
+    assert!(out.contains("765.14 GB/s = 6121.1 Gb/s"), "{out}");
+    assert!(out.contains("network plugin 'switchless': used"), "{out}");
+    assert!(out.ends_with("result: PASS\n"), "{out}");
+
+    let (rc, out, _) = cli(&[B300, "--expect-busbw", "6400Gb/s"]);
+    assert_eq!(rc, 1, "{out}");
+    assert!(out.contains("BELOW"), "{out}");
+
+    let (rc, _, err) = cli(&["garbage-row.log"]);
+    assert_eq!(rc, 2);
+    assert!(err.contains("garbage-row.log:13:"), "{err}");
+
+    let (rc, _, err) = cli(&["does-not-exist.log"]);
+    assert_eq!(rc, 2);
+    assert!(err.contains("does-not-exist.log"), "{err}");
+
+    let (rc, _, err) = cli(&[B300, "--expect-busbw", "787 gb/s"]);
+    assert_eq!(rc, 2, "{err}");
+    assert!(err.contains("case matters"), "{err}");
+
+    let (rc, out, _) = cli(&["gb10-2node-all_gather-truncated.log"]);
+    assert_eq!(rc, 1);
+    assert!(out.contains("incomplete run"), "{out}");
+}
+
+#[test]
+fn cli_json() {
+    let (rc, out, _) = cli(&[GB10, GB10_LOG_A, GB10_LOG_B, "--json", "--require-plugin"]);
+    assert_eq!(rc, 0, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["plugin"]["status"], "used");
+    assert_eq!(v["runs"][0]["avg_busbw_gbyte_s"], 18.1907);
+    assert_eq!(v["runs"][0]["rows"][14]["size_bytes"], 17179869184u64);
+    assert_eq!(v["runs"][0]["rows"][14]["in_place"]["busbw_gbyte_s"], 23.28);
+    assert_eq!(v["problems"].as_array().unwrap().len(), 0);
+}
+
+mod fuzz {
+    use proptest::prelude::*;
+    use switchless::nccltests;
+
+    /// Lines that look like nccl-tests output, NCCL log lines, launcher prefixes and junk, in any order.
+    fn line() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just("# nccl-tests version 2.18.3 nccl-headers=22907 nccl-library=22907".to_string()),
+            Just("# Collective test starting: all_reduce_perf".to_string()),
+            Just("#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw   busbw  #wrong".to_string()),
+            Just(" size count type redop time algbw busbw error".to_string()),
+            Just("# Out of bounds values : 0 OK".to_string()),
+            Just("# Avg bus bandwidth    : 787.211 ".to_string()),
+            Just("# Avg bus bandwidth    : x".to_string()),
+            Just("# Collective test concluded: all_reduce_perf".to_string()),
+            Just("#  Rank  0 Group  0 Pid   4242 on    spark-a device  0 [000f:01:00] NVIDIA GB10".to_string()),
+            Just("0: h:1:2 [0] NCCL INFO Using network switchless".to_string()),
+            Just("   1024   256  float  sum  -1h:1:2 [0] NCCL INFO Channel 00/0".to_string()),
+            Just("[1,0]<stdout>:     1024   256  float  sum  -1  10.0  0.1  0.1  0  10.0  0.1  0.1  0".to_string()),
+            "[ -~]{0,80}",
+            "[0-9 .e+N/A-]{0,60}",
+            any::<String>(),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+        #[test]
+        fn parser_never_panics(lines in proptest::collection::vec(line(), 0..40)) {
+            let text = lines.join("\n");
+            if let Ok(f) = nccltests::parse_text("fuzz", &text) {
+                if let Ok(s) = nccltests::summarize(vec![f], &nccltests::Options::default()) {
+                    let _ = nccltests::render_text(&s);
+                    prop_assert!(serde_json::to_string(&s).is_ok());
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,685 @@
+//! Path selection over realistic switchless plans (GB10 pairs and rings, B300 pairs and meshes,
+//! mixed prefixes). Hosts are built with small builders; the peer side goes through a real encoded
+//! listen handle, as in the plugin.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::Ipv4Addr;
+
+use switchless::error::Error;
+use switchless::route::types::{KernelRoute, LinkKind, LocalLink, RemoteLink};
+use switchless::route::{HandleRepr, KindFilter, RouteOptions, Selection, select};
+
+#[derive(Clone, Default)]
+struct Host {
+    links: Vec<LocalLink>,
+    routes: Vec<KernelRoute>,
+}
+
+impl Host {
+    /// Adds a RoCE link and its connected route (like the kernel's `proto kernel` route).
+    fn roce(self, netdev: &str, addr: &str, root: &str, phys: u16, dev: Option<usize>) -> Self {
+        self.add(LinkKind::Roce, netdev, addr, root, phys, dev)
+    }
+    fn tcp(self, netdev: &str, addr: &str) -> Self {
+        self.add(LinkKind::Tcp, netdev, addr, "pci0000:00", 999, None)
+    }
+    fn add(
+        mut self,
+        kind: LinkKind,
+        netdev: &str,
+        addr: &str,
+        root: &str,
+        phys: u16,
+        dev: Option<usize>,
+    ) -> Self {
+        let addr: ipnet::Ipv4Net = addr.parse().unwrap();
+        self.links.push(LocalLink {
+            id: self.links.len(),
+            kind,
+            netdev: netdev.into(),
+            rdma_dev: (kind == LinkKind::Roce).then(|| format!("roce_{netdev}")),
+            port: 1,
+            addr,
+            gid_index: (kind == LinkKind::Roce).then_some(3),
+            pci_root: root.into(),
+            phys_port_id: phys,
+            nccl_dev: dev,
+            speed_mbps: 200_000,
+            mtu: 9000,
+            active_mtu: 4096,
+            up: true,
+        });
+        self.routes.push(KernelRoute {
+            dest: addr.trunc(),
+            gateway: None,
+            ifname: netdev.into(),
+            metric: 0,
+        });
+        self
+    }
+    fn route(mut self, dest: &str, gw: Option<&str>, ifname: &str, metric: u32) -> Self {
+        self.routes.push(KernelRoute {
+            dest: dest.parse().unwrap(),
+            gateway: gw.map(|g| g.parse().unwrap()),
+            ifname: ifname.into(),
+            metric,
+        });
+        self
+    }
+    fn down(mut self, netdev: &str) -> Self {
+        for l in self.links.iter_mut().filter(|l| l.netdev == netdev) {
+            l.up = false;
+        }
+        self
+    }
+    /// What this host advertises, through an encoded and decoded handle.
+    fn advertise(&self) -> Vec<RemoteLink> {
+        let (repr, _) = HandleRepr::from_local(&self.links, 5000, None, 42);
+        let bytes = repr.to_bytes().unwrap();
+        HandleRepr::from_bytes(&bytes).unwrap().links
+    }
+    fn connect(&self, peer: &Host, opts: RouteOptions) -> Result<Selection, Error> {
+        select(&self.links, &self.routes, &peer.advertise(), &opts)
+    }
+}
+
+fn dev(d: usize) -> RouteOptions {
+    RouteOptions {
+        nccl_dev: Some(d),
+        ..RouteOptions::default()
+    }
+}
+
+fn pairs(s: &Selection) -> Vec<(String, Ipv4Addr)> {
+    s.paths
+        .iter()
+        .map(|p| (p.local.netdev.clone(), p.remote.addr.addr()))
+        .collect()
+}
+
+fn roots(s: &Selection) -> Vec<String> {
+    s.paths.iter().map(|p| p.local.pci_root.clone()).collect()
+}
+
+/// Every chosen pair is on one subnet and no two paths share a local link.
+fn sane(s: &Selection) {
+    assert!(!s.paths.is_empty());
+    for p in &s.paths {
+        assert!(p.local.addr.contains(&p.remote.addr.addr()), "{p:?}");
+        assert_ne!(p.local.addr.addr(), p.remote.addr.addr());
+        assert!(p.local.up);
+        assert!(!p.reason.is_empty());
+    }
+    let mut ids: Vec<usize> = s.paths.iter().map(|p| p.local.id).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), s.paths.len(), "a local link carries two paths");
+}
+
+// GB10: one CX-7, two QSFP ports, each port seen as two PCIe functions on two roots (multi-host).
+const GB10_ROOT_A: &str = "pci0000:00";
+const GB10_ROOT_B: &str = "pci0002:00";
+
+/// A GB10 whose port `p` functions get `addrs[p][f]`.
+fn gb10(addrs: &[[&str; 2]]) -> Host {
+    let mut h = Host::default();
+    for (p, a) in addrs.iter().enumerate() {
+        h = h
+            .roce(
+                &format!("enp1s0f{p}np{p}"),
+                a[0],
+                GB10_ROOT_A,
+                p as u16,
+                Some(p),
+            )
+            .roce(
+                &format!("enP2p1s0f{p}np{p}"),
+                a[1],
+                GB10_ROOT_B,
+                p as u16,
+                Some(p),
+            );
+    }
+    h
+}
+
+#[test]
+fn gb10_pair_one_cable_uses_both_functions_on_both_roots() {
+    let a = gb10(&[["10.0.0.1/30", "10.0.1.1/30"]]);
+    let b = gb10(&[["10.0.0.2/30", "10.0.1.2/30"]]);
+    let s = a.connect(&b, dev(0)).unwrap();
+    sane(&s);
+    assert_eq!(
+        pairs(&s),
+        vec![
+            ("enp1s0f0np0".into(), "10.0.0.2".parse().unwrap()),
+            ("enP2p1s0f0np0".into(), "10.0.1.2".parse().unwrap())
+        ]
+    );
+    assert_eq!(roots(&s), vec![GB10_ROOT_A, GB10_ROOT_B]);
+    assert!(s.dev_override.is_none());
+    // And the other direction.
+    let s = b.connect(&a, dev(0)).unwrap();
+    assert_eq!(s.paths.len(), 2);
+}
+
+#[test]
+fn gb10_both_functions_in_one_subnet_still_get_one_path_each() {
+    // Both functions of the port in 10.0.0.0/24: the kernel has two tied connected routes.
+    let a = gb10(&[["10.0.0.1/24", "10.0.0.2/24"]]);
+    let b = gb10(&[["10.0.0.3/24", "10.0.0.4/24"]]);
+    let s = a.connect(&b, RouteOptions::default()).unwrap();
+    sane(&s);
+    assert_eq!(s.paths.len(), 2);
+    let remotes: Vec<Ipv4Addr> = s.paths.iter().map(|p| p.remote.addr.addr()).collect();
+    assert!(
+        remotes.contains(&"10.0.0.3".parse().unwrap())
+            && remotes.contains(&"10.0.0.4".parse().unwrap())
+    );
+    assert_eq!(roots(&s), vec![GB10_ROOT_A, GB10_ROOT_B]);
+    // The pairs not taken are reported.
+    assert!(
+        s.skipped
+            .iter()
+            .any(|k| k.reason.contains("already carries"))
+    );
+}
+
+#[test]
+fn gb10_pair_two_cables_four_paths_alternating_roots() {
+    let a = gb10(&[
+        ["10.0.0.1/30", "10.0.1.1/30"],
+        ["10.0.2.1/30", "10.0.3.1/30"],
+    ]);
+    let b = gb10(&[
+        ["10.0.0.2/30", "10.0.1.2/30"],
+        ["10.0.2.2/30", "10.0.3.2/30"],
+    ]);
+    // No device preference: all four.
+    let s = a.connect(&b, RouteOptions::default()).unwrap();
+    sane(&s);
+    assert_eq!(s.paths.len(), 4);
+    assert_eq!(
+        roots(&s),
+        vec![GB10_ROOT_A, GB10_ROOT_B, GB10_ROOT_A, GB10_ROOT_B]
+    );
+    // NCCL's device 1 (port 1) reaches the peer: only its two functions.
+    let s = a.connect(&b, dev(1)).unwrap();
+    assert_eq!(
+        pairs(&s).iter().map(|p| p.0.as_str()).collect::<Vec<_>>(),
+        vec!["enp1s0f1np1", "enP2p1s0f1np1"]
+    );
+    assert!(s.dev_override.is_none());
+}
+
+#[test]
+fn gb10_ring_of_four_neighbours_route_non_neighbours_fail_at_once() {
+    // Node k: port 0 cabled to node k+1, port 1 to node k-1. Cable k (between k and k+1) uses
+    // 10.k.0.0/31 and 10.k.1.0/31 (one per function): node k has .0, node k+1 has .1.
+    let n = 4;
+    let hosts: Vec<Host> = (0..n)
+        .map(|k| {
+            let prev = (k + n - 1) % n;
+            gb10(&[
+                [&format!("10.{k}.0.0/31"), &format!("10.{k}.1.0/31")],
+                [&format!("10.{prev}.0.1/31"), &format!("10.{prev}.1.1/31")],
+            ])
+        })
+        .collect();
+    for k in 0..n {
+        let next = (k + 1) % n;
+        // NCCL picked port 1 (towards k-1): overridden to port 0.
+        let s = hosts[k].connect(&hosts[next], dev(1)).unwrap();
+        sane(&s);
+        assert_eq!(s.paths.len(), 2);
+        assert!(s.paths.iter().all(|p| p.local.nccl_dev == Some(0)));
+        let o = s.dev_override.as_ref().expect("override reported");
+        assert_eq!(o.requested, 1);
+        assert_eq!(o.used, vec![Some(0)]);
+        assert!(o.reason.contains("NCCL chose device 1"), "{}", o.reason);
+        let s = hosts[next].connect(&hosts[k], dev(1)).unwrap();
+        assert!(s.dev_override.is_none());
+        assert_eq!(s.paths.len(), 2);
+    }
+    let e = hosts[0].connect(&hosts[2], dev(0)).unwrap_err();
+    let t = e.to_string();
+    assert!(matches!(e, Error::InvalidUsage(_)));
+    assert!(t.contains("no local link reaches the peer"), "{t}");
+    // Names the peer's addresses and our subnets.
+    assert!(
+        t.contains("10.2.0.0/31") && t.contains("10.1.0.1/31"),
+        "{t}"
+    );
+    assert!(t.contains("10.0.0.0/31 on enp1s0f0np0"), "{t}");
+}
+
+// B300: 8 CX-8 cards, each an 800G port shown as two 400G functions (np0/np1), one PCIe root per card.
+fn b300(addr: impl Fn(usize, usize) -> Option<String>) -> Host {
+    let mut h = Host::default();
+    for card in 0..8 {
+        for half in 0..2 {
+            if let Some(a) = addr(card, half) {
+                h = h.roce(
+                    &format!("enp{}s0f{half}np{half}", 0x10 + card),
+                    &a,
+                    &format!("pci0000:{:02x}", card * 0x10),
+                    card as u16,
+                    Some(card),
+                );
+            }
+        }
+    }
+    h
+}
+
+#[test]
+fn b300_two_nodes_sixteen_links() {
+    let a = b300(|c, h| Some(format!("10.{c}.{h}.1/30")));
+    let b = b300(|c, h| Some(format!("10.{c}.{h}.2/30")));
+    assert_eq!(a.advertise().len(), 16);
+    // NCCL's device (card 3) reaches the peer: both halves of card 3.
+    let s = a.connect(&b, dev(3)).unwrap();
+    sane(&s);
+    assert_eq!(
+        pairs(&s),
+        vec![
+            ("enp19s0f0np0".into(), "10.3.0.2".parse().unwrap()),
+            ("enp19s0f1np1".into(), "10.3.1.2".parse().unwrap())
+        ]
+    );
+    // No hint: capped at 8 paths, one per card (eight different roots first).
+    let s = a.connect(&b, RouteOptions::default()).unwrap();
+    sane(&s);
+    assert_eq!(s.paths.len(), 8);
+    let mut r = roots(&s);
+    r.dedup();
+    assert_eq!(r.len(), 8, "{r:?}");
+    assert_eq!(
+        s.skipped
+            .iter()
+            .filter(|k| k.reason.contains("capped at 8"))
+            .count(),
+        8
+    );
+    // A higher cap uses all 16, consecutive paths on different roots.
+    let s = a
+        .connect(
+            &b,
+            RouteOptions {
+                max_paths: 16,
+                ..RouteOptions::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(s.paths.len(), 16);
+    let r = roots(&s);
+    assert!(r.windows(2).all(|w| w[0] != w[1]), "{r:?}");
+}
+
+#[test]
+fn b300_four_node_mesh_two_cables_per_pair() {
+    // Pairs (i<j) numbered 0..6; each pair gets two cards on each node; both halves cabled.
+    let pairs_list: Vec<(usize, usize)> = (0..4)
+        .flat_map(|i| (i + 1..4).map(move |j| (i, j)))
+        .collect();
+    // Node n: the k-th pair involving n uses cards 2k and 2k+1 (6 of 8 cards cabled).
+    let hosts: Vec<Host> = (0..4)
+        .map(|node| {
+            let mine: Vec<usize> = (0..pairs_list.len())
+                .filter(|&p| pairs_list[p].0 == node || pairs_list[p].1 == node)
+                .collect();
+            b300(|card, half| {
+                let pi = *mine.get(card / 2)?;
+                let sub = (card % 2) * 2 + half; // 0..4 within the pair
+                let host = if pairs_list[pi].0 == node { 1 } else { 2 };
+                Some(format!("10.{pi}.{sub}.{host}/30"))
+            })
+        })
+        .collect();
+    for h in &hosts {
+        assert_eq!(h.links.len(), 12);
+    }
+    for a in 0..4 {
+        for b in 0..4 {
+            if a == b {
+                continue;
+            }
+            let s = hosts[a]
+                .connect(&hosts[b], RouteOptions::default())
+                .unwrap();
+            sane(&s);
+            assert_eq!(s.paths.len(), 4, "{a}->{b}");
+            let pi = pairs_list
+                .iter()
+                .position(|&(i, j)| (i, j) == (a.min(b), a.max(b)))
+                .unwrap();
+            assert!(
+                s.paths
+                    .iter()
+                    .all(|p| p.remote.addr.addr().octets()[1] == pi as u8)
+            );
+            let r = roots(&s);
+            assert!(r.windows(2).all(|w| w[0] != w[1]), "{r:?}");
+            // NCCL's card 0 on node a goes to the first peer of a; for other peers it is overridden.
+            let s = hosts[a].connect(&hosts[b], dev(0)).unwrap();
+            let first_peer = pairs_list
+                .iter()
+                .find(|&&(i, j)| i == a || j == a)
+                .map(|&(i, j)| if i == a { j } else { i })
+                .unwrap();
+            if b == first_peer {
+                assert!(s.dev_override.is_none());
+                assert_eq!(s.paths.len(), 2);
+                assert!(s.paths.iter().all(|p| p.local.nccl_dev == Some(0)));
+            } else {
+                let o = s.dev_override.unwrap();
+                assert_eq!(o.requested, 0);
+                assert_eq!(o.used.len(), 2);
+                assert_eq!(s.paths.len(), 4);
+            }
+        }
+    }
+}
+
+#[test]
+fn mixed_prefixes_and_longest_prefix_match() {
+    let a = Host::default()
+        .roce("p30", "10.1.0.1/30", "r0", 0, Some(0))
+        .roce("p31", "10.2.0.0/31", "r1", 1, Some(1))
+        .roce("p24", "10.3.0.1/24", "r2", 2, Some(2))
+        // A more specific /30 inside the /24, on another netdev.
+        .roce("q30", "10.3.0.5/30", "r3", 3, Some(3))
+        .tcp("eth0", "192.168.1.10/24")
+        .route("0.0.0.0/0", Some("192.168.1.1"), "eth0", 100);
+    let peer = |addrs: &[&str]| {
+        let mut h = Host::default();
+        for (i, ad) in addrs.iter().enumerate() {
+            h = h.roce(&format!("x{i}"), ad, "rr", i as u16, None);
+        }
+        h
+    };
+    let s = a
+        .connect(&peer(&["10.1.0.2/30"]), RouteOptions::default())
+        .unwrap();
+    assert_eq!(pairs(&s), vec![("p30".into(), "10.1.0.2".parse().unwrap())]);
+    let s = a
+        .connect(&peer(&["10.2.0.1/31"]), RouteOptions::default())
+        .unwrap();
+    assert_eq!(pairs(&s), vec![("p31".into(), "10.2.0.1".parse().unwrap())]);
+    let s = a
+        .connect(&peer(&["10.3.0.77/24"]), RouteOptions::default())
+        .unwrap();
+    assert_eq!(
+        pairs(&s),
+        vec![("p24".into(), "10.3.0.77".parse().unwrap())]
+    );
+    // 10.3.0.6 is inside p24's /24, but the kernel routes it by the /30 on q30.
+    let s = a
+        .connect(&peer(&["10.3.0.6/30"]), RouteOptions::default())
+        .unwrap();
+    assert_eq!(pairs(&s), vec![("q30".into(), "10.3.0.6".parse().unwrap())]);
+    let k = s
+        .skipped
+        .iter()
+        .find(|k| k.local.starts_with("p24"))
+        .unwrap();
+    assert!(k.reason.contains("10.3.0.4/30 dev q30"), "{}", k.reason);
+    // A peer outside every connected subnet: the default route via a gateway does not count.
+    let e = a
+        .connect(&peer(&["10.9.0.2/30"]), RouteOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("10.9.0.2/30 (Roce)") && e.contains("10.1.0.0/30 on p30"),
+        "{e}"
+    );
+    // The kernel sends a connected subnet through a gateway (a static route overriding it): skipped.
+    let b = a
+        .clone()
+        .route("10.1.0.2/32", Some("192.168.1.1"), "eth0", 0);
+    let e = b
+        .connect(&peer(&["10.1.0.2/30"]), RouteOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("via 192.168.1.1"), "{e}");
+}
+
+#[test]
+fn several_addresses_per_netdev() {
+    let a = Host::default()
+        .roce("enp1", "10.0.0.1/30", "r0", 0, Some(0))
+        .roce("enp1", "10.0.5.1/30", "r0", 0, Some(0))
+        .roce("enp2", "10.0.6.1/30", "r1", 1, Some(1));
+    let b = Host::default().roce("x", "10.0.5.2/30", "s", 0, None).roce(
+        "y",
+        "10.0.6.2/30",
+        "t",
+        1,
+        None,
+    );
+    let s = a.connect(&b, RouteOptions::default()).unwrap();
+    sane(&s);
+    let mut p = pairs(&s);
+    p.sort();
+    assert_eq!(
+        p,
+        vec![
+            ("enp1".into(), "10.0.5.2".parse().unwrap()),
+            ("enp2".into(), "10.0.6.2".parse().unwrap())
+        ]
+    );
+    assert_eq!(
+        s.paths
+            .iter()
+            .find(|x| x.local.netdev == "enp1")
+            .unwrap()
+            .local
+            .addr
+            .to_string(),
+        "10.0.5.1/30"
+    );
+}
+
+#[test]
+fn nothing_shared_is_an_immediate_error_naming_both_sides() {
+    let a = Host::default()
+        .roce("enp1", "10.0.0.1/30", "r0", 0, Some(0))
+        .roce("enp2", "10.0.1.1/30", "r1", 1, Some(1));
+    let b = Host::default().roce("x", "10.7.0.2/30", "s", 0, None).roce(
+        "y",
+        "10.8.0.2/30",
+        "t",
+        1,
+        None,
+    );
+    let e = a.connect(&b, dev(0)).unwrap_err();
+    assert!(matches!(e, Error::InvalidUsage(_)));
+    assert_eq!(
+        e.to_string(),
+        "invalid configuration: no local link reaches the peer: it advertises 10.7.0.2/30 (Roce), 10.8.0.2/30 (Roce); \
+         local subnets: 10.0.0.0/30 on enp1 (Roce, up), 10.0.1.0/30 on enp2 (Roce, up). \
+         Each cable needs a shared subnet on both ends (see `switchless doctor` and `switchless route`)"
+    );
+    // A peer that advertises nothing, and a host with no links.
+    let none = Host::default();
+    assert!(
+        a.connect(&none, RouteOptions::default())
+            .unwrap_err()
+            .to_string()
+            .contains("advertises no link addresses")
+    );
+    assert!(
+        none.connect(&a, RouteOptions::default())
+            .unwrap_err()
+            .to_string()
+            .contains("none (no links found)")
+    );
+}
+
+#[test]
+fn down_links_are_skipped_with_a_reason() {
+    let a = gb10(&[["10.0.0.1/30", "10.0.1.1/30"]]).down("enP2p1s0f0np0");
+    let b = gb10(&[["10.0.0.2/30", "10.0.1.2/30"]]);
+    let s = a.connect(&b, dev(0)).unwrap();
+    assert_eq!(
+        pairs(&s),
+        vec![("enp1s0f0np0".into(), "10.0.0.2".parse().unwrap())]
+    );
+    let k = s
+        .skipped
+        .iter()
+        .find(|k| k.local.starts_with("enP2p1s0f0np0"))
+        .unwrap();
+    assert!(k.reason.contains("down"), "{}", k.reason);
+    // All down: the error says so.
+    let a = a.down("enp1s0f0np0");
+    let e = a.connect(&b, dev(0)).unwrap_err().to_string();
+    assert!(
+        e.contains("link is down") && e.contains("(Roce, down)"),
+        "{e}"
+    );
+    // A down link on the listener is not advertised, so the connector cannot pick it.
+    let b2 = b.clone().down("enp1s0f0np0");
+    let a = gb10(&[["10.0.0.1/30", "10.0.1.1/30"]]);
+    let s = a.connect(&b2, dev(0)).unwrap();
+    assert_eq!(
+        pairs(&s),
+        vec![("enP2p1s0f0np0".into(), "10.0.1.2".parse().unwrap())]
+    );
+}
+
+#[test]
+fn kind_filter_and_same_node() {
+    let a = Host::default()
+        .roce("r", "10.0.0.1/30", "r0", 0, Some(0))
+        .tcp("t", "10.0.1.1/30");
+    let b = Host::default()
+        .roce("r", "10.0.0.2/30", "s0", 0, None)
+        .tcp("t", "10.0.1.2/30");
+    let roce = a
+        .connect(
+            &b,
+            RouteOptions {
+                kinds: KindFilter::Roce,
+                ..RouteOptions::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        pairs(&roce),
+        vec![("r".into(), "10.0.0.2".parse().unwrap())]
+    );
+    assert!(
+        roce.skipped
+            .iter()
+            .any(|k| k.reason.contains("RoCE paths only"))
+    );
+    let tcp = a
+        .connect(
+            &b,
+            RouteOptions {
+                kinds: KindFilter::Tcp,
+                ..RouteOptions::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(tcp.paths.len(), 2);
+    assert!(tcp.paths.iter().all(|p| p.kind == LinkKind::Tcp));
+    let any = a.connect(&b, RouteOptions::default()).unwrap();
+    let kinds: Vec<LinkKind> = any.paths.iter().map(|p| p.kind).collect();
+    assert_eq!(kinds, vec![LinkKind::Roce, LinkKind::Tcp]);
+    // Only TCP shared, RoCE required: error.
+    let b = Host::default().tcp("t", "10.0.1.2/30");
+    let e = a
+        .connect(
+            &b,
+            RouteOptions {
+                kinds: KindFilter::Roce,
+                ..RouteOptions::default()
+            },
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("RoCE paths only"), "{e}");
+    // Connecting to ourselves: our own address is never a path.
+    let e = a.connect(&a, RouteOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("the peer is this host"), "{e}");
+    // One of the peer's addresses duplicates ours, the other is unreachable: the long form names it.
+    let c = Host::default()
+        .roce("r", "10.0.0.1/30", "s0", 0, None)
+        .roce("z", "10.8.0.2/30", "s1", 1, None);
+    let e = a.connect(&c, RouteOptions::default()).unwrap_err();
+    assert!(
+        e.to_string().contains("which is this link's own address"),
+        "{e}"
+    );
+}
+
+#[test]
+fn selection_is_deterministic() {
+    let a = b300(|c, h| Some(format!("10.{c}.{h}.1/30")));
+    let b = b300(|c, h| Some(format!("10.{c}.{h}.2/30")));
+    let x = a.connect(&b, RouteOptions::default()).unwrap();
+    let y = a.connect(&b, RouteOptions::default()).unwrap();
+    assert_eq!(x, y);
+}
+
+#[test]
+fn render_text_explains_paths_override_and_skips() {
+    let a = gb10(&[
+        ["10.0.0.1/30", "10.0.1.1/30"],
+        ["10.9.0.1/30", "10.9.1.1/30"],
+    ])
+    .down("enP2p1s0f0np0");
+    let b = gb10(&[["10.0.0.2/30", "10.0.1.2/30"]]);
+    let peer = switchless::route::handle::advertised(&b.links).unwrap();
+    assert_eq!(peer, b.advertise());
+    let s = select(&a.links, &a.routes, &peer, &dev(1)).unwrap();
+    let t = switchless::route::render_text(&s, &peer);
+    assert!(
+        t.starts_with("1 path to the peer (10.0.0.2/30, 10.0.1.2/30):"),
+        "{t}"
+    );
+    assert!(t.contains("path 0: enp1s0f0np0 10.0.0.1/30 (roce_enp1s0f0np0 port 1 GID 3, NCCL dev 0, PCIe root pci0000:00, MTU 4096 B) -> 10.0.0.2 (Roce)"), "{t}");
+    assert!(t.contains("NCCL device 1 overridden"), "{t}");
+    assert!(
+        t.contains("enP2p1s0f0np0 10.0.1.1/30 -> 10.0.1.2: link is down"),
+        "{t}"
+    );
+}
+
+#[test]
+fn equal_prefix_routes_lowest_metric_wins_ties_all_count() {
+    use switchless::route::kernel_route;
+    // Two netdevs in one /24; the kernel prefers enp2 by metric.
+    let mut a = Host::default()
+        .roce("enp1", "10.5.0.1/24", "r0", 0, Some(0))
+        .roce("enp2", "10.5.0.2/24", "r1", 1, Some(1));
+    a.routes[0].metric = 100;
+    a.routes[1].metric = 10;
+    let winners = kernel_route(&a.routes, "10.5.0.9".parse().unwrap());
+    assert_eq!(winners.len(), 1);
+    assert_eq!(winners[0].ifname, "enp2");
+    let b = Host::default().roce("x", "10.5.0.9/24", "s", 0, None);
+    let s = a.connect(&b, RouteOptions::default()).unwrap();
+    assert_eq!(
+        pairs(&s),
+        vec![("enp2".into(), "10.5.0.9".parse().unwrap())]
+    );
+    let k = s
+        .skipped
+        .iter()
+        .find(|k| k.local.starts_with("enp1"))
+        .unwrap();
+    assert!(
+        k.reason.contains("10.5.0.0/24 dev enp2 metric 10"),
+        "{}",
+        k.reason
+    );
+    // Equal metrics: both are winners (the GB10 same-subnet case).
+    a.routes[0].metric = 10;
+    assert_eq!(
+        kernel_route(&a.routes, "10.5.0.9".parse().unwrap()).len(),
+        2
+    );
+    assert!(kernel_route(&a.routes, "10.6.0.1".parse().unwrap()).is_empty());
+}

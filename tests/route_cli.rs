@@ -1,0 +1,134 @@
+//! `switchless route` on the fabric fixtures (kernel-file trees of real host layouts).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::Command;
+
+fn route(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_switchless"))
+        .arg("route")
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+const GB10: &str = "tests/fixtures/fabric/gb10-1cable";
+const B300: &str = "tests/fixtures/fabric/b300-2node";
+
+#[test]
+fn gb10_one_cable_uses_both_pcie_functions() {
+    let (rc, out, err) = route(&[
+        "--root",
+        GB10,
+        "--peer",
+        "192.168.100.11/24,192.168.101.11/24",
+        "--dev",
+        "0",
+    ]);
+    assert_eq!(rc, 0, "{err}");
+    assert!(
+        out.starts_with("2 paths to the peer (192.168.100.11/24, 192.168.101.11/24):"),
+        "{out}"
+    );
+    assert!(
+        out.contains("enP2p1s0f0np0 192.168.101.10/24") && out.contains("-> 192.168.101.11 (Roce)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("enp1s0f0np0 192.168.100.10/24") && out.contains("-> 192.168.100.11 (Roce)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("PCIe root pci0002:00") && out.contains("PCIe root pci0000:00"),
+        "{out}"
+    );
+}
+
+#[test]
+fn json_output_has_the_paths() {
+    let (rc, out, err) = route(&[
+        "--root",
+        GB10,
+        "--peer",
+        "192.168.100.11/24,192.168.101.11/24",
+        "--json",
+    ]);
+    assert_eq!(rc, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let paths = v["selection"]["paths"].as_array().unwrap();
+    assert_eq!(paths.len(), 2);
+    let remotes: Vec<&str> = paths
+        .iter()
+        .map(|p| p["remote"]["addr"].as_str().unwrap())
+        .collect();
+    assert!(
+        remotes.contains(&"192.168.100.11/24") && remotes.contains(&"192.168.101.11/24"),
+        "{remotes:?}"
+    );
+    assert_eq!(paths[0]["kind"], "roce");
+}
+
+#[test]
+fn b300_nccl_device_override_is_explained() {
+    // Find which address NCCL device 0 holds, then ask for a peer reachable only through another card.
+    let (rc, out, _) = route(&[
+        "--root",
+        B300,
+        "--peer",
+        "10.112.1.2/30,10.112.9.2/30",
+        "--dev",
+        "0",
+        "--json",
+    ]);
+    assert_eq!(rc, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let paths = v["selection"]["paths"].as_array().unwrap();
+    assert_eq!(paths.len(), 1);
+    let dev0_remote = paths[0]["remote"]["addr"].as_str().unwrap().to_string();
+    let other = if dev0_remote == "10.112.1.2/30" {
+        "10.112.9.2/30"
+    } else {
+        "10.112.1.2/30"
+    };
+    let (rc, out, err) = route(&["--root", B300, "--peer", other, "--dev", "0"]);
+    assert_eq!(rc, 0, "{err}");
+    assert!(
+        out.contains("NCCL device 0 overridden: NCCL chose device 0"),
+        "{out}"
+    );
+}
+
+#[test]
+fn unreachable_peer_and_same_host_fail_with_exit_1() {
+    let (rc, out, err) = route(&["--root", B300, "--peer", "10.200.0.2/30"]);
+    assert_eq!(rc, 1);
+    assert!(out.is_empty());
+    assert!(
+        err.contains("no local link reaches the peer: it advertises 10.200.0.2/30 (Roce)"),
+        "{err}"
+    );
+    assert!(err.contains("10.112.1.0/30 on eno6np0 (Roce, up)"), "{err}");
+    let (rc, _, err) = route(&["--root", GB10, "--peer-root", GB10]);
+    assert_eq!(rc, 1);
+    assert!(err.contains("the peer is this host"), "{err}");
+    let (rc, out, _) = route(&["--root", GB10, "--peer-root", GB10, "--json"]);
+    assert_eq!(rc, 1);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("the peer is this host")
+    );
+}
+
+#[test]
+fn peer_is_required() {
+    let (rc, _, err) = route(&["--root", GB10]);
+    assert_eq!(rc, 2);
+    assert!(err.contains("--peer"), "{err}");
+}
