@@ -107,8 +107,8 @@ payload() {
 }
 
 wait_listen() {
-  local ns="$1" port="$2" i
-  for i in $(seq 1 200); do
+  local ns="$1" port="$2"
+  for _ in $(seq 1 200); do
     ip netns exec "$ns" ss -Hltn "sport = :$port" | grep -q . && return 0
     sleep 0.05
   done
@@ -142,7 +142,8 @@ link "$tag-m1" "$tag-m2" 1 to2 to1
 link "$tag-m1" "$tag-m3" 2 to3 to1
 link "$tag-m2" "$tag-m3" 3 to3 to2
 for l in "1 1 2" "2 1 3" "3 2 3"; do
-  set -- $l
+  read -r L A B <<<"$l"
+  set -- "$L" "$A" "$B"
   pair "$tag-m$2" "10.200.$1.1" "$tag-m$3" "10.200.$1.2" "mesh link $1 (node $2 -> node $3)"
   pair "$tag-m$3" "10.200.$1.2" "$tag-m$2" "10.200.$1.1" "mesh link $1 (node $3 -> node $2)"
 done
@@ -154,7 +155,8 @@ link "$tag-r2" "$tag-r3" 12 to3 to2
 link "$tag-r3" "$tag-r4" 13 to4 to3
 link "$tag-r1" "$tag-r4" 14 to4 to1
 for l in "11 1 2" "12 2 3" "13 3 4" "14 1 4"; do
-  set -- $l
+  read -r L A B <<<"$l"
+  set -- "$L" "$A" "$B"
   pair "$tag-r$2" "10.200.$1.1" "$tag-r$3" "10.200.$1.2" "ring link $1 (node $2 -> node $3)"
   pair "$tag-r$3" "10.200.$1.2" "$tag-r$2" "10.200.$1.1" "ring link $1 (node $3 -> node $2)"
 done
@@ -217,7 +219,7 @@ if [ "$bench" = 1 ]; then
   median() { tr ' ' '\n' | sed '/^$/d' | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
   i1s=""; o1s=""; iNs=""; oNs=""
   # Alternate the tools so that load from other processes hits both alike.
-  for r in $(seq 1 "$reps"); do
+  for _ in $(seq 1 "$reps"); do
     i1s+=" $(iperf 1)"; o1s+=" $(ours 1)"
     iNs+=" $(iperf "$streams")"; oNs+=" $(ours "$streams")"
   done
