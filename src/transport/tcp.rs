@@ -99,6 +99,13 @@ pub fn streams_for_speed(speed_mbps: u64) -> usize {
     (speed_mbps.div_ceil(MBPS_PER_STREAM) as usize).clamp(MIN_STREAMS, MAX_STREAMS)
 }
 
+/// Streams per path for a per-connection total (`NCCL_SWITCHLESS_TCP_STREAMS=n`, which the config
+/// layer defines per connection and spreads over the paths): ⌈total / paths⌉, clamped to
+/// 1..=[`MAX_STREAMS`]. Put the result in [`TcpConfig::streams`].
+pub fn per_path_streams(total: usize, npaths: usize) -> usize {
+    total.div_ceil(npaths.max(1)).clamp(1, MAX_STREAMS)
+}
+
 /// Socket buffer size, in bytes, that keeps one stream of a path busy: twice the stream's share of
 /// the bandwidth-delay product, `2 × (speed_mbps × 10⁶ / 8 B/s) × (rtt_us × 10⁻⁶ s) / streams`
 /// = `speed_mbps × rtt_us / (4 × streams)` bytes, at least 256 KiB, rounded up to 4 KiB. (Twice: the
@@ -1903,6 +1910,15 @@ mod tests {
         assert_eq!(streams_for_speed(25_000), 10);
         assert_eq!(streams_for_speed(100_000), 16);
         assert_eq!(streams_for_speed(0), 4);
+    }
+
+    #[test]
+    fn per_connection_totals_become_per_path_counts() {
+        assert_eq!(per_path_streams(8, 2), 4);
+        assert_eq!(per_path_streams(5, 2), 3);
+        assert_eq!(per_path_streams(1, 4), 1);
+        assert_eq!(per_path_streams(64, 1), 16);
+        assert_eq!(per_path_streams(3, 0), 3);
     }
 
     #[test]
