@@ -1884,6 +1884,20 @@ impl Fabric for TcpFabric {
             p.fail_tx(WcStatus::WR_FLUSH_ERR, None, "shut down");
             p.fail_rx("shut down", false);
         }
+        // Closing a socket with unread received bytes makes the kernel send a reset, which also
+        // discards what we handed it but it has not sent yet (the tail of a completed send). Read
+        // and drop what has arrived (bounded), so the close is an orderly FIN after our data.
+        let mut scratch = vec![0u8; 64 * 1024];
+        for p in &self.sh.paths {
+            for st in &p.streams {
+                for _ in 0..1024 {
+                    match rawmem::recv_slice(&st.sock, &mut scratch) {
+                        Ok(n) if n > 0 => {}
+                        _ => break,
+                    }
+                }
+            }
+        }
         if panicked > 0 {
             return Err(Error::Internal(format!(
                 "{panicked} TCP helper threads panicked"
