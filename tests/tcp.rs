@@ -603,10 +603,52 @@ fn shutdown_flushes_queued_work_and_posted_receives() {
     b.poll(0, 8, &mut out).unwrap();
     assert_eq!(out.len(), 2);
     assert!(out.iter().all(|c| c.status == WcStatus::WR_FLUSH_ERR));
-    // The peer sees every stream close: its posted receives are flushed, its writes fail.
+    // `b` closed in order (nothing outstanding): `a` keeps its posted receives (as with RC when the
+    // peer destroys its QP), and its writes fail instead of vanishing.
     a.post_recv(0, 1).unwrap();
-    let c = poll_one(&mut a, 0);
-    assert_eq!((c.wr_id, c.status), (1, WcStatus::WR_FLUSH_ERR));
+    let abuf = HostBuffer::new(8).unwrap();
+    let ra = a.register(abuf.addr(), 8, MemKind::Host).unwrap();
+    let c = eventually("a failed write towards the closed peer", || {
+        a.post_write(
+            0,
+            &write(3, abuf.addr(), 8, ra.keys[0].lkey, 0x1000, 1, None),
+        )
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+        let mut out = Vec::new();
+        a.poll(0, 16, &mut out).unwrap();
+        out.into_iter().find(|c| c.wr_id == 3)
+    });
+    assert!(!c.status.is_success(), "{c:?}");
+    let mut out = Vec::new();
+    a.poll(0, 64, &mut out).unwrap();
+    assert!(out.iter().all(|c| c.wr_id == 3), "{out:?}");
+}
+
+#[test]
+fn sender_that_closes_right_after_its_last_send_loses_nothing() {
+    // Small socket buffers: when the send completes (handed to the kernel) most of the tail is
+    // still in flight, and the sender closes at once.
+    let tcfg = TcpConfig {
+        streams: Some(3),
+        buffers: BufferPolicy::Fixed(64 * 1024),
+        ..TcpConfig::default()
+    };
+    for round in 0..5u8 {
+        let mut g = rig_with(&[10_000, 10_000], &tcfg);
+        let n = 3 << 20;
+        let data = pattern(n, round);
+        let sb = g.send_buf(&data);
+        let rb = g.recv_buf(n);
+        let rreq = g.irecv(&[(&rb, n as u64, 0)]);
+        let sreq = g.isend(&sb, n as u64, 0);
+        g.wait_send(sreq);
+        let Rig { s, mut r, keep } = g;
+        s.close().unwrap();
+        let sizes = eventually("receive after an orderly close", || r.test(rreq).unwrap());
+        assert_eq!(sizes.as_slice(), &[n as u64]);
+        assert_eq!(keep[rb.idx].read(0, n).unwrap(), data, "round {round}");
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -83,7 +83,13 @@ const MAX_BUFFERED_CTRL: usize = 64 << 20;
 
 const FRAME_MAGIC: u16 = 0x5754;
 const OP_WRITE: u8 = 1;
+/// Last frame of a stream, sent by `shutdown`: the sender is going away.
+const OP_CLOSE: u8 = 2;
 const FLAG_IMM: u8 = 1;
+/// On [`OP_CLOSE`]: work requests were still outstanding (dropped), the close is not orderly.
+const FLAG_DIRTY: u8 = 2;
+/// How long `shutdown` tries to hand the close frames to the kernel.
+const GOODBYE_WAIT: Duration = Duration::from_millis(200);
 const HDR_LEN: usize = 40;
 const HELLO_MAGIC: [u8; 4] = *b"SWTS";
 const ACK_MAGIC: [u8; 4] = *b"SWTA";
@@ -362,6 +368,7 @@ impl Frame {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Header {
+    op: u8,
     flags: u8,
     len: u32,
     seq: u64,
@@ -375,7 +382,7 @@ impl Header {
     fn encode(&self) -> [u8; HDR_LEN] {
         let mut h = [0u8; HDR_LEN];
         h[0..2].copy_from_slice(&FRAME_MAGIC.to_le_bytes());
-        h[2] = OP_WRITE;
+        h[2] = self.op;
         h[3] = self.flags;
         h[4..8].copy_from_slice(&self.len.to_le_bytes());
         h[8..16].copy_from_slice(&self.seq.to_le_bytes());
@@ -399,16 +406,23 @@ impl Header {
                 "frame magic {magic:#06x}, expected {FRAME_MAGIC:#06x}"
             ));
         }
-        if h[2] != OP_WRITE {
+        let allowed = match h[2] {
+            OP_WRITE => FLAG_IMM,
+            OP_CLOSE => FLAG_DIRTY,
+            op => {
+                return Err(format!(
+                    "frame operation {op}, accepted: {OP_WRITE} (write) or {OP_CLOSE} (close)"
+                ));
+            }
+        };
+        if h[3] & !allowed != 0 {
             return Err(format!(
-                "frame operation {}, only {OP_WRITE} (write) is accepted",
-                h[2]
+                "frame flags {:#04x} for operation {}, accepted: 0 or {allowed}",
+                h[3], h[2]
             ));
         }
-        if h[3] & !FLAG_IMM != 0 {
-            return Err(format!("frame flags {:#04x}, accepted: 0 or 1", h[3]));
-        }
         let hd = Header {
+            op: h[2],
             flags: h[3],
             len: u32_at(4),
             seq: u64_at(8),
@@ -417,6 +431,9 @@ impl Header {
             imm: u32_at(28),
             wr_len: u32_at(32),
         };
+        if hd.op == OP_CLOSE && hd.len != 0 {
+            return Err(format!("close frame with {} payload bytes", hd.len));
+        }
         if hd.len as usize > MAX_FRAME_BYTES {
             return Err(format!(
                 "frame of {} bytes; at most {MAX_FRAME_BYTES} bytes accepted",
@@ -453,7 +470,8 @@ struct RxState {
     pending: BTreeMap<u64, Effect>,
     buffered: usize,
     recvs: VecDeque<u64>,
-    clean_eofs: usize,
+    /// Streams that ended with an orderly close frame.
+    goodbyes: usize,
     error: bool,
 }
 
@@ -463,6 +481,8 @@ struct StreamShared {
     cv: Condvar,
     queued: AtomicU64,
     sent_bytes: AtomicU64,
+    /// A frame was started on this stream and not finished (no close frame may follow it).
+    mid_frame: AtomicBool,
 }
 
 struct PathShared {
@@ -512,7 +532,7 @@ impl PathShared {
         let mut tx = lock(&self.tx);
         if !tx.error {
             tx.error = true;
-            if status != WcStatus::WR_FLUSH_ERR {
+            if status != WcStatus::WR_FLUSH_ERR && !tx.wrs.is_empty() {
                 tracing::warn!(label = %self.label, "NET/switchless: TCP path {}: {why}", self.label);
             }
         }
@@ -668,6 +688,7 @@ fn tx_loop(sh: Arc<Shared>, p: usize, s: usize) {
             }
         };
         let len = frame.len();
+        st.mid_frame.store(true, Ordering::Relaxed);
         let mut res = send_all(&sh, &st.sock, &frame.hdr, len > 0);
         if matches!(res, Io::Done) {
             res = match &frame.payload {
@@ -678,6 +699,7 @@ fn tx_loop(sh: Arc<Shared>, p: usize, s: usize) {
         st.queued.fetch_sub(len as u64, Ordering::Relaxed);
         match res {
             Io::Done => {
+                st.mid_frame.store(false, Ordering::Relaxed);
                 st.sent_bytes.fetch_add(len as u64, Ordering::Relaxed);
                 path.frame_sent(frame.wr);
             }
@@ -785,6 +807,8 @@ fn recv_raw(
 enum RxErr {
     Stopped,
     Eof,
+    /// The peer's close frame; `true` when it dropped work (not orderly).
+    Goodbye(bool),
     Io(io::Error),
     Violation(String),
 }
@@ -800,6 +824,9 @@ fn rx_frame(sh: &Shared, p: usize, s: usize) -> std::result::Result<(), RxErr> {
         Io::Err(e) => return Err(RxErr::Io(e)),
     }
     let h = Header::decode(&hb).map_err(RxErr::Violation)?;
+    if h.op == OP_CLOSE {
+        return Err(RxErr::Goodbye(h.flags & FLAG_DIRTY != 0));
+    }
     let len = h.len as usize;
     let reg = read_lock(&sh.regs).get(&h.rkey).cloned().ok_or_else(|| {
         RxErr::Violation(format!(
@@ -898,20 +925,47 @@ fn rx_loop(sh: Arc<Shared>, p: usize, s: usize) {
         match rx_frame(&sh, p, s) {
             Ok(()) => {}
             Err(RxErr::Stopped) => return,
-            Err(RxErr::Eof) => {
+            Err(RxErr::Goodbye(false)) => {
+                // Orderly: everything the peer sent on this stream has been applied. Once every
+                // stream said so, the peer is gone; our own writes can no longer be delivered, but
+                // posted receives stay posted (as with RC when the peer destroys its QP).
                 let all = {
                     let mut rx = lock(&path.rx);
-                    rx.clean_eofs += 1;
-                    rx.clean_eofs == path.streams.len()
+                    rx.goodbyes += 1;
+                    rx.goodbyes == path.streams.len()
                 };
                 if all {
-                    path.fail_rx("the peer closed every stream", true);
+                    tracing::debug!(label = %path.label, "NET/switchless: TCP path {}: the peer closed", path.label);
                     path.fail_tx(
                         WcStatus::RETRY_EXC_ERR,
                         None,
-                        "the peer closed every stream",
+                        "the peer closed the connection",
                     );
                 }
+                return;
+            }
+            Err(RxErr::Goodbye(true)) => {
+                if sh.stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                let why = format!(
+                    "stream {s}: the peer shut down with work requests outstanding (mid-transfer)"
+                );
+                path.fail_rx(&why, true);
+                path.fail_tx(WcStatus::RETRY_EXC_ERR, None, &why);
+                path.close_streams();
+                return;
+            }
+            Err(RxErr::Eof) => {
+                if sh.stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                let why = format!(
+                    "stream {s}: the peer closed it without a close frame (the peer process died or reset the connection)"
+                );
+                path.fail_rx(&why, true);
+                path.fail_tx(WcStatus::RETRY_EXC_ERR, None, &why);
+                path.close_streams();
                 return;
             }
             Err(RxErr::Io(e)) => {
@@ -946,7 +1000,8 @@ fn rx_loop(sh: Arc<Shared>, p: usize, s: usize) {
 pub struct TcpFabric {
     sh: Arc<Shared>,
     paths: Vec<PathInfo>,
-    threads: Vec<JoinHandle<()>>,
+    /// Helper threads: (is a sender, handle).
+    threads: Vec<(bool, JoinHandle<()>)>,
     ctrl: Vec<Arc<CtrlBlock>>,
     tokens: HashMap<u64, u32>,
     next_key: u32,
@@ -1013,6 +1068,7 @@ impl TcpFabric {
                         cv: Condvar::new(),
                         queued: AtomicU64::new(0),
                         sent_bytes: AtomicU64::new(0),
+                        mid_frame: AtomicBool::new(false),
                     })
                     .collect(),
                 tx: Mutex::new(TxState::default()),
@@ -1056,7 +1112,7 @@ impl TcpFabric {
                         })
                         .map_err(|e| Error::io("starting a TCP helper thread", e));
                     match h {
-                        Ok(h) => fab.threads.push(h),
+                        Ok(h) => fab.threads.push((tx, h)),
                         Err(e) => {
                             let _ = fab.shutdown();
                             return Err(e);
@@ -1792,6 +1848,7 @@ impl Fabric for TcpFabric {
             let seq = tx.next_seq;
             tx.next_seq += 1;
             let hdr = Header {
+                op: OP_WRITE,
                 flags: if last && wr.imm.is_some() {
                     FLAG_IMM
                 } else {
@@ -1871,15 +1928,67 @@ impl Fabric for TcpFabric {
         }
         self.shut = true;
         self.sh.stop.store(true, Ordering::SeqCst);
+        let mut panicked = 0;
+        let mut join = |threads: Vec<(bool, JoinHandle<()>)>| {
+            for (_, t) in threads {
+                if t.join().is_err() {
+                    panicked += 1;
+                }
+            }
+        };
+        // 1. Stop the senders (they see the stop flag at their next step or wake-up).
+        for p in &self.sh.paths {
+            for st in &p.streams {
+                let _q = lock(&st.q);
+                st.cv.notify_all();
+            }
+        }
+        let (senders, receivers): (Vec<_>, Vec<_>) = std::mem::take(&mut self.threads)
+            .into_iter()
+            .partition(|(tx, _)| *tx);
+        join(senders);
+        // 2. Say goodbye on every stream that is at a frame boundary: orderly when nothing was
+        //    dropped, "dirty" when work requests were still outstanding (the peer then fails its
+        //    receives instead of waiting for data that will never come).
+        let until = Instant::now() + GOODBYE_WAIT;
+        for p in &self.sh.paths {
+            let dirty = {
+                let tx = lock(&p.tx);
+                tx.error || !tx.wrs.is_empty()
+            };
+            let hdr = Header {
+                op: OP_CLOSE,
+                flags: if dirty { FLAG_DIRTY } else { 0 },
+                len: 0,
+                seq: 0,
+                addr: 0,
+                rkey: 0,
+                imm: 0,
+                wr_len: 0,
+            }
+            .encode();
+            for st in &p.streams {
+                if st.mid_frame.load(Ordering::Relaxed) {
+                    continue;
+                }
+                let mut off = 0;
+                while off < hdr.len() && Instant::now() < until {
+                    match rawmem::send_slice(&st.sock, &hdr[off..], false) {
+                        Ok(n) => off += n,
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            let _ = rawmem::wait_fd(&st.sock, Ready::Write, 10);
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(_) => break,
+                    }
+                }
+            }
+        }
+        // 3. Close the streams (wakes the receivers) and join the receivers.
         for p in &self.sh.paths {
             p.close_streams();
         }
-        let mut panicked = 0;
-        for t in self.threads.drain(..) {
-            if t.join().is_err() {
-                panicked += 1;
-            }
-        }
+        join(receivers);
         for p in &self.sh.paths {
             p.fail_tx(WcStatus::WR_FLUSH_ERR, None, "shut down");
             p.fail_rx("shut down", false);
@@ -1949,6 +2058,7 @@ mod tests {
     #[test]
     fn headers_round_trip_and_garbage_is_rejected() {
         let h = Header {
+            op: OP_WRITE,
             flags: FLAG_IMM,
             len: 1234,
             seq: 99,
@@ -1967,6 +2077,23 @@ mod tests {
         let mut bad = h.encode();
         bad[3] = 6;
         assert!(Header::decode(&bad).unwrap_err().contains("flags"));
+        let close = Header {
+            op: OP_CLOSE,
+            flags: FLAG_DIRTY,
+            len: 0,
+            seq: 0,
+            addr: 0,
+            rkey: 0,
+            imm: 0,
+            wr_len: 0,
+        };
+        assert_eq!(Header::decode(&close.encode()).unwrap(), close);
+        let mut bad = close.encode();
+        bad[3] = FLAG_IMM;
+        assert!(Header::decode(&bad).unwrap_err().contains("flags"));
+        let mut bad = close.encode();
+        bad[4] = 1;
+        assert!(Header::decode(&bad).unwrap_err().contains("close frame"));
         let mut bad = h.encode();
         bad[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(Header::decode(&bad).unwrap_err().contains("at most"));
