@@ -16,7 +16,7 @@
 #   SWL_NETNS_PROBE=/path/to/cmd swaps the non-neighbour probe: cmd <local-ip> <peer-ip> <port> must fail fast
 #     and name the missing route ("unreachable" or "no route").
 #   so the lead can later run `switchless bench` through the plugin ABI instead.
-# Needs root, iproute2 (ip, ss), and for --bench iperf3 and jq. Everything created is removed on exit.
+# Needs root, iproute2 (ip, ss), and for --bench iperf3, jq and /usr/bin/time (package time). Everything created is removed on exit.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -38,7 +38,7 @@ for tool in ip ss; do
   command -v "$tool" >/dev/null || { echo "mesh.sh: $tool is missing (iproute2)" >&2; exit 1; }
 done
 if [ "$bench" = 1 ]; then
-  for tool in iperf3 jq; do
+  for tool in iperf3 jq /usr/bin/time; do
     command -v "$tool" >/dev/null || { echo "mesh.sh: $tool is missing; run scripts/deps.sh" >&2; exit 1; }
   done
 fi
@@ -184,51 +184,66 @@ nonneighbour "$tag-r2" 10.200.12.1 10.200.14.2 "ring non-neighbour 2 -> 4"
 # --- benchmark: iperf3 and tcp_pair on mesh link 1 --------------------------------------------------
 if [ "$bench" = 1 ]; then
   secs="${SWL_BENCH_SECONDS:-5}"
+  # Each run sets res="<Gb/s at the receiver> <CPU seconds of both ends per GB of payload>".
   iperf() {
-  local par="$1" p
+    local par="$1" p sp
     port=$((port + 2)); p=$port
-    ip netns exec "$tag-m2" iperf3 -s -1 -B 10.200.1.2 -p "$p" >/dev/null 2>&1 &
-    pids+=("$!")
+    ip netns exec "$tag-m2" /usr/bin/time -f '%U %S' -o "$work/cpu.srv" iperf3 -s -1 -B 10.200.1.2 -p "$p" >/dev/null 2>&1 &
+    sp=$!; pids+=("$sp")
     wait_listen "$tag-m2" "$p" || fail "iperf3 server did not start"
-    ip netns exec "$tag-m1" iperf3 -c 10.200.1.2 -B 10.200.1.1 -p "$p" -P "$par" -t "$secs" -l 1M -J >"$work/iperf.json"
-    wait "$!" 2>/dev/null || true
-    jq '.end.sum_received.bits_per_second / 1e9' "$work/iperf.json"
+    ip netns exec "$tag-m1" /usr/bin/time -f '%U %S' -o "$work/cpu.cli" \
+      iperf3 -c 10.200.1.2 -B 10.200.1.1 -p "$p" -P "$par" -t "$secs" -l 1M -J >"$work/iperf.json"
+    wait "$sp" 2>/dev/null || true
+    res=$(awk -v r="$(jq '.end.sum_received.bits_per_second / 1e9' "$work/iperf.json")" \
+      -v b="$(jq '.end.sum_received.bytes' "$work/iperf.json")" \
+      -v c="$(cat "$work/cpu.srv" "$work/cpu.cli" | awk '{ s += $1 + $2 } END { print s }')" \
+      'BEGIN { printf "%.2f %.3f\n", r, c / (b / 1e9) }')
   }
   ours() {
-    local st="$1" bytes=4194304 iters
+    local st="$1" bytes=4194304 iters sp rate
     # Size the run like iperf3's: the measured rate of a short run × seconds.
     port=$((port + 2))
     ip netns exec "$tag-m2" "$bin" serve --local 10.200.1.2 --port "$port" --timeout 30 >"$work/srv.out" 2>&1 &
-    local sp=$!; pids+=("$sp")
+    sp=$!; pids+=("$sp")
     wait_listen "$tag-m2" "$port" || fail "tcp_pair server did not start"
     ip netns exec "$tag-m1" "$bin" connect --local 10.200.1.1 --remote 10.200.1.2 --port "$port" --streams "$st" \
       --bytes "$bytes" --iters 100 --depth 8 --timeout 30 >/dev/null 2>&1 || fail "tcp_pair calibration failed"
     wait "$sp" || fail "tcp_pair calibration receiver failed: $(cat "$work/srv.out")"
-    local rate; rate=$(sed -n 's/.*: \([0-9.]*\) Gb\/s$/\1/p' "$work/srv.out")
+    rate=$(sed -n 's/.*: \([0-9.]*\) Gb\/s$/\1/p' "$work/srv.out")
     iters=$(awk -v r="$rate" -v s="$secs" -v b="$bytes" 'BEGIN { n = int(r * 1e9 / 8 * s / b); if (n < 50) n = 50; print n }')
     port=$((port + 2))
-    ip netns exec "$tag-m2" "$bin" serve --local 10.200.1.2 --port "$port" --timeout 60 >"$work/srv.out" 2>&1 &
+    ip netns exec "$tag-m2" /usr/bin/time -f '%U %S' -o "$work/cpu.srv" \
+      "$bin" serve --local 10.200.1.2 --port "$port" --timeout 60 >"$work/srv.out" 2>&1 &
     sp=$!; pids+=("$sp")
     wait_listen "$tag-m2" "$port" || fail "tcp_pair server did not start"
-    ip netns exec "$tag-m1" "$bin" connect --local 10.200.1.1 --remote 10.200.1.2 --port "$port" --streams "$st" \
+    ip netns exec "$tag-m1" /usr/bin/time -f '%U %S' -o "$work/cpu.cli" \
+      "$bin" connect --local 10.200.1.1 --remote 10.200.1.2 --port "$port" --streams "$st" \
       --bytes "$bytes" --iters "$iters" --depth 8 --timeout 60 >/dev/null 2>&1 || fail "tcp_pair run failed"
     wait "$sp" || fail "tcp_pair receiver failed: $(cat "$work/srv.out")"
-    sed -n 's/.*: \([0-9.]*\) Gb\/s$/\1/p' "$work/srv.out"
+    res=$(awk -v r="$(sed -n 's/.*: \([0-9.]*\) Gb\/s$/\1/p' "$work/srv.out")" -v b="$((iters * bytes))" \
+      -v c="$(cat "$work/cpu.srv" "$work/cpu.cli" | awk '{ s += $1 + $2 } END { print s }')" \
+      'BEGIN { printf "%.2f %.3f\n", r, c / (b / 1e9) }')
   }
   reps="${SWL_BENCH_REPEAT:-3}"
   median() { tr ' ' '\n' | sed '/^$/d' | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
-  i1s=""; o1s=""; iNs=""; oNs=""
+  declare -A rate cpu
   # Alternate the tools so that load from other processes hits both alike.
   for _ in $(seq 1 "$reps"); do
-    i1s+=" $(iperf 1)"; o1s+=" $(ours 1)"
-    iNs+=" $(iperf "$streams")"; oNs+=" $(ours "$streams")"
+    for run in "iperf 1" "ours 1" "iperf $streams" "ours $streams"; do
+      $run
+      read -r r c <<<"$res"
+      rate[$run]+=" $r"; cpu[$run]+=" $c"
+    done
   done
-  i1=$(echo "$i1s" | median); o1=$(echo "$o1s" | median)
-  iN=$(echo "$iNs" | median); oN=$(echo "$oNs" | median)
-  printf 'mesh.sh: bench on veth (MTU 9000), %s s per run, median of %s alternating runs, Gb/s = 10^9 bit/s of payload at the receiver\n' "$secs" "$reps"
-  printf 'mesh.sh: bench runs  1 stream : iperf3 [%s ] tcp_pair [%s ]\n' "$i1s" "$o1s"
-  printf 'mesh.sh: bench runs %2d streams: iperf3 [%s ] tcp_pair [%s ]\n' "$streams" "$iNs" "$oNs"
-  printf 'mesh.sh: bench   1 stream : iperf3 %6.2f Gb/s  tcp_pair %6.2f Gb/s  ratio %.2f\n' "$i1" "$o1" "$(awk -v a="$o1" -v b="$i1" 'BEGIN{print a/b}')"
-  printf 'mesh.sh: bench %2d streams: iperf3 %6.2f Gb/s  tcp_pair %6.2f Gb/s  ratio %.2f\n' "$streams" "$iN" "$oN" "$(awk -v a="$oN" -v b="$iN" 'BEGIN{print a/b}')"
+  printf 'mesh.sh: bench on veth (MTU 9000), %s s per run, median of %s alternating runs\n' "$secs" "$reps"
+  printf 'mesh.sh: bench   Gb/s = 10^9 bit/s of payload at the receiver; CPU = user+system seconds of both ends per GB (10^9 bytes) of payload\n'
+  for n in 1 "$streams"; do
+    i=$(echo "${rate[iperf $n]}" | median); o=$(echo "${rate[ours $n]}" | median)
+    ic=$(echo "${cpu[iperf $n]}" | median); oc=$(echo "${cpu[ours $n]}" | median)
+    printf 'mesh.sh: bench runs %2s stream(s): iperf3 Gb/s [%s ] CPU [%s ]; tcp_pair Gb/s [%s ] CPU [%s ]\n' \
+      "$n" "${rate[iperf $n]}" "${cpu[iperf $n]}" "${rate[ours $n]}" "${cpu[ours $n]}"
+    printf 'mesh.sh: bench %2s stream(s): iperf3 %6.2f Gb/s %.3f CPU s/GB | tcp_pair %6.2f Gb/s %.3f CPU s/GB | ratio tcp_pair/iperf3 %.2f (CPU %.2f)\n' \
+      "$n" "$i" "$ic" "$o" "$oc" "$(awk -v a="$o" -v b="$i" 'BEGIN{print a/b}')" "$(awk -v a="$oc" -v b="$ic" 'BEGIN{print a/b}')"
+  done
 fi
 echo "mesh.sh: ok"
