@@ -28,6 +28,12 @@
 //!   later one with `WR_FLUSH_ERR`; the receiving side flushes its posted receives, so both ends'
 //!   requests fail instead of hanging.
 //!
+//! * Closing: [`Fabric::shutdown`] sends a close frame on every stream that is at a frame boundary.
+//!   An orderly close (nothing outstanding) leaves the peer's posted receives posted, as with RC;
+//!   a close with work outstanding ("dirty"), or a stream that ends without a close frame, fails
+//!   the peer's posted receives. What has arrived is read and dropped before the sockets close, so
+//!   the kernel sends FIN after our data rather than a reset that would discard it.
+//!
 //! # Threads
 //!
 //! Per stream one sender and one receiver helper thread (blocking work is done there, with
