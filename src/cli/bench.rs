@@ -1,15 +1,208 @@
-//! `switchless bench` (not yet implemented).
+//! `switchless bench`: drives an ncclNet plugin through its C ABI like NCCL's proxy does, between
+//! ranks that bootstrap over TCP, and prints nccl-tests-like tables (or JSON/CSV).
+#![forbid(unsafe_code)]
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
+
+use crate::bench as b;
+use crate::error::{Error, Result};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Read kernel files under this directory instead of /.
-    #[arg(long, default_value = "/")]
-    pub root: std::path::PathBuf,
+    /// What to measure.
+    #[arg(value_enum)]
+    pub mode: b::Mode,
+    /// This process's rank (0 listens for the bootstrap).
+    #[arg(long, default_value_t = 0)]
+    pub rank: usize,
+    /// Number of ranks (default: the length of --hosts, else 2).
+    #[arg(long)]
+    pub nranks: Option<usize>,
+    /// Rank 0's bootstrap address, HOST:PORT (rank 0 binds it; use 0.0.0.0:PORT there to listen on all).
+    #[arg(long, conflicts_with = "hosts")]
+    pub bootstrap: Option<String>,
+    /// Comma-separated hosts, one per rank in rank order; rank 0 listens on its entry at --port.
+    #[arg(long, value_delimiter = ',')]
+    pub hosts: Vec<String>,
+    /// Bootstrap TCP port with --hosts.
+    #[arg(long, default_value_t = 29500)]
+    pub port: u16,
+    /// ncclNet plugin to load (default: libnccl-net-switchless.so next to this binary, or in ../lib).
+    #[arg(long)]
+    pub plugin: Option<PathBuf>,
+    /// Run every rank in this process over the in-process loopback Net (no plugin, no network).
+    #[arg(long)]
+    pub loopback: bool,
+    /// Smallest size, bytes.
+    #[arg(short = 'b', long, default_value_t = 8)]
+    pub min_bytes: usize,
+    /// Largest size, bytes.
+    #[arg(short = 'e', long, default_value_t = 1 << 20)]
+    pub max_bytes: usize,
+    /// Size multiplier between steps.
+    #[arg(short = 'f', long, default_value_t = 4)]
+    pub step_factor: usize,
+    /// Timed iterations per size.
+    #[arg(short = 'n', long, default_value_t = 20)]
+    pub iters: usize,
+    /// Untimed iterations per size.
+    #[arg(short = 'w', long, default_value_t = 2)]
+    pub warmup: usize,
+    /// Bandwidth: messages in flight.
+    #[arg(long, default_value_t = 8)]
+    pub window: usize,
+    /// Allreduce: ring channels.
+    #[arg(long, default_value_t = 2)]
+    pub channels: usize,
+    /// Allreduce: largest single message, bytes.
+    #[arg(long, default_value_t = 128 << 10)]
+    pub chunk_bytes: usize,
+    /// Use this NCCL device for every connection (default: round-robin by peer and channel).
+    #[arg(long)]
+    pub dev: Option<usize>,
+    /// Seconds allowed for the bootstrap, connection set-up and each size.
+    #[arg(long, default_value_t = 60)]
+    pub timeout: u64,
+    /// Print JSON instead of the table.
+    #[arg(long, conflicts_with = "csv")]
+    pub json: bool,
+    /// Print CSV instead of the table.
+    #[arg(long)]
+    pub csv: bool,
+    /// Also write the JSON report to this file (rank 0 writes the merged report; others their own).
+    #[arg(long)]
+    pub save_json: Option<PathBuf>,
+    /// No progress lines on stderr.
+    #[arg(long)]
+    pub no_progress: bool,
 }
 
-pub fn run(_args: Args) -> ExitCode {
-    eprintln!("switchless bench: not implemented yet");
-    ExitCode::from(2)
+fn options(a: &Args) -> b::Options {
+    b::Options {
+        mode: a.mode,
+        min_bytes: a.min_bytes,
+        max_bytes: a.max_bytes,
+        step_factor: a.step_factor,
+        iters: a.iters,
+        warmup: a.warmup,
+        window: a.window,
+        channels: a.channels,
+        chunk_bytes: a.chunk_bytes,
+        dev: a.dev,
+        timeout: Duration::from_secs(a.timeout),
+        progress: !a.no_progress,
+    }
+}
+
+fn emit(a: &Args, r: &b::Report) -> Result<()> {
+    if let Some(p) = &a.save_json {
+        std::fs::write(p, b::report::json(r)?)
+            .map_err(|e| Error::io(format!("writing {}", p.display()), e))?;
+    }
+    if r.rank == 0 {
+        if a.json {
+            println!("{}", b::report::json(r)?);
+        } else if a.csv {
+            print!("{}", b::report::csv(r));
+        } else {
+            print!("{}", b::report::table(r));
+        }
+    } else if r.errors() == 0 {
+        println!(
+            "rank {}: {} done, all data checks passed",
+            r.rank,
+            r.mode.name()
+        );
+    } else {
+        println!(
+            "rank {}: {} done, {} data checks FAILED",
+            r.rank,
+            r.mode.name(),
+            r.errors()
+        );
+    }
+    Ok(())
+}
+
+fn bootstrap(a: &Args, nranks: usize, timeout: Duration) -> Result<b::Bootstrap> {
+    let addr = match (&a.bootstrap, a.hosts.first()) {
+        (Some(x), _) => x.clone(),
+        (None, Some(h)) => format!("{h}:{}", a.port),
+        (None, None) => {
+            return Err(Error::InvalidUsage(
+                "no bootstrap: give --bootstrap HOST:PORT (rank 0's address), --hosts H0,H1,... or --loopback".into(),
+            ));
+        }
+    };
+    if a.rank == 0 {
+        b::Bootstrap::listen(&addr, nranks, timeout)
+    } else {
+        b::Bootstrap::join(&addr, a.rank, nranks, timeout)
+    }
+}
+
+fn real(a: &Args, o: &b::Options, nranks: usize) -> Result<b::Report> {
+    let mut boot = bootstrap(a, nranks, o.timeout)?;
+    run_plugin(a, o, &mut boot)
+}
+
+/// Loads the plugin (`--plugin` or ours by default) through `ffi::host` and runs the mode.
+fn run_plugin(a: &Args, o: &b::Options, boot: &mut b::Bootstrap) -> Result<b::Report> {
+    let mut net = crate::ffi::host::HostNet::load_default(a.plugin.as_deref())?;
+    // one communicator id for the whole job, like NCCL's commHash
+    b::Net::init(&mut net, 0x5357_4c42_0000_0000 | boot.nranks() as u64)?;
+    let r = b::run(&net, boot, o);
+    let f = b::Net::finalize(&mut net);
+    let r = r?;
+    f?;
+    Ok(r)
+}
+
+fn go(a: &Args) -> Result<b::Report> {
+    let o = options(a);
+    let nranks = a
+        .nranks
+        .unwrap_or(if a.hosts.is_empty() { 2 } else { a.hosts.len() });
+    if !a.hosts.is_empty() && a.hosts.len() != nranks {
+        return Err(Error::InvalidUsage(format!(
+            "--hosts lists {} hosts but --nranks is {nranks} (accepted: one host per rank)",
+            a.hosts.len()
+        )));
+    }
+    if a.loopback {
+        b::loopback::run_ranks(&o, nranks, b::loopback::LoopbackConfig::default())
+    } else {
+        real(a, &o, nranks)
+    }
+}
+
+pub fn run(args: Args) -> ExitCode {
+    match go(&args) {
+        Ok(r) => {
+            if let Err(e) = emit(&args, &r) {
+                eprintln!("switchless bench: {e}");
+                return ExitCode::from(2);
+            }
+            if r.errors() > 0 {
+                eprintln!(
+                    "switchless bench: {} data checks FAILED ({})",
+                    r.errors(),
+                    r.first_error.as_deref().unwrap_or("see the table")
+                );
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(e) => {
+            eprintln!(
+                "switchless bench {} (rank {}): {e}",
+                args.mode.name(),
+                args.rank
+            );
+            ExitCode::from(1)
+        }
+    }
 }

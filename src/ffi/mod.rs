@@ -8,11 +8,13 @@
 //! * `guard`: every entry point runs inside [`guard::guard`] (no unwinding into C; errors and panics become a
 //!   WARN line and an `ncclResult_t`).
 //! * [`log`]: the `tracing` → `ncclDebugLogger_t` bridge.
+//! * [`host`]: the host side: `dlopen` any ncclNet plugin by path and drive `ncclNetPlugin_v12` (`switchless bench`).
 #![allow(unsafe_code)]
 
 pub mod abi;
 mod adapters;
 pub mod guard;
+pub mod host;
 pub mod log;
 pub mod props;
 #[doc(hidden)]

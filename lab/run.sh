@@ -1,0 +1,422 @@
+#!/usr/bin/env bash
+# lab/run.sh - soft-RoCE (rdma_rxe) VM lab: boots one QEMU VM per node of a topology, cables the
+# nodes back to back (one QEMU socket netdev per cable, over 127.0.0.1 inside a private network
+# namespace; each cable its own /30 with an rxe device on both ends), runs the checks in every VM
+# and brings the results back to the host. Needs root (apt, netns, 9p). Non-interactive.
+#
+# Usage: lab/run.sh [options] TOPOLOGY      TOPOLOGY = pair | mesh3 | ring4 | path to a .topo file
+# Options (environment variable in brackets):
+#   --mtu N              netdev MTU of every cable [LAB_MTU, default 9000 -> active_mtu 4096;
+#                        1500 reproduces the active_mtu 1024 trap]
+#   --checks "C ..."     checks to run instead of the topology's `checks` line [CHECKS]
+#   --bin-dir DIR        directory holding the `switchless` binary and libswitchless.so (a cargo
+#                        release or debug dir; deps/libswitchless.so is used when newer)
+#                        [LAB_BIN_DIR, default ${CARGO_TARGET_DIR:-target}/release]
+#   --no-build           do not run `cargo build [--release]` when the binary is missing
+#   --no-switchless      leave the switchless binary and plugin out of the VMs (perftest only)
+#   --results DIR        results directory [LAB_RESULTS, default lab/.cache/results/<topo>-<time>]
+#   --timeout S          limit for one boot-and-check round, seconds [LAB_TIMEOUT, default 600]
+#   --check-timeout S    limit for one check in a VM, seconds [LAB_CHECK_TIMEOUT, default 120]
+#   --mem MiB            memory per VM [LAB_MEM, default 512]
+#   --no-install         do not apt-get install missing packages [NO_INSTALL=1]
+#   --no-retry           do not retry after a guest kernel fault
+#   --bench-args "..."   extra arguments for every `switchless bench` check [BENCH_ARGS]
+#   --guest-env "K=V ..." environment for the checks in the VMs, e.g. "NCCL_DEBUG=INFO
+#                        NCCL_IB_TIMEOUT=20" [LAB_GUEST_ENV]
+#   LAB_INJECT_FAULT=1   test hook: node 1 crashes its kernel (sysrq) in the first round, to
+#                        exercise the fault detection and the single retry
+# Exit status: 0 when every node booted, set up its cables and passed every check.
+# A round whose failure shows a guest kernel fault (Oops/BUG/panic/WARNING in a console log: an rxe
+# or emulator flake, see docs/readme/lab.md) is retried once; no other failure is retried.
+set -euo pipefail
+LAB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$LAB_DIR/.." && pwd)
+# shellcheck source=lib/addr.sh source-path=SCRIPTDIR
+. "$LAB_DIR/lib/addr.sh"
+
+MTU=${LAB_MTU:-9000}
+CHECKS_OVERRIDE=${CHECKS-}
+BIN_DIR=${LAB_BIN_DIR:-${CARGO_TARGET_DIR:-$REPO/target}/release}
+BUILD=1
+WITH_SW=1
+RESULTS=${LAB_RESULTS:-}
+TIMEOUT=${LAB_TIMEOUT:-600}
+CHECK_TIMEOUT=${LAB_CHECK_TIMEOUT:-120}
+MEM=${LAB_MEM:-512}
+RETRY=1
+BENCH_ARGS=${BENCH_ARGS:-}
+GUEST_ENV=${LAB_GUEST_ENV:-}
+CACHE=$LAB_DIR/.cache
+# -u 20: QP timeout 4.3 s; TCG stalls otherwise trigger retransmits (rxe's NAK path is where guest
+# oopses were seen). Small transfers: the guest-kernel flake rate grows with traffic.
+BW_ARGS=${BW_ARGS:-"-s 65536 -n 500 -u 20"}
+LAT_ARGS=${LAT_ARGS:-"-s 2 -n 1000 -u 20"}
+BASEPORT=30000 # cable sockets; they live in the private netns, no clash with the host
+MGMT_PORT=29999
+
+log() { printf '[lab %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+die() { log "FAIL: $*"; exit 1; }
+usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; }
+T0=$(date +%s.%N)
+since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}'; }
+
+TOPO=""
+while [ $# -gt 0 ]; do
+    case $1 in
+        --mtu) MTU=$2; shift 2 ;;
+        --checks) CHECKS_OVERRIDE=$2; shift 2 ;;
+        --bin-dir) BIN_DIR=$2; shift 2 ;;
+        --no-build) BUILD=0; shift ;;
+        --no-switchless) WITH_SW=0; shift ;;
+        --results) RESULTS=$2; shift 2 ;;
+        --timeout) TIMEOUT=$2; shift 2 ;;
+        --check-timeout) CHECK_TIMEOUT=$2; shift 2 ;;
+        --mem) MEM=$2; shift 2 ;;
+        --no-install) NO_INSTALL=1; shift ;;
+        --no-retry) RETRY=0; shift ;;
+        --bench-args) BENCH_ARGS=$2; shift 2 ;;
+        --guest-env) GUEST_ENV=$2; shift 2 ;;
+        -h | --help) usage; exit 0 ;;
+        -*) die "unknown option '$1' (see lab/run.sh --help)" ;;
+        *) [ -z "$TOPO" ] || die "one topology only (got '$TOPO' and '$1')"; TOPO=$1; shift ;;
+    esac
+done
+[ -n "$TOPO" ] || { usage >&2; die "no topology given (accepted: a name in lab/topologies/ or a .topo path)"; }
+case $MTU in '' | *[!0-9]*) die "--mtu '$MTU' is not a number (accepted: 1280..9000)" ;; esac
+{ [ "$MTU" -ge 1280 ] && [ "$MTU" -le 9000 ]; } || die "--mtu $MTU out of range (accepted: 1280..9000)"
+[ "$(id -u)" -eq 0 ] || die "needs root (apt-get, ip netns, 9p export)"
+for kv in $GUEST_ENV; do
+    [[ $kv =~ ^[A-Za-z_][A-Za-z0-9_]*=[A-Za-z0-9_.,:/+-]*$ ]] || die "--guest-env entry '$kv' (accepted: NAME=VALUE, value of letters, digits and _.,:/+-)"
+done
+
+# ---------------------------------------------------------------- topology
+TOPO_FILE=$TOPO
+[ -f "$TOPO_FILE" ] || TOPO_FILE=$LAB_DIR/topologies/$TOPO.topo
+[ -f "$TOPO_FILE" ] || die "topology '$TOPO' not found (accepted: $(find "$LAB_DIR/topologies" -name '*.topo' -printf '%f ' | sed 's/\.topo//g')or a file path)"
+TOPO_NAME=$(basename "$TOPO_FILE" .topo)
+NODES=0
+LINK_A=() LINK_B=()
+TOPO_CHECKS=""
+lineno=0
+while IFS= read -r line || [ -n "$line" ]; do
+    lineno=$((lineno + 1))
+    line=${line%%#*}
+    read -r -a w <<< "$line" || true
+    [ ${#w[@]} -eq 0 ] && continue
+    case ${w[0]} in
+        nodes)
+            if ! { [ ${#w[@]} -eq 2 ] && [[ ${w[1]} =~ ^[0-9]+$ ]] && [ "${w[1]}" -ge 2 ] && [ "${w[1]}" -le 16 ]; }; then
+                die "$TOPO_FILE:$lineno: 'nodes N' needs N in 2..16"
+            fi
+            NODES=${w[1]} ;;
+        link)
+            [ "$NODES" -gt 0 ] || die "$TOPO_FILE:$lineno: 'link' before 'nodes'"
+            [ ${#w[@]} -eq 3 ] || die "$TOPO_FILE:$lineno: 'link A B' takes two node numbers"
+            for x in "${w[1]}" "${w[2]}"; do
+                if ! { [[ $x =~ ^[0-9]+$ ]] && [ "$x" -ge 1 ] && [ "$x" -le "$NODES" ]; }; then
+                    die "$TOPO_FILE:$lineno: node '$x' out of range (accepted: 1..$NODES)"
+                fi
+            done
+            [ "${w[1]}" != "${w[2]}" ] || die "$TOPO_FILE:$lineno: a link joins two different nodes (rxe cannot loop back in one VM)"
+            if [ "${w[1]}" -lt "${w[2]}" ]; then LINK_A+=("${w[1]}") LINK_B+=("${w[2]}"); else LINK_A+=("${w[2]}") LINK_B+=("${w[1]}"); fi ;;
+        checks) TOPO_CHECKS="${w[*]:1}" ;;
+        *) die "$TOPO_FILE:$lineno: unknown statement '${w[0]}' (accepted: nodes, link, checks)" ;;
+    esac
+done < "$TOPO_FILE"
+[ "$NODES" -ge 2 ] || die "$TOPO_FILE: no 'nodes N' line"
+NLINKS=${#LINK_A[@]}
+[ "$NLINKS" -ge 1 ] || die "$TOPO_FILE: no 'link A B' line"
+for ((n = 1; n <= NODES; n++)); do
+    [[ " ${LINK_A[*]} ${LINK_B[*]} " == *" $n "* ]] || die "$TOPO_FILE: node $n has no link"
+done
+CHECKS_LIST=${CHECKS_OVERRIDE:-$TOPO_CHECKS}
+for c in $CHECKS_LIST; do
+    case $c in
+        write_bw | read_bw | send_bw | write_lat | send_lat | read_lat | pingpong) ;;
+        bench:latency | bench:bandwidth | bench:alltoall | bench:allreduce | doctor) ;;
+        *) die "unknown check '$c' (accepted: write_bw read_bw send_bw write_lat send_lat read_lat pingpong bench:latency bench:bandwidth bench:alltoall bench:allreduce doctor)" ;;
+    esac
+done
+if [ "$WITH_SW" = 0 ] && [[ " $CHECKS_LIST " == *" bench:"* || " $CHECKS_LIST " == *" doctor "* ]]; then
+    die "bench and doctor checks need the switchless binary (drop --no-switchless)"
+fi
+log "topology $TOPO_NAME: $NODES nodes, $NLINKS links; mtu $MTU; checks: ${CHECKS_LIST:-none}"
+
+# ---------------------------------------------------------------- packages
+PKGS=$(sed 's/#.*//' "$REPO/scripts/deps.d/lab.txt" | tr -s ' \t' '\n' | sed '/^$/d')
+if [ -z "${NO_INSTALL:-}" ]; then
+    missing=()
+    for p in $PKGS; do dpkg-query -W -f='${db:Status-Abbrev}' "$p" 2>/dev/null | grep -q '^ii' || missing+=("$p"); done
+    if [ ${#missing[@]} -gt 0 ]; then
+        t=$(date +%s.%N); log "installing: ${missing[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -q > /dev/null
+        apt-get install -y -q --no-install-recommends "${missing[@]}" > /dev/null
+        log "install took $(since "$t")s"
+    fi
+fi
+command -v qemu-system-x86_64 > /dev/null || die "qemu-system-x86_64 missing (package qemu-system-x86)"
+
+# ---------------------------------------------------------------- guest kernel
+# The distribution's own kernel, downloaded with apt-get download and unpacked (never installed).
+# Debian: linux-image-<ver>-amd64-unsigned (bookworm's 6.1: its rxe flakes least, rxelab.md).
+# Ubuntu: linux-image-<ver>-generic + linux-modules-<ver>-generic + linux-modules-extra (rdma_rxe).
+if apt-cache show linux-image-amd64 > /dev/null 2>&1; then
+    kpkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
+    debs=("$kpkg-unsigned")
+elif apt-cache show linux-image-generic > /dev/null 2>&1; then
+    kpkg=$(apt-cache depends linux-image-generic | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
+    debs=("$kpkg" "linux-modules-${kpkg#linux-image-}" "linux-modules-extra-${kpkg#linux-image-}")
+else
+    die "apt-cache knows neither linux-image-amd64 (Debian) nor linux-image-generic (Ubuntu): no guest kernel to download"
+fi
+[ -n "$kpkg" ] || die "apt-cache found no kernel package behind the linux-image meta package"
+KROOT=$CACHE/kernels/$kpkg
+if [ ! -d "$KROOT/boot" ]; then
+    t=$(date +%s.%N); rm -rf "$KROOT"; mkdir -p "$KROOT"
+    (cd "$KROOT" && apt-get download -q "${debs[@]}" > /dev/null 2>&1 && for d in ./*.deb; do dpkg-deb -x "$d" .; done &&
+        rm -f ./*.deb && { [ -d lib/modules ] || ln -s usr/lib lib; } && depmod -b . "$(ls lib/modules)") ||
+        { rm -rf "$KROOT"; die "download/unpack of ${debs[*]} failed"; }
+    log "fetched and unpacked ${debs[*]} in $(since "$t")s"
+fi
+KVER=$(find "$KROOT/lib/modules" -mindepth 1 -maxdepth 1 -printf '%f\n' | sort -V | tail -1)
+KERNEL=$KROOT/boot/vmlinuz-$KVER
+[ -r "$KERNEL" ] || die "no kernel image $KERNEL"
+# TCG: KVM here is kvm_pvm (nested in Firecracker) which a stock kernel cannot use; take KVM only
+# with real VT-x/AMD-V.
+if [ -w /dev/kvm ] && grep -qwE 'vmx|svm' /proc/cpuinfo && [ ! -d /sys/module/kvm_pvm ]; then
+    ACCEL=(-accel kvm -cpu host) ACCEL_NAME=kvm
+else
+    ACCEL=(-accel "tcg,thread=multi" -cpu qemu64) ACCEL_NAME=tcg
+fi
+log "kernel $KVER, accel $ACCEL_NAME, $(qemu-system-x86_64 --version | head -1)"
+
+# ---------------------------------------------------------------- switchless binary + plugin
+SW_BIN="" SW_LIB=""
+if [ "$WITH_SW" = 1 ]; then
+    # the plugin: cargo's uplifted copy, or the deps/ copy that `cargo test` leaves (the uplifted one
+    # is stale after a test-only build): the newer of the two
+    find_lib() {
+        local c best=""
+        for c in "$BIN_DIR/libswitchless.so" "$BIN_DIR/deps/libswitchless.so"; do
+            [ -f "$c" ] || continue
+            if [ -z "$best" ] || [ "$c" -nt "$best" ]; then best=$c; fi
+        done
+        echo "$best"
+    }
+    SW_LIB=$(find_lib)
+    if [ ! -x "$BIN_DIR/switchless" ] || [ -z "$SW_LIB" ]; then
+        [ "$BUILD" = 1 ] || die "$BIN_DIR has no switchless + libswitchless.so (build them, drop --no-build, or pass --no-switchless)"
+        case $BIN_DIR in
+            */release) prof=(--release) ;;
+            */debug) prof=() ;;
+            *) die "--bin-dir $BIN_DIR lacks the binaries and is not a cargo release or debug dir; build them first" ;;
+        esac
+        t=$(date +%s.%N); log "building ${prof[*]:-debug} binaries into $BIN_DIR"
+        (cd "$REPO" && CARGO_TARGET_DIR=$(dirname "$BIN_DIR") cargo build "${prof[@]}") >&2 || die "cargo build ${prof[*]} failed"
+        log "build took $(since "$t")s"
+        SW_LIB=$(find_lib)
+    fi
+    SW_BIN=$BIN_DIR/switchless
+    { [ -x "$SW_BIN" ] && [ -f "$SW_LIB" ]; } || die "no $SW_BIN or libswitchless.so in $BIN_DIR"
+    log "switchless: $SW_BIN, plugin: $SW_LIB"
+fi
+
+# ---------------------------------------------------------------- results dir
+[ -n "$RESULTS" ] || RESULTS=$CACHE/results/$TOPO_NAME-mtu$MTU-$(date +%Y%m%d-%H%M%S)
+mkdir -p "$RESULTS"
+RESULTS=$(cd "$RESULTS" && pwd)
+WORK=$RESULTS/.work
+rm -rf "$WORK"; mkdir -p "$WORK"
+ln -sfn "$RESULTS" "$CACHE/results/latest" 2> /dev/null || true
+
+# ---------------------------------------------------------------- initramfs
+ROOT=$WORK/initramfs
+mkdir -p "$ROOT"/{usr/bin,usr/sbin,usr/lib/x86_64-linux-gnu,usr/lib64,etc,proc,sys,dev,tmp,run,results,root,lab}
+ln -s usr/bin "$ROOT/bin"; ln -s usr/sbin "$ROOT/sbin"; ln -s usr/lib "$ROOT/lib"; ln -s usr/lib64 "$ROOT/lib64"
+cpfile() { # copy $1 to the same canonical (merged-/usr) path in the initramfs
+    local d; d=$(readlink -f "$(dirname "$1")")
+    mkdir -p "$ROOT$d"; cp -L "$1" "$ROOT$d/$(basename "$1")"
+}
+cplibs() { # the shared-library closure of ELF file $1
+    ldd "$1" 2> /dev/null | awk '/=> \//{print $3} /^\t\/lib/{print $1}' | while read -r l; do
+        [ -e "$ROOT$(readlink -f "$(dirname "$l")")/$(basename "$l")" ] || cpfile "$l"
+    done
+}
+cp /bin/busybox "$ROOT/usr/bin/busybox"
+for a in $("$ROOT/usr/bin/busybox" --list); do [ -e "$ROOT/usr/bin/$a" ] || ln -s busybox "$ROOT/usr/bin/$a"; done
+BINS=(/usr/bin/rdma /usr/sbin/ip /usr/bin/ibv_devices /usr/bin/ibv_devinfo /usr/bin/ibv_rc_pingpong
+    /usr/bin/ib_write_bw /usr/bin/ib_read_bw /usr/bin/ib_send_bw /usr/bin/ib_write_lat /usr/bin/ib_send_lat /usr/bin/ib_read_lat)
+for b in "${BINS[@]}"; do
+    rm -f "$ROOT/usr/bin/$(basename "$b")" "$ROOT/usr/sbin/$(basename "$b")"
+    cpfile "$b"; cplibs "$b"
+done
+# rxe verbs provider (dlopen'ed: not in ldd output); Rust code needs libgcc_s for unwinding
+mkdir -p "$ROOT/etc/libibverbs.d"
+cp /etc/libibverbs.d/rxe.driver "$ROOT/etc/libibverbs.d/"
+for p in /usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav*.so; do cpfile "$p"; cplibs "$p"; done
+cpfile /lib/x86_64-linux-gnu/libgcc_s.so.1
+if [ -n "$SW_BIN" ]; then
+    # layout `switchless bench` searches by default: <bin dir>/../lib/libnccl-net-switchless.so
+    mkdir -p "$ROOT/opt/switchless/bin" "$ROOT/opt/switchless/lib"
+    cp "$SW_BIN" "$ROOT/opt/switchless/bin/switchless"
+    cp "$SW_LIB" "$ROOT/opt/switchless/lib/libnccl-net-switchless.so"
+    if command -v strip > /dev/null; then strip -g "$ROOT/opt/switchless/bin/switchless" "$ROOT/opt/switchless/lib/libnccl-net-switchless.so"; fi
+    cplibs "$SW_BIN"; cplibs "$SW_LIB"
+fi
+MODS="crc32_generic crc32-pclmul virtio_pci virtio_net rdma_rxe ib_uverbs 9p 9pnet_virtio"
+for f in $(for m in $MODS; do modprobe -d "$KROOT" -S "$KVER" --show-depends "$m"; done | awk '$1=="insmod"{print $2}' | sort -u); do
+    rel=${f#"$KROOT"}; mkdir -p "$ROOT$(dirname "$rel")"
+    case $f in # busybox modprobe loads uncompressed modules only
+        *.xz) xz -dc "$f" > "$ROOT${rel%.xz}" ;;
+        *.zst) zstd -qdc "$f" > "$ROOT${rel%.zst}" ;;
+        *) cp "$f" "$ROOT$rel" ;;
+    esac
+done
+cp "$KROOT"/lib/modules/"$KVER"/modules.{order,builtin,builtin.modinfo} "$ROOT/lib/modules/$KVER/" 2> /dev/null || true
+depmod -b "$ROOT" "$KVER"
+echo "root:x:0:0:root:/root:/bin/sh" > "$ROOT/etc/passwd"
+printf '127.0.0.1 localhost\n' > "$ROOT/etc/hosts"
+install -m 755 "$LAB_DIR/guest/init" "$ROOT/init"
+install -m 755 "$LAB_DIR/guest/runner.sh" "$ROOT/lab/runner.sh"
+
+# ---------------------------------------------------------------- cables
+# Per node: "lid:mac:prefixlen:local_ip:peer_ip:peer_node:role,..." (role s = lower node, which
+# also listens on the cable's TCP socket; VMs start in node order), and the QEMU netdev arguments.
+declare -a NODE_LINKS NODE_NET NODE_WAIT
+for ((l = 1; l <= NLINKS; l++)); do
+    a=${LINK_A[l - 1]} b=${LINK_B[l - 1]}
+    read -r plen ia ib <<< "$(lab_link_addr "$l")"
+    port=$((BASEPORT + l))
+    maca=$(printf '52-54-00-%02x-%02x-01' "$l" "$a") macb=$(printf '52-54-00-%02x-%02x-01' "$l" "$b")
+    NODE_LINKS[a]+="${NODE_LINKS[a]:+,}$l:$maca:$plen:$ia:$ib:$b:s"
+    NODE_LINKS[b]+="${NODE_LINKS[b]:+,}$l:$macb:$plen:$ib:$ia:$a:c"
+    NODE_NET[a]+=" -netdev socket,id=l$l,listen=127.0.0.1:$port -device virtio-net-pci,romfile=,netdev=l$l,mac=${maca//-/:}"
+    NODE_NET[b]+=" -netdev socket,id=l$l,connect=127.0.0.1:$port -device virtio-net-pci,romfile=,netdev=l$l,mac=${macb//-/:}"
+    NODE_WAIT[b]+=" $port"
+    log "link $l: node $a $ia/$plen <-> node $b $ib/$plen (127.0.0.1:$port)"
+done
+q() { local v=${1//\'/\'\\\'\'}; printf "'%s'" "$v"; }
+read -r _ mip1 <<< "$(lab_mgmt_addr 1)"
+{
+    echo "L_nodes=$NODES"; echo "L_mtu=$MTU"; echo "L_checks=$(q "$CHECKS_LIST")"
+    echo "L_ctimeout=$CHECK_TIMEOUT"; echo "L_bwargs=$(q "$BW_ARGS")"; echo "L_latargs=$(q "$LAT_ARGS")"
+    echo "L_benchargs=$(q "$BENCH_ARGS")"; echo "L_bootstrap=$mip1"; echo "L_inject_fault=${LAB_INJECT_FAULT:-0}"
+    echo "L_env=$(q "$GUEST_ENV")"
+    for ((n = 1; n <= NODES; n++)); do
+        read -r mplen mip <<< "$(lab_mgmt_addr "$n")"
+        echo "L_links_$n=$(q "${NODE_LINKS[n]}")"
+        echo "L_mgmtip_$n=$mip/$mplen"
+        echo "L_mgmtmac_$n=$(printf '52-54-00-ff-%02x-02' "$n")"
+    done
+} > "$ROOT/etc/lab.conf"
+t=$(date +%s.%N)
+(cd "$ROOT" && find . | cpio -o -H newc --quiet | gzip -1) > "$WORK/initramfs.img"
+log "initramfs $(du -h "$WORK/initramfs.img" | cut -f1) built in $(since "$t")s"
+
+# ---------------------------------------------------------------- boot + run
+PIDS=()
+NS=swlab$$
+cleanup() {
+    local p
+    for p in "${PIDS[@]}"; do kill "$p" 2> /dev/null || true; done
+    for p in "${PIDS[@]}"; do wait "$p" 2> /dev/null || true; done
+    PIDS=()
+    ip netns del "$NS" 2> /dev/null || true
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+attempt=1
+
+FAULT_RE='Kernel panic|Oops|BUG:|WARNING: CPU|double fault|general protection fault'
+round() { # one boot-and-check round; returns 0 when every node passed
+    local n p i rc=0 alive end t mac why
+    ip netns add "$NS"
+    ip -n "$NS" link set lo up
+    # QEMU's TCP netdev does not set TCP_NODELAY: without quickack, Nagle + delayed ACK add ~20 ms
+    # to small frames.
+    ip -n "$NS" route replace local 127.0.0.1 dev lo table local proto kernel scope host src 127.0.0.1 quickack 1
+    ip -n "$NS" route replace local 127.0.0.0/8 dev lo table local proto kernel scope host src 127.0.0.1 quickack 1
+    # management hub: UDP multicast on the namespace's loopback
+    ip -n "$NS" link set lo multicast on
+    ip -n "$NS" route add 224.0.0.0/4 dev lo
+    for ((n = 1; n <= NODES; n++)); do
+        rm -rf "${RESULTS:?}/node$n"; mkdir -p "$RESULTS/node$n"
+    done
+    t=$(date +%s.%N)
+    for ((n = 1; n <= NODES; n++)); do
+        for p in ${NODE_WAIT[n]:-}; do # the listening end of each cable must exist first
+            for ((i = 0; i < 100; i++)); do
+                ip netns exec "$NS" ss -Hltn "sport = :$p" 2> /dev/null | grep -q . && break
+                sleep 0.1
+            done
+        done
+        mac=$(printf '52:54:00:ff:%02x:02' "$n")
+        # shellcheck disable=SC2086 # NODE_NET holds several arguments
+        ip netns exec "$NS" qemu-system-x86_64 "${ACCEL[@]}" -machine q35 -smp 1 -m "$MEM" -nographic -no-reboot \
+            -nodefaults -serial stdio -kernel "$KERNEL" -initrd "$WORK/initramfs.img" \
+            -virtfs "local,path=$RESULTS/node$n,mount_tag=results,security_model=none" \
+            -netdev "socket,id=mg,mcast=230.0.0.1:$MGMT_PORT,localaddr=127.0.0.1" \
+            -device "virtio-net-pci,romfile=,netdev=mg,mac=$mac" ${NODE_NET[n]} \
+            -append "console=ttyS0 quiet loglevel=3 oops=panic panic=-1 lab.node=$n lab.attempt=$attempt" \
+            < /dev/null > "$RESULTS/node$n.log" 2>&1 &
+        PIDS+=($!)
+        log "VM node$n pid ${PIDS[n - 1]}: links ${NODE_LINKS[n]}"
+    done
+    end=$(($(date +%s) + TIMEOUT))
+    while :; do # fail fast: when one VM dies without passing, stop the others
+        alive=0
+        for ((n = 1; n <= NODES; n++)); do
+            if kill -0 "${PIDS[n - 1]}" 2> /dev/null; then
+                alive=$((alive + 1))
+            elif ! grep -qa "RESULT PASS" "$RESULTS/node$n.log"; then
+                log "node$n exited without passing; stopping the other VMs"; rc=1; alive=0; break
+            fi
+        done
+        [ $alive -eq 0 ] && break
+        if [ "$(date +%s)" -ge $end ]; then log "round timed out after ${TIMEOUT}s; stopping the VMs"; rc=1; break; fi
+        sleep 0.5
+    done
+    cleanup
+    log "VMs finished in $(since "$t")s"
+    FAULT=0
+    for ((n = 1; n <= NODES; n++)); do
+        if ! grep -qa "RESULT PASS" "$RESULTS/node$n.log"; then
+            why=$(grep -aE 'RESULT|CHECKFAIL|FAIL' "$RESULTS/node$n.log" | tail -3 | tr -d '\r' | tr '\n' ' ')
+            rc=1; log "node$n did not pass: ${why:-no RESULT line (stopped early: another node failed, or the round timed out)}"
+        fi
+        if grep -qaE "$FAULT_RE" "$RESULTS/node$n.log"; then
+            FAULT=1; rc=1
+            log "node$n: guest kernel fault: $(grep -aE "$FAULT_RE" "$RESULTS/node$n.log" | head -2 | tr -d '\r' | tr '\n' ' ')"
+            echo "LAB_GUEST_KERNEL_FAULT node$n"
+        fi
+    done
+    return $rc
+}
+
+rc=0
+round || rc=$?
+if [ $rc -ne 0 ] && [ "$FAULT" = 1 ] && [ "$RETRY" = 1 ]; then
+    log "guest kernel fault (an rxe/emulator flake, not the code under test): retrying once"
+    mkdir -p "$RESULTS/attempt1"
+    for ((n = 1; n <= NODES; n++)); do mv "$RESULTS/node$n" "$RESULTS/node$n.log" "$RESULTS/attempt1/"; done
+    attempt=2 rc=0
+    round || rc=$?
+fi
+
+# ---------------------------------------------------------------- summary
+cat "$RESULTS"/node*/checks.jsonl > "$RESULTS/summary.jsonl" 2> /dev/null || true
+for ((n = 1; n <= NODES; n++)); do
+    [ -s "$RESULTS/node$n/checks.jsonl" ] || { rc=1; log "node$n wrote no checks.jsonl"; }
+done
+if grep -q '"status":"fail"' "$RESULTS/summary.jsonl" 2> /dev/null; then rc=1; fi
+{
+    echo "topology=$TOPO_NAME nodes=$NODES links=$NLINKS mtu=$MTU accel=$ACCEL_NAME kernel=$KVER attempts=$attempt"
+    echo "checks: ${CHECKS_LIST:-none}"
+    grep -ahoE 'LAB\[[0-9]+\] (booted|rxe ready|link |SUMMARY|doctor findings|CHECKOK|CHECKFAIL|checks finished|RESULT).*' "$RESULTS"/node*.log | tr -d '\r' || true
+    echo "total $(since "$T0")s"
+    [ $rc -eq 0 ] && echo "LAB PASS" || echo "LAB FAIL"
+} > "$RESULTS/summary.txt"
+cat "$RESULTS/summary.txt"
+echo "results: $RESULTS"
+exit $rc

@@ -1,0 +1,100 @@
+//! Result output: an nccl-tests-like table (units in every header), JSON and CSV.
+#![forbid(unsafe_code)]
+
+use std::fmt::Write as _;
+
+use super::modes::Report;
+use crate::error::{Error, Result};
+
+/// The table, with a comment header naming the plugin, ranks and devices.
+pub fn table(r: &Report) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "# switchless bench {}: {} ranks, {} channel(s), plugin {}",
+        r.mode.name(),
+        r.nranks,
+        r.channels,
+        r.plugin
+    );
+    for (i, d) in r.devices.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            "#  dev {i}: {} speed {} Mb/s, port {}, maxRecvs {}, maxP2pBytes {} B, pci {}",
+            d.name, d.speed_mbps, d.port, d.max_recvs, d.max_p2p_bytes, d.pci_path
+        );
+    }
+    let time = match r.mode {
+        super::modes::Mode::Latency => "time(us,1-way)",
+        _ => "time(us)",
+    };
+    let _ = writeln!(
+        s,
+        "# {:>12} {:>10} {:>6} {:>14} {:>12} {:>12} {:>12} {:>12} {:>7}",
+        "size(B)",
+        "count",
+        "iters",
+        time,
+        "algbw(GB/s)",
+        "busbw(GB/s)",
+        "algbw(Gb/s)",
+        "busbw(Gb/s)",
+        "errors"
+    );
+    for row in &r.rows {
+        let _ = writeln!(
+            s,
+            "  {:>12} {:>10} {:>6} {:>14.2} {:>12.4} {:>12.4} {:>12.4} {:>12.4} {:>7}",
+            row.size_bytes,
+            row.count,
+            row.iters,
+            row.time_us,
+            row.algbw_gbytes_s,
+            row.busbw_gbytes_s,
+            row.algbw_gbits_s,
+            row.busbw_gbits_s,
+            row.errors
+        );
+    }
+    let _ = writeln!(
+        s,
+        "# data checks: {}",
+        match (&r.first_error, r.errors()) {
+            (_, 0) => "all passed".to_string(),
+            (Some(e), n) => format!("{n} FAILED; first: {e}"),
+            (None, n) => format!("{n} FAILED"),
+        }
+    );
+    s
+}
+
+/// The whole report as JSON.
+pub fn json(r: &Report) -> Result<String> {
+    serde_json::to_string_pretty(r).map_err(|e| Error::Internal(format!("JSON of the report: {e}")))
+}
+
+/// One CSV line per size, with a header line.
+pub fn csv(r: &Report) -> String {
+    let mut s = String::from(
+        "mode,nranks,channels,size_B,count,iters,time_us,algbw_GB_s,busbw_GB_s,algbw_Gb_s,busbw_Gb_s,errors\n",
+    );
+    for row in &r.rows {
+        let _ = writeln!(
+            s,
+            "{},{},{},{},{},{},{:.3},{:.6},{:.6},{:.6},{:.6},{}",
+            r.mode.name(),
+            r.nranks,
+            r.channels,
+            row.size_bytes,
+            row.count,
+            row.iters,
+            row.time_us,
+            row.algbw_gbytes_s,
+            row.busbw_gbytes_s,
+            row.algbw_gbits_s,
+            row.busbw_gbits_s,
+            row.errors
+        );
+    }
+    s
+}

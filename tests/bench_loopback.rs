@@ -1,0 +1,161 @@
+//! Every `switchless bench` mode run in-process over the loopback Net (threads as ranks): the
+//! orchestration (handle exchange, connect/accept retries, NULL isends, grouped receives, ring
+//! steps) and the data checks, including that a corrupted transfer is detected.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use switchless::bench::loopback::{LoopbackConfig, run_ranks};
+use switchless::bench::{Mode, Options, report};
+
+fn opts(mode: Mode) -> Options {
+    Options {
+        mode,
+        min_bytes: 4,
+        max_bytes: 4096,
+        step_factor: 8,
+        iters: 3,
+        warmup: 1,
+        window: 4,
+        channels: 2,
+        chunk_bytes: 256,
+        dev: None,
+        timeout: Duration::from_secs(30),
+        progress: false,
+    }
+}
+
+fn clean(mode: Mode, nranks: usize) {
+    let o = opts(mode);
+    let r = run_ranks(&o, nranks, LoopbackConfig::default()).unwrap();
+    assert_eq!(r.nranks, nranks);
+    assert_eq!(r.rows.len(), 4, "sizes 4, 32, 256, 2048 B");
+    assert_eq!(r.errors(), 0, "{:?}", r.first_error);
+    for row in &r.rows {
+        assert!(
+            row.time_us > 0.0,
+            "{mode:?} {} B has no time",
+            row.size_bytes
+        );
+        assert!(row.algbw_gbytes_s > 0.0);
+        assert!((row.algbw_gbits_s - 8.0 * row.algbw_gbytes_s).abs() < 1e-9);
+    }
+}
+
+#[test]
+fn latency_2_and_3_ranks() {
+    clean(Mode::Latency, 2);
+    clean(Mode::Latency, 3); // rank 2 has no partner and must still finish
+}
+
+#[test]
+fn bandwidth_2_and_4_ranks() {
+    clean(Mode::Bandwidth, 2);
+    clean(Mode::Bandwidth, 4);
+}
+
+#[test]
+fn alltoall_3_ranks() {
+    clean(Mode::Alltoall, 3);
+}
+
+#[test]
+fn allreduce_2_3_4_ranks() {
+    for n in [2, 3, 4] {
+        clean(Mode::Allreduce, n);
+    }
+}
+
+#[test]
+fn allreduce_busbw_factor_and_many_grouped_slices() {
+    // 16 KiB over 3 ranks x 2 channels with 64 B slices: ~14 slices per step and channel, so
+    // several grouped irecvs of up to 8 buffers each.
+    let o = Options {
+        min_bytes: 16384,
+        max_bytes: 16384,
+        chunk_bytes: 64,
+        ..opts(Mode::Allreduce)
+    };
+    let r = run_ranks(&o, 3, LoopbackConfig::default()).unwrap();
+    assert_eq!(r.errors(), 0, "{:?}", r.first_error);
+    let row = &r.rows[0];
+    assert_eq!(row.count, 4096);
+    assert!((row.busbw_gbytes_s - row.algbw_gbytes_s * 4.0 / 3.0).abs() < 1e-9);
+}
+
+fn corrupted(mode: Mode, nranks: usize) {
+    let cfg = LoopbackConfig {
+        corrupt_message: Some(7),
+        ..LoopbackConfig::default()
+    };
+    let r = run_ranks(&opts(mode), nranks, cfg).unwrap();
+    assert!(
+        r.errors() >= 1,
+        "{mode:?}: a corrupted message went unnoticed"
+    );
+    let e = r.first_error.clone().unwrap();
+    assert!(
+        e.contains("data check failed") || e.contains("expected"),
+        "{mode:?}: {e}"
+    );
+    let t = report::table(&r);
+    assert!(t.contains("FAILED"), "{t}");
+}
+
+#[test]
+fn a_corrupted_transfer_is_detected_in_every_mode() {
+    corrupted(Mode::Latency, 2);
+    corrupted(Mode::Bandwidth, 2);
+    corrupted(Mode::Alltoall, 3);
+    corrupted(Mode::Allreduce, 3);
+}
+
+#[test]
+fn without_nulls_and_with_a_fixed_device() {
+    let cfg = LoopbackConfig {
+        connect_nulls: 0,
+        isend_null_every: 0,
+        devices: 1,
+        ..LoopbackConfig::default()
+    };
+    let o = Options {
+        dev: Some(0),
+        ..opts(Mode::Alltoall)
+    };
+    let r = run_ranks(&o, 4, cfg).unwrap();
+    assert_eq!(r.errors(), 0);
+    assert_eq!(r.devices.len(), 1);
+}
+
+#[test]
+fn bad_options_are_errors() {
+    let o = Options {
+        dev: Some(5),
+        timeout: Duration::from_secs(3),
+        ..opts(Mode::Latency)
+    };
+    let e = run_ranks(&o, 2, LoopbackConfig::default()).unwrap_err();
+    assert!(e.to_string().contains("--dev 5"), "{e}");
+    let o = Options {
+        min_bytes: 64,
+        max_bytes: 8,
+        ..opts(Mode::Latency)
+    };
+    assert!(run_ranks(&o, 2, LoopbackConfig::default()).is_err());
+    let e = run_ranks(&opts(Mode::Allreduce), 1, LoopbackConfig::default()).unwrap_err();
+    assert!(e.to_string().contains("at least 2 ranks"), "{e}");
+}
+
+#[test]
+fn json_and_csv_carry_units_and_rows() {
+    let r = run_ranks(&opts(Mode::Latency), 2, LoopbackConfig::default()).unwrap();
+    let j: serde_json::Value = serde_json::from_str(&report::json(&r).unwrap()).unwrap();
+    assert_eq!(j["mode"], "latency");
+    assert_eq!(j["rows"].as_array().unwrap().len(), 4);
+    assert!(j["rows"][0]["time_us"].as_f64().unwrap() > 0.0);
+    let c = report::csv(&r);
+    assert!(c.starts_with("mode,nranks,channels,size_B,"));
+    assert_eq!(c.lines().count(), 5);
+    let t = report::table(&r);
+    assert!(t.contains("size(B)") && t.contains("algbw(GB/s)") && t.contains("busbw(Gb/s)"));
+}
