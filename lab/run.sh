@@ -23,6 +23,12 @@
 #   --bench-args "..."   extra arguments for every `switchless bench` check [BENCH_ARGS]
 #   --guest-env "K=V ..." environment for the checks in the VMs, e.g. "NCCL_DEBUG=INFO
 #                        NCCL_IB_TIMEOUT=20" [LAB_GUEST_ENV]
+#   Two-node and fault checks (see docs/readme/lab.md) read: LAB_NOROUTE_BOUND (s a no-route
+#                        refusal may take, default 10), LAB_FAULT_BOUND (s from the fault to the
+#                        bench's end, default 20), LAB_FAULT_PKTS (RoCE packets before the fault,
+#                        default 2000), LAB_FAULT_HANG (the bench's own --timeout in fault runs,
+#                        default 60), LAB_LINKDOWN_ITERS (messages of 256 KiB in fault:link-down,
+#                        default 600)
 #   LAB_INJECT_FAULT=1   test hook: node 1 crashes its kernel (sysrq) in the first round, to
 #                        exercise the fault detection and the single retry
 # Exit status: 0 when every node booted, set up its cables and passed every check.
@@ -130,14 +136,36 @@ for ((n = 1; n <= NODES; n++)); do
     [[ " ${LINK_A[*]} ${LINK_B[*]} " == *" $n "* ]] || die "$TOPO_FILE: node $n has no link"
 done
 CHECKS_LIST=${CHECKS_OVERRIDE:-$TOPO_CHECKS}
+ACCEPTED="write_bw read_bw send_bw write_lat send_lat read_lat pingpong bench:latency bench:bandwidth bench:alltoall bench:allreduce bench:MODE@A-B no-route:A-B fault:kill-peer[@A-B] fault:link-down[@A-B] doctor"
+check_pair() { # $1 check, $2 "A-B": two different nodes of the topology
+    [[ $2 =~ ^([0-9]+)-([0-9]+)$ ]] || die "check '$1': '$2' is not A-B (two node numbers)"
+    local x
+    for x in "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}"; do
+        { [ "$x" -ge 1 ] && [ "$x" -le "$NODES" ]; } || die "check '$1': node $x out of range (accepted: 1..$NODES)"
+    done
+    [ "${BASH_REMATCH[1]}" != "${BASH_REMATCH[2]}" ] || die "check '$1': A and B must differ"
+}
+KILLED=() # victims of fault:kill-peer: their death is expected
 for c in $CHECKS_LIST; do
     case $c in
         write_bw | read_bw | send_bw | write_lat | send_lat | read_lat | pingpong) ;;
         bench:latency | bench:bandwidth | bench:alltoall | bench:allreduce | doctor) ;;
-        *) die "unknown check '$c' (accepted: write_bw read_bw send_bw write_lat send_lat read_lat pingpong bench:latency bench:bandwidth bench:alltoall bench:allreduce doctor)" ;;
+        bench:latency@* | bench:bandwidth@* | bench:alltoall@* | bench:allreduce@*) check_pair "$c" "${c#*@}" ;;
+        no-route:*) check_pair "$c" "${c#no-route:}" ;;
+        fault:link-down) [ "$NODES" -ge 2 ] ;;
+        fault:link-down@*) check_pair "$c" "${c#*@}" ;;
+        fault:kill-peer | fault:kill-peer@*)
+            sp=1-2; [[ $c == *@* ]] && sp=${c#*@}
+            check_pair "$c" "$sp"; KILLED+=("${sp#*-}") ;;
+        *) die "unknown check '$c' (accepted: $ACCEPTED)" ;;
     esac
 done
-if [ "$WITH_SW" = 0 ] && [[ " $CHECKS_LIST " == *" bench:"* || " $CHECKS_LIST " == *" doctor "* ]]; then
+[ ${#KILLED[@]} -le 1 ] || die "one fault:kill-peer per run (its victim powers off)"
+if [ ${#KILLED[@]} -eq 1 ]; then
+    read -r -a cl <<< "$CHECKS_LIST"
+    [[ ${cl[-1]} == fault:kill-peer* ]] || die "fault:kill-peer must be the last check (its victim powers off)"
+fi
+if [ "$WITH_SW" = 0 ] && [[ " $CHECKS_LIST " =~ \ (bench:|doctor\ |no-route:|fault:) ]]; then
     die "bench and doctor checks need the switchless binary (drop --no-switchless)"
 fi
 log "topology $TOPO_NAME: $NODES nodes, $NLINKS links; mtu $MTU; checks: ${CHECKS_LIST:-none}"
@@ -303,6 +331,9 @@ read -r _ mip1 <<< "$(lab_mgmt_addr 1)"
     echo "L_ctimeout=$CHECK_TIMEOUT"; echo "L_bwargs=$(q "$BW_ARGS")"; echo "L_latargs=$(q "$LAT_ARGS")"
     echo "L_benchargs=$(q "$BENCH_ARGS")"; echo "L_bootstrap=$mip1"; echo "L_inject_fault=${LAB_INJECT_FAULT:-0}"
     echo "L_env=$(q "$GUEST_ENV")"
+    echo "L_noroute_bound=${LAB_NOROUTE_BOUND:-10}"; echo "L_fault_bound=${LAB_FAULT_BOUND:-20}"
+    echo "L_fault_pkts=${LAB_FAULT_PKTS:-2000}"; echo "L_fault_hang=${LAB_FAULT_HANG:-60}"
+    echo "L_linkdown_iters=${LAB_LINKDOWN_ITERS:-600}"
     for ((n = 1; n <= NODES; n++)); do
         read -r mplen mip <<< "$(lab_mgmt_addr "$n")"
         echo "L_links_$n=$(q "${NODE_LINKS[n]}")"
@@ -329,6 +360,17 @@ trap 'exit 130' INT TERM
 attempt=1
 
 FAULT_RE='Kernel panic|Oops|BUG:|WARNING: CPU|double fault|general protection fault'
+# A node that a fault:kill-peer check powers off prints LAB_EXPECTED_DEATH first: it is done, not
+# failed, when it is that check's victim and its console shows no kernel fault.
+expected_death() {
+    local v
+    for v in "${KILLED[@]}"; do
+        if [ "$v" = "$1" ] && grep -qa "LAB_EXPECTED_DEATH node $1 " "$RESULTS/node$1.log" &&
+            ! grep -qaE "$FAULT_RE" "$RESULTS/node$1.log"; then return 0; fi
+    done
+    return 1
+}
+node_done() { grep -qa "RESULT PASS" "$RESULTS/node$1.log" || expected_death "$1"; }
 round() { # one boot-and-check round; returns 0 when every node passed
     local n p i rc=0 alive end t mac why
     ip netns add "$NS"
@@ -369,7 +411,7 @@ round() { # one boot-and-check round; returns 0 when every node passed
         for ((n = 1; n <= NODES; n++)); do
             if kill -0 "${PIDS[n - 1]}" 2> /dev/null; then
                 alive=$((alive + 1))
-            elif ! grep -qa "RESULT PASS" "$RESULTS/node$n.log"; then
+            elif ! node_done "$n"; then
                 log "node$n exited without passing; stopping the other VMs"; rc=1; alive=0; break
             fi
         done
@@ -381,7 +423,9 @@ round() { # one boot-and-check round; returns 0 when every node passed
     log "VMs finished in $(since "$t")s"
     FAULT=0
     for ((n = 1; n <= NODES; n++)); do
-        if ! grep -qa "RESULT PASS" "$RESULTS/node$n.log"; then
+        if expected_death "$n"; then
+            log "node$n powered off as its fault check planned (LAB_EXPECTED_DEATH)"
+        elif ! grep -qa "RESULT PASS" "$RESULTS/node$n.log"; then
             why=$(grep -aE 'RESULT|CHECKFAIL|FAIL' "$RESULTS/node$n.log" | tail -3 | tr -d '\r' | tr '\n' ' ')
             rc=1; log "node$n did not pass: ${why:-no RESULT line (stopped early: another node failed, or the round timed out)}"
         fi

@@ -109,6 +109,177 @@ run_bench() { # $1 mode, $2 check index
     jl "bench:$mode" null null "rank$((LAB_NODE - 1))" "$st" "$rc" "$s" '{}' "${out#"$R"/}"
 }
 
+# ---- two-node checks: CHECK@A-B (or no-route:A-B) runs between nodes A and B only (A = rank 0,
+# bootstrap at A's management address); the other nodes skip it. Every node walks the check list in
+# the same order, so these never deadlock.
+pair_nodes() { # $1 = "A-B" -> PA, PB; non-zero when malformed (run.sh validated the list already)
+    PA=${1%-*}; PB=${1#*-}
+    case "$PA$PB" in '' | *[!0-9]*) return 1 ;; esac
+    [ "$PA" != "$PB" ]
+}
+mgmt_ip_of() { eval "_m=\$L_mgmtip_$1"; echo "${_m%/*}"; }
+rxe_counter() { # $1 counter name -> sum over this node's rxe devices
+    cat /sys/class/infiniband/*/ports/1/hw_counters/"$1" 2>/dev/null | awk '{s+=$1} END{print s+0}'
+}
+counters_line() { # non-zero rxe counters of every device, one line
+    for _d in /sys/class/infiniband/*; do
+        printf '%s: %s\n' "${_d##*/}" "$(grep -H . "$_d"/ports/1/hw_counters/* 2>/dev/null | sed 's|.*/hw_counters/||' | grep -v ':0$' | tr '\n' ' ')"
+    done
+}
+# bench2 MODE A B PORT OUT ARGS...: `switchless bench MODE` as a 2-rank job between nodes A and B
+# (this node is one of them); sets rc and s (seconds)
+bench2() {
+    _mode=$1; _a=$2; _b=$3; _port=$4; _out=$5; shift 5
+    if [ "$LAB_NODE" = "$_a" ]; then _rank=0; else _rank=1; fi
+    cmd="$SW bench $_mode --rank $_rank --nranks 2 --bootstrap $(mgmt_ip_of "$_a"):$_port $*"
+    say "CHECK $c: $cmd"
+    t1=$(up)
+    timeout "$L_ctimeout" $cmd > "$_out" 2>&1; rc=$?
+    s=$(dt "$t1")
+}
+# rendezvous A B PORT: both nodes return once the other has arrived (a TCP note over the
+# management hub), so a timed two-node check does not count the wait for a busy peer
+rendezvous() {
+    if [ "$LAB_NODE" = "$1" ]; then
+        timeout "$L_ctimeout" nc -l -p "$3" < /dev/null 2> /dev/null | { read -r _; }
+    else
+        _i=0
+        until echo go | timeout 2 nc "$(mgmt_ip_of "$1")" "$3" > /dev/null 2>&1 || [ $_i -ge 600 ]; do
+            usleep 200000; _i=$((_i + 1))
+        done
+    fi
+}
+json_str() { # $1 -> JSON string body (quotes and backslashes escaped, one line)
+    printf '%s' "$1" | tr -d '\r' | tr '\n' ' ' | sed 's/\\/\\\\/g; s/"/\\"/g'
+}
+# plugin error lines of a bench output: the first line naming a path failure, else the last
+# error line
+plugin_error() {
+    grep -m1 -E 'on path [0-9]+ .*failed|still pending|no local link reaches' "$1" ||
+        grep -E 'switchless bench|[Ee]rror|WARN' "$1" | tail -1
+}
+
+run_bench_pair() { # bench:MODE@A-B
+    spec=${c#bench:}; mode=${spec%@*}; pair_nodes "${spec#*@}" || return 0
+    [ "$LAB_NODE" = "$PA" ] || [ "$LAB_NODE" = "$PB" ] || { say "SKIP $c (not one of nodes $PA, $PB)"; return 0; }
+    out=$R/bench-$mode-$PA-$PB.txt
+    bench2 "$mode" "$PA" "$PB" $((29600 + k)) "$out" $L_benchargs --save-json "$R/bench-$mode-$PA-$PB.json"
+    cat "$out"
+    if [ $rc -eq 0 ]; then st=pass; say "CHECKOK $c ${s}s"; else st=fail; fail=1; say "CHECKFAIL $c rc=$rc"; fi
+    if [ "$LAB_NODE" = "$PA" ]; then peer=$PB; else peer=$PA; fi
+    jl "$c" null "$peer" "rank$_rank" "$st" "$rc" "$s" '{}' "${out#"$R"/}"
+}
+
+run_no_route() { # no-route:A-B: A and B share no cable; the plugin must refuse fast and clearly
+    pair_nodes "${c#no-route:}" || return 0
+    [ "$LAB_NODE" = "$PA" ] || [ "$LAB_NODE" = "$PB" ] || { say "SKIP $c (not one of nodes $PA, $PB)"; return 0; }
+    if [ "$LAB_NODE" = "$PA" ]; then peer=$PB; else peer=$PA; fi
+    out=$R/no-route-$PA-$PB.txt
+    rendezvous "$PA" "$PB" $((29700 + k))
+    bench2 latency "$PA" "$PB" $((29600 + k)) "$out" -b 8 -e 8 -n 1 -w 0 --timeout "$L_noroute_bound"
+    cat "$out"
+    err=$(plugin_error "$out")
+    why=""
+    if [ $rc -eq 0 ]; then why="the bench succeeded between nodes that share no cable"
+    elif [ $rc -eq 124 ]; then why="the bench hung (killed after $L_ctimeout s)"
+    elif ! grep -q "no local link reaches the peer" "$out"; then why="no 'no local link reaches the peer' error"
+    elif ! grep -q "shared subnet" "$out"; then why="the error does not mention the shared subnet"
+    elif ! awk -v a="$s" -v b="$L_noroute_bound" 'BEGIN{exit !(a <= b)}'; then why="it took ${s}s (bound ${L_noroute_bound}s)"
+    fi
+    if [ -z "$why" ]; then st=pass; say "CHECKOK $c: refused in ${s}s: $err"
+    else st=fail; fail=1; say "CHECKFAIL $c: $why (rc=$rc, ${s}s): $err"; fi
+    jl "$c" null "$peer" "rank$_rank" "$st" "$rc" "$s" \
+        "{\"bound_s\":$L_noroute_bound,\"error\":\"$(json_str "$err")\"}" "${out#"$R"/}"
+}
+
+# fault:kill-peer[@A-B]: A streams to B (bench bandwidth); B powers itself off once it has received
+# L_fault_pkts RoCE packets of the stream, after telling A (a TCP note over the management hub).
+# A's requests must then fail with the plugin's error (path + work-completion status) within
+# L_fault_bound seconds of the note. B marks its death as expected, so the host does not count it
+# as a failure (B runs no check after this one).
+# fault:link-down[@A-B]: A streams to B over every cable between them; once L_fault_pkts packets
+# have gone out, A sets its last cable to B down. Passes when A's bench ends (an error naming the
+# path, or completion if the plugin carried on over the other cable) within L_fault_bound seconds
+# of the link going down; B's outcome is recorded, and must not be a hang either.
+FAULT_ARGS="-b 262144 -e 262144 -w 0 --window 8"
+run_fault() { # $1 check
+    kind=${1#fault:}; spec=1-2
+    case $kind in *@*) spec=${kind#*@}; kind=${kind%@*} ;; esac
+    pair_nodes "$spec" || return 0
+    [ "$LAB_NODE" = "$PA" ] || [ "$LAB_NODE" = "$PB" ] || { say "SKIP $c (not one of nodes $PA, $PB)"; return 0; }
+    if [ "$LAB_NODE" = "$PA" ]; then peer=$PB; else peer=$PA; fi
+    port=$((29600 + k)); nport=$((29700 + k))
+    out=$R/fault-$kind.txt; note=$R/fault-$kind.note
+    rm -f "$note"
+    case $kind in
+        kill-peer) iters=1000000 ;;   # runs until the peer dies (or the bench's own --timeout)
+        *) iters=$L_linkdown_iters ;;  # long enough for the link to go down mid-run
+    esac
+    p0=$(rxe_counter rcvd_pkts); q0=$(rxe_counter sent_pkts); t1=$(up)
+    if [ "$kind" = kill-peer ] && [ "$LAB_NODE" = "$PA" ]; then
+        # the victim's death note: arrival time in this node's uptime
+        nc -l -p "$nport" < /dev/null 2> /dev/null | { read -r _; up > "$note"; } &
+    fi
+    if [ "$kind" = kill-peer ] && [ "$LAB_NODE" = "$PB" ]; then
+        ( n=0
+          while [ $(( $(rxe_counter rcvd_pkts) - p0 )) -lt "$L_fault_pkts" ] && [ $n -lt 600 ]; do usleep 100000; n=$((n + 1)); done
+          got=$(( $(rxe_counter rcvd_pkts) - p0 ))
+          say "FAULT kill-peer: $got packets received, powering off now (expected death)"
+          jl "$c" null "$PA" victim pass 0 "$(dt "$t1")" "{\"rcvd_pkts\":$got}" ""
+          counters_line
+          echo "LAB_EXPECTED_DEATH node $LAB_NODE ($c)"
+          sync
+          echo dead | timeout 2 nc "$(mgmt_ip_of "$PA")" "$nport" > /dev/null 2>&1
+          echo o > /proc/sysrq-trigger
+          sleep 30 ) &
+    fi
+    if [ "$kind" = link-down ] && [ "$LAB_NODE" = "$PA" ]; then
+        # the last cable to B
+        i=0; dn=""; while [ $i -lt "$LAB_NLINKS" ]; do
+            eval "set -- \$LAB_LINK_$i"; [ "$6" = "$PB" ] && { dn=$2; ddev=$3; dl=$1; }; i=$((i + 1))
+        done
+        ( n=0
+          while [ $(( $(rxe_counter sent_pkts) - q0 )) -lt "$L_fault_pkts" ] && [ $n -lt 600 ]; do usleep 100000; n=$((n + 1)); done
+          /usr/sbin/ip link set "$dn" down
+          up > "$note"
+          say "FAULT link-down: $(( $(rxe_counter sent_pkts) - q0 )) packets sent, link$dl ($dn, $ddev) set down" ) &
+    fi
+    bench2 bandwidth "$PA" "$PB" "$port" "$out" $FAULT_ARGS -n "$iters" --timeout "$L_fault_hang"
+    t2=$(up)
+    cat "$out"
+    err=$(plugin_error "$out")
+    ft=null; tf=null
+    [ -s "$note" ] && { ft=$(cat "$note"); tf=$(awk -v a="$ft" -v b="$t2" 'BEGIN{printf "%.2f", b-a}'); }
+    outcome=error; [ $rc -eq 0 ] && outcome=completed
+    { [ $rc -eq 124 ] || grep -q "still pending\|not up within" "$out"; } && outcome=hang
+    why=""
+    case $kind in
+        kill-peer)
+            if [ "$LAB_NODE" = "$PB" ]; then return 0; fi  # (not reached: the victim is off)
+            if [ "$tf" = null ]; then why="no death note from node $PB (it did not die mid-transfer?)"
+            elif [ $outcome = completed ]; then why="the bench completed although the peer died"
+            elif [ $outcome = hang ]; then why="HANG: requests neither completed nor failed after the peer died"
+            elif ! grep -qE 'on path [0-9]+ \(.*\) failed: ' "$out"; then why="no plugin error naming the path and completion status"
+            elif ! awk -v a="$tf" -v b="$L_fault_bound" 'BEGIN{exit !(a <= b)}'; then why="failed ${tf}s after the peer died (bound ${L_fault_bound}s)"
+            fi ;;
+        link-down)
+            if [ "$LAB_NODE" = "$PA" ] && [ "$tf" = null ]; then why="the link never went down (transfer over before $L_fault_pkts packets?)"
+            elif [ $outcome = hang ]; then why="HANG: requests neither completed nor failed after the link went down"
+            elif [ "$LAB_NODE" = "$PA" ] && [ $outcome = error ] && ! grep -qE 'on path [0-9]+ \(.*\) failed: ' "$out"; then why="no plugin error naming the path and completion status"
+            elif [ "$tf" != null ] && ! awk -v a="$tf" -v b="$L_fault_bound" 'BEGIN{exit !(a <= b)}'; then why="ended ${tf}s after the link went down (bound ${L_fault_bound}s)"
+            fi ;;
+    esac
+    if [ "$kind" = link-down ] && [ "$LAB_NODE" = "$PA" ] && [ -n "$dn" ]; then
+        /usr/sbin/ip link set "$dn" up; say "FAULT link-down: link$dl ($dn) set up again"
+    fi
+    cl=$(counters_line | tr '\n' ' ')
+    say "counters after $c: $cl"
+    m="{\"outcome\":\"$outcome\",\"seconds_to_end_after_fault\":$tf,\"bound_s\":$L_fault_bound,\"bench_seconds\":$s,\"rcvd_pkts\":$(( $(rxe_counter rcvd_pkts) - p0 )),\"sent_pkts\":$(( $(rxe_counter sent_pkts) - q0 )),\"error\":\"$(json_str "$err")\",\"counters\":\"$(json_str "$cl")\"}"
+    if [ -z "$why" ]; then st=pass; say "CHECKOK $c: $outcome, ${tf}s after the fault (bench ${s}s): $err"
+    else st=fail; fail=1; say "CHECKFAIL $c: $why (rc=$rc, bench ${s}s): $err"; fi
+    jl "$c" null "$peer" "rank$_rank" "$st" "$rc" "$s" "$m" "${out#"$R"/}"
+}
+
 # bench checks bootstrap over the management hub: make sure node 1 answers first
 case " $L_checks " in
     *" bench:"*)
@@ -148,8 +319,11 @@ for c in $L_checks; do
     case $c in
         write_bw | read_bw | send_bw | write_lat | send_lat | read_lat | pingpong) run_perftest "$c" $k ;;
         bench:latency | bench:bandwidth | bench:alltoall | bench:allreduce) run_bench "${c#bench:}" $k ;;
+        bench:*@*-*) run_bench_pair ;;
+        no-route:*-*) run_no_route ;;
+        fault:kill-peer | fault:link-down | fault:kill-peer@*-* | fault:link-down@*-*) run_fault "$c" ;;
         doctor) run_doctor ;;
-        *) say "CHECKFAIL unknown check '$c' (accepted: write_bw read_bw send_bw write_lat send_lat read_lat pingpong bench:latency bench:bandwidth bench:alltoall bench:allreduce doctor)"
+        *) say "CHECKFAIL unknown check '$c' (accepted: write_bw read_bw send_bw write_lat send_lat read_lat pingpong bench:latency bench:bandwidth bench:alltoall bench:allreduce bench:MODE@A-B no-route:A-B fault:kill-peer[@A-B] fault:link-down[@A-B] doctor)"
            jl "$c" null null none fail 2 0 '{}' ""; fail=1 ;;
     esac
 done
