@@ -126,6 +126,25 @@ counters_line() { # non-zero rxe counters of every device, one line
         printf '%s: %s\n' "${_d##*/}" "$(grep -H . "$_d"/ports/1/hw_counters/* 2>/dev/null | sed 's|.*/hw_counters/||' | grep -v ':0$' | tr '\n' ' ')"
     done
 }
+# pkts_now COUNTER: _s = that rxe counter summed over this node's devices (shell builtins only,
+# no fork: it is polled every 20 ms)
+pkts_now() {
+    _s=0
+    for _f in /sys/class/infiniband/*/ports/1/hw_counters/"$1"; do
+        read -r _v < "$_f" && _s=$((_s + _v))
+    done
+}
+# wait_burst COUNTER BASE: returns once COUNTER has grown by L_fault_pkts since BASE and is still
+# growing (at least 4 packets in the last 20 ms: a transfer is in flight), or after 120 s
+wait_burst() {
+    _prev=$2; _n=0
+    while :; do
+        pkts_now "$1"
+        [ $((_s - $2)) -ge "$L_fault_pkts" ] && [ $((_s - _prev)) -ge 4 ] && return 0
+        _prev=$_s; _n=$((_n + 1)); [ $_n -ge 6000 ] && return 1
+        usleep 20000
+    done
+}
 # bench2 MODE A B PORT OUT ARGS...: `switchless bench MODE` as a 2-rank job between nodes A and B
 # (this node is one of them); sets rc and s (seconds)
 bench2() {
@@ -201,34 +220,33 @@ run_no_route() { # no-route:A-B: A and B share no cable; the plugin must refuse 
 # have gone out, A sets its last cable to B down. Passes when A's bench ends (an error naming the
 # path, or completion if the plugin carried on over the other cable) within L_fault_bound seconds
 # of the link going down; B's outcome is recorded, and must not be a hang either.
-FAULT_ARGS="-b 262144 -e 262144 -w 0 --window 8"
+FAULT_ARGS="-b 1048576 -e 1048576 -w 0 --window 8"
 run_fault() { # $1 check
     kind=${1#fault:}; spec=1-2
     case $kind in *@*) spec=${kind#*@}; kind=${kind%@*} ;; esac
     pair_nodes "$spec" || return 0
     [ "$LAB_NODE" = "$PA" ] || [ "$LAB_NODE" = "$PB" ] || { say "SKIP $c (not one of nodes $PA, $PB)"; return 0; }
     if [ "$LAB_NODE" = "$PA" ]; then peer=$PB; else peer=$PA; fi
-    port=$((29600 + k)); nport=$((29700 + k))
+    port=$((29600 + k)); rport=$((29700 + k)); nport=$((29800 + k))
     out=$R/fault-$kind.txt; note=$R/fault-$kind.note
     rm -f "$note"
     case $kind in
         kill-peer) iters=1000000 ;;   # runs until the peer dies (or the bench's own --timeout)
         *) iters=$L_linkdown_iters ;;  # long enough for the link to go down mid-run
     esac
+    rendezvous "$PA" "$PB" "$rport" # the bench's --timeout then measures the transfer, not the wait
     p0=$(rxe_counter rcvd_pkts); q0=$(rxe_counter sent_pkts); t1=$(up)
     if [ "$kind" = kill-peer ] && [ "$LAB_NODE" = "$PA" ]; then
         # the victim's death note: arrival time in this node's uptime
         nc -l -p "$nport" < /dev/null 2> /dev/null | { read -r _; up > "$note"; } &
     fi
     if [ "$kind" = kill-peer ] && [ "$LAB_NODE" = "$PB" ]; then
-        ( n=0
-          while [ $(( $(rxe_counter rcvd_pkts) - p0 )) -lt "$L_fault_pkts" ] && [ $n -lt 600 ]; do usleep 100000; n=$((n + 1)); done
-          got=$(( $(rxe_counter rcvd_pkts) - p0 ))
-          say "FAULT kill-peer: $got packets received, powering off now (expected death)"
-          jl "$c" null "$PA" victim pass 0 "$(dt "$t1")" "{\"rcvd_pkts\":$got}" ""
-          counters_line
-          echo "LAB_EXPECTED_DEATH node $LAB_NODE ($c)"
-          sync
+        # logged first: after the trigger nothing may delay the power-off
+        say "FAULT kill-peer: will power off after $L_fault_pkts packets, mid-burst (expected death)"
+        jl "$c" null "$PA" victim pass 0 0 "{\"after_pkts\":$L_fault_pkts}" ""
+        echo "LAB_EXPECTED_DEATH node $LAB_NODE ($c)"
+        sync
+        ( wait_burst rcvd_pkts "$p0"
           echo dead | timeout 2 nc "$(mgmt_ip_of "$PA")" "$nport" > /dev/null 2>&1
           echo o > /proc/sysrq-trigger
           sleep 30 ) &
@@ -238,11 +256,10 @@ run_fault() { # $1 check
         i=0; dn=""; while [ $i -lt "$LAB_NLINKS" ]; do
             eval "set -- \$LAB_LINK_$i"; [ "$6" = "$PB" ] && { dn=$2; ddev=$3; dl=$1; }; i=$((i + 1))
         done
-        ( n=0
-          while [ $(( $(rxe_counter sent_pkts) - q0 )) -lt "$L_fault_pkts" ] && [ $n -lt 600 ]; do usleep 100000; n=$((n + 1)); done
+        ( wait_burst sent_pkts "$q0"
           /usr/sbin/ip link set "$dn" down
           up > "$note"
-          say "FAULT link-down: $(( $(rxe_counter sent_pkts) - q0 )) packets sent, link$dl ($dn, $ddev) set down" ) &
+          say "FAULT link-down: $((_s - q0)) packets sent, link$dl ($dn, $ddev) set down" ) &
     fi
     bench2 bandwidth "$PA" "$PB" "$port" "$out" $FAULT_ARGS -n "$iters" --timeout "$L_fault_hang"
     t2=$(up)
@@ -276,6 +293,9 @@ run_fault() { # $1 check
     say "counters after $c: $cl"
     m="{\"outcome\":\"$outcome\",\"seconds_to_end_after_fault\":$tf,\"bound_s\":$L_fault_bound,\"bench_seconds\":$s,\"rcvd_pkts\":$(( $(rxe_counter rcvd_pkts) - p0 )),\"sent_pkts\":$(( $(rxe_counter sent_pkts) - q0 )),\"error\":\"$(json_str "$err")\",\"counters\":\"$(json_str "$cl")\"}"
     if [ -z "$why" ]; then st=pass; say "CHECKOK $c: $outcome, ${tf}s after the fault (bench ${s}s): $err"
+    elif [ "$kind" = link-down ] && [ "$LAB_NODE" = "$PB" ] && [ $outcome = hang ] && [ "$L_fault_peer_hang" = allow ]; then
+        # a known plugin gap, made visible: the far side's receives never learn of the failure
+        st=xfail; say "CHECKXFAIL $c: $why (allowed by LAB_FAULT_PEER_HANG=allow; rc=$rc, bench ${s}s): $err"
     else st=fail; fail=1; say "CHECKFAIL $c: $why (rc=$rc, bench ${s}s): $err"; fi
     jl "$c" null "$peer" "rank$_rank" "$st" "$rc" "$s" "$m" "${out#"$R"/}"
 }
