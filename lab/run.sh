@@ -26,7 +26,7 @@
 #   Two-node and fault checks (see docs/readme/lab.md) read: LAB_NOROUTE_BOUND (s a no-route
 #                        refusal may take, default 10), LAB_FAULT_BOUND (s from the fault to the
 #                        bench's end, default 20), LAB_FAULT_PKTS (RoCE packets before the fault,
-#                        default 2000), LAB_FAULT_HANG (the bench's own --timeout in fault runs,
+#                        default 300), LAB_FAULT_HANG (the bench's own --timeout in fault runs,
 #                        default 60), LAB_LINKDOWN_ITERS (messages of 1 MiB in fault:link-down,
 #                        default 200), LAB_FAULT_PEER_HANG=allow (fault:link-down: the far side's
 #                        hang is reported as CHECKXFAIL instead of failing the run)
@@ -333,7 +333,7 @@ read -r _ mip1 <<< "$(lab_mgmt_addr 1)"
     echo "L_benchargs=$(q "$BENCH_ARGS")"; echo "L_bootstrap=$mip1"; echo "L_inject_fault=${LAB_INJECT_FAULT:-0}"
     echo "L_env=$(q "$GUEST_ENV")"
     echo "L_noroute_bound=${LAB_NOROUTE_BOUND:-10}"; echo "L_fault_bound=${LAB_FAULT_BOUND:-20}"
-    echo "L_fault_pkts=${LAB_FAULT_PKTS:-2000}"; echo "L_fault_hang=${LAB_FAULT_HANG:-60}"
+    echo "L_fault_pkts=${LAB_FAULT_PKTS:-300}"; echo "L_fault_hang=${LAB_FAULT_HANG:-60}"
     echo "L_linkdown_iters=${LAB_LINKDOWN_ITERS:-200}"; echo "L_fault_peer_hang=${LAB_FAULT_PEER_HANG:-fail}"
     for ((n = 1; n <= NODES; n++)); do
         read -r mplen mip <<< "$(lab_mgmt_addr "$n")"

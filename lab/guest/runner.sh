@@ -134,13 +134,16 @@ pkts_now() {
         read -r _v < "$_f" && _s=$((_s + _v))
     done
 }
-# wait_burst COUNTER BASE: returns once COUNTER has grown by L_fault_pkts since BASE and is still
-# growing (at least 4 packets in the last 20 ms: a transfer is in flight), or after 120 s
+# wait_burst COUNTER BASE: returns once COUNTER has grown by L_fault_pkts since BASE and a burst
+# (a batch of bench messages: 8 x 1 MiB = 2048 RoCE packets) has just begun, at least 64 packets
+# in: most of the batch is still to go, so work requests are in flight. Gives up after 120 s.
+# (A fault between batches finds no work request in flight: see docs/readme/lab.md.)
 wait_burst() {
-    _prev=$2; _n=0
+    _prev=$2; _b=-1; _n=0
     while :; do
         pkts_now "$1"
-        [ $((_s - $2)) -ge "$L_fault_pkts" ] && [ $((_s - _prev)) -ge 4 ] && return 0
+        if [ $((_s - _prev)) -ge 4 ]; then [ $_b -lt 0 ] && _b=$_prev; else _b=-1; fi
+        [ $((_s - $2)) -ge "$L_fault_pkts" ] && [ $_b -ge 0 ] && [ $((_s - _b)) -ge 64 ] && return 0
         _prev=$_s; _n=$((_n + 1)); [ $_n -ge 6000 ] && return 1
         usleep 20000
     done
