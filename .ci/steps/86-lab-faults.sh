@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# CI step: reachability and fault runs of the soft-RoCE VM lab (lab/run.sh), through the plugin.
+#  1. ring4 (1-2-3-4-1, each node cabled to its two neighbours only): `switchless bench latency`
+#     between every pair of neighbours (bench:latency@A-B, a 2-rank job each), then no-route:1-3 and
+#     no-route:2-4: nodes that share no cable must be refused fast (within LAB_NOROUTE_BOUND, 10 s)
+#     with the plugin's "no local link reaches the peer ... shared subnet" error, never hang.
+#  2. pair with small RC timeouts (NCCL_IB_TIMEOUT=14 NCCL_IB_RETRY_CNT=3): fault:link-down (node 1
+#     sets the cable its stream uses down mid-transfer: its send must fail with the path and the
+#     work-completion status), then fault:kill-peer (node 2 powers itself off mid-burst: node 1's
+#     sends must fail with "transport retry counter exceeded (status 12)" within LAB_FAULT_BOUND,
+#     20 s). The far side of fault:link-down (node 2's receives) is a known gap: nothing tells it,
+#     it waits until the bench's own --timeout (LAB_FAULT_HANG=20 s here); LAB_FAULT_PEER_HANG=allow
+#     reports that as CHECKXFAIL, and this step checks it is reported.
+# ~55 s (ring4) + ~60 s (pair) under TCG on 2 shared cores. Needs root, like 80-lab.sh. The
+# binaries are the debug build `cargo test --all-targets` left (built when missing).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
+bins=(--bin-dir "$CARGO_TARGET_DIR/debug")
+res=lab/.cache/results
+start=$(date +%s)
+
+echo "== lab ring4: neighbours through the plugin, non-neighbours refused fast"
+timeout 420 lab/run.sh "${bins[@]}" --timeout 300 --results "$res/ci-faults-ring4" \
+    --checks "bench:latency@1-2 bench:latency@2-3 bench:latency@3-4 bench:latency@4-1 no-route:1-3 no-route:2-4" \
+    --bench-args "-b 8 -e 65536 -f 16 -n 5 -w 1 --timeout 60" ring4
+j=$res/ci-faults-ring4/summary.jsonl
+n=$(grep '"check":"no-route:' "$j" | grep '"status":"pass"' | grep -c 'no local link reaches the peer' || true)
+[ "$n" = 4 ] || { echo "FAIL: no-route refused cleanly on $n of 4 node sides"; exit 1; }
+n=$(grep '"check":"bench:latency@' "$j" | grep -c '"status":"pass"' || true)
+[ "$n" = 8 ] || { echo "FAIL: bench latency passed on $n of 8 neighbour sides"; exit 1; }
+grep -h 'CHECKOK no-route' "$res/ci-faults-ring4/summary.txt" | sed 's/: NCCL WARN.*//'
+
+echo "== lab pair: fault:link-down, then fault:kill-peer"
+LAB_FAULT_HANG=20 LAB_FAULT_PEER_HANG=allow timeout 420 lab/run.sh "${bins[@]}" --timeout 300 \
+    --results "$res/ci-faults-pair" --guest-env "NCCL_IB_TIMEOUT=14 NCCL_IB_RETRY_CNT=3" \
+    --checks "fault:link-down fault:kill-peer" pair
+j=$res/ci-faults-pair/summary.jsonl
+grep '"node":1,"check":"fault:kill-peer"' "$j" | grep '"status":"pass"' |
+    grep -q 'failed: transport retry counter exceeded (status 12)' ||
+    { echo "FAIL: node 1 did not fail with retry exhaustion after node 2 died"; exit 1; }
+grep '"node":1,"check":"fault:link-down"' "$j" | grep '"status":"pass"' | grep -qE 'on path [0-9]+ \(.*\) failed: ' ||
+    { echo "FAIL: node 1 did not fail with the path's error after its link went down"; exit 1; }
+if grep '"node":2,"check":"fault:link-down"' "$j" | grep -q '"status":"xfail"'; then
+    echo "KNOWN GAP: after fault:link-down node 2's receives neither completed nor failed (bench timeout)"
+fi
+grep -hE 'CHECK(OK|XFAIL|FAIL) fault' "$res/ci-faults-pair/summary.txt" | sed 's/ path=0 label=.*//'
+echo "lab faults CI step passed in $(($(date +%s) - start)) s"
