@@ -259,6 +259,10 @@ run_fault() { # $1 check
         i=0; dn=""; while [ $i -lt "$LAB_NLINKS" ]; do
             eval "set -- \$LAB_LINK_$i"; [ "$6" = "$PB" ] && { dn=$2; ddev=$3; dl=$1; }; i=$((i + 1))
         done
+        if [ -z "$dn" ]; then
+            say "CHECKFAIL $c: node $PA has no cable to node $PB"; fail=1
+            jl "$c" null "$PB" "rank0" fail 2 0 '{}' ""; return 0
+        fi
         ( wait_burst sent_pkts "$q0"
           /usr/sbin/ip link set "$dn" down
           up > "$note"
