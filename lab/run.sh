@@ -371,9 +371,14 @@ expected_death() {
     done
     return 1
 }
+powering_off() { # node $1 is the kill-peer victim and has issued its power-off
+    [ ${#KILLED[@]} -eq 1 ] && [ "${KILLED[0]}" = "$1" ] &&
+        grep -qa "LAB_EXPECTED_DEATH node $1 " "$RESULTS/node$1.log" && grep -qa "sysrq: Power Off" "$RESULTS/node$1.log"
+}
 node_done() { grep -qa "RESULT PASS" "$RESULTS/node$1.log" || expected_death "$1"; }
 round() { # one boot-and-check round; returns 0 when every node passed
     local n p i rc=0 alive end t mac why
+    local -a off_at=()
     ip netns add "$NS"
     ip -n "$NS" link set lo up
     # QEMU's TCP netdev does not set TCP_NODELAY: without quickack, Nagle + delayed ACK add ~20 ms
@@ -412,6 +417,16 @@ round() { # one boot-and-check round; returns 0 when every node passed
         for ((n = 1; n <= NODES; n++)); do
             if kill -0 "${PIDS[n - 1]}" 2> /dev/null; then
                 alive=$((alive + 1))
+                # a fault:kill-peer victim whose power-off stalls (rxe under TCG can soft-lock
+                # ksoftirqd during shutdown) is cut off by the host 5 s after its sysrq
+                if powering_off "$n"; then
+                    [ -n "${off_at[n]:-}" ] || off_at[n]=$(date +%s)
+                    if [ $(($(date +%s) - off_at[n])) -ge 5 ]; then
+                        log "node$n: planned power-off not finished after 5 s; stopping its VM"
+                        kill "${PIDS[n - 1]}" 2> /dev/null || true
+                        echo "LAB_HOST_STOPPED_AFTER_POWEROFF" >> "$RESULTS/node$n.log"
+                    fi
+                fi
             elif ! node_done "$n"; then
                 log "node$n exited without passing; stopping the other VMs"; rc=1; alive=0; break
             fi
