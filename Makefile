@@ -27,3 +27,8 @@ uninstall:
 test: deps
 	$(CARGO) test --locked --all-targets
 	@set -e; for s in .ci/steps/*.sh; do [ -e "$$s" ] || continue; echo "== $$s"; bash "$$s"; done
+
+# The soft-RoCE VM lab (root): TOPO=pair|mesh3|ring4 or a .topo file.
+TOPO ?= pair
+lab: build
+	lab/run.sh $(TOPO)

@@ -13,6 +13,7 @@ pub mod devices;
 pub mod fabric;
 mod memory;
 mod qp;
+pub mod rawmem;
 mod sym;
 mod types;
 

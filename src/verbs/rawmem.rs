@@ -1,0 +1,371 @@
+//! Raw process memory for transports that emulate RDMA in software (the TCP fabric): copying bytes
+//! between a socket and memory that NCCL registered, with the registration's bounds checked on every
+//! access.
+//!
+//! The contract is the one `ibv_reg_mr` has: whoever registers `[addr, addr+len)` (NCCL's `regMr`)
+//! guarantees that the memory stays allocated and writable until the registration is released, and
+//! does not read a receive buffer before the transport reports the receive complete. The transport
+//! keeps the other half: it never touches memory outside a live registration (every function here
+//! checks the range against the [`RawRegion`] first) and it stops using a region before deregistering it.
+//!
+//! Socket I/O uses `recv`/`send` with `MSG_DONTWAIT` straight into / out of registered memory (no
+//! intermediate copy) and `MSG_NOSIGNAL` (a closed peer must not raise `SIGPIPE` in the host process,
+//! which may not ignore it). Waiting for readiness is [`wait_fd`] (`poll(2)`), so the caller can hold
+//! a lock during a copy without ever holding it across a wait.
+#![allow(unsafe_code)]
+
+use std::io;
+use std::os::fd::AsRawFd;
+
+use crate::error::{Error, Result};
+
+/// One registered range of process memory. Copying it does not copy the memory; it is a bounds
+/// descriptor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawRegion {
+    addr: u64,
+    len: usize,
+}
+
+impl RawRegion {
+    /// Describes `[addr, addr+len)`. Checks that the range is not null (unless empty) and does not
+    /// wrap. The caller states (registration contract, see the module docs) that the memory is valid
+    /// until it stops using this region.
+    pub fn new(addr: u64, len: usize) -> Result<RawRegion> {
+        if len > 0 && addr == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "registration of {len} bytes at address 0; a non-null address is required"
+            )));
+        }
+        let end = addr.checked_add(len as u64);
+        if end.is_none() || usize::try_from(addr).is_err() || len > isize::MAX as usize {
+            return Err(Error::InvalidArgument(format!(
+                "registration {addr:#x}+{len} bytes wraps the address space"
+            )));
+        }
+        Ok(RawRegion { addr, len })
+    }
+
+    /// Start address.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether `[addr, addr+len)` lies inside the region (an empty range must still start inside or
+    /// at its end).
+    pub fn contains(&self, addr: u64, len: usize) -> bool {
+        addr >= self.addr
+            && addr
+                .checked_add(len as u64)
+                .is_some_and(|e| e <= self.addr + self.len as u64)
+    }
+
+    fn check(&self, addr: u64, len: usize) -> io::Result<*mut u8> {
+        if self.contains(addr, len) {
+            Ok(addr as usize as *mut u8)
+        } else {
+            Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "range {addr:#x}+{len} bytes is outside the registration {:#x}+{} bytes",
+                    self.addr, self.len
+                ),
+            ))
+        }
+    }
+
+    /// Copies `out.len()` bytes from `addr` (inside the region) into `out`.
+    pub fn read(&self, addr: u64, out: &mut [u8]) -> io::Result<()> {
+        let p = self.check(addr, out.len())?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: `check` proved [addr, addr+len) lies inside the registration, which the registration
+        // contract keeps allocated; `out` is a distinct Rust-owned buffer, so the ranges do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(p.cast_const(), out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    /// Copies `data` to `addr` (inside the region).
+    pub fn write(&self, addr: u64, data: &[u8]) -> io::Result<()> {
+        let p = self.check(addr, data.len())?;
+        if data.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: `check` proved the destination lies inside the live, writable registration; `data` is
+        // a Rust slice and cannot overlap memory the registration owner handed to the transport.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
+        Ok(())
+    }
+
+    /// Receives at most `len` bytes from `sock` into `addr` (inside the region) without blocking:
+    /// `Ok(0)` is end of stream, `ErrorKind::WouldBlock` means no data now.
+    pub fn recv_into(&self, sock: &impl AsRawFd, addr: u64, len: usize) -> io::Result<usize> {
+        let p = self.check(addr, len)?;
+        if len == 0 {
+            return Ok(0);
+        }
+        // SAFETY: the destination range is inside the live registration (checked above) and the kernel
+        // writes at most `len` bytes to it; the fd is borrowed from a live socket.
+        let n = unsafe {
+            libc::recv(
+                sock.as_raw_fd(),
+                p.cast::<libc::c_void>(),
+                len,
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        }
+    }
+
+    /// Sends at most `len` bytes at `addr` (inside the region) on `sock` without blocking; `more`
+    /// adds `MSG_MORE` (more data of the same frame follows). `ErrorKind::WouldBlock` means the
+    /// socket buffer is full.
+    pub fn send_from(
+        &self,
+        sock: &impl AsRawFd,
+        addr: u64,
+        len: usize,
+        more: bool,
+    ) -> io::Result<usize> {
+        let p = self.check(addr, len)?;
+        if len == 0 {
+            return Ok(0);
+        }
+        let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | if more { libc::MSG_MORE } else { 0 };
+        // SAFETY: the source range is inside the live registration (checked above); the kernel only
+        // reads `len` bytes from it; the fd is borrowed from a live socket.
+        let n = unsafe { libc::send(sock.as_raw_fd(), p.cast_const().cast(), len, flags) };
+        if n < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        }
+    }
+}
+
+/// Sends bytes from a Rust slice without blocking and without `SIGPIPE` (`MSG_MORE` when `more`).
+pub fn send_slice(sock: &impl AsRawFd, data: &[u8], more: bool) -> io::Result<usize> {
+    if data.is_empty() {
+        return Ok(0);
+    }
+    let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | if more { libc::MSG_MORE } else { 0 };
+    // SAFETY: `data` is a valid slice for reads of its length; the fd is borrowed from a live socket.
+    let n = unsafe { libc::send(sock.as_raw_fd(), data.as_ptr().cast(), data.len(), flags) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// Receives into a Rust slice without blocking (`Ok(0)`: end of stream).
+pub fn recv_slice(sock: &impl AsRawFd, out: &mut [u8]) -> io::Result<usize> {
+    if out.is_empty() {
+        return Ok(0);
+    }
+    // SAFETY: `out` is a valid, exclusively borrowed slice for writes of its length; the fd is
+    // borrowed from a live socket.
+    let n = unsafe {
+        libc::recv(
+            sock.as_raw_fd(),
+            out.as_mut_ptr().cast(),
+            out.len(),
+            libc::MSG_DONTWAIT,
+        )
+    };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
+}
+
+/// What [`wait_fd`] waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ready {
+    /// Data to read (or end of stream / error).
+    Read,
+    /// Room to write (or error).
+    Write,
+}
+
+/// Waits up to `timeout_ms` milliseconds until `sock` is ready; `Ok(true)` when ready (including
+/// hang-up and error conditions, which the next I/O call reports), `Ok(false)` on timeout.
+pub fn wait_fd(sock: &impl AsRawFd, what: Ready, timeout_ms: i32) -> io::Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd: sock.as_raw_fd(),
+        events: match what {
+            Ready::Read => libc::POLLIN,
+            Ready::Write => libc::POLLOUT,
+        },
+        revents: 0,
+    };
+    // SAFETY: `pfd` is one valid pollfd on the stack and the count passed is 1.
+    let n = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::Interrupted {
+            return Ok(false);
+        }
+        return Err(e);
+    }
+    Ok(n > 0)
+}
+
+/// An owned, zeroed, page-aligned block of host memory that is accessed only through raw copies, as
+/// NCCL's buffers are: for tests, examples and benchmarks of software fabrics, which write into it
+/// from helper threads while the owner holds no Rust reference to its bytes.
+#[derive(Debug)]
+pub struct HostBuffer {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the buffer is plain memory owned by this value; all access goes through raw copies whose
+// synchronisation is the transport's completion protocol (the same rule as for NCCL's own buffers).
+unsafe impl Send for HostBuffer {}
+// SAFETY: as above; `&HostBuffer` only exposes raw copies and the address.
+unsafe impl Sync for HostBuffer {}
+
+const HOST_BUFFER_ALIGN: usize = 4096;
+
+impl HostBuffer {
+    /// Allocates `len` zeroed bytes (at least one byte is allocated, so the address is never null).
+    pub fn new(len: usize) -> Result<HostBuffer> {
+        let layout = std::alloc::Layout::from_size_align(len.max(1), HOST_BUFFER_ALIGN)
+            .map_err(|e| Error::InvalidArgument(format!("host buffer of {len} bytes: {e}")))?;
+        // SAFETY: the layout has a non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = std::ptr::NonNull::new(p).ok_or_else(|| {
+            Error::System(format!("allocation of a {len}-byte host buffer failed"))
+        })?;
+        Ok(HostBuffer { ptr, len })
+    }
+
+    /// Address of byte 0.
+    pub fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as usize as u64
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn region(&self) -> RawRegion {
+        RawRegion {
+            addr: self.addr(),
+            len: self.len,
+        }
+    }
+
+    /// Copies `len` bytes from offset `off` out.
+    pub fn read(&self, off: usize, len: usize) -> Result<Vec<u8>> {
+        let mut v = vec![0u8; len];
+        self.region()
+            .read(self.addr() + off as u64, &mut v)
+            .map_err(|e| Error::InvalidArgument(format!("host buffer read: {e}")))?;
+        Ok(v)
+    }
+
+    /// Copies `data` in at offset `off`.
+    pub fn write(&self, off: usize, data: &[u8]) -> Result<()> {
+        self.region()
+            .write(self.addr() + off as u64, data)
+            .map_err(|e| Error::InvalidArgument(format!("host buffer write: {e}")))
+    }
+}
+
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        if let Ok(layout) = std::alloc::Layout::from_size_align(self.len.max(1), HOST_BUFFER_ALIGN)
+        {
+            // SAFETY: `ptr` came from `alloc_zeroed` with this same layout and is freed once.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::net::{TcpListener, TcpStream};
+
+    #[test]
+    fn bounds_are_checked_on_every_access() {
+        let b = HostBuffer::new(64).unwrap();
+        let r = RawRegion::new(b.addr() + 8, 16).unwrap();
+        assert!(r.contains(b.addr() + 8, 16));
+        assert!(r.contains(b.addr() + 24, 0));
+        assert!(!r.contains(b.addr() + 7, 2));
+        assert!(!r.contains(b.addr() + 9, 16));
+        assert!(!r.contains(u64::MAX - 1, 4));
+        r.write(b.addr() + 10, &[1, 2, 3]).unwrap();
+        assert!(r.write(b.addr() + 22, &[0; 3]).is_err());
+        let mut out = [0u8; 3];
+        r.read(b.addr() + 10, &mut out).unwrap();
+        assert_eq!(out, [1, 2, 3]);
+        assert!(r.read(b.addr(), &mut out).is_err());
+        assert_eq!(b.read(10, 3).unwrap(), vec![1, 2, 3]);
+        assert!(b.read(62, 3).is_err());
+        assert!(RawRegion::new(0, 4).is_err());
+        assert!(RawRegion::new(u64::MAX, 2).is_err());
+    }
+
+    #[test]
+    fn socket_copies_go_straight_to_registered_memory() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (b, _) = l.accept().unwrap();
+        a.write_all(b"hello world").unwrap();
+        let buf = HostBuffer::new(32).unwrap();
+        let r = RawRegion::new(buf.addr(), 32).unwrap();
+        assert!(r.recv_into(&b, buf.addr() + 30, 11).is_err());
+        let mut got = 0;
+        while got < 11 {
+            assert!(wait_fd(&b, Ready::Read, 1000).unwrap());
+            got += r.recv_into(&b, buf.addr() + got as u64, 11 - got).unwrap();
+        }
+        assert_eq!(buf.read(0, 11).unwrap(), b"hello world");
+        // Back the other way from registered memory.
+        assert!(wait_fd(&b, Ready::Write, 1000).unwrap());
+        assert_eq!(r.send_from(&b, buf.addr(), 5, false).unwrap(), 5);
+        let mut out = [0u8; 5];
+        let mut n = 0;
+        while n < 5 {
+            assert!(wait_fd(&a, Ready::Read, 1000).unwrap());
+            n += recv_slice(&a, &mut out[n..]).unwrap();
+        }
+        assert_eq!(&out, b"hello");
+        // Nothing more: would block, and the wait times out.
+        assert_eq!(
+            recv_slice(&a, &mut out).unwrap_err().kind(),
+            io::ErrorKind::WouldBlock
+        );
+        assert!(!wait_fd(&a, Ready::Read, 10).unwrap());
+        drop(b);
+        assert!(wait_fd(&a, Ready::Read, 1000).unwrap());
+        assert_eq!(recv_slice(&a, &mut out).unwrap(), 0);
+    }
+}

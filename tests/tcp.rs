@@ -1,0 +1,926 @@
+//! The data protocol (`transport::comm`) over the TCP fabric on 127.0.0.1: grouped receives, tags,
+//! striping over paths × streams, zero-byte messages, many outstanding requests, data integrity
+//! (proptest), peers that close mid-transfer, untrusted writes, connection set-up errors.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::needless_range_loop)]
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+use switchless::error::Error;
+use switchless::transport::comm::{
+    MemHandle, ProtocolConfig, RecvBuf, RecvComm, Request, SendComm, Sizes, connect_pair,
+};
+use switchless::transport::fabric::{
+    Completion, Fabric, LocalSeg, MemKind, ReadWr, RemoteSeg, WcOpcode, WcStatus, WriteWr,
+};
+use switchless::transport::tcp::{
+    BufferPolicy, TcpAcceptor, TcpConfig, TcpConnector, TcpFabric, TcpPathSpec, listen,
+    loopback_pair,
+};
+use switchless::verbs::rawmem::HostBuffer;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8)
+        .collect()
+}
+
+fn cfg(streams: usize) -> TcpConfig {
+    TcpConfig {
+        streams: Some(streams),
+        ..TcpConfig::default()
+    }
+}
+
+struct Rig {
+    s: SendComm<TcpFabric>,
+    r: RecvComm<TcpFabric>,
+    keep: Vec<HostBuffer>,
+}
+
+fn rig_with(speeds: &[u64], tcfg: &TcpConfig) -> Rig {
+    let (a, b) = loopback_pair(speeds, tcfg).unwrap();
+    let (s, r) = connect_pair(a, b, ProtocolConfig::default()).unwrap();
+    Rig {
+        s,
+        r,
+        keep: Vec::new(),
+    }
+}
+
+struct Buf {
+    addr: u64,
+    idx: usize,
+    mh: MemHandle,
+}
+
+impl Rig {
+    fn send_buf(&mut self, data: &[u8]) -> Buf {
+        let b = HostBuffer::new(data.len().max(1)).unwrap();
+        b.write(0, data).unwrap();
+        let mh = self
+            .s
+            .reg_mr(b.addr(), data.len().max(1) as u64, MemKind::Host)
+            .unwrap();
+        let addr = b.addr();
+        self.keep.push(b);
+        Buf {
+            addr,
+            idx: self.keep.len() - 1,
+            mh,
+        }
+    }
+    fn recv_buf(&mut self, len: usize) -> Buf {
+        let b = HostBuffer::new(len.max(1)).unwrap();
+        b.write(0, &vec![0xEE; len.max(1)]).unwrap();
+        let mh = self
+            .r
+            .reg_mr(b.addr(), len.max(1) as u64, MemKind::Host)
+            .unwrap();
+        let addr = b.addr();
+        self.keep.push(b);
+        Buf {
+            addr,
+            idx: self.keep.len() - 1,
+            mh,
+        }
+    }
+    fn read(&self, b: &Buf, len: usize) -> Vec<u8> {
+        self.keep[b.idx].read(0, len).unwrap()
+    }
+    fn irecv(&mut self, bufs: &[(&Buf, u64, u32)]) -> Request {
+        let rb: Vec<RecvBuf> = bufs
+            .iter()
+            .map(|(b, size, tag)| RecvBuf {
+                addr: b.addr,
+                size: *size,
+                tag: *tag,
+                mh: &b.mh,
+            })
+            .collect();
+        self.r.irecv(&rb).unwrap().unwrap()
+    }
+    fn isend(&mut self, b: &Buf, size: u64, tag: u32) -> Request {
+        let t = Instant::now();
+        while t.elapsed() < DEADLINE {
+            if let Some(req) = self.s.isend(b.addr, size, tag, &b.mh).unwrap() {
+                return req;
+            }
+            std::thread::yield_now();
+        }
+        panic!("isend never got a clear-to-send");
+    }
+    fn wait_send(&mut self, req: Request) -> u64 {
+        let t = Instant::now();
+        while t.elapsed() < DEADLINE {
+            if let Some(n) = self.s.test(req).unwrap() {
+                return n;
+            }
+            std::thread::yield_now();
+        }
+        panic!("send never completed");
+    }
+    fn wait_recv(&mut self, req: Request) -> Sizes {
+        let t = Instant::now();
+        while t.elapsed() < DEADLINE {
+            if let Some(s) = self.r.test(req).unwrap() {
+                return s;
+            }
+            std::thread::yield_now();
+        }
+        panic!("receive never completed");
+    }
+}
+
+#[test]
+fn large_message_uses_every_stream_of_the_path() {
+    let mut g = rig_with(&[10_000], &cfg(4));
+    assert_eq!(g.s.fabric().streams(0), 4);
+    let n = 10 << 20;
+    let data = pattern(n, 1);
+    let sb = g.send_buf(&data);
+    let rb = g.recv_buf(n + 64);
+    let rreq = g.irecv(&[(&rb, (n + 64) as u64, 3)]);
+    let sreq = g.isend(&sb, n as u64, 3);
+    assert_eq!(g.wait_send(sreq), n as u64);
+    assert_eq!(g.wait_recv(rreq).as_slice(), &[n as u64]);
+    assert_eq!(g.read(&rb, n), data);
+    assert_eq!(g.keep[rb.idx].read(n, 64).unwrap(), vec![0xEE; 64]);
+    let per_stream = g.s.fabric().stream_bytes(0);
+    assert_eq!(per_stream.len(), 4);
+    assert!(per_stream.iter().all(|&b| b > 0), "{per_stream:?}");
+    assert!(per_stream.iter().sum::<u64>() >= n as u64);
+}
+
+#[test]
+fn grouped_receive_matches_by_tag_and_reports_sizes_per_buffer() {
+    let mut g = rig_with(&[10_000, 10_000], &cfg(2));
+    let tags = [5u32, 6, 7];
+    let sizes = [1000usize, 0, 70_000];
+    let rbufs: Vec<Buf> = (0..3).map(|_| g.recv_buf(80_000)).collect();
+    let rreq = g.irecv(&[
+        (&rbufs[0], 80_000, tags[0]),
+        (&rbufs[1], 80_000, tags[1]),
+        (&rbufs[2], 80_000, tags[2]),
+    ]);
+    let mut sreqs = Vec::new();
+    let mut datas = Vec::new();
+    for i in [2usize, 0, 1] {
+        let data = pattern(sizes[i], i as u8);
+        let sb = g.send_buf(&data);
+        sreqs.push((g.isend(&sb, sizes[i] as u64, tags[i]), sizes[i]));
+        datas.push((i, data));
+    }
+    for (req, size) in sreqs {
+        assert_eq!(g.wait_send(req), size as u64);
+    }
+    assert_eq!(g.wait_recv(rreq).as_slice(), &[1000, 0, 70_000]);
+    for (i, data) in &datas {
+        assert_eq!(&g.read(&rbufs[*i], sizes[*i]), data);
+    }
+    // The zero-byte buffer was not written.
+    assert_eq!(g.read(&rbufs[1], 16), vec![0xEE; 16]);
+}
+
+#[test]
+fn striping_over_paths_and_streams_follows_link_speed() {
+    let mut g = rig_with(&[10_000, 10_000, 20_000, 40_000], &cfg(3));
+    let n = 8 << 20;
+    let data = pattern(n, 9);
+    let sb = g.send_buf(&data);
+    let rb = g.recv_buf(n);
+    let rreq = g.irecv(&[(&rb, n as u64, 0)]);
+    let sreq = g.isend(&sb, n as u64, 0);
+    g.wait_send(sreq);
+    assert_eq!(g.wait_recv(rreq).as_slice(), &[n as u64]);
+    assert_eq!(g.read(&rb, n), data);
+    let per_path: Vec<u64> = (0..4)
+        .map(|p| g.s.fabric().stream_bytes(p).iter().sum::<u64>())
+        .collect();
+    // 1 : 1 : 2 : 4 by link speed (plus an 8-byte size record on the first path of the stripe).
+    let total: u64 = per_path.iter().sum();
+    assert!(total >= n as u64 && total <= n as u64 + 64, "{per_path:?}");
+    for (p, want) in [(0, n / 8), (1, n / 8), (2, n / 4), (3, n / 2)] {
+        let got = per_path[p] as i64;
+        assert!(
+            (got - want as i64).abs() < 4096,
+            "path {p}: {got} bytes, expected about {want}: {per_path:?}"
+        );
+    }
+    for p in 0..4 {
+        let s = g.s.fabric().stream_bytes(p);
+        assert_eq!(s.len(), 3);
+        assert!(s.iter().all(|&b| b > 0), "path {p}: {s:?}");
+    }
+}
+
+#[test]
+fn zero_byte_messages() {
+    let mut g = rig_with(&[10_000, 10_000], &cfg(2));
+    let sb = g.send_buf(&[]);
+    let rb = g.recv_buf(64);
+    for round in 0..5 {
+        let rreq = g.irecv(&[(&rb, 64, round)]);
+        let sreq = g.isend(&sb, 0, round);
+        assert_eq!(g.wait_send(sreq), 0);
+        assert_eq!(g.wait_recv(rreq).as_slice(), &[0]);
+    }
+    assert_eq!(g.read(&rb, 64), vec![0xEE; 64]);
+}
+
+#[test]
+fn thirty_two_outstanding_in_order_over_four_streams() {
+    // Small frames so every message is cut into many frames spread over the streams: the size record
+    // (control memory) and the immediates must still land after all earlier data of the path.
+    let tcfg = TcpConfig {
+        streams: Some(4),
+        frame_bytes: 64 * 1024,
+        ..TcpConfig::default()
+    };
+    let mut g = rig_with(&[10_000, 25_000], &tcfg);
+    let sizes: Vec<usize> = (0..32).map(|i| 1 + (i * 37_813) % 700_000).collect();
+    let rbufs: Vec<Buf> = (0..32).map(|_| g.recv_buf(700_000)).collect();
+    let mut rreqs = Vec::new();
+    for i in 0..32 {
+        rreqs.push(g.irecv(&[(&rbufs[i], 700_000, i as u32)]));
+    }
+    // A 33rd receive must wait for a free FIFO slot.
+    let extra = g.recv_buf(8);
+    assert!(
+        g.r.irecv(&[RecvBuf {
+            addr: extra.addr,
+            size: 8,
+            tag: 99,
+            mh: &extra.mh
+        }])
+        .unwrap()
+        .is_none()
+    );
+    let datas: Vec<Vec<u8>> = (0..32).map(|i| pattern(sizes[i], i as u8)).collect();
+    let sbufs: Vec<Buf> = datas.iter().map(|d| g.send_buf(d)).collect();
+    let mut sreqs = Vec::new();
+    for i in 0..32 {
+        sreqs.push(g.isend(&sbufs[i], sizes[i] as u64, i as u32));
+    }
+    assert_eq!(g.s.outstanding(), 32);
+    for (i, req) in sreqs.into_iter().enumerate() {
+        assert_eq!(g.wait_send(req), sizes[i] as u64);
+    }
+    for (i, req) in rreqs.into_iter().enumerate() {
+        assert_eq!(g.wait_recv(req).as_slice(), &[sizes[i] as u64]);
+        assert_eq!(g.read(&rbufs[i], sizes[i]), datas[i], "message {i}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 6, ..ProptestConfig::default() })]
+
+    #[test]
+    fn data_integrity(
+        npaths in 1usize..=3,
+        streams in 1usize..=4,
+        sizes in proptest::collection::vec(prop_oneof![0usize..100, 0usize..5_000, 0usize..1_500_000], 1..6),
+        seed in any::<u8>(),
+    ) {
+        let tcfg = TcpConfig { streams: Some(streams), frame_bytes: 64 * 1024, ..TcpConfig::default() };
+        let mut g = rig_with(&vec![10_000; npaths], &tcfg);
+        let rbufs: Vec<Buf> = sizes.iter().map(|&s| g.recv_buf(s + 16)).collect();
+        let rreqs: Vec<Request> = (0..sizes.len())
+            .map(|i| g.irecv(&[(&rbufs[i], (sizes[i] + 16) as u64, 0)]))
+            .collect();
+        let datas: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &s)| pattern(s, seed.wrapping_add(i as u8))).collect();
+        let sbufs: Vec<Buf> = datas.iter().map(|d| g.send_buf(d)).collect();
+        let sreqs: Vec<Request> = (0..sizes.len()).map(|i| g.isend(&sbufs[i], sizes[i] as u64, 0)).collect();
+        for req in sreqs {
+            g.wait_send(req);
+        }
+        for (i, req) in rreqs.into_iter().enumerate() {
+            let got = g.wait_recv(req);
+            prop_assert_eq!(got.as_slice(), &[sizes[i] as u64]);
+            prop_assert_eq!(&g.read(&rbufs[i], sizes[i]), &datas[i]);
+            prop_assert_eq!(g.read(&rbufs[i], sizes[i] + 16)[sizes[i]..].to_vec(), vec![0xEE; 16]);
+        }
+    }
+}
+
+/// Polls `f` until it returns `Some`, failing after the deadline.
+fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(30) {
+        if let Some(v) = f() {
+            return v;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    panic!("{what}: no result within 30 s");
+}
+
+#[test]
+fn sender_that_closes_mid_transfer_fails_the_receive() {
+    let tcfg = TcpConfig {
+        streams: Some(2),
+        buffers: BufferPolicy::Fixed(64 * 1024),
+        ..TcpConfig::default()
+    };
+    let mut g = rig_with(&[10_000], &tcfg);
+    let n = 32 << 20;
+    let sb = g.send_buf(&pattern(n, 3));
+    let rb = g.recv_buf(n);
+    let rreq = g.irecv(&[(&rb, n as u64, 0)]);
+    let _sreq = g.isend(&sb, n as u64, 0);
+    // The sender goes away with most of the message still queued.
+    let Rig { s, mut r, keep } = g;
+    s.close().unwrap();
+    let err = eventually("receive after the sender closed", || match r.test(rreq) {
+        Ok(None) => None,
+        Ok(Some(sizes)) => panic!("receive completed after the sender closed: {sizes:?}"),
+        Err(e) => Some(e),
+    });
+    assert!(matches!(err, Error::System(_) | Error::Remote(_)), "{err}");
+    assert!(err.to_string().contains("tcp0"), "{err}");
+    drop(keep);
+}
+
+#[test]
+fn receiver_that_closes_mid_transfer_fails_the_send() {
+    let tcfg = TcpConfig {
+        streams: Some(2),
+        buffers: BufferPolicy::Fixed(64 * 1024),
+        ..TcpConfig::default()
+    };
+    let mut g = rig_with(&[10_000], &tcfg);
+    let n = 32 << 20;
+    let sb = g.send_buf(&pattern(n, 3));
+    let rb = g.recv_buf(n);
+    let _rreq = g.irecv(&[(&rb, n as u64, 0)]);
+    let sreq = g.isend(&sb, n as u64, 0);
+    let Rig { mut s, r, keep } = g;
+    r.close().unwrap();
+    let err = eventually("send after the receiver closed", || match s.test(sreq) {
+        Ok(None) => None,
+        Ok(Some(n)) => panic!("send of {n} bytes completed after the receiver closed"),
+        Err(e) => Some(e),
+    });
+    assert!(matches!(err, Error::Remote(_)), "{err}");
+    // Later sends fail at once instead of hanging: the path is in error.
+    drop(keep);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The fabric directly: untrusted writes, ordering of effects, errors
+// ---------------------------------------------------------------------------------------------------
+
+fn poll_one(f: &mut TcpFabric, path: usize) -> Completion {
+    eventually("a completion", || {
+        let mut out = Vec::new();
+        f.poll(path, 1, &mut out).unwrap();
+        out.pop()
+    })
+}
+
+fn write(
+    wr_id: u64,
+    src: u64,
+    len: u32,
+    lkey: u32,
+    dst: u64,
+    rkey: u32,
+    imm: Option<u32>,
+) -> WriteWr {
+    WriteWr {
+        wr_id,
+        local: LocalSeg {
+            addr: src,
+            len,
+            lkey,
+        },
+        remote: RemoteSeg { addr: dst, rkey },
+        imm,
+        signaled: true,
+        inline: false,
+    }
+}
+
+#[test]
+fn write_with_immediate_lands_after_earlier_writes_of_the_path() {
+    let (mut a, mut b) = loopback_pair(&[10_000], &cfg(4)).unwrap();
+    let n = 4 << 20;
+    let src = HostBuffer::new(n).unwrap();
+    src.write(0, &pattern(n, 5)).unwrap();
+    let dst = HostBuffer::new(n).unwrap();
+    let ra = a.register(src.addr(), n, MemKind::Host).unwrap();
+    let rb = b.register(dst.addr(), n, MemKind::Host).unwrap();
+    let ctrl = b.alloc_ctrl(4).unwrap();
+    let csrc = a.alloc_ctrl(4).unwrap();
+    a.ctrl_store(csrc.word(0), 0xabcd, Ordering::Release)
+        .unwrap();
+    b.post_recv(0, 77).unwrap();
+    for round in 0..20u64 {
+        // A large unsignaled data write split over every stream, then a control write carrying the
+        // immediate: when the receive completes, every byte of the data write must be in place.
+        let mut w = write(
+            round,
+            src.addr(),
+            n as u32,
+            ra.keys[0].lkey,
+            dst.addr(),
+            rb.keys[0].rkey,
+            None,
+        );
+        w.signaled = false;
+        a.post_write(0, &w).unwrap();
+        a.ctrl_store(csrc.word(0), round, Ordering::Release)
+            .unwrap();
+        a.post_write(
+            0,
+            &write(
+                1000 + round,
+                csrc.word(0),
+                8,
+                csrc.reg.keys[0].lkey,
+                ctrl.word(1),
+                ctrl.reg.keys[0].rkey,
+                Some(round as u32),
+            ),
+        )
+        .unwrap();
+        let c = poll_one(&mut b, 0);
+        assert_eq!(c.status, WcStatus::SUCCESS);
+        assert_eq!(c.opcode, WcOpcode::RecvRdmaWithImm);
+        assert_eq!((c.wr_id, c.imm, c.byte_len), (77, Some(round as u32), 8));
+        assert_eq!(b.ctrl_load(ctrl.word(1), Ordering::Acquire).unwrap(), round);
+        assert_eq!(dst.read(0, n).unwrap(), pattern(n, 5), "round {round}");
+        b.post_recv(0, 77).unwrap();
+        // The sender sees exactly one completion, the signaled one, after the unsignaled write.
+        let c = poll_one(&mut a, 0);
+        assert_eq!((c.wr_id, c.status), (1000 + round, WcStatus::SUCCESS));
+        dst.write(0, &vec![0; n]).unwrap();
+    }
+}
+
+#[test]
+fn writes_outside_a_registration_are_refused_and_fail_the_path() {
+    let (mut a, mut b) = loopback_pair(&[10_000, 10_000], &cfg(2)).unwrap();
+    let src = HostBuffer::new(4096).unwrap();
+    src.write(0, &[0x55; 4096]).unwrap();
+    let dst = HostBuffer::new(8192).unwrap();
+    let ra = a.register(src.addr(), 4096, MemKind::Host).unwrap();
+    // Only the first 4 KiB of the destination are registered.
+    let rb = b.register(dst.addr(), 4096, MemKind::Host).unwrap();
+    b.post_recv(0, 1).unwrap();
+    b.post_recv(1, 2).unwrap();
+    a.post_write(
+        0,
+        &write(
+            9,
+            src.addr(),
+            4096,
+            ra.keys[0].lkey,
+            dst.addr() + 2048,
+            rb.keys[0].rkey,
+            Some(1),
+        ),
+    )
+    .unwrap();
+    // The receiving side flushes its receive on that path and never writes past the registration.
+    let c = poll_one(&mut b, 0);
+    assert_eq!((c.wr_id, c.status), (1, WcStatus::WR_FLUSH_ERR));
+    assert_eq!(dst.read(4096, 4096).unwrap(), vec![0; 4096]);
+    // A forged key is refused the same way (path 1).
+    a.post_write(
+        1,
+        &write(
+            10,
+            src.addr(),
+            16,
+            ra.keys[1].lkey,
+            dst.addr(),
+            0x1234_5679,
+            Some(1),
+        ),
+    )
+    .unwrap();
+    let c = poll_one(&mut b, 1);
+    assert_eq!((c.wr_id, c.status), (2, WcStatus::WR_FLUSH_ERR));
+    assert_eq!(dst.read(0, 16).unwrap(), vec![0; 16]);
+    // The writer's path fails too: its requests complete with errors, none hangs.
+    let c = eventually("an error completion at the writer", || {
+        let mut out = Vec::new();
+        a.post_write(
+            0,
+            &write(
+                11,
+                src.addr(),
+                16,
+                ra.keys[0].lkey,
+                dst.addr(),
+                rb.keys[0].rkey,
+                None,
+            ),
+        )
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        a.poll(0, 16, &mut out).unwrap();
+        out.into_iter().find(|c| !c.status.is_success())
+    });
+    assert!(!c.status.is_success());
+}
+
+#[test]
+fn bad_local_key_is_a_local_protection_error() {
+    let (mut a, _b) = loopback_pair(&[10_000], &cfg(2)).unwrap();
+    let src = HostBuffer::new(64).unwrap();
+    let ra = a.register(src.addr(), 64, MemKind::Host).unwrap();
+    a.post_write(
+        0,
+        &write(5, src.addr() + 32, 64, ra.keys[0].lkey, 0x1000, 1, None),
+    )
+    .unwrap();
+    let c = poll_one(&mut a, 0);
+    assert_eq!((c.wr_id, c.status), (5, WcStatus::LOC_PROT_ERR));
+    a.post_write(
+        0,
+        &write(6, src.addr(), 8, ra.keys[0].lkey, 0x1000, 1, None),
+    )
+    .unwrap();
+    let c = poll_one(&mut a, 0);
+    assert_eq!((c.wr_id, c.status), (6, WcStatus::WR_FLUSH_ERR));
+}
+
+#[test]
+fn gpu_memory_and_reads_are_refused_with_the_reason() {
+    let (mut a, _b) = loopback_pair(&[10_000], &cfg(2)).unwrap();
+    let buf = HostBuffer::new(64).unwrap();
+    let err = a.register(buf.addr(), 64, MemKind::Cuda).unwrap_err();
+    assert!(err.to_string().contains("host memory only"), "{err}");
+    let err = a
+        .post_read(
+            0,
+            &ReadWr {
+                wr_id: 1,
+                local: LocalSeg {
+                    addr: buf.addr(),
+                    len: 1,
+                    lkey: 0,
+                },
+                remote: RemoteSeg {
+                    addr: buf.addr(),
+                    rkey: 0,
+                },
+            },
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("no loopback"), "{err}");
+    assert!(a.register(0, 64, MemKind::Host).is_err());
+}
+
+#[test]
+fn shutdown_flushes_queued_work_and_posted_receives() {
+    let (mut a, mut b) = loopback_pair(&[10_000], &cfg(2)).unwrap();
+    b.post_recv(0, 41).unwrap();
+    b.post_recv(0, 42).unwrap();
+    b.shutdown().unwrap();
+    b.shutdown().unwrap();
+    let mut out = Vec::new();
+    b.poll(0, 8, &mut out).unwrap();
+    assert_eq!(out.len(), 2);
+    assert!(out.iter().all(|c| c.status == WcStatus::WR_FLUSH_ERR));
+    assert_eq!(b.helper_threads(), 0);
+    // After shutdown every new request is flushed at once.
+    b.post_recv(0, 43).unwrap();
+    let src = HostBuffer::new(8).unwrap();
+    let rs = b.register(src.addr(), 8, MemKind::Host).unwrap();
+    b.post_write(
+        0,
+        &write(7, src.addr(), 8, rs.keys[0].lkey, 0x1000, 1, None),
+    )
+    .unwrap();
+    out.clear();
+    b.poll(0, 8, &mut out).unwrap();
+    assert_eq!(out.len(), 2);
+    assert!(out.iter().all(|c| c.status == WcStatus::WR_FLUSH_ERR));
+    // `b` closed in order (nothing outstanding): `a` keeps its posted receives (as with RC when the
+    // peer destroys its QP), and its writes fail instead of vanishing.
+    a.post_recv(0, 1).unwrap();
+    let abuf = HostBuffer::new(8).unwrap();
+    let ra = a.register(abuf.addr(), 8, MemKind::Host).unwrap();
+    let c = eventually("a failed write towards the closed peer", || {
+        a.post_write(
+            0,
+            &write(3, abuf.addr(), 8, ra.keys[0].lkey, 0x1000, 1, None),
+        )
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(2));
+        let mut out = Vec::new();
+        a.poll(0, 16, &mut out).unwrap();
+        // A write posted before the close is noticed may still be handed to the kernel (and
+        // complete); the ones after it must fail.
+        out.into_iter()
+            .find(|c| c.wr_id == 3 && !c.status.is_success())
+    });
+    assert!(!c.status.is_success(), "{c:?}");
+    let mut out = Vec::new();
+    a.poll(0, 64, &mut out).unwrap();
+    assert!(out.iter().all(|c| c.wr_id == 3), "{out:?}");
+}
+
+#[test]
+fn sender_that_closes_right_after_its_last_send_loses_nothing() {
+    // Small socket buffers: when the send completes (handed to the kernel) most of the tail is
+    // still in flight, and the sender closes at once.
+    let tcfg = TcpConfig {
+        streams: Some(3),
+        buffers: BufferPolicy::Fixed(64 * 1024),
+        ..TcpConfig::default()
+    };
+    for round in 0..5u8 {
+        let mut g = rig_with(&[10_000, 10_000], &tcfg);
+        let n = 3 << 20;
+        let data = pattern(n, round);
+        let sb = g.send_buf(&data);
+        let rb = g.recv_buf(n);
+        let rreq = g.irecv(&[(&rb, n as u64, 0)]);
+        let sreq = g.isend(&sb, n as u64, 0);
+        g.wait_send(sreq);
+        let Rig { s, mut r, keep } = g;
+        s.close().unwrap();
+        let sizes = eventually("receive after an orderly close", || r.test(rreq).unwrap());
+        assert_eq!(sizes.as_slice(), &[n as u64]);
+        assert_eq!(keep[rb.idx].read(0, n).unwrap(), data, "round {round}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Connection set-up
+// ---------------------------------------------------------------------------------------------------
+
+fn lo() -> IpAddr {
+    IpAddr::from([127, 0, 0, 1])
+}
+
+#[test]
+fn connect_to_a_closed_port_fails_with_a_clear_error() {
+    let l = listen(lo(), 10_000, &TcpConfig::default()).unwrap();
+    let port = l.local_addr().unwrap().port();
+    drop(l);
+    let spec = TcpPathSpec {
+        local: lo(),
+        remote: SocketAddr::new(lo(), port),
+        speed_mbps: 10_000,
+        mtu: 9000,
+        label: "veth0".into(),
+    };
+    let t = Instant::now();
+    let err = TcpFabric::connect(&[spec], 1, &TcpConfig::default()).unwrap_err();
+    assert!(t.elapsed() < Duration::from_secs(5));
+    let msg = err.to_string();
+    assert!(msg.contains("TCP path 0 stream 0"), "{msg}");
+    assert!(msg.contains("nothing listens"), "{msg}");
+}
+
+#[test]
+fn wrong_nonce_is_rejected_by_the_acceptor() {
+    let tcfg = TcpConfig {
+        streams: Some(2),
+        connect_timeout: Duration::from_millis(800),
+        ..TcpConfig::default()
+    };
+    let l = listen(lo(), 10_000, &tcfg).unwrap();
+    let port = l.local_addr().unwrap().port();
+    let spec = TcpPathSpec {
+        local: lo(),
+        remote: SocketAddr::new(lo(), port),
+        speed_mbps: 10_000,
+        mtu: 0,
+        label: String::new(),
+    };
+    let c2 = tcfg.clone();
+    let t = std::thread::spawn(move || TcpFabric::connect(&[spec], 111, &c2));
+    let acc_spec = TcpPathSpec {
+        local: lo(),
+        remote: SocketAddr::new(lo(), 0),
+        speed_mbps: 10_000,
+        mtu: 0,
+        label: String::new(),
+    };
+    let err = TcpFabric::accept(&[l], &[acc_spec], 222, &tcfg).unwrap_err();
+    assert!(matches!(err, Error::Timeout(_)), "{err}");
+    assert!(err.to_string().contains("path 0: 0 of"), "{err}");
+    let cerr = t.join().unwrap().unwrap_err();
+    assert!(
+        cerr.to_string()
+            .contains("closed the stream before acknowledging"),
+        "{cerr}"
+    );
+}
+
+#[test]
+fn stream_count_override_and_bad_values() {
+    let (a, b) = loopback_pair(&[1_000, 40_000], &TcpConfig::default()).unwrap();
+    // Derived from the link speed: 1 Gb/s → 2 streams (minimum), 40 Gb/s → 16.
+    assert_eq!((a.streams(0), a.streams(1)), (2, 16));
+    assert_eq!((b.streams(0), b.streams(1)), (2, 16));
+    drop((a, b));
+    let (a, b) = loopback_pair(&[1_000], &cfg(5)).unwrap();
+    assert_eq!((a.streams(0), b.streams(0)), (5, 5));
+    let err = loopback_pair(&[1_000], &cfg(17)).unwrap_err();
+    assert!(err.to_string().contains("1..=16"), "{err}");
+}
+
+#[test]
+fn set_up_is_driven_without_blocking_from_one_thread() {
+    let tcfg = cfg(3);
+    let listeners: Vec<_> = (0..2)
+        .map(|_| listen(lo(), 10_000, &tcfg).unwrap())
+        .collect();
+    let specs: Vec<TcpPathSpec> = listeners
+        .iter()
+        .map(|l| TcpPathSpec {
+            local: lo(),
+            remote: l.local_addr().unwrap(),
+            speed_mbps: 10_000,
+            mtu: 1500,
+            label: "veth".into(),
+        })
+        .collect();
+    let mut c = TcpConnector::start(&specs, 42, &tcfg).unwrap();
+    // Nothing acknowledged before the acceptor runs: the connector says "call again".
+    assert!(c.poll().unwrap().is_none());
+    let mut a = TcpAcceptor::new(&listeners, &specs, 42, &tcfg).unwrap();
+    let mut fa = None;
+    let mut fc = None;
+    let t = Instant::now();
+    while (fa.is_none() || fc.is_none()) && t.elapsed() < Duration::from_secs(10) {
+        if fa.is_none() {
+            fa = a.poll().unwrap();
+        }
+        if fc.is_none() {
+            fc = c.poll().unwrap();
+        }
+    }
+    let (fa, fc) = (fa.unwrap(), fc.unwrap());
+    assert_eq!((fa.streams(0), fa.streams(1)), (3, 3));
+    assert_eq!((fc.streams(0), fc.streams(1)), (3, 3));
+    let label = &fc.paths()[1].label;
+    assert!(
+        label.contains("tcp1 veth 127.0.0.1 -> 127.0.0.1 (3 streams, MTU 1500 bytes)"),
+        "{label}"
+    );
+    // And the protocol runs over them.
+    let (mut s, mut r) = connect_pair(fc, fa, ProtocolConfig::default()).unwrap();
+    let data = pattern(300_000, 4);
+    let sb = HostBuffer::new(data.len()).unwrap();
+    sb.write(0, &data).unwrap();
+    let rb = HostBuffer::new(data.len()).unwrap();
+    let smh = s
+        .reg_mr(sb.addr(), data.len() as u64, MemKind::Host)
+        .unwrap();
+    let rmh = r
+        .reg_mr(rb.addr(), data.len() as u64, MemKind::Host)
+        .unwrap();
+    let rreq = r
+        .irecv(&[RecvBuf {
+            addr: rb.addr(),
+            size: data.len() as u64,
+            tag: 1,
+            mh: &rmh,
+        }])
+        .unwrap()
+        .unwrap();
+    let sreq = eventually("isend", || {
+        s.isend(sb.addr(), data.len() as u64, 1, &smh).unwrap()
+    });
+    eventually("send", || s.test(sreq).unwrap());
+    let sizes = eventually("receive", || r.test(rreq).unwrap());
+    assert_eq!(sizes.as_slice(), &[data.len() as u64]);
+    assert_eq!(rb.read(0, data.len()).unwrap(), data);
+}
+
+/// A hand-made stream hello (the format of `transport::tcp`).
+fn raw_hello(nonce: u64, npaths: u8, path: u8, nstreams: u8, stream: u8) -> [u8; 24] {
+    let mut h = [0u8; 24];
+    h[0..4].copy_from_slice(b"SWTS");
+    h[4] = 1;
+    h[5] = npaths;
+    h[6] = path;
+    h[7] = nstreams;
+    h[8] = stream;
+    h[16..24].copy_from_slice(&nonce.to_le_bytes());
+    h
+}
+
+#[test]
+fn silent_and_garbage_peers_never_block_the_acceptor_or_touch_memory() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    let tcfg = TcpConfig {
+        streams: Some(1),
+        connect_timeout: Duration::from_secs(10),
+        ..TcpConfig::default()
+    };
+    let l = listen(lo(), 10_000, &tcfg).unwrap();
+    let addr = l.local_addr().unwrap();
+    let spec = TcpPathSpec {
+        local: lo(),
+        remote: SocketAddr::new(lo(), 0),
+        speed_mbps: 10_000,
+        mtu: 0,
+        label: String::new(),
+    };
+    let mut acc = TcpAcceptor::new(&[l], &[spec], 5, &tcfg).unwrap();
+    // A connection that says nothing: poll returns at once, again and again.
+    let _silent = TcpStream::connect(addr).unwrap();
+    for _ in 0..20 {
+        let t = Instant::now();
+        assert!(acc.poll().unwrap().is_none());
+        assert!(t.elapsed() < Duration::from_millis(200));
+    }
+    // A connection with a wrong hello is closed.
+    let mut bad = TcpStream::connect(addr).unwrap();
+    bad.write_all(&raw_hello(6, 1, 0, 1, 0)).unwrap();
+    // The real peer: a good hello, then garbage frames.
+    let mut peer = TcpStream::connect(addr).unwrap();
+    peer.write_all(&raw_hello(5, 1, 0, 1, 0)).unwrap();
+    let mut fab = eventually("the acceptor completes", || acc.poll().unwrap());
+    let mut ack = [0u8; 8];
+    peer.read_exact(&mut ack).unwrap();
+    assert_eq!(&ack[0..4], b"SWTA");
+    let mut b = [0u8; 1];
+    bad.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    assert_eq!(bad.read(&mut b).unwrap(), 0, "the bad hello was not closed");
+
+    let target = HostBuffer::new(4096).unwrap();
+    let reg = fab.register(target.addr(), 4096, MemKind::Host).unwrap();
+    fab.post_recv(0, 9).unwrap();
+    // A frame header aimed at the registration but 1 byte too long, then random bytes.
+    let mut h = [0u8; 40];
+    h[0..2].copy_from_slice(&0x5754u16.to_le_bytes());
+    h[2] = 1;
+    h[3] = 1;
+    h[4..8].copy_from_slice(&4097u32.to_le_bytes());
+    h[16..24].copy_from_slice(&target.addr().to_le_bytes());
+    h[24..28].copy_from_slice(&reg.keys[0].rkey.to_le_bytes());
+    peer.write_all(&h).unwrap();
+    let _ = peer.write_all(&pattern(8192, 1));
+    let c = poll_one(&mut fab, 0);
+    assert_eq!((c.wr_id, c.status), (9, WcStatus::WR_FLUSH_ERR));
+    assert_eq!(target.read(0, 4096).unwrap(), vec![0; 4096]);
+    // The fabric closed the stream on the peer.
+    peer.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut rest = Vec::new();
+    match peer.read_to_end(&mut rest) {
+        Ok(_) => {}
+        Err(e) => assert_eq!(
+            e.kind(),
+            std::io::ErrorKind::ConnectionReset,
+            "the stream was not closed: {e}"
+        ),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 8, ..ProptestConfig::default() })]
+
+    /// Random bytes as a peer's stream (after a valid hello): the receiving fabric fails the path or
+    /// keeps waiting, never writes outside its registration and never panics.
+    #[test]
+    fn random_frames_never_write_outside_a_registration(junk in proptest::collection::vec(any::<u8>(), 1..600), aim in any::<bool>()) {
+        use std::io::Write;
+        use std::net::TcpStream;
+        let tcfg = TcpConfig { streams: Some(1), ..TcpConfig::default() };
+        let l = listen(lo(), 10_000, &tcfg).unwrap();
+        let addr = l.local_addr().unwrap();
+        let spec = TcpPathSpec { local: lo(), remote: SocketAddr::new(lo(), 0), speed_mbps: 0, mtu: 0, label: String::new() };
+        let mut acc = TcpAcceptor::new(&[l], &[spec], 1, &tcfg).unwrap();
+        let mut peer = TcpStream::connect(addr).unwrap();
+        peer.write_all(&raw_hello(1, 1, 0, 1, 0)).unwrap();
+        let mut fab = eventually("accept", || acc.poll().unwrap());
+        // 64 guard bytes on each side of the 256-byte registration.
+        let mem = HostBuffer::new(384).unwrap();
+        let reg = fab.register(mem.addr() + 64, 256, MemKind::Host).unwrap();
+        let mut bytes = junk.clone();
+        if aim && bytes.len() >= 40 {
+            // A plausible header: right magic/op, the live rkey, an address near the registration.
+            bytes[0..2].copy_from_slice(&0x5754u16.to_le_bytes());
+            bytes[2] = 1;
+            bytes[3] &= 1;
+            let len = u32::from(bytes[4]) * 2;
+            bytes[4..8].copy_from_slice(&len.to_le_bytes());
+            let at = mem.addr() + u64::from(bytes[8]) + 64 - 128;
+            bytes[16..24].copy_from_slice(&at.to_le_bytes());
+            bytes[24..28].copy_from_slice(&reg.keys[0].rkey.to_le_bytes());
+        }
+        let _ = peer.write_all(&bytes);
+        std::thread::sleep(Duration::from_millis(30));
+        drop(peer);
+        std::thread::sleep(Duration::from_millis(30));
+        fab.shutdown().unwrap();
+        let all = mem.read(0, 384).unwrap();
+        prop_assert_eq!(&all[..64], &[0u8; 64][..]);
+        prop_assert_eq!(&all[320..], &[0u8; 64][..]);
+    }
+}
