@@ -50,7 +50,8 @@ use crate::route::types::LinkKind;
 use crate::transport::comm::{self, MemHandle, ProtocolConfig, RecvComm, SendComm};
 use crate::transport::fabric::MemKind;
 use crate::transport::handshake::{
-    AcceptPoll, AcceptorView, ConnectPoll, Connector, Incoming, Listener, PathParams, SideParams,
+    AcceptPoll, AcceptorView, ConnectPoll, Connector, Established, Incoming, Listener, PathParams,
+    SideParams,
 };
 use crate::transport::stripe::StripeParams;
 use crate::transport::wire::CtrlInfo;
@@ -96,6 +97,8 @@ struct ConnectState<F: Connectable> {
     peer: String,
     dev: usize,
     started: Instant,
+    /// The handshake finished; the endpoint is finishing its set-up ([`Connectable::poll_ready`]).
+    est: Option<Established>,
 }
 
 /// The sending end of a connection (`sendComm`).
@@ -167,9 +170,19 @@ struct Responding<F: Connectable> {
     local: Vec<PathParams>,
 }
 
+/// The handshake is done; the endpoint finishes its set-up ([`Connectable::poll_ready`]).
+struct Finishing<F: Connectable> {
+    comm: RecvComm<F>,
+    plans: Vec<PathPlan>,
+    local: Vec<PathParams>,
+    remote: Vec<PathParams>,
+    est: Established,
+}
+
 enum AcceptState<F: Connectable> {
     Waiting,
     Responding(Box<Responding<F>>),
+    Finishing(Box<Finishing<F>>),
     Done,
     Failed,
 }
@@ -394,12 +407,43 @@ impl<P: PathFactory> Switchless<P> {
             peer,
             dev,
             started: Instant::now(),
+            est: None,
         }))
     }
 
     /// Advances a connection as far as the sockets allow.
     fn advance(&self, mut s: Box<ConnectState<P::Fabric>>) -> Result<Progress<P::Fabric>> {
         loop {
+            if let Some(est) = s.est.take() {
+                let ready = s
+                    .comm
+                    .fabric_mut()
+                    .poll_ready()
+                    .map_err(|e| step_error(e, &s.peer, "connecting the data paths"))?;
+                if !ready {
+                    s.est = Some(est);
+                    return Ok(Progress::Pending(s));
+                }
+                let remote = s.remote.take().unwrap_or_default();
+                self.check_mtu(&s.plans, &remote, s.comm.fabric());
+                tracing::info!(
+                    "NET/switchless: {}",
+                    describe(
+                        "connected to",
+                        &s.peer,
+                        s.dev,
+                        &self.props,
+                        &s.plans,
+                        &s.local,
+                        &remote,
+                        s.comm.fabric(),
+                        &format!("tcp {} -> {}", est.local, est.peer),
+                    )
+                );
+                return Ok(Progress::Done(SendEnd {
+                    comm: Arc::new(Mutex::new(Some(s.comm))),
+                }));
+            }
             match s.connector.poll()? {
                 ConnectPoll::Pending => return Ok(Progress::Pending(s)),
                 ConnectPoll::Reply(side) => {
@@ -413,27 +457,7 @@ impl<P: PathFactory> Switchless<P> {
                     s.remote = Some(side.paths);
                     s.connector.ready()?;
                 }
-                ConnectPoll::Done(est) => {
-                    let remote = s.remote.take().unwrap_or_default();
-                    self.check_mtu(&s.plans, &remote, s.comm.fabric());
-                    tracing::info!(
-                        "NET/switchless: {}",
-                        describe(
-                            "connected to",
-                            &s.peer,
-                            s.dev,
-                            &self.props,
-                            &s.plans,
-                            &s.local,
-                            &remote,
-                            s.comm.fabric(),
-                            &format!("tcp {} -> {}", est.local, est.peer),
-                        )
-                    );
-                    return Ok(Progress::Done(SendEnd {
-                        comm: Arc::new(Mutex::new(Some(s.comm))),
-                    }));
-                }
+                ConnectPoll::Done(est) => s.est = Some(est),
             }
         }
     }
@@ -698,6 +722,35 @@ impl<P: PathFactory> Backend for Switchless<P> {
                         } = *r;
                         let remote: Vec<PathParams> =
                             inc.paths().iter().map(|p| p.peer_params.clone()).collect();
+                        l.state = AcceptState::Finishing(Box::new(Finishing {
+                            comm,
+                            plans,
+                            local,
+                            remote,
+                            est,
+                        }));
+                    }
+                },
+                AcceptState::Finishing(mut f) => {
+                    let ready = f.comm.fabric_mut().poll_ready().map_err(|e| {
+                        step_error(
+                            e,
+                            &format!("connector {}", f.est.peer.ip()),
+                            "connecting the data paths",
+                        )
+                    })?;
+                    if !ready {
+                        l.state = AcceptState::Finishing(f);
+                        return Ok(None);
+                    }
+                    {
+                        let Finishing {
+                            comm,
+                            plans,
+                            local,
+                            remote,
+                            est,
+                        } = *f;
                         l.backend.check_mtu(&plans, &remote, comm.fabric());
                         tracing::info!(
                             "NET/switchless: {}",
@@ -718,7 +771,7 @@ impl<P: PathFactory> Backend for Switchless<P> {
                             comm: Arc::new(Mutex::new(Some(comm))),
                         }));
                     }
-                },
+                }
                 AcceptState::Done => {
                     l.state = AcceptState::Done;
                     return Err(Error::InvalidArgument(

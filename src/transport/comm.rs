@@ -473,6 +473,11 @@ impl<F: Fabric> SendComm<F> {
         &self.core.fab
     }
 
+    /// The fabric, mutably (e.g. to finish a transport's connection set-up before first use).
+    pub fn fabric_mut(&mut self) -> &mut F {
+        &mut self.core.fab
+    }
+
     /// Registers memory on every path (NCCL `regMr`).
     pub fn reg_mr(&mut self, addr: u64, len: u64, kind: MemKind) -> Result<MemHandle> {
         self.core.register(addr, len, kind, None)
@@ -885,6 +890,11 @@ impl<F: Fabric> RecvComm<F> {
     /// The fabric.
     pub fn fabric(&self) -> &F {
         &self.core.fab
+    }
+
+    /// The fabric, mutably (e.g. to finish a transport's connection set-up before first use).
+    pub fn fabric_mut(&mut self) -> &mut F {
+        &mut self.core.fab
     }
 
     /// Registers memory on every path (NCCL `regMr`).
