@@ -37,6 +37,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::netfactory::tcp_data_link;
 use super::paths::{ConnOptions, Connectable, HostView, PathFactory, PathPlan};
 use super::{
     Backend, CommInfo, CommMut, FlushBuf, Handle, Properties, PtrSupport, RecvBuf, Region, Slot,
@@ -293,11 +294,43 @@ impl<P: PathFactory> Switchless<P> {
         self.view.config.connect_timeout
     }
 
-    fn kinds(&self) -> KindFilter {
+    /// Routes to the peer's links: `rdma` = RoCE pairs only; `tcp` = TCP on the links that may carry
+    /// TCP data ([`tcp_data_link`]: point-to-point subnets, any subnet with
+    /// `NCCL_SWITCHLESS_TCP_FALLBACK=1`); `auto` = RoCE first, then TCP as for `tcp` (when no link
+    /// may carry TCP data, the RoCE error stands).
+    fn route(
+        &self,
+        dev: usize,
+        peer: &[crate::route::types::RemoteLink],
+    ) -> Result<crate::route::select::Selection> {
+        let opts = |kinds| RouteOptions {
+            nccl_dev: Some(dev),
+            kinds,
+            ..RouteOptions::default()
+        };
+        let tcp_links = || -> Vec<crate::route::types::LocalLink> {
+            self.view
+                .links
+                .iter()
+                .filter(|l| tcp_data_link(l, self.view.config.tcp_fallback))
+                .cloned()
+                .collect()
+        };
+        let (links, routes) = (&self.view.links, &self.view.routes);
         match self.view.config.transport {
-            TransportMode::Tcp => KindFilter::Tcp,
-            TransportMode::Auto if self.view.config.tcp_fallback => KindFilter::Any,
-            _ => KindFilter::Roce,
+            TransportMode::Rdma => select(links, routes, peer, &opts(KindFilter::Roce)),
+            TransportMode::Tcp => select(&tcp_links(), routes, peer, &opts(KindFilter::Tcp)),
+            TransportMode::Auto => match select(links, routes, peer, &opts(KindFilter::Roce)) {
+                Ok(s) => Ok(s),
+                Err(e) => {
+                    let tl = tcp_links();
+                    if tl.is_empty() {
+                        Err(e)
+                    } else {
+                        select(&tl, routes, peer, &opts(KindFilter::Tcp))
+                    }
+                }
+            },
         }
     }
 
@@ -358,16 +391,7 @@ impl<P: PathFactory> Switchless<P> {
                 .join(", "),
             repr.port
         );
-        let sel = select(
-            &self.view.links,
-            &self.view.routes,
-            &repr.links,
-            &RouteOptions {
-                nccl_dev: Some(dev),
-                kinds: self.kinds(),
-                ..RouteOptions::default()
-            },
-        )?;
+        let sel = self.route(dev, &repr.links)?;
         if let Some(ov) = &sel.dev_override {
             tracing::info!("NET/switchless: connect to {peer}: {}", ov.reason);
         }

@@ -1393,7 +1393,8 @@ impl TcpConnector {
             .into_iter()
             .map(|v| v.into_iter().map(|(s, _, _)| s).collect())
             .collect();
-        TcpFabric::from_streams(&self.specs, socks, &self.cfg, "connector", self.pre.take()).map(Some)
+        TcpFabric::from_streams(&self.specs, socks, &self.cfg, "connector", self.pre.take())
+            .map(Some)
     }
 }
 
@@ -1607,7 +1608,8 @@ impl TcpAcceptor {
             .into_iter()
             .map(|s| s.into_iter().flatten().collect())
             .collect();
-        TcpFabric::from_streams(&self.specs, streams, &self.cfg, "acceptor", self.pre.take()).map(Some)
+        TcpFabric::from_streams(&self.specs, streams, &self.cfg, "acceptor", self.pre.take())
+            .map(Some)
     }
 }
 
