@@ -260,3 +260,20 @@ fn a_wide_subnet_is_no_tcp_data_path_without_fallback() {
     B::close_send(pair.0).unwrap();
     B::close_recv(pair.1).unwrap();
 }
+
+#[test]
+fn the_fallback_keeps_point_to_point_links_alone() {
+    // With the fallback on and a point-to-point link present, the wide subnet is not added.
+    let b = backend(
+        config(&[
+            ("NCCL_SWITCHLESS_TRANSPORT", "tcp"),
+            ("NCCL_SWITCHLESS_TCP_FALLBACK", "1"),
+        ]),
+        30,
+    );
+    let mut pair = establish(&b);
+    assert_eq!(pair.0.path_labels().len(), 2);
+    transfer(&mut pair, &[777]);
+    B::close_send(pair.0).unwrap();
+    B::close_recv(pair.1).unwrap();
+}

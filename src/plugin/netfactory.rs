@@ -254,7 +254,11 @@ impl PathFactory for NetFactory {
             )));
         }
         let cfg = tcp_config(&self.config, paths.len());
-        Ok(NetConn::Tcp(TcpConn::create(paths, peer.is_some(), &cfg)?))
+        Ok(NetConn::Tcp(Box::new(TcpConn::create(
+            paths,
+            peer.is_some(),
+            &cfg,
+        )?)))
     }
 }
 
@@ -540,7 +544,7 @@ pub enum NetConn {
     /// ibverbs RC QPs.
     Verbs(VerbsFabric),
     /// TCP streams.
-    Tcp(TcpConn),
+    Tcp(Box<TcpConn>),
 }
 
 macro_rules! each {

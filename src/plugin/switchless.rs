@@ -77,6 +77,8 @@ pub struct Switchless<P: PathFactory> {
     next_id: AtomicU64,
     /// The small-MTU warning was given (once per process).
     warned_mtu: AtomicBool,
+    /// Peers already warned about the TCP fallback.
+    warned_peers: Mutex<std::collections::HashSet<String>>,
 }
 
 impl<P: PathFactory> std::fmt::Debug for Switchless<P> {
@@ -251,6 +253,7 @@ impl<P: PathFactory> Switchless<P> {
             id_base: u64::from(u32::from_le_bytes(b) | 1) << 32,
             next_id: AtomicU64::new(1),
             warned_mtu: AtomicBool::new(false),
+            warned_peers: Mutex::new(std::collections::HashSet::new()),
         })
     }
 
@@ -294,44 +297,74 @@ impl<P: PathFactory> Switchless<P> {
         self.view.config.connect_timeout
     }
 
-    /// Routes to the peer's links: `rdma` = RoCE pairs only; `tcp` = TCP on the links that may carry
-    /// TCP data ([`tcp_data_link`]: point-to-point subnets, any subnet with
-    /// `NCCL_SWITCHLESS_TCP_FALLBACK=1`); `auto` = RoCE first, then TCP as for `tcp` (when no link
-    /// may carry TCP data, the RoCE error stands).
+    /// Routes to the peer's links: `rdma` = RoCE pairs only; `tcp` = TCP on point-to-point links
+    /// ([`tcp_data_link`]: /30 or /31 subnets); `auto` = RoCE first, then TCP as for `tcp` (when no
+    /// link is point-to-point, the RoCE error stands). Then, with `NCCL_SWITCHLESS_TCP_FALLBACK=1`
+    /// only, TCP over any shared subnet (a management LAN), with one WARN per peer.
     fn route(
         &self,
         dev: usize,
         peer: &[crate::route::types::RemoteLink],
+        who: &str,
     ) -> Result<crate::route::select::Selection> {
         let opts = |kinds| RouteOptions {
             nccl_dev: Some(dev),
             kinds,
             ..RouteOptions::default()
         };
-        let tcp_links = || -> Vec<crate::route::types::LocalLink> {
-            self.view
-                .links
-                .iter()
-                .filter(|l| tcp_data_link(l, self.view.config.tcp_fallback))
-                .cloned()
-                .collect()
-        };
+        let p2p: Vec<crate::route::types::LocalLink> = self
+            .view
+            .links
+            .iter()
+            .filter(|l| tcp_data_link(l, false))
+            .cloned()
+            .collect();
         let (links, routes) = (&self.view.links, &self.view.routes);
-        match self.view.config.transport {
+        let first = match self.view.config.transport {
             TransportMode::Rdma => select(links, routes, peer, &opts(KindFilter::Roce)),
-            TransportMode::Tcp => select(&tcp_links(), routes, peer, &opts(KindFilter::Tcp)),
+            TransportMode::Tcp => select(&p2p, routes, peer, &opts(KindFilter::Tcp)),
             TransportMode::Auto => match select(links, routes, peer, &opts(KindFilter::Roce)) {
                 Ok(s) => Ok(s),
-                Err(e) => {
-                    let tl = tcp_links();
-                    if tl.is_empty() {
-                        Err(e)
-                    } else {
-                        select(&tl, routes, peer, &opts(KindFilter::Tcp))
-                    }
-                }
+                Err(e) if p2p.is_empty() => Err(e),
+                Err(_) => select(&p2p, routes, peer, &opts(KindFilter::Tcp)),
             },
+        };
+        let e = match first {
+            Ok(s) => return Ok(s),
+            Err(e) => e,
+        };
+        if !self.view.config.tcp_fallback {
+            return Err(e);
         }
+        let sel = select(links, routes, peer, &opts(KindFilter::Tcp)).map_err(|e2| {
+            Error::InvalidUsage(format!(
+                "{e2}; NCCL_SWITCHLESS_TCP_FALLBACK=1 found no shared IPv4 subnet either"
+            ))
+        })?;
+        let first_time = lock(&self.warned_peers).map(|mut w| w.insert(who.to_string()))?;
+        if first_time {
+            let paths: Vec<String> = sel
+                .paths
+                .iter()
+                .map(|p| {
+                    format!(
+                        "{} {} -> {} ({} Mb/s link)",
+                        p.local.netdev, p.local.addr, p.remote.addr, p.local.speed_mbps
+                    )
+                })
+                .collect();
+            let mbps: u64 = sel
+                .paths
+                .iter()
+                .map(|p| u64::from(p.local.speed_mbps))
+                .sum();
+            tracing::warn!(
+                "NET/switchless: {who}: no RoCE or TCP point-to-point link reaches it;                  NCCL_SWITCHLESS_TCP_FALLBACK=1 carries it over TCP on {}: expect at most {:.1} Gb/s                  ({mbps} Mb/s of link speed, shared with whatever else uses that network), far below                  a direct link",
+                paths.join(", "),
+                mbps as f64 / 1000.0
+            );
+        }
+        Ok(sel)
     }
 
     fn opts(&self, comm: &CommInfo, dev: usize, receiving: bool) -> ConnOptions {
@@ -391,7 +424,15 @@ impl<P: PathFactory> Switchless<P> {
                 .join(", "),
             repr.port
         );
-        let sel = self.route(dev, &repr.links)?;
+        let peer_key = format!(
+            "peer {}",
+            repr.links
+                .iter()
+                .map(|l| l.addr.addr().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let sel = self.route(dev, &repr.links, &peer_key)?;
         if let Some(ov) = &sel.dev_override {
             tracing::info!("NET/switchless: connect to {peer}: {}", ov.reason);
         }
