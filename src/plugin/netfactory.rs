@@ -254,11 +254,7 @@ impl PathFactory for NetFactory {
             )));
         }
         let cfg = tcp_config(&self.config, paths.len());
-        Ok(NetConn::Tcp(Box::new(TcpConn::create(
-            paths,
-            peer.is_some(),
-            &cfg,
-        )?)))
+        Ok(NetConn::Tcp(TcpConn::create(paths, peer.is_some(), &cfg)?))
     }
 }
 
