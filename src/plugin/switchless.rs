@@ -359,7 +359,7 @@ impl<P: PathFactory> Switchless<P> {
                 .map(|p| u64::from(p.local.speed_mbps))
                 .sum();
             tracing::warn!(
-                "NET/switchless: {who}: no RoCE or TCP point-to-point link reaches it;                  NCCL_SWITCHLESS_TCP_FALLBACK=1 carries it over TCP on {}: expect at most {:.1} Gb/s                  ({mbps} Mb/s of link speed, shared with whatever else uses that network), far below                  a direct link",
+                "NET/switchless: {who}: no RoCE or TCP point-to-point link reaches it; NCCL_SWITCHLESS_TCP_FALLBACK=1 carries it over TCP on {}: expect at most {:.1} Gb/s ({mbps} Mb/s of link speed, shared with whatever else uses that network), far below a direct link",
                 paths.join(", "),
                 mbps as f64 / 1000.0
             );
