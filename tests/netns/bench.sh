@@ -102,7 +102,7 @@ run_bench() {
   local label="$1" mode="$2" extra="$3"; shift 4
   local nranks=$# r=0 ns rank0ip pidlist=()
   bport=$((bport + 1))
-  rank0ip="192.168.200.$(echo "$1" | sed 's/.*n//')"
+  rank0ip="192.168.200.${1##*n}"
   for ns in "$@"; do
     # shellcheck disable=SC2086
     timeout 120 ip netns exec "$ns" env NCCL_SWITCHLESS_TRANSPORT="${TRANSPORT:-tcp}" \
