@@ -606,3 +606,98 @@ fn qps_per_connection_multiplies_the_paths_up_to_eight() {
     );
     assert_eq!(switchless::plugin::switchless::fold_qps(&two, 1).len(), 2);
 }
+
+#[test]
+fn gpu_receives_are_flushed_through_the_loopback_path() {
+    let mut v = two_path_view(Config::default());
+    v.devices[0].ptr_support = 1 | 2;
+    let fab = MemFab::new(MemFabConfig::default());
+    let b = Arc::new(Switchless::from_parts(MemFactory::new(fab.clone(), 1), v).unwrap());
+    let (mut s, mut r, _l) = establish(&b, 0, 0);
+    let n = 8192;
+    let src = fab.alloc(n).unwrap();
+    let dst = fab.alloc(n).unwrap();
+    fab.write(src, &pattern(n, 4)).unwrap();
+    let smr = B::reg_mr(
+        plugin::CommMut::Send(&mut s),
+        Region {
+            addr: src as usize,
+            size: n,
+            kind: PtrSupport::HOST,
+        },
+    )
+    .unwrap();
+    let rmr = B::reg_mr(
+        plugin::CommMut::Recv(&mut r),
+        Region {
+            addr: dst as usize,
+            size: n,
+            kind: PtrSupport::CUDA,
+        },
+    )
+    .unwrap();
+    let mut rr = B::irecv(
+        &mut r,
+        &[RecvBuf {
+            addr: dst as usize,
+            size: n,
+            tag: 1,
+            mr: &rmr,
+        }],
+    )
+    .unwrap()
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut sr = loop {
+        if let Some(q) = B::isend(&mut s, src as usize, n, 1, &smr).unwrap() {
+            break q;
+        }
+        assert!(Instant::now() < deadline);
+    };
+    let mut one = [0usize; 1];
+    while !B::test(&mut sr, &mut one).unwrap() {
+        assert!(Instant::now() < deadline);
+    }
+    while !B::test(&mut rr, &mut one).unwrap() {
+        assert!(Instant::now() < deadline);
+    }
+    let reads_before = fab.stats().reads;
+    let mut fr = B::iflush(
+        &mut r,
+        &[plugin::FlushBuf {
+            addr: dst as usize,
+            size: n,
+            mr: &rmr,
+        }],
+    )
+    .unwrap()
+    .expect("a GPU receive with a loopback path needs a flush request");
+    let mut none: [usize; 0] = [];
+    while !B::test(&mut fr, &mut none).unwrap() {
+        assert!(Instant::now() < deadline);
+    }
+    assert_eq!(fab.stats().reads, reads_before + 1, "one loopback RDMA read");
+    assert_eq!(fab.read(dst, n).unwrap(), pattern(n, 4));
+    // Host memory needs no flush.
+    let hmr = B::reg_mr(
+        plugin::CommMut::Recv(&mut r),
+        Region {
+            addr: dst as usize,
+            size: n,
+            kind: PtrSupport::HOST,
+        },
+    )
+    .unwrap();
+    assert!(
+        B::iflush(
+            &mut r,
+            &[plugin::FlushBuf {
+                addr: dst as usize,
+                size: n,
+                mr: &hmr,
+            }],
+        )
+        .unwrap()
+        .is_none()
+    );
+}

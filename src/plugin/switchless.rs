@@ -626,8 +626,18 @@ fn describe<F: Connectable>(
         .get(dev)
         .map(|p| p.name.to_string_lossy().into_owned())
         .unwrap_or_default();
+    let loops = fab
+        .paths()
+        .iter()
+        .filter(|p| p.role == crate::transport::fabric::PathRole::Loopback)
+        .count();
+    let flush = if loops > 0 {
+        format!(" + {loops} loopback QP(s) for the GPU flush")
+    } else {
+        String::new()
+    };
     let mut s = format!(
-        "{verb} {peer} on NCCL device {dev} ({name}), {} path(s), {tcp}:",
+        "{verb} {peer} on NCCL device {dev} ({name}), {} path(s){flush}, {tcp}:",
         plans.len()
     );
     for (i, p) in plans.iter().enumerate() {
