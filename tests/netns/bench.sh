@@ -178,19 +178,16 @@ if [ "$measure" = 1 ]; then
     wait "$sp" 2>/dev/null || true
     jq '.end.sum_received.bits_per_second / 1e9' "$work/iperf.json"
   }
-  plugin_bw() { # $1 = NCCL_SWITCHLESS_TCP_STREAMS; prints the largest size's bus bandwidth in Gb/s
-    BENCH_ENV="NCCL_SWITCHLESS_TCP_STREAMS=$1" run_bench "bw$1" bandwidth "-b 67108864 -e 67108864 -n 20 -w 2 --window 8 --json" -- "$tag-n1" "$tag-n2"
+  plugin_bw() { # $1 = NCCL_SWITCHLESS_TCP_STREAMS; prints the bandwidth (Gb/s of payload) at 16 MiB messages
+    rm -f "$work/bw$1.json"
+    BENCH_ENV="NCCL_SWITCHLESS_TCP_STREAMS=$1" run_bench "bw$1" bandwidth \
+      "-b 16777216 -e 16777216 -n ${SWL_BENCH_ITERS:-60} -w 4 --window 8 --save-json $work/bw$1.json" -- "$tag-n1" "$tag-n2"
     [ "$status" -eq 0 ] || { tail -n 20 "$work/bw$1".*; fail "bandwidth with $1 streams"; }
-    cp "$work/bw$1.0" "$work/bw$1.json"
-    jq -r '[.rows[]? // .results[]?] | last | (.gbps // .algbw_gbps // .bw_gbps // empty)' "$work/bw$1.0" 2>/dev/null || true
+    jq '.rows | last | .algbw_gbits_s' "$work/bw$1.json"
   }
   for n in 1 "$streams"; do
     ip_g=$(iperf "$n")
     pl_g=$(plugin_bw "$n")
-    if [ -z "$pl_g" ]; then
-      echo "bench.sh: measure: could not read the bench JSON; rank 0 printed:"; head -c 3000 "$work/bw$n.0"; echo
-      pl_g=0
-    fi
     awk -v n="$n" -v a="$pl_g" -v b="$ip_g" 'BEGIN { printf "bench.sh: measure %s stream(s): plugin %.2f Gb/s, iperf3 -P %s %.2f Gb/s, ratio %.2f\n", n, a, n, b, (b > 0 ? a / b : 0) }'
   done
 fi
