@@ -1052,7 +1052,7 @@ impl TcpFabric {
                 // Not connected yet (`TcpFabric::unconnected`): no log line, no warning.
             } else if spec.mtu != 0 && spec.mtu < 9000 && !spec.local.is_loopback() {
                 tracing::warn!(
-                    "NET/switchless: TCP path {label}: MTU {} bytes is below 9000 on a point-to-point link; \
+                    "NET/switchless: TCP path {label}: MTU {} bytes is below 9000; \
                      jumbo frames (ip link set <dev> mtu 9000 on both ends) cut the per-packet CPU cost",
                     spec.mtu
                 );
