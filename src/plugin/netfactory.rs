@@ -268,6 +268,8 @@ enum Setup {
     Connecting(Option<TcpConnector>),
     /// Every stream is up.
     Ready,
+    /// The set-up failed (or the endpoint was shut down before it finished).
+    Failed,
 }
 
 /// One connection over TCP paths: a [`TcpFabric`] whose streams connect after the handshake.
@@ -412,8 +414,17 @@ impl Connectable for TcpConn {
 
     fn poll_ready(&mut self) -> Result<bool> {
         loop {
-            match std::mem::replace(&mut self.setup, Setup::Ready) {
-                Setup::Ready => return Ok(true),
+            // An error below leaves `Failed`.
+            match std::mem::replace(&mut self.setup, Setup::Failed) {
+                Setup::Ready => {
+                    self.setup = Setup::Ready;
+                    return Ok(true);
+                }
+                Setup::Failed => {
+                    return Err(Error::InvalidUsage(
+                        "the TCP set-up of this connection failed earlier".into(),
+                    ));
+                }
                 Setup::Accepting(a) => {
                     let mut a = match (a, self.fab.is_some()) {
                         (Some(a), true) => a.adopting(self.take_pre()?),
@@ -421,7 +432,10 @@ impl Connectable for TcpConn {
                         (None, _) => return Err(not_ready()),
                     };
                     match a.poll()? {
-                        Some(f) => self.fab = Some(f),
+                        Some(f) => {
+                            self.fab = Some(f);
+                            self.setup = Setup::Ready;
+                        }
                         None => {
                             self.setup = Setup::Accepting(Some(a));
                             return Ok(false);
@@ -458,7 +472,10 @@ impl Connectable for TcpConn {
                         return Err(not_ready());
                     };
                     match c.poll()? {
-                        Some(f) => self.fab = Some(f),
+                        Some(f) => {
+                            self.fab = Some(f);
+                            self.setup = Setup::Ready;
+                        }
                         None => {
                             self.setup = Setup::Connecting(Some(c));
                             return Ok(false);
@@ -526,7 +543,9 @@ impl Fabric for TcpConn {
         }
     }
     fn shutdown(&mut self) -> Result<()> {
-        self.setup = Setup::Ready;
+        if !self.is_ready() {
+            self.setup = Setup::Failed;
+        }
         match self.fab.as_mut() {
             Some(f) => f.shutdown(),
             None => Ok(()),
@@ -623,5 +642,183 @@ impl Fabric for NetConn {
     }
     fn shutdown(&mut self) -> Result<()> {
         each!(self, f => f.shutdown())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    fn fixture(name: &str) -> HostModel {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/fabric")
+            .join(name);
+        crate::fabric::discover(&root).0
+    }
+
+    #[test]
+    fn point_to_point_links_become_devices_and_the_management_nic_does_not() {
+        // b300-2node: 16 RoCE-capable netdevs on /30s plus a management NIC on a /24 with the
+        // default route. Seen as TCP only (transport=tcp), every /30 netdev is a device.
+        let m = fixture("b300-2node");
+        let (links, devices) = tcp_host(&m);
+        assert!(!devices.is_empty());
+        for d in &devices {
+            assert!(d.name.starts_with("sl_"), "{}", d.name);
+            assert_eq!(d.ptr_support, crate::fabric::nccl::PTR_HOST);
+            assert!(d.speed_mbps > 0);
+            assert!(!d.peers.is_empty(), "{} has its far end", d.name);
+        }
+        for l in &links {
+            assert_eq!(l.kind, LinkKind::Tcp);
+            assert_ne!(l.netdev, "lo");
+            match l.nccl_dev {
+                Some(i) => {
+                    assert!(l.addr.prefix_len() >= 30, "{l:?}");
+                    assert_eq!(devices[i].name, format!("sl_{}", l.netdev));
+                }
+                None => assert!(l.addr.prefix_len() < 30 || !l.up, "{l:?}"),
+            }
+        }
+        assert!(
+            links
+                .iter()
+                .any(|l| l.addr.prefix_len() == 24 && l.nccl_dev.is_none()),
+            "the management /24 is a link (advertised) but no device"
+        );
+        // A host whose only address is a management /24: no device (init fails with the WARN).
+        let (links, devices) = tcp_host(&fixture("broken-no-rdma"));
+        assert!(devices.is_empty(), "{devices:?}");
+        assert!(links.iter().all(|l| !tcp_data_link(l, false)));
+        assert!(links.iter().all(|l| tcp_data_link(l, true)));
+    }
+
+    fn plan(local: &str, remote: &str) -> PathPlan {
+        PathPlan {
+            local: LocalLink {
+                id: 0,
+                kind: LinkKind::Tcp,
+                netdev: "lo".into(),
+                rdma_dev: None,
+                port: 0,
+                addr: local.parse().unwrap(),
+                gid_index: None,
+                pci_root: String::new(),
+                phys_port_id: u16::MAX,
+                nccl_dev: Some(0),
+                speed_mbps: 10_000,
+                mtu: 9000,
+                active_mtu: 0,
+                up: true,
+            },
+            remote: remote.parse().unwrap(),
+            kind: LinkKind::Tcp,
+        }
+    }
+
+    fn short() -> TcpConfig {
+        TcpConfig {
+            connect_timeout: Duration::from_millis(300),
+            ..TcpConfig::default()
+        }
+    }
+
+    #[test]
+    fn an_acceptor_whose_connector_never_comes_times_out() {
+        let mut c = TcpConn::create(&[plan("127.0.0.1/30", "127.0.0.2")], true, &short()).unwrap();
+        let p = c.local_params();
+        assert_eq!(p.len(), 1);
+        assert!(
+            p[0].addr > 0 && p[0].addr <= 65535,
+            "listener port {}",
+            p[0].addr
+        );
+        assert_eq!(p[0].mtu, 9000);
+        assert_ne!(&p[0].gid[..8], &[0u8; 8], "nonce");
+        // Memory and receives work before the streams exist; sending does not.
+        let m = c.alloc_ctrl(4).unwrap();
+        c.post_recv(0, 1).unwrap();
+        assert!(c.ctrl_load(m.addr, Ordering::Acquire).is_ok());
+        let t = Instant::now();
+        let e = loop {
+            match c.poll_ready() {
+                Ok(false) => assert!(t.elapsed() < Duration::from_secs(5), "no timeout"),
+                Ok(true) => panic!("ready without a connector"),
+                Err(e) => break e,
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        assert!(matches!(e, Error::Timeout(_)), "{e}");
+        assert!(!c.is_ready());
+        assert!(c.poll_ready().is_err(), "a failed set-up stays failed");
+    }
+
+    #[test]
+    fn a_connector_checks_the_acceptors_ports_and_sends_nothing_before_ready() {
+        let mut c = TcpConn::create(&[plan("127.0.0.1/30", "127.0.0.2")], false, &short()).unwrap();
+        assert_eq!(
+            c.local_params()[0].addr,
+            0,
+            "the connector listens on nothing"
+        );
+        assert!(
+            matches!(c.poll_ready(), Err(Error::Internal(_))),
+            "before connect_peer"
+        );
+        let mut c = TcpConn::create(&[plan("127.0.0.1/30", "127.0.0.2")], false, &short()).unwrap();
+        let wr = WriteWr {
+            wr_id: 1,
+            local: crate::transport::fabric::LocalSeg {
+                addr: 0,
+                len: 0,
+                lkey: 0,
+            },
+            remote: crate::transport::fabric::RemoteSeg { addr: 0, rkey: 0 },
+            imm: None,
+            signaled: true,
+            inline: false,
+        };
+        assert!(c.post_write(0, &wr).is_err(), "no send before ready");
+        let mut peer = c.local_params();
+        assert!(
+            c.connect_peer(&[], &ConnOptions::default()).is_err(),
+            "path count"
+        );
+        peer[0].addr = 70_000;
+        c.connect_peer(&peer, &ConnOptions::default()).unwrap();
+        let e = c.poll_ready().unwrap_err();
+        assert!(e.to_string().contains("70000"), "{e}");
+    }
+
+    #[test]
+    fn a_tcp_conn_pair_connects_and_keeps_what_was_set_up_before() {
+        let cfg = TcpConfig {
+            connect_timeout: Duration::from_secs(10),
+            ..TcpConfig::default()
+        };
+        let mut acc = TcpConn::create(&[plan("127.0.0.2/30", "127.0.0.1")], true, &cfg).unwrap();
+        let mut con = TcpConn::create(&[plan("127.0.0.1/30", "127.0.0.2")], false, &cfg).unwrap();
+        let m = acc.alloc_ctrl(2).unwrap();
+        acc.ctrl_store(m.addr, 42, Ordering::Release).unwrap();
+        con.connect_peer(&acc.local_params(), &ConnOptions::default())
+            .unwrap();
+        let t = Instant::now();
+        let (mut a, mut b) = (false, false);
+        while !(a && b) {
+            assert!(t.elapsed() < Duration::from_secs(10));
+            if !b {
+                b = con.poll_ready().unwrap();
+            }
+            if !a {
+                a = acc.poll_ready().unwrap();
+            }
+        }
+        assert!(acc.tcp().is_some() && con.tcp().is_some());
+        assert_eq!(acc.ctrl_load(m.addr, Ordering::Acquire).unwrap(), 42);
+        assert!(acc.paths()[0].label.contains("streams"));
+        con.shutdown().unwrap();
+        acc.shutdown().unwrap();
     }
 }
