@@ -676,7 +676,11 @@ fn gpu_receives_are_flushed_through_the_loopback_path() {
     while !B::test(&mut fr, &mut none).unwrap() {
         assert!(Instant::now() < deadline);
     }
-    assert_eq!(fab.stats().reads, reads_before + 1, "one loopback RDMA read");
+    assert_eq!(
+        fab.stats().reads,
+        reads_before + 1,
+        "one loopback RDMA read"
+    );
     assert_eq!(fab.read(dst, n).unwrap(), pattern(n, 4));
     // Host memory needs no flush.
     let hmr = B::reg_mr(

@@ -192,7 +192,7 @@ pub fn discover_with(reader: &Reader) -> (HostModel, Vec<Finding>) {
         nd.addrs.sort_by_key(|a| a.addr.addr());
     }
 
-    let model = HostModel {
+    let mut model = HostModel {
         root: reader.root().display().to_string(),
         rdma_class_present,
         rdma_devices,
@@ -202,7 +202,10 @@ pub fn discover_with(reader: &Reader) -> (HostModel, Vec<Finding>) {
         neighbours,
         memlock,
         peer_memory,
+        tcp_links: Vec::new(),
+        tcp_buffers: None,
     };
+    super::tcp::read_tcp(reader, &mut model, &mut cx.findings);
     (model, cx.findings)
 }
 
