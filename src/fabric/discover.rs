@@ -11,6 +11,9 @@
 //! * `/proc/net/route` (connected subnets), `/proc/net/fib_trie` (local addresses of netdevs without
 //!   RDMA), `/proc/net/arp` (neighbours), `/proc/self/limits` (RLIMIT_MEMLOCK),
 //!   `/sys/module/nvidia_peermem`, `/sys/kernel/mm/memory_peers/nv_mem{,_nc}` (GPU peer memory).
+//! * For point-to-point TCP links only ([`super::tcp`]): `/sys/class/net/<if>/queues`,
+//!   `/proc/sys/net/{core/rmem_max,core/wmem_max,ipv4/tcp_rmem,ipv4/tcp_wmem}` and the `ethtool -k`
+//!   text (`/ethtool-k/<if>` under a root; the tool itself on a live host when the reader allows it).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, Ipv6Addr};

@@ -1,7 +1,8 @@
 //! Every kernel file discovery reads goes through one [`Reader`]: it maps logical paths
 //! (`/sys/class/net/eth0/mtu`) under a root directory and can record what it read, so that
 //! [`capture`] can copy exactly those files (and the symlinks on the way) into a tree that a later
-//! `--root` reads back.
+//! `--root` reads back. Facts no kernel file holds (a netdev's GRO/TSO) come from a tool's output
+//! ([`Reader::tool_output`]), kept under a logical path and captured as a file there.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
