@@ -201,6 +201,9 @@ struct Core<F: Fabric> {
     warned: Vec<bool>,
     cqe: Vec<Completion>,
     ctrl: Vec<CtrlMem>,
+    /// Registrations NCCL has not released yet (by token): `close` releases them, so a comm closed
+    /// with registrations still live leaks nothing.
+    regs: std::collections::HashMap<u64, Registration>,
     closed: bool,
 }
 
@@ -231,8 +234,14 @@ impl<F: Fabric> Core<F> {
             labels,
             cqe: Vec::with_capacity(POLL_BATCH),
             ctrl: Vec::new(),
+            regs: std::collections::HashMap::new(),
             closed: false,
         })
+    }
+
+    fn deregister(&mut self, mh: &MemHandle) -> Result<()> {
+        self.regs.remove(&mh.reg.token);
+        self.fab.deregister(&mh.reg)
     }
 
     fn alloc(&mut self, words: usize) -> Result<CtrlMem> {
@@ -305,12 +314,15 @@ impl<F: Fabric> Core<F> {
             Some((offset, fd)) => self.fab.register_dmabuf(addr, ulen, offset, fd)?,
         };
         if reg.keys.len() != self.fab.paths().len() {
-            return Err(Error::Internal(format!(
+            let err = Error::Internal(format!(
                 "fabric returned keys for {} paths; it has {}",
                 reg.keys.len(),
                 self.fab.paths().len()
-            )));
+            ));
+            let _ = self.fab.deregister(&reg);
+            return Err(err);
         }
+        self.regs.insert(reg.token, reg.clone());
         Ok(MemHandle {
             addr,
             len,
@@ -370,6 +382,12 @@ impl<F: Fabric> Core<F> {
         // 3. Free control memory, newest first.
         while let Some(m) = self.ctrl.pop() {
             if let Err(e) = self.fab.free_ctrl(&m) {
+                first.get_or_insert(e);
+            }
+        }
+        // 4. Release registrations NCCL did not deregister before closing.
+        for (_, reg) in std::mem::take(&mut self.regs) {
+            if let Err(e) = self.fab.deregister(&reg) {
                 first.get_or_insert(e);
             }
         }
@@ -493,7 +511,7 @@ impl<F: Fabric> SendComm<F> {
 
     /// Releases a registration (NCCL `deregMr`).
     pub fn dereg_mr(&mut self, mh: MemHandle) -> Result<()> {
-        self.core.fab.deregister(&mh.reg)
+        self.core.deregister(&mh)
     }
 
     /// Tries to load the CTS entry at the FIFO head; `false` if it has not arrived.
@@ -907,7 +925,7 @@ impl<F: Fabric> RecvComm<F> {
 
     /// Releases a registration (NCCL `deregMr`).
     pub fn dereg_mr(&mut self, mh: MemHandle) -> Result<()> {
-        self.core.fab.deregister(&mh.reg)
+        self.core.deregister(&mh)
     }
 
     /// Posts a grouped receive of 1..=[`MAX_RECVS`] buffers (NCCL `irecv`). `Ok(None)` means "call
