@@ -118,7 +118,7 @@ pub fn point_to_point(m: &HostModel, n: &Netdev, a: &NetAddr) -> Option<&'static
     }
 }
 
-/// Parses the text of `ethtool -k <if>` ("generic-receive-offload: on", "…: off [fixed]").
+/// Parses the text of `ethtool -k <if>` ("generic-receive-offload: on", "…: off \[fixed\]").
 pub fn parse_features(source: &str, text: &str) -> Features {
     let get = |key: &str| -> Option<Toggle> {
         text.lines().find_map(|l| {

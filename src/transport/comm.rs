@@ -207,6 +207,40 @@ struct Core<F: Fabric> {
     closed: bool,
 }
 
+/// The methods both comm types share: the fabric, and registration (NCCL `regMr`, `regMrDmaBuf`,
+/// `deregMr`), all delegated to [`Core`].
+macro_rules! registration_methods {
+    () => {
+        /// The fabric (e.g. for statistics in tests).
+        pub fn fabric(&self) -> &F {
+            &self.core.fab
+        }
+
+        /// Registers memory on every path (NCCL `regMr`).
+        pub fn reg_mr(&mut self, addr: u64, len: u64, kind: MemKind) -> Result<MemHandle> {
+            self.core.register(addr, len, kind, None)
+        }
+
+        /// Registers GPU memory exported as DMA-BUF (NCCL `regMrDmaBuf`); `fd` need only live for
+        /// the call. The handle has kind [`MemKind::Cuda`].
+        pub fn reg_mr_dmabuf(
+            &mut self,
+            addr: u64,
+            len: u64,
+            offset: u64,
+            fd: BorrowedFd<'_>,
+        ) -> Result<MemHandle> {
+            self.core
+                .register(addr, len, MemKind::Cuda, Some((offset, fd)))
+        }
+
+        /// Releases a registration (NCCL `deregMr`).
+        pub fn dereg_mr(&mut self, mh: MemHandle) -> Result<()> {
+            self.core.deregister(&mh)
+        }
+    };
+}
+
 impl<F: Fabric> Core<F> {
     fn new(fab: F, cfg: ProtocolConfig) -> Result<Core<F>> {
         let paths = fab.paths();
@@ -486,33 +520,7 @@ impl<F: Fabric> SendComm<F> {
         Ok(())
     }
 
-    /// The fabric (e.g. for statistics in tests).
-    pub fn fabric(&self) -> &F {
-        &self.core.fab
-    }
-
-    /// Registers memory on every path (NCCL `regMr`).
-    pub fn reg_mr(&mut self, addr: u64, len: u64, kind: MemKind) -> Result<MemHandle> {
-        self.core.register(addr, len, kind, None)
-    }
-
-    /// Registers GPU memory exported as DMA-BUF (NCCL `regMrDmaBuf`); `fd` need only live for the
-    /// call. The handle has kind [`MemKind::Cuda`].
-    pub fn reg_mr_dmabuf(
-        &mut self,
-        addr: u64,
-        len: u64,
-        offset: u64,
-        fd: BorrowedFd<'_>,
-    ) -> Result<MemHandle> {
-        self.core
-            .register(addr, len, MemKind::Cuda, Some((offset, fd)))
-    }
-
-    /// Releases a registration (NCCL `deregMr`).
-    pub fn dereg_mr(&mut self, mh: MemHandle) -> Result<()> {
-        self.core.deregister(&mh)
-    }
+    registration_methods!();
 
     /// Tries to load the CTS entry at the FIFO head; `false` if it has not arrived.
     fn load_slot(&mut self) -> Result<bool> {
@@ -900,33 +908,7 @@ impl<F: Fabric> RecvComm<F> {
         Ok(())
     }
 
-    /// The fabric.
-    pub fn fabric(&self) -> &F {
-        &self.core.fab
-    }
-
-    /// Registers memory on every path (NCCL `regMr`).
-    pub fn reg_mr(&mut self, addr: u64, len: u64, kind: MemKind) -> Result<MemHandle> {
-        self.core.register(addr, len, kind, None)
-    }
-
-    /// Registers GPU memory exported as DMA-BUF (NCCL `regMrDmaBuf`); `fd` need only live for the
-    /// call. The handle has kind [`MemKind::Cuda`].
-    pub fn reg_mr_dmabuf(
-        &mut self,
-        addr: u64,
-        len: u64,
-        offset: u64,
-        fd: BorrowedFd<'_>,
-    ) -> Result<MemHandle> {
-        self.core
-            .register(addr, len, MemKind::Cuda, Some((offset, fd)))
-    }
-
-    /// Releases a registration (NCCL `deregMr`).
-    pub fn dereg_mr(&mut self, mh: MemHandle) -> Result<()> {
-        self.core.deregister(&mh)
-    }
+    registration_methods!();
 
     /// Posts a grouped receive of 1..=[`MAX_RECVS`] buffers (NCCL `irecv`). `Ok(None)` means "call
     /// again later": the FIFO slot this receive needs is still held by an older request.
