@@ -1,7 +1,7 @@
 //! Host discovery from kernel files through a root directory, the host model, NCCL device grouping, doctor.
 //!
 //! Entry points:
-//! * [`discover`] / [`discover_with`]: read the host (under `root`, `/` on a live host) into a
+//! * [`discover()`] / [`discover_with`]: read the host (under `root`, `/` on a live host) into a
 //!   [`HostModel`] plus warnings about missing or odd kernel files.
 //! * [`HostModel::nccl_devices`]: the devices the plugin exposes to NCCL (multi-host functions and
 //!   split-cage halves merged).
