@@ -644,7 +644,7 @@ fn to_req(wr: &WriteWr, max_inline: u32) -> WriteReq {
 /// Maps a verbs completion onto the transport's (same status numbering; opcodes reduced to what the
 /// protocol posts; on error the opcode is undefined, as in verbs).
 pub fn map_completion(c: &VerbsCompletion) -> Result<Completion> {
-    let status = WcStatus(c.status.0);
+    let status = c.status;
     let opcode = match c.opcode {
         VerbsOpcode::RdmaWrite => WcOpcode::RdmaWrite,
         VerbsOpcode::RdmaRead => WcOpcode::RdmaRead,
