@@ -42,7 +42,7 @@ use crate::error::{Error, Result};
 use crate::transport::comm::{RECV_DEPTH, SEND_QUEUE_DEPTH};
 use crate::transport::fabric::{
     Completion, CtrlMem, Fabric, MemKind, PathInfo, PathKeys, PathRole, ReadWr, Registration,
-    WcOpcode, WcStatus, WriteWr,
+    WcOpcode, WriteWr,
 };
 
 /// One data path to build: an RDMA device port and the GID to send from.
