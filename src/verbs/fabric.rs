@@ -669,12 +669,12 @@ pub fn map_completion(c: &VerbsCompletion) -> Result<Completion> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::verbs::cq::WcStatus as VStatus;
+    use crate::transport::fabric::WcStatus;
 
     fn vc(status: u32, opcode: VerbsOpcode, imm: Option<u32>) -> VerbsCompletion {
         VerbsCompletion {
             wr_id: 9,
-            status: VStatus(status),
+            status: WcStatus(status),
             opcode,
             byte_len: 4096,
             imm_data: imm,
