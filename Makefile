@@ -28,6 +28,11 @@ test: deps
 	$(CARGO) test --locked --all-targets
 	@set -e; for s in .ci/steps/*.sh; do [ -e "$$s" ] || continue; echo "== $$s"; bash "$$s"; done
 
+# The main demo: doctor on this host, then a 3-node switchless soft-RoCE mesh moving verified data
+# through the plugin, with a report (routes, bandwidth and latency vs perftest, verification).
+demo: deps
+	scripts/demo.sh
+
 # The soft-RoCE VM lab (root): TOPO=pair|mesh3|ring4 or a .topo file.
 TOPO ?= pair
 lab: build
