@@ -6,7 +6,7 @@
 //! "peer" (itself) over two paths, 127.0.0.1 -> 127.0.0.2 and 127.0.0.2 -> 127.0.0.1.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use switchless::config::Config;
@@ -21,6 +21,14 @@ use switchless::route::types::{KernelRoute, LinkKind, LocalLink};
 use switchless::transport::memfab::{MemFab, MemFabConfig};
 
 type B = Switchless<MemFactory>;
+
+/// Tests run in parallel threads of one process; the leak test counts the process's file descriptors
+/// and threads, so it runs alone (write lock) while the others share (read lock).
+static PROCESS: RwLock<()> = RwLock::new(());
+
+fn shared() -> RwLockReadGuard<'static, ()> {
+    PROCESS.read().unwrap_or_else(|e| e.into_inner())
+}
 
 fn serial() -> MutexGuard<'static, ()> {
     static M: Mutex<()> = Mutex::new(());
@@ -146,6 +154,7 @@ fn pattern(n: usize, seed: u8) -> Vec<u8> {
 
 #[test]
 fn listen_connect_accept_send_recv_through_the_plugin_core() {
+    let _shared = shared();
     let _g = serial();
     let fab = MemFab::new(MemFabConfig::default());
     let factory = MemFactory::new(fab.clone(), 0);
@@ -277,6 +286,7 @@ fn smr_inner(m: &plugin::Mr<B>) -> &<B as Backend>::Mr {
 
 #[test]
 fn grouped_receive_with_tags_and_many_connections() {
+    let _shared = shared();
     let b = backend(two_path_view(Config::default()));
     for round in 0..3 {
         let (mut s, mut r, l) = establish(&b, 0, 0);
@@ -355,6 +365,7 @@ fn grouped_receive_with_tags_and_many_connections() {
 
 #[test]
 fn nccl_device_is_a_hint_and_the_override_is_used() {
+    let _shared = shared();
     // Device 1 has one link on a subnet where the peer has no address; device 0 reaches it.
     let mut v = two_path_view(Config::default());
     v.devices.push(device(1, "sl_eth9"));
@@ -377,6 +388,7 @@ fn nccl_device_is_a_hint_and_the_override_is_used() {
 
 #[test]
 fn the_device_hint_restricts_paths_when_it_reaches_the_peer() {
+    let _shared = shared();
     // Two devices, one link each: connecting on device 0 uses only its link.
     let mut v = two_path_view(Config::default());
     v.devices.push(device(1, "sl_lo2"));
@@ -389,6 +401,7 @@ fn the_device_hint_restricts_paths_when_it_reaches_the_peer() {
 
 #[test]
 fn loopback_paths_exist_when_the_device_registers_gpu_memory() {
+    let _shared = shared();
     let mut v = two_path_view(Config::default());
     v.devices[0].ptr_support = 1 | 2;
     let f = MemFactory::new(MemFab::new(MemFabConfig::default()), 1);
@@ -402,6 +415,7 @@ fn loopback_paths_exist_when_the_device_registers_gpu_memory() {
 
 #[test]
 fn bad_handles_and_unknown_retry_state_are_clear_errors() {
+    let _shared = shared();
     let b = backend(two_path_view(Config::default()));
     let mut h: Handle = [0xAB; HANDLE_SIZE];
     h[120..].fill(0);
@@ -421,6 +435,7 @@ fn bad_handles_and_unknown_retry_state_are_clear_errors() {
 
 #[test]
 fn a_peer_on_no_shared_subnet_fails_at_once() {
+    let _shared = shared();
     // The listener's node only has 10.9.9.1/30; this node only 127/8: no route.
     let b = backend(two_path_view(Config::default()));
     let listener_side = {
@@ -442,6 +457,7 @@ fn a_peer_on_no_shared_subnet_fails_at_once() {
 
 #[test]
 fn a_listener_that_is_gone_gives_an_error_naming_the_peer() {
+    let _shared = shared();
     let cfg = Config::from_vars(|n| {
         (n == "NCCL_SWITCHLESS_CONNECT_TIMEOUT").then(|| "300ms".to_string())
     })
@@ -465,6 +481,7 @@ fn a_listener_that_is_gone_gives_an_error_naming_the_peer() {
 
 #[test]
 fn closing_a_comm_fails_its_outstanding_requests() {
+    let _shared = shared();
     let b = backend(two_path_view(Config::default()));
     let (s, mut r, _l) = establish(&b, 0, 0);
     let fab = b.factory().fab().clone();
@@ -499,6 +516,7 @@ fn closing_a_comm_fails_its_outstanding_requests() {
 
 #[test]
 fn properties_come_from_the_nccl_device_and_nccl_ib_hca() {
+    let _shared = shared();
     use switchless::plugin::switchless::properties_of;
     let mut d = device(0, "sl_eth1");
     d.pci_path = "/sys/devices/pci0000:00/0000:00:03.0".into();
@@ -526,6 +544,7 @@ fn properties_come_from_the_nccl_device_and_nccl_ib_hca() {
 
 #[test]
 fn qps_per_connection_multiplies_the_paths_up_to_eight() {
+    let _shared = shared();
     let cfg = Config::from_vars(|n| (n == "NCCL_IB_QPS_PER_CONNECTION").then(|| "3".to_string()))
         .unwrap();
     let b = backend(two_path_view(cfg));
@@ -609,6 +628,7 @@ fn qps_per_connection_multiplies_the_paths_up_to_eight() {
 
 #[test]
 fn gpu_receives_are_flushed_through_the_loopback_path() {
+    let _shared = shared();
     let mut v = two_path_view(Config::default());
     v.devices[0].ptr_support = 1 | 2;
     let fab = MemFab::new(MemFabConfig::default());
@@ -676,7 +696,11 @@ fn gpu_receives_are_flushed_through_the_loopback_path() {
     while !B::test(&mut fr, &mut none).unwrap() {
         assert!(Instant::now() < deadline);
     }
-    assert_eq!(fab.stats().reads, reads_before + 1, "one loopback RDMA read");
+    assert_eq!(
+        fab.stats().reads,
+        reads_before + 1,
+        "one loopback RDMA read"
+    );
     assert_eq!(fab.read(dst, n).unwrap(), pattern(n, 4));
     // Host memory needs no flush.
     let hmr = B::reg_mr(
@@ -699,5 +723,100 @@ fn gpu_receives_are_flushed_through_the_loopback_path() {
         )
         .unwrap()
         .is_none()
+    );
+}
+
+fn count_dir(path: &str) -> usize {
+    std::fs::read_dir(path).unwrap().count()
+}
+
+fn rss_kib() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// 1000 listen/connect/accept/close cycles (every tenth one closing with a receive outstanding, every
+/// other one moving a message) leave no file descriptor, thread, registration or parked connection
+/// state behind, and memory does not grow with the cycle count.
+#[test]
+fn thousand_listen_connect_close_cycles_leak_nothing() {
+    let _alone = PROCESS.write().unwrap_or_else(|e| e.into_inner());
+    let _g = serial();
+    let b = backend(two_path_view(Config::default()));
+    let fab = b.factory().fab().clone();
+    let src = fab.alloc(4096).unwrap();
+    let dst = fab.alloc(4096).unwrap();
+    fab.write(src, &pattern(4096, 9)).unwrap();
+    let cycle = |i: usize| {
+        let (mut s, mut r, l) = establish(&b, 0, 0);
+        let region = |addr: u64| Region {
+            addr: addr as usize,
+            size: 4096,
+            kind: PtrSupport::HOST,
+        };
+        let smr = B::reg_mr(plugin::CommMut::Send(&mut s), region(src)).unwrap();
+        let rmr = B::reg_mr(plugin::CommMut::Recv(&mut r), region(dst)).unwrap();
+        let mut rr = B::irecv(
+            &mut r,
+            &[RecvBuf {
+                addr: dst as usize,
+                size: 4096,
+                tag: 7,
+                mr: &rmr,
+            }],
+        )
+        .unwrap()
+        .unwrap();
+        if i % 10 != 0 && i % 2 == 0 {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let mut sr = loop {
+                if let Some(q) = B::isend(&mut s, src as usize, 4096, 7, &smr).unwrap() {
+                    break q;
+                }
+                assert!(Instant::now() < deadline, "no clear-to-send");
+            };
+            let (mut sent, mut got) = (false, false);
+            let mut sz = [0usize; 1];
+            while !(sent && got) {
+                assert!(Instant::now() < deadline, "transfer did not finish");
+                sent = sent || B::test(&mut sr, &mut sz).unwrap();
+                got = got || B::test(&mut rr, &mut sz).unwrap();
+            }
+            assert_eq!(fab.read(dst, 4096).unwrap(), pattern(4096, 9));
+        }
+        if i % 10 != 0 {
+            B::dereg_mr(plugin::CommMut::Send(&mut s), smr).unwrap();
+            B::dereg_mr(plugin::CommMut::Recv(&mut r), rmr).unwrap();
+        }
+        // Every tenth cycle closes with the receive outstanding and the registrations still live.
+        B::close_recv(r).unwrap();
+        B::close_send(s).unwrap();
+        B::close_listen(l).unwrap();
+    };
+    // Warm up (allocator pools, lazily created statics), then measure.
+    for i in 0..20 {
+        cycle(i);
+    }
+    let (fds, threads, keys, rss) = (
+        count_dir("/proc/self/fd"),
+        count_dir("/proc/self/task"),
+        fab.live_keys(),
+        rss_kib(),
+    );
+    for i in 0..1000 {
+        cycle(i);
+    }
+    assert_eq!(count_dir("/proc/self/fd"), fds, "file descriptors leaked");
+    assert_eq!(count_dir("/proc/self/task"), threads, "threads leaked");
+    assert_eq!(fab.live_keys(), keys, "registrations leaked");
+    assert_eq!(b.connecting(), 0, "parked connection state leaked");
+    let grown = rss_kib().saturating_sub(rss);
+    // A leak of even one small allocation per connection shows here (1000 comms x 2 KiB = 2 MiB).
+    assert!(
+        grown < 2048,
+        "resident memory grew by {grown} KiB over 1000 cycles"
     );
 }

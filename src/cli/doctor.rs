@@ -47,11 +47,14 @@ fn hca_filter() -> Result<crate::config::HcaFilter, String> {
 
 /// Discovery plus every check, without printing (the plan checker extends `findings` here).
 pub fn diagnose(args: &Args) -> Result<(doctor::Report, Option<usize>), String> {
+    // On a live host, `ethtool -k <if>` supplies GRO/TSO of TCP links (no kernel file holds them);
+    // --capture saves its output under ethtool-k/<if>.
     let rd = if args.capture.is_some() {
         Reader::recording(&args.root)
     } else {
         Reader::new(&args.root)
-    };
+    }
+    .with_tools(true);
     if !args.root.is_dir() {
         return Err(format!(
             "--root {}: not a directory (expected / or a tree captured with --capture)",

@@ -11,6 +11,9 @@
 //! * `/proc/net/route` (connected subnets), `/proc/net/fib_trie` (local addresses of netdevs without
 //!   RDMA), `/proc/net/arp` (neighbours), `/proc/self/limits` (RLIMIT_MEMLOCK),
 //!   `/sys/module/nvidia_peermem`, `/sys/kernel/mm/memory_peers/nv_mem{,_nc}` (GPU peer memory).
+//! * For point-to-point TCP links only ([`super::tcp`]): `/sys/class/net/<if>/queues`,
+//!   `/proc/sys/net/{core/rmem_max,core/wmem_max,ipv4/tcp_rmem,ipv4/tcp_wmem}` and the `ethtool -k`
+//!   text (`/ethtool-k/<if>` under a root; the tool itself on a live host when the reader allows it).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -192,7 +195,7 @@ pub fn discover_with(reader: &Reader) -> (HostModel, Vec<Finding>) {
         nd.addrs.sort_by_key(|a| a.addr.addr());
     }
 
-    let model = HostModel {
+    let mut model = HostModel {
         root: reader.root().display().to_string(),
         rdma_class_present,
         rdma_devices,
@@ -202,7 +205,10 @@ pub fn discover_with(reader: &Reader) -> (HostModel, Vec<Finding>) {
         neighbours,
         memlock,
         peer_memory,
+        tcp_links: Vec::new(),
+        tcp_buffers: None,
     };
+    super::tcp::read_tcp(reader, &mut model, &mut cx.findings);
     (model, cx.findings)
 }
 

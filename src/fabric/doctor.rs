@@ -24,6 +24,7 @@ pub mod check {
     pub const NO_NEIGHBOUR: &str = "no-neighbour";
     pub const NO_CONNECTED_ROUTE: &str = "no-connected-route";
     pub const KERNEL_FILE: &str = super::super::discover::CHECK_KERNEL_FILE;
+    pub use super::super::tcp::check::*;
 }
 
 /// Below this RLIMIT_MEMLOCK (bytes) registration of NCCL's buffers fails: an error.
@@ -270,7 +271,11 @@ pub fn checks(m: &HostModel, devices: &[NcclDevice]) -> Vec<Finding> {
                     Severity::Info,
                     check::ADDRESS_WITHOUT_RDMA,
                     format!("netdev {}", n.name),
-                    format!("{} ({}) has an address but no RDMA device: TCP only (management or bootstrap network)", n.name, addrs.join(", ")),
+                    if m.tcp_links.iter().any(|t| t.netdev == n.name) {
+                        format!("{} ({}) has an address but no RDMA device: a point-to-point TCP link (the tcp-* checks cover its tuning)", n.name, addrs.join(", "))
+                    } else {
+                        format!("{} ({}) has an address but no RDMA device: TCP only (management or bootstrap network)", n.name, addrs.join(", "))
+                    },
                     "nothing to do unless this interface should carry RDMA",
                 )
             });
@@ -374,6 +379,8 @@ pub fn checks(m: &HostModel, devices: &[NcclDevice]) -> Vec<Finding> {
             ));
         }
     }
+    // Point-to-point TCP links: MTU, offloads, receive queues, socket buffer limits.
+    f.extend(super::tcp::checks(m));
     let _ = devices;
     f
 }
@@ -417,6 +424,10 @@ pub struct Report {
     pub root: String,
     pub ports: Vec<PortRow>,
     pub nccl_devices: Vec<NcclDevice>,
+    /// Point-to-point TCP links (netdevs without RDMA) with their tuning.
+    pub tcp_links: Vec<super::tcp::TcpLink>,
+    /// Socket buffer limits; null when the host has no TCP link.
+    pub tcp_buffers: Option<super::tcp::BufferLimits>,
     pub findings: Vec<Finding>,
     pub exit_status: u8,
 }
@@ -479,6 +490,8 @@ pub fn report(m: &HostModel, devices: &[NcclDevice], mut findings: Vec<Finding>)
         root: m.root.clone(),
         ports,
         nccl_devices: devices.to_vec(),
+        tcp_links: m.tcp_links.clone(),
+        tcp_buffers: m.tcp_buffers,
         findings,
         exit_status,
     }
@@ -597,6 +610,49 @@ pub fn render_text(r: &Report) -> String {
                 d.rail_id,
                 ptr_support_names(d.ptr_support).join("|"),
                 members.join(" + ")
+            );
+        }
+    }
+    if !r.tcp_links.is_empty() {
+        let _ = writeln!(out);
+        let _ = writeln!(out, "TCP point-to-point links:");
+        for t in &r.tcp_links {
+            let toggle = |v: Option<super::tcp::Toggle>| match v {
+                Some(t) if t.on => "on",
+                Some(_) => "off",
+                None => "?",
+            };
+            let feat = t
+                .features
+                .as_ref()
+                .map(|f| format!("GRO {}, TSO {}", toggle(f.gro), toggle(f.tso)))
+                .unwrap_or_else(|| "GRO/TSO unchecked".into());
+            let _ = writeln!(
+                out,
+                "  {} {} ({}): {}, MTU {} bytes, {} rx queues for {} streams, {}",
+                t.netdev,
+                t.addr,
+                t.point_to_point,
+                t.speed_mbps
+                    .map(|s| format!("{s} Mb/s"))
+                    .unwrap_or_else(|| "speed unknown".into()),
+                t.mtu.map(|m| m.to_string()).unwrap_or_else(|| "?".into()),
+                t.rx_queues
+                    .map(|q| q.to_string())
+                    .unwrap_or_else(|| "?".into()),
+                t.streams,
+                feat
+            );
+        }
+        if let Some(b) = r.tcp_buffers {
+            let v = |x: Option<u64>| x.map(|x| x.to_string()).unwrap_or_else(|| "?".into());
+            let _ = writeln!(
+                out,
+                "  socket buffer limits (bytes): rmem_max {}, wmem_max {}, tcp_rmem max {}, tcp_wmem max {}",
+                v(b.rmem_max),
+                v(b.wmem_max),
+                v(b.tcp_rmem_max),
+                v(b.tcp_wmem_max)
             );
         }
     }

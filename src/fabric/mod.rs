@@ -1,12 +1,14 @@
 //! Host discovery from kernel files through a root directory, the host model, NCCL device grouping, doctor.
 //!
 //! Entry points:
-//! * [`discover`] / [`discover_with`]: read the host (under `root`, `/` on a live host) into a
+//! * [`discover()`] / [`discover_with`]: read the host (under `root`, `/` on a live host) into a
 //!   [`HostModel`] plus warnings about missing or odd kernel files.
 //! * [`HostModel::nccl_devices`]: the devices the plugin exposes to NCCL (multi-host functions and
 //!   split-cage halves merged).
 //! * [`HostModel::local_links`] / [`HostModel::routes`]: the local side of routing.
 //! * [`doctor::report`]: every doctor check, the port table and the JSON report.
+//! * [`tcp`]: point-to-point TCP links (no RDMA) and their tuning: MTU, GRO/TSO, receive queues,
+//!   socket buffer limits.
 //! * [`reader::capture`]: copy exactly the files discovery read into a tree `--root` reads back.
 #![forbid(unsafe_code)]
 
@@ -16,6 +18,7 @@ pub mod links;
 pub mod model;
 pub mod nccl;
 pub mod reader;
+pub mod tcp;
 
 use std::path::Path;
 

@@ -263,6 +263,11 @@ pub struct HostModel {
     pub memlock: Option<Memlock>,
     /// A GPU peer-memory client is loaded (`nvidia_peermem` / `memory_peers/nv_mem`).
     pub peer_memory: bool,
+    /// Point-to-point TCP links (netdevs without RDMA on a /30, /31 or one-neighbour subnet) with
+    /// their tuning (see [`crate::fabric::tcp`]).
+    pub tcp_links: Vec<crate::fabric::tcp::TcpLink>,
+    /// Socket buffer limits (`/proc/sys/net/…`); read only when there is a TCP link.
+    pub tcp_buffers: Option<crate::fabric::tcp::BufferLimits>,
 }
 
 impl HostModel {

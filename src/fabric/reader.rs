@@ -1,9 +1,10 @@
 //! Every kernel file discovery reads goes through one [`Reader`]: it maps logical paths
 //! (`/sys/class/net/eth0/mtu`) under a root directory and can record what it read, so that
 //! [`capture`] can copy exactly those files (and the symlinks on the way) into a tree that a later
-//! `--root` reads back.
+//! `--root` reads back. Facts no kernel file holds (a netdev's GRO/TSO) come from a tool's output
+//! ([`Reader::tool_output`]), kept under a logical path and captured as a file there.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::{Component, Path, PathBuf};
 use std::sync::Mutex;
@@ -24,6 +25,10 @@ pub enum Access {
 pub struct Reader {
     root: PathBuf,
     record: Option<Mutex<BTreeSet<(String, Access)>>>,
+    /// On a live host: run tools whose output no kernel file holds (see [`Reader::tool_output`]).
+    run_tools: bool,
+    /// Tool outputs produced on a live host, by logical path; [`capture`] writes them as files.
+    synthetic: Mutex<BTreeMap<String, String>>,
 }
 
 /// Most symlinks followed while resolving one path (the kernel's own limit is 40).
@@ -35,7 +40,67 @@ impl Reader {
         Reader {
             root: root.to_path_buf(),
             record: None,
+            run_tools: false,
+            synthetic: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Lets [`Reader::tool_output`] run its tool on a live host (`root` = `/`). Off by default, so
+    /// the plugin's discovery at `init` never forks a process; `switchless doctor` turns it on.
+    pub fn with_tools(mut self, run: bool) -> Self {
+        self.run_tools = run;
+        self
+    }
+
+    /// Output of a tool for facts no kernel file holds (e.g. `ethtool -k <if>`: GRO/TSO), stored
+    /// under a logical path such as `/ethtool-k/<if>`. Under a root other than `/` (a capture or a
+    /// fixture) the file at that path is read. On a live host the tool (`argv`, run with `LC_ALL=C`,
+    /// no shell) is run when [`Reader::with_tools`] allowed it, and its output is kept so that
+    /// [`capture`] writes it at the logical path; otherwise this fails with `Unsupported`.
+    pub fn tool_output(&self, logical: &str, argv: &[&str]) -> io::Result<String> {
+        if !self.is_live() {
+            return self.read(logical);
+        }
+        let cached = lock(&self.synthetic).get(logical).cloned();
+        if let Some(s) = cached {
+            return Ok(s);
+        }
+        if !self.run_tools {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("{logical}: running tools is off for this reader"),
+            ));
+        }
+        let (prog, args) = argv
+            .split_first()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "empty command"))?;
+        let out = std::process::Command::new(prog)
+            .args(args)
+            .env("LC_ALL", "C")
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .output()?;
+        if !out.status.success() {
+            return Err(io::Error::other(format!(
+                "{} exited with {}",
+                argv.join(" "),
+                out.status
+            )));
+        }
+        let s = String::from_utf8_lossy(&out.stdout)
+            .trim_end_matches(['\n', '\0'])
+            .to_string();
+        self.note(logical, Access::File);
+        lock(&self.synthetic).insert(logical.to_string(), s.clone());
+        Ok(s)
+    }
+
+    /// Tool outputs kept by [`Reader::tool_output`] on a live host, by logical path.
+    pub fn synthetic(&self) -> Vec<(String, String)> {
+        lock(&self.synthetic)
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
     }
 
     /// A reader that also records every path it is asked for (see [`Reader::recorded`]).
@@ -43,6 +108,8 @@ impl Reader {
         Reader {
             root: root.to_path_buf(),
             record: Some(Mutex::new(BTreeSet::new())),
+            run_tools: false,
+            synthetic: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -121,6 +188,13 @@ impl Reader {
             Ok(p) => p.exists(),
             Err(_) => false,
         }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
     }
 }
 
@@ -227,7 +301,20 @@ pub fn capture(reader: &Reader, dest: &Path) -> std::io::Result<usize> {
     let root = reader.root().to_path_buf();
     std::fs::create_dir_all(dest)?;
     let mut copied = 0usize;
+    // Tool outputs (live host only) become plain files at their logical paths.
+    let synthetic = reader.synthetic();
+    for (logical, content) in &synthetic {
+        let dp = join_logical(dest, logical);
+        if let Some(parent) = dp.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(&dp, format!("{content}\n"))?;
+        copied += 1;
+    }
     for (logical, access) in reader.recorded() {
+        if synthetic.iter().any(|(l, _)| *l == logical) {
+            continue;
+        }
         let mut mk_link = |link: &str, target: &str| -> io::Result<()> {
             let dp = join_logical(dest, link);
             if std::fs::symlink_metadata(&dp).is_ok() {

@@ -2,8 +2,8 @@
 //!
 //! Shape:
 //! * [`Backend`]: what a transport implements (device list, properties, comm operations). The exported
-//!   vtables use [`ActiveBackend`] = [`Switchless`] over [`VerbsFactory`]: routing, the TCP handshake
-//!   and the transport protocol over ibverbs RC QPs (see [`switchless`] and [`paths`]). [`DeviceOnly`]
+//!   vtables use [`ActiveBackend`] = [`Switchless`] over [`netfactory::NetFactory`]: routing, the TCP
+//!   handshake and the transport protocol over ibverbs RC QPs or TCP streams (see [`switchless`] and [`paths`]). [`DeviceOnly`]
 //!   (devices listed, every comm operation refused) remains as a minimal reference backend.
 //! * [`Context`]: one per communicator (ABI v11+: `init(ctx, commId, config, …)`); ABI v6–v10 share one
 //!   legacy context. Every context holds the process-wide [`Backend`] through an `Arc`: the backend is opened
@@ -35,14 +35,16 @@ pub const MAX_VDEVS: usize = 8;
 pub type Handle = [u8; HANDLE_SIZE];
 
 pub mod memfactory;
+pub mod netfactory;
 pub mod paths;
 pub mod switchless;
 
 pub use paths::{ConnOptions, Connectable, HostView, PathFactory, PathPlan, VerbsFactory};
 pub use switchless::Switchless;
 
-/// The backend the exported vtables use: routing + handshake + the transport protocol over ibverbs.
-pub type ActiveBackend = Switchless<VerbsFactory>;
+/// The backend the exported vtables use: routing + handshake + the transport protocol over ibverbs
+/// (RoCE paths) or TCP (point-to-point links without RDMA), see [`netfactory`].
+pub type ActiveBackend = Switchless<netfactory::NetFactory>;
 
 /// Memory kinds a device can register (`ptrSupport` bits, also `regMr`'s `type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

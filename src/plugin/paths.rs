@@ -73,6 +73,15 @@ pub trait Connectable: Fabric + Send + 'static {
 
     /// The negotiated MTU of data path `i` in bytes, for the connection log line.
     fn path_mtu(&self, i: usize, peer: &PathParams) -> u32;
+
+    /// Advances a set-up that finishes after the handshake (TCP: the streams connect once the
+    /// connector knows the acceptor's ports) without blocking; `Ok(true)` once the endpoint can carry
+    /// traffic. The backend polls it (connector after `connect_peer` and `ready`, acceptor after the
+    /// connector's `ready`) and returns "in progress" to NCCL meanwhile. Verbs and memfab are ready
+    /// at once.
+    fn poll_ready(&mut self) -> Result<bool> {
+        Ok(true)
+    }
 }
 
 /// Builds connection endpoints; one per backend.

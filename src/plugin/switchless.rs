@@ -37,6 +37,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::netfactory::tcp_data_link;
 use super::paths::{ConnOptions, Connectable, HostView, PathFactory, PathPlan};
 use super::{
     Backend, CommInfo, CommMut, FlushBuf, Handle, Properties, PtrSupport, RecvBuf, Region, Slot,
@@ -50,7 +51,8 @@ use crate::route::types::LinkKind;
 use crate::transport::comm::{self, MemHandle, ProtocolConfig, RecvComm, SendComm};
 use crate::transport::fabric::MemKind;
 use crate::transport::handshake::{
-    AcceptPoll, AcceptorView, ConnectPoll, Connector, Incoming, Listener, PathParams, SideParams,
+    AcceptPoll, AcceptorView, ConnectPoll, Connector, Established, Incoming, Listener, PathParams,
+    SideParams,
 };
 use crate::transport::stripe::StripeParams;
 use crate::transport::wire::CtrlInfo;
@@ -75,6 +77,8 @@ pub struct Switchless<P: PathFactory> {
     next_id: AtomicU64,
     /// The small-MTU warning was given (once per process).
     warned_mtu: AtomicBool,
+    /// Peers already warned about the TCP fallback.
+    warned_peers: Mutex<std::collections::HashSet<String>>,
 }
 
 impl<P: PathFactory> std::fmt::Debug for Switchless<P> {
@@ -96,6 +100,8 @@ struct ConnectState<F: Connectable> {
     peer: String,
     dev: usize,
     started: Instant,
+    /// The handshake finished; the endpoint is finishing its set-up ([`Connectable::poll_ready`]).
+    est: Option<Established>,
 }
 
 /// The sending end of a connection (`sendComm`).
@@ -167,9 +173,19 @@ struct Responding<F: Connectable> {
     local: Vec<PathParams>,
 }
 
+/// The handshake is done; the endpoint finishes its set-up ([`Connectable::poll_ready`]).
+struct Finishing<F: Connectable> {
+    comm: RecvComm<F>,
+    plans: Vec<PathPlan>,
+    local: Vec<PathParams>,
+    remote: Vec<PathParams>,
+    est: Established,
+}
+
 enum AcceptState<F: Connectable> {
     Waiting,
     Responding(Box<Responding<F>>),
+    Finishing(Box<Finishing<F>>),
     Done,
     Failed,
 }
@@ -237,6 +253,7 @@ impl<P: PathFactory> Switchless<P> {
             id_base: u64::from(u32::from_le_bytes(b) | 1) << 32,
             next_id: AtomicU64::new(1),
             warned_mtu: AtomicBool::new(false),
+            warned_peers: Mutex::new(std::collections::HashSet::new()),
         })
     }
 
@@ -280,12 +297,74 @@ impl<P: PathFactory> Switchless<P> {
         self.view.config.connect_timeout
     }
 
-    fn kinds(&self) -> KindFilter {
-        match self.view.config.transport {
-            TransportMode::Tcp => KindFilter::Tcp,
-            TransportMode::Auto if self.view.config.tcp_fallback => KindFilter::Any,
-            _ => KindFilter::Roce,
+    /// Routes to the peer's links: `rdma` = RoCE pairs only; `tcp` = TCP on point-to-point links
+    /// ([`tcp_data_link`]: /30 or /31 subnets); `auto` = RoCE first, then TCP as for `tcp` (when no
+    /// link is point-to-point, the RoCE error stands). Then, with `NCCL_SWITCHLESS_TCP_FALLBACK=1`
+    /// only, TCP over any shared subnet (a management LAN), with one WARN per peer.
+    fn route(
+        &self,
+        dev: usize,
+        peer: &[crate::route::types::RemoteLink],
+        who: &str,
+    ) -> Result<crate::route::select::Selection> {
+        let opts = |kinds| RouteOptions {
+            nccl_dev: Some(dev),
+            kinds,
+            ..RouteOptions::default()
+        };
+        let p2p: Vec<crate::route::types::LocalLink> = self
+            .view
+            .links
+            .iter()
+            .filter(|l| tcp_data_link(l, false))
+            .cloned()
+            .collect();
+        let (links, routes) = (&self.view.links, &self.view.routes);
+        let first = match self.view.config.transport {
+            TransportMode::Rdma => select(links, routes, peer, &opts(KindFilter::Roce)),
+            TransportMode::Tcp => select(&p2p, routes, peer, &opts(KindFilter::Tcp)),
+            TransportMode::Auto => match select(links, routes, peer, &opts(KindFilter::Roce)) {
+                Ok(s) => Ok(s),
+                Err(e) if p2p.is_empty() => Err(e),
+                Err(_) => select(&p2p, routes, peer, &opts(KindFilter::Tcp)),
+            },
+        };
+        let e = match first {
+            Ok(s) => return Ok(s),
+            Err(e) => e,
+        };
+        if !self.view.config.tcp_fallback {
+            return Err(e);
         }
+        let sel = select(links, routes, peer, &opts(KindFilter::Tcp)).map_err(|e2| {
+            Error::InvalidUsage(format!(
+                "{e2}; NCCL_SWITCHLESS_TCP_FALLBACK=1 found no shared IPv4 subnet either"
+            ))
+        })?;
+        let first_time = lock(&self.warned_peers).map(|mut w| w.insert(who.to_string()))?;
+        if first_time {
+            let paths: Vec<String> = sel
+                .paths
+                .iter()
+                .map(|p| {
+                    format!(
+                        "{} {} -> {} ({} Mb/s link)",
+                        p.local.netdev, p.local.addr, p.remote.addr, p.local.speed_mbps
+                    )
+                })
+                .collect();
+            let mbps: u64 = sel
+                .paths
+                .iter()
+                .map(|p| u64::from(p.local.speed_mbps))
+                .sum();
+            tracing::warn!(
+                "NET/switchless: {who}: no RoCE or TCP point-to-point link reaches it; NCCL_SWITCHLESS_TCP_FALLBACK=1 carries it over TCP on {}: expect at most {:.1} Gb/s ({mbps} Mb/s of link speed, shared with whatever else uses that network), far below a direct link",
+                paths.join(", "),
+                mbps as f64 / 1000.0
+            );
+        }
+        Ok(sel)
     }
 
     fn opts(&self, comm: &CommInfo, dev: usize, receiving: bool) -> ConnOptions {
@@ -345,16 +424,15 @@ impl<P: PathFactory> Switchless<P> {
                 .join(", "),
             repr.port
         );
-        let sel = select(
-            &self.view.links,
-            &self.view.routes,
-            &repr.links,
-            &RouteOptions {
-                nccl_dev: Some(dev),
-                kinds: self.kinds(),
-                ..RouteOptions::default()
-            },
-        )?;
+        let peer_key = format!(
+            "peer {}",
+            repr.links
+                .iter()
+                .map(|l| l.addr.addr().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let sel = self.route(dev, &repr.links, &peer_key)?;
         if let Some(ov) = &sel.dev_override {
             tracing::info!("NET/switchless: connect to {peer}: {}", ov.reason);
         }
@@ -394,12 +472,43 @@ impl<P: PathFactory> Switchless<P> {
             peer,
             dev,
             started: Instant::now(),
+            est: None,
         }))
     }
 
     /// Advances a connection as far as the sockets allow.
     fn advance(&self, mut s: Box<ConnectState<P::Fabric>>) -> Result<Progress<P::Fabric>> {
         loop {
+            if let Some(est) = s.est.take() {
+                let ready = s
+                    .comm
+                    .fabric_mut()
+                    .poll_ready()
+                    .map_err(|e| step_error(e, &s.peer, "connecting the data paths"))?;
+                if !ready {
+                    s.est = Some(est);
+                    return Ok(Progress::Pending(s));
+                }
+                let remote = s.remote.take().unwrap_or_default();
+                self.check_mtu(&s.plans, &remote, s.comm.fabric());
+                tracing::info!(
+                    "NET/switchless: {}",
+                    describe(
+                        "connected to",
+                        &s.peer,
+                        s.dev,
+                        &self.props,
+                        &s.plans,
+                        &s.local,
+                        &remote,
+                        s.comm.fabric(),
+                        &format!("tcp {} -> {}", est.local, est.peer),
+                    )
+                );
+                return Ok(Progress::Done(SendEnd {
+                    comm: Arc::new(Mutex::new(Some(s.comm))),
+                }));
+            }
             match s.connector.poll()? {
                 ConnectPoll::Pending => return Ok(Progress::Pending(s)),
                 ConnectPoll::Reply(side) => {
@@ -413,27 +522,7 @@ impl<P: PathFactory> Switchless<P> {
                     s.remote = Some(side.paths);
                     s.connector.ready()?;
                 }
-                ConnectPoll::Done(est) => {
-                    let remote = s.remote.take().unwrap_or_default();
-                    self.check_mtu(&s.plans, &remote, s.comm.fabric());
-                    tracing::info!(
-                        "NET/switchless: {}",
-                        describe(
-                            "connected to",
-                            &s.peer,
-                            s.dev,
-                            &self.props,
-                            &s.plans,
-                            &s.local,
-                            &remote,
-                            s.comm.fabric(),
-                            &format!("tcp {} -> {}", est.local, est.peer),
-                        )
-                    );
-                    return Ok(Progress::Done(SendEnd {
-                        comm: Arc::new(Mutex::new(Some(s.comm))),
-                    }));
-                }
+                ConnectPoll::Done(est) => s.est = Some(est),
             }
         }
     }
@@ -708,6 +797,35 @@ impl<P: PathFactory> Backend for Switchless<P> {
                         } = *r;
                         let remote: Vec<PathParams> =
                             inc.paths().iter().map(|p| p.peer_params.clone()).collect();
+                        l.state = AcceptState::Finishing(Box::new(Finishing {
+                            comm,
+                            plans,
+                            local,
+                            remote,
+                            est,
+                        }));
+                    }
+                },
+                AcceptState::Finishing(mut f) => {
+                    let ready = f.comm.fabric_mut().poll_ready().map_err(|e| {
+                        step_error(
+                            e,
+                            &format!("connector {}", f.est.peer.ip()),
+                            "connecting the data paths",
+                        )
+                    })?;
+                    if !ready {
+                        l.state = AcceptState::Finishing(f);
+                        return Ok(None);
+                    }
+                    {
+                        let Finishing {
+                            comm,
+                            plans,
+                            local,
+                            remote,
+                            est,
+                        } = *f;
                         l.backend.check_mtu(&plans, &remote, comm.fabric());
                         tracing::info!(
                             "NET/switchless: {}",
@@ -728,7 +846,7 @@ impl<P: PathFactory> Backend for Switchless<P> {
                             comm: Arc::new(Mutex::new(Some(comm))),
                         }));
                     }
-                },
+                }
                 AcceptState::Done => {
                     l.state = AcceptState::Done;
                     return Err(Error::InvalidArgument(

@@ -2,7 +2,7 @@
 //!
 //! It describes the whole listening node, not one port (nccl-net-abi.md §6.5.2): every link address with
 //! its prefix, kind and compact PCIe-root / physical-port ids, the listener's TCP port and a random
-//! per-listener nonce. The connector routes from it (see [`crate::route::select`]).
+//! per-listener nonce. The connector routes from it (see [`crate::route::select()`]).
 //!
 //! Written in the smoltcp wire style: [`Handle`] is a checked view over bytes with named field ranges,
 //! [`HandleRepr`] is the parsed form with [`HandleRepr::parse`] / [`HandleRepr::emit`].

@@ -201,7 +201,49 @@ struct Core<F: Fabric> {
     warned: Vec<bool>,
     cqe: Vec<Completion>,
     ctrl: Vec<CtrlMem>,
+    /// Registrations NCCL has not released yet (by token): `close` releases them, so a comm closed
+    /// with registrations still live leaks nothing.
+    regs: std::collections::HashMap<u64, Registration>,
     closed: bool,
+}
+
+/// The methods both comm types share: the fabric, and registration (NCCL `regMr`, `regMrDmaBuf`,
+/// `deregMr`), all delegated to [`Core`].
+macro_rules! registration_methods {
+    () => {
+        /// The fabric (e.g. for statistics in tests).
+        pub fn fabric(&self) -> &F {
+            &self.core.fab
+        }
+
+        /// The fabric, mutably (e.g. to finish a transport's connection set-up before first use).
+        pub fn fabric_mut(&mut self) -> &mut F {
+            &mut self.core.fab
+        }
+
+        /// Registers memory on every path (NCCL `regMr`).
+        pub fn reg_mr(&mut self, addr: u64, len: u64, kind: MemKind) -> Result<MemHandle> {
+            self.core.register(addr, len, kind, None)
+        }
+
+        /// Registers GPU memory exported as DMA-BUF (NCCL `regMrDmaBuf`); `fd` need only live for
+        /// the call. The handle has kind [`MemKind::Cuda`].
+        pub fn reg_mr_dmabuf(
+            &mut self,
+            addr: u64,
+            len: u64,
+            offset: u64,
+            fd: BorrowedFd<'_>,
+        ) -> Result<MemHandle> {
+            self.core
+                .register(addr, len, MemKind::Cuda, Some((offset, fd)))
+        }
+
+        /// Releases a registration (NCCL `deregMr`).
+        pub fn dereg_mr(&mut self, mh: MemHandle) -> Result<()> {
+            self.core.deregister(&mh)
+        }
+    };
 }
 
 impl<F: Fabric> Core<F> {
@@ -231,8 +273,14 @@ impl<F: Fabric> Core<F> {
             labels,
             cqe: Vec::with_capacity(POLL_BATCH),
             ctrl: Vec::new(),
+            regs: std::collections::HashMap::new(),
             closed: false,
         })
+    }
+
+    fn deregister(&mut self, mh: &MemHandle) -> Result<()> {
+        self.regs.remove(&mh.reg.token);
+        self.fab.deregister(&mh.reg)
     }
 
     fn alloc(&mut self, words: usize) -> Result<CtrlMem> {
@@ -305,12 +353,15 @@ impl<F: Fabric> Core<F> {
             Some((offset, fd)) => self.fab.register_dmabuf(addr, ulen, offset, fd)?,
         };
         if reg.keys.len() != self.fab.paths().len() {
-            return Err(Error::Internal(format!(
+            let err = Error::Internal(format!(
                 "fabric returned keys for {} paths; it has {}",
                 reg.keys.len(),
                 self.fab.paths().len()
-            )));
+            ));
+            let _ = self.fab.deregister(&reg);
+            return Err(err);
         }
+        self.regs.insert(reg.token, reg.clone());
         Ok(MemHandle {
             addr,
             len,
@@ -370,6 +421,12 @@ impl<F: Fabric> Core<F> {
         // 3. Free control memory, newest first.
         while let Some(m) = self.ctrl.pop() {
             if let Err(e) = self.fab.free_ctrl(&m) {
+                first.get_or_insert(e);
+            }
+        }
+        // 4. Release registrations NCCL did not deregister before closing.
+        for (_, reg) in std::mem::take(&mut self.regs) {
+            if let Err(e) = self.fab.deregister(&reg) {
                 first.get_or_insert(e);
             }
         }
@@ -468,33 +525,7 @@ impl<F: Fabric> SendComm<F> {
         Ok(())
     }
 
-    /// The fabric (e.g. for statistics in tests).
-    pub fn fabric(&self) -> &F {
-        &self.core.fab
-    }
-
-    /// Registers memory on every path (NCCL `regMr`).
-    pub fn reg_mr(&mut self, addr: u64, len: u64, kind: MemKind) -> Result<MemHandle> {
-        self.core.register(addr, len, kind, None)
-    }
-
-    /// Registers GPU memory exported as DMA-BUF (NCCL `regMrDmaBuf`); `fd` need only live for the
-    /// call. The handle has kind [`MemKind::Cuda`].
-    pub fn reg_mr_dmabuf(
-        &mut self,
-        addr: u64,
-        len: u64,
-        offset: u64,
-        fd: BorrowedFd<'_>,
-    ) -> Result<MemHandle> {
-        self.core
-            .register(addr, len, MemKind::Cuda, Some((offset, fd)))
-    }
-
-    /// Releases a registration (NCCL `deregMr`).
-    pub fn dereg_mr(&mut self, mh: MemHandle) -> Result<()> {
-        self.core.fab.deregister(&mh.reg)
-    }
+    registration_methods!();
 
     /// Tries to load the CTS entry at the FIFO head; `false` if it has not arrived.
     fn load_slot(&mut self) -> Result<bool> {
@@ -882,33 +913,7 @@ impl<F: Fabric> RecvComm<F> {
         Ok(())
     }
 
-    /// The fabric.
-    pub fn fabric(&self) -> &F {
-        &self.core.fab
-    }
-
-    /// Registers memory on every path (NCCL `regMr`).
-    pub fn reg_mr(&mut self, addr: u64, len: u64, kind: MemKind) -> Result<MemHandle> {
-        self.core.register(addr, len, kind, None)
-    }
-
-    /// Registers GPU memory exported as DMA-BUF (NCCL `regMrDmaBuf`); `fd` need only live for the
-    /// call. The handle has kind [`MemKind::Cuda`].
-    pub fn reg_mr_dmabuf(
-        &mut self,
-        addr: u64,
-        len: u64,
-        offset: u64,
-        fd: BorrowedFd<'_>,
-    ) -> Result<MemHandle> {
-        self.core
-            .register(addr, len, MemKind::Cuda, Some((offset, fd)))
-    }
-
-    /// Releases a registration (NCCL `deregMr`).
-    pub fn dereg_mr(&mut self, mh: MemHandle) -> Result<()> {
-        self.core.fab.deregister(&mh.reg)
-    }
+    registration_methods!();
 
     /// Posts a grouped receive of 1..=[`MAX_RECVS`] buffers (NCCL `irecv`). `Ok(None)` means "call
     /// again later": the FIFO slot this receive needs is still held by an older request.

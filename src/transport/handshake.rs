@@ -635,7 +635,7 @@ pub struct Connector {
 
 impl Connector {
     /// Starts connecting to the listener described by `handle` over `paths` (from
-    /// [`crate::route::select`]), with this side's params (one [`PathParams`] per path).
+    /// [`crate::route::select()`]), with this side's params (one [`PathParams`] per path).
     /// The TCP connection goes to the first path's peer address (bound to its local address), then, if
     /// that fails, to the handle's control address. Fails after `timeout` in all.
     pub fn start(

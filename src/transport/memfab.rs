@@ -126,6 +126,27 @@ pub struct MemFab {
     inner: Arc<Mutex<Inner>>,
 }
 
+/// Dropping an endpoint destroys it like closing its QPs and PD would: its registrations' keys are
+/// released and its queues emptied (writes that still target it fail on the errored paths).
+impl Drop for MemEndpoint {
+    fn drop(&mut self) {
+        let mut g = lock(&self.inner);
+        let Some(ep) = g.eps.get_mut(self.id) else {
+            return;
+        };
+        let regs = std::mem::take(&mut ep.regs);
+        for q in ep.qps.iter_mut() {
+            q.error = true;
+            q.queue = VecDeque::new();
+            q.cq = VecDeque::new();
+            q.recvs = VecDeque::new();
+        }
+        for key in regs.into_values().flatten() {
+            g.keys.remove(&key);
+        }
+    }
+}
+
 /// One endpoint: implements [`Fabric`].
 pub struct MemEndpoint {
     inner: Arc<Mutex<Inner>>,

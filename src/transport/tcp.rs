@@ -1031,6 +1031,7 @@ impl TcpFabric {
         streams: Vec<Vec<TcpStream>>,
         cfg: &TcpConfig,
         role: &str,
+        pre: Option<TcpFabric>,
     ) -> Result<TcpFabric> {
         let mut paths = Vec::with_capacity(specs.len());
         let mut shared = Vec::with_capacity(specs.len());
@@ -1047,18 +1048,22 @@ impl TcpFabric {
                 socks.len(),
                 spec.mtu
             );
-            if spec.mtu != 0 && spec.mtu < 9000 && !spec.local.is_loopback() {
+            if role.is_empty() {
+                // Not connected yet (`TcpFabric::unconnected`): no log line, no warning.
+            } else if spec.mtu != 0 && spec.mtu < 9000 && !spec.local.is_loopback() {
                 tracing::warn!(
-                    "NET/switchless: TCP path {label}: MTU {} bytes is below 9000 on a point-to-point link; \
+                    "NET/switchless: TCP path {label}: MTU {} bytes is below 9000; \
                      jumbo frames (ip link set <dev> mtu 9000 on both ends) cut the per-packet CPU cost",
                     spec.mtu
                 );
             }
-            tracing::info!(
-                "NET/switchless: TCP path {label} ({role}): speed {} Mb/s, frame {} bytes",
-                spec.speed_mbps,
-                cfg.frame_bytes
-            );
+            if !role.is_empty() {
+                tracing::info!(
+                    "NET/switchless: TCP path {label} ({role}): speed {} Mb/s, frame {} bytes",
+                    spec.speed_mbps,
+                    cfg.frame_bytes
+                );
+            }
             paths.push(PathInfo {
                 label: label.clone(),
                 speed_mbps: spec.speed_mbps,
@@ -1102,6 +1107,10 @@ impl TcpFabric {
             frame_bytes: cfg.frame_bytes,
             shut: false,
         };
+        // Before any receiver runs: the peer may write into adopted memory at once.
+        if let Some(pre) = pre {
+            fab.adopt(pre)?;
+        }
         for p in 0..sh.paths.len() {
             for s in 0..sh.paths[p].streams.len() {
                 for tx in [true, false] {
@@ -1128,6 +1137,50 @@ impl TcpFabric {
             }
         }
         Ok(fab)
+    }
+
+    /// An endpoint whose streams are not connected yet: memory can be registered, control memory
+    /// allocated and receives posted (what the protocol does before the handshake); nothing can be
+    /// sent. Give it to [`TcpConnector::adopting`] / [`TcpAcceptor::adopting`]: the endpoint their
+    /// `poll` returns takes all of it over (same addresses and keys) before its helper threads start.
+    pub fn unconnected(specs: &[TcpPathSpec], cfg: &TcpConfig) -> Result<TcpFabric> {
+        check_specs(specs)?;
+        let none = specs.iter().map(|_| Vec::new()).collect();
+        TcpFabric::from_streams(specs, none, cfg, "", None)
+    }
+
+    /// Takes over what `pre` (from [`TcpFabric::unconnected`], same paths) holds: registrations
+    /// (same keys), control memory (same addresses), posted receives and completions. `self` must be
+    /// freshly connected (no registration of its own, no helper thread started yet).
+    fn adopt(&mut self, mut pre: TcpFabric) -> Result<()> {
+        if pre.paths.len() != self.paths.len() {
+            return Err(Error::Internal(format!(
+                "adopting a TCP endpoint of {} paths into one of {}",
+                pre.paths.len(),
+                self.paths.len()
+            )));
+        }
+        if !pre.threads.is_empty() || !self.tokens.is_empty() {
+            return Err(Error::Internal(
+                "TCP adopt: the old endpoint must be unconnected and the new one unused".into(),
+            ));
+        }
+        {
+            let mut from = write_lock(&pre.sh.regs);
+            let mut to = write_lock(&self.sh.regs);
+            to.extend(from.drain());
+        }
+        self.ctrl.append(&mut pre.ctrl);
+        self.tokens = std::mem::take(&mut pre.tokens);
+        self.next_key = pre.next_key;
+        self.next_token = pre.next_token;
+        for (old, new) in pre.sh.paths.iter().zip(&self.sh.paths) {
+            let recvs = std::mem::take(&mut lock(&old.rx).recvs);
+            lock(&new.rx).recvs.extend(recvs);
+            let cqes = std::mem::take(&mut *lock(&old.cq));
+            lock(&new.cq).extend(cqes);
+        }
+        Ok(())
     }
 
     /// Connects every path and waits for the acceptor: [`TcpConnector::start`] then
@@ -1250,6 +1303,7 @@ pub struct TcpConnector {
     cfg: TcpConfig,
     socks: Vec<Vec<(TcpStream, [u8; 8], usize)>>,
     deadline: Instant,
+    pre: Option<TcpFabric>,
 }
 
 impl TcpConnector {
@@ -1279,7 +1333,14 @@ impl TcpConnector {
             cfg: cfg.clone(),
             socks: all,
             deadline,
+            pre: None,
         })
+    }
+
+    /// The endpoint [`TcpConnector::poll`] returns takes over `pre` (see [`TcpFabric::unconnected`]).
+    pub fn adopting(mut self, pre: TcpFabric) -> TcpConnector {
+        self.pre = Some(pre);
+        self
     }
 
     /// Reads the acknowledgements that have arrived; `Ok(Some(fabric))` once every stream is
@@ -1332,7 +1393,8 @@ impl TcpConnector {
             .into_iter()
             .map(|v| v.into_iter().map(|(s, _, _)| s).collect())
             .collect();
-        TcpFabric::from_streams(&self.specs, socks, &self.cfg, "connector").map(Some)
+        TcpFabric::from_streams(&self.specs, socks, &self.cfg, "connector", self.pre.take())
+            .map(Some)
     }
 }
 
@@ -1349,6 +1411,7 @@ pub struct TcpAcceptor {
     /// Accepted connections whose hello is still arriving: (socket, peer, path, bytes, count, since).
     pending: Vec<PendingHello>,
     deadline: Instant,
+    pre: Option<TcpFabric>,
 }
 
 struct PendingHello {
@@ -1403,7 +1466,14 @@ impl TcpAcceptor {
             slots: (0..specs.len()).map(|_| Vec::new()).collect(),
             pending: Vec::new(),
             deadline: Instant::now() + cfg.connect_timeout,
+            pre: None,
         })
+    }
+
+    /// The endpoint [`TcpAcceptor::poll`] returns takes over `pre` (see [`TcpFabric::unconnected`]).
+    pub fn adopting(mut self, pre: TcpFabric) -> TcpAcceptor {
+        self.pre = Some(pre);
+        self
     }
 
     /// Accepts what has arrived; `Ok(Some(fabric))` when every path is complete, `Ok(None)` to call
@@ -1538,7 +1608,8 @@ impl TcpAcceptor {
             .into_iter()
             .map(|s| s.into_iter().flatten().collect())
             .collect();
-        TcpFabric::from_streams(&self.specs, streams, &self.cfg, "acceptor").map(Some)
+        TcpFabric::from_streams(&self.specs, streams, &self.cfg, "acceptor", self.pre.take())
+            .map(Some)
     }
 }
 

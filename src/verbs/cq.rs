@@ -3,53 +3,15 @@
 use super::call::{last_errno, rc_errno, system_error, verbs_call};
 use super::context::Context;
 use crate::error::{Error, Result};
-use rdma_sys::{ibv_cq, ibv_create_cq, ibv_destroy_cq, ibv_poll_cq, ibv_wc, ibv_wc_status_str};
-use std::ffi::{CStr, c_int};
+use rdma_sys::{ibv_cq, ibv_create_cq, ibv_destroy_cq, ibv_poll_cq, ibv_wc};
+use std::ffi::c_int;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-/// Status of a completion (`enum ibv_wc_status`).
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct WcStatus(pub u32);
-
-impl WcStatus {
-    pub const SUCCESS: WcStatus = WcStatus(0);
-    /// Flushed because the QP went to the error state.
-    pub const WR_FLUSH_ERR: WcStatus = WcStatus(5);
-    pub const REM_ACCESS_ERR: WcStatus = WcStatus(10);
-    /// Transport retries exhausted: the peer did not answer ("error 12").
-    pub const RETRY_EXC_ERR: WcStatus = WcStatus(12);
-    pub const RNR_RETRY_EXC_ERR: WcStatus = WcStatus(13);
-
-    pub fn is_success(self) -> bool {
-        self == WcStatus::SUCCESS
-    }
-
-    /// libibverbs' text for the status (`ibv_wc_status_str`).
-    pub fn text(self) -> &'static str {
-        // SAFETY: ibv_wc_status_str accepts any value and returns a pointer to a static string
-        // ("unknown" for values it does not know).
-        let p = unsafe { ibv_wc_status_str(self.0) };
-        if p.is_null() {
-            return "unknown";
-        }
-        // SAFETY: non-NULL pointer to a static NUL-terminated string inside libibverbs.
-        unsafe { CStr::from_ptr(p) }.to_str().unwrap_or("unknown")
-    }
-}
-
-impl std::fmt::Display for WcStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} ({})", self.text(), self.0)
-    }
-}
-
-impl std::fmt::Debug for WcStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "WcStatus({self})")
-    }
-}
+/// Status of a completion (`enum ibv_wc_status`): the transport's type, whose numbering and texts are
+/// libibverbs' (`ibv_wc_status_str`; a test below checks the two agree).
+pub use crate::transport::fabric::WcStatus;
 
 /// What completed (`enum ibv_wc_opcode`). Only meaningful when the status is success.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -260,16 +222,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn status_text_comes_from_libibverbs() {
-        assert_eq!(WcStatus::SUCCESS.text(), "success");
-        assert_eq!(
-            WcStatus::RETRY_EXC_ERR.text(),
-            "transport retry counter exceeded"
-        );
+    fn status_texts_agree_with_libibverbs() {
+        // Every status libibverbs knows (0..=21; 22 and up are tag-matching or unknown).
+        for s in 0..=21u32 {
+            // SAFETY: ibv_wc_status_str accepts any value and returns a static string.
+            let p = unsafe { rdma_sys::ibv_wc_status_str(s) };
+            assert!(!p.is_null());
+            // SAFETY: non-NULL pointer to a static NUL-terminated string inside libibverbs.
+            let lib = unsafe { std::ffi::CStr::from_ptr(p) }.to_str().unwrap();
+            assert_eq!(WcStatus(s).text(), lib, "status {s}");
+        }
         assert_eq!(WcStatus(9999).text(), "unknown");
         assert_eq!(
             WcStatus::RETRY_EXC_ERR.to_string(),
-            "transport retry counter exceeded (12)"
+            "transport retry counter exceeded (status 12)"
         );
     }
 
@@ -303,7 +269,10 @@ mod tests {
         let e = Completion::from_wc(&wc(12, 0, 0, 0)).ok().unwrap_err();
         let m = e.to_string();
         assert!(m.contains("work request 42 on QP 0x11"), "{m}");
-        assert!(m.contains("transport retry counter exceeded (12)"), "{m}");
+        assert!(
+            m.contains("transport retry counter exceeded (status 12)"),
+            "{m}"
+        );
         assert!(m.contains("no path to its GID"), "{m}");
         assert!(matches!(
             Completion::from_wc(&wc(10, 0, 0, 0)).ok(),

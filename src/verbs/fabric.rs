@@ -42,7 +42,7 @@ use crate::error::{Error, Result};
 use crate::transport::comm::{RECV_DEPTH, SEND_QUEUE_DEPTH};
 use crate::transport::fabric::{
     Completion, CtrlMem, Fabric, MemKind, PathInfo, PathKeys, PathRole, ReadWr, Registration,
-    WcOpcode, WcStatus, WriteWr,
+    WcOpcode, WriteWr,
 };
 
 /// One data path to build: an RDMA device port and the GID to send from.
@@ -644,7 +644,7 @@ fn to_req(wr: &WriteWr, max_inline: u32) -> WriteReq {
 /// Maps a verbs completion onto the transport's (same status numbering; opcodes reduced to what the
 /// protocol posts; on error the opcode is undefined, as in verbs).
 pub fn map_completion(c: &VerbsCompletion) -> Result<Completion> {
-    let status = WcStatus(c.status.0);
+    let status = c.status;
     let opcode = match c.opcode {
         VerbsOpcode::RdmaWrite => WcOpcode::RdmaWrite,
         VerbsOpcode::RdmaRead => WcOpcode::RdmaRead,
@@ -669,12 +669,12 @@ pub fn map_completion(c: &VerbsCompletion) -> Result<Completion> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::verbs::cq::WcStatus as VStatus;
+    use crate::transport::fabric::WcStatus;
 
     fn vc(status: u32, opcode: VerbsOpcode, imm: Option<u32>) -> VerbsCompletion {
         VerbsCompletion {
             wr_id: 9,
-            status: VStatus(status),
+            status: WcStatus(status),
             opcode,
             byte_len: 4096,
             imm_data: imm,

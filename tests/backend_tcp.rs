@@ -1,0 +1,279 @@
+//! The real backend (`plugin::Switchless`) over the production factory's TCP side
+//! (`plugin::netfactory::NetFactory::tcp_only`), end to end in one process on 127.0.0.1: listen
+//! handles, routing, the handshake, then the TCP streams connecting after it (the acceptor's ports and
+//! nonce travel in the handshake; both sides finish in `Connectable::poll_ready` while NCCL's calls
+//! return "in progress"), then the transport protocol over real sockets.
+//!
+//! Host model: two TCP links on `lo`, 127.0.0.1/30 and 127.0.0.2/30 (point-to-point subnets), and a
+//! kernel route 127.0.0.0/30 dev lo; a node reaches its "peer" (itself) over two paths.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use switchless::config::Config;
+use switchless::error::Error;
+use switchless::fabric::NcclDevice;
+use switchless::plugin::netfactory::NetFactory;
+use switchless::plugin::{
+    Backend, CommInfo, HANDLE_SIZE, Handle, HostView, PtrSupport, RecvBuf, Region, Switchless,
+};
+use switchless::route::types::{KernelRoute, LinkKind, LocalLink};
+
+type B = Switchless<NetFactory>;
+
+fn link(id: usize, addr: &str) -> LocalLink {
+    LocalLink {
+        id,
+        kind: LinkKind::Tcp,
+        netdev: "lo".into(),
+        rdma_dev: None,
+        port: 0,
+        addr: addr.parse().unwrap(),
+        gid_index: None,
+        pci_root: format!("pci000{id}:00"),
+        phys_port_id: u16::MAX,
+        nccl_dev: Some(0),
+        speed_mbps: 10_000,
+        mtu: 65536,
+        active_mtu: 0,
+        up: true,
+    }
+}
+
+fn device() -> NcclDevice {
+    NcclDevice {
+        index: 0,
+        name: "sl_lo".into(),
+        members: Vec::new(),
+        pci_path: String::new(),
+        guid: 1,
+        speed_mbps: 10_000,
+        port: 1,
+        latency_us: 0.0,
+        max_comms: 65536,
+        max_recvs: 8,
+        ptr_support: 1,
+        max_p2p_bytes: 1 << 40,
+        rail_id: -1,
+        plane_id: -1,
+        phys_port_id: 0,
+        peers: Vec::new(),
+    }
+}
+
+fn view(config: Config, prefix: u8) -> HostView {
+    HostView {
+        config,
+        devices: vec![device()],
+        links: vec![
+            link(0, &format!("127.0.0.1/{prefix}")),
+            link(1, &format!("127.0.0.2/{prefix}")),
+        ],
+        routes: vec![KernelRoute {
+            dest: format!("127.0.0.0/{prefix}").parse().unwrap(),
+            gateway: None,
+            ifname: "lo".into(),
+            metric: 0,
+        }],
+    }
+}
+
+fn config(vars: &[(&str, &str)]) -> Config {
+    let vars: Vec<(String, String)> = vars
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    Config::from_vars(|n| vars.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone())).unwrap()
+}
+
+fn backend(config: Config, prefix: u8) -> Arc<B> {
+    let f = NetFactory::tcp_only(config.clone());
+    Arc::new(Switchless::from_parts(f, view(config, prefix)).unwrap())
+}
+
+type Pair = (<B as Backend>::Send, <B as Backend>::Recv);
+
+/// Drives connect and accept (NCCL's contract: call again on None) until both return comms.
+fn establish(b: &Arc<B>) -> Pair {
+    let mut h: Handle = [0; HANDLE_SIZE];
+    let mut l = b.listen(&CommInfo::default(), 0, &mut h).unwrap();
+    let mut mine = h;
+    let (mut s, mut r) = (None, None);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let (mut calls, mut accepts) = (0, 0);
+    while s.is_none() || r.is_none() {
+        assert!(Instant::now() < deadline, "set-up did not finish");
+        if s.is_none() {
+            s = b.connect(&CommInfo::default(), 0, &mut mine).unwrap();
+            calls += 1;
+        }
+        if r.is_none() {
+            r = B::accept(&mut l).unwrap();
+            accepts += 1;
+        }
+    }
+    assert!(calls >= 2 && accepts >= 2, "connect/accept must not block");
+    assert_eq!(b.connecting(), 0);
+    B::close_listen(l).unwrap();
+    (s.unwrap(), r.unwrap())
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(29).wrapping_add(seed))
+        .collect()
+}
+
+/// Sends `sizes` one after another and checks every byte that arrives.
+fn transfer(pair: &mut Pair, sizes: &[usize]) {
+    let cap = sizes.iter().copied().max().unwrap_or(0).max(1);
+    let mut src = vec![0u8; cap];
+    let mut dst = vec![0u8; cap];
+    let region = |v: &mut Vec<u8>| Region {
+        addr: v.as_mut_ptr() as usize,
+        size: v.len(),
+        kind: PtrSupport::HOST,
+    };
+    let smr = B::reg_mr(
+        switchless::plugin::CommMut::Send(&mut pair.0),
+        region(&mut src),
+    )
+    .unwrap();
+    let rmr = B::reg_mr(
+        switchless::plugin::CommMut::Recv(&mut pair.1),
+        region(&mut dst),
+    )
+    .unwrap();
+    for (k, &size) in sizes.iter().enumerate() {
+        let data = pattern(size, k as u8);
+        src[..size].copy_from_slice(&data);
+        dst.fill(0xee);
+        let dst_addr = dst.as_mut_ptr() as usize;
+        let mut rreq = B::irecv(
+            &mut pair.1,
+            &[RecvBuf {
+                addr: dst_addr,
+                size: cap,
+                tag: 9,
+                mr: &rmr,
+            }],
+        )
+        .unwrap()
+        .expect("a receive can be posted");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut sreq = loop {
+            if let Some(r) = B::isend(&mut pair.0, src.as_ptr() as usize, size, 9, &smr).unwrap() {
+                break r;
+            }
+            assert!(Instant::now() < deadline, "isend never found the CTS");
+        };
+        let mut sizes_out = [usize::MAX; 8];
+        let (mut sdone, mut rdone) = (false, false);
+        while !(sdone && rdone) {
+            assert!(Instant::now() < deadline, "requests did not complete");
+            if !sdone && B::test(&mut sreq, &mut sizes_out[..1]).unwrap() {
+                assert_eq!(sizes_out[0], size);
+                sdone = true;
+            }
+            if !rdone && B::test(&mut rreq, &mut sizes_out[..1]).unwrap() {
+                assert_eq!(sizes_out[0], size, "received size");
+                rdone = true;
+            }
+        }
+        assert!(dst[..size] == data[..], "payload of {size} bytes");
+    }
+    B::dereg_mr(switchless::plugin::CommMut::Send(&mut pair.0), smr).unwrap();
+    B::dereg_mr(switchless::plugin::CommMut::Recv(&mut pair.1), rmr).unwrap();
+}
+
+#[test]
+fn tcp_paths_carry_data_through_the_backend() {
+    let b = backend(
+        config(&[
+            ("NCCL_SWITCHLESS_TRANSPORT", "tcp"),
+            ("NCCL_SWITCHLESS_TCP_STREAMS", "6"),
+        ]),
+        30,
+    );
+    assert_eq!(b.devices().len(), 1);
+    assert_eq!(b.devices()[0].ptr_support, PtrSupport::HOST);
+    let mut pair = establish(&b);
+    let labels = pair.0.path_labels();
+    assert_eq!(labels.len(), 2, "{labels:?}");
+    assert!(
+        labels.iter().all(|l| l.contains("3 streams")),
+        "6 streams per connection over 2 paths: {labels:?}"
+    );
+    assert_eq!(pair.1.path_labels().len(), 2);
+    transfer(&mut pair, &[0, 1, 4096, 1 << 20, (3 << 20) + 77]);
+    B::close_send(pair.0).unwrap();
+    B::close_recv(pair.1).unwrap();
+}
+
+#[test]
+fn many_tcp_connections_interleave() {
+    let b = backend(config(&[("NCCL_SWITCHLESS_TRANSPORT", "tcp")]), 30);
+    let mut pairs: Vec<Pair> = (0..3).map(|_| establish(&b)).collect();
+    for p in &mut pairs {
+        transfer(p, &[100, 1 << 16]);
+    }
+    for (s, r) in pairs {
+        B::close_send(s).unwrap();
+        B::close_recv(r).unwrap();
+    }
+}
+
+#[test]
+fn auto_falls_back_from_roce_to_tcp_point_to_point_links() {
+    let b = backend(Config::default(), 30);
+    let mut pair = establish(&b);
+    transfer(&mut pair, &[12345]);
+    B::close_send(pair.0).unwrap();
+    B::close_recv(pair.1).unwrap();
+}
+
+#[test]
+fn a_wide_subnet_is_no_tcp_data_path_without_fallback() {
+    // 127.0.0.x/8 stands for a management LAN: not point-to-point.
+    for transport in ["tcp", "auto"] {
+        let b = backend(config(&[("NCCL_SWITCHLESS_TRANSPORT", transport)]), 8);
+        let mut h: Handle = [0; HANDLE_SIZE];
+        let _l = b.listen(&CommInfo::default(), 0, &mut h).unwrap();
+        let t = Instant::now();
+        let e = b.connect(&CommInfo::default(), 0, &mut h).unwrap_err();
+        assert!(t.elapsed() < Duration::from_secs(2), "fails at once");
+        assert!(matches!(e, Error::InvalidUsage(_)), "{transport}: {e}");
+        assert!(e.to_string().contains("127.0.0."), "{e}");
+        assert_eq!(b.connecting(), 0);
+    }
+    // With the fallback the same subnet carries the connection.
+    let b = backend(
+        config(&[
+            ("NCCL_SWITCHLESS_TRANSPORT", "tcp"),
+            ("NCCL_SWITCHLESS_TCP_FALLBACK", "1"),
+        ]),
+        8,
+    );
+    let mut pair = establish(&b);
+    transfer(&mut pair, &[1 << 20]);
+    B::close_send(pair.0).unwrap();
+    B::close_recv(pair.1).unwrap();
+}
+
+#[test]
+fn the_fallback_keeps_point_to_point_links_alone() {
+    // With the fallback on and a point-to-point link present, the wide subnet is not added.
+    let b = backend(
+        config(&[
+            ("NCCL_SWITCHLESS_TRANSPORT", "tcp"),
+            ("NCCL_SWITCHLESS_TCP_FALLBACK", "1"),
+        ]),
+        30,
+    );
+    let mut pair = establish(&b);
+    assert_eq!(pair.0.path_labels().len(), 2);
+    transfer(&mut pair, &[777]);
+    B::close_send(pair.0).unwrap();
+    B::close_recv(pair.1).unwrap();
+}

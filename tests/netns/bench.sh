@@ -1,0 +1,199 @@
+#!/usr/bin/env bash
+# `switchless bench` through the plugin .so (the ncclNet ABI, as NCCL's proxy drives it) between network
+# namespaces, over TCP paths (no RDMA):
+#
+#   * every node namespace has a management veth on a shared bridge (192.168.200.N/24, in a hub namespace):
+#     the bench bootstraps over it; a /24 is not a point-to-point link, so it never carries data;
+#   * data links are veth pairs, one /30 each (10.201.L.1 / 10.201.L.2), MTU 9000;
+#   * 3-node full mesh: alltoall and allreduce (data verified by the bench) over 3 ranks;
+#   * 4-node ring: alltoall and allreduce over 4 ranks (every rank talks to its two neighbours for
+#     the ring all-reduce; alltoall needs non-neighbours too, so it runs with the fallback, see below);
+#   * ring non-neighbours (node 1 <-> node 3): without NCCL_SWITCHLESS_TCP_FALLBACK the bench fails fast with
+#     the clear no-shared-subnet error; with NCCL_SWITCHLESS_TCP_FALLBACK=1 it runs over the management subnet
+#     and the plugin logs one WARN naming the expected bandwidth.
+#   * --measure: `switchless bench bandwidth` over one veth link vs iperf3 -P N on the same link in the same
+#     run, 1 stream and N streams (NCCL_SWITCHLESS_TCP_STREAMS), ratios printed (never asserted).
+#
+# Usage: tests/netns/bench.sh [--measure] [--streams N] [--release]
+# Needs root and iproute2; --measure also iperf3 and jq. Everything created is removed on exit.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+measure=0
+streams=4
+profile=debug
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --measure) measure=1; profile=release ;;
+    --streams) streams="$2"; shift ;;
+    --release) profile=release ;;
+    *) echo "bench.sh: unknown argument $1 (accepted: --measure, --streams N, --release)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+[ "$(id -u)" -eq 0 ] || { echo "bench.sh: needs root to create network namespaces" >&2; exit 1; }
+command -v ip >/dev/null || { echo "bench.sh: ip is missing (iproute2)" >&2; exit 1; }
+if [ "$measure" = 1 ]; then
+  for t in iperf3 jq; do command -v "$t" >/dev/null || { echo "bench.sh: $t is missing" >&2; exit 1; }; done
+fi
+
+target="${CARGO_TARGET_DIR:-target}"
+if [ "$profile" = release ]; then
+  cargo build --quiet --release --lib --bin switchless
+else
+  cargo build --quiet --lib --bin switchless
+fi
+bin=$(readlink -f "$target/$profile/switchless")
+work=$(mktemp -d)
+cp "$target/$profile/libswitchless.so" "$work/libnccl-net-switchless.so"
+so="$work/libnccl-net-switchless.so"
+
+tag="swb$$"
+namespaces=()
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for ns in "${namespaces[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT INT TERM
+fail() { echo "bench.sh: FAIL: $*" >&2; exit 1; }
+
+hub="$tag-hub"
+ip netns add "$hub"; namespaces+=("$hub")
+ip -n "$hub" link set lo up
+ip -n "$hub" link add br0 type bridge
+ip -n "$hub" link set br0 up
+
+# mkns <name> <N>: a node namespace with management address 192.168.200.N/24 on the hub bridge.
+mkns() {
+  local ns="$1" n="$2"
+  ip netns add "$ns"; namespaces+=("$ns")
+  ip -n "$ns" link set lo up
+  ip link add "$tag-g$n" type veth peer name "$tag-h$n"
+  ip link set "$tag-g$n" netns "$ns"
+  ip link set "$tag-h$n" netns "$hub"
+  ip -n "$ns" link set "$tag-g$n" name mgmt
+  ip -n "$ns" link set mgmt up
+  ip -n "$ns" addr add "192.168.200.$n/24" dev mgmt
+  ip -n "$hub" link set "$tag-h$n" master br0 up
+}
+
+# link <nsA> <nsB> <L> <devA> <devB>: veth pair, 10.201.L.1/30 on A, 10.201.L.2/30 on B, MTU 9000.
+link() {
+  local a="$1" b="$2" l="$3" da="$4" db="$5"
+  ip link add "$tag-$l-a" type veth peer name "$tag-$l-b"
+  ip link set "$tag-$l-a" netns "$a"
+  ip link set "$tag-$l-b" netns "$b"
+  ip -n "$a" link set "$tag-$l-a" name "$da"
+  ip -n "$b" link set "$tag-$l-b" name "$db"
+  ip -n "$a" link set "$da" mtu 9000 up
+  ip -n "$b" link set "$db" mtu 9000 up
+  ip -n "$a" addr add "10.201.$l.1/30" dev "$da"
+  ip -n "$b" addr add "10.201.$l.2/30" dev "$db"
+}
+
+bport=29600
+# run_bench <label> <mode> <extra bench args> -- <ns of rank 0> <ns of rank 1> ...: all ranks at once, each
+# bounded by `timeout`; rank 0 bootstraps on its management address. Sets $status (0 = every rank passed)
+# and leaves rank r's output in $work/<label>.r.
+run_bench() {
+  local label="$1" mode="$2" extra="$3"; shift 4
+  local nranks=$# r=0 ns rank0ip pidlist=()
+  bport=$((bport + 1))
+  rank0ip="192.168.200.${1##*n}"
+  for ns in "$@"; do
+    # shellcheck disable=SC2086
+    timeout 120 ip netns exec "$ns" env NCCL_SWITCHLESS_TRANSPORT="${TRANSPORT:-tcp}" \
+      ${BENCH_ENV:-} "$bin" bench "$mode" --rank "$r" --nranks "$nranks" \
+      --bootstrap "$rank0ip:$bport" --plugin "$so" --timeout 30 --no-progress $extra \
+      >"$work/$label.$r" 2>&1 &
+    pidlist+=($!); pids+=($!)
+    r=$((r + 1))
+  done
+  status=0
+  for p in "${pidlist[@]}"; do wait "$p" || status=1; done
+}
+
+show() { # label: rank 0's result table, indented
+  sed 's/^/    /' "$work/$1.0" | grep -v '^    *$' | tail -n 12
+}
+
+expect_ok() { # label mode extra ns...
+  local label="$1"
+  run_bench "$@"
+  if [ "$status" -ne 0 ]; then
+    for f in "$work/$label".*; do echo "--- $f"; tail -n 30 "$f"; done
+    fail "$label"
+  fi
+  echo "bench.sh: $label: ok"
+  show "$label"
+}
+
+# --- 3-node full mesh ------------------------------------------------------------------------------
+for n in 1 2 3; do mkns "$tag-n$n" "$n"; done
+link "$tag-n1" "$tag-n2" 1 to2 to1
+link "$tag-n1" "$tag-n3" 2 to3 to1
+link "$tag-n2" "$tag-n3" 3 to3 to2
+sizes="-b 8 -e 4194304 -f 8 -n 5 -w 1"
+expect_ok mesh-alltoall alltoall "$sizes" -- "$tag-n1" "$tag-n2" "$tag-n3"
+expect_ok mesh-allreduce allreduce "$sizes" -- "$tag-n1" "$tag-n2" "$tag-n3"
+TRANSPORT=auto expect_ok mesh-allreduce-auto allreduce "-b 1024 -e 1048576 -f 32 -n 3 -w 1" -- "$tag-n1" "$tag-n2" "$tag-n3"
+
+# --- 4-node ring -----------------------------------------------------------------------------------
+for n in 4 5 6 7; do mkns "$tag-n$n" "$n"; done
+link "$tag-n4" "$tag-n5" 11 to2 to1
+link "$tag-n5" "$tag-n6" 12 to3 to2
+link "$tag-n6" "$tag-n7" 13 to4 to3
+link "$tag-n4" "$tag-n7" 14 to4 to1
+# Ring all-reduce: each rank talks to its ring neighbours only (rank order = ring order).
+expect_ok ring-allreduce allreduce "$sizes" -- "$tag-n4" "$tag-n5" "$tag-n6" "$tag-n7"
+
+# Non-neighbours (ring nodes 1 and 3): no shared point-to-point subnet.
+start=$(date +%s%N)
+run_bench ring-nonneighbour bandwidth "-b 8 -e 65536 -n 3" -- "$tag-n4" "$tag-n6"
+ms=$((($(date +%s%N) - start) / 1000000))
+[ "$status" -ne 0 ] || fail "ring non-neighbour: bench succeeded without the fallback"
+grep -qi "subnet" "$work"/ring-nonneighbour.* || {
+  tail -n 20 "$work"/ring-nonneighbour.*; fail "ring non-neighbour: the error does not name the missing subnet"; }
+[ "$ms" -lt 30000 ] || fail "ring non-neighbour: took $ms ms to fail"
+echo "bench.sh: ring non-neighbour without fallback: fails in $ms ms: $(grep -hi -m1 'subnet' "$work"/ring-nonneighbour.* | cut -c1-300)"
+
+BENCH_ENV="NCCL_SWITCHLESS_TCP_FALLBACK=1 NCCL_DEBUG=WARN" expect_ok ring-nonneighbour-fallback bandwidth "-b 8 -e 1048576 -n 5" -- "$tag-n4" "$tag-n6"
+grep -hi "TCP_FALLBACK=1 carries it" "$work"/ring-nonneighbour-fallback.* | head -n 1 | cut -c1-400 | sed 's/^/    /' || true
+# Alltoall on the ring needs the non-neighbour pairs: with the fallback they use the management subnet.
+BENCH_ENV="NCCL_SWITCHLESS_TCP_FALLBACK=1" expect_ok ring-alltoall-fallback alltoall "-b 8 -e 1048576 -f 16 -n 3 -w 1" -- "$tag-n4" "$tag-n5" "$tag-n6" "$tag-n7"
+
+# --- measurement: one veth link (mesh link 1, n1 <-> n2) ----------------------------------------------
+if [ "$measure" = 1 ]; then
+  secs="${SWL_BENCH_SECONDS:-5}"
+  iperf() { # $1 = parallel streams; prints Gb/s at the receiver
+    local p=$((bport + 50))
+    bport=$p
+    ip netns exec "$tag-n2" iperf3 -s -1 -B 10.201.1.2 -p "$p" >/dev/null 2>&1 &
+    local sp=$!; pids+=("$sp")
+    sleep 0.5
+    ip netns exec "$tag-n1" timeout 60 iperf3 -c 10.201.1.2 -B 10.201.1.1 -p "$p" -P "$1" -t "$secs" -l 1M -J >"$work/iperf.json"
+    wait "$sp" 2>/dev/null || true
+    jq '.end.sum_received.bits_per_second / 1e9' "$work/iperf.json"
+  }
+  plugin_bw() { # $1 = NCCL_SWITCHLESS_TCP_STREAMS; prints the bandwidth (Gb/s of payload) at 16 MiB messages
+    rm -f "$work/bw$1.json"
+    BENCH_ENV="NCCL_SWITCHLESS_TCP_STREAMS=$1" run_bench "bw$1" bandwidth \
+      "-b 16777216 -e 16777216 -n ${SWL_BENCH_ITERS:-60} -w 4 --window 8 --save-json $work/bw$1.json" -- "$tag-n1" "$tag-n2"
+    [ "$status" -eq 0 ] || { tail -n 20 "$work/bw$1".*; fail "bandwidth with $1 streams"; }
+    jq '.rows | last | .algbw_gbits_s' "$work/bw$1.json"
+  }
+  # The bench fills every message with a pattern and verifies it at the receiver inside the timed loop:
+  # its own ceiling (in-process loopback Net, no network, same sizes) bounds what it can show.
+  ceil=$(timeout 120 "$bin" bench bandwidth --loopback -b 16777216 -e 16777216 -n "${SWL_BENCH_ITERS:-60}" -w 4 \
+    --window 8 --no-progress --save-json "$work/ceil.json" >/dev/null 2>&1 && jq '.rows | last | .algbw_gbits_s' "$work/ceil.json")
+  echo "bench.sh: measure: the bench's own ceiling (--loopback, 16 MiB, fill + verify per message): $(printf %.2f "${ceil:-0}") Gb/s"
+  for n in 1 "$streams"; do
+    ip_g=$(iperf "$n")
+    pl_g=$(plugin_bw "$n")
+    awk -v n="$n" -v a="$pl_g" -v b="$ip_g" 'BEGIN { printf "bench.sh: measure %s stream(s): plugin %.2f Gb/s, iperf3 -P %s %.2f Gb/s, ratio %.2f\n", n, a, n, b, (b > 0 ? a / b : 0) }'
+  done
+fi
+echo "bench.sh: ok"
