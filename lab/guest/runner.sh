@@ -177,7 +177,7 @@ json_str() { # $1 -> JSON string body (quotes and backslashes escaped, one line)
 # plugin error lines of a bench output: the first line naming a path failure, else the last
 # error line
 plugin_error() {
-    grep -m1 -E 'on path [0-9]+ .*failed|still pending|no local link reaches' "$1" ||
+    grep -m1 -E 'on path [0-9]+ .*failed|made no progress for|still pending|no local link reaches' "$1" ||
         grep -E 'switchless bench|[Ee]rror|WARN' "$1" | tail -1
 }
 
@@ -285,13 +285,13 @@ run_fault() { # $1 check
             if [ "$tf" = null ]; then why="no death note from node $PB (it did not die mid-transfer?)"
             elif [ $outcome = completed ]; then why="the bench completed although the peer died"
             elif [ $outcome = hang ]; then why="HANG: requests neither completed nor failed after the peer died"
-            elif ! grep -qE 'on path [0-9]+ \(.*\) failed: ' "$out"; then why="no plugin error naming the path and completion status"
+            elif ! grep -qE 'on path [0-9]+ \(.*\) failed: |made no progress for [0-9]+ ms .*on path\(s\) \[0\]' "$out"; then why="no plugin error naming the path and completion status"
             elif ! awk -v a="$tf" -v b="$L_fault_bound" 'BEGIN{exit !(a <= b)}'; then why="failed ${tf}s after the peer died (bound ${L_fault_bound}s)"
             fi ;;
         link-down)
             if [ "$tf" = null ]; then why="the link never went down, or no note of it (transfer over before $L_fault_pkts packets?)"
             elif [ $outcome = hang ]; then why="HANG: requests neither completed nor failed after the link went down"
-            elif [ $outcome = error ] && ! grep -qE 'on path [0-9]+ \(.*\) failed: ' "$out"; then why="no plugin error naming the path and completion status"
+            elif [ $outcome = error ] && ! grep -qE 'on path [0-9]+ \(.*\) failed: |made no progress for [0-9]+ ms .*on path\(s\) \[0\]' "$out"; then why="no plugin error naming the path and completion status"
             elif [ "$tf" != null ] && ! awk -v a="$tf" -v b="$L_fault_bound" 'BEGIN{exit !(a <= b)}'; then why="ended ${tf}s after the link went down (bound ${L_fault_bound}s)"
             fi ;;
     esac

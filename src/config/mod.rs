@@ -37,6 +37,7 @@ pub const VARIABLES: &[&str] = &[
     "NCCL_IB_QPS_PER_CONNECTION",
     "NCCL_SWITCHLESS_TRANSPORT",
     "NCCL_SWITCHLESS_CONNECT_TIMEOUT",
+    "NCCL_SWITCHLESS_REQUEST_TIMEOUT",
     "NCCL_SWITCHLESS_TCP_STREAMS",
     "NCCL_SWITCHLESS_TCP_FALLBACK",
     "NCCL_SWITCHLESS_MIN_CHUNK",
@@ -121,6 +122,10 @@ pub struct Config {
     pub transport: TransportMode,
     /// `NCCL_SWITCHLESS_CONNECT_TIMEOUT`: deadline for one connection's set-up.
     pub connect_timeout: Duration,
+    /// `NCCL_SWITCHLESS_REQUEST_TIMEOUT`: a send or receive that makes no progress for this long fails
+    /// with a timeout instead of waiting forever (a peer or link that died while this side had
+    /// nothing in flight). `None` (the default, `0`): wait forever, like NCCL's own transport.
+    pub request_timeout: Option<Duration>,
     /// `NCCL_SWITCHLESS_TCP_STREAMS`.
     pub tcp_streams: TcpStreams,
     /// `NCCL_SWITCHLESS_TCP_FALLBACK`: with `transport = Auto`, carry a connection over TCP when no
@@ -145,6 +150,7 @@ impl Default for Config {
             ib_qps_per_connection: DEFAULT_QPS_PER_CONNECTION,
             transport: TransportMode::Auto,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            request_timeout: None,
             tcp_streams: TcpStreams::Auto,
             tcp_fallback: false,
             min_chunk: DEFAULT_MIN_CHUNK,
@@ -162,6 +168,11 @@ const FORM_QPS: &str = "1..=128";
 const FORM_TRANSPORT: &str = "auto, rdma or tcp";
 const FORM_CONNECT_TIMEOUT: &str =
     "100ms..=60m: a number of milliseconds, or a number with the unit ms, s or m (e.g. 30s)";
+const FORM_REQUEST_TIMEOUT: &str = "0 (off: wait forever) or 1s..=24h: a number of milliseconds, or a number with the unit ms, s or m (e.g. 300s)";
+/// Shortest accepted request timeout (shorter ones would fail healthy but slow transfers).
+pub const MIN_REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
+/// Longest accepted request timeout.
+pub const MAX_REQUEST_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 const FORM_STREAMS: &str = "auto or 1..=64";
 const FORM_BOOL: &str = "0 or 1";
 const FORM_MIN_CHUNK: &str = "4K..=1G bytes: a number of bytes, or with the suffix K/KiB, M/MiB or G/GiB (powers of 1024), e.g. 128K";
@@ -259,6 +270,25 @@ impl Config {
                 ),
             }
         }
+        if let Some(v) = value("NCCL_SWITCHLESS_REQUEST_TIMEOUT") {
+            const VAR: &str = "NCCL_SWITCHLESS_REQUEST_TIMEOUT";
+            if v.trim() == "0" {
+                cfg.request_timeout = None;
+            } else {
+                match parse_duration(&v) {
+                    Ok(d) if (MIN_REQUEST_TIMEOUT..=MAX_REQUEST_TIMEOUT).contains(&d) => {
+                        cfg.request_timeout = Some(d)
+                    }
+                    Ok(d) => bad(
+                        VAR,
+                        &v,
+                        &format!("{} ms is out of range", d.as_millis()),
+                        FORM_REQUEST_TIMEOUT,
+                    ),
+                    Err(why) => bad(VAR, &v, &why, FORM_REQUEST_TIMEOUT),
+                }
+            }
+        }
         if let Some(v) = value("NCCL_SWITCHLESS_CONNECT_TIMEOUT") {
             match parse_duration(&v) {
                 Ok(d) if (MIN_CONNECT_TIMEOUT..=MAX_CONNECT_TIMEOUT).contains(&d) => {
@@ -338,7 +368,7 @@ impl Config {
         format!(
             "NCCL_IB_HCA={} NCCL_IB_GID_INDEX={} NCCL_IB_TC={} NCCL_IB_SL={} NCCL_IB_TIMEOUT={} \
              NCCL_IB_RETRY_CNT={} NCCL_IB_QPS_PER_CONNECTION={} transport={} connect_timeout={} ms \
-             tcp_streams={} tcp_fallback={} min_chunk={} bytes log_routes={}",
+             request_timeout={} tcp_streams={} tcp_fallback={} min_chunk={} bytes log_routes={}",
             self.ib_hca,
             opt(self.ib_gid_index),
             opt(self.ib_tc),
@@ -348,6 +378,8 @@ impl Config {
             self.ib_qps_per_connection,
             self.transport.as_str(),
             self.connect_timeout.as_millis(),
+            self.request_timeout
+                .map_or_else(|| "off".to_string(), |d| format!("{} ms", d.as_millis())),
             match self.tcp_streams {
                 TcpStreams::Auto => "auto".to_string(),
                 TcpStreams::Fixed(n) => n.to_string(),
@@ -430,6 +462,7 @@ mod tests {
             ("NCCL_IB_QPS_PER_CONNECTION", "128"),
             ("NCCL_SWITCHLESS_TRANSPORT", "TCP"),
             ("NCCL_SWITCHLESS_CONNECT_TIMEOUT", "5s"),
+            ("NCCL_SWITCHLESS_REQUEST_TIMEOUT", "300s"),
             ("NCCL_SWITCHLESS_TCP_STREAMS", "8"),
             ("NCCL_SWITCHLESS_TCP_FALLBACK", "1"),
             ("NCCL_SWITCHLESS_MIN_CHUNK", "1M"),
@@ -446,6 +479,7 @@ mod tests {
         assert_eq!(c.ib_qps_per_connection, 128);
         assert_eq!(c.transport, TransportMode::Tcp);
         assert_eq!(c.connect_timeout, Duration::from_secs(5));
+        assert_eq!(c.request_timeout, Some(Duration::from_secs(300)));
         assert_eq!(c.tcp_streams, TcpStreams::Fixed(8));
         assert!(c.tcp_fallback);
         assert_eq!(c.min_chunk, 1 << 20);
@@ -589,6 +623,30 @@ mod tests {
         fn never_panics_on_numberish_values(idx in 0..VARIABLES.len(), value in "[-+ ]?(0x)?[0-9a-fA-F]{0,25}[ kKmMgGsib]{0,3}") {
             let name = VARIABLES[idx];
             let _ = Config::from_vars(|k| (k == name).then(|| value.clone()));
+        }
+    }
+
+    #[test]
+    fn request_timeout_is_off_by_default_and_checked() {
+        assert_eq!(cfg(&[]).unwrap().request_timeout, None);
+        assert_eq!(
+            cfg(&[("NCCL_SWITCHLESS_REQUEST_TIMEOUT", "0")])
+                .unwrap()
+                .request_timeout,
+            None
+        );
+        assert_eq!(
+            cfg(&[("NCCL_SWITCHLESS_REQUEST_TIMEOUT", "2500")])
+                .unwrap()
+                .request_timeout,
+            Some(Duration::from_millis(2500))
+        );
+        for bad in ["500ms", "25h", "-1", "soon", "10 parsecs"] {
+            let e = cfg(&[("NCCL_SWITCHLESS_REQUEST_TIMEOUT", bad)]).unwrap_err();
+            let m = e.to_string();
+            assert!(m.contains("NCCL_SWITCHLESS_REQUEST_TIMEOUT"), "{m}");
+            assert!(m.contains(bad), "{m}");
+            assert!(m.contains("1s..=24h"), "{m}");
         }
     }
 }

@@ -239,6 +239,7 @@ impl<P: PathFactory> Switchless<P> {
                 min_chunk: view.config.min_chunk.max(1),
                 ..StripeParams::default()
             },
+            request_timeout: view.config.request_timeout,
             ..ProtocolConfig::default()
         };
         let mut b = [0u8; 4];

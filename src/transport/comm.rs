@@ -278,6 +278,17 @@ impl<F: Fabric> Core<F> {
         })
     }
 
+    /// The data paths' labels, for errors about the connection as a whole (a request timeout).
+    fn paths_text(&self) -> String {
+        let l: Vec<String> = self
+            .data
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| format!("[{i}] {}", self.labels[p]))
+            .collect();
+        l.join(", ")
+    }
+
     fn deregister(&mut self, mh: &MemHandle) -> Result<()> {
         self.regs.remove(&mh.reg.token);
         self.fab.deregister(&mh.reg)
@@ -589,9 +600,10 @@ impl<F: Fabric> SendComm<F> {
             let since = *self.stalled_since.get_or_insert_with(Instant::now);
             if let Some(waited) = timed_out(Some(since), self.core.cfg.request_timeout) {
                 return Err(Error::Timeout(format!(
-                    "no clear-to-send from the receiver for {} ms (send of {size} bytes, tag {tag}, FIFO sequence {})",
+                    "send of {size} bytes (tag {tag}) made no progress for {} ms (NCCL_SWITCHLESS_REQUEST_TIMEOUT): no clear-to-send from the receiver (FIFO sequence {}) on path(s) {}",
                     waited.as_millis(),
-                    self.head
+                    self.head,
+                    self.core.paths_text()
                 )));
             }
             return Ok(None);
@@ -786,10 +798,11 @@ impl<F: Fabric> SendComm<F> {
         }
         if let Some(waited) = timed_out(r.posted, self.core.cfg.request_timeout) {
             let msg = format!(
-                "send of {} bytes (tag {}) still pending after {} ms: the peer does not answer",
+                "send of {} bytes (tag {}) made no progress for {} ms (NCCL_SWITCHLESS_REQUEST_TIMEOUT): the peer does not answer on path(s) {}",
                 r.size,
                 r.tag,
-                waited.as_millis()
+                waited.as_millis(),
+                self.core.paths_text()
             );
             self.release(idx);
             return Err(Error::Timeout(msg));
@@ -1243,7 +1256,7 @@ impl<F: Fabric> RecvComm<F> {
             if let Some(w) = timed_out(f.posted, self.core.cfg.request_timeout) {
                 self.release_flush(idx);
                 return Err(Error::Timeout(format!(
-                    "flush read still pending after {} ms",
+                    "flush read made no progress for {} ms (NCCL_SWITCHLESS_REQUEST_TIMEOUT)",
                     w.as_millis()
                 )));
             }
@@ -1267,10 +1280,11 @@ impl<F: Fabric> RecvComm<F> {
         }
         if let Some(w) = timed_out(r.posted, self.core.cfg.request_timeout) {
             let msg = format!(
-                "receive of {} buffers (FIFO sequence {}) still pending after {} ms: the peer does not answer",
+                "receive of {} buffers (FIFO sequence {}) made no progress for {} ms (NCCL_SWITCHLESS_REQUEST_TIMEOUT): the peer does not answer on path(s) {}",
                 r.n,
                 r.seq,
-                w.as_millis()
+                w.as_millis(),
+                self.core.paths_text()
             );
             self.release_slot(idx);
             return Err(Error::Timeout(msg));
