@@ -159,3 +159,21 @@ fn json_and_csv_carry_units_and_rows() {
     let t = report::table(&r);
     assert!(t.contains("size(B)") && t.contains("algbw(GB/s)") && t.contains("busbw(Gb/s)"));
 }
+
+/// Bandwidth verifies outside its timed windows: a corruption of any delivered message (data or
+/// the 1 B ready token, warmup or timed, first or later window) is still counted.
+#[test]
+fn bandwidth_catches_corruption_of_any_message() {
+    // deliveries count from 1; per size: token + 1 (warmup), token + 3 (timed), 1 ack = 7; 4 sizes
+    for k in 1..=28u64 {
+        let cfg = LoopbackConfig {
+            corrupt_message: Some(k),
+            ..LoopbackConfig::default()
+        };
+        let r = run_ranks(&opts(Mode::Bandwidth), 2, cfg).unwrap();
+        assert!(
+            r.errors() >= 1,
+            "bandwidth: corrupted message {k} went unnoticed"
+        );
+    }
+}

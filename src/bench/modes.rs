@@ -544,8 +544,10 @@ pub fn run<N: Net>(net: &N, boot: &mut Bootstrap, o: &Options) -> Result<Report>
             } else {
                 1
             };
-            send_bytes = max * w;
-            recv_bytes = max * w;
+            // bandwidth: one more byte for the ready token after the window's messages
+            let extra = usize::from(o.mode == Mode::Bandwidth);
+            send_bytes = max * w + extra;
+            recv_bytes = max * w + extra;
         }
         Mode::Alltoall => {
             for p in (0..n).filter(|&p| p != me) {
@@ -736,6 +738,11 @@ fn run_latency<N: Net>(
     Ok(size)
 }
 
+/// Bandwidth: each window of up to `window` messages is timed on the receiver from posting its
+/// receives to the last one tested done; pattern fill, scrambling and verification run outside
+/// those intervals. Before each window the sender sends a 1 B "ready" token (after filling the
+/// window, before posting the window's sends), so the receiver starts its clock only when the
+/// sender has the data ready; the token lands past the data slots and is checked too.
 #[allow(clippy::too_many_arguments)]
 fn run_bandwidth<N: Net>(
     net: &N,
@@ -752,41 +759,74 @@ fn run_bandwidth<N: Net>(
     };
     let sender = me < p;
     let (s, r) = (c.send(p, 0)?, c.recv(p, 0)?);
+    // the token slot: one byte after the largest window (see `run`'s buffer sizes)
+    let tok = c.sends[s].buf.len().saturating_sub(1);
     let total_msgs = o.warmup + o.iters;
-    let mut t0 = Instant::now();
+    let mut timed = Duration::ZERO;
     let mut m = 0;
     while m < total_msgs {
-        if m == o.warmup.min(total_msgs) {
-            t0 = Instant::now();
-        }
         // a batch of up to `window` messages, not crossing the warmup boundary
         let end = if m < o.warmup { o.warmup } else { total_msgs };
         let batch = o.window.min(end - m);
         let seed = |i: usize| {
             pattern::seed(&[3, me.min(p) as u64, me.max(p) as u64, size as u64, i as u64])
         };
+        let token_seed =
+            pattern::seed(&[6, me.min(p) as u64, me.max(p) as u64, size as u64, m as u64]);
         if sender {
-            let ops: Vec<SendOp> = (0..batch)
-                .map(|j| {
-                    fill_region(&c.sends[s].buf, j * size, size, seed(m + j));
-                    SendOp {
-                        link: s,
-                        off: j * size,
-                        len: size,
-                        tag: me as i32,
-                    }
-                })
-                .collect();
+            // untimed: fill every message of the window and the token
+            for j in 0..batch {
+                fill_region(&c.sends[s].buf, j * size, size, seed(m + j));
+            }
+            fill_region(&c.sends[s].buf, tok, 1, token_seed);
+            let mut ops = vec![SendOp {
+                link: s,
+                off: tok,
+                len: 1,
+                tag: me as i32,
+            }];
+            ops.extend((0..batch).map(|j| SendOp {
+                link: s,
+                off: j * size,
+                len: size,
+                tag: me as i32,
+            }));
             exchange(net, c, &ops, &[], deadline)?;
         } else {
+            // untimed: scramble the window, wait for the sender's token and check it
             scramble(&c.recvs[r].buf, 0, batch * size);
+            scramble(&c.recvs[r].buf, tok, 1);
+            let got = exchange(
+                net,
+                c,
+                &[],
+                &[RecvOp {
+                    link: r,
+                    bufs: vec![(tok, 1, p as i32)],
+                }],
+                deadline,
+            )?;
+            l.check(check_size(got[0][0], 1, "bandwidth ready token"));
+            l.check(verify_region(
+                &c.recvs[r].buf,
+                tok,
+                1,
+                token_seed,
+                &format!("bandwidth {size} B ready token before message {m} from rank {p}"),
+            ));
+            // timed: post the window's receives .. all tested done
             let ops: Vec<RecvOp> = (0..batch)
                 .map(|j| RecvOp {
                     link: r,
                     bufs: vec![(j * size, size, p as i32)],
                 })
                 .collect();
+            let t0 = Instant::now();
             let got = exchange(net, c, &[], &ops, deadline)?;
+            if m >= o.warmup {
+                timed += t0.elapsed();
+            }
+            // untimed: check every message
             for (j, g) in got.iter().enumerate() {
                 l.check(check_size(g[0], size, "bandwidth"));
                 l.check(verify_region(
@@ -800,7 +840,11 @@ fn run_bandwidth<N: Net>(
         }
         m += batch;
     }
-    // the receiver's ack closes the timed interval: the sender stops when all data has landed
+    if !sender {
+        l.time_us = timed.as_secs_f64() * 1e6 / o.iters as f64;
+    }
+    // the receiver's ack ends the size on both sides (untimed): the sender does not start the
+    // next size before every message of this one has landed
     let ack = pattern::seed(&[4, p as u64, size as u64]);
     if sender {
         scramble(&c.recvs[r].buf, 0, 1);
@@ -814,7 +858,6 @@ fn run_bandwidth<N: Net>(
             }],
             deadline,
         )?;
-        l.time_us = t0.elapsed().as_secs_f64() * 1e6 / o.iters as f64;
         l.check(check_size(got[0][0], 1, "bandwidth ack"));
         l.check(verify_region(
             &c.recvs[r].buf,
