@@ -2,9 +2,8 @@
 //!
 //! A **TCP link** is what the TCP transport uses as a path: a [`LinkKind::Tcp`] local link (an IPv4
 //! address on a PCI netdev that no RDMA port holds as a RoCE v2 GID), on a netdev with no RDMA device
-//! at all. It is **point-to-point** when its connected subnet is a /30 or /31, or (wider subnets, e.g.
-//! the GB10 playbook's /24 per cable) when the subnet holds exactly one complete neighbour and no
-//! gateway route leaves through the netdev (a management network has a gateway).
+//! at all. It is **point-to-point** when its connected subnet is a /30 or /31: the rule the plugin's
+//! TCP data paths use, so doctor tunes exactly the links the transport would carry data on.
 //!
 //! What is read for those links (all through the [`Reader`], so `--root` and `--capture` work):
 //! * `/sys/class/net/<if>/queues/` (listing): the `rx-N` entries are the active receive queues.
@@ -60,7 +59,7 @@ pub struct TcpLink {
     pub netdev: String,
     /// Address with the prefix of its connected subnet.
     pub addr: Ipv4Net,
-    /// Why it is point-to-point: "/30", "/31" or "one neighbour".
+    /// Why it is point-to-point: "/30" or "/31".
     pub point_to_point: String,
     /// What the link can carry, Mb/s: min(netdev speed, PCIe bandwidth); None when unknown.
     pub speed_mbps: Option<u32>,
@@ -89,32 +88,17 @@ pub struct BufferLimits {
 }
 
 /// Why the subnet of `a` on `n` is point-to-point, or None.
-pub fn point_to_point(m: &HostModel, n: &Netdev, a: &NetAddr) -> Option<&'static str> {
+pub fn point_to_point(_m: &HostModel, _n: &Netdev, a: &NetAddr) -> Option<&'static str> {
+    // The same rule as the plugin's TCP data paths (`plugin::netfactory::tcp_data_link`): only a /30 or
+    // /31 is a cable. A wider subnet with a single neighbour today (a two-node management LAN, a lab
+    // hub) is not, so doctor does not tune it as one.
     if !a.has_route {
         return None;
     }
     match a.addr.prefix_len() {
         31 => Some("/31"),
         30 => Some("/30"),
-        32 => None,
-        _ => {
-            let routed = m
-                .kernel_routes
-                .iter()
-                .any(|r| r.gateway.is_some() && r.ifname == n.name);
-            let net = a.addr.trunc();
-            let neighbours = m
-                .neighbours
-                .iter()
-                .filter(|nb| {
-                    nb.complete
-                        && nb.ifname == n.name
-                        && net.contains(&nb.addr)
-                        && nb.addr != a.addr.addr()
-                })
-                .count();
-            (!routed && neighbours == 1).then_some("one neighbour")
-        }
+        _ => None,
     }
 }
 
