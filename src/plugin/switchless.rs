@@ -48,7 +48,7 @@ use crate::fabric::NcclDevice;
 use crate::route::handle::{Handle as HandleView, HandleRepr};
 use crate::route::select::{KindFilter, PathChoice, RouteOptions, select};
 use crate::route::types::LinkKind;
-use crate::transport::comm::{self, MemHandle, ProtocolConfig, RecvComm, SendComm};
+use crate::transport::comm::{self, MemHandle, ProtocolConfig, RecvComm, Registrar, SendComm};
 use crate::transport::fabric::MemKind;
 use crate::transport::handshake::{
     AcceptPoll, AcceptorView, ConnectPoll, Connector, Established, Incoming, Listener, PathParams,
@@ -678,6 +678,18 @@ fn closed(what: &str) -> Error {
     Error::InvalidArgument(format!("{what} on a comm that is already closed"))
 }
 
+/// Runs a registration call `what` on either comm, or fails when NCCL already closed it.
+fn with_registrar<P: PathFactory, R>(
+    comm: CommMut<'_, Switchless<P>>,
+    what: &str,
+    f: impl FnOnce(&mut dyn Registrar) -> Result<R>,
+) -> Result<R> {
+    match comm {
+        CommMut::Send(s) => f(lock(&s.comm)?.as_mut().ok_or_else(|| closed(what))?),
+        CommMut::Recv(r) => f(lock(&r.comm)?.as_mut().ok_or_else(|| closed(what))?),
+    }
+}
+
 impl<P: PathFactory> Backend for Switchless<P> {
     type Listen = ListenEnd<P>;
     type Send = SendEnd<P::Fabric>;
@@ -867,16 +879,7 @@ impl<P: PathFactory> Backend for Switchless<P> {
     fn reg_mr(comm: CommMut<'_, Self>, region: Region) -> Result<MemHandle> {
         let kind = mem_kind(&region);
         let (addr, len) = (region.addr as u64, region.size as u64);
-        match comm {
-            CommMut::Send(s) => lock(&s.comm)?
-                .as_mut()
-                .ok_or_else(|| closed("regMr"))?
-                .reg_mr(addr, len, kind),
-            CommMut::Recv(r) => lock(&r.comm)?
-                .as_mut()
-                .ok_or_else(|| closed("regMr"))?
-                .reg_mr(addr, len, kind),
-        }
+        with_registrar(comm, "regMr", |r| r.reg_mr(addr, len, kind))
     }
 
     fn reg_mr_dmabuf(
@@ -886,29 +889,13 @@ impl<P: PathFactory> Backend for Switchless<P> {
         fd: BorrowedFd<'_>,
     ) -> Result<MemHandle> {
         let (addr, len) = (region.addr as u64, region.size as u64);
-        match comm {
-            CommMut::Send(s) => lock(&s.comm)?
-                .as_mut()
-                .ok_or_else(|| closed("regMrDmaBuf"))?
-                .reg_mr_dmabuf(addr, len, offset, fd),
-            CommMut::Recv(r) => lock(&r.comm)?
-                .as_mut()
-                .ok_or_else(|| closed("regMrDmaBuf"))?
-                .reg_mr_dmabuf(addr, len, offset, fd),
-        }
+        with_registrar(comm, "regMrDmaBuf", |r| {
+            r.reg_mr_dmabuf(addr, len, offset, fd)
+        })
     }
 
     fn dereg_mr(comm: CommMut<'_, Self>, mr: MemHandle) -> Result<()> {
-        match comm {
-            CommMut::Send(s) => lock(&s.comm)?
-                .as_mut()
-                .ok_or_else(|| closed("deregMr"))?
-                .dereg_mr(mr),
-            CommMut::Recv(r) => lock(&r.comm)?
-                .as_mut()
-                .ok_or_else(|| closed("deregMr"))?
-                .dereg_mr(mr),
-        }
+        with_registrar(comm, "deregMr", |r| r.dereg_mr(mr))
     }
 
     fn isend(

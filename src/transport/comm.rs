@@ -246,6 +246,48 @@ macro_rules! registration_methods {
     };
 }
 
+/// Registration as NCCL sees it (`regMr`, `regMrDmaBuf`, `deregMr`), the same on both comm types, so
+/// callers holding either can register through one `&mut dyn Registrar`.
+pub trait Registrar {
+    /// Registers memory on every path (NCCL `regMr`).
+    fn reg_mr(&mut self, addr: u64, len: u64, kind: MemKind) -> Result<MemHandle>;
+    /// Registers GPU memory exported as DMA-BUF (NCCL `regMrDmaBuf`).
+    fn reg_mr_dmabuf(
+        &mut self,
+        addr: u64,
+        len: u64,
+        offset: u64,
+        fd: BorrowedFd<'_>,
+    ) -> Result<MemHandle>;
+    /// Releases a registration (NCCL `deregMr`).
+    fn dereg_mr(&mut self, mh: MemHandle) -> Result<()>;
+}
+
+/// Implements [`Registrar`] for a comm type through its inherent methods.
+macro_rules! impl_registrar {
+    ($comm:ident) => {
+        impl<F: Fabric> Registrar for $comm<F> {
+            fn reg_mr(&mut self, addr: u64, len: u64, kind: MemKind) -> Result<MemHandle> {
+                $comm::reg_mr(self, addr, len, kind)
+            }
+            fn reg_mr_dmabuf(
+                &mut self,
+                addr: u64,
+                len: u64,
+                offset: u64,
+                fd: BorrowedFd<'_>,
+            ) -> Result<MemHandle> {
+                $comm::reg_mr_dmabuf(self, addr, len, offset, fd)
+            }
+            fn dereg_mr(&mut self, mh: MemHandle) -> Result<()> {
+                $comm::dereg_mr(self, mh)
+            }
+        }
+    };
+}
+impl_registrar!(SendComm);
+impl_registrar!(RecvComm);
+
 impl<F: Fabric> Core<F> {
     fn new(fab: F, cfg: ProtocolConfig) -> Result<Core<F>> {
         let paths = fab.paths();
