@@ -36,10 +36,25 @@
 //!
 //! # Threads
 //!
-//! Per stream one sender and one receiver helper thread (blocking work is done there, with
-//! `MSG_DONTWAIT` I/O and `poll(2)` waits of at most [`WAIT_MS`] so that a stop request is seen
-//! quickly). `post_*` only enqueue and `poll` only drains a queue: NCCL's progress thread never
-//! blocks in the kernel. [`Fabric::shutdown`] (also run on drop) stops and joins every helper thread.
+//! No thread per stream: a small process-wide pool of I/O worker threads (module `pool`), shared by
+//! every `TcpFabric` of the process, drives all streams with an event loop (`mio`, epoll): each
+//! stream is a non-blocking state machine per direction, resumed when its socket is ready. `post_*`
+//! only enqueue (and wake the stream's worker when its sender was idle) and `poll` only drains a
+//! queue: NCCL's progress thread never blocks in the kernel.
+//!
+//! * Pool size: [`TcpConfig::io_threads`] (`NCCL_SWITCHLESS_TCP_THREADS`), by default
+//!   [`default_io_threads`] = the CPUs this process may use, 1..=8: a worker only copies between
+//!   sockets and memory, so more workers than CPUs add context switches, not bandwidth, and 8 cores
+//!   of copies cover the TCP links a host drives while leaving CPUs to NCCL. The size in effect when
+//!   the pool starts holds until it empties.
+//! * Assignment: a stream goes to the worker holding the fewest streams of its fabric, then the
+//!   fewest streams overall; a new worker starts (up to the pool size) when none is idle. So the
+//!   streams of one path run on different threads, and the pool never has more threads than streams.
+//! * Lifecycle: workers start when the first stream is added; [`Fabric::shutdown`] (also run on
+//!   drop) takes the fabric's streams out of their workers and waits until no worker touches them;
+//!   a worker left without streams exits and is joined there. After the last fabric is shut down no
+//!   pool thread is left ([`io_threads`] = 0): NCCL unloads the plugin after finalize, and a thread
+//!   still running inside the unmapped library would crash the process.
 //!
 //! # Memory
 //!
@@ -54,8 +69,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::{self, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
-use std::thread::JoinHandle;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, Socket, Type};
@@ -67,6 +81,10 @@ use crate::transport::fabric::{
 };
 use crate::verbs::rawmem::{self, RawRegion, Ready};
 
+mod pool;
+
+pub use pool::{DEFAULT_MAX_IO_THREADS, MAX_IO_THREADS, default_io_threads, io_threads};
+
 /// Streams per path: at least this many (one stream never fills a 10 Gb/s link, seed 003).
 pub const MIN_STREAMS: usize = 2;
 /// Streams per path: at most this many.
@@ -74,8 +92,6 @@ pub const MAX_STREAMS: usize = 16;
 /// Link speed one stream is expected to carry, in Mb/s (seed 003: one stream stayed under 2.2 Gb/s
 /// on 10GBase-T).
 pub const MBPS_PER_STREAM: u64 = 2500;
-/// Longest a helper thread waits in one `poll(2)` or condition wait before checking for a stop, ms.
-pub const WAIT_MS: i32 = 100;
 /// Writes up to this many bytes are copied when posted and sent as one frame.
 pub const COPY_AT_POST_BYTES: usize = 4096;
 /// Frame payloads are at least this large (unless the write is smaller).
@@ -155,6 +171,10 @@ pub struct TcpConfig {
     pub frame_bytes: usize,
     /// Deadline for connecting and accepting every stream.
     pub connect_timeout: Duration,
+    /// I/O worker threads of the process-wide pool (1..=[`MAX_IO_THREADS`]); `None`:
+    /// [`default_io_threads`]. Used when the pool starts (its first stream); the config layer maps
+    /// `NCCL_SWITCHLESS_TCP_THREADS` here.
+    pub io_threads: Option<usize>,
 }
 
 impl Default for TcpConfig {
@@ -165,6 +185,7 @@ impl Default for TcpConfig {
             buffers: BufferPolicy::Auto,
             frame_bytes: 512 * 1024,
             connect_timeout: Duration::from_secs(10),
+            io_threads: None,
         }
     }
 }
@@ -182,6 +203,13 @@ impl TcpConfig {
             return Err(Error::InvalidUsage(format!(
                 "TCP frame size {} bytes; accepted: {MIN_FRAME_BYTES}..={MAX_FRAME_BYTES} bytes",
                 self.frame_bytes
+            )));
+        }
+        if let Some(t) = self.io_threads
+            && !(1..=MAX_IO_THREADS).contains(&t)
+        {
+            return Err(Error::InvalidUsage(format!(
+                "{t} TCP I/O threads; accepted: 1..={MAX_IO_THREADS}"
             )));
         }
         if let BufferPolicy::Fixed(b) = self.buffers
@@ -481,10 +509,17 @@ struct RxState {
     error: bool,
 }
 
+/// Frames waiting for a stream's worker.
+#[derive(Default)]
+struct TxQueue {
+    frames: VecDeque<Frame>,
+    /// The worker found the queue empty and waits to be woken for the next frame.
+    idle: bool,
+}
+
 struct StreamShared {
     sock: TcpStream,
-    q: Mutex<VecDeque<Frame>>,
-    cv: Condvar,
+    q: Mutex<TxQueue>,
     queued: AtomicU64,
     sent_bytes: AtomicU64,
     /// A frame was started on this stream and not finished (no close frame may follow it).
@@ -523,11 +558,9 @@ impl PathShared {
     }
 
     fn close_streams(&self) {
+        // The workers see the hang-up as readiness and end both directions.
         for s in &self.streams {
             let _ = s.sock.shutdown(std::net::Shutdown::Both);
-            // Under the queue lock: a sender between its stop check and its wait cannot miss this.
-            let _q = lock(&s.q);
-            s.cv.notify_all();
         }
     }
 
@@ -560,7 +593,7 @@ impl PathShared {
         }
         drop(tx);
         for s in &self.streams {
-            lock(&s.q).clear();
+            lock(&s.q).frames.clear();
             s.queued.store(0, Ordering::Relaxed);
         }
     }
@@ -613,391 +646,6 @@ impl PathShared {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Helper threads
-// ---------------------------------------------------------------------------------------------------
-
-enum Io {
-    Done,
-    Stopped,
-    Eof,
-    Err(io::Error),
-}
-
-/// Sends all of `data`, waiting for room in bounded steps.
-fn send_all(sh: &Shared, sock: &TcpStream, data: &[u8], more: bool) -> Io {
-    let mut off = 0;
-    while off < data.len() {
-        if sh.stop.load(Ordering::Relaxed) {
-            return Io::Stopped;
-        }
-        match rawmem::send_slice(sock, &data[off..], more) {
-            Ok(n) => off += n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                if let Err(e) = rawmem::wait_fd(sock, Ready::Write, WAIT_MS) {
-                    return Io::Err(e);
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Io::Err(e),
-        }
-    }
-    Io::Done
-}
-
-/// Receives exactly `out.len()` bytes; `Eof` only when the stream ended before the first byte and
-/// `at_boundary` is set.
-fn recv_all(sh: &Shared, sock: &TcpStream, out: &mut [u8], at_boundary: bool) -> Io {
-    let mut off = 0;
-    while off < out.len() {
-        if sh.stop.load(Ordering::Relaxed) {
-            return Io::Stopped;
-        }
-        match rawmem::recv_slice(sock, &mut out[off..]) {
-            Ok(0) if off == 0 && at_boundary => return Io::Eof,
-            Ok(0) => {
-                return Io::Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    format!("stream ended {off} bytes into a {}-byte block", out.len()),
-                ));
-            }
-            Ok(n) => off += n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                if let Err(e) = rawmem::wait_fd(sock, Ready::Read, WAIT_MS) {
-                    return Io::Err(e);
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Io::Err(e),
-        }
-    }
-    Io::Done
-}
-
-fn tx_loop(sh: Arc<Shared>, p: usize, s: usize) {
-    let path = &sh.paths[p];
-    let st = &path.streams[s];
-    loop {
-        let frame = {
-            let mut q = lock(&st.q);
-            loop {
-                if sh.stop.load(Ordering::Relaxed) {
-                    return;
-                }
-                if let Some(f) = q.pop_front() {
-                    break f;
-                }
-                q = st
-                    .cv
-                    .wait_timeout(q, Duration::from_millis(WAIT_MS as u64))
-                    .map(|(g, _)| g)
-                    .unwrap_or_else(|e| e.into_inner().0);
-            }
-        };
-        let len = frame.len();
-        st.mid_frame.store(true, Ordering::Relaxed);
-        let mut res = send_all(&sh, &st.sock, &frame.hdr, len > 0);
-        if matches!(res, Io::Done) {
-            res = match &frame.payload {
-                Payload::Bytes(b) => send_all(&sh, &st.sock, b, false),
-                Payload::Raw { reg, addr, len } => send_raw(&sh, &st.sock, reg, *addr, *len),
-            };
-        }
-        st.queued.fetch_sub(len as u64, Ordering::Relaxed);
-        match res {
-            Io::Done => {
-                st.mid_frame.store(false, Ordering::Relaxed);
-                st.sent_bytes.fetch_add(len as u64, Ordering::Relaxed);
-                path.frame_sent(frame.wr);
-            }
-            Io::Stopped => return,
-            Io::Eof => {}
-            Io::Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
-                path.fail_tx(WcStatus::LOC_PROT_ERR, Some(frame.wr), &e.to_string());
-                path.close_streams();
-                return;
-            }
-            Io::Err(e) => {
-                path.fail_tx(
-                    WcStatus::RETRY_EXC_ERR,
-                    Some(frame.wr),
-                    &format!("stream {s}: sending failed: {e}"),
-                );
-                path.fail_rx(&format!("stream {s} broke: {e}"), false);
-                path.close_streams();
-                return;
-            }
-        }
-    }
-}
-
-/// Sends `len` bytes of a registered region, copying under its lock and waiting without it.
-fn send_raw(sh: &Shared, sock: &TcpStream, reg: &Reg, addr: u64, len: usize) -> Io {
-    let RegMem::Raw(region) = &reg.mem else {
-        return Io::Err(io::Error::other("raw payload from control memory"));
-    };
-    let mut off = 0usize;
-    while off < len {
-        if sh.stop.load(Ordering::Relaxed) {
-            return Io::Stopped;
-        }
-        let r = {
-            let alive = read_lock(&reg.alive);
-            if !*alive {
-                return Io::Err(io::Error::new(
-                    io::ErrorKind::PermissionDenied,
-                    format!(
-                        "source {addr:#x}+{len} bytes was deregistered before it was sent (local protection error)"
-                    ),
-                ));
-            }
-            region.send_from(sock, addr + off as u64, len - off, false)
-        };
-        match r {
-            Ok(n) => off += n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                if let Err(e) = rawmem::wait_fd(sock, Ready::Write, WAIT_MS) {
-                    return Io::Err(e);
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Io::Err(e),
-        }
-    }
-    Io::Done
-}
-
-/// Receives `len` bytes straight into a registered region, copying under its lock.
-fn recv_raw(
-    sh: &Shared,
-    sock: &TcpStream,
-    reg: &Reg,
-    region: &RawRegion,
-    addr: u64,
-    len: usize,
-) -> Io {
-    let mut off = 0usize;
-    while off < len {
-        if sh.stop.load(Ordering::Relaxed) {
-            return Io::Stopped;
-        }
-        let r = {
-            let alive = read_lock(&reg.alive);
-            if !*alive {
-                return Io::Err(io::Error::new(
-                    io::ErrorKind::PermissionDenied,
-                    format!("target {addr:#x}+{len} bytes was deregistered during the write"),
-                ));
-            }
-            region.recv_into(sock, addr + off as u64, len - off)
-        };
-        match r {
-            Ok(0) => {
-                return Io::Err(io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    format!("stream ended {off} bytes into a {len}-byte payload"),
-                ));
-            }
-            Ok(n) => off += n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                if let Err(e) = rawmem::wait_fd(sock, Ready::Read, WAIT_MS) {
-                    return Io::Err(e);
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Io::Err(e),
-        }
-    }
-    Io::Done
-}
-
-enum RxErr {
-    Stopped,
-    Eof,
-    /// The peer's close frame; `true` when it dropped work (not orderly).
-    Goodbye(bool),
-    Io(io::Error),
-    Violation(String),
-}
-
-fn rx_frame(sh: &Shared, p: usize, s: usize) -> std::result::Result<(), RxErr> {
-    let path = &sh.paths[p];
-    let sock = &path.streams[s].sock;
-    let mut hb = [0u8; HDR_LEN];
-    match recv_all(sh, sock, &mut hb, true) {
-        Io::Done => {}
-        Io::Stopped => return Err(RxErr::Stopped),
-        Io::Eof => return Err(RxErr::Eof),
-        Io::Err(e) => return Err(RxErr::Io(e)),
-    }
-    let h = Header::decode(&hb).map_err(RxErr::Violation)?;
-    if h.op == OP_CLOSE {
-        return Err(RxErr::Goodbye(h.flags & FLAG_DIRTY != 0));
-    }
-    let len = h.len as usize;
-    let reg = read_lock(&sh.regs).get(&h.rkey).cloned().ok_or_else(|| {
-        RxErr::Violation(format!(
-            "peer wrote with rkey {:#x}, which names no registration of this endpoint (remote access error)",
-            h.rkey
-        ))
-    })?;
-    if !reg.contains(h.addr, len) {
-        return Err(RxErr::Violation(format!(
-            "peer wrote {len} bytes at {:#x}, outside the registration of rkey {:#x} (remote access error)",
-            h.addr, h.rkey
-        )));
-    }
-    let ctrl = match &reg.mem {
-        RegMem::Raw(region) => {
-            match recv_raw(sh, sock, &reg, region, h.addr, len) {
-                Io::Done => {}
-                Io::Stopped => return Err(RxErr::Stopped),
-                Io::Eof => return Err(RxErr::Eof),
-                Io::Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
-                    return Err(RxErr::Violation(e.to_string()));
-                }
-                Io::Err(e) => return Err(RxErr::Io(e)),
-            }
-            None
-        }
-        RegMem::Ctrl(_) => {
-            let mut buf = vec![0u8; len];
-            match recv_all(sh, sock, &mut buf, false) {
-                Io::Done => {}
-                Io::Stopped => return Err(RxErr::Stopped),
-                Io::Eof => return Err(RxErr::Eof),
-                Io::Err(e) => return Err(RxErr::Io(e)),
-            }
-            Some((Arc::clone(&reg), h.addr, buf))
-        }
-    };
-    let imm = (h.flags & FLAG_IMM != 0).then_some((h.imm, h.wr_len));
-    let mut rx = lock(&path.rx);
-    if rx.error {
-        return Ok(());
-    }
-    if h.seq < rx.next_apply
-        || h.seq >= rx.next_apply + SEQ_WINDOW
-        || rx.pending.contains_key(&h.seq)
-    {
-        return Err(RxErr::Violation(format!(
-            "frame sequence {} outside the window {}..{} or repeated",
-            h.seq,
-            rx.next_apply,
-            rx.next_apply + SEQ_WINDOW
-        )));
-    }
-    rx.buffered += ctrl.as_ref().map_or(0, |c| c.2.len());
-    if rx.buffered > MAX_BUFFERED_CTRL {
-        return Err(RxErr::Violation(format!(
-            "more than {MAX_BUFFERED_CTRL} bytes of control writes held out of order"
-        )));
-    }
-    rx.pending.insert(h.seq, Effect { ctrl, imm });
-    // Apply ordered effects: everything up to the first gap.
-    loop {
-        let next = rx.next_apply;
-        let Some(eff) = rx.pending.remove(&next) else {
-            break;
-        };
-        rx.next_apply += 1;
-        if let Some((reg, addr, bytes)) = eff.ctrl {
-            rx.buffered -= bytes.len();
-            let alive = read_lock(&reg.alive);
-            if *alive && let RegMem::Ctrl(block) = &reg.mem {
-                block.store_bytes(addr, &bytes);
-            }
-        }
-        if let Some((imm, wr_len)) = eff.imm {
-            let Some(wr_id) = rx.recvs.pop_front() else {
-                return Err(RxErr::Violation(
-                    "peer wrote with an immediate but no receive is posted (RNR)".into(),
-                ));
-            };
-            path.complete(Completion {
-                wr_id,
-                status: WcStatus::SUCCESS,
-                opcode: WcOpcode::RecvRdmaWithImm,
-                byte_len: wr_len,
-                imm: Some(imm),
-            });
-        }
-    }
-    Ok(())
-}
-
-fn rx_loop(sh: Arc<Shared>, p: usize, s: usize) {
-    let path = &sh.paths[p];
-    loop {
-        match rx_frame(&sh, p, s) {
-            Ok(()) => {}
-            Err(RxErr::Stopped) => return,
-            Err(RxErr::Goodbye(false)) => {
-                // Orderly: everything the peer sent on this stream has been applied. Once every
-                // stream said so, the peer is gone; our own writes can no longer be delivered, but
-                // posted receives stay posted (as with RC when the peer destroys its QP).
-                let all = {
-                    let mut rx = lock(&path.rx);
-                    rx.goodbyes += 1;
-                    rx.goodbyes == path.streams.len()
-                };
-                if all {
-                    tracing::debug!(label = %path.label, "NET/switchless: TCP path {}: the peer closed", path.label);
-                    path.fail_tx(
-                        WcStatus::RETRY_EXC_ERR,
-                        None,
-                        "the peer closed the connection",
-                    );
-                }
-                return;
-            }
-            Err(RxErr::Goodbye(true)) => {
-                if sh.stop.load(Ordering::Relaxed) {
-                    return;
-                }
-                let why = format!(
-                    "stream {s}: the peer shut down with work requests outstanding (mid-transfer)"
-                );
-                path.fail_rx(&why, true);
-                path.fail_tx(WcStatus::RETRY_EXC_ERR, None, &why);
-                path.close_streams();
-                return;
-            }
-            Err(RxErr::Eof) => {
-                if sh.stop.load(Ordering::Relaxed) {
-                    return;
-                }
-                let why = format!(
-                    "stream {s}: the peer closed it without a close frame (the peer process died or reset the connection)"
-                );
-                path.fail_rx(&why, true);
-                path.fail_tx(WcStatus::RETRY_EXC_ERR, None, &why);
-                path.close_streams();
-                return;
-            }
-            Err(RxErr::Io(e)) => {
-                if sh.stop.load(Ordering::Relaxed) {
-                    return;
-                }
-                path.fail_rx(&format!("stream {s}: receiving failed: {e}"), true);
-                path.fail_tx(
-                    WcStatus::RETRY_EXC_ERR,
-                    None,
-                    &format!("stream {s} broke while receiving: {e}"),
-                );
-                path.close_streams();
-                return;
-            }
-            Err(RxErr::Violation(why)) => {
-                path.fail_rx(&format!("stream {s}: {why}; closing the path"), true);
-                path.fail_tx(WcStatus::REM_OP_ERR, None, &why);
-                path.close_streams();
-                return;
-            }
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------------
 // The fabric
 // ---------------------------------------------------------------------------------------------------
 
@@ -1006,8 +654,8 @@ fn rx_loop(sh: Arc<Shared>, p: usize, s: usize) {
 pub struct TcpFabric {
     sh: Arc<Shared>,
     paths: Vec<PathInfo>,
-    /// Helper threads: (is a sender, handle).
-    threads: Vec<(bool, JoinHandle<()>)>,
+    /// This endpoint's streams in the I/O pool, per path.
+    io: Vec<Vec<pool::StreamHandle>>,
     ctrl: Vec<Arc<CtrlBlock>>,
     tokens: HashMap<u64, u32>,
     next_key: u32,
@@ -1075,8 +723,7 @@ impl TcpFabric {
                     .into_iter()
                     .map(|sock| StreamShared {
                         sock,
-                        q: Mutex::new(VecDeque::new()),
-                        cv: Condvar::new(),
+                        q: Mutex::new(TxQueue::default()),
                         queued: AtomicU64::new(0),
                         sent_bytes: AtomicU64::new(0),
                         mid_frame: AtomicBool::new(false),
@@ -1099,7 +746,7 @@ impl TcpFabric {
         let mut fab = TcpFabric {
             sh: Arc::clone(&sh),
             paths,
-            threads: Vec::new(),
+            io: Vec::new(),
             ctrl: Vec::new(),
             tokens: HashMap::new(),
             next_key: seed,
@@ -1111,30 +758,9 @@ impl TcpFabric {
         if let Some(pre) = pre {
             fab.adopt(pre)?;
         }
-        for p in 0..sh.paths.len() {
-            for s in 0..sh.paths[p].streams.len() {
-                for tx in [true, false] {
-                    let sh2 = Arc::clone(&sh);
-                    let name = format!("swl-{}{p}.{s}", if tx { "tx" } else { "rx" });
-                    let h = std::thread::Builder::new()
-                        .name(name)
-                        .spawn(move || {
-                            if tx {
-                                tx_loop(sh2, p, s)
-                            } else {
-                                rx_loop(sh2, p, s)
-                            }
-                        })
-                        .map_err(|e| Error::io("starting a TCP helper thread", e));
-                    match h {
-                        Ok(h) => fab.threads.push((tx, h)),
-                        Err(e) => {
-                            let _ = fab.shutdown();
-                            return Err(e);
-                        }
-                    }
-                }
-            }
+        if let Err(e) = pool::add_streams(&sh, cfg.io_threads, &mut fab.io) {
+            let _ = fab.shutdown();
+            return Err(e);
         }
         Ok(fab)
     }
@@ -1142,7 +768,7 @@ impl TcpFabric {
     /// An endpoint whose streams are not connected yet: memory can be registered, control memory
     /// allocated and receives posted (what the protocol does before the handshake); nothing can be
     /// sent. Give it to [`TcpConnector::adopting`] / [`TcpAcceptor::adopting`]: the endpoint their
-    /// `poll` returns takes all of it over (same addresses and keys) before its helper threads start.
+    /// `poll` returns takes all of it over (same addresses and keys) before its streams join the I/O pool.
     pub fn unconnected(specs: &[TcpPathSpec], cfg: &TcpConfig) -> Result<TcpFabric> {
         check_specs(specs)?;
         let none = specs.iter().map(|_| Vec::new()).collect();
@@ -1160,7 +786,7 @@ impl TcpFabric {
                 self.paths.len()
             )));
         }
-        if !pre.threads.is_empty() || !self.tokens.is_empty() {
+        if pre.io.iter().any(|v| !v.is_empty()) || !self.tokens.is_empty() {
             return Err(Error::Internal(
                 "TCP adopt: the old endpoint must be unconnected and the new one unused".into(),
             ));
@@ -1227,9 +853,20 @@ impl TcpFabric {
         })
     }
 
-    /// Number of helper threads still owned (0 after [`Fabric::shutdown`]).
+    /// Number of distinct pool threads serving this endpoint's streams (0 after
+    /// [`Fabric::shutdown`]). The threads are shared with other endpoints; see [`io_threads`].
     pub fn helper_threads(&self) -> usize {
-        self.threads.len()
+        let mut w: Vec<u64> = self.io.iter().flatten().map(|h| h.worker()).collect();
+        w.sort_unstable();
+        w.dedup();
+        w.len()
+    }
+
+    /// The pool thread (a serial number, unique in the process) serving each stream of `path`.
+    pub fn stream_workers(&self, path: usize) -> Vec<u64> {
+        self.io
+            .get(path)
+            .map_or_else(Vec::new, |v| v.iter().map(|h| h.worker()).collect())
     }
 
     fn check_path(&self, path: usize) -> Result<&PathShared> {
@@ -1910,6 +1547,8 @@ impl Fabric for TcpFabric {
             (len.div_ceil(nstreams).div_ceil(4096) * 4096).clamp(MIN_FRAME_BYTES, frame_bytes)
         };
         let nframes = len.div_ceil(frame).max(1);
+        // Streams whose worker must be woken (its sender was idle), after the locks are released.
+        let mut kick = [false; MAX_STREAMS];
         let mut tx = lock(&p.tx);
         let wr_index = tx.first_wr + tx.wrs.len() as u64;
         tx.wrs.push_back(WrTrack {
@@ -1956,12 +1595,22 @@ impl Fabric for TcpFabric {
                 .map_or(0, |(i, _)| i);
             let st = &p.streams[s];
             st.queued.fetch_add(flen as u64, Ordering::Relaxed);
-            lock(&st.q).push_back(Frame {
+            let mut q = lock(&st.q);
+            q.frames.push_back(Frame {
                 hdr,
                 payload,
                 wr: wr_index,
             });
-            st.cv.notify_one();
+            if q.idle {
+                q.idle = false;
+                kick[s] = true;
+            }
+        }
+        drop(tx);
+        if let Some(handles) = self.io.get(path) {
+            for (h, _) in handles.iter().zip(kick).filter(|(_, k)| *k) {
+                h.kick();
+            }
         }
         Ok(())
     }
@@ -2005,25 +1654,10 @@ impl Fabric for TcpFabric {
         }
         self.shut = true;
         self.sh.stop.store(true, Ordering::SeqCst);
-        let mut panicked = 0;
-        let mut join = |threads: Vec<(bool, JoinHandle<()>)>| {
-            for (_, t) in threads {
-                if t.join().is_err() {
-                    panicked += 1;
-                }
-            }
-        };
-        // 1. Stop the senders (they see the stop flag at their next step or wake-up).
-        for p in &self.sh.paths {
-            for st in &p.streams {
-                let _q = lock(&st.q);
-                st.cv.notify_all();
-            }
-        }
-        let (senders, receivers): (Vec<_>, Vec<_>) = std::mem::take(&mut self.threads)
-            .into_iter()
-            .partition(|(tx, _)| *tx);
-        join(senders);
+        // 1. Take the streams out of their workers; after this no pool thread touches them (a
+        //    frame a worker was in the middle of stays unfinished: no close frame follows it).
+        let panicked =
+            pool::remove_streams(std::mem::take(&mut self.io).into_iter().flatten().collect());
         // 2. Say goodbye on every stream that is at a frame boundary: orderly when nothing was
         //    dropped, "dirty" when work requests were still outstanding (the peer then fails its
         //    receives instead of waiting for data that will never come).
@@ -2061,11 +1695,10 @@ impl Fabric for TcpFabric {
                 }
             }
         }
-        // 3. Close the streams (wakes the receivers) and join the receivers.
+        // 3. Close the streams.
         for p in &self.sh.paths {
             p.close_streams();
         }
-        join(receivers);
         for p in &self.sh.paths {
             p.fail_tx(WcStatus::WR_FLUSH_ERR, None, "shut down");
             p.fail_rx("shut down", false);
@@ -2086,7 +1719,7 @@ impl Fabric for TcpFabric {
         }
         if panicked > 0 {
             return Err(Error::Internal(format!(
-                "{panicked} TCP helper threads panicked"
+                "{panicked} TCP I/O pool threads panicked"
             )));
         }
         Ok(())
