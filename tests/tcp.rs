@@ -883,6 +883,70 @@ fn silent_and_garbage_peers_never_block_the_acceptor_or_touch_memory() {
     }
 }
 
+#[test]
+fn frames_arriving_a_few_bytes_at_a_time_are_reassembled() {
+    use std::io::Write;
+    use std::net::TcpStream;
+    let tcfg = cfg(1);
+    let l = listen(lo(), 10_000, &tcfg).unwrap();
+    let addr = l.local_addr().unwrap();
+    let spec = TcpPathSpec {
+        local: lo(),
+        remote: SocketAddr::new(lo(), 0),
+        speed_mbps: 10_000,
+        mtu: 0,
+        label: String::new(),
+    };
+    let mut acc = TcpAcceptor::new(&[l], &[spec], 3, &tcfg).unwrap();
+    let mut peer = TcpStream::connect(addr).unwrap();
+    peer.set_nodelay(true).unwrap();
+    peer.write_all(&raw_hello(3, 1, 0, 1, 0)).unwrap();
+    let mut fab = eventually("accept", || acc.poll().unwrap());
+    let n = 3000;
+    let target = HostBuffer::new(n).unwrap();
+    let reg = fab.register(target.addr(), n, MemKind::Host).unwrap();
+    fab.post_recv(0, 21).unwrap();
+    // Two frames: seq 0 writes bytes [0, 1000), seq 1 the rest with an immediate (write length n).
+    let data = pattern(n, 9);
+    let mut wire = Vec::new();
+    for (seq, (off, len, flags)) in [(0usize, 1000usize, 0u8), (1000, n - 1000, 1)]
+        .into_iter()
+        .enumerate()
+    {
+        let mut h = [0u8; 40];
+        h[0..2].copy_from_slice(&0x5754u16.to_le_bytes());
+        h[2] = 1;
+        h[3] = flags;
+        h[4..8].copy_from_slice(&(len as u32).to_le_bytes());
+        h[8..16].copy_from_slice(&(seq as u64).to_le_bytes());
+        h[16..24].copy_from_slice(&(target.addr() + off as u64).to_le_bytes());
+        h[24..28].copy_from_slice(&reg.keys[0].rkey.to_le_bytes());
+        h[28..32].copy_from_slice(&0xfeedu32.to_le_bytes());
+        h[32..36].copy_from_slice(&(n as u32).to_le_bytes());
+        wire.extend_from_slice(&h);
+        wire.extend_from_slice(&data[off..off + len]);
+    }
+    // Pieces of 1..=37 bytes with pauses: headers and payloads split at every kind of offset.
+    let mut at = 0;
+    let mut k = 0usize;
+    while at < wire.len() {
+        let step = (1 + k * 7 % 37).min(wire.len() - at);
+        peer.write_all(&wire[at..at + step]).unwrap();
+        at += step;
+        k += 1;
+        if k % 16 == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    let c = poll_one(&mut fab, 0);
+    assert_eq!(
+        (c.wr_id, c.status, c.imm, c.byte_len),
+        (21, WcStatus::SUCCESS, Some(0xfeed), n as u32)
+    );
+    assert_eq!(target.read(0, n).unwrap(), data);
+    drop(peer);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 8, ..ProptestConfig::default() })]
 

@@ -39,6 +39,7 @@ pub const VARIABLES: &[&str] = &[
     "NCCL_SWITCHLESS_CONNECT_TIMEOUT",
     "NCCL_SWITCHLESS_REQUEST_TIMEOUT",
     "NCCL_SWITCHLESS_TCP_STREAMS",
+    "NCCL_SWITCHLESS_TCP_THREADS",
     "NCCL_SWITCHLESS_TCP_FALLBACK",
     "NCCL_SWITCHLESS_MIN_CHUNK",
     "NCCL_SWITCHLESS_LOG_ROUTES",
@@ -60,6 +61,8 @@ pub const MIN_CONNECT_TIMEOUT: Duration = Duration::from_millis(100);
 pub const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Largest `NCCL_SWITCHLESS_TCP_STREAMS`.
 pub const MAX_TCP_STREAMS: u8 = 64;
+/// Largest `NCCL_SWITCHLESS_TCP_THREADS` (the TCP I/O pool's size).
+pub const MAX_TCP_THREADS: u8 = 64;
 /// Default `NCCL_SWITCHLESS_MIN_CHUNK`, bytes (128 KiB).
 pub const DEFAULT_MIN_CHUNK: u64 = 128 << 10;
 /// Smallest accepted `NCCL_SWITCHLESS_MIN_CHUNK`, bytes (4 KiB).
@@ -128,6 +131,9 @@ pub struct Config {
     pub request_timeout: Option<Duration>,
     /// `NCCL_SWITCHLESS_TCP_STREAMS`.
     pub tcp_streams: TcpStreams,
+    /// `NCCL_SWITCHLESS_TCP_THREADS`: I/O worker threads of the process-wide pool that drives every
+    /// TCP stream, 1..=64; `None` (`auto`, the default): the CPUs this process may use, at most 8.
+    pub tcp_threads: Option<u8>,
     /// `NCCL_SWITCHLESS_TCP_FALLBACK`: with `transport = Auto`, carry a connection over TCP when no
     /// RDMA path reaches the peer (default `false`: such a connection fails with a clear error).
     pub tcp_fallback: bool,
@@ -152,6 +158,7 @@ impl Default for Config {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             request_timeout: None,
             tcp_streams: TcpStreams::Auto,
+            tcp_threads: None,
             tcp_fallback: false,
             min_chunk: DEFAULT_MIN_CHUNK,
             log_routes: false,
@@ -174,6 +181,7 @@ pub const MIN_REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
 /// Longest accepted request timeout.
 pub const MAX_REQUEST_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 const FORM_STREAMS: &str = "auto or 1..=64";
+const FORM_THREADS: &str = "auto or 1..=64 (threads)";
 const FORM_BOOL: &str = "0 or 1";
 const FORM_MIN_CHUNK: &str = "4K..=1G bytes: a number of bytes, or with the suffix K/KiB, M/MiB or G/GiB (powers of 1024), e.g. 128K";
 
@@ -324,6 +332,18 @@ impl Config {
                 }
             }
         }
+        if let Some(v) = value("NCCL_SWITCHLESS_TCP_THREADS") {
+            const VAR: &str = "NCCL_SWITCHLESS_TCP_THREADS";
+            if v.trim().eq_ignore_ascii_case("auto") {
+                cfg.tcp_threads = None;
+            } else {
+                match parse_int_in(&v, 1, i64::from(MAX_TCP_THREADS)).map(u8::try_from) {
+                    Ok(Ok(n)) => cfg.tcp_threads = Some(n),
+                    Ok(Err(_)) => bad(VAR, &v, "out of range", FORM_THREADS),
+                    Err(why) => bad(VAR, &v, &why, FORM_THREADS),
+                }
+            }
+        }
         for (name, slot) in [
             ("NCCL_SWITCHLESS_TCP_FALLBACK", &mut cfg.tcp_fallback),
             ("NCCL_SWITCHLESS_LOG_ROUTES", &mut cfg.log_routes),
@@ -368,7 +388,8 @@ impl Config {
         format!(
             "NCCL_IB_HCA={} NCCL_IB_GID_INDEX={} NCCL_IB_TC={} NCCL_IB_SL={} NCCL_IB_TIMEOUT={} \
              NCCL_IB_RETRY_CNT={} NCCL_IB_QPS_PER_CONNECTION={} transport={} connect_timeout={} ms \
-             request_timeout={} tcp_streams={} tcp_fallback={} min_chunk={} bytes log_routes={}",
+             request_timeout={} tcp_streams={} tcp_threads={} tcp_fallback={} min_chunk={} bytes \
+             log_routes={}",
             self.ib_hca,
             opt(self.ib_gid_index),
             opt(self.ib_tc),
@@ -384,6 +405,7 @@ impl Config {
                 TcpStreams::Auto => "auto".to_string(),
                 TcpStreams::Fixed(n) => n.to_string(),
             },
+            opt(self.tcp_threads),
             u8::from(self.tcp_fallback),
             self.min_chunk,
             u8::from(self.log_routes),
@@ -437,6 +459,7 @@ mod tests {
         assert_eq!(c.transport, TransportMode::Auto);
         assert_eq!(c.connect_timeout, Duration::from_secs(30));
         assert_eq!(c.tcp_streams, TcpStreams::Auto);
+        assert_eq!(c.tcp_threads, None);
         assert!(!c.tcp_fallback);
         assert_eq!(c.min_chunk, 131072);
         assert!(!c.log_routes);
@@ -464,6 +487,7 @@ mod tests {
             ("NCCL_SWITCHLESS_CONNECT_TIMEOUT", "5s"),
             ("NCCL_SWITCHLESS_REQUEST_TIMEOUT", "300s"),
             ("NCCL_SWITCHLESS_TCP_STREAMS", "8"),
+            ("NCCL_SWITCHLESS_TCP_THREADS", "3"),
             ("NCCL_SWITCHLESS_TCP_FALLBACK", "1"),
             ("NCCL_SWITCHLESS_MIN_CHUNK", "1M"),
             ("NCCL_SWITCHLESS_LOG_ROUTES", "1"),
@@ -481,12 +505,14 @@ mod tests {
         assert_eq!(c.connect_timeout, Duration::from_secs(5));
         assert_eq!(c.request_timeout, Some(Duration::from_secs(300)));
         assert_eq!(c.tcp_streams, TcpStreams::Fixed(8));
+        assert_eq!(c.tcp_threads, Some(3));
         assert!(c.tcp_fallback);
         assert_eq!(c.min_chunk, 1 << 20);
         assert!(c.log_routes);
         let s = c.summary();
         assert!(s.contains("NCCL_IB_HCA==mlx5_0:1:0:0,mlx5_1:1:1:0"), "{s}");
         assert!(s.contains("connect_timeout=5000 ms"), "{s}");
+        assert!(s.contains("tcp_threads=3"), "{s}");
     }
 
     #[test]
@@ -503,6 +529,15 @@ mod tests {
                 .unwrap()
                 .tcp_streams,
             TcpStreams::Auto
+        );
+        let c = cfg(&[("NCCL_SWITCHLESS_TCP_THREADS", "AUTO")]).unwrap();
+        assert_eq!(c.tcp_threads, None);
+        assert!(c.summary().contains("tcp_threads=auto"));
+        assert_eq!(
+            cfg(&[("NCCL_SWITCHLESS_TCP_THREADS", "64")])
+                .unwrap()
+                .tcp_threads,
+            Some(64)
         );
     }
 
@@ -533,6 +568,26 @@ mod tests {
             ),
             ("NCCL_SWITCHLESS_TCP_STREAMS", "0", "auto or 1..=64"),
             ("NCCL_SWITCHLESS_TCP_STREAMS", "65", "auto or 1..=64"),
+            (
+                "NCCL_SWITCHLESS_TCP_THREADS",
+                "0",
+                "auto or 1..=64 (threads)",
+            ),
+            (
+                "NCCL_SWITCHLESS_TCP_THREADS",
+                "65",
+                "auto or 1..=64 (threads)",
+            ),
+            (
+                "NCCL_SWITCHLESS_TCP_THREADS",
+                "-1",
+                "auto or 1..=64 (threads)",
+            ),
+            (
+                "NCCL_SWITCHLESS_TCP_THREADS",
+                "many",
+                "auto or 1..=64 (threads)",
+            ),
             ("NCCL_SWITCHLESS_TCP_FALLBACK", "2", "0 or 1"),
             ("NCCL_SWITCHLESS_LOG_ROUTES", "maybe", "0 or 1"),
             ("NCCL_SWITCHLESS_MIN_CHUNK", "1K", "out of range"),

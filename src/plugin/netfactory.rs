@@ -66,6 +66,7 @@ pub fn tcp_config(config: &Config, npaths: usize) -> TcpConfig {
             TcpStreams::Fixed(n) => Some(per_path_streams(usize::from(n), npaths)),
         },
         connect_timeout: config.connect_timeout,
+        io_threads: config.tcp_threads.map(usize::from),
         ..TcpConfig::default()
     }
 }

@@ -1822,6 +1822,37 @@ mod tests {
         assert!(c.check().is_ok());
         c.frame_bytes = 1;
         assert!(c.check().unwrap_err().to_string().contains("frame size"));
+        let mut c = TcpConfig {
+            io_threads: Some(0),
+            ..TcpConfig::default()
+        };
+        assert!(c.check().unwrap_err().to_string().contains("1..=64"));
+        c.io_threads = Some(65);
+        assert!(c.check().is_err());
+        c.io_threads = Some(64);
+        assert!(c.check().is_ok());
+    }
+
+    #[test]
+    fn pool_size_follows_the_configuration() {
+        assert_eq!(MAX_IO_THREADS, usize::from(crate::config::MAX_TCP_THREADS));
+        let n = default_io_threads();
+        assert!((1..=DEFAULT_MAX_IO_THREADS).contains(&n));
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert_eq!(n, cpus.min(DEFAULT_MAX_IO_THREADS));
+        let config = crate::config::Config::from_vars(|k| {
+            (k == "NCCL_SWITCHLESS_TCP_THREADS").then(|| "5".to_string())
+        })
+        .unwrap();
+        assert_eq!(
+            crate::plugin::netfactory::tcp_config(&config, 2).io_threads,
+            Some(5)
+        );
+        let config = crate::config::Config::default();
+        assert_eq!(
+            crate::plugin::netfactory::tcp_config(&config, 2).io_threads,
+            None
+        );
     }
 
     #[test]

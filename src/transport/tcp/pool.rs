@@ -890,10 +890,8 @@ impl StreamIo {
             };
             let len = cur.frame.len();
             let r = if cur.hoff < HDR_LEN {
-                rawmem::send_slice(&st.sock, &cur.frame.hdr[cur.hoff..], len > 0).map(|n| {
-                    cur.hoff += n;
-                    n
-                })
+                rawmem::send_slice(&st.sock, &cur.frame.hdr[cur.hoff..], len > 0)
+                    .inspect(|&n| cur.hoff += n)
             } else {
                 match &cur.frame.payload {
                     Payload::Bytes(b) => rawmem::send_slice(&st.sock, &b[cur.poff..], false),
@@ -919,10 +917,7 @@ impl StreamIo {
                         RegMem::Ctrl(_) => Err(io::Error::other("raw payload from control memory")),
                     },
                 }
-                .map(|n| {
-                    cur.poff += n;
-                    n
-                })
+                .inspect(|&n| cur.poff += n)
             };
             match r {
                 Ok(n) => {
