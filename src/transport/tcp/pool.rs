@@ -7,7 +7,7 @@
 //! * Each stream is a small state machine per direction ([`StreamIo`]): sending resumes a partial
 //!   frame (header, then payload) when the socket becomes writable, and `WRITABLE` interest is
 //!   registered only while something is queued; receiving reads a header (possibly in pieces), then
-//!   the payload straight into registered memory in chunks of at most [`RX_CHUNK`] bytes, taking the
+//!   the payload straight into registered memory in chunks of at most [`CHUNK_BYTES`] bytes, taking the
 //!   registration's lock for each chunk only (deregistration waits for one chunk copy at most).
 //! * `post_*` queue frames and, when the stream's sender was idle, hand its id to the worker and
 //!   wake it ([`mio::Waker`]); NCCL's thread never blocks in the kernel.
@@ -24,7 +24,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -44,8 +44,9 @@ use crate::verbs::rawmem;
 pub const MAX_IO_THREADS: usize = 64;
 /// Default pool size at most this many threads.
 pub const DEFAULT_MAX_IO_THREADS: usize = 8;
-/// Largest piece of a payload received with the registration's lock held, bytes.
-pub const RX_CHUNK: usize = 1 << 20;
+/// Largest piece of a payload received into or sent from registered memory with the
+/// registration's lock held (one `recv`/`send` call), bytes.
+pub const CHUNK_BYTES: usize = 1 << 20;
 /// Bytes a stream may move per direction before the worker turns to its other streams.
 pub const TURN_BYTES: usize = 2 << 20;
 
@@ -94,6 +95,8 @@ struct WorkerSlot {
 /// What the rest of the process holds of a worker: its waker and its inbox.
 struct WorkerLink {
     serial: u64,
+    /// The worker ended after a panic (also `Inbox::dead`, for a check without the lock).
+    dead: AtomicBool,
     waker: Waker,
     inbox: Mutex<Inbox>,
 }
@@ -184,7 +187,8 @@ pub(super) fn add_streams(
             out.push(Vec::new());
         }
         for s in 0..path.streams.len() {
-            let idle = pool.workers.iter().any(|w| w.load == 0);
+            let alive = |w: &&WorkerSlot| !w.link.dead.load(Ordering::SeqCst);
+            let idle = pool.workers.iter().filter(alive).any(|w| w.load == 0);
             if !idle && pool.workers.len() < pool.size {
                 match spawn_worker(pool.next_serial) {
                     Ok(w) => {
@@ -202,10 +206,14 @@ pub(super) fn add_streams(
                 .workers
                 .iter()
                 .enumerate()
+                .filter(|(_, w)| alive(w))
                 .min_by_key(|(i, w)| (mine.get(&w.link.serial).copied().unwrap_or(0), w.load, *i))
                 .map(|(i, _)| i)
             else {
-                return Err(Error::Internal("TCP I/O pool without workers".into()));
+                return Err(Error::Internal(
+                    "the TCP I/O pool has no working thread (they panicked or could not start)"
+                        .into(),
+                ));
             };
             let id = pool_next_id(&mut pool);
             let w = &mut pool.workers[idx];
@@ -239,6 +247,7 @@ fn spawn_worker(serial: u64) -> Result<WorkerSlot> {
         .map_err(|e| Error::io("creating a TCP I/O waker (eventfd)", e))?;
     let link = Arc::new(WorkerLink {
         serial,
+        dead: AtomicBool::new(false),
         waker,
         inbox: Mutex::new(Inbox::default()),
     });
@@ -330,6 +339,7 @@ fn worker_main(link: Arc<WorkerLink>, mut poll: Poll) {
         let cmds = {
             let mut ib = lock(&link.inbox);
             ib.dead = true;
+            link.dead.store(true, Ordering::SeqCst);
             std::mem::take(&mut ib.cmds)
         };
         drop(cmds);
@@ -618,7 +628,7 @@ impl StreamIo {
                     let RegMem::Raw(region) = &reg.mem else {
                         return Err(RxErr::Violation("raw payload into control memory".into()));
                     };
-                    let n = (len - *off).min(RX_CHUNK);
+                    let n = (len - *off).min(CHUNK_BYTES);
                     let r = {
                         // One chunk under the registration's lock: deregistration waits for it.
                         let alive = read_lock(&reg.alive);
@@ -902,7 +912,7 @@ impl StreamIo {
                                 region.send_from(
                                     &st.sock,
                                     addr + cur.poff as u64,
-                                    len - cur.poff,
+                                    (len - cur.poff).min(CHUNK_BYTES),
                                     false,
                                 )
                             } else {
