@@ -17,11 +17,11 @@
 //!   every earlier frame of that path has landed. That is exactly the RC guarantee the protocol relies
 //!   on ("the immediate arrives after all data of the preceding writes on the same path"; the CTS index
 //!   word lands after the CTS body), while data frames on different streams still move in parallel.
-//! * The receiving helper treats the peer as untrusted: the rkey must name a live registration of this
+//! * The receiving I/O worker treats the peer as untrusted: the rkey must name a live registration of this
 //!   endpoint and `[addr, addr+len)` must lie inside it; a violation logs a warning, fails the path and
 //!   closes its streams (the peer then sees its writes fail). Nothing is ever written outside a
-//!   registration: placement holds the registration's lock while copying, and deregistration waits
-//!   for that copy.
+//!   registration: placement holds the registration's lock while copying one chunk (one `recv` of at
+//!   most 1 MiB), and deregistration waits for that chunk only, never for a whole frame.
 //! * The sender's completion is produced when the last byte of the work request has been handed to
 //!   the kernel (the source may then be reused), and completions of one path are produced in posting
 //!   order. A broken stream fails the work request in flight with `RETRY_EXC_ERR` and flushes every
@@ -60,7 +60,7 @@
 //!
 //! Registered data memory is raw process memory given by NCCL; the raw copies live in
 //! [`crate::verbs::rawmem`] (the only place with `unsafe`). Control memory is `AtomicU64` words owned
-//! by the fabric, written by the receiving helper with release stores and read by the protocol with
+//! by the fabric, written by the receiving I/O worker with release stores and read by the protocol with
 //! the ordering it asks for. GPU memory is not accepted: a TCP path carries host memory only
 //! (`NCCL_PTR_HOST`; NCCL stages GPU buffers through host memory).
 #![forbid(unsafe_code)]
@@ -376,7 +376,7 @@ impl Reg {
 enum Payload {
     /// Copied when posted (small writes and control-memory sources).
     Bytes(Vec<u8>),
-    /// Sent from registered memory by the helper thread.
+    /// Sent from registered memory by the stream's I/O worker.
     Raw {
         reg: Arc<Reg>,
         addr: u64,
@@ -777,7 +777,7 @@ impl TcpFabric {
 
     /// Takes over what `pre` (from [`TcpFabric::unconnected`], same paths) holds: registrations
     /// (same keys), control memory (same addresses), posted receives and completions. `self` must be
-    /// freshly connected (no registration of its own, no helper thread started yet).
+    /// freshly connected (no registration of its own, no stream in the I/O pool yet).
     fn adopt(&mut self, mut pre: TcpFabric) -> Result<()> {
         if pre.paths.len() != self.paths.len() {
             return Err(Error::Internal(format!(
@@ -1438,7 +1438,8 @@ impl Fabric for TcpFabric {
         };
         let r = write_lock(&self.sh.regs).remove(&key);
         if let Some(r) = r {
-            // Waits for a copy in progress; after this no helper touches the memory.
+            // Waits for a copy in progress (one chunk of at most 1 MiB); after this no I/O worker
+            // touches the memory.
             *write_lock(&r.alive) = false;
         }
         Ok(())
