@@ -128,7 +128,128 @@ fn pool_threads_are_bounded_shared_and_joined() {
     assert_eq!(io_threads(), 0);
     assert_eq!(settles(|n| n == before), before);
 
-    // 3. Through the protocol: closing the comms (also with nothing sent) joins everything.
+    // 3. One thread for everything: a pair streaming 64 MiB over 4 streams and a pair exchanging
+    //    small writes with immediates in both directions share a pool of 1; all of it lands.
+    {
+        use switchless::transport::fabric::{
+            Completion, LocalSeg, MemKind, RemoteSeg, WcOpcode, WcStatus, WriteWr,
+        };
+        use switchless::verbs::rawmem::HostBuffer;
+        let cfg = TcpConfig {
+            streams: Some(4),
+            io_threads: Some(1),
+            ..TcpConfig::default()
+        };
+        let (mut a, mut b) = loopback_pair(&[10_000], &cfg).unwrap();
+        let (mut c, mut d) = loopback_pair(&[10_000], &cfg).unwrap();
+        assert_eq!(io_threads(), 1);
+        assert_eq!(settles(|n| n == before + 1), before + 1);
+        let n = 4 << 20;
+        let src = HostBuffer::new(n).unwrap();
+        let data: Vec<u8> = (0..n).map(|i| (i * 7 + i / 4096) as u8).collect();
+        src.write(0, &data).unwrap();
+        let dst = HostBuffer::new(n).unwrap();
+        let ra = a.register(src.addr(), n, MemKind::Host).unwrap();
+        let rb = b.register(dst.addr(), n, MemKind::Host).unwrap();
+        let small = HostBuffer::new(64).unwrap();
+        let (rc, rd) = (
+            c.register(small.addr(), 64, MemKind::Host).unwrap(),
+            d.register(small.addr(), 64, MemKind::Host).unwrap(),
+        );
+        let wr = |wr_id: u64, src: u64, len: u32, lkey: u32, dst: u64, rkey: u32, imm| WriteWr {
+            wr_id,
+            local: LocalSeg {
+                addr: src,
+                len,
+                lkey,
+            },
+            remote: RemoteSeg { addr: dst, rkey },
+            imm,
+            signaled: true,
+            inline: false,
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let wait = |f: &mut switchless::transport::tcp::TcpFabric| -> Completion {
+            let mut out = Vec::new();
+            while out.is_empty() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "a completion never came"
+                );
+                f.poll(0, 1, &mut out).unwrap();
+                std::thread::yield_now();
+            }
+            out[0]
+        };
+        for k in 0..16u64 {
+            b.post_recv(0, 100 + k).unwrap();
+            a.post_write(
+                0,
+                &wr(
+                    k,
+                    src.addr(),
+                    n as u32,
+                    ra.keys[0].lkey,
+                    dst.addr(),
+                    rb.keys[0].rkey,
+                    Some(k as u32),
+                ),
+            )
+            .unwrap();
+            // While the big write is in flight: small ping-pongs on the other pair.
+            for j in 0..4u64 {
+                d.post_recv(0, j).unwrap();
+                c.post_write(
+                    0,
+                    &wr(
+                        j,
+                        small.addr(),
+                        8,
+                        rc.keys[0].lkey,
+                        small.addr() + 8,
+                        rd.keys[0].rkey,
+                        Some(1),
+                    ),
+                )
+                .unwrap();
+                let got = wait(&mut d);
+                assert_eq!(
+                    (got.wr_id, got.status, got.opcode),
+                    (j, WcStatus::SUCCESS, WcOpcode::RecvRdmaWithImm)
+                );
+                assert_eq!(wait(&mut c).status, WcStatus::SUCCESS);
+                c.post_recv(0, j).unwrap();
+                d.post_write(
+                    0,
+                    &wr(
+                        j,
+                        small.addr(),
+                        8,
+                        rd.keys[0].lkey,
+                        small.addr() + 16,
+                        rc.keys[0].rkey,
+                        Some(2),
+                    ),
+                )
+                .unwrap();
+                assert_eq!(wait(&mut c).imm, Some(2));
+                assert_eq!(wait(&mut d).status, WcStatus::SUCCESS);
+            }
+            let got = wait(&mut b);
+            assert_eq!(
+                (got.wr_id, got.status, got.imm),
+                (100 + k, WcStatus::SUCCESS, Some(k as u32))
+            );
+            assert_eq!(wait(&mut a).wr_id, k);
+            assert!(dst.read(0, n).unwrap() == data, "round {k}");
+            dst.write(0, &vec![0; n]).unwrap();
+        }
+        drop((a, b, c, d));
+    }
+    assert_eq!(io_threads(), 0);
+    assert_eq!(settles(|n| n == before), before);
+
+    // 4. Through the protocol: closing the comms (also with nothing sent) joins everything.
     let cfg = TcpConfig {
         streams: Some(3),
         ..TcpConfig::default()

@@ -1491,6 +1491,12 @@ impl Fabric for TcpFabric {
     fn post_write(&mut self, path: usize, wr: &WriteWr) -> Result<()> {
         let frame_bytes = self.frame_bytes;
         let p = self.check_path(path)?;
+        if p.streams.is_empty() {
+            return Err(Error::InvalidUsage(format!(
+                "RDMA write on TCP path {path} before its streams are connected; accepted: writes on \
+                 an endpoint returned by TcpConnector/TcpAcceptor::poll"
+            )));
+        }
         let flush = |status: WcStatus| {
             p.complete(Completion {
                 wr_id: wr.wr_id,
@@ -1854,6 +1860,44 @@ mod tests {
             crate::plugin::netfactory::tcp_config(&config, 2).io_threads,
             None
         );
+    }
+
+    #[test]
+    fn an_unconnected_endpoint_refuses_writes_and_holds_no_pool_thread() {
+        let lo = IpAddr::from([127, 0, 0, 1]);
+        let spec = TcpPathSpec {
+            local: lo,
+            remote: SocketAddr::new(lo, 1),
+            speed_mbps: 10_000,
+            mtu: 0,
+            label: String::new(),
+        };
+        let mut f = TcpFabric::unconnected(&[spec], &TcpConfig::default()).unwrap();
+        assert_eq!(f.helper_threads(), 0);
+        let mem = f.alloc_ctrl(2).unwrap();
+        let err = f
+            .post_write(
+                0,
+                &WriteWr {
+                    wr_id: 1,
+                    local: crate::transport::fabric::LocalSeg {
+                        addr: mem.addr,
+                        len: 8,
+                        lkey: mem.reg.keys[0].lkey,
+                    },
+                    remote: crate::transport::fabric::RemoteSeg { addr: 8, rkey: 1 },
+                    imm: None,
+                    signaled: true,
+                    inline: false,
+                },
+            )
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("before its streams are connected"),
+            "{err}"
+        );
+        f.post_recv(0, 3).unwrap();
+        f.shutdown().unwrap();
     }
 
     #[test]
