@@ -277,3 +277,110 @@ fn the_fallback_keeps_point_to_point_links_alone() {
     B::close_send(pair.0).unwrap();
     B::close_recv(pair.1).unwrap();
 }
+
+/// Two nodes that share no subnet: A has 127.0.1.1/30, B has 127.0.2.2/30, and each has a kernel
+/// route to the other's subnet through a neighbour (127.0.1.2, 127.0.2.1) — a ring non-neighbour
+/// seen through its routing table. On this host all of 127/8 is local, so the sockets connect.
+fn routed_backend(me: &str, gw: &str, far: &str, vars: &[(&str, &str)]) -> Arc<B> {
+    let config = config(vars);
+    let mine: ipnet::Ipv4Net = me.parse().unwrap();
+    let view = HostView {
+        config: config.clone(),
+        devices: vec![device()],
+        links: vec![link(0, me)],
+        routes: vec![
+            KernelRoute {
+                dest: mine.trunc(),
+                gateway: None,
+                ifname: "lo".into(),
+                metric: 0,
+            },
+            KernelRoute {
+                dest: far.parse().unwrap(),
+                gateway: Some(gw.parse().unwrap()),
+                ifname: "lo".into(),
+                metric: 0,
+            },
+        ],
+    };
+    Arc::new(Switchless::from_parts(NetFactory::tcp_only(config), view).unwrap())
+}
+
+/// `a` connects to a listener of `b`; returns what `a`'s connect finally said (accept is driven too).
+fn connect_across(a: &Arc<B>, b: &Arc<B>) -> Result<Pair, Error> {
+    let mut h: Handle = [0; HANDLE_SIZE];
+    let mut l = b.listen(&CommInfo::default(), 0, &mut h).unwrap();
+    let (mut s, mut r) = (None, None);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while s.is_none() || r.is_none() {
+        assert!(Instant::now() < deadline, "set-up did not finish");
+        if s.is_none() {
+            s = a.connect(&CommInfo::default(), 0, &mut h)?;
+        }
+        if r.is_none() {
+            r = B::accept(&mut l).unwrap();
+        }
+    }
+    B::close_listen(l).unwrap();
+    Ok((s.unwrap(), r.unwrap()))
+}
+
+#[test]
+fn the_fallback_reaches_a_non_neighbour_through_a_kernel_route() {
+    let tcp = ("NCCL_SWITCHLESS_TRANSPORT", "tcp");
+    let fb = ("NCCL_SWITCHLESS_TCP_FALLBACK", "1");
+    let a = routed_backend("127.0.1.1/30", "127.0.1.2", "127.0.2.0/30", &[tcp, fb]);
+    let b = routed_backend("127.0.2.2/30", "127.0.2.1", "127.0.1.0/30", &[tcp, fb]);
+    let mut pair = connect_across(&a, &b).unwrap();
+    let labels = pair.0.path_labels();
+    assert_eq!(labels.len(), 1, "{labels:?}");
+    assert!(labels[0].contains("127.0.2.2"), "{labels:?}");
+    transfer(&mut pair, &[0, 3, 1 << 20, (1 << 21) + 5]);
+    B::close_send(pair.0).unwrap();
+    B::close_recv(pair.1).unwrap();
+    // And back, B to A.
+    let mut pair = connect_across(&b, &a).unwrap();
+    transfer(&mut pair, &[4096]);
+    B::close_send(pair.0).unwrap();
+    B::close_recv(pair.1).unwrap();
+}
+
+#[test]
+fn a_routed_path_needs_the_fallback_on_both_ends() {
+    let tcp = ("NCCL_SWITCHLESS_TRANSPORT", "tcp");
+    let fb = ("NCCL_SWITCHLESS_TCP_FALLBACK", "1");
+    let b_plain = routed_backend("127.0.2.2/30", "127.0.2.1", "127.0.1.0/30", &[tcp]);
+    // Connector without the fallback: the clear no-path error at once, naming the routed peer.
+    let a_plain = routed_backend("127.0.1.1/30", "127.0.1.2", "127.0.2.0/30", &[tcp]);
+    let t = Instant::now();
+    let e = connect_across(&a_plain, &b_plain).expect_err("no path");
+    assert!(t.elapsed() < Duration::from_secs(2));
+    assert!(matches!(e, Error::InvalidUsage(_)), "{e}");
+    assert!(
+        e.to_string().contains("no local link reaches the peer"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("127.0.2.2/30"), "{e}");
+    // Connector with it, acceptor without: the acceptor's reject reaches the connector.
+    let a = routed_backend("127.0.1.1/30", "127.0.1.2", "127.0.2.0/30", &[tcp, fb]);
+    let e = connect_across(&a, &b_plain).expect_err("rejected");
+    let t = e.to_string();
+    assert!(
+        t.contains("NCCL_SWITCHLESS_TCP_FALLBACK=1 on the acceptor too"),
+        "{t}"
+    );
+    assert_eq!(a.connecting(), 0);
+    // Without a route the fallback finds nothing either, and says so.
+    let lonely = routed_backend("127.0.1.1/30", "127.0.1.2", "127.0.9.0/30", &[tcp, fb]);
+    let e = connect_across(&lonely, &b_plain).expect_err("no route");
+    assert!(
+        e.to_string()
+            .contains("found no shared IPv4 subnet or kernel route"),
+        "{e}"
+    );
+    assert!(
+        e.to_string()
+            .contains("the kernel has no route to 127.0.2.2"),
+        "{e}"
+    );
+}

@@ -46,7 +46,7 @@ use crate::config::TransportMode;
 use crate::error::{Error, Result};
 use crate::fabric::NcclDevice;
 use crate::route::handle::{Handle as HandleView, HandleRepr};
-use crate::route::select::{KindFilter, PathChoice, RouteOptions, select};
+use crate::route::select::{KindFilter, PathChoice, Reach, RouteOptions, select};
 use crate::route::types::LinkKind;
 use crate::transport::comm::{self, MemHandle, ProtocolConfig, RecvComm, Registrar, SendComm};
 use crate::transport::fabric::MemKind;
@@ -301,7 +301,8 @@ impl<P: PathFactory> Switchless<P> {
     /// Routes to the peer's links: `rdma` = RoCE pairs only; `tcp` = TCP on point-to-point links
     /// ([`tcp_data_link`]: /30 or /31 subnets); `auto` = RoCE first, then TCP as for `tcp` (when no
     /// link is point-to-point, the RoCE error stands). Then, with `NCCL_SWITCHLESS_TCP_FALLBACK=1`
-    /// only, TCP over any shared subnet (a management LAN), with one WARN per peer.
+    /// only, TCP over any shared subnet (a management LAN) or kernel route through a gateway (a
+    /// forwarding neighbour, the default route: [`Reach::Routed`]), with one WARN per peer.
     fn route(
         &self,
         dev: usize,
@@ -337,9 +338,13 @@ impl<P: PathFactory> Switchless<P> {
         if !self.view.config.tcp_fallback {
             return Err(e);
         }
-        let sel = select(links, routes, peer, &opts(KindFilter::Tcp)).map_err(|e2| {
+        let routed = RouteOptions {
+            reach: Reach::Routed,
+            ..opts(KindFilter::Tcp)
+        };
+        let sel = select(links, routes, peer, &routed).map_err(|e2| {
             Error::InvalidUsage(format!(
-                "{e2}; NCCL_SWITCHLESS_TCP_FALLBACK=1 found no shared IPv4 subnet either"
+                "{e2}; NCCL_SWITCHLESS_TCP_FALLBACK=1 found no shared IPv4 subnet or kernel route to the peer either"
             ))
         })?;
         let first_time = lock(&self.warned_peers).map(|mut w| w.insert(who.to_string()))?;
@@ -348,19 +353,25 @@ impl<P: PathFactory> Switchless<P> {
                 .paths
                 .iter()
                 .map(|p| {
+                    let via = p.via.map(|g| format!(" via {g}")).unwrap_or_default();
                     format!(
-                        "{} {} -> {} ({} Mb/s link)",
+                        "{} {} -> {}{via} ({} Mb/s link)",
                         p.local.netdev, p.local.addr, p.remote.addr, p.local.speed_mbps
                     )
                 })
                 .collect();
+            let forwarded = if sel.paths.iter().any(|p| p.via.is_some()) {
+                "; a routed path is also limited by the forwarding host's CPU and its own traffic on those links"
+            } else {
+                ""
+            };
             let mbps: u64 = sel
                 .paths
                 .iter()
                 .map(|p| u64::from(p.local.speed_mbps))
                 .sum();
             tracing::warn!(
-                "NET/switchless: {who}: no RoCE or TCP point-to-point link reaches it; NCCL_SWITCHLESS_TCP_FALLBACK=1 carries it over TCP on {}: expect at most {:.1} Gb/s ({mbps} Mb/s of link speed, shared with whatever else uses that network), far below a direct link",
+                "NET/switchless: {who}: no RoCE or TCP point-to-point link reaches it; NCCL_SWITCHLESS_TCP_FALLBACK=1 carries it over TCP on {}: expect at most {:.1} Gb/s ({mbps} Mb/s of link speed, shared with whatever else uses that network{forwarded}), far below a direct link",
                 paths.join(", "),
                 mbps as f64 / 1000.0
             );
@@ -719,6 +730,11 @@ impl<P: PathFactory> Backend for Switchless<P> {
         let view = AcceptorView {
             links: self.view.links.clone(),
             routes: self.view.routes.clone(),
+            reach: if self.view.config.tcp_fallback {
+                Reach::Routed
+            } else {
+                Reach::OnLink
+            },
         };
         let listener = Listener::bind_any(view, self.timeout())?;
         let (repr, left_out) = listener.handle(self.control_addr())?;
