@@ -11,7 +11,7 @@ use switchless::route::{
     HandleRepr, KindFilter, Reach, RouteOptions, Selection, check_incoming, select,
 };
 
-#[derive(Clone, Default)]
+#[derive(Clone, Debug, Default)]
 struct Host {
     links: Vec<LocalLink>,
     routes: Vec<KernelRoute>,
@@ -918,5 +918,88 @@ fn acceptor_accepts_routed_tcp_paths_only_when_allowed() {
         )
         .unwrap();
         assert_eq!(l.netdev, "prev");
+    }
+}
+
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+    use switchless::route::kernel_route;
+
+    /// Small random hosts: links on a few netdevs in 10.0.x.y with prefixes /24../31, connected
+    /// routes for them, plus random gateway and default routes.
+    fn host() -> impl Strategy<Value = Host> {
+        let link = (
+            0..3u8,
+            0..4u8,
+            0..255u8,
+            24..=31u8,
+            any::<bool>(),
+            any::<bool>(),
+        );
+        let route = (0..4u8, 0..=32u8, 0..4u8, 0..255u8, 0..4u8, 0..3u32);
+        (
+            proptest::collection::vec(link, 0..5),
+            proptest::collection::vec(route, 0..4),
+        )
+            .prop_map(|(links, routes)| {
+                let mut h = Host::default();
+                for (dev, net, host, len, roce, up) in links {
+                    let addr = format!("10.0.{net}.{host}/{len}");
+                    let name = format!("eth{dev}");
+                    h = if roce {
+                        h.roce(&name, &addr, "r", 0, Some(usize::from(dev)))
+                    } else {
+                        h.tcp(&name, &addr)
+                    };
+                    if !up {
+                        h = h.down(&name);
+                    }
+                }
+                for (net, len, gnet, ghost, dev, metric) in routes {
+                    let dest: ipnet::Ipv4Net = format!("10.0.{net}.0/{len}").parse().unwrap();
+                    h = h.route(
+                        &dest.trunc().to_string(),
+                        Some(&format!("10.0.{gnet}.{ghost}")),
+                        &format!("eth{dev}"),
+                        metric,
+                    );
+                }
+                h
+            })
+    }
+
+    proptest! {
+        // Routed pairs are a small share of random hosts: run enough cases to see many (~100).
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        #[test]
+        fn routed_selection_invariants(a in host(), b in host(), dev in proptest::option::of(0..3usize),
+                                       kinds in prop_oneof![Just(KindFilter::Roce), Just(KindFilter::Tcp), Just(KindFilter::Any)]) {
+            let peer = b.advertise();
+            for reach in [Reach::OnLink, Reach::Routed] {
+                let opts = RouteOptions { nccl_dev: dev, kinds, reach, ..RouteOptions::default() };
+                let Ok(s) = select(&a.links, &a.routes, &peer, &opts) else { continue };
+                prop_assert!(!s.paths.is_empty());
+                let mut ids: Vec<usize> = s.paths.iter().map(|p| p.local.id).collect();
+                ids.sort();
+                ids.dedup();
+                prop_assert_eq!(ids.len(), s.paths.len());
+                for p in &s.paths {
+                    let r = p.remote.addr.addr();
+                    prop_assert!(p.local.up);
+                    prop_assert_ne!(p.local.addr.addr(), r);
+                    prop_assert!(peer.contains(&p.remote));
+                    if p.local.addr.contains(&r) {
+                        prop_assert_eq!(p.via, None);
+                    } else {
+                        // Only routed reach leaves the subnet, only as TCP, and only where the kernel
+                        // sends that address out of this link's netdev.
+                        prop_assert_eq!(reach, Reach::Routed);
+                        prop_assert_eq!(p.kind, LinkKind::Tcp);
+                        prop_assert!(kernel_route(&a.routes, r).iter().any(|k| k.ifname == p.local.netdev));
+                    }
+                }
+            }
+        }
     }
 }
