@@ -946,6 +946,12 @@ mod props {
                 let mut h = Host::default();
                 for (dev, net, host, len, roce, up) in links {
                     let addr = format!("10.0.{net}.{host}/{len}");
+                    if h.links
+                        .iter()
+                        .any(|l| l.addr.addr() == addr.parse::<ipnet::Ipv4Net>().unwrap().addr())
+                    {
+                        continue; // a handle never advertises an address twice
+                    }
                     let name = format!("eth{dev}");
                     h = if roce {
                         h.roce(&name, &addr, "r", 0, Some(usize::from(dev)))
