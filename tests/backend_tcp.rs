@@ -384,3 +384,50 @@ fn a_routed_path_needs_the_fallback_on_both_ends() {
         "{e}"
     );
 }
+
+#[test]
+fn the_fallback_warning_names_gateways_and_the_bandwidth_to_expect() {
+    use switchless::plugin::switchless::fallback_warning;
+    use switchless::route::{KindFilter, Reach, RouteOptions, select};
+    let mut a = link(0, "10.0.0.1/30");
+    a.netdev = "to2".into();
+    let routes = vec![
+        KernelRoute {
+            dest: "10.0.0.0/30".parse().unwrap(),
+            gateway: None,
+            ifname: "to2".into(),
+            metric: 0,
+        },
+        KernelRoute {
+            dest: "0.0.0.0/0".parse().unwrap(),
+            gateway: Some("10.0.0.2".parse().unwrap()),
+            ifname: "to2".into(),
+            metric: 0,
+        },
+    ];
+    let peer = vec![switchless::route::types::RemoteLink {
+        addr: "10.0.5.2/30".parse().unwrap(),
+        phys_port_id: 0,
+        pci_root_id: 0,
+        kind: LinkKind::Tcp,
+    }];
+    let opts = RouteOptions {
+        kinds: KindFilter::Tcp,
+        reach: Reach::Routed,
+        ..RouteOptions::default()
+    };
+    let sel = select(std::slice::from_ref(&a), &routes, &peer, &opts).unwrap();
+    let w = fallback_warning("peer 10.0.5.2", &sel);
+    assert!(
+        w.contains("to2 10.0.0.1/30 -> 10.0.5.2/30 via 10.0.0.2 (10000 Mb/s link)"),
+        "{w}"
+    );
+    assert!(w.contains("expect at most 10.0 Gb/s"), "{w}");
+    assert!(w.contains("forwarding host's CPU"), "{w}");
+    // A link whose speed the kernel does not report (virtio, some management ports): no "0.0 Gb/s".
+    a.speed_mbps = 0;
+    let sel = select(std::slice::from_ref(&a), &routes, &peer, &opts).unwrap();
+    let w = fallback_warning("peer 10.0.5.2", &sel);
+    assert!(w.contains("(link speed unknown)"), "{w}");
+    assert!(!w.contains("0.0 Gb/s"), "{w}");
+}

@@ -349,32 +349,7 @@ impl<P: PathFactory> Switchless<P> {
         })?;
         let first_time = lock(&self.warned_peers).map(|mut w| w.insert(who.to_string()))?;
         if first_time {
-            let paths: Vec<String> = sel
-                .paths
-                .iter()
-                .map(|p| {
-                    let via = p.via.map(|g| format!(" via {g}")).unwrap_or_default();
-                    format!(
-                        "{} {} -> {}{via} ({} Mb/s link)",
-                        p.local.netdev, p.local.addr, p.remote.addr, p.local.speed_mbps
-                    )
-                })
-                .collect();
-            let forwarded = if sel.paths.iter().any(|p| p.via.is_some()) {
-                "; a routed path is also limited by the forwarding host's CPU and its own traffic on those links"
-            } else {
-                ""
-            };
-            let mbps: u64 = sel
-                .paths
-                .iter()
-                .map(|p| u64::from(p.local.speed_mbps))
-                .sum();
-            tracing::warn!(
-                "NET/switchless: {who}: no RoCE or TCP point-to-point link reaches it; NCCL_SWITCHLESS_TCP_FALLBACK=1 carries it over TCP on {}: expect at most {:.1} Gb/s ({mbps} Mb/s of link speed, shared with whatever else uses that network{forwarded}), far below a direct link",
-                paths.join(", "),
-                mbps as f64 / 1000.0
-            );
+            tracing::warn!("NET/switchless: {}", fallback_warning(who, &sel));
         }
         Ok(sel)
     }
@@ -515,6 +490,7 @@ impl<P: PathFactory> Switchless<P> {
                         &remote,
                         s.comm.fabric(),
                         &format!("tcp {} -> {}", est.local, est.peer),
+                        &self.view.routes,
                     )
                 );
                 return Ok(Progress::Done(SendEnd {
@@ -633,6 +609,7 @@ fn describe<F: Connectable>(
     remote: &[PathParams],
     fab: &F,
     tcp: &str,
+    routes: &[crate::route::types::KernelRoute],
 ) -> String {
     let name = props
         .get(dev)
@@ -660,9 +637,21 @@ fn describe<F: Connectable>(
                 .map_or("-".to_string(), |q| format!("{q:#x}"))
         };
         let mtu = r.map_or(0, |r| fab.path_mtu(i, r));
+        // A routed fallback path: name the gateway the kernel sends it to.
+        let via = if p.local.addr.contains(&p.remote) {
+            String::new()
+        } else {
+            match crate::route::kernel_route(routes, p.remote)
+                .first()
+                .and_then(|r| r.gateway)
+            {
+                Some(gw) => format!(" via {gw}"),
+                None => " (routed)".to_string(),
+            }
+        };
         let _ = write!(
             s,
-            " [{i}] {} {} {} -> {} gid {} root {} mtu {mtu} qp {} -> {};",
+            " [{i}] {} {} {} -> {}{via} gid {} root {} mtu {mtu} qp {} -> {};",
             p.local.netdev,
             p.local.rdma_dev.as_deref().unwrap_or("tcp"),
             p.local.addr,
@@ -675,6 +664,56 @@ fn describe<F: Connectable>(
     }
     s.pop();
     s
+}
+
+/// The one WARN per peer that `NCCL_SWITCHLESS_TCP_FALLBACK=1` carries: which links (and gateways), and
+/// the bandwidth to expect.
+pub fn fallback_warning(who: &str, sel: &crate::route::select::Selection) -> String {
+    let speed = |mbps: u32| {
+        if mbps == 0 {
+            "link speed unknown".to_string()
+        } else {
+            format!("{mbps} Mb/s link")
+        }
+    };
+    let paths: Vec<String> = sel
+        .paths
+        .iter()
+        .map(|p| {
+            let via = p.via.map(|g| format!(" via {g}")).unwrap_or_default();
+            format!(
+                "{} {} -> {}{via} ({})",
+                p.local.netdev,
+                p.local.addr,
+                p.remote.addr,
+                speed(p.local.speed_mbps)
+            )
+        })
+        .collect();
+    let forwarded = if sel.paths.iter().any(|p| p.via.is_some()) {
+        "; a routed path is also limited by the forwarding host's CPU and its own traffic on those links"
+    } else {
+        ""
+    };
+    let mbps: u64 = sel
+        .paths
+        .iter()
+        .map(|p| u64::from(p.local.speed_mbps))
+        .sum();
+    let expect = if sel.paths.iter().any(|p| p.local.speed_mbps == 0) {
+        format!(
+            "expect no more than those links' speed (the kernel reports none for some of them; a 1 Gb/s management port gives about 0.94 Gb/s), shared with whatever else uses that network{forwarded}"
+        )
+    } else {
+        format!(
+            "expect at most {:.1} Gb/s ({mbps} Mb/s of link speed, shared with whatever else uses that network{forwarded})",
+            mbps as f64 / 1000.0
+        )
+    };
+    format!(
+        "{who}: no RoCE or TCP point-to-point link reaches it; NCCL_SWITCHLESS_TCP_FALLBACK=1 carries it over TCP on {}: {expect}, far below a direct link",
+        paths.join(", ")
+    )
 }
 
 fn mem_kind(r: &Region) -> MemKind {
@@ -868,6 +907,7 @@ impl<P: PathFactory> Backend for Switchless<P> {
                                 &remote,
                                 comm.fabric(),
                                 &format!("tcp {} <- {}", est.local, est.peer),
+                                &l.backend.view.routes,
                             )
                         );
                         l.state = AcceptState::Done;
