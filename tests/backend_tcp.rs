@@ -430,4 +430,18 @@ fn the_fallback_warning_names_gateways_and_the_bandwidth_to_expect() {
     let w = fallback_warning("peer 10.0.5.2", &sel);
     assert!(w.contains("(link speed unknown)"), "{w}");
     assert!(!w.contains("0.0 Gb/s"), "{w}");
+    // What a timeout over that path will add: the gateway to check.
+    let h = switchless::plugin::switchless::routed_hint(&sel.paths);
+    assert!(
+        h.contains("via 10.0.0.2 (for 10.0.0.1 -> 10.0.5.2)") && h.contains("ip_forward=1"),
+        "{h}"
+    );
+    // On-link paths need no such hint.
+    let on_link = vec![switchless::route::types::RemoteLink {
+        addr: "10.0.0.2/30".parse().unwrap(),
+        ..peer[0]
+    }];
+    let sel = select(std::slice::from_ref(&a), &routes, &on_link, &opts).unwrap();
+    assert_eq!(sel.paths[0].via, None);
+    assert_eq!(switchless::plugin::switchless::routed_hint(&sel.paths), "");
 }

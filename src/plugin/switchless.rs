@@ -102,6 +102,9 @@ struct ConnectState<F: Connectable> {
     started: Instant,
     /// The handshake finished; the endpoint is finishing its set-up ([`Connectable::poll_ready`]).
     est: Option<Established>,
+    /// For a connection over routed paths (the TCP fallback through a gateway): what to check when it
+    /// times out or is refused. Empty otherwise.
+    routed_hint: String,
 }
 
 /// The sending end of a connection (`sendComm`).
@@ -432,6 +435,7 @@ impl<P: PathFactory> Switchless<P> {
                 kind: p.kind,
             })
             .collect();
+        let routed_hint = routed_hint(&chosen);
         let opts = self.opts(comm, dev, false);
         let fab = self
             .factory
@@ -460,6 +464,7 @@ impl<P: PathFactory> Switchless<P> {
             dev,
             started: Instant::now(),
             est: None,
+            routed_hint,
         }))
     }
 
@@ -583,6 +588,32 @@ pub fn fold_qps(paths: &[PathChoice], qps: u8) -> Vec<PathChoice> {
         }
     }
     out
+}
+
+/// What to check when a connection over routed paths fails: each gateway must forward and route back.
+/// Empty when no path is routed.
+pub fn routed_hint(paths: &[PathChoice]) -> String {
+    let mut gws: Vec<String> = Vec::new();
+    for p in paths {
+        if let Some(gw) = p.via {
+            let g = format!(
+                "{gw} (for {} -> {})",
+                p.local.addr.addr(),
+                p.remote.addr.addr()
+            );
+            if !gws.contains(&g) {
+                gws.push(g);
+            }
+        }
+    }
+    if gws.is_empty() {
+        return String::new();
+    }
+    format!(
+        "the connection goes through the kernel's route via {}: that host must forward (sysctl \
+         net.ipv4.ip_forward=1) and route both ways, and the peer needs a route back (see `switchless route --routed`)",
+        gws.join(", ")
+    )
 }
 
 fn step_error(e: Error, peer: &str, step: &str) -> Error {
@@ -823,6 +854,7 @@ impl<P: PathFactory> Backend for Switchless<P> {
             (id, s)
         };
         let (id, s) = state;
+        let hint = s.routed_hint.clone();
         match self.advance(s) {
             Ok(Progress::Done(end)) => {
                 HandleView::new_unchecked(&mut handle[..]).set_scratch(0);
@@ -836,7 +868,11 @@ impl<P: PathFactory> Backend for Switchless<P> {
             }
             Err(e) => {
                 HandleView::new_unchecked(&mut handle[..]).set_scratch(0);
-                Err(e)
+                Err(match e {
+                    Error::Timeout(x) if !hint.is_empty() => Error::Timeout(format!("{x}; {hint}")),
+                    Error::System(x) if !hint.is_empty() => Error::System(format!("{x}; {hint}")),
+                    e => e,
+                })
             }
         }
     }

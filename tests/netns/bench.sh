@@ -15,7 +15,8 @@
 #     the far subnets through its neighbours (one node only a default route); the bench bootstraps over those
 #     routes. Non-neighbours fail fast without the fallback (a kernel route is not a cable) and, with
 #     NCCL_SWITCHLESS_TCP_FALLBACK=1, run through a neighbour (the one behind NCCL's device; the WARN names
-#     the gateway); alltoall over all 4 ranks with the fallback.
+#     the gateway); through a neighbour that stops forwarding the connection fails within the connect
+#     timeout, naming the gateway; alltoall over all 4 ranks with the fallback.
 #   * --measure: `switchless bench bandwidth` over one veth link vs iperf3 -P N on the same link in the same
 #     run, 1 stream and N streams (NCCL_SWITCHLESS_TCP_STREAMS), ratios printed (never asserted).
 #
@@ -217,6 +218,19 @@ echo "$w" | cut -c1-400 | sed 's/^/    /'
 BOOT_IP=10.201.23.2 BENCH_ENV="NCCL_SWITCHLESS_TCP_FALLBACK=1 NCCL_DEBUG=WARN" expect_ok routed-default-route bandwidth "-b 8 -e 65536 -n 3" -- "$tag-n11" "$tag-n9"
 grep -h "TCP_FALLBACK=1 carries it" "$work"/routed-default-route.0 | grep -q "via 10.201.23.1" || {
   grep -h "TCP_FALLBACK" "$work"/routed-default-route.0; fail "routed ring: n11's fallback WARN does not name its default gateway"; }
+# A route through a host that does not forward: the connection fails within the connect timeout and
+# the error names the gateway to check. `--dev 0` pins both ends to the path through n9.
+ip netns exec "$tag-n9" sysctl -q -w net.ipv4.ip_forward=0
+start=$(date +%s%N)
+BOOT_IP=10.201.24.1 BENCH_ENV="NCCL_SWITCHLESS_TCP_FALLBACK=1 NCCL_SWITCHLESS_CONNECT_TIMEOUT=3s" \
+  run_bench routed-no-forwarding bandwidth "--dev 0 -b 8 -e 65536 -n 3" -- "$tag-n8" "$tag-n10"
+ms=$((($(date +%s%N) - start) / 1000000))
+ip netns exec "$tag-n9" sysctl -q -w net.ipv4.ip_forward=1
+[ "$status" -ne 0 ] || fail "routed-no-forwarding: bench succeeded through a host that does not forward"
+grep -q "via 10.201.21.2 (for 10.201.21.1 -> 10.201.22.2): that host must forward" "$work"/routed-no-forwarding.0 || {
+  tail -n 20 "$work"/routed-no-forwarding.*; fail "routed-no-forwarding: rank 0's error does not name the gateway"; }
+[ "$ms" -lt 30000 ] || fail "routed-no-forwarding: took $ms ms to fail"
+echo "bench.sh: routed-no-forwarding: fails in $ms ms naming the gateway"
 BENCH_ENV="NCCL_SWITCHLESS_TCP_FALLBACK=1" expect_ok routed-alltoall-fallback alltoall "-b 8 -e 1048576 -f 16 -n 3 -w 1" -- "$tag-n8" "$tag-n9" "$tag-n10" "$tag-n11"
 unset BOOT_IP
 
