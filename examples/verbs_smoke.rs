@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use switchless::error::Error;
 use switchless::verbs::{
-    Access, AlignedBuffer, Completion, CompletionQueue, Context, GidType, MemoryRegion, Mtu,
+    Access, Completion, CompletionQueue, Context, GidType, HostBuffer, MemoryRegion, Mtu,
     PortState, ProtectionDomain, QpCaps, QueuePair, RemoteAddr, RtrParams, RtsParams, SendFlags,
     Sge, WcOpcode, WcStatus, gid_type_from_sysfs,
 };
@@ -246,7 +246,7 @@ fn run_link(link: &Link) -> R<String> {
     let pd = ProtectionDomain::new(&ctx).map_err(|e| e.to_string())?;
     let cq = CompletionQueue::new(&ctx, 64).map_err(|e| e.to_string())?;
     let qp = QueuePair::new_rc(&pd, &cq, &cq, QpCaps::default()).map_err(|e| e.to_string())?;
-    let mut buf = AlignedBuffer::new(BUF_LEN).map_err(|e| e.to_string())?;
+    let buf = HostBuffer::new(BUF_LEN).map_err(|e| e.to_string())?;
     if !link.server {
         let data: Vec<u8> = (0..PAYLOAD).map(|i| pattern(link.lid, i)).collect();
         buf.write(0, &data).map_err(|e| e.to_string())?;
@@ -317,8 +317,7 @@ fn run_link(link: &Link) -> R<String> {
             ));
         }
         let recv_us = t.elapsed().as_micros();
-        let mut got = vec![0u8; PAYLOAD];
-        buf.read(0, &mut got).map_err(|e| e.to_string())?;
+        let got = buf.read(0, PAYLOAD).map_err(|e| e.to_string())?;
         if let Some(i) = (0..PAYLOAD).find(|&i| got[i] != pattern(link.lid, i)) {
             return Err(format!(
                 "payload differs at byte {i}: {:#x} != {:#x}",
@@ -326,8 +325,7 @@ fn run_link(link: &Link) -> R<String> {
                 pattern(link.lid, i)
             ));
         }
-        let mut il = vec![0u8; INLINE_LEN];
-        buf.read(PAYLOAD, &mut il).map_err(|e| e.to_string())?;
+        let il = buf.read(PAYLOAD, INLINE_LEN).map_err(|e| e.to_string())?;
         if il != inline {
             return Err(format!("inline bytes differ: {il:?}"));
         }
@@ -347,8 +345,7 @@ fn run_link(link: &Link) -> R<String> {
             return Err(format!("read completion {:?}", c[0]));
         }
         let read_us = t.elapsed().as_micros();
-        let mut back = vec![0u8; READ_LEN];
-        buf.read(0, &mut back).map_err(|e| e.to_string())?;
+        let back = buf.read(0, READ_LEN).map_err(|e| e.to_string())?;
         if let Some(i) = (0..READ_LEN).find(|&i| back[i] != pattern(link.lid, i)) {
             return Err(format!("RDMA read data differs at byte {i}"));
         }

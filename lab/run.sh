@@ -22,7 +22,8 @@
 #   --no-retry           do not retry after a guest kernel fault
 #   --bench-args "..."   extra arguments for every `switchless bench` check [BENCH_ARGS]
 #   --guest-env "K=V ..." environment for the checks in the VMs, e.g. "NCCL_DEBUG=INFO
-#                        NCCL_IB_TIMEOUT=20" [LAB_GUEST_ENV]
+#                        NCCL_IB_TIMEOUT=20" [LAB_GUEST_ENV]; NCCL_IB_RETRY_CNT=6 is set
+#                        unless this sets it (rxe never gives up at 7)
 #   Two-node and fault checks (see docs/readme/lab.md) read: LAB_NOROUTE_BOUND (s a no-route
 #                        refusal may take, default 10), LAB_FAULT_BOUND (s from the fault to the
 #                        bench's end, default 20), LAB_FAULT_PKTS (RoCE packets before the fault,
@@ -331,7 +332,8 @@ read -r _ mip1 <<< "$(lab_mgmt_addr 1)"
     echo "L_nodes=$NODES"; echo "L_mtu=$MTU"; echo "L_checks=$(q "$CHECKS_LIST")"
     echo "L_ctimeout=$CHECK_TIMEOUT"; echo "L_bwargs=$(q "$BW_ARGS")"; echo "L_latargs=$(q "$LAT_ARGS")"
     echo "L_benchargs=$(q "$BENCH_ARGS")"; echo "L_bootstrap=$mip1"; echo "L_inject_fault=${LAB_INJECT_FAULT:-0}"
-    echo "L_env=$(q "$GUEST_ENV")"
+    # NCCL_IB_RETRY_CNT=6 first: doctor's remedy for rxe's endless retries at 7 (--guest-env may override).
+    echo "L_env=$(q "NCCL_IB_RETRY_CNT=6 $GUEST_ENV")"
     echo "L_noroute_bound=${LAB_NOROUTE_BOUND:-10}"; echo "L_fault_bound=${LAB_FAULT_BOUND:-20}"
     echo "L_fault_pkts=${LAB_FAULT_PKTS:-300}"; echo "L_fault_hang=${LAB_FAULT_HANG:-60}"
     echo "L_linkdown_iters=${LAB_LINKDOWN_ITERS:-200}"; echo "L_fault_peer_hang=${LAB_FAULT_PEER_HANG:-fail}"

@@ -610,6 +610,7 @@ fn qps_per_connection_multiplies_the_paths_up_to_eight() {
         },
         kind: LinkKind::Roce,
         reason: String::new(),
+        via: None,
     };
     let two = [
         p("127.0.0.1/8", "127.0.0.2/8"),

@@ -277,3 +277,171 @@ fn the_fallback_keeps_point_to_point_links_alone() {
     B::close_send(pair.0).unwrap();
     B::close_recv(pair.1).unwrap();
 }
+
+/// Two nodes that share no subnet: A has 127.0.1.1/30, B has 127.0.2.2/30, and each has a kernel
+/// route to the other's subnet through a neighbour (127.0.1.2, 127.0.2.1) — a ring non-neighbour
+/// seen through its routing table. On this host all of 127/8 is local, so the sockets connect.
+fn routed_backend(me: &str, gw: &str, far: &str, vars: &[(&str, &str)]) -> Arc<B> {
+    let config = config(vars);
+    let mine: ipnet::Ipv4Net = me.parse().unwrap();
+    let view = HostView {
+        config: config.clone(),
+        devices: vec![device()],
+        links: vec![link(0, me)],
+        routes: vec![
+            KernelRoute {
+                dest: mine.trunc(),
+                gateway: None,
+                ifname: "lo".into(),
+                metric: 0,
+            },
+            KernelRoute {
+                dest: far.parse().unwrap(),
+                gateway: Some(gw.parse().unwrap()),
+                ifname: "lo".into(),
+                metric: 0,
+            },
+        ],
+    };
+    Arc::new(Switchless::from_parts(NetFactory::tcp_only(config), view).unwrap())
+}
+
+/// `a` connects to a listener of `b`; returns what `a`'s connect finally said (accept is driven too).
+fn connect_across(a: &Arc<B>, b: &Arc<B>) -> Result<Pair, Error> {
+    let mut h: Handle = [0; HANDLE_SIZE];
+    let mut l = b.listen(&CommInfo::default(), 0, &mut h).unwrap();
+    let (mut s, mut r) = (None, None);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while s.is_none() || r.is_none() {
+        assert!(Instant::now() < deadline, "set-up did not finish");
+        if s.is_none() {
+            s = a.connect(&CommInfo::default(), 0, &mut h)?;
+        }
+        if r.is_none() {
+            r = B::accept(&mut l).unwrap();
+        }
+    }
+    B::close_listen(l).unwrap();
+    Ok((s.unwrap(), r.unwrap()))
+}
+
+#[test]
+fn the_fallback_reaches_a_non_neighbour_through_a_kernel_route() {
+    let tcp = ("NCCL_SWITCHLESS_TRANSPORT", "tcp");
+    let fb = ("NCCL_SWITCHLESS_TCP_FALLBACK", "1");
+    let a = routed_backend("127.0.1.1/30", "127.0.1.2", "127.0.2.0/30", &[tcp, fb]);
+    let b = routed_backend("127.0.2.2/30", "127.0.2.1", "127.0.1.0/30", &[tcp, fb]);
+    let mut pair = connect_across(&a, &b).unwrap();
+    let labels = pair.0.path_labels();
+    assert_eq!(labels.len(), 1, "{labels:?}");
+    assert!(labels[0].contains("127.0.2.2"), "{labels:?}");
+    transfer(&mut pair, &[0, 3, 1 << 20, (1 << 21) + 5]);
+    B::close_send(pair.0).unwrap();
+    B::close_recv(pair.1).unwrap();
+    // And back, B to A.
+    let mut pair = connect_across(&b, &a).unwrap();
+    transfer(&mut pair, &[4096]);
+    B::close_send(pair.0).unwrap();
+    B::close_recv(pair.1).unwrap();
+}
+
+#[test]
+fn a_routed_path_needs_the_fallback_on_both_ends() {
+    let tcp = ("NCCL_SWITCHLESS_TRANSPORT", "tcp");
+    let fb = ("NCCL_SWITCHLESS_TCP_FALLBACK", "1");
+    let b_plain = routed_backend("127.0.2.2/30", "127.0.2.1", "127.0.1.0/30", &[tcp]);
+    // Connector without the fallback: the clear no-path error at once, naming the routed peer.
+    let a_plain = routed_backend("127.0.1.1/30", "127.0.1.2", "127.0.2.0/30", &[tcp]);
+    let t = Instant::now();
+    let e = connect_across(&a_plain, &b_plain).expect_err("no path");
+    assert!(t.elapsed() < Duration::from_secs(2));
+    assert!(matches!(e, Error::InvalidUsage(_)), "{e}");
+    assert!(
+        e.to_string().contains("no local link reaches the peer"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("127.0.2.2/30"), "{e}");
+    // Connector with it, acceptor without: the acceptor's reject reaches the connector.
+    let a = routed_backend("127.0.1.1/30", "127.0.1.2", "127.0.2.0/30", &[tcp, fb]);
+    let e = connect_across(&a, &b_plain).expect_err("rejected");
+    let t = e.to_string();
+    assert!(
+        t.contains("NCCL_SWITCHLESS_TCP_FALLBACK=1 on the acceptor too"),
+        "{t}"
+    );
+    assert_eq!(a.connecting(), 0);
+    // Without a route the fallback finds nothing either, and says so.
+    let lonely = routed_backend("127.0.1.1/30", "127.0.1.2", "127.0.9.0/30", &[tcp, fb]);
+    let e = connect_across(&lonely, &b_plain).expect_err("no route");
+    assert!(
+        e.to_string()
+            .contains("found no shared IPv4 subnet or kernel route"),
+        "{e}"
+    );
+    assert!(
+        e.to_string()
+            .contains("the kernel has no route to 127.0.2.2"),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_fallback_warning_names_gateways_and_the_bandwidth_to_expect() {
+    use switchless::plugin::switchless::fallback_warning;
+    use switchless::route::{KindFilter, Reach, RouteOptions, select};
+    let mut a = link(0, "10.0.0.1/30");
+    a.netdev = "to2".into();
+    let routes = vec![
+        KernelRoute {
+            dest: "10.0.0.0/30".parse().unwrap(),
+            gateway: None,
+            ifname: "to2".into(),
+            metric: 0,
+        },
+        KernelRoute {
+            dest: "0.0.0.0/0".parse().unwrap(),
+            gateway: Some("10.0.0.2".parse().unwrap()),
+            ifname: "to2".into(),
+            metric: 0,
+        },
+    ];
+    let peer = vec![switchless::route::types::RemoteLink {
+        addr: "10.0.5.2/30".parse().unwrap(),
+        phys_port_id: 0,
+        pci_root_id: 0,
+        kind: LinkKind::Tcp,
+    }];
+    let opts = RouteOptions {
+        kinds: KindFilter::Tcp,
+        reach: Reach::Routed,
+        ..RouteOptions::default()
+    };
+    let sel = select(std::slice::from_ref(&a), &routes, &peer, &opts).unwrap();
+    let w = fallback_warning("peer 10.0.5.2", &sel);
+    assert!(
+        w.contains("to2 10.0.0.1/30 -> 10.0.5.2/30 via 10.0.0.2 (10000 Mb/s link)"),
+        "{w}"
+    );
+    assert!(w.contains("expect at most 10.0 Gb/s"), "{w}");
+    assert!(w.contains("forwarding host's CPU"), "{w}");
+    // A link whose speed the kernel does not report (virtio, some management ports): no "0.0 Gb/s".
+    a.speed_mbps = 0;
+    let sel = select(std::slice::from_ref(&a), &routes, &peer, &opts).unwrap();
+    let w = fallback_warning("peer 10.0.5.2", &sel);
+    assert!(w.contains("(link speed unknown)"), "{w}");
+    assert!(!w.contains("0.0 Gb/s"), "{w}");
+    // What a timeout over that path will add: the gateway to check.
+    let h = switchless::plugin::switchless::routed_hint(&sel.paths);
+    assert!(
+        h.contains("via 10.0.0.2 (for 10.0.0.1 -> 10.0.5.2)") && h.contains("ip_forward=1"),
+        "{h}"
+    );
+    // On-link paths need no such hint.
+    let on_link = vec![switchless::route::types::RemoteLink {
+        addr: "10.0.0.2/30".parse().unwrap(),
+        ..peer[0]
+    }];
+    let sel = select(std::slice::from_ref(&a), &routes, &on_link, &opts).unwrap();
+    assert_eq!(sel.paths[0].via, None);
+    assert_eq!(switchless::plugin::switchless::routed_hint(&sel.paths), "");
+}

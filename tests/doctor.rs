@@ -363,3 +363,72 @@ fn cli_capture_replays_to_the_same_report() {
         .unwrap();
     assert_eq!(c.status.code(), Some(2));
 }
+
+#[test]
+fn soft_roce_with_a_retry_count_of_seven_would_hang() {
+    let (m, _) = fabric::discover(&fixture("captured/rxe-2vm-node0"));
+    assert!(m.rdma_devices.iter().all(|d| d.software), "rxe is virtual");
+    let f = doctor::env_checks(&m, 7);
+    assert_eq!(f.len(), 1);
+    assert_eq!(f[0].check, "soft-roce-infinite-retry");
+    assert_eq!(f[0].severity, Warning);
+    assert!(
+        f[0].message.contains("rxe_eth0, rxe_eth1 are soft-RoCE"),
+        "{}",
+        f[0].message
+    );
+    assert!(f[0].remedy.contains("NCCL_IB_RETRY_CNT=6"));
+    assert!(doctor::env_checks(&m, 6).is_empty());
+    assert!(doctor::env_checks(&m, 0).is_empty());
+    // Hardware NICs count 7 down like any other value.
+    let (hw, _) = fabric::discover(&fixture("gb10-2cable"));
+    assert!(hw.rdma_devices.iter().all(|d| !d.software));
+    assert!(doctor::env_checks(&hw, 7).is_empty());
+}
+
+#[test]
+fn cli_checks_the_nccl_environment() {
+    let run = |retry: Option<&str>| {
+        let mut c = bin();
+        c.args(["doctor", "--json", "--root"])
+            .arg(fixture("captured/rxe-2vm-node0"))
+            .env_remove("NCCL_IB_RETRY_CNT");
+        if let Some(v) = retry {
+            c.env("NCCL_IB_RETRY_CNT", v);
+        }
+        let out = c.output().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let checks: Vec<String> = v["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["check"].as_str().unwrap().to_string())
+            .collect();
+        (out.status.code(), checks, v)
+    };
+    let (rc, checks, _) = run(None);
+    assert_eq!(rc, Some(1));
+    assert!(
+        checks.contains(&"soft-roce-infinite-retry".to_string()),
+        "{checks:?}"
+    );
+    let (_, checks, _) = run(Some("6"));
+    assert!(
+        !checks.contains(&"soft-roce-infinite-retry".to_string()),
+        "{checks:?}"
+    );
+    // A value the plugin's init would refuse is an error naming it.
+    let (rc, checks, v) = run(Some("9"));
+    assert_eq!(rc, Some(2));
+    assert!(checks.contains(&"nccl-env".to_string()), "{checks:?}");
+    let msg = v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["check"] == "nccl-env")
+        .unwrap()["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(msg.contains("NCCL_IB_RETRY_CNT"), "{msg}");
+}

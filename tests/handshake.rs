@@ -45,6 +45,7 @@ fn view() -> AcceptorView {
             ifname: "lo".into(),
             metric: 0,
         }],
+        ..AcceptorView::default()
     }
 }
 
@@ -81,6 +82,7 @@ fn paths_to(h: &HandleRepr) -> Vec<PathChoice> {
         remote: h.links[0],
         kind: LinkKind::Roce,
         reason: "test".into(),
+        via: None,
     }]
 }
 

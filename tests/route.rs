@@ -7,9 +7,11 @@ use std::net::Ipv4Addr;
 
 use switchless::error::Error;
 use switchless::route::types::{KernelRoute, LinkKind, LocalLink, RemoteLink};
-use switchless::route::{HandleRepr, KindFilter, RouteOptions, Selection, select};
+use switchless::route::{
+    HandleRepr, KindFilter, Reach, RouteOptions, Selection, check_incoming, select,
+};
 
-#[derive(Clone, Default)]
+#[derive(Clone, Debug, Default)]
 struct Host {
     links: Vec<LocalLink>,
     routes: Vec<KernelRoute>,
@@ -682,4 +684,328 @@ fn equal_prefix_routes_lowest_metric_wins_ties_all_count() {
         2
     );
     assert!(kernel_route(&a.routes, "10.6.0.1".parse().unwrap()).is_empty());
+}
+
+/// A 4-node ring of plain TCP links: link k joins node k (`next`, 10.20.k.1/30) and node k+1
+/// (`prev`, 10.20.k.2/30). Every node forwards; `routes(k)` adds the routes of node k to the two
+/// far subnets through each neighbour, as an operator would for NCCL_SWITCHLESS_TCP_FALLBACK=1.
+fn tcp_ring(k: usize) -> Host {
+    let prev = (k + 3) % 4;
+    Host::default()
+        .tcp("next", &format!("10.20.{k}.1/30"))
+        .tcp("prev", &format!("10.20.{prev}.2/30"))
+}
+
+fn tcp_ring_routed(k: usize) -> Host {
+    let (next_link, prev_link) = (k, (k + 3) % 4);
+    // The subnet beyond the next node (link k+1) goes via the next node, the one beyond the previous
+    // node (link k-2) via the previous one.
+    tcp_ring(k)
+        .route(
+            &format!("10.20.{}.0/30", (k + 1) % 4),
+            Some(&format!("10.20.{next_link}.2")),
+            "next",
+            0,
+        )
+        .route(
+            &format!("10.20.{}.0/30", (k + 2) % 4),
+            Some(&format!("10.20.{prev_link}.1")),
+            "prev",
+            0,
+        )
+}
+
+fn routed() -> RouteOptions {
+    RouteOptions {
+        kinds: KindFilter::Tcp,
+        reach: Reach::Routed,
+        ..RouteOptions::default()
+    }
+}
+
+fn vias(s: &Selection) -> Vec<Option<Ipv4Addr>> {
+    s.paths.iter().map(|p| p.via).collect()
+}
+
+#[test]
+fn routed_reach_crosses_a_neighbour_on_each_side_of_the_ring() {
+    let (a, c) = (tcp_ring_routed(0), tcp_ring_routed(2));
+    // On-link only (the default): the non-neighbour is unreachable, as before.
+    let e = a
+        .connect(
+            &c,
+            RouteOptions {
+                kinds: KindFilter::Tcp,
+                ..RouteOptions::default()
+            },
+        )
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("no local link reaches the peer"),
+        "{e}"
+    );
+    // Routed: one path through each neighbour, each to the far node's address on the subnet the
+    // kernel routes through that neighbour.
+    let s = a.connect(&c, routed()).unwrap();
+    assert_eq!(
+        pairs(&s),
+        vec![
+            ("next".into(), "10.20.1.2".parse().unwrap()),
+            ("prev".into(), "10.20.2.1".parse().unwrap())
+        ]
+    );
+    assert_eq!(
+        vias(&s),
+        vec![
+            Some("10.20.0.2".parse().unwrap()),
+            Some("10.20.3.1".parse().unwrap())
+        ]
+    );
+    assert!(s.paths.iter().all(|p| p.kind == LinkKind::Tcp));
+    assert!(
+        s.paths[0]
+            .reason
+            .contains("10.20.1.0/30 via 10.20.0.2 dev next"),
+        "{}",
+        s.paths[0].reason
+    );
+    let t = switchless::route::render_text(&s, &c.advertise());
+    assert!(t.contains("-> 10.20.1.2 via 10.20.0.2 (Tcp)"), "{t}");
+    // Every ring pair connects in both directions.
+    for k in 0..4 {
+        for j in 0..4 {
+            if j != k {
+                let s = tcp_ring_routed(k)
+                    .connect(&tcp_ring_routed(j), routed())
+                    .unwrap();
+                assert!(!s.paths.is_empty());
+            }
+        }
+    }
+}
+
+#[test]
+fn routed_reach_prefers_on_link_addresses_and_follows_the_default_route() {
+    // The neighbour: its `next` address (10.20.1.1) is routed via it, its `prev` address (10.20.0.2)
+    // is on our cable: the link takes the on-link one.
+    let s = tcp_ring_routed(0).connect(&tcp_ring(1), routed()).unwrap();
+    assert_eq!(
+        pairs(&s),
+        vec![("next".into(), "10.20.0.2".parse().unwrap())]
+    );
+    assert_eq!(vias(&s), vec![None]);
+    assert!(
+        s.skipped
+            .iter()
+            .any(|k| k.reason.contains("already carries"))
+    );
+    // Only a default route through the next node: one path, through it.
+    let a = tcp_ring(0).route("0.0.0.0/0", Some("10.20.0.2"), "next", 0);
+    let s = a.connect(&tcp_ring(2), routed()).unwrap();
+    assert_eq!(s.paths.len(), 1);
+    assert_eq!(s.paths[0].local.netdev, "next");
+    assert_eq!(vias(&s), vec![Some("10.20.0.2".parse().unwrap())]);
+    assert!(
+        s.paths[0]
+            .reason
+            .contains("0.0.0.0/0 via 10.20.0.2 dev next")
+    );
+    // A netdev with two addresses: the source is the one whose subnet holds the gateway.
+    let b = Host::default()
+        .tcp("eth0", "10.30.0.1/30")
+        .tcp("eth0", "192.168.1.5/24")
+        .route("10.40.0.0/16", Some("192.168.1.1"), "eth0", 0);
+    let far = Host::default().tcp("x", "10.40.3.2/30");
+    let s = b.connect(&far, routed()).unwrap();
+    assert_eq!(s.paths.len(), 1);
+    assert_eq!(s.paths[0].local.addr.to_string(), "192.168.1.5/24");
+}
+
+#[test]
+fn routed_reach_failures_are_explained() {
+    // No route at all.
+    let e = tcp_ring(0).connect(&tcp_ring(2), routed()).unwrap_err();
+    let t = e.to_string();
+    assert!(t.contains("the kernel has no route to 10.20.2.1"), "{t}");
+    // A route through a netdev that has no IPv4 link here.
+    let a = tcp_ring(0).route("10.20.0.0/16", Some("10.99.0.1"), "ghost", 0);
+    let e = a.connect(&tcp_ring(2), routed()).unwrap_err();
+    assert!(
+        e.to_string().contains(
+            "10.20.0.0/16 via 10.99.0.1 dev ghost metric 0, through no usable local link"
+        ),
+        "{e}"
+    );
+    // The link the route leaves through is down.
+    let e = tcp_ring_routed(0)
+        .down("next")
+        .down("prev")
+        .connect(&tcp_ring(2), routed())
+        .unwrap_err();
+    assert!(e.to_string().contains("link is down"), "{e}");
+    // RoCE is never routed.
+    let a = Host::default()
+        .roce("r", "10.0.0.1/30", "r0", 0, Some(0))
+        .route("10.1.0.0/30", Some("10.0.0.2"), "r", 0);
+    let b = Host::default().roce("r", "10.1.0.2/30", "s0", 0, None);
+    let e = a
+        .connect(
+            &b,
+            RouteOptions {
+                kinds: KindFilter::Roce,
+                reach: Reach::Routed,
+                ..RouteOptions::default()
+            },
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("RoCE needs a cable"), "{e}");
+    // Any kind: the routed pair between two RoCE links is carried as TCP.
+    let s = a
+        .connect(
+            &b,
+            RouteOptions {
+                reach: Reach::Routed,
+                ..RouteOptions::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(s.paths[0].kind, LinkKind::Tcp);
+}
+
+#[test]
+fn acceptor_accepts_routed_tcp_paths_only_when_allowed() {
+    let c = tcp_ring_routed(2);
+    let (me, peer) = ("10.20.1.2".parse().unwrap(), "10.20.0.1".parse().unwrap());
+    // On-link (the default): rejected, with the hint.
+    let e =
+        check_incoming(&c.links, &c.routes, me, peer, LinkKind::Tcp, Reach::OnLink).unwrap_err();
+    assert!(
+        e.contains("outside the acceptor's subnet 10.20.1.0/30 on prev"),
+        "{e}"
+    );
+    assert!(
+        e.contains("NCCL_SWITCHLESS_TCP_FALLBACK=1 on the acceptor too"),
+        "{e}"
+    );
+    // Routed TCP: accepted on the addressed link.
+    let l = check_incoming(&c.links, &c.routes, me, peer, LinkKind::Tcp, Reach::Routed).unwrap();
+    assert_eq!(l.netdev, "prev");
+    // Routed RoCE: rejected.
+    let e =
+        check_incoming(&c.links, &c.routes, me, peer, LinkKind::Roce, Reach::Routed).unwrap_err();
+    assert!(e.contains("RoCE paths must be on-link"), "{e}");
+    // No route back: rejected.
+    let bare = tcp_ring(2);
+    let e = check_incoming(
+        &bare.links,
+        &bare.routes,
+        me,
+        peer,
+        LinkKind::Tcp,
+        Reach::Routed,
+    )
+    .unwrap_err();
+    assert!(e.contains("no route back to 10.20.0.1"), "{e}");
+    // The on-link rule is unchanged either way.
+    for reach in [Reach::OnLink, Reach::Routed] {
+        let l = check_incoming(
+            &c.links,
+            &c.routes,
+            me,
+            "10.20.1.1".parse().unwrap(),
+            LinkKind::Roce,
+            reach,
+        )
+        .unwrap();
+        assert_eq!(l.netdev, "prev");
+    }
+}
+
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+    use switchless::route::kernel_route;
+
+    /// Small random hosts: links on a few netdevs in 10.0.x.y with prefixes /24../31, connected
+    /// routes for them, plus random gateway and default routes.
+    fn host() -> impl Strategy<Value = Host> {
+        let link = (
+            0..3u8,
+            0..4u8,
+            0..255u8,
+            24..=31u8,
+            any::<bool>(),
+            any::<bool>(),
+        );
+        let route = (0..4u8, 0..=32u8, 0..4u8, 0..255u8, 0..4u8, 0..3u32);
+        (
+            proptest::collection::vec(link, 0..5),
+            proptest::collection::vec(route, 0..4),
+        )
+            .prop_map(|(links, routes)| {
+                let mut h = Host::default();
+                for (dev, net, host, len, roce, up) in links {
+                    let addr = format!("10.0.{net}.{host}/{len}");
+                    if h.links
+                        .iter()
+                        .any(|l| l.addr.addr() == addr.parse::<ipnet::Ipv4Net>().unwrap().addr())
+                    {
+                        continue; // a handle never advertises an address twice
+                    }
+                    let name = format!("eth{dev}");
+                    h = if roce {
+                        h.roce(&name, &addr, "r", 0, Some(usize::from(dev)))
+                    } else {
+                        h.tcp(&name, &addr)
+                    };
+                    if !up {
+                        h = h.down(&name);
+                    }
+                }
+                for (net, len, gnet, ghost, dev, metric) in routes {
+                    let dest: ipnet::Ipv4Net = format!("10.0.{net}.0/{len}").parse().unwrap();
+                    h = h.route(
+                        &dest.trunc().to_string(),
+                        Some(&format!("10.0.{gnet}.{ghost}")),
+                        &format!("eth{dev}"),
+                        metric,
+                    );
+                }
+                h
+            })
+    }
+
+    proptest! {
+        // Routed pairs are a small share of random hosts: run enough cases to see many (~100).
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        #[test]
+        fn routed_selection_invariants(a in host(), b in host(), dev in proptest::option::of(0..3usize),
+                                       kinds in prop_oneof![Just(KindFilter::Roce), Just(KindFilter::Tcp), Just(KindFilter::Any)]) {
+            let peer = b.advertise();
+            for reach in [Reach::OnLink, Reach::Routed] {
+                let opts = RouteOptions { nccl_dev: dev, kinds, reach, ..RouteOptions::default() };
+                let Ok(s) = select(&a.links, &a.routes, &peer, &opts) else { continue };
+                prop_assert!(!s.paths.is_empty());
+                let mut ids: Vec<usize> = s.paths.iter().map(|p| p.local.id).collect();
+                ids.sort();
+                ids.dedup();
+                prop_assert_eq!(ids.len(), s.paths.len());
+                for p in &s.paths {
+                    let r = p.remote.addr.addr();
+                    prop_assert!(p.local.up);
+                    prop_assert_ne!(p.local.addr.addr(), r);
+                    prop_assert!(peer.contains(&p.remote));
+                    if p.local.addr.contains(&r) {
+                        prop_assert_eq!(p.via, None);
+                    } else {
+                        // Only routed reach leaves the subnet, only as TCP, and only where the kernel
+                        // sends that address out of this link's netdev.
+                        prop_assert_eq!(reach, Reach::Routed);
+                        prop_assert_eq!(p.kind, LinkKind::Tcp);
+                        prop_assert!(kernel_route(&a.routes, r).iter().any(|k| k.ifname == p.local.netdev));
+                    }
+                }
+            }
+        }
+    }
 }

@@ -132,3 +132,36 @@ fn peer_is_required() {
     assert_eq!(rc, 2);
     assert!(err.contains("--peer"), "{err}");
 }
+
+#[test]
+fn routed_takes_the_default_route_only_when_asked() {
+    // A peer on no local subnet: on-link routing refuses it; --routed follows the fixture's default
+    // route (via 192.168.10.1 on the management NIC eno1) as TCP.
+    let peer = ["--root", B300, "--peer", "10.250.0.2/30", "--kinds", "tcp"];
+    let (rc, _, err) = route(&peer);
+    assert_eq!(rc, 1, "{err}");
+    assert!(err.contains("no local link reaches the peer"), "{err}");
+    let (rc, out, err) = route(&[&peer[..], &["--routed"]].concat());
+    assert_eq!(rc, 0, "{err}");
+    assert!(
+        out.starts_with("1 path to the peer (10.250.0.2/30):"),
+        "{out}"
+    );
+    assert!(
+        out.contains("eno1 ") && out.contains("-> 10.250.0.2 via 192.168.10.1 (Tcp)"),
+        "{out}"
+    );
+    assert!(out.contains("0.0.0.0/0 via 192.168.10.1 dev eno1"), "{out}");
+    // RoCE is never routed.
+    let (rc, _, err) = route(&[
+        "--root",
+        B300,
+        "--peer",
+        "10.250.0.2/30",
+        "--kinds",
+        "roce",
+        "--routed",
+    ]);
+    assert_eq!(rc, 1);
+    assert!(err.contains("RoCE needs a cable"), "{err}");
+}

@@ -12,7 +12,10 @@
 #     through NCCL_SWITCHLESS_REQUEST_TIMEOUT (5 s here): its requests fail with "made no progress
 #     for ... on path(s) ...", well before the bench's own --timeout (LAB_FAULT_HANG=20 s). No hang
 #     is allowed on either side.
-# ~55 s (ring4) + ~60 s (pair) under TCG on 2 shared cores. Needs root, like 80-lab.sh. The
+#  3. ring4 with NCCL_SWITCHLESS_TCP_FALLBACK=1: `switchless bench alltoall` over all 4 nodes: each
+#     process holds RoCE connections to its neighbours and TCP connections (over the management
+#     network) to its non-neighbour, and the plugin WARNs once per such peer.
+# ~55 s (ring4) + ~60 s (pair) + ~25 s (ring4 fallback) under TCG on 2 shared cores. Needs root, like 80-lab.sh. The
 # binaries are the debug build `cargo test --all-targets` left (built when missing).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -46,4 +49,18 @@ grep '"check":"fault:link-down"' "$j" | grep '"status":"pass"' | grep -qE 'on pa
 n=$(grep '"check":"fault:link-down"' "$j" | grep -c '"status":"pass"' || true)
 [ "$n" = 2 ] || { echo "FAIL: fault:link-down passed (error or completion, no hang) on $n of 2 nodes"; exit 1; }
 grep -hE 'CHECK(OK|XFAIL|FAIL) fault' "$res/ci-faults-pair/summary.txt" | sed 's/ path=0 label=.*//'
+echo "== lab ring4 with the TCP fallback: alltoall, RoCE to neighbours and TCP to non-neighbours"
+timeout 420 lab/run.sh "${bins[@]}" --timeout 300 --results "$res/ci-fallback-ring4" \
+    --guest-env "NCCL_SWITCHLESS_TCP_FALLBACK=1 NCCL_DEBUG=INFO" --checks "bench:alltoall" \
+    --bench-args "-b 8 -e 65536 -f 16 -n 3 -w 1 --timeout 120" ring4
+j=$res/ci-fallback-ring4/summary.jsonl
+n=$(grep '"check":"bench:alltoall"' "$j" | grep -c '"status":"pass"' || true)
+[ "$n" = 4 ] || { echo "FAIL: alltoall with the fallback passed on $n of 4 nodes"; exit 1; }
+out=$res/ci-fallback-ring4/node1/bench-alltoall.txt
+grep -q 'TCP_FALLBACK=1 carries it over TCP' "$out" || { echo "FAIL: node 1 gave no fallback WARN"; exit 1; }
+grep -q 'connected to peer.* rxe_' "$out" || { echo "FAIL: node 1 has no RoCE connection"; exit 1; }
+grep -qE '(connected to|accepted from) .* tcp [0-9.]+/24 ->' "$out" ||
+    { echo "FAIL: node 1 has no TCP connection over the management network"; exit 1; }
+grep -h 'TCP_FALLBACK=1 carries it' "$out" | head -n 1 | cut -c1-300
+
 echo "lab faults CI step passed in $(($(date +%s) - start)) s"

@@ -67,6 +67,18 @@ pub fn diagnose(args: &Args) -> Result<(doctor::Report, Option<usize>), String> 
     };
     let filter = hca_filter()?;
     let (model, mut findings) = fabric::discover_with(&rd);
+    // The NCCL environment this shell would give the plugin: a bad value is reported, as the plugin's
+    // init would refuse it.
+    match crate::config::Config::from_env() {
+        Ok(cfg) => findings.extend(doctor::env_checks(&model, cfg.ib_retry_cnt)),
+        Err(e) => findings.push(Finding::new(
+            Severity::Error,
+            "nccl-env",
+            "environment",
+            format!("the plugin's init would refuse this environment: {e}"),
+            "fix or unset the variable (accepted values: README, Configuration)",
+        )),
+    }
     let devices = model.nccl_devices(&|dev, port| filter.matches(dev, port), false);
     if let Some((plan, n)) = &plan {
         findings.extend(crate::plan::check_host(plan, *n, &model.live_ifaces()));

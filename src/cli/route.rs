@@ -9,7 +9,7 @@ use ipnet::Ipv4Net;
 use crate::fabric;
 use crate::route::handle::advertised;
 use crate::route::types::{LinkKind, RemoteLink};
-use crate::route::{KindFilter, RouteOptions, render_text, select};
+use crate::route::{KindFilter, Reach, RouteOptions, render_text, select};
 
 /// Path kinds, as `--kinds` takes them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -40,6 +40,10 @@ pub struct Args {
     /// Which path kinds the transport can use.
     #[arg(long, value_enum, default_value = "any")]
     pub kinds: Kinds,
+    /// Also paths the kernel routes through a gateway (a forwarding neighbour, the default route),
+    /// as NCCL_SWITCHLESS_TCP_FALLBACK=1 does: TCP only.
+    #[arg(long)]
+    pub routed: bool,
     /// At most this many paths.
     #[arg(long, default_value_t = crate::route::select::DEFAULT_MAX_PATHS)]
     pub max_paths: usize,
@@ -81,6 +85,11 @@ pub fn run(args: Args) -> ExitCode {
             Kinds::Any => KindFilter::Any,
         },
         max_paths: args.max_paths,
+        reach: if args.routed {
+            Reach::Routed
+        } else {
+            Reach::OnLink
+        },
     };
     match select(&local, &routes, &peer, &opts) {
         Ok(sel) => {

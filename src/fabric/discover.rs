@@ -515,6 +515,10 @@ fn read_rdma_device(
     let node_guid = guid(cx, "node_guid");
     let sys_image_guid = guid(cx, "sys_image_guid");
     let pci_bdf = read_pci_of(cx, &dir, pci);
+    // Hardware devices live under their PCI function; rdma_rxe registers a virtual device.
+    let software =
+        cx.r.resolve(&dir)
+            .is_ok_and(|p| p.starts_with("/sys/devices/virtual/"));
     let mut ports = Vec::new();
     let port_names = match cx.r.list(&format!("{dir}/ports")) {
         Ok(v) => v,
@@ -536,6 +540,7 @@ fn read_rdma_device(
         node_guid,
         sys_image_guid,
         pci: pci_bdf,
+        software,
         ports,
     })
 }

@@ -23,6 +23,7 @@ pub mod check {
     pub const ADDRESS_WITHOUT_RDMA: &str = "address-without-rdma";
     pub const NO_NEIGHBOUR: &str = "no-neighbour";
     pub const NO_CONNECTED_ROUTE: &str = "no-connected-route";
+    pub const SOFT_ROCE_INFINITE_RETRY: &str = "soft-roce-infinite-retry";
     pub const KERNEL_FILE: &str = super::super::discover::CHECK_KERNEL_FILE;
     pub use super::super::tcp::check::*;
 }
@@ -64,6 +65,38 @@ fn fmt_short(speed: Option<f32>, width: Option<u32>) -> String {
         .map(|w| format!("x{w}"))
         .unwrap_or_else(|| "x?".into());
     format!("{g} {w}")
+}
+
+/// Checks of the host against the NCCL environment the plugin would run with (`ib_retry_cnt` =
+/// `NCCL_IB_RETRY_CNT`, 7 when unset).
+///
+/// `soft-roce-infinite-retry`: rdma_rxe's completer only counts a retry down when the QP's retry
+/// count is not 7 (drivers/infiniband/sw/rxe/rxe_comp.c), so with NCCL's default of 7 a send to a
+/// dead peer or over a dead cable retries forever instead of failing with "transport retry counter
+/// exceeded" (status 12). Hardware RoCE NICs treat 7 as seven retries.
+pub fn env_checks(m: &HostModel, ib_retry_cnt: u8) -> Vec<Finding> {
+    let soft: Vec<&str> = m
+        .rdma_devices
+        .iter()
+        .filter(|d| d.software)
+        .map(|d| d.name.as_str())
+        .collect();
+    if soft.is_empty() || ib_retry_cnt != 7 {
+        return Vec::new();
+    }
+    vec![Finding::new(
+        Severity::Warning,
+        check::SOFT_ROCE_INFINITE_RETRY,
+        "NCCL_IB_RETRY_CNT",
+        format!(
+            "{} {} soft-RoCE (rdma_rxe) and NCCL_IB_RETRY_CNT is 7 (NCCL's default when unset): rdma_rxe never \
+             counts a retry count of 7 down, so a send to a dead peer or over a dead cable retries forever \
+             instead of failing with \"transport retry counter exceeded\" (status 12), and the job hangs",
+            soft.join(", "),
+            if soft.len() == 1 { "is" } else { "are" }
+        ),
+        "export NCCL_IB_RETRY_CNT=6 (any value 0..=6) on soft-RoCE hosts; hardware RoCE NICs are not affected",
+    )]
 }
 
 /// Every doctor check over the model. Discovery's own findings (`kernel-file`) are not repeated here.

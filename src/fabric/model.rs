@@ -136,6 +136,9 @@ pub struct RdmaDevice {
     /// PCI function (`0000:01:00.0`) the device sits on; for a software device (rdma_rxe) the function
     /// of the netdev it runs over.
     pub pci: Option<String>,
+    /// A software device (soft-RoCE `rdma_rxe`): its sysfs directory is under `/sys/devices/virtual/`.
+    #[serde(default)]
+    pub software: bool,
     pub ports: Vec<RdmaPort>,
 }
 

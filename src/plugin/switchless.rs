@@ -46,7 +46,7 @@ use crate::config::TransportMode;
 use crate::error::{Error, Result};
 use crate::fabric::NcclDevice;
 use crate::route::handle::{Handle as HandleView, HandleRepr};
-use crate::route::select::{KindFilter, PathChoice, RouteOptions, select};
+use crate::route::select::{KindFilter, PathChoice, Reach, RouteOptions, select};
 use crate::route::types::LinkKind;
 use crate::transport::comm::{self, MemHandle, ProtocolConfig, RecvComm, Registrar, SendComm};
 use crate::transport::fabric::MemKind;
@@ -102,6 +102,9 @@ struct ConnectState<F: Connectable> {
     started: Instant,
     /// The handshake finished; the endpoint is finishing its set-up ([`Connectable::poll_ready`]).
     est: Option<Established>,
+    /// For a connection over routed paths (the TCP fallback through a gateway): what to check when it
+    /// times out or is refused. Empty otherwise.
+    routed_hint: String,
 }
 
 /// The sending end of a connection (`sendComm`).
@@ -301,7 +304,8 @@ impl<P: PathFactory> Switchless<P> {
     /// Routes to the peer's links: `rdma` = RoCE pairs only; `tcp` = TCP on point-to-point links
     /// ([`tcp_data_link`]: /30 or /31 subnets); `auto` = RoCE first, then TCP as for `tcp` (when no
     /// link is point-to-point, the RoCE error stands). Then, with `NCCL_SWITCHLESS_TCP_FALLBACK=1`
-    /// only, TCP over any shared subnet (a management LAN), with one WARN per peer.
+    /// only, TCP over any shared subnet (a management LAN) or kernel route through a gateway (a
+    /// forwarding neighbour, the default route: [`Reach::Routed`]), with one WARN per peer.
     fn route(
         &self,
         dev: usize,
@@ -337,33 +341,18 @@ impl<P: PathFactory> Switchless<P> {
         if !self.view.config.tcp_fallback {
             return Err(e);
         }
-        let sel = select(links, routes, peer, &opts(KindFilter::Tcp)).map_err(|e2| {
+        let routed = RouteOptions {
+            reach: Reach::Routed,
+            ..opts(KindFilter::Tcp)
+        };
+        let sel = select(links, routes, peer, &routed).map_err(|e2| {
             Error::InvalidUsage(format!(
-                "{e2}; NCCL_SWITCHLESS_TCP_FALLBACK=1 found no shared IPv4 subnet either"
+                "{e2}; NCCL_SWITCHLESS_TCP_FALLBACK=1 found no shared IPv4 subnet or kernel route to the peer either"
             ))
         })?;
         let first_time = lock(&self.warned_peers).map(|mut w| w.insert(who.to_string()))?;
         if first_time {
-            let paths: Vec<String> = sel
-                .paths
-                .iter()
-                .map(|p| {
-                    format!(
-                        "{} {} -> {} ({} Mb/s link)",
-                        p.local.netdev, p.local.addr, p.remote.addr, p.local.speed_mbps
-                    )
-                })
-                .collect();
-            let mbps: u64 = sel
-                .paths
-                .iter()
-                .map(|p| u64::from(p.local.speed_mbps))
-                .sum();
-            tracing::warn!(
-                "NET/switchless: {who}: no RoCE or TCP point-to-point link reaches it; NCCL_SWITCHLESS_TCP_FALLBACK=1 carries it over TCP on {}: expect at most {:.1} Gb/s ({mbps} Mb/s of link speed, shared with whatever else uses that network), far below a direct link",
-                paths.join(", "),
-                mbps as f64 / 1000.0
-            );
+            tracing::warn!("NET/switchless: {}", fallback_warning(who, &sel));
         }
         Ok(sel)
     }
@@ -446,6 +435,7 @@ impl<P: PathFactory> Switchless<P> {
                 kind: p.kind,
             })
             .collect();
+        let routed_hint = routed_hint(&chosen);
         let opts = self.opts(comm, dev, false);
         let fab = self
             .factory
@@ -474,6 +464,7 @@ impl<P: PathFactory> Switchless<P> {
             dev,
             started: Instant::now(),
             est: None,
+            routed_hint,
         }))
     }
 
@@ -504,6 +495,7 @@ impl<P: PathFactory> Switchless<P> {
                         &remote,
                         s.comm.fabric(),
                         &format!("tcp {} -> {}", est.local, est.peer),
+                        &self.view.routes,
                     )
                 );
                 return Ok(Progress::Done(SendEnd {
@@ -598,6 +590,32 @@ pub fn fold_qps(paths: &[PathChoice], qps: u8) -> Vec<PathChoice> {
     out
 }
 
+/// What to check when a connection over routed paths fails: each gateway must forward and route back.
+/// Empty when no path is routed.
+pub fn routed_hint(paths: &[PathChoice]) -> String {
+    let mut gws: Vec<String> = Vec::new();
+    for p in paths {
+        if let Some(gw) = p.via {
+            let g = format!(
+                "{gw} (for {} -> {})",
+                p.local.addr.addr(),
+                p.remote.addr.addr()
+            );
+            if !gws.contains(&g) {
+                gws.push(g);
+            }
+        }
+    }
+    if gws.is_empty() {
+        return String::new();
+    }
+    format!(
+        "the connection goes through the kernel's route via {}: that host must forward (sysctl \
+         net.ipv4.ip_forward=1) and route both ways, and the peer needs a route back (see `switchless route --routed`)",
+        gws.join(", ")
+    )
+}
+
 fn step_error(e: Error, peer: &str, step: &str) -> Error {
     let m = |x: String| format!("connection with {peer}: {step}: {x}");
     match e {
@@ -622,6 +640,7 @@ fn describe<F: Connectable>(
     remote: &[PathParams],
     fab: &F,
     tcp: &str,
+    routes: &[crate::route::types::KernelRoute],
 ) -> String {
     let name = props
         .get(dev)
@@ -649,9 +668,21 @@ fn describe<F: Connectable>(
                 .map_or("-".to_string(), |q| format!("{q:#x}"))
         };
         let mtu = r.map_or(0, |r| fab.path_mtu(i, r));
+        // A routed fallback path: name the gateway the kernel sends it to.
+        let via = if p.local.addr.contains(&p.remote) {
+            String::new()
+        } else {
+            match crate::route::kernel_route(routes, p.remote)
+                .first()
+                .and_then(|r| r.gateway)
+            {
+                Some(gw) => format!(" via {gw}"),
+                None => " (routed)".to_string(),
+            }
+        };
         let _ = write!(
             s,
-            " [{i}] {} {} {} -> {} gid {} root {} mtu {mtu} qp {} -> {};",
+            " [{i}] {} {} {} -> {}{via} gid {} root {} mtu {mtu} qp {} -> {};",
             p.local.netdev,
             p.local.rdma_dev.as_deref().unwrap_or("tcp"),
             p.local.addr,
@@ -664,6 +695,56 @@ fn describe<F: Connectable>(
     }
     s.pop();
     s
+}
+
+/// The one WARN per peer that `NCCL_SWITCHLESS_TCP_FALLBACK=1` carries: which links (and gateways), and
+/// the bandwidth to expect.
+pub fn fallback_warning(who: &str, sel: &crate::route::select::Selection) -> String {
+    let speed = |mbps: u32| {
+        if mbps == 0 {
+            "link speed unknown".to_string()
+        } else {
+            format!("{mbps} Mb/s link")
+        }
+    };
+    let paths: Vec<String> = sel
+        .paths
+        .iter()
+        .map(|p| {
+            let via = p.via.map(|g| format!(" via {g}")).unwrap_or_default();
+            format!(
+                "{} {} -> {}{via} ({})",
+                p.local.netdev,
+                p.local.addr,
+                p.remote.addr,
+                speed(p.local.speed_mbps)
+            )
+        })
+        .collect();
+    let forwarded = if sel.paths.iter().any(|p| p.via.is_some()) {
+        "; a routed path is also limited by the forwarding host's CPU and its own traffic on those links"
+    } else {
+        ""
+    };
+    let mbps: u64 = sel
+        .paths
+        .iter()
+        .map(|p| u64::from(p.local.speed_mbps))
+        .sum();
+    let expect = if sel.paths.iter().any(|p| p.local.speed_mbps == 0) {
+        format!(
+            "expect no more than those links' speed (the kernel reports none for some of them; a 1 Gb/s management port gives about 0.94 Gb/s), shared with whatever else uses that network{forwarded}"
+        )
+    } else {
+        format!(
+            "expect at most {:.1} Gb/s ({mbps} Mb/s of link speed, shared with whatever else uses that network{forwarded})",
+            mbps as f64 / 1000.0
+        )
+    };
+    format!(
+        "{who}: no RoCE or TCP point-to-point link reaches it; NCCL_SWITCHLESS_TCP_FALLBACK=1 carries it over TCP on {}: {expect}, far below a direct link",
+        paths.join(", ")
+    )
 }
 
 fn mem_kind(r: &Region) -> MemKind {
@@ -719,6 +800,11 @@ impl<P: PathFactory> Backend for Switchless<P> {
         let view = AcceptorView {
             links: self.view.links.clone(),
             routes: self.view.routes.clone(),
+            reach: if self.view.config.tcp_fallback {
+                Reach::Routed
+            } else {
+                Reach::OnLink
+            },
         };
         let listener = Listener::bind_any(view, self.timeout())?;
         let (repr, left_out) = listener.handle(self.control_addr())?;
@@ -768,6 +854,7 @@ impl<P: PathFactory> Backend for Switchless<P> {
             (id, s)
         };
         let (id, s) = state;
+        let hint = s.routed_hint.clone();
         match self.advance(s) {
             Ok(Progress::Done(end)) => {
                 HandleView::new_unchecked(&mut handle[..]).set_scratch(0);
@@ -781,7 +868,11 @@ impl<P: PathFactory> Backend for Switchless<P> {
             }
             Err(e) => {
                 HandleView::new_unchecked(&mut handle[..]).set_scratch(0);
-                Err(e)
+                Err(match e {
+                    Error::Timeout(x) if !hint.is_empty() => Error::Timeout(format!("{x}; {hint}")),
+                    Error::System(x) if !hint.is_empty() => Error::System(format!("{x}; {hint}")),
+                    e => e,
+                })
             }
         }
     }
@@ -852,6 +943,7 @@ impl<P: PathFactory> Backend for Switchless<P> {
                                 &remote,
                                 comm.fabric(),
                                 &format!("tcp {} <- {}", est.local, est.peer),
+                                &l.backend.view.routes,
                             )
                         );
                         l.state = AcceptState::Done;

@@ -8,6 +8,6 @@ pub mod types;
 
 pub use handle::{Handle, HandleRepr};
 pub use select::{
-    DevOverride, KindFilter, PathChoice, RouteOptions, Selection, Skipped, check_incoming,
+    DevOverride, KindFilter, PathChoice, Reach, RouteOptions, Selection, Skipped, check_incoming,
     kernel_route, render_text, select,
 };

@@ -18,6 +18,11 @@
 //!    vNIC size: more paths add QPs and CQ polling without adding bandwidth on a 2-port node).
 //! 5. No usable pair: an immediate error naming the peer's addresses, the local subnets and why each
 //!    candidate was skipped — never a timeout later.
+//! 6. [`Reach::Routed`] (what `NCCL_SWITCHLESS_TCP_FALLBACK=1` uses when nothing on-link reaches the peer)
+//!    also accepts a peer address outside every local subnet when the kernel's route for it leaves through
+//!    `L`'s netdev — through a gateway (a neighbour that forwards, or the default route) whose address is in
+//!    `L`'s subnet, or as a device route. Such a path is TCP only (RoCE needs a cable), its
+//!    [`PathChoice::via`] names the gateway, and a link prefers an on-link peer address to a routed one.
 #![forbid(unsafe_code)]
 
 use std::fmt::Write as _;
@@ -44,6 +49,17 @@ pub enum KindFilter {
     Any,
 }
 
+/// How far a path may reach (rule 6 of the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Reach {
+    /// The peer address lies in the local link's connected subnet and the kernel routes it on-link.
+    #[default]
+    OnLink,
+    /// Also addresses the kernel routes through a gateway or a device route (TCP only).
+    Routed,
+}
+
 /// Options of [`select`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RouteOptions {
@@ -52,6 +68,8 @@ pub struct RouteOptions {
     pub kinds: KindFilter,
     /// At most this many paths (at least 1).
     pub max_paths: usize,
+    /// On-link pairs only (the default), or routed ones too.
+    pub reach: Reach,
 }
 
 impl Default for RouteOptions {
@@ -60,6 +78,7 @@ impl Default for RouteOptions {
             nccl_dev: None,
             kinds: KindFilter::Any,
             max_paths: DEFAULT_MAX_PATHS,
+            reach: Reach::OnLink,
         }
     }
 }
@@ -73,6 +92,10 @@ pub struct PathChoice {
     pub kind: LinkKind,
     /// Why this pair qualifies (subnet and kernel route), for logs and `switchless route`.
     pub reason: String,
+    /// The gateway the kernel sends this path's traffic to, for a routed path ([`Reach::Routed`]);
+    /// `None` on-link.
+    #[serde(default)]
+    pub via: Option<Ipv4Addr>,
 }
 
 /// One line for logs: local netdev and address, RDMA device, port, GID index, NCCL device, PCIe root,
@@ -91,12 +114,15 @@ impl std::fmt::Display for PathChoice {
         }
         write!(
             f,
-            "PCIe root {}, MTU {} B) -> {} ({:?})",
+            "PCIe root {}, MTU {} B) -> {}",
             l.pci_root,
             l.active_mtu,
             self.remote.addr.addr(),
-            self.kind
-        )
+        )?;
+        if let Some(gw) = self.via {
+            write!(f, " via {gw}")?;
+        }
+        write!(f, " ({:?})", self.kind)
     }
 }
 
@@ -186,9 +212,37 @@ fn check_route(
     }
 }
 
-/// A usable pair: (local index, remote index, kind, reason).
+/// The link whose address the kernel would use as the source for `dst` over route `r`: on `r`'s netdev,
+/// the link whose subnet holds the gateway (or, for a device route, `dst`), else the netdev's first link.
+fn route_source<'a>(
+    local: &'a [LocalLink],
+    r: &KernelRoute,
+    dst: Ipv4Addr,
+) -> Option<&'a LocalLink> {
+    let on_dev = || local.iter().filter(|l| l.netdev == r.ifname);
+    let hop = r.gateway.unwrap_or(dst);
+    on_dev()
+        .find(|l| l.addr.contains(&hop))
+        .or_else(|| on_dev().next())
+}
+
+/// Rule 6: the kernel's winning route for `dst` (outside `link`'s subnet) leaves through `link`.
+/// Returns the route.
+fn routed_via<'a>(
+    link: &LocalLink,
+    local: &[LocalLink],
+    routes: &'a [KernelRoute],
+    dst: Ipv4Addr,
+) -> Option<&'a KernelRoute> {
+    kernel_route(routes, dst).into_iter().find(|r| {
+        r.ifname == link.netdev
+            && route_source(local, r, dst).is_some_and(|s| std::ptr::eq(s, link))
+    })
+}
+
+/// A usable pair: (local index, remote index, kind, reason, gateway).
 #[derive(Debug, PartialEq, Eq)]
-struct Usable(usize, usize, LinkKind, String);
+struct Usable(usize, usize, LinkKind, String, Option<Ipv4Addr>);
 
 /// Chooses the paths of a connection to the peer advertising `remote`. See the module docs for the rules.
 pub fn select(
@@ -202,9 +256,15 @@ pub fn select(
     for (li, l) in local.iter().enumerate() {
         for (ri, r) in remote.iter().enumerate() {
             let ra = r.addr.addr();
-            if !l.addr.contains(&ra) {
-                continue;
-            }
+            let on_link = l.addr.contains(&ra);
+            let routed = match (on_link, opts.reach) {
+                (true, _) => None,
+                (false, Reach::OnLink) => continue,
+                (false, Reach::Routed) => match routed_via(l, local, routes, ra) {
+                    Some(route) => Some(route),
+                    None => continue,
+                },
+            };
             let skip = |reason: String| Skipped {
                 local: link_name(l),
                 remote: Some(ra),
@@ -218,6 +278,13 @@ pub fn select(
             }
             let both_roce = l.kind == LinkKind::Roce && r.kind == LinkKind::Roce;
             let kind = match opts.kinds {
+                KindFilter::Roce if routed.is_some() => {
+                    skipped.push(skip(format!(
+                        "RoCE paths only, but {ra} is not on this link's subnet (the kernel routes it {}); RoCE needs a cable",
+                        routed.map(describe_route).unwrap_or_default()
+                    )));
+                    continue;
+                }
                 KindFilter::Roce if !both_roce => {
                     skipped.push(skip(format!(
                         "RoCE paths only, but this is {:?} to a {:?} address",
@@ -227,17 +294,56 @@ pub fn select(
                 }
                 KindFilter::Roce => LinkKind::Roce,
                 KindFilter::Tcp => LinkKind::Tcp,
-                KindFilter::Any if both_roce => LinkKind::Roce,
+                KindFilter::Any if both_roce && routed.is_none() => LinkKind::Roce,
                 KindFilter::Any => LinkKind::Tcp,
             };
             if !l.up {
                 skipped.push(skip("link is down (no carrier)".into()));
                 continue;
             }
-            match check_route(l, routes, ra) {
-                Ok(reason) => usable.push(Usable(li, ri, kind, reason)),
-                Err(reason) => skipped.push(skip(reason)),
+            match routed {
+                Some(route) => usable.push(Usable(
+                    li,
+                    ri,
+                    kind,
+                    format!(
+                        "{ra} is outside {} and the kernel routes it {} (a routed TCP path)",
+                        l.addr.trunc(),
+                        describe_route(route)
+                    ),
+                    route.gateway,
+                )),
+                None => match check_route(l, routes, ra) {
+                    Ok(reason) => usable.push(Usable(li, ri, kind, reason, None)),
+                    Err(reason) => skipped.push(skip(reason)),
+                },
             }
+        }
+    }
+    if usable.is_empty() && opts.reach == Reach::Routed {
+        for r in remote {
+            let ra = r.addr.addr();
+            if local.iter().any(|l| l.addr.contains(&ra)) {
+                continue; // explained above
+            }
+            let winners = kernel_route(routes, ra);
+            let reason = if winners.is_empty() {
+                format!("the kernel has no route to {ra}")
+            } else {
+                format!(
+                    "the kernel routes {ra} {}, through no usable local link",
+                    winners
+                        .iter()
+                        .map(|w| describe_route(w))
+                        .collect::<Vec<_>>()
+                        .join(" or ")
+                )
+            };
+            skipped.push(Skipped {
+                local: "routed".into(),
+                remote: Some(ra),
+                reason,
+            });
         }
     }
 
@@ -324,13 +430,14 @@ pub fn select(
     for i in order {
         let (li, opts_for_link) = &by_local[i];
         let l = &local[*li];
-        let fresh = |u: &&&Usable| !used_remote.contains(&u.1);
-        let same_prefix = |u: &&&Usable| remote[u.1].addr.prefix_len() == l.addr.prefix_len();
-        let pick = opts_for_link
-            .iter()
-            .find(|u| fresh(u) && same_prefix(u))
-            .or_else(|| opts_for_link.iter().find(|u| fresh(u)))
-            .or_else(|| opts_for_link.first());
+        // Fresh peer address first, then on-link before routed, then the link's own prefix length.
+        let pick = opts_for_link.iter().min_by_key(|u| {
+            (
+                used_remote.contains(&u.1),
+                u.4.is_some(),
+                remote[u.1].addr.prefix_len() != l.addr.prefix_len(),
+            )
+        });
         if let Some(p) = pick {
             used_remote.push(p.1);
             chosen.push((i, p));
@@ -355,6 +462,7 @@ pub fn select(
             remote: remote[u.1],
             kind: u.2,
             reason: u.3.clone(),
+            via: u.4,
         })
         .collect();
 
@@ -468,13 +576,18 @@ fn no_path_error(local: &[LocalLink], remote: &[RemoteLink], skipped: &[Skipped]
 }
 
 /// The acceptor's check of one path a connector asked for: `my_addr` must be one of this node's links,
-/// up, and the kernel's route back to `peer_addr` must leave through that link on-link.
+/// up, and the kernel's route back to `peer_addr` must leave through that link on-link. With
+/// [`Reach::Routed`] (the acceptor's `NCCL_SWITCHLESS_TCP_FALLBACK=1`), a TCP path from a connector
+/// outside the link's subnet is accepted when the kernel has any route back to it (TCP does not need the
+/// reply to leave through the same netdev).
 /// Returns the link; the error text goes back to the connector.
 pub fn check_incoming<'a>(
     local: &'a [LocalLink],
     routes: &[KernelRoute],
     my_addr: Ipv4Addr,
     peer_addr: Ipv4Addr,
+    kind: LinkKind,
+    reach: Reach,
 ) -> std::result::Result<&'a LocalLink, String> {
     let Some(l) = local.iter().find(|l| l.addr.addr() == my_addr) else {
         return Err(format!(
@@ -485,16 +598,33 @@ pub fn check_incoming<'a>(
     if !l.up {
         return Err(format!("the acceptor's link {} is down", link_name(l)));
     }
-    if !l.addr.contains(&peer_addr) {
-        return Err(format!(
-            "connector address {peer_addr} is outside the acceptor's subnet {} on {}",
-            l.addr.trunc(),
-            l.netdev
-        ));
+    if l.addr.contains(&peer_addr) {
+        return check_route(l, routes, peer_addr)
+            .map(|_| l)
+            .map_err(|e| format!("on the acceptor, {e}"));
     }
-    check_route(l, routes, peer_addr)
-        .map(|_| l)
-        .map_err(|e| format!("on the acceptor, {e}"))
+    let outside = format!(
+        "connector address {peer_addr} is outside the acceptor's subnet {} on {}",
+        l.addr.trunc(),
+        l.netdev
+    );
+    match (reach, kind) {
+        (Reach::OnLink, _) => Err(format!(
+            "{outside} (a routed TCP path needs NCCL_SWITCHLESS_TCP_FALLBACK=1 on the acceptor too)"
+        )),
+        (Reach::Routed, LinkKind::Roce) => Err(format!(
+            "{outside}, and RoCE paths must be on-link (only TCP paths may be routed)"
+        )),
+        (Reach::Routed, LinkKind::Tcp) => {
+            if kernel_route(routes, peer_addr).is_empty() {
+                Err(format!(
+                    "{outside}, and the acceptor's kernel has no route back to {peer_addr}"
+                ))
+            } else {
+                Ok(l)
+            }
+        }
+    }
 }
 
 /// Human-readable account of a selection (for `switchless route` and debug logs).

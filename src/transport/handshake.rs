@@ -25,7 +25,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::error::{Error, Result};
 use crate::route::handle::HandleRepr;
-use crate::route::select::{PathChoice, check_incoming};
+use crate::route::select::{PathChoice, Reach, check_incoming};
 use crate::route::types::{KernelRoute, LocalLink};
 
 pub use wire::{Hello, Message, PathParams, PathRequest, Reply, SideParams};
@@ -947,6 +947,9 @@ fn connect_status(s: &Socket) -> io::Result<bool> {
 pub struct AcceptorView {
     pub links: Vec<LocalLink>,
     pub routes: Vec<KernelRoute>,
+    /// Whether routed TCP paths are accepted (`NCCL_SWITCHLESS_TCP_FALLBACK=1`, see
+    /// [`crate::route::check_incoming`]).
+    pub reach: Reach,
 }
 
 /// One path of an incoming connection, resolved on this node.
@@ -1175,6 +1178,8 @@ impl Listener {
                 &self.view.routes,
                 req.acceptor,
                 req.connector.addr(),
+                req.kind,
+                self.view.reach,
             ) {
                 Ok(l) => paths.push(AcceptedPath {
                     local: l.clone(),

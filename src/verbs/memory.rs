@@ -1,4 +1,4 @@
-//! Protection domains, memory regions and page-aligned host buffers.
+//! Protection domains and memory regions (the page-aligned host buffer is [`super::HostBuffer`]).
 
 use super::call::{last_errno, rc_errno, system_error, verbs_call};
 use super::context::Context;
@@ -6,7 +6,6 @@ use super::sym::optional_symbols;
 use super::types::Access;
 use crate::error::{Error, Result};
 use rdma_sys::{ibv_alloc_pd, ibv_dealloc_pd, ibv_dereg_mr, ibv_mr, ibv_pd, ibv_reg_mr};
-use std::alloc::Layout;
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -228,121 +227,5 @@ impl Drop for MemoryRegion {
                 )
             );
         }
-    }
-}
-
-/// A zeroed, page-aligned (4096 bytes) host buffer for registration (bounce buffers, CTS FIFOs,
-/// tests). Freed on drop; register it with [`MemoryRegion::register`] and drop the region first.
-pub struct AlignedBuffer {
-    ptr: NonNull<u8>,
-    layout: Layout,
-}
-
-// SAFETY: the buffer owns its allocation exclusively; access goes through &self/&mut self.
-unsafe impl Send for AlignedBuffer {}
-// SAFETY: shared access only reads (`read`); writes need `&mut self`.
-unsafe impl Sync for AlignedBuffer {}
-
-impl AlignedBuffer {
-    pub const ALIGN: usize = 4096;
-
-    /// Allocates `len` (> 0) zeroed bytes.
-    pub fn new(len: usize) -> Result<AlignedBuffer> {
-        if len == 0 {
-            return Err(Error::InvalidArgument("buffer length 0".into()));
-        }
-        let layout = Layout::from_size_align(len, Self::ALIGN)
-            .map_err(|e| Error::InvalidArgument(format!("buffer of {len} bytes: {e}")))?;
-        // SAFETY: the layout has non-zero size.
-        let p = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr = NonNull::new(p).ok_or_else(|| {
-            Error::System(format!("cannot allocate {len} bytes for an RDMA buffer"))
-        })?;
-        Ok(AlignedBuffer { ptr, layout })
-    }
-
-    pub fn len(&self) -> usize {
-        self.layout.size()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        false
-    }
-
-    pub fn as_ptr(&self) -> *const u8 {
-        self.ptr.as_ptr()
-    }
-
-    pub fn as_mut_ptr(&mut self) -> *mut u8 {
-        self.ptr.as_ptr()
-    }
-
-    /// Address as the NIC sees it (for SGEs and remote addresses).
-    pub fn addr(&self) -> u64 {
-        self.ptr.as_ptr() as u64
-    }
-
-    /// Copies `data` to `offset`.
-    pub fn write(&mut self, offset: usize, data: &[u8]) -> Result<()> {
-        self.check(offset, data.len())?;
-        // SAFETY: bounds checked; `&mut self` excludes other CPU access to the buffer.
-        unsafe {
-            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len())
-        };
-        Ok(())
-    }
-
-    /// Copies from `offset` into `out`, after an acquire fence so that bytes the NIC wrote before a
-    /// completion we observed are seen.
-    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        self.check(offset, out.len())?;
-        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
-        // SAFETY: bounds checked; volatile-free copy of plain bytes; no `&mut` to the buffer exists.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.ptr.as_ptr().add(offset),
-                out.as_mut_ptr(),
-                out.len(),
-            )
-        };
-        Ok(())
-    }
-
-    fn check(&self, offset: usize, len: usize) -> Result<()> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.len() => Ok(()),
-            _ => Err(Error::InvalidArgument(format!(
-                "range {offset}+{len} bytes is outside the {}-byte buffer",
-                self.len()
-            ))),
-        }
-    }
-}
-
-impl Drop for AlignedBuffer {
-    fn drop(&mut self) {
-        // SAFETY: allocated with this layout by alloc_zeroed, freed once.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn aligned_buffer_bounds_and_alignment() {
-        let mut b = AlignedBuffer::new(10_000).unwrap();
-        assert_eq!(b.addr() % 4096, 0);
-        assert_eq!(b.len(), 10_000);
-        let mut out = [1u8; 4];
-        b.read(9_996, &mut out).unwrap();
-        assert_eq!(out, [0; 4]);
-        b.write(9_996, &[1, 2, 3, 4]).unwrap();
-        b.read(9_996, &mut out).unwrap();
-        assert_eq!(out, [1, 2, 3, 4]);
-        assert!(b.write(9_997, &[0; 4]).is_err());
-        assert!(b.read(usize::MAX, &mut out).is_err());
-        assert!(AlignedBuffer::new(0).is_err());
     }
 }

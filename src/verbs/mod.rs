@@ -20,11 +20,12 @@ mod types;
 pub use call::system_error;
 pub use context::{Context, DeviceCaps, device_names, fork_init};
 pub use cq::{Completion, CompletionQueue, WcOpcode, WcStatus};
-pub use memory::{AlignedBuffer, MemoryRegion, ProtectionDomain};
+pub use memory::{MemoryRegion, ProtectionDomain};
 pub use qp::{
     CHAIN_MAX, MAX_QPN, MAX_SGE, QpCaps, QueuePair, RemoteAddr, RtrParams, RtsParams, SendFlags,
     Sge, WriteReq,
 };
+pub use rawmem::HostBuffer;
 pub use sym::{OptionalSymbols, optional_symbols};
 pub use types::{
     Access, Gid, GidEntry, GidType, LinkLayer, Mtu, PortInfo, PortState, gid_type_from_sysfs,

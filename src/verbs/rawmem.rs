@@ -227,9 +227,10 @@ pub fn wait_fd(sock: &impl AsRawFd, what: Ready, timeout_ms: i32) -> io::Result<
     Ok(n > 0)
 }
 
-/// An owned, zeroed, page-aligned block of host memory that is accessed only through raw copies, as
-/// NCCL's buffers are: for tests, examples and benchmarks of software fabrics, which write into it
-/// from helper threads while the owner holds no Rust reference to its bytes.
+/// An owned, zeroed, page-aligned (4096 bytes) block of host memory that is accessed only through raw
+/// copies, as NCCL's buffers are: for tests, examples and benchmarks, whose buffers are written by a
+/// NIC (register it with [`crate::verbs::MemoryRegion::register`] and drop the region first) or by a
+/// software fabric's helper threads while the owner holds no Rust reference to its bytes.
 #[derive(Debug)]
 pub struct HostBuffer {
     ptr: std::ptr::NonNull<u8>,
@@ -279,11 +280,18 @@ impl HostBuffer {
         }
     }
 
-    /// Copies `len` bytes from offset `off` out.
+    /// Start address, for registration with a NIC.
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Copies `len` bytes from offset `off` out, after an acquire fence so that bytes a NIC or a helper
+    /// thread wrote before a completion this thread observed are seen.
     pub fn read(&self, off: usize, len: usize) -> Result<Vec<u8>> {
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
         let mut v = vec![0u8; len];
         self.region()
-            .read(self.addr() + off as u64, &mut v)
+            .read(self.at(off, len)?, &mut v)
             .map_err(|e| Error::InvalidArgument(format!("host buffer read: {e}")))?;
         Ok(v)
     }
@@ -291,8 +299,22 @@ impl HostBuffer {
     /// Copies `data` in at offset `off`.
     pub fn write(&self, off: usize, data: &[u8]) -> Result<()> {
         self.region()
-            .write(self.addr() + off as u64, data)
+            .write(self.at(off, data.len())?, data)
             .map_err(|e| Error::InvalidArgument(format!("host buffer write: {e}")))
+    }
+
+    /// The address of offset `off`, for an access of `len` bytes; an offset past the address space is
+    /// an error (the region then checks the range against the buffer).
+    fn at(&self, off: usize, len: usize) -> Result<u64> {
+        u64::try_from(off)
+            .ok()
+            .and_then(|o| self.addr().checked_add(o))
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "range {off}+{len} bytes is outside the {}-byte host buffer",
+                    self.len
+                ))
+            })
     }
 }
 
@@ -311,6 +333,28 @@ mod tests {
     use super::*;
     use std::io::Write;
     use std::net::{TcpListener, TcpStream};
+
+    #[test]
+    fn host_buffer_is_page_aligned_zeroed_and_bounded() {
+        let b = HostBuffer::new(10_000).unwrap();
+        assert_eq!(b.addr() % 4096, 0);
+        assert_eq!(b.as_mut_ptr() as usize as u64, b.addr());
+        assert_eq!(b.len(), 10_000);
+        assert_eq!(b.read(9_996, 4).unwrap(), [0; 4]);
+        b.write(9_996, &[1, 2, 3, 4]).unwrap();
+        assert_eq!(b.read(9_996, 4).unwrap(), [1, 2, 3, 4]);
+        assert!(b.write(9_997, &[0; 4]).is_err());
+        assert!(
+            b.read(usize::MAX, 4).is_err(),
+            "offset past the address space"
+        );
+        assert!(b.write(usize::MAX - 1, &[0; 4]).is_err());
+        // A zero-length buffer still has an address (one byte is allocated) and no readable bytes.
+        let z = HostBuffer::new(0).unwrap();
+        assert!(z.is_empty() && z.addr() != 0);
+        assert!(z.read(0, 1).is_err());
+        assert_eq!(z.read(0, 0).unwrap(), Vec::<u8>::new());
+    }
 
     #[test]
     fn bounds_are_checked_on_every_access() {

@@ -11,6 +11,12 @@
 #   * ring non-neighbours (node 1 <-> node 3): without NCCL_SWITCHLESS_TCP_FALLBACK the bench fails fast with
 #     the clear no-shared-subnet error; with NCCL_SWITCHLESS_TCP_FALLBACK=1 it runs over the management subnet
 #     and the plugin logs one WARN naming the expected bandwidth.
+#   * routed 4-node ring, no management network: every node forwards (ip_forward) and has kernel routes to
+#     the far subnets through its neighbours (one node only a default route); the bench bootstraps over those
+#     routes. Non-neighbours fail fast without the fallback (a kernel route is not a cable) and, with
+#     NCCL_SWITCHLESS_TCP_FALLBACK=1, run through a neighbour (the one behind NCCL's device; the WARN names
+#     the gateway); through a neighbour that stops forwarding the connection fails within the connect
+#     timeout, naming the gateway; alltoall over all 4 ranks with the fallback.
 #   * --measure: `switchless bench bandwidth` over one veth link vs iperf3 -P N on the same link in the same
 #     run, 1 stream and N streams (NCCL_SWITCHLESS_TCP_STREAMS), ratios printed (never asserted).
 #
@@ -102,7 +108,7 @@ run_bench() {
   local label="$1" mode="$2" extra="$3"; shift 4
   local nranks=$# r=0 ns rank0ip pidlist=()
   bport=$((bport + 1))
-  rank0ip="192.168.200.${1##*n}"
+  rank0ip="${BOOT_IP:-192.168.200.${1##*n}}"
   for ns in "$@"; do
     # shellcheck disable=SC2086
     timeout 120 ip netns exec "$ns" env NCCL_SWITCHLESS_TRANSPORT="${TRANSPORT:-tcp}" \
@@ -131,6 +137,21 @@ expect_ok() { # label mode extra ns...
   show "$label"
 }
 
+# expect_fast_failure <label> <pattern> <ns of rank 0> <ns of rank 1>: a 2-rank bandwidth run must fail
+# (no path between the two), within 30 s, with an error matching <pattern> (case-insensitive).
+expect_fast_failure() {
+  local label="$1" pattern="$2" start ms
+  shift 2
+  start=$(date +%s%N)
+  run_bench "$label" bandwidth "-b 8 -e 65536 -n 3" -- "$@"
+  ms=$((($(date +%s%N) - start) / 1000000))
+  [ "$status" -ne 0 ] || fail "$label: bench succeeded without the fallback"
+  grep -qi "$pattern" "$work/$label".* || {
+    tail -n 20 "$work/$label".*; fail "$label: the error does not say '$pattern'"; }
+  [ "$ms" -lt 30000 ] || fail "$label: took $ms ms to fail"
+  echo "bench.sh: $label without fallback: fails in $ms ms: $(grep -hi -m1 "$pattern" "$work/$label".* | cut -c1-300)"
+}
+
 # --- 3-node full mesh ------------------------------------------------------------------------------
 for n in 1 2 3; do mkns "$tag-n$n" "$n"; done
 link "$tag-n1" "$tag-n2" 1 to2 to1
@@ -151,19 +172,67 @@ link "$tag-n4" "$tag-n7" 14 to4 to1
 expect_ok ring-allreduce allreduce "$sizes" -- "$tag-n4" "$tag-n5" "$tag-n6" "$tag-n7"
 
 # Non-neighbours (ring nodes 1 and 3): no shared point-to-point subnet.
-start=$(date +%s%N)
-run_bench ring-nonneighbour bandwidth "-b 8 -e 65536 -n 3" -- "$tag-n4" "$tag-n6"
-ms=$((($(date +%s%N) - start) / 1000000))
-[ "$status" -ne 0 ] || fail "ring non-neighbour: bench succeeded without the fallback"
-grep -qi "subnet" "$work"/ring-nonneighbour.* || {
-  tail -n 20 "$work"/ring-nonneighbour.*; fail "ring non-neighbour: the error does not name the missing subnet"; }
-[ "$ms" -lt 30000 ] || fail "ring non-neighbour: took $ms ms to fail"
-echo "bench.sh: ring non-neighbour without fallback: fails in $ms ms: $(grep -hi -m1 'subnet' "$work"/ring-nonneighbour.* | cut -c1-300)"
+expect_fast_failure ring-nonneighbour "subnet" "$tag-n4" "$tag-n6"
 
 BENCH_ENV="NCCL_SWITCHLESS_TCP_FALLBACK=1 NCCL_DEBUG=WARN" expect_ok ring-nonneighbour-fallback bandwidth "-b 8 -e 1048576 -n 5" -- "$tag-n4" "$tag-n6"
 grep -hi "TCP_FALLBACK=1 carries it" "$work"/ring-nonneighbour-fallback.* | head -n 1 | cut -c1-400 | sed 's/^/    /' || true
 # Alltoall on the ring needs the non-neighbour pairs: with the fallback they use the management subnet.
 BENCH_ENV="NCCL_SWITCHLESS_TCP_FALLBACK=1" expect_ok ring-alltoall-fallback alltoall "-b 8 -e 1048576 -f 16 -n 3 -w 1" -- "$tag-n4" "$tag-n5" "$tag-n6" "$tag-n7"
+
+# --- routed 4-node ring, no management network -------------------------------------------------------
+# Links 21..24: n8 -21- n9 -22- n10 -23- n11 -24- n8. Forwarding on, reverse-path filter off (the
+# namespaces inherit the host's), before the links exist so that every interface takes it.
+for n in 8 9 10 11; do
+  ns="$tag-n$n"
+  ip netns add "$ns"; namespaces+=("$ns")
+  ip -n "$ns" link set lo up
+  ip netns exec "$ns" sysctl -q -w net.ipv4.ip_forward=1 net.ipv4.conf.all.rp_filter=0 \
+    net.ipv4.conf.default.rp_filter=0
+done
+link "$tag-n8" "$tag-n9" 21 to2 to1
+link "$tag-n9" "$tag-n10" 22 to3 to2
+link "$tag-n10" "$tag-n11" 23 to4 to3
+link "$tag-n8" "$tag-n11" 24 to4 to1
+ip -n "$tag-n8" route add 10.201.22.0/30 via 10.201.21.2
+ip -n "$tag-n8" route add 10.201.23.0/30 via 10.201.24.2
+ip -n "$tag-n9" route add 10.201.23.0/30 via 10.201.22.2
+ip -n "$tag-n9" route add 10.201.24.0/30 via 10.201.21.1
+ip -n "$tag-n10" route add 10.201.24.0/30 via 10.201.23.2
+ip -n "$tag-n10" route add 10.201.21.0/30 via 10.201.22.1
+ip -n "$tag-n11" route add default via 10.201.23.1
+ip netns exec "$tag-n10" ping -c 1 -W 2 10.201.21.1 >/dev/null || fail "routed ring: n10 cannot reach n8 through n9"
+export BOOT_IP=10.201.21.1 # rank 0 is n8 unless a run says otherwise
+
+# A kernel route is not a cable: without the fallback the plugin refuses the non-neighbour at once.
+expect_fast_failure routed-nonneighbour "no local link reaches the peer" "$tag-n8" "$tag-n10"
+
+BENCH_ENV="NCCL_SWITCHLESS_TCP_FALLBACK=1 NCCL_DEBUG=WARN" expect_ok routed-nonneighbour-fallback bandwidth "-b 8 -e 1048576 -n 5" -- "$tag-n8" "$tag-n10"
+w=$(grep -h "TCP_FALLBACK=1 carries it" "$work"/routed-nonneighbour-fallback.0 | head -n 1)
+# NCCL's device is the locality hint here too: the path leaves through that device's neighbour.
+case "$w" in
+  *"to2 10.201.21.1/30 -> 10.201.22.2/30 via 10.201.21.2"*|*"to4 10.201.24.1/30 -> 10.201.23.1/30 via 10.201.24.2"*) ;;
+  *) echo "$w"; fail "routed ring: rank 0's fallback WARN does not name a path through a neighbour" ;;
+esac
+echo "$w" | cut -c1-400 | sed 's/^/    /'
+# n11 has only a default route (through n10): its path to n9 goes that way (rank 0 = n11 here).
+BOOT_IP=10.201.23.2 BENCH_ENV="NCCL_SWITCHLESS_TCP_FALLBACK=1 NCCL_DEBUG=WARN" expect_ok routed-default-route bandwidth "-b 8 -e 65536 -n 3" -- "$tag-n11" "$tag-n9"
+grep -h "TCP_FALLBACK=1 carries it" "$work"/routed-default-route.0 | grep -q "via 10.201.23.1" || {
+  grep -h "TCP_FALLBACK" "$work"/routed-default-route.0; fail "routed ring: n11's fallback WARN does not name its default gateway"; }
+# A route through a host that does not forward: the connection fails within the connect timeout and
+# the error names the gateway to check. `--dev 0` pins both ends to the path through n9.
+ip netns exec "$tag-n9" sysctl -q -w net.ipv4.ip_forward=0
+start=$(date +%s%N)
+BOOT_IP=10.201.24.1 BENCH_ENV="NCCL_SWITCHLESS_TCP_FALLBACK=1 NCCL_SWITCHLESS_CONNECT_TIMEOUT=3s" \
+  run_bench routed-no-forwarding bandwidth "--dev 0 -b 8 -e 65536 -n 3" -- "$tag-n8" "$tag-n10"
+ms=$((($(date +%s%N) - start) / 1000000))
+ip netns exec "$tag-n9" sysctl -q -w net.ipv4.ip_forward=1
+[ "$status" -ne 0 ] || fail "routed-no-forwarding: bench succeeded through a host that does not forward"
+grep -q "via 10.201.21.2 (for 10.201.21.1 -> 10.201.22.2): that host must forward" "$work"/routed-no-forwarding.0 || {
+  tail -n 20 "$work"/routed-no-forwarding.*; fail "routed-no-forwarding: rank 0's error does not name the gateway"; }
+[ "$ms" -lt 30000 ] || fail "routed-no-forwarding: took $ms ms to fail"
+echo "bench.sh: routed-no-forwarding: fails in $ms ms naming the gateway"
+BENCH_ENV="NCCL_SWITCHLESS_TCP_FALLBACK=1" expect_ok routed-alltoall-fallback alltoall "-b 8 -e 1048576 -f 16 -n 3 -w 1" -- "$tag-n8" "$tag-n9" "$tag-n10" "$tag-n11"
+unset BOOT_IP
 
 # --- measurement: one veth link (mesh link 1, n1 <-> n2) ----------------------------------------------
 if [ "$measure" = 1 ]; then
