@@ -47,8 +47,8 @@
 //!   sockets and memory, so more workers than CPUs add context switches, not bandwidth, and 8 cores
 //!   of copies cover the TCP links a host drives while leaving CPUs to NCCL. The size in effect when
 //!   the pool starts holds until it empties.
-//! * Assignment: a stream goes to the worker holding the fewest streams of its fabric, then the
-//!   fewest streams overall; a new worker starts (up to the pool size) when none is idle. So the
+//! * Assignment: a stream goes to the worker holding the fewest streams of its path, then of
+//!   its fabric, then overall; a new worker starts (up to the pool size) when none is idle. So the
 //!   streams of one path run on different threads, and the pool never has more threads than streams.
 //! * Lifecycle: workers start when the first stream is added; [`Fabric::shutdown`] (also run on
 //!   drop) takes the fabric's streams out of their workers and waits until no worker touches them;

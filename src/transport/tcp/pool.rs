@@ -14,8 +14,9 @@
 //! * Fairness: a stream gets at most [`TURN_BYTES`] per direction per turn; a stream still ready
 //!   after its turn stays on the worker's run list and the next wait does not block.
 //! * Lifecycle: workers start when a stream is added and none is idle (up to the pool size); a
-//!   stream goes to the worker holding the fewest streams of the same fabric, then the fewest
-//!   streams overall, so the streams of one path run on different threads. A worker whose last
+//!   stream goes to the worker holding the fewest streams of the same path, then of the same
+//!   fabric, then overall, so the streams of one path run on different threads (as far as the
+//!   pool has threads). A worker whose last
 //!   stream is removed exits and is joined by the remover: once every fabric is shut down, no pool
 //!   thread is left (NCCL unloads the plugin after finalize; a thread running inside an unmapped
 //!   library would crash the process).
@@ -180,12 +181,13 @@ pub(super) fn add_streams(
             .unwrap_or_else(default_io_threads)
             .clamp(1, MAX_IO_THREADS);
     }
-    // Streams of this fabric per worker serial.
+    // Streams of this fabric, and of the current path, per worker serial.
     let mut mine: HashMap<u64, usize> = HashMap::new();
     for (p, path) in sh.paths.iter().enumerate() {
         if out.len() <= p {
             out.push(Vec::new());
         }
+        let mut this_path: HashMap<u64, usize> = HashMap::new();
         for s in 0..path.streams.len() {
             let alive = |w: &&WorkerSlot| !w.link.dead.load(Ordering::SeqCst);
             let idle = pool.workers.iter().filter(alive).any(|w| w.load == 0);
@@ -207,7 +209,15 @@ pub(super) fn add_streams(
                 .iter()
                 .enumerate()
                 .filter(|(_, w)| alive(w))
-                .min_by_key(|(i, w)| (mine.get(&w.link.serial).copied().unwrap_or(0), w.load, *i))
+                .min_by_key(|(i, w)| {
+                    let serial = w.link.serial;
+                    (
+                        this_path.get(&serial).copied().unwrap_or(0),
+                        mine.get(&serial).copied().unwrap_or(0),
+                        w.load,
+                        *i,
+                    )
+                })
                 .map(|(i, _)| i)
             else {
                 return Err(Error::Internal(
@@ -226,6 +236,7 @@ pub(super) fn add_streams(
             }
             w.load += 1;
             *mine.entry(w.link.serial).or_insert(0) += 1;
+            *this_path.entry(w.link.serial).or_insert(0) += 1;
             out[p].push(StreamHandle {
                 link: Arc::clone(&w.link),
                 id,
