@@ -156,7 +156,7 @@ fn deadline_loop<T>(
 
 /// Pause between polls that found nothing: `TCP_PAIR_POLL_US` µs (default 50; 0 spins like NCCL's
 /// progress thread, which on a real host has a core of its own; on a 2-core test VM a spinning
-/// poller steals the helper threads' CPU).
+/// poller steals the TCP I/O workers' CPU).
 fn poll_sleep() -> Duration {
     static US: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     Duration::from_micros(*US.get_or_init(|| {

@@ -8,7 +8,8 @@
 //! * ibverbs RC QPs (the adapter over `crate::verbs`): one QP + CQ per path, control memory is a
 //!   `Box<[AtomicU64]>` registered with strict ordering (no `IBV_ACCESS_RELAXED_ORDERING`);
 //! * a TCP emulation: each path a stream carrying `{remote addr, rkey, len, imm}` headers plus payload,
-//!   with receiver-side helper threads that place the payload and generate completions.
+//!   served by a process-wide pool of I/O worker threads that place the payload and generate
+//!   completions.
 //!
 //! # Contract an implementation must keep (the same guarantees RC queue pairs give)
 //!

@@ -230,7 +230,7 @@ pub fn wait_fd(sock: &impl AsRawFd, what: Ready, timeout_ms: i32) -> io::Result<
 /// An owned, zeroed, page-aligned (4096 bytes) block of host memory that is accessed only through raw
 /// copies, as NCCL's buffers are: for tests, examples and benchmarks, whose buffers are written by a
 /// NIC (register it with [`crate::verbs::MemoryRegion::register`] and drop the region first) or by a
-/// software fabric's helper threads while the owner holds no Rust reference to its bytes.
+/// software fabric's I/O threads while the owner holds no Rust reference to its bytes.
 #[derive(Debug)]
 pub struct HostBuffer {
     ptr: std::ptr::NonNull<u8>,
