@@ -663,6 +663,28 @@ fn lo() -> IpAddr {
     IpAddr::from([127, 0, 0, 1])
 }
 
+/// The acceptor's spec of a path on 127.0.0.1 whose peer address is not checked.
+fn lo_any_peer(speed_mbps: u64) -> TcpPathSpec {
+    TcpPathSpec {
+        local: lo(),
+        remote: SocketAddr::new(lo(), 0),
+        speed_mbps,
+        mtu: 0,
+        label: String::new(),
+    }
+}
+
+/// A one-path acceptor on 127.0.0.1 expecting `nonce`, and the address its listener is on (tests that
+/// play the connecting peer by hand).
+fn lo_acceptor(nonce: u64, tcfg: &TcpConfig) -> (TcpAcceptor, SocketAddr) {
+    let l = listen(lo(), 10_000, tcfg).unwrap();
+    let addr = l.local_addr().unwrap();
+    (
+        TcpAcceptor::new(&[l], &[lo_any_peer(10_000)], nonce, tcfg).unwrap(),
+        addr,
+    )
+}
+
 #[test]
 fn connect_to_a_closed_port_fails_with_a_clear_error() {
     let l = listen(lo(), 10_000, &TcpConfig::default()).unwrap();
@@ -701,14 +723,7 @@ fn wrong_nonce_is_rejected_by_the_acceptor() {
     };
     let c2 = tcfg.clone();
     let t = std::thread::spawn(move || TcpFabric::connect(&[spec], 111, &c2));
-    let acc_spec = TcpPathSpec {
-        local: lo(),
-        remote: SocketAddr::new(lo(), 0),
-        speed_mbps: 10_000,
-        mtu: 0,
-        label: String::new(),
-    };
-    let err = TcpFabric::accept(&[l], &[acc_spec], 222, &tcfg).unwrap_err();
+    let err = TcpFabric::accept(&[l], &[lo_any_peer(10_000)], 222, &tcfg).unwrap_err();
     assert!(matches!(err, Error::Timeout(_)), "{err}");
     assert!(err.to_string().contains("path 0: 0 of"), "{err}");
     let cerr = t.join().unwrap().unwrap_err();
@@ -823,16 +838,7 @@ fn silent_and_garbage_peers_never_block_the_acceptor_or_touch_memory() {
         connect_timeout: Duration::from_secs(10),
         ..TcpConfig::default()
     };
-    let l = listen(lo(), 10_000, &tcfg).unwrap();
-    let addr = l.local_addr().unwrap();
-    let spec = TcpPathSpec {
-        local: lo(),
-        remote: SocketAddr::new(lo(), 0),
-        speed_mbps: 10_000,
-        mtu: 0,
-        label: String::new(),
-    };
-    let mut acc = TcpAcceptor::new(&[l], &[spec], 5, &tcfg).unwrap();
+    let (mut acc, addr) = lo_acceptor(5, &tcfg);
     // A connection that says nothing: poll returns at once, again and again.
     let _silent = TcpStream::connect(addr).unwrap();
     for _ in 0..20 {
@@ -888,16 +894,7 @@ fn frames_arriving_a_few_bytes_at_a_time_are_reassembled() {
     use std::io::Write;
     use std::net::TcpStream;
     let tcfg = cfg(1);
-    let l = listen(lo(), 10_000, &tcfg).unwrap();
-    let addr = l.local_addr().unwrap();
-    let spec = TcpPathSpec {
-        local: lo(),
-        remote: SocketAddr::new(lo(), 0),
-        speed_mbps: 10_000,
-        mtu: 0,
-        label: String::new(),
-    };
-    let mut acc = TcpAcceptor::new(&[l], &[spec], 3, &tcfg).unwrap();
+    let (mut acc, addr) = lo_acceptor(3, &tcfg);
     let mut peer = TcpStream::connect(addr).unwrap();
     peer.set_nodelay(true).unwrap();
     peer.write_all(&raw_hello(3, 1, 0, 1, 0)).unwrap();
@@ -957,10 +954,7 @@ proptest! {
         use std::io::Write;
         use std::net::TcpStream;
         let tcfg = TcpConfig { streams: Some(1), ..TcpConfig::default() };
-        let l = listen(lo(), 10_000, &tcfg).unwrap();
-        let addr = l.local_addr().unwrap();
-        let spec = TcpPathSpec { local: lo(), remote: SocketAddr::new(lo(), 0), speed_mbps: 0, mtu: 0, label: String::new() };
-        let mut acc = TcpAcceptor::new(&[l], &[spec], 1, &tcfg).unwrap();
+        let (mut acc, addr) = lo_acceptor(1, &tcfg);
         let mut peer = TcpStream::connect(addr).unwrap();
         peer.write_all(&raw_hello(1, 1, 0, 1, 0)).unwrap();
         let mut fab = eventually("accept", || acc.poll().unwrap());
