@@ -729,3 +729,53 @@ fn several_paths_keep_their_order_and_each_is_checked() {
         "{e}"
     );
 }
+
+#[test]
+fn a_target_that_drops_syns_gives_way_to_the_next_one() {
+    // A listener whose accept queue is full drops new SYNs (Linux, tcp_abort_on_overflow=0): a
+    // connect to it neither completes nor fails. Fill one and keep the connections open.
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.bind(&SocketAddrV4::new(LO, 0).into()).unwrap();
+    sock.listen(0).unwrap();
+    let full: TcpListener = sock.into();
+    let full_port = full.local_addr().unwrap().port();
+    let mut fillers = Vec::new();
+    for _ in 0..8 {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        s.set_nonblocking(true).unwrap();
+        let _ = s.connect(&SocketAddrV4::new(LO, full_port).into());
+        fillers.push(s);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+
+    let mut l = listener(Duration::from_secs(20));
+    let h = handle_of(&l);
+    let req = PathRequest {
+        connector: "127.0.0.1/8".parse().unwrap(),
+        acceptor: LO,
+        kind: LinkKind::Roce,
+    };
+    // A 4 s timeout: the first target gets half of it, then the control address answers.
+    let t = Instant::now();
+    let mut c = Connector::start_to(
+        vec![
+            (SocketAddrV4::new(LO, full_port), None),
+            (SocketAddrV4::new(LO, h.port), None),
+        ],
+        h.nonce,
+        vec![req],
+        params(1, 1),
+        Duration::from_secs(4),
+        "peer".into(),
+    )
+    .unwrap();
+    let mut inc = next_incoming(&mut l, &mut [&mut c]);
+    let waited = t.elapsed();
+    assert!(
+        waited >= Duration::from_millis(1900) && waited < Duration::from_millis(3900),
+        "the second target was tried after {waited:?}"
+    );
+    inc.respond(params(2, 1)).unwrap();
+    finish(&mut c, &mut inc, &params(2, 1));
+    drop(fillers);
+}

@@ -616,6 +616,11 @@ enum CState {
     Finished,
 }
 
+/// Longest a connector waits for a TCP connection to one target before trying the next one (the
+/// last target gets the rest of the timeout). A directly cabled peer answers in well under a
+/// millisecond, a soft-RoCE VM under TCG in a few.
+pub const TARGET_BUDGET: Duration = Duration::from_secs(5);
+
 /// The connector's side: TCP connect, hello, reply, ready.
 #[derive(Debug)]
 pub struct Connector {
@@ -624,6 +629,9 @@ pub struct Connector {
     /// address to bind for each.
     targets: Vec<(SocketAddrV4, Option<Ipv4Addr>)>,
     target: usize,
+    /// When the connection attempt to the current target is given up for the next one (a target
+    /// that drops SYNs would otherwise use up the whole timeout); the last target has the deadline.
+    target_deadline: Instant,
     failures: Vec<String>,
     hello: Message,
     nonce: u64,
@@ -637,7 +645,8 @@ impl Connector {
     /// Starts connecting to the listener described by `handle` over `paths` (from
     /// [`crate::route::select()`]), with this side's params (one [`PathParams`] per path).
     /// The TCP connection goes to the first path's peer address (bound to its local address), then, if
-    /// that fails, to the handle's control address. Fails after `timeout` in all.
+    /// that fails or does not answer within [`TARGET_BUDGET`] (at most half the timeout), to the
+    /// handle's control address. Fails after `timeout` in all.
     pub fn start(
         handle: &HandleRepr,
         paths: &[PathChoice],
@@ -698,15 +707,17 @@ impl Connector {
             params: mine,
         });
         hello.encode()?; // validate counts now, not mid-handshake
+        let now = Instant::now();
         let mut c = Connector {
             state: CState::Finished,
             targets,
             target: 0,
+            target_deadline: now,
             failures: Vec::new(),
             hello,
             nonce,
             npaths,
-            deadline: Instant::now() + timeout,
+            deadline: now + timeout,
             timeout,
             peer,
         };
@@ -718,6 +729,11 @@ impl Connector {
     fn open_next(&mut self) -> Result<CState> {
         while let Some(&(addr, bind)) = self.targets.get(self.target) {
             self.target += 1;
+            self.target_deadline = if self.target < self.targets.len() {
+                Instant::now() + TARGET_BUDGET.min(self.timeout / 2)
+            } else {
+                self.deadline
+            };
             match open_socket(addr, bind) {
                 Ok(OpenResult::Connected(s)) => return self.connected(s),
                 Ok(OpenResult::InProgress(s)) => return Ok(CState::Connecting(s)),
@@ -775,6 +791,19 @@ impl Connector {
             self.state = match state {
                 CState::Connecting(s) => match connect_status(&s) {
                     Ok(true) => self.connected(s)?,
+                    Ok(false) if Instant::now() > self.target_deadline => {
+                        let addr = self
+                            .targets
+                            .get(self.target - 1)
+                            .map(|t| t.0.to_string())
+                            .unwrap_or_default();
+                        self.failures.push(format!(
+                            "{addr}: no answer within {} ms",
+                            TARGET_BUDGET.min(self.timeout / 2).as_millis()
+                        ));
+                        drop(s);
+                        self.open_next()?
+                    }
                     Ok(false) => {
                         self.state = CState::Connecting(s);
                         return Ok(ConnectPoll::Pending);
