@@ -115,6 +115,9 @@ enum Cmd {
     Add(Box<StreamIo>),
     Remove(usize, mpsc::Sender<()>),
     Exit,
+    /// Unit tests only: the worker panics (the recovery path is tested in a process of its own).
+    #[cfg(test)]
+    Panic,
 }
 
 impl WorkerLink {
@@ -422,6 +425,8 @@ impl Worker {
                         let _ = ack.send(());
                     }
                     Cmd::Exit => return,
+                    #[cfg(test)]
+                    Cmd::Panic => panic!("injected by a unit test"),
                 }
             }
             for id in std::mem::take(&mut self.run) {
@@ -980,5 +985,115 @@ impl StreamIo {
         path.fail_tx(status, wr, why);
         path.fail_rx(why, false);
         path.close_streams();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::fabric::{Fabric, LocalSeg, MemKind, RemoteSeg, WriteWr};
+    use crate::transport::tcp::{TcpConfig, loopback_pair};
+    use crate::verbs::rawmem::HostBuffer;
+    use std::time::Instant;
+
+    const CHILD: &str = "SWITCHLESS_POOL_PANIC_CHILD";
+
+    /// Runs [`worker_panic_in_its_own_process`] in a child process: a panicking worker fails every
+    /// stream it serves, and other tests of this binary share the pool.
+    #[test]
+    fn a_worker_panic_fails_its_paths_and_leaves_the_process_running() {
+        let exe = std::env::current_exe().unwrap();
+        let out = std::process::Command::new(exe)
+            .args([
+                "--exact",
+                "transport::tcp::pool::tests::worker_panic_in_its_own_process",
+                "--ignored",
+                "--test-threads=1",
+                "--nocapture",
+            ])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "child failed:\n{text}");
+        assert!(text.contains("1 passed"), "the child ran no test:\n{text}");
+    }
+
+    fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(20) {
+            if let Some(v) = f() {
+                return v;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        panic!("{what}: nothing within 20 s");
+    }
+
+    #[test]
+    #[ignore = "run by a_worker_panic_fails_its_paths_and_leaves_the_process_running in a child process"]
+    fn worker_panic_in_its_own_process() {
+        if std::env::var_os(CHILD).is_none() {
+            return;
+        }
+        assert_eq!(io_threads(), 0);
+        let cfg = TcpConfig {
+            streams: Some(1),
+            io_threads: Some(2),
+            ..TcpConfig::default()
+        };
+        let (mut a, mut b) = loopback_pair(&[10_000], &cfg).unwrap();
+        b.post_recv(0, 7).unwrap();
+        let victim = Arc::clone(&a.io[0][0].link);
+        let serial = victim.serial;
+        assert!(victim.send(Cmd::Panic));
+        eventually("the worker to be marked dead", || {
+            victim.dead.load(Ordering::SeqCst).then_some(())
+        });
+        // Its stream's path failed on this side: a write fails now or completes in error.
+        let buf = HostBuffer::new(4096).unwrap();
+        let reg = a.register(buf.addr(), 4096, MemKind::Host).unwrap();
+        let wr = WriteWr {
+            wr_id: 1,
+            local: LocalSeg {
+                addr: buf.addr(),
+                len: 64,
+                lkey: reg.keys[0].lkey,
+            },
+            remote: RemoteSeg { addr: 0, rkey: 0 },
+            imm: Some(1),
+            signaled: true,
+            inline: false,
+        };
+        if a.post_write(0, &wr).is_ok() {
+            let c = eventually("the write's completion", || {
+                let mut out = Vec::new();
+                a.poll(0, 1, &mut out).unwrap();
+                out.pop()
+            });
+            assert_ne!(c.status, WcStatus::SUCCESS, "{c:?}");
+        }
+        // The far side's posted receive fails instead of waiting forever.
+        let c = eventually("the peer's receive", || {
+            let mut out = Vec::new();
+            b.poll(0, 1, &mut out).unwrap();
+            out.pop()
+        });
+        assert_eq!(c.wr_id, 7);
+        assert_ne!(c.status, WcStatus::SUCCESS, "{c:?}");
+        // New connections never land on the dead worker, and work.
+        let (c2, d2) = loopback_pair(&[10_000, 10_000], &cfg).unwrap();
+        for f in [&c2, &d2] {
+            for p in 0..2 {
+                assert!(!f.stream_workers(p).contains(&serial));
+            }
+        }
+        // Closing everything joins every thread, the dead one included.
+        drop((a, b, c2, d2));
+        assert_eq!(io_threads(), 0);
     }
 }
