@@ -270,6 +270,20 @@ pub struct Completion {
     pub imm: Option<u32>,
 }
 
+impl Completion {
+    /// A completion that reports no bytes and no immediate: a send-side completion, or any error
+    /// (flushed receives included).
+    pub fn without_data(wr_id: u64, status: WcStatus, opcode: WcOpcode) -> Completion {
+        Completion {
+            wr_id,
+            status,
+            opcode,
+            byte_len: 0,
+            imm: None,
+        }
+    }
+}
+
 /// One endpoint of a connection: its paths and the memory they address. See the module docs for the
 /// ordering contract. All methods are non-blocking.
 pub trait Fabric {

@@ -295,17 +295,7 @@ impl Inner {
 
     fn fail(&mut self, ep: usize, path: usize, wr_id: u64, status: WcStatus, opcode: WcOpcode) {
         self.eps[ep].qps[path].error = true;
-        self.complete(
-            ep,
-            path,
-            Completion {
-                wr_id,
-                status,
-                opcode,
-                byte_len: 0,
-                imm: None,
-            },
-        );
+        self.complete(ep, path, Completion::without_data(wr_id, status, opcode));
     }
 
     /// Executes one queued op of (ep, path).
@@ -385,13 +375,7 @@ impl Inner {
                     self.complete(
                         ep,
                         path,
-                        Completion {
-                            wr_id,
-                            status: WcStatus::SUCCESS,
-                            opcode,
-                            byte_len: 0,
-                            imm: None,
-                        },
+                        Completion::without_data(wr_id, WcStatus::SUCCESS, opcode),
                     );
                 }
             }
@@ -808,13 +792,11 @@ impl Fabric for MemEndpoint {
         let mut g = lock(&self.inner);
         let q = &mut g.eps[self.id].qps[path];
         if q.error {
-            q.cq.push_back(Completion {
+            q.cq.push_back(Completion::without_data(
                 wr_id,
-                status: WcStatus::WR_FLUSH_ERR,
-                opcode: WcOpcode::RecvRdmaWithImm,
-                byte_len: 0,
-                imm: None,
-            });
+                WcStatus::WR_FLUSH_ERR,
+                WcOpcode::RecvRdmaWithImm,
+            ));
         } else {
             q.recvs.push_back(wr_id);
         }
@@ -843,22 +825,18 @@ impl Fabric for MemEndpoint {
                     Op::Write(w) => (w.wr_id, WcOpcode::RdmaWrite),
                     Op::Read(r) => (r.wr_id, WcOpcode::RdmaRead),
                 };
-                q.cq.push_back(Completion {
+                q.cq.push_back(Completion::without_data(
                     wr_id,
-                    status: WcStatus::WR_FLUSH_ERR,
+                    WcStatus::WR_FLUSH_ERR,
                     opcode,
-                    byte_len: 0,
-                    imm: None,
-                });
+                ));
             }
             while let Some(wr_id) = q.recvs.pop_front() {
-                q.cq.push_back(Completion {
+                q.cq.push_back(Completion::without_data(
                     wr_id,
-                    status: WcStatus::WR_FLUSH_ERR,
-                    opcode: WcOpcode::RecvRdmaWithImm,
-                    byte_len: 0,
-                    imm: None,
-                });
+                    WcStatus::WR_FLUSH_ERR,
+                    WcOpcode::RecvRdmaWithImm,
+                ));
             }
         }
         Ok(())

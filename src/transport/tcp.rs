@@ -579,17 +579,12 @@ impl PathShared {
         while let Some(w) = tx.wrs.pop_front() {
             let index = tx.first_wr;
             tx.first_wr += 1;
-            self.complete(Completion {
-                wr_id: w.wr_id,
-                status: if index == culprit {
-                    status
-                } else {
-                    WcStatus::WR_FLUSH_ERR
-                },
-                opcode: WcOpcode::RdmaWrite,
-                byte_len: 0,
-                imm: None,
-            });
+            let st = if index == culprit {
+                status
+            } else {
+                WcStatus::WR_FLUSH_ERR
+            };
+            self.complete(Completion::without_data(w.wr_id, st, WcOpcode::RdmaWrite));
         }
         drop(tx);
         for s in &self.streams {
@@ -608,13 +603,11 @@ impl PathShared {
         rx.pending.clear();
         rx.buffered = 0;
         while let Some(wr_id) = rx.recvs.pop_front() {
-            self.complete(Completion {
+            self.complete(Completion::without_data(
                 wr_id,
-                status: WcStatus::WR_FLUSH_ERR,
-                opcode: WcOpcode::RecvRdmaWithImm,
-                byte_len: 0,
-                imm: None,
-            });
+                WcStatus::WR_FLUSH_ERR,
+                WcOpcode::RecvRdmaWithImm,
+            ));
         }
     }
 
@@ -632,13 +625,11 @@ impl PathShared {
             if let Some(w) = tx.wrs.pop_front() {
                 tx.first_wr += 1;
                 if w.signaled {
-                    self.complete(Completion {
-                        wr_id: w.wr_id,
-                        status: WcStatus::SUCCESS,
-                        opcode: WcOpcode::RdmaWrite,
-                        byte_len: 0,
-                        imm: None,
-                    });
+                    self.complete(Completion::without_data(
+                        w.wr_id,
+                        WcStatus::SUCCESS,
+                        WcOpcode::RdmaWrite,
+                    ));
                 }
             }
         }
@@ -1498,13 +1489,11 @@ impl Fabric for TcpFabric {
             )));
         }
         let flush = |status: WcStatus| {
-            p.complete(Completion {
-                wr_id: wr.wr_id,
+            p.complete(Completion::without_data(
+                wr.wr_id,
                 status,
-                opcode: WcOpcode::RdmaWrite,
-                byte_len: 0,
-                imm: None,
-            })
+                WcOpcode::RdmaWrite,
+            ))
         };
         if self.sh.stop.load(Ordering::Relaxed) || lock(&p.tx).error {
             flush(WcStatus::WR_FLUSH_ERR);
@@ -1634,13 +1623,11 @@ impl Fabric for TcpFabric {
         let mut rx = lock(&p.rx);
         if rx.error || self.sh.stop.load(Ordering::Relaxed) {
             drop(rx);
-            p.complete(Completion {
+            p.complete(Completion::without_data(
                 wr_id,
-                status: WcStatus::WR_FLUSH_ERR,
-                opcode: WcOpcode::RecvRdmaWithImm,
-                byte_len: 0,
-                imm: None,
-            });
+                WcStatus::WR_FLUSH_ERR,
+                WcOpcode::RecvRdmaWithImm,
+            ));
         } else {
             rx.recvs.push_back(wr_id);
         }
