@@ -68,13 +68,13 @@ pub unsafe fn out<'a, T>(p: *mut T, what: &str) -> Result<&'a mut T> {
     Ok(unsafe { &mut *p })
 }
 
-/// A `void*` NCCL got from this plugin (a comm, mhandle, request or ctx), checked for NULL, alignment and
-/// magic.
+/// `p` as a `T` of ours: non-NULL, aligned, and carrying `T`'s magic. Returns the pointer; the callers
+/// decide which reference to make of it.
 ///
 /// # Safety
-/// `p` is NULL or a pointer this library returned for some object, not yet freed, and not used concurrently
-/// (NCCL serializes calls on one object).
-pub unsafe fn object<'a, T: Object>(p: *mut c_void, what: &str) -> Result<&'a mut T> {
+/// `p` is NULL or a pointer this library returned for some object, not yet freed, and not written
+/// concurrently.
+unsafe fn checked<T: Object>(p: *mut c_void, what: &str) -> Result<*mut T> {
     let p = p.cast::<T>();
     if p.is_null() {
         return Err(Error::InvalidArgument(format!(
@@ -88,16 +88,27 @@ pub unsafe fn object<'a, T: Object>(p: *mut c_void, what: &str) -> Result<&'a mu
             T::WHAT
         )));
     }
-    // SAFETY: non-NULL, aligned, and by the caller's contract a live object of ours; the magic check below
-    // rejects pointers of another kind.
-    let r = unsafe { &mut *p };
-    if !r.is_valid() {
+    // SAFETY: non-NULL, aligned, and by the caller's contract a live object of ours; the shared
+    // reference ends here, and the magic check rejects pointers of another kind.
+    if !unsafe { &*p }.is_valid() {
         return Err(Error::InvalidArgument(format!(
             "{what} ({p:p}) is not a live {}",
             T::WHAT
         )));
     }
-    Ok(r)
+    Ok(p)
+}
+
+/// A `void*` NCCL got from this plugin (a comm, mhandle, request or ctx), checked for NULL, alignment and
+/// magic.
+///
+/// # Safety
+/// `p` is NULL or a pointer this library returned for some object, not yet freed, and not used concurrently
+/// (NCCL serializes calls on one object).
+pub unsafe fn object<'a, T: Object>(p: *mut c_void, what: &str) -> Result<&'a mut T> {
+    // SAFETY: forwarded contract; `checked` proved it a live `T`, and NCCL uses it from one thread at
+    // a time, so this is the only reference.
+    unsafe { checked::<T>(p, what).map(|p| &mut *p) }
 }
 
 /// A shared reference to an object several NCCL threads may use at once (a ctx: service and progress
@@ -106,28 +117,8 @@ pub unsafe fn object<'a, T: Object>(p: *mut c_void, what: &str) -> Result<&'a mu
 /// # Safety
 /// `p` is NULL or a pointer this library returned for some object, not yet freed.
 pub unsafe fn shared<'a, T: Object>(p: *mut c_void, what: &str) -> Result<&'a T> {
-    let p = p.cast::<T>().cast_const();
-    if p.is_null() {
-        return Err(Error::InvalidArgument(format!(
-            "{what} is NULL; expected a {}",
-            T::WHAT
-        )));
-    }
-    if !p.is_aligned() {
-        return Err(Error::InvalidArgument(format!(
-            "{what} ({p:p}) is not a {}",
-            T::WHAT
-        )));
-    }
-    // SAFETY: non-NULL, aligned, and by the caller's contract a live object of ours; only shared access.
-    let r = unsafe { &*p };
-    if !r.is_valid() {
-        return Err(Error::InvalidArgument(format!(
-            "{what} ({p:p}) is not a live {}",
-            T::WHAT
-        )));
-    }
-    Ok(r)
+    // SAFETY: forwarded contract; `checked` proved it a live `T`; only shared access.
+    unsafe { checked::<T>(p, what).map(|p| &*p) }
 }
 
 /// Takes back ownership of an object to free it, after the same checks as [`object`].
