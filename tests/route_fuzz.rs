@@ -6,26 +6,9 @@
 use switchless::route::HandleRepr;
 use switchless::route::types::{LinkKind, RemoteLink};
 
-/// xorshift64*: tiny deterministic generator for mutation choices.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
-fn iters() -> usize {
-    std::env::var("SWITCHLESS_FUZZ_ITERS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(200_000)
-}
+#[path = "support/fuzz.rs"]
+mod fuzz;
+use fuzz::{Rng, iters};
 
 fn seeds() -> Vec<Vec<u8>> {
     let mut out = Vec::new();
