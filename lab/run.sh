@@ -358,7 +358,7 @@ cleanup() {
     PIDS=()
     ip netns del "$NS" 2> /dev/null || true
 }
-trap cleanup EXIT
+trap 'cleanup; rm -rf "$WORK"' EXIT # the initramfs (about 40 MB) is rebuilt each run
 trap 'exit 130' INT TERM
 attempt=1
 
