@@ -16,7 +16,7 @@ fn fixture(name: &str) -> PathBuf {
 
 fn findings(name: &str) -> (Vec<(String, String, Severity)>, u8) {
     let (m, f) = fabric::discover(&fixture(name));
-    let devs = m.nccl_devices(&|_, _| true, false);
+    let devs = m.nccl_devices(&|_, _| true, &|_| false);
     let r = doctor::report(&m, &devs, f);
     let mut v: Vec<_> = r
         .findings
@@ -129,7 +129,7 @@ fn link_local_gids_only() {
     );
     assert_eq!(s, 1);
     let (m, f) = fabric::discover(&fixture("broken-link-local-gid"));
-    let r = doctor::report(&m, &m.nccl_devices(&|_, _| true, false), f);
+    let r = doctor::report(&m, &m.nccl_devices(&|_, _| true, &|_| false), f);
     let g = r
         .findings
         .iter()

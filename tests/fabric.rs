@@ -33,7 +33,7 @@ fn all(_: &str, _: u8) -> bool {
 }
 
 fn devices(m: &HostModel) -> Vec<NcclDevice> {
-    m.nccl_devices(&all, false)
+    m.nccl_devices(&all, &|_| false)
 }
 
 fn ip(s: &str) -> Ipv4Addr {
@@ -189,15 +189,35 @@ fn gb10_two_cables_stay_two_devices() {
 #[test]
 fn hca_filter_applies_before_grouping_and_dmabuf_bit() {
     let m = load("gb10-1cable");
-    let d = m.nccl_devices(&|dev, _| dev != "roceP2p1s0f0", true);
+    let d = m.nccl_devices(&|dev, _| dev != "roceP2p1s0f0", &|_| true);
     assert_eq!(d.len(), 1);
     assert_eq!(d[0].members.len(), 1);
     // One Gen5 x4 function: 32 GT/s × 4 × 128/130 ≈ 126 Gb/s.
     assert_eq!(d[0].speed_mbps, 126_030);
     assert_eq!(d[0].ptr_support, PTR_HOST | PTR_DMABUF);
     assert_eq!(d[0].peers, [ip("192.168.100.11")]);
-    let none = m.nccl_devices(&|_, port| port == 2, false);
+    let none = m.nccl_devices(&|_, port| port == 2, &|_| false);
     assert!(none.is_empty());
+}
+
+#[test]
+fn dmabuf_bit_only_when_every_member_device_takes_dmabuf() {
+    // GB10: one NCCL device over two PCIe functions (rocep1s0f0 + roceP2p1s0f0); NCCL registers each
+    // buffer on both, so DMA-BUF is offered only when both drivers accept it.
+    let m = load("gb10-1cable");
+    let with = |ok: &dyn Fn(&str) -> bool| {
+        let d = m.nccl_devices(&|_, _| true, ok);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].members.len(), 2);
+        d[0].ptr_support
+    };
+    assert_eq!(with(&|_| true), PTR_HOST | PTR_DMABUF);
+    assert_eq!(with(&|_| false), PTR_HOST);
+    assert_eq!(with(&|dev| dev == "rocep1s0f0"), PTR_HOST);
+    assert_eq!(with(&|dev| dev == "roceP2p1s0f0"), PTR_HOST);
+    // The HCA filter drops the refusing member: the remaining device qualifies on its own.
+    let d = m.nccl_devices(&|dev, _| dev == "rocep1s0f0", &|dev| dev == "rocep1s0f0");
+    assert_eq!(d[0].ptr_support, PTR_HOST | PTR_DMABUF);
 }
 
 fn b300_card_order() -> Vec<&'static str> {

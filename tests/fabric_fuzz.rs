@@ -75,7 +75,7 @@ proptest! {
 
         let (m, f) = fabric::discover(&c.root);
         std::fs::write(target, &original).unwrap();
-        let devs = m.nccl_devices(&|_, _| true, true);
+        let devs = m.nccl_devices(&|_, _| true, &|_| true);
         let links = m.local_links(&devs);
         let _ = m.routes();
         let r = doctor::report(&m, &devs, f);

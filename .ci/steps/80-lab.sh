@@ -35,6 +35,15 @@ for topo in pair mesh3; do
     if grep '"check":"doctor"' "lab/.cache/results/ci-$topo/summary.jsonl" | grep -v '"findings":\[\]'; then
         echo "FAIL: doctor reported findings on a healthy MTU 9000 lab ($topo)"; exit 1
     fi
+    if [ "$bench" = 1 ]; then
+        # rxe refuses every DMA-BUF registration (EOPNOTSUPP) although libibverbs has the symbol: the
+        # plugin's per-device probe must keep NCCL_PTR_DMABUF out of ptrSupport ("ptr host").
+        devs=$(cat "lab/.cache/results/ci-$topo"/node*/bench-latency.txt | grep -c '^#  dev ' || true)
+        host=$(cat "lab/.cache/results/ci-$topo"/node*/bench-latency.txt | grep -c '^#  dev .*, ptr host, ' || true)
+        if [ "$devs" -eq 0 ] || [ "$devs" != "$host" ]; then
+            echo "FAIL: $host of $devs rxe devices report ptrSupport host only ($topo)"; exit 1
+        fi
+    fi
 done
 echo "== lab pair --mtu 1500: doctor must find the active_mtu 1024 trap"
 timeout 300 lab/run.sh "${bins[@]}" --mtu 1500 --checks "write_bw doctor" --timeout 240 \

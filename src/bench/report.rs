@@ -20,8 +20,15 @@ pub fn table(r: &Report) -> String {
     for (i, d) in r.devices.iter().enumerate() {
         let _ = writeln!(
             s,
-            "#  dev {i}: {} speed {} Mb/s, port {}, maxRecvs {}, maxP2pBytes {} B, pci {}",
-            d.name, d.speed_mbps, d.port, d.max_recvs, d.max_p2p_bytes, d.pci_path
+            "#  dev {i}: {} speed {} Mb/s, port {}, ptr {}, maxRecvs {}, maxP2pBytes {} B, pci {}",
+            d.name,
+            d.speed_mbps,
+            d.port,
+            crate::fabric::nccl::ptr_support_names(u32::try_from(d.ptr_support).unwrap_or(0))
+                .join("|"),
+            d.max_recvs,
+            d.max_p2p_bytes,
+            d.pci_path
         );
     }
     let time = match r.mode {

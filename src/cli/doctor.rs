@@ -79,7 +79,7 @@ pub fn diagnose(args: &Args) -> Result<(doctor::Report, Option<usize>), String> 
             "fix or unset the variable (accepted values: README, Configuration)",
         )),
     }
-    let devices = model.nccl_devices(&|dev, port| filter.matches(dev, port), false);
+    let devices = model.nccl_devices(&|dev, port| filter.matches(dev, port), &|_| false);
     if let Some((plan, n)) = &plan {
         findings.extend(crate::plan::check_host(plan, *n, &model.live_ifaces()));
     }

@@ -54,13 +54,13 @@ pub struct Args {
 
 pub fn run(args: Args) -> ExitCode {
     let (model, _) = fabric::discover(&args.root);
-    let devices = model.nccl_devices(&|_, _| true, false);
+    let devices = model.nccl_devices(&|_, _| true, &|_| false);
     let local = model.local_links(&devices);
     let routes = model.routes();
     let peer: Vec<RemoteLink> = match &args.peer_root {
         Some(p) => {
             let (pm, _) = fabric::discover(p);
-            let pd = pm.nccl_devices(&|_, _| true, false);
+            let pd = pm.nccl_devices(&|_, _| true, &|_| false);
             match advertised(&pm.local_links(&pd)) {
                 Ok(v) => v,
                 Err(e) => return fail(args.json, &format!("peer {}: {e}", p.display())),

@@ -26,7 +26,7 @@ use crate::findings::Finding;
 
 pub use discover::discover_with;
 pub use model::HostModel;
-pub use nccl::{HcaFilter, Member, NcclDevice};
+pub use nccl::{DmabufFilter, HcaFilter, Member, NcclDevice};
 pub use reader::Reader;
 
 /// Reads the host under `root` (`/` on a live host). Never fails: unreadable or odd kernel files

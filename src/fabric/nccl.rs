@@ -87,6 +87,10 @@ type Cand = (String, Member, Option<u32>, Option<u32>, String);
 /// The `NCCL_IB_HCA` filter: (rdma device, port) → keep?
 pub type HcaFilter<'a> = &'a dyn Fn(&str, u8) -> bool;
 
+/// Which RDMA devices (by name) register DMA-BUF memory: the plugin probes each opened device
+/// (`verbs::probe_dmabuf`); offline callers (doctor, route) pass `&|_| false`.
+pub type DmabufFilter<'a> = &'a dyn Fn(&str) -> bool;
+
 impl HostModel {
     /// The far addresses reachable from `netdev` through its subnets (see [`NcclDevice::peers`]).
     pub fn far_addresses(&self, netdev: &str) -> Vec<Ipv4Addr> {
@@ -129,8 +133,9 @@ impl HostModel {
     }
 
     /// The NCCL devices of this host. `filter` is the parsed `NCCL_IB_HCA` (applied before grouping);
-    /// `dmabuf` says whether `ibv_reg_dmabuf_mr` is available (adds [`PTR_DMABUF`]).
-    pub fn nccl_devices(&self, filter: HcaFilter<'_>, dmabuf: bool) -> Vec<NcclDevice> {
+    /// `dmabuf` says which RDMA devices take DMA-BUF registrations: a device gets [`PTR_DMABUF`] only
+    /// when every member does (NCCL registers one buffer on all of them).
+    pub fn nccl_devices(&self, filter: HcaFilter<'_>, dmabuf: DmabufFilter<'_>) -> Vec<NcclDevice> {
         let cages = self.cages();
         // Group candidate ports by cage.
         let mut groups: BTreeMap<Cage, Vec<(String, u8)>> = BTreeMap::new();
@@ -148,9 +153,7 @@ impl HostModel {
                 .or_default()
                 .push((d.name.clone(), p.port));
         }
-        let ptr_support = PTR_HOST
-            | if self.peer_memory { PTR_CUDA } else { 0 }
-            | if dmabuf { PTR_DMABUF } else { 0 };
+        let base_ptr_support = PTR_HOST | if self.peer_memory { PTR_CUDA } else { 0 };
 
         let mut devs: Vec<NcclDevice> = Vec::new();
         for (cage, ports) in groups {
@@ -231,6 +234,12 @@ impl HostModel {
             peers.sort();
             peers.dedup();
             let pci_path = first.0.clone();
+            let ptr_support = base_ptr_support
+                | if members.iter().all(|m| dmabuf(&m.1.rdma_dev)) {
+                    PTR_DMABUF
+                } else {
+                    0
+                };
             let members: Vec<Member> = members
                 .into_iter()
                 .zip(shares)

@@ -160,10 +160,27 @@ impl PathFactory for VerbsFactory {
             }
             contexts.insert(d.name.clone(), ctx);
         }
-        let dmabuf = crate::verbs::optional_symbols().has_dmabuf();
+        // DMA-BUF: the library symbol is not enough (rxe and older kernels refuse every DMA-BUF):
+        // ask each device's driver, once, as NCCL's IB transport does.
+        let mut dmabuf_ok = BTreeMap::new();
+        for (name, ctx) in &contexts {
+            let ok = match crate::verbs::ProtectionDomain::new(ctx) {
+                Ok(pd) => {
+                    let support = crate::verbs::probe_dmabuf(&pd);
+                    tracing::info!("NET/switchless: {name}: DMA-BUF {}", support.describe());
+                    support.is_supported()
+                }
+                Err(e) => {
+                    tracing::warn!("NET/switchless: {name}: DMA-BUF left off, no probe: {e}");
+                    false
+                }
+            };
+            dmabuf_ok.insert(name.clone(), ok);
+        }
+        let dmabuf = |dev: &str| dmabuf_ok.get(dev).copied().unwrap_or(false);
         let filter =
             |dev: &str, port: u8| config.ib_hca.matches(dev, port) && contexts.contains_key(dev);
-        let devices = model.nccl_devices(&filter, dmabuf);
+        let devices = model.nccl_devices(&filter, &dmabuf);
         if devices.is_empty() {
             let names: Vec<String> = probe.devices.iter().map(|d| d.name.clone()).collect();
             return Err(Error::System(format!(

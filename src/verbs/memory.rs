@@ -214,6 +214,80 @@ impl MemoryRegion {
     }
 }
 
+/// Whether a device's kernel driver registers DMA-BUF memory, as [`probe_dmabuf`] found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DmabufSupport {
+    /// The driver takes DMA-BUF registrations (the probe was refused only for its invalid fd).
+    Supported,
+    /// libibverbs has no `ibv_reg_dmabuf_mr` (rdma-core older than 34).
+    NoLibrarySymbol,
+    /// The provider or kernel driver refused the call itself (`errno` EOPNOTSUPP or EPROTONOSUPPORT).
+    NotSupportedByDriver(i32),
+}
+
+impl DmabufSupport {
+    /// Reads the errno of the probe registration (fd -1), as NCCL's IB transport does: only
+    /// EOPNOTSUPP and EPROTONOSUPPORT mean "this driver has no DMA-BUF"; anything else (EBADF for the
+    /// invalid fd, normally) means the driver got as far as looking at the fd.
+    pub fn from_probe_errno(errno: i32) -> DmabufSupport {
+        if errno == libc::EOPNOTSUPP || errno == libc::EPROTONOSUPPORT {
+            DmabufSupport::NotSupportedByDriver(errno)
+        } else {
+            DmabufSupport::Supported
+        }
+    }
+
+    pub fn is_supported(self) -> bool {
+        self == DmabufSupport::Supported
+    }
+
+    /// For the init log: "supported", or why not.
+    pub fn describe(self) -> String {
+        match self {
+            DmabufSupport::Supported => "supported".into(),
+            DmabufSupport::NoLibrarySymbol => {
+                "not supported: libibverbs lacks ibv_reg_dmabuf_mr (rdma-core 34 or newer is needed)".into()
+            }
+            DmabufSupport::NotSupportedByDriver(e) => format!(
+                "not supported by the kernel driver or provider (probe registration: {})",
+                std::io::Error::from_raw_os_error(e)
+            ),
+        }
+    }
+}
+
+/// Asks `pd`'s device whether it registers DMA-BUF memory: `ibv_reg_dmabuf_mr` with fd -1 and
+/// length 0 can never succeed, and the errno says whether the driver implements the call. A
+/// library symbol alone is not enough: soft-RoCE (rxe) and older kernels refuse every DMA-BUF, and
+/// NCCL would then fail its first GPU buffer registration instead of using peer memory.
+pub fn probe_dmabuf(pd: &ProtectionDomain) -> DmabufSupport {
+    let Some(f) = optional_symbols().reg_dmabuf_mr else {
+        return DmabufSupport::NoLibrarySymbol;
+    };
+    // SAFETY: `f` is ibv_reg_dmabuf_mr (signature checked in sym.rs) on a live PD; fd -1 names no
+    // file, so no memory is registered; errno is read right after the call.
+    let p = unsafe { f(pd.as_ptr(), 0, 0, 0, -1, 0) };
+    let errno = last_errno();
+    match NonNull::new(p) {
+        Some(mr) => {
+            // Not expected (fd -1); a registration means the driver took the call, so release it.
+            // SAFETY: `mr` was just returned by ibv_reg_dmabuf_mr and is deregistered once here.
+            let rc = unsafe { ibv_dereg_mr(mr.as_ptr()) };
+            if rc != 0 {
+                tracing::warn!(
+                    "{}",
+                    system_error(
+                        format!("ibv_dereg_mr({} DMA-BUF probe)", pd.context().name()),
+                        rc_errno(rc, last_errno())
+                    )
+                );
+            }
+            DmabufSupport::Supported
+        }
+        None => DmabufSupport::from_probe_errno(errno),
+    }
+}
+
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
         // SAFETY: registered by ibv_reg_mr/ibv_reg_dmabuf_mr and deregistered once; the PD is held.
@@ -227,5 +301,37 @@ impl Drop for MemoryRegion {
                 )
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DmabufSupport;
+
+    #[test]
+    fn probe_errno_reads_like_nccl() {
+        for e in [libc::EOPNOTSUPP, libc::EPROTONOSUPPORT] {
+            assert_eq!(
+                DmabufSupport::from_probe_errno(e),
+                DmabufSupport::NotSupportedByDriver(e)
+            );
+        }
+        // The invalid fd is what a DMA-BUF-capable driver complains about; other errors (a check
+        // before the fd) do not prove the driver lacks DMA-BUF either.
+        for e in [libc::EBADF, libc::EINVAL, libc::ENOMEM, 0] {
+            assert!(
+                DmabufSupport::from_probe_errno(e).is_supported(),
+                "errno {e}"
+            );
+        }
+        let d = DmabufSupport::NotSupportedByDriver(libc::EOPNOTSUPP).describe();
+        assert!(d.starts_with("not supported by the kernel driver"), "{d}");
+        assert!(d.contains("not supported"), "{d}");
+        assert!(
+            DmabufSupport::NoLibrarySymbol
+                .describe()
+                .contains("rdma-core 34")
+        );
+        assert_eq!(DmabufSupport::Supported.describe(), "supported");
     }
 }
