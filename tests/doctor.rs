@@ -212,6 +212,55 @@ fn subnet_with_no_other_host() {
 }
 
 #[test]
+fn no_neighbour_remedy_names_the_cable_peer() {
+    let remedies = |name: &str| -> Vec<(String, String)> {
+        let (m, f) = fabric::discover(&fixture(name));
+        let r = doctor::report(&m, &m.nccl_devices(&|_, _| true, &|_| false), f);
+        let mut v: Vec<_> = r
+            .findings
+            .iter()
+            .filter(|f| f.check == "no-neighbour")
+            .map(|f| (f.object.clone(), f.remedy.clone()))
+            .collect();
+        v.sort();
+        v
+    };
+    // The rxe capture: 10.100.4.1/30 and 10.100.8.1/30, so each cable has exactly one peer to ping.
+    let r = remedies("captured/rxe-2vm-node0");
+    assert_eq!(r.len(), 2);
+    assert!(
+        r[0].1.starts_with("ping -c 3 -I eth0 10.100.4.2;"),
+        "{}",
+        r[0].1
+    );
+    assert!(
+        r[1].1.starts_with("ping -c 3 -I eth1 10.100.8.2;"),
+        "{}",
+        r[1].1
+    );
+    // A /24 cable subnet (GB10 default addressing) has no single peer: the remedy says which subnet.
+    let r = remedies("broken-no-neighbour");
+    assert_eq!(r.len(), 1);
+    assert!(
+        r[0].1
+            .starts_with("ping -c 3 -I enP2p1s0f0np0 <peer address in 192.168.101.0/24>;"),
+        "{}",
+        r[0].1
+    );
+    let p2p = |s: &str| fabric::nccl::point_to_point_peers(s.parse().unwrap());
+    assert_eq!(p2p("10.0.0.4/31"), Some(vec!["10.0.0.5".parse().unwrap()]));
+    assert_eq!(p2p("10.0.0.5/31"), Some(vec!["10.0.0.4".parse().unwrap()]));
+    assert_eq!(p2p("10.0.0.6/30"), Some(vec!["10.0.0.5".parse().unwrap()]));
+    // The network address of a /30 is not a host: both hosts may be the peer.
+    let both = Some(vec![
+        "10.0.0.5".parse().unwrap(),
+        "10.0.0.6".parse().unwrap(),
+    ]);
+    assert_eq!(p2p("10.0.0.4/30"), both);
+    assert_eq!(p2p("10.0.0.4/24"), None);
+}
+
+#[test]
 fn no_rdma_devices_at_all() {
     let (f, s) = findings("broken-no-rdma");
     assert_eq!(

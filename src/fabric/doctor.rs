@@ -332,7 +332,10 @@ pub fn checks(m: &HostModel, devices: &[NcclDevice]) -> Vec<Finding> {
                         check::NO_NEIGHBOUR,
                         format!("netdev {}", n.name),
                         format!("no other host of {net} is in the kernel's neighbour table (/proc/net/arp) for {}: the cable may go nowhere or the peer is not addressed in this subnet", n.name),
-                        format!("ping -I {} <peer address in {net}>; if it fails check the cable and the peer's address (the table is empty until traffic has flowed)", n.name),
+                        format!("ping -c 3 -I {} {}; if it fails check the cable and the peer's address (the table is empty until traffic has flowed, so this is expected right after boot)", n.name, match super::nccl::point_to_point_peers(a.addr).as_deref() {
+                            Some([p]) => p.to_string(),
+                            _ => format!("<peer address in {net}>"),
+                        }),
                     ));
                 }
             }

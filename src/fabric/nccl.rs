@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
+use ipnet::Ipv4Net;
 use serde::Serialize;
 
 use super::model::{Cage, HostModel};
@@ -91,6 +92,26 @@ pub type HcaFilter<'a> = &'a dyn Fn(&str, u8) -> bool;
 /// (`verbs::probe_dmabuf`); offline callers (doctor, route) pass `&|_| false`.
 pub type DmabufFilter<'a> = &'a dyn Fn(&str) -> bool;
 
+/// The other host addresses of a point-to-point subnet: the partner of a /31, the other host of a
+/// /30 (both hosts when the address itself is not one of them). `None` for any other prefix.
+pub fn point_to_point_peers(a: Ipv4Net) -> Option<Vec<Ipv4Addr>> {
+    let me = u32::from(a.addr());
+    match a.prefix_len() {
+        31 => Some(vec![Ipv4Addr::from(me ^ 1)]),
+        30 => {
+            let base = u32::from(a.network());
+            Some(
+                [base + 1, base + 2]
+                    .into_iter()
+                    .filter(|h| *h != me)
+                    .map(Ipv4Addr::from)
+                    .collect(),
+            )
+        }
+        _ => None,
+    }
+}
+
 impl HostModel {
     /// The far addresses reachable from `netdev` through its subnets (see [`NcclDevice::peers`]).
     pub fn far_addresses(&self, netdev: &str) -> Vec<Ipv4Addr> {
@@ -100,20 +121,11 @@ impl HostModel {
         let mut out = Vec::new();
         for a in n.addrs.iter().filter(|a| a.has_route) {
             let net = a.addr.trunc();
+            if let Some(peers) = point_to_point_peers(a.addr) {
+                out.extend(peers);
+                continue;
+            }
             match a.addr.prefix_len() {
-                31 => {
-                    let o = u32::from(a.addr.addr()) ^ 1;
-                    out.push(Ipv4Addr::from(o));
-                }
-                30 => {
-                    let base = u32::from(net.network());
-                    let me = u32::from(a.addr.addr());
-                    for h in [base + 1, base + 2] {
-                        if h != me {
-                            out.push(Ipv4Addr::from(h));
-                        }
-                    }
-                }
                 32 => {}
                 _ => {
                     for nb in self.neighbours.iter().filter(|nb| {
