@@ -261,6 +261,41 @@ fn no_neighbour_remedy_names_the_cable_peer() {
 }
 
 #[test]
+fn gpu_direct_off_only_when_a_live_probe_found_no_way_to_register_gpu_memory() {
+    let check = |name: &str, dmabuf: &dyn Fn(&str) -> bool, probed: bool| {
+        let (m, _) = fabric::discover(&fixture(name));
+        let devs = m.nccl_devices(&|_, _| true, dmabuf);
+        doctor::gpu_direct_checks(&m, &devs, probed)
+    };
+    // GB10: GPU driver loaded, no peer-memory client; its drivers refused DMA-BUF on the live probe.
+    let f = check("gb10-2cable", &|_| false, true);
+    assert_eq!(f.len(), 1);
+    assert_eq!(
+        (f[0].check.as_str(), f[0].object.as_str(), f[0].severity),
+        ("gpu-direct-off", "host", Warning)
+    );
+    assert!(
+        f[0].message.contains("sl_enp1s0f0np0") && f[0].message.contains("through host memory"),
+        "{}",
+        f[0].message
+    );
+    assert!(f[0].remedy.contains("nvidia-peermem"), "{}", f[0].remedy);
+    // The same host whose drivers take DMA-BUF: GPUDirect works.
+    assert!(check("gb10-2cable", &|_| true, true).is_empty());
+    // Offline (no probe): DMA-BUF is unknown, so nothing is claimed.
+    assert!(check("gb10-2cable", &|_| false, false).is_empty());
+    // B300 with nvidia_peermem: NCCL_PTR_CUDA without DMA-BUF.
+    assert!(check("b300-2node", &|_| false, true).is_empty());
+    // No GPU driver (a TCP-only host, the rxe lab): nothing to say.
+    assert!(check("broken-no-rdma", &|_| false, true).is_empty());
+    let (m, _) = fabric::discover(&fixture("captured/rxe-2vm-node0"));
+    assert!(!m.gpu_driver);
+    let devs = m.nccl_devices(&|_, _| true, &|_| false);
+    assert!(!devs.is_empty());
+    assert!(doctor::gpu_direct_checks(&m, &devs, true).is_empty());
+}
+
+#[test]
 fn no_rdma_devices_at_all() {
     let (f, s) = findings("broken-no-rdma");
     assert_eq!(

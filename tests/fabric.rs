@@ -116,6 +116,7 @@ fn gb10_model_from_kernel_files() {
 
     assert_eq!(m.memlock.unwrap().soft, None);
     assert!(!m.peer_memory);
+    assert!(m.gpu_driver);
     assert!(m.rdma_class_present);
     assert_eq!(m.neighbours.len(), 3);
     assert!(m.neighbours.iter().all(|n| n.complete));
@@ -240,6 +241,7 @@ fn b300_two_node_mesh_merges_the_halves_of_each_cage() {
     assert_eq!(ib.netdev.as_deref(), Some("ibo4"));
     assert_eq!(ib.gids.len(), 1);
     assert!(m.peer_memory);
+    assert!(m.gpu_driver);
     let d = devices(&m);
     assert_eq!(d.len(), 8);
     let names: Vec<String> = d.iter().map(|d| d.name.clone()).collect();

@@ -2,7 +2,8 @@
 //!
 //! Exit status: 0 clean (info findings only), 1 warnings, 2 errors (`findings::exit_status`).
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use crate::fabric::{self, Reader, doctor, reader};
@@ -45,6 +46,23 @@ fn hca_filter() -> Result<crate::config::HcaFilter, String> {
     }
 }
 
+/// `--root` is this host's own `/` (not a captured tree).
+fn is_live_root(root: &Path) -> bool {
+    std::fs::canonicalize(root).is_ok_and(|p| p == Path::new("/"))
+}
+
+/// DMA-BUF support of every RDMA device of the model that opens (devices that do not open are left
+/// out: unknown).
+fn live_dmabuf(model: &fabric::model::HostModel) -> BTreeMap<String, bool> {
+    let mut out = BTreeMap::new();
+    for d in &model.rdma_devices {
+        if let Ok(s) = crate::verbs::probe_dmabuf_device(&d.name) {
+            out.insert(d.name.clone(), s.is_supported());
+        }
+    }
+    out
+}
+
 /// Discovery plus every check, without printing (the plan checker extends `findings` here).
 pub fn diagnose(args: &Args) -> Result<(doctor::Report, Option<usize>), String> {
     // On a live host, `ethtool -k <if>` supplies GRO/TSO of TCP links (no kernel file holds them);
@@ -79,7 +97,22 @@ pub fn diagnose(args: &Args) -> Result<(doctor::Report, Option<usize>), String> 
             "fix or unset the variable (accepted values: README, Configuration)",
         )),
     }
-    let devices = model.nccl_devices(&|dev, port| filter.matches(dev, port), &|_| false);
+    // DMA-BUF support is not in any kernel file: on the live host ask each RDMA driver, as the
+    // plugin's init does; offline the devices show no DMA-BUF and the GPUDirect check stays silent.
+    let dmabuf = if is_live_root(&args.root) {
+        live_dmabuf(&model)
+    } else {
+        BTreeMap::new()
+    };
+    let devices = model.nccl_devices(&|dev, port| filter.matches(dev, port), &|dev| {
+        dmabuf.get(dev).copied().unwrap_or(false)
+    });
+    let probed = !devices.is_empty()
+        && devices
+            .iter()
+            .flat_map(|d| &d.members)
+            .all(|m| dmabuf.contains_key(&m.rdma_dev));
+    findings.extend(doctor::gpu_direct_checks(&model, &devices, probed));
     if let Some((plan, n)) = &plan {
         findings.extend(crate::plan::check_host(plan, *n, &model.live_ifaces()));
     }

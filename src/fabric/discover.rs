@@ -10,7 +10,8 @@
 //!   `current_link_{speed,width}`, `max_link_{speed,width}`; its sysfs path gives the domain and root port.
 //! * `/proc/net/route` (connected subnets), `/proc/net/fib_trie` (local addresses of netdevs without
 //!   RDMA), `/proc/net/arp` (neighbours), `/proc/self/limits` (RLIMIT_MEMLOCK),
-//!   `/sys/module/nvidia_peermem`, `/sys/kernel/mm/memory_peers/nv_mem{,_nc}` (GPU peer memory).
+//!   `/sys/module/nvidia_peermem`, `/sys/kernel/mm/memory_peers/nv_mem{,_nc}` (GPU peer memory),
+//!   `/sys/module/nvidia` (GPU driver).
 //! * For point-to-point TCP links only ([`super::tcp`]): `/sys/class/net/<if>/queues`,
 //!   `/proc/sys/net/{core/rmem_max,core/wmem_max,ipv4/tcp_rmem,ipv4/tcp_wmem}` and the `ethtool -k`
 //!   text (`/ethtool-k/<if>` under a root; the tool itself on a live host when the reader allows it).
@@ -98,6 +99,7 @@ pub fn discover_with(reader: &Reader) -> (HostModel, Vec<Finding>) {
     ]
     .iter()
     .any(|p| reader.exists(p));
+    let gpu_driver = reader.exists("/sys/module/nvidia");
 
     // Netdevs first (the RDMA ports point at them).
     let mut netdevs = Vec::new();
@@ -205,6 +207,7 @@ pub fn discover_with(reader: &Reader) -> (HostModel, Vec<Finding>) {
         neighbours,
         memlock,
         peer_memory,
+        gpu_driver,
         tcp_links: Vec::new(),
         tcp_buffers: None,
     };

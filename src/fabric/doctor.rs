@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use super::model::{GidAddr, HostModel, PcieLink};
-use super::nccl::{NcclDevice, ptr_support_names};
+use super::nccl::{NcclDevice, PTR_CUDA, PTR_DMABUF, ptr_support_names};
 use crate::findings::{Finding, Severity, exit_status};
 
 /// Stable check ids (documented in docs/readme/fabric.md).
@@ -24,6 +24,7 @@ pub mod check {
     pub const NO_NEIGHBOUR: &str = "no-neighbour";
     pub const NO_CONNECTED_ROUTE: &str = "no-connected-route";
     pub const SOFT_ROCE_INFINITE_RETRY: &str = "soft-roce-infinite-retry";
+    pub const GPU_DIRECT_OFF: &str = "gpu-direct-off";
     pub const KERNEL_FILE: &str = super::super::discover::CHECK_KERNEL_FILE;
     pub use super::super::tcp::check::*;
 }
@@ -96,6 +97,35 @@ pub fn env_checks(m: &HostModel, ib_retry_cnt: u8) -> Vec<Finding> {
             if soft.len() == 1 { "is" } else { "are" }
         ),
         "export NCCL_IB_RETRY_CNT=6 (any value 0..=6) on soft-RoCE hosts; hardware RoCE NICs are not affected",
+    )]
+}
+
+/// GPUDirect RDMA: with the NVIDIA driver loaded, NCCL moves GPU buffers straight between GPU and NIC
+/// only through a device that offers `NCCL_PTR_CUDA` (a peer-memory client) or `NCCL_PTR_DMABUF`.
+/// `dmabuf_probed` says the devices' DMA-BUF bits come from asking each driver (doctor on the live
+/// host); kernel files cannot tell DMA-BUF support, so offline (`--root`) this check says nothing.
+pub fn gpu_direct_checks(
+    m: &HostModel,
+    devices: &[NcclDevice],
+    dmabuf_probed: bool,
+) -> Vec<Finding> {
+    let gpu_capable = |d: &NcclDevice| d.ptr_support & (PTR_CUDA | PTR_DMABUF) != 0;
+    if !m.gpu_driver || !dmabuf_probed || devices.is_empty() || devices.iter().any(gpu_capable) {
+        return Vec::new();
+    }
+    let names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
+    vec![Finding::new(
+        Severity::Warning,
+        check::GPU_DIRECT_OFF,
+        "host",
+        format!(
+            "the NVIDIA GPU driver is loaded but no NCCL device ({}) can register GPU memory: no peer-memory \
+             client (nvidia_peermem) is loaded and no RDMA driver takes DMA-BUF registrations, so NCCL \
+             stages every GPU buffer through host memory (no /GDRDMA in its log), at a cost in bandwidth and CPU",
+            names.join(", ")
+        ),
+        "modprobe nvidia-peermem, or use DMA-BUF (Linux 5.12 or newer with NVIDIA's open GPU kernel modules, \
+         rdma-core 34 or newer); then run switchless doctor again",
     )]
 }
 

@@ -266,6 +266,8 @@ pub struct HostModel {
     pub memlock: Option<Memlock>,
     /// A GPU peer-memory client is loaded (`nvidia_peermem` / `memory_peers/nv_mem`).
     pub peer_memory: bool,
+    /// The NVIDIA GPU driver is loaded (`/sys/module/nvidia`): GPU buffers may reach the NICs.
+    pub gpu_driver: bool,
     /// Point-to-point TCP links (netdevs without RDMA on a /30, /31 or one-neighbour subnet) with
     /// their tuning (see [`crate::fabric::tcp`]).
     pub tcp_links: Vec<crate::fabric::tcp::TcpLink>,

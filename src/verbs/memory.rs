@@ -288,6 +288,14 @@ pub fn probe_dmabuf(pd: &ProtectionDomain) -> DmabufSupport {
     }
 }
 
+/// Opens RDMA device `name`, allocates a protection domain and runs [`probe_dmabuf`] (for the CLI;
+/// the plugin probes the contexts it keeps open).
+pub fn probe_dmabuf_device(name: &str) -> Result<DmabufSupport> {
+    let ctx = Context::open(name)?;
+    let pd = ProtectionDomain::new(&ctx)?;
+    Ok(probe_dmabuf(&pd))
+}
+
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
         // SAFETY: registered by ibv_reg_mr/ibv_reg_dmabuf_mr and deregistered once; the PD is held.

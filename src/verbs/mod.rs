@@ -20,7 +20,9 @@ mod types;
 pub use call::system_error;
 pub use context::{Context, DeviceCaps, device_names, fork_init};
 pub use cq::{Completion, CompletionQueue, WcOpcode, WcStatus};
-pub use memory::{DmabufSupport, MemoryRegion, ProtectionDomain, probe_dmabuf};
+pub use memory::{
+    DmabufSupport, MemoryRegion, ProtectionDomain, probe_dmabuf, probe_dmabuf_device,
+};
 pub use qp::{
     CHAIN_MAX, MAX_QPN, MAX_SGE, QpCaps, QueuePair, RemoteAddr, RtrParams, RtsParams, SendFlags,
     Sge, WriteReq,
