@@ -7,8 +7,8 @@
 #  2. pair with small RC timeouts (NCCL_IB_TIMEOUT=14 NCCL_IB_RETRY_CNT=3): fault:link-down (node 1
 #     sets the cable its stream uses down mid-transfer: the side with a work request in flight on
 #     it must fail with the path and the work-completion status), then fault:kill-peer (node 2 powers itself off mid-burst: node 1's
-#     sends must fail with "transport retry counter exceeded (status 12)" within LAB_FAULT_BOUND,
-#     20 s). The side of fault:link-down with nothing in flight on the dead path learns of it
+#     sends must fail within LAB_FAULT_BOUND, 20 s, with "transport retry counter exceeded (status 12)"
+#     when a write was in flight, else with the request timeout naming the path). The side of fault:link-down with nothing in flight on the dead path learns of it
 #     through NCCL_SWITCHLESS_REQUEST_TIMEOUT (5 s here): its requests fail with "made no progress
 #     for ... on path(s) ...", well before the bench's own --timeout (LAB_FAULT_HANG=20 s). No hang
 #     is allowed on either side.
@@ -41,9 +41,18 @@ LAB_FAULT_HANG=20 timeout 420 lab/run.sh "${bins[@]}" --timeout 300 \
     --guest-env "NCCL_IB_TIMEOUT=14 NCCL_IB_RETRY_CNT=3 NCCL_SWITCHLESS_REQUEST_TIMEOUT=5s" \
     --checks "fault:link-down fault:kill-peer" pair
 j=$res/ci-faults-pair/summary.jsonl
-grep '"node":1,"check":"fault:kill-peer"' "$j" | grep '"status":"pass"' |
-    grep -q 'failed: transport retry counter exceeded (status 12)' ||
-    { echo "FAIL: node 1 did not fail with retry exhaustion after node 2 died"; exit 1; }
+# Node 1 learns of the death one of two ways, both clean: a write in flight fails with retry
+# exhaustion, or, when node 2's kernel (rxe answers in the kernel) acknowledged the last writes
+# before it stopped and node 1 then waits for a clear-to-send that never comes, the request
+# timeout names the path. Which one depends on where in the window the power-off lands.
+kp=$(grep '"node":1,"check":"fault:kill-peer"' "$j" | grep '"status":"pass"' || true)
+if grep -q 'failed: transport retry counter exceeded (status 12)' <<< "$kp"; then
+    echo "kill-peer: node 1 failed with retry exhaustion (a write was in flight)"
+elif grep -qE 'made no progress for [0-9]+ ms .*on path\(s\) \[0\]' <<< "$kp"; then
+    echo "kill-peer: node 1 failed with the request timeout naming the path (no write was in flight)"
+else
+    echo "FAIL: node 1 did not fail cleanly (retry exhaustion or request timeout naming the path) after node 2 died"; exit 1
+fi
 grep '"check":"fault:link-down"' "$j" | grep '"status":"pass"' | grep -qE 'on path [0-9]+ \(.*\) failed: ' ||
     { echo "FAIL: neither node failed with the path's error after the link went down"; exit 1; }
 n=$(grep '"check":"fault:link-down"' "$j" | grep -c '"status":"pass"' || true)
