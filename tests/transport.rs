@@ -671,6 +671,53 @@ fn sender_without_clear_to_send_times_out() {
 }
 
 #[test]
+fn path_errors_and_timeouts_carry_what_the_device_said_about_the_port() {
+    const NOTE: &str = "rxe_eth2 port 1: IBV_EVENT_PORT_ERR (the port went down) 0.12 s ago";
+    // A completion error: the note follows the status.
+    let mut g = rig(2);
+    let (ra, rmh) = g.recv_buf(64, MemKind::Host);
+    let (sa, smh) = g.send_buf(&[3; 64]);
+    g.fab.set_path_note(g.sid, 0, Some(NOTE));
+    g.fab.fail_next(g.sid, 0, WcStatus::RETRY_EXC_ERR);
+    g.r.irecv(&[RecvBuf {
+        addr: ra,
+        size: 64,
+        tag: 0,
+        mh: &rmh,
+    }])
+    .unwrap()
+    .unwrap();
+    let sr = g.isend(sa, 64, 0, &smh);
+    let msg = g.s.test(sr).unwrap_err().to_string();
+    assert!(
+        msg.contains(&format!(
+            "transport retry counter exceeded (status 12); {NOTE}"
+        )),
+        "{msg}"
+    );
+    // A request timeout: each path listed with its note; a path without one is listed bare.
+    let pcfg = ProtocolConfig {
+        request_timeout: Some(Duration::from_millis(150)),
+        ..ProtocolConfig::default()
+    };
+    let mut g = rig_with(&[100_000, 100_000], 0, MemFabConfig::default(), pcfg);
+    g.fab.set_path_note(g.sid, 1, Some(NOTE));
+    let (sa, smh) = g.send_buf(&[3; 64]);
+    assert_eq!(g.s.isend(sa, 64, 0, &smh).unwrap(), None);
+    std::thread::sleep(Duration::from_millis(250));
+    let msg = g.s.isend(sa, 64, 0, &smh).unwrap_err().to_string();
+    assert!(msg.contains("[0] memfab ep0 path0 -> ep1, [1]"), "{msg}");
+    assert!(
+        msg.contains(&format!("[1] memfab ep0 path1 -> ep1 ({NOTE})")),
+        "{msg}"
+    );
+    // Cleared: no note, no parentheses.
+    g.fab.set_path_note(g.sid, 1, None);
+    let msg = g.s.isend(sa, 64, 0, &smh).unwrap_err().to_string();
+    assert!(!msg.contains("IBV_EVENT"), "{msg}");
+}
+
+#[test]
 fn without_timeout_a_silent_peer_never_errors() {
     let mut g = rig(1);
     let (ra, rmh) = g.recv_buf(64, MemKind::Host);

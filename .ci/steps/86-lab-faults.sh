@@ -11,7 +11,8 @@
 #     when a write was in flight, else with the request timeout naming the path). The side of fault:link-down with nothing in flight on the dead path learns of it
 #     through NCCL_SWITCHLESS_REQUEST_TIMEOUT (5 s here): its requests fail with "made no progress
 #     for ... on path(s) ...", well before the bench's own --timeout (LAB_FAULT_HANG=20 s). No hang
-#     is allowed on either side.
+#     is allowed on either side. Node 1's error must say its port went down (asynchronous event
+#     IBV_EVENT_PORT_ERR or the port's state, appended by the verbs fabric).
 #  3. ring4 with NCCL_SWITCHLESS_TCP_FALLBACK=1: `switchless bench alltoall` over all 4 nodes: each
 #     process holds RoCE connections to its neighbours and TCP connections (over the management
 #     network) to its non-neighbour, and the plugin WARNs once per such peer.
@@ -55,6 +56,10 @@ else
 fi
 grep '"check":"fault:link-down"' "$j" | grep '"status":"pass"' | grep -qE 'on path [0-9]+ \(.*\) failed: ' ||
     { echo "FAIL: neither node failed with the path's error after the link went down"; exit 1; }
+# Node 1 took its own cable down: its error names the port as the device reports it (the
+# asynchronous IBV_EVENT_PORT_ERR and/or the port's state when the error was built).
+grep '"node":1,"check":"fault:link-down"' "$j" | grep -qE 'rxe_eth[0-9]+ port 1: IBV_EVENT_PORT_ERR|rxe_eth[0-9]+ port 1 is DOWN now' ||
+    { echo "FAIL: node 1's link-down error does not say its port went down"; exit 1; }
 n=$(grep '"check":"fault:link-down"' "$j" | grep -c '"status":"pass"' || true)
 [ "$n" = 2 ] || { echo "FAIL: fault:link-down passed (error or completion, no hang) on $n of 2 nodes"; exit 1; }
 grep -hE 'CHECK(OK|XFAIL|FAIL) fault' "$res/ci-faults-pair/summary.txt" | sed 's/ path=0 label=.*//'

@@ -252,4 +252,7 @@ impl Fabric for MemConn {
     fn shutdown(&mut self) -> Result<()> {
         self.ep.shutdown()
     }
+    fn path_note(&self, path: usize) -> Option<String> {
+        self.ep.path_note(path)
+    }
 }

@@ -644,6 +644,9 @@ impl Fabric for NetConn {
     fn shutdown(&mut self) -> Result<()> {
         each!(self, f => f.shutdown())
     }
+    fn path_note(&self, path: usize) -> Option<String> {
+        each!(self, f => f.path_note(path))
+    }
 }
 
 #[cfg(test)]

@@ -326,7 +326,10 @@ impl<F: Fabric> Core<F> {
             .data
             .iter()
             .enumerate()
-            .map(|(i, &p)| format!("[{i}] {}", self.labels[p]))
+            .map(|(i, &p)| match self.fab.path_note(p) {
+                Some(n) => format!("[{i}] {} ({n})", self.labels[p]),
+                None => format!("[{i}] {}", self.labels[p]),
+            })
             .collect();
         l.join(", ")
     }
@@ -370,7 +373,10 @@ impl<F: Fabric> Core<F> {
     /// Turns an error completion into an error, logging once per path.
     fn completion_error(&mut self, path: usize, c: &Completion, what: &str) -> Error {
         let label = &self.labels[path];
-        let msg = format!("{what} on path {path} ({label}) failed: {}", c.status);
+        let mut msg = format!("{what} on path {path} ({label}) failed: {}", c.status);
+        if let Some(n) = self.fab.path_note(path) {
+            msg.push_str(&format!("; {n}"));
+        }
         if !self.warned[path] && c.status != WcStatus::WR_FLUSH_ERR {
             self.warned[path] = true;
             tracing::warn!(path, label = %label, status = %c.status, "NET/switchless: {msg}");

@@ -368,6 +368,13 @@ pub trait Fabric {
     /// Stops the paths before teardown: every work request still queued completes with
     /// [`WcStatus::WR_FLUSH_ERR`] or is dropped (verbs: QPs to the error state). Idempotent.
     fn shutdown(&mut self) -> Result<()>;
+
+    /// What the device last reported about `path`'s port, for error messages (verbs: the newest
+    /// asynchronous port event, e.g. "rxe_eth2 port 1: IBV_EVENT_PORT_ERR (the port went down) 0.12 s
+    /// ago"). `None` when there is nothing to add.
+    fn path_note(&self, _path: usize) -> Option<String> {
+        None
+    }
 }
 
 impl<F: Fabric + ?Sized> Fabric for Box<F> {
@@ -424,6 +431,9 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
     }
     fn shutdown(&mut self) -> Result<()> {
         (**self).shutdown()
+    }
+    fn path_note(&self, path: usize) -> Option<String> {
+        (**self).path_note(path)
     }
 }
 

@@ -97,6 +97,8 @@ struct Qp {
     recvs: VecDeque<u64>,
     error: bool,
     fault: Option<WcStatus>,
+    /// What [`Fabric::path_note`] reports for this path (set by [`MemFabric::set_path_note`]).
+    note: Option<String>,
     bytes: u64,
 }
 
@@ -574,6 +576,15 @@ impl MemFab {
         }
     }
 
+    /// Makes `path` of `ep` report `note` from [`Fabric::path_note`] (what a verbs device would say
+    /// about its port), or nothing with `None`.
+    pub fn set_path_note(&self, ep: EpId, path: usize, note: Option<&str>) {
+        let mut g = lock(&self.inner);
+        if let Some(q) = g.eps.get_mut(ep.0).and_then(|e| e.qps.get_mut(path)) {
+            q.note = note.map(str::to_string);
+        }
+    }
+
     /// Stops (or resumes) executing `ep`'s work requests: its peer sees nothing more from it and its
     /// own requests get no completions (a link or peer that stops answering).
     pub fn stall(&self, ep: EpId, stalled: bool) {
@@ -813,6 +824,11 @@ impl Fabric for MemEndpoint {
         let n = max.min(q.cq.len());
         out.extend(q.cq.drain(..n));
         Ok(n)
+    }
+
+    fn path_note(&self, path: usize) -> Option<String> {
+        let g = lock(&self.inner);
+        g.eps[self.id].qps.get(path).and_then(|q| q.note.clone())
     }
 
     fn shutdown(&mut self) -> Result<()> {

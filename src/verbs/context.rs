@@ -15,7 +15,10 @@ use std::ffi::{CStr, c_int};
 use std::net::Ipv4Addr;
 use std::path::Path;
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use super::events::{AsyncEvent, EventLog};
 
 /// The device list from `ibv_get_device_list`, freed on drop.
 struct DeviceList {
@@ -110,6 +113,24 @@ pub struct DeviceCaps {
 pub struct Context {
     ctx: NonNull<ibv_context>,
     name: String,
+    /// Asynchronous events drained so far (see [`super::events`]).
+    events: Mutex<EventLog>,
+    /// The event fd is non-blocking, so draining is safe from the progress path.
+    events_readable: bool,
+}
+
+/// Sets `O_NONBLOCK` on `fd`.
+fn set_nonblocking(fd: c_int) -> std::io::Result<()> {
+    // SAFETY: F_GETFL/F_SETFL on an fd libibverbs owns; only the status flags change.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 // SAFETY: an ibv_context may be used from any thread; libibverbs and the providers serialise
@@ -138,9 +159,24 @@ impl Context {
                 // SAFETY: `dev` belongs to the live list; opening before the list is freed is the
                 // documented order.
                 let ctx = unsafe { verbs_call!(ptr ibv_open_device(dev), "{name}") }?;
+                // SAFETY: `ctx` is the live context just opened; `async_fd` is a plain int field.
+                let fd = unsafe { std::ptr::addr_of!((*ctx.as_ptr()).async_fd).read() };
+                // Without O_NONBLOCK a drain would block the progress thread: events are then
+                // not read at all.
+                let nonblocking = match set_nonblocking(fd) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        tracing::warn!(
+                            "NET/switchless: {name}: asynchronous events will not be read (fd {fd}: {e})"
+                        );
+                        false
+                    }
+                };
                 return Ok(Arc::new(Context {
                     ctx,
                     name: name.to_string(),
+                    events: Mutex::new(EventLog::default()),
+                    events_readable: nonblocking,
                 }));
             }
             names.push(n);
@@ -154,6 +190,34 @@ impl Context {
     /// The device name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Reads the device's pending asynchronous events into its log (logging each: WARN for fatal
+    /// ones and a port going down, INFO otherwise) and returns them. Never blocks: when another
+    /// thread is draining this device, returns nothing.
+    pub fn drain_events(&self) -> Vec<AsyncEvent> {
+        if !self.events_readable {
+            return Vec::new();
+        }
+        match self.events.try_lock() {
+            Ok(mut log) => super::events::drain(self, &mut log),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    /// A fatal event for this device, or one since `since` for one of the QPs `qpns` or of the
+    /// CQs at `cqs` (see [`EventLog::fatal_for`]).
+    pub fn fatal_event(&self, qpns: &[u32], cqs: &[usize], since: Instant) -> Option<AsyncEvent> {
+        let log = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        log.fatal_for(qpns, cqs, since).cloned()
+    }
+
+    /// The newest event the device reported for `port`, if any ("rxe_eth2 port 1:
+    /// IBV_EVENT_PORT_ERR (the port went down) 0.12 s ago"), for error messages.
+    pub fn port_note(&self, port: u8) -> Option<String> {
+        let log = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        log.last_for_port(port)
+            .map(|e| e.describe_age(Instant::now()))
     }
 
     pub(crate) fn as_ptr(&self) -> *mut ibv_context {

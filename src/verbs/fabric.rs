@@ -37,7 +37,7 @@ use super::memory::{MemoryRegion, ProtectionDomain};
 use super::qp::{
     CHAIN_MAX, QpCaps, QueuePair, RemoteAddr, RtrParams, RtsParams, SendFlags, Sge, WriteReq,
 };
-use super::types::{Access, Gid, Mtu};
+use super::types::{Access, Gid, Mtu, PortState};
 use crate::error::{Error, Result};
 use crate::transport::comm::{RECV_DEPTH, SEND_QUEUE_DEPTH};
 use crate::transport::fabric::{
@@ -139,7 +139,15 @@ pub struct VerbsFabric {
     next_token: u64,
     shut: bool,
     scratch: Vec<VerbsCompletion>,
+    /// Polls since the devices' asynchronous events were last drained.
+    polls: u32,
+    /// When the endpoint was created: older QP/CQ events name objects that no longer exist.
+    created: std::time::Instant,
 }
+
+/// Drain the devices' asynchronous events every this many polls (a non-blocking `read` each time;
+/// a busy progress loop gets there within microseconds).
+const EVENT_CHECK_EVERY: u32 = 256;
 
 // The raw verbs objects are Send + Sync (see their SAFETY notes); the rest is plain data.
 impl std::fmt::Debug for VerbsFabric {
@@ -193,6 +201,8 @@ impl VerbsFabric {
             next_token: 1,
             shut: false,
             scratch: Vec::with_capacity(32),
+            polls: 0,
+            created: std::time::Instant::now(),
         };
         let caps = QpCaps {
             max_send_wr: SEND_QUEUE_DEPTH as u32,
@@ -290,6 +300,25 @@ impl VerbsFabric {
             }
         }
         Ok(f)
+    }
+
+    /// Drains the asynchronous events of every device this endpoint uses; a fatal one for the
+    /// device or for one of this endpoint's QPs or CQs fails the connection (as NCCL's IB transport
+    /// does with its default `NCCL_IB_RETURN_ASYNC_EVENTS=1`).
+    fn check_events(&self) -> Result<()> {
+        let qpns: Vec<u32> = self.qps.iter().map(QueuePair::qp_num).collect();
+        let cqs: Vec<usize> = self.cqs.iter().map(|c| c.as_ptr() as usize).collect();
+        for pd in &self.pds {
+            let ctx = pd.context();
+            ctx.drain_events();
+            if let Some(e) = ctx.fatal_event(&qpns, &cqs, self.created) {
+                return Err(Error::System(format!(
+                    "asynchronous event {}: this connection cannot continue",
+                    e.describe()
+                )));
+            }
+        }
+        Ok(())
     }
 
     fn pd_for(&mut self, ctx: &Arc<Context>) -> Result<usize> {
@@ -594,12 +623,37 @@ impl Fabric for VerbsFabric {
 
     fn poll(&mut self, path: usize, max: usize, out: &mut Vec<Completion>) -> Result<usize> {
         self.check_path(path)?;
+        self.polls += 1;
+        if self.polls >= EVENT_CHECK_EVERY {
+            self.polls = 0;
+            self.check_events()?;
+        }
         self.scratch.clear();
         let n = self.cqs[path].poll(&mut self.scratch, max)?;
         for c in &self.scratch {
             out.push(map_completion(c)?);
         }
         Ok(n)
+    }
+
+    fn path_note(&self, path: usize) -> Option<String> {
+        let (qp, cq) = (self.qps.get(path)?, self.cqs.get(path)?);
+        let (ctx, port) = (cq.context(), qp.port());
+        // Whatever arrived since the last periodic drain (the port may have gone down just now).
+        ctx.drain_events();
+        let mut notes: Vec<String> = ctx.port_note(port).into_iter().collect();
+        // The port's state now, which does not wait for the event to be delivered.
+        match ctx.query_port(port) {
+            Ok(p) if p.state != PortState::Active => {
+                notes.push(format!(
+                    "{} port {port} is {} now",
+                    ctx.name(),
+                    p.state.name()
+                ));
+            }
+            _ => {}
+        }
+        (!notes.is_empty()).then(|| notes.join("; "))
     }
 
     fn shutdown(&mut self) -> Result<()> {

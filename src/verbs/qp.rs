@@ -353,6 +353,11 @@ impl QueuePair {
     }
 
     /// The QP number the peer needs.
+    /// The local port the QP was bound to by [`to_init`](Self::to_init) (0 before).
+    pub fn port(&self) -> u8 {
+        self.port.load(Ordering::Relaxed)
+    }
+
     pub fn qp_num(&self) -> u32 {
         // SAFETY: live QP; qp_num is fixed at creation.
         unsafe { self.qp.as_ref() }.qp_num

@@ -121,6 +121,19 @@ impl PortState {
             other => PortState::Unknown(other),
         }
     }
+
+    /// The state as sysfs and `ibv_devinfo` spell it (`DOWN`, `ACTIVE`, …).
+    pub fn name(self) -> String {
+        match self {
+            PortState::Nop => "NOP".into(),
+            PortState::Down => "DOWN".into(),
+            PortState::Init => "INIT".into(),
+            PortState::Armed => "ARMED".into(),
+            PortState::Active => "ACTIVE".into(),
+            PortState::ActiveDefer => "ACTIVE_DEFER".into(),
+            PortState::Unknown(v) => format!("state {v}"),
+        }
+    }
 }
 
 /// Port link layer (`IBV_LINK_LAYER_*`).
@@ -257,6 +270,14 @@ impl std::ops::BitOr for Access {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn port_state_names_match_sysfs() {
+        assert_eq!(PortState::from_ibv(1).name(), "DOWN");
+        assert_eq!(PortState::from_ibv(4).name(), "ACTIVE");
+        assert_eq!(PortState::from_ibv(5).name(), "ACTIVE_DEFER");
+        assert_eq!(PortState::from_ibv(9).name(), "state 9");
+    }
 
     #[test]
     fn mtu_values() {
