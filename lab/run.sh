@@ -242,6 +242,11 @@ if [ "$WITH_SW" = 1 ]; then
             */debug) prof=() ;;
             *) die "--bin-dir $BIN_DIR lacks the binaries and is not a cargo release or debug dir; build them first" ;;
         esac
+        # "/debug" is what "--bin-dir $CARGO_TARGET_DIR/debug" gives with the variable unset: never
+        # build a whole target tree at the filesystem root
+        case $(dirname "$BIN_DIR") in
+            / | .) die "--bin-dir $BIN_DIR lacks the binaries and its parent is not a cargo target directory (an unset \$CARGO_TARGET_DIR?); pass <target>/debug or <target>/release" ;;
+        esac
         t=$(date +%s.%N); log "building ${prof[*]:-debug} binaries into $BIN_DIR"
         (cd "$REPO" && CARGO_TARGET_DIR=$(dirname "$BIN_DIR") cargo build "${prof[@]}") >&2 || die "cargo build ${prof[*]} failed"
         log "build took $(since "$t")s"
