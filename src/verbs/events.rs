@@ -28,6 +28,18 @@ pub enum EventScope {
     Wq,
 }
 
+impl EventScope {
+    /// Which of a connection's paths the event names, given the paths' QP numbers and CQ addresses
+    /// in path order (`None` for device and port events, or objects of other connections).
+    pub fn path_of(self, qpns: &[u32], cqs: &[usize]) -> Option<usize> {
+        match self {
+            EventScope::Qp(n) => qpns.iter().position(|&q| q == n),
+            EventScope::Cq(c) => cqs.iter().position(|&q| q == c),
+            _ => None,
+        }
+    }
+}
+
 /// The union member an event code carries (verbs.h `struct ibv_async_event`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ElementKind {
@@ -470,6 +482,16 @@ mod tests {
         log.push(ev(8, EventScope::Device));
         // A dead device is dead for every connection, old or new.
         assert_eq!(log.fatal_for(&[], &[], later).map(|e| e.code), Some(8));
+    }
+
+    #[test]
+    fn events_map_to_the_path_they_name() {
+        let (qpns, cqs) = ([0x11, 0x12, 0x30], [0x1000, 0x2000, 0x3000]);
+        assert_eq!(EventScope::Qp(0x12).path_of(&qpns, &cqs), Some(1));
+        assert_eq!(EventScope::Cq(0x3000).path_of(&qpns, &cqs), Some(2));
+        assert_eq!(EventScope::Qp(0x99).path_of(&qpns, &cqs), None);
+        assert_eq!(EventScope::Port(1).path_of(&qpns, &cqs), None);
+        assert_eq!(EventScope::Device.path_of(&qpns, &cqs), None);
     }
 
     #[test]

@@ -312,8 +312,16 @@ impl VerbsFabric {
             let ctx = pd.context();
             ctx.drain_events();
             if let Some(e) = ctx.fatal_event(&qpns, &cqs, self.created) {
+                // The path the event names, with what its port reported.
+                let path = e.scope.path_of(&qpns, &cqs);
+                let on = path.map_or_else(String::new, |p| {
+                    let note = self
+                        .path_note(p)
+                        .map_or_else(String::new, |n| format!("; {n}"));
+                    format!(" on path {p} ({}){note}", self.infos[p].label)
+                });
                 return Err(Error::System(format!(
-                    "asynchronous event {}: this connection cannot continue",
+                    "asynchronous event {}{on}: this connection cannot continue",
                     e.describe()
                 )));
             }
