@@ -201,7 +201,10 @@ impl Context {
         }
         match self.events.try_lock() {
             Ok(mut log) => super::events::drain(self, &mut log),
-            Err(_) => Vec::new(),
+            Err(std::sync::TryLockError::Poisoned(p)) => {
+                super::events::drain(self, &mut p.into_inner())
+            }
+            Err(std::sync::TryLockError::WouldBlock) => Vec::new(),
         }
     }
 
