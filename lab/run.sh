@@ -138,7 +138,7 @@ for ((n = 1; n <= NODES; n++)); do
     [[ " ${LINK_A[*]} ${LINK_B[*]} " == *" $n "* ]] || die "$TOPO_FILE: node $n has no link"
 done
 CHECKS_LIST=${CHECKS_OVERRIDE:-$TOPO_CHECKS}
-ACCEPTED="write_bw read_bw send_bw write_lat send_lat read_lat pingpong bench:latency bench:bandwidth bench:alltoall bench:allreduce bench:MODE@A-B no-route:A-B fault:kill-peer[@A-B] fault:link-down[@A-B] doctor"
+ACCEPTED="write_bw read_bw send_bw write_lat send_lat read_lat pingpong bench:latency bench:bandwidth bench:alltoall bench:allreduce bench:MODE@A-B no-route:A-B fault:kill-peer[@A-B] fault:link-down[@A-B] fault:cable-pull[@A-B] doctor"
 check_pair() { # $1 check, $2 "A-B": two different nodes of the topology
     [[ $2 =~ ^([0-9]+)-([0-9]+)$ ]] || die "check '$1': '$2' is not A-B (two node numbers)"
     local x
@@ -154,8 +154,8 @@ for c in $CHECKS_LIST; do
         bench:latency | bench:bandwidth | bench:alltoall | bench:allreduce | doctor) ;;
         bench:latency@* | bench:bandwidth@* | bench:alltoall@* | bench:allreduce@*) check_pair "$c" "${c#*@}" ;;
         no-route:*) check_pair "$c" "${c#no-route:}" ;;
-        fault:link-down) [ "$NODES" -ge 2 ] ;;
-        fault:link-down@*) check_pair "$c" "${c#*@}" ;;
+        fault:link-down | fault:cable-pull) [ "$NODES" -ge 2 ] ;;
+        fault:link-down@* | fault:cable-pull@*) check_pair "$c" "${c#*@}" ;;
         fault:kill-peer | fault:kill-peer@*)
             sp=1-2; [[ $c == *@* ]] && sp=${c#*@}
             check_pair "$c" "$sp"; KILLED+=("${sp#*-}") ;;

@@ -718,6 +718,22 @@ fn path_errors_and_timeouts_carry_what_the_device_said_about_the_port() {
 }
 
 #[test]
+fn a_sender_waiting_for_clear_to_send_hears_what_the_devices_reported() {
+    // No request timeout: only the fabric's health check can end the wait (verbs: the port stayed
+    // down past the RC retry budget).
+    let mut g = rig(1);
+    let (sa, smh) = g.send_buf(&[3; 64]);
+    assert_eq!(g.s.isend(sa, 64, 0, &smh).unwrap(), None);
+    g.fab
+        .set_health_error(g.sid, Some("rxe_eth2 port 1 has been down for 1.2 s"));
+    let e = g.s.isend(sa, 64, 0, &smh).unwrap_err();
+    assert!(matches!(e, Error::System(_)), "{e}");
+    assert!(e.to_string().contains("has been down for 1.2 s"), "{e}");
+    g.fab.set_health_error(g.sid, None);
+    assert_eq!(g.s.isend(sa, 64, 0, &smh).unwrap(), None);
+}
+
+#[test]
 fn without_timeout_a_silent_peer_never_errors() {
     let mut g = rig(1);
     let (ra, rmh) = g.recv_buf(64, MemKind::Host);

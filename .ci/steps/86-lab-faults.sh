@@ -13,10 +13,14 @@
 #     for ... on path(s) ...", well before the bench's own --timeout (LAB_FAULT_HANG=20 s). No hang
 #     is allowed on either side. Node 1's error must say its port went down (asynchronous event
 #     IBV_EVENT_PORT_ERR or the port's state, appended by the verbs fabric).
-#  3. ring4 with NCCL_SWITCHLESS_TCP_FALLBACK=1: `switchless bench alltoall` over all 4 nodes: each
+#  3. pair, fault:cable-pull (node 1 takes its end of the cable down mid-transfer, node 2 its end on
+#     node 1's note: a pulled DAC) with NCCL_IB_TIMEOUT=14 NCCL_IB_RETRY_CNT=3 and no request
+#     timeout: both sides must fail with an error naming the path within 20 s; a side with nothing
+#     in flight can only do so through its port staying down past the RC retry budget.
+#  4. ring4 with NCCL_SWITCHLESS_TCP_FALLBACK=1: `switchless bench alltoall` over all 4 nodes: each
 #     process holds RoCE connections to its neighbours and TCP connections (over the management
 #     network) to its non-neighbour, and the plugin WARNs once per such peer.
-# ~55 s (ring4) + ~60 s (pair) + ~25 s (ring4 fallback) under TCG on 2 shared cores. Needs root, like 80-lab.sh. The
+# ~55 s (ring4) + ~60 s (pair) + ~25 s (cable-pull) + ~25 s (ring4 fallback) under TCG on 2 shared cores. Needs root, like 80-lab.sh. The
 # binaries are the debug build `cargo test --all-targets` left (built when missing).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -63,6 +67,18 @@ grep '"node":1,"check":"fault:link-down"' "$j" | grep -qE 'rxe_eth[0-9]+ port 1:
 n=$(grep '"check":"fault:link-down"' "$j" | grep -c '"status":"pass"' || true)
 [ "$n" = 2 ] || { echo "FAIL: fault:link-down passed (error or completion, no hang) on $n of 2 nodes"; exit 1; }
 grep -hE 'CHECK(OK|XFAIL|FAIL) fault' "$res/ci-faults-pair/summary.txt" | sed 's/ path=0 label=.*//'
+echo "== lab pair: fault:cable-pull (both ends down) with no request timeout: both sides must fail"
+LAB_FAULT_HANG=20 timeout 420 lab/run.sh "${bins[@]}" --timeout 300 \
+    --results "$res/ci-cablepull-pair" \
+    --guest-env "NCCL_IB_TIMEOUT=14 NCCL_IB_RETRY_CNT=3" --checks "fault:cable-pull" pair
+j=$res/ci-cablepull-pair/summary.jsonl
+n=$(grep '"check":"fault:cable-pull"' "$j" | grep -c '"status":"pass"' || true)
+[ "$n" = 2 ] || { echo "FAIL: fault:cable-pull passed (a clean error naming the path) on $n of 2 nodes"; exit 1; }
+# A side with a work request in flight fails with its completion status; a side with nothing in
+# flight (usually one of them) has no request timeout here, so only its port staying down past the
+# RC retry budget can end its wait: without that it would hang and fail the check above.
+echo "cable-pull: $(grep '"check":"fault:cable-pull"' "$j" | grep -c 'has been down for ' || true) of 2 sides failed through the port staying down"
+grep -hE 'CHECK(OK|FAIL) fault' "$res/ci-cablepull-pair/summary.txt" | sed 's/ path=0 label=.*//'
 echo "== lab ring4 with the TCP fallback: alltoall, RoCE to neighbours and TCP to non-neighbours"
 timeout 420 lab/run.sh "${bins[@]}" --timeout 300 --results "$res/ci-fallback-ring4" \
     --guest-env "NCCL_SWITCHLESS_TCP_FALLBACK=1 NCCL_DEBUG=INFO" --checks "bench:alltoall" \

@@ -177,7 +177,7 @@ json_str() { # $1 -> JSON string body (quotes and backslashes escaped, one line)
 # plugin error lines of a bench output: the first line naming a path failure, else the last
 # error line
 plugin_error() {
-    grep -m1 -E 'on path [0-9]+ .*failed|made no progress for|still pending|no local link reaches' "$1" ||
+    grep -m1 -E 'on path [0-9]+ .*failed|made no progress for|has been down for|asynchronous event .*cannot continue|still pending|no local link reaches' "$1" ||
         grep -E 'switchless bench|[Ee]rror|WARN' "$1" | tail -1
 }
 
@@ -223,6 +223,10 @@ run_no_route() { # no-route:A-B: A and B share no cable; the plugin must refuse 
 # have gone out, A sets its last cable to B down. Passes when A's bench ends (an error naming the
 # path, or completion if the plugin carried on over the other cable) within L_fault_bound seconds
 # of the link going down; B's outcome is recorded, and must not be a hang either.
+# fault:cable-pull[@A-B]: as link-down, but B also sets its end of that cable down when A's note
+# arrives (a DAC pulled out: both ports go down). Both sides must end with an error within
+# L_fault_bound seconds, with no NCCL_SWITCHLESS_REQUEST_TIMEOUT needed: the side with nothing in
+# flight learns it from its port (IBV_EVENT_PORT_ERR, then down past the RC retry budget).
 FAULT_ARGS="-b 1048576 -e 1048576 -w 0 --window 8"
 run_fault() { # $1 check
     kind=${1#fault:}; spec=1-2
@@ -239,10 +243,20 @@ run_fault() { # $1 check
     esac
     rendezvous "$PA" "$PB" "$rport" # the bench's --timeout then measures the transfer, not the wait
     p0=$(rxe_counter rcvd_pkts); q0=$(rxe_counter sent_pkts); t1=$(up)
-    if { [ "$kind" = kill-peer ] && [ "$LAB_NODE" = "$PA" ]; } || { [ "$kind" = link-down ] && [ "$LAB_NODE" = "$PB" ]; }; then
+    if { [ "$kind" = kill-peer ] && [ "$LAB_NODE" = "$PA" ]; } || { [ "$kind" != kill-peer ] && [ "$LAB_NODE" = "$PB" ]; }; then
         # the fault note from the other node (the victim's death, the link going down): its
         # arrival time in this node's uptime
         nc -l -p "$nport" < /dev/null 2> /dev/null | { read -r _; up > "$note"; } &
+    fi
+    bdn=""
+    if [ "$kind" = cable-pull ] && [ "$LAB_NODE" = "$PB" ]; then
+        # this node's end of the same cable (the last one to A, as A picks)
+        i=0; while [ $i -lt "$LAB_NLINKS" ]; do
+            eval "set -- \$LAB_LINK_$i"; [ "$6" = "$PA" ] && bdn=$2; i=$((i + 1))
+        done
+        ( while [ ! -s "$note" ]; do usleep 20000; done
+          /usr/sbin/ip link set "$bdn" down
+          say "FAULT cable-pull: this end ($bdn) set down too" ) &
     fi
     if [ "$kind" = kill-peer ] && [ "$LAB_NODE" = "$PB" ]; then
         # logged first: after the trigger nothing may delay the power-off
@@ -255,7 +269,7 @@ run_fault() { # $1 check
           echo o > /proc/sysrq-trigger
           sleep 30 ) &
     fi
-    if [ "$kind" = link-down ] && [ "$LAB_NODE" = "$PA" ]; then
+    if [ "$kind" != kill-peer ] && [ "$LAB_NODE" = "$PA" ]; then
         # the last cable to B
         i=0; dn=""; while [ $i -lt "$LAB_NLINKS" ]; do
             eval "set -- \$LAB_LINK_$i"; [ "$6" = "$PB" ] && { dn=$2; ddev=$3; dl=$1; }; i=$((i + 1))
@@ -268,7 +282,7 @@ run_fault() { # $1 check
           /usr/sbin/ip link set "$dn" down
           up > "$note"
           echo down | timeout 2 nc "$(mgmt_ip_of "$PB")" "$nport" > /dev/null 2>&1
-          say "FAULT link-down: $((_s - q0)) packets sent, link$dl ($dn, $ddev) set down" ) &
+          say "FAULT $kind: $((_s - q0)) packets sent, link$dl ($dn, $ddev) set down" ) &
     fi
     bench2 bandwidth "$PA" "$PB" "$port" "$out" $FAULT_ARGS -n "$iters" --timeout "$L_fault_hang"
     t2=$(up)
@@ -288,6 +302,12 @@ run_fault() { # $1 check
             elif ! grep -qE 'on path [0-9]+ \(.*\) failed: |made no progress for [0-9]+ ms .*on path\(s\) \[0\]' "$out"; then why="no plugin error naming the path and completion status"
             elif ! awk -v a="$tf" -v b="$L_fault_bound" 'BEGIN{exit !(a <= b)}'; then why="failed ${tf}s after the peer died (bound ${L_fault_bound}s)"
             fi ;;
+        cable-pull)
+            if [ "$tf" = null ]; then why="the cable was never pulled, or no note of it (transfer over before $L_fault_pkts packets?)"
+            elif [ $outcome != error ]; then why="$outcome: both sides must fail after the cable is pulled"
+            elif ! grep -qE 'on path [0-9]+ \(.*\) failed: |port [0-9]+ has been down for ' "$out"; then why="no plugin error naming the path (completion status or port down)"
+            elif ! awk -v a="$tf" -v b="$L_fault_bound" 'BEGIN{exit !(a <= b)}'; then why="ended ${tf}s after the cable was pulled (bound ${L_fault_bound}s)"
+            fi ;;
         link-down)
             if [ "$tf" = null ]; then why="the link never went down, or no note of it (transfer over before $L_fault_pkts packets?)"
             elif [ $outcome = hang ]; then why="HANG: requests neither completed nor failed after the link went down"
@@ -295,8 +315,11 @@ run_fault() { # $1 check
             elif [ "$tf" != null ] && ! awk -v a="$tf" -v b="$L_fault_bound" 'BEGIN{exit !(a <= b)}'; then why="ended ${tf}s after the link went down (bound ${L_fault_bound}s)"
             fi ;;
     esac
-    if [ "$kind" = link-down ] && [ "$LAB_NODE" = "$PA" ] && [ -n "$dn" ]; then
-        /usr/sbin/ip link set "$dn" up; say "FAULT link-down: link$dl ($dn) set up again"
+    if [ "$kind" != kill-peer ] && [ "$LAB_NODE" = "$PA" ] && [ -n "$dn" ]; then
+        /usr/sbin/ip link set "$dn" up; say "FAULT $kind: link$dl ($dn) set up again"
+    fi
+    if [ -n "$bdn" ]; then
+        /usr/sbin/ip link set "$bdn" up; say "FAULT cable-pull: this end ($bdn) set up again"
     fi
     cl=$(counters_line | tr '\n' ' ')
     say "counters after $c: $cl"
@@ -351,9 +374,9 @@ for c in $L_checks; do
         bench:latency | bench:bandwidth | bench:alltoall | bench:allreduce) run_bench "${c#bench:}" $k ;;
         bench:*@*-*) run_bench_pair ;;
         no-route:*-*) run_no_route ;;
-        fault:kill-peer | fault:link-down | fault:kill-peer@*-* | fault:link-down@*-*) run_fault "$c" ;;
+        fault:kill-peer | fault:link-down | fault:cable-pull | fault:kill-peer@*-* | fault:link-down@*-* | fault:cable-pull@*-*) run_fault "$c" ;;
         doctor) run_doctor ;;
-        *) say "CHECKFAIL unknown check '$c' (accepted: write_bw read_bw send_bw write_lat send_lat read_lat pingpong bench:latency bench:bandwidth bench:alltoall bench:allreduce bench:MODE@A-B no-route:A-B fault:kill-peer[@A-B] fault:link-down[@A-B] doctor)"
+        *) say "CHECKFAIL unknown check '$c' (accepted: write_bw read_bw send_bw write_lat send_lat read_lat pingpong bench:latency bench:bandwidth bench:alltoall bench:allreduce bench:MODE@A-B no-route:A-B fault:kill-peer[@A-B] fault:link-down[@A-B] fault:cable-pull[@A-B] doctor)"
            jl "$c" null null none fail 2 0 '{}' ""; fail=1 ;;
     esac
 done

@@ -255,4 +255,7 @@ impl Fabric for MemConn {
     fn path_note(&self, path: usize) -> Option<String> {
         self.ep.path_note(path)
     }
+    fn health(&mut self) -> Result<()> {
+        self.ep.health()
+    }
 }

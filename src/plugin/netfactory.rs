@@ -647,6 +647,9 @@ impl Fabric for NetConn {
     fn path_note(&self, path: usize) -> Option<String> {
         each!(self, f => f.path_note(path))
     }
+    fn health(&mut self) -> Result<()> {
+        each!(self, f => f.health())
+    }
 }
 
 #[cfg(test)]

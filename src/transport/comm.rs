@@ -645,6 +645,8 @@ impl<F: Fabric> SendComm<F> {
             return Ok(None);
         };
         if self.cur.is_none() && !self.load_slot()? {
+            // Nothing to poll for while no clear-to-send arrives: ask the devices what they saw.
+            self.core.fab.health()?;
             let since = *self.stalled_since.get_or_insert_with(Instant::now);
             if let Some(waited) = timed_out(Some(since), self.core.cfg.request_timeout) {
                 return Err(Error::Timeout(format!(

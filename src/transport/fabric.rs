@@ -369,6 +369,13 @@ pub trait Fabric {
     /// [`WcStatus::WR_FLUSH_ERR`] or is dropped (verbs: QPs to the error state). Idempotent.
     fn shutdown(&mut self) -> Result<()>;
 
+    /// Checks what the paths' devices reported on their own (verbs: asynchronous events; a fatal one,
+    /// or a port down past the RC retry budget, is an error). Called while a request waits with no
+    /// completion to poll for (a send waiting for a clear-to-send); cheap when called often.
+    fn health(&mut self) -> Result<()> {
+        Ok(())
+    }
+
     /// What the device last reported about `path`'s port, for error messages (verbs: the newest
     /// asynchronous port event, e.g. "rxe_eth2 port 1: IBV_EVENT_PORT_ERR (the port went down) 0.12 s
     /// ago"). `None` when there is nothing to add.
@@ -434,6 +441,9 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
     }
     fn path_note(&self, path: usize) -> Option<String> {
         (**self).path_note(path)
+    }
+    fn health(&mut self) -> Result<()> {
+        (**self).health()
     }
 }
 

@@ -108,6 +108,8 @@ struct Endpoint {
     qps: Vec<Qp>,
     stalled: bool,
     regs: HashMap<u64, Vec<u32>>,
+    /// What [`Fabric::health`] fails with (set by [`MemFabric::set_health_error`]).
+    health_error: Option<String>,
 }
 
 struct Inner {
@@ -531,6 +533,7 @@ impl MemFab {
                 qps,
                 stalled: false,
                 regs: HashMap::new(),
+                health_error: None,
             });
             MemEndpoint {
                 inner: Arc::clone(&self.inner),
@@ -573,6 +576,15 @@ impl MemFab {
         let mut g = lock(&self.inner);
         if let Some(q) = g.eps.get_mut(ep.0).and_then(|e| e.qps.get_mut(path)) {
             q.fault = Some(status);
+        }
+    }
+
+    /// Makes [`Fabric::health`] of `ep` fail with `error` (what a verbs device reporting a dead port
+    /// would cause), or succeed again with `None`.
+    pub fn set_health_error(&self, ep: EpId, error: Option<&str>) {
+        let mut g = lock(&self.inner);
+        if let Some(e) = g.eps.get_mut(ep.0) {
+            e.health_error = error.map(str::to_string);
         }
     }
 
@@ -829,6 +841,14 @@ impl Fabric for MemEndpoint {
     fn path_note(&self, path: usize) -> Option<String> {
         let g = lock(&self.inner);
         g.eps[self.id].qps.get(path).and_then(|q| q.note.clone())
+    }
+
+    fn health(&mut self) -> Result<()> {
+        let g = lock(&self.inner);
+        match &g.eps[self.id].health_error {
+            Some(e) => Err(Error::System(e.clone())),
+            None => Ok(()),
+        }
     }
 
     fn shutdown(&mut self) -> Result<()> {

@@ -215,6 +215,15 @@ impl Context {
         log.fatal_for(qpns, cqs, since).cloned()
     }
 
+    /// When `port` went down, if the newest event the device reported for it is
+    /// `IBV_EVENT_PORT_ERR` (no `IBV_EVENT_PORT_ACTIVE` since).
+    pub fn port_down_since(&self, port: u8) -> Option<Instant> {
+        let log = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        log.last_up_down(port)
+            .filter(|e| e.is_port_down())
+            .map(|e| e.at)
+    }
+
     /// The newest event the device reported for `port`, if any ("rxe_eth2 port 1:
     /// IBV_EVENT_PORT_ERR (the port went down) 0.12 s ago"), for error messages.
     pub fn port_note(&self, port: u8) -> Option<String> {

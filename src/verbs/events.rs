@@ -294,6 +294,15 @@ impl EventLog {
         })
     }
 
+    /// The newest `IBV_EVENT_PORT_ACTIVE` or `IBV_EVENT_PORT_ERR` of `port` (other port events,
+    /// such as the GID changes that follow a link going down, do not say whether it is up).
+    pub fn last_up_down(&self, port: u8) -> Option<&AsyncEvent> {
+        self.recent
+            .iter()
+            .rev()
+            .find(|e| e.scope == EventScope::Port(port) && (e.code == 9 || e.code == 10))
+    }
+
     /// The newest event about `port`.
     pub fn last_for_port(&self, port: u8) -> Option<&AsyncEvent> {
         self.recent
@@ -505,8 +514,14 @@ mod tests {
             e.describe(),
             "rxe_eth2 port 1: IBV_EVENT_PORT_ERR (the port went down)"
         );
+        // A GID change after the port went down: still down.
+        log.push(ev(18, EventScope::Port(1)));
+        assert_eq!(log.last_for_port(1).map(|e| e.code), Some(18));
+        assert!(log.last_up_down(1).is_some_and(AsyncEvent::is_port_down));
         log.push(ev(9, EventScope::Port(1)));
         assert_eq!(log.last_for_port(1).map(|e| e.code), Some(9));
+        assert!(log.last_up_down(1).is_some_and(|e| !e.is_port_down()));
+        assert!(log.last_up_down(2).is_some_and(|e| e.code == 9));
         assert!(log.last_for_port(3).is_none());
         for _ in 0..RECENT * 2 {
             log.push(ev(18, EventScope::Port(2)));

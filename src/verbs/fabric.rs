@@ -30,6 +30,7 @@ use std::collections::HashMap;
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use super::context::Context;
 use super::cq::{Completion as VerbsCompletion, CompletionQueue, WcOpcode as VerbsOpcode};
@@ -105,6 +106,16 @@ impl QpTuning {
     }
 }
 
+impl QpTuning {
+    /// How long an RC sender keeps retrying before its work request fails with "transport retry
+    /// counter exceeded": 4.096 µs × 2^timeout per try, `retry_cnt` + 1 tries (IB spec; NCCL's
+    /// defaults 20 and 7 give 34.4 s). Saturates instead of overflowing for out-of-range values.
+    pub fn retry_budget(&self) -> Duration {
+        let per_try_ns = 4096u64.saturating_mul(1u64 << self.timeout.min(31));
+        Duration::from_nanos(per_try_ns.saturating_mul(u64::from(self.retry_cnt) + 1))
+    }
+}
+
 impl Default for QpTuning {
     fn default() -> Self {
         QpTuning::from_config(&crate::config::Config::default(), None)
@@ -139,10 +150,25 @@ pub struct VerbsFabric {
     next_token: u64,
     shut: bool,
     scratch: Vec<VerbsCompletion>,
-    /// Polls since the devices' asynchronous events were last drained.
+    /// Polls and health calls since the devices' asynchronous events were last drained.
     polls: u32,
     /// When the endpoint was created: older QP/CQ events name objects that no longer exist.
     created: std::time::Instant,
+    /// A data path whose port has been down this long (ms) fails the connection: the RC retry
+    /// budget of the connection's tuning, at least [`PORT_DOWN_GRACE_MIN`].
+    port_grace_ms: AtomicU64,
+}
+
+/// The shortest time a port must stay down before its connections fail (a flap shorter than this
+/// is left to the RC retries).
+pub const PORT_DOWN_GRACE_MIN: Duration = Duration::from_secs(1);
+
+fn port_grace(tuning: &QpTuning) -> Duration {
+    tuning.retry_budget().max(PORT_DOWN_GRACE_MIN)
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Drain the devices' asynchronous events every this many polls (a non-blocking `read` each time;
@@ -203,6 +229,7 @@ impl VerbsFabric {
             scratch: Vec::with_capacity(32),
             polls: 0,
             created: std::time::Instant::now(),
+            port_grace_ms: AtomicU64::new(millis(port_grace(&QpTuning::default()))),
         };
         let caps = QpCaps {
             max_send_wr: SEND_QUEUE_DEPTH as u32,
@@ -326,6 +353,37 @@ impl VerbsFabric {
                 )));
             }
         }
+        // A data path whose port went down and stayed down past the RC retry budget: a sender's
+        // work requests would have failed by now; a side with nothing in flight would wait forever.
+        let grace = Duration::from_millis(self.port_grace_ms.load(Ordering::Relaxed));
+        for (i, info) in self.infos.iter().enumerate() {
+            if info.role != PathRole::Data {
+                continue;
+            }
+            let (ctx, port) = (self.cqs[i].context(), self.qps[i].port());
+            let Some(since) = ctx.port_down_since(port) else {
+                continue;
+            };
+            let down_for = since.elapsed();
+            if down_for < grace {
+                continue;
+            }
+            if let Ok(p) = ctx.query_port(port) {
+                if p.state != PortState::Active {
+                    return Err(Error::System(format!(
+                        "path {i} ({}): {} port {port} has been down for {:.1} s (IBV_EVENT_PORT_ERR, \
+                         now {}), longer than the RC retry budget of {:.1} s (NCCL_IB_TIMEOUT, \
+                         NCCL_IB_RETRY_CNT): the cable or the peer's port is gone; this connection \
+                         cannot continue",
+                        info.label,
+                        ctx.name(),
+                        down_for.as_secs_f64(),
+                        p.state.name(),
+                        grace.as_secs_f64()
+                    )));
+                }
+            }
+        }
         Ok(())
     }
 
@@ -356,6 +414,8 @@ impl VerbsFabric {
                 self.local.len()
             )));
         }
+        self.port_grace_ms
+            .store(millis(port_grace(tuning)), Ordering::Relaxed);
         for (i, (me, them)) in self.local.iter().zip(peer).enumerate() {
             let qp = &self.qps[i];
             let sgid = u8::try_from(me.gid_index).map_err(|_| {
@@ -631,17 +691,22 @@ impl Fabric for VerbsFabric {
 
     fn poll(&mut self, path: usize, max: usize, out: &mut Vec<Completion>) -> Result<usize> {
         self.check_path(path)?;
-        self.polls += 1;
-        if self.polls >= EVENT_CHECK_EVERY {
-            self.polls = 0;
-            self.check_events()?;
-        }
+        self.health()?;
         self.scratch.clear();
         let n = self.cqs[path].poll(&mut self.scratch, max)?;
         for c in &self.scratch {
             out.push(map_completion(c)?);
         }
         Ok(n)
+    }
+
+    fn health(&mut self) -> Result<()> {
+        self.polls += 1;
+        if self.polls >= EVENT_CHECK_EVERY {
+            self.polls = 0;
+            self.check_events()?;
+        }
+        Ok(())
     }
 
     fn path_note(&self, path: usize) -> Option<String> {
@@ -732,6 +797,29 @@ pub fn map_completion(c: &VerbsCompletion) -> Result<Completion> {
 mod tests {
     use super::*;
     use crate::transport::fabric::WcStatus;
+
+    #[test]
+    fn port_down_grace_is_the_rc_retry_budget() {
+        let t = |timeout, retry_cnt| QpTuning {
+            traffic_class: 0,
+            sl: 0,
+            timeout,
+            retry_cnt,
+        };
+        // NCCL's defaults: 4.096 us * 2^20 = 4.29 s per try, 8 tries.
+        let d = t(20, 7).retry_budget();
+        assert!((d.as_secs_f64() - 34.36).abs() < 0.01, "{d:?}");
+        assert_eq!(port_grace(&t(20, 7)), d);
+        // The lab's fault settings (14, 3): 0.27 s, raised to the 1 s floor.
+        assert!((t(14, 3).retry_budget().as_secs_f64() - 0.268).abs() < 0.001);
+        assert_eq!(port_grace(&t(14, 3)), PORT_DOWN_GRACE_MIN);
+        // Out-of-range values saturate rather than overflow.
+        assert!(t(255, 255).retry_budget() > Duration::from_secs(1_000_000));
+        assert_eq!(
+            port_grace(&QpTuning::default()),
+            QpTuning::default().retry_budget()
+        );
+    }
 
     fn vc(status: u32, opcode: VerbsOpcode, imm: Option<u32>) -> VerbsCompletion {
         VerbsCompletion {
