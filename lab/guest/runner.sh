@@ -228,6 +228,9 @@ run_no_route() { # no-route:A-B: A and B share no cable; the plugin must refuse 
 # L_fault_bound seconds, with no NCCL_SWITCHLESS_REQUEST_TIMEOUT needed: the side with nothing in
 # flight learns it from its port (IBV_EVENT_PORT_ERR, then down past the RC retry budget).
 FAULT_ARGS="-b 1048576 -e 1048576 -w 0 --window 8"
+# The plugin's errors that name the failed path: a work completion's status, the request timeout,
+# or the path's port down past the RC retry budget.
+PATH_ERR_RE='on path [0-9]+ \(.*\) failed: |made no progress for [0-9]+ ms .*on path\(s\) \[0\]|path [0-9]+ \(.*\): .* port [0-9]+ has been down for '
 run_fault() { # $1 check
     kind=${1#fault:}; spec=1-2
     case $kind in *@*) spec=${kind#*@}; kind=${kind%@*} ;; esac
@@ -299,19 +302,19 @@ run_fault() { # $1 check
             if [ "$tf" = null ]; then why="no death note from node $PB (it did not die mid-transfer?)"
             elif [ $outcome = completed ]; then why="the bench completed although the peer died"
             elif [ $outcome = hang ]; then why="HANG: requests neither completed nor failed after the peer died"
-            elif ! grep -qE 'on path [0-9]+ \(.*\) failed: |made no progress for [0-9]+ ms .*on path\(s\) \[0\]' "$out"; then why="no plugin error naming the path and completion status"
+            elif ! grep -qE "$PATH_ERR_RE" "$out"; then why="no plugin error naming the path and completion status"
             elif ! awk -v a="$tf" -v b="$L_fault_bound" 'BEGIN{exit !(a <= b)}'; then why="failed ${tf}s after the peer died (bound ${L_fault_bound}s)"
             fi ;;
         cable-pull)
             if [ "$tf" = null ]; then why="the cable was never pulled, or no note of it (transfer over before $L_fault_pkts packets?)"
             elif [ $outcome != error ]; then why="$outcome: both sides must fail after the cable is pulled"
-            elif ! grep -qE 'on path [0-9]+ \(.*\) failed: |port [0-9]+ has been down for ' "$out"; then why="no plugin error naming the path (completion status or port down)"
+            elif ! grep -qE "$PATH_ERR_RE" "$out"; then why="no plugin error naming the path (completion status, port down or request timeout)"
             elif ! awk -v a="$tf" -v b="$L_fault_bound" 'BEGIN{exit !(a <= b)}'; then why="ended ${tf}s after the cable was pulled (bound ${L_fault_bound}s)"
             fi ;;
         link-down)
             if [ "$tf" = null ]; then why="the link never went down, or no note of it (transfer over before $L_fault_pkts packets?)"
             elif [ $outcome = hang ]; then why="HANG: requests neither completed nor failed after the link went down"
-            elif [ $outcome = error ] && ! grep -qE 'on path [0-9]+ \(.*\) failed: |made no progress for [0-9]+ ms .*on path\(s\) \[0\]' "$out"; then why="no plugin error naming the path and completion status"
+            elif [ $outcome = error ] && ! grep -qE "$PATH_ERR_RE" "$out"; then why="no plugin error naming the path and completion status"
             elif [ "$tf" != null ] && ! awk -v a="$tf" -v b="$L_fault_bound" 'BEGIN{exit !(a <= b)}'; then why="ended ${tf}s after the link went down (bound ${L_fault_bound}s)"
             fi ;;
     esac
