@@ -104,9 +104,7 @@ impl QpTuning {
             retry_cnt: cfg.ib_retry_cnt,
         }
     }
-}
 
-impl QpTuning {
     /// How long an RC sender keeps retrying before its work request fails with "transport retry
     /// counter exceeded": 4.096 µs × 2^timeout per try, `retry_cnt` + 1 tries (IB spec; NCCL's
     /// defaults 20 and 7 give 34.4 s). Saturates instead of overflowing for out-of-range values.
