@@ -171,6 +171,13 @@ rendezvous() {
         done
     fi
 }
+last_link_to() { # $1 node -> LL_ID, LL_IF, LL_DEV of this node's last cable to it (empty: none)
+    LL_ID=""; LL_IF=""; LL_DEV=""; _i=0; _to=$1 # (set -- below replaces $1)
+    while [ $_i -lt "$LAB_NLINKS" ]; do
+        eval "set -- \$LAB_LINK_$_i"; [ "$6" = "$_to" ] && { LL_ID=$1; LL_IF=$2; LL_DEV=$3; }
+        _i=$((_i + 1))
+    done
+}
 json_str() { # $1 -> JSON string body (quotes and backslashes escaped, one line)
     printf '%s' "$1" | tr -d '\r' | tr '\n' ' ' | sed 's/\\/\\\\/g; s/"/\\"/g'
 }
@@ -254,9 +261,7 @@ run_fault() { # $1 check
     bdn=""
     if [ "$kind" = cable-pull ] && [ "$LAB_NODE" = "$PB" ]; then
         # this node's end of the same cable (the last one to A, as A picks)
-        i=0; while [ $i -lt "$LAB_NLINKS" ]; do
-            eval "set -- \$LAB_LINK_$i"; [ "$6" = "$PA" ] && bdn=$2; i=$((i + 1))
-        done
+        last_link_to "$PA"; bdn=$LL_IF
         ( while [ ! -s "$note" ]; do usleep 20000; done
           /usr/sbin/ip link set "$bdn" down
           say "FAULT cable-pull: this end ($bdn) set down too" ) &
@@ -274,9 +279,7 @@ run_fault() { # $1 check
     fi
     if [ "$kind" != kill-peer ] && [ "$LAB_NODE" = "$PA" ]; then
         # the last cable to B
-        i=0; dn=""; while [ $i -lt "$LAB_NLINKS" ]; do
-            eval "set -- \$LAB_LINK_$i"; [ "$6" = "$PB" ] && { dn=$2; ddev=$3; dl=$1; }; i=$((i + 1))
-        done
+        last_link_to "$PB"; dn=$LL_IF; ddev=$LL_DEV; dl=$LL_ID
         if [ -z "$dn" ]; then
             say "CHECKFAIL $c: node $PA has no cable to node $PB"; fail=1
             jl "$c" null "$PB" "rank0" fail 2 0 '{}' ""; return 0

@@ -164,9 +164,8 @@ impl PathFactory for VerbsFactory {
         // ask each device's driver, once, as NCCL's IB transport does.
         let mut dmabuf_ok = BTreeMap::new();
         for (name, ctx) in &contexts {
-            let ok = match crate::verbs::ProtectionDomain::new(ctx) {
-                Ok(pd) => {
-                    let support = crate::verbs::probe_dmabuf(&pd);
+            let ok = match crate::verbs::probe_dmabuf_context(ctx) {
+                Ok(support) => {
                     tracing::info!("NET/switchless: {name}: DMA-BUF {}", support.describe());
                     support.is_supported()
                 }

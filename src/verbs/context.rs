@@ -192,6 +192,12 @@ impl Context {
         &self.name
     }
 
+    /// The event log, also after a panic while it was held (it stays consistent: entries are only
+    /// pushed whole).
+    fn event_log(&self) -> std::sync::MutexGuard<'_, EventLog> {
+        self.events.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Reads the device's pending asynchronous events into its log (logging each: WARN for fatal
     /// ones and a port going down, INFO otherwise) and returns them. Never blocks: when another
     /// thread is draining this device, returns nothing.
@@ -211,15 +217,14 @@ impl Context {
     /// A fatal event for this device, or one since `since` for one of the QPs `qpns` or of the
     /// CQs at `cqs` (see [`EventLog::fatal_for`]).
     pub fn fatal_event(&self, qpns: &[u32], cqs: &[usize], since: Instant) -> Option<AsyncEvent> {
-        let log = self.events.lock().unwrap_or_else(|p| p.into_inner());
-        log.fatal_for(qpns, cqs, since).cloned()
+        self.event_log().fatal_for(qpns, cqs, since).cloned()
     }
 
     /// When `port` went down, if the newest event the device reported for it is
     /// `IBV_EVENT_PORT_ERR` (no `IBV_EVENT_PORT_ACTIVE` since).
     pub fn port_down_since(&self, port: u8) -> Option<Instant> {
-        let log = self.events.lock().unwrap_or_else(|p| p.into_inner());
-        log.last_up_down(port)
+        self.event_log()
+            .last_up_down(port)
             .filter(|e| e.is_port_down())
             .map(|e| e.at)
     }
@@ -227,8 +232,8 @@ impl Context {
     /// The newest event the device reported for `port`, if any ("rxe_eth2 port 1:
     /// IBV_EVENT_PORT_ERR (the port went down) 0.12 s ago"), for error messages.
     pub fn port_note(&self, port: u8) -> Option<String> {
-        let log = self.events.lock().unwrap_or_else(|p| p.into_inner());
-        log.last_for_port(port)
+        self.event_log()
+            .last_for_port(port)
             .map(|e| e.describe_age(Instant::now()))
     }
 

@@ -61,6 +61,11 @@ pub struct AsyncEvent {
     pub at: Instant,
 }
 
+/// `IBV_EVENT_PORT_ACTIVE`.
+const PORT_ACTIVE: u32 = 9;
+/// `IBV_EVENT_PORT_ERR`.
+const PORT_ERR: u32 = 10;
+
 /// Event codes (`enum ibv_event_type`, rdma-core `<infiniband/verbs.h>`) with their names, the union
 /// member they carry, whether they are fatal for what they name (as NCCL's IB transport counts them),
 /// and a short meaning.
@@ -229,7 +234,7 @@ impl AsyncEvent {
 
     /// A port event that says the port is unusable.
     pub fn is_port_down(&self) -> bool {
-        self.code == 10
+        self.code == PORT_ERR
     }
 
     /// One line: "rxe_eth2 port 1: IBV_EVENT_PORT_ERR (the port went down)".
@@ -297,10 +302,9 @@ impl EventLog {
     /// The newest `IBV_EVENT_PORT_ACTIVE` or `IBV_EVENT_PORT_ERR` of `port` (other port events,
     /// such as the GID changes that follow a link going down, do not say whether it is up).
     pub fn last_up_down(&self, port: u8) -> Option<&AsyncEvent> {
-        self.recent
-            .iter()
-            .rev()
-            .find(|e| e.scope == EventScope::Port(port) && (e.code == 9 || e.code == 10))
+        self.recent.iter().rev().find(|e| {
+            e.scope == EventScope::Port(port) && (e.code == PORT_ACTIVE || e.code == PORT_ERR)
+        })
     }
 
     /// The newest event about `port`.

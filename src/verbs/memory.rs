@@ -288,12 +288,16 @@ pub fn probe_dmabuf(pd: &ProtectionDomain) -> DmabufSupport {
     }
 }
 
-/// Opens RDMA device `name`, allocates a protection domain and runs [`probe_dmabuf`] (for the CLI;
-/// the plugin probes the contexts it keeps open).
-pub fn probe_dmabuf_device(name: &str) -> Result<DmabufSupport> {
-    let ctx = Context::open(name)?;
-    let pd = ProtectionDomain::new(&ctx)?;
+/// Runs [`probe_dmabuf`] on an opened device, in a protection domain of its own (released after).
+pub fn probe_dmabuf_context(ctx: &Arc<Context>) -> Result<DmabufSupport> {
+    let pd = ProtectionDomain::new(ctx)?;
     Ok(probe_dmabuf(&pd))
+}
+
+/// Opens RDMA device `name` and runs [`probe_dmabuf_context`] (for the CLI; the plugin probes the
+/// contexts it keeps open).
+pub fn probe_dmabuf_device(name: &str) -> Result<DmabufSupport> {
+    probe_dmabuf_context(&Context::open(name)?)
 }
 
 impl Drop for MemoryRegion {

@@ -23,7 +23,8 @@ pub use context::{Context, DeviceCaps, device_names, fork_init};
 pub use cq::{Completion, CompletionQueue, WcOpcode, WcStatus};
 pub use events::{AsyncEvent, EventScope};
 pub use memory::{
-    DmabufSupport, MemoryRegion, ProtectionDomain, probe_dmabuf, probe_dmabuf_device,
+    DmabufSupport, MemoryRegion, ProtectionDomain, probe_dmabuf, probe_dmabuf_context,
+    probe_dmabuf_device,
 };
 pub use qp::{
     CHAIN_MAX, MAX_QPN, MAX_SGE, QpCaps, QueuePair, RemoteAddr, RtrParams, RtsParams, SendFlags,
