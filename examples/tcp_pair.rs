@@ -20,11 +20,11 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use switchless::error::{Error, Result};
+use switchless::sys::HostBuffer;
 use switchless::transport::comm::{ProtocolConfig, RecvBuf, RecvComm, SendComm};
 use switchless::transport::fabric::MemKind;
 use switchless::transport::tcp::{TcpConfig, TcpFabric, TcpPathSpec, listen_at};
 use switchless::transport::wire::CtrlInfo;
-use switchless::verbs::rawmem::HostBuffer;
 
 #[derive(Parser)]
 #[command(about = "switchless transport protocol over one TCP path")]

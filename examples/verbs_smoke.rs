@@ -23,10 +23,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use switchless::error::Error;
+use switchless::sys::HostBuffer;
 use switchless::verbs::{
-    Access, Completion, CompletionQueue, Context, GidType, HostBuffer, MemoryRegion, Mtu,
-    PortState, ProtectionDomain, QpCaps, QueuePair, RemoteAddr, RtrParams, RtsParams, SendFlags,
-    Sge, WcOpcode, WcStatus, gid_type_from_sysfs,
+    Access, Completion, CompletionQueue, Context, GidType, MemoryRegion, Mtu, PortState,
+    ProtectionDomain, QpCaps, QueuePair, RemoteAddr, RtrParams, RtsParams, SendFlags, Sge,
+    WcOpcode, WcStatus, gid_type_from_sysfs,
 };
 
 type R<T> = Result<T, String>;

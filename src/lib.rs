@@ -27,6 +27,7 @@ pub mod nccltests;
 pub mod plan;
 pub mod plugin;
 pub mod route;
+pub mod sys;
 pub mod transport;
 pub mod verbs;
 

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use switchless::error::Error;
+use switchless::sys::HostBuffer;
 use switchless::transport::comm::{
     MemHandle, ProtocolConfig, RecvBuf, RecvComm, Request, SendComm, Sizes, connect_pair,
 };
@@ -19,7 +20,6 @@ use switchless::transport::tcp::{
     BufferPolicy, TcpAcceptor, TcpConfig, TcpConnector, TcpFabric, TcpPathSpec, listen,
     loopback_pair,
 };
-use switchless::verbs::rawmem::HostBuffer;
 
 const DEADLINE: Duration = Duration::from_secs(60);
 

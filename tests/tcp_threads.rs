@@ -76,8 +76,8 @@ fn pool_threads_are_bounded_shared_and_joined() {
     assert_eq!(settles(|n| n == before + 3), before + 3);
     // They all work at once: a small write on every pair.
     {
+        use switchless::sys::HostBuffer;
         use switchless::transport::fabric::{LocalSeg, MemKind, RemoteSeg, WcStatus, WriteWr};
-        use switchless::verbs::rawmem::HostBuffer;
         let src = HostBuffer::new(64).unwrap();
         src.write(0, &[7; 64]).unwrap();
         let dsts: Vec<HostBuffer> = (0..pairs.len())
@@ -131,10 +131,10 @@ fn pool_threads_are_bounded_shared_and_joined() {
     // 3. One thread for everything: a pair streaming 64 MiB over 4 streams and a pair exchanging
     //    small writes with immediates in both directions share a pool of 1; all of it lands.
     {
+        use switchless::sys::HostBuffer;
         use switchless::transport::fabric::{
             Completion, LocalSeg, MemKind, RemoteSeg, WcOpcode, WcStatus, WriteWr,
         };
-        use switchless::verbs::rawmem::HostBuffer;
         let cfg = TcpConfig {
             streams: Some(4),
             io_threads: Some(1),

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::transport::fabric::{
-    Completion, CtrlMem, Fabric, LocalSeg, MemKind, PathRole, ReadWr, Registration, RemoteSeg,
-    WcOpcode, WcStatus, WriteWr,
+    Completion, CtrlMem, Fabric, LocalSeg, MemKind, PathRole, RECV_DEPTH, ReadWr, Registration,
+    RemoteSeg, SEND_QUEUE_DEPTH, WcOpcode, WcStatus, WriteWr,
 };
 use crate::transport::stripe::{Chunk, MAX_PATHS, StripeParams, stripe};
 use crate::transport::wire::{
@@ -31,11 +31,6 @@ use crate::transport::wire::{
 pub const MAX_WR_BYTES: u64 = 1 << 30;
 /// Largest message (the size record's 48 bits).
 pub const MAX_MESSAGE_BYTES: u64 = wire::RECORD_SIZE_MASK;
-/// Receives kept posted per data path on the receiving side (one per buffer that can be in flight).
-pub const RECV_DEPTH: usize = MAX_REQUESTS * MAX_RECVS;
-/// Send-queue depth a data path needs on the sending side for messages ≤ 1 GiB per path: a data write
-/// and a record write per send request, plus the CTS writes of the reverse direction.
-pub const SEND_QUEUE_DEPTH: usize = 2 * MAX_SEND_REQUESTS + 2 * FIFO_DEPTH;
 const POLL_BATCH: usize = 16;
 
 /// Protocol knobs.

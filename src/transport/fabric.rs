@@ -2,7 +2,7 @@
 //!
 //! A [`Fabric`] is **one endpoint of one connection**: an ordered list of paths (numbered from 0),
 //! each an RC-like queue pair with its own completion queue, plus CPU access to a few words of
-//! *control memory* that the remote side writes into. Three implementations are planned:
+//! *control memory* that the remote side writes into. Three implementations exist:
 //!
 //! * [`super::memfab`]: an in-process fabric for tests and benchmarks (deterministic, with faults);
 //! * ibverbs RC QPs (the adapter over `crate::verbs`): one QP + CQ per path, control memory is a
@@ -36,8 +36,8 @@
 //!
 //! * One RC QP per path; data path `i` connected to the peer's data path `i` (the handshake orders
 //!   them); one loopback QP per device for the flush (connected to itself).
-//! * Queue sizes: `max_send_wr` ≥ [`super::comm::SEND_QUEUE_DEPTH`], `max_recv_wr` ≥
-//!   [`super::comm::RECV_DEPTH`], CQ ≥ both together; `max_inline_data` as the device allows
+//! * Queue sizes: `max_send_wr` ≥ [`SEND_QUEUE_DEPTH`], `max_recv_wr` ≥
+//!   [`RECV_DEPTH`], CQ ≥ both together; `max_inline_data` as the device allows
 //!   (honour [`WriteWr::inline`] only up to it).
 //! * `register`: `IBV_ACCESS_LOCAL_WRITE | REMOTE_WRITE | REMOTE_READ` on every path's PD (paths on
 //!   one device may share the MR and keys). Control memory: a `Box<[AtomicU64]>` registered the same
@@ -52,6 +52,13 @@ use std::os::fd::BorrowedFd;
 use std::sync::atomic::Ordering;
 
 use crate::error::{Error, Result};
+use crate::transport::wire::{FIFO_DEPTH, MAX_RECVS, MAX_REQUESTS, MAX_SEND_REQUESTS};
+
+/// Receives kept posted per data path on the receiving side (one per buffer that can be in flight).
+pub const RECV_DEPTH: usize = MAX_REQUESTS * MAX_RECVS;
+/// Send-queue depth a data path needs on the sending side for messages ≤ 1 GiB per path: a data write
+/// and a record write per send request, plus the CTS writes of the reverse direction.
+pub const SEND_QUEUE_DEPTH: usize = 2 * MAX_SEND_REQUESTS + 2 * FIFO_DEPTH;
 
 /// What a path is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

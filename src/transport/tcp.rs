@@ -59,7 +59,7 @@
 //! # Memory
 //!
 //! Registered data memory is raw process memory given by NCCL; the raw copies live in
-//! [`crate::verbs::rawmem`] (the only place with `unsafe`). Control memory is `AtomicU64` words owned
+//! [`crate::sys`] (the only place with `unsafe`). Control memory is `AtomicU64` words owned
 //! by the fabric, written by the receiving I/O worker with release stores and read by the protocol with
 //! the ordering it asks for. GPU memory is not accepted: a TCP path carries host memory only
 //! (`NCCL_PTR_HOST`; NCCL stages GPU buffers through host memory).
@@ -75,11 +75,12 @@ use std::time::{Duration, Instant};
 use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::error::{Error, Result};
+use crate::sys::rawmem::RawRegion;
+use crate::sys::socket::{self as rawmem, Ready};
 use crate::transport::fabric::{
     Completion, CtrlMem, Fabric, MemKind, PathInfo, PathKeys, PathRole, ReadWr, Registration,
     WcOpcode, WcStatus, WriteWr,
 };
-use crate::verbs::rawmem::{self, RawRegion, Ready};
 
 mod pool;
 

@@ -40,10 +40,9 @@ use super::qp::{
 };
 use super::types::{Access, Gid, Mtu, PortState};
 use crate::error::{Error, Result};
-use crate::transport::comm::{RECV_DEPTH, SEND_QUEUE_DEPTH};
 use crate::transport::fabric::{
-    Completion, CtrlMem, Fabric, MemKind, PathInfo, PathKeys, PathRole, ReadWr, Registration,
-    WcOpcode, WriteWr,
+    Completion, CtrlMem, Fabric, MemKind, PathInfo, PathKeys, PathRole, RECV_DEPTH, ReadWr,
+    Registration, SEND_QUEUE_DEPTH, WcOpcode, WriteWr,
 };
 
 /// One data path to build: an RDMA device port and the GID to send from.

@@ -1,4 +1,4 @@
-//! Protection domains and memory regions (the page-aligned host buffer is [`super::HostBuffer`]).
+//! Protection domains and memory regions (a page-aligned host buffer for tests is [`crate::sys::HostBuffer`]).
 
 use super::call::{last_errno, rc_errno, system_error, verbs_call};
 use super::context::Context;

@@ -1,5 +1,5 @@
 //! RAII wrappers over ibverbs (rdma-sys for classic verbs; newer symbols resolved at run time).
-//! With `ffi`, the only module where `unsafe` is allowed; every unsafe block has a `SAFETY:` comment.
+//! With `ffi` and `sys`, the only modules where `unsafe` is allowed; every unsafe block has a `SAFETY:` comment.
 //!
 //! Ownership: every object holds an `Arc` to its parent ([`QueuePair`] → [`ProtectionDomain`] and
 //! [`CompletionQueue`]s → [`Context`]; [`MemoryRegion`] → [`ProtectionDomain`]), so destruction
@@ -14,7 +14,6 @@ pub mod events;
 pub mod fabric;
 mod memory;
 mod qp;
-pub mod rawmem;
 mod sym;
 mod types;
 
@@ -30,7 +29,6 @@ pub use qp::{
     CHAIN_MAX, MAX_QPN, MAX_SGE, QpCaps, QueuePair, RemoteAddr, RtrParams, RtsParams, SendFlags,
     Sge, WriteReq,
 };
-pub use rawmem::HostBuffer;
 pub use sym::{OptionalSymbols, optional_symbols};
 pub use types::{
     Access, Gid, GidEntry, GidType, LinkLayer, Mtu, PortInfo, PortState, gid_type_from_sysfs,

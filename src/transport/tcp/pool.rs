@@ -38,8 +38,8 @@ use super::{
     Reg, RegMem, SEQ_WINDOW, Shared, lock, read_lock,
 };
 use crate::error::{Error, Result};
+use crate::sys::socket as rawmem;
 use crate::transport::fabric::{Completion, WcOpcode, WcStatus};
-use crate::verbs::rawmem;
 
 /// Largest pool size accepted (`NCCL_SWITCHLESS_TCP_THREADS`).
 pub const MAX_IO_THREADS: usize = 64;
@@ -991,9 +991,9 @@ impl StreamIo {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sys::HostBuffer;
     use crate::transport::fabric::{Fabric, LocalSeg, MemKind, RemoteSeg, WriteWr};
     use crate::transport::tcp::{TcpConfig, loopback_pair};
-    use crate::verbs::rawmem::HostBuffer;
     use std::time::Instant;
 
     const CHILD: &str = "SWITCHLESS_POOL_PANIC_CHILD";

@@ -8,15 +8,13 @@
 //! keeps the other half: it never touches memory outside a live registration (every function here
 //! checks the range against the [`RawRegion`] first) and it stops using a region before deregistering it.
 //!
-//! Socket I/O uses `recv`/`send` with `MSG_DONTWAIT` straight into / out of registered memory (no
-//! intermediate copy) and `MSG_NOSIGNAL` (a closed peer must not raise `SIGPIPE` in the host process,
-//! which may not ignore it). Waiting for readiness is [`wait_fd`] (`poll(2)`), so the caller can hold
-//! a lock during a copy without ever holding it across a wait.
-#![allow(unsafe_code)]
+//! Socket I/O goes straight into / out of registered memory (no intermediate copy), with the flags of
+//! [`super::socket`].
 
 use std::io;
 use std::os::fd::AsRawFd;
 
+use super::socket::{RECV_FLAGS, send_flags};
 use crate::error::{Error, Result};
 
 /// One registered range of process memory. Copying it does not copy the memory; it is a bounds
@@ -117,19 +115,13 @@ impl RawRegion {
         }
         // SAFETY: the destination range is inside the live registration (checked above) and the kernel
         // writes at most `len` bytes to it; the fd is borrowed from a live socket.
-        let n = unsafe {
-            libc::recv(
-                sock.as_raw_fd(),
-                p.cast::<libc::c_void>(),
-                len,
-                libc::MSG_DONTWAIT,
-            )
-        };
-        if n < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(n as usize)
-        }
+        let n = syscall!(recv(
+            sock.as_raw_fd(),
+            p.cast::<libc::c_void>(),
+            len,
+            RECV_FLAGS
+        ))?;
+        Ok(n as usize)
     }
 
     /// Sends at most `len` bytes at `addr` (inside the region) on `sock` without blocking; `more`
@@ -146,90 +138,21 @@ impl RawRegion {
         if len == 0 {
             return Ok(0);
         }
-        let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | if more { libc::MSG_MORE } else { 0 };
         // SAFETY: the source range is inside the live registration (checked above); the kernel only
         // reads `len` bytes from it; the fd is borrowed from a live socket.
-        let n = unsafe { libc::send(sock.as_raw_fd(), p.cast_const().cast(), len, flags) };
-        if n < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(n as usize)
-        }
-    }
-}
-
-/// Sends bytes from a Rust slice without blocking and without `SIGPIPE` (`MSG_MORE` when `more`).
-pub fn send_slice(sock: &impl AsRawFd, data: &[u8], more: bool) -> io::Result<usize> {
-    if data.is_empty() {
-        return Ok(0);
-    }
-    let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL | if more { libc::MSG_MORE } else { 0 };
-    // SAFETY: `data` is a valid slice for reads of its length; the fd is borrowed from a live socket.
-    let n = unsafe { libc::send(sock.as_raw_fd(), data.as_ptr().cast(), data.len(), flags) };
-    if n < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(n as usize)
-    }
-}
-
-/// Receives into a Rust slice without blocking (`Ok(0)`: end of stream).
-pub fn recv_slice(sock: &impl AsRawFd, out: &mut [u8]) -> io::Result<usize> {
-    if out.is_empty() {
-        return Ok(0);
-    }
-    // SAFETY: `out` is a valid, exclusively borrowed slice for writes of its length; the fd is
-    // borrowed from a live socket.
-    let n = unsafe {
-        libc::recv(
+        let n = syscall!(send(
             sock.as_raw_fd(),
-            out.as_mut_ptr().cast(),
-            out.len(),
-            libc::MSG_DONTWAIT,
-        )
-    };
-    if n < 0 {
-        Err(io::Error::last_os_error())
-    } else {
+            p.cast_const().cast(),
+            len,
+            send_flags(more)
+        ))?;
         Ok(n as usize)
     }
-}
-
-/// What [`wait_fd`] waits for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ready {
-    /// Data to read (or end of stream / error).
-    Read,
-    /// Room to write (or error).
-    Write,
-}
-
-/// Waits up to `timeout_ms` milliseconds until `sock` is ready; `Ok(true)` when ready (including
-/// hang-up and error conditions, which the next I/O call reports), `Ok(false)` on timeout.
-pub fn wait_fd(sock: &impl AsRawFd, what: Ready, timeout_ms: i32) -> io::Result<bool> {
-    let mut pfd = libc::pollfd {
-        fd: sock.as_raw_fd(),
-        events: match what {
-            Ready::Read => libc::POLLIN,
-            Ready::Write => libc::POLLOUT,
-        },
-        revents: 0,
-    };
-    // SAFETY: `pfd` is one valid pollfd on the stack and the count passed is 1.
-    let n = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
-    if n < 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() == io::ErrorKind::Interrupted {
-            return Ok(false);
-        }
-        return Err(e);
-    }
-    Ok(n > 0)
 }
 
 /// An owned, zeroed, page-aligned (4096 bytes) block of host memory that is accessed only through raw
 /// copies, as NCCL's buffers are: for tests, examples and benchmarks, whose buffers are written by a
-/// NIC (register it with [`crate::verbs::MemoryRegion::register`] and drop the region first) or by a
+/// NIC (register it with `verbs::MemoryRegion::register` and drop the region first) or by a
 /// software fabric's I/O threads while the owner holds no Rust reference to its bytes.
 #[derive(Debug)]
 pub struct HostBuffer {
@@ -331,6 +254,7 @@ impl Drop for HostBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sys::socket::{Ready, recv_slice, wait_fd};
     use std::io::Write;
     use std::net::{TcpListener, TcpStream};
 

@@ -1,0 +1,25 @@
+//! The operating system below the transports: raw process memory and the few socket syscalls the TCP
+//! fabric makes without `std`. With `ffi` and `verbs`, the only module where `unsafe` is allowed; every
+//! unsafe block has a `SAFETY:` comment, and every libc call goes through [`syscall!`].
+#![allow(unsafe_code)]
+
+/// Calls `libc::$fn(args…)` and turns a negative return into `Err(io::Error::last_os_error())`
+/// (mio's convention). The caller states why the arguments are valid in a `SAFETY:` comment above the
+/// macro; the macro adds nothing the caller has not proved.
+macro_rules! syscall {
+    ($fn:ident ( $($arg:expr),* $(,)? )) => {{
+        // SAFETY: see the `SAFETY:` comment at the call site; the arguments are the caller's.
+        let res = unsafe { libc::$fn($($arg),*) };
+        if res < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(res)
+        }
+    }};
+}
+
+pub mod rawmem;
+pub mod socket;
+
+pub use rawmem::{HostBuffer, RawRegion};
+pub use socket::{Ready, recv_slice, send_slice, wait_fd};
