@@ -16,18 +16,15 @@
 //! [`nccltests`] (nccl-tests output parser), [`bench`](mod@bench) (the ABI driver's modes), [`cli`].
 #![deny(unsafe_code)]
 
-pub mod bench;
-pub mod cli;
 pub mod config;
 pub mod error;
-pub mod fabric;
 pub mod ffi;
 pub mod findings;
-pub mod nccltests;
-pub mod plan;
+pub mod host;
 pub mod plugin;
 pub mod route;
 pub mod sys;
+pub mod tools;
 pub mod transport;
 pub mod verbs;
 

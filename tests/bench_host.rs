@@ -1,10 +1,10 @@
-//! `ffi::host`: loading ncclNet plugins by path through the C ABI.
+//! `ffi::loader`: loading ncclNet plugins by path through the C ABI.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
 
-use switchless::bench::Net;
-use switchless::ffi::host::HostNet;
+use switchless::ffi::loader::HostNet;
+use switchless::tools::bench::Net;
 
 /// The cdylib cargo built for this test run (`target/<profile>/deps/libswitchless.so`, next to the
 /// test binary; `target/<profile>/libswitchless.so` may be stale or missing under `cargo test`).

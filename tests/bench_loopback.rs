@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use switchless::bench::loopback::{LoopbackConfig, run_ranks};
-use switchless::bench::{Mode, Options, report};
+use switchless::tools::bench::loopback::{LoopbackConfig, run_ranks};
+use switchless::tools::bench::{Mode, Options, report};
 
 fn opts(mode: Mode) -> Options {
     Options {

@@ -5,8 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use switchless::fabric::{self, doctor};
 use switchless::findings::Severity::{self, Error, Info, Warning};
+use switchless::host;
+use switchless::tools::doctor;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -15,7 +16,7 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn findings(name: &str) -> (Vec<(String, String, Severity)>, u8) {
-    let (m, f) = fabric::discover(&fixture(name));
+    let (m, f) = host::discover(&fixture(name));
     let devs = m.nccl_devices(&|_, _| true, &|_| false);
     let r = doctor::report(&m, &devs, f);
     let mut v: Vec<_> = r
@@ -103,7 +104,7 @@ fn mtu_1500_trap() {
         ])
     );
     assert_eq!(s, 1);
-    let (m, _) = fabric::discover(&fixture("broken-mtu1500"));
+    let (m, _) = host::discover(&fixture("broken-mtu1500"));
     assert_eq!(m.rdma_port("rocep1s0f0", 1).unwrap().1.active_mtu, 1024);
 }
 
@@ -128,7 +129,7 @@ fn link_local_gids_only() {
         ])
     );
     assert_eq!(s, 1);
-    let (m, f) = fabric::discover(&fixture("broken-link-local-gid"));
+    let (m, f) = host::discover(&fixture("broken-link-local-gid"));
     let r = doctor::report(&m, &m.nccl_devices(&|_, _| true, &|_| false), f);
     let g = r
         .findings
@@ -214,7 +215,7 @@ fn subnet_with_no_other_host() {
 #[test]
 fn no_neighbour_remedy_names_the_cable_peer() {
     let remedies = |name: &str| -> Vec<(String, String)> {
-        let (m, f) = fabric::discover(&fixture(name));
+        let (m, f) = host::discover(&fixture(name));
         let r = doctor::report(&m, &m.nccl_devices(&|_, _| true, &|_| false), f);
         let mut v: Vec<_> = r
             .findings
@@ -247,7 +248,7 @@ fn no_neighbour_remedy_names_the_cable_peer() {
         "{}",
         r[0].1
     );
-    let p2p = |s: &str| fabric::nccl::point_to_point_peers(s.parse().unwrap());
+    let p2p = |s: &str| host::nccl::point_to_point_peers(s.parse().unwrap());
     assert_eq!(p2p("10.0.0.4/31"), Some(vec!["10.0.0.5".parse().unwrap()]));
     assert_eq!(p2p("10.0.0.5/31"), Some(vec!["10.0.0.4".parse().unwrap()]));
     assert_eq!(p2p("10.0.0.6/30"), Some(vec!["10.0.0.5".parse().unwrap()]));
@@ -263,7 +264,7 @@ fn no_neighbour_remedy_names_the_cable_peer() {
 #[test]
 fn gpu_direct_off_only_when_a_live_probe_found_no_way_to_register_gpu_memory() {
     let check = |name: &str, dmabuf: &dyn Fn(&str) -> bool, probed: bool| {
-        let (m, _) = fabric::discover(&fixture(name));
+        let (m, _) = host::discover(&fixture(name));
         let devs = m.nccl_devices(&|_, _| true, dmabuf);
         doctor::gpu_direct_checks(&m, &devs, probed)
     };
@@ -288,7 +289,7 @@ fn gpu_direct_off_only_when_a_live_probe_found_no_way_to_register_gpu_memory() {
     assert!(check("b300-2node", &|_| false, true).is_empty());
     // No GPU driver (a TCP-only host, the rxe lab): nothing to say.
     assert!(check("broken-no-rdma", &|_| false, true).is_empty());
-    let (m, _) = fabric::discover(&fixture("captured/rxe-2vm-node0"));
+    let (m, _) = host::discover(&fixture("captured/rxe-2vm-node0"));
     assert!(!m.gpu_driver);
     let devs = m.nccl_devices(&|_, _| true, &|_| false);
     assert!(!devs.is_empty());
@@ -450,7 +451,7 @@ fn cli_capture_replays_to_the_same_report() {
 
 #[test]
 fn soft_roce_with_a_retry_count_of_seven_would_hang() {
-    let (m, _) = fabric::discover(&fixture("captured/rxe-2vm-node0"));
+    let (m, _) = host::discover(&fixture("captured/rxe-2vm-node0"));
     assert!(m.rdma_devices.iter().all(|d| d.software), "rxe is virtual");
     let f = doctor::env_checks(&m, 7);
     assert_eq!(f.len(), 1);
@@ -465,7 +466,7 @@ fn soft_roce_with_a_retry_count_of_seven_would_hang() {
     assert!(doctor::env_checks(&m, 6).is_empty());
     assert!(doctor::env_checks(&m, 0).is_empty());
     // Hardware NICs count 7 down like any other value.
-    let (hw, _) = fabric::discover(&fixture("gb10-2cable"));
+    let (hw, _) = host::discover(&fixture("gb10-2cable"));
     assert!(hw.rdma_devices.iter().all(|d| !d.software));
     assert!(doctor::env_checks(&hw, 7).is_empty());
 }

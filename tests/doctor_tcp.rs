@@ -6,8 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use switchless::fabric::{self, doctor, reader::Reader};
 use switchless::findings::Severity::{self, Error, Info, Warning};
+use switchless::host::{self, reader::Reader};
+use switchless::tools::doctor;
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -18,7 +19,7 @@ fn fixture(name: &str) -> PathBuf {
 type Found = Vec<(String, String, Severity)>;
 
 fn findings_at(root: &Path) -> (Found, u8) {
-    let (m, f) = fabric::discover(root);
+    let (m, f) = host::discover(root);
     let devs = m.nccl_devices(&|_, _| true, &|_| false);
     let r = doctor::report(&m, &devs, f);
     let mut v: Vec<_> = r
@@ -66,7 +67,7 @@ fn healthy_tcp_host_has_no_tcp_findings() {
     assert!(tcp_only(&f).is_empty());
     assert_eq!(s, 2); // no-rdma-devices, not a TCP finding
 
-    let (m, _) = fabric::discover(&fixture("tcp-2link"));
+    let (m, _) = host::discover(&fixture("tcp-2link"));
     let names: Vec<_> = m.tcp_links.iter().map(|t| t.netdev.as_str()).collect();
     // eno1 (192.168.10.11/24 with a gateway, MTU 1500, 1 queue, GRO off) is not point-to-point.
     assert_eq!(names, ["enp65s0f0", "enp65s0f1"]);
@@ -98,7 +99,7 @@ fn mtu_1500_on_tcp_links() {
         ])
     );
     assert_eq!(s, 2);
-    let (m, f) = fabric::discover(&fixture("broken-tcp-mtu1500"));
+    let (m, f) = host::discover(&fixture("broken-tcp-mtu1500"));
     let r = doctor::report(&m, &[], f);
     let g = r
         .findings
@@ -120,7 +121,7 @@ fn gro_or_tso_off() {
             ("tcp-offload-off", "netdev enp65s0f1", Warning),
         ])
     );
-    let (m, f) = fabric::discover(&fixture("broken-tcp-offload"));
+    let (m, f) = host::discover(&fixture("broken-tcp-offload"));
     let r = doctor::report(&m, &[], f);
     let msg = |obj: &str| {
         r.findings
@@ -146,7 +147,7 @@ fn too_few_receive_queues() {
         f,
         tcp_with(&[("tcp-rx-queues-low", "netdev enp65s0f0", Warning)])
     );
-    let (m, f) = fabric::discover(&fixture("broken-tcp-queues"));
+    let (m, f) = host::discover(&fixture("broken-tcp-queues"));
     let r = doctor::report(&m, &[], f);
     let g = r
         .findings
@@ -165,7 +166,7 @@ fn small_socket_buffer_limits() {
         f,
         tcp_with(&[("tcp-socket-buffers-low", "host TCP buffer limits", Warning)])
     );
-    let (m, f) = fabric::discover(&fixture("broken-tcp-buffers"));
+    let (m, f) = host::discover(&fixture("broken-tcp-buffers"));
     let r = doctor::report(&m, &[], f);
     let g = r
         .findings
@@ -301,7 +302,7 @@ fn only_slash_30_and_31_subnets_are_tcp_links() {
         "b300-4node",
         "captured/rxe-2vm-node0",
     ] {
-        let (m, _) = fabric::discover(&fixture(name));
+        let (m, _) = host::discover(&fixture(name));
         assert!(m.tcp_links.is_empty(), "{name}: {:?}", m.tcp_links);
         assert!(m.tcp_buffers.is_none(), "{name}");
     }
@@ -309,7 +310,7 @@ fn only_slash_30_and_31_subnets_are_tcp_links() {
     // lab's management hub) is not a cable: the plugin's TCP paths use /30 and /31 only, and doctor
     // follows the same rule. Adding a second neighbour changes nothing.
     let d = copy_fixture("broken-address-without-rdma");
-    let (m, _) = fabric::discover(d.path());
+    let (m, _) = host::discover(d.path());
     assert!(m.tcp_links.is_empty(), "{:?}", m.tcp_links);
     assert!(tcp_only(&findings("broken-address-without-rdma").0).is_empty());
     let arp = d.path().join("proc/4242/net/arp");
@@ -318,7 +319,7 @@ fn only_slash_30_and_31_subnets_are_tcp_links() {
         "192.168.102.12   0x1         0x2         4c:bb:47:a2:c3:ee     *        enp1s0f1np1\n",
     );
     std::fs::write(&arp, s).unwrap();
-    let (m, _) = fabric::discover(d.path());
+    let (m, _) = host::discover(d.path());
     assert!(m.tcp_links.is_empty(), "{:?}", m.tcp_links);
 }
 
@@ -429,7 +430,7 @@ fn live_tool_output_is_captured_as_a_file() {
             .is_err()
     );
     let out = tempfile::tempdir().unwrap();
-    let n = fabric::reader::capture(&r, out.path()).unwrap();
+    let n = host::reader::capture(&r, out.path()).unwrap();
     assert_eq!(n, 1);
     assert_eq!(
         std::fs::read_to_string(out.path().join("ethtool-k/x")).unwrap(),

@@ -5,9 +5,9 @@
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
-use switchless::fabric::model::{GidAddr, GidType, HostModel};
-use switchless::fabric::nccl::{MAX_P2P_BYTES, PTR_CUDA, PTR_DMABUF, PTR_HOST};
-use switchless::fabric::{self, NcclDevice, Reader, reader};
+use switchless::host::model::{GidAddr, GidType, HostModel};
+use switchless::host::nccl::{MAX_P2P_BYTES, PTR_CUDA, PTR_DMABUF, PTR_HOST};
+use switchless::host::{self, NcclDevice, Reader, reader};
 use switchless::route::types::LinkKind;
 
 fn fixture(name: &str) -> PathBuf {
@@ -17,7 +17,7 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn load(name: &str) -> HostModel {
-    let (m, f) = fabric::discover(&fixture(name));
+    let (m, f) = host::discover(&fixture(name));
     let files: Vec<_> = f.iter().filter(|f| f.check == "kernel-file").collect();
     if !name.contains("odd") {
         assert!(
@@ -394,7 +394,7 @@ fn verbs_can_override_active_mtu() {
 #[test]
 fn missing_files_give_warnings_not_panics() {
     let d = tempfile::tempdir().unwrap();
-    let (m, f) = fabric::discover(d.path());
+    let (m, f) = host::discover(d.path());
     assert!(!m.rdma_class_present);
     assert!(m.rdma_devices.is_empty() && m.netdevs.is_empty());
     let objs: Vec<&str> = f.iter().map(|f| f.object.as_str()).collect();
@@ -402,7 +402,7 @@ fn missing_files_give_warnings_not_panics() {
     assert!(objs.contains(&"file /proc/self/limits"), "{objs:?}");
     assert!(f.iter().all(|f| f.check == "kernel-file"));
 
-    let (_, f) = fabric::discover(&fixture("broken-odd-files"));
+    let (_, f) = host::discover(&fixture("broken-odd-files"));
     let objs: Vec<&str> = f.iter().map(|f| f.object.as_str()).collect();
     assert_eq!(
         objs,
@@ -431,11 +431,11 @@ fn capture_replays_identically() {
     assert!(list.len() >= 17, "{list:?}");
     for name in list {
         let rd = Reader::recording(&fixture(&name));
-        let (m1, f1) = fabric::discover_with(&rd);
+        let (m1, f1) = host::discover_with(&rd);
         let out = tempfile::tempdir().unwrap();
         let n = reader::capture(&rd, out.path()).unwrap();
         assert!(n > 5, "{name}: {n} files");
-        let (mut m2, f2) = fabric::discover(out.path());
+        let (mut m2, f2) = host::discover(out.path());
         m2.root = m1.root.clone();
         assert_eq!(m1, m2, "{name}");
         assert_eq!(f1, f2, "{name}");

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use proptest::prelude::*;
-use switchless::fabric::{self, Reader, doctor, reader};
+use switchless::host::{self, Reader, reader};
+use switchless::tools::doctor;
 
 /// A private copy of each fixture (captured once) and the files discovery reads in it (resolved).
 struct Copy {
@@ -25,7 +26,7 @@ fn copies() -> &'static [Copy] {
                     .join("tests/fixtures/fabric")
                     .join(name);
                 let rd = Reader::recording(&src);
-                let _ = fabric::discover_with(&rd);
+                let _ = host::discover_with(&rd);
                 let dir = tempfile::tempdir().unwrap();
                 reader::capture(&rd, dir.path()).unwrap();
                 let copy = Reader::new(dir.path());
@@ -73,7 +74,7 @@ proptest! {
         let original = std::fs::read(target).unwrap();
         std::fs::write(target, &content).unwrap();
 
-        let (m, f) = fabric::discover(&c.root);
+        let (m, f) = host::discover(&c.root);
         std::fs::write(target, &original).unwrap();
         let devs = m.nccl_devices(&|_, _| true, &|_| true);
         let links = m.local_links(&devs);

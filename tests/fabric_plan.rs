@@ -7,9 +7,9 @@
 
 use std::path::Path;
 
-use switchless::fabric;
 use switchless::findings::Severity;
-use switchless::plan::{self, Options, Plan, PortMap, cables, check_host};
+use switchless::host;
+use switchless::tools::plan::{self, Options, Plan, PortMap, cables, check_host};
 
 fn plan_of(text: &str) -> Plan {
     let map = PortMap::b300();
@@ -21,7 +21,7 @@ fn live(name: &str) -> Vec<plan::LiveIface> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/fabric")
         .join(name);
-    let (m, _) = fabric::discover(&root);
+    let (m, _) = host::discover(&root);
     m.live_ifaces()
 }
 

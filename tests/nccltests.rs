@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use switchless::nccltests::{self, Metric, Options, PluginStatus};
+use switchless::tools::nccltests::{self, Metric, Options, PluginStatus};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -305,7 +305,7 @@ fn cli_json() {
 
 mod fuzz {
     use proptest::prelude::*;
-    use switchless::nccltests;
+    use switchless::tools::nccltests;
 
     /// Lines that look like nccl-tests output, NCCL log lines, launcher prefixes and junk, in any order.
     fn line() -> impl Strategy<Value = String> {

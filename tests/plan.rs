@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 
 use ipnet::Ipv4Net;
 use proptest::prelude::*;
-use switchless::plan::render::{self, Format};
-use switchless::plan::{self, Options, Plan, PortMap, cables};
+use switchless::tools::plan::render::{self, Format};
+use switchless::tools::plan::{self, Options, Plan, PortMap, cables};
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

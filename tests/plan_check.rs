@@ -3,7 +3,7 @@
 
 use ipnet::Ipv4Net;
 use switchless::findings::{Finding, Severity};
-use switchless::plan::{self, LiveIface, Options, Plan, PortMap, cables, check_host};
+use switchless::tools::plan::{self, LiveIface, Options, Plan, PortMap, cables, check_host};
 
 const TWO_NODE: &str = "1-1 > 2-1\n1-2 > 2-2\n";
 const FOUR_NODE: &str = "1-1 > 2-1, 1-2 > 2-2\n1-3 > 3-3, 1-4 > 3-4\n1-5 > 4-5, 1-6 > 4-6\n2-3 > 3-1, 2-4 > 3-2\n2-5 > 4-3, 2-6 > 4-4\n3-5 > 4-1, 3-6 > 4-2\n";

@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use switchless::cli;
+use switchless::tools::cli;
 
 fn long_version() -> &'static str {
     static V: std::sync::OnceLock<String> = std::sync::OnceLock::new();

@@ -1,5 +1,5 @@
 //! The C ABI: exported vtables (one thin adapter per version over `plugin`), panic guard, logger bridge,
-//! and the host side (loading an ncclNet plugin by path) used by `switchless bench`.
+//! and, apart from the exports, the loader (the importing side, used by `switchless bench`).
 //!
 //! * [`abi`]: bindgen types from `include/nccl_net_switchless.h` (ABI v6–v12).
 //! * [`vtables`]: the exported `ncclNetPlugin_v6` … `ncclNetPlugin_v12` statics; each field is one generic
@@ -8,18 +8,22 @@
 //! * `guard`: every entry point runs inside [`guard::guard`] (no unwinding into C; errors and panics become a
 //!   WARN line and an `ncclResult_t`).
 //! * [`log`]: the `tracing` → `ncclDebugLogger_t` bridge.
-//! * [`host`]: the host side: `dlopen` any ncclNet plugin by path and drive `ncclNetPlugin_v12` (`switchless bench`).
+//!
+//! Apart from the exports: [`loader`], the importing side: `dlopen` any ncclNet plugin by path and drive
+//! `ncclNetPlugin_v12` through the safe [`loader::Net`] trait (`switchless bench`).
 #![allow(unsafe_code)]
 
 pub mod abi;
 mod adapters;
 pub mod guard;
-pub mod host;
 pub mod log;
 pub mod props;
 #[doc(hidden)]
 pub mod testsupport;
 pub mod vtables;
+
+// The importing side (not part of the exported plugin).
+pub mod loader;
 
 #[cfg(test)]
 mod tests;

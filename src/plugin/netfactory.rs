@@ -32,7 +32,7 @@ use super::paths::{ConnOptions, Connectable, HostView, PathFactory, PathPlan, Ve
 use super::switchless::Switchless;
 use crate::config::{Config, TcpStreams, TransportMode};
 use crate::error::{Error, Result};
-use crate::fabric::{HostModel, NcclDevice};
+use crate::host::{HostModel, NcclDevice};
 use crate::route::types::{LinkKind, LocalLink};
 use crate::transport::fabric::{
     Completion, CtrlMem, Fabric, MemKind, PathInfo, ReadWr, Registration, WriteWr,
@@ -121,7 +121,7 @@ pub fn tcp_host(model: &HostModel) -> (Vec<LocalLink>, Vec<NcclDevice>) {
                             latency_us: 0.0,
                             max_comms: 65536,
                             max_recvs: 8,
-                            ptr_support: crate::fabric::nccl::PTR_HOST,
+                            ptr_support: crate::host::nccl::PTR_HOST,
                             max_p2p_bytes: 1 << 40,
                             rail_id: -1,
                             plane_id: -1,
@@ -198,7 +198,7 @@ impl PathFactory for NetFactory {
                 Err(e) => no_rdma = Some(e),
             }
         }
-        let (model, findings) = crate::fabric::discover(Path::new("/"));
+        let (model, findings) = crate::host::discover(Path::new("/"));
         let (links, devices) = tcp_host(&model);
         if devices.is_empty() {
             let why = "no TCP point-to-point link either (an up IPv4 address on a /30 or /31 \
@@ -211,7 +211,7 @@ impl PathFactory for NetFactory {
                 )),
             });
         }
-        crate::fabric::log_findings(&findings);
+        crate::host::log_findings(&findings);
         if let Some(e) = no_rdma {
             tracing::info!(
                 "NET/switchless: {e}; carrying connections over TCP on {} point-to-point netdev(s)",
@@ -662,7 +662,7 @@ mod tests {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures/fabric")
             .join(name);
-        crate::fabric::discover(&root).0
+        crate::host::discover(&root).0
     }
 
     #[test]
@@ -674,7 +674,7 @@ mod tests {
         assert!(!devices.is_empty());
         for d in &devices {
             assert!(d.name.starts_with("sl_"), "{}", d.name);
-            assert_eq!(d.ptr_support, crate::fabric::nccl::PTR_HOST);
+            assert_eq!(d.ptr_support, crate::host::nccl::PTR_HOST);
             assert!(d.speed_mbps > 0);
             assert!(!d.peers.is_empty(), "{} has its far end", d.name);
         }

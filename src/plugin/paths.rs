@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::fabric::NcclDevice;
+use crate::host::NcclDevice;
 use crate::route::types::{KernelRoute, LinkKind, LocalLink};
 use crate::transport::fabric::Fabric;
 use crate::transport::handshake::PathParams;
@@ -131,8 +131,8 @@ impl PathFactory for VerbsFactory {
                 probe.why_none()
             )));
         }
-        let (mut model, findings) = crate::fabric::discover(Path::new("/"));
-        crate::fabric::log_findings(&findings);
+        let (mut model, findings) = crate::host::discover(Path::new("/"));
+        crate::host::log_findings(&findings);
         let mut contexts = BTreeMap::new();
         for d in &probe.devices {
             let ctx = match crate::verbs::Context::open(&d.name) {

@@ -44,7 +44,7 @@ use super::{
 };
 use crate::config::TransportMode;
 use crate::error::{Error, Result};
-use crate::fabric::NcclDevice;
+use crate::host::NcclDevice;
 use crate::route::handle::{Handle as HandleView, HandleRepr};
 use crate::route::select::{KindFilter, PathChoice, Reach, RouteOptions, select};
 use crate::route::types::LinkKind;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use switchless::config::Config;
-use switchless::fabric::NcclDevice;
+use switchless::host::NcclDevice;
 use switchless::plugin::netfactory::NetFactory;
 use switchless::plugin::{Backend, CommInfo, HANDLE_SIZE, Handle, HostView, Switchless};
 use switchless::route::types::{KernelRoute, LinkKind, LocalLink};

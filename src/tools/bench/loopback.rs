@@ -14,10 +14,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::bootstrap::Bootstrap;
 use super::modes::{Options, Report, run};
-use super::net::{
+use crate::error::{Error, Result};
+use crate::ffi::loader::net::{
     CommRef, HANDLE_SIZE, Handle, Net, PTR_HOST, Properties, RecvBuf, Region, SharedBuf,
 };
-use crate::error::{Error, Result};
 
 const MAGIC: &[u8; 8] = b"LOOPBACK";
 

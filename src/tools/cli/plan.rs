@@ -8,8 +8,8 @@ use std::process::ExitCode;
 use ipnet::Ipv4Net;
 
 use crate::error::{Error, Result};
-use crate::plan::render::{self, Format};
-use crate::plan::{self, Options, PortMap, cables};
+use crate::tools::plan::render::{self, Format};
+use crate::tools::plan::{self, Options, PortMap, cables};
 
 #[derive(Debug, clap::Args)]
 #[command(

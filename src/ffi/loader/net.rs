@@ -1,6 +1,6 @@
 //! The `Net` trait: the ncclNet v12 calls NCCL's proxy makes, in safe Rust, with the plugin's
-//! handles as opaque associated types. The modes are written against it; `ffi::host` implements it
-//! over a loaded plugin, [`super::loopback`] in-process for tests.
+//! handles as opaque associated types. `switchless bench`'s modes are written against it; the loader
+//! ([`super`]) implements it over a loaded plugin, `tools::bench::loopback` in-process for tests.
 #![forbid(unsafe_code)]
 
 use std::sync::{Arc, Mutex, MutexGuard};

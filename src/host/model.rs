@@ -269,10 +269,10 @@ pub struct HostModel {
     /// The NVIDIA GPU driver is loaded (`/sys/module/nvidia`): GPU buffers may reach the NICs.
     pub gpu_driver: bool,
     /// Point-to-point TCP links (netdevs without RDMA on a /30, /31 or one-neighbour subnet) with
-    /// their tuning (see [`crate::fabric::tcp`]).
-    pub tcp_links: Vec<crate::fabric::tcp::TcpLink>,
+    /// their tuning (see [`crate::host::tcp`]).
+    pub tcp_links: Vec<crate::host::tcp::TcpLink>,
     /// Socket buffer limits (`/proc/sys/net/…`); read only when there is a TCP link.
-    pub tcp_buffers: Option<crate::fabric::tcp::BufferLimits>,
+    pub tcp_buffers: Option<crate::host::tcp::BufferLimits>,
 }
 
 impl HostModel {
@@ -307,7 +307,7 @@ impl HostModel {
         let mut v: Vec<Cage> = self.ports().map(|(_, p)| p.cage.clone()).collect();
         for n in &self.netdevs {
             if n.rdma.is_empty() {
-                if let Some(c) = crate::fabric::discover::netdev_cage(n) {
+                if let Some(c) = crate::host::discover::netdev_cage(n) {
                     v.push(c);
                 }
             }

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use crate::error::{Error, Result};
-use crate::nccltests::{self, Metric, Options, ParsedFile};
+use crate::tools::nccltests::{self, Metric, Options, ParsedFile};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {

@@ -1,17 +1,16 @@
 //! `switchless bench`: the modes of the ABI driver (latency, bandwidth, alltoall, allreduce), verification
-//! patterns and result tables. The plugin itself is reached through `ffi::host`; the modes are written
+//! patterns and result tables. The plugin itself is reached through `ffi::loader`; the modes are written
 //! against the [`Net`] trait so that [`loopback`] can run them in-process in tests.
 #![forbid(unsafe_code)]
 
 pub mod bootstrap;
 pub mod loopback;
 pub mod modes;
-pub mod net;
 pub mod pattern;
 pub mod report;
 
-pub use bootstrap::Bootstrap;
-pub use modes::{Mode, Options, Report, Row, run};
-pub use net::{
+pub use crate::ffi::loader::net::{
     CommRef, HANDLE_SIZE, Handle, Net, PTR_HOST, Properties, RecvBuf, Region, SharedBuf,
 };
+pub use bootstrap::Bootstrap;
+pub use modes::{Mode, Options, Report, Row, run};

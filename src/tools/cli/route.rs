@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use ipnet::Ipv4Net;
 
-use crate::fabric;
+use crate::host;
 use crate::route::handle::advertised;
 use crate::route::types::{LinkKind, RemoteLink};
 use crate::route::{KindFilter, Reach, RouteOptions, render_text, select};
@@ -53,13 +53,13 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> ExitCode {
-    let (model, _) = fabric::discover(&args.root);
+    let (model, _) = host::discover(&args.root);
     let devices = model.nccl_devices(&|_, _| true, &|_| false);
     let local = model.local_links(&devices);
     let routes = model.routes();
     let peer: Vec<RemoteLink> = match &args.peer_root {
         Some(p) => {
-            let (pm, _) = fabric::discover(p);
+            let (pm, _) = host::discover(p);
             let pd = pm.nccl_devices(&|_, _| true, &|_| false);
             match advertised(&pm.local_links(&pd)) {
                 Ok(v) => v,

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use crate::bench as b;
 use crate::error::{Error, Result};
+use crate::tools::bench as b;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -148,9 +148,9 @@ fn real(a: &Args, o: &b::Options, nranks: usize) -> Result<b::Report> {
     run_plugin(a, o, &mut boot)
 }
 
-/// Loads the plugin (`--plugin` or ours by default) through `ffi::host` and runs the mode.
+/// Loads the plugin (`--plugin` or ours by default) through `ffi::loader` and runs the mode.
 fn run_plugin(a: &Args, o: &b::Options, boot: &mut b::Bootstrap) -> Result<b::Report> {
-    let mut net = crate::ffi::host::HostNet::load_default(a.plugin.as_deref())?;
+    let mut net = crate::ffi::loader::HostNet::load_default(a.plugin.as_deref())?;
     // one communicator id for the whole job, like NCCL's commHash
     b::Net::init(&mut net, 0x5357_4c42_0000_0000 | boot.nranks() as u64)?;
     let r = b::run(&net, boot, o);

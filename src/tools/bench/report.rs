@@ -24,7 +24,7 @@ pub fn table(r: &Report) -> String {
             d.name,
             d.speed_mbps,
             d.port,
-            crate::fabric::nccl::ptr_support_names(u32::try_from(d.ptr_support).unwrap_or(0))
+            crate::host::nccl::ptr_support_names(u32::try_from(d.ptr_support).unwrap_or(0))
                 .join("|"),
             d.max_recvs,
             d.max_p2p_bytes,

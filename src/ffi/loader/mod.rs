@@ -1,18 +1,22 @@
 //! The host side of the ncclNet ABI: loads any ncclNet plugin `.so` by path (`dlopen(RTLD_NOW |
-//! RTLD_LOCAL)`, as NCCL does), finds `ncclNetPlugin_v12` and implements [`bench::Net`] over its
+//! RTLD_LOCAL)`, as NCCL does), finds `ncclNetPlugin_v12` and implements [`net::Net`] over its
 //! function pointers, so `switchless bench` drives a plugin the way NCCL's proxy does.
 //!
 //! The plugin's handles stay opaque (`*mut c_void` inside newtypes); buffers are
-//! [`bench::SharedBuf`]s whose allocation never moves, so the addresses the plugin keeps between
+//! [`net::SharedBuf`]s whose allocation never moves, so the addresses the plugin keeps between
 //! `isend`/`irecv` and the completing `test` stay valid.
 
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::path::{Path, PathBuf};
 use std::ptr;
 
-use super::abi;
-use crate::bench::{self, CommRef, HANDLE_SIZE, Handle, Properties, RecvBuf, Region, SharedBuf};
+use crate::ffi::abi;
+pub mod net;
+
 use crate::error::{Error, Result};
+pub use net::{
+    CommRef, HANDLE_SIZE, Handle, Net, PTR_HOST, Properties, RecvBuf, Region, SharedBuf,
+};
 
 /// The file name NCCL loads for `NCCL_NET_PLUGIN=switchless`.
 pub const PLUGIN_FILE: &str = "libnccl-net-switchless.so";
@@ -163,7 +167,7 @@ impl HostNet {
 
     /// Prints the plugin's log lines captured on this thread (WARN always, the rest with NCCL_DEBUG=INFO).
     fn drain_log(&self) {
-        for l in super::testsupport::take_log() {
+        for l in crate::ffi::testsupport::take_log() {
             if self.log || l.level <= 2 {
                 let level = match l.level {
                     2 => "WARN",
@@ -211,7 +215,7 @@ impl HostNet {
 impl Drop for HostNet {
     fn drop(&mut self) {
         if self.inited {
-            let _ = bench::Net::finalize(self);
+            let _ = net::Net::finalize(self);
         }
         // Like NCCL, unload only once the context is finalized: the plugin's threads are gone then.
         if !self.inited {
@@ -226,7 +230,7 @@ fn region_ptr(r: &Region) -> *mut c_void {
     base.wrapping_add(r.offset).cast()
 }
 
-impl bench::Net for HostNet {
+impl net::Net for HostNet {
     type ListenComm = HostListen;
     type SendComm = HostSend;
     type RecvComm = HostRecv;
@@ -255,7 +259,7 @@ impl bench::Net for HostNet {
                 &mut ctx,
                 comm_id,
                 &mut config,
-                Some(super::testsupport::c_logger()),
+                Some(crate::ffi::testsupport::c_logger()),
                 None,
             )
         };
@@ -353,13 +357,7 @@ impl bench::Net for HostNet {
         // SAFETY: `p..p+len` is the buffer's allocation, which never moves and outlives the
         // registration (the bench deregisters before dropping the buffer).
         self.check("regMr", unsafe {
-            f(
-                Self::comm_ptr(&comm),
-                p.cast(),
-                len,
-                bench::PTR_HOST,
-                &mut mh,
-            )
+            f(Self::comm_ptr(&comm), p.cast(), len, net::PTR_HOST, &mut mh)
         })?;
         Ok(HostMr(mh))
     }

@@ -5,9 +5,9 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::model::{GidAddr, HostModel, PcieLink};
-use super::nccl::{NcclDevice, PTR_CUDA, PTR_DMABUF, ptr_support_names};
 use crate::findings::{Finding, Severity, exit_status};
+use crate::host::model::{GidAddr, HostModel, PcieLink};
+use crate::host::nccl::{NcclDevice, PTR_CUDA, PTR_DMABUF, ptr_support_names};
 
 /// Stable check ids (documented in docs/readme/fabric.md).
 pub mod check {
@@ -25,8 +25,8 @@ pub mod check {
     pub const NO_CONNECTED_ROUTE: &str = "no-connected-route";
     pub const SOFT_ROCE_INFINITE_RETRY: &str = "soft-roce-infinite-retry";
     pub const GPU_DIRECT_OFF: &str = "gpu-direct-off";
-    pub const KERNEL_FILE: &str = super::super::discover::CHECK_KERNEL_FILE;
-    pub use super::super::tcp::check::*;
+    pub const KERNEL_FILE: &str = crate::host::discover::CHECK_KERNEL_FILE;
+    pub use crate::host::tcp::check::*;
 }
 
 /// Below this RLIMIT_MEMLOCK (bytes) registration of NCCL's buffers fails: an error.
@@ -319,7 +319,7 @@ pub fn checks(m: &HostModel, devices: &[NcclDevice]) -> Vec<Finding> {
                 .as_deref()
                 .and_then(|b| m.pci(b))
                 .and_then(|f| f.vendor)
-                .is_some_and(|v| v == super::discover::MELLANOX_VENDOR);
+                .is_some_and(|v| v == crate::host::discover::MELLANOX_VENDOR);
             let addrs: Vec<String> = n.addrs.iter().map(|a| a.addr.to_string()).collect();
             f.push(if mellanox {
                 Finding::new(
@@ -362,7 +362,7 @@ pub fn checks(m: &HostModel, devices: &[NcclDevice]) -> Vec<Finding> {
                         check::NO_NEIGHBOUR,
                         format!("netdev {}", n.name),
                         format!("no other host of {net} is in the kernel's neighbour table (/proc/net/arp) for {}: the cable may go nowhere or the peer is not addressed in this subnet", n.name),
-                        format!("ping -c 3 -I {} {}; if it fails check the cable and the peer's address (the table is empty until traffic has flowed, so this is expected right after boot)", n.name, match super::nccl::point_to_point_peers(a.addr).as_deref() {
+                        format!("ping -c 3 -I {} {}; if it fails check the cable and the peer's address (the table is empty until traffic has flowed, so this is expected right after boot)", n.name, match crate::host::nccl::point_to_point_peers(a.addr).as_deref() {
                             Some([p]) => p.to_string(),
                             _ => format!("<peer address in {net}>"),
                         }),
@@ -394,7 +394,9 @@ pub fn checks(m: &HostModel, devices: &[NcclDevice]) -> Vec<Finding> {
             .iter()
             .filter(|n| n.rdma.is_empty())
             .filter_map(|n| n.pci.as_deref())
-            .filter(|b| m.pci(b).and_then(|f| f.vendor) == Some(super::discover::MELLANOX_VENDOR)),
+            .filter(|b| {
+                m.pci(b).and_then(|f| f.vendor) == Some(crate::host::discover::MELLANOX_VENDOR)
+            }),
     );
     fns.sort();
     fns.dedup();
@@ -446,7 +448,7 @@ pub fn checks(m: &HostModel, devices: &[NcclDevice]) -> Vec<Finding> {
         }
     }
     // Point-to-point TCP links: MTU, offloads, receive queues, socket buffer limits.
-    f.extend(super::tcp::checks(m));
+    f.extend(crate::host::tcp::checks(m));
     let _ = devices;
     f
 }
@@ -491,9 +493,9 @@ pub struct Report {
     pub ports: Vec<PortRow>,
     pub nccl_devices: Vec<NcclDevice>,
     /// Point-to-point TCP links (netdevs without RDMA) with their tuning.
-    pub tcp_links: Vec<super::tcp::TcpLink>,
+    pub tcp_links: Vec<crate::host::tcp::TcpLink>,
     /// Socket buffer limits; null when the host has no TCP link.
-    pub tcp_buffers: Option<super::tcp::BufferLimits>,
+    pub tcp_buffers: Option<crate::host::tcp::BufferLimits>,
     pub findings: Vec<Finding>,
     pub exit_status: u8,
 }
@@ -683,7 +685,7 @@ pub fn render_text(r: &Report) -> String {
         let _ = writeln!(out);
         let _ = writeln!(out, "TCP point-to-point links:");
         for t in &r.tcp_links {
-            let toggle = |v: Option<super::tcp::Toggle>| match v {
+            let toggle = |v: Option<crate::host::tcp::Toggle>| match v {
                 Some(t) if t.on => "on",
                 Some(_) => "off",
                 None => "?",

@@ -6,14 +6,12 @@
 //! * [`HostModel::nccl_devices`]: the devices the plugin exposes to NCCL (multi-host functions and
 //!   split-cage halves merged).
 //! * [`HostModel::local_links`] / [`HostModel::routes`]: the local side of routing.
-//! * [`doctor::report`]: every doctor check, the port table and the JSON report.
 //! * [`tcp`]: point-to-point TCP links (no RDMA) and their tuning: MTU, GRO/TSO, receive queues,
 //!   socket buffer limits.
 //! * [`reader::capture`]: copy exactly the files discovery read into a tree `--root` reads back.
 #![forbid(unsafe_code)]
 
 pub mod discover;
-pub mod doctor;
 pub mod links;
 pub mod model;
 pub mod nccl;

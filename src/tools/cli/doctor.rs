@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use crate::fabric::{self, Reader, doctor, reader};
 use crate::findings::{Finding, Severity};
+use crate::host::{self, Reader, reader};
+use crate::tools::doctor;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -30,10 +31,11 @@ pub struct Args {
 }
 
 /// Reads the plan file named by `--plan`.
-fn load_plan(path: &std::path::Path) -> Result<crate::plan::Plan, String> {
+fn load_plan(path: &std::path::Path) -> Result<crate::tools::plan::Plan, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("--plan {}: cannot read: {e}", path.display()))?;
-    crate::plan::Plan::from_json(&text).map_err(|e| format!("--plan {}: {e}", path.display()))
+    crate::tools::plan::Plan::from_json(&text)
+        .map_err(|e| format!("--plan {}: {e}", path.display()))
 }
 
 /// The NCCL_IB_HCA filter of the environment (doctor shows the devices NCCL would get).
@@ -53,7 +55,7 @@ fn is_live_root(root: &Path) -> bool {
 
 /// DMA-BUF support of every RDMA device of the model that opens (devices that do not open are left
 /// out: unknown).
-fn live_dmabuf(model: &fabric::model::HostModel) -> BTreeMap<String, bool> {
+fn live_dmabuf(model: &host::model::HostModel) -> BTreeMap<String, bool> {
     let mut out = BTreeMap::new();
     for d in &model.rdma_devices {
         if let Ok(s) = crate::verbs::probe_dmabuf_device(&d.name) {
@@ -84,7 +86,7 @@ pub fn diagnose(args: &Args) -> Result<(doctor::Report, Option<usize>), String> 
         _ => None,
     };
     let filter = hca_filter()?;
-    let (model, mut findings) = fabric::discover_with(&rd);
+    let (model, mut findings) = host::discover_with(&rd);
     // The NCCL environment this shell would give the plugin: a bad value is reported, as the plugin's
     // init would refuse it.
     match crate::config::Config::from_env() {
@@ -114,7 +116,11 @@ pub fn diagnose(args: &Args) -> Result<(doctor::Report, Option<usize>), String> 
             .all(|m| dmabuf.contains_key(&m.rdma_dev));
     findings.extend(doctor::gpu_direct_checks(&model, &devices, probed));
     if let Some((plan, n)) = &plan {
-        findings.extend(crate::plan::check_host(plan, *n, &model.live_ifaces()));
+        findings.extend(crate::tools::plan::check_host(
+            plan,
+            *n,
+            &model.live_ifaces(),
+        ));
     }
     let captured = match &args.capture {
         Some(dir) => {

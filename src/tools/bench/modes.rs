@@ -8,9 +8,11 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use super::bootstrap::Bootstrap;
-use super::net::{CommRef, HANDLE_SIZE, Handle, Net, Properties, RecvBuf, Region, SharedBuf};
 use super::pattern;
 use crate::error::{Error, Result};
+use crate::ffi::loader::net::{
+    CommRef, HANDLE_SIZE, Handle, Net, Properties, RecvBuf, Region, SharedBuf,
+};
 
 /// What to measure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
