@@ -12,7 +12,6 @@
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
-use ipnet::Ipv4Net;
 use serde::Serialize;
 
 use super::model::{Cage, HostModel};
@@ -92,25 +91,7 @@ pub type HcaFilter<'a> = &'a dyn Fn(&str, u8) -> bool;
 /// (`verbs::probe_dmabuf`); offline callers (doctor, route) pass `&|_| false`.
 pub type DmabufFilter<'a> = &'a dyn Fn(&str) -> bool;
 
-/// The other host addresses of a point-to-point subnet: the partner of a /31, the other host of a
-/// /30 (both hosts when the address itself is not one of them). `None` for any other prefix.
-pub fn point_to_point_peers(a: Ipv4Net) -> Option<Vec<Ipv4Addr>> {
-    let me = u32::from(a.addr());
-    match a.prefix_len() {
-        31 => Some(vec![Ipv4Addr::from(me ^ 1)]),
-        30 => {
-            let base = u32::from(a.network());
-            Some(
-                [base + 1, base + 2]
-                    .into_iter()
-                    .filter(|h| *h != me)
-                    .map(Ipv4Addr::from)
-                    .collect(),
-            )
-        }
-        _ => None,
-    }
-}
+pub use crate::route::point_to_point_peers;
 
 impl HostModel {
     /// The far addresses reachable from `netdev` through its subnets (see [`NcclDevice::peers`]).

@@ -18,7 +18,7 @@
 use ipnet::Ipv4Net;
 use serde::Serialize;
 
-use super::model::{HostModel, NetAddr, Netdev};
+use super::model::{HostModel, NetAddr};
 use super::reader::Reader;
 use crate::findings::{Finding, Severity};
 use crate::route::types::LinkKind;
@@ -88,18 +88,16 @@ pub struct BufferLimits {
 }
 
 /// Why the subnet of `a` on `n` is point-to-point, or None.
-pub fn point_to_point(_m: &HostModel, _n: &Netdev, a: &NetAddr) -> Option<&'static str> {
-    // The same rule as the plugin's TCP data paths (`plugin::netfactory::tcp_data_link`): only a /30 or
-    // /31 is a cable. A wider subnet with a single neighbour today (a two-node management LAN, a lab
-    // hub) is not, so doctor does not tune it as one.
-    if !a.has_route {
+pub fn point_to_point(a: &NetAddr) -> Option<&'static str> {
+    // An address without its connected route is not (yet) usable as a cable end.
+    if !a.has_route || !crate::route::point_to_point(a.addr) {
         return None;
     }
-    match a.addr.prefix_len() {
-        31 => Some("/31"),
-        30 => Some("/30"),
-        _ => None,
-    }
+    Some(if a.addr.prefix_len() == 31 {
+        "/31"
+    } else {
+        "/30"
+    })
 }
 
 /// Parses the text of `ethtool -k <if>` ("generic-receive-offload: on", "…: off \[fixed\]").
@@ -156,7 +154,7 @@ pub fn read_tcp(reader: &Reader, model: &mut HostModel, findings: &mut Vec<Findi
         let Some(a) = n.addrs.iter().find(|a| a.addr == l.addr) else {
             continue;
         };
-        let Some(why) = point_to_point(model, n, a) else {
+        let Some(why) = point_to_point(a) else {
             continue;
         };
         let rx_queues = reader

@@ -46,7 +46,7 @@ use crate::verbs::fabric::VerbsFabric;
 /// Whether `l` may carry TCP data: its subnet is /30 or /31 (a point-to-point cable), or
 /// `fallback` (`NCCL_SWITCHLESS_TCP_FALLBACK=1`) allows any subnet.
 pub fn tcp_data_link(l: &LocalLink, fallback: bool) -> bool {
-    fallback || l.addr.prefix_len() >= 30
+    fallback || crate::route::point_to_point(l.addr)
 }
 
 /// The netdev MTU as a handshake MTU (256..=65536 bytes; unknown = 1500).

@@ -37,7 +37,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::netfactory::tcp_data_link;
 use super::paths::{ConnOptions, Connectable, HostView, PathFactory, PathPlan};
 use super::{
     Backend, CommInfo, CommMut, FlushBuf, Handle, Properties, PtrSupport, RecvBuf, Region, Slot,
@@ -302,7 +301,7 @@ impl<P: PathFactory> Switchless<P> {
     }
 
     /// Routes to the peer's links: `rdma` = RoCE pairs only; `tcp` = TCP on point-to-point links
-    /// ([`tcp_data_link`]: /30 or /31 subnets); `auto` = RoCE first, then TCP as for `tcp` (when no
+    /// ([`crate::route::point_to_point`]: /30 or /31 subnets); `auto` = RoCE first, then TCP as for `tcp` (when no
     /// link is point-to-point, the RoCE error stands). Then, with `NCCL_SWITCHLESS_TCP_FALLBACK=1`
     /// only, TCP over any shared subnet (a management LAN) or kernel route through a gateway (a
     /// forwarding neighbour, the default route: [`Reach::Routed`]), with one WARN per peer.
@@ -321,7 +320,7 @@ impl<P: PathFactory> Switchless<P> {
             .view
             .links
             .iter()
-            .filter(|l| tcp_data_link(l, false))
+            .filter(|l| crate::route::point_to_point(l.addr))
             .cloned()
             .collect();
         let (links, routes) = (&self.view.links, &self.view.routes);

@@ -1,5 +1,5 @@
 //! Routing: pure functions deciding which local links and remote addresses carry a connection.
-//! No I/O here; inputs come from the fabric model (local side) and the peer's listen handle (remote side).
+//! No I/O here; inputs come from the host model (local side) and the peer's listen handle (remote side).
 #![forbid(unsafe_code)]
 
 pub mod handle;
@@ -11,3 +11,4 @@ pub use select::{
     DevOverride, KindFilter, PathChoice, Reach, RouteOptions, Selection, Skipped, check_incoming,
     kernel_route, render_text, select,
 };
+pub use types::{point_to_point, point_to_point_peers};

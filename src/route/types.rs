@@ -1,5 +1,7 @@
-//! Inputs of routing, shared by `fabric` (which produces the local side from the host model) and by the
+//! Inputs of routing, shared by `host` (which produces the local side from the host model) and by the
 //! handle decoder (which produces the remote side). This is the contract between those layers.
+
+use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
@@ -68,4 +70,47 @@ pub struct RemoteLink {
     #[serde(default)]
     pub pci_root_id: u16,
     pub kind: LinkKind,
+}
+
+/// Whether a subnet is a cable: a /30 or a /31 (one address at each end). A wider subnet is not, even
+/// with a single neighbour today (a two-node management LAN, a lab hub). The one rule for TCP data
+/// paths, the doctor's TCP link checks and the NCCL devices' far ends.
+pub fn point_to_point(net: Ipv4Net) -> bool {
+    matches!(net.prefix_len(), 30 | 31)
+}
+
+/// The far end(s) of a point-to-point subnet: the partner of a /31, the other host of a /30 (both
+/// hosts when the address itself is not one of them). `None` for any other prefix.
+pub fn point_to_point_peers(a: Ipv4Net) -> Option<Vec<Ipv4Addr>> {
+    let me = u32::from(a.addr());
+    match a.prefix_len() {
+        31 => Some(vec![Ipv4Addr::from(me ^ 1)]),
+        30 => {
+            let base = u32::from(a.network());
+            Some(
+                [base + 1, base + 2]
+                    .into_iter()
+                    .filter(|h| *h != me)
+                    .map(Ipv4Addr::from)
+                    .collect(),
+            )
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_30_or_31_is_a_cable() {
+        let p2p = |s: &str| point_to_point(s.parse().unwrap());
+        assert!(p2p("10.0.0.1/30") && p2p("10.0.0.0/31"));
+        assert!(!p2p("10.0.0.1/29") && !p2p("10.0.0.1/32") && !p2p("192.168.1.5/24"));
+        let peers = |s: &str| point_to_point_peers(s.parse().unwrap());
+        assert_eq!(peers("10.0.0.1/30"), Some(vec!["10.0.0.2".parse().unwrap()]));
+        assert_eq!(peers("10.0.0.3/31"), Some(vec!["10.0.0.2".parse().unwrap()]));
+        assert_eq!(peers("10.0.0.1/29"), None);
+    }
 }
