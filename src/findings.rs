@@ -3,6 +3,9 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Check id of every finding about an unreadable or unparsable kernel file (discovery's own).
+pub const CHECK_KERNEL_FILE: &str = "kernel-file";
+
 /// How bad a finding is. Ordered: `Info < Warning < Error`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

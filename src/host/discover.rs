@@ -34,7 +34,7 @@ pub const SHARED_CAGE_DEVICE_IDS: &[u16] = &[0x1023];
 pub const MELLANOX_VENDOR: u16 = 0x15b3;
 
 /// Check id of findings about kernel files that are missing or unparsable.
-pub const CHECK_KERNEL_FILE: &str = "kernel-file";
+pub use crate::findings::CHECK_KERNEL_FILE;
 
 struct Ctx<'a> {
     r: &'a Reader,
@@ -679,25 +679,6 @@ fn read_port(
     }
 }
 
-/// Port number on the adapter of a netdev: `phys_port_name` "p1" → 1, else the PCI function number.
-fn port_number(n: Option<&Netdev>, bdf: Option<&str>, rdma_port: u8) -> u8 {
-    if let Some(p) = n
-        .and_then(|n| n.phys_port_name.as_deref())
-        .and_then(|s| s.strip_prefix('p'))
-        .and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next())
-        .and_then(|s| s.parse::<u8>().ok())
-    {
-        return p;
-    }
-    if let Some(f) = bdf
-        .and_then(|b| b.rsplit('.').next())
-        .and_then(|f| f.parse::<u8>().ok())
-    {
-        return f;
-    }
-    rdma_port.saturating_sub(1)
-}
-
 /// Cages: ports of one adapter (same sys_image_guid) with the same port number share a cage — this
 /// merges the multi-host functions of a GB10 (rocep1s0f0 on 0000:01 and roceP2p1s0f0 on 0002:01,
 /// both `p0`). On adapters listed in [`SHARED_CAGE_DEVICE_IDS`] (ConnectX-8) every port of one PCI
@@ -725,7 +706,7 @@ fn assign_cages(devs: &mut [RdmaDevice], netdevs: &[Netdev], pci: &[PciFunction]
             let index = if shared {
                 0
             } else {
-                port_number(nd, bdf.as_deref(), p.port)
+                super::model::port_number(nd, bdf.as_deref(), p.port)
             };
             let adapter = if shared {
                 // One cage per PCI device: the functions of one device share it.
@@ -739,15 +720,6 @@ fn assign_cages(devs: &mut [RdmaDevice], netdevs: &[Netdev], pci: &[PciFunction]
             p.cage = Cage { adapter, index };
         }
     }
-}
-
-/// Cage of a netdev without RDMA: its PCI device and port number.
-pub fn netdev_cage(n: &Netdev) -> Option<Cage> {
-    let b = n.pci.as_deref()?;
-    Some(Cage {
-        adapter: format!("pci:{}", &b[..b.len().saturating_sub(2)]),
-        index: port_number(Some(n), Some(b), 1),
-    })
 }
 
 /// `/proc/net/route`: Iface Destination Gateway Flags RefCnt Use Metric Mask … (hex in the host's byte

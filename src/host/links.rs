@@ -65,7 +65,7 @@ impl HostModel {
                             None,
                             0,
                             None,
-                            super::discover::netdev_cage(n),
+                            super::model::netdev_cage(n),
                             min_opt(n.speed_mbps, pcie_mbps),
                             0,
                             None,

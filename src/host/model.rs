@@ -270,9 +270,9 @@ pub struct HostModel {
     pub gpu_driver: bool,
     /// Point-to-point TCP links (netdevs without RDMA on a /30, /31 or one-neighbour subnet) with
     /// their tuning (see [`crate::host::tcp`]).
-    pub tcp_links: Vec<crate::host::tcp::TcpLink>,
+    pub tcp_links: Vec<TcpLink>,
     /// Socket buffer limits (`/proc/sys/net/…`); read only when there is a TCP link.
-    pub tcp_buffers: Option<crate::host::tcp::BufferLimits>,
+    pub tcp_buffers: Option<BufferLimits>,
 }
 
 impl HostModel {
@@ -307,7 +307,7 @@ impl HostModel {
         let mut v: Vec<Cage> = self.ports().map(|(_, p)| p.cage.clone()).collect();
         for n in &self.netdevs {
             if n.rdma.is_empty() {
-                if let Some(c) = crate::host::discover::netdev_cage(n) {
+                if let Some(c) = netdev_cage(n) {
                     v.push(c);
                 }
             }
@@ -331,6 +331,86 @@ pub fn roce_active_mtu(netdev_mtu: u32) -> u32 {
         .into_iter()
         .find(|m| eff >= *m)
         .unwrap_or(256)
+}
+
+/// One feature line of `ethtool -k`: `on`/`off`, and `[fixed]` (the driver cannot change it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Toggle {
+    pub on: bool,
+    pub fixed: bool,
+}
+
+/// GRO and TSO of a netdev, from the text of `ethtool -k`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Features {
+    /// The logical path the text was read from (`/ethtool-k/<if>`).
+    pub source: String,
+    /// `generic-receive-offload`.
+    pub gro: Option<Toggle>,
+    /// `tcp-segmentation-offload`.
+    pub tso: Option<Toggle>,
+}
+
+/// A point-to-point TCP link (one per netdev: its first point-to-point address).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TcpLink {
+    pub netdev: String,
+    /// Address with the prefix of its connected subnet.
+    pub addr: Ipv4Net,
+    /// Why it is point-to-point: "/30" or "/31".
+    pub point_to_point: String,
+    /// What the link can carry, Mb/s: min(netdev speed, PCIe bandwidth); None when unknown.
+    pub speed_mbps: Option<u32>,
+    /// Netdev MTU, bytes.
+    pub mtu: Option<u32>,
+    pub up: bool,
+    /// Active receive queues (`queues/rx-N` entries); None when unreadable.
+    pub rx_queues: Option<u32>,
+    /// Streams the TCP transport opens per path at this speed (`streams_for_speed`).
+    pub streams: usize,
+    /// GRO/TSO; None when no source was available.
+    pub features: Option<Features>,
+}
+
+/// Socket buffer limits, bytes; None when the file is missing or unparsable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct BufferLimits {
+    /// `net.core.rmem_max`: cap of an explicit `SO_RCVBUF`.
+    pub rmem_max: Option<u64>,
+    /// `net.core.wmem_max`: cap of an explicit `SO_SNDBUF`.
+    pub wmem_max: Option<u64>,
+    /// Third field of `net.ipv4.tcp_rmem`: ceiling of receive autotuning.
+    pub tcp_rmem_max: Option<u64>,
+    /// Third field of `net.ipv4.tcp_wmem`: ceiling of send autotuning.
+    pub tcp_wmem_max: Option<u64>,
+}
+
+/// Cage of a netdev without RDMA: its PCI device and port number.
+pub fn netdev_cage(n: &Netdev) -> Option<Cage> {
+    let b = n.pci.as_deref()?;
+    Some(Cage {
+        adapter: format!("pci:{}", &b[..b.len().saturating_sub(2)]),
+        index: port_number(Some(n), Some(b), 1),
+    })
+}
+
+/// Port number on the adapter of a netdev: `phys_port_name` "p1" → 1, else the PCI function number.
+pub(super) fn port_number(n: Option<&Netdev>, bdf: Option<&str>, rdma_port: u8) -> u8 {
+    if let Some(p) = n
+        .and_then(|n| n.phys_port_name.as_deref())
+        .and_then(|s| s.strip_prefix('p'))
+        .and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|s| s.parse::<u8>().ok())
+    {
+        return p;
+    }
+    if let Some(f) = bdf
+        .and_then(|b| b.rsplit('.').next())
+        .and_then(|f| f.parse::<u8>().ok())
+    {
+        return f;
+    }
+    rdma_port.saturating_sub(1)
 }
 
 #[cfg(test)]

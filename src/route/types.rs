@@ -109,8 +109,14 @@ mod tests {
         assert!(p2p("10.0.0.1/30") && p2p("10.0.0.0/31"));
         assert!(!p2p("10.0.0.1/29") && !p2p("10.0.0.1/32") && !p2p("192.168.1.5/24"));
         let peers = |s: &str| point_to_point_peers(s.parse().unwrap());
-        assert_eq!(peers("10.0.0.1/30"), Some(vec!["10.0.0.2".parse().unwrap()]));
-        assert_eq!(peers("10.0.0.3/31"), Some(vec!["10.0.0.2".parse().unwrap()]));
+        assert_eq!(
+            peers("10.0.0.1/30"),
+            Some(vec!["10.0.0.2".parse().unwrap()])
+        );
+        assert_eq!(
+            peers("10.0.0.3/31"),
+            Some(vec!["10.0.0.2".parse().unwrap()])
+        );
         assert_eq!(peers("10.0.0.1/29"), None);
     }
 }

@@ -1,5 +1,7 @@
 //! `switchless doctor`: checks over the host model, the port table, and the JSON report.
 
+pub mod tcp;
+
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
@@ -25,8 +27,8 @@ pub mod check {
     pub const NO_CONNECTED_ROUTE: &str = "no-connected-route";
     pub const SOFT_ROCE_INFINITE_RETRY: &str = "soft-roce-infinite-retry";
     pub const GPU_DIRECT_OFF: &str = "gpu-direct-off";
-    pub const KERNEL_FILE: &str = crate::host::discover::CHECK_KERNEL_FILE;
-    pub use crate::host::tcp::check::*;
+    pub const KERNEL_FILE: &str = crate::findings::CHECK_KERNEL_FILE;
+    pub use super::tcp::check::*;
 }
 
 /// Below this RLIMIT_MEMLOCK (bytes) registration of NCCL's buffers fails: an error.
@@ -448,7 +450,7 @@ pub fn checks(m: &HostModel, devices: &[NcclDevice]) -> Vec<Finding> {
         }
     }
     // Point-to-point TCP links: MTU, offloads, receive queues, socket buffer limits.
-    f.extend(crate::host::tcp::checks(m));
+    f.extend(tcp::checks(m));
     let _ = devices;
     f
 }
@@ -493,9 +495,9 @@ pub struct Report {
     pub ports: Vec<PortRow>,
     pub nccl_devices: Vec<NcclDevice>,
     /// Point-to-point TCP links (netdevs without RDMA) with their tuning.
-    pub tcp_links: Vec<crate::host::tcp::TcpLink>,
+    pub tcp_links: Vec<crate::host::model::TcpLink>,
     /// Socket buffer limits; null when the host has no TCP link.
-    pub tcp_buffers: Option<crate::host::tcp::BufferLimits>,
+    pub tcp_buffers: Option<crate::host::model::BufferLimits>,
     pub findings: Vec<Finding>,
     pub exit_status: u8,
 }
@@ -685,7 +687,7 @@ pub fn render_text(r: &Report) -> String {
         let _ = writeln!(out);
         let _ = writeln!(out, "TCP point-to-point links:");
         for t in &r.tcp_links {
-            let toggle = |v: Option<crate::host::tcp::Toggle>| match v {
+            let toggle = |v: Option<crate::host::model::Toggle>| match v {
                 Some(t) if t.on => "on",
                 Some(_) => "off",
                 None => "?",
