@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use switchless::config::Config;
 use switchless::error::Error;
 use switchless::host::{Member, NcclDevice};
-use switchless::plugin::memfactory::MemFactory;
+use switchless::plugin::MemFactory;
 use switchless::plugin::{
     self, Backend, CommInfo, Endpoint, HANDLE_SIZE, Handle, HostView, PtrSupport, RecvBuf, Region,
     Switchless,

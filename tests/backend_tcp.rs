@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use switchless::config::Config;
 use switchless::error::Error;
-use switchless::plugin::netfactory::NetFactory;
+use switchless::plugin::NetFactory;
 use switchless::plugin::{
     Backend, CommInfo, HANDLE_SIZE, Handle, HostView, PtrSupport, RecvBuf, Region, Switchless,
 };

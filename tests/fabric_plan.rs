@@ -22,7 +22,7 @@ fn live(name: &str) -> Vec<plan::LiveIface> {
         .join("tests/fixtures/fabric")
         .join(name);
     let (m, _) = host::discover(&root);
-    m.live_ifaces()
+    switchless::tools::plan::LiveIface::from_model(&m)
 }
 
 fn problems(f: &[switchless::findings::Finding]) -> Vec<String> {

@@ -26,10 +26,7 @@ use tracing::{Event, Level, Metadata, Subscriber};
 
 use super::abi;
 
-/// Target for INFO events NCCL should show under `NCCL_DEBUG_SUBSYS=INIT` (and NET).
-pub const TARGET_INIT: &str = "switchless::init";
-/// Target for INFO events about environment variables (`NCCL_DEBUG_SUBSYS=ENV`, and NET).
-pub const TARGET_ENV: &str = "switchless::env";
+pub use crate::plugin::{TARGET_ENV, TARGET_INIT};
 
 /// The C-variadic logger function NCCL passes to `init`.
 pub type LoggerFn = unsafe extern "C" fn(

@@ -108,20 +108,3 @@ fn min_opt(a: Option<u32>, b: Option<u32>) -> Option<u32> {
         (a, b) => a.or(b),
     }
 }
-
-impl HostModel {
-    /// The host's interfaces as the plan checker (`plan::check_host`) reads them: every netdev with its
-    /// IPv4 addresses (prefix from the connected route), MTU and up state. `doctor --plan` feeds this
-    /// instead of `ip -j addr show` output, so `--root` trees can be checked against a plan too.
-    pub fn live_ifaces(&self) -> Vec<crate::tools::plan::LiveIface> {
-        self.netdevs
-            .iter()
-            .map(|n| crate::tools::plan::LiveIface {
-                name: n.name.clone(),
-                addrs: n.addrs.iter().map(|a| a.addr).collect(),
-                mtu: n.mtu.unwrap_or(0),
-                up: n.is_up(),
-            })
-            .collect()
-    }
-}

@@ -2,7 +2,7 @@
 //!
 //! Shape:
 //! * [`Backend`]: what a transport implements (device list, properties, comm operations). The exported
-//!   vtables use [`ActiveBackend`] = [`Switchless`] over [`netfactory::NetFactory`]: routing, the TCP
+//!   vtables use [`ActiveBackend`] = [`Switchless`] over [`NetFactory`]: routing, the TCP
 //!   handshake and the transport protocol over ibverbs RC QPs or TCP streams (see [`switchless`] and [`paths`]). [`DeviceOnly`]
 //!   (devices listed, every comm operation refused) remains as a minimal reference backend.
 //! * [`Context`]: one per communicator (ABI v11+: `init(ctx, commId, config, …)`); ABI v6–v10 share one
@@ -30,21 +30,25 @@ pub const MAX_GROUPED_RECVS: usize = 64;
 /// Most physical devices one virtual device may fuse (ABI v12; v9–v11 allow 4).
 pub const MAX_VDEVS: usize = 8;
 
+/// `tracing` target of INFO events NCCL should show under `NCCL_DEBUG_SUBSYS=INIT` (and NET); the
+/// logger bridge (`ffi::log`) maps targets to NCCL subsystems.
+pub const TARGET_INIT: &str = "switchless::init";
+/// `tracing` target of INFO events about environment variables (`NCCL_DEBUG_SUBSYS=ENV`, and NET).
+pub const TARGET_ENV: &str = "switchless::env";
+
 /// The opaque connection handle (`listen` writes it, NCCL ships it to the peer, `connect` reads it; the
 /// copy given to `connect` is private to that connection and passed again on every retry).
 pub type Handle = [u8; HANDLE_SIZE];
 
-pub mod memfactory;
-pub mod netfactory;
-pub mod paths;
+pub mod factory;
 pub mod switchless;
 
-pub use paths::{ConnOptions, Connectable, HostView, PathFactory, PathPlan, VerbsFactory};
-pub use switchless::Switchless;
+pub use factory::{mem::MemFactory, net::NetFactory, verbs::VerbsFactory};
+pub use switchless::{ConnOptions, Connectable, HostView, PathFactory, PathPlan, Switchless};
 
 /// The backend the exported vtables use: routing + handshake + the transport protocol over ibverbs
-/// (RoCE paths) or TCP (point-to-point links without RDMA), see [`netfactory`].
-pub type ActiveBackend = Switchless<netfactory::NetFactory>;
+/// (RoCE paths) or TCP (point-to-point links without RDMA), see [`factory::net`].
+pub type ActiveBackend = Switchless<NetFactory>;
 
 /// Memory kinds a device can register (`ptrSupport` bits, also `regMr`'s `type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -463,7 +467,7 @@ impl<B: Backend> Context<B> {
 pub fn init<B: Backend>(info: CommInfo) -> Result<Context<B>> {
     let backend = acquire::<B>()?;
     tracing::info!(
-        target: crate::ffi::log::TARGET_INIT,
+        target: TARGET_INIT,
         comm_id = info.comm_id.map(|c| format!("{c:#x}")).unwrap_or_default(),
         devices = backend.devices().len(),
         "switchless {} initialized",

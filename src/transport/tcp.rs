@@ -1835,19 +1835,6 @@ mod tests {
         assert!((1..=DEFAULT_MAX_IO_THREADS).contains(&n));
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         assert_eq!(n, cpus.min(DEFAULT_MAX_IO_THREADS));
-        let config = crate::config::Config::from_vars(|k| {
-            (k == "NCCL_SWITCHLESS_TCP_THREADS").then(|| "5".to_string())
-        })
-        .unwrap();
-        assert_eq!(
-            crate::plugin::netfactory::tcp_config(&config, 2).io_threads,
-            Some(5)
-        );
-        let config = crate::config::Config::default();
-        assert_eq!(
-            crate::plugin::netfactory::tcp_config(&config, 2).io_threads,
-            None
-        );
     }
 
     #[test]

@@ -205,13 +205,14 @@ impl Context {
         if !self.events_readable {
             return Vec::new();
         }
-        match self.events.try_lock() {
-            Ok(mut log) => super::events::drain(self, &mut log),
-            Err(std::sync::TryLockError::Poisoned(p)) => {
-                super::events::drain(self, &mut p.into_inner())
-            }
-            Err(std::sync::TryLockError::WouldBlock) => Vec::new(),
-        }
+        let mut log = match self.events.try_lock() {
+            Ok(log) => log,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Vec::new(),
+        };
+        // SAFETY: `self` keeps the context open for the call, and `events_readable` says its async
+        // fd was made non-blocking at open.
+        unsafe { super::events::drain(self.as_ptr(), self.name(), &mut log) }
     }
 
     /// A fatal event for this device, or one since `since` for one of the QPs `qpns` or of the

@@ -4,12 +4,11 @@
 //! NCCL's IB transport blocks one detached thread per device in `ibv_get_async_event`. A thread that
 //! outlives `finalize` crashes the process when NCCL `dlclose`s the plugin, so here the event fd is
 //! made non-blocking when the device is opened and drained from the progress path instead
-//! ([`Context::drain_events`]): no thread to start or stop. As in NCCL (with its default
+//! ([`super::Context::drain_events`]): no thread to start or stop. As in NCCL (with its default
 //! `NCCL_IB_RETURN_ASYNC_EVENTS=1`), a fatal event on a connection's QP or CQ, or on the device, fails
 //! that connection's requests; port and GID events are logged and remembered, so that an error on a
-//! path can say what its port reported (see [`Context::port_note`]).
+//! path can say what its port reported (see [`super::Context::port_note`]).
 
-use super::context::Context;
 use std::collections::VecDeque;
 use std::ffi::{c_int, c_void};
 use std::time::Instant;
@@ -382,17 +381,24 @@ impl RawEvent {
     }
 }
 
-/// Drains `ctx`'s pending events (non-blocking fd) into its log; returns the new ones. Another
-/// thread draining the same device at the moment makes this a no-op.
-pub(crate) fn drain(ctx: &Context, log: &mut EventLog) -> Vec<AsyncEvent> {
+/// Drains the pending events of device `device` (context `ctx`, non-blocking fd) into `log`; returns
+/// the new ones.
+///
+/// # Safety
+/// `ctx` is a live `ibv_context` whose async fd is non-blocking, for the whole call.
+pub(crate) unsafe fn drain(
+    ctx: *mut rdma_sys::ibv_context,
+    device: &str,
+    log: &mut EventLog,
+) -> Vec<AsyncEvent> {
     let mut out = Vec::new();
     // Bounded: a storm of events cannot hold the progress thread.
     for _ in 0..64 {
         let mut raw = RawEvent::zeroed();
-        // SAFETY: live context; `raw` has the layout of `struct ibv_async_event` (checked in the
-        // tests) and is only read through our own types. The fd is non-blocking (set at open), so
-        // this returns -1 with EAGAIN when nothing is pending.
-        let rc = unsafe { rdma_sys::ibv_get_async_event(ctx.as_ptr(), raw.as_sys()) };
+        // SAFETY: live context (the caller's contract); `raw` has the layout of `struct
+        // ibv_async_event` (checked in the tests) and is only read through our own types. The fd is
+        // non-blocking, so this returns -1 with EAGAIN when nothing is pending.
+        let rc = unsafe { rdma_sys::ibv_get_async_event(ctx, raw.as_sys()) };
         if rc != 0 {
             break;
         }
@@ -402,7 +408,7 @@ pub(crate) fn drain(ctx: &Context, log: &mut EventLog) -> Vec<AsyncEvent> {
         // for the acknowledgement of its events).
         unsafe { rdma_sys::ibv_ack_async_event(raw.as_sys()) };
         let e = AsyncEvent {
-            device: ctx.name().to_string(),
+            device: device.to_string(),
             code: raw.code(),
             scope,
             at: Instant::now(),

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use switchless::config::Config;
 use switchless::host::NcclDevice;
-use switchless::plugin::netfactory::NetFactory;
+use switchless::plugin::NetFactory;
 use switchless::plugin::{Backend, CommInfo, HANDLE_SIZE, Handle, HostView, Switchless};
 use switchless::route::types::{KernelRoute, LinkKind, LocalLink};
 

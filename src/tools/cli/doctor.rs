@@ -119,7 +119,7 @@ pub fn diagnose(args: &Args) -> Result<(doctor::Report, Option<usize>), String> 
         findings.extend(crate::tools::plan::check_host(
             plan,
             *n,
-            &model.live_ifaces(),
+            &crate::tools::plan::LiveIface::from_model(&model),
         ));
     }
     let captured = match &args.capture {

@@ -43,6 +43,23 @@ pub struct LiveIface {
     pub up: bool,
 }
 
+impl LiveIface {
+    /// The host's interfaces as [`check_host`] reads them: every netdev with its IPv4 addresses (prefix
+    /// from the connected route), MTU and up state. `doctor --plan` feeds this instead of
+    /// `ip -j addr show` output, so `--root` trees can be checked against a plan too.
+    pub fn from_model(m: &crate::host::HostModel) -> Vec<LiveIface> {
+        m.netdevs
+            .iter()
+            .map(|n| LiveIface {
+                name: n.name.clone(),
+                addrs: n.addrs.iter().map(|a| a.addr).collect(),
+                mtu: n.mtu.unwrap_or(0),
+                up: n.is_up(),
+            })
+            .collect()
+    }
+}
+
 /// `ip -j addr show` output, as far as [`live_from_ip_json`] reads it.
 #[derive(Debug, serde::Deserialize)]
 struct IpLink {

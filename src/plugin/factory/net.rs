@@ -28,11 +28,13 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 
-use super::paths::{ConnOptions, Connectable, HostView, PathFactory, PathPlan, VerbsFactory};
-use super::switchless::Switchless;
+use super::verbs::VerbsFactory;
 use crate::config::{Config, TcpStreams, TransportMode};
 use crate::error::{Error, Result};
 use crate::host::{HostModel, NcclDevice};
+use crate::plugin::switchless::{
+    ConnOptions, Connectable, HostView, PathFactory, PathPlan, Switchless,
+};
 use crate::route::types::{LinkKind, LocalLink};
 use crate::transport::fabric::{
     Completion, CtrlMem, Fabric, MemKind, PathInfo, ReadWr, Registration, WriteWr,
@@ -656,6 +658,17 @@ impl Fabric for NetConn {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+
+    #[test]
+    fn tcp_threads_reach_the_tcp_configuration() {
+        let config = crate::config::Config::from_vars(|k| {
+            (k == "NCCL_SWITCHLESS_TCP_THREADS").then(|| "5".to_string())
+        })
+        .unwrap();
+        assert_eq!(tcp_config(&config, 2).io_threads, Some(5));
+        let config = crate::config::Config::default();
+        assert_eq!(tcp_config(&config, 2).io_threads, None);
+    }
     use std::time::{Duration, Instant};
 
     fn fixture(name: &str) -> HostModel {

@@ -15,9 +15,10 @@ use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::paths::{ConnOptions, Connectable, HostView, PathFactory, PathPlan};
-use super::switchless::Switchless;
 use crate::error::{Error, Result};
+use crate::plugin::switchless::{
+    ConnOptions, Connectable, HostView, PathFactory, PathPlan, Switchless,
+};
 use crate::transport::fabric::{
     Completion, CtrlMem, Fabric, MemKind, PathInfo, ReadWr, Registration, WriteWr,
 };

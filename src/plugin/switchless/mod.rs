@@ -1,5 +1,6 @@
-//! The real backend: [`Switchless`], generic over the [`PathFactory`] that builds endpoints (verbs in
-//! production, an in-memory fabric in tests).
+//! The real backend: [`Switchless`], generic over the [`PathFactory`] that builds endpoints (RoCE or TCP
+//! in production, an in-memory fabric in tests), and that seam: [`PathFactory`], [`Connectable`],
+//! [`HostView`], [`PathPlan`], [`ConnOptions`].
 //!
 //! What it does per NCCL call (nccl-net-abi.md §2.2):
 //!
@@ -37,17 +38,19 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::paths::{ConnOptions, Connectable, HostView, PathFactory, PathPlan};
-use super::{
-    Backend, CommInfo, CommMut, FlushBuf, Handle, Properties, PtrSupport, RecvBuf, Region, Slot,
-};
+use crate::config::Config;
 use crate::config::TransportMode;
 use crate::error::{Error, Result};
 use crate::host::NcclDevice;
+use crate::plugin::{
+    Backend, CommInfo, CommMut, FlushBuf, Handle, Properties, PtrSupport, RecvBuf, Region, Slot,
+};
 use crate::route::handle::{Handle as HandleView, HandleRepr};
 use crate::route::select::{KindFilter, PathChoice, Reach, RouteOptions, select};
 use crate::route::types::LinkKind;
+use crate::route::types::{KernelRoute, LocalLink};
 use crate::transport::comm::{self, MemHandle, ProtocolConfig, RecvComm, Registrar, SendComm};
+use crate::transport::fabric::Fabric;
 use crate::transport::fabric::MemKind;
 use crate::transport::handshake::{
     AcceptPoll, AcceptorView, ConnectPoll, Connector, Established, Incoming, Listener, PathParams,
@@ -56,6 +59,86 @@ use crate::transport::handshake::{
 use crate::transport::stripe::StripeParams;
 use crate::transport::wire::CtrlInfo;
 use crate::verbs::fabric::QpTuning;
+
+// ---- The seam to the NIC: what a factory builds and what the backend asks of an endpoint. ----
+
+/// One path of a connection as the backend planned it (connector: from `route::select`; acceptor: from
+/// the hello, checked by `route::check_incoming`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathPlan {
+    /// This node's link.
+    pub local: LocalLink,
+    /// The peer's address on the same subnet.
+    pub remote: Ipv4Addr,
+    /// What the path carries.
+    pub kind: LinkKind,
+}
+
+/// What a connection needs besides its paths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ConnOptions {
+    /// Create loopback paths for the GPU-direct flush (receiving side, device can register GPU memory).
+    pub loopback: bool,
+    /// QP attributes (traffic class, SL, timeout, retries).
+    pub tuning: Option<QpTuning>,
+}
+
+/// The host as the backend sees it at `init`.
+#[derive(Debug, Clone)]
+pub struct HostView {
+    /// The configuration (`Config::from_env`).
+    pub config: Config,
+    /// NCCL's devices, in NCCL order.
+    pub devices: Vec<NcclDevice>,
+    /// Every local link (all devices, and TCP links).
+    pub links: Vec<LocalLink>,
+    /// The kernel's IPv4 routes.
+    pub routes: Vec<KernelRoute>,
+}
+
+/// One connection's endpoint before and after the handshake.
+pub trait Connectable: Fabric + Send + 'static {
+    /// This side's parameters, one per data path, in path order (QPNs, PSN, GID, MTU).
+    fn local_params(&self) -> Vec<PathParams>;
+
+    /// Connects every data path to the peer's parameters (verbs: RTR then RTS). Called once.
+    fn connect_peer(&self, peer: &[PathParams], opts: &ConnOptions) -> Result<()>;
+
+    /// The negotiated MTU of data path `i` in bytes, for the connection log line.
+    fn path_mtu(&self, i: usize, peer: &PathParams) -> u32;
+
+    /// Advances a set-up that finishes after the handshake (TCP: the streams connect once the
+    /// connector knows the acceptor's ports) without blocking; `Ok(true)` once the endpoint can carry
+    /// traffic. The backend polls it (connector after `connect_peer` and `ready`, acceptor after the
+    /// connector's `ready`) and returns "in progress" to NCCL meanwhile. Verbs and memfab are ready
+    /// at once.
+    fn poll_ready(&mut self) -> Result<bool> {
+        Ok(true)
+    }
+}
+
+/// Builds connection endpoints; one per backend.
+pub trait PathFactory: Sized + Send + Sync + 'static {
+    /// The endpoint type.
+    type Fabric: Connectable;
+
+    /// The per-process slot of the backend over this factory (one `static` per factory type).
+    fn slot() -> &'static Slot<Switchless<Self>>;
+
+    /// Opens the factory and describes the host. An error makes `init` fail (NCCL falls back).
+    fn open() -> Result<(Self, HostView)>;
+
+    /// Creates the endpoint of one connection over `paths`. `peer` holds the peer's parameters when
+    /// they are already known (acceptor side).
+    fn create(
+        &self,
+        paths: &[PathPlan],
+        peer: Option<&[PathParams]>,
+        opts: &ConnOptions,
+    ) -> Result<Self::Fabric>;
+}
+
+// ---- The backend. ----
 
 /// A comm shared between its NCCL object and its in-flight requests; `None` once closed.
 type Shared<T> = Arc<Mutex<Option<T>>>;

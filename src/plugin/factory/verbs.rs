@@ -1,109 +1,19 @@
-//! How the backend turns chosen paths into a transport endpoint: the [`PathFactory`] seam.
-//!
-//! The backend ([`super::switchless::Switchless`]) does routing, the handshake and the NCCL contract;
-//! everything that touches a NIC sits behind [`PathFactory`]:
-//!
-//! * [`PathFactory::open`]: the host view at `init` (devices as NCCL sees them, local links, kernel
-//!   routes, configuration);
-//! * [`PathFactory::create`]: one connection's endpoint over the chosen paths (verbs: PD/CQ/QP per path
-//!   in INIT), returning a [`Connectable`] fabric;
-//! * [`Connectable::local_params`] / [`Connectable::connect_peer`]: the handshake's per-path parameters
-//!   out, the peer's in (verbs: RTR + RTS).
-//!
-//! Production uses [`VerbsFactory`] (RoCE paths over ibverbs); tests use a factory over
-//! `transport::memfab`, so the whole backend runs in one process without hardware. A TCP transport plugs
-//! in the same way: `create` builds a TCP fabric for paths of kind [`LinkKind::Tcp`] (not wired yet:
-//! [`VerbsFactory`] refuses them with a clear error).
+//! [`VerbsFactory`]: the [`PathFactory`] of RoCE paths over ibverbs RC queue pairs (one PD, CQ and QP
+//! per path, connected RTR → RTS with the peer's parameters from the handshake).
 #![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
 use std::path::Path;
 use std::sync::Arc;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::host::NcclDevice;
-use crate::route::types::{KernelRoute, LinkKind, LocalLink};
-use crate::transport::fabric::Fabric;
+use crate::plugin::switchless::{
+    ConnOptions, Connectable, HostView, PathFactory, PathPlan, Switchless,
+};
+use crate::route::types::LinkKind;
 use crate::transport::handshake::PathParams;
-use crate::verbs::fabric::{QpTuning, RemoteEnd, VerbsFabric, VerbsPath};
-
-/// One path of a connection as the backend planned it (connector: from `route::select`; acceptor: from
-/// the hello, checked by `route::check_incoming`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PathPlan {
-    /// This node's link.
-    pub local: LocalLink,
-    /// The peer's address on the same subnet.
-    pub remote: Ipv4Addr,
-    /// What the path carries.
-    pub kind: LinkKind,
-}
-
-/// What a connection needs besides its paths.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct ConnOptions {
-    /// Create loopback paths for the GPU-direct flush (receiving side, device can register GPU memory).
-    pub loopback: bool,
-    /// QP attributes (traffic class, SL, timeout, retries).
-    pub tuning: Option<QpTuning>,
-}
-
-/// The host as the backend sees it at `init`.
-#[derive(Debug, Clone)]
-pub struct HostView {
-    /// The configuration (`Config::from_env`).
-    pub config: Config,
-    /// NCCL's devices, in NCCL order.
-    pub devices: Vec<NcclDevice>,
-    /// Every local link (all devices, and TCP links).
-    pub links: Vec<LocalLink>,
-    /// The kernel's IPv4 routes.
-    pub routes: Vec<KernelRoute>,
-}
-
-/// One connection's endpoint before and after the handshake.
-pub trait Connectable: Fabric + Send + 'static {
-    /// This side's parameters, one per data path, in path order (QPNs, PSN, GID, MTU).
-    fn local_params(&self) -> Vec<PathParams>;
-
-    /// Connects every data path to the peer's parameters (verbs: RTR then RTS). Called once.
-    fn connect_peer(&self, peer: &[PathParams], opts: &ConnOptions) -> Result<()>;
-
-    /// The negotiated MTU of data path `i` in bytes, for the connection log line.
-    fn path_mtu(&self, i: usize, peer: &PathParams) -> u32;
-
-    /// Advances a set-up that finishes after the handshake (TCP: the streams connect once the
-    /// connector knows the acceptor's ports) without blocking; `Ok(true)` once the endpoint can carry
-    /// traffic. The backend polls it (connector after `connect_peer` and `ready`, acceptor after the
-    /// connector's `ready`) and returns "in progress" to NCCL meanwhile. Verbs and memfab are ready
-    /// at once.
-    fn poll_ready(&mut self) -> Result<bool> {
-        Ok(true)
-    }
-}
-
-/// Builds connection endpoints; one per backend.
-pub trait PathFactory: Sized + Send + Sync + 'static {
-    /// The endpoint type.
-    type Fabric: Connectable;
-
-    /// The per-process slot of the backend over this factory (one `static` per factory type).
-    fn slot() -> &'static crate::plugin::Slot<super::switchless::Switchless<Self>>;
-
-    /// Opens the factory and describes the host. An error makes `init` fail (NCCL falls back).
-    fn open() -> Result<(Self, HostView)>;
-
-    /// Creates the endpoint of one connection over `paths`. `peer` holds the peer's parameters when
-    /// they are already known (acceptor side).
-    fn create(
-        &self,
-        paths: &[PathPlan],
-        peer: Option<&[PathParams]>,
-        opts: &ConnOptions,
-    ) -> Result<Self::Fabric>;
-}
+use crate::verbs::fabric::{RemoteEnd, VerbsFabric, VerbsPath};
 
 /// The production factory: RoCE paths over ibverbs RC QPs.
 #[derive(Debug)]
@@ -116,9 +26,8 @@ pub struct VerbsFactory {
 impl PathFactory for VerbsFactory {
     type Fabric = VerbsFabric;
 
-    fn slot() -> &'static crate::plugin::Slot<super::switchless::Switchless<Self>> {
-        static SLOT: crate::plugin::Slot<super::switchless::Switchless<VerbsFactory>> =
-            crate::plugin::Slot::new();
+    fn slot() -> &'static crate::plugin::Slot<Switchless<Self>> {
+        static SLOT: crate::plugin::Slot<Switchless<VerbsFactory>> = crate::plugin::Slot::new();
         &SLOT
     }
 
