@@ -3,8 +3,7 @@
 //! Shape:
 //! * [`Backend`]: what a transport implements (device list, properties, comm operations). The exported
 //!   vtables use [`ActiveBackend`] = [`Switchless`] over [`NetFactory`]: routing, the TCP
-//!   handshake and the transport protocol over ibverbs RC QPs or TCP streams (see [`switchless`] and [`paths`]). [`DeviceOnly`]
-//!   (devices listed, every comm operation refused) remains as a minimal reference backend.
+//!   handshake and the transport protocol over ibverbs RC QPs or TCP streams (see [`switchless`] and [`factory`]).
 //! * [`Context`]: one per communicator (ABI v11+: `init(ctx, commId, config, …)`); ABI v6–v10 share one
 //!   legacy context. Every context holds the process-wide [`Backend`] through an `Arc`: the backend is opened
 //!   by the first `init` and released when the last context (and the last comm) is gone, so NCCL's
@@ -833,119 +832,6 @@ pub fn set_net_attr<B: Backend>(ctx: &Context<B>, attr: &NetAttr) -> Result<()> 
     ctx.backend.set_net_attr(&ctx.info, attr)
 }
 
-/// Uninhabited: the comm types of a backend that cannot make comms.
-#[derive(Debug)]
-pub enum Never {}
-
-/// The backend until the transport lands: lists the host's RDMA devices (classic verbs probe) and fails
-/// every comm operation with an internal error that says the transport is not available. With no RDMA
-/// device, [`Backend::open`] fails with a system error that says why, so NCCL falls back.
-#[derive(Debug)]
-pub struct DeviceOnly {
-    devices: Vec<Properties>,
-}
-
-fn not_available<T>(op: &str) -> Result<T> {
-    Err(Error::Internal(format!(
-        "{op}: not available: the device-only reference backend lists devices but makes no \
-         connections (the exported vtables use the Switchless backend)"
-    )))
-}
-
-impl Backend for DeviceOnly {
-    type Listen = Never;
-    type Send = Never;
-    type Recv = Never;
-    type Mr = Never;
-    type Request = Never;
-
-    fn slot() -> &'static Slot<Self> {
-        static SLOT: Slot<DeviceOnly> = Slot::new();
-        &SLOT
-    }
-
-    fn open() -> Result<Self> {
-        let probe = crate::verbs::devices::probe();
-        if probe.devices.is_empty() {
-            return Err(Error::System(format!(
-                "no RDMA device: {}; NCCL will use its internal transports",
-                probe.why_none()
-            )));
-        }
-        let devices = probe
-            .devices
-            .iter()
-            .map(|d| Properties::host(&d.name, d.pci_path.as_deref(), d.guid))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(DeviceOnly { devices })
-    }
-
-    fn devices(&self) -> &[Properties] {
-        &self.devices
-    }
-
-    fn listen(self: &Arc<Self>, _: &CommInfo, _: usize, _: &mut Handle) -> Result<Never> {
-        not_available("listen")
-    }
-
-    fn connect(self: &Arc<Self>, _: &CommInfo, _: usize, _: &mut Handle) -> Result<Option<Never>> {
-        not_available("connect")
-    }
-
-    fn accept(listen: &mut Never) -> Result<Option<Never>> {
-        match *listen {}
-    }
-
-    fn reg_mr(comm: CommMut<'_, Self>, _: Region) -> Result<Never> {
-        match comm {
-            CommMut::Send(n) | CommMut::Recv(n) => match *n {},
-        }
-    }
-
-    fn reg_mr_dmabuf(
-        comm: CommMut<'_, Self>,
-        _: Region,
-        _: u64,
-        _: BorrowedFd<'_>,
-    ) -> Result<Never> {
-        match comm {
-            CommMut::Send(n) | CommMut::Recv(n) => match *n {},
-        }
-    }
-
-    fn dereg_mr(_: CommMut<'_, Self>, mr: Never) -> Result<()> {
-        match mr {}
-    }
-
-    fn isend(comm: &mut Never, _: usize, _: usize, _: i32, _: &Never) -> Result<Option<Never>> {
-        match *comm {}
-    }
-
-    fn irecv(comm: &mut Never, _: &[RecvBuf<'_, Never>]) -> Result<Option<Never>> {
-        match *comm {}
-    }
-
-    fn iflush(comm: &mut Never, _: &[FlushBuf<'_, Never>]) -> Result<Option<Never>> {
-        match *comm {}
-    }
-
-    fn test(req: &mut Never, _: &mut [usize]) -> Result<bool> {
-        match *req {}
-    }
-
-    fn close_send(comm: Never) -> Result<()> {
-        match comm {}
-    }
-
-    fn close_recv(comm: Never) -> Result<()> {
-        match comm {}
-    }
-
-    fn close_listen(listen: Never) -> Result<()> {
-        match listen {}
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -1003,34 +889,5 @@ mod tests {
             assert!(matches!(e, Error::InvalidArgument(_)));
             assert!(e.to_string().contains("2 device(s)"), "{e}");
         }
-    }
-
-    #[test]
-    fn device_only_backend_follows_the_host() {
-        let probe = crate::verbs::devices::probe();
-        match DeviceOnly::open() {
-            Err(e) => {
-                assert!(probe.devices.is_empty());
-                assert_eq!(e.code(), crate::error::ResultCode::SystemError);
-                let msg = e.to_string();
-                assert!(
-                    msg.contains("no RDMA device") && msg.contains(&probe.why_none()),
-                    "{msg}"
-                );
-            }
-            Ok(b) => {
-                assert_eq!(b.devices().len(), probe.devices.len());
-                let b = Arc::new(b);
-                let mut h = [0u8; HANDLE_SIZE];
-                let e = b.listen(&CommInfo::default(), 0, &mut h).unwrap_err();
-                assert!(e.to_string().contains("not available"));
-            }
-        }
-        assert!(
-            not_available::<()>("connect")
-                .unwrap_err()
-                .to_string()
-                .contains("connect: not available")
-        );
     }
 }
