@@ -55,6 +55,19 @@ impl Error {
         }
     }
 
+    /// The same error, its message prefixed with `context: ` (the kind, and so NCCL's code, is kept).
+    pub fn context(self, context: impl std::fmt::Display) -> Error {
+        let m = |x: String| format!("{context}: {x}");
+        match self {
+            Error::InvalidArgument(x) => Error::InvalidArgument(m(x)),
+            Error::InvalidUsage(x) => Error::InvalidUsage(m(x)),
+            Error::System(x) => Error::System(m(x)),
+            Error::Remote(x) => Error::Remote(m(x)),
+            Error::Timeout(x) => Error::Timeout(m(x)),
+            Error::Internal(x) => Error::Internal(m(x)),
+        }
+    }
+
     /// Wraps an I/O error with what was being done.
     pub fn io(context: impl std::fmt::Display, err: std::io::Error) -> Self {
         Error::System(format!("{context}: {err}"))
@@ -76,5 +89,17 @@ mod tests {
         assert_eq!(Error::Remote("x".into()).code() as i32, 6);
         assert_eq!(Error::Internal("x".into()).code() as i32, 3);
         assert_eq!(Error::Timeout("x".into()).code() as i32, 2);
+    }
+
+    #[test]
+    fn context_prefixes_the_message_and_keeps_the_kind() {
+        let e = Error::Remote("peer closed".into()).context("connection with 10.0.0.2: reply");
+        assert_eq!(
+            e,
+            Error::Remote("connection with 10.0.0.2: reply: peer closed".into())
+        );
+        let e = Error::Timeout("5 s".into()).context("connect");
+        assert_eq!(e.code(), ResultCode::SystemError);
+        assert_eq!(e.to_string(), "timeout: connect: 5 s");
     }
 }

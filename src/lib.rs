@@ -23,6 +23,7 @@ pub mod findings;
 pub mod host;
 pub mod plugin;
 pub mod route;
+pub mod sync;
 pub mod sys;
 pub mod tools;
 pub mod transport;

@@ -19,6 +19,7 @@ use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Mutex, Weak};
 
 use crate::error::{Error, Result};
+use crate::sync::lock;
 
 /// Bytes of the opaque connection handle `listen` fills and `connect` receives (`NCCL_NET_HANDLE_MAXSIZE`).
 pub const HANDLE_SIZE: usize = 128;
@@ -190,9 +191,7 @@ pub fn intern(s: &str) -> Result<&'static CStr> {
     static STRINGS: Mutex<BTreeSet<&'static CStr>> = Mutex::new(BTreeSet::new());
     let c = CString::new(s)
         .map_err(|_| Error::Internal(format!("device string {s:?} contains a NUL byte")))?;
-    let mut set = STRINGS
-        .lock()
-        .map_err(|_| Error::Internal("string interner lock poisoned".into()))?;
+    let mut set = lock(&STRINGS, "string interner")?;
     if let Some(found) = set.get(c.as_c_str()) {
         return Ok(found);
     }
@@ -415,16 +414,9 @@ impl<B> Default for Slot<B> {
     }
 }
 
-fn poisoned(what: &str) -> Error {
-    Error::Internal(format!("{what} lock poisoned by an earlier panic"))
-}
-
 /// The open backend, opening it if no context holds one.
 fn acquire<B: Backend>() -> Result<Arc<B>> {
-    let mut live = B::slot()
-        .live
-        .lock()
-        .map_err(|_| poisoned("backend slot"))?;
+    let mut live = lock(&B::slot().live, "backend slot")?;
     if let Some(b) = live.upgrade() {
         return Ok(b);
     }
@@ -435,10 +427,7 @@ fn acquire<B: Backend>() -> Result<Arc<B>> {
 
 /// The backend if a context or comm holds it.
 fn current<B: Backend>() -> Result<Option<Arc<B>>> {
-    let live = B::slot()
-        .live
-        .lock()
-        .map_err(|_| poisoned("backend slot"))?;
+    let live = lock(&B::slot().live, "backend slot")?;
     Ok(live.upgrade())
 }
 
@@ -487,10 +476,7 @@ pub fn finalize<B: Backend>(ctx: Context<B>) -> Result<()> {
 
 /// `init` of ABI v6–v10: opens the backend once and keeps one shared context until the library unloads.
 pub fn init_legacy<B: Backend>() -> Result<Arc<Context<B>>> {
-    let mut legacy = B::slot()
-        .legacy
-        .lock()
-        .map_err(|_| poisoned("legacy context"))?;
+    let mut legacy = lock(&B::slot().legacy, "legacy context")?;
     if let Some(c) = legacy.as_ref() {
         return Ok(Arc::clone(c));
     }
@@ -501,10 +487,7 @@ pub fn init_legacy<B: Backend>() -> Result<Arc<Context<B>>> {
 
 /// The legacy context, for the v6–v10 `listen`/`connect`.
 pub fn legacy_context<B: Backend>() -> Result<Arc<Context<B>>> {
-    let legacy = B::slot()
-        .legacy
-        .lock()
-        .map_err(|_| poisoned("legacy context"))?;
+    let legacy = lock(&B::slot().legacy, "legacy context")?;
     legacy.as_ref().map(Arc::clone).ok_or_else(|| {
         Error::InvalidArgument("listen/connect called before a successful init".into())
     })

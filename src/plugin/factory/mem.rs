@@ -19,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::plugin::switchless::{
     ConnOptions, Connectable, HostView, PathFactory, PathPlan, Switchless,
 };
+use crate::sync::lock;
 use crate::transport::fabric::{
     Completion, CtrlMem, Fabric, MemKind, PathInfo, ReadWr, Registration, WriteWr,
 };
@@ -70,12 +71,12 @@ impl MemFactory {
 
     /// Endpoints waiting for their acceptor.
     pub fn parked(&self) -> usize {
-        self.parked.lock().map_or(0, |m| m.len())
+        lock(&self.parked, "memfab park").map_or(0, |m| m.len())
     }
 
     /// Sets what the next [`PathFactory::open`] returns (a clone of `self` and `view`).
     pub fn install(&self, view: HostView) {
-        if let Ok(mut g) = INSTALLED.lock() {
+        if let Ok(mut g) = lock(&INSTALLED, "memfab factory") {
             *g = Some((self.clone(), view));
         }
     }
@@ -96,16 +97,11 @@ impl PathFactory for MemFactory {
     }
 
     fn open() -> Result<(Self, HostView)> {
-        INSTALLED
-            .lock()
-            .map_err(|_| Error::Internal("memfab factory lock poisoned".into()))?
-            .clone()
-            .ok_or_else(|| {
-                Error::System(
-                    "the in-memory fabric is not installed (MemFactory::install before init)"
-                        .into(),
-                )
-            })
+        lock(&INSTALLED, "memfab factory")?.clone().ok_or_else(|| {
+            Error::System(
+                "the in-memory fabric is not installed (MemFactory::install before init)".into(),
+            )
+        })
     }
 
     fn create(
@@ -123,10 +119,7 @@ impl PathFactory for MemFactory {
                     .collect();
                 let (mine, theirs) = self.fab.pair(&speeds, self.loopbacks);
                 let token = self.next.fetch_add(1, Ordering::Relaxed);
-                self.parked
-                    .lock()
-                    .map_err(|_| Error::Internal("memfab park lock poisoned".into()))?
-                    .insert(token, theirs);
+                lock(&self.parked, "memfab park")?.insert(token, theirs);
                 Ok(MemConn { ep: mine, token })
             }
             Some(peer) => {
@@ -135,10 +128,7 @@ impl PathFactory for MemFactory {
                     .and_then(|p| p.qpns.first())
                     .copied()
                     .ok_or_else(|| Error::Remote("the peer sent no memfab token".into()))?;
-                let ep = self
-                    .parked
-                    .lock()
-                    .map_err(|_| Error::Internal("memfab park lock poisoned".into()))?
+                let ep = lock(&self.parked, "memfab park")?
                     .remove(&token)
                     .ok_or_else(|| {
                         Error::Remote(format!(

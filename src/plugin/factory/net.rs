@@ -36,6 +36,7 @@ use crate::plugin::switchless::{
     ConnOptions, Connectable, HostView, PathFactory, PathPlan, Switchless,
 };
 use crate::route::types::{LinkKind, LocalLink};
+use crate::sync::lock;
 use crate::transport::fabric::{
     Completion, CtrlMem, Fabric, MemKind, PathInfo, ReadWr, Registration, WriteWr,
 };
@@ -403,10 +404,7 @@ impl Connectable for TcpConn {
                 self.local.len()
             )));
         }
-        let mut g = self
-            .peer
-            .lock()
-            .map_err(|_| Error::Internal("TCP peer lock poisoned".into()))?;
+        let mut g = lock(&self.peer, "TCP peer")?;
         *g = Some(peer.to_vec());
         Ok(())
     }

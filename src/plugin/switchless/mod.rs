@@ -699,15 +699,7 @@ pub fn routed_hint(paths: &[PathChoice]) -> String {
 }
 
 fn step_error(e: Error, peer: &str, step: &str) -> Error {
-    let m = |x: String| format!("connection with {peer}: {step}: {x}");
-    match e {
-        Error::InvalidArgument(x) => Error::InvalidArgument(m(x)),
-        Error::InvalidUsage(x) => Error::InvalidUsage(m(x)),
-        Error::System(x) => Error::System(m(x)),
-        Error::Remote(x) => Error::Remote(m(x)),
-        Error::Timeout(x) => Error::Timeout(m(x)),
-        Error::Internal(x) => Error::Internal(m(x)),
-    }
+    e.context(format_args!("connection with {peer}: {step}"))
 }
 
 /// The one INFO line of a connection.
