@@ -1,5 +1,6 @@
-//! Stable, bounded fuzzing of the handshake decoder (cargo-fuzz runs the same property unbounded:
-//! `fuzz/fuzz_targets/handshake_decode.rs`), plus round trips of generated messages.
+//! Stable, bounded fuzzing of the handshake decoder and its header view (cargo-fuzz runs the same
+//! properties unbounded: `fuzz/fuzz_targets/handshake_decode.rs`), plus round trips of generated
+//! messages.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use proptest::prelude::*;
@@ -66,7 +67,7 @@ fn seeds() -> Vec<Vec<u8>> {
 fn mutated_frames_never_panic_and_reencode_exactly() {
     let seeds = seeds();
     let mut rng = Rng(0x5357_4853_0000_0001);
-    let (mut ok, mut err) = (0usize, 0usize);
+    let (mut ok, mut err, mut headers) = (0usize, 0usize, 0usize);
     for i in 0..iters() {
         let mut b = if i % 10 == 0 {
             (0..rng.below(300)).map(|_| rng.next() as u8).collect()
@@ -88,22 +89,37 @@ fn mutated_frames_never_panic_and_reencode_exactly() {
                     let cut = rng.below(b.len() + 8);
                     b.resize(cut.max(wire::HEADER_LEN), 0);
                     let len = (b.len() - wire::HEADER_LEN) as u32;
-                    b[8..12].copy_from_slice(&len.to_be_bytes());
+                    wire::Header::new_unchecked(&mut b[..]).set_payload_len(len);
                 }
                 3 => b.truncate(rng.below(b.len() + 1)),
                 4 if b.len() >= wire::HEADER_LEN => {
                     let big = [wire::MAX_PAYLOAD as u32 + 1, u32::MAX, 0x8000_0000][rng.below(3)];
-                    b[8..12].copy_from_slice(&big.to_be_bytes());
+                    b[wire::field::LEN].copy_from_slice(&big.to_be_bytes());
                 }
                 _ => b.push(rng.next() as u8),
             }
         }
-        if let Ok((_, len)) = wire::parse_header(&b) {
-            assert!(len <= wire::MAX_PAYLOAD);
+        let header = match wire::Header::new_checked(&b[..]) {
+            Ok(h) => wire::HeaderRepr::parse(&h).ok(),
+            Err(_) => {
+                assert!(b.len() < wire::HEADER_LEN);
+                None
+            }
+        };
+        if let Some(h) = header {
+            headers += 1;
+            assert!(h.payload_len <= wire::MAX_PAYLOAD);
+            // A header that parses is canonical: its Repr emits the same 12 bytes.
+            let mut out = [0u8; wire::HEADER_LEN];
+            h.emit(&mut wire::Header::new_unchecked(&mut out[..]))
+                .unwrap();
+            assert_eq!(out[..], b[..wire::HEADER_LEN]);
         }
         match Message::decode(&b) {
             Ok(m) => {
                 ok += 1;
+                // A frame decodes only behind a header that parses, of the message's type.
+                assert_eq!(header.map(|h| h.msg_type), Some(m.msg_type()));
                 let again = m.encode().unwrap();
                 if !matches!(m, Message::Reject(_)) {
                     assert_eq!(again, b);
@@ -121,6 +137,53 @@ fn mutated_frames_never_panic_and_reencode_exactly() {
         }
     }
     assert!(ok > 100 && err > 100, "ok {ok} err {err}");
+    // Most inputs get past the header, so the payload decoder is exercised too.
+    assert!(headers > ok + 100, "headers {headers} ok {ok}");
+}
+
+#[test]
+fn header_fields_sit_where_the_layout_says() {
+    use wire::{Header, HeaderRepr, MsgType, field};
+    let mut b = [0xaau8; wire::HEADER_LEN];
+    HeaderRepr {
+        msg_type: MsgType::Reject,
+        payload_len: 0x0102,
+    }
+    .emit(&mut Header::new_unchecked(&mut b[..]))
+    .unwrap();
+    assert_eq!(b, [b'S', b'W', b'H', b'S', 1, 3, 0, 0, 0, 0, 1, 2]);
+    assert_eq!((field::VERSION, field::TYPE), (4, 5));
+    assert_eq!((field::RESERVED, field::LEN), (6..8, 8..12));
+    let h = Header::new_checked(&b[..]).unwrap();
+    assert_eq!(
+        (h.magic(), h.version(), h.msg_type(), h.reserved()),
+        (*b"SWHS", 1, 3, 0)
+    );
+    assert_eq!(h.payload_len(), 0x0102);
+    assert_eq!(
+        HeaderRepr::parse(&h).unwrap(),
+        HeaderRepr {
+            msg_type: MsgType::Reject,
+            payload_len: 0x0102
+        }
+    );
+    // Short buffers are refused by the view, before any field is read; so is a payload too large
+    // to emit.
+    assert!(Header::new_checked(&b[..11]).is_err());
+    let e = HeaderRepr {
+        msg_type: MsgType::Ready,
+        payload_len: wire::MAX_PAYLOAD + 1,
+    }
+    .emit(&mut Header::new_unchecked(&mut b[..]))
+    .unwrap_err();
+    assert!(matches!(e, switchless::error::Error::Internal(_)), "{e}");
+    // Every parse error is the peer's fault.
+    for (i, v) in [(0usize, b'X'), (4, 2), (5, 0), (5, 5), (6, 1), (8, 1)] {
+        let mut c = b;
+        c[i] = v;
+        let e = HeaderRepr::parse(&Header::new_unchecked(&c[..])).unwrap_err();
+        assert!(matches!(e, switchless::error::Error::Remote(_)), "{e}");
+    }
 }
 
 fn arb_params(n: usize) -> impl Strategy<Value = SideParams> {
@@ -240,6 +303,30 @@ fn specific_malformed_frames_name_the_problem() {
                 b
             },
             "message type 9",
+        ),
+        (
+            {
+                let mut b = hello.clone();
+                b[0] = b'X';
+                b
+            },
+            "not a switchless connector",
+        ),
+        (
+            {
+                let mut b = hello.clone();
+                b[4] = 9;
+                b
+            },
+            "version 9, this plugin speaks version 1",
+        ),
+        (
+            {
+                let mut b = hello.clone();
+                b[wire::field::LEN].copy_from_slice(&u32::MAX.to_be_bytes());
+                b
+            },
+            "payload length 4294967295 bytes, at most 8192",
         ),
         (
             {

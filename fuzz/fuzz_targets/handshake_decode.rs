@@ -6,8 +6,10 @@ use switchless::transport::handshake::{Message, wire};
 
 fuzz_target!(|data: &[u8]| {
     // The header alone never allocates more than MAX_PAYLOAD.
-    if let Ok((_, len)) = wire::parse_header(data) {
-        assert!(len <= wire::MAX_PAYLOAD);
+    if let Ok(h) = wire::Header::new_checked(data) {
+        if let Ok(h) = wire::HeaderRepr::parse(&h) {
+            assert!(h.payload_len <= wire::MAX_PAYLOAD);
+        }
     }
     if let Ok(m) = Message::decode(data) {
         // Re-encoding and decoding gives the same message (reject reasons may be lossily repaired

@@ -103,8 +103,9 @@ impl Conn {
             let need = if self.rbuf.len() < wire::HEADER_LEN {
                 wire::HEADER_LEN
             } else {
-                let (_, len) = wire::parse_header(&self.rbuf).map_err(ReadError::Malformed)?;
-                wire::HEADER_LEN + len
+                let h = wire::HeaderRepr::parse(&wire::Header::new_unchecked(&self.rbuf[..]))
+                    .map_err(ReadError::Malformed)?;
+                wire::HEADER_LEN + h.payload_len
             };
             if self.rbuf.len() == need {
                 let m = Message::decode(&self.rbuf).map_err(ReadError::Malformed)?;

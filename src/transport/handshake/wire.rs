@@ -1,4 +1,14 @@
-//! The handshake wire format. Every count and length is bounded before anything is allocated.
+//! The handshake wire format: a 12-byte frame header, then one message. Every count and length is
+//! bounded before anything is allocated.
+//!
+//! The header is a smoltcp-style checked view: [`Header`] names the byte ranges ([`field`]) once for
+//! its getters and setters, [`HeaderRepr`] is the parsed form with [`HeaderRepr::parse`] and
+//! [`HeaderRepr::emit`]. [`Message`] is the whole frame with [`Message::encode`] and
+//! [`Message::decode`]. Every parse error is an [`Error::Remote`] naming the field and what is accepted.
+//!
+//! Header (all multi-byte integers big-endian): bytes 0..4 magic `SWHS`, 4 version (1), 5 message type
+//! (1 hello, 2 reply, 3 reject, 4 ready), 6..8 reserved (zero), 8..12 payload length (at most
+//! [`MAX_PAYLOAD`]). The payloads are in docs/readme/route.md.
 
 use std::net::Ipv4Addr;
 
@@ -12,7 +22,7 @@ pub const MAGIC: [u8; 4] = *b"SWHS";
 /// Protocol version.
 pub const VERSION: u8 = 1;
 /// Bytes of the frame header.
-pub const HEADER_LEN: usize = 12;
+pub const HEADER_LEN: usize = field::LEN.end;
 /// Largest payload accepted (a full hello is under 4 KiB).
 pub const MAX_PAYLOAD: usize = 8192;
 /// Paths per connection.
@@ -24,10 +34,42 @@ pub const MAX_EXTRA: usize = 1024;
 /// Bytes of a reject reason.
 pub const MAX_REASON: usize = 1024;
 
-const T_HELLO: u8 = 1;
-const T_REPLY: u8 = 2;
-const T_REJECT: u8 = 3;
-const T_READY: u8 = 4;
+/// Byte ranges of the frame header's fields.
+pub mod field {
+    /// A range of bytes.
+    pub type Field = core::ops::Range<usize>;
+    pub const MAGIC: Field = 0..4;
+    pub const VERSION: usize = 4;
+    pub const TYPE: usize = 5;
+    pub const RESERVED: Field = 6..8;
+    pub const LEN: Field = 8..12;
+}
+
+/// The message a frame carries (the header's type byte).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MsgType {
+    Hello = 1,
+    Reply = 2,
+    Reject = 3,
+    Ready = 4,
+}
+
+impl MsgType {
+    /// The type for a header's type byte.
+    pub fn from_byte(b: u8) -> Result<Self> {
+        Ok(match b {
+            1 => MsgType::Hello,
+            2 => MsgType::Reply,
+            3 => MsgType::Reject,
+            4 => MsgType::Ready,
+            _ => {
+                return Err(bad(format!(
+                    "message type {b}, accepted 1 (hello), 2 (reply), 3 (reject), 4 (ready)"
+                )));
+            }
+        })
+    }
+}
 
 /// Per-path transport parameters (one side of one path).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -94,43 +136,148 @@ fn bad(what: impl std::fmt::Display) -> Error {
     Error::Remote(format!("malformed handshake message: {what}"))
 }
 
-/// Parses a frame header; returns the message type and the payload length.
-pub fn parse_header(h: &[u8]) -> Result<(u8, usize)> {
-    if h.len() < HEADER_LEN {
-        return Err(bad(format!(
-            "header is {} bytes, needs {HEADER_LEN}",
-            h.len()
-        )));
+/// A checked view over the bytes of a frame header.
+#[derive(Debug, Clone)]
+pub struct Header<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> Header<T> {
+    /// Wraps a buffer without checking its length; accessors may panic on a short buffer.
+    /// Use [`Header::new_checked`] for bytes from a peer.
+    pub const fn new_unchecked(buffer: T) -> Self {
+        Header { buffer }
     }
-    if h[0..4] != MAGIC {
-        return Err(bad(format!(
-            "magic {:02x?}, expected {:02x?} (\"SWHS\"): not a switchless connector",
-            &h[0..4],
-            MAGIC
-        )));
+
+    /// Wraps a buffer after [`Header::check_len`]; then no accessor or setter panics.
+    pub fn new_checked(buffer: T) -> Result<Self> {
+        let h = Self::new_unchecked(buffer);
+        h.check_len()?;
+        Ok(h)
     }
-    if h[4] != VERSION {
-        return Err(bad(format!(
-            "version {}, this plugin speaks version {VERSION}",
-            h[4]
-        )));
+
+    /// The buffer must hold at least [`HEADER_LEN`] bytes (a longer one is a header and its payload).
+    pub fn check_len(&self) -> Result<()> {
+        let len = self.buffer.as_ref().len();
+        if len < HEADER_LEN {
+            return Err(bad(format!("header is {len} bytes, needs {HEADER_LEN}")));
+        }
+        Ok(())
     }
-    let ty = h[5];
-    if !(T_HELLO..=T_READY).contains(&ty) {
-        return Err(bad(format!(
-            "message type {ty}, accepted 1 (hello), 2 (reply), 3 (reject), 4 (ready)"
-        )));
+
+    /// Returns the underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buffer
     }
-    if h[6] != 0 || h[7] != 0 {
-        return Err(bad("reserved header bytes 6..8 are not zero"));
+
+    fn b(&self) -> &[u8] {
+        self.buffer.as_ref()
     }
-    let len = u32::from_be_bytes([h[8], h[9], h[10], h[11]]) as usize;
-    if len > MAX_PAYLOAD {
-        return Err(bad(format!(
-            "payload length {len} bytes, at most {MAX_PAYLOAD}"
-        )));
+
+    pub fn magic(&self) -> [u8; 4] {
+        let m = &self.b()[field::MAGIC];
+        [m[0], m[1], m[2], m[3]]
     }
-    Ok((ty, len))
+    pub fn version(&self) -> u8 {
+        self.b()[field::VERSION]
+    }
+    /// The raw type byte (see [`MsgType`]).
+    pub fn msg_type(&self) -> u8 {
+        self.b()[field::TYPE]
+    }
+    pub fn reserved(&self) -> u16 {
+        let r = &self.b()[field::RESERVED];
+        u16::from_be_bytes([r[0], r[1]])
+    }
+    pub fn payload_len(&self) -> u32 {
+        let l = &self.b()[field::LEN];
+        u32::from_be_bytes([l[0], l[1], l[2], l[3]])
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> Header<T> {
+    fn bm(&mut self) -> &mut [u8] {
+        self.buffer.as_mut()
+    }
+    pub fn set_magic(&mut self, m: [u8; 4]) {
+        self.bm()[field::MAGIC].copy_from_slice(&m);
+    }
+    pub fn set_version(&mut self, v: u8) {
+        self.bm()[field::VERSION] = v;
+    }
+    pub fn set_msg_type(&mut self, t: u8) {
+        self.bm()[field::TYPE] = t;
+    }
+    pub fn set_reserved(&mut self, r: u16) {
+        self.bm()[field::RESERVED].copy_from_slice(&r.to_be_bytes());
+    }
+    pub fn set_payload_len(&mut self, n: u32) {
+        self.bm()[field::LEN].copy_from_slice(&n.to_be_bytes());
+    }
+}
+
+/// The parsed frame header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeaderRepr {
+    pub msg_type: MsgType,
+    /// Bytes after the header, at most [`MAX_PAYLOAD`].
+    pub payload_len: usize,
+}
+
+impl HeaderRepr {
+    /// Parses a header, checking every field in order (magic, version, type, reserved, length).
+    pub fn parse<T: AsRef<[u8]>>(h: &Header<T>) -> Result<Self> {
+        h.check_len()?;
+        if h.magic() != MAGIC {
+            return Err(bad(format!(
+                "magic {:02x?}, expected {:02x?} (\"SWHS\"): not a switchless connector",
+                h.magic(),
+                MAGIC
+            )));
+        }
+        if h.version() != VERSION {
+            return Err(bad(format!(
+                "version {}, this plugin speaks version {VERSION}",
+                h.version()
+            )));
+        }
+        let msg_type = MsgType::from_byte(h.msg_type())?;
+        if h.reserved() != 0 {
+            return Err(bad(format!(
+                "reserved header bytes {}..{} are not zero",
+                field::RESERVED.start,
+                field::RESERVED.end
+            )));
+        }
+        // Checked as u32 so no length is truncated on the way to usize.
+        let len = h.payload_len();
+        if len > MAX_PAYLOAD as u32 {
+            return Err(bad(format!(
+                "payload length {len} bytes, at most {MAX_PAYLOAD}"
+            )));
+        }
+        Ok(HeaderRepr {
+            msg_type,
+            payload_len: len as usize,
+        })
+    }
+
+    /// Writes the header into `h` (which must hold [`HEADER_LEN`] bytes).
+    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, h: &mut Header<T>) -> Result<()> {
+        if h.buffer.as_ref().len() < HEADER_LEN || self.payload_len > MAX_PAYLOAD {
+            return Err(Error::Internal(format!(
+                "cannot emit a handshake header for a {}-byte payload into {} bytes (at most {MAX_PAYLOAD}, needs {HEADER_LEN})",
+                self.payload_len,
+                h.buffer.as_ref().len()
+            )));
+        }
+        h.set_magic(MAGIC);
+        h.set_version(VERSION);
+        h.set_msg_type(self.msg_type as u8);
+        h.set_reserved(0);
+        h.set_payload_len(self.payload_len as u32);
+        Ok(())
+    }
 }
 
 struct Reader<'a> {
@@ -292,10 +439,22 @@ fn check_paths(n: usize) -> Result<()> {
 }
 
 impl Message {
+    /// The header type of this message.
+    pub fn msg_type(&self) -> MsgType {
+        match self {
+            Message::Hello(_) => MsgType::Hello,
+            Message::Reply(_) => MsgType::Reply,
+            Message::Reject(_) => MsgType::Reject,
+            Message::Ready => MsgType::Ready,
+        }
+    }
+
     /// Encodes the message as one frame (header + payload).
     pub fn encode(&self) -> Result<Vec<u8>> {
-        let mut p = Vec::new();
-        let ty = match self {
+        // The payload goes after room for the header, which is emitted once its length is known.
+        let mut out = vec![0u8; HEADER_LEN];
+        let p = &mut out;
+        match self {
             Message::Hello(h) => {
                 check_paths(h.paths.len())?;
                 if h.params.paths.len() != h.paths.len() {
@@ -312,20 +471,18 @@ impl Message {
                     p.push(req.connector.prefix_len());
                     p.extend_from_slice(&req.acceptor.octets());
                     p.push(kind_byte(req.kind));
-                    write_params(&mut p, par)?;
+                    write_params(p, par)?;
                 }
-                write_bytes16(&mut p, &h.params.extra, MAX_EXTRA, "extra")?;
-                T_HELLO
+                write_bytes16(p, &h.params.extra, MAX_EXTRA, "extra")?;
             }
             Message::Reply(r) => {
                 check_paths(r.params.paths.len())?;
                 p.extend_from_slice(&r.nonce.to_be_bytes());
                 p.push(r.params.paths.len() as u8);
                 for par in &r.params.paths {
-                    write_params(&mut p, par)?;
+                    write_params(p, par)?;
                 }
-                write_bytes16(&mut p, &r.params.extra, MAX_EXTRA, "extra")?;
-                T_REPLY
+                write_bytes16(p, &r.params.extra, MAX_EXTRA, "extra")?;
             }
             Message::Reject(reason) => {
                 // Truncate on a character boundary rather than fail: the reason is for humans.
@@ -333,45 +490,41 @@ impl Message {
                 while !reason.is_char_boundary(end) {
                     end -= 1;
                 }
-                write_bytes16(&mut p, &reason.as_bytes()[..end], MAX_REASON, "reason")?;
-                T_REJECT
+                write_bytes16(p, &reason.as_bytes()[..end], MAX_REASON, "reason")?;
             }
-            Message::Ready => T_READY,
-        };
-        if p.len() > MAX_PAYLOAD {
+            Message::Ready => {}
+        }
+        let payload_len = out.len() - HEADER_LEN;
+        if payload_len > MAX_PAYLOAD {
             return Err(Error::Internal(format!(
-                "handshake payload {} bytes exceeds {MAX_PAYLOAD}",
-                p.len()
+                "handshake payload {payload_len} bytes exceeds {MAX_PAYLOAD}"
             )));
         }
-        let mut out = Vec::with_capacity(HEADER_LEN + p.len());
-        out.extend_from_slice(&MAGIC);
-        out.push(VERSION);
-        out.push(ty);
-        out.extend_from_slice(&[0, 0]);
-        out.extend_from_slice(&(p.len() as u32).to_be_bytes());
-        out.extend_from_slice(&p);
+        HeaderRepr {
+            msg_type: self.msg_type(),
+            payload_len,
+        }
+        .emit(&mut Header::new_unchecked(&mut out[..HEADER_LEN]))?;
         Ok(out)
     }
 
     /// Decodes exactly one frame (header + payload, nothing after it).
     pub fn decode(frame: &[u8]) -> Result<Message> {
-        let (ty, len) = parse_header(frame)?;
-        if frame.len() != HEADER_LEN + len {
+        let h = HeaderRepr::parse(&Header::new_checked(frame)?)?;
+        if frame.len() != HEADER_LEN + h.payload_len {
             return Err(bad(format!(
                 "frame is {} bytes, header says {}",
                 frame.len(),
-                HEADER_LEN + len
+                HEADER_LEN + h.payload_len
             )));
         }
-        Self::decode_payload(ty, &frame[HEADER_LEN..])
+        Self::decode_payload(h.msg_type, &frame[HEADER_LEN..])
     }
 
-    /// Decodes a payload of type `ty` (from [`parse_header`]).
-    pub fn decode_payload(ty: u8, payload: &[u8]) -> Result<Message> {
+    fn decode_payload(ty: MsgType, payload: &[u8]) -> Result<Message> {
         let mut r = Reader { b: payload, pos: 0 };
         let m = match ty {
-            T_HELLO => {
+            MsgType::Hello => {
                 let nonce = r.u64("nonce")?;
                 let n = r.count("path count", MAX_PATHS)?;
                 if n == 0 {
@@ -412,7 +565,7 @@ impl Message {
                     },
                 })
             }
-            T_REPLY => {
+            MsgType::Reply => {
                 let nonce = r.u64("nonce")?;
                 let n = r.count("path count", MAX_PATHS)?;
                 if n == 0 {
@@ -431,12 +584,11 @@ impl Message {
                     },
                 })
             }
-            T_REJECT => {
+            MsgType::Reject => {
                 let b = r.bytes16("reason length", MAX_REASON)?;
                 Message::Reject(String::from_utf8_lossy(b).into_owned())
             }
-            T_READY => Message::Ready,
-            other => return Err(bad(format!("message type {other}"))),
+            MsgType::Ready => Message::Ready,
         };
         r.finish()?;
         Ok(m)
