@@ -439,6 +439,16 @@ fn check_paths(n: usize) -> Result<()> {
 }
 
 impl Message {
+    /// The message as errors name it ("a hello", ..., "ready").
+    pub fn name(&self) -> &'static str {
+        match self {
+            Message::Hello(_) => "a hello",
+            Message::Reply(_) => "a reply",
+            Message::Reject(_) => "a reject",
+            Message::Ready => "ready",
+        }
+    }
+
     /// The header type of this message.
     pub fn msg_type(&self) -> MsgType {
         match self {

@@ -1,0 +1,381 @@
+//! The connector's side of the handshake as a state machine: TCP connect, hello, reply, ready.
+//!
+//! Sans-IO: it never touches a socket and never reads the clock. The driver (`io.rs`, or a test)
+//! passes `now` in, opens the connections [`ConnectEvent::Open`] asks for, moves bytes through
+//! [`ConnectMachine::frames`] and calls [`ConnectMachine::poll`] again by
+//! [`ConnectMachine::poll_timeout`] at the latest.
+
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::time::{Duration, Instant};
+
+use super::frames::Frames;
+use super::wire::{Hello, Message, PathRequest, SideParams};
+use crate::error::{Error, Result};
+use crate::route::handle::HandleRepr;
+use crate::route::select::PathChoice;
+
+/// Longest a connector waits for a TCP connection to one target before trying the next one (the
+/// last target gets the rest of the timeout). A directly cabled peer answers in well under a
+/// millisecond, a soft-RoCE VM under TCG in a few.
+pub const TARGET_BUDGET: Duration = Duration::from_secs(5);
+
+/// What [`ConnectMachine::poll`] asks of the driver or reports.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ConnectEvent {
+    /// Open a TCP connection to `addr` (from `bind` when set), dropping any earlier attempt; then
+    /// report [`ConnectMachine::connected`] or [`ConnectMachine::connect_failed`].
+    Open {
+        addr: SocketAddrV4,
+        bind: Option<Ipv4Addr>,
+    },
+    /// Nothing to do until bytes move or [`ConnectMachine::poll_timeout`] passes.
+    Pending,
+    /// The acceptor's params, reported once. Bring the QPs up, then call [`ConnectMachine::ready`].
+    Reply(SideParams),
+    /// Ready is sent: the handshake is complete and the connection belongs to the caller.
+    Done,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// The next target is to be opened.
+    Open,
+    /// The driver is connecting to the current target.
+    Connecting,
+    SendHello,
+    AwaitReply,
+    AwaitCaller,
+    SendReady,
+    Finished,
+}
+
+/// The connector's handshake.
+#[derive(Debug)]
+pub struct ConnectMachine {
+    state: State,
+    /// Where to connect, in order (routed link address, then the control address), with the source
+    /// address to bind for each.
+    targets: Vec<(SocketAddrV4, Option<Ipv4Addr>)>,
+    /// The next target to open; the current one is `target - 1`.
+    target: usize,
+    /// When the connection attempt to the current target is given up for the next one (a target
+    /// that drops SYNs would otherwise use up the whole timeout); the last target has the deadline.
+    target_deadline: Instant,
+    failures: Vec<String>,
+    hello: Message,
+    nonce: u64,
+    npaths: usize,
+    deadline: Instant,
+    timeout: Duration,
+    peer: String,
+    frames: Frames,
+}
+
+impl ConnectMachine {
+    /// A handshake with the listener described by `handle` over `paths` (from
+    /// [`crate::route::select()`]), with this side's params (one per path). It connects to the first
+    /// path's peer address (bound to its local address), then, if that fails or does not answer
+    /// within [`TARGET_BUDGET`] (at most half the timeout), to the handle's control address. It fails
+    /// `timeout` after `now`.
+    pub fn for_handle(
+        now: Instant,
+        handle: &HandleRepr,
+        paths: &[PathChoice],
+        mine: SideParams,
+        timeout: Duration,
+    ) -> Result<Self> {
+        let first = paths
+            .first()
+            .ok_or_else(|| Error::InvalidArgument("connector started with no paths".into()))?;
+        let mut targets = vec![(
+            SocketAddrV4::new(first.remote.addr.addr(), handle.port),
+            Some(first.local.addr.addr()),
+        )];
+        if let Some(c) = handle.control {
+            if c != first.remote.addr.addr() {
+                targets.push((SocketAddrV4::new(c, handle.port), None));
+            }
+        }
+        let requests: Vec<PathRequest> = paths
+            .iter()
+            .map(|p| PathRequest {
+                connector: p.local.addr,
+                acceptor: p.remote.addr.addr(),
+                kind: p.kind,
+            })
+            .collect();
+        let peer = format!(
+            "peer {} (port {})",
+            handle
+                .links
+                .iter()
+                .map(|l| l.addr.addr().to_string())
+                .collect::<Vec<_>>()
+                .join("/"),
+            handle.port
+        );
+        Self::new(now, targets, handle.nonce, requests, mine, timeout, peer)
+    }
+
+    /// A handshake to explicit targets `(address, source address to bind)`; `peer` names the
+    /// listener in errors.
+    pub fn new(
+        now: Instant,
+        targets: Vec<(SocketAddrV4, Option<Ipv4Addr>)>,
+        nonce: u64,
+        paths: Vec<PathRequest>,
+        mine: SideParams,
+        timeout: Duration,
+        peer: String,
+    ) -> Result<Self> {
+        if targets.is_empty() {
+            return Err(Error::InvalidArgument(
+                "connector has no address to connect to".into(),
+            ));
+        }
+        let npaths = paths.len();
+        let hello = Message::Hello(Hello {
+            nonce,
+            paths,
+            params: mine,
+        });
+        hello.encode()?; // validate counts now, not mid-handshake
+        Ok(ConnectMachine {
+            state: State::Open,
+            targets,
+            target: 0,
+            target_deadline: now,
+            failures: Vec::new(),
+            hello,
+            nonce,
+            npaths,
+            deadline: now + timeout,
+            timeout,
+            peer,
+            frames: Frames::default(),
+        })
+    }
+
+    /// The listener, as errors name it.
+    pub fn peer(&self) -> &str {
+        &self.peer
+    }
+
+    /// The connection's bytes, for the driver to move.
+    pub fn frames(&mut self) -> &mut Frames {
+        &mut self.frames
+    }
+
+    /// The connection [`ConnectEvent::Open`] asked for is established.
+    pub fn connected(&mut self) -> Result<()> {
+        if self.state != State::Connecting {
+            return Err(self.misuse("connected()"));
+        }
+        self.frames.queue(&self.hello)?;
+        self.state = State::SendHello;
+        Ok(())
+    }
+
+    /// The connection [`ConnectEvent::Open`] asked for failed (refused, unreachable, ...): the next
+    /// poll opens the next target, or fails when none is left.
+    pub fn connect_failed(&mut self, reason: impl std::fmt::Display) -> Result<()> {
+        if self.state != State::Connecting {
+            return Err(self.misuse("connect_failed()"));
+        }
+        self.failures
+            .push(format!("{}: {reason}", self.current_target()));
+        self.state = State::Open;
+        Ok(())
+    }
+
+    /// The driver gave up on the connection (its socket failed): the handshake is over.
+    pub fn abort(&mut self) {
+        self.state = State::Finished;
+    }
+
+    /// When [`ConnectMachine::poll`] must run again even if no byte moves (`None`: only the caller
+    /// can move it on, or it is finished).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match self.state {
+            State::Connecting => Some(self.target_deadline.min(self.deadline)),
+            State::Open | State::SendHello | State::AwaitReply | State::SendReady => {
+                Some(self.deadline)
+            }
+            State::AwaitCaller | State::Finished => None,
+        }
+    }
+
+    /// Advances the handshake as far as the bytes received so far and `now` allow. An error ends it.
+    pub fn poll(&mut self, now: Instant) -> Result<ConnectEvent> {
+        let r = self.poll_inner(now);
+        if r.is_err() {
+            self.state = State::Finished;
+        }
+        r
+    }
+
+    fn poll_inner(&mut self, now: Instant) -> Result<ConnectEvent> {
+        loop {
+            if self.poll_timeout().is_some() && now >= self.deadline {
+                return Err(Error::Timeout(format!(
+                    "connecting to {}: no progress within {} ms while {} (NCCL_SWITCHLESS_CONNECT_TIMEOUT)",
+                    self.peer,
+                    self.timeout.as_millis(),
+                    self.step_name()
+                )));
+            }
+            // Each state returns an event, or `None` after moving to the next state.
+            let event = match self.state {
+                State::Open => Some(self.open_next(now)?),
+                State::Connecting => self.connecting(now),
+                State::SendHello => self.send_hello()?,
+                State::AwaitReply => self.await_reply()?,
+                State::AwaitCaller => Some(ConnectEvent::Pending),
+                State::SendReady => self.send_ready()?,
+                State::Finished => {
+                    return Err(Error::Internal(
+                        "connector polled after it finished or failed".into(),
+                    ));
+                }
+            };
+            if let Some(e) = event {
+                return Ok(e);
+            }
+        }
+    }
+
+    fn open_next(&mut self, now: Instant) -> Result<ConnectEvent> {
+        let Some(&(addr, bind)) = self.targets.get(self.target) else {
+            return Err(Error::System(format!(
+                "cannot open a TCP connection to {}: {}",
+                self.peer,
+                self.failures.join("; ")
+            )));
+        };
+        self.target += 1;
+        self.target_deadline = if self.target < self.targets.len() {
+            now + self.target_budget()
+        } else {
+            self.deadline
+        };
+        self.state = State::Connecting;
+        Ok(ConnectEvent::Open { addr, bind })
+    }
+
+    fn connecting(&mut self, now: Instant) -> Option<ConnectEvent> {
+        if now < self.target_deadline {
+            return Some(ConnectEvent::Pending);
+        }
+        self.failures.push(format!(
+            "{}: no answer within {} ms",
+            self.current_target(),
+            self.target_budget().as_millis()
+        ));
+        self.state = State::Open;
+        None
+    }
+
+    fn send_hello(&mut self) -> Result<Option<ConnectEvent>> {
+        if let Some(f) = self.frames.take_fault() {
+            return Err(f.into_error(&self.peer, "sending the hello"));
+        }
+        if !self.frames.flushed() {
+            return Ok(Some(ConnectEvent::Pending));
+        }
+        self.frames.expect_frame();
+        self.state = State::AwaitReply;
+        Ok(None)
+    }
+
+    fn await_reply(&mut self) -> Result<Option<ConnectEvent>> {
+        if let Some(f) = self.frames.take_fault() {
+            return Err(f.into_error(&self.peer, "waiting for the acceptor's reply"));
+        }
+        let r = match self.frames.take_frame() {
+            None => return Ok(Some(ConnectEvent::Pending)),
+            Some(Message::Reply(r)) => r,
+            Some(Message::Reject(reason)) => {
+                return Err(Error::Remote(format!(
+                    "{} rejected the connection: {reason}",
+                    self.peer
+                )));
+            }
+            Some(other) => {
+                return Err(Error::Remote(format!(
+                    "{} sent {} while a reply was expected",
+                    self.peer,
+                    other.name()
+                )));
+            }
+        };
+        if r.nonce != self.nonce {
+            return Err(Error::Remote(format!(
+                "{} replied with nonce {:#x}, expected {:#x}: a different listener answered",
+                self.peer, r.nonce, self.nonce
+            )));
+        }
+        if r.params.paths.len() != self.npaths {
+            return Err(Error::Remote(format!(
+                "{} replied with params for {} paths, the hello asked for {}",
+                self.peer,
+                r.params.paths.len(),
+                self.npaths
+            )));
+        }
+        self.state = State::AwaitCaller;
+        Ok(Some(ConnectEvent::Reply(r.params)))
+    }
+
+    fn send_ready(&mut self) -> Result<Option<ConnectEvent>> {
+        if let Some(f) = self.frames.take_fault() {
+            return Err(f.into_error(&self.peer, "sending ready"));
+        }
+        if !self.frames.flushed() {
+            return Ok(Some(ConnectEvent::Pending));
+        }
+        self.state = State::Finished;
+        Ok(Some(ConnectEvent::Done))
+    }
+
+    /// Tells the acceptor this side is ready (after [`ConnectEvent::Reply`]); keep polling until
+    /// `Done`. The deadline restarts at `now`.
+    pub fn ready(&mut self, now: Instant) -> Result<()> {
+        if self.state != State::AwaitCaller {
+            return Err(self.misuse("ready()"));
+        }
+        self.frames.queue(&Message::Ready)?;
+        self.deadline = now + self.timeout;
+        self.state = State::SendReady;
+        Ok(())
+    }
+
+    fn target_budget(&self) -> Duration {
+        TARGET_BUDGET.min(self.timeout / 2)
+    }
+
+    fn current_target(&self) -> String {
+        self.target
+            .checked_sub(1)
+            .and_then(|i| self.targets.get(i))
+            .map(|t| t.0.to_string())
+            .unwrap_or_default()
+    }
+
+    fn misuse(&self, call: &str) -> Error {
+        Error::Internal(format!(
+            "connector {call} called while {}",
+            self.step_name()
+        ))
+    }
+
+    fn step_name(&self) -> &'static str {
+        match self.state {
+            State::Open | State::Connecting => "opening the TCP connection",
+            State::SendHello => "sending the hello",
+            State::AwaitReply => "waiting for the acceptor's reply",
+            State::AwaitCaller => "waiting for the local QPs",
+            State::SendReady => "sending ready",
+            State::Finished => "finished",
+        }
+    }
+}

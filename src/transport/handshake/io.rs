@@ -1,0 +1,470 @@
+//! The socket driver of the handshake machines: non-blocking TCP sockets, bytes moved between them
+//! and the machines, and the clock (the only place the handshake reads it).
+//!
+//! NCCL calls `connect`/`accept` again and again until they return a comm, and never blocks or times
+//! out on its own. So each `poll` here does what the sockets allow right now and returns `Pending`
+//! otherwise; the machines keep the state and the deadlines.
+
+use std::io::{self, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use socket2::{Domain, Protocol, Socket, Type};
+
+use super::connector::{ConnectEvent, ConnectMachine};
+use super::frames::Frames;
+use super::listener::{AcceptEvent, AcceptMachine, AcceptedPath, AcceptorView, ListenMachine};
+use super::wire::{Hello, PathRequest, SideParams};
+use crate::error::{Error, Result};
+use crate::route::handle::HandleRepr;
+use crate::route::select::PathChoice;
+use crate::route::types::LocalLink;
+
+/// The established connection: the TCP socket (kept for out-of-band use) and its addresses.
+#[derive(Debug)]
+pub struct Established {
+    pub stream: TcpStream,
+    pub local: SocketAddr,
+    pub peer: SocketAddr,
+}
+
+/// Moves bytes between `stream` and `frames`: writes what is queued, reads no more than the frame in
+/// progress lacks. Returns whether anything happened (bytes moved, or the connection failed).
+fn pump(stream: &mut TcpStream, frames: &mut Frames) -> bool {
+    let mut moved = false;
+    while !frames.transmit().is_empty() {
+        match stream.write(frames.transmit()) {
+            Ok(0) => {
+                frames.failed(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    "socket accepted 0 bytes",
+                ));
+                return true;
+            }
+            Ok(n) => {
+                frames.sent(n);
+                moved = true;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                frames.failed(e);
+                return true;
+            }
+        }
+    }
+    let mut buf = [0u8; 4096];
+    loop {
+        let want = frames.want().min(buf.len());
+        if want == 0 {
+            return moved;
+        }
+        match stream.read(&mut buf[..want]) {
+            Ok(0) => {
+                frames.closed();
+                return true;
+            }
+            Ok(n) => {
+                frames.received(&buf[..n]);
+                moved = true;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return moved,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                frames.failed(e);
+                return true;
+            }
+        }
+    }
+}
+
+fn configure(stream: &TcpStream) -> io::Result<()> {
+    stream.set_nonblocking(true)?;
+    stream.set_nodelay(true)
+}
+
+// ------------------------------------------------------------------------------------------------
+// Connector
+
+/// What [`Connector::poll`] reports.
+#[derive(Debug)]
+pub enum ConnectPoll {
+    /// Not done; call again.
+    Pending,
+    /// The acceptor's params, reported once. Bring the QPs up, then call [`Connector::ready`].
+    Reply(SideParams),
+    /// Handshake complete.
+    Done(Established),
+}
+
+#[derive(Debug)]
+enum Sock {
+    None,
+    Connecting(Socket),
+    Open(TcpStream),
+}
+
+/// The connector's side over a real socket: [`ConnectMachine`] plus the connection it asks for.
+#[derive(Debug)]
+pub struct Connector {
+    machine: ConnectMachine,
+    sock: Sock,
+}
+
+impl Connector {
+    /// Starts connecting to the listener described by `handle` over `paths`; see
+    /// [`ConnectMachine::for_handle`]. The first connection is opened here; an error if every target
+    /// fails at once.
+    pub fn start(
+        handle: &HandleRepr,
+        paths: &[PathChoice],
+        mine: SideParams,
+        timeout: Duration,
+    ) -> Result<Self> {
+        let now = Instant::now();
+        Self::with(
+            now,
+            ConnectMachine::for_handle(now, handle, paths, mine, timeout)?,
+        )
+    }
+
+    /// Lower-level start: explicit targets `(address, source address to bind)`.
+    pub fn start_to(
+        targets: Vec<(SocketAddrV4, Option<Ipv4Addr>)>,
+        nonce: u64,
+        paths: Vec<PathRequest>,
+        mine: SideParams,
+        timeout: Duration,
+        peer: String,
+    ) -> Result<Self> {
+        let now = Instant::now();
+        Self::with(
+            now,
+            ConnectMachine::new(now, targets, nonce, paths, mine, timeout, peer)?,
+        )
+    }
+
+    fn with(now: Instant, machine: ConnectMachine) -> Result<Self> {
+        let mut c = Connector {
+            machine,
+            sock: Sock::None,
+        };
+        while let ConnectEvent::Open { addr, bind } = c.machine.poll(now)? {
+            c.open(addr, bind)?;
+        }
+        Ok(c)
+    }
+
+    /// Advances the handshake as far as the sockets allow without blocking. An error ends it.
+    pub fn poll(&mut self) -> Result<ConnectPoll> {
+        let r = self.poll_at(Instant::now());
+        if r.is_err() {
+            self.machine.abort();
+            self.sock = Sock::None;
+        }
+        r
+    }
+
+    fn poll_at(&mut self, now: Instant) -> Result<ConnectPoll> {
+        loop {
+            let moved = self.pump()?;
+            match self.machine.poll(now)? {
+                ConnectEvent::Open { addr, bind } => self.open(addr, bind)?,
+                ConnectEvent::Pending if moved => {}
+                ConnectEvent::Pending => return Ok(ConnectPoll::Pending),
+                ConnectEvent::Reply(p) => return Ok(ConnectPoll::Reply(p)),
+                ConnectEvent::Done => return self.established(),
+            }
+        }
+    }
+
+    /// Tells the acceptor this side is ready (after [`ConnectPoll::Reply`]); keep polling until
+    /// `Done`. The deadline restarts here.
+    pub fn ready(&mut self) -> Result<()> {
+        self.machine.ready(Instant::now())
+    }
+
+    fn open(&mut self, addr: SocketAddrV4, bind: Option<Ipv4Addr>) -> Result<()> {
+        self.sock = Sock::None;
+        match open_socket(addr, bind) {
+            Ok(OpenResult::Connected(s)) => self.connected(s),
+            Ok(OpenResult::InProgress(s)) => {
+                self.sock = Sock::Connecting(s);
+                Ok(())
+            }
+            Err(e) => self.machine.connect_failed(e),
+        }
+    }
+
+    fn connected(&mut self, s: Socket) -> Result<()> {
+        let stream: TcpStream = s.into();
+        configure(&stream).map_err(|e| {
+            Error::io(
+                format!("configuring the socket to {}", self.machine.peer()),
+                e,
+            )
+        })?;
+        self.sock = Sock::Open(stream);
+        self.machine.connected()
+    }
+
+    /// Moves what the socket allows; whether anything happened.
+    fn pump(&mut self) -> Result<bool> {
+        match &mut self.sock {
+            Sock::None => Ok(false),
+            Sock::Connecting(s) => match connect_status(s) {
+                Ok(false) => Ok(false),
+                Ok(true) => match std::mem::replace(&mut self.sock, Sock::None) {
+                    Sock::Connecting(s) => self.connected(s).map(|()| true),
+                    _ => Err(Error::Internal("connector socket changed under it".into())),
+                },
+                Err(e) => {
+                    self.sock = Sock::None;
+                    self.machine.connect_failed(e).map(|()| true)
+                }
+            },
+            Sock::Open(stream) => Ok(pump(stream, self.machine.frames())),
+        }
+    }
+
+    fn established(&mut self) -> Result<ConnectPoll> {
+        let Sock::Open(stream) = std::mem::replace(&mut self.sock, Sock::None) else {
+            return Err(Error::Internal(
+                "connector finished without a connection".into(),
+            ));
+        };
+        let local = stream
+            .local_addr()
+            .map_err(|e| Error::io("socket address", e))?;
+        let peer = stream
+            .peer_addr()
+            .map_err(|e| Error::io("peer address", e))?;
+        Ok(ConnectPoll::Done(Established {
+            stream,
+            local,
+            peer,
+        }))
+    }
+}
+
+enum OpenResult {
+    Connected(Socket),
+    InProgress(Socket),
+}
+
+fn open_socket(addr: SocketAddrV4, bind: Option<Ipv4Addr>) -> io::Result<OpenResult> {
+    let s = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))?;
+    s.set_nonblocking(true)?;
+    if let Some(b) = bind {
+        s.bind(&SocketAddrV4::new(b, 0).into())?;
+    }
+    match s.connect(&addr.into()) {
+        Ok(()) => Ok(OpenResult::Connected(s)),
+        Err(e)
+            if e.raw_os_error() == Some(libc::EINPROGRESS)
+                || e.kind() == io::ErrorKind::WouldBlock =>
+        {
+            Ok(OpenResult::InProgress(s))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// `Ok(true)` once a non-blocking connect finished, `Ok(false)` while in progress.
+fn connect_status(s: &Socket) -> io::Result<bool> {
+    if let Some(e) = s.take_error()? {
+        return Err(e);
+    }
+    match s.peer_addr() {
+        Ok(_) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Listener and acceptor
+
+/// A listening socket serving any number of incoming handshakes, in any order: [`ListenMachine`]
+/// over the accepted sockets.
+#[derive(Debug)]
+pub struct Listener {
+    socket: TcpListener,
+    machine: ListenMachine<TcpStream>,
+}
+
+impl Listener {
+    /// Binds a non-blocking listening socket (use `0.0.0.0:0` in the plugin so every link address
+    /// reaches it). `nonce` goes into the handle; `timeout` bounds each incoming handshake and the wait
+    /// for the first valid connector (counted from the first [`Listener::poll`]).
+    pub fn bind(
+        addr: SocketAddrV4,
+        nonce: u64,
+        view: AcceptorView,
+        timeout: Duration,
+    ) -> Result<Self> {
+        let socket = TcpListener::bind(addr)
+            .map_err(|e| Error::io(format!("binding the listening socket {addr}"), e))?;
+        socket
+            .set_nonblocking(true)
+            .map_err(|e| Error::io("making the listening socket non-blocking", e))?;
+        let port = socket
+            .local_addr()
+            .map_err(|e| Error::io("listening socket address", e))?
+            .port();
+        Ok(Listener {
+            socket,
+            machine: ListenMachine::new(port, nonce, view, timeout),
+        })
+    }
+
+    /// Binds `0.0.0.0:0` with a fresh random nonce: what the plugin's `listen` does.
+    pub fn bind_any(view: AcceptorView, timeout: Duration) -> Result<Self> {
+        Self::bind(
+            SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
+            crate::route::handle::random_nonce()?,
+            view,
+            timeout,
+        )
+    }
+
+    /// The handle to publish for this listener; see [`ListenMachine::handle`].
+    pub fn handle(&self, control: Option<Ipv4Addr>) -> Result<(HandleRepr, Vec<LocalLink>)> {
+        Ok(self.machine.handle(control))
+    }
+
+    /// The bound address (its port goes into the handle).
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        self.socket
+            .local_addr()
+            .map_err(|e| Error::io("listening socket address", e))
+    }
+
+    pub fn nonce(&self) -> u64 {
+        self.machine.nonce()
+    }
+
+    /// Incoming connections in progress.
+    pub fn pending(&self) -> usize {
+        self.machine.pending()
+    }
+
+    /// Accepts new connections and advances pending ones without blocking; see
+    /// [`ListenMachine::poll`]. Errors when the listening socket fails or no valid hello arrived
+    /// within the timeout.
+    pub fn poll(&mut self) -> Result<Option<Incoming>> {
+        let now = Instant::now();
+        loop {
+            match self.socket.accept() {
+                Ok((stream, peer)) => match configure(&stream) {
+                    // An evicted connection is closed by dropping it.
+                    Ok(()) => drop(self.machine.admit(now, stream, peer)),
+                    Err(e) => {
+                        tracing::warn!(%peer, "handshake: cannot configure accepted socket: {e}")
+                    }
+                },
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
+                    ) => {}
+                Err(e) => {
+                    return Err(Error::io(
+                        "accepting a connection on the listening socket",
+                        e,
+                    ));
+                }
+            }
+        }
+        loop {
+            let mut moved = false;
+            for (stream, frames) in self.machine.connections() {
+                moved |= pump(stream, frames);
+            }
+            if let Some((stream, machine)) = self.machine.poll(now)? {
+                return Ok(Some(Incoming {
+                    machine,
+                    stream: Some(stream),
+                }));
+            }
+            if !moved {
+                // Send what that poll queued (rejects); the next poll drops those connections.
+                for (stream, frames) in self.machine.connections() {
+                    pump(stream, frames);
+                }
+                return Ok(None);
+            }
+        }
+    }
+}
+
+/// What [`Incoming::poll`] reports.
+#[derive(Debug)]
+pub enum AcceptPoll {
+    Pending,
+    Done(Established),
+}
+
+/// An incoming connection whose hello checked out: [`AcceptMachine`] over its socket. Answer it
+/// with [`Incoming::respond`] (or [`Incoming::reject`]) and poll it until `Done`.
+#[derive(Debug)]
+pub struct Incoming {
+    machine: AcceptMachine,
+    /// Taken when the handshake completes (the socket moves to the caller).
+    stream: Option<TcpStream>,
+}
+
+impl Incoming {
+    /// The connector's TCP address.
+    pub fn peer(&self) -> SocketAddr {
+        self.machine.peer()
+    }
+    pub fn hello(&self) -> &Hello {
+        self.machine.hello()
+    }
+    /// The paths, resolved to this node's links, in the connector's order.
+    pub fn paths(&self) -> &[AcceptedPath] {
+        self.machine.paths()
+    }
+
+    /// Sends this side's params (one per path, same order). The deadline restarts here.
+    pub fn respond(&mut self, mine: SideParams) -> Result<()> {
+        self.machine.respond(Instant::now(), mine)
+    }
+
+    /// Refuses the connection with a reason the connector reports (e.g. QP creation failed here).
+    /// Poll until it returns the error carrying the reason.
+    pub fn reject(&mut self, reason: &str) -> Result<()> {
+        self.machine.reject(Instant::now(), reason)
+    }
+
+    /// Advances without blocking.
+    pub fn poll(&mut self) -> Result<AcceptPoll> {
+        let now = Instant::now();
+        loop {
+            let moved = match self.stream.as_mut() {
+                Some(s) => pump(s, self.machine.frames()),
+                None => false,
+            };
+            match self.machine.poll(now)? {
+                AcceptEvent::Pending if moved => {}
+                AcceptEvent::Pending => return Ok(AcceptPoll::Pending),
+                AcceptEvent::Done => {
+                    let stream = self
+                        .stream
+                        .take()
+                        .ok_or_else(|| Error::Internal("incoming socket already taken".into()))?;
+                    let local = stream
+                        .local_addr()
+                        .map_err(|e| Error::io("socket address", e))?;
+                    return Ok(AcceptPoll::Done(Established {
+                        stream,
+                        local,
+                        peer: self.machine.peer(),
+                    }));
+                }
+            }
+        }
+    }
+}
