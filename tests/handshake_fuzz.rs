@@ -399,6 +399,35 @@ fn specific_malformed_frames_name_the_problem() {
     }
 }
 
+/// The fuzz target's oracle for rejects: a reason of invalid UTF-8 is repaired (each bad byte becomes
+/// U+FFFD, 3 bytes), so re-encoding truncates it to a prefix on a character boundary, which is then
+/// stable.
+#[test]
+fn a_reject_of_bad_utf8_reencodes_to_a_stable_prefix() {
+    let n = wire::MAX_REASON;
+    let mut f = vec![0u8; wire::HEADER_LEN];
+    wire::HeaderRepr {
+        msg_type: wire::MsgType::Reject,
+        payload_len: 2 + n,
+    }
+    .emit(&mut wire::Header::new_unchecked(&mut f[..]))
+    .unwrap();
+    f.extend_from_slice(&(n as u16).to_be_bytes());
+    f.extend(std::iter::repeat_n(0xffu8, n));
+    let m = Message::decode(&f).unwrap();
+    let Message::Reject(r) = &m else {
+        panic!("{m:?}")
+    };
+    assert_eq!(r.len(), 3 * n);
+    let again = Message::decode(&m.encode().unwrap()).unwrap();
+    let Message::Reject(r2) = &again else {
+        panic!("{again:?}")
+    };
+    assert!(r.starts_with(r2.as_str()));
+    assert_eq!(r2.len(), n / 3 * 3);
+    assert_eq!(Message::decode(&again.encode().unwrap()).unwrap(), again);
+}
+
 /// The cargo-fuzz seed files stay valid as the formats evolve.
 #[test]
 fn fuzz_seed_files_decode() {
