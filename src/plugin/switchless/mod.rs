@@ -35,7 +35,7 @@ use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::config::Config;
@@ -49,6 +49,7 @@ use crate::route::handle::{Handle as HandleView, HandleRepr};
 use crate::route::select::{KindFilter, PathChoice, Reach, RouteOptions, select};
 use crate::route::types::LinkKind;
 use crate::route::types::{KernelRoute, LocalLink};
+use crate::sync::lock;
 use crate::transport::comm::{self, MemHandle, ProtocolConfig, RecvComm, Registrar, SendComm};
 use crate::transport::fabric::Fabric;
 use crate::transport::fabric::MemKind;
@@ -142,11 +143,6 @@ pub trait PathFactory: Sized + Send + Sync + 'static {
 
 /// A comm shared between its NCCL object and its in-flight requests; `None` once closed.
 type Shared<T> = Arc<Mutex<Option<T>>>;
-
-fn lock<T>(m: &Mutex<T>) -> Result<MutexGuard<'_, T>> {
-    m.lock()
-        .map_err(|_| Error::Internal("comm lock poisoned by an earlier panic".into()))
-}
 
 /// The backend. See the module docs.
 pub struct Switchless<P: PathFactory> {
@@ -432,7 +428,8 @@ impl<P: PathFactory> Switchless<P> {
                 "{e2}; NCCL_SWITCHLESS_TCP_FALLBACK=1 found no shared IPv4 subnet or kernel route to the peer either"
             ))
         })?;
-        let first_time = lock(&self.warned_peers).map(|mut w| w.insert(who.to_string()))?;
+        let first_time =
+            lock(&self.warned_peers, "fallback warnings").map(|mut w| w.insert(who.to_string()))?;
         if first_time {
             tracing::warn!("NET/switchless: {}", fallback_warning(who, &sel));
         }
@@ -840,8 +837,12 @@ fn with_registrar<P: PathFactory, R>(
     f: impl FnOnce(&mut dyn Registrar) -> Result<R>,
 ) -> Result<R> {
     match comm {
-        CommMut::Send(s) => f(lock(&s.comm)?.as_mut().ok_or_else(|| closed(what))?),
-        CommMut::Recv(r) => f(lock(&r.comm)?.as_mut().ok_or_else(|| closed(what))?),
+        CommMut::Send(s) => f(lock(&s.comm, "comm")?
+            .as_mut()
+            .ok_or_else(|| closed(what))?),
+        CommMut::Recv(r) => f(lock(&r.comm, "comm")?
+            .as_mut()
+            .ok_or_else(|| closed(what))?),
     }
 }
 
@@ -918,7 +919,7 @@ impl<P: PathFactory> Backend for Switchless<P> {
             HandleView::new_unchecked(&mut handle[..]).set_scratch(id);
             (id, s)
         } else {
-            let mut map = lock(&self.connecting)?;
+            let mut map = lock(&self.connecting, "connection states")?;
             let s = map.remove(&id).ok_or_else(|| {
                 Error::InvalidArgument(format!(
                     "connect retried with connection state {id:#x}, which this process does not have \
@@ -935,7 +936,7 @@ impl<P: PathFactory> Backend for Switchless<P> {
                 Ok(Some(end))
             }
             Ok(Progress::Pending(s)) => {
-                let mut map = lock(&self.connecting)?;
+                let mut map = lock(&self.connecting, "connection states")?;
                 self.sweep(&mut map);
                 map.insert(id, s);
                 Ok(None)
@@ -1071,7 +1072,7 @@ impl<P: PathFactory> Backend for Switchless<P> {
         tag: i32,
         mr: &MemHandle,
     ) -> Result<Option<Req<P::Fabric>>> {
-        let mut g = lock(&comm.comm)?;
+        let mut g = lock(&comm.comm, "comm")?;
         let sc = g.as_mut().ok_or_else(|| closed("isend"))?;
         Ok(sc
             .isend(addr as u64, size as u64, tag as u32, mr)?
@@ -1091,7 +1092,7 @@ impl<P: PathFactory> Backend for Switchless<P> {
                 mh: b.mr,
             })
             .collect();
-        let mut g = lock(&comm.comm)?;
+        let mut g = lock(&comm.comm, "comm")?;
         let rc = g.as_mut().ok_or_else(|| closed("irecv"))?;
         Ok(rc.irecv(&v)?.map(|r| Req::Recv(Arc::clone(&comm.comm), r)))
     }
@@ -1108,7 +1109,7 @@ impl<P: PathFactory> Backend for Switchless<P> {
                 mh: b.mr,
             })
             .collect();
-        let mut g = lock(&comm.comm)?;
+        let mut g = lock(&comm.comm, "comm")?;
         let rc = g.as_mut().ok_or_else(|| closed("iflush"))?;
         Ok(rc.iflush(&v)?.map(|r| Req::Recv(Arc::clone(&comm.comm), r)))
     }
@@ -1116,7 +1117,7 @@ impl<P: PathFactory> Backend for Switchless<P> {
     fn test(req: &mut Req<P::Fabric>, sizes: &mut [usize]) -> Result<bool> {
         match req {
             Req::Send(c, r) => {
-                let mut g = lock(c)?;
+                let mut g = lock(c, "comm")?;
                 let sc = g.as_mut().ok_or_else(|| closed("test"))?;
                 match sc.test(*r)? {
                     Some(n) => {
@@ -1129,7 +1130,7 @@ impl<P: PathFactory> Backend for Switchless<P> {
                 }
             }
             Req::Recv(c, r) => {
-                let mut g = lock(c)?;
+                let mut g = lock(c, "comm")?;
                 let rc = g.as_mut().ok_or_else(|| closed("test"))?;
                 match rc.test(*r)? {
                     Some(got) => {
@@ -1145,12 +1146,12 @@ impl<P: PathFactory> Backend for Switchless<P> {
     }
 
     fn close_send(comm: SendEnd<P::Fabric>) -> Result<()> {
-        let taken = lock(&comm.comm)?.take();
+        let taken = lock(&comm.comm, "comm")?.take();
         taken.map_or(Ok(()), SendComm::close)
     }
 
     fn close_recv(comm: RecvEnd<P::Fabric>) -> Result<()> {
-        let taken = lock(&comm.comm)?.take();
+        let taken = lock(&comm.comm, "comm")?.take();
         taken.map_or(Ok(()), RecvComm::close)
     }
 
