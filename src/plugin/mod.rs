@@ -44,7 +44,9 @@ pub mod factory;
 pub mod switchless;
 
 pub use factory::{mem::MemFactory, net::NetFactory, verbs::VerbsFactory};
-pub use switchless::{ConnOptions, Connectable, HostView, PathFactory, PathPlan, Switchless};
+pub use switchless::{
+    ConnOptions, Connectable, HostView, PathFactory, PathPlan, QpAttrs, Switchless,
+};
 
 /// The backend the exported vtables use: routing + handshake + the transport protocol over ibverbs
 /// (RoCE paths) or TCP (point-to-point links without RDMA), see [`factory::net`].

@@ -59,7 +59,6 @@ use crate::transport::handshake::{
 };
 use crate::transport::stripe::StripeParams;
 use crate::transport::wire::CtrlInfo;
-use crate::verbs::fabric::QpTuning;
 
 // ---- The seam to the NIC: what a factory builds and what the backend asks of an endpoint. ----
 
@@ -75,13 +74,50 @@ pub struct PathPlan {
     pub kind: LinkKind,
 }
 
+/// Queue-pair attributes of a connection (`NCCL_IB_TC`, `NCCL_IB_SL`, `NCCL_IB_TIMEOUT`,
+/// `NCCL_IB_RETRY_CNT`, and the communicator's traffic class). A fabric without queue pairs ignores them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpAttrs {
+    /// IP traffic class (DSCP and ECN bits) of the RoCE packets.
+    pub traffic_class: u8,
+    /// Service level, 0..=15.
+    pub sl: u8,
+    /// Local ACK timeout exponent: 4.096 µs × 2^timeout per try.
+    pub timeout: u8,
+    /// Retries after a timeout before the work request fails.
+    pub retry_cnt: u8,
+}
+
+impl QpAttrs {
+    /// NCCL's precedence: the variable, else the communicator's traffic class (for the SL only a
+    /// class of at most 15), else 0.
+    pub fn from_config(cfg: &Config, comm_traffic_class: Option<u8>) -> QpAttrs {
+        QpAttrs {
+            traffic_class: cfg.ib_tc.or(comm_traffic_class).unwrap_or(0),
+            sl: cfg
+                .ib_sl
+                .or(comm_traffic_class.filter(|t| *t <= 15))
+                .unwrap_or(0),
+            timeout: cfg.ib_timeout,
+            retry_cnt: cfg.ib_retry_cnt,
+        }
+    }
+}
+
+impl Default for QpAttrs {
+    /// The attributes of the default configuration and no communicator traffic class.
+    fn default() -> QpAttrs {
+        QpAttrs::from_config(&Config::default(), None)
+    }
+}
+
 /// What a connection needs besides its paths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ConnOptions {
     /// Create loopback paths for the GPU-direct flush (receiving side, device can register GPU memory).
     pub loopback: bool,
-    /// QP attributes (traffic class, SL, timeout, retries).
-    pub tuning: Option<QpTuning>,
+    /// Queue-pair attributes.
+    pub qp: QpAttrs,
 }
 
 /// The host as the backend sees it at `init`.
@@ -446,7 +482,7 @@ impl<P: PathFactory> Switchless<P> {
         let tc = comm.traffic_class.and_then(|t| u8::try_from(t).ok());
         ConnOptions {
             loopback,
-            tuning: Some(QpTuning::from_config(&self.view.config, tc)),
+            qp: QpAttrs::from_config(&self.view.config, tc),
         }
     }
 
