@@ -6,7 +6,7 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 
 use super::data::RecvEnd;
-use super::report::{describe, step_error};
+use super::report::{ConnReport, step_error};
 use super::{Connectable, PathFactory, PathPlan, Switchless};
 use crate::error::{Error, Result};
 use crate::plugin::{CommInfo, Handle};
@@ -208,22 +208,16 @@ impl<P: PathFactory> ListenEnd<P> {
                             remote,
                             est,
                         } = *f;
-                        self.backend.check_mtu(&plans, &remote, comm.fabric());
-                        tracing::info!(
-                            "NET/switchless: {}",
-                            describe(
-                                "accepted from",
-                                &format!("connector {}", est.peer.ip()),
-                                self.dev,
-                                &self.backend.props,
-                                &plans,
-                                &local,
-                                &remote,
-                                comm.fabric(),
-                                &format!("tcp {} <- {}", est.local, est.peer),
-                                &self.backend.view.routes,
-                            )
-                        );
+                        self.backend.log_connected(&ConnReport {
+                            verb: "accepted from",
+                            peer: &format!("connector {}", est.peer.ip()),
+                            dev: self.dev,
+                            plans: &plans,
+                            local: &local,
+                            remote: &remote,
+                            fab: comm.fabric(),
+                            tcp: format!("tcp {} <- {}", est.local, est.peer),
+                        });
                         self.state = AcceptState::Done;
                         return Ok(Some(RecvEnd::new(comm)));
                     }

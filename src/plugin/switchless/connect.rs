@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::data::SendEnd;
-use super::report::{describe, fallback_warning, routed_hint, step_error};
+use super::report::{ConnReport, fallback_warning, routed_hint, step_error};
 use super::{ConnOptions, Connectable, PathFactory, PathPlan, Switchless};
 use crate::config::TransportMode;
 use crate::error::{Error, Result};
@@ -249,22 +249,16 @@ impl<P: PathFactory> Switchless<P> {
                     return Ok(Progress::Pending(s));
                 }
                 let remote = s.remote.take().unwrap_or_default();
-                self.check_mtu(&s.plans, &remote, s.comm.fabric());
-                tracing::info!(
-                    "NET/switchless: {}",
-                    describe(
-                        "connected to",
-                        &s.peer,
-                        s.dev,
-                        &self.props,
-                        &s.plans,
-                        &s.local,
-                        &remote,
-                        s.comm.fabric(),
-                        &format!("tcp {} -> {}", est.local, est.peer),
-                        &self.view.routes,
-                    )
-                );
+                self.log_connected(&ConnReport {
+                    verb: "connected to",
+                    peer: &s.peer,
+                    dev: s.dev,
+                    plans: &s.plans,
+                    local: &s.local,
+                    remote: &remote,
+                    fab: s.comm.fabric(),
+                    tcp: format!("tcp {} -> {}", est.local, est.peer),
+                });
                 return Ok(Progress::Done(SendEnd::new(s.comm)));
             }
             match s.connector.poll()? {

@@ -1,5 +1,6 @@
-//! The log and error text of a connection: its one INFO line ([`describe`]), the small-MTU warning,
-//! the TCP fallback warning ([`fallback_warning`]) and the hint for routed paths ([`routed_hint`]).
+//! The log and error text of a connection: its one INFO line (`ConnReport`), the small-MTU warning,
+//! the TCP fallback warning ([`fallback_warning`]), the hint for routed paths ([`routed_hint`]) and
+//! the prefix of a failed step's error.
 #![forbid(unsafe_code)]
 
 use std::fmt::Write as _;
@@ -7,21 +8,41 @@ use std::sync::atomic::Ordering;
 
 use super::{Connectable, PathFactory, PathPlan, Switchless};
 use crate::error::Error;
-use crate::plugin::Properties;
 use crate::route::select::PathChoice;
 use crate::route::types::LinkKind;
 use crate::transport::handshake::PathParams;
 
+/// A connection that just became ready, as its INFO line tells it.
+pub(super) struct ConnReport<'a, F> {
+    /// `connected to` (connector) or `accepted from` (acceptor).
+    pub(super) verb: &'static str,
+    /// The peer as errors name it (`peer 10.0.1.2/31 (port 40211)`, `connector 10.0.1.2`).
+    pub(super) peer: &'a str,
+    /// The NCCL device.
+    pub(super) dev: usize,
+    /// The paths, in path order.
+    pub(super) plans: &'a [PathPlan],
+    /// This side's parameters per path.
+    pub(super) local: &'a [PathParams],
+    /// The peer's parameters per path.
+    pub(super) remote: &'a [PathParams],
+    /// The endpoint (negotiated MTUs, loopback paths).
+    pub(super) fab: &'a F,
+    /// The handshake's TCP connection (`tcp 10.0.1.1:51234 -> 10.0.1.2:40211`).
+    pub(super) tcp: String,
+}
+
 impl<P: PathFactory> Switchless<P> {
+    /// Logs a connection that is ready: the small-MTU warning when due, then its INFO line.
+    pub(super) fn log_connected<F: Connectable>(&self, r: &ConnReport<'_, F>) {
+        self.check_mtu(r);
+        tracing::info!("NET/switchless: {}", self.describe(r));
+    }
+
     /// Warns once per process when a RoCE path runs below a 4096-byte MTU (the interface-MTU-1500 trap).
-    pub(super) fn check_mtu<F: Connectable>(
-        &self,
-        plans: &[PathPlan],
-        remote: &[PathParams],
-        fab: &F,
-    ) {
-        for (i, (p, r)) in plans.iter().zip(remote).enumerate() {
-            let mtu = fab.path_mtu(i, r);
+    fn check_mtu<F: Connectable>(&self, r: &ConnReport<'_, F>) {
+        for (i, (p, peer)) in r.plans.iter().zip(r.remote).enumerate() {
+            let mtu = r.fab.path_mtu(i, peer);
             if p.kind == LinkKind::Roce
                 && mtu < 4096
                 && !self.warned_mtu.swap(true, Ordering::Relaxed)
@@ -33,10 +54,80 @@ impl<P: PathFactory> Switchless<P> {
                     p.local.netdev,
                     p.remote,
                     p.local.active_mtu,
-                    r.mtu
+                    peer.mtu
                 );
             }
         }
+    }
+
+    /// The one INFO line of a connection: the peer, the device, and per path the local and remote
+    /// address, GID index, PCIe root, MTU and QP numbers.
+    fn describe<F: Connectable>(&self, r: &ConnReport<'_, F>) -> String {
+        let ConnReport {
+            verb,
+            peer,
+            dev,
+            plans,
+            local,
+            remote,
+            fab,
+            ref tcp,
+        } = *r;
+        let routes = &self.view.routes;
+        let name = self
+            .props
+            .get(dev)
+            .map(|p| p.name.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let loops = fab
+            .paths()
+            .iter()
+            .filter(|p| p.role == crate::transport::fabric::PathRole::Loopback)
+            .count();
+        let flush = if loops > 0 {
+            format!(" + {loops} loopback QP(s) for the GPU flush")
+        } else {
+            String::new()
+        };
+        let mut s = format!(
+            "{verb} {peer} on NCCL device {dev} ({name}), {} path(s){flush}, {tcp}:",
+            plans.len()
+        );
+        for (i, p) in plans.iter().enumerate() {
+            let l = local.get(i);
+            let r = remote.get(i);
+            let qp = |x: Option<&PathParams>| {
+                x.and_then(|x| x.qpns.first())
+                    .map_or("-".to_string(), |q| format!("{q:#x}"))
+            };
+            let mtu = r.map_or(0, |r| fab.path_mtu(i, r));
+            // A routed fallback path: name the gateway the kernel sends it to.
+            let via = if p.local.addr.contains(&p.remote) {
+                String::new()
+            } else {
+                match crate::route::kernel_route(routes, p.remote)
+                    .first()
+                    .and_then(|r| r.gateway)
+                {
+                    Some(gw) => format!(" via {gw}"),
+                    None => " (routed)".to_string(),
+                }
+            };
+            let _ = write!(
+                s,
+                " [{i}] {} {} {} -> {}{via} gid {} root {} mtu {mtu} qp {} -> {};",
+                p.local.netdev,
+                p.local.rdma_dev.as_deref().unwrap_or("tcp"),
+                p.local.addr,
+                p.remote,
+                l.map_or(0, |l| l.gid_index),
+                p.local.pci_root,
+                qp(l),
+                qp(r)
+            );
+        }
+        s.pop();
+        s
     }
 }
 
@@ -68,75 +159,6 @@ pub fn routed_hint(paths: &[PathChoice]) -> String {
 
 pub(super) fn step_error(e: Error, peer: &str, step: &str) -> Error {
     e.context(format_args!("connection with {peer}: {step}"))
-}
-
-/// The one INFO line of a connection.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn describe<F: Connectable>(
-    verb: &str,
-    peer: &str,
-    dev: usize,
-    props: &[Properties],
-    plans: &[PathPlan],
-    local: &[PathParams],
-    remote: &[PathParams],
-    fab: &F,
-    tcp: &str,
-    routes: &[crate::route::types::KernelRoute],
-) -> String {
-    let name = props
-        .get(dev)
-        .map(|p| p.name.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let loops = fab
-        .paths()
-        .iter()
-        .filter(|p| p.role == crate::transport::fabric::PathRole::Loopback)
-        .count();
-    let flush = if loops > 0 {
-        format!(" + {loops} loopback QP(s) for the GPU flush")
-    } else {
-        String::new()
-    };
-    let mut s = format!(
-        "{verb} {peer} on NCCL device {dev} ({name}), {} path(s){flush}, {tcp}:",
-        plans.len()
-    );
-    for (i, p) in plans.iter().enumerate() {
-        let l = local.get(i);
-        let r = remote.get(i);
-        let qp = |x: Option<&PathParams>| {
-            x.and_then(|x| x.qpns.first())
-                .map_or("-".to_string(), |q| format!("{q:#x}"))
-        };
-        let mtu = r.map_or(0, |r| fab.path_mtu(i, r));
-        // A routed fallback path: name the gateway the kernel sends it to.
-        let via = if p.local.addr.contains(&p.remote) {
-            String::new()
-        } else {
-            match crate::route::kernel_route(routes, p.remote)
-                .first()
-                .and_then(|r| r.gateway)
-            {
-                Some(gw) => format!(" via {gw}"),
-                None => " (routed)".to_string(),
-            }
-        };
-        let _ = write!(
-            s,
-            " [{i}] {} {} {} -> {}{via} gid {} root {} mtu {mtu} qp {} -> {};",
-            p.local.netdev,
-            p.local.rdma_dev.as_deref().unwrap_or("tcp"),
-            p.local.addr,
-            p.remote,
-            l.map_or(0, |l| l.gid_index),
-            p.local.pci_root,
-            qp(l),
-            qp(r)
-        );
-    }
-    s.pop();
-    s
 }
 
 /// The one WARN per peer that `NCCL_SWITCHLESS_TCP_FALLBACK=1` carries: which links (and gateways), and
