@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::data::RecvEnd;
 use super::report::{ConnReport, step_error};
-use super::{Connectable, PathFactory, PathPlan, Switchless};
+use super::{ConnOptions, Connectable, PathFactory, PathPlan, Switchless};
 use crate::error::{Error, Result};
 use crate::plugin::{CommInfo, Handle};
 use crate::route::handle::Handle as HandleView;
@@ -28,6 +28,7 @@ pub struct ListenEnd<P: PathFactory> {
     state: AcceptState<P::Fabric>,
 }
 
+/// The reply is sent; the connector's `ready` is awaited.
 struct Responding<F: Connectable> {
     inc: Incoming,
     comm: RecvComm<F>,
@@ -44,11 +45,15 @@ struct Finishing<F: Connectable> {
     est: Established,
 }
 
+/// Where `accept` stands between NCCL's calls.
 enum AcceptState<F: Connectable> {
+    /// No hello yet.
     Waiting,
     Responding(Box<Responding<F>>),
     Finishing(Box<Finishing<F>>),
+    /// The connection was handed to NCCL.
     Done,
+    /// A step failed (NCCL got its error).
     Failed,
 }
 
@@ -103,6 +108,8 @@ impl<P: PathFactory> Switchless<P> {
             .map(|l| l.addr.addr())
     }
 
+    /// Answers a hello whose paths the listener already checked: builds the receiving side and
+    /// replies with its parameters, or rejects the hello with the reason.
     fn respond(
         &self,
         mut inc: Incoming,
@@ -121,15 +128,7 @@ impl<P: PathFactory> Switchless<P> {
             .collect();
         let peer: Vec<PathParams> = inc.paths().iter().map(|p| p.peer_params.clone()).collect();
         let opts = self.opts(info, dev, true);
-        let built = (|| -> Result<(RecvComm<P::Fabric>, Vec<PathParams>)> {
-            let fab = self.factory.create(&plans, Some(&peer), &opts)?;
-            let mut rc = RecvComm::new(fab, self.proto)?;
-            rc.connect(CtrlInfo::from_bytes(&inc.hello().params.extra)?)?;
-            rc.fabric().connect_peer(&peer, &opts)?;
-            let local = rc.fabric().local_params();
-            Ok((rc, local))
-        })();
-        match built {
+        match self.build_recv(&plans, &peer, &opts, &inc.hello().params.extra) {
             Ok((rc, local)) => {
                 inc.respond(SideParams {
                     paths: local.clone(),
@@ -144,6 +143,7 @@ impl<P: PathFactory> Switchless<P> {
             }
             Err(e) => {
                 let reason = e.to_string();
+                // Best effort: the connector then fails at once with the reason, not by timeout.
                 if inc.reject(&reason).is_ok() {
                     let _ = inc.poll();
                 }
@@ -151,77 +151,45 @@ impl<P: PathFactory> Switchless<P> {
             }
         }
     }
+
+    /// The receiving side of an accepted connection: the endpoint on `plans`, connected to the
+    /// connector's `peer` parameters, and the receive comm with the connector's control info
+    /// (`extra`) installed. Returns it with this side's parameters.
+    fn build_recv(
+        &self,
+        plans: &[PathPlan],
+        peer: &[PathParams],
+        opts: &ConnOptions,
+        extra: &[u8],
+    ) -> Result<(RecvComm<P::Fabric>, Vec<PathParams>)> {
+        let fab = self.factory.create(plans, Some(peer), opts)?;
+        let mut rc = RecvComm::new(fab, self.proto)?;
+        rc.connect(CtrlInfo::from_bytes(extra)?)?;
+        rc.fabric().connect_peer(peer, opts)?;
+        let local = rc.fabric().local_params();
+        Ok((rc, local))
+    }
+}
+
+/// What one step of the accept state machine did.
+enum Step<F: Connectable> {
+    /// Moved to a new state: step that one at once.
+    Next(AcceptState<F>),
+    /// Waits in this state for the connector or the endpoint: NCCL calls `accept` again.
+    Pending(AcceptState<F>),
+    /// The connection is ready.
+    Ready(RecvEnd<F>),
 }
 
 impl<P: PathFactory> ListenEnd<P> {
-    /// `accept`: advances the connection as far as the sockets and the endpoint allow.
+    /// `accept`: steps the connection as far as the sockets and the endpoint allow.
     pub(super) fn accept(&mut self) -> Result<Option<RecvEnd<P::Fabric>>> {
         loop {
-            match std::mem::replace(&mut self.state, AcceptState::Failed) {
-                AcceptState::Waiting => match self.listener.poll()? {
-                    None => {
-                        self.state = AcceptState::Waiting;
-                        return Ok(None);
-                    }
-                    Some(inc) => self.state = self.backend.respond(inc, self.dev, &self.comm)?,
-                },
-                AcceptState::Responding(mut r) => match r.inc.poll()? {
-                    AcceptPoll::Pending => {
-                        self.state = AcceptState::Responding(r);
-                        return Ok(None);
-                    }
-                    AcceptPoll::Done(est) => {
-                        let Responding {
-                            inc,
-                            comm,
-                            plans,
-                            local,
-                        } = *r;
-                        let remote: Vec<PathParams> =
-                            inc.paths().iter().map(|p| p.peer_params.clone()).collect();
-                        self.state = AcceptState::Finishing(Box::new(Finishing {
-                            comm,
-                            plans,
-                            local,
-                            remote,
-                            est,
-                        }));
-                    }
-                },
-                AcceptState::Finishing(mut f) => {
-                    let ready = f.comm.fabric_mut().poll_ready().map_err(|e| {
-                        step_error(
-                            e,
-                            &format!("connector {}", f.est.peer.ip()),
-                            "connecting the data paths",
-                        )
-                    })?;
-                    if !ready {
-                        self.state = AcceptState::Finishing(f);
-                        return Ok(None);
-                    }
-                    {
-                        let Finishing {
-                            comm,
-                            plans,
-                            local,
-                            remote,
-                            est,
-                        } = *f;
-                        self.backend.log_connected(&ConnReport {
-                            verb: "accepted from",
-                            peer: &format!("connector {}", est.peer.ip()),
-                            dev: self.dev,
-                            plans: &plans,
-                            local: &local,
-                            remote: &remote,
-                            fab: comm.fabric(),
-                            tcp: format!("tcp {} <- {}", est.local, est.peer),
-                        });
-                        self.state = AcceptState::Done;
-                        return Ok(Some(RecvEnd::new(comm)));
-                    }
-                }
+            // A step that fails leaves `Failed` behind.
+            let step = match std::mem::replace(&mut self.state, AcceptState::Failed) {
+                AcceptState::Waiting => self.waiting()?,
+                AcceptState::Responding(r) => r.step()?,
+                AcceptState::Finishing(f) => self.finishing(f)?,
                 AcceptState::Done => {
                     self.state = AcceptState::Done;
                     return Err(Error::InvalidArgument(
@@ -234,7 +202,82 @@ impl<P: PathFactory> ListenEnd<P> {
                         "accept called again on a listen comm whose accept failed".into(),
                     ));
                 }
+            };
+            match step {
+                Step::Next(s) => self.state = s,
+                Step::Pending(s) => {
+                    self.state = s;
+                    return Ok(None);
+                }
+                Step::Ready(end) => {
+                    self.state = AcceptState::Done;
+                    return Ok(Some(end));
+                }
             }
         }
+    }
+
+    /// No hello yet: poll the listener, and respond to a hello.
+    fn waiting(&mut self) -> Result<Step<P::Fabric>> {
+        Ok(match self.listener.poll()? {
+            None => Step::Pending(AcceptState::Waiting),
+            Some(inc) => Step::Next(self.backend.respond(inc, self.dev, &self.comm)?),
+        })
+    }
+
+    /// The handshake is done: poll the endpoint's set-up, then log the connection and hand it over.
+    fn finishing(&self, mut f: Box<Finishing<P::Fabric>>) -> Result<Step<P::Fabric>> {
+        let who = |est: &Established| format!("connector {}", est.peer.ip());
+        let ready = f
+            .comm
+            .fabric_mut()
+            .poll_ready()
+            .map_err(|e| step_error(e, &who(&f.est), "connecting the data paths"))?;
+        if !ready {
+            return Ok(Step::Pending(AcceptState::Finishing(f)));
+        }
+        let Finishing {
+            comm,
+            plans,
+            local,
+            remote,
+            est,
+        } = *f;
+        self.backend.log_connected(&ConnReport {
+            verb: "accepted from",
+            peer: &who(&est),
+            dev: self.dev,
+            plans: &plans,
+            local: &local,
+            remote: &remote,
+            fab: comm.fabric(),
+            tcp: format!("tcp {} <- {}", est.local, est.peer),
+        });
+        Ok(Step::Ready(RecvEnd::new(comm)))
+    }
+}
+
+impl<F: Connectable> Responding<F> {
+    /// The reply is out: wait for the connector's `ready`.
+    fn step(mut self: Box<Self>) -> Result<Step<F>> {
+        Ok(match self.inc.poll()? {
+            AcceptPoll::Pending => Step::Pending(AcceptState::Responding(self)),
+            AcceptPoll::Done(est) => {
+                let Responding {
+                    inc,
+                    comm,
+                    plans,
+                    local,
+                } = *self;
+                let remote = inc.paths().iter().map(|p| p.peer_params.clone()).collect();
+                Step::Next(AcceptState::Finishing(Box::new(Finishing {
+                    comm,
+                    plans,
+                    local,
+                    remote,
+                    est,
+                })))
+            }
+        })
     }
 }
