@@ -16,36 +16,65 @@ use crate::transport::fabric::MemKind;
 /// A comm shared between its NCCL object and its in-flight requests; `None` once closed.
 type Shared<T> = Arc<Mutex<Option<T>>>;
 
-/// The sending end of a connection (`sendComm`).
-pub struct SendEnd<F: Connectable> {
-    comm: Shared<SendComm<F>>,
+/// One end of a connection: its comm, shared with the end's in-flight requests; `None` once closed.
+pub struct End<C> {
+    comm: Shared<C>,
 }
+
+/// The sending end of a connection (`sendComm`).
+pub type SendEnd<F> = End<SendComm<F>>;
 
 /// The receiving end of a connection (`recvComm`).
-pub struct RecvEnd<F: Connectable> {
-    comm: Shared<RecvComm<F>>,
+pub type RecvEnd<F> = End<RecvComm<F>>;
+
+/// What an [`End`] needs of its comm.
+pub trait EndComm: Sized {
+    /// The end's name in `Debug` output.
+    const NAME: &'static str;
+    /// The labels of the comm's paths (data paths, then loopbacks).
+    fn path_labels(&self) -> Vec<String>;
+    /// Stops the comm and releases what it holds.
+    fn close(self) -> Result<()>;
 }
 
-impl<F: Connectable> std::fmt::Debug for SendEnd<F> {
+impl<F: Connectable> EndComm for SendComm<F> {
+    const NAME: &'static str = "SendEnd";
+    fn path_labels(&self) -> Vec<String> {
+        labels(self.fabric())
+    }
+    fn close(self) -> Result<()> {
+        // The comm's own (inherent) close.
+        SendComm::close(self)
+    }
+}
+
+impl<F: Connectable> EndComm for RecvComm<F> {
+    const NAME: &'static str = "RecvEnd";
+    fn path_labels(&self) -> Vec<String> {
+        labels(self.fabric())
+    }
+    fn close(self) -> Result<()> {
+        // The comm's own (inherent) close.
+        RecvComm::close(self)
+    }
+}
+
+fn labels<F: Connectable>(fab: &F) -> Vec<String> {
+    fab.paths().iter().map(|p| p.label.clone()).collect()
+}
+
+impl<C: EndComm> std::fmt::Debug for End<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SendEnd")
+        f.debug_struct(C::NAME)
             .field("paths", &self.path_labels())
             .finish()
     }
 }
 
-impl<F: Connectable> std::fmt::Debug for RecvEnd<F> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RecvEnd")
-            .field("paths", &self.path_labels())
-            .finish()
-    }
-}
-
-impl<F: Connectable> SendEnd<F> {
-    /// The end of a connected send comm.
-    pub(super) fn new(comm: SendComm<F>) -> SendEnd<F> {
-        SendEnd {
+impl<C: EndComm> End<C> {
+    /// The end of a connected comm.
+    pub(super) fn new(comm: C) -> End<C> {
+        End {
             comm: Arc::new(Mutex::new(Some(comm))),
         }
     }
@@ -55,13 +84,18 @@ impl<F: Connectable> SendEnd<F> {
         self.comm
             .lock()
             .ok()
-            .and_then(|g| {
-                g.as_ref()
-                    .map(|c| c.fabric().paths().iter().map(|p| p.label.clone()).collect())
-            })
+            .and_then(|g| g.as_ref().map(C::path_labels))
             .unwrap_or_default()
     }
 
+    /// `closeSend`, `closeRecv`: stops the comm; its requests fail from then on.
+    pub(super) fn close(self) -> Result<()> {
+        let taken = lock(&self.comm, "comm")?.take();
+        taken.map_or(Ok(()), C::close)
+    }
+}
+
+impl<F: Connectable> SendEnd<F> {
     /// `isend`.
     pub(super) fn isend(
         &mut self,
@@ -76,34 +110,9 @@ impl<F: Connectable> SendEnd<F> {
             .isend(addr as u64, size as u64, tag as u32, mr)?
             .map(|r| Req::Send(Arc::clone(&self.comm), r)))
     }
-
-    /// `closeSend`.
-    pub(super) fn close(self) -> Result<()> {
-        let taken = lock(&self.comm, "comm")?.take();
-        taken.map_or(Ok(()), SendComm::close)
-    }
 }
 
 impl<F: Connectable> RecvEnd<F> {
-    /// The end of a connected receive comm.
-    pub(super) fn new(comm: RecvComm<F>) -> RecvEnd<F> {
-        RecvEnd {
-            comm: Arc::new(Mutex::new(Some(comm))),
-        }
-    }
-
-    /// The labels of the connection's paths (data paths, then loopbacks); empty once closed.
-    pub fn path_labels(&self) -> Vec<String> {
-        self.comm
-            .lock()
-            .ok()
-            .and_then(|g| {
-                g.as_ref()
-                    .map(|c| c.fabric().paths().iter().map(|p| p.label.clone()).collect())
-            })
-            .unwrap_or_default()
-    }
-
     /// `irecv`.
     pub(super) fn irecv(&mut self, bufs: &[RecvBuf<'_, MemHandle>]) -> Result<Option<Req<F>>> {
         let v: Vec<comm::RecvBuf<'_>> = bufs
@@ -133,12 +142,6 @@ impl<F: Connectable> RecvEnd<F> {
         let mut g = lock(&self.comm, "comm")?;
         let rc = g.as_mut().ok_or_else(|| closed("iflush"))?;
         Ok(rc.iflush(&v)?.map(|r| Req::Recv(Arc::clone(&self.comm), r)))
-    }
-
-    /// `closeRecv`.
-    pub(super) fn close(self) -> Result<()> {
-        let taken = lock(&self.comm, "comm")?.take();
-        taken.map_or(Ok(()), RecvComm::close)
     }
 }
 
