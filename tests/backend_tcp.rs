@@ -1,5 +1,5 @@
 //! The real backend (`plugin::Switchless`) over the production factory's TCP side
-//! (`plugin::netfactory::NetFactory::tcp_only`), end to end in one process on 127.0.0.1: listen
+//! (`plugin::NetFactory::tcp_only`), end to end in one process on 127.0.0.1: listen
 //! handles, routing, the handshake, then the TCP streams connecting after it (the acceptor's ports and
 //! nonce travel in the handshake; both sides finish in `Connectable::poll_ready` while NCCL's calls
 //! return "in progress"), then the transport protocol over real sockets.

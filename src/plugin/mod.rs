@@ -1,6 +1,7 @@
-//! The core plugin, written once in safe Rust; `ffi` adapts it to every ABI version.
+//! The core plugin, written once in safe Rust; `ffi` adapts it to every ABI version (and is its only
+//! caller in the library). Below it: [`switchless`] (the backend) and [`factory`] (its endpoints),
+//! then `route`, `transport`, `verbs` and `host`.
 //!
-//! Shape:
 //! * [`Backend`]: what a transport implements (device list, properties, comm operations). The exported
 //!   vtables use [`ActiveBackend`] = [`Switchless`] over [`NetFactory`]: routing, the TCP
 //!   handshake and the transport protocol over ibverbs RC QPs or TCP streams (see [`switchless`] and [`factory`]).
@@ -287,7 +288,7 @@ pub enum CommMut<'a, B: Backend> {
 /// opened by the first `init` ([`Backend::open`]) and dropped (threads joined, resources freed) when the last
 /// context and comm are gone, before NCCL `dlclose`s the library.
 ///
-/// Calls arrive on NCCL's threads (§2.1 of nccl-net-abi.md): `listen`/`connect`/`accept`/`reg_*`/`close_*`
+/// Calls arrive on NCCL's threads: `listen`/`connect`/`accept`/`reg_*`/`close_*`
 /// on the proxy service thread, `isend`/`irecv`/`iflush`/`test` on the progress thread; so everything must be
 /// `Send`, and the backend itself `Sync`. No call may block.
 ///

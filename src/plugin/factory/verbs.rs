@@ -125,8 +125,8 @@ impl PathFactory for VerbsFactory {
         for p in paths {
             if p.kind != LinkKind::Roce {
                 return Err(Error::InvalidUsage(format!(
-                    "path {} -> {} is a TCP path; this build carries connections over RoCE only \
-                     (NCCL_SWITCHLESS_TRANSPORT=tcp is not available yet)",
+                    "path {} -> {} is a TCP path; the verbs factory carries RoCE paths only \
+                     (NetFactory carries TCP)",
                     p.local.addr, p.remote
                 )));
             }

@@ -1,33 +1,17 @@
-//! The real backend: [`Switchless`], generic over the [`PathFactory`] that builds endpoints (RoCE or TCP
-//! in production, an in-memory fabric in tests), and that seam: [`PathFactory`], [`Connectable`],
-//! [`HostView`], [`PathPlan`], [`ConnOptions`].
+//! The backend the exported vtables use: [`Switchless`], generic over the [`PathFactory`] that builds
+//! a connection's endpoint (RoCE or TCP in production, `transport::memfab` in tests), and that seam:
+//! [`PathFactory`], [`Connectable`], [`HostView`], [`PathPlan`], [`ConnOptions`], [`QpAttrs`]
+//! (`plugin::factory` implements it).
 //!
-//! What it does per NCCL call (nccl-net-abi.md §2.2):
+//! One file per NCCL call phase: [`connect`] (routing, the handshake across NCCL's retries),
+//! [`accept`] (`listen`, `accept`), [`data`] (`regMr`, `isend`/`irecv`/`iflush`/`test`, `close`),
+//! [`report`] (a connection's log lines and error text). This file holds the seam, the device
+//! properties and the [`Backend`] impl, one line per call.
 //!
-//! * `listen(dev)`: binds a non-blocking TCP listener on `0.0.0.0:0` and writes the listen handle with
-//!   **every** local link that is up (address/prefix, PCIe root and cable ids, kind), the nonce, the port
-//!   and a control address (the first up TCP-only link, e.g. a management NIC, if any).
-//! * `connect(dev, handle)`: decodes the handle (a bad one is an `InvalidArgument` naming the field),
-//!   routes with `dev` as a hint (`route::select`; an override is logged at INFO), creates the endpoint
-//!   over the chosen paths and a [`SendComm`], and starts the handshake with the per-path parameters and
-//!   the send comm's control info in `extra`. It returns `Ok(None)` until the handshake completes.
-//!   **Retry state**: NCCL passes the same private handle copy on every retry, so the first call writes a
-//!   state id into the handle's scratch bytes (120..128, ignored by the decoder) and parks the
-//!   connection in the backend under that id; later calls find it there. On the acceptor's reply the
-//!   paths are connected (verbs: RTR with path MTU = min of both active MTUs and the peer's GID, then
-//!   RTS with NCCL_IB_TIMEOUT/RETRY_CNT/TC/SL), the peer's control info is installed and `ready` is sent.
-//!   The handshake gives up after `NCCL_SWITCHLESS_CONNECT_TIMEOUT` with an error naming the peer and
-//!   the step; parked states older than twice that are dropped.
-//! * `accept(listen)`: polls the listener; on a valid hello (its paths already checked against this
-//!   node's links and routes) creates the endpoint on the requested local links, connects it to the
-//!   connector's parameters, builds the [`RecvComm`] (receives posted) and responds; returns the comm when
-//!   the connector's `ready` arrives.
-//! * One INFO line per connection: peer, and per path the local/remote netdev address, GID index, PCIe
-//!   root, MTU and QP numbers.
-//! * Data calls delegate to [`SendComm`]/[`RecvComm`]. A request holds a shared reference to its comm
-//!   (`test` gets no comm from NCCL); closing a comm stops it, and a request tested afterwards fails.
-//!
-//! No threads: everything runs on NCCL's calls, so `dlclose` after `finalize` leaves nothing behind.
+//! Depends on `route` (path choice, the listen handle), `transport` (handshake, comm protocol),
+//! `host` and `config`; nothing from `verbs`. It starts no thread: everything runs on NCCL's calls,
+//! so `dlclose` after `finalize` leaves nothing behind. What each call does, step by step:
+//! `docs/readme/core.md`.
 #![forbid(unsafe_code)]
 
 use std::collections::{HashMap, HashSet};
