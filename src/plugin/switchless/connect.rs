@@ -55,7 +55,7 @@ impl<P: PathFactory> Switchless<P> {
         handle: &mut Handle,
     ) -> Result<Option<SendEnd<P::Fabric>>> {
         let id = HandleView::new_unchecked(&handle[..]).scratch();
-        let state = if id == 0 {
+        let (id, s) = if id == 0 {
             let s = self.start_connect(comm, dev, handle)?;
             let id = self.id_base | self.next_id.fetch_add(1, Ordering::Relaxed);
             HandleView::new_unchecked(&mut handle[..]).set_scratch(id);
@@ -70,7 +70,6 @@ impl<P: PathFactory> Switchless<P> {
             })?;
             (id, s)
         };
-        let (id, s) = state;
         let hint = s.routed_hint.clone();
         match self.advance(s) {
             Ok(Progress::Done(end)) => {
