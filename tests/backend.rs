@@ -616,7 +616,7 @@ fn qps_per_connection_multiplies_the_paths_up_to_eight() {
         p("127.0.0.1/8", "127.0.0.2/8"),
         p("127.0.0.2/8", "127.0.0.1/8"),
     ];
-    let f = switchless::plugin::switchless::fold_qps(&two, 8);
+    let f = switchless::plugin::switchless::connect::fold_qps(&two, 8);
     assert_eq!(f.len(), 8);
     assert_eq!(f[0].local.addr, two[0].local.addr);
     assert_eq!(f[1].local.addr, two[1].local.addr, "interleaved");
@@ -624,7 +624,10 @@ fn qps_per_connection_multiplies_the_paths_up_to_eight() {
         f[0].local.speed_mbps, 25_000,
         "speed shared by the 4 QPs of a link"
     );
-    assert_eq!(switchless::plugin::switchless::fold_qps(&two, 1).len(), 2);
+    assert_eq!(
+        switchless::plugin::switchless::connect::fold_qps(&two, 1).len(),
+        2
+    );
 }
 
 #[test]

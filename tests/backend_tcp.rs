@@ -1,5 +1,5 @@
 //! The real backend (`plugin::Switchless`) over the production factory's TCP side
-//! (`plugin::netfactory::NetFactory::tcp_only`), end to end in one process on 127.0.0.1: listen
+//! (`plugin::NetFactory::tcp_only`), end to end in one process on 127.0.0.1: listen
 //! handles, routing, the handshake, then the TCP streams connecting after it (the acceptor's ports and
 //! nonce travel in the handshake; both sides finish in `Connectable::poll_ready` while NCCL's calls
 //! return "in progress"), then the transport protocol over real sockets.
@@ -292,7 +292,7 @@ fn a_routed_path_needs_the_fallback_on_both_ends() {
 
 #[test]
 fn the_fallback_warning_names_gateways_and_the_bandwidth_to_expect() {
-    use switchless::plugin::switchless::fallback_warning;
+    use switchless::plugin::switchless::report::fallback_warning;
     use switchless::route::{KindFilter, Reach, RouteOptions, select};
     let mut a = link(0, "10.0.0.1/30");
     a.netdev = "to2".into();
@@ -336,7 +336,7 @@ fn the_fallback_warning_names_gateways_and_the_bandwidth_to_expect() {
     assert!(w.contains("(link speed unknown)"), "{w}");
     assert!(!w.contains("0.0 Gb/s"), "{w}");
     // What a timeout over that path will add: the gateway to check.
-    let h = switchless::plugin::switchless::routed_hint(&sel.paths);
+    let h = switchless::plugin::switchless::report::routed_hint(&sel.paths);
     assert!(
         h.contains("via 10.0.0.2 (for 10.0.0.1 -> 10.0.5.2)") && h.contains("ip_forward=1"),
         "{h}"
@@ -348,5 +348,8 @@ fn the_fallback_warning_names_gateways_and_the_bandwidth_to_expect() {
     }];
     let sel = select(std::slice::from_ref(&a), &routes, &on_link, &opts).unwrap();
     assert_eq!(sel.paths[0].via, None);
-    assert_eq!(switchless::plugin::switchless::routed_hint(&sel.paths), "");
+    assert_eq!(
+        switchless::plugin::switchless::report::routed_hint(&sel.paths),
+        ""
+    );
 }

@@ -1,6 +1,7 @@
-//! The core plugin, written once in safe Rust; `ffi` adapts it to every ABI version.
+//! The core plugin, written once in safe Rust; `ffi` adapts it to every ABI version (and is its only
+//! caller in the library). Below it: [`switchless`] (the backend) and [`factory`] (its endpoints),
+//! then `route`, `transport`, `verbs` and `host`.
 //!
-//! Shape:
 //! * [`Backend`]: what a transport implements (device list, properties, comm operations). The exported
 //!   vtables use [`ActiveBackend`] = [`Switchless`] over [`NetFactory`]: routing, the TCP
 //!   handshake and the transport protocol over ibverbs RC QPs or TCP streams (see [`switchless`] and [`factory`]).
@@ -44,7 +45,9 @@ pub mod factory;
 pub mod switchless;
 
 pub use factory::{mem::MemFactory, net::NetFactory, verbs::VerbsFactory};
-pub use switchless::{ConnOptions, Connectable, HostView, PathFactory, PathPlan, Switchless};
+pub use switchless::{
+    ConnOptions, Connectable, HostView, PathFactory, PathPlan, QpAttrs, Switchless,
+};
 
 /// The backend the exported vtables use: routing + handshake + the transport protocol over ibverbs
 /// (RoCE paths) or TCP (point-to-point links without RDMA), see [`factory::net`].
@@ -285,7 +288,7 @@ pub enum CommMut<'a, B: Backend> {
 /// opened by the first `init` ([`Backend::open`]) and dropped (threads joined, resources freed) when the last
 /// context and comm are gone, before NCCL `dlclose`s the library.
 ///
-/// Calls arrive on NCCL's threads (§2.1 of nccl-net-abi.md): `listen`/`connect`/`accept`/`reg_*`/`close_*`
+/// Calls arrive on NCCL's threads: `listen`/`connect`/`accept`/`reg_*`/`close_*`
 /// on the proxy service thread, `isend`/`irecv`/`iflush`/`test` on the progress thread; so everything must be
 /// `Send`, and the backend itself `Sync`. No call may block.
 ///
@@ -440,6 +443,15 @@ pub struct Context<B> {
 }
 
 impl<B: Backend> Context<B> {
+    /// A context with its magic word.
+    fn new(backend: Arc<B>, info: CommInfo) -> Context<B> {
+        Context {
+            magic: CTX_MAGIC,
+            backend,
+            info,
+        }
+    }
+
     /// What NCCL said about the communicator.
     pub fn info(&self) -> &CommInfo {
         &self.info
@@ -461,11 +473,7 @@ pub fn init<B: Backend>(info: CommInfo) -> Result<Context<B>> {
         "switchless {} initialized",
         crate::VERSION
     );
-    Ok(Context {
-        magic: CTX_MAGIC,
-        backend,
-        info,
-    })
+    Ok(Context::new(backend, info))
 }
 
 /// `finalize` of ABI v11+: drops the context; the last one releases the backend.
@@ -590,7 +598,25 @@ checked!(Mr, MR_MAGIC, "memory handle");
 checked!(Request, REQ_MAGIC, "request");
 checked!(Context, CTX_MAGIC, "net context");
 
+impl<B: Backend> Listen<B> {
+    /// A boxed listen comm with its magic word.
+    fn boxed(inner: B::Listen) -> Box<Listen<B>> {
+        Box::new(Listen {
+            magic: LISTEN_MAGIC,
+            inner,
+        })
+    }
+}
+
 impl<B: Backend> Comm<B> {
+    /// A boxed comm with its magic word.
+    fn boxed(end: Endpoint<B>) -> Box<Comm<B>> {
+        Box::new(Comm {
+            magic: COMM_MAGIC,
+            end,
+        })
+    }
+
     /// The backend's end of the connection.
     pub fn endpoint(&self) -> &Endpoint<B> {
         &self.end
@@ -628,6 +654,14 @@ impl<B: Backend> Comm<B> {
 }
 
 impl<B: Backend> Mr<B> {
+    /// A boxed registration with its magic word.
+    fn boxed(inner: B::Mr) -> Box<Mr<B>> {
+        Box::new(Mr {
+            magic: MR_MAGIC,
+            inner,
+        })
+    }
+
     /// The backend's registration.
     pub fn inner(&self) -> &B::Mr {
         &self.inner
@@ -635,6 +669,15 @@ impl<B: Backend> Mr<B> {
 }
 
 impl<B: Backend> Request<B> {
+    /// A boxed request with its magic word.
+    fn boxed(kind: RequestKind, inner: B::Request) -> Box<Request<B>> {
+        Box::new(Request {
+            magic: REQ_MAGIC,
+            kind,
+            inner,
+        })
+    }
+
     /// What the request waits for.
     pub fn kind(&self) -> RequestKind {
         self.kind
@@ -649,10 +692,7 @@ pub fn listen<B: Backend>(
 ) -> Result<Box<Listen<B>>> {
     let i = device_index(dev, ctx.backend.devices().len())?;
     let inner = ctx.backend.listen(&ctx.info, i, handle)?;
-    Ok(Box::new(Listen {
-        magic: LISTEN_MAGIC,
-        inner,
-    }))
+    Ok(Listen::boxed(inner))
 }
 
 /// `connect(ctx, dev, handle)`; `info` overrides the context's (v10 passes the config per connect).
@@ -664,31 +704,19 @@ pub fn connect<B: Backend>(
 ) -> Result<Option<Box<Comm<B>>>> {
     let i = device_index(dev, ctx.backend.devices().len())?;
     let info = info.unwrap_or(ctx.info);
-    Ok(ctx.backend.connect(&info, i, handle)?.map(|s| {
-        Box::new(Comm {
-            magic: COMM_MAGIC,
-            end: Endpoint::Send(s),
-        })
-    }))
+    let send = ctx.backend.connect(&info, i, handle)?;
+    Ok(send.map(|s| Comm::boxed(Endpoint::Send(s))))
 }
 
 /// `accept(listenComm)`.
 pub fn accept<B: Backend>(listen: &mut Listen<B>) -> Result<Option<Box<Comm<B>>>> {
-    Ok(B::accept(&mut listen.inner)?.map(|r| {
-        Box::new(Comm {
-            magic: COMM_MAGIC,
-            end: Endpoint::Recv(r),
-        })
-    }))
+    Ok(B::accept(&mut listen.inner)?.map(|r| Comm::boxed(Endpoint::Recv(r))))
 }
 
 /// `regMr(comm, data, size, type)`.
 pub fn reg_mr<B: Backend>(comm: &mut Comm<B>, region: Region) -> Result<Box<Mr<B>>> {
     let inner = B::reg_mr(comm.comm_mut(), region)?;
-    Ok(Box::new(Mr {
-        magic: MR_MAGIC,
-        inner,
-    }))
+    Ok(Mr::boxed(inner))
 }
 
 /// `regMrDmaBuf(comm, data, size, type, offset, fd)`.
@@ -699,10 +727,7 @@ pub fn reg_mr_dmabuf<B: Backend>(
     fd: BorrowedFd<'_>,
 ) -> Result<Box<Mr<B>>> {
     let inner = B::reg_mr_dmabuf(comm.comm_mut(), region, offset, fd)?;
-    Ok(Box::new(Mr {
-        magic: MR_MAGIC,
-        inner,
-    }))
+    Ok(Mr::boxed(inner))
 }
 
 /// `deregMr(comm, mhandle)`.
@@ -719,15 +744,8 @@ pub fn isend<B: Backend>(
     tag: i32,
     mr: &Mr<B>,
 ) -> Result<Option<Box<Request<B>>>> {
-    Ok(
-        B::isend(comm.send()?, addr, size, tag, &mr.inner)?.map(|inner| {
-            Box::new(Request {
-                magic: REQ_MAGIC,
-                kind: RequestKind::Send,
-                inner,
-            })
-        }),
-    )
+    let req = B::isend(comm.send()?, addr, size, tag, &mr.inner)?;
+    Ok(req.map(|inner| Request::boxed(RequestKind::Send, inner)))
 }
 
 /// `irecv(recvComm, n, data, sizes, tags, mhandles)`; `Ok(None)` = retry later.
@@ -741,13 +759,8 @@ pub fn irecv<B: Backend>(
             bufs.len()
         )));
     }
-    Ok(B::irecv(comm.recv()?, bufs)?.map(|inner| {
-        Box::new(Request {
-            magic: REQ_MAGIC,
-            kind: RequestKind::Recv(bufs.len()),
-            inner,
-        })
-    }))
+    let req = B::irecv(comm.recv()?, bufs)?;
+    Ok(req.map(|inner| Request::boxed(RequestKind::Recv(bufs.len()), inner)))
 }
 
 /// `iflush(recvComm, n, data, sizes, mhandles)`; `Ok(None)` = nothing to wait for.
@@ -761,13 +774,8 @@ pub fn iflush<B: Backend>(
             bufs.len()
         )));
     }
-    Ok(B::iflush(comm.recv()?, bufs)?.map(|inner| {
-        Box::new(Request {
-            magic: REQ_MAGIC,
-            kind: RequestKind::Flush,
-            inner,
-        })
-    }))
+    let req = B::iflush(comm.recv()?, bufs)?;
+    Ok(req.map(|inner| Request::boxed(RequestKind::Flush, inner)))
 }
 
 /// `test(request)`: `Ok(Some(n))` when complete, with `n` byte counts in `sizes` (1 for a send, one per

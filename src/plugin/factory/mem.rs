@@ -1,5 +1,5 @@
 //! [`MemFactory`]: a [`PathFactory`] over the in-process `transport::memfab`, so the real backend
-//! ([`super::Switchless`]) runs end to end in one process without RDMA hardware: real listen handles,
+//! ([`crate::plugin::Switchless`]) runs end to end in one process without RDMA hardware: real listen handles,
 //! real routing, the real TCP handshake on 127.0.0.1, the real protocol; only the NIC is simulated.
 //!
 //! The connecting side creates both endpoints of a memfab pair, keeps its own and parks the other under

@@ -1,25 +1,12 @@
 //! The production [`PathFactory`]: [`NetFactory`] carries a connection over RoCE (ibverbs RC QPs,
-//! through [`VerbsFactory`]) or over TCP ([`crate::transport::tcp`]), whichever the route chose.
+//! through [`VerbsFactory`]) or over TCP ([`TcpConn`] over [`crate::transport::tcp`]), whichever the
+//! route chose.
 //!
 //! * `NCCL_SWITCHLESS_TRANSPORT=rdma`: RDMA devices only (as [`VerbsFactory`]).
 //! * `auto` (default): RDMA devices when the host has a usable one; routing tries RoCE first and
-//!   falls back to TCP on point-to-point links (see [`tcp_data_link`]). A host without RDMA devices
-//!   exposes one NCCL device per netdev that has a TCP point-to-point link.
+//!   falls back to TCP on point-to-point links ([`tcp_data_link`]). A host without RDMA devices
+//!   exposes one NCCL device per netdev that has a TCP point-to-point link ([`tcp_host`]).
 //! * `tcp`: TCP only, even where RDMA exists.
-//!
-//! **TCP point-to-point link** (the rule that keeps a management NIC from becoming a data path): an
-//! up IPv4 address whose connected subnet is /30 or /31, so the cable's far end is the only
-//! neighbour. Wider subnets (a management LAN, a default-route NIC) carry data only with
-//! `NCCL_SWITCHLESS_TCP_FALLBACK=1`.
-//!
-//! **TCP set-up** ([`TcpConn`]): the acceptor's `create` opens one listener per path on the path's
-//! local address (port 0) and sends the ports in its [`PathParams::addr`], its netdev MTU in
-//! `mtu`, and a random stream nonce in the first 8 bytes of `gid`. The connector, after the reply,
-//! opens the streams to those ports with that nonce ([`TcpConnector`]); both sides finish in
-//! [`Connectable::poll_ready`], never blocking NCCL's thread on anything but a TCP three-way
-//! handshake to a directly attached peer. Memory registered, control memory allocated and receives
-//! posted before the streams exist (the protocol does that before the handshake) are carried over
-//! ([`TcpFabric::unconnected`]).
 #![forbid(unsafe_code)]
 
 use std::net::{IpAddr, SocketAddr, TcpListener};
@@ -46,8 +33,9 @@ use crate::transport::tcp::{
 };
 use crate::verbs::fabric::VerbsFabric;
 
-/// Whether `l` may carry TCP data: its subnet is /30 or /31 (a point-to-point cable), or
-/// `fallback` (`NCCL_SWITCHLESS_TCP_FALLBACK=1`) allows any subnet.
+/// Whether `l` may carry TCP data: its subnet is /30 or /31, so the cable's far end is the only
+/// neighbour, or `fallback` (`NCCL_SWITCHLESS_TCP_FALLBACK=1`) allows any subnet. The rule keeps a
+/// management NIC or a default-route LAN from becoming a data path.
 pub fn tcp_data_link(l: &LocalLink, fallback: bool) -> bool {
     fallback || crate::route::point_to_point(l.addr)
 }
@@ -277,6 +265,14 @@ enum Setup {
 }
 
 /// One connection over TCP paths: a [`TcpFabric`] whose streams connect after the handshake.
+///
+/// The acceptor's `create` opens one listener per path on the path's local address (port 0) and
+/// sends the ports in its [`PathParams::addr`], its netdev MTU in `mtu`, and a random stream nonce in
+/// the first 8 bytes of `gid`. The connector, after the reply, opens the streams to those ports with
+/// that nonce ([`TcpConnector`]); both sides finish in [`Connectable::poll_ready`], never blocking
+/// NCCL's thread on anything but a TCP three-way handshake to a directly attached peer. Memory
+/// registered, control memory allocated and receives posted before the streams exist (the protocol
+/// does that before the handshake) are carried over ([`TcpFabric::unconnected`]).
 pub struct TcpConn {
     /// The endpoint: unconnected until ready; `None` while its set-up holds it.
     fab: Option<TcpFabric>,

@@ -13,7 +13,7 @@ use crate::plugin::switchless::{
 };
 use crate::route::types::LinkKind;
 use crate::transport::handshake::PathParams;
-use crate::verbs::fabric::{RemoteEnd, VerbsFabric, VerbsPath};
+use crate::verbs::fabric::{QpTuning, RemoteEnd, VerbsFabric, VerbsPath};
 
 /// The production factory: RoCE paths over ibverbs RC QPs.
 #[derive(Debug)]
@@ -125,8 +125,8 @@ impl PathFactory for VerbsFactory {
         for p in paths {
             if p.kind != LinkKind::Roce {
                 return Err(Error::InvalidUsage(format!(
-                    "path {} -> {} is a TCP path; this build carries connections over RoCE only \
-                     (NCCL_SWITCHLESS_TRANSPORT=tcp is not available yet)",
+                    "path {} -> {} is a TCP path; the verbs factory carries RoCE paths only \
+                     (NetFactory carries TCP)",
                     p.local.addr, p.remote
                 )));
             }
@@ -197,10 +197,57 @@ impl Connectable for VerbsFabric {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        self.connect(&ends, &opts.tuning.unwrap_or_default())
+        let qp = opts.qp;
+        let tuning = QpTuning {
+            traffic_class: qp.traffic_class,
+            sl: qp.sl,
+            timeout: qp.timeout,
+            retry_cnt: qp.retry_cnt,
+        };
+        self.connect(&ends, &tuning)
     }
 
     fn path_mtu(&self, i: usize, peer: &PathParams) -> u32 {
         self.path_mtu_bytes(i, peer.mtu)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plugin::switchless::QpAttrs;
+
+    /// `QpAttrs::from_config` (the seam) and `QpTuning::from_config` (verbs) state one precedence
+    /// rule twice until verbs stops reading the configuration; they must agree.
+    #[test]
+    fn qp_attrs_follow_the_verbs_precedence() {
+        for (tc, sl) in [
+            (None, None),
+            (Some(41), None),
+            (None, Some(5)),
+            (Some(106), Some(2)),
+        ] {
+            for comm in [None, Some(3), Some(15), Some(16), Some(106)] {
+                let cfg = Config {
+                    ib_tc: tc,
+                    ib_sl: sl,
+                    ib_timeout: 14,
+                    ib_retry_cnt: 3,
+                    ..Config::default()
+                };
+                let a = QpAttrs::from_config(&cfg, comm);
+                let t = QpTuning::from_config(&cfg, comm);
+                assert_eq!(
+                    (a.traffic_class, a.sl, a.timeout, a.retry_cnt),
+                    (t.traffic_class, t.sl, t.timeout, t.retry_cnt),
+                    "NCCL_IB_TC {tc:?}, NCCL_IB_SL {sl:?}, communicator class {comm:?}"
+                );
+            }
+        }
+        let (a, t) = (QpAttrs::default(), QpTuning::default());
+        assert_eq!(
+            (a.traffic_class, a.sl, a.timeout, a.retry_cnt),
+            (t.traffic_class, t.sl, t.timeout, t.retry_cnt)
+        );
     }
 }

@@ -1,0 +1,283 @@
+//! `listen` and `accept`: the listener and its handle, then per hello the endpoint and the receive
+//! comm, the reply, and the wait for the connector's `ready` and the endpoint's set-up.
+#![forbid(unsafe_code)]
+
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+
+use super::data::RecvEnd;
+use super::report::{ConnReport, step_error};
+use super::{ConnOptions, Connectable, PathFactory, PathPlan, Switchless};
+use crate::error::{Error, Result};
+use crate::plugin::{CommInfo, Handle};
+use crate::route::handle::Handle as HandleView;
+use crate::route::select::Reach;
+use crate::route::types::LinkKind;
+use crate::transport::comm::RecvComm;
+use crate::transport::handshake::{
+    AcceptPoll, AcceptorView, Established, Incoming, Listener, PathParams, SideParams,
+};
+use crate::transport::wire::CtrlInfo;
+
+/// A listening endpoint (`listenComm`).
+pub struct ListenEnd<P: PathFactory> {
+    backend: Arc<Switchless<P>>,
+    listener: Listener,
+    dev: usize,
+    comm: CommInfo,
+    state: AcceptState<P::Fabric>,
+}
+
+/// The reply is sent; the connector's `ready` is awaited.
+struct Responding<F: Connectable> {
+    inc: Incoming,
+    comm: RecvComm<F>,
+    plans: Vec<PathPlan>,
+    local: Vec<PathParams>,
+}
+
+/// The handshake is done; the endpoint finishes its set-up ([`Connectable::poll_ready`]).
+struct Finishing<F: Connectable> {
+    comm: RecvComm<F>,
+    plans: Vec<PathPlan>,
+    local: Vec<PathParams>,
+    remote: Vec<PathParams>,
+    est: Established,
+}
+
+/// Where `accept` stands between NCCL's calls.
+enum AcceptState<F: Connectable> {
+    /// No hello yet.
+    Waiting,
+    Responding(Box<Responding<F>>),
+    Finishing(Box<Finishing<F>>),
+    /// The connection was handed to NCCL.
+    Done,
+    /// A step failed (NCCL got its error).
+    Failed,
+}
+
+impl<P: PathFactory> Switchless<P> {
+    /// `listen`: binds the listener and writes the handle that advertises this node's links.
+    pub(super) fn open_listener(
+        self: &Arc<Self>,
+        comm: &CommInfo,
+        dev: usize,
+        handle: &mut Handle,
+    ) -> Result<ListenEnd<P>> {
+        let view = AcceptorView {
+            links: self.view.links.clone(),
+            routes: self.view.routes.clone(),
+            reach: if self.view.config.tcp_fallback {
+                Reach::Routed
+            } else {
+                Reach::OnLink
+            },
+        };
+        let listener = Listener::bind_any(view, self.timeout())?;
+        let (repr, left_out) = listener.handle(self.control_addr())?;
+        if repr.links.is_empty() {
+            return Err(Error::System(
+                "listen: no local link is up; the listen handle would advertise no address".into(),
+            ));
+        }
+        for l in left_out.iter().filter(|l| l.up) {
+            tracing::info!(
+                "NET/switchless: listen handle has no room for {} {} (at most 16 links are advertised)",
+                l.netdev,
+                l.addr
+            );
+        }
+        handle.fill(0);
+        repr.emit(&mut HandleView::new_unchecked(&mut handle[..]))?;
+        Ok(ListenEnd {
+            backend: Arc::clone(self),
+            listener,
+            dev,
+            comm: *comm,
+            state: AcceptState::Waiting,
+        })
+    }
+
+    /// The control address the handle advertises: the first up TCP-only link (a management NIC).
+    fn control_addr(&self) -> Option<Ipv4Addr> {
+        self.view
+            .links
+            .iter()
+            .find(|l| l.up && l.kind == LinkKind::Tcp)
+            .map(|l| l.addr.addr())
+    }
+
+    /// Answers a hello whose paths the listener already checked: builds the receiving side and
+    /// replies with its parameters, or rejects the hello with the reason.
+    fn respond(
+        &self,
+        mut inc: Incoming,
+        dev: usize,
+        info: &CommInfo,
+    ) -> Result<AcceptState<P::Fabric>> {
+        let who = format!("connector {}", inc.peer());
+        let plans: Vec<PathPlan> = inc
+            .paths()
+            .iter()
+            .map(|p| PathPlan {
+                local: p.local.clone(),
+                remote: p.request.connector.addr(),
+                kind: p.request.kind,
+            })
+            .collect();
+        let peer: Vec<PathParams> = inc.paths().iter().map(|p| p.peer_params.clone()).collect();
+        let opts = self.opts(info, dev, true);
+        match self.build_recv(&plans, &peer, &opts, &inc.hello().params.extra) {
+            Ok((rc, local)) => {
+                inc.respond(SideParams {
+                    paths: local.clone(),
+                    extra: rc.local_info().to_bytes(),
+                })?;
+                Ok(AcceptState::Responding(Box::new(Responding {
+                    inc,
+                    comm: rc,
+                    plans,
+                    local,
+                })))
+            }
+            Err(e) => {
+                let reason = e.to_string();
+                // Best effort: the connector then fails at once with the reason, not by timeout.
+                if inc.reject(&reason).is_ok() {
+                    let _ = inc.poll();
+                }
+                Err(step_error(e, &who, "setting up the accepted paths"))
+            }
+        }
+    }
+
+    /// The receiving side of an accepted connection: the endpoint on `plans`, connected to the
+    /// connector's `peer` parameters, and the receive comm with the connector's control info
+    /// (`extra`) installed. Returns it with this side's parameters.
+    fn build_recv(
+        &self,
+        plans: &[PathPlan],
+        peer: &[PathParams],
+        opts: &ConnOptions,
+        extra: &[u8],
+    ) -> Result<(RecvComm<P::Fabric>, Vec<PathParams>)> {
+        let fab = self.factory.create(plans, Some(peer), opts)?;
+        let mut rc = RecvComm::new(fab, self.proto)?;
+        rc.connect(CtrlInfo::from_bytes(extra)?)?;
+        rc.fabric().connect_peer(peer, opts)?;
+        let local = rc.fabric().local_params();
+        Ok((rc, local))
+    }
+}
+
+/// What one step of the accept state machine did.
+enum Step<F: Connectable> {
+    /// Moved to a new state: step that one at once.
+    Next(AcceptState<F>),
+    /// Waits in this state for the connector or the endpoint: NCCL calls `accept` again.
+    Pending(AcceptState<F>),
+    /// The connection is ready.
+    Ready(RecvEnd<F>),
+}
+
+impl<P: PathFactory> ListenEnd<P> {
+    /// `accept`: steps the connection as far as the sockets and the endpoint allow.
+    pub(super) fn accept(&mut self) -> Result<Option<RecvEnd<P::Fabric>>> {
+        loop {
+            // A step that fails leaves `Failed` behind.
+            let step = match std::mem::replace(&mut self.state, AcceptState::Failed) {
+                AcceptState::Waiting => self.waiting()?,
+                AcceptState::Responding(r) => r.step()?,
+                AcceptState::Finishing(f) => self.finishing(f)?,
+                AcceptState::Done => {
+                    self.state = AcceptState::Done;
+                    return Err(Error::InvalidArgument(
+                        "accept called again on a listen comm that already returned its connection"
+                            .into(),
+                    ));
+                }
+                AcceptState::Failed => {
+                    return Err(Error::InvalidArgument(
+                        "accept called again on a listen comm whose accept failed".into(),
+                    ));
+                }
+            };
+            match step {
+                Step::Next(s) => self.state = s,
+                Step::Pending(s) => {
+                    self.state = s;
+                    return Ok(None);
+                }
+                Step::Ready(end) => {
+                    self.state = AcceptState::Done;
+                    return Ok(Some(end));
+                }
+            }
+        }
+    }
+
+    /// No hello yet: poll the listener, and respond to a hello.
+    fn waiting(&mut self) -> Result<Step<P::Fabric>> {
+        Ok(match self.listener.poll()? {
+            None => Step::Pending(AcceptState::Waiting),
+            Some(inc) => Step::Next(self.backend.respond(inc, self.dev, &self.comm)?),
+        })
+    }
+
+    /// The handshake is done: poll the endpoint's set-up, then log the connection and hand it over.
+    fn finishing(&self, mut f: Box<Finishing<P::Fabric>>) -> Result<Step<P::Fabric>> {
+        let who = |est: &Established| format!("connector {}", est.peer.ip());
+        let ready = f
+            .comm
+            .fabric_mut()
+            .poll_ready()
+            .map_err(|e| step_error(e, &who(&f.est), "connecting the data paths"))?;
+        if !ready {
+            return Ok(Step::Pending(AcceptState::Finishing(f)));
+        }
+        let Finishing {
+            comm,
+            plans,
+            local,
+            remote,
+            est,
+        } = *f;
+        self.backend.log_connected(&ConnReport {
+            verb: "accepted from",
+            peer: &who(&est),
+            dev: self.dev,
+            plans: &plans,
+            local: &local,
+            remote: &remote,
+            fab: comm.fabric(),
+            tcp: format!("tcp {} <- {}", est.local, est.peer),
+        });
+        Ok(Step::Ready(RecvEnd::new(comm)))
+    }
+}
+
+impl<F: Connectable> Responding<F> {
+    /// The reply is out: wait for the connector's `ready`.
+    fn step(mut self: Box<Self>) -> Result<Step<F>> {
+        Ok(match self.inc.poll()? {
+            AcceptPoll::Pending => Step::Pending(AcceptState::Responding(self)),
+            AcceptPoll::Done(est) => {
+                let Responding {
+                    inc,
+                    comm,
+                    plans,
+                    local,
+                } = *self;
+                let remote = inc.paths().iter().map(|p| p.peer_params.clone()).collect();
+                Step::Next(AcceptState::Finishing(Box::new(Finishing {
+                    comm,
+                    plans,
+                    local,
+                    remote,
+                    est,
+                })))
+            }
+        })
+    }
+}

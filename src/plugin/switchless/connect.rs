@@ -1,0 +1,300 @@
+//! `connect`: route to the peer's links, create the endpoint and the send comm, run the handshake
+//! across NCCL's retries (the state is parked under an id written into the handle's scratch bytes),
+//! and [`fold_qps`] for `NCCL_IB_QPS_PER_CONNECTION`.
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::data::SendEnd;
+use super::report::{ConnReport, fallback_warning, routed_hint, step_error};
+use super::{ConnOptions, Connectable, PathFactory, PathPlan, Switchless};
+use crate::config::TransportMode;
+use crate::error::{Error, Result};
+use crate::plugin::{CommInfo, Handle};
+use crate::route::handle::{Handle as HandleView, HandleRepr};
+use crate::route::select::{KindFilter, PathChoice, Reach, RouteOptions, Selection, select};
+use crate::route::types::{LocalLink, RemoteLink};
+use crate::sync::lock;
+use crate::transport::comm::SendComm;
+use crate::transport::handshake::{ConnectPoll, Connector, Established, PathParams, SideParams};
+use crate::transport::wire::CtrlInfo;
+
+/// A connection between `connect` calls.
+pub(super) struct ConnectState<F: Connectable> {
+    connector: Connector,
+    comm: SendComm<F>,
+    plans: Vec<PathPlan>,
+    local: Vec<PathParams>,
+    remote: Option<Vec<PathParams>>,
+    opts: ConnOptions,
+    peer: String,
+    dev: usize,
+    started: Instant,
+    /// The handshake finished; the endpoint is finishing its set-up ([`Connectable::poll_ready`]).
+    est: Option<Established>,
+    /// For a connection over routed paths (the TCP fallback through a gateway): what to check when it
+    /// times out or is refused. Empty otherwise.
+    routed_hint: String,
+}
+
+/// Where a connection stands after one `connect` call.
+enum Progress<F: Connectable> {
+    Done(SendEnd<F>),
+    Pending(Box<ConnectState<F>>),
+}
+
+impl<P: PathFactory> Switchless<P> {
+    /// `connect`: starts a connection or takes the parked one the handle names, and advances it.
+    pub(super) fn connect_step(
+        self: &Arc<Self>,
+        comm: &CommInfo,
+        dev: usize,
+        handle: &mut Handle,
+    ) -> Result<Option<SendEnd<P::Fabric>>> {
+        let id = HandleView::new_unchecked(&handle[..]).scratch();
+        let (id, s) = if id == 0 {
+            let s = self.start_connect(comm, dev, handle)?;
+            let id = self.id_base | self.next_id.fetch_add(1, Ordering::Relaxed);
+            HandleView::new_unchecked(&mut handle[..]).set_scratch(id);
+            (id, s)
+        } else {
+            let mut map = lock(&self.connecting, "connection states")?;
+            let s = map.remove(&id).ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "connect retried with connection state {id:#x}, which this process does not have \
+                     (it failed or timed out earlier, or the handle's scratch bytes 120..128 are not zero)"
+                ))
+            })?;
+            (id, s)
+        };
+        let hint = s.routed_hint.clone();
+        match self.advance(s) {
+            Ok(Progress::Done(end)) => {
+                HandleView::new_unchecked(&mut handle[..]).set_scratch(0);
+                Ok(Some(end))
+            }
+            Ok(Progress::Pending(s)) => {
+                let mut map = lock(&self.connecting, "connection states")?;
+                self.sweep(&mut map);
+                map.insert(id, s);
+                Ok(None)
+            }
+            Err(e) => {
+                HandleView::new_unchecked(&mut handle[..]).set_scratch(0);
+                Err(match e {
+                    Error::Timeout(x) if !hint.is_empty() => Error::Timeout(format!("{x}; {hint}")),
+                    Error::System(x) if !hint.is_empty() => Error::System(format!("{x}; {hint}")),
+                    e => e,
+                })
+            }
+        }
+    }
+
+    /// Routes to the peer's links: `rdma` = RoCE pairs only; `tcp` = TCP on point-to-point links
+    /// ([`crate::route::point_to_point`]: /30 or /31 subnets); `auto` = RoCE first, then TCP as for `tcp` (when no
+    /// link is point-to-point, the RoCE error stands). Then, with `NCCL_SWITCHLESS_TCP_FALLBACK=1`
+    /// only, TCP over any shared subnet (a management LAN) or kernel route through a gateway (a
+    /// forwarding neighbour, the default route: [`Reach::Routed`]), with one WARN per peer.
+    fn route(&self, dev: usize, peer: &[RemoteLink], who: &str) -> Result<Selection> {
+        let opts = |kinds| RouteOptions {
+            nccl_dev: Some(dev),
+            kinds,
+            ..RouteOptions::default()
+        };
+        let p2p: Vec<LocalLink> = self
+            .view
+            .links
+            .iter()
+            .filter(|l| crate::route::point_to_point(l.addr))
+            .cloned()
+            .collect();
+        let (links, routes) = (&self.view.links, &self.view.routes);
+        let first = match self.view.config.transport {
+            TransportMode::Rdma => select(links, routes, peer, &opts(KindFilter::Roce)),
+            TransportMode::Tcp => select(&p2p, routes, peer, &opts(KindFilter::Tcp)),
+            TransportMode::Auto => match select(links, routes, peer, &opts(KindFilter::Roce)) {
+                Ok(s) => Ok(s),
+                Err(e) if p2p.is_empty() => Err(e),
+                Err(_) => select(&p2p, routes, peer, &opts(KindFilter::Tcp)),
+            },
+        };
+        let e = match first {
+            Ok(s) => return Ok(s),
+            Err(e) => e,
+        };
+        if !self.view.config.tcp_fallback {
+            return Err(e);
+        }
+        let routed = RouteOptions {
+            reach: Reach::Routed,
+            ..opts(KindFilter::Tcp)
+        };
+        let sel = select(links, routes, peer, &routed).map_err(|e2| {
+            Error::InvalidUsage(format!(
+                "{e2}; NCCL_SWITCHLESS_TCP_FALLBACK=1 found no shared IPv4 subnet or kernel route to the peer either"
+            ))
+        })?;
+        let first_time =
+            lock(&self.warned_peers, "fallback warnings").map(|mut w| w.insert(who.to_string()))?;
+        if first_time {
+            tracing::warn!("NET/switchless: {}", fallback_warning(who, &sel));
+        }
+        Ok(sel)
+    }
+
+    fn sweep(&self, map: &mut HashMap<u64, Box<ConnectState<P::Fabric>>>) {
+        let limit = 2 * self.timeout() + Duration::from_secs(10);
+        map.retain(|id, s| {
+            let keep = s.started.elapsed() < limit;
+            if !keep {
+                tracing::warn!(
+                    "NET/switchless: dropping connection {id:#x} to {}: abandoned by NCCL for {} s",
+                    s.peer,
+                    s.started.elapsed().as_secs()
+                );
+            }
+            keep
+        });
+    }
+
+    fn start_connect(
+        self: &Arc<Self>,
+        comm: &CommInfo,
+        dev: usize,
+        handle: &Handle,
+    ) -> Result<Box<ConnectState<P::Fabric>>> {
+        let repr = HandleRepr::from_bytes(&handle[..]).map_err(|e| {
+            Error::InvalidArgument(format!(
+                "connect on device {dev}: the handle is not a switchless listen handle: {e}"
+            ))
+        })?;
+        let peer = format!(
+            "peer {} (port {})",
+            repr.links
+                .iter()
+                .map(|l| l.addr.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            repr.port
+        );
+        let peer_key = format!(
+            "peer {}",
+            repr.links
+                .iter()
+                .map(|l| l.addr.addr().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let sel = self.route(dev, &repr.links, &peer_key)?;
+        if let Some(ov) = &sel.dev_override {
+            tracing::info!("NET/switchless: connect to {peer}: {}", ov.reason);
+        }
+        let chosen = fold_qps(&sel.paths, self.view.config.ib_qps_per_connection);
+        let plans: Vec<PathPlan> = chosen
+            .iter()
+            .map(|p| PathPlan {
+                local: p.local.clone(),
+                remote: p.remote.addr.addr(),
+                kind: p.kind,
+            })
+            .collect();
+        let routed_hint = routed_hint(&chosen);
+        let opts = self.opts(comm, dev, false);
+        let fab = self
+            .factory
+            .create(&plans, None, &opts)
+            .map_err(|e| step_error(e, &peer, "creating the queue pairs"))?;
+        let local = fab.local_params();
+        let sc = SendComm::new(fab, self.proto)?;
+        let extra = sc.local_info().to_bytes();
+        let connector = Connector::start(
+            &repr,
+            &chosen,
+            SideParams {
+                paths: local.clone(),
+                extra,
+            },
+            self.timeout(),
+        )?;
+        Ok(Box::new(ConnectState {
+            connector,
+            comm: sc,
+            plans,
+            local,
+            remote: None,
+            opts,
+            peer,
+            dev,
+            started: Instant::now(),
+            est: None,
+            routed_hint,
+        }))
+    }
+
+    /// Advances a connection as far as the sockets allow.
+    fn advance(&self, mut s: Box<ConnectState<P::Fabric>>) -> Result<Progress<P::Fabric>> {
+        loop {
+            if let Some(est) = s.est.take() {
+                let ready = s
+                    .comm
+                    .fabric_mut()
+                    .poll_ready()
+                    .map_err(|e| step_error(e, &s.peer, "connecting the data paths"))?;
+                if !ready {
+                    s.est = Some(est);
+                    return Ok(Progress::Pending(s));
+                }
+                let remote = s.remote.take().unwrap_or_default();
+                self.log_connected(&ConnReport {
+                    verb: "connected to",
+                    peer: &s.peer,
+                    dev: s.dev,
+                    plans: &s.plans,
+                    local: &s.local,
+                    remote: &remote,
+                    fab: s.comm.fabric(),
+                    tcp: format!("tcp {} -> {}", est.local, est.peer),
+                });
+                return Ok(Progress::Done(SendEnd::new(s.comm)));
+            }
+            match s.connector.poll()? {
+                ConnectPoll::Pending => return Ok(Progress::Pending(s)),
+                ConnectPoll::Reply(side) => {
+                    let ctrl = CtrlInfo::from_bytes(&side.extra)
+                        .map_err(|e| step_error(e, &s.peer, "reading its control info"))?;
+                    s.comm
+                        .fabric()
+                        .connect_peer(&side.paths, &s.opts)
+                        .map_err(|e| step_error(e, &s.peer, "bringing the QPs to RTR/RTS"))?;
+                    s.comm.connect(ctrl)?;
+                    s.remote = Some(side.paths);
+                    s.connector.ready()?;
+                }
+                ConnectPoll::Done(est) => s.est = Some(est),
+            }
+        }
+    }
+}
+
+/// `NCCL_IB_QPS_PER_CONNECTION`: each chosen path is carried by `qps` queue pairs (each a path of the
+/// transport, sharing the link's speed), capped so a connection has at most
+/// [`crate::transport::stripe::MAX_PATHS`] of them. Interleaved (p0, p1, p0, p1, ...) so consecutive
+/// paths keep alternating PCIe roots.
+pub fn fold_qps(paths: &[PathChoice], qps: u8) -> Vec<PathChoice> {
+    let n = paths.len().max(1);
+    let k = usize::from(qps.max(1))
+        .min(crate::transport::stripe::MAX_PATHS / n)
+        .max(1);
+    let mut out = Vec::with_capacity(n * k);
+    for _ in 0..k {
+        for p in paths {
+            let mut q = p.clone();
+            q.local.speed_mbps /= k as u32;
+            out.push(q);
+        }
+    }
+    out
+}

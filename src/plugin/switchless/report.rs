@@ -1,0 +1,212 @@
+//! The log and error text of a connection: its one INFO line (`ConnReport`), the small-MTU warning,
+//! the TCP fallback warning ([`fallback_warning`]), the hint for routed paths ([`routed_hint`]) and
+//! the prefix of a failed step's error.
+#![forbid(unsafe_code)]
+
+use std::fmt::Write as _;
+use std::sync::atomic::Ordering;
+
+use super::{Connectable, PathFactory, PathPlan, Switchless};
+use crate::error::Error;
+use crate::route::select::PathChoice;
+use crate::route::types::LinkKind;
+use crate::transport::handshake::PathParams;
+
+/// A connection that just became ready, as its INFO line tells it.
+pub(super) struct ConnReport<'a, F> {
+    /// `connected to` (connector) or `accepted from` (acceptor).
+    pub(super) verb: &'static str,
+    /// The peer as errors name it (`peer 10.0.1.2/31 (port 40211)`, `connector 10.0.1.2`).
+    pub(super) peer: &'a str,
+    /// The NCCL device.
+    pub(super) dev: usize,
+    /// The paths, in path order.
+    pub(super) plans: &'a [PathPlan],
+    /// This side's parameters per path.
+    pub(super) local: &'a [PathParams],
+    /// The peer's parameters per path.
+    pub(super) remote: &'a [PathParams],
+    /// The endpoint (negotiated MTUs, loopback paths).
+    pub(super) fab: &'a F,
+    /// The handshake's TCP connection (`tcp 10.0.1.1:51234 -> 10.0.1.2:40211`).
+    pub(super) tcp: String,
+}
+
+impl<P: PathFactory> Switchless<P> {
+    /// Logs a connection that is ready: the small-MTU warning when due, then its INFO line.
+    pub(super) fn log_connected<F: Connectable>(&self, r: &ConnReport<'_, F>) {
+        self.check_mtu(r);
+        tracing::info!("NET/switchless: {}", self.describe(r));
+    }
+
+    /// Warns once per process when a RoCE path runs below a 4096-byte MTU (the interface-MTU-1500 trap).
+    fn check_mtu<F: Connectable>(&self, r: &ConnReport<'_, F>) {
+        for (i, (p, peer)) in r.plans.iter().zip(r.remote).enumerate() {
+            let mtu = r.fab.path_mtu(i, peer);
+            if p.kind == LinkKind::Roce
+                && mtu < 4096
+                && !self.warned_mtu.swap(true, Ordering::Relaxed)
+            {
+                tracing::warn!(
+                    "NET/switchless: path {} -> {} runs with a {mtu}-byte RoCE MTU (local active MTU {} bytes, \
+                     peer {} bytes): an interface MTU below 4200 bytes caps RoCE at 1024 or 2048 bytes and \
+                     costs bandwidth; set the MTU of both ends to 9000 (see `switchless doctor`)",
+                    p.local.netdev,
+                    p.remote,
+                    p.local.active_mtu,
+                    peer.mtu
+                );
+            }
+        }
+    }
+
+    /// The one INFO line of a connection: the peer, the device, and per path the local and remote
+    /// address, GID index, PCIe root, MTU and QP numbers.
+    fn describe<F: Connectable>(&self, r: &ConnReport<'_, F>) -> String {
+        let ConnReport {
+            verb,
+            peer,
+            dev,
+            plans,
+            local,
+            remote,
+            fab,
+            ref tcp,
+        } = *r;
+        let routes = &self.view.routes;
+        let name = self
+            .props
+            .get(dev)
+            .map(|p| p.name.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let loops = fab
+            .paths()
+            .iter()
+            .filter(|p| p.role == crate::transport::fabric::PathRole::Loopback)
+            .count();
+        let flush = if loops > 0 {
+            format!(" + {loops} loopback QP(s) for the GPU flush")
+        } else {
+            String::new()
+        };
+        let mut s = format!(
+            "{verb} {peer} on NCCL device {dev} ({name}), {} path(s){flush}, {tcp}:",
+            plans.len()
+        );
+        for (i, p) in plans.iter().enumerate() {
+            let l = local.get(i);
+            let r = remote.get(i);
+            let qp = |x: Option<&PathParams>| {
+                x.and_then(|x| x.qpns.first())
+                    .map_or("-".to_string(), |q| format!("{q:#x}"))
+            };
+            let mtu = r.map_or(0, |r| fab.path_mtu(i, r));
+            // A routed fallback path: name the gateway the kernel sends it to.
+            let via = if p.local.addr.contains(&p.remote) {
+                String::new()
+            } else {
+                match crate::route::kernel_route(routes, p.remote)
+                    .first()
+                    .and_then(|r| r.gateway)
+                {
+                    Some(gw) => format!(" via {gw}"),
+                    None => " (routed)".to_string(),
+                }
+            };
+            let _ = write!(
+                s,
+                " [{i}] {} {} {} -> {}{via} gid {} root {} mtu {mtu} qp {} -> {};",
+                p.local.netdev,
+                p.local.rdma_dev.as_deref().unwrap_or("tcp"),
+                p.local.addr,
+                p.remote,
+                l.map_or(0, |l| l.gid_index),
+                p.local.pci_root,
+                qp(l),
+                qp(r)
+            );
+        }
+        s.pop();
+        s
+    }
+}
+
+/// What to check when a connection over routed paths fails: each gateway must forward and route back.
+/// Empty when no path is routed.
+pub fn routed_hint(paths: &[PathChoice]) -> String {
+    let mut gws: Vec<String> = Vec::new();
+    for p in paths {
+        if let Some(gw) = p.via {
+            let g = format!(
+                "{gw} (for {} -> {})",
+                p.local.addr.addr(),
+                p.remote.addr.addr()
+            );
+            if !gws.contains(&g) {
+                gws.push(g);
+            }
+        }
+    }
+    if gws.is_empty() {
+        return String::new();
+    }
+    format!(
+        "the connection goes through the kernel's route via {}: that host must forward (sysctl \
+         net.ipv4.ip_forward=1) and route both ways, and the peer needs a route back (see `switchless route --routed`)",
+        gws.join(", ")
+    )
+}
+
+pub(super) fn step_error(e: Error, peer: &str, step: &str) -> Error {
+    e.context(format_args!("connection with {peer}: {step}"))
+}
+
+/// The one WARN per peer that `NCCL_SWITCHLESS_TCP_FALLBACK=1` carries: which links (and gateways), and
+/// the bandwidth to expect.
+pub fn fallback_warning(who: &str, sel: &crate::route::select::Selection) -> String {
+    let speed = |mbps: u32| {
+        if mbps == 0 {
+            "link speed unknown".to_string()
+        } else {
+            format!("{mbps} Mb/s link")
+        }
+    };
+    let paths: Vec<String> = sel
+        .paths
+        .iter()
+        .map(|p| {
+            let via = p.via.map(|g| format!(" via {g}")).unwrap_or_default();
+            format!(
+                "{} {} -> {}{via} ({})",
+                p.local.netdev,
+                p.local.addr,
+                p.remote.addr,
+                speed(p.local.speed_mbps)
+            )
+        })
+        .collect();
+    let forwarded = if sel.paths.iter().any(|p| p.via.is_some()) {
+        "; a routed path is also limited by the forwarding host's CPU and its own traffic on those links"
+    } else {
+        ""
+    };
+    let mbps: u64 = sel
+        .paths
+        .iter()
+        .map(|p| u64::from(p.local.speed_mbps))
+        .sum();
+    let expect = if sel.paths.iter().any(|p| p.local.speed_mbps == 0) {
+        format!(
+            "expect no more than those links' speed (the kernel reports none for some of them; a 1 Gb/s management port gives about 0.94 Gb/s), shared with whatever else uses that network{forwarded}"
+        )
+    } else {
+        format!(
+            "expect at most {:.1} Gb/s ({mbps} Mb/s of link speed, shared with whatever else uses that network{forwarded})",
+            mbps as f64 / 1000.0
+        )
+    };
+    format!(
+        "{who}: no RoCE or TCP point-to-point link reaches it; NCCL_SWITCHLESS_TCP_FALLBACK=1 carries it over TCP on {}: {expect}, far below a direct link",
+        paths.join(", ")
+    )
+}
