@@ -4,9 +4,9 @@
 //! same from any lookup function so tests never touch the process environment.
 //!
 //! Every variable is one row of the `variables!` table below: its name, default, accepted forms,
-//! effect, parser and log form. [`Config`], its `Default`, [`VARIABLES`], [`Config::from_vars`] and
-//! [`Config::summary`] all read that row, so adding a variable means adding a row (and its parser,
-//! if it is a new kind). The table of variables for users is `docs/readme/config.md`.
+//! effect, parser and log form. [`Config`], its `Default`, [`VARIABLES`], [`Config::from_vars`],
+//! [`Config::summary`] and the table in `docs/readme/config.md` (generated, checked by a test) all
+//! read that row, so adding a variable means adding a row (and its parser, if it is a new kind).
 //!
 //! NCCL-compatible variables keep NCCL's names, defaults and ranges (its IB transport's
 //! `NCCL_PARAM`s in `src/transport/net_ib/`); ours start with `NCCL_SWITCHLESS_`. Where NCCL warns
@@ -22,7 +22,7 @@ mod values;
 pub use hca::{
     HCA_GRAMMAR, HcaEntry, HcaFilter, MAX_HCA_ENTRIES, MAX_HCA_NAME_LEN, MAX_PLANE, MAX_RAIL,
 };
-pub use table::Variable;
+pub use table::{Variable, markdown};
 
 use crate::error::{Error, Result};
 use std::time::Duration;
@@ -357,6 +357,12 @@ impl Config {
     }
 }
 
+/// `page` (the text of `docs/readme/config.md`) with its generated table rebuilt from
+/// [`Config::TABLE`]; `None` when the page lacks the generated region's marker lines.
+pub fn documented(page: &str) -> Option<String> {
+    table::splice(page, &markdown(Config::TABLE))
+}
+
 /// The names among `names` that start with `NCCL_SWITCHLESS_` but are not in [`VARIABLES`]
 /// (likely typos), sorted.
 pub fn unknown_own_vars(names: impl IntoIterator<Item = String>) -> Vec<String> {
@@ -596,11 +602,28 @@ mod tests {
     }
 
     #[test]
-    fn documentation_lists_every_variable() {
-        let doc = include_str!("../../docs/readme/config.md");
+    fn documentation_table_is_current() {
+        // SWITCHLESS_UPDATE_DOCS=1 rewrites the page instead (then run scripts/readme.py).
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/readme/config.md");
+        let page = std::fs::read_to_string(path).unwrap();
+        let want =
+            documented(&page).expect("docs/readme/config.md lacks the generated-table markers");
+        if std::env::var_os("SWITCHLESS_UPDATE_DOCS").is_some() {
+            std::fs::write(path, &want).unwrap();
+            return;
+        }
+        let first_difference = page
+            .lines()
+            .zip(want.lines())
+            .find(|(have, want)| have != want);
+        assert!(
+            page == want,
+            "docs/readme/config.md is stale: run SWITCHLESS_UPDATE_DOCS=1 cargo test --lib config:: \
+             then python3 scripts/readme.py; first difference (page, table): {first_difference:?}"
+        );
         for v in VARIABLES {
             assert!(
-                doc.contains(&format!("`{v}`")),
+                page.contains(&format!("`{v}`")),
                 "{v} missing from docs/readme/config.md"
             );
         }

@@ -1,5 +1,6 @@
-//! The shape of the configuration table: one [`Variable`] row per environment variable, and the
-//! `variables!` macro that turns the rows into the `Config` struct, its `Default` and the table.
+//! The shape of the configuration table: one [`Variable`] row per environment variable, the
+//! `variables!` macro that turns the rows into the `Config` struct, its `Default` and the table, and
+//! the Markdown rendering of the table for `docs/readme/config.md`.
 //!
 //! Depends on `values` only (the `Reject` type). The rows themselves are in `config/mod.rs`.
 #![forbid(unsafe_code)]
@@ -108,3 +109,68 @@ macro_rules! variables {
     };
 }
 pub(crate) use variables;
+
+/// Markdown table of `rows` (Variable, Default, Accepted, Meaning), one line per variable.
+pub fn markdown<C>(rows: &[Variable<C>]) -> String {
+    let mut out = String::from("| Variable | Default | Accepted | Meaning |\n|---|---|---|---|\n");
+    for r in rows {
+        let default = if r.default.is_empty() {
+            "unset".to_string()
+        } else {
+            format!("`{}`", r.default)
+        };
+        out.push_str(&format!(
+            "| `{}` | {} | {} | {} |\n",
+            r.name,
+            default,
+            escape(r.forms),
+            cell(r.doc)
+        ));
+    }
+    out
+}
+
+/// Plain text as a table cell: `<` would start an HTML tag (`<hca>` would vanish), `|` a new cell.
+fn escape(text: &str) -> String {
+    text.replace('<', "&lt;").replace('|', "\\|")
+}
+
+/// Markdown as a table cell: only `|` would break it.
+fn cell(text: &str) -> String {
+    text.replace('|', "\\|")
+}
+
+/// First line of the generated region of a page.
+pub const BEGIN: &str = "<!-- BEGIN generated from the table in src/config/mod.rs: edit the table, then run \
+SWITCHLESS_UPDATE_DOCS=1 cargo test --lib config:: -->";
+/// Last line of the generated region of a page.
+pub const END: &str = "<!-- END generated -->";
+
+/// `page` with the text between its [`BEGIN`] and [`END`] lines replaced by `generated`; `None` when
+/// the page lacks either line.
+pub fn splice(page: &str, generated: &str) -> Option<String> {
+    let start = page.find(BEGIN)? + BEGIN.len();
+    let end = start + page[start..].find(END)?;
+    Some(format!("{}\n{generated}{}", &page[..start], &page[end..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splice_replaces_only_the_generated_region() {
+        let page = format!("intro\n{BEGIN}\nold\n{END}\nafter\n");
+        assert_eq!(
+            splice(&page, "new\n").unwrap(),
+            format!("intro\n{BEGIN}\nnew\n{END}\nafter\n")
+        );
+        assert_eq!(splice("no markers", "x"), None);
+    }
+
+    #[test]
+    fn cells_escape_what_markdown_would_eat() {
+        assert_eq!(escape("<hca>|x"), "&lt;hca>\\|x");
+        assert_eq!(cell("`a` | b"), "`a` \\| b");
+    }
+}
