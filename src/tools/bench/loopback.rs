@@ -136,7 +136,7 @@ impl Wire {
                 )));
             }
             {
-                let mut b = slot.0.buf.lock();
+                let mut b = slot.0.buf.lock()?;
                 let dst = &mut b[slot.0.offset..slot.0.offset + msg.data.len()];
                 dst.copy_from_slice(&msg.data);
                 let n = fabric.delivered.fetch_add(1, Ordering::Relaxed) + 1;
@@ -325,7 +325,7 @@ impl Net for LoopbackNet {
         if every > 0 && n % every == 0 {
             return Ok(None);
         }
-        let bytes = data.buf.lock()[data.offset..data.offset + data.len].to_vec();
+        let bytes = data.buf.lock()?[data.offset..data.offset + data.len].to_vec();
         let done = Arc::new(AtomicBool::new(false));
         let mut st = lock(&comm.wire.st);
         if st.closed {
@@ -504,7 +504,7 @@ mod tests {
         });
         let sb = SharedBuf::new(16);
         let rb = SharedBuf::new(16);
-        sb.lock().copy_from_slice(&[7u8; 16]);
+        sb.lock().unwrap().copy_from_slice(&[7u8; 16]);
         let smr = n.reg_mr(CommRef::Send(&s), &sb).unwrap();
         let rmr = n.reg_mr(CommRef::Recv(&r), &rb).unwrap();
         let mut sq = n
@@ -520,7 +520,7 @@ mod tests {
         let mut rq = n.irecv(&mut r, &bufs).unwrap().unwrap();
         assert_eq!(n.test(&mut sq).unwrap(), Some(vec![16]));
         assert_eq!(n.test(&mut rq).unwrap(), Some(vec![16]));
-        assert_eq!(&rb.lock()[..], &[7u8; 16]);
+        assert_eq!(&rb.lock().unwrap()[..], &[7u8; 16]);
         assert!(
             n.test(&mut rq).is_err(),
             "testing a finished request is a misuse"
