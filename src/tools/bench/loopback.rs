@@ -10,7 +10,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use super::bootstrap::Bootstrap;
 use super::modes::{Options, Report, run};
@@ -18,6 +18,7 @@ use crate::error::{Error, Result};
 use crate::ffi::loader::net::{
     CommRef, HANDLE_SIZE, Handle, Net, PTR_HOST, Properties, RecvBuf, Region, SharedBuf,
 };
+use crate::sync::lock;
 
 const MAGIC: &[u8; 8] = b"LOOPBACK";
 
@@ -58,13 +59,6 @@ pub struct LoopbackFabric {
     cfg: LoopbackConfig,
     state: Mutex<FabricState>,
     delivered: AtomicU64,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
 }
 
 impl LoopbackFabric {
@@ -108,7 +102,7 @@ struct Wire {
 
 impl Wire {
     fn progress(&self, fabric: &LoopbackFabric) -> Result<()> {
-        let mut st = lock(&self.st);
+        let mut st = lock(&self.st, "loopback wire")?;
         loop {
             let Some(rs) = st.recvs.front().cloned() else {
                 return Ok(());
@@ -116,7 +110,7 @@ impl Wire {
             let Some(msg) = st.msgs.front() else {
                 return Ok(());
             };
-            let mut rs = lock(&rs);
+            let mut rs = lock(&rs, "loopback receive")?;
             let Some(slot) = rs
                 .bufs
                 .iter_mut()
@@ -254,7 +248,7 @@ impl Net for LoopbackNet {
     fn listen(&self, dev: usize) -> Result<(Handle, LoopListen)> {
         self.check_dev(dev)?;
         let (tx, rx) = channel();
-        let mut st = lock(&self.fabric.state);
+        let mut st = lock(&self.fabric.state, "loopback fabric")?;
         let id = st.next_id;
         st.next_id += 1;
         st.listeners.insert(id, tx);
@@ -280,7 +274,7 @@ impl Net for LoopbackNet {
         let mut idb = [0u8; 8];
         idb.copy_from_slice(&handle[8..16]);
         let id = u64::from_le_bytes(idb);
-        let tx = lock(&self.fabric.state)
+        let tx = lock(&self.fabric.state, "loopback fabric")?
             .listeners
             .remove(&id)
             .ok_or_else(|| {
@@ -327,7 +321,7 @@ impl Net for LoopbackNet {
         }
         let bytes = data.buf.lock()?[data.offset..data.offset + data.len].to_vec();
         let done = Arc::new(AtomicBool::new(false));
-        let mut st = lock(&comm.wire.st);
+        let mut st = lock(&comm.wire.st, "loopback wire")?;
         if st.closed {
             return Err(Error::Remote(
                 "loopback: isend on a closed connection".into(),
@@ -370,7 +364,7 @@ impl Net for LoopbackNet {
                 .map(|b| (b.region.clone(), b.tag, None))
                 .collect(),
         }));
-        let mut w = lock(&comm.wire.st);
+        let mut w = lock(&comm.wire.st, "loopback wire")?;
         if w.closed {
             return Err(Error::Remote(
                 "loopback: irecv on a closed connection".into(),
@@ -391,7 +385,7 @@ impl Net for LoopbackNet {
             }
             Req::Recv { wire, st } => {
                 wire.progress(&self.fabric)?;
-                let s = lock(st);
+                let s = lock(st, "loopback receive")?;
                 if s.bufs.iter().all(|b| b.2.is_some()) {
                     Some(s.bufs.iter().map(|b| b.2.unwrap_or(0)).collect())
                 } else {
@@ -411,12 +405,12 @@ impl Net for LoopbackNet {
     }
 
     fn close_send(&self, comm: LoopSend) -> Result<()> {
-        lock(&comm.wire.st).closed = true;
+        lock(&comm.wire.st, "loopback wire")?.closed = true;
         Ok(())
     }
 
     fn close_recv(&self, comm: LoopRecv) -> Result<()> {
-        lock(&comm.wire.st).closed = true;
+        lock(&comm.wire.st, "loopback wire")?.closed = true;
         Ok(())
     }
 
