@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Assembles README.md from the sections in docs/readme/ (each topic is edited there, next to its owner's
-tests; e.g. a config test checks that docs/readme/config.md lists every variable).
+tests; e.g. the table of variables in docs/readme/config.md is generated from src/config/mod.rs by
+`SWITCHLESS_UPDATE_DOCS=1 cargo test --lib config::`, and that test fails when the page is stale).
 
 Usage: scripts/readme.py          write README.md
        scripts/readme.py --check  exit 1 when README.md is not what the sections give (CI)"""

@@ -32,6 +32,7 @@ fn copies() -> &'static [Copy] {
                 let copy = Reader::new(dir.path());
                 let files = rd
                     .recorded()
+                    .unwrap()
                     .into_iter()
                     .filter(|(_, a)| *a == reader::Access::File)
                     .filter_map(|(p, _)| copy.resolve(&p).ok())

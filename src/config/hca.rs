@@ -1,5 +1,5 @@
 //! `NCCL_IB_HCA`: which RDMA devices and ports the plugin may use, with NCCL 2.30's grammar
-//! (nccl-net-abi.md §3.1; NCCL `src/misc/utils.cc parseStringList/matchIfList`,
+//! (NCCL `src/misc/utils.cc parseStringList/matchIfList`,
 //! `src/transport/net_ib/init.cc ncclIbInitDevices`).
 //!
 //! ```text

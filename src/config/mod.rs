@@ -3,47 +3,37 @@
 //! One [`Config`] is built per plugin `init` by [`Config::from_env`]; [`Config::from_vars`] does the
 //! same from any lookup function so tests never touch the process environment.
 //!
-//! NCCL-compatible variables keep NCCL's names, defaults and ranges (nccl-net-abi.md §3.9,
-//! `src/transport/net_ib/connect.cc` `NCCL_PARAM`s); ours start with `NCCL_SWITCHLESS_`.
-//! Where NCCL warns and falls back to its default on a bad value, we fail closed: the whole
-//! configuration is refused with one [`Error::InvalidUsage`] whose text names every bad variable,
-//! its value and the accepted forms. An empty value counts as unset, as in NCCL.
+//! Every variable is one row of the `variables!` table below: its name, default, accepted forms,
+//! effect, parser and log form. [`Config`], its `Default`, [`VARIABLES`], [`Config::from_vars`],
+//! [`Config::summary`] and the table in `docs/readme/config.md` (generated, checked by a test) all
+//! read that row, so adding a variable means adding a row (and its parser, if it is a new kind).
 //!
-//! The table of variables for users is `docs/readme/config.md`.
+//! NCCL-compatible variables keep NCCL's names, defaults and ranges (its IB transport's
+//! `NCCL_PARAM`s in `src/transport/net_ib/`); ours start with `NCCL_SWITCHLESS_`. Where NCCL warns
+//! and falls back to its default on a bad value, we fail closed: the whole configuration is refused
+//! with one [`Error::InvalidUsage`] whose text names every bad variable, its value and the accepted
+//! forms. An empty value counts as unset, as in NCCL.
 #![forbid(unsafe_code)]
 
 mod hca;
+mod table;
 mod values;
 
 pub use hca::{
     HCA_GRAMMAR, HcaEntry, HcaFilter, MAX_HCA_ENTRIES, MAX_HCA_NAME_LEN, MAX_PLANE, MAX_RAIL,
 };
+pub use table::{Variable, markdown};
 
 use crate::error::{Error, Result};
 use std::time::Duration;
-use values::{parse_bool, parse_bytes, parse_duration, parse_int_in};
+use table::variables;
+use values::{Reject, auto_or, auto_u8, bytes_in, duration_in, parse_bool, u8_in};
 
 /// Prefix of the plugin's own variables.
 pub const OWN_PREFIX: &str = "NCCL_SWITCHLESS_";
 
-/// Every variable [`Config`] reads, in documentation order.
-pub const VARIABLES: &[&str] = &[
-    "NCCL_IB_HCA",
-    "NCCL_IB_GID_INDEX",
-    "NCCL_IB_TC",
-    "NCCL_IB_SL",
-    "NCCL_IB_TIMEOUT",
-    "NCCL_IB_RETRY_CNT",
-    "NCCL_IB_QPS_PER_CONNECTION",
-    "NCCL_SWITCHLESS_TRANSPORT",
-    "NCCL_SWITCHLESS_CONNECT_TIMEOUT",
-    "NCCL_SWITCHLESS_REQUEST_TIMEOUT",
-    "NCCL_SWITCHLESS_TCP_STREAMS",
-    "NCCL_SWITCHLESS_TCP_THREADS",
-    "NCCL_SWITCHLESS_TCP_FALLBACK",
-    "NCCL_SWITCHLESS_MIN_CHUNK",
-    "NCCL_SWITCHLESS_LOG_ROUTES",
-];
+// The constants below are the bounds the rows' parsers check; the defaults equal the rows' (a test
+// checks) for code that needs one without a `Config`.
 
 /// Default `NCCL_IB_TIMEOUT` (4.096 µs × 2^20 ≈ 4.3 s per try).
 pub const DEFAULT_IB_TIMEOUT: u8 = 20;
@@ -59,6 +49,10 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 pub const MIN_CONNECT_TIMEOUT: Duration = Duration::from_millis(100);
 /// Longest accepted connect timeout.
 pub const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(3600);
+/// Shortest accepted request timeout (shorter ones would fail healthy but slow transfers).
+pub const MIN_REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
+/// Longest accepted request timeout.
+pub const MAX_REQUEST_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 /// Largest `NCCL_SWITCHLESS_TCP_STREAMS`.
 pub const MAX_TCP_STREAMS: u8 = 64;
 /// Largest `NCCL_SWITCHLESS_TCP_THREADS` (the TCP I/O pool's size).
@@ -91,6 +85,16 @@ impl TransportMode {
             TransportMode::Tcp => "tcp",
         }
     }
+
+    /// `auto`, `rdma` or `tcp`, any case.
+    fn parse(s: &str) -> std::result::Result<TransportMode, Reject> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(TransportMode::Auto),
+            "rdma" => Ok(TransportMode::Rdma),
+            "tcp" => Ok(TransportMode::Tcp),
+            _ => Err("unknown transport".into()),
+        }
+    }
 }
 
 /// TCP streams per connection (`NCCL_SWITCHLESS_TCP_STREAMS`).
@@ -103,87 +107,181 @@ pub enum TcpStreams {
     Fixed(u8),
 }
 
-/// The plugin's configuration. Every field has the documented default; see `docs/readme/config.md`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Config {
-    /// `NCCL_IB_HCA`: devices and ports we may use, and their rail/plane ids.
-    pub ib_hca: HcaFilter,
-    /// `NCCL_IB_GID_INDEX`: a fixed GID index, or `None` (-1, default) to pick the GID in the
-    /// subnet shared with the peer.
-    pub ib_gid_index: Option<u8>,
-    /// `NCCL_IB_TC`: GRH traffic class, or `None` (-1, default: NCCL's communicator traffic class, else 0).
-    pub ib_tc: Option<u8>,
-    /// `NCCL_IB_SL`: service level 0..=15, or `None` (-1, default: communicator traffic class, else 0).
-    pub ib_sl: Option<u8>,
-    /// `NCCL_IB_TIMEOUT`: QP local ACK timeout exponent (4.096 µs × 2^t), 0..=31 (0 = infinite).
-    pub ib_timeout: u8,
-    /// `NCCL_IB_RETRY_CNT`: QP transport retries, 0..=7.
-    pub ib_retry_cnt: u8,
-    /// `NCCL_IB_QPS_PER_CONNECTION`: RC QPs per connection per path, 1..=128.
-    pub ib_qps_per_connection: u8,
-    /// `NCCL_SWITCHLESS_TRANSPORT`.
-    pub transport: TransportMode,
-    /// `NCCL_SWITCHLESS_CONNECT_TIMEOUT`: deadline for one connection's set-up.
-    pub connect_timeout: Duration,
-    /// `NCCL_SWITCHLESS_REQUEST_TIMEOUT`: a send or receive that makes no progress for this long fails
-    /// with a timeout instead of waiting forever (a peer or link that died while this side had
-    /// nothing in flight). `None` (the default, `0`): wait forever, like NCCL's own transport.
-    pub request_timeout: Option<Duration>,
-    /// `NCCL_SWITCHLESS_TCP_STREAMS`.
-    pub tcp_streams: TcpStreams,
-    /// `NCCL_SWITCHLESS_TCP_THREADS`: I/O worker threads of the process-wide pool that drives every
-    /// TCP stream, 1..=64; `None` (`auto`, the default): the CPUs this process may use, at most 8.
-    pub tcp_threads: Option<u8>,
-    /// `NCCL_SWITCHLESS_TCP_FALLBACK`: with `transport = Auto`, carry a connection over TCP when no
-    /// RDMA path reaches the peer (default `false`: such a connection fails with a clear error).
-    pub tcp_fallback: bool,
-    /// `NCCL_SWITCHLESS_MIN_CHUNK`: smallest piece, in bytes, a message is split into when striped
-    /// over several paths; smaller messages go over one path.
-    pub min_chunk: u64,
-    /// `NCCL_SWITCHLESS_LOG_ROUTES`: log the full route table at INFO (default: only one line per connection).
-    pub log_routes: bool,
+/// How the init log writes an automatic-or-number value.
+fn show_auto(v: &Option<u8>) -> String {
+    v.map_or_else(|| "auto".to_string(), |v| v.to_string())
 }
 
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            ib_hca: HcaFilter::all(),
-            ib_gid_index: None,
-            ib_tc: None,
-            ib_sl: None,
-            ib_timeout: DEFAULT_IB_TIMEOUT,
-            ib_retry_cnt: DEFAULT_IB_RETRY_CNT,
-            ib_qps_per_connection: DEFAULT_QPS_PER_CONNECTION,
-            transport: TransportMode::Auto,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            request_timeout: None,
-            tcp_streams: TcpStreams::Auto,
-            tcp_threads: None,
-            tcp_fallback: false,
-            min_chunk: DEFAULT_MIN_CHUNK,
-            log_routes: false,
-        }
+/// How the init log writes a duration.
+fn show_ms(d: &Duration) -> String {
+    format!("{} ms", d.as_millis())
+}
+
+/// How the init log writes a boolean.
+fn show_bool(b: &bool) -> String {
+    u8::from(*b).to_string()
+}
+
+const FORM_AUTO_U8: &str = "-1 (automatic) or 0..=255, decimal or 0x hexadecimal";
+const FORM_BOOL: &str = "0 or 1";
+
+variables! {
+    /// The plugin's configuration: one field per variable, each with its documented default.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub struct Config {
+        ib_hca: HcaFilter {
+            name: "NCCL_IB_HCA",
+            default: "",
+            forms: HCA_GRAMMAR,
+            parse: HcaFilter::parse_inner,
+            show: |f| f.to_string(),
+            doc: "Which RDMA devices/ports may be used (unset: every device and port); rail and plane ids \
+                  reported to NCCL ≥ 2.30 (ABI v12). See below.",
+        },
+        ib_gid_index: Option<u8> {
+            name: "NCCL_IB_GID_INDEX",
+            default: "-1",
+            forms: FORM_AUTO_U8,
+            parse: |v| auto_u8(v, 255),
+            show: show_auto,
+            doc: "Fixed RoCE GID index for every port. `-1` (automatic): per connection, the GID whose \
+                  subnet the peer's address is in.",
+        },
+        ib_tc: Option<u8> {
+            name: "NCCL_IB_TC",
+            default: "-1",
+            forms: FORM_AUTO_U8,
+            parse: |v| auto_u8(v, 255),
+            show: show_auto,
+            doc: "GRH traffic class of our QPs (DSCP × 4 + ECN). `-1`: NCCL's communicator traffic \
+                  class, else 0.",
+        },
+        ib_sl: Option<u8> {
+            name: "NCCL_IB_SL",
+            default: "-1",
+            forms: "-1 (automatic) or 0..=15",
+            parse: |v| auto_u8(v, 15),
+            show: show_auto,
+            doc: "Service level of our QPs. `-1`: the communicator traffic class, else 0.",
+        },
+        ib_timeout: u8 {
+            name: "NCCL_IB_TIMEOUT",
+            default: "20",
+            forms: "0..=31 (exponent: 4.096 us x 2^value; 0 means infinite)",
+            parse: |v| u8_in(v, 0, 31),
+            show: u8::to_string,
+            doc: "QP local ACK timeout exponent: 4.096 µs × 2^value (`20`: ≈ 4.3 s per try); 0 means \
+                  infinite.",
+        },
+        ib_retry_cnt: u8 {
+            name: "NCCL_IB_RETRY_CNT",
+            default: "7",
+            forms: "0..=7",
+            parse: |v| u8_in(v, 0, 7),
+            show: u8::to_string,
+            doc: "QP transport retries before a completion error (timeout 20 × 7 retries ≈ 30 s).",
+        },
+        ib_qps_per_connection: u8 {
+            name: "NCCL_IB_QPS_PER_CONNECTION",
+            default: "1",
+            forms: "1..=128",
+            parse: |v| u8_in(v, 1, MAX_QPS_PER_CONNECTION),
+            show: u8::to_string,
+            doc: "RC queue pairs per connection on each path.",
+        },
+        transport: TransportMode {
+            name: "NCCL_SWITCHLESS_TRANSPORT",
+            default: "auto",
+            forms: "auto, rdma or tcp",
+            parse: TransportMode::parse,
+            show: |t| t.as_str().to_string(),
+            doc: "`auto`: RDMA where a port reaches the peer; `rdma`: RDMA only; `tcp`: TCP sockets only \
+                  (no RDMA device is opened). Any case.",
+        },
+        connect_timeout: Duration {
+            name: "NCCL_SWITCHLESS_CONNECT_TIMEOUT",
+            default: "30s",
+            forms: "100ms..=60m: a number of milliseconds, or a number with the unit ms, s or m (e.g. 30s)",
+            parse: |v| duration_in(v, MIN_CONNECT_TIMEOUT..=MAX_CONNECT_TIMEOUT),
+            show: show_ms,
+            doc: "Deadline for setting up one connection (handshake, QP bring-up); past it the connection \
+                  fails with a timeout naming the peer.",
+        },
+        request_timeout: Option<Duration> {
+            name: "NCCL_SWITCHLESS_REQUEST_TIMEOUT",
+            default: "0",
+            forms: "0 (off: wait forever) or 1s..=24h: a number of milliseconds, or a number with the \
+                    unit ms, s or m (e.g. 300s)",
+            parse: |v| match v.trim() {
+                "0" => Ok(None),
+                _ => duration_in(v, MIN_REQUEST_TIMEOUT..=MAX_REQUEST_TIMEOUT).map(Some),
+            },
+            show: |d| d.as_ref().map_or_else(|| "off".to_string(), show_ms),
+            doc: "A send or receive that makes no progress for this long fails with `ncclSystemError` (a \
+                  timeout) instead of waiting forever; `0`: off. A peer or cable that dies while this side \
+                  has nothing in flight is otherwise never noticed (RC retries only run for posted work); \
+                  NCCL's own transport also waits forever. Set it above the longest legitimate gap between \
+                  a receive being posted and its data arriving (e.g. `300s`).",
+        },
+        tcp_streams: TcpStreams {
+            name: "NCCL_SWITCHLESS_TCP_STREAMS",
+            default: "auto",
+            forms: "auto or 1..=64",
+            parse: |v| {
+                let n = auto_or(v, |v| u8_in(v, 1, MAX_TCP_STREAMS))?;
+                Ok(n.map_or(TcpStreams::Auto, TcpStreams::Fixed))
+            },
+            show: |s| match s {
+                TcpStreams::Auto => "auto".to_string(),
+                TcpStreams::Fixed(n) => n.to_string(),
+            },
+            doc: "TCP streams per connection. `auto`: one per path (local link) that reaches the peer.",
+        },
+        tcp_threads: Option<u8> {
+            name: "NCCL_SWITCHLESS_TCP_THREADS",
+            default: "auto",
+            forms: "auto or 1..=64 (threads)",
+            parse: |v| auto_or(v, |v| u8_in(v, 1, MAX_TCP_THREADS)),
+            show: show_auto,
+            doc: "I/O threads of the one pool that drives every TCP stream of the process (all \
+                  connections share it). `auto`: the CPUs the process may use, at most 8. Threads start \
+                  with the first TCP connection and end when the last one closes.",
+        },
+        tcp_fallback: bool {
+            name: "NCCL_SWITCHLESS_TCP_FALLBACK",
+            default: "0",
+            forms: FORM_BOOL,
+            parse: parse_bool,
+            show: show_bool,
+            doc: "`1`: a peer that no RoCE or TCP point-to-point link reaches (a ring or partial-mesh \
+                  non-neighbour) is carried over TCP on any shared IPv4 subnet (a management LAN) or \
+                  kernel route through a gateway (a forwarding neighbour, the default route), with one \
+                  WARN per peer stating the bandwidth to expect. Set it on both ends: an acceptor without \
+                  it refuses routed paths. `0`: such a connection fails at once with an error saying why. \
+                  `1` together with `TRANSPORT=rdma` is refused as contradictory.",
+        },
+        min_chunk: u64 {
+            name: "NCCL_SWITCHLESS_MIN_CHUNK",
+            default: "128K",
+            forms: "4K..=1G bytes: a number of bytes, or with the suffix K/KiB, M/MiB or G/GiB (powers of \
+                    1024), e.g. 128K",
+            parse: |v| bytes_in(v, MIN_MIN_CHUNK..=MAX_MIN_CHUNK),
+            show: |n| format!("{n} bytes"),
+            doc: "Smallest piece a message is split into when striped over several paths (`128K`: 131072 \
+                  bytes); a message smaller than two chunks goes over one path. Suffixes in any case; \
+                  `KB`/`MB` are refused as ambiguous.",
+        },
+        log_routes: bool {
+            name: "NCCL_SWITCHLESS_LOG_ROUTES",
+            default: "0",
+            forms: FORM_BOOL,
+            parse: parse_bool,
+            show: show_bool,
+            doc: "Log the whole route table (every local link, peer subnet, GID, PCI root) at INFO at \
+                  init. Without it, one INFO line per connection.",
+        },
     }
 }
-
-/// Accepted forms, quoted in errors.
-const FORM_AUTO_U8: &str = "-1 (automatic) or 0..=255, decimal or 0x hexadecimal";
-const FORM_SL: &str = "-1 (automatic) or 0..=15";
-const FORM_TIMEOUT: &str = "0..=31 (exponent: 4.096 us x 2^value; 0 means infinite)";
-const FORM_RETRY: &str = "0..=7";
-const FORM_QPS: &str = "1..=128";
-const FORM_TRANSPORT: &str = "auto, rdma or tcp";
-const FORM_CONNECT_TIMEOUT: &str =
-    "100ms..=60m: a number of milliseconds, or a number with the unit ms, s or m (e.g. 30s)";
-const FORM_REQUEST_TIMEOUT: &str = "0 (off: wait forever) or 1s..=24h: a number of milliseconds, or a number with the unit ms, s or m (e.g. 300s)";
-/// Shortest accepted request timeout (shorter ones would fail healthy but slow transfers).
-pub const MIN_REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
-/// Longest accepted request timeout.
-pub const MAX_REQUEST_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
-const FORM_STREAMS: &str = "auto or 1..=64";
-const FORM_THREADS: &str = "auto or 1..=64 (threads)";
-const FORM_BOOL: &str = "0 or 1";
-const FORM_MIN_CHUNK: &str = "4K..=1G bytes: a number of bytes, or with the suffix K/KiB, M/MiB or G/GiB (powers of 1024), e.g. 128K";
 
 impl Config {
     /// Reads the process environment. Also warns (through `tracing`) about set `NCCL_SWITCHLESS_*`
@@ -211,160 +309,20 @@ impl Config {
     }
 
     /// Builds the configuration from `get(name)`, which returns a variable's value or `None` when
-    /// unset. Fails with one [`Error::InvalidUsage`] listing every bad variable.
+    /// unset. Fails with one [`Error::InvalidUsage`] listing every bad variable, in table order.
     pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Config> {
         let mut cfg = Config::default();
         let mut problems: Vec<String> = Vec::new();
-        // Present and non-blank values only; NCCL treats an empty value as unset.
-        let value = |name: &str| get(name).filter(|v| !v.trim().is_empty());
-        let mut bad = |name: &str, v: &str, why: &str, forms: &str| {
-            problems.push(format!("{name}={v:?} is invalid: {why}; accepted: {forms}"));
-        };
-
-        if let Some(v) = value("NCCL_IB_HCA") {
-            match HcaFilter::parse_inner(&v) {
-                Ok(f) => cfg.ib_hca = f,
-                Err(why) => bad("NCCL_IB_HCA", &v, &why, HCA_GRAMMAR),
-            }
-        }
-        for (name, slot, hi, forms) in [
-            (
-                "NCCL_IB_GID_INDEX",
-                &mut cfg.ib_gid_index,
-                255,
-                FORM_AUTO_U8,
-            ),
-            ("NCCL_IB_TC", &mut cfg.ib_tc, 255, FORM_AUTO_U8),
-            ("NCCL_IB_SL", &mut cfg.ib_sl, 15, FORM_SL),
-        ] {
-            if let Some(v) = value(name) {
-                match parse_int_in(&v, -1, hi) {
-                    Ok(-1) => *slot = None,
-                    Ok(n) => *slot = u8::try_from(n).ok(),
-                    Err(why) => bad(name, &v, &why, forms),
-                }
-            }
-        }
-        for (name, slot, lo, hi, forms) in [
-            ("NCCL_IB_TIMEOUT", &mut cfg.ib_timeout, 0, 31, FORM_TIMEOUT),
-            ("NCCL_IB_RETRY_CNT", &mut cfg.ib_retry_cnt, 0, 7, FORM_RETRY),
-            (
-                "NCCL_IB_QPS_PER_CONNECTION",
-                &mut cfg.ib_qps_per_connection,
-                1,
-                i64::from(MAX_QPS_PER_CONNECTION),
-                FORM_QPS,
-            ),
-        ] {
-            if let Some(v) = value(name) {
-                match parse_int_in(&v, lo, hi).map(u8::try_from) {
-                    Ok(Ok(n)) => *slot = n,
-                    Ok(Err(_)) => bad(name, &v, "out of range", forms),
-                    Err(why) => bad(name, &v, &why, forms),
-                }
-            }
-        }
-
-        if let Some(v) = value("NCCL_SWITCHLESS_TRANSPORT") {
-            match v.trim().to_ascii_lowercase().as_str() {
-                "auto" => cfg.transport = TransportMode::Auto,
-                "rdma" => cfg.transport = TransportMode::Rdma,
-                "tcp" => cfg.transport = TransportMode::Tcp,
-                _ => bad(
-                    "NCCL_SWITCHLESS_TRANSPORT",
-                    &v,
-                    "unknown transport",
-                    FORM_TRANSPORT,
-                ),
-            }
-        }
-        if let Some(v) = value("NCCL_SWITCHLESS_REQUEST_TIMEOUT") {
-            const VAR: &str = "NCCL_SWITCHLESS_REQUEST_TIMEOUT";
-            if v.trim() == "0" {
-                cfg.request_timeout = None;
-            } else {
-                match parse_duration(&v) {
-                    Ok(d) if (MIN_REQUEST_TIMEOUT..=MAX_REQUEST_TIMEOUT).contains(&d) => {
-                        cfg.request_timeout = Some(d)
-                    }
-                    Ok(d) => bad(
-                        VAR,
-                        &v,
-                        &format!("{} ms is out of range", d.as_millis()),
-                        FORM_REQUEST_TIMEOUT,
-                    ),
-                    Err(why) => bad(VAR, &v, &why, FORM_REQUEST_TIMEOUT),
-                }
-            }
-        }
-        if let Some(v) = value("NCCL_SWITCHLESS_CONNECT_TIMEOUT") {
-            match parse_duration(&v) {
-                Ok(d) if (MIN_CONNECT_TIMEOUT..=MAX_CONNECT_TIMEOUT).contains(&d) => {
-                    cfg.connect_timeout = d
-                }
-                Ok(d) => bad(
-                    "NCCL_SWITCHLESS_CONNECT_TIMEOUT",
-                    &v,
-                    &format!("{} ms is out of range", d.as_millis()),
-                    FORM_CONNECT_TIMEOUT,
-                ),
-                Err(why) => bad(
-                    "NCCL_SWITCHLESS_CONNECT_TIMEOUT",
-                    &v,
-                    &why,
-                    FORM_CONNECT_TIMEOUT,
-                ),
-            }
-        }
-        if let Some(v) = value("NCCL_SWITCHLESS_TCP_STREAMS") {
-            if v.trim().eq_ignore_ascii_case("auto") {
-                cfg.tcp_streams = TcpStreams::Auto;
-            } else {
-                match parse_int_in(&v, 1, i64::from(MAX_TCP_STREAMS)).map(u8::try_from) {
-                    Ok(Ok(n)) => cfg.tcp_streams = TcpStreams::Fixed(n),
-                    Ok(Err(_)) => bad(
-                        "NCCL_SWITCHLESS_TCP_STREAMS",
-                        &v,
-                        "out of range",
-                        FORM_STREAMS,
-                    ),
-                    Err(why) => bad("NCCL_SWITCHLESS_TCP_STREAMS", &v, &why, FORM_STREAMS),
-                }
-            }
-        }
-        if let Some(v) = value("NCCL_SWITCHLESS_TCP_THREADS") {
-            const VAR: &str = "NCCL_SWITCHLESS_TCP_THREADS";
-            if v.trim().eq_ignore_ascii_case("auto") {
-                cfg.tcp_threads = None;
-            } else {
-                match parse_int_in(&v, 1, i64::from(MAX_TCP_THREADS)).map(u8::try_from) {
-                    Ok(Ok(n)) => cfg.tcp_threads = Some(n),
-                    Ok(Err(_)) => bad(VAR, &v, "out of range", FORM_THREADS),
-                    Err(why) => bad(VAR, &v, &why, FORM_THREADS),
-                }
-            }
-        }
-        for (name, slot) in [
-            ("NCCL_SWITCHLESS_TCP_FALLBACK", &mut cfg.tcp_fallback),
-            ("NCCL_SWITCHLESS_LOG_ROUTES", &mut cfg.log_routes),
-        ] {
-            if let Some(v) = value(name) {
-                match parse_bool(&v) {
-                    Ok(b) => *slot = b,
-                    Err(why) => bad(name, &v, &why, FORM_BOOL),
-                }
-            }
-        }
-        if let Some(v) = value("NCCL_SWITCHLESS_MIN_CHUNK") {
-            match parse_bytes(&v) {
-                Ok(n) if (MIN_MIN_CHUNK..=MAX_MIN_CHUNK).contains(&n) => cfg.min_chunk = n,
-                Ok(n) => bad(
-                    "NCCL_SWITCHLESS_MIN_CHUNK",
-                    &v,
-                    &format!("{n} bytes is out of range"),
-                    FORM_MIN_CHUNK,
-                ),
-                Err(why) => bad("NCCL_SWITCHLESS_MIN_CHUNK", &v, &why, FORM_MIN_CHUNK),
+        for var in Config::TABLE {
+            // Present and non-blank values only; NCCL treats an empty value as unset.
+            let Some(v) = get(var.name).filter(|v| !v.trim().is_empty()) else {
+                continue;
+            };
+            if let Err(why) = (var.set)(&mut cfg, &v) {
+                problems.push(format!(
+                    "{}={v:?} is invalid: {why}; accepted: {}",
+                    var.name, var.forms
+                ));
             }
         }
         if cfg.transport == TransportMode::Rdma && cfg.tcp_fallback {
@@ -382,35 +340,27 @@ impl Config {
         }
     }
 
-    /// One line naming every setting, for the init log.
+    /// One line naming every setting, for the init log. NCCL's variables keep their names, ours
+    /// are shortened (`NCCL_SWITCHLESS_MIN_CHUNK` is `min_chunk`).
     pub fn summary(&self) -> String {
-        let opt = |v: Option<u8>| v.map_or_else(|| "auto".to_string(), |v| v.to_string());
-        format!(
-            "NCCL_IB_HCA={} NCCL_IB_GID_INDEX={} NCCL_IB_TC={} NCCL_IB_SL={} NCCL_IB_TIMEOUT={} \
-             NCCL_IB_RETRY_CNT={} NCCL_IB_QPS_PER_CONNECTION={} transport={} connect_timeout={} ms \
-             request_timeout={} tcp_streams={} tcp_threads={} tcp_fallback={} min_chunk={} bytes \
-             log_routes={}",
-            self.ib_hca,
-            opt(self.ib_gid_index),
-            opt(self.ib_tc),
-            opt(self.ib_sl),
-            self.ib_timeout,
-            self.ib_retry_cnt,
-            self.ib_qps_per_connection,
-            self.transport.as_str(),
-            self.connect_timeout.as_millis(),
-            self.request_timeout
-                .map_or_else(|| "off".to_string(), |d| format!("{} ms", d.as_millis())),
-            match self.tcp_streams {
-                TcpStreams::Auto => "auto".to_string(),
-                TcpStreams::Fixed(n) => n.to_string(),
-            },
-            opt(self.tcp_threads),
-            u8::from(self.tcp_fallback),
-            self.min_chunk,
-            u8::from(self.log_routes),
-        )
+        Config::TABLE
+            .iter()
+            .map(|var| {
+                let key = match var.name.strip_prefix(OWN_PREFIX) {
+                    Some(own) => own.to_ascii_lowercase(),
+                    None => var.name.to_string(),
+                };
+                format!("{key}={}", (var.show)(self))
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
     }
+}
+
+/// `page` (the text of `docs/readme/config.md`) with its generated table rebuilt from
+/// [`Config::TABLE`]; `None` when the page lacks the generated region's marker lines.
+pub fn documented(page: &str) -> Option<String> {
+    table::splice(page, &markdown(Config::TABLE))
 }
 
 /// The names among `names` that start with `NCCL_SWITCHLESS_` but are not in [`VARIABLES`]
@@ -652,14 +602,58 @@ mod tests {
     }
 
     #[test]
-    fn documentation_lists_every_variable() {
-        let doc = include_str!("../../docs/readme/config.md");
+    fn documentation_table_is_current() {
+        // SWITCHLESS_UPDATE_DOCS=1 rewrites the page instead (then run scripts/readme.py).
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/readme/config.md");
+        let page = std::fs::read_to_string(path).unwrap();
+        let want =
+            documented(&page).expect("docs/readme/config.md lacks the generated-table markers");
+        if std::env::var_os("SWITCHLESS_UPDATE_DOCS").is_some() {
+            std::fs::write(path, &want).unwrap();
+            return;
+        }
+        let first_difference = page
+            .lines()
+            .zip(want.lines())
+            .find(|(have, want)| have != want);
+        assert!(
+            page == want,
+            "docs/readme/config.md is stale: run SWITCHLESS_UPDATE_DOCS=1 cargo test --lib config:: \
+             then python3 scripts/readme.py; first difference (page, table): {first_difference:?}"
+        );
         for v in VARIABLES {
             assert!(
-                doc.contains(&format!("`{v}`")),
+                page.contains(&format!("`{v}`")),
                 "{v} missing from docs/readme/config.md"
             );
         }
+    }
+
+    #[test]
+    fn every_default_is_written_in_an_accepted_form() {
+        // Config::default() parses each row's default and would quietly fall back on a typo.
+        for var in Config::TABLE.iter().filter(|v| !v.default.is_empty()) {
+            let c = cfg(&[(var.name, var.default)]);
+            assert_eq!(c, Ok(Config::default()), "{}={:?}", var.name, var.default);
+        }
+        let c = Config::default();
+        assert_eq!(c.ib_timeout, DEFAULT_IB_TIMEOUT);
+        assert_eq!(c.ib_retry_cnt, DEFAULT_IB_RETRY_CNT);
+        assert_eq!(c.ib_qps_per_connection, DEFAULT_QPS_PER_CONNECTION);
+        assert_eq!(c.connect_timeout, DEFAULT_CONNECT_TIMEOUT);
+        assert_eq!(c.min_chunk, DEFAULT_MIN_CHUNK);
+    }
+
+    #[test]
+    fn summary_names_every_setting_in_table_order() {
+        let s = Config::default().summary();
+        assert_eq!(
+            s,
+            "NCCL_IB_HCA=<all> NCCL_IB_GID_INDEX=auto NCCL_IB_TC=auto NCCL_IB_SL=auto NCCL_IB_TIMEOUT=20 \
+             NCCL_IB_RETRY_CNT=7 NCCL_IB_QPS_PER_CONNECTION=1 transport=auto connect_timeout=30000 ms \
+             request_timeout=off tcp_streams=auto tcp_threads=auto tcp_fallback=0 min_chunk=131072 bytes \
+             log_routes=0"
+        );
     }
 
     proptest! {

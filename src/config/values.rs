@@ -1,8 +1,10 @@
 //! Parsers for single environment values: integers with NCCL's `strtoll(…, 0)` forms, booleans,
-//! byte sizes and durations. Each returns the accepted-forms text on failure so the caller can
-//! build one error naming the variable and the value.
+//! byte sizes and durations, and the range-checked forms the configuration table uses. Each returns
+//! why a value was rejected, so the caller can build one error naming the variable, the value and
+//! the accepted forms.
 #![forbid(unsafe_code)]
 
+use std::ops::RangeInclusive;
 use std::time::Duration;
 
 /// Why a value was rejected: a sentence saying what is accepted.
@@ -130,6 +132,49 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, Reject> {
         .checked_mul(ms_per_unit)
         .ok_or_else(|| "the duration is too large".to_string())?;
     Ok(Duration::from_millis(ms))
+}
+
+/// `-1` (automatic: `None`) or an integer in `0..=hi`.
+pub(crate) fn auto_u8(s: &str, hi: u8) -> Result<Option<u8>, Reject> {
+    match parse_int_in(s, -1, i64::from(hi))? {
+        -1 => Ok(None),
+        n => Ok(u8::try_from(n).ok()),
+    }
+}
+
+/// An integer in `lo..=hi` that fits a `u8`.
+pub(crate) fn u8_in(s: &str, lo: u8, hi: u8) -> Result<u8, Reject> {
+    u8::try_from(parse_int_in(s, i64::from(lo), i64::from(hi))?).map_err(|_| "out of range".into())
+}
+
+/// `auto` (any case: `None`) or what `then` parses.
+pub(crate) fn auto_or<T>(
+    s: &str,
+    then: impl Fn(&str) -> Result<T, Reject>,
+) -> Result<Option<T>, Reject> {
+    if s.trim().eq_ignore_ascii_case("auto") {
+        Ok(None)
+    } else {
+        then(s).map(Some)
+    }
+}
+
+/// A duration (see [`parse_duration`]) in `range`.
+pub(crate) fn duration_in(s: &str, range: RangeInclusive<Duration>) -> Result<Duration, Reject> {
+    let d = parse_duration(s)?;
+    if !range.contains(&d) {
+        return Err(format!("{} ms is out of range", d.as_millis()));
+    }
+    Ok(d)
+}
+
+/// A byte count (see [`parse_bytes`]) in `range`.
+pub(crate) fn bytes_in(s: &str, range: RangeInclusive<u64>) -> Result<u64, Reject> {
+    let n = parse_bytes(s)?;
+    if !range.contains(&n) {
+        return Err(format!("{n} bytes is out of range"));
+    }
+    Ok(n)
 }
 
 #[cfg(test)]

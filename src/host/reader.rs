@@ -7,7 +7,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::{Component, Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
+
+use crate::sync;
 
 /// How a recorded path was used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -61,7 +63,7 @@ impl Reader {
         if !self.is_live() {
             return self.read(logical);
         }
-        let cached = lock(&self.synthetic).get(logical).cloned();
+        let cached = self.tool_cache()?.get(logical).cloned();
         if let Some(s) = cached {
             return Ok(s);
         }
@@ -91,16 +93,22 @@ impl Reader {
             .trim_end_matches(['\n', '\0'])
             .to_string();
         self.note(logical, Access::File);
-        lock(&self.synthetic).insert(logical.to_string(), s.clone());
+        self.tool_cache()?.insert(logical.to_string(), s.clone());
         Ok(s)
     }
 
     /// Tool outputs kept by [`Reader::tool_output`] on a live host, by logical path.
-    pub fn synthetic(&self) -> Vec<(String, String)> {
-        lock(&self.synthetic)
+    pub fn synthetic(&self) -> io::Result<Vec<(String, String)>> {
+        Ok(self
+            .tool_cache()?
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
-            .collect()
+            .collect())
+    }
+
+    /// The tool-output cache; a poisoned lock (a panic while it was held) fails the read.
+    fn tool_cache(&self) -> io::Result<MutexGuard<'_, BTreeMap<String, String>>> {
+        sync::lock(&self.synthetic, "tool output cache").map_err(io::Error::other)
     }
 
     /// A reader that also records every path it is asked for (see [`Reader::recorded`]).
@@ -117,23 +125,22 @@ impl Reader {
         &self.root
     }
 
-    /// The paths read so far, in order, with how they were used (empty unless recording).
-    pub fn recorded(&self) -> Vec<(String, Access)> {
+    /// The paths read so far, in order, with how they were used (empty unless recording). A
+    /// poisoned record (a panic while it was held) is an error: a capture from it would miss files.
+    pub fn recorded(&self) -> io::Result<Vec<(String, Access)>> {
         match &self.record {
-            Some(m) => match m.lock() {
-                Ok(g) => g.iter().cloned().collect(),
-                Err(p) => p.into_inner().iter().cloned().collect(),
-            },
-            None => Vec::new(),
+            Some(m) => Ok(sync::lock(m, "read record")
+                .map_err(io::Error::other)?
+                .iter()
+                .cloned()
+                .collect()),
+            None => Ok(Vec::new()),
         }
     }
 
     fn note(&self, logical: &str, access: Access) {
-        if let Some(m) = &self.record {
-            let mut g = match m.lock() {
-                Ok(g) => g,
-                Err(p) => p.into_inner(),
-            };
+        // A poisoned record is not written; recorded() then fails, so nothing is lost silently.
+        if let Some(Ok(mut g)) = self.record.as_ref().map(|m| sync::lock(m, "read record")) {
             g.insert((logical.to_string(), access));
         }
     }
@@ -188,13 +195,6 @@ impl Reader {
             Ok(p) => p.exists(),
             Err(_) => false,
         }
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
     }
 }
 
@@ -302,7 +302,7 @@ pub fn capture(reader: &Reader, dest: &Path) -> std::io::Result<usize> {
     std::fs::create_dir_all(dest)?;
     let mut copied = 0usize;
     // Tool outputs (live host only) become plain files at their logical paths.
-    let synthetic = reader.synthetic();
+    let synthetic = reader.synthetic()?;
     for (logical, content) in &synthetic {
         let dp = join_logical(dest, logical);
         if let Some(parent) = dp.parent() {
@@ -311,7 +311,7 @@ pub fn capture(reader: &Reader, dest: &Path) -> std::io::Result<usize> {
         std::fs::write(&dp, format!("{content}\n"))?;
         copied += 1;
     }
-    for (logical, access) in reader.recorded() {
+    for (logical, access) in reader.recorded()? {
         if synthetic.iter().any(|(l, _)| *l == logical) {
             continue;
         }
@@ -393,6 +393,24 @@ pub fn capture(reader: &Reader, dest: &Path) -> std::io::Result<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_poisoned_record_fails_closed() {
+        let rd = Reader::recording(Path::new("/nonexistent"));
+        rd.note("/a", Access::File);
+        let _ = std::thread::scope(|s| {
+            s.spawn(|| {
+                let _g = rd.record.as_ref().map(|m| m.lock());
+                panic!("poison the record");
+            })
+            .join()
+        });
+        rd.note("/b", Access::File); // skipped, not a panic
+        let e = rd.recorded().unwrap_err();
+        assert!(e.to_string().contains("read record lock poisoned"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        assert!(capture(&rd, dir.path()).is_err());
+    }
 
     #[test]
     fn relative_targets() {

@@ -225,9 +225,9 @@ impl Drop for HostNet {
     }
 }
 
-fn region_ptr(r: &Region) -> *mut c_void {
-    let (base, _) = r.buf.raw_parts();
-    base.wrapping_add(r.offset).cast()
+fn region_ptr(r: &Region) -> Result<*mut c_void> {
+    let (base, _) = r.buf.raw_parts()?;
+    Ok(base.wrapping_add(r.offset).cast())
 }
 
 impl net::Net for HostNet {
@@ -352,7 +352,7 @@ impl net::Net for HostNet {
 
     fn reg_mr(&self, comm: CommRef<'_, Self>, buf: &SharedBuf) -> Result<HostMr> {
         let f = self.vt().regMr.ok_or_else(|| self.missing("regMr"))?;
-        let (p, len) = buf.raw_parts();
+        let (p, len) = buf.raw_parts()?;
         let mut mh: *mut c_void = ptr::null_mut();
         // SAFETY: `p..p+len` is the buffer's allocation, which never moves and outlives the
         // registration (the bench deregisters before dropping the buffer).
@@ -376,13 +376,14 @@ impl net::Net for HostNet {
         mr: &HostMr,
     ) -> Result<Option<HostRequest>> {
         let f = self.vt().isend.ok_or_else(|| self.missing("isend"))?;
+        let data_ptr = region_ptr(data)?;
         let mut req: *mut c_void = ptr::null_mut();
         // SAFETY: the region lies inside a registered buffer (Region::new checked the bounds) that
         // stays alive and untouched until test reports completion.
         self.check("isend", unsafe {
             f(
                 comm.0,
-                region_ptr(data),
+                data_ptr,
                 data.len,
                 tag,
                 mr.0,
@@ -405,7 +406,10 @@ impl net::Net for HostNet {
                 bufs.len()
             )));
         }
-        let mut data: Vec<*mut c_void> = bufs.iter().map(|b| region_ptr(&b.region)).collect();
+        let mut data: Vec<*mut c_void> = bufs
+            .iter()
+            .map(|b| region_ptr(&b.region))
+            .collect::<Result<_>>()?;
         let mut sizes: Vec<usize> = bufs.iter().map(|b| b.region.len).collect();
         let mut tags: Vec<c_int> = bufs.iter().map(|b| b.tag).collect();
         let mut mhs: Vec<*mut c_void> = bufs.iter().map(|b| b.mr.0).collect();

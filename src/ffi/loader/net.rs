@@ -41,43 +41,47 @@ pub struct Properties {
 /// it between `isend`/`irecv` and the `test` that reports completion, while the bench touches it only
 /// outside that window.
 #[derive(Debug, Clone)]
-pub struct SharedBuf(Arc<Mutex<Box<[u8]>>>);
+pub struct SharedBuf {
+    bytes: Arc<Mutex<Box<[u8]>>>,
+    /// The allocation's length, fixed at creation (so reading it needs no lock).
+    len: usize,
+}
 
 impl SharedBuf {
     /// A zeroed buffer of `len` bytes (at least 1 byte is allocated so the pointer is never dangling).
     pub fn new(len: usize) -> Self {
-        SharedBuf(Arc::new(Mutex::new(
-            vec![0u8; len.max(1)].into_boxed_slice(),
-        )))
+        let len = len.max(1);
+        SharedBuf {
+            bytes: Arc::new(Mutex::new(vec![0u8; len].into_boxed_slice())),
+            len,
+        }
     }
 
     /// Bytes in the buffer.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.len
     }
 
     /// Whether the buffer is empty (never: see [`SharedBuf::new`]).
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.len == 0
     }
 
-    /// Locks the bytes for reading or writing by the bench.
-    pub fn lock(&self) -> MutexGuard<'_, Box<[u8]>> {
-        match self.0.lock() {
-            Ok(g) => g,
-            Err(p) => p.into_inner(),
-        }
+    /// Locks the bytes for reading or writing by the bench; [`Error::Internal`] if a panic poisoned
+    /// the lock (the bytes may be half-written).
+    pub fn lock(&self) -> Result<MutexGuard<'_, Box<[u8]>>> {
+        crate::sync::lock(&self.bytes, "shared buffer")
     }
 
     /// The address and length, for passing to a C plugin.
-    pub fn raw_parts(&self) -> (*mut u8, usize) {
-        let mut g = self.lock();
-        (g.as_mut_ptr(), g.len())
+    pub fn raw_parts(&self) -> Result<(*mut u8, usize)> {
+        let mut g = self.lock()?;
+        Ok((g.as_mut_ptr(), g.len()))
     }
 
     /// Whether two values name the same allocation.
     pub fn same(&self, other: &SharedBuf) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
+        Arc::ptr_eq(&self.bytes, &other.bytes)
     }
 }
 
@@ -172,4 +176,25 @@ pub trait Net {
     fn close_listen(&self, listen: Self::ListenComm) -> Result<()>;
     /// `finalize(ctx)`.
     fn finalize(&mut self) -> Result<()>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_poisoned_buffer_fails_closed() {
+        let b = SharedBuf::new(4);
+        b.lock().unwrap()[0] = 1;
+        let b2 = b.clone();
+        let _ = std::thread::spawn(move || {
+            let _g = b2.lock();
+            panic!("poison the buffer");
+        })
+        .join();
+        assert_eq!(b.len(), 4);
+        assert!(matches!(b.lock(), Err(Error::Internal(_))));
+        assert!(b.raw_parts().is_err());
+        assert!(Region::new(&b, 0, 4).is_ok());
+    }
 }

@@ -10,7 +10,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use super::bootstrap::Bootstrap;
 use super::modes::{Options, Report, run};
@@ -18,6 +18,7 @@ use crate::error::{Error, Result};
 use crate::ffi::loader::net::{
     CommRef, HANDLE_SIZE, Handle, Net, PTR_HOST, Properties, RecvBuf, Region, SharedBuf,
 };
+use crate::sync::lock;
 
 const MAGIC: &[u8; 8] = b"LOOPBACK";
 
@@ -58,13 +59,6 @@ pub struct LoopbackFabric {
     cfg: LoopbackConfig,
     state: Mutex<FabricState>,
     delivered: AtomicU64,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
-    }
 }
 
 impl LoopbackFabric {
@@ -108,7 +102,7 @@ struct Wire {
 
 impl Wire {
     fn progress(&self, fabric: &LoopbackFabric) -> Result<()> {
-        let mut st = lock(&self.st);
+        let mut st = lock(&self.st, "loopback wire")?;
         loop {
             let Some(rs) = st.recvs.front().cloned() else {
                 return Ok(());
@@ -116,7 +110,7 @@ impl Wire {
             let Some(msg) = st.msgs.front() else {
                 return Ok(());
             };
-            let mut rs = lock(&rs);
+            let mut rs = lock(&rs, "loopback receive")?;
             let Some(slot) = rs
                 .bufs
                 .iter_mut()
@@ -136,7 +130,7 @@ impl Wire {
                 )));
             }
             {
-                let mut b = slot.0.buf.lock();
+                let mut b = slot.0.buf.lock()?;
                 let dst = &mut b[slot.0.offset..slot.0.offset + msg.data.len()];
                 dst.copy_from_slice(&msg.data);
                 let n = fabric.delivered.fetch_add(1, Ordering::Relaxed) + 1;
@@ -254,7 +248,7 @@ impl Net for LoopbackNet {
     fn listen(&self, dev: usize) -> Result<(Handle, LoopListen)> {
         self.check_dev(dev)?;
         let (tx, rx) = channel();
-        let mut st = lock(&self.fabric.state);
+        let mut st = lock(&self.fabric.state, "loopback fabric")?;
         let id = st.next_id;
         st.next_id += 1;
         st.listeners.insert(id, tx);
@@ -280,7 +274,7 @@ impl Net for LoopbackNet {
         let mut idb = [0u8; 8];
         idb.copy_from_slice(&handle[8..16]);
         let id = u64::from_le_bytes(idb);
-        let tx = lock(&self.fabric.state)
+        let tx = lock(&self.fabric.state, "loopback fabric")?
             .listeners
             .remove(&id)
             .ok_or_else(|| {
@@ -325,9 +319,9 @@ impl Net for LoopbackNet {
         if every > 0 && n % every == 0 {
             return Ok(None);
         }
-        let bytes = data.buf.lock()[data.offset..data.offset + data.len].to_vec();
+        let bytes = data.buf.lock()?[data.offset..data.offset + data.len].to_vec();
         let done = Arc::new(AtomicBool::new(false));
-        let mut st = lock(&comm.wire.st);
+        let mut st = lock(&comm.wire.st, "loopback wire")?;
         if st.closed {
             return Err(Error::Remote(
                 "loopback: isend on a closed connection".into(),
@@ -370,7 +364,7 @@ impl Net for LoopbackNet {
                 .map(|b| (b.region.clone(), b.tag, None))
                 .collect(),
         }));
-        let mut w = lock(&comm.wire.st);
+        let mut w = lock(&comm.wire.st, "loopback wire")?;
         if w.closed {
             return Err(Error::Remote(
                 "loopback: irecv on a closed connection".into(),
@@ -391,7 +385,7 @@ impl Net for LoopbackNet {
             }
             Req::Recv { wire, st } => {
                 wire.progress(&self.fabric)?;
-                let s = lock(st);
+                let s = lock(st, "loopback receive")?;
                 if s.bufs.iter().all(|b| b.2.is_some()) {
                     Some(s.bufs.iter().map(|b| b.2.unwrap_or(0)).collect())
                 } else {
@@ -411,12 +405,12 @@ impl Net for LoopbackNet {
     }
 
     fn close_send(&self, comm: LoopSend) -> Result<()> {
-        lock(&comm.wire.st).closed = true;
+        lock(&comm.wire.st, "loopback wire")?.closed = true;
         Ok(())
     }
 
     fn close_recv(&self, comm: LoopRecv) -> Result<()> {
-        lock(&comm.wire.st).closed = true;
+        lock(&comm.wire.st, "loopback wire")?.closed = true;
         Ok(())
     }
 
@@ -504,7 +498,7 @@ mod tests {
         });
         let sb = SharedBuf::new(16);
         let rb = SharedBuf::new(16);
-        sb.lock().copy_from_slice(&[7u8; 16]);
+        sb.lock().unwrap().copy_from_slice(&[7u8; 16]);
         let smr = n.reg_mr(CommRef::Send(&s), &sb).unwrap();
         let rmr = n.reg_mr(CommRef::Recv(&r), &rb).unwrap();
         let mut sq = n
@@ -520,7 +514,7 @@ mod tests {
         let mut rq = n.irecv(&mut r, &bufs).unwrap().unwrap();
         assert_eq!(n.test(&mut sq).unwrap(), Some(vec![16]));
         assert_eq!(n.test(&mut rq).unwrap(), Some(vec![16]));
-        assert_eq!(&rb.lock()[..], &[7u8; 16]);
+        assert_eq!(&rb.lock().unwrap()[..], &[7u8; 16]);
         assert!(
             n.test(&mut rq).is_err(),
             "testing a finished request is a misuse"

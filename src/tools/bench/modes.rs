@@ -484,16 +484,27 @@ impl Local {
     }
 }
 
-fn fill_region(buf: &SharedBuf, off: usize, len: usize, seed: u64) {
-    pattern::fill(&mut buf.lock()[off..off + len], seed);
+fn fill_region(buf: &SharedBuf, off: usize, len: usize, seed: u64) -> Result<()> {
+    pattern::fill(&mut buf.lock()?[off..off + len], seed);
+    Ok(())
 }
 
-fn verify_region(buf: &SharedBuf, off: usize, len: usize, seed: u64, what: &str) -> Result<()> {
-    pattern::verify(&buf.lock()[off..off + len], seed, what)
+/// Counts a mismatch in `l`; a buffer that cannot be read (poisoned lock) ends the run instead.
+fn verify_region(
+    l: &mut Local,
+    buf: &SharedBuf,
+    off: usize,
+    len: usize,
+    seed: u64,
+    what: &str,
+) -> Result<()> {
+    l.check(pattern::verify(&buf.lock()?[off..off + len], seed, what));
+    Ok(())
 }
 
-fn scramble(buf: &SharedBuf, off: usize, len: usize) {
-    buf.lock()[off..off + len].fill(0xa5);
+fn scramble(buf: &SharedBuf, off: usize, len: usize) -> Result<()> {
+    buf.lock()?[off..off + len].fill(0xa5);
+    Ok(())
 }
 
 fn check_size(got: usize, want: usize, what: &str) -> Result<()> {
@@ -702,8 +713,8 @@ fn run_latency<N: Net>(
             it as u64,
         ]);
         let (my_seed, peer_seed) = if me < p { (ping, pong) } else { (pong, ping) };
-        fill_region(&c.sends[s].buf, 0, size, my_seed);
-        scramble(&c.recvs[r].buf, 0, size);
+        fill_region(&c.sends[s].buf, 0, size, my_seed)?;
+        scramble(&c.recvs[r].buf, 0, size)?;
         let send = [SendOp {
             link: s,
             off: 0,
@@ -726,13 +737,14 @@ fn run_latency<N: Net>(
             total += t0.elapsed();
         }
         l.check(check_size(got[0][0], size, "latency"));
-        l.check(verify_region(
+        verify_region(
+            l,
             &c.recvs[r].buf,
             0,
             size,
             peer_seed,
             &format!("latency {size} B from rank {p} iter {it}"),
-        ));
+        )?;
     }
     if me < p {
         l.time_us = total.as_secs_f64() * 1e6 / o.iters as f64 / 2.0;
@@ -778,9 +790,9 @@ fn run_bandwidth<N: Net>(
         if sender {
             // untimed: fill every message of the window and the token
             for j in 0..batch {
-                fill_region(&c.sends[s].buf, j * size, size, seed(m + j));
+                fill_region(&c.sends[s].buf, j * size, size, seed(m + j))?;
             }
-            fill_region(&c.sends[s].buf, tok, 1, token_seed);
+            fill_region(&c.sends[s].buf, tok, 1, token_seed)?;
             let mut ops = vec![SendOp {
                 link: s,
                 off: tok,
@@ -796,8 +808,8 @@ fn run_bandwidth<N: Net>(
             exchange(net, c, &ops, &[], deadline)?;
         } else {
             // untimed: scramble the window, wait for the sender's token and check it
-            scramble(&c.recvs[r].buf, 0, batch * size);
-            scramble(&c.recvs[r].buf, tok, 1);
+            scramble(&c.recvs[r].buf, 0, batch * size)?;
+            scramble(&c.recvs[r].buf, tok, 1)?;
             let got = exchange(
                 net,
                 c,
@@ -809,13 +821,14 @@ fn run_bandwidth<N: Net>(
                 deadline,
             )?;
             l.check(check_size(got[0][0], 1, "bandwidth ready token"));
-            l.check(verify_region(
+            verify_region(
+                l,
                 &c.recvs[r].buf,
                 tok,
                 1,
                 token_seed,
                 &format!("bandwidth {size} B ready token before message {m} from rank {p}"),
-            ));
+            )?;
             // timed: post the window's receives .. all tested done
             let ops: Vec<RecvOp> = (0..batch)
                 .map(|j| RecvOp {
@@ -831,13 +844,14 @@ fn run_bandwidth<N: Net>(
             // untimed: check every message
             for (j, g) in got.iter().enumerate() {
                 l.check(check_size(g[0], size, "bandwidth"));
-                l.check(verify_region(
+                verify_region(
+                    l,
                     &c.recvs[r].buf,
                     j * size,
                     size,
                     seed(m + j),
                     &format!("bandwidth {size} B message {} from rank {p}", m + j),
-                ));
+                )?;
             }
         }
         m += batch;
@@ -849,7 +863,7 @@ fn run_bandwidth<N: Net>(
     // next size before every message of this one has landed
     let ack = pattern::seed(&[4, p as u64, size as u64]);
     if sender {
-        scramble(&c.recvs[r].buf, 0, 1);
+        scramble(&c.recvs[r].buf, 0, 1)?;
         let got = exchange(
             net,
             c,
@@ -861,15 +875,16 @@ fn run_bandwidth<N: Net>(
             deadline,
         )?;
         l.check(check_size(got[0][0], 1, "bandwidth ack"));
-        l.check(verify_region(
+        verify_region(
+            l,
             &c.recvs[r].buf,
             0,
             1,
             pattern::seed(&[4, me as u64, size as u64]),
             "bandwidth ack",
-        ));
+        )?;
     } else {
-        fill_region(&c.sends[s].buf, 0, 1, ack);
+        fill_region(&c.sends[s].buf, 0, 1, ack)?;
         exchange(
             net,
             c,
@@ -908,8 +923,8 @@ fn run_alltoall<N: Net>(
         for &p in &peers {
             let s = c.send(p, 0)?;
             let r = c.recv(p, 0)?;
-            fill_region(&c.sends[s].buf, 0, chunk, seed(me, p));
-            scramble(&c.recvs[r].buf, 0, chunk);
+            fill_region(&c.sends[s].buf, 0, chunk, seed(me, p))?;
+            scramble(&c.recvs[r].buf, 0, chunk)?;
             sends.push(SendOp {
                 link: s,
                 off: 0,
@@ -929,13 +944,14 @@ fn run_alltoall<N: Net>(
         for (k, &p) in peers.iter().enumerate() {
             let r = c.recv(p, 0)?;
             l.check(check_size(got[k][0], chunk, "alltoall"));
-            l.check(verify_region(
+            verify_region(
+                l,
                 &c.recvs[r].buf,
                 0,
                 chunk,
                 seed(p, me),
                 &format!("alltoall {chunk} B chunk from rank {p} iter {it}"),
-            ));
+            )?;
         }
     }
     l.time_us = total.as_secs_f64() * 1e6 / o.iters as f64;
@@ -991,7 +1007,7 @@ fn run_allreduce<N: Net>(
                 let sl = c.send(next, ch)?;
                 let rl = c.recv(prev, ch)?;
                 {
-                    let mut b = c.sends[sl].buf.lock();
+                    let mut b = c.sends[sl].buf.lock()?;
                     pattern::put_f32s(
                         &mut b[..(shi - slo) * 4],
                         data[clo + slo..clo + shi].iter().copied(),
@@ -1046,7 +1062,7 @@ fn run_allreduce<N: Net>(
                     gi += 1;
                 }
                 l.check(check_size(len * 4 - want, len * 4, "allreduce step"));
-                let b = c.recvs[rl].buf.lock();
+                let b = c.recvs[rl].buf.lock()?;
                 for i in 0..len {
                     let v = pattern::get_f32(&b, i);
                     if step < n - 1 {
