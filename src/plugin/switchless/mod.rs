@@ -1074,7 +1074,7 @@ impl<P: PathFactory> Backend for Switchless<P> {
         let mut g = lock(&comm.comm)?;
         let sc = g.as_mut().ok_or_else(|| closed("isend"))?;
         Ok(sc
-            .isend(addr as u64, size as u64, tag as u32, mr)?
+            .isend(Instant::now(), addr as u64, size as u64, tag as u32, mr)?
             .map(|r| Req::Send(Arc::clone(&comm.comm), r)))
     }
 
@@ -1093,7 +1093,9 @@ impl<P: PathFactory> Backend for Switchless<P> {
             .collect();
         let mut g = lock(&comm.comm)?;
         let rc = g.as_mut().ok_or_else(|| closed("irecv"))?;
-        Ok(rc.irecv(&v)?.map(|r| Req::Recv(Arc::clone(&comm.comm), r)))
+        Ok(rc
+            .irecv(Instant::now(), &v)?
+            .map(|r| Req::Recv(Arc::clone(&comm.comm), r)))
     }
 
     fn iflush(
@@ -1110,7 +1112,9 @@ impl<P: PathFactory> Backend for Switchless<P> {
             .collect();
         let mut g = lock(&comm.comm)?;
         let rc = g.as_mut().ok_or_else(|| closed("iflush"))?;
-        Ok(rc.iflush(&v)?.map(|r| Req::Recv(Arc::clone(&comm.comm), r)))
+        Ok(rc
+            .iflush(Instant::now(), &v)?
+            .map(|r| Req::Recv(Arc::clone(&comm.comm), r)))
     }
 
     fn test(req: &mut Req<P::Fabric>, sizes: &mut [usize]) -> Result<bool> {
@@ -1118,7 +1122,7 @@ impl<P: PathFactory> Backend for Switchless<P> {
             Req::Send(c, r) => {
                 let mut g = lock(c)?;
                 let sc = g.as_mut().ok_or_else(|| closed("test"))?;
-                match sc.test(*r)? {
+                match sc.test(Instant::now(), *r)? {
                     Some(n) => {
                         if let Some(s) = sizes.first_mut() {
                             *s = n as usize;
@@ -1131,7 +1135,7 @@ impl<P: PathFactory> Backend for Switchless<P> {
             Req::Recv(c, r) => {
                 let mut g = lock(c)?;
                 let rc = g.as_mut().ok_or_else(|| closed("test"))?;
-                match rc.test(*r)? {
+                match rc.test(Instant::now(), *r)? {
                     Some(got) => {
                         for (o, s) in sizes.iter_mut().zip(got.as_slice()) {
                             *o = *s as usize;

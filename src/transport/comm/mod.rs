@@ -11,6 +11,9 @@
 //! 3. The receiver counts immediates per buffer (each names its slot, buffer, the number of paths and
 //!    the sequence number); when all arrived it reads the size record.
 //!
+//! The comms read no clock: every call that may start or end a request timeout (`isend`, `irecv`,
+//! `iflush`, `test`) takes `now` from the caller, so tests step time instead of sleeping.
+//!
 //! This file holds what both sides share (`Core`: paths, completions, registration, teardown) and the
 //! public types; `send.rs` is the sending side, `recv.rs` the receiving side. The wire layouts are in
 //! [`super::wire`], the striping arithmetic in [`super::stripe`].
@@ -524,11 +527,12 @@ impl<F: Fabric> Core<F> {
     }
 }
 
-fn timed_out(posted: Option<Instant>, limit: Option<Duration>) -> Option<Duration> {
-    match (posted, limit) {
-        (Some(t), Some(l)) if t.elapsed() > l => Some(t.elapsed()),
-        _ => None,
-    }
+/// How long a request posted at `posted` has waited at `now`, if that is past `limit`. Saturating: a
+/// `now` before `posted` (a caller's clock that stepped back) counts as no wait.
+fn timed_out(posted: Option<Instant>, limit: Option<Duration>, now: Instant) -> Option<Duration> {
+    let (t, l) = (posted?, limit?);
+    let waited = now.saturating_duration_since(t);
+    (waited > l).then_some(waited)
 }
 
 /// Builds a connected pair from two fabric endpoints in one process (tests, benchmarks, and any

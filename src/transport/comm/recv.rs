@@ -121,8 +121,9 @@ impl<F: Fabric> RecvComm<F> {
     registration_methods!();
 
     /// Posts a grouped receive of 1..=[`MAX_RECVS`] buffers (NCCL `irecv`). `Ok(None)` means "call
-    /// again later": the FIFO slot this receive needs is still held by an older request.
-    pub fn irecv(&mut self, bufs: &[RecvBuf<'_>]) -> Result<Option<Request>> {
+    /// again later": the FIFO slot this receive needs is still held by an older request. `now` is the
+    /// current time (the request timeout counts from it).
+    pub fn irecv(&mut self, now: Instant, bufs: &[RecvBuf<'_>]) -> Result<Option<Request>> {
         let Some(peer) = self.peer.as_ref() else {
             return Err(Error::InvalidArgument(
                 "irecv on a recv comm that is not connected".into(),
@@ -224,7 +225,7 @@ impl<F: Fabric> RecvComm<F> {
         }
         r.cts_pending = 1;
         r.error = None;
-        r.posted = self.core.cfg.request_timeout.map(|_| Instant::now());
+        r.posted = self.core.cfg.request_timeout.map(|_| now);
         self.head += 1;
         Ok(Some(Request::new(ReqKind::Recv, slot, r.generation)))
     }
@@ -232,8 +233,9 @@ impl<F: Fabric> RecvComm<F> {
     /// Flushes GPU-direct receives (NCCL `iflush`): one RDMA read per loopback path from the last
     /// non-empty GPU buffer. `Ok(None)` means "nothing to flush" (no GPU buffer received data, or the
     /// fabric has no loopback path); it is not a retry. More than [`MAX_REQUESTS`] flushes outstanding
-    /// is an [`Error::Internal`] (never a silent `None`, which NCCL would take as done).
-    pub fn iflush(&mut self, bufs: &[FlushBuf<'_>]) -> Result<Option<Request>> {
+    /// is an [`Error::Internal`] (never a silent `None`, which NCCL would take as done). `now` is the
+    /// current time (the request timeout counts from it).
+    pub fn iflush(&mut self, now: Instant, bufs: &[FlushBuf<'_>]) -> Result<Option<Request>> {
         if self.core.closed {
             return Err(Error::InvalidArgument(
                 "iflush on a closed recv comm".into(),
@@ -282,7 +284,7 @@ impl<F: Fabric> RecvComm<F> {
         f.in_use = true;
         f.pending = posted;
         f.error = None;
-        f.posted = self.core.cfg.request_timeout.map(|_| Instant::now());
+        f.posted = self.core.cfg.request_timeout.map(|_| now);
         if let Err(e) = result {
             self.release_flush(idx);
             return Err(e);
@@ -414,8 +416,8 @@ impl<F: Fabric> RecvComm<F> {
 
     /// Polls completions and reports whether `req` (a receive or a flush) is done: the received sizes
     /// per buffer (empty for a flush). A done or failed request is released; testing it again is an
-    /// error.
-    pub fn test(&mut self, req: Request) -> Result<Option<Sizes>> {
+    /// error. `now` is the current time, against which the request timeout is checked.
+    pub fn test(&mut self, now: Instant, req: Request) -> Result<Option<Sizes>> {
         let (kind, idx, generation) = req.parts();
         let valid = match kind {
             k if k == ReqKind::Recv as u64 => self
@@ -445,7 +447,7 @@ impl<F: Fabric> RecvComm<F> {
                 self.release_flush(idx);
                 return Ok(Some(Sizes::default()));
             }
-            if let Some(w) = timed_out(f.posted, self.core.cfg.request_timeout) {
+            if let Some(w) = timed_out(f.posted, self.core.cfg.request_timeout, now) {
                 self.release_flush(idx);
                 return Err(Error::Timeout(format!(
                     "flush read made no progress for {} ms (NCCL_SWITCHLESS_REQUEST_TIMEOUT)",
@@ -470,7 +472,7 @@ impl<F: Fabric> RecvComm<F> {
             self.release_slot(idx);
             return Ok(Some(s));
         }
-        if let Some(w) = timed_out(r.posted, self.core.cfg.request_timeout) {
+        if let Some(w) = timed_out(r.posted, self.core.cfg.request_timeout, now) {
             let msg = format!(
                 "receive of {} buffers (FIFO sequence {}) made no progress for {} ms (NCCL_SWITCHLESS_REQUEST_TIMEOUT): the peer does not answer on path(s) {}",
                 r.n,

@@ -127,9 +127,11 @@ impl<F: Fabric> SendComm<F> {
 
     /// Posts a send of `size` bytes at `data` with `tag` (NCCL `isend`). `Ok(None)` means "call again
     /// later": the receiver's clear-to-send has not arrived, no buffer of it carries `tag` yet, or all
-    /// [`MAX_SEND_REQUESTS`] requests are in use.
+    /// [`MAX_SEND_REQUESTS`] requests are in use. `now` is the current time (the request timeout
+    /// counts from it).
     pub fn isend(
         &mut self,
+        now: Instant,
         data: u64,
         size: u64,
         tag: u32,
@@ -158,8 +160,8 @@ impl<F: Fabric> SendComm<F> {
         if self.cur.is_none() && !self.load_slot()? {
             // Nothing to poll for while no clear-to-send arrives: ask the devices what they saw.
             self.core.fab.health()?;
-            let since = *self.stalled_since.get_or_insert_with(Instant::now);
-            if let Some(waited) = timed_out(Some(since), self.core.cfg.request_timeout) {
+            let since = *self.stalled_since.get_or_insert(now);
+            if let Some(waited) = timed_out(Some(since), self.core.cfg.request_timeout, now) {
                 return Err(Error::Timeout(format!(
                     "send of {size} bytes (tag {tag}) made no progress for {} ms (NCCL_SWITCHLESS_REQUEST_TIMEOUT): no clear-to-send from the receiver (FIFO sequence {}) on path(s) {}",
                     waited.as_millis(),
@@ -216,7 +218,7 @@ impl<F: Fabric> SendComm<F> {
         r.size = size;
         r.tag = tag;
         r.error = None;
-        r.posted = self.core.cfg.request_timeout.map(|_| Instant::now());
+        r.posted = self.core.cfg.request_timeout.map(|_| now);
         let generation = r.generation;
         let id = wire::wr_id(WrKind::Send, idx, generation);
         let npaths = self.chunks.len();
@@ -332,8 +334,9 @@ impl<F: Fabric> SendComm<F> {
     }
 
     /// Polls completions and reports whether `req` is done: `Some(bytes sent)`. A done or failed
-    /// request is released; testing it again is an error.
-    pub fn test(&mut self, req: Request) -> Result<Option<u64>> {
+    /// request is released; testing it again is an error. `now` is the current time, against which
+    /// the request timeout is checked.
+    pub fn test(&mut self, now: Instant, req: Request) -> Result<Option<u64>> {
         let (kind, idx, generation) = req.parts();
         let valid = kind == ReqKind::Send as u64
             && self
@@ -357,7 +360,7 @@ impl<F: Fabric> SendComm<F> {
             self.release(idx);
             return Ok(Some(size));
         }
-        if let Some(waited) = timed_out(r.posted, self.core.cfg.request_timeout) {
+        if let Some(waited) = timed_out(r.posted, self.core.cfg.request_timeout, now) {
             let msg = format!(
                 "send of {} bytes (tag {}) made no progress for {} ms (NCCL_SWITCHLESS_REQUEST_TIMEOUT): the peer does not answer on path(s) {}",
                 r.size,
