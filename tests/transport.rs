@@ -20,6 +20,9 @@ struct Rig {
     r: RecvComm<MemEndpoint>,
     sid: EpId,
     rid: EpId,
+    /// The virtual time handed to the comms: it moves only by [`Rig::advance`], so a test reaches a
+    /// request timeout without sleeping.
+    now: Instant,
 }
 
 fn rig_with(speeds: &[u64], loopbacks: usize, fcfg: MemFabConfig, pcfg: ProtocolConfig) -> Rig {
@@ -33,6 +36,7 @@ fn rig_with(speeds: &[u64], loopbacks: usize, fcfg: MemFabConfig, pcfg: Protocol
         r,
         sid,
         rid,
+        now: Instant::now(),
     }
 }
 
@@ -54,7 +58,11 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 impl Rig {
     /// The time handed to the comms.
     fn now(&self) -> Instant {
-        Instant::now()
+        self.now
+    }
+    /// Moves the virtual clock forward.
+    fn advance(&mut self, by: Duration) {
+        self.now += by;
     }
     fn send_buf(&mut self, data: &[u8]) -> (u64, MemHandle) {
         let addr = self.fab.alloc(data.len().max(1)).unwrap();
@@ -718,9 +726,17 @@ fn silent_peer_leaves_requests_pending_until_the_timeout() {
     let sr = g.isend(sa, 64, 0, &smh);
     assert_eq!(g.r.test(g.now(), rr).unwrap(), None);
     assert_eq!(g.s.test(g.now(), sr).unwrap(), None);
-    std::thread::sleep(Duration::from_millis(400));
-    assert!(matches!(g.r.test(g.now(), rr), Err(Error::Timeout(_))));
-    assert!(matches!(g.s.test(g.now(), sr), Err(Error::Timeout(_))));
+    // At the deadline the requests still wait: only a wait longer than the timeout fails.
+    g.advance(Duration::from_millis(250));
+    assert_eq!(g.r.test(g.now(), rr).unwrap(), None);
+    assert_eq!(g.s.test(g.now(), sr).unwrap(), None);
+    g.advance(Duration::from_millis(150));
+    let e = g.r.test(g.now(), rr).unwrap_err();
+    assert!(matches!(e, Error::Timeout(_)), "{e}");
+    assert!(e.to_string().contains("no progress for 400 ms"), "{e}");
+    let e = g.s.test(g.now(), sr).unwrap_err();
+    assert!(matches!(e, Error::Timeout(_)), "{e}");
+    assert!(e.to_string().contains("no progress for 400 ms"), "{e}");
 }
 
 #[test]
@@ -732,10 +748,48 @@ fn sender_without_clear_to_send_times_out() {
     let mut g = rig_with(&[100_000], 0, MemFabConfig::default(), pcfg);
     let (sa, smh) = g.send_buf(&[3; 64]);
     assert_eq!(g.s.isend(g.now(), sa, 64, 0, &smh).unwrap(), None);
-    std::thread::sleep(Duration::from_millis(400));
+    // The stall counts from the first isend that found no clear-to-send, not from each retry.
+    g.advance(Duration::from_millis(250));
+    assert_eq!(g.s.isend(g.now(), sa, 64, 0, &smh).unwrap(), None);
+    g.advance(Duration::from_millis(150));
     let e = g.s.isend(g.now(), sa, 64, 0, &smh).unwrap_err();
     assert!(
         matches!(e, Error::Timeout(_)) && e.to_string().contains("clear-to-send"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("no progress for 400 ms"), "{e}");
+}
+
+#[test]
+fn a_flush_that_never_completes_times_out() {
+    let pcfg = ProtocolConfig {
+        request_timeout: Some(Duration::from_millis(250)),
+        ..ProtocolConfig::default()
+    };
+    let mut g = rig_with(&[100_000], 1, MemFabConfig::default(), pcfg);
+    let (ga, gmh) = g.recv_buf(64, MemKind::Cuda);
+    // The receiver's own loopback read stays queued.
+    g.fab.stall(g.rid, true);
+    let req =
+        g.r.iflush(
+            g.now(),
+            &[FlushBuf {
+                addr: ga,
+                size: 64,
+                mh: &gmh,
+            }],
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(g.r.test(g.now(), req).unwrap(), None);
+    g.advance(Duration::from_millis(250));
+    assert_eq!(g.r.test(g.now(), req).unwrap(), None);
+    g.advance(Duration::from_millis(1));
+    let e = g.r.test(g.now(), req).unwrap_err();
+    assert!(matches!(e, Error::Timeout(_)), "{e}");
+    assert!(
+        e.to_string()
+            .contains("flush read made no progress for 251 ms"),
         "{e}"
     );
 }
@@ -777,7 +831,7 @@ fn path_errors_and_timeouts_carry_what_the_device_said_about_the_port() {
     g.fab.set_path_note(g.sid, 1, Some(NOTE));
     let (sa, smh) = g.send_buf(&[3; 64]);
     assert_eq!(g.s.isend(g.now(), sa, 64, 0, &smh).unwrap(), None);
-    std::thread::sleep(Duration::from_millis(250));
+    g.advance(Duration::from_millis(250));
     let msg = g.s.isend(g.now(), sa, 64, 0, &smh).unwrap_err().to_string();
     assert!(msg.contains("[0] memfab ep0 path0 -> ep1, [1]"), "{msg}");
     assert!(
@@ -828,6 +882,8 @@ fn without_timeout_a_silent_peer_never_errors() {
     for _ in 0..1000 {
         assert_eq!(g.r.test(g.now(), rr).unwrap(), None);
         assert_eq!(g.s.test(g.now(), sr).unwrap(), None);
+        // A day of virtual time in all: no timeout means none.
+        g.advance(Duration::from_secs(87));
     }
     // The link comes back: everything completes.
     g.fab.stall(g.sid, false);
