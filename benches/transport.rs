@@ -52,21 +52,24 @@ fn setup(npaths: usize, size: usize, copy_data: bool) -> Case {
 
 fn round(c: &mut Case) {
     let rreq =
-        c.r.irecv(&[RecvBuf {
-            addr: c.ra,
-            size: c.size,
-            tag: 1,
-            mh: &c.rmh,
-        }])
+        c.r.irecv(
+            Instant::now(),
+            &[RecvBuf {
+                addr: c.ra,
+                size: c.size,
+                tag: 1,
+                mh: &c.rmh,
+            }],
+        )
         .unwrap()
         .expect("receive slot free");
     let sreq =
-        c.s.isend(c.sa, c.size, 1, &c.smh)
+        c.s.isend(Instant::now(), c.sa, c.size, 1, &c.smh)
             .unwrap()
             .expect("clear-to-send arrived");
-    while c.s.test(sreq).unwrap().is_none() {}
+    while c.s.test(Instant::now(), sreq).unwrap().is_none() {}
     loop {
-        if let Some(sz) = c.r.test(rreq).unwrap() {
+        if let Some(sz) = c.r.test(Instant::now(), rreq).unwrap() {
             assert_eq!(sz.as_slice()[0], c.size);
             break;
         }

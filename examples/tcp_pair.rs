@@ -233,12 +233,15 @@ fn serve(local: IpAddr, port: u16, peer: Option<IpAddr>, speed: u64, timeout: u6
         while posted < iters && inflight.len() < depth {
             let k = posted as usize % depth;
             let req = deadline_loop("irecv", timeout, || {
-                r.irecv(&[RecvBuf {
-                    addr: bufs[k].addr(),
-                    size: bytes as u64,
-                    tag: 0,
-                    mh: &mhs[k],
-                }])
+                r.irecv(
+                    Instant::now(),
+                    &[RecvBuf {
+                        addr: bufs[k].addr(),
+                        size: bytes as u64,
+                        tag: 0,
+                        mh: &mhs[k],
+                    }],
+                )
             })?;
             inflight.push_back((req, k, posted));
             posted += 1;
@@ -246,7 +249,7 @@ fn serve(local: IpAddr, port: u16, peer: Option<IpAddr>, speed: u64, timeout: u6
         let Some(&(req, k, msg)) = inflight.front() else {
             break;
         };
-        let sizes = deadline_loop("receive", timeout, || r.test(req))?;
+        let sizes = deadline_loop("receive", timeout, || r.test(Instant::now(), req))?;
         inflight.pop_front();
         if sizes.as_slice() != [bytes as u64] {
             return Err(Error::Remote(format!(
@@ -378,13 +381,13 @@ fn connect(
                 bufs[k].write(0, &pat)?;
             }
             let req = deadline_loop("isend (clear-to-send)", timeout, || {
-                s.isend(bufs[k].addr(), bytes as u64, 0, &mhs[k])
+                s.isend(Instant::now(), bufs[k].addr(), bytes as u64, 0, &mhs[k])
             })?;
             inflight.push_back(req);
             posted += 1;
         }
         let Some(&req) = inflight.front() else { break };
-        deadline_loop("send", timeout, || s.test(req))?;
+        deadline_loop("send", timeout, || s.test(Instant::now(), req))?;
         inflight.pop_front();
         done += 1;
     }

@@ -102,12 +102,16 @@ impl Rig {
                 mh: &b.mh,
             })
             .collect();
-        self.r.irecv(&rb).unwrap().unwrap()
+        self.r.irecv(Instant::now(), &rb).unwrap().unwrap()
     }
     fn isend(&mut self, b: &Buf, size: u64, tag: u32) -> Request {
         let t = Instant::now();
         while t.elapsed() < DEADLINE {
-            if let Some(req) = self.s.isend(b.addr, size, tag, &b.mh).unwrap() {
+            if let Some(req) = self
+                .s
+                .isend(Instant::now(), b.addr, size, tag, &b.mh)
+                .unwrap()
+            {
                 return req;
             }
             std::thread::yield_now();
@@ -117,7 +121,7 @@ impl Rig {
     fn wait_send(&mut self, req: Request) -> u64 {
         let t = Instant::now();
         while t.elapsed() < DEADLINE {
-            if let Some(n) = self.s.test(req).unwrap() {
+            if let Some(n) = self.s.test(Instant::now(), req).unwrap() {
                 return n;
             }
             std::thread::yield_now();
@@ -127,7 +131,7 @@ impl Rig {
     fn wait_recv(&mut self, req: Request) -> Sizes {
         let t = Instant::now();
         while t.elapsed() < DEADLINE {
-            if let Some(s) = self.r.test(req).unwrap() {
+            if let Some(s) = self.r.test(Instant::now(), req).unwrap() {
                 return s;
             }
             std::thread::yield_now();
@@ -251,12 +255,15 @@ fn thirty_two_outstanding_in_order_over_four_streams() {
     // A 33rd receive must wait for a free FIFO slot.
     let extra = g.recv_buf(8);
     assert!(
-        g.r.irecv(&[RecvBuf {
-            addr: extra.addr,
-            size: 8,
-            tag: 99,
-            mh: &extra.mh
-        }])
+        g.r.irecv(
+            Instant::now(),
+            &[RecvBuf {
+                addr: extra.addr,
+                size: 8,
+                tag: 99,
+                mh: &extra.mh
+            }]
+        )
         .unwrap()
         .is_none()
     );
@@ -335,10 +342,12 @@ fn sender_that_closes_mid_transfer_fails_the_receive() {
     // The sender goes away with most of the message still queued.
     let Rig { s, mut r, keep } = g;
     s.close().unwrap();
-    let err = eventually("receive after the sender closed", || match r.test(rreq) {
-        Ok(None) => None,
-        Ok(Some(sizes)) => panic!("receive completed after the sender closed: {sizes:?}"),
-        Err(e) => Some(e),
+    let err = eventually("receive after the sender closed", || {
+        match r.test(Instant::now(), rreq) {
+            Ok(None) => None,
+            Ok(Some(sizes)) => panic!("receive completed after the sender closed: {sizes:?}"),
+            Err(e) => Some(e),
+        }
     });
     assert!(matches!(err, Error::System(_) | Error::Remote(_)), "{err}");
     assert!(err.to_string().contains("tcp0"), "{err}");
@@ -361,10 +370,12 @@ fn receiver_that_closes_mid_transfer_fails_the_send() {
     let sreq = g.isend(&sb, n as u64, 0);
     let Rig { mut s, r, keep } = g;
     r.close().unwrap();
-    let err = eventually("send after the receiver closed", || match s.test(sreq) {
-        Ok(None) => None,
-        Ok(Some(n)) => panic!("send of {n} bytes completed after the receiver closed"),
-        Err(e) => Some(e),
+    let err = eventually("send after the receiver closed", || {
+        match s.test(Instant::now(), sreq) {
+            Ok(None) => None,
+            Ok(Some(n)) => panic!("send of {n} bytes completed after the receiver closed"),
+            Err(e) => Some(e),
+        }
     });
     assert!(matches!(err, Error::Remote(_)), "{err}");
     // Later sends fail at once instead of hanging: the path is in error.
@@ -649,7 +660,9 @@ fn sender_that_closes_right_after_its_last_send_loses_nothing() {
         g.wait_send(sreq);
         let Rig { s, mut r, keep } = g;
         s.close().unwrap();
-        let sizes = eventually("receive after an orderly close", || r.test(rreq).unwrap());
+        let sizes = eventually("receive after an orderly close", || {
+            r.test(Instant::now(), rreq).unwrap()
+        });
         assert_eq!(sizes.as_slice(), &[n as u64]);
         assert_eq!(keep[rb.idx].read(0, n).unwrap(), data, "round {round}");
     }
@@ -799,19 +812,23 @@ fn set_up_is_driven_without_blocking_from_one_thread() {
         .reg_mr(rb.addr(), data.len() as u64, MemKind::Host)
         .unwrap();
     let rreq = r
-        .irecv(&[RecvBuf {
-            addr: rb.addr(),
-            size: data.len() as u64,
-            tag: 1,
-            mh: &rmh,
-        }])
+        .irecv(
+            Instant::now(),
+            &[RecvBuf {
+                addr: rb.addr(),
+                size: data.len() as u64,
+                tag: 1,
+                mh: &rmh,
+            }],
+        )
         .unwrap()
         .unwrap();
     let sreq = eventually("isend", || {
-        s.isend(sb.addr(), data.len() as u64, 1, &smh).unwrap()
+        s.isend(Instant::now(), sb.addr(), data.len() as u64, 1, &smh)
+            .unwrap()
     });
-    eventually("send", || s.test(sreq).unwrap());
-    let sizes = eventually("receive", || r.test(rreq).unwrap());
+    eventually("send", || s.test(Instant::now(), sreq).unwrap());
+    let sizes = eventually("receive", || r.test(Instant::now(), rreq).unwrap());
     assert_eq!(sizes.as_slice(), &[data.len() as u64]);
     assert_eq!(rb.read(0, data.len()).unwrap(), data);
 }

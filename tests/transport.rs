@@ -2,7 +2,7 @@
 //! zero-byte messages, flush, errors, timeouts, teardown and data integrity.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::needless_range_loop)]
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use switchless::error::Error;
@@ -20,6 +20,9 @@ struct Rig {
     r: RecvComm<MemEndpoint>,
     sid: EpId,
     rid: EpId,
+    /// The virtual time handed to the comms: it moves only by [`Rig::advance`], so a test reaches a
+    /// request timeout without sleeping.
+    now: Instant,
 }
 
 fn rig_with(speeds: &[u64], loopbacks: usize, fcfg: MemFabConfig, pcfg: ProtocolConfig) -> Rig {
@@ -33,6 +36,7 @@ fn rig_with(speeds: &[u64], loopbacks: usize, fcfg: MemFabConfig, pcfg: Protocol
         r,
         sid,
         rid,
+        now: Instant::now(),
     }
 }
 
@@ -52,6 +56,14 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
 }
 
 impl Rig {
+    /// The time handed to the comms.
+    fn now(&self) -> Instant {
+        self.now
+    }
+    /// Moves the virtual clock forward.
+    fn advance(&mut self, by: Duration) {
+        self.now += by;
+    }
     fn send_buf(&mut self, data: &[u8]) -> (u64, MemHandle) {
         let addr = self.fab.alloc(data.len().max(1)).unwrap();
         self.fab.write(addr, data).unwrap();
@@ -70,7 +82,7 @@ impl Rig {
     /// isend, retrying while the CTS has not arrived (stepping the fabric in reorder mode).
     fn isend(&mut self, addr: u64, size: u64, tag: u32, mh: &MemHandle) -> Request {
         for _ in 0..10_000 {
-            if let Some(req) = self.s.isend(addr, size, tag, mh).unwrap() {
+            if let Some(req) = self.s.isend(self.now(), addr, size, tag, mh).unwrap() {
                 return req;
             }
             self.fab.step();
@@ -79,7 +91,7 @@ impl Rig {
     }
     fn wait_send(&mut self, req: Request) -> u64 {
         for _ in 0..10_000 {
-            if let Some(n) = self.s.test(req).unwrap() {
+            if let Some(n) = self.s.test(self.now(), req).unwrap() {
                 return n;
             }
         }
@@ -87,7 +99,7 @@ impl Rig {
     }
     fn wait_recv(&mut self, req: Request) -> Sizes {
         for _ in 0..10_000 {
-            if let Some(s) = self.r.test(req).unwrap() {
+            if let Some(s) = self.r.test(self.now(), req).unwrap() {
                 return s;
             }
         }
@@ -102,12 +114,15 @@ fn one_message_one_path() {
     let (sa, smh) = g.send_buf(&data);
     let (ra, rmh) = g.recv_buf(16_384, MemKind::Host);
     let rreq =
-        g.r.irecv(&[RecvBuf {
-            addr: ra,
-            size: 16_384,
-            tag: 3,
-            mh: &rmh,
-        }])
+        g.r.irecv(
+            g.now(),
+            &[RecvBuf {
+                addr: ra,
+                size: 16_384,
+                tag: 3,
+                mh: &rmh,
+            }],
+        )
         .unwrap()
         .unwrap();
     let sreq = g.isend(sa, 10_000, 3, &smh);
@@ -135,7 +150,7 @@ fn grouped_receive_matches_by_tag_and_reports_sizes_per_buffer() {
             mh: &rbufs[i].1,
         })
         .collect();
-    let rreq = g.r.irecv(&bufs).unwrap().unwrap();
+    let rreq = g.r.irecv(g.now(), &bufs).unwrap().unwrap();
     // Send in a different order than the buffers: 7, 5, 6.
     let mut sreqs = Vec::new();
     let mut datas = Vec::new();
@@ -159,17 +174,20 @@ fn send_with_unposted_tag_waits() {
     let mut g = rig(1);
     let (ra, rmh) = g.recv_buf(64, MemKind::Host);
     let rreq =
-        g.r.irecv(&[RecvBuf {
-            addr: ra,
-            size: 64,
-            tag: 1,
-            mh: &rmh,
-        }])
+        g.r.irecv(
+            g.now(),
+            &[RecvBuf {
+                addr: ra,
+                size: 64,
+                tag: 1,
+                mh: &rmh,
+            }],
+        )
         .unwrap()
         .unwrap();
     let (sa, smh) = g.send_buf(&[1; 8]);
-    assert_eq!(g.s.isend(sa, 8, 2, &smh).unwrap(), None);
-    let req = g.s.isend(sa, 8, 1, &smh).unwrap().unwrap();
+    assert_eq!(g.s.isend(g.now(), sa, 8, 2, &smh).unwrap(), None);
+    let req = g.s.isend(g.now(), sa, 8, 1, &smh).unwrap().unwrap();
     g.wait_send(req);
     assert_eq!(g.wait_recv(rreq).as_slice(), &[8]);
 }
@@ -179,7 +197,7 @@ fn no_clear_to_send_means_retry() {
     let mut g = rig(2);
     let (sa, smh) = g.send_buf(&[1; 8]);
     for _ in 0..3 {
-        assert_eq!(g.s.isend(sa, 8, 0, &smh).unwrap(), None);
+        assert_eq!(g.s.isend(g.now(), sa, 8, 0, &smh).unwrap(), None);
     }
 }
 
@@ -187,16 +205,19 @@ fn no_clear_to_send_means_retry() {
 fn send_larger_than_receive_is_an_error_naming_both_sizes() {
     let mut g = rig(1);
     let (ra, rmh) = g.recv_buf(100, MemKind::Host);
-    g.r.irecv(&[RecvBuf {
-        addr: ra,
-        size: 100,
-        tag: 0,
-        mh: &rmh,
-    }])
+    g.r.irecv(
+        g.now(),
+        &[RecvBuf {
+            addr: ra,
+            size: 100,
+            tag: 0,
+            mh: &rmh,
+        }],
+    )
     .unwrap()
     .unwrap();
     let (sa, smh) = g.send_buf(&[0; 101]);
-    let err = g.s.isend(sa, 101, 0, &smh).unwrap_err();
+    let err = g.s.isend(g.now(), sa, 101, 0, &smh).unwrap_err();
     assert!(matches!(err, Error::InvalidUsage(_)), "{err}");
     let msg = err.to_string();
     assert!(
@@ -210,12 +231,15 @@ fn smaller_send_reports_actual_size() {
     let mut g = rig(3);
     let (ra, rmh) = g.recv_buf(1 << 20, MemKind::Host);
     let rreq =
-        g.r.irecv(&[RecvBuf {
-            addr: ra,
-            size: 1 << 20,
-            tag: 0,
-            mh: &rmh,
-        }])
+        g.r.irecv(
+            g.now(),
+            &[RecvBuf {
+                addr: ra,
+                size: 1 << 20,
+                tag: 0,
+                mh: &rmh,
+            }],
+        )
         .unwrap()
         .unwrap();
     let data = pattern(300_001, 9);
@@ -239,7 +263,7 @@ fn thirty_two_outstanding_receives_then_retry() {
             mh: &rmh,
         };
         rreqs.push(
-            g.r.irecv(&[b])
+            g.r.irecv(g.now(), &[b])
                 .unwrap()
                 .expect("32 receives must be accepted"),
         );
@@ -252,7 +276,7 @@ fn thirty_two_outstanding_receives_then_retry() {
         mh: &rmh,
     };
     assert_eq!(
-        g.r.irecv(&[extra]).unwrap(),
+        g.r.irecv(g.now(), &[extra]).unwrap(),
         None,
         "the 33rd receive must be refused (retry)"
     );
@@ -270,7 +294,7 @@ fn thirty_two_outstanding_receives_then_retry() {
     for req in sreqs {
         assert_eq!(g.wait_send(req), 64);
     }
-    assert!(g.r.irecv(&[extra]).unwrap().is_some());
+    assert!(g.r.irecv(g.now(), &[extra]).unwrap().is_some());
 }
 
 #[test]
@@ -287,7 +311,7 @@ fn sender_accepts_max_requests_times_max_recvs() {
                 mh: &rmh,
             })
             .collect();
-        rreqs.push(g.r.irecv(&bufs).unwrap().unwrap());
+        rreqs.push(g.r.irecv(g.now(), &bufs).unwrap().unwrap());
     }
     let (sa, smh) = g.send_buf(&[7; 8]);
     let mut sreqs = Vec::new();
@@ -321,12 +345,15 @@ fn striping_follows_link_speed() {
     let (sa, smh) = g.send_buf(&data);
     let (ra, rmh) = g.recv_buf(len, MemKind::Host);
     let rreq =
-        g.r.irecv(&[RecvBuf {
-            addr: ra,
-            size: len as u64,
-            tag: 0,
-            mh: &rmh,
-        }])
+        g.r.irecv(
+            g.now(),
+            &[RecvBuf {
+                addr: ra,
+                size: len as u64,
+                tag: 0,
+                mh: &rmh,
+            }],
+        )
         .unwrap()
         .unwrap();
     let before: Vec<u64> = (0..4).map(|p| g.fab.path_bytes(g.sid, p)).collect();
@@ -352,12 +379,15 @@ fn small_messages_use_one_path() {
     let (sa, smh) = g.send_buf(&pattern(4096, 0));
     let before = g.fab.stats();
     let rreq =
-        g.r.irecv(&[RecvBuf {
-            addr: ra,
-            size: 4096,
-            tag: 0,
-            mh: &rmh,
-        }])
+        g.r.irecv(
+            g.now(),
+            &[RecvBuf {
+                addr: ra,
+                size: 4096,
+                tag: 0,
+                mh: &rmh,
+            }],
+        )
         .unwrap()
         .unwrap();
     let sreq = g.isend(sa, 4096, 0, &smh);
@@ -380,12 +410,15 @@ fn zero_byte_messages() {
     let (sa, smh) = g.send_buf(&[]);
     for _ in 0..5 {
         let rreq =
-            g.r.irecv(&[RecvBuf {
-                addr: ra,
-                size: 0,
-                tag: 1,
-                mh: &rmh,
-            }])
+            g.r.irecv(
+                g.now(),
+                &[RecvBuf {
+                    addr: ra,
+                    size: 0,
+                    tag: 1,
+                    mh: &rmh,
+                }],
+            )
             .unwrap()
             .unwrap();
         let sreq = g.isend(sa, 0, 1, &smh);
@@ -402,12 +435,15 @@ fn requests_are_never_null_or_the_ll_marker() {
     let (sa, smh) = g.send_buf(&[1; 8]);
     for _ in 0..100 {
         let rreq =
-            g.r.irecv(&[RecvBuf {
-                addr: ra,
-                size: 8,
-                tag: 0,
-                mh: &rmh,
-            }])
+            g.r.irecv(
+                g.now(),
+                &[RecvBuf {
+                    addr: ra,
+                    size: 8,
+                    tag: 0,
+                    mh: &rmh,
+                }],
+            )
             .unwrap()
             .unwrap();
         let sreq = g.isend(sa, 8, 0, &smh);
@@ -416,11 +452,17 @@ fn requests_are_never_null_or_the_ll_marker() {
         g.wait_send(sreq);
         g.wait_recv(rreq);
         // A request reported done is released: testing it again is an error.
-        assert!(matches!(g.r.test(rreq), Err(Error::InvalidArgument(_))));
-        assert!(matches!(g.s.test(sreq), Err(Error::InvalidArgument(_))));
+        assert!(matches!(
+            g.r.test(g.now(), rreq),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            g.s.test(g.now(), sreq),
+            Err(Error::InvalidArgument(_))
+        ));
     }
     assert!(matches!(
-        g.r.test(Request::from_raw(1)),
+        g.r.test(g.now(), Request::from_raw(1)),
         Err(Error::InvalidArgument(_))
     ));
 }
@@ -429,7 +471,7 @@ fn requests_are_never_null_or_the_ll_marker() {
 fn bad_arguments_are_rejected_with_what_is_accepted() {
     let mut g = rig(1);
     let (ra, rmh) = g.recv_buf(64, MemKind::Host);
-    let e = g.r.irecv(&[]).unwrap_err();
+    let e = g.r.irecv(g.now(), &[]).unwrap_err();
     assert!(e.to_string().contains("1..=8"), "{e}");
     let nine: Vec<RecvBuf> = (0..9)
         .map(|_| RecvBuf {
@@ -439,14 +481,20 @@ fn bad_arguments_are_rejected_with_what_is_accepted() {
             mh: &rmh,
         })
         .collect();
-    assert!(matches!(g.r.irecv(&nine), Err(Error::InvalidArgument(_))));
+    assert!(matches!(
+        g.r.irecv(g.now(), &nine),
+        Err(Error::InvalidArgument(_))
+    ));
     let e =
-        g.r.irecv(&[RecvBuf {
-            addr: ra + 60,
-            size: 8,
-            tag: 0,
-            mh: &rmh,
-        }])
+        g.r.irecv(
+            g.now(),
+            &[RecvBuf {
+                addr: ra + 60,
+                size: 8,
+                tag: 0,
+                mh: &rmh,
+            }],
+        )
         .unwrap_err();
     assert!(
         e.to_string().contains("outside its memory registration"),
@@ -454,7 +502,7 @@ fn bad_arguments_are_rejected_with_what_is_accepted() {
     );
     let (sa, smh) = g.send_buf(&[0; 16]);
     assert!(matches!(
-        g.s.isend(sa, 17, 0, &smh),
+        g.s.isend(g.now(), sa, 17, 0, &smh),
         Err(Error::InvalidArgument(_))
     ));
 }
@@ -471,38 +519,47 @@ fn flush_reads_through_every_loopback_for_gpu_buffers_only() {
     let (ha, hmh) = g.recv_buf(4096, MemKind::Host);
     // Host memory: nothing to flush.
     assert_eq!(
-        g.r.iflush(&[FlushBuf {
-            addr: ha,
-            size: 4096,
-            mh: &hmh
-        }])
+        g.r.iflush(
+            g.now(),
+            &[FlushBuf {
+                addr: ha,
+                size: 4096,
+                mh: &hmh
+            }]
+        )
         .unwrap(),
         None
     );
     // GPU memory with no data: nothing to flush.
     assert_eq!(
-        g.r.iflush(&[FlushBuf {
-            addr: ga,
-            size: 0,
-            mh: &gmh
-        }])
+        g.r.iflush(
+            g.now(),
+            &[FlushBuf {
+                addr: ga,
+                size: 0,
+                mh: &gmh
+            }]
+        )
         .unwrap(),
         None
     );
     let before = g.fab.stats().reads;
     let req =
-        g.r.iflush(&[
-            FlushBuf {
-                addr: ha,
-                size: 10,
-                mh: &hmh,
-            },
-            FlushBuf {
-                addr: ga,
-                size: 100,
-                mh: &gmh,
-            },
-        ])
+        g.r.iflush(
+            g.now(),
+            &[
+                FlushBuf {
+                    addr: ha,
+                    size: 10,
+                    mh: &hmh,
+                },
+                FlushBuf {
+                    addr: ga,
+                    size: 100,
+                    mh: &gmh,
+                },
+            ],
+        )
         .unwrap()
         .expect("GPU data needs a flush");
     assert!(g.wait_recv(req).as_slice().is_empty());
@@ -515,11 +572,14 @@ fn flush_reads_through_every_loopback_for_gpu_buffers_only() {
     let mut g2 = rig(1);
     let (ga2, gmh2) = g2.recv_buf(64, MemKind::Cuda);
     assert_eq!(
-        g2.r.iflush(&[FlushBuf {
-            addr: ga2,
-            size: 64,
-            mh: &gmh2
-        }])
+        g2.r.iflush(
+            g2.now(),
+            &[FlushBuf {
+                addr: ga2,
+                size: 64,
+                mh: &gmh2
+            }]
+        )
         .unwrap(),
         None
     );
@@ -536,14 +596,17 @@ fn flush_read_error_fails_the_flush() {
     let (ga, gmh) = g.recv_buf(64, MemKind::Cuda);
     g.fab.fail_next(g.rid, 1, WcStatus::LOC_PROT_ERR);
     let req =
-        g.r.iflush(&[FlushBuf {
-            addr: ga,
-            size: 64,
-            mh: &gmh,
-        }])
+        g.r.iflush(
+            g.now(),
+            &[FlushBuf {
+                addr: ga,
+                size: 64,
+                mh: &gmh,
+            }],
+        )
         .unwrap()
         .unwrap();
-    let err = g.r.test(req).unwrap_err();
+    let err = g.r.test(g.now(), req).unwrap_err();
     assert!(matches!(err, Error::System(_)), "{err}");
     assert!(err.to_string().contains("loopback0"), "{err}");
 }
@@ -555,12 +618,15 @@ fn completion_error_fails_only_affected_requests_and_names_the_path() {
     let (sa, smh) = g.send_buf(&[3; 64]);
     // One good round first.
     let rr =
-        g.r.irecv(&[RecvBuf {
-            addr: ra,
-            size: 64,
-            tag: 0,
-            mh: &rmh,
-        }])
+        g.r.irecv(
+            g.now(),
+            &[RecvBuf {
+                addr: ra,
+                size: 64,
+                tag: 0,
+                mh: &rmh,
+            }],
+        )
         .unwrap()
         .unwrap();
     let sr = g.isend(sa, 64, 0, &smh);
@@ -569,16 +635,19 @@ fn completion_error_fails_only_affected_requests_and_names_the_path() {
     // Now the sender's path fails with a transport retry error.
     g.fab.fail_next(g.sid, 0, WcStatus::RETRY_EXC_ERR);
     let rr =
-        g.r.irecv(&[RecvBuf {
-            addr: ra,
-            size: 64,
-            tag: 0,
-            mh: &rmh,
-        }])
+        g.r.irecv(
+            g.now(),
+            &[RecvBuf {
+                addr: ra,
+                size: 64,
+                tag: 0,
+                mh: &rmh,
+            }],
+        )
         .unwrap()
         .unwrap();
     let sr = g.isend(sa, 64, 0, &smh);
-    let err = g.s.test(sr).unwrap_err();
+    let err = g.s.test(g.now(), sr).unwrap_err();
     assert!(matches!(err, Error::Remote(_)), "{err}");
     let msg = err.to_string();
     assert!(
@@ -586,7 +655,7 @@ fn completion_error_fails_only_affected_requests_and_names_the_path() {
         "{msg}"
     );
     // The receiver saw nothing: pending, and the call returns (no busy loop).
-    assert_eq!(g.r.test(rr).unwrap(), None);
+    assert_eq!(g.r.test(g.now(), rr).unwrap(), None);
 }
 
 #[test]
@@ -594,18 +663,21 @@ fn local_errors_are_system_errors() {
     let mut g = rig(2);
     let (ra, rmh) = g.recv_buf(64, MemKind::Host);
     let (sa, smh) = g.send_buf(&[3; 64]);
-    g.r.irecv(&[RecvBuf {
-        addr: ra,
-        size: 64,
-        tag: 0,
-        mh: &rmh,
-    }])
+    g.r.irecv(
+        g.now(),
+        &[RecvBuf {
+            addr: ra,
+            size: 64,
+            tag: 0,
+            mh: &rmh,
+        }],
+    )
     .unwrap()
     .unwrap();
     g.fab.fail_next(g.sid, 0, WcStatus::LOC_PROT_ERR);
     g.fab.fail_next(g.sid, 1, WcStatus::LOC_PROT_ERR);
     let sr = g.isend(sa, 64, 0, &smh);
-    assert!(matches!(g.s.test(sr), Err(Error::System(_))));
+    assert!(matches!(g.s.test(g.now(), sr), Err(Error::System(_))));
 }
 
 #[test]
@@ -614,15 +686,18 @@ fn cts_write_error_fails_the_receive() {
     let (ra, rmh) = g.recv_buf(64, MemKind::Host);
     g.fab.fail_next(g.rid, 0, WcStatus::REM_ACCESS_ERR);
     let rr =
-        g.r.irecv(&[RecvBuf {
-            addr: ra,
-            size: 64,
-            tag: 0,
-            mh: &rmh,
-        }])
+        g.r.irecv(
+            g.now(),
+            &[RecvBuf {
+                addr: ra,
+                size: 64,
+                tag: 0,
+                mh: &rmh,
+            }],
+        )
         .unwrap()
         .unwrap();
-    let err = g.r.test(rr).unwrap_err();
+    let err = g.r.test(g.now(), rr).unwrap_err();
     assert!(err.to_string().contains("clear-to-send"), "{err}");
 }
 
@@ -637,20 +712,31 @@ fn silent_peer_leaves_requests_pending_until_the_timeout() {
     let (sa, smh) = g.send_buf(&[3; 64]);
     g.fab.stall(g.sid, true);
     let rr =
-        g.r.irecv(&[RecvBuf {
-            addr: ra,
-            size: 64,
-            tag: 0,
-            mh: &rmh,
-        }])
+        g.r.irecv(
+            g.now(),
+            &[RecvBuf {
+                addr: ra,
+                size: 64,
+                tag: 0,
+                mh: &rmh,
+            }],
+        )
         .unwrap()
         .unwrap();
     let sr = g.isend(sa, 64, 0, &smh);
-    assert_eq!(g.r.test(rr).unwrap(), None);
-    assert_eq!(g.s.test(sr).unwrap(), None);
-    std::thread::sleep(Duration::from_millis(400));
-    assert!(matches!(g.r.test(rr), Err(Error::Timeout(_))));
-    assert!(matches!(g.s.test(sr), Err(Error::Timeout(_))));
+    assert_eq!(g.r.test(g.now(), rr).unwrap(), None);
+    assert_eq!(g.s.test(g.now(), sr).unwrap(), None);
+    // At the deadline the requests still wait: only a wait longer than the timeout fails.
+    g.advance(Duration::from_millis(250));
+    assert_eq!(g.r.test(g.now(), rr).unwrap(), None);
+    assert_eq!(g.s.test(g.now(), sr).unwrap(), None);
+    g.advance(Duration::from_millis(150));
+    let e = g.r.test(g.now(), rr).unwrap_err();
+    assert!(matches!(e, Error::Timeout(_)), "{e}");
+    assert!(e.to_string().contains("no progress for 400 ms"), "{e}");
+    let e = g.s.test(g.now(), sr).unwrap_err();
+    assert!(matches!(e, Error::Timeout(_)), "{e}");
+    assert!(e.to_string().contains("no progress for 400 ms"), "{e}");
 }
 
 #[test]
@@ -661,11 +747,49 @@ fn sender_without_clear_to_send_times_out() {
     };
     let mut g = rig_with(&[100_000], 0, MemFabConfig::default(), pcfg);
     let (sa, smh) = g.send_buf(&[3; 64]);
-    assert_eq!(g.s.isend(sa, 64, 0, &smh).unwrap(), None);
-    std::thread::sleep(Duration::from_millis(400));
-    let e = g.s.isend(sa, 64, 0, &smh).unwrap_err();
+    assert_eq!(g.s.isend(g.now(), sa, 64, 0, &smh).unwrap(), None);
+    // The stall counts from the first isend that found no clear-to-send, not from each retry.
+    g.advance(Duration::from_millis(250));
+    assert_eq!(g.s.isend(g.now(), sa, 64, 0, &smh).unwrap(), None);
+    g.advance(Duration::from_millis(150));
+    let e = g.s.isend(g.now(), sa, 64, 0, &smh).unwrap_err();
     assert!(
         matches!(e, Error::Timeout(_)) && e.to_string().contains("clear-to-send"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("no progress for 400 ms"), "{e}");
+}
+
+#[test]
+fn a_flush_that_never_completes_times_out() {
+    let pcfg = ProtocolConfig {
+        request_timeout: Some(Duration::from_millis(250)),
+        ..ProtocolConfig::default()
+    };
+    let mut g = rig_with(&[100_000], 1, MemFabConfig::default(), pcfg);
+    let (ga, gmh) = g.recv_buf(64, MemKind::Cuda);
+    // The receiver's own loopback read stays queued.
+    g.fab.stall(g.rid, true);
+    let req =
+        g.r.iflush(
+            g.now(),
+            &[FlushBuf {
+                addr: ga,
+                size: 64,
+                mh: &gmh,
+            }],
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(g.r.test(g.now(), req).unwrap(), None);
+    g.advance(Duration::from_millis(250));
+    assert_eq!(g.r.test(g.now(), req).unwrap(), None);
+    g.advance(Duration::from_millis(1));
+    let e = g.r.test(g.now(), req).unwrap_err();
+    assert!(matches!(e, Error::Timeout(_)), "{e}");
+    assert!(
+        e.to_string()
+            .contains("flush read made no progress for 251 ms"),
         "{e}"
     );
 }
@@ -679,16 +803,19 @@ fn path_errors_and_timeouts_carry_what_the_device_said_about_the_port() {
     let (sa, smh) = g.send_buf(&[3; 64]);
     g.fab.set_path_note(g.sid, 0, Some(NOTE));
     g.fab.fail_next(g.sid, 0, WcStatus::RETRY_EXC_ERR);
-    g.r.irecv(&[RecvBuf {
-        addr: ra,
-        size: 64,
-        tag: 0,
-        mh: &rmh,
-    }])
+    g.r.irecv(
+        g.now(),
+        &[RecvBuf {
+            addr: ra,
+            size: 64,
+            tag: 0,
+            mh: &rmh,
+        }],
+    )
     .unwrap()
     .unwrap();
     let sr = g.isend(sa, 64, 0, &smh);
-    let msg = g.s.test(sr).unwrap_err().to_string();
+    let msg = g.s.test(g.now(), sr).unwrap_err().to_string();
     assert!(
         msg.contains(&format!(
             "transport retry counter exceeded (status 12); {NOTE}"
@@ -703,9 +830,9 @@ fn path_errors_and_timeouts_carry_what_the_device_said_about_the_port() {
     let mut g = rig_with(&[100_000, 100_000], 0, MemFabConfig::default(), pcfg);
     g.fab.set_path_note(g.sid, 1, Some(NOTE));
     let (sa, smh) = g.send_buf(&[3; 64]);
-    assert_eq!(g.s.isend(sa, 64, 0, &smh).unwrap(), None);
-    std::thread::sleep(Duration::from_millis(250));
-    let msg = g.s.isend(sa, 64, 0, &smh).unwrap_err().to_string();
+    assert_eq!(g.s.isend(g.now(), sa, 64, 0, &smh).unwrap(), None);
+    g.advance(Duration::from_millis(250));
+    let msg = g.s.isend(g.now(), sa, 64, 0, &smh).unwrap_err().to_string();
     assert!(msg.contains("[0] memfab ep0 path0 -> ep1, [1]"), "{msg}");
     assert!(
         msg.contains(&format!("[1] memfab ep0 path1 -> ep1 ({NOTE})")),
@@ -713,7 +840,7 @@ fn path_errors_and_timeouts_carry_what_the_device_said_about_the_port() {
     );
     // Cleared: no note, no parentheses.
     g.fab.set_path_note(g.sid, 1, None);
-    let msg = g.s.isend(sa, 64, 0, &smh).unwrap_err().to_string();
+    let msg = g.s.isend(g.now(), sa, 64, 0, &smh).unwrap_err().to_string();
     assert!(!msg.contains("IBV_EVENT"), "{msg}");
 }
 
@@ -723,14 +850,14 @@ fn a_sender_waiting_for_clear_to_send_hears_what_the_devices_reported() {
     // down past the RC retry budget).
     let mut g = rig(1);
     let (sa, smh) = g.send_buf(&[3; 64]);
-    assert_eq!(g.s.isend(sa, 64, 0, &smh).unwrap(), None);
+    assert_eq!(g.s.isend(g.now(), sa, 64, 0, &smh).unwrap(), None);
     g.fab
         .set_health_error(g.sid, Some("rxe_eth2 port 1 has been down for 1.2 s"));
-    let e = g.s.isend(sa, 64, 0, &smh).unwrap_err();
+    let e = g.s.isend(g.now(), sa, 64, 0, &smh).unwrap_err();
     assert!(matches!(e, Error::System(_)), "{e}");
     assert!(e.to_string().contains("has been down for 1.2 s"), "{e}");
     g.fab.set_health_error(g.sid, None);
-    assert_eq!(g.s.isend(sa, 64, 0, &smh).unwrap(), None);
+    assert_eq!(g.s.isend(g.now(), sa, 64, 0, &smh).unwrap(), None);
 }
 
 #[test]
@@ -739,19 +866,24 @@ fn without_timeout_a_silent_peer_never_errors() {
     let (ra, rmh) = g.recv_buf(64, MemKind::Host);
     g.fab.stall(g.sid, true);
     let rr =
-        g.r.irecv(&[RecvBuf {
-            addr: ra,
-            size: 64,
-            tag: 0,
-            mh: &rmh,
-        }])
+        g.r.irecv(
+            g.now(),
+            &[RecvBuf {
+                addr: ra,
+                size: 64,
+                tag: 0,
+                mh: &rmh,
+            }],
+        )
         .unwrap()
         .unwrap();
     let (sa, smh) = g.send_buf(&[3; 64]);
     let sr = g.isend(sa, 64, 0, &smh);
     for _ in 0..1000 {
-        assert_eq!(g.r.test(rr).unwrap(), None);
-        assert_eq!(g.s.test(sr).unwrap(), None);
+        assert_eq!(g.r.test(g.now(), rr).unwrap(), None);
+        assert_eq!(g.s.test(g.now(), sr).unwrap(), None);
+        // A day of virtual time in all: no timeout means none.
+        g.advance(Duration::from_secs(87));
     }
     // The link comes back: everything completes.
     g.fab.stall(g.sid, false);
@@ -774,22 +906,28 @@ fn close_with_requests_outstanding_releases_everything() {
     let mut pending = Vec::new();
     for i in 0..10 {
         let rr =
-            g.r.irecv(&[RecvBuf {
-                addr: ra,
-                size: 4096,
-                tag: 0,
-                mh: &rmh,
-            }])
+            g.r.irecv(
+                g.now(),
+                &[RecvBuf {
+                    addr: ra,
+                    size: 4096,
+                    tag: 0,
+                    mh: &rmh,
+                }],
+            )
             .unwrap()
             .unwrap();
         let sr = g.isend(sa, 4096, 0, &smh);
         pending.push((rr, sr, i));
     }
-    g.r.iflush(&[FlushBuf {
-        addr: ra,
-        size: 4096,
-        mh: &rmh,
-    }])
+    g.r.iflush(
+        g.now(),
+        &[FlushBuf {
+            addr: ra,
+            size: 4096,
+            mh: &rmh,
+        }],
+    )
     .unwrap()
     .unwrap();
     assert_eq!(g.s.outstanding(), 10);
@@ -835,7 +973,7 @@ fn reordered_delivery_across_paths_keeps_data_intact() {
                 tag: 0,
                 mh: &rmh,
             };
-            rreqs.push(g.r.irecv(&[b]).unwrap().unwrap());
+            rreqs.push(g.r.irecv(g.now(), &[b]).unwrap().unwrap());
         }
         let mut sreqs = Vec::new();
         for d in &datas {
@@ -865,12 +1003,15 @@ fn receives_stay_posted() {
     let (sa, smh) = g.send_buf(&pattern(1 << 18, 0));
     for _ in 0..3 {
         let rr =
-            g.r.irecv(&[RecvBuf {
-                addr: ra,
-                size: 1 << 18,
-                tag: 0,
-                mh: &rmh,
-            }])
+            g.r.irecv(
+                g.now(),
+                &[RecvBuf {
+                    addr: ra,
+                    size: 1 << 18,
+                    tag: 0,
+                    mh: &rmh,
+                }],
+            )
             .unwrap()
             .unwrap();
         let sr = g.isend(sa, 1 << 18, 0, &smh);
@@ -902,7 +1043,7 @@ proptest! {
             rb.push(g.recv_buf(cap, MemKind::Host));
         }
         let bufs: Vec<RecvBuf> = (0..n).map(|i| RecvBuf { addr: rb[i].0, size: cap as u64, tag: 10 + i as u32, mh: &rb[i].1 }).collect();
-        let rr = g.r.irecv(&bufs).unwrap().unwrap();
+        let rr = g.r.irecv(g.now(), &bufs).unwrap().unwrap();
         let mut sreqs = Vec::new();
         let mut datas = Vec::new();
         for (i, &sz) in sizes.iter().enumerate().rev() {
@@ -936,21 +1077,27 @@ fn more_flushes_than_requests_is_an_error_not_a_silent_none() {
     g.fab.stall(g.rid, true);
     for _ in 0..MAX_REQUESTS {
         assert!(
-            g.r.iflush(&[FlushBuf {
-                addr: ga,
-                size: 64,
-                mh: &gmh
-            }])
+            g.r.iflush(
+                g.now(),
+                &[FlushBuf {
+                    addr: ga,
+                    size: 64,
+                    mh: &gmh
+                }]
+            )
             .unwrap()
             .is_some()
         );
     }
     let e =
-        g.r.iflush(&[FlushBuf {
-            addr: ga,
-            size: 64,
-            mh: &gmh,
-        }])
+        g.r.iflush(
+            g.now(),
+            &[FlushBuf {
+                addr: ga,
+                size: 64,
+                mh: &gmh,
+            }],
+        )
         .unwrap_err();
     assert!(matches!(e, Error::Internal(_)), "{e}");
 }
@@ -968,7 +1115,7 @@ fn corrupt_clear_to_send_entries_are_rejected() {
     g.fab
         .write(fifo + 8 * SLOT_IDX as u64, &1u64.to_le_bytes())
         .unwrap();
-    let e = g.s.isend(sa, 8, 0, &smh).unwrap_err();
+    let e = g.s.isend(g.now(), sa, 8, 0, &smh).unwrap_err();
     assert!(
         matches!(e, Error::Remote(_)) && e.to_string().contains("magic"),
         "{e}"
@@ -978,14 +1125,14 @@ fn corrupt_clear_to_send_entries_are_rejected() {
     g.fab
         .write(fifo + 8 * SLOT_HDR as u64, &hdr.to_le_bytes())
         .unwrap();
-    let e = g.s.isend(sa, 8, 0, &smh).unwrap_err();
+    let e = g.s.isend(g.now(), sa, 8, 0, &smh).unwrap_err();
     assert!(e.to_string().contains("accepted: 1..=8"), "{e}");
     // Right magic, wrong path count.
     let hdr = 1u64 | (3 << 8) | (0x5C75 << 32);
     g.fab
         .write(fifo + 8 * SLOT_HDR as u64, &hdr.to_le_bytes())
         .unwrap();
-    let e = g.s.isend(sa, 8, 0, &smh).unwrap_err();
+    let e = g.s.isend(g.now(), sa, 8, 0, &smh).unwrap_err();
     assert!(e.to_string().contains("3 data paths"), "{e}");
 }
 
@@ -1006,7 +1153,7 @@ fn control_info_exchange_is_checked() {
     let addr = fab.alloc(8).unwrap();
     let mh = s.reg_mr(addr, 8, MemKind::Host).unwrap();
     assert!(matches!(
-        s.isend(addr, 8, 0, &mh),
+        s.isend(Instant::now(), addr, 8, 0, &mh),
         Err(Error::InvalidArgument(_))
     ));
 }
@@ -1048,7 +1195,13 @@ fn two_threads_pipelined() {
             assert!(Instant::now() < deadline, "sender stuck at {done}/{N}");
             if next < N && q.len() < DEPTH {
                 if let Some(req) = s
-                    .isend(sa + off(next) as u64, size(next) as u64, 0, &smh)
+                    .isend(
+                        Instant::now(),
+                        sa + off(next) as u64,
+                        size(next) as u64,
+                        0,
+                        &smh,
+                    )
                     .unwrap()
                 {
                     q.push_back((req, next));
@@ -1056,7 +1209,7 @@ fn two_threads_pipelined() {
                 }
             }
             if let Some(&(req, i)) = q.front() {
-                if let Some(n) = s.test(req).unwrap() {
+                if let Some(n) = s.test(Instant::now(), req).unwrap() {
                     assert_eq!(n, size(i) as u64);
                     q.pop_front();
                     done += 1;
@@ -1079,13 +1232,13 @@ fn two_threads_pipelined() {
                 tag: 0,
                 mh: &rmh,
             };
-            if let Some(req) = r.irecv(&[buf]).unwrap() {
+            if let Some(req) = r.irecv(Instant::now(), &[buf]).unwrap() {
                 q.push_back((req, next));
                 next += 1;
             }
         }
         if let Some(&(req, i)) = q.front() {
-            if let Some(sizes) = r.test(req).unwrap() {
+            if let Some(sizes) = r.test(Instant::now(), req).unwrap() {
                 assert_eq!(sizes.as_slice(), &[size(i) as u64]);
                 let got = fab.read(ra + ((i % DEPTH) * CAP) as u64, size(i)).unwrap();
                 assert!(
@@ -1117,23 +1270,29 @@ fn dmabuf_registration_is_gpu_memory_and_gets_flushed() {
     assert_eq!(mh.kind(), MemKind::Cuda);
     let (sa, smh) = g.send_buf(&pattern(4096, 5));
     let rr =
-        g.r.irecv(&[RecvBuf {
-            addr,
-            size: 4096,
-            tag: 0,
-            mh: &mh,
-        }])
+        g.r.irecv(
+            g.now(),
+            &[RecvBuf {
+                addr,
+                size: 4096,
+                tag: 0,
+                mh: &mh,
+            }],
+        )
         .unwrap()
         .unwrap();
     let sr = g.isend(sa, 4096, 0, &smh);
     g.wait_send(sr);
     assert_eq!(g.wait_recv(rr).as_slice(), &[4096]);
     let f =
-        g.r.iflush(&[FlushBuf {
-            addr,
-            size: 4096,
-            mh: &mh,
-        }])
+        g.r.iflush(
+            g.now(),
+            &[FlushBuf {
+                addr,
+                size: 4096,
+                mh: &mh,
+            }],
+        )
         .unwrap()
         .expect("GPU memory is flushed");
     g.wait_recv(f);
@@ -1188,12 +1347,15 @@ fn one_warning_per_failed_path_naming_path_and_status() {
         let (ra, rmh) = g.recv_buf(1 << 20, MemKind::Host);
         let (sa, smh) = g.send_buf(&pattern(1 << 20, 1));
         for _ in 0..3 {
-            g.r.irecv(&[RecvBuf {
-                addr: ra,
-                size: 1 << 20,
-                tag: 0,
-                mh: &rmh,
-            }])
+            g.r.irecv(
+                g.now(),
+                &[RecvBuf {
+                    addr: ra,
+                    size: 1 << 20,
+                    tag: 0,
+                    mh: &rmh,
+                }],
+            )
             .unwrap()
             .unwrap();
         }
@@ -1202,7 +1364,7 @@ fn one_warning_per_failed_path_naming_path_and_status() {
         // The first fails with the injected status, the later ones with flush errors: all fail.
         for sr in sreqs {
             assert!(matches!(
-                g.s.test(sr),
+                g.s.test(g.now(), sr),
                 Err(Error::Remote(_)) | Err(Error::System(_))
             ));
         }
@@ -1230,17 +1392,23 @@ fn works_through_a_boxed_dyn_fabric() {
     let smh = s.reg_mr(sa, 100, MemKind::Host).unwrap();
     let rmh = r.reg_mr(ra, 100, MemKind::Host).unwrap();
     let rr = r
-        .irecv(&[RecvBuf {
-            addr: ra,
-            size: 100,
-            tag: 0,
-            mh: &rmh,
-        }])
+        .irecv(
+            Instant::now(),
+            &[RecvBuf {
+                addr: ra,
+                size: 100,
+                tag: 0,
+                mh: &rmh,
+            }],
+        )
         .unwrap()
         .unwrap();
-    let sr = s.isend(sa, 100, 0, &smh).unwrap().unwrap();
-    assert_eq!(s.test(sr).unwrap(), Some(100));
-    assert_eq!(r.test(rr).unwrap().unwrap().as_slice(), &[100]);
+    let sr = s.isend(Instant::now(), sa, 100, 0, &smh).unwrap().unwrap();
+    assert_eq!(s.test(Instant::now(), sr).unwrap(), Some(100));
+    assert_eq!(
+        r.test(Instant::now(), rr).unwrap().unwrap().as_slice(),
+        &[100]
+    );
     assert_eq!(fab.read(ra, 100).unwrap(), pattern(100, 3));
     // Comms move to another thread (NCCL's progress thread).
     std::thread::spawn(move || drop((s, r))).join().unwrap();

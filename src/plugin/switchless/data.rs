@@ -5,6 +5,7 @@
 
 use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use super::{Connectable, PathFactory, Switchless};
 use crate::error::{Error, Result};
@@ -107,7 +108,7 @@ impl<F: Connectable> SendEnd<F> {
         let mut g = lock(&self.comm, "comm")?;
         let sc = g.as_mut().ok_or_else(|| closed("isend"))?;
         Ok(sc
-            .isend(addr as u64, size as u64, tag as u32, mr)?
+            .isend(Instant::now(), addr as u64, size as u64, tag as u32, mr)?
             .map(|r| Req::Send(Arc::clone(&self.comm), r)))
     }
 }
@@ -126,7 +127,9 @@ impl<F: Connectable> RecvEnd<F> {
             .collect();
         let mut g = lock(&self.comm, "comm")?;
         let rc = g.as_mut().ok_or_else(|| closed("irecv"))?;
-        Ok(rc.irecv(&v)?.map(|r| Req::Recv(Arc::clone(&self.comm), r)))
+        Ok(rc
+            .irecv(Instant::now(), &v)?
+            .map(|r| Req::Recv(Arc::clone(&self.comm), r)))
     }
 
     /// `iflush`.
@@ -141,7 +144,9 @@ impl<F: Connectable> RecvEnd<F> {
             .collect();
         let mut g = lock(&self.comm, "comm")?;
         let rc = g.as_mut().ok_or_else(|| closed("iflush"))?;
-        Ok(rc.iflush(&v)?.map(|r| Req::Recv(Arc::clone(&self.comm), r)))
+        Ok(rc
+            .iflush(Instant::now(), &v)?
+            .map(|r| Req::Recv(Arc::clone(&self.comm), r)))
     }
 }
 
@@ -160,7 +165,7 @@ impl<F: Connectable> Req<F> {
             Req::Send(c, r) => {
                 let mut g = lock(c, "comm")?;
                 let sc = g.as_mut().ok_or_else(|| closed("test"))?;
-                match sc.test(*r)? {
+                match sc.test(Instant::now(), *r)? {
                     Some(n) => {
                         if let Some(s) = sizes.first_mut() {
                             *s = n as usize;
@@ -173,7 +178,7 @@ impl<F: Connectable> Req<F> {
             Req::Recv(c, r) => {
                 let mut g = lock(c, "comm")?;
                 let rc = g.as_mut().ok_or_else(|| closed("test"))?;
-                match rc.test(*r)? {
+                match rc.test(Instant::now(), *r)? {
                     Some(got) => {
                         for (o, s) in sizes.iter_mut().zip(got.as_slice()) {
                             *o = *s as usize;

@@ -1,0 +1,552 @@
+//! Send and receive comms: the receiver-driven data protocol over any [`Fabric`].
+//!
+//! See `docs/readme/transport.md` and the [`super`] module docs for the protocol. In short:
+//!
+//! 1. `irecv` writes a clear-to-send (CTS) entry into the sender's FIFO slot `seq % 32` with two RDMA
+//!    writes on one path: the body (buffers, sizes, tags, rkeys per path), then the word `seq + 1`.
+//! 2. `isend` acquire-loads that word; when it reads `seq + 1` it decodes the body, matches the tag,
+//!    checks the size and writes the data striped over the data paths. On the first path of the stripe
+//!    it then writes the size record into the receiver's record array with an immediate; every other
+//!    path's last data write carries the immediate.
+//! 3. The receiver counts immediates per buffer (each names its slot, buffer, the number of paths and
+//!    the sequence number); when all arrived it reads the size record.
+//!
+//! The comms read no clock: every call that may start or end a request timeout (`isend`, `irecv`,
+//! `iflush`, `test`) takes `now` from the caller, so tests step time instead of sleeping.
+//!
+//! This file holds what both sides share (`Core`: paths, completions, registration, teardown) and the
+//! public types; `send.rs` is the sending side, `recv.rs` the receiving side. The wire layouts are in
+//! [`super::wire`], the striping arithmetic in [`super::stripe`].
+#![forbid(unsafe_code)]
+
+use std::os::fd::BorrowedFd;
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::transport::fabric::{
+    Completion, CtrlMem, Fabric, MemKind, PathRole, RECV_DEPTH, Registration, SEND_QUEUE_DEPTH,
+    WcStatus,
+};
+use crate::transport::stripe::{MAX_PATHS, StripeParams};
+use crate::transport::wire::{self, CtrlInfo, MAX_RECVS};
+
+/// The methods both comm types share: the fabric, and registration (NCCL `regMr`, `regMrDmaBuf`,
+/// `deregMr`), all delegated to [`Core`].
+macro_rules! registration_methods {
+    () => {
+        /// The fabric (e.g. for statistics in tests).
+        pub fn fabric(&self) -> &F {
+            &self.core.fab
+        }
+
+        /// The fabric, mutably (e.g. to finish a transport's connection set-up before first use).
+        pub fn fabric_mut(&mut self) -> &mut F {
+            &mut self.core.fab
+        }
+
+        /// Registers memory on every path (NCCL `regMr`).
+        pub fn reg_mr(
+            &mut self,
+            addr: u64,
+            len: u64,
+            kind: $crate::transport::fabric::MemKind,
+        ) -> $crate::error::Result<$crate::transport::comm::MemHandle> {
+            self.core.register(addr, len, kind, None)
+        }
+
+        /// Registers GPU memory exported as DMA-BUF (NCCL `regMrDmaBuf`); `fd` need only live for
+        /// the call. The handle has kind [`MemKind::Cuda`].
+        ///
+        /// [`MemKind::Cuda`]: crate::transport::fabric::MemKind::Cuda
+        pub fn reg_mr_dmabuf(
+            &mut self,
+            addr: u64,
+            len: u64,
+            offset: u64,
+            fd: ::std::os::fd::BorrowedFd<'_>,
+        ) -> $crate::error::Result<$crate::transport::comm::MemHandle> {
+            self.core.register(
+                addr,
+                len,
+                $crate::transport::fabric::MemKind::Cuda,
+                Some((offset, fd)),
+            )
+        }
+
+        /// Releases a registration (NCCL `deregMr`).
+        pub fn dereg_mr(
+            &mut self,
+            mh: $crate::transport::comm::MemHandle,
+        ) -> $crate::error::Result<()> {
+            self.core.deregister(&mh)
+        }
+    };
+}
+
+/// Implements [`Registrar`] for a comm type through its inherent methods.
+macro_rules! impl_registrar {
+    ($comm:ident) => {
+        impl<F: $crate::transport::fabric::Fabric> $crate::transport::comm::Registrar for $comm<F> {
+            fn reg_mr(
+                &mut self,
+                addr: u64,
+                len: u64,
+                kind: $crate::transport::fabric::MemKind,
+            ) -> $crate::error::Result<$crate::transport::comm::MemHandle> {
+                $comm::reg_mr(self, addr, len, kind)
+            }
+            fn reg_mr_dmabuf(
+                &mut self,
+                addr: u64,
+                len: u64,
+                offset: u64,
+                fd: ::std::os::fd::BorrowedFd<'_>,
+            ) -> $crate::error::Result<$crate::transport::comm::MemHandle> {
+                $comm::reg_mr_dmabuf(self, addr, len, offset, fd)
+            }
+            fn dereg_mr(
+                &mut self,
+                mh: $crate::transport::comm::MemHandle,
+            ) -> $crate::error::Result<()> {
+                $comm::dereg_mr(self, mh)
+            }
+        }
+    };
+}
+
+// Declared after the macros above, which both files use.
+mod recv;
+mod send;
+
+pub use recv::RecvComm;
+pub use send::SendComm;
+
+/// Largest single RDMA write the protocol posts (1 GiB; IB allows up to 2 GiB).
+pub const MAX_WR_BYTES: u64 = 1 << 30;
+/// Largest message (the size record's 48 bits).
+pub const MAX_MESSAGE_BYTES: u64 = wire::RECORD_SIZE_MASK;
+const POLL_BATCH: usize = 16;
+
+/// Protocol knobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProtocolConfig {
+    /// Writes of at most this many bytes are marked [`WriteWr::inline`] (size records, CTS entries,
+    /// tiny messages). Default 64 bytes; 0 disables the hint.
+    ///
+    /// [`WriteWr::inline`]: crate::transport::fabric::WriteWr::inline
+    pub inline_max: u32,
+    /// Striping (minimum chunk, alignment).
+    pub stripe: StripeParams,
+    /// A request still pending after this long fails in `test` with [`Error::Timeout`], and an `isend`
+    /// that has found no clear-to-send for this long fails likewise. `None` waits forever (NCCL's own
+    /// behaviour: a slow peer is not an error).
+    pub request_timeout: Option<Duration>,
+}
+
+impl Default for ProtocolConfig {
+    fn default() -> Self {
+        ProtocolConfig {
+            inline_max: 64,
+            stripe: StripeParams::default(),
+            request_timeout: None,
+        }
+    }
+}
+
+/// A registered buffer (NCCL's `mhandle`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemHandle {
+    addr: u64,
+    len: u64,
+    kind: MemKind,
+    reg: Registration,
+}
+
+impl MemHandle {
+    /// Start address.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+    /// Whether the registration is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Host or GPU memory.
+    pub fn kind(&self) -> MemKind {
+        self.kind
+    }
+    /// Keys per path.
+    pub fn registration(&self) -> &Registration {
+        &self.reg
+    }
+
+    fn check_covers(&self, addr: u64, len: u64, what: &str) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let end = addr.checked_add(len);
+        let ok = addr >= self.addr && end.is_some_and(|e| e <= self.addr + self.len);
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "{what} buffer {addr:#x}+{len} bytes is outside its memory registration {:#x}+{} bytes",
+                self.addr, self.len
+            )))
+        }
+    }
+}
+
+/// A request handle. [`Request::to_raw`] is never 0 nor 1 (`NCCL_NET_OPTIONAL_RECV_COMPLETION`), so the
+/// FFI layer may store it in NCCL's `void** request` directly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Request(u64);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReqKind {
+    Send = 1,
+    Recv = 2,
+    Flush = 3,
+}
+
+impl Request {
+    fn new(kind: ReqKind, index: usize, generation: u32) -> Request {
+        Request((u64::from(generation) << 32) | ((kind as u64) << 16) | index as u64)
+    }
+    fn parts(self) -> (u64, usize, u32) {
+        (
+            (self.0 >> 16) & 0xffff,
+            (self.0 & 0xffff) as usize,
+            (self.0 >> 32) as u32,
+        )
+    }
+    /// The value to hand to NCCL (≥ 2^32).
+    pub fn to_raw(self) -> u64 {
+        self.0
+    }
+    /// Rebuilds a request from [`Request::to_raw`]; the comm checks it in `test`.
+    pub fn from_raw(raw: u64) -> Request {
+        Request(raw)
+    }
+}
+
+/// Sizes received by a grouped receive, one per buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Sizes {
+    n: usize,
+    sizes: [u64; MAX_RECVS],
+}
+
+impl Sizes {
+    /// The sizes, in buffer order (empty for a flush).
+    pub fn as_slice(&self) -> &[u64] {
+        &self.sizes[..self.n]
+    }
+}
+
+/// One buffer of a grouped receive.
+#[derive(Debug, Clone, Copy)]
+pub struct RecvBuf<'a> {
+    /// Address.
+    pub addr: u64,
+    /// Size in bytes (the largest message it accepts).
+    pub size: u64,
+    /// Tag (NCCL: the sender's rank).
+    pub tag: u32,
+    /// Registration covering the buffer.
+    pub mh: &'a MemHandle,
+}
+
+/// One buffer named in a flush.
+#[derive(Debug, Clone, Copy)]
+pub struct FlushBuf<'a> {
+    /// Address.
+    pub addr: u64,
+    /// Bytes received into it.
+    pub size: u64,
+    /// Registration covering the buffer.
+    pub mh: &'a MemHandle,
+}
+
+fn next_generation(g: u32) -> u32 {
+    match g.wrapping_add(1) {
+        0 => 1,
+        x => x,
+    }
+}
+
+/// State shared by both comm types: the fabric, path tables, completion buffer, warnings.
+struct Core<F: Fabric> {
+    fab: F,
+    cfg: ProtocolConfig,
+    /// Fabric indices of the data paths, in data-path order.
+    data: Vec<usize>,
+    /// Fabric indices of the loopback paths.
+    loops: Vec<usize>,
+    speeds: Vec<u64>,
+    labels: Vec<String>,
+    warned: Vec<bool>,
+    cqe: Vec<Completion>,
+    ctrl: Vec<CtrlMem>,
+    /// Registrations NCCL has not released yet (by token): `close` releases them, so a comm closed
+    /// with registrations still live leaks nothing.
+    regs: std::collections::HashMap<u64, Registration>,
+    closed: bool,
+}
+
+/// Registration as NCCL sees it (`regMr`, `regMrDmaBuf`, `deregMr`), the same on both comm types, so
+/// callers holding either can register through one `&mut dyn Registrar`.
+pub trait Registrar {
+    /// Registers memory on every path (NCCL `regMr`).
+    fn reg_mr(&mut self, addr: u64, len: u64, kind: MemKind) -> Result<MemHandle>;
+    /// Registers GPU memory exported as DMA-BUF (NCCL `regMrDmaBuf`).
+    fn reg_mr_dmabuf(
+        &mut self,
+        addr: u64,
+        len: u64,
+        offset: u64,
+        fd: BorrowedFd<'_>,
+    ) -> Result<MemHandle>;
+    /// Releases a registration (NCCL `deregMr`).
+    fn dereg_mr(&mut self, mh: MemHandle) -> Result<()>;
+}
+
+impl<F: Fabric> Core<F> {
+    fn new(fab: F, cfg: ProtocolConfig) -> Result<Core<F>> {
+        let paths = fab.paths();
+        let data: Vec<usize> = (0..paths.len())
+            .filter(|&i| paths[i].role == PathRole::Data)
+            .collect();
+        let loops = (0..paths.len())
+            .filter(|&i| paths[i].role == PathRole::Loopback)
+            .collect();
+        if data.is_empty() || data.len() > MAX_PATHS {
+            return Err(Error::InvalidArgument(format!(
+                "a connection has {} data paths; accepted: 1..={MAX_PATHS}",
+                data.len()
+            )));
+        }
+        let speeds = data.iter().map(|&i| paths[i].speed_mbps).collect();
+        let labels = paths.iter().map(|p| p.label.clone()).collect();
+        Ok(Core {
+            warned: vec![false; paths.len()],
+            fab,
+            cfg,
+            data,
+            loops,
+            speeds,
+            labels,
+            cqe: Vec::with_capacity(POLL_BATCH),
+            ctrl: Vec::new(),
+            regs: std::collections::HashMap::new(),
+            closed: false,
+        })
+    }
+
+    /// The data paths' labels, for errors about the connection as a whole (a request timeout).
+    fn paths_text(&self) -> String {
+        let l: Vec<String> = self
+            .data
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| match self.fab.path_note(p) {
+                Some(n) => format!("[{i}] {} ({n})", self.labels[p]),
+                None => format!("[{i}] {}", self.labels[p]),
+            })
+            .collect();
+        l.join(", ")
+    }
+
+    fn deregister(&mut self, mh: &MemHandle) -> Result<()> {
+        self.regs.remove(&mh.reg.token);
+        self.fab.deregister(&mh.reg)
+    }
+
+    fn alloc(&mut self, words: usize) -> Result<CtrlMem> {
+        let m = self.fab.alloc_ctrl(words)?;
+        self.ctrl.push(m.clone());
+        Ok(m)
+    }
+
+    fn info(&self, m: &CtrlMem) -> CtrlInfo {
+        CtrlInfo {
+            addr: m.addr,
+            words: m.words as u32,
+            rkeys: self.data.iter().map(|&p| m.reg.keys[p].rkey).collect(),
+        }
+    }
+
+    fn check_peer(&self, peer: &CtrlInfo, need_words: usize, what: &str) -> Result<()> {
+        if peer.rkeys.len() != self.data.len() {
+            return Err(Error::Remote(format!(
+                "peer's {what} lists keys for {} data paths; this connection has {}",
+                peer.rkeys.len(),
+                self.data.len()
+            )));
+        }
+        if (peer.words as usize) < need_words || peer.addr % 8 != 0 {
+            return Err(Error::Remote(format!(
+                "peer's {what} is {} words at {:#x}; at least {need_words} words, 8-byte aligned, expected",
+                peer.words, peer.addr
+            )));
+        }
+        Ok(())
+    }
+
+    /// Turns an error completion into an error, logging once per path.
+    fn completion_error(&mut self, path: usize, c: &Completion, what: &str) -> Error {
+        let label = &self.labels[path];
+        let mut msg = format!("{what} on path {path} ({label}) failed: {}", c.status);
+        if let Some(n) = self.fab.path_note(path) {
+            msg.push_str(&format!("; {n}"));
+        }
+        if !self.warned[path] && c.status != WcStatus::WR_FLUSH_ERR {
+            self.warned[path] = true;
+            tracing::warn!(path, label = %label, status = %c.status, "NET/switchless: {msg}");
+        } else {
+            tracing::debug!("NET/switchless: {msg}");
+        }
+        if c.status.is_remote() {
+            Error::Remote(msg)
+        } else {
+            Error::System(msg)
+        }
+    }
+
+    fn register(
+        &mut self,
+        addr: u64,
+        len: u64,
+        kind: MemKind,
+        dmabuf: Option<(u64, BorrowedFd<'_>)>,
+    ) -> Result<MemHandle> {
+        let ulen = usize::try_from(len).map_err(|_| {
+            Error::InvalidArgument(format!(
+                "registration of {len} bytes exceeds the address space"
+            ))
+        })?;
+        addr.checked_add(len).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "registration {addr:#x}+{len} bytes wraps the address space"
+            ))
+        })?;
+        let reg = match dmabuf {
+            None => self.fab.register(addr, ulen, kind)?,
+            Some((offset, fd)) => self.fab.register_dmabuf(addr, ulen, offset, fd)?,
+        };
+        if reg.keys.len() != self.fab.paths().len() {
+            let err = Error::Internal(format!(
+                "fabric returned keys for {} paths; it has {}",
+                reg.keys.len(),
+                self.fab.paths().len()
+            ));
+            let _ = self.fab.deregister(&reg);
+            return Err(err);
+        }
+        self.regs.insert(reg.token, reg.clone());
+        Ok(MemHandle {
+            addr,
+            len,
+            kind,
+            reg,
+        })
+    }
+
+    /// Polls every path once (bounded), handing each completion to `f`.
+    fn poll_all(
+        &mut self,
+        mut f: impl FnMut(&mut Core<F>, usize, Completion) -> Result<()>,
+    ) -> Result<()> {
+        let npaths = self.fab.paths().len();
+        for path in 0..npaths {
+            // Bounded: at most the queue depth worth of completions per call.
+            for _ in 0..(SEND_QUEUE_DEPTH + RECV_DEPTH) / POLL_BATCH + 1 {
+                let mut buf = std::mem::take(&mut self.cqe);
+                buf.clear();
+                let got = self.fab.poll(path, POLL_BATCH, &mut buf);
+                let got = match got {
+                    Ok(n) => n,
+                    Err(e) => {
+                        self.cqe = buf;
+                        return Err(e);
+                    }
+                };
+                let mut res = Ok(());
+                for c in buf.iter() {
+                    if let Err(e) = f(self, path, *c) {
+                        res = Err(e);
+                        break;
+                    }
+                }
+                self.cqe = buf;
+                res?;
+                if got < POLL_BATCH {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn close(&mut self) -> Result<()> {
+        if self.closed {
+            return Ok(());
+        }
+        self.closed = true;
+        let mut first: Option<Error> = None;
+        // 1. Stop the paths: nothing new is placed in our memory after this.
+        if let Err(e) = self.fab.shutdown() {
+            first.get_or_insert(e);
+        }
+        // 2. Drain what completed (flush errors of outstanding requests), bounded.
+        let _ = self.poll_all(|_, _, _| Ok(()));
+        // 3. Free control memory, newest first.
+        while let Some(m) = self.ctrl.pop() {
+            if let Err(e) = self.fab.free_ctrl(&m) {
+                first.get_or_insert(e);
+            }
+        }
+        // 4. Release registrations NCCL did not deregister before closing.
+        for (_, reg) in std::mem::take(&mut self.regs) {
+            if let Err(e) = self.fab.deregister(&reg) {
+                first.get_or_insert(e);
+            }
+        }
+        match first {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn fab_ref(&self) -> &F {
+        &self.fab
+    }
+}
+
+/// How long a request posted at `posted` has waited at `now`, if that is past `limit`. Saturating: a
+/// `now` before `posted` (a caller's clock that stepped back) counts as no wait.
+fn timed_out(posted: Option<Instant>, limit: Option<Duration>, now: Instant) -> Option<Duration> {
+    let (t, l) = (posted?, limit?);
+    let waited = now.saturating_duration_since(t);
+    (waited > l).then_some(waited)
+}
+
+/// Builds a connected pair from two fabric endpoints in one process (tests, benchmarks, and any
+/// transport whose handshake has already exchanged nothing but the paths).
+pub fn connect_pair<F: Fabric, G: Fabric>(
+    send_fab: F,
+    recv_fab: G,
+    cfg: ProtocolConfig,
+) -> Result<(SendComm<F>, RecvComm<G>)> {
+    let mut s = SendComm::new(send_fab, cfg)?;
+    let mut r = RecvComm::new(recv_fab, cfg)?;
+    let si = s.local_info();
+    let ri = r.local_info();
+    s.connect(ri)?;
+    r.connect(si)?;
+    Ok((s, r))
+}

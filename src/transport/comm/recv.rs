@@ -1,0 +1,507 @@
+//! The receiving side of a connection (NCCL's `recvComm`): posts clear-to-send entries into the
+//! sender's FIFO, counts the immediates per buffer and reads the size records; flushes GPU receives.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use super::{
+    Core, FlushBuf, ProtocolConfig, RecvBuf, ReqKind, Request, Sizes, next_generation, timed_out,
+};
+use crate::error::{Error, Result};
+use crate::transport::fabric::{
+    Completion, CtrlMem, Fabric, LocalSeg, MemKind, RECV_DEPTH, ReadWr, RemoteSeg, WriteWr,
+};
+use crate::transport::wire::{
+    self, CtrlInfo, CtsElem, FIFO_DEPTH, Imm, MAX_RECVS, MAX_REQUESTS, SLOT_HDR, SLOT_IDX,
+    SLOT_WORDS, WrKind,
+};
+
+#[derive(Debug, Clone, Copy, Default)]
+struct ElemState {
+    posted: u64,
+    /// Immediates expected (0: none seen yet).
+    expected: u8,
+    got: u8,
+    done: bool,
+    size: u64,
+}
+
+#[derive(Debug, Default)]
+struct RecvReq {
+    in_use: bool,
+    generation: u32,
+    seq: u64,
+    n: usize,
+    elems: [ElemState; MAX_RECVS],
+    cts_pending: u8,
+    error: Option<Error>,
+    posted: Option<Instant>,
+}
+
+#[derive(Debug, Default)]
+struct FlushReq {
+    in_use: bool,
+    generation: u32,
+    pending: u32,
+    error: Option<Error>,
+    posted: Option<Instant>,
+}
+
+/// The receiving side of a connection (NCCL's `recvComm`).
+pub struct RecvComm<F: Fabric> {
+    core: Core<F>,
+    shadow: CtrlMem,
+    records: CtrlMem,
+    scratch: CtrlMem,
+    peer: Option<CtrlInfo>,
+    head: u64,
+    slots: Vec<RecvReq>,
+    flushes: Vec<FlushReq>,
+    flush_free: Vec<usize>,
+    /// A failure that concerns every request (a receive queue error, a protocol violation).
+    fatal: Option<Error>,
+    slot_words: [u64; SLOT_WORDS],
+}
+
+impl<F: Fabric> RecvComm<F> {
+    /// Allocates the CTS shadow, the size records and the flush scratch words, and posts
+    /// [`RECV_DEPTH`] receives on every data path.
+    pub fn new(fab: F, cfg: ProtocolConfig) -> Result<RecvComm<F>> {
+        let mut core = Core::new(fab, cfg)?;
+        let shadow = core.alloc(FIFO_DEPTH * SLOT_WORDS)?;
+        let records = core.alloc(FIFO_DEPTH * MAX_RECVS)?;
+        let scratch = core.alloc(MAX_REQUESTS)?;
+        for k in 0..core.data.len() {
+            let path = core.data[k];
+            for _ in 0..RECV_DEPTH {
+                core.fab
+                    .post_recv(path, wire::wr_id(WrKind::Recv, path, 0))?;
+            }
+        }
+        let mut slots = Vec::with_capacity(FIFO_DEPTH);
+        slots.resize_with(FIFO_DEPTH, || RecvReq {
+            generation: 1,
+            ..RecvReq::default()
+        });
+        let mut flushes = Vec::with_capacity(MAX_REQUESTS);
+        flushes.resize_with(MAX_REQUESTS, || FlushReq {
+            generation: 1,
+            ..FlushReq::default()
+        });
+        Ok(RecvComm {
+            core,
+            shadow,
+            records,
+            scratch,
+            peer: None,
+            head: 0,
+            slots,
+            flushes,
+            flush_free: (0..MAX_REQUESTS).rev().collect(),
+            fatal: None,
+            slot_words: [0; SLOT_WORDS],
+        })
+    }
+
+    /// What the sender needs: the size-record array's address and keys.
+    pub fn local_info(&self) -> CtrlInfo {
+        self.core.info(&self.records)
+    }
+
+    /// Accepts the sender's [`SendComm::local_info`] (its CTS FIFO).
+    ///
+    /// [`SendComm::local_info`]: super::SendComm::local_info
+    pub fn connect(&mut self, peer: CtrlInfo) -> Result<()> {
+        self.core
+            .check_peer(&peer, FIFO_DEPTH * SLOT_WORDS, "CTS FIFO")?;
+        self.peer = Some(peer);
+        Ok(())
+    }
+
+    registration_methods!();
+
+    /// Posts a grouped receive of 1..=[`MAX_RECVS`] buffers (NCCL `irecv`). `Ok(None)` means "call
+    /// again later": the FIFO slot this receive needs is still held by an older request. `now` is the
+    /// current time (the request timeout counts from it).
+    pub fn irecv(&mut self, now: Instant, bufs: &[RecvBuf<'_>]) -> Result<Option<Request>> {
+        let Some(peer) = self.peer.as_ref() else {
+            return Err(Error::InvalidArgument(
+                "irecv on a recv comm that is not connected".into(),
+            ));
+        };
+        if self.core.closed {
+            return Err(Error::InvalidArgument("irecv on a closed recv comm".into()));
+        }
+        let n = bufs.len();
+        if n == 0 || n > MAX_RECVS {
+            return Err(Error::InvalidArgument(format!(
+                "irecv of {n} buffers; accepted: 1..={MAX_RECVS}"
+            )));
+        }
+        for b in bufs {
+            b.mh.check_covers(b.addr, b.size, "receive")?;
+        }
+        let slot = (self.head % FIFO_DEPTH as u64) as usize;
+        if self.slots[slot].in_use {
+            return Ok(None);
+        }
+        let npaths = self.core.data.len();
+        let mut elems = [CtsElem::default(); MAX_RECVS];
+        for (el, b) in elems.iter_mut().zip(bufs) {
+            el.addr = b.addr;
+            el.size = b.size;
+            el.tag = b.tag;
+            for (k, &p) in self.core.data.iter().enumerate() {
+                el.rkeys[k] = b.mh.reg.keys[p].rkey;
+            }
+        }
+        let seq = self.head;
+        let base = slot * SLOT_WORDS;
+        wire::encode_slot_body(&elems[..n], npaths, &mut self.slot_words);
+        let body = wire::slot_body_words(n);
+        let inline_max = self.core.cfg.inline_max;
+        let fab = &mut self.core.fab;
+        fab.ctrl_write(
+            self.shadow.word(base + SLOT_HDR),
+            &self.slot_words[SLOT_HDR..SLOT_HDR + body],
+        )?;
+        fab.ctrl_store(
+            self.shadow.word(base + SLOT_IDX),
+            seq + 1,
+            Ordering::Release,
+        )?;
+
+        let k = (seq % npaths as u64) as usize;
+        let path = self.core.data[k];
+        let lkey = self.shadow.reg.keys[path].lkey;
+        let rkey = peer.rkeys[k];
+        let r = &mut self.slots[slot];
+        let id = wire::wr_id(WrKind::Cts, slot, r.generation);
+        // Body first, then the index word on the same path: the sender sees the index only after the
+        // body is in place.
+        fab.post_writes(
+            path,
+            &[
+                WriteWr {
+                    wr_id: id,
+                    local: LocalSeg {
+                        addr: self.shadow.word(base + SLOT_HDR),
+                        len: (8 * body) as u32,
+                        lkey,
+                    },
+                    remote: RemoteSeg {
+                        addr: peer.addr + 8 * (base + SLOT_HDR) as u64,
+                        rkey,
+                    },
+                    imm: None,
+                    signaled: false,
+                    inline: 8 * body as u32 <= inline_max,
+                },
+                WriteWr {
+                    wr_id: id,
+                    local: LocalSeg {
+                        addr: self.shadow.word(base + SLOT_IDX),
+                        len: 8,
+                        lkey,
+                    },
+                    remote: RemoteSeg {
+                        addr: peer.addr + 8 * (base + SLOT_IDX) as u64,
+                        rkey,
+                    },
+                    imm: None,
+                    signaled: true,
+                    inline: 8 <= inline_max,
+                },
+            ],
+        )?;
+        r.in_use = true;
+        r.seq = seq;
+        r.n = n;
+        for (st, b) in r.elems.iter_mut().zip(bufs) {
+            *st = ElemState {
+                posted: b.size,
+                ..ElemState::default()
+            };
+        }
+        r.cts_pending = 1;
+        r.error = None;
+        r.posted = self.core.cfg.request_timeout.map(|_| now);
+        self.head += 1;
+        Ok(Some(Request::new(ReqKind::Recv, slot, r.generation)))
+    }
+
+    /// Flushes GPU-direct receives (NCCL `iflush`): one RDMA read per loopback path from the last
+    /// non-empty GPU buffer. `Ok(None)` means "nothing to flush" (no GPU buffer received data, or the
+    /// fabric has no loopback path); it is not a retry. More than [`MAX_REQUESTS`] flushes outstanding
+    /// is an [`Error::Internal`] (never a silent `None`, which NCCL would take as done). `now` is the
+    /// current time (the request timeout counts from it).
+    pub fn iflush(&mut self, now: Instant, bufs: &[FlushBuf<'_>]) -> Result<Option<Request>> {
+        if self.core.closed {
+            return Err(Error::InvalidArgument(
+                "iflush on a closed recv comm".into(),
+            ));
+        }
+        let Some(target) = bufs
+            .iter()
+            .rev()
+            .find(|b| b.size > 0 && b.mh.kind == MemKind::Cuda)
+        else {
+            return Ok(None);
+        };
+        target.mh.check_covers(target.addr, 1, "flush")?;
+        if self.core.loops.is_empty() {
+            return Ok(None);
+        }
+        let Some(idx) = self.flush_free.pop() else {
+            return Err(Error::Internal(format!(
+                "more than {MAX_REQUESTS} flushes outstanding on one recv comm"
+            )));
+        };
+        let generation = self.flushes[idx].generation;
+        let id = wire::wr_id(WrKind::Flush, idx, generation);
+        let mut posted = 0;
+        let mut result = Ok(());
+        for &lp in &self.core.loops {
+            let wr = ReadWr {
+                wr_id: id,
+                local: LocalSeg {
+                    addr: self.scratch.word(idx),
+                    len: 1,
+                    lkey: self.scratch.reg.keys[lp].lkey,
+                },
+                remote: RemoteSeg {
+                    addr: target.addr,
+                    rkey: target.mh.reg.keys[lp].rkey,
+                },
+            };
+            result = self.core.fab.post_read(lp, &wr);
+            if result.is_err() {
+                break;
+            }
+            posted += 1;
+        }
+        let f = &mut self.flushes[idx];
+        f.in_use = true;
+        f.pending = posted;
+        f.error = None;
+        f.posted = self.core.cfg.request_timeout.map(|_| now);
+        if let Err(e) = result {
+            self.release_flush(idx);
+            return Err(e);
+        }
+        Ok(Some(Request::new(ReqKind::Flush, idx, generation)))
+    }
+
+    fn release_flush(&mut self, idx: usize) {
+        let f = &mut self.flushes[idx];
+        f.in_use = false;
+        f.generation = next_generation(f.generation);
+        f.error = None;
+        self.flush_free.push(idx);
+    }
+
+    fn release_slot(&mut self, slot: usize) {
+        let r = &mut self.slots[slot];
+        r.in_use = false;
+        r.generation = next_generation(r.generation);
+        r.error = None;
+    }
+
+    fn progress(&mut self) -> Result<()> {
+        let slots = &mut self.slots;
+        let flushes = &mut self.flushes;
+        let records = &self.records;
+        let fatal = &mut self.fatal;
+        self.core.poll_all(|core, path, c| {
+            let Some((kind, idx, generation)) = wire::split_wr_id(c.wr_id) else {
+                return Err(Error::Internal(format!(
+                    "recv comm got a completion with foreign wr_id {:#x} on path {path}",
+                    c.wr_id
+                )));
+            };
+            match kind {
+                WrKind::Cts => {
+                    let Some(r) = slots
+                        .get_mut(idx)
+                        .filter(|r| r.in_use && r.generation == generation)
+                    else {
+                        return Ok(());
+                    };
+                    if c.status.is_success() {
+                        r.cts_pending = r.cts_pending.saturating_sub(1);
+                    } else {
+                        let err = core.completion_error(path, &c, "clear-to-send write");
+                        r.error.get_or_insert(err);
+                    }
+                }
+                WrKind::Flush => {
+                    let Some(f) = flushes
+                        .get_mut(idx)
+                        .filter(|f| f.in_use && f.generation == generation)
+                    else {
+                        return Ok(());
+                    };
+                    if c.status.is_success() {
+                        f.pending = f.pending.saturating_sub(1);
+                    } else {
+                        let err = core.completion_error(path, &c, "flush read");
+                        f.error.get_or_insert(err);
+                    }
+                }
+                WrKind::Recv => {
+                    if !c.status.is_success() {
+                        let err = core.completion_error(path, &c, "receive of an immediate");
+                        fatal.get_or_insert(err);
+                        return Ok(());
+                    }
+                    if !core.closed {
+                        core.fab.post_recv(path, c.wr_id)?;
+                    }
+                    if let Err(err) = Self::on_imm(core.fab_ref(), records, slots, &c) {
+                        tracing::warn!(path, label = %core.labels[path], "NET/switchless: {err}");
+                        fatal.get_or_insert(err);
+                    }
+                }
+                WrKind::Send => {
+                    return Err(Error::Internal(format!(
+                        "recv comm got a send completion (wr_id {:#x}) on path {path}",
+                        c.wr_id
+                    )));
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn on_imm(fab: &F, records: &CtrlMem, slots: &mut [RecvReq], c: &Completion) -> Result<()> {
+        let Some(v) = c.imm else {
+            return Err(Error::Remote(
+                "write-with-immediate completion without an immediate".into(),
+            ));
+        };
+        let imm = Imm::decode(v)?;
+        let r = &mut slots[imm.slot];
+        if !r.in_use || (r.seq as u16) != imm.seq16 || imm.elem >= r.n {
+            return Err(Error::Remote(format!(
+                "immediate for slot {} buffer {} sequence {:#x} matches no posted receive",
+                imm.slot, imm.elem, imm.seq16
+            )));
+        }
+        let st = &mut r.elems[imm.elem];
+        if st.done || (st.expected != 0 && st.expected as usize != imm.npaths) {
+            return Err(Error::Remote(format!(
+                "inconsistent immediates for slot {} buffer {}: {} paths announced, {} seen before",
+                imm.slot, imm.elem, imm.npaths, st.expected
+            )));
+        }
+        st.expected = imm.npaths as u8;
+        st.got += 1;
+        if st.got as usize == st.expected as usize {
+            let word = fab.ctrl_load(
+                records.word(imm.slot * MAX_RECVS + imm.elem),
+                Ordering::Acquire,
+            )?;
+            let size = wire::decode_record(word, r.seq)?;
+            if size > st.posted {
+                return Err(Error::Remote(format!(
+                    "peer sent {size} bytes into a receive buffer of {} bytes",
+                    st.posted
+                )));
+            }
+            st.size = size;
+            st.done = true;
+        }
+        Ok(())
+    }
+
+    /// Polls completions and reports whether `req` (a receive or a flush) is done: the received sizes
+    /// per buffer (empty for a flush). A done or failed request is released; testing it again is an
+    /// error. `now` is the current time, against which the request timeout is checked.
+    pub fn test(&mut self, now: Instant, req: Request) -> Result<Option<Sizes>> {
+        let (kind, idx, generation) = req.parts();
+        let valid = match kind {
+            k if k == ReqKind::Recv as u64 => self
+                .slots
+                .get(idx)
+                .is_some_and(|r| r.in_use && r.generation == generation),
+            k if k == ReqKind::Flush as u64 => self
+                .flushes
+                .get(idx)
+                .is_some_and(|f| f.in_use && f.generation == generation),
+            _ => false,
+        };
+        if !valid {
+            return Err(Error::InvalidArgument(format!(
+                "test of request {:#x}, which is not an outstanding receive or flush of this comm",
+                req.0
+            )));
+        }
+        self.progress()?;
+        if kind == ReqKind::Flush as u64 {
+            let f = &mut self.flushes[idx];
+            if let Some(e) = f.error.take() {
+                self.release_flush(idx);
+                return Err(e);
+            }
+            if f.pending == 0 {
+                self.release_flush(idx);
+                return Ok(Some(Sizes::default()));
+            }
+            if let Some(w) = timed_out(f.posted, self.core.cfg.request_timeout, now) {
+                self.release_flush(idx);
+                return Err(Error::Timeout(format!(
+                    "flush read made no progress for {} ms (NCCL_SWITCHLESS_REQUEST_TIMEOUT)",
+                    w.as_millis()
+                )));
+            }
+            return Ok(None);
+        }
+        let r = &mut self.slots[idx];
+        if let Some(e) = r.error.take().or_else(|| self.fatal.clone()) {
+            self.release_slot(idx);
+            return Err(e);
+        }
+        if r.cts_pending == 0 && r.elems[..r.n].iter().all(|e| e.done) {
+            let mut s = Sizes {
+                n: r.n,
+                sizes: [0; MAX_RECVS],
+            };
+            for (d, e) in s.sizes.iter_mut().zip(&r.elems[..r.n]) {
+                *d = e.size;
+            }
+            self.release_slot(idx);
+            return Ok(Some(s));
+        }
+        if let Some(w) = timed_out(r.posted, self.core.cfg.request_timeout, now) {
+            let msg = format!(
+                "receive of {} buffers (FIFO sequence {}) made no progress for {} ms (NCCL_SWITCHLESS_REQUEST_TIMEOUT): the peer does not answer on path(s) {}",
+                r.n,
+                r.seq,
+                w.as_millis(),
+                self.core.paths_text()
+            );
+            self.release_slot(idx);
+            return Err(Error::Timeout(msg));
+        }
+        Ok(None)
+    }
+
+    /// Number of receive requests outstanding.
+    pub fn outstanding(&self) -> usize {
+        self.slots.iter().filter(|r| r.in_use).count()
+    }
+
+    /// Tears down (NCCL `closeRecv`), also with requests outstanding: stops the paths, drains their
+    /// completions, frees control memory, then drops the fabric.
+    pub fn close(mut self) -> Result<()> {
+        self.core.close()
+    }
+}
+
+impl_registrar!(RecvComm);
+
+impl<F: Fabric> Drop for RecvComm<F> {
+    fn drop(&mut self) {
+        let _ = self.core.close();
+    }
+}

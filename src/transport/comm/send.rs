@@ -1,0 +1,395 @@
+//! The sending side of a connection (NCCL's `sendComm`): reads the receiver's clear-to-send entries
+//! from its FIFO, matches tags and writes the data striped over the paths.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use super::{
+    Core, MAX_MESSAGE_BYTES, MAX_WR_BYTES, MemHandle, ProtocolConfig, ReqKind, Request,
+    next_generation, timed_out,
+};
+use crate::error::{Error, Result};
+use crate::transport::fabric::{CtrlMem, Fabric, LocalSeg, RemoteSeg, WcOpcode, WriteWr};
+use crate::transport::stripe::{Chunk, MAX_PATHS, stripe};
+use crate::transport::wire::{
+    self, CtrlInfo, CtsElem, FIFO_DEPTH, Imm, MAX_RECVS, MAX_SEND_REQUESTS, SLOT_HDR, SLOT_IDX,
+    SLOT_WORDS, WrKind,
+};
+
+#[derive(Debug, Default)]
+struct SendReq {
+    in_use: bool,
+    generation: u32,
+    /// Signaled completions still expected.
+    pending: u32,
+    size: u64,
+    tag: u32,
+    error: Option<Error>,
+    posted: Option<Instant>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct CurSlot {
+    seq: u64,
+    n: usize,
+    elems: [CtsElem; MAX_RECVS],
+    matched: u8,
+}
+
+/// The sending side of a connection (NCCL's `sendComm`).
+pub struct SendComm<F: Fabric> {
+    core: Core<F>,
+    fifo: CtrlMem,
+    rec_src: CtrlMem,
+    peer: Option<CtrlInfo>,
+    head: u64,
+    cur: Option<CurSlot>,
+    reqs: Vec<SendReq>,
+    free: Vec<usize>,
+    rotate: usize,
+    chunks: Vec<Chunk>,
+    batch: Vec<WriteWr>,
+    stalled_since: Option<Instant>,
+}
+
+impl<F: Fabric> SendComm<F> {
+    /// Allocates the CTS FIFO and the record sources. Call [`SendComm::local_info`], exchange, then
+    /// [`SendComm::connect`].
+    pub fn new(fab: F, cfg: ProtocolConfig) -> Result<SendComm<F>> {
+        let mut core = Core::new(fab, cfg)?;
+        let fifo = core.alloc(FIFO_DEPTH * SLOT_WORDS)?;
+        let rec_src = core.alloc(FIFO_DEPTH * MAX_RECVS)?;
+        let mut reqs = Vec::with_capacity(MAX_SEND_REQUESTS);
+        reqs.resize_with(MAX_SEND_REQUESTS, || SendReq {
+            generation: 1,
+            ..SendReq::default()
+        });
+        Ok(SendComm {
+            core,
+            fifo,
+            rec_src,
+            peer: None,
+            head: 0,
+            cur: None,
+            reqs,
+            free: (0..MAX_SEND_REQUESTS).rev().collect(),
+            rotate: 0,
+            chunks: Vec::with_capacity(MAX_PATHS),
+            batch: Vec::with_capacity(2),
+            stalled_since: None,
+        })
+    }
+
+    /// What the receiver needs: the CTS FIFO's address and keys.
+    pub fn local_info(&self) -> CtrlInfo {
+        self.core.info(&self.fifo)
+    }
+
+    /// Accepts the receiver's [`RecvComm::local_info`] (its size-record array).
+    ///
+    /// [`RecvComm::local_info`]: super::RecvComm::local_info
+    pub fn connect(&mut self, peer: CtrlInfo) -> Result<()> {
+        self.core
+            .check_peer(&peer, FIFO_DEPTH * MAX_RECVS, "size-record array")?;
+        self.peer = Some(peer);
+        Ok(())
+    }
+
+    registration_methods!();
+
+    /// Tries to load the CTS entry at the FIFO head; `false` if it has not arrived.
+    fn load_slot(&mut self) -> Result<bool> {
+        let slot = (self.head % FIFO_DEPTH as u64) as usize;
+        let base = slot * SLOT_WORDS;
+        let fab = &self.core.fab;
+        // The NIC wrote this word after the body (same path, in order): acquire pairs with that.
+        let idx = fab.ctrl_load(self.fifo.word(base + SLOT_IDX), Ordering::Acquire)?;
+        if idx != self.head + 1 {
+            return Ok(false);
+        }
+        let hdr = fab.ctrl_load(self.fifo.word(base + SLOT_HDR), Ordering::Relaxed)?;
+        let n = wire::decode_slot_header(hdr, self.core.data.len())?;
+        let mut elems = [CtsElem::default(); MAX_RECVS];
+        let mut w = [0u64; MAX_RECVS * wire::ELEM_WORDS];
+        let w = &mut w[..n * wire::ELEM_WORDS];
+        fab.ctrl_read(self.fifo.word(base + wire::SLOT_ELEMS), w)?;
+        for (el, ew) in elems.iter_mut().zip(w.chunks_exact(wire::ELEM_WORDS)) {
+            *el = wire::decode_elem(ew);
+        }
+        self.cur = Some(CurSlot {
+            seq: self.head,
+            n,
+            elems,
+            matched: 0,
+        });
+        Ok(true)
+    }
+
+    /// Posts a send of `size` bytes at `data` with `tag` (NCCL `isend`). `Ok(None)` means "call again
+    /// later": the receiver's clear-to-send has not arrived, no buffer of it carries `tag` yet, or all
+    /// [`MAX_SEND_REQUESTS`] requests are in use. `now` is the current time (the request timeout
+    /// counts from it).
+    pub fn isend(
+        &mut self,
+        now: Instant,
+        data: u64,
+        size: u64,
+        tag: u32,
+        mh: &MemHandle,
+    ) -> Result<Option<Request>> {
+        let Some(peer) = self.peer.as_ref() else {
+            return Err(Error::InvalidArgument(
+                "isend on a send comm that is not connected".into(),
+            ));
+        };
+        let peer_addr = peer.addr;
+        let mut peer_rkeys = [0u32; MAX_PATHS];
+        peer_rkeys[..peer.rkeys.len()].copy_from_slice(&peer.rkeys);
+        if self.core.closed {
+            return Err(Error::InvalidArgument("isend on a closed send comm".into()));
+        }
+        mh.check_covers(data, size, "send")?;
+        if size > MAX_MESSAGE_BYTES {
+            return Err(Error::InvalidArgument(format!(
+                "send of {size} bytes; at most {MAX_MESSAGE_BYTES} bytes accepted"
+            )));
+        }
+        let Some(&idx) = self.free.last() else {
+            return Ok(None);
+        };
+        if self.cur.is_none() && !self.load_slot()? {
+            // Nothing to poll for while no clear-to-send arrives: ask the devices what they saw.
+            self.core.fab.health()?;
+            let since = *self.stalled_since.get_or_insert(now);
+            if let Some(waited) = timed_out(Some(since), self.core.cfg.request_timeout, now) {
+                return Err(Error::Timeout(format!(
+                    "send of {size} bytes (tag {tag}) made no progress for {} ms (NCCL_SWITCHLESS_REQUEST_TIMEOUT): no clear-to-send from the receiver (FIFO sequence {}) on path(s) {}",
+                    waited.as_millis(),
+                    self.head,
+                    self.core.paths_text()
+                )));
+            }
+            return Ok(None);
+        }
+        self.stalled_since = None;
+        let Some(cur) = self.cur.as_mut() else {
+            return Err(Error::Internal("CTS slot vanished".into()));
+        };
+        let Some(e) = (0..cur.n).find(|&e| cur.matched & (1 << e) == 0 && cur.elems[e].tag == tag)
+        else {
+            tracing::trace!(
+                tag,
+                seq = cur.seq,
+                "isend: no buffer of the posted receive carries this tag yet"
+            );
+            return Ok(None);
+        };
+        let el = cur.elems[e];
+        if size > el.size {
+            return Err(Error::InvalidUsage(format!(
+                "send of {size} bytes with tag {tag} exceeds the posted receive buffer of {} bytes \
+                 (message truncated); a receive must be at least as large as the send",
+                el.size
+            )));
+        }
+        let seq = cur.seq;
+        cur.matched |= 1 << e;
+        if cur.matched.count_ones() as usize == cur.n {
+            self.cur = None;
+            self.head += 1;
+        }
+
+        let slot = (seq % FIFO_DEPTH as u64) as usize;
+        let rec_word = slot * MAX_RECVS + e;
+        let rec_remote = peer_addr + 8 * rec_word as u64;
+        stripe(
+            size,
+            &self.core.speeds,
+            self.core.cfg.stripe,
+            self.rotate,
+            &mut self.chunks,
+        );
+        self.rotate = self.rotate.wrapping_add(1);
+
+        self.free.pop();
+        let r = &mut self.reqs[idx];
+        r.in_use = true;
+        r.pending = 0;
+        r.size = size;
+        r.tag = tag;
+        r.error = None;
+        r.posted = self.core.cfg.request_timeout.map(|_| now);
+        let generation = r.generation;
+        let id = wire::wr_id(WrKind::Send, idx, generation);
+        let npaths = self.chunks.len();
+        let imm = Imm {
+            slot,
+            elem: e,
+            npaths,
+            seq16: seq as u16,
+        }
+        .encode();
+        self.core.fab.ctrl_store(
+            self.rec_src.word(rec_word),
+            wire::encode_record(size, seq),
+            Ordering::Release,
+        )?;
+
+        // One batch per path (one doorbell on verbs): its data pieces, then, on the first path of the
+        // stripe, the size record. The last work request of each batch carries the immediate and is
+        // the only signaled one.
+        let mut posted = 0u32;
+        let mut result = Ok(());
+        for (ci, c) in self.chunks.iter().enumerate() {
+            let path = self.core.data[c.path];
+            let lkey = mh.reg.keys[path].lkey;
+            let rkey = el.rkeys[c.path];
+            let carries_record = ci == 0;
+            self.batch.clear();
+            let mut off = 0u64;
+            while off < c.len {
+                let len = (c.len - off).min(MAX_WR_BYTES);
+                let with_imm = off + len == c.len && !carries_record;
+                self.batch.push(WriteWr {
+                    wr_id: id,
+                    local: LocalSeg {
+                        addr: data + c.offset + off,
+                        len: len as u32,
+                        lkey,
+                    },
+                    remote: RemoteSeg {
+                        addr: el.addr + c.offset + off,
+                        rkey,
+                    },
+                    imm: with_imm.then_some(imm),
+                    signaled: with_imm,
+                    inline: len <= u64::from(self.core.cfg.inline_max),
+                });
+                off += len;
+            }
+            if carries_record {
+                self.batch.push(WriteWr {
+                    wr_id: id,
+                    local: LocalSeg {
+                        addr: self.rec_src.word(rec_word),
+                        len: 8,
+                        lkey: self.rec_src.reg.keys[path].lkey,
+                    },
+                    remote: RemoteSeg {
+                        addr: rec_remote,
+                        rkey: peer_rkeys[c.path],
+                    },
+                    imm: Some(imm),
+                    signaled: true,
+                    inline: 8 <= self.core.cfg.inline_max,
+                });
+            }
+            result = self.core.fab.post_writes(path, &self.batch);
+            if result.is_err() {
+                break;
+            }
+            posted += 1;
+        }
+        let r = &mut self.reqs[idx];
+        r.pending = posted;
+        if let Err(err) = result {
+            self.release(idx);
+            return Err(err);
+        }
+        Ok(Some(Request::new(ReqKind::Send, idx, generation)))
+    }
+
+    fn release(&mut self, idx: usize) {
+        let r = &mut self.reqs[idx];
+        r.in_use = false;
+        r.generation = next_generation(r.generation);
+        r.error = None;
+        self.free.push(idx);
+    }
+
+    fn progress(&mut self) -> Result<()> {
+        let reqs = &mut self.reqs;
+        self.core.poll_all(|core, path, c| {
+            let Some((WrKind::Send, idx, generation)) = wire::split_wr_id(c.wr_id) else {
+                return Err(Error::Internal(format!(
+                    "send comm got a completion with foreign wr_id {:#x} on path {path}",
+                    c.wr_id
+                )));
+            };
+            let Some(r) = reqs
+                .get_mut(idx)
+                .filter(|r| r.in_use && r.generation == generation)
+            else {
+                return Ok(()); // a request already failed and released
+            };
+            if !c.status.is_success() {
+                let what = format!("send of {} bytes (tag {})", r.size, r.tag);
+                let err = core.completion_error(path, &c, &what);
+                r.error.get_or_insert(err);
+            } else if c.opcode == WcOpcode::RdmaWrite {
+                r.pending = r.pending.saturating_sub(1);
+            }
+            Ok(())
+        })
+    }
+
+    /// Polls completions and reports whether `req` is done: `Some(bytes sent)`. A done or failed
+    /// request is released; testing it again is an error. `now` is the current time, against which
+    /// the request timeout is checked.
+    pub fn test(&mut self, now: Instant, req: Request) -> Result<Option<u64>> {
+        let (kind, idx, generation) = req.parts();
+        let valid = kind == ReqKind::Send as u64
+            && self
+                .reqs
+                .get(idx)
+                .is_some_and(|r| r.in_use && r.generation == generation);
+        if !valid {
+            return Err(Error::InvalidArgument(format!(
+                "test of request {:#x}, which is not an outstanding send of this comm",
+                req.0
+            )));
+        }
+        self.progress()?;
+        let r = &mut self.reqs[idx];
+        if let Some(err) = r.error.take() {
+            self.release(idx);
+            return Err(err);
+        }
+        if r.pending == 0 {
+            let size = r.size;
+            self.release(idx);
+            return Ok(Some(size));
+        }
+        if let Some(waited) = timed_out(r.posted, self.core.cfg.request_timeout, now) {
+            let msg = format!(
+                "send of {} bytes (tag {}) made no progress for {} ms (NCCL_SWITCHLESS_REQUEST_TIMEOUT): the peer does not answer on path(s) {}",
+                r.size,
+                r.tag,
+                waited.as_millis(),
+                self.core.paths_text()
+            );
+            self.release(idx);
+            return Err(Error::Timeout(msg));
+        }
+        Ok(None)
+    }
+
+    /// Number of send requests outstanding.
+    pub fn outstanding(&self) -> usize {
+        MAX_SEND_REQUESTS - self.free.len()
+    }
+
+    /// Tears down (NCCL `closeSend`), also with requests outstanding: stops the paths, drains their
+    /// completions, frees control memory, then drops the fabric.
+    pub fn close(mut self) -> Result<()> {
+        self.core.close()
+    }
+}
+
+impl_registrar!(SendComm);
+
+impl<F: Fabric> Drop for SendComm<F> {
+    fn drop(&mut self) {
+        let _ = self.core.close();
+    }
+}
