@@ -63,10 +63,10 @@ enum Dtype { FLOAT32, BFLOAT16, NDTYPE };
 static const char* kDtypeNames[NDTYPE] = {"float32", "bfloat16"};
 static const size_t kDtypeSize[NDTYPE] = {4, 2};
 
-static const int kRoot = 0;
-static const int kSentinel = -1024;  // never a pattern value; exact in bfloat16
-static const int kPatternHalf = 30;
-static const int kMaxRanks = 8;  // n * 30 <= 256: bfloat16 sums stay exact
+static constexpr int kRoot = 0;
+static constexpr int kSentinel = -1024;  // never a pattern value; exact in bfloat16
+static constexpr int kPatternHalf = 30;
+static constexpr int kMaxRanks = 8;  // n * 30 <= 256: bfloat16 sums stay exact
 
 // selftest.py `pattern`: an integer in [-30, 30].
 __host__ __device__ inline int pattern(int rank, unsigned long long i) {
