@@ -195,9 +195,10 @@ if [ "$do_stage" = 1 ]; then
       echo "commit: $(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)$(git -C "$repo" diff --quiet HEAD 2>/dev/null || echo ' (uncommitted changes)')"
       (cd "$stage_dir" && find . -type f ! -name BUILD-INFO -print0 | sort -z | xargs -0 sha256sum)
       echo "NEEDED: $(readelf -d "$stage_dir/libnccl-net-switchless.so" | awk '/NEEDED/ { gsub(/[][]/, "", $5); printf "%s ", $5 }')"
+      echo "exports: $(nm -D --defined-only "$stage_dir/libnccl-net-switchless.so" | awk '$3 ~ /^ncclNetPlugin_v/ { printf "%s ", $3 }')"
     } > "$stage_dir/BUILD-INFO"
     cat "$stage_dir/BUILD-INFO"
-    say "stage: $(du -sh "$stage_dir" | cut -f1) in $stage_dir (carry it: the device tool's carry takes ignored paths)"
+    say "stage: $(du -sh "$stage_dir" | cut -f1) in $stage_dir (copy it to the GPU host with the repository)"
   fi
   exit 0
 fi
