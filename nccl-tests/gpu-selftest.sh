@@ -105,7 +105,13 @@ while [ $# -gt 0 ]; do
     --no-gpu) no_gpu=1; shift; continue ;;
     --dry-run) dry=1; shift; continue ;;
   esac
-  [ $# -ge 2 ] || die "option $opt needs a value (see --help)"
+  case "$opt" in
+    --plugin | --cli | --stage-dir | -o | --out | --drivers | -t | --collectives | --dtypes | -b | --min-bytes | \
+      -e | --max-bytes | -n | --iters | --bytes-per-size | --network | --netns-tool | --transport | --device | --timeout)
+      [ $# -ge 2 ] || die "option $opt needs a value (see --help)"
+      ;;
+    *) die "unknown option '$opt' (see --help)" ;;
+  esac
   val="$2"
   case "$opt" in
     --plugin) plugin="$val" ;;

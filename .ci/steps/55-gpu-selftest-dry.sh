@@ -68,6 +68,8 @@ if [ -e "$tmp/dry" ] || [ -e "$tmp/stage" ]; then fail "--dry-run created its ou
 [ "$before" = "$(git status --porcelain --untracked-files=all; ip netns list)" ] || fail "--dry-run changed the work tree or left namespaces"
 if err=$("$script" --collectives all_reduce,nope --dry-run 2>&1); then fail "accepted an unknown collective"; fi
 grep -q "unknown 'nope'" <<< "$err" || fail "unclear error: $err"
+if err=$("$script" --bogus 2>&1); then fail "accepted an unknown option"; fi
+grep -q "unknown option '--bogus'" <<< "$err" || fail "unclear error: $err"
 echo "55-gpu-selftest: --dry-run: ok"
 
 # --- the parts without a GPU, for real (debug build, as .ci/steps/65-netns-bench.sh) ---------------------------
