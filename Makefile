@@ -5,7 +5,7 @@ BINDIR ?= $(PREFIX)/bin
 CARGO ?= cargo
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: all build deps install uninstall test demo lab
+.PHONY: all build deps install uninstall test demo lab gpu-selftest gpu-selftest-stage
 
 all: build
 
@@ -37,3 +37,12 @@ demo: deps
 TOPO ?= pair
 lab: build
 	lab/run.sh $(TOPO)
+
+# The plugin under a stock NCCL on one GPU (docs/gpu-selftest.md): stage the stripped release .so and CLI
+# here (nccl-tests/gpu/stage/; ARGS=--with-ibverbs for a GPU host without rdma-core), then run the check
+# there (root; ARGS passes options, e.g. ARGS="--out /tmp/selftest").
+gpu-selftest-stage:
+	nccl-tests/gpu-selftest.sh --stage $(ARGS)
+
+gpu-selftest:
+	nccl-tests/gpu-selftest.sh $(ARGS)
