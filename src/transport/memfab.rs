@@ -3,7 +3,7 @@
 //!
 //! * Memory: the fabric owns every byte. [`MemFab::alloc`] returns an address
 //!   `((region + 1) << 32) | offset`; tests fill and check it with [`MemFab::write`] / [`MemFab::read`].
-//!   Regions are arrays of `AtomicU64` words: an RDMA write stores whole words with `Release` (partial
+//!   Regions are [`AtomicWords`]: an RDMA write stores whole words with `Release` (partial
 //!   words with a compare-exchange), and [`Fabric::ctrl_load`] loads with the ordering the protocol
 //!   asks for, as a CPU polling NIC-written memory would.
 //! * Keys: registration gives every path its own lkey/rkey; a write is checked like a NIC would
@@ -19,10 +19,11 @@
 #![forbid(unsafe_code)]
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::error::{Error, Result};
+use crate::transport::ctrl::{AtomicWords, Span};
 use crate::transport::fabric::{
     Completion, CtrlMem, Fabric, MemKind, PathInfo, PathKeys, PathRole, ReadWr, Registration,
     WcOpcode, WcStatus, WriteWr,
@@ -70,7 +71,7 @@ pub struct Stats {
 }
 
 struct Region {
-    words: Vec<AtomicU64>,
+    words: AtomicWords,
     len: usize,
     ctrl: bool,
 }
@@ -169,62 +170,6 @@ fn split_addr(addr: u64) -> (usize, usize) {
     )
 }
 
-fn read_bytes(words: &[AtomicU64], off: usize, out: &mut [u8]) {
-    let mut pos = off;
-    let mut i = 0;
-    while i < out.len() {
-        let (w, b) = (pos / 8, pos % 8);
-        let n = (8 - b).min(out.len() - i);
-        let word = words[w].load(Ordering::Acquire).to_le_bytes();
-        out[i..i + n].copy_from_slice(&word[b..b + n]);
-        pos += n;
-        i += n;
-    }
-}
-
-fn write_bytes(words: &[AtomicU64], off: usize, data: &[u8]) {
-    let mut pos = off;
-    let mut i = 0;
-    while i < data.len() {
-        let (w, b) = (pos / 8, pos % 8);
-        let n = (8 - b).min(data.len() - i);
-        if n == 8 {
-            let mut a = [0u8; 8];
-            a.copy_from_slice(&data[i..i + 8]);
-            words[w].store(u64::from_le_bytes(a), Ordering::Release);
-        } else {
-            let part = &data[i..i + n];
-            let _ = words[w].fetch_update(Ordering::Release, Ordering::Relaxed, |cur| {
-                let mut a = cur.to_le_bytes();
-                a[b..b + n].copy_from_slice(part);
-                Some(u64::from_le_bytes(a))
-            });
-        }
-        pos += n;
-        i += n;
-    }
-}
-
-fn copy_words(src: &[AtomicU64], soff: usize, dst: &[AtomicU64], doff: usize, len: usize) {
-    if soff % 8 == 0 && doff % 8 == 0 {
-        let full = len / 8;
-        for k in 0..full {
-            let v = src[soff / 8 + k].load(Ordering::Relaxed);
-            dst[doff / 8 + k].store(v, Ordering::Release);
-        }
-        let tail = len % 8;
-        if tail > 0 {
-            let mut t = [0u8; 8];
-            read_bytes(src, soff + full * 8, &mut t[..tail]);
-            write_bytes(dst, doff + full * 8, &t[..tail]);
-        }
-    } else {
-        let mut tmp = vec![0u8; len];
-        read_bytes(src, soff, &mut tmp);
-        write_bytes(dst, doff, &tmp);
-    }
-}
-
 impl Inner {
     fn next_rand(&mut self) -> u64 {
         // xorshift64*
@@ -251,8 +196,7 @@ impl Inner {
         let ok = k.ep == ep
             && k.path == path
             && k.region == region
-            && off >= k.start
-            && off.checked_add(len).is_some_and(|e| e <= k.start + k.len);
+            && Span::new(k.start as u64, k.len as u64).contains(off as u64, len as u64);
         ok.then_some((region, off))
     }
 
@@ -348,14 +292,12 @@ impl Inner {
                 } else {
                     None
                 };
-                if len > 0 && (self.copy_data || self.regions[dr].ctrl || self.regions[sr].ctrl) {
-                    copy_words(
-                        &self.regions[sr].words,
-                        so,
-                        &self.regions[dr].words,
-                        doff,
-                        len,
-                    );
+                if len > 0
+                    && (self.copy_data || self.regions[dr].ctrl || self.regions[sr].ctrl)
+                    && self.copy(sr, so, dr, doff, len).is_err()
+                {
+                    self.fail(ep, path, wr_id, WcStatus::GENERAL_ERR, opcode);
+                    return;
                 }
                 self.stats.writes += 1;
                 self.stats.inline_writes += u64::from(w.inline);
@@ -395,13 +337,10 @@ impl Inner {
                     self.fail(ep, path, wr_id, WcStatus::REM_ACCESS_ERR, opcode);
                     return;
                 };
-                copy_words(
-                    &self.regions[sr].words,
-                    so,
-                    &self.regions[dr].words,
-                    doff,
-                    len,
-                );
+                if self.copy(sr, so, dr, doff, len).is_err() {
+                    self.fail(ep, path, wr_id, WcStatus::GENERAL_ERR, opcode);
+                    return;
+                }
                 self.stats.reads += 1;
                 self.complete(
                     ep,
@@ -416,6 +355,17 @@ impl Inner {
                 );
             }
         }
+    }
+
+    /// Copies between regions whose keys were checked (an error means a region shrank: a bug).
+    fn copy(&self, sr: usize, so: usize, dr: usize, doff: usize, len: usize) -> Result<()> {
+        AtomicWords::copy_words(
+            &self.regions[sr].words,
+            so,
+            &self.regions[dr].words,
+            doff,
+            len,
+        )
     }
 
     fn run_queue(&mut self, ep: usize, path: usize) {
@@ -462,11 +412,8 @@ impl Inner {
                 u32::MAX
             )));
         }
-        let words = len.div_ceil(8);
-        let mut v = Vec::with_capacity(words);
-        v.resize_with(words, || AtomicU64::new(0));
         self.regions.push(Region {
-            words: v,
+            words: AtomicWords::new(len.div_ceil(8)),
             len,
             ctrl,
         });
@@ -557,8 +504,7 @@ impl MemFab {
     pub fn write(&self, addr: u64, data: &[u8]) -> Result<()> {
         let g = lock(&self.inner);
         let (r, off) = g.region_range(addr, data.len())?;
-        write_bytes(&g.regions[r].words, off, data);
-        Ok(())
+        g.regions[r].words.store_bytes(off, data)
     }
 
     /// Reads bytes (as a CPU would).
@@ -566,7 +512,7 @@ impl MemFab {
         let g = lock(&self.inner);
         let (r, off) = g.region_range(addr, len)?;
         let mut v = vec![0u8; len];
-        read_bytes(&g.regions[r].words, off, &mut v);
+        g.regions[r].words.load_bytes(off, &mut v)?;
         Ok(v)
     }
 
@@ -740,7 +686,7 @@ impl Fabric for MemEndpoint {
         let mut g = lock(&self.inner);
         let (r, _) = split_addr(mem.addr);
         if let Some(reg) = g.regions.get_mut(r) {
-            reg.words = Vec::new();
+            reg.words = AtomicWords::new(0);
             reg.len = 0;
         }
         Ok(())
@@ -752,7 +698,7 @@ impl Fabric for MemEndpoint {
         if off % 8 != 0 {
             return Err(Error::Internal(format!("unaligned control word {addr:#x}")));
         }
-        Ok(g.regions[r].words[off / 8].load(order))
+        Ok(g.regions[r].words.words()[off / 8].load(order))
     }
 
     fn ctrl_store(&self, addr: u64, value: u64, order: Ordering) -> Result<()> {
@@ -761,7 +707,7 @@ impl Fabric for MemEndpoint {
         if off % 8 != 0 {
             return Err(Error::Internal(format!("unaligned control word {addr:#x}")));
         }
-        g.regions[r].words[off / 8].store(value, order);
+        g.regions[r].words.words()[off / 8].store(value, order);
         Ok(())
     }
 
@@ -771,7 +717,7 @@ impl Fabric for MemEndpoint {
         if off % 8 != 0 {
             return Err(Error::Internal(format!("unaligned control word {addr:#x}")));
         }
-        for (w, src) in out.iter_mut().zip(&g.regions[r].words[off / 8..]) {
+        for (w, src) in out.iter_mut().zip(&g.regions[r].words.words()[off / 8..]) {
             *w = src.load(Ordering::Relaxed);
         }
         Ok(())
@@ -783,7 +729,7 @@ impl Fabric for MemEndpoint {
         if off % 8 != 0 {
             return Err(Error::Internal(format!("unaligned control word {addr:#x}")));
         }
-        for (dst, &w) in g.regions[r].words[off / 8..].iter().zip(words) {
+        for (dst, &w) in g.regions[r].words.words()[off / 8..].iter().zip(words) {
             dst.store(w, Ordering::Relaxed);
         }
         Ok(())
@@ -883,23 +829,6 @@ impl Fabric for MemEndpoint {
 mod tests {
     use super::*;
     use crate::transport::fabric::{LocalSeg, RemoteSeg};
-
-    #[test]
-    fn byte_copies_at_any_alignment() {
-        let words: Vec<AtomicU64> = (0..4).map(|_| AtomicU64::new(0)).collect();
-        write_bytes(&words, 3, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
-        let mut out = [0u8; 13];
-        read_bytes(&words, 2, &mut out);
-        assert_eq!(out, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 0]);
-        let dst: Vec<AtomicU64> = (0..4).map(|_| AtomicU64::new(0)).collect();
-        copy_words(&words, 3, &dst, 9, 11);
-        let mut out2 = [0u8; 11];
-        read_bytes(&dst, 9, &mut out2);
-        assert_eq!(out2, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
-        copy_words(&words, 0, &dst, 0, 13);
-        read_bytes(&dst, 0, &mut out);
-        assert_eq!(&out[3..13], &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
-    }
 
     fn setup() -> (
         MemFab,

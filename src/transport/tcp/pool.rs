@@ -802,7 +802,9 @@ impl StreamIo {
                 rx.buffered -= bytes.len();
                 let alive = read_lock(&reg.alive);
                 if *alive && let RegMem::Ctrl(block) = &reg.mem {
-                    block.store_bytes(addr, &bytes);
+                    block
+                        .store_bytes(block.offset_of(addr), &bytes)
+                        .map_err(|e| RxErr::Violation(e.to_string()))?;
                 }
             }
             if let Some((imm, wr_len)) = eff.imm {
