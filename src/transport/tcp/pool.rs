@@ -33,36 +33,25 @@ use std::time::Duration;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 
-use super::{
-    Effect, FLAG_DIRTY, FLAG_IMM, Frame, HDR_LEN, Header, MAX_BUFFERED_CTRL, OP_CLOSE, Payload,
-    Reg, RegMem, SEQ_WINDOW, Shared, lock, read_lock,
-};
+use super::config::{MAX_IO_THREADS, default_io_threads};
+use super::frame::{FLAG_DIRTY, FLAG_IMM, HDR_LEN, Header, OP_CLOSE};
+use super::state::{Effect, Frame, Payload, Reg, RegMem, Shared, lock, read_lock};
 use crate::error::{Error, Result};
 use crate::sys::socket as rawmem;
 use crate::transport::fabric::{Completion, WcOpcode, WcStatus};
 
-/// Largest pool size accepted (`NCCL_SWITCHLESS_TCP_THREADS`).
-pub const MAX_IO_THREADS: usize = 64;
-/// Default pool size at most this many threads.
-pub const DEFAULT_MAX_IO_THREADS: usize = 8;
 /// Largest piece of a payload received into or sent from registered memory with the
 /// registration's lock held (one `recv`/`send` call), bytes.
 pub const CHUNK_BYTES: usize = 1 << 20;
 /// Bytes a stream may move per direction before the worker turns to its other streams.
 pub const TURN_BYTES: usize = 2 << 20;
 
-const WAKE: Token = Token(0);
+/// Frames a receiver may hold out of order per path before it calls the peer broken.
+const SEQ_WINDOW: u64 = 1 << 20;
+/// Control-memory payload a receiver buffers out of order per path before it calls the peer broken.
+const MAX_BUFFERED_CTRL: usize = 64 << 20;
 
-/// Default pool size: one worker per CPU this process may run on
-/// ([`std::thread::available_parallelism`], which honours affinity and cgroup quotas), at most
-/// [`DEFAULT_MAX_IO_THREADS`]. A worker is busy only while it copies between a socket and memory, so
-/// more workers than CPUs would only add context switches; eight keep the ≤ 200 Gb/s of TCP links a
-/// host drives (about 10–25 Gb/s of copies per core) while leaving cores to NCCL's own threads.
-pub fn default_io_threads() -> usize {
-    std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .clamp(1, DEFAULT_MAX_IO_THREADS)
-}
+const WAKE: Token = Token(0);
 
 /// Pool threads running now, process-wide (started and not yet joined).
 pub fn io_threads() -> usize {
