@@ -24,9 +24,9 @@ use crate::transport::fabric::{
     Completion, CtrlMem, Fabric, MemKind, PathInfo, PathKeys, ReadWr, Registration, WcOpcode,
     WcStatus, WriteWr,
 };
-use frame::{FLAG_DIRTY, FLAG_IMM, Header, OP_CLOSE, OP_WRITE};
+use frame::{FLAG_IMM, FrameRepr, OP_WRITE};
 use state::{
-    Frame, PathShared, Payload, Reg, RegMem, Shared, WrTrack, lock, read_lock, write_lock,
+    PathShared, Payload, Reg, RegMem, Shared, TxFrame, WrTrack, lock, read_lock, write_lock,
 };
 
 pub mod config;
@@ -319,7 +319,7 @@ impl Fabric for TcpFabric {
             let last = k + 1 == nframes;
             let seq = tx.next_seq;
             tx.next_seq += 1;
-            let hdr = Header {
+            let hdr = FrameRepr {
                 op: OP_WRITE,
                 flags: if last && wr.imm.is_some() {
                     FLAG_IMM
@@ -333,7 +333,7 @@ impl Fabric for TcpFabric {
                 imm: wr.imm.unwrap_or(0),
                 wr_len: wr.local.len,
             }
-            .encode();
+            .to_bytes();
             let payload = match copied.take() {
                 Some(v) => Payload::Bytes(v),
                 None => Payload::Raw {
@@ -352,7 +352,7 @@ impl Fabric for TcpFabric {
             let st = &p.streams[s];
             st.queued.fetch_add(flen as u64, Ordering::Relaxed);
             let mut q = lock(&st.q);
-            q.frames.push_back(Frame {
+            q.frames.push_back(TxFrame {
                 hdr,
                 payload,
                 wr: wr_index,
@@ -421,17 +421,7 @@ impl Fabric for TcpFabric {
                 let tx = lock(&p.tx);
                 tx.error || !tx.wrs.is_empty()
             };
-            let hdr = Header {
-                op: OP_CLOSE,
-                flags: if dirty { FLAG_DIRTY } else { 0 },
-                len: 0,
-                seq: 0,
-                addr: 0,
-                rkey: 0,
-                imm: 0,
-                wr_len: 0,
-            }
-            .encode();
+            let hdr = FrameRepr::close(dirty).to_bytes();
             for st in &p.streams {
                 if st.mid_frame.load(Ordering::Relaxed) {
                     continue;

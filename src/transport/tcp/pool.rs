@@ -34,8 +34,8 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 
 use super::config::{MAX_IO_THREADS, default_io_threads};
-use super::frame::{FLAG_DIRTY, FLAG_IMM, HDR_LEN, Header, OP_CLOSE};
-use super::state::{Effect, Frame, Payload, Reg, RegMem, Shared, lock, read_lock};
+use super::frame::{Frame, FrameRepr, HEADER_LEN};
+use super::state::{Effect, Payload, Reg, RegMem, Shared, TxFrame, lock, read_lock};
 use crate::error::{Error, Result};
 use crate::sys::socket as rawmem;
 use crate::transport::fabric::{Completion, WcOpcode, WcStatus};
@@ -460,16 +460,16 @@ impl Worker {
 
 enum RxPhase {
     Header {
-        buf: [u8; HDR_LEN],
+        buf: [u8; HEADER_LEN],
         got: usize,
     },
     Raw {
-        h: Header,
+        h: FrameRepr,
         reg: Arc<Reg>,
         off: usize,
     },
     Ctrl {
-        h: Header,
+        h: FrameRepr,
         reg: Arc<Reg>,
         buf: Vec<u8>,
         got: usize,
@@ -477,7 +477,7 @@ enum RxPhase {
 }
 
 struct TxCur {
-    frame: Frame,
+    frame: TxFrame,
     /// Header bytes handed to the kernel.
     hoff: usize,
     /// Payload bytes handed to the kernel.
@@ -491,6 +491,16 @@ enum RxErr {
     Goodbye(bool),
     Io(io::Error),
     Violation(String),
+}
+
+impl RxErr {
+    /// The peer sent what the wire format refuses.
+    fn violation(e: Error) -> RxErr {
+        match e {
+            Error::Remote(why) => RxErr::Violation(why),
+            e => RxErr::Violation(e.to_string()),
+        }
+    }
 }
 
 /// How a direction's turn ended.
@@ -531,7 +541,7 @@ impl StreamIo {
             id,
             fd,
             rx: RxPhase::Header {
-                buf: [0; HDR_LEN],
+                buf: [0; HEADER_LEN],
                 got: 0,
             },
             rx_ready: false,
@@ -614,14 +624,15 @@ impl StreamIo {
                     Ok(0) => {
                         return Err(RxErr::Io(io::Error::new(
                             io::ErrorKind::UnexpectedEof,
-                            format!("stream ended {got} bytes into a {HDR_LEN}-byte header"),
+                            format!("stream ended {got} bytes into a {HEADER_LEN}-byte header"),
                         )));
                     }
                     Ok(n) => {
                         *got += n;
                         budget = budget.saturating_sub(n);
-                        if *got == HDR_LEN {
-                            let h = Header::decode(buf).map_err(RxErr::Violation)?;
+                        if *got == HEADER_LEN {
+                            let h = FrameRepr::parse(&Frame::new_unchecked(&buf[..]))
+                                .map_err(RxErr::violation)?;
                             self.start_frame(h)?;
                         }
                         Ok(())
@@ -658,7 +669,7 @@ impl StreamIo {
                             if *off == len {
                                 let h = *h;
                                 self.rx = RxPhase::Header {
-                                    buf: [0; HDR_LEN],
+                                    buf: [0; HEADER_LEN],
                                     got: 0,
                                 };
                                 self.finish_frame(h, None)?;
@@ -682,7 +693,7 @@ impl StreamIo {
                             if *got == buf.len() {
                                 let (h, reg, buf) = (*h, Arc::clone(reg), std::mem::take(buf));
                                 self.rx = RxPhase::Header {
-                                    buf: [0; HDR_LEN],
+                                    buf: [0; HEADER_LEN],
                                     got: 0,
                                 };
                                 let addr = h.addr;
@@ -704,9 +715,9 @@ impl StreamIo {
     }
 
     /// A complete header: checks it against this endpoint's registrations and sets up the payload.
-    fn start_frame(&mut self, h: Header) -> std::result::Result<(), RxErr> {
-        if h.op == OP_CLOSE {
-            return Err(RxErr::Goodbye(h.flags & FLAG_DIRTY != 0));
+    fn start_frame(&mut self, h: FrameRepr) -> std::result::Result<(), RxErr> {
+        if h.is_close() {
+            return Err(RxErr::Goodbye(h.is_dirty()));
         }
         let len = h.len as usize;
         let reg = read_lock(&self.sh.regs).get(&h.rkey).cloned().ok_or_else(|| {
@@ -722,7 +733,7 @@ impl StreamIo {
             )));
         }
         let header = RxPhase::Header {
-            buf: [0; HDR_LEN],
+            buf: [0; HEADER_LEN],
             got: 0,
         };
         match &reg.mem {
@@ -754,11 +765,11 @@ impl StreamIo {
     /// in the path's sequence.
     fn finish_frame(
         &self,
-        h: Header,
+        h: FrameRepr,
         ctrl: Option<(Arc<Reg>, u64, Vec<u8>)>,
     ) -> std::result::Result<(), RxErr> {
         let path = &self.sh.paths[self.p];
-        let imm = (h.flags & FLAG_IMM != 0).then_some((h.imm, h.wr_len));
+        let imm = h.completion();
         let mut rx = lock(&path.rx);
         if rx.error {
             return Ok(());
@@ -906,7 +917,7 @@ impl StreamIo {
                 return Turn::Idle;
             };
             let len = cur.frame.len();
-            let r = if cur.hoff < HDR_LEN {
+            let r = if cur.hoff < HEADER_LEN {
                 rawmem::send_slice(&st.sock, &cur.frame.hdr[cur.hoff..], len > 0)
                     .inspect(|&n| cur.hoff += n)
             } else {
@@ -939,7 +950,7 @@ impl StreamIo {
             match r {
                 Ok(n) => {
                     budget = budget.saturating_sub(n);
-                    if cur.hoff == HDR_LEN && cur.poff == len {
+                    if cur.hoff == HEADER_LEN && cur.poff == len {
                         let wr = cur.frame.wr;
                         self.tx = None;
                         st.queued.fetch_sub(len as u64, Ordering::Relaxed);

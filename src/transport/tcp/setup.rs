@@ -13,17 +13,13 @@ use std::time::{Duration, Instant};
 use socket2::{Domain, Protocol, Socket, Type};
 
 use super::TcpFabric;
-use super::config::{MAX_STREAMS, TcpConfig, apply_buffers, streams_for_speed};
+use super::config::{TcpConfig, apply_buffers, streams_for_speed};
+use super::frame::{ACK_LEN, Ack, AckRepr, HELLO_LEN, Hello, HelloRepr};
 use super::pool;
 use super::state::{PathShared, RxState, Shared, StreamShared, TxQueue, TxState, lock, write_lock};
 use crate::error::{Error, Result};
 use crate::sys::socket as rawmem;
 use crate::transport::fabric::{Fabric, PathInfo, PathRole};
-
-const HELLO_MAGIC: [u8; 4] = *b"SWTS";
-const ACK_MAGIC: [u8; 4] = *b"SWTA";
-const HELLO_VERSION: u8 = 1;
-const HELLO_LEN: usize = 24;
 
 /// One TCP path as the route layer chose it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -239,7 +235,8 @@ impl TcpFabric {
 pub struct TcpConnector {
     specs: Vec<TcpPathSpec>,
     cfg: TcpConfig,
-    socks: Vec<Vec<(TcpStream, [u8; 8], usize)>>,
+    /// Per path, per stream: the socket and the acknowledgement bytes received so far.
+    socks: Vec<Vec<(TcpStream, [u8; ACK_LEN], usize)>>,
     deadline: Instant,
     pre: Option<TcpFabric>,
 }
@@ -261,8 +258,21 @@ impl TcpConnector {
                 .unwrap_or_else(|| streams_for_speed(spec.speed_mbps));
             let mut socks = Vec::with_capacity(n);
             for s in 0..n {
-                let sock = connect_stream(spec, i, s, n, specs.len(), nonce, cfg, deadline)?;
-                socks.push((sock, [0u8; 8], 0));
+                // Paths and streams are bounded by MAX_PATHS and MAX_STREAMS: each fits its byte.
+                let byte = |v: usize| {
+                    u8::try_from(v).map_err(|_| {
+                        Error::Internal(format!("TCP stream hello: {v} does not fit a byte"))
+                    })
+                };
+                let hello = HelloRepr {
+                    npaths: byte(specs.len())?,
+                    path: byte(i)?,
+                    nstreams: byte(n)?,
+                    stream: byte(s)?,
+                    nonce,
+                };
+                let sock = connect_stream(spec, &hello, cfg, deadline)?;
+                socks.push((sock, [0u8; ACK_LEN], 0));
             }
             all.push(socks);
         }
@@ -287,35 +297,17 @@ impl TcpConnector {
     pub fn poll(&mut self) -> Result<Option<TcpFabric>> {
         let mut complete = true;
         for (i, socks) in self.socks.iter_mut().enumerate() {
+            let remote = self.specs[i].remote;
             for (s, (sock, ack, got)) in socks.iter_mut().enumerate() {
-                while *got < ack.len() {
-                    match rawmem::recv_slice(sock, &mut ack[*got..]) {
-                        Ok(0) => {
-                            return Err(Error::Remote(format!(
-                                "TCP path {i} stream {s} to {}: the acceptor closed the stream before \
-                                 acknowledging it (it did not accept our nonce, path index or count; see its log)",
-                                self.specs[i].remote
-                            )));
-                        }
-                        Ok(n) => *got += n,
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(e) => {
-                            return Err(Error::Remote(format!(
-                                "TCP path {i} stream {s} to {}: the acceptor did not acknowledge the stream: {e}",
-                                self.specs[i].remote
-                            )));
-                        }
-                    }
-                }
-                if *got < ack.len() {
+                if !read_ack(sock, ack, got)
+                    .map_err(|e| e.context(format_args!("TCP path {i} stream {s} to {remote}")))?
+                {
                     complete = false;
-                } else if ack[0..4] != ACK_MAGIC {
-                    return Err(Error::Remote(format!(
-                        "TCP path {i} stream {s}: acknowledgement {:02x?}, expected \"SWTA\"",
-                        &ack[0..4]
-                    )));
+                    continue;
                 }
+                Ack::new_checked(&ack[..])
+                    .and_then(|a| AckRepr::parse(&a))
+                    .map_err(|e| e.context(format_args!("TCP path {i} stream {s}")))?;
             }
         }
         if !complete {
@@ -336,6 +328,31 @@ impl TcpConnector {
     }
 }
 
+/// Reads what has arrived of a stream's acknowledgement into `ack[*got..]`; `Ok(true)` once it is
+/// complete.
+fn read_ack(sock: &TcpStream, ack: &mut [u8; ACK_LEN], got: &mut usize) -> Result<bool> {
+    while *got < ack.len() {
+        match rawmem::recv_slice(sock, &mut ack[*got..]) {
+            Ok(0) => {
+                return Err(Error::Remote(
+                    "the acceptor closed the stream before acknowledging it (it did not accept our \
+                     nonce, path index or count; see its log)"
+                        .into(),
+                ));
+            }
+            Ok(n) => *got += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                return Err(Error::Remote(format!(
+                    "the acceptor did not acknowledge the stream: {e}"
+                )));
+            }
+        }
+    }
+    Ok(true)
+}
+
 /// The accepting side of a TCP connection set-up, driven without blocking (NCCL calls `accept`
 /// again and again): every [`TcpAcceptor::poll`] accepts the streams that have arrived on the
 /// listeners, checks their hellos and acknowledges them, and returns the fabric once every path has
@@ -346,12 +363,13 @@ pub struct TcpAcceptor {
     cfg: TcpConfig,
     nonce: u64,
     slots: Vec<Vec<Option<TcpStream>>>,
-    /// Accepted connections whose hello is still arriving: (socket, peer, path, bytes, count, since).
+    /// Accepted connections whose hello is still arriving.
     pending: Vec<PendingHello>,
     deadline: Instant,
     pre: Option<TcpFabric>,
 }
 
+/// An accepted connection whose hello is still arriving.
 struct PendingHello {
     sock: TcpStream,
     from: SocketAddr,
@@ -359,6 +377,36 @@ struct PendingHello {
     buf: [u8; HELLO_LEN],
     got: usize,
     since: Instant,
+}
+
+impl PendingHello {
+    /// Reads what has arrived of the hello: `None` while it is still coming (for at most
+    /// [`HELLO_TIMEOUT`]), else whether it arrived whole.
+    fn read(&mut self) -> Option<Result<()>> {
+        while self.got < HELLO_LEN {
+            match rawmem::recv_slice(&self.sock, &mut self.buf[self.got..]) {
+                Ok(0) => {
+                    return Some(Err(Error::Remote(
+                        "closed before its hello was complete".into(),
+                    )));
+                }
+                Ok(n) => self.got += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Some(Err(Error::io("reading the stream hello", e))),
+            }
+        }
+        if self.got == HELLO_LEN {
+            Some(Ok(()))
+        } else if self.since.elapsed() > HELLO_TIMEOUT {
+            Some(Err(Error::Timeout(format!(
+                "no complete hello within {} s",
+                HELLO_TIMEOUT.as_secs()
+            ))))
+        } else {
+            None
+        }
+    }
 }
 
 /// Connections whose hello has not fully arrived that an acceptor keeps at once; more are closed.
@@ -417,107 +465,16 @@ impl TcpAcceptor {
     /// Accepts what has arrived; `Ok(Some(fabric))` when every path is complete, `Ok(None)` to call
     /// again, [`Error::Timeout`] (naming the missing streams) after [`TcpConfig::connect_timeout`].
     pub fn poll(&mut self) -> Result<Option<TcpFabric>> {
-        // 1. New connections: check the peer address, then wait for the hello without blocking.
-        for (i, l) in self.listeners.iter().enumerate() {
-            loop {
-                let (sock, from) = match l.accept() {
-                    Ok(x) => x,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => return Err(Error::io(format!("accepting on TCP path {i}"), e)),
-                };
-                let want = self.specs[i].remote.ip();
-                if !want.is_unspecified() && from.ip() != want {
-                    tracing::warn!(
-                        "NET/switchless: TCP path {i}: connection from {from} rejected: the path's peer is {want}"
-                    );
-                    continue;
-                }
-                if self.pending.len() >= MAX_PENDING_STREAMS {
-                    tracing::warn!(
-                        "NET/switchless: TCP path {i}: connection from {from} rejected: {MAX_PENDING_STREAMS} connections already wait for their hello"
-                    );
-                    continue;
-                }
-                self.pending.push(PendingHello {
-                    sock,
-                    from,
-                    path: i,
-                    buf: [0; HELLO_LEN],
-                    got: 0,
-                    since: Instant::now(),
-                });
-            }
-        }
-        // 2. Hellos that have arrived: check, acknowledge, file.
+        self.accept_new()?;
         let mut k = 0;
         while k < self.pending.len() {
-            let ph = &mut self.pending[k];
-            let mut verdict: Option<std::result::Result<(), String>> = None;
-            while ph.got < HELLO_LEN {
-                match rawmem::recv_slice(&ph.sock, &mut ph.buf[ph.got..]) {
-                    Ok(0) => {
-                        verdict = Some(Err("closed before its hello was complete".into()));
-                        break;
-                    }
-                    Ok(n) => ph.got += n,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e) => {
-                        verdict = Some(Err(format!("reading the stream hello: {e}")));
-                        break;
-                    }
+            match self.pending[k].read() {
+                None => k += 1,
+                Some(verdict) => {
+                    let ph = self.pending.swap_remove(k);
+                    self.file(ph, verdict);
                 }
             }
-            if verdict.is_none() {
-                if ph.got == HELLO_LEN {
-                    verdict = Some(Ok(()));
-                } else if ph.since.elapsed() > HELLO_TIMEOUT {
-                    verdict = Some(Err(format!(
-                        "no complete hello within {} s",
-                        HELLO_TIMEOUT.as_secs()
-                    )));
-                }
-            }
-            let Some(verdict) = verdict else {
-                k += 1;
-                continue;
-            };
-            let ph = self.pending.swap_remove(k);
-            let (i, from) = (ph.path, ph.from);
-            let checked =
-                verdict.and_then(|()| check_hello(&ph.buf, i, self.specs.len(), self.nonce));
-            let (s, n) = match checked {
-                Ok(x) => x,
-                Err(e) => {
-                    tracing::warn!(
-                        "NET/switchless: TCP path {i}: connection from {from} rejected: {e}"
-                    );
-                    continue;
-                }
-            };
-            let slot = &mut self.slots[i];
-            if slot.is_empty() {
-                slot.resize_with(n, || None);
-            }
-            if slot.len() != n || slot[s].is_some() {
-                tracing::warn!(
-                    "NET/switchless: TCP path {i}: stream {s} of {n} from {from} conflicts with streams already accepted; closed"
-                );
-                continue;
-            }
-            let mut sock = ph.sock;
-            let mut ack = [0u8; 8];
-            ack[0..4].copy_from_slice(&ACK_MAGIC);
-            // 8 bytes into an empty socket buffer: never blocks.
-            let sent = sock.set_nodelay(true).and_then(|()| sock.write_all(&ack));
-            if let Err(e) = sent {
-                tracing::warn!(
-                    "NET/switchless: TCP path {i}: acknowledging stream {s} to {from}: {e}"
-                );
-                continue;
-            }
-            slot[s] = Some(sock);
         }
         let complete = self
             .slots
@@ -549,6 +506,78 @@ impl TcpAcceptor {
         TcpFabric::from_streams(&self.specs, streams, &self.cfg, "acceptor", self.pre.take())
             .map(Some)
     }
+
+    /// New connections: checks the peer address, then waits for the hello without blocking.
+    fn accept_new(&mut self) -> Result<()> {
+        for (i, l) in self.listeners.iter().enumerate() {
+            loop {
+                let (sock, from) = match l.accept() {
+                    Ok(x) => x,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(Error::io(format!("accepting on TCP path {i}"), e)),
+                };
+                let want = self.specs[i].remote.ip();
+                if !want.is_unspecified() && from.ip() != want {
+                    tracing::warn!(
+                        "NET/switchless: TCP path {i}: connection from {from} rejected: the path's peer is {want}"
+                    );
+                    continue;
+                }
+                if self.pending.len() >= MAX_PENDING_STREAMS {
+                    tracing::warn!(
+                        "NET/switchless: TCP path {i}: connection from {from} rejected: {MAX_PENDING_STREAMS} connections already wait for their hello"
+                    );
+                    continue;
+                }
+                self.pending.push(PendingHello {
+                    sock,
+                    from,
+                    path: i,
+                    buf: [0; HELLO_LEN],
+                    got: 0,
+                    since: Instant::now(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// A connection whose hello has arrived (`verdict`: whole, or why not): checks the hello,
+    /// acknowledges the stream and files it in its path's slot. A bad one is logged and closed.
+    fn file(&mut self, ph: PendingHello, verdict: Result<()>) {
+        let (i, from) = (ph.path, ph.from);
+        let checked = verdict.and_then(|()| check_hello(&ph.buf, i, self.specs.len(), self.nonce));
+        let (s, n) = match checked {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(
+                    "NET/switchless: TCP path {i}: connection from {from} rejected: {e}"
+                );
+                return;
+            }
+        };
+        let slot = &mut self.slots[i];
+        if slot.is_empty() {
+            slot.resize_with(n, || None);
+        }
+        if slot.len() != n || slot[s].is_some() {
+            tracing::warn!(
+                "NET/switchless: TCP path {i}: stream {s} of {n} from {from} conflicts with streams already accepted; closed"
+            );
+            return;
+        }
+        let mut sock = ph.sock;
+        // 8 bytes into an empty socket buffer: never blocks.
+        let sent = sock
+            .set_nodelay(true)
+            .and_then(|()| sock.write_all(&AckRepr.to_bytes()));
+        if let Err(e) = sent {
+            tracing::warn!("NET/switchless: TCP path {i}: acknowledging stream {s} to {from}: {e}");
+            return;
+        }
+        slot[s] = Some(sock);
+    }
 }
 
 fn check_specs(specs: &[TcpPathSpec]) -> Result<()> {
@@ -562,38 +591,17 @@ fn check_specs(specs: &[TcpPathSpec]) -> Result<()> {
     Ok(())
 }
 
-fn hello(
-    nonce: u64,
-    npaths: usize,
-    path: usize,
-    nstreams: usize,
-    stream: usize,
-) -> [u8; HELLO_LEN] {
-    let mut h = [0u8; HELLO_LEN];
-    h[0..4].copy_from_slice(&HELLO_MAGIC);
-    h[4] = HELLO_VERSION;
-    h[5] = npaths as u8;
-    h[6] = path as u8;
-    h[7] = nstreams as u8;
-    h[8] = stream as u8;
-    h[16..24].copy_from_slice(&nonce.to_le_bytes());
-    h
-}
-
-#[allow(clippy::too_many_arguments)]
+/// Opens one stream of a path: binds `spec.local`, connects to `spec.remote` (by `deadline`) and
+/// sends the stream's `hello`.
 fn connect_stream(
     spec: &TcpPathSpec,
-    path: usize,
-    stream: usize,
-    nstreams: usize,
-    npaths: usize,
-    nonce: u64,
+    hello: &HelloRepr,
     cfg: &TcpConfig,
     deadline: Instant,
 ) -> Result<TcpStream> {
     let what = format!(
-        "TCP path {path} stream {stream}: connecting from {} to {}",
-        spec.local, spec.remote
+        "TCP path {} stream {}: connecting from {} to {}",
+        hello.path, hello.stream, spec.local, spec.remote
     );
     let sock = Socket::new(
         Domain::for_address(spec.remote),
@@ -603,7 +611,7 @@ fn connect_stream(
     .map_err(|e| Error::io(&what, e))?;
     sock.set_tcp_nodelay(true)
         .map_err(|e| Error::io(format!("{what}: TCP_NODELAY"), e))?;
-    apply_buffers(&sock, spec.speed_mbps, nstreams, cfg)?;
+    apply_buffers(&sock, spec.speed_mbps, usize::from(hello.nstreams), cfg)?;
     sock.bind(&SocketAddr::new(spec.local, 0).into())
         .map_err(|e| {
             Error::System(format!(
@@ -630,47 +638,32 @@ fn connect_stream(
         }
     })?;
     let mut tcp: TcpStream = sock.into();
-    tcp.write_all(&hello(nonce, npaths, path, nstreams, stream))
+    tcp.write_all(&hello.to_bytes())
         .map_err(|e| Error::io(format!("{what}: sending the stream hello"), e))?;
     Ok(tcp)
 }
 
-/// Checks a complete stream hello; returns (stream, stream count).
+/// Checks a complete stream hello against this listener (path `path` of `npaths_want`, the
+/// connection's `nonce`); returns (stream, stream count).
 fn check_hello(
-    h: &[u8; HELLO_LEN],
+    buf: &[u8; HELLO_LEN],
     path: usize,
     npaths_want: usize,
     nonce: u64,
-) -> std::result::Result<(usize, usize), String> {
-    if h[0..4] != HELLO_MAGIC {
-        return Err(format!(
-            "hello magic {:02x?}, expected \"SWTS\": not a switchless TCP stream",
-            &h[0..4]
+) -> Result<(usize, usize)> {
+    let h = HelloRepr::parse(&Hello::new_checked(&buf[..])?)?;
+    if h.nonce != nonce {
+        return Err(Error::Remote(
+            "hello nonce does not match this connection".into(),
         ));
     }
-    if h[4] != HELLO_VERSION {
-        return Err(format!(
-            "hello version {}, this plugin speaks {HELLO_VERSION}",
-            h[4]
-        ));
-    }
-    let mut nb = [0u8; 8];
-    nb.copy_from_slice(&h[16..24]);
-    if u64::from_le_bytes(nb) != nonce {
-        return Err("hello nonce does not match this connection".into());
-    }
-    let (npaths, p, n, s) = (h[5] as usize, h[6] as usize, h[7] as usize, h[8] as usize);
+    let (npaths, p) = (usize::from(h.npaths), usize::from(h.path));
     if npaths != npaths_want || p != path {
-        return Err(format!(
+        return Err(Error::Remote(format!(
             "hello names path {p} of {npaths}; this listener serves path {path} of {npaths_want}"
-        ));
+        )));
     }
-    if !(1..=MAX_STREAMS).contains(&n) || s >= n {
-        return Err(format!(
-            "hello names stream {s} of {n}; accepted: 1..={MAX_STREAMS} streams"
-        ));
-    }
-    Ok((s, n))
+    Ok((usize::from(h.stream), usize::from(h.nstreams)))
 }
 
 /// Two connected endpoints on 127.0.0.1 with one path per entry of `speeds_mbps` (tests, benchmarks).

@@ -8,7 +8,7 @@ use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
-use super::frame::HDR_LEN;
+use super::frame::HEADER_LEN;
 use crate::sys::rawmem::RawRegion;
 use crate::transport::ctrl::AtomicWords;
 use crate::transport::fabric::{Completion, WcOpcode, WcStatus};
@@ -44,14 +44,15 @@ pub(super) enum Payload {
     },
 }
 
-pub(super) struct Frame {
-    pub(super) hdr: [u8; HDR_LEN],
+/// A frame queued on a stream: its header bytes and where its payload comes from.
+pub(super) struct TxFrame {
+    pub(super) hdr: [u8; HEADER_LEN],
     pub(super) payload: Payload,
     /// Index of the work request on its path (completion ordering).
     pub(super) wr: u64,
 }
 
-impl Frame {
+impl TxFrame {
     pub(super) fn len(&self) -> usize {
         match &self.payload {
             Payload::Bytes(b) => b.len(),
@@ -94,7 +95,7 @@ pub(super) struct RxState {
 /// Frames waiting for a stream's worker.
 #[derive(Default)]
 pub(super) struct TxQueue {
-    pub(super) frames: VecDeque<Frame>,
+    pub(super) frames: VecDeque<TxFrame>,
     /// The worker found the queue empty and waits to be woken for the next frame.
     pub(super) idle: bool,
 }
