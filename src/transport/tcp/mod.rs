@@ -25,9 +25,7 @@ use crate::transport::fabric::{
     WcStatus, WriteWr,
 };
 use frame::{FLAG_IMM, FrameRepr, OP_WRITE};
-use state::{
-    PathShared, Payload, Reg, RegMem, Shared, TxFrame, WrTrack, lock, read_lock, write_lock,
-};
+use state::{PathShared, Payload, Reg, RegMem, Shared, TxFrame, WrTrack};
 
 pub mod config;
 pub mod frame;
@@ -114,22 +112,22 @@ impl TcpFabric {
         })
     }
 
-    fn new_key(&mut self) -> u32 {
+    fn new_key(&mut self) -> Result<u32> {
         loop {
             self.next_key = self
                 .next_key
                 .wrapping_mul(0x9e37_79b9)
                 .wrapping_add(0x7f4a_7c15);
             let k = self.next_key;
-            if k != 0 && !read_lock(&self.sh.regs).contains_key(&k) {
-                return k;
+            if k != 0 && !self.sh.regs()?.contains_key(&k) {
+                return Ok(k);
             }
         }
     }
 
-    fn add_reg(&mut self, mem: RegMem) -> Registration {
-        let key = self.new_key();
-        write_lock(&self.sh.regs).insert(
+    fn add_reg(&mut self, mem: RegMem) -> Result<Registration> {
+        let key = self.new_key()?;
+        self.sh.regs_mut()?.insert(
             key,
             Arc::new(Reg {
                 mem,
@@ -138,7 +136,7 @@ impl TcpFabric {
         );
         self.next_token += 1;
         self.tokens.insert(self.next_token, key);
-        Registration {
+        Ok(Registration {
             keys: vec![
                 PathKeys {
                     lkey: key,
@@ -147,7 +145,7 @@ impl TcpFabric {
                 self.paths.len()
             ],
             token: self.next_token,
-        }
+        })
     }
 
     fn ctrl_block(&self, addr: u64, len: usize) -> Result<(&AtomicWords, usize)> {
@@ -179,7 +177,7 @@ impl Fabric for TcpFabric {
             )));
         }
         let region = RawRegion::new(addr, len)?;
-        Ok(self.add_reg(RegMem::Raw(region)))
+        self.add_reg(RegMem::Raw(region))
     }
 
     fn deregister(&mut self, reg: &Registration) -> Result<()> {
@@ -189,20 +187,18 @@ impl Fabric for TcpFabric {
                 reg.token
             )));
         };
-        let r = write_lock(&self.sh.regs).remove(&key);
-        if let Some(r) = r {
-            // Waits for a copy in progress (one chunk of at most 1 MiB); after this no I/O worker
-            // touches the memory.
-            *write_lock(&r.alive) = false;
+        let r = self.sh.regs_mut()?.remove(&key);
+        match r {
+            Some(r) => r.kill(),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     fn alloc_ctrl(&mut self, words: usize) -> Result<CtrlMem> {
         let block = Arc::new(AtomicWords::new(words.max(1)));
         let addr = block.addr();
         self.ctrl.push(Arc::clone(&block));
-        let reg = self.add_reg(RegMem::Ctrl(block));
+        let reg = self.add_reg(RegMem::Ctrl(block))?;
         Ok(CtrlMem { addr, words, reg })
     }
 
@@ -255,15 +251,15 @@ impl Fabric for TcpFabric {
                 WcOpcode::RdmaWrite,
             ))
         };
-        if self.sh.stop.load(Ordering::Relaxed) || lock(&p.tx).error {
+        if self.sh.stop.load(Ordering::Relaxed) || p.tx()?.error {
             flush(WcStatus::WR_FLUSH_ERR);
             return Ok(());
         }
         let len = wr.local.len as usize;
-        let reg = read_lock(&self.sh.regs).get(&wr.local.lkey).cloned();
+        let reg = self.sh.regs()?.get(&wr.local.lkey).cloned();
         let Some(reg) = reg.filter(|r| r.contains(wr.local.addr, len)) else {
             // Like a NIC: a bad local key or range fails the request and puts the path in error.
-            let mut tx = lock(&p.tx);
+            let mut tx = p.tx()?;
             let index = tx.first_wr + tx.wrs.len() as u64;
             tx.wrs.push_back(WrTrack {
                 wr_id: wr.wr_id,
@@ -305,7 +301,7 @@ impl Fabric for TcpFabric {
         let nframes = len.div_ceil(frame).max(1);
         // Streams whose worker must be woken (its sender was idle), after the locks are released.
         let mut kick = [false; MAX_STREAMS];
-        let mut tx = lock(&p.tx);
+        let mut tx = p.tx()?;
         let wr_index = tx.first_wr + tx.wrs.len() as u64;
         tx.wrs.push_back(WrTrack {
             wr_id: wr.wr_id,
@@ -351,7 +347,7 @@ impl Fabric for TcpFabric {
                 .map_or(0, |(i, _)| i);
             let st = &p.streams[s];
             st.queued.fetch_add(flen as u64, Ordering::Relaxed);
-            let mut q = lock(&st.q);
+            let mut q = st.queue()?;
             q.frames.push_back(TxFrame {
                 hdr,
                 payload,
@@ -380,7 +376,7 @@ impl Fabric for TcpFabric {
 
     fn post_recv(&mut self, path: usize, wr_id: u64) -> Result<()> {
         let p = self.check_path(path)?;
-        let mut rx = lock(&p.rx);
+        let mut rx = p.rx()?;
         if rx.error || self.sh.stop.load(Ordering::Relaxed) {
             drop(rx);
             p.complete(Completion::without_data(
@@ -396,7 +392,7 @@ impl Fabric for TcpFabric {
 
     fn poll(&mut self, path: usize, max: usize, out: &mut Vec<Completion>) -> Result<usize> {
         let p = self.check_path(path)?;
-        let mut cq = lock(&p.cq);
+        let mut cq = p.cq()?;
         let n = max.min(cq.len());
         out.extend(cq.drain(..n));
         Ok(n)
@@ -410,17 +406,15 @@ impl Fabric for TcpFabric {
         self.sh.stop.store(true, Ordering::SeqCst);
         // 1. Take the streams out of their workers; after this no pool thread touches them (a
         //    frame a worker was in the middle of stays unfinished: no close frame follows it).
-        let panicked =
+        let removed =
             pool::remove_streams(std::mem::take(&mut self.io).into_iter().flatten().collect());
         // 2. Say goodbye on every stream that is at a frame boundary: orderly when nothing was
         //    dropped, "dirty" when work requests were still outstanding (the peer then fails its
         //    receives instead of waiting for data that will never come).
         let until = Instant::now() + GOODBYE_WAIT;
         for p in &self.sh.paths {
-            let dirty = {
-                let tx = lock(&p.tx);
-                tx.error || !tx.wrs.is_empty()
-            };
+            // A poisoned send state cannot tell: say dirty, the peer then fails its receives.
+            let dirty = p.tx().map_or(true, |tx| tx.error || !tx.wrs.is_empty());
             let hdr = FrameRepr::close(dirty).to_bytes();
             for st in &p.streams {
                 if st.mid_frame.load(Ordering::Relaxed) {
@@ -461,12 +455,12 @@ impl Fabric for TcpFabric {
                 }
             }
         }
-        if panicked > 0 {
-            return Err(Error::Internal(format!(
+        match removed? {
+            0 => Ok(()),
+            panicked => Err(Error::Internal(format!(
                 "{panicked} TCP I/O pool threads panicked"
-            )));
+            ))),
         }
-        Ok(())
     }
 }
 
@@ -517,6 +511,53 @@ mod tests {
         );
         f.post_recv(0, 3).unwrap();
         f.shutdown().unwrap();
+    }
+
+    #[test]
+    fn a_poisoned_path_lock_fails_closed_and_the_peer_sees_the_path_fail() {
+        let cfg = TcpConfig {
+            streams: Some(1),
+            ..TcpConfig::default()
+        };
+        let (mut a, mut b) = loopback_pair(&[10_000], &cfg).unwrap();
+        b.post_recv(0, 7).unwrap();
+        let sh = Arc::clone(&a.sh);
+        let _ = std::thread::spawn(move || {
+            let _g = sh.paths[0].tx.lock().unwrap();
+            panic!("poison the send state");
+        })
+        .join();
+        let mem = a.alloc_ctrl(1).unwrap();
+        let wr = WriteWr {
+            wr_id: 1,
+            local: crate::transport::fabric::LocalSeg {
+                addr: mem.addr,
+                len: 8,
+                lkey: mem.reg.keys[0].lkey,
+            },
+            remote: crate::transport::fabric::RemoteSeg { addr: 8, rkey: 1 },
+            imm: None,
+            signaled: true,
+            inline: false,
+        };
+        assert_eq!(
+            a.post_write(0, &wr).unwrap_err(),
+            Error::Internal("TCP send state lock poisoned by an earlier panic".into())
+        );
+        // Shutting down cannot tell whether work was outstanding: the close is dirty, and the
+        // peer's posted receive fails instead of waiting.
+        a.shutdown().unwrap();
+        let t = Instant::now();
+        let c = loop {
+            let mut out = Vec::new();
+            b.poll(0, 1, &mut out).unwrap();
+            if let Some(c) = out.pop() {
+                break c;
+            }
+            assert!(t.elapsed() < Duration::from_secs(20), "the peer's receive never failed");
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert_eq!((c.wr_id, c.status), (7, WcStatus::WR_FLUSH_ERR));
     }
 
     #[test]

@@ -35,8 +35,9 @@ use mio::{Events, Interest, Poll, Token, Waker};
 
 use super::config::{MAX_IO_THREADS, default_io_threads};
 use super::frame::{Frame, FrameRepr, HEADER_LEN};
-use super::state::{Effect, Payload, Reg, RegMem, Shared, TxFrame, lock, read_lock};
+use super::state::{Effect, Payload, Reg, RegMem, Shared, TxFrame};
 use crate::error::{Error, Result};
+use crate::sync::lock;
 use crate::sys::socket as rawmem;
 use crate::transport::fabric::{Completion, WcOpcode, WcStatus};
 
@@ -52,6 +53,8 @@ const SEQ_WINDOW: u64 = 1 << 20;
 const MAX_BUFFERED_CTRL: usize = 64 << 20;
 
 const WAKE: Token = Token(0);
+const POOL_LOCK: &str = "TCP I/O pool";
+const INBOX: &str = "TCP I/O worker inbox";
 
 /// Pool threads running now, process-wide (started and not yet joined).
 pub fn io_threads() -> usize {
@@ -91,6 +94,8 @@ struct WorkerLink {
     inbox: Mutex<Inbox>,
 }
 
+/// Its critical sections only push and take (nothing in them panics), so it is never found
+/// poisoned in practice; if it were, the worker would stop and its link count as dead.
 #[derive(Default)]
 struct Inbox {
     cmds: Vec<Cmd>,
@@ -113,7 +118,10 @@ impl WorkerLink {
     /// Queues `cmd` and wakes the worker; `false` when the worker is dead.
     fn send(&self, cmd: Cmd) -> bool {
         {
-            let mut ib = lock(&self.inbox);
+            // Poisoned: as dead (see `Inbox`).
+            let Ok(mut ib) = lock(&self.inbox, INBOX) else {
+                return false;
+            };
             if ib.dead {
                 return false;
             }
@@ -140,7 +148,9 @@ impl StreamHandle {
     /// Tells the worker that frames were queued on a stream whose sender was idle.
     pub(super) fn kick(&self) {
         {
-            let mut ib = lock(&self.link.inbox);
+            let Ok(mut ib) = lock(&self.link.inbox, INBOX) else {
+                return;
+            };
             if ib.dead {
                 return;
             }
@@ -167,7 +177,7 @@ pub(super) fn add_streams(
     if total == 0 {
         return Ok(());
     }
-    let mut pool = lock(&POOL);
+    let mut pool = lock(&POOL, POOL_LOCK)?;
     if pool.workers.is_empty() {
         pool.size = threads
             .unwrap_or_else(default_io_threads)
@@ -268,10 +278,11 @@ fn spawn_worker(serial: u64) -> Result<WorkerSlot> {
 }
 
 /// Removes streams from their workers and waits until no worker touches them any more; workers left
-/// without streams exit and are joined. Returns the number of workers found to have panicked.
-pub(super) fn remove_streams(handles: Vec<StreamHandle>) -> usize {
+/// without streams exit and are joined. Returns the number of workers found to have panicked; an
+/// error (after the wait) when the pool's lock is poisoned, so that no worker could be joined.
+pub(super) fn remove_streams(handles: Vec<StreamHandle>) -> Result<usize> {
     if handles.is_empty() {
-        return 0;
+        return Ok(0);
     }
     let (tx, rx) = mpsc::channel();
     let mut sent = 0;
@@ -288,7 +299,7 @@ pub(super) fn remove_streams(handles: Vec<StreamHandle>) -> usize {
         }
     }
     let idle: Vec<WorkerSlot> = {
-        let mut pool = lock(&POOL);
+        let mut pool = lock(&POOL, POOL_LOCK)?;
         for h in &handles {
             if let Some(w) = pool
                 .workers
@@ -307,13 +318,13 @@ pub(super) fn remove_streams(handles: Vec<StreamHandle>) -> usize {
     let mut panicked = 0;
     for w in idle {
         w.link.send(Cmd::Exit);
-        let dead = lock(&w.link.inbox).dead;
+        let dead = lock(&w.link.inbox, INBOX).map_or(true, |ib| ib.dead);
         if w.thread.join().is_err() || dead {
             panicked += 1;
         }
         LIVE.fetch_sub(1, Ordering::SeqCst);
     }
-    panicked
+    Ok(panicked)
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -331,35 +342,42 @@ fn worker_main(link: Arc<WorkerLink>, mut poll: Poll) {
         streams: HashMap::new(),
         run: Vec::new(),
     };
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.run(&link, &mut poll)));
-    if r.is_err() {
-        tracing::error!(
-            "NET/switchless: TCP I/O worker {} panicked; failing its {} streams' paths",
-            link.serial,
-            w.streams.len()
-        );
-        // Refuse new commands and drop queued ones (their removal acknowledgements are released).
-        let cmds = {
-            let mut ib = lock(&link.inbox);
-            ib.dead = true;
-            link.dead.store(true, Ordering::SeqCst);
-            std::mem::take(&mut ib.cmds)
+    let what =
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.run(&link, &mut poll))) {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => format!("stopped: {e}"),
+            Err(_) => "panicked".to_string(),
         };
-        drop(cmds);
-        for st in w.streams.values() {
-            let path = &st.sh.paths[st.p];
-            path.fail_rx("its TCP I/O worker panicked", true);
-            path.fail_tx(WcStatus::GENERAL_ERR, None, "its TCP I/O worker panicked");
-            path.close_streams();
+    tracing::error!(
+        "NET/switchless: TCP I/O worker {} {what}; failing its {} streams' paths",
+        link.serial,
+        w.streams.len()
+    );
+    // Refuse new commands and drop queued ones (their removal acknowledgements are released).
+    link.dead.store(true, Ordering::SeqCst);
+    let cmds = match lock(&link.inbox, INBOX) {
+        Ok(mut ib) => {
+            ib.dead = true;
+            std::mem::take(&mut ib.cmds)
         }
-        for st in w.streams.values() {
-            let _ = poll.registry().deregister(&mut SourceFd(&st.fd));
-        }
+        Err(_) => Vec::new(),
+    };
+    drop(cmds);
+    let why = format!("its TCP I/O worker {what}");
+    for st in w.streams.values() {
+        let path = &st.sh.paths[st.p];
+        path.fail_rx(&why, true);
+        path.fail_tx(WcStatus::GENERAL_ERR, None, &why);
+        path.close_streams();
+    }
+    for st in w.streams.values() {
+        let _ = poll.registry().deregister(&mut SourceFd(&st.fd));
     }
 }
 
 impl Worker {
-    fn run(&mut self, link: &WorkerLink, poll: &mut Poll) {
+    /// The event loop, until [`Cmd::Exit`]; an error when the inbox lock is poisoned.
+    fn run(&mut self, link: &WorkerLink, poll: &mut Poll) -> Result<()> {
         let mut events = Events::with_capacity(256);
         loop {
             let timeout = if self.run.is_empty() {
@@ -392,7 +410,7 @@ impl Worker {
                 }
             }
             let (cmds, kicks) = {
-                let mut ib = lock(&link.inbox);
+                let mut ib = lock(&link.inbox, INBOX)?;
                 (std::mem::take(&mut ib.cmds), std::mem::take(&mut ib.kicks))
             };
             for id in kicks {
@@ -413,7 +431,7 @@ impl Worker {
                         }
                         let _ = ack.send(());
                     }
-                    Cmd::Exit => return,
+                    Cmd::Exit => return Ok(()),
                     #[cfg(test)]
                     Cmd::Panic => panic!("injected by a unit test"),
                 }
@@ -491,6 +509,8 @@ enum RxErr {
     Goodbye(bool),
     Io(io::Error),
     Violation(String),
+    /// A broken invariant on this side (a poisoned lock).
+    Internal(Error),
 }
 
 impl RxErr {
@@ -647,7 +667,7 @@ impl StreamIo {
                     let n = (len - *off).min(CHUNK_BYTES);
                     let r = {
                         // One chunk under the registration's lock: deregistration waits for it.
-                        let alive = read_lock(&reg.alive);
+                        let alive = reg.alive().map_err(RxErr::Internal)?;
                         if !*alive {
                             return Err(RxErr::Violation(format!(
                                 "target {:#x}+{len} bytes was deregistered during the write",
@@ -720,7 +740,7 @@ impl StreamIo {
             return Err(RxErr::Goodbye(h.is_dirty()));
         }
         let len = h.len as usize;
-        let reg = read_lock(&self.sh.regs).get(&h.rkey).cloned().ok_or_else(|| {
+        let reg = self.sh.regs().map_err(RxErr::Internal)?.get(&h.rkey).cloned().ok_or_else(|| {
             RxErr::Violation(format!(
                 "peer wrote with rkey {:#x}, which names no registration of this endpoint (remote access error)",
                 h.rkey
@@ -770,7 +790,7 @@ impl StreamIo {
     ) -> std::result::Result<(), RxErr> {
         let path = &self.sh.paths[self.p];
         let imm = h.completion();
-        let mut rx = lock(&path.rx);
+        let mut rx = path.rx().map_err(RxErr::Internal)?;
         if rx.error {
             return Ok(());
         }
@@ -800,11 +820,13 @@ impl StreamIo {
             rx.next_apply += 1;
             if let Some((reg, addr, bytes)) = eff.ctrl {
                 rx.buffered -= bytes.len();
-                let alive = read_lock(&reg.alive);
+                let alive = reg.alive().map_err(RxErr::Internal)?;
                 if *alive && let RegMem::Ctrl(block) = &reg.mem {
+                    // In sequence order, with release stores: a CTS index word lands after the CTS
+                    // body an earlier frame of the path carried.
                     block
                         .store_bytes(block.offset_of(addr), &bytes)
-                        .map_err(|e| RxErr::Violation(e.to_string()))?;
+                        .map_err(RxErr::Internal)?;
                 }
             }
             if let Some((imm, wr_len)) = eff.imm {
@@ -835,10 +857,15 @@ impl StreamIo {
                 // Orderly: everything the peer sent on this stream has been applied. Once every
                 // stream said so, the peer is gone; our own writes can no longer be delivered, but
                 // posted receives stay posted (as with RC when the peer destroys its QP).
-                let all = {
-                    let mut rx = lock(&path.rx);
-                    rx.goodbyes += 1;
-                    rx.goodbyes == path.streams.len()
+                let all = match path.rx() {
+                    Ok(mut rx) => {
+                        rx.goodbyes += 1;
+                        rx.goodbyes == path.streams.len()
+                    }
+                    Err(e) => {
+                        path.poisoned(&e);
+                        false
+                    }
                 };
                 if all {
                     tracing::debug!(label = %path.label, "NET/switchless: TCP path {}: the peer closed", path.label);
@@ -875,6 +902,12 @@ impl StreamIo {
                 );
                 path.close_streams();
             }
+            RxErr::Internal(e) => {
+                let why = format!("stream {s}: {e}");
+                path.fail_rx(&why, true);
+                path.fail_tx(WcStatus::GENERAL_ERR, None, &why);
+                path.close_streams();
+            }
             RxErr::Violation(why) => {
                 path.fail_rx(&format!("stream {s}: {why}; closing the path"), true);
                 path.fail_tx(WcStatus::REM_OP_ERR, None, &why);
@@ -893,7 +926,18 @@ impl StreamIo {
         let mut budget = TURN_BYTES;
         loop {
             if self.tx.is_none() {
-                let mut q = lock(&st.q);
+                let mut q = match st.queue() {
+                    Ok(q) => q,
+                    Err(e) => {
+                        self.tx_done = true;
+                        self.tx_failed(
+                            WcStatus::GENERAL_ERR,
+                            None,
+                            &format!("stream {}: {e}", self.s),
+                        );
+                        return Turn::Idle;
+                    }
+                };
                 match q.frames.pop_front() {
                     Some(frame) => {
                         st.mid_frame.store(true, Ordering::Relaxed);
@@ -924,24 +968,22 @@ impl StreamIo {
                 match &cur.frame.payload {
                     Payload::Bytes(b) => rawmem::send_slice(&st.sock, &b[cur.poff..], false),
                     Payload::Raw { reg, addr, len } => match &reg.mem {
-                        RegMem::Raw(region) => {
-                            let alive = read_lock(&reg.alive);
-                            if *alive {
-                                region.send_from(
-                                    &st.sock,
-                                    addr + cur.poff as u64,
-                                    (len - cur.poff).min(CHUNK_BYTES),
-                                    false,
-                                )
-                            } else {
-                                Err(io::Error::new(
-                                    io::ErrorKind::PermissionDenied,
-                                    format!(
-                                        "source {addr:#x}+{len} bytes was deregistered before it was sent (local protection error)"
-                                    ),
-                                ))
-                            }
-                        }
+                        // One chunk under the registration's lock: deregistration waits for it.
+                        RegMem::Raw(region) => match reg.alive() {
+                            Ok(alive) if *alive => region.send_from(
+                                &st.sock,
+                                addr + cur.poff as u64,
+                                (len - cur.poff).min(CHUNK_BYTES),
+                                false,
+                            ),
+                            Ok(_) => Err(io::Error::new(
+                                io::ErrorKind::PermissionDenied,
+                                format!(
+                                    "source {addr:#x}+{len} bytes was deregistered before it was sent (local protection error)"
+                                ),
+                            )),
+                            Err(e) => Err(io::Error::other(e.to_string())),
+                        },
                         RegMem::Ctrl(_) => Err(io::Error::other("raw payload from control memory")),
                     },
                 }

@@ -16,7 +16,7 @@ use super::TcpFabric;
 use super::config::{TcpConfig, apply_buffers, streams_for_speed};
 use super::frame::{ACK_LEN, Ack, AckRepr, HELLO_LEN, Hello, HelloRepr};
 use super::pool;
-use super::state::{PathShared, RxState, Shared, StreamShared, TxQueue, TxState, lock, write_lock};
+use super::state::{PathShared, RxState, Shared, StreamShared, TxQueue, TxState};
 use crate::error::{Error, Result};
 use crate::sys::socket as rawmem;
 use crate::transport::fabric::{Fabric, PathInfo, PathRole};
@@ -180,8 +180,8 @@ impl TcpFabric {
             ));
         }
         {
-            let mut from = write_lock(&pre.sh.regs);
-            let mut to = write_lock(&self.sh.regs);
+            let mut from = pre.sh.regs_mut()?;
+            let mut to = self.sh.regs_mut()?;
             to.extend(from.drain());
         }
         self.ctrl.append(&mut pre.ctrl);
@@ -189,10 +189,10 @@ impl TcpFabric {
         self.next_key = pre.next_key;
         self.next_token = pre.next_token;
         for (old, new) in pre.sh.paths.iter().zip(&self.sh.paths) {
-            let recvs = std::mem::take(&mut lock(&old.rx).recvs);
-            lock(&new.rx).recvs.extend(recvs);
-            let cqes = std::mem::take(&mut *lock(&old.cq));
-            lock(&new.cq).extend(cqes);
+            let recvs = std::mem::take(&mut old.rx()?.recvs);
+            new.rx()?.recvs.extend(recvs);
+            let cqes = std::mem::take(&mut *old.cq()?);
+            new.cq()?.extend(cqes);
         }
         Ok(())
     }
