@@ -554,7 +554,10 @@ mod tests {
             if let Some(c) = out.pop() {
                 break c;
             }
-            assert!(t.elapsed() < Duration::from_secs(20), "the peer's receive never failed");
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "the peer's receive never failed"
+            );
             std::thread::sleep(Duration::from_millis(1));
         };
         assert_eq!((c.wr_id, c.status), (7, WcStatus::WR_FLUSH_ERR));

@@ -24,6 +24,7 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
@@ -35,7 +36,7 @@ use mio::{Events, Interest, Poll, Token, Waker};
 
 use super::config::{MAX_IO_THREADS, default_io_threads};
 use super::frame::{Frame, FrameRepr, HEADER_LEN};
-use super::state::{Effect, Payload, Reg, RegMem, Shared, TxFrame};
+use super::state::{Effect, Payload, Reg, RegMem, Shared, StreamShared, TxFrame};
 use crate::error::{Error, Result};
 use crate::sync::lock;
 use crate::sys::socket as rawmem;
@@ -476,16 +477,17 @@ impl Worker {
 // One stream's state machines
 // ---------------------------------------------------------------------------------------------------
 
+/// Where a stream's receiver is in the current frame.
 enum RxPhase {
-    Header {
-        buf: [u8; HEADER_LEN],
-        got: usize,
-    },
+    /// Reading a header; `got` bytes of it are in `buf`.
+    Header { buf: [u8; HEADER_LEN], got: usize },
+    /// Placing a payload straight into registered data memory; `off` bytes are in place.
     Raw {
         h: FrameRepr,
         reg: Arc<Reg>,
         off: usize,
     },
+    /// Buffering a payload bound for control memory (applied in sequence order when whole).
     Ctrl {
         h: FrameRepr,
         reg: Arc<Reg>,
@@ -494,12 +496,54 @@ enum RxPhase {
     },
 }
 
-struct TxCur {
-    frame: TxFrame,
-    /// Header bytes handed to the kernel.
-    hoff: usize,
-    /// Payload bytes handed to the kernel.
-    poff: usize,
+impl RxPhase {
+    fn header() -> RxPhase {
+        RxPhase::Header {
+            buf: [0; HEADER_LEN],
+            got: 0,
+        }
+    }
+}
+
+/// Bytes bound for control memory: the registration, the address and the bytes.
+type CtrlWrite = (Arc<Reg>, u64, Vec<u8>);
+
+/// What one receive did.
+enum RxStep {
+    /// `n` bytes arrived; the phase goes on.
+    Partial(usize),
+    /// The header is whole (its last `n` bytes arrived).
+    Header(FrameRepr, usize),
+    /// The payload is whole (its last `n` bytes arrived): the frame has landed.
+    Landed(FrameRepr, Option<CtrlWrite>, usize),
+}
+
+/// Where a stream's sender is.
+enum TxPhase {
+    /// No frame in hand: the next one comes from the queue.
+    Idle,
+    /// Sending the header of `frame`; `off` bytes are with the kernel.
+    Header { frame: TxFrame, off: usize },
+    /// Sending the payload of `frame`; `off` bytes are with the kernel.
+    Payload { frame: TxFrame, off: usize },
+}
+
+impl TxPhase {
+    fn frame(&self) -> Option<&TxFrame> {
+        match self {
+            TxPhase::Idle => None,
+            TxPhase::Header { frame, .. } | TxPhase::Payload { frame, .. } => Some(frame),
+        }
+    }
+}
+
+/// Why a sender stopped.
+enum TxErr {
+    Io(io::Error),
+    /// The source was deregistered before it was sent (a local protection error).
+    Deregistered(String),
+    /// A broken invariant on this side (a poisoned lock, a raw payload from control memory).
+    Internal(String),
 }
 
 /// Why a receiver stopped.
@@ -543,7 +587,7 @@ struct StreamIo {
     rx: RxPhase,
     rx_ready: bool,
     rx_done: bool,
-    tx: Option<TxCur>,
+    tx: TxPhase,
     tx_ready: bool,
     tx_done: bool,
     /// `WRITABLE` is part of the registered interest.
@@ -560,13 +604,10 @@ impl StreamIo {
             s,
             id,
             fd,
-            rx: RxPhase::Header {
-                buf: [0; HEADER_LEN],
-                got: 0,
-            },
+            rx: RxPhase::header(),
             rx_ready: false,
             rx_done: false,
-            tx: None,
+            tx: TxPhase::Idle,
             tx_ready: false,
             tx_done: false,
             want_write: false,
@@ -618,7 +659,7 @@ impl StreamIo {
                         self.tx_done = true;
                         self.tx_failed(
                             WcStatus::RETRY_EXC_ERR,
-                            self.tx.as_ref().map(|c| c.frame.wr),
+                            self.tx.frame().map(|f| f.wr),
                             &format!("stream {}: changing the I/O poller interest: {e}", self.s),
                         );
                     }
@@ -634,104 +675,32 @@ impl StreamIo {
         let sh = Arc::clone(&self.sh);
         let sock = &sh.paths[self.p].streams[self.s].sock;
         let mut budget = TURN_BYTES;
-        loop {
-            if budget == 0 {
-                return Ok(Turn::More);
-            }
-            let r = match &mut self.rx {
-                RxPhase::Header { buf, got } => match rawmem::recv_slice(sock, &mut buf[*got..]) {
-                    Ok(0) if *got == 0 => return Err(RxErr::Eof),
-                    Ok(0) => {
-                        return Err(RxErr::Io(io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            format!("stream ended {got} bytes into a {HEADER_LEN}-byte header"),
-                        )));
-                    }
-                    Ok(n) => {
-                        *got += n;
-                        budget = budget.saturating_sub(n);
-                        if *got == HEADER_LEN {
-                            let h = FrameRepr::parse(&Frame::new_unchecked(&buf[..]))
-                                .map_err(RxErr::violation)?;
-                            self.start_frame(h)?;
-                        }
-                        Ok(())
-                    }
-                    Err(e) => Err(e),
-                },
-                RxPhase::Raw { h, reg, off } => {
-                    let len = h.len as usize;
-                    let RegMem::Raw(region) = &reg.mem else {
-                        return Err(RxErr::Violation("raw payload into control memory".into()));
-                    };
-                    let n = (len - *off).min(CHUNK_BYTES);
-                    let r = {
-                        // One chunk under the registration's lock: deregistration waits for it.
-                        let alive = reg.alive().map_err(RxErr::Internal)?;
-                        if !*alive {
-                            return Err(RxErr::Violation(format!(
-                                "target {:#x}+{len} bytes was deregistered during the write",
-                                h.addr
-                            )));
-                        }
-                        region.recv_into(sock, h.addr + *off as u64, n)
-                    };
-                    match r {
-                        Ok(0) => {
-                            return Err(RxErr::Io(io::Error::new(
-                                io::ErrorKind::UnexpectedEof,
-                                format!("stream ended {off} bytes into a {len}-byte payload"),
-                            )));
-                        }
-                        Ok(n) => {
-                            *off += n;
-                            budget = budget.saturating_sub(n);
-                            if *off == len {
-                                let h = *h;
-                                self.rx = RxPhase::Header {
-                                    buf: [0; HEADER_LEN],
-                                    got: 0,
-                                };
-                                self.finish_frame(h, None)?;
-                            }
-                            Ok(())
-                        }
-                        Err(e) => Err(e),
-                    }
-                }
-                RxPhase::Ctrl { h, reg, buf, got } => {
-                    match rawmem::recv_slice(sock, &mut buf[*got..]) {
-                        Ok(0) => {
-                            return Err(RxErr::Io(io::Error::new(
-                                io::ErrorKind::UnexpectedEof,
-                                format!("stream ended {got} bytes into a {}-byte block", buf.len()),
-                            )));
-                        }
-                        Ok(n) => {
-                            *got += n;
-                            budget = budget.saturating_sub(n);
-                            if *got == buf.len() {
-                                let (h, reg, buf) = (*h, Arc::clone(reg), std::mem::take(buf));
-                                self.rx = RxPhase::Header {
-                                    buf: [0; HEADER_LEN],
-                                    got: 0,
-                                };
-                                let addr = h.addr;
-                                self.finish_frame(h, Some((reg, addr, buf)))?;
-                            }
-                            Ok(())
-                        }
-                        Err(e) => Err(e),
-                    }
-                }
+        while budget > 0 {
+            let step = match &mut self.rx {
+                RxPhase::Header { buf, got } => rx_header(sock, buf, got),
+                RxPhase::Raw { h, reg, off } => rx_raw(sock, h, reg, off),
+                RxPhase::Ctrl { h, reg, buf, got } => rx_ctrl(sock, h, reg, buf, got),
             };
-            match r {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Turn::Blocked),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(RxErr::Io(e)),
-            }
+            let n = match step {
+                Ok(RxStep::Partial(n)) => n,
+                Ok(RxStep::Header(h, n)) => {
+                    self.start_frame(h)?;
+                    n
+                }
+                Ok(RxStep::Landed(h, ctrl, n)) => {
+                    self.rx = RxPhase::header();
+                    self.finish_frame(h, ctrl)?;
+                    n
+                }
+                Err(RxErr::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => {
+                    return Ok(Turn::Blocked);
+                }
+                Err(RxErr::Io(e)) if e.kind() == io::ErrorKind::Interrupted => 0,
+                Err(e) => return Err(e),
+            };
+            budget = budget.saturating_sub(n);
         }
+        Ok(Turn::More)
     }
 
     /// A complete header: checks it against this endpoint's registrations and sets up the payload.
@@ -752,13 +721,9 @@ impl StreamIo {
                 h.addr, h.rkey
             )));
         }
-        let header = RxPhase::Header {
-            buf: [0; HEADER_LEN],
-            got: 0,
-        };
         match &reg.mem {
             RegMem::Raw(_) if len == 0 => {
-                self.rx = header;
+                self.rx = RxPhase::header();
                 self.finish_frame(h, None)
             }
             RegMem::Raw(_) => {
@@ -766,7 +731,7 @@ impl StreamIo {
                 Ok(())
             }
             RegMem::Ctrl(_) if len == 0 => {
-                self.rx = header;
+                self.rx = RxPhase::header();
                 self.finish_frame(h, Some((reg, h.addr, Vec::new())))
             }
             RegMem::Ctrl(_) => {
@@ -786,7 +751,7 @@ impl StreamIo {
     fn finish_frame(
         &self,
         h: FrameRepr,
-        ctrl: Option<(Arc<Reg>, u64, Vec<u8>)>,
+        ctrl: Option<CtrlWrite>,
     ) -> std::result::Result<(), RxErr> {
         let path = &self.sh.paths[self.p];
         let imm = h.completion();
@@ -921,106 +886,112 @@ impl StreamIo {
     /// Sends queued frames until the queue is empty, the socket would block or the turn's bytes
     /// are used up.
     fn tx_turn(&mut self) -> Turn {
-        let path = &self.sh.paths[self.p];
-        let st = &path.streams[self.s];
+        let sh = Arc::clone(&self.sh);
+        let st = &sh.paths[self.p].streams[self.s];
         let mut budget = TURN_BYTES;
         loop {
-            if self.tx.is_none() {
-                let mut q = match st.queue() {
-                    Ok(q) => q,
-                    Err(e) => {
-                        self.tx_done = true;
-                        self.tx_failed(
-                            WcStatus::GENERAL_ERR,
-                            None,
-                            &format!("stream {}: {e}", self.s),
-                        );
-                        return Turn::Idle;
-                    }
-                };
-                match q.frames.pop_front() {
-                    Some(frame) => {
-                        st.mid_frame.store(true, Ordering::Relaxed);
-                        self.tx = Some(TxCur {
-                            frame,
-                            hoff: 0,
-                            poff: 0,
-                        });
-                    }
-                    None => {
-                        // The next post wakes us (see `post_write`).
-                        q.idle = true;
-                        return Turn::Idle;
-                    }
-                }
+            if matches!(self.tx, TxPhase::Idle)
+                && let Some(t) = self.tx_take(st)
+            {
+                return t;
             }
             if budget == 0 {
                 return Turn::More;
             }
-            let Some(cur) = self.tx.as_mut() else {
-                return Turn::Idle;
+            let sent = match &mut self.tx {
+                TxPhase::Idle => return Turn::Idle,
+                TxPhase::Header { frame, off } => tx_header(st, frame, off),
+                TxPhase::Payload { frame, off } => tx_payload(st, frame, off),
             };
-            let len = cur.frame.len();
-            let r = if cur.hoff < HEADER_LEN {
-                rawmem::send_slice(&st.sock, &cur.frame.hdr[cur.hoff..], len > 0)
-                    .inspect(|&n| cur.hoff += n)
-            } else {
-                match &cur.frame.payload {
-                    Payload::Bytes(b) => rawmem::send_slice(&st.sock, &b[cur.poff..], false),
-                    Payload::Raw { reg, addr, len } => match &reg.mem {
-                        // One chunk under the registration's lock: deregistration waits for it.
-                        RegMem::Raw(region) => match reg.alive() {
-                            Ok(alive) if *alive => region.send_from(
-                                &st.sock,
-                                addr + cur.poff as u64,
-                                (len - cur.poff).min(CHUNK_BYTES),
-                                false,
-                            ),
-                            Ok(_) => Err(io::Error::new(
-                                io::ErrorKind::PermissionDenied,
-                                format!(
-                                    "source {addr:#x}+{len} bytes was deregistered before it was sent (local protection error)"
-                                ),
-                            )),
-                            Err(e) => Err(io::Error::other(e.to_string())),
-                        },
-                        RegMem::Ctrl(_) => Err(io::Error::other("raw payload from control memory")),
-                    },
-                }
-                .inspect(|&n| cur.poff += n)
-            };
-            match r {
+            match sent {
                 Ok(n) => {
                     budget = budget.saturating_sub(n);
-                    if cur.hoff == HEADER_LEN && cur.poff == len {
-                        let wr = cur.frame.wr;
-                        self.tx = None;
-                        st.queued.fetch_sub(len as u64, Ordering::Relaxed);
-                        st.mid_frame.store(false, Ordering::Relaxed);
-                        st.sent_bytes.fetch_add(len as u64, Ordering::Relaxed);
-                        path.frame_sent(wr);
-                    }
+                    self.tx_advance(st);
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Turn::Blocked,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(TxErr::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => return Turn::Blocked,
+                Err(TxErr::Io(e)) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
-                    let wr = cur.frame.wr;
-                    st.queued.fetch_sub(len as u64, Ordering::Relaxed);
-                    self.tx = None;
-                    self.tx_done = true;
-                    if e.kind() == io::ErrorKind::PermissionDenied {
-                        path.fail_tx(WcStatus::LOC_PROT_ERR, Some(wr), &e.to_string());
-                        path.close_streams();
-                    } else {
-                        self.tx_failed(
-                            WcStatus::RETRY_EXC_ERR,
-                            Some(wr),
-                            &format!("stream {}: sending failed: {e}", self.s),
-                        );
-                    }
+                    self.tx_abort(st, e);
                     return Turn::Idle;
                 }
             }
+        }
+    }
+
+    /// Idle phase: takes the next queued frame; `Some(Turn::Idle)` when there is none (the next
+    /// post wakes the stream, see `post_write`) or the queue is unusable.
+    fn tx_take(&mut self, st: &StreamShared) -> Option<Turn> {
+        let mut q = match st.queue() {
+            Ok(q) => q,
+            Err(e) => {
+                self.tx_done = true;
+                self.tx_failed(
+                    WcStatus::GENERAL_ERR,
+                    None,
+                    &format!("stream {}: {e}", self.s),
+                );
+                return Some(Turn::Idle);
+            }
+        };
+        let Some(frame) = q.frames.pop_front() else {
+            q.idle = true;
+            return Some(Turn::Idle);
+        };
+        st.mid_frame.store(true, Ordering::Relaxed);
+        self.tx = TxPhase::Header { frame, off: 0 };
+        None
+    }
+
+    /// After a send: the payload follows a header that is all with the kernel, and a frame that
+    /// is all with the kernel is done.
+    fn tx_advance(&mut self, st: &StreamShared) {
+        self.tx = match std::mem::replace(&mut self.tx, TxPhase::Idle) {
+            TxPhase::Header { frame, off } if off == HEADER_LEN && frame.len() > 0 => {
+                TxPhase::Payload { frame, off: 0 }
+            }
+            TxPhase::Header { frame, off } if off == HEADER_LEN => self.tx_sent(st, frame),
+            TxPhase::Payload { frame, off } if off == frame.len() => self.tx_sent(st, frame),
+            phase => phase,
+        };
+    }
+
+    /// A frame is all with the kernel: its work request may complete.
+    fn tx_sent(&self, st: &StreamShared, frame: TxFrame) -> TxPhase {
+        let len = frame.len() as u64;
+        st.queued.fetch_sub(len, Ordering::Relaxed);
+        st.mid_frame.store(false, Ordering::Relaxed);
+        st.sent_bytes.fetch_add(len, Ordering::Relaxed);
+        self.sh.paths[self.p].frame_sent(frame.wr);
+        TxPhase::Idle
+    }
+
+    /// A send failed: the frame's work request fails (see [`TxErr`] for the status) and this
+    /// direction ends.
+    fn tx_abort(&mut self, st: &StreamShared, e: TxErr) {
+        let wr = self.tx.frame().map(|f| {
+            st.queued.fetch_sub(f.len() as u64, Ordering::Relaxed);
+            f.wr
+        });
+        self.tx = TxPhase::Idle;
+        self.tx_done = true;
+        let path = &self.sh.paths[self.p];
+        match e {
+            TxErr::Deregistered(why) => {
+                path.fail_tx(WcStatus::LOC_PROT_ERR, wr, &why);
+                path.close_streams();
+            }
+            TxErr::Internal(why) => {
+                self.tx_failed(
+                    WcStatus::GENERAL_ERR,
+                    wr,
+                    &format!("stream {}: {why}", self.s),
+                );
+            }
+            TxErr::Io(e) => self.tx_failed(
+                WcStatus::RETRY_EXC_ERR,
+                wr,
+                &format!("stream {}: sending failed: {e}", self.s),
+            ),
         }
     }
 
@@ -1030,6 +1001,138 @@ impl StreamIo {
         path.fail_rx(why, false);
         path.close_streams();
     }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// One receive or send of each phase (no blocking: the socket is non-blocking)
+// ---------------------------------------------------------------------------------------------------
+
+fn unexpected_eof(what: String) -> RxErr {
+    RxErr::Io(io::Error::new(io::ErrorKind::UnexpectedEof, what))
+}
+
+/// Header phase: receives what is missing of the header; a whole one is parsed.
+fn rx_header(
+    sock: &TcpStream,
+    buf: &mut [u8; HEADER_LEN],
+    got: &mut usize,
+) -> std::result::Result<RxStep, RxErr> {
+    match rawmem::recv_slice(sock, &mut buf[*got..]).map_err(RxErr::Io)? {
+        // At a frame boundary: the peer closed without a close frame.
+        0 if *got == 0 => Err(RxErr::Eof),
+        0 => Err(unexpected_eof(format!(
+            "stream ended {got} bytes into a {HEADER_LEN}-byte header"
+        ))),
+        n => {
+            *got += n;
+            if *got < HEADER_LEN {
+                return Ok(RxStep::Partial(n));
+            }
+            let h = FrameRepr::parse(&Frame::new_unchecked(&buf[..])).map_err(RxErr::violation)?;
+            Ok(RxStep::Header(h, n))
+        }
+    }
+}
+
+/// Data phase: receives one chunk of the payload straight into the registered memory.
+fn rx_raw(
+    sock: &TcpStream,
+    h: &FrameRepr,
+    reg: &Reg,
+    off: &mut usize,
+) -> std::result::Result<RxStep, RxErr> {
+    let len = h.len as usize;
+    let RegMem::Raw(region) = &reg.mem else {
+        return Err(RxErr::Violation("raw payload into control memory".into()));
+    };
+    let n = {
+        // One chunk under the registration's lock: deregistration waits for it.
+        let alive = reg.alive().map_err(RxErr::Internal)?;
+        if !*alive {
+            return Err(RxErr::Violation(format!(
+                "target {:#x}+{len} bytes was deregistered during the write",
+                h.addr
+            )));
+        }
+        let chunk = (len - *off).min(CHUNK_BYTES);
+        region
+            .recv_into(sock, h.addr + *off as u64, chunk)
+            .map_err(RxErr::Io)?
+    };
+    if n == 0 {
+        return Err(unexpected_eof(format!(
+            "stream ended {off} bytes into a {len}-byte payload"
+        )));
+    }
+    *off += n;
+    Ok(if *off == len {
+        RxStep::Landed(*h, None, n)
+    } else {
+        RxStep::Partial(n)
+    })
+}
+
+/// Control phase: receives the payload into a buffer; the frame's ordered effect applies it.
+fn rx_ctrl(
+    sock: &TcpStream,
+    h: &FrameRepr,
+    reg: &Arc<Reg>,
+    buf: &mut Vec<u8>,
+    got: &mut usize,
+) -> std::result::Result<RxStep, RxErr> {
+    let n = rawmem::recv_slice(sock, &mut buf[*got..]).map_err(RxErr::Io)?;
+    if n == 0 {
+        return Err(unexpected_eof(format!(
+            "stream ended {got} bytes into a {}-byte block",
+            buf.len()
+        )));
+    }
+    *got += n;
+    if *got < buf.len() {
+        return Ok(RxStep::Partial(n));
+    }
+    let write = (Arc::clone(reg), h.addr, std::mem::take(buf));
+    Ok(RxStep::Landed(*h, Some(write), n))
+}
+
+/// Header phase: sends what is left of the header (with `MSG_MORE` when a payload follows).
+fn tx_header(
+    st: &StreamShared,
+    frame: &TxFrame,
+    off: &mut usize,
+) -> std::result::Result<usize, TxErr> {
+    let n = rawmem::send_slice(&st.sock, &frame.hdr[*off..], frame.len() > 0).map_err(TxErr::Io)?;
+    *off += n;
+    Ok(n)
+}
+
+/// Payload phase: sends from the copy taken when posted, or one chunk from registered memory.
+fn tx_payload(
+    st: &StreamShared,
+    frame: &TxFrame,
+    off: &mut usize,
+) -> std::result::Result<usize, TxErr> {
+    let n = match &frame.payload {
+        Payload::Bytes(b) => rawmem::send_slice(&st.sock, &b[*off..], false).map_err(TxErr::Io)?,
+        Payload::Raw { reg, addr, len } => {
+            let RegMem::Raw(region) = &reg.mem else {
+                return Err(TxErr::Internal("raw payload from control memory".into()));
+            };
+            // One chunk under the registration's lock: deregistration waits for it.
+            let alive = reg.alive().map_err(|e| TxErr::Internal(e.to_string()))?;
+            if !*alive {
+                return Err(TxErr::Deregistered(format!(
+                    "source {addr:#x}+{len} bytes was deregistered before it was sent (local protection error)"
+                )));
+            }
+            let chunk = (len - *off).min(CHUNK_BYTES);
+            region
+                .send_from(&st.sock, addr + *off as u64, chunk, false)
+                .map_err(TxErr::Io)?
+        }
+    };
+    *off += n;
+    Ok(n)
 }
 
 #[cfg(test)]
