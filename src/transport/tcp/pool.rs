@@ -794,6 +794,8 @@ impl StreamIo {
                         .map_err(RxErr::Internal)?;
                 }
             }
+            // Every earlier frame of the path has landed: the immediate completes the receive only
+            // after all data of the path's earlier writes is in place, as on RC.
             if let Some((imm, wr_len)) = eff.imm {
                 let Some(wr_id) = rx.recvs.pop_front() else {
                     return Err(RxErr::Violation(
