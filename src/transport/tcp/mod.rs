@@ -6,8 +6,9 @@
 //!
 //! Files: [`config`] (sizing policy, options), [`frame`] (wire formats), `setup` (listeners,
 //! connector, acceptor), `state` (what the fabric shares with its I/O workers), `pool` (the
-//! process-wide I/O worker threads) and, here, [`TcpFabric`]. Depends on `transport::{fabric, ctrl}`
-//! and `sys` (raw memory, sockets). The design and its rules: `docs/readme/tcp.md`.
+//! process-wide I/O worker threads), `stream` (one stream's receive and send state machines) and,
+//! here, [`TcpFabric`]. Depends on `transport::{fabric, ctrl}` and `sys` (raw memory, sockets). The
+//! design and its rules: `docs/readme/tcp.md`.
 #![forbid(unsafe_code)]
 
 use std::collections::HashMap;
@@ -32,6 +33,7 @@ pub mod frame;
 mod pool;
 mod setup;
 mod state;
+mod stream;
 
 pub use config::{
     BufferPolicy, DEFAULT_MAX_IO_THREADS, MAX_FRAME_BYTES, MAX_IO_THREADS, MAX_STREAMS,
