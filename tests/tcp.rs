@@ -378,7 +378,30 @@ fn receiver_that_closes_mid_transfer_fails_the_send() {
         }
     });
     assert!(matches!(err, Error::Remote(_)), "{err}");
-    // Later sends fail at once instead of hanging: the path is in error.
+    // Later sends fail at once instead of hanging: the path is in error, so a write posted now
+    // completes with WR_FLUSH_ERR before post_write returns.
+    let f = s.fabric_mut();
+    f.post_write(
+        0,
+        &write(
+            0xdead,
+            sb.addr,
+            64,
+            sb.mh.registration().keys[0].lkey,
+            0x1000,
+            1,
+            None,
+        ),
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    f.poll(0, 1 << 16, &mut out).unwrap();
+    let late = out.iter().find(|c| c.wr_id == 0xdead);
+    assert_eq!(
+        late.map(|c| c.status),
+        Some(WcStatus::WR_FLUSH_ERR),
+        "{out:?}"
+    );
     drop(keep);
 }
 
@@ -539,7 +562,25 @@ fn writes_outside_a_registration_are_refused_and_fail_the_path() {
         a.poll(0, 16, &mut out).unwrap();
         out.into_iter().find(|c| !c.status.is_success())
     });
-    assert!(!c.status.is_success());
+    // The peer closed the path: the write being sent fails as a broken stream, later ones flush.
+    assert!([9, 11].contains(&c.wr_id), "{c:?}");
+    assert!(
+        matches!(c.status, WcStatus::RETRY_EXC_ERR | WcStatus::WR_FLUSH_ERR),
+        "{c:?}"
+    );
+    assert_flushed_at_once(&mut a, 0, 12, src.addr(), ra.keys[0].lkey);
+}
+
+/// Once a path is in error, a write posted on it completes with `WR_FLUSH_ERR` before `post_write`
+/// returns: it is the last completion the path has, and every other one still queued failed too.
+fn assert_flushed_at_once(f: &mut TcpFabric, path: usize, wr_id: u64, src: u64, lkey: u32) {
+    f.post_write(path, &write(wr_id, src, 8, lkey, 0x1000, 1, None))
+        .unwrap();
+    let mut out = Vec::new();
+    f.poll(path, 1 << 16, &mut out).unwrap();
+    let last = out.last().map(|c| (c.wr_id, c.status));
+    assert_eq!(last, Some((wr_id, WcStatus::WR_FLUSH_ERR)), "{out:?}");
+    assert!(out.iter().all(|c| !c.status.is_success()), "{out:?}");
 }
 
 #[test]
@@ -634,10 +675,15 @@ fn shutdown_flushes_queued_work_and_posted_receives() {
         out.into_iter()
             .find(|c| c.wr_id == 3 && !c.status.is_success())
     });
-    assert!(!c.status.is_success(), "{c:?}");
+    // The peer is gone: a write in flight fails as a broken stream, later ones flush.
+    assert!(
+        matches!(c.status, WcStatus::RETRY_EXC_ERR | WcStatus::WR_FLUSH_ERR),
+        "{c:?}"
+    );
     let mut out = Vec::new();
     a.poll(0, 64, &mut out).unwrap();
     assert!(out.iter().all(|c| c.wr_id == 3), "{out:?}");
+    assert_flushed_at_once(&mut a, 0, 4, abuf.addr(), ra.keys[0].lkey);
 }
 
 #[test]
@@ -964,8 +1010,9 @@ fn frames_arriving_a_few_bytes_at_a_time_are_reassembled() {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 8, ..ProptestConfig::default() })]
 
-    /// Random bytes as a peer's stream (after a valid hello): the receiving fabric fails the path or
-    /// keeps waiting, never writes outside its registration and never panics.
+    /// Random bytes as a peer's stream (after a valid hello), then the end of the stream: the
+    /// receiving fabric fails the path once it has read them all, never writes outside its
+    /// registration and never panics.
     #[test]
     fn random_frames_never_write_outside_a_registration(junk in proptest::collection::vec(any::<u8>(), 1..600), aim in any::<bool>()) {
         use std::io::Write;
@@ -990,10 +1037,19 @@ proptest! {
             bytes[16..24].copy_from_slice(&at.to_le_bytes());
             bytes[24..28].copy_from_slice(&reg.keys[0].rkey.to_le_bytes());
         }
+        // More receives than the junk can hold frames with an immediate (600 / 40 bytes).
+        for wr_id in 0..16 {
+            fab.post_recv(0, wr_id).unwrap();
+        }
         let _ = peer.write_all(&bytes);
-        std::thread::sleep(Duration::from_millis(30));
         drop(peer);
-        std::thread::sleep(Duration::from_millis(30));
+        // The stream ends after the junk (no close frame), so the receiver, once it has read every
+        // byte, fails the path and flushes what is still posted: then nothing more can be written.
+        eventually("the path to fail after the junk", || {
+            let mut out = Vec::new();
+            fab.poll(0, 16, &mut out).unwrap();
+            out.into_iter().find(|c| c.status == WcStatus::WR_FLUSH_ERR)
+        });
         fab.shutdown().unwrap();
         let all = mem.read(0, 384).unwrap();
         prop_assert_eq!(&all[..64], &[0u8; 64][..]);

@@ -19,7 +19,7 @@ use super::model::{BufferLimits, Features, HostModel, NetAddr, TcpLink, Toggle};
 use super::reader::Reader;
 use crate::findings::{Finding, Severity};
 use crate::route::types::LinkKind;
-use crate::transport::tcp::streams_for_speed;
+use crate::transport::tcp::config::streams_for_speed;
 
 /// Why the subnet of `a` on `n` is point-to-point, or None.
 pub fn point_to_point(a: &NetAddr) -> Option<&'static str> {

@@ -17,6 +17,32 @@ use std::os::fd::AsRawFd;
 use super::socket::{RECV_FLAGS, send_flags};
 use crate::error::{Error, Result};
 
+/// A byte range `[addr, addr+len)` of some address space: the one range check every fabric uses
+/// (registrations, control memory, memory handles). Pure arithmetic, nothing is dereferenced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    /// First byte.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+}
+
+impl Span {
+    /// `[addr, addr+len)`.
+    pub const fn new(addr: u64, len: u64) -> Span {
+        Span { addr, len }
+    }
+
+    /// Whether `[addr, addr+len)` lies inside this span. An empty range must still start inside or
+    /// at the end; a range or span whose end does not fit in a `u64` contains nothing and is in none.
+    pub fn contains(&self, addr: u64, len: u64) -> bool {
+        match (self.addr.checked_add(self.len), addr.checked_add(len)) {
+            (Some(end), Some(e)) => addr >= self.addr && e <= end,
+            _ => false,
+        }
+    }
+}
+
 /// One registered range of process memory. Copying it does not copy the memory; it is a bounds
 /// descriptor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,10 +88,7 @@ impl RawRegion {
     /// Whether `[addr, addr+len)` lies inside the region (an empty range must still start inside or
     /// at its end).
     pub fn contains(&self, addr: u64, len: usize) -> bool {
-        addr >= self.addr
-            && addr
-                .checked_add(len as u64)
-                .is_some_and(|e| e <= self.addr + self.len as u64)
+        Span::new(self.addr, self.len as u64).contains(addr, len as u64)
     }
 
     fn check(&self, addr: u64, len: usize) -> io::Result<*mut u8> {
@@ -278,6 +301,21 @@ mod tests {
         assert!(z.is_empty() && z.addr() != 0);
         assert!(z.read(0, 1).is_err());
         assert_eq!(z.read(0, 0).unwrap(), Vec::<u8>::new());
+    }
+
+    #[test]
+    fn a_span_contains_ranges_inside_it_with_checked_ends() {
+        let s = Span { addr: 100, len: 16 };
+        assert!(s.contains(100, 16) && s.contains(108, 8) && s.contains(116, 0));
+        assert!(!s.contains(99, 1) && !s.contains(101, 16) && !s.contains(117, 0));
+        assert!(!s.contains(u64::MAX, 2), "a wrapping range");
+        let top = Span {
+            addr: u64::MAX - 4,
+            len: 8,
+        };
+        assert!(!top.contains(u64::MAX - 4, 1), "a span whose end wraps");
+        let empty = Span { addr: 0, len: 0 };
+        assert!(empty.contains(0, 0) && !empty.contains(0, 1));
     }
 
     #[test]

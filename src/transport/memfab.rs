@@ -3,7 +3,7 @@
 //!
 //! * Memory: the fabric owns every byte. [`MemFab::alloc`] returns an address
 //!   `((region + 1) << 32) | offset`; tests fill and check it with [`MemFab::write`] / [`MemFab::read`].
-//!   Regions are arrays of `AtomicU64` words: an RDMA write stores whole words with `Release` (partial
+//!   Regions are [`AtomicWords`]: an RDMA write stores whole words with `Release` (partial
 //!   words with a compare-exchange), and [`Fabric::ctrl_load`] loads with the ordering the protocol
 //!   asks for, as a CPU polling NIC-written memory would.
 //! * Keys: registration gives every path its own lkey/rkey; a write is checked like a NIC would
@@ -19,10 +19,12 @@
 #![forbid(unsafe_code)]
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
+use crate::sync::lock;
+use crate::transport::ctrl::{AtomicWords, Span};
 use crate::transport::fabric::{
     Completion, CtrlMem, Fabric, MemKind, PathInfo, PathKeys, PathRole, ReadWr, Registration,
     WcOpcode, WcStatus, WriteWr,
@@ -70,7 +72,7 @@ pub struct Stats {
 }
 
 struct Region {
-    words: Vec<AtomicU64>,
+    words: AtomicWords,
     len: usize,
     ctrl: bool,
 }
@@ -134,7 +136,9 @@ pub struct MemFab {
 /// released and its queues emptied (writes that still target it fail on the errored paths).
 impl Drop for MemEndpoint {
     fn drop(&mut self) {
-        let mut g = lock(&self.inner);
+        let Ok(mut g) = lock(&self.inner, LOCK) else {
+            return; // poisoned: every later call of the fabric fails instead
+        };
         let Some(ep) = g.eps.get_mut(self.id) else {
             return;
         };
@@ -158,71 +162,14 @@ pub struct MemEndpoint {
     paths: Vec<PathInfo>,
 }
 
-fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+/// What a poisoned lock names (see [`crate::sync`]: it fails closed; the counters then read 0).
+const LOCK: &str = "memfab";
 
 fn split_addr(addr: u64) -> (usize, usize) {
     (
         ((addr >> 32) as usize).wrapping_sub(1),
         (addr & 0xffff_ffff) as usize,
     )
-}
-
-fn read_bytes(words: &[AtomicU64], off: usize, out: &mut [u8]) {
-    let mut pos = off;
-    let mut i = 0;
-    while i < out.len() {
-        let (w, b) = (pos / 8, pos % 8);
-        let n = (8 - b).min(out.len() - i);
-        let word = words[w].load(Ordering::Acquire).to_le_bytes();
-        out[i..i + n].copy_from_slice(&word[b..b + n]);
-        pos += n;
-        i += n;
-    }
-}
-
-fn write_bytes(words: &[AtomicU64], off: usize, data: &[u8]) {
-    let mut pos = off;
-    let mut i = 0;
-    while i < data.len() {
-        let (w, b) = (pos / 8, pos % 8);
-        let n = (8 - b).min(data.len() - i);
-        if n == 8 {
-            let mut a = [0u8; 8];
-            a.copy_from_slice(&data[i..i + 8]);
-            words[w].store(u64::from_le_bytes(a), Ordering::Release);
-        } else {
-            let part = &data[i..i + n];
-            let _ = words[w].fetch_update(Ordering::Release, Ordering::Relaxed, |cur| {
-                let mut a = cur.to_le_bytes();
-                a[b..b + n].copy_from_slice(part);
-                Some(u64::from_le_bytes(a))
-            });
-        }
-        pos += n;
-        i += n;
-    }
-}
-
-fn copy_words(src: &[AtomicU64], soff: usize, dst: &[AtomicU64], doff: usize, len: usize) {
-    if soff % 8 == 0 && doff % 8 == 0 {
-        let full = len / 8;
-        for k in 0..full {
-            let v = src[soff / 8 + k].load(Ordering::Relaxed);
-            dst[doff / 8 + k].store(v, Ordering::Release);
-        }
-        let tail = len % 8;
-        if tail > 0 {
-            let mut t = [0u8; 8];
-            read_bytes(src, soff + full * 8, &mut t[..tail]);
-            write_bytes(dst, doff + full * 8, &t[..tail]);
-        }
-    } else {
-        let mut tmp = vec![0u8; len];
-        read_bytes(src, soff, &mut tmp);
-        write_bytes(dst, doff, &tmp);
-    }
 }
 
 impl Inner {
@@ -251,8 +198,7 @@ impl Inner {
         let ok = k.ep == ep
             && k.path == path
             && k.region == region
-            && off >= k.start
-            && off.checked_add(len).is_some_and(|e| e <= k.start + k.len);
+            && Span::new(k.start as u64, k.len as u64).contains(off as u64, len as u64);
         ok.then_some((region, off))
     }
 
@@ -348,14 +294,12 @@ impl Inner {
                 } else {
                     None
                 };
-                if len > 0 && (self.copy_data || self.regions[dr].ctrl || self.regions[sr].ctrl) {
-                    copy_words(
-                        &self.regions[sr].words,
-                        so,
-                        &self.regions[dr].words,
-                        doff,
-                        len,
-                    );
+                if len > 0
+                    && (self.copy_data || self.regions[dr].ctrl || self.regions[sr].ctrl)
+                    && self.copy(sr, so, dr, doff, len).is_err()
+                {
+                    self.fail(ep, path, wr_id, WcStatus::GENERAL_ERR, opcode);
+                    return;
                 }
                 self.stats.writes += 1;
                 self.stats.inline_writes += u64::from(w.inline);
@@ -395,13 +339,10 @@ impl Inner {
                     self.fail(ep, path, wr_id, WcStatus::REM_ACCESS_ERR, opcode);
                     return;
                 };
-                copy_words(
-                    &self.regions[sr].words,
-                    so,
-                    &self.regions[dr].words,
-                    doff,
-                    len,
-                );
+                if self.copy(sr, so, dr, doff, len).is_err() {
+                    self.fail(ep, path, wr_id, WcStatus::GENERAL_ERR, opcode);
+                    return;
+                }
                 self.stats.reads += 1;
                 self.complete(
                     ep,
@@ -416,6 +357,17 @@ impl Inner {
                 );
             }
         }
+    }
+
+    /// Copies between regions whose keys were checked (an error means a region shrank: a bug).
+    fn copy(&self, sr: usize, so: usize, dr: usize, doff: usize, len: usize) -> Result<()> {
+        AtomicWords::copy_words(
+            &self.regions[sr].words,
+            so,
+            &self.regions[dr].words,
+            doff,
+            len,
+        )
     }
 
     fn run_queue(&mut self, ep: usize, path: usize) {
@@ -462,11 +414,8 @@ impl Inner {
                 u32::MAX
             )));
         }
-        let words = len.div_ceil(8);
-        let mut v = Vec::with_capacity(words);
-        v.resize_with(words, || AtomicU64::new(0));
         self.regions.push(Region {
-            words: v,
+            words: AtomicWords::new(len.div_ceil(8)),
             len,
             ctrl,
         });
@@ -505,7 +454,15 @@ impl MemFab {
     /// Two connected endpoints with one data path per entry of `speeds_mbps` (Mb/s) and `loopbacks`
     /// loopback paths each (after the data paths).
     pub fn pair(&self, speeds_mbps: &[u64], loopbacks: usize) -> (MemEndpoint, MemEndpoint) {
-        let mut g = lock(&self.inner);
+        let Ok(mut g) = lock(&self.inner, LOCK) else {
+            // Poisoned by an earlier panic: endpoints whose every call fails (each one locks first).
+            let dead = || MemEndpoint {
+                inner: Arc::clone(&self.inner),
+                id: usize::MAX,
+                paths: Vec::new(),
+            };
+            return (dead(), dead());
+        };
         let a = g.eps.len();
         let b = a + 1;
         let mut mk = |me: usize, peer: usize| {
@@ -548,32 +505,33 @@ impl MemFab {
 
     /// Allocates `len` zeroed bytes of data memory; returns its address.
     pub fn alloc(&self, len: usize) -> Result<u64> {
-        let mut g = lock(&self.inner);
+        let mut g = lock(&self.inner, LOCK)?;
         let r = g.alloc_region(len, false)?;
         Ok(((r as u64) + 1) << 32)
     }
 
     /// Writes bytes (as a CPU would).
     pub fn write(&self, addr: u64, data: &[u8]) -> Result<()> {
-        let g = lock(&self.inner);
+        let g = lock(&self.inner, LOCK)?;
         let (r, off) = g.region_range(addr, data.len())?;
-        write_bytes(&g.regions[r].words, off, data);
-        Ok(())
+        g.regions[r].words.store_bytes(off, data)
     }
 
     /// Reads bytes (as a CPU would).
     pub fn read(&self, addr: u64, len: usize) -> Result<Vec<u8>> {
-        let g = lock(&self.inner);
+        let g = lock(&self.inner, LOCK)?;
         let (r, off) = g.region_range(addr, len)?;
         let mut v = vec![0u8; len];
-        read_bytes(&g.regions[r].words, off, &mut v);
+        g.regions[r].words.load_bytes(off, &mut v)?;
         Ok(v)
     }
 
     /// The next work request executed on `path` of `ep` fails with `status`; the path then fails
     /// everything after it with `WR_FLUSH_ERR`.
     pub fn fail_next(&self, ep: EpId, path: usize, status: WcStatus) {
-        let mut g = lock(&self.inner);
+        let Ok(mut g) = lock(&self.inner, LOCK) else {
+            return;
+        };
         if let Some(q) = g.eps.get_mut(ep.0).and_then(|e| e.qps.get_mut(path)) {
             q.fault = Some(status);
         }
@@ -582,7 +540,9 @@ impl MemFab {
     /// Makes [`Fabric::health`] of `ep` fail with `error` (what a verbs device reporting a dead port
     /// would cause), or succeed again with `None`.
     pub fn set_health_error(&self, ep: EpId, error: Option<&str>) {
-        let mut g = lock(&self.inner);
+        let Ok(mut g) = lock(&self.inner, LOCK) else {
+            return;
+        };
         if let Some(e) = g.eps.get_mut(ep.0) {
             e.health_error = error.map(str::to_string);
         }
@@ -591,7 +551,9 @@ impl MemFab {
     /// Makes `path` of `ep` report `note` from [`Fabric::path_note`] (what a verbs device would say
     /// about its port), or nothing with `None`.
     pub fn set_path_note(&self, ep: EpId, path: usize, note: Option<&str>) {
-        let mut g = lock(&self.inner);
+        let Ok(mut g) = lock(&self.inner, LOCK) else {
+            return;
+        };
         if let Some(q) = g.eps.get_mut(ep.0).and_then(|e| e.qps.get_mut(path)) {
             q.note = note.map(str::to_string);
         }
@@ -600,7 +562,9 @@ impl MemFab {
     /// Stops (or resumes) executing `ep`'s work requests: its peer sees nothing more from it and its
     /// own requests get no completions (a link or peer that stops answering).
     pub fn stall(&self, ep: EpId, stalled: bool) {
-        let mut g = lock(&self.inner);
+        let Ok(mut g) = lock(&self.inner, LOCK) else {
+            return;
+        };
         if let Some(e) = g.eps.get_mut(ep.0) {
             e.stalled = stalled;
         }
@@ -614,7 +578,9 @@ impl MemFab {
 
     /// Executes every queued work request of non-stalled endpoints.
     pub fn deliver_all(&self) {
-        let mut g = lock(&self.inner);
+        let Ok(mut g) = lock(&self.inner, LOCK) else {
+            return;
+        };
         for ep in 0..g.eps.len() {
             for p in 0..g.eps[ep].qps.len() {
                 g.run_queue(ep, p);
@@ -624,7 +590,9 @@ impl MemFab {
 
     /// Reorder mode: executes a few queued work requests (what any poll does); no-op otherwise.
     pub fn step(&self) {
-        let mut g = lock(&self.inner);
+        let Ok(mut g) = lock(&self.inner, LOCK) else {
+            return;
+        };
         if g.reorder {
             g.deliver_some();
         }
@@ -632,30 +600,32 @@ impl MemFab {
 
     /// Counters so far.
     pub fn stats(&self) -> Stats {
-        lock(&self.inner).stats.clone()
+        lock(&self.inner, LOCK).map_or_else(|_| Stats::default(), |g| g.stats.clone())
     }
 
     /// Payload bytes written so far by `ep` on `path` (striping checks).
     pub fn path_bytes(&self, ep: EpId, path: usize) -> u64 {
-        lock(&self.inner)
-            .eps
-            .get(ep.0)
-            .and_then(|e| e.qps.get(path))
-            .map_or(0, |q| q.bytes)
+        lock(&self.inner, LOCK).map_or(0, |g| {
+            g.eps
+                .get(ep.0)
+                .and_then(|e| e.qps.get(path))
+                .map_or(0, |q| q.bytes)
+        })
     }
 
     /// Number of receives posted and not yet consumed on `path` of `ep`.
     pub fn posted_recvs(&self, ep: EpId, path: usize) -> usize {
-        lock(&self.inner)
-            .eps
-            .get(ep.0)
-            .and_then(|e| e.qps.get(path))
-            .map_or(0, |q| q.recvs.len())
+        lock(&self.inner, LOCK).map_or(0, |g| {
+            g.eps
+                .get(ep.0)
+                .and_then(|e| e.qps.get(path))
+                .map_or(0, |q| q.recvs.len())
+        })
     }
 
     /// Number of live memory keys (leak checks after close).
     pub fn live_keys(&self) -> usize {
-        lock(&self.inner).keys.len()
+        lock(&self.inner, LOCK).map_or(0, |g| g.keys.len())
     }
 }
 
@@ -678,7 +648,7 @@ impl MemEndpoint {
 
     fn post(&mut self, path: usize, op: Op) -> Result<()> {
         self.check_path(path)?;
-        let mut g = lock(&self.inner);
+        let mut g = lock(&self.inner, LOCK)?;
         g.eps[self.id].qps[path].queue.push_back(op);
         if !g.reorder {
             g.run_queue(self.id, path);
@@ -693,7 +663,7 @@ impl Fabric for MemEndpoint {
     }
 
     fn register(&mut self, addr: u64, len: usize, _kind: MemKind) -> Result<Registration> {
-        let mut g = lock(&self.inner);
+        let mut g = lock(&self.inner, LOCK)?;
         let (r, off) = g.region_range(addr, len)?;
         Ok(g.register(self.id, r, off, len))
     }
@@ -711,7 +681,7 @@ impl Fabric for MemEndpoint {
     }
 
     fn deregister(&mut self, reg: &Registration) -> Result<()> {
-        let mut g = lock(&self.inner);
+        let mut g = lock(&self.inner, LOCK)?;
         let Some(keys) = g.eps[self.id].regs.remove(&reg.token) else {
             return Err(Error::InvalidArgument(format!(
                 "deregistration of unknown memfab registration {}",
@@ -725,7 +695,7 @@ impl Fabric for MemEndpoint {
     }
 
     fn alloc_ctrl(&mut self, words: usize) -> Result<CtrlMem> {
-        let mut g = lock(&self.inner);
+        let mut g = lock(&self.inner, LOCK)?;
         let r = g.alloc_region(words * 8, true)?;
         let reg = g.register(self.id, r, 0, words * 8);
         Ok(CtrlMem {
@@ -737,53 +707,53 @@ impl Fabric for MemEndpoint {
 
     fn free_ctrl(&mut self, mem: &CtrlMem) -> Result<()> {
         self.deregister(&mem.reg)?;
-        let mut g = lock(&self.inner);
+        let mut g = lock(&self.inner, LOCK)?;
         let (r, _) = split_addr(mem.addr);
         if let Some(reg) = g.regions.get_mut(r) {
-            reg.words = Vec::new();
+            reg.words = AtomicWords::new(0);
             reg.len = 0;
         }
         Ok(())
     }
 
     fn ctrl_load(&self, addr: u64, order: Ordering) -> Result<u64> {
-        let g = lock(&self.inner);
+        let g = lock(&self.inner, LOCK)?;
         let (r, off) = g.region_range(addr, 8)?;
         if off % 8 != 0 {
             return Err(Error::Internal(format!("unaligned control word {addr:#x}")));
         }
-        Ok(g.regions[r].words[off / 8].load(order))
+        Ok(g.regions[r].words.words()[off / 8].load(order))
     }
 
     fn ctrl_store(&self, addr: u64, value: u64, order: Ordering) -> Result<()> {
-        let g = lock(&self.inner);
+        let g = lock(&self.inner, LOCK)?;
         let (r, off) = g.region_range(addr, 8)?;
         if off % 8 != 0 {
             return Err(Error::Internal(format!("unaligned control word {addr:#x}")));
         }
-        g.regions[r].words[off / 8].store(value, order);
+        g.regions[r].words.words()[off / 8].store(value, order);
         Ok(())
     }
 
     fn ctrl_read(&self, addr: u64, out: &mut [u64]) -> Result<()> {
-        let g = lock(&self.inner);
+        let g = lock(&self.inner, LOCK)?;
         let (r, off) = g.region_range(addr, 8 * out.len())?;
         if off % 8 != 0 {
             return Err(Error::Internal(format!("unaligned control word {addr:#x}")));
         }
-        for (w, src) in out.iter_mut().zip(&g.regions[r].words[off / 8..]) {
+        for (w, src) in out.iter_mut().zip(&g.regions[r].words.words()[off / 8..]) {
             *w = src.load(Ordering::Relaxed);
         }
         Ok(())
     }
 
     fn ctrl_write(&self, addr: u64, words: &[u64]) -> Result<()> {
-        let g = lock(&self.inner);
+        let g = lock(&self.inner, LOCK)?;
         let (r, off) = g.region_range(addr, 8 * words.len())?;
         if off % 8 != 0 {
             return Err(Error::Internal(format!("unaligned control word {addr:#x}")));
         }
-        for (dst, &w) in g.regions[r].words[off / 8..].iter().zip(words) {
+        for (dst, &w) in g.regions[r].words.words()[off / 8..].iter().zip(words) {
             dst.store(w, Ordering::Relaxed);
         }
         Ok(())
@@ -795,7 +765,7 @@ impl Fabric for MemEndpoint {
 
     fn post_writes(&mut self, path: usize, wrs: &[WriteWr]) -> Result<()> {
         self.check_path(path)?;
-        let mut g = lock(&self.inner);
+        let mut g = lock(&self.inner, LOCK)?;
         g.stats.batches += 1;
         for wr in wrs {
             g.eps[self.id].qps[path].queue.push_back(Op::Write(*wr));
@@ -812,7 +782,7 @@ impl Fabric for MemEndpoint {
 
     fn post_recv(&mut self, path: usize, wr_id: u64) -> Result<()> {
         self.check_path(path)?;
-        let mut g = lock(&self.inner);
+        let mut g = lock(&self.inner, LOCK)?;
         let q = &mut g.eps[self.id].qps[path];
         if q.error {
             q.cq.push_back(Completion::without_data(
@@ -828,7 +798,7 @@ impl Fabric for MemEndpoint {
 
     fn poll(&mut self, path: usize, max: usize, out: &mut Vec<Completion>) -> Result<usize> {
         self.check_path(path)?;
-        let mut g = lock(&self.inner);
+        let mut g = lock(&self.inner, LOCK)?;
         if g.reorder {
             g.deliver_some();
         }
@@ -839,12 +809,12 @@ impl Fabric for MemEndpoint {
     }
 
     fn path_note(&self, path: usize) -> Option<String> {
-        let g = lock(&self.inner);
+        let g = lock(&self.inner, LOCK).ok()?;
         g.eps[self.id].qps.get(path).and_then(|q| q.note.clone())
     }
 
     fn health(&mut self) -> Result<()> {
-        let g = lock(&self.inner);
+        let g = lock(&self.inner, LOCK)?;
         match &g.eps[self.id].health_error {
             Some(e) => Err(Error::System(e.clone())),
             None => Ok(()),
@@ -852,7 +822,7 @@ impl Fabric for MemEndpoint {
     }
 
     fn shutdown(&mut self) -> Result<()> {
-        let mut g = lock(&self.inner);
+        let mut g = lock(&self.inner, LOCK)?;
         let ep = &mut g.eps[self.id];
         for q in ep.qps.iter_mut() {
             q.error = true;
@@ -883,23 +853,6 @@ impl Fabric for MemEndpoint {
 mod tests {
     use super::*;
     use crate::transport::fabric::{LocalSeg, RemoteSeg};
-
-    #[test]
-    fn byte_copies_at_any_alignment() {
-        let words: Vec<AtomicU64> = (0..4).map(|_| AtomicU64::new(0)).collect();
-        write_bytes(&words, 3, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
-        let mut out = [0u8; 13];
-        read_bytes(&words, 2, &mut out);
-        assert_eq!(out, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 0]);
-        let dst: Vec<AtomicU64> = (0..4).map(|_| AtomicU64::new(0)).collect();
-        copy_words(&words, 3, &dst, 9, 11);
-        let mut out2 = [0u8; 11];
-        read_bytes(&dst, 9, &mut out2);
-        assert_eq!(out2, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
-        copy_words(&words, 0, &dst, 0, 13);
-        read_bytes(&dst, 0, &mut out);
-        assert_eq!(&out[3..13], &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
-    }
 
     fn setup() -> (
         MemFab,
@@ -987,6 +940,27 @@ mod tests {
         out.clear();
         a.poll(1, 8, &mut out).unwrap();
         assert_eq!(out[0].status, WcStatus::REM_ACCESS_ERR);
+    }
+
+    #[test]
+    fn a_poisoned_fabric_fails_every_call_and_drops_quietly() {
+        let (fab, mut a, b, src, _ra, _dst, _rb) = setup();
+        let inner = Arc::clone(&fab.inner);
+        let _ = std::thread::spawn(move || {
+            let _g = inner.lock().unwrap();
+            panic!("poison the memfab");
+        })
+        .join();
+        let want = Error::Internal("memfab lock poisoned by an earlier panic".into());
+        assert_eq!(a.post_recv(0, 1).unwrap_err(), want);
+        assert_eq!(a.ctrl_load(src, Ordering::Acquire).unwrap_err(), want);
+        assert_eq!(fab.alloc(8).unwrap_err(), want);
+        assert_eq!(a.path_note(0), None);
+        assert_eq!(fab.stats(), Stats::default());
+        let (mut c, _d) = fab.pair(&[100], 0);
+        assert!(c.paths().is_empty());
+        assert_eq!(c.register(src, 8, MemKind::Host).unwrap_err(), want);
+        drop((a, b));
     }
 
     #[test]

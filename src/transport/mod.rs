@@ -9,10 +9,12 @@
 //!   flush, errors, teardown).
 //! * [`stripe`]: pure arithmetic splitting a message over paths by link speed.
 //! * [`wire`]: layouts shared by both sides (CTS slot, size record, immediate, `wr_id`, control info).
+//! * [`ctrl`]: atomic words that software fabrics write for their peer, and the shared range check.
 //! * [`memfab`]: an in-process fabric with fault injection for tests and benchmarks.
 //! * [`tcp`]: a fabric over TCP streams (Ethernet paths without RDMA), same protocol.
 
 pub mod comm;
+pub mod ctrl;
 pub mod fabric;
 pub mod handshake;
 pub mod memfab;

@@ -3,7 +3,7 @@
 
 use crate::findings::{Finding, Severity};
 use crate::host::model::HostModel;
-use crate::transport::tcp::{TcpConfig, socket_buffer_bytes, streams_for_speed};
+use crate::transport::tcp::config::{TcpConfig, socket_buffer_bytes, streams_for_speed};
 
 /// Check ids of the TCP link checks (documented in docs/readme/fabric.md).
 pub mod check {

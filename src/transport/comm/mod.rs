@@ -188,8 +188,7 @@ impl MemHandle {
         if len == 0 {
             return Ok(());
         }
-        let end = addr.checked_add(len);
-        let ok = addr >= self.addr && end.is_some_and(|e| e <= self.addr + self.len);
+        let ok = crate::transport::ctrl::Span::new(self.addr, self.len).contains(addr, len);
         if ok {
             Ok(())
         } else {

@@ -4,14 +4,14 @@
 //!   streams assigned to it. A stream is registered by its file descriptor ([`SourceFd`]): the
 //!   socket itself stays in the fabric's shared state, where `shutdown` needs it for the close frame
 //!   and the final drain, so no descriptor is duplicated (one fd per stream, as before).
-//! * Each stream is a small state machine per direction ([`StreamIo`]): sending resumes a partial
-//!   frame (header, then payload) when the socket becomes writable, and `WRITABLE` interest is
-//!   registered only while something is queued; receiving reads a header (possibly in pieces), then
-//!   the payload straight into registered memory in chunks of at most [`CHUNK_BYTES`] bytes, taking the
+//! * Each stream is a small state machine per direction (`super::stream`): sending resumes a
+//!   partial frame (header, then payload) when the socket becomes writable, and `WRITABLE` interest
+//!   is registered only while something is queued; receiving reads a header (possibly in pieces),
+//!   then the payload straight into registered memory in chunks of at most 1 MiB, taking the
 //!   registration's lock for each chunk only (deregistration waits for one chunk copy at most).
 //! * `post_*` queue frames and, when the stream's sender was idle, hand its id to the worker and
 //!   wake it ([`mio::Waker`]); NCCL's thread never blocks in the kernel.
-//! * Fairness: a stream gets at most [`TURN_BYTES`] per direction per turn; a stream still ready
+//! * Fairness: a stream gets at most 2 MiB per direction per turn; a stream still ready
 //!   after its turn stays on the worker's run list and the next wait does not block.
 //! * Lifecycle: workers start when a stream is added and none is idle (up to the pool size); a
 //!   stream goes to the worker holding the fewest streams of the same path, then of the same
@@ -24,7 +24,6 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
@@ -33,36 +32,16 @@ use std::time::Duration;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 
-use super::{
-    Effect, FLAG_DIRTY, FLAG_IMM, Frame, HDR_LEN, Header, MAX_BUFFERED_CTRL, OP_CLOSE, Payload,
-    Reg, RegMem, SEQ_WINDOW, Shared, lock, read_lock,
-};
+use super::config::{MAX_IO_THREADS, default_io_threads};
+use super::state::Shared;
+use super::stream::StreamIo;
 use crate::error::{Error, Result};
-use crate::sys::socket as rawmem;
-use crate::transport::fabric::{Completion, WcOpcode, WcStatus};
-
-/// Largest pool size accepted (`NCCL_SWITCHLESS_TCP_THREADS`).
-pub const MAX_IO_THREADS: usize = 64;
-/// Default pool size at most this many threads.
-pub const DEFAULT_MAX_IO_THREADS: usize = 8;
-/// Largest piece of a payload received into or sent from registered memory with the
-/// registration's lock held (one `recv`/`send` call), bytes.
-pub const CHUNK_BYTES: usize = 1 << 20;
-/// Bytes a stream may move per direction before the worker turns to its other streams.
-pub const TURN_BYTES: usize = 2 << 20;
+use crate::sync::lock;
+use crate::transport::fabric::WcStatus;
 
 const WAKE: Token = Token(0);
-
-/// Default pool size: one worker per CPU this process may run on
-/// ([`std::thread::available_parallelism`], which honours affinity and cgroup quotas), at most
-/// [`DEFAULT_MAX_IO_THREADS`]. A worker is busy only while it copies between a socket and memory, so
-/// more workers than CPUs would only add context switches; eight keep the ≤ 200 Gb/s of TCP links a
-/// host drives (about 10–25 Gb/s of copies per core) while leaving cores to NCCL's own threads.
-pub fn default_io_threads() -> usize {
-    std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .clamp(1, DEFAULT_MAX_IO_THREADS)
-}
+const POOL_LOCK: &str = "TCP I/O pool";
+const INBOX: &str = "TCP I/O worker inbox";
 
 /// Pool threads running now, process-wide (started and not yet joined).
 pub fn io_threads() -> usize {
@@ -102,6 +81,8 @@ struct WorkerLink {
     inbox: Mutex<Inbox>,
 }
 
+/// Its critical sections only push and take (nothing in them panics), so it is never found
+/// poisoned in practice; if it were, the worker would stop and its link count as dead.
 #[derive(Default)]
 struct Inbox {
     cmds: Vec<Cmd>,
@@ -124,7 +105,10 @@ impl WorkerLink {
     /// Queues `cmd` and wakes the worker; `false` when the worker is dead.
     fn send(&self, cmd: Cmd) -> bool {
         {
-            let mut ib = lock(&self.inbox);
+            // Poisoned: as dead (see `Inbox`).
+            let Ok(mut ib) = lock(&self.inbox, INBOX) else {
+                return false;
+            };
             if ib.dead {
                 return false;
             }
@@ -151,7 +135,9 @@ impl StreamHandle {
     /// Tells the worker that frames were queued on a stream whose sender was idle.
     pub(super) fn kick(&self) {
         {
-            let mut ib = lock(&self.link.inbox);
+            let Ok(mut ib) = lock(&self.link.inbox, INBOX) else {
+                return;
+            };
             if ib.dead {
                 return;
             }
@@ -178,7 +164,7 @@ pub(super) fn add_streams(
     if total == 0 {
         return Ok(());
     }
-    let mut pool = lock(&POOL);
+    let mut pool = lock(&POOL, POOL_LOCK)?;
     if pool.workers.is_empty() {
         pool.size = threads
             .unwrap_or_else(default_io_threads)
@@ -279,10 +265,11 @@ fn spawn_worker(serial: u64) -> Result<WorkerSlot> {
 }
 
 /// Removes streams from their workers and waits until no worker touches them any more; workers left
-/// without streams exit and are joined. Returns the number of workers found to have panicked.
-pub(super) fn remove_streams(handles: Vec<StreamHandle>) -> usize {
+/// without streams exit and are joined. Returns the number of workers found to have panicked; an
+/// error (after the wait) when the pool's lock is poisoned, so that no worker could be joined.
+pub(super) fn remove_streams(handles: Vec<StreamHandle>) -> Result<usize> {
     if handles.is_empty() {
-        return 0;
+        return Ok(0);
     }
     let (tx, rx) = mpsc::channel();
     let mut sent = 0;
@@ -299,7 +286,7 @@ pub(super) fn remove_streams(handles: Vec<StreamHandle>) -> usize {
         }
     }
     let idle: Vec<WorkerSlot> = {
-        let mut pool = lock(&POOL);
+        let mut pool = lock(&POOL, POOL_LOCK)?;
         for h in &handles {
             if let Some(w) = pool
                 .workers
@@ -318,13 +305,13 @@ pub(super) fn remove_streams(handles: Vec<StreamHandle>) -> usize {
     let mut panicked = 0;
     for w in idle {
         w.link.send(Cmd::Exit);
-        let dead = lock(&w.link.inbox).dead;
+        let dead = lock(&w.link.inbox, INBOX).map_or(true, |ib| ib.dead);
         if w.thread.join().is_err() || dead {
             panicked += 1;
         }
         LIVE.fetch_sub(1, Ordering::SeqCst);
     }
-    panicked
+    Ok(panicked)
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -342,35 +329,42 @@ fn worker_main(link: Arc<WorkerLink>, mut poll: Poll) {
         streams: HashMap::new(),
         run: Vec::new(),
     };
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.run(&link, &mut poll)));
-    if r.is_err() {
-        tracing::error!(
-            "NET/switchless: TCP I/O worker {} panicked; failing its {} streams' paths",
-            link.serial,
-            w.streams.len()
-        );
-        // Refuse new commands and drop queued ones (their removal acknowledgements are released).
-        let cmds = {
-            let mut ib = lock(&link.inbox);
-            ib.dead = true;
-            link.dead.store(true, Ordering::SeqCst);
-            std::mem::take(&mut ib.cmds)
+    let what =
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.run(&link, &mut poll))) {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => format!("stopped: {e}"),
+            Err(_) => "panicked".to_string(),
         };
-        drop(cmds);
-        for st in w.streams.values() {
-            let path = &st.sh.paths[st.p];
-            path.fail_rx("its TCP I/O worker panicked", true);
-            path.fail_tx(WcStatus::GENERAL_ERR, None, "its TCP I/O worker panicked");
-            path.close_streams();
+    tracing::error!(
+        "NET/switchless: TCP I/O worker {} {what}; failing its {} streams' paths",
+        link.serial,
+        w.streams.len()
+    );
+    // Refuse new commands and drop queued ones (their removal acknowledgements are released).
+    link.dead.store(true, Ordering::SeqCst);
+    let cmds = match lock(&link.inbox, INBOX) {
+        Ok(mut ib) => {
+            ib.dead = true;
+            std::mem::take(&mut ib.cmds)
         }
-        for st in w.streams.values() {
-            let _ = poll.registry().deregister(&mut SourceFd(&st.fd));
-        }
+        Err(_) => Vec::new(),
+    };
+    drop(cmds);
+    let why = format!("its TCP I/O worker {what}");
+    for st in w.streams.values() {
+        let path = &st.sh.paths[st.p];
+        path.fail_rx(&why, true);
+        path.fail_tx(WcStatus::GENERAL_ERR, None, &why);
+        path.close_streams();
+    }
+    for st in w.streams.values() {
+        let _ = poll.registry().deregister(&mut SourceFd(&st.fd));
     }
 }
 
 impl Worker {
-    fn run(&mut self, link: &WorkerLink, poll: &mut Poll) {
+    /// The event loop, until [`Cmd::Exit`]; an error when the inbox lock is poisoned.
+    fn run(&mut self, link: &WorkerLink, poll: &mut Poll) -> Result<()> {
         let mut events = Events::with_capacity(256);
         loop {
             let timeout = if self.run.is_empty() {
@@ -403,7 +397,7 @@ impl Worker {
                 }
             }
             let (cmds, kicks) = {
-                let mut ib = lock(&link.inbox);
+                let mut ib = lock(&link.inbox, INBOX)?;
                 (std::mem::take(&mut ib.cmds), std::mem::take(&mut ib.kicks))
             };
             for id in kicks {
@@ -424,7 +418,7 @@ impl Worker {
                         }
                         let _ = ack.send(());
                     }
-                    Cmd::Exit => return,
+                    Cmd::Exit => return Ok(()),
                     #[cfg(test)]
                     Cmd::Panic => panic!("injected by a unit test"),
                 }
@@ -462,529 +456,6 @@ impl Worker {
         st.queued_to_run = true;
         self.run.push(st.id);
         self.streams.insert(st.id, st);
-    }
-}
-
-// ---------------------------------------------------------------------------------------------------
-// One stream's state machines
-// ---------------------------------------------------------------------------------------------------
-
-enum RxPhase {
-    Header {
-        buf: [u8; HDR_LEN],
-        got: usize,
-    },
-    Raw {
-        h: Header,
-        reg: Arc<Reg>,
-        off: usize,
-    },
-    Ctrl {
-        h: Header,
-        reg: Arc<Reg>,
-        buf: Vec<u8>,
-        got: usize,
-    },
-}
-
-struct TxCur {
-    frame: Frame,
-    /// Header bytes handed to the kernel.
-    hoff: usize,
-    /// Payload bytes handed to the kernel.
-    poff: usize,
-}
-
-/// Why a receiver stopped.
-enum RxErr {
-    Eof,
-    /// The peer's close frame; `true` when it dropped work (not orderly).
-    Goodbye(bool),
-    Io(io::Error),
-    Violation(String),
-}
-
-/// How a direction's turn ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Turn {
-    /// The socket would block: wait for readiness.
-    Blocked,
-    /// Its share of this turn is used up; more can be done at once.
-    More,
-    /// Nothing to do (sender: queue empty) or this direction has ended.
-    Idle,
-}
-
-struct StreamIo {
-    sh: Arc<Shared>,
-    p: usize,
-    s: usize,
-    id: usize,
-    fd: RawFd,
-    rx: RxPhase,
-    rx_ready: bool,
-    rx_done: bool,
-    tx: Option<TxCur>,
-    tx_ready: bool,
-    tx_done: bool,
-    /// `WRITABLE` is part of the registered interest.
-    want_write: bool,
-    queued_to_run: bool,
-}
-
-impl StreamIo {
-    fn new(sh: Arc<Shared>, p: usize, s: usize, id: usize) -> StreamIo {
-        let fd = sh.paths[p].streams[s].sock.as_raw_fd();
-        StreamIo {
-            sh,
-            p,
-            s,
-            id,
-            fd,
-            rx: RxPhase::Header {
-                buf: [0; HDR_LEN],
-                got: 0,
-            },
-            rx_ready: false,
-            rx_done: false,
-            tx: None,
-            tx_ready: false,
-            tx_done: false,
-            want_write: false,
-            queued_to_run: false,
-        }
-    }
-
-    fn service(&mut self, poll: &Poll) {
-        if self.rx_ready {
-            let t = if self.rx_done || self.sh.stop.load(Ordering::Relaxed) {
-                Turn::Idle
-            } else {
-                match self.rx_turn() {
-                    Ok(t) => t,
-                    Err(e) => {
-                        self.rx_done = true;
-                        self.rx_ended(e);
-                        Turn::Idle
-                    }
-                }
-            };
-            self.rx_ready = t == Turn::More;
-        }
-        if self.tx_ready {
-            let t = if self.tx_done || self.sh.stop.load(Ordering::Relaxed) {
-                Turn::Idle
-            } else {
-                self.tx_turn()
-            };
-            self.tx_ready = t == Turn::More;
-            // WRITABLE interest only while a frame waits for room.
-            let want = match t {
-                Turn::Blocked => true,
-                Turn::More => self.want_write,
-                Turn::Idle => false,
-            };
-            if want != self.want_write {
-                let interest = if want {
-                    Interest::READABLE | Interest::WRITABLE
-                } else {
-                    Interest::READABLE
-                };
-                match poll
-                    .registry()
-                    .reregister(&mut SourceFd(&self.fd), Token(self.id), interest)
-                {
-                    Ok(()) => self.want_write = want,
-                    Err(e) => {
-                        self.tx_done = true;
-                        self.tx_failed(
-                            WcStatus::RETRY_EXC_ERR,
-                            self.tx.as_ref().map(|c| c.frame.wr),
-                            &format!("stream {}: changing the I/O poller interest: {e}", self.s),
-                        );
-                    }
-                }
-            }
-        }
-    }
-
-    // --- receiving ---
-
-    /// Receives until the socket would block or the turn's bytes are used up.
-    fn rx_turn(&mut self) -> std::result::Result<Turn, RxErr> {
-        let sh = Arc::clone(&self.sh);
-        let sock = &sh.paths[self.p].streams[self.s].sock;
-        let mut budget = TURN_BYTES;
-        loop {
-            if budget == 0 {
-                return Ok(Turn::More);
-            }
-            let r = match &mut self.rx {
-                RxPhase::Header { buf, got } => match rawmem::recv_slice(sock, &mut buf[*got..]) {
-                    Ok(0) if *got == 0 => return Err(RxErr::Eof),
-                    Ok(0) => {
-                        return Err(RxErr::Io(io::Error::new(
-                            io::ErrorKind::UnexpectedEof,
-                            format!("stream ended {got} bytes into a {HDR_LEN}-byte header"),
-                        )));
-                    }
-                    Ok(n) => {
-                        *got += n;
-                        budget = budget.saturating_sub(n);
-                        if *got == HDR_LEN {
-                            let h = Header::decode(buf).map_err(RxErr::Violation)?;
-                            self.start_frame(h)?;
-                        }
-                        Ok(())
-                    }
-                    Err(e) => Err(e),
-                },
-                RxPhase::Raw { h, reg, off } => {
-                    let len = h.len as usize;
-                    let RegMem::Raw(region) = &reg.mem else {
-                        return Err(RxErr::Violation("raw payload into control memory".into()));
-                    };
-                    let n = (len - *off).min(CHUNK_BYTES);
-                    let r = {
-                        // One chunk under the registration's lock: deregistration waits for it.
-                        let alive = read_lock(&reg.alive);
-                        if !*alive {
-                            return Err(RxErr::Violation(format!(
-                                "target {:#x}+{len} bytes was deregistered during the write",
-                                h.addr
-                            )));
-                        }
-                        region.recv_into(sock, h.addr + *off as u64, n)
-                    };
-                    match r {
-                        Ok(0) => {
-                            return Err(RxErr::Io(io::Error::new(
-                                io::ErrorKind::UnexpectedEof,
-                                format!("stream ended {off} bytes into a {len}-byte payload"),
-                            )));
-                        }
-                        Ok(n) => {
-                            *off += n;
-                            budget = budget.saturating_sub(n);
-                            if *off == len {
-                                let h = *h;
-                                self.rx = RxPhase::Header {
-                                    buf: [0; HDR_LEN],
-                                    got: 0,
-                                };
-                                self.finish_frame(h, None)?;
-                            }
-                            Ok(())
-                        }
-                        Err(e) => Err(e),
-                    }
-                }
-                RxPhase::Ctrl { h, reg, buf, got } => {
-                    match rawmem::recv_slice(sock, &mut buf[*got..]) {
-                        Ok(0) => {
-                            return Err(RxErr::Io(io::Error::new(
-                                io::ErrorKind::UnexpectedEof,
-                                format!("stream ended {got} bytes into a {}-byte block", buf.len()),
-                            )));
-                        }
-                        Ok(n) => {
-                            *got += n;
-                            budget = budget.saturating_sub(n);
-                            if *got == buf.len() {
-                                let (h, reg, buf) = (*h, Arc::clone(reg), std::mem::take(buf));
-                                self.rx = RxPhase::Header {
-                                    buf: [0; HDR_LEN],
-                                    got: 0,
-                                };
-                                let addr = h.addr;
-                                self.finish_frame(h, Some((reg, addr, buf)))?;
-                            }
-                            Ok(())
-                        }
-                        Err(e) => Err(e),
-                    }
-                }
-            };
-            match r {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Turn::Blocked),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(RxErr::Io(e)),
-            }
-        }
-    }
-
-    /// A complete header: checks it against this endpoint's registrations and sets up the payload.
-    fn start_frame(&mut self, h: Header) -> std::result::Result<(), RxErr> {
-        if h.op == OP_CLOSE {
-            return Err(RxErr::Goodbye(h.flags & FLAG_DIRTY != 0));
-        }
-        let len = h.len as usize;
-        let reg = read_lock(&self.sh.regs).get(&h.rkey).cloned().ok_or_else(|| {
-            RxErr::Violation(format!(
-                "peer wrote with rkey {:#x}, which names no registration of this endpoint (remote access error)",
-                h.rkey
-            ))
-        })?;
-        if !reg.contains(h.addr, len) {
-            return Err(RxErr::Violation(format!(
-                "peer wrote {len} bytes at {:#x}, outside the registration of rkey {:#x} (remote access error)",
-                h.addr, h.rkey
-            )));
-        }
-        let header = RxPhase::Header {
-            buf: [0; HDR_LEN],
-            got: 0,
-        };
-        match &reg.mem {
-            RegMem::Raw(_) if len == 0 => {
-                self.rx = header;
-                self.finish_frame(h, None)
-            }
-            RegMem::Raw(_) => {
-                self.rx = RxPhase::Raw { h, reg, off: 0 };
-                Ok(())
-            }
-            RegMem::Ctrl(_) if len == 0 => {
-                self.rx = header;
-                self.finish_frame(h, Some((reg, h.addr, Vec::new())))
-            }
-            RegMem::Ctrl(_) => {
-                self.rx = RxPhase::Ctrl {
-                    h,
-                    reg,
-                    buf: vec![0; len],
-                    got: 0,
-                };
-                Ok(())
-            }
-        }
-    }
-
-    /// A frame has landed: files its ordered effects and applies every effect up to the first gap
-    /// in the path's sequence.
-    fn finish_frame(
-        &self,
-        h: Header,
-        ctrl: Option<(Arc<Reg>, u64, Vec<u8>)>,
-    ) -> std::result::Result<(), RxErr> {
-        let path = &self.sh.paths[self.p];
-        let imm = (h.flags & FLAG_IMM != 0).then_some((h.imm, h.wr_len));
-        let mut rx = lock(&path.rx);
-        if rx.error {
-            return Ok(());
-        }
-        if h.seq < rx.next_apply
-            || h.seq >= rx.next_apply + SEQ_WINDOW
-            || rx.pending.contains_key(&h.seq)
-        {
-            return Err(RxErr::Violation(format!(
-                "frame sequence {} outside the window {}..{} or repeated",
-                h.seq,
-                rx.next_apply,
-                rx.next_apply + SEQ_WINDOW
-            )));
-        }
-        rx.buffered += ctrl.as_ref().map_or(0, |c| c.2.len());
-        if rx.buffered > MAX_BUFFERED_CTRL {
-            return Err(RxErr::Violation(format!(
-                "more than {MAX_BUFFERED_CTRL} bytes of control writes held out of order"
-            )));
-        }
-        rx.pending.insert(h.seq, Effect { ctrl, imm });
-        loop {
-            let next = rx.next_apply;
-            let Some(eff) = rx.pending.remove(&next) else {
-                break;
-            };
-            rx.next_apply += 1;
-            if let Some((reg, addr, bytes)) = eff.ctrl {
-                rx.buffered -= bytes.len();
-                let alive = read_lock(&reg.alive);
-                if *alive && let RegMem::Ctrl(block) = &reg.mem {
-                    block.store_bytes(addr, &bytes);
-                }
-            }
-            if let Some((imm, wr_len)) = eff.imm {
-                let Some(wr_id) = rx.recvs.pop_front() else {
-                    return Err(RxErr::Violation(
-                        "peer wrote with an immediate but no receive is posted (RNR)".into(),
-                    ));
-                };
-                path.complete(Completion {
-                    wr_id,
-                    status: WcStatus::SUCCESS,
-                    opcode: WcOpcode::RecvRdmaWithImm,
-                    byte_len: wr_len,
-                    imm: Some(imm),
-                });
-            }
-        }
-        Ok(())
-    }
-
-    /// The receiving direction ended: what it means for the path.
-    fn rx_ended(&self, e: RxErr) {
-        let path = &self.sh.paths[self.p];
-        let s = self.s;
-        let stopping = self.sh.stop.load(Ordering::Relaxed);
-        match e {
-            RxErr::Goodbye(false) => {
-                // Orderly: everything the peer sent on this stream has been applied. Once every
-                // stream said so, the peer is gone; our own writes can no longer be delivered, but
-                // posted receives stay posted (as with RC when the peer destroys its QP).
-                let all = {
-                    let mut rx = lock(&path.rx);
-                    rx.goodbyes += 1;
-                    rx.goodbyes == path.streams.len()
-                };
-                if all {
-                    tracing::debug!(label = %path.label, "NET/switchless: TCP path {}: the peer closed", path.label);
-                    path.fail_tx(
-                        WcStatus::RETRY_EXC_ERR,
-                        None,
-                        "the peer closed the connection",
-                    );
-                }
-            }
-            _ if stopping => {}
-            RxErr::Goodbye(true) => {
-                let why = format!(
-                    "stream {s}: the peer shut down with work requests outstanding (mid-transfer)"
-                );
-                path.fail_rx(&why, true);
-                path.fail_tx(WcStatus::RETRY_EXC_ERR, None, &why);
-                path.close_streams();
-            }
-            RxErr::Eof => {
-                let why = format!(
-                    "stream {s}: the peer closed it without a close frame (the peer process died or reset the connection)"
-                );
-                path.fail_rx(&why, true);
-                path.fail_tx(WcStatus::RETRY_EXC_ERR, None, &why);
-                path.close_streams();
-            }
-            RxErr::Io(e) => {
-                path.fail_rx(&format!("stream {s}: receiving failed: {e}"), true);
-                path.fail_tx(
-                    WcStatus::RETRY_EXC_ERR,
-                    None,
-                    &format!("stream {s} broke while receiving: {e}"),
-                );
-                path.close_streams();
-            }
-            RxErr::Violation(why) => {
-                path.fail_rx(&format!("stream {s}: {why}; closing the path"), true);
-                path.fail_tx(WcStatus::REM_OP_ERR, None, &why);
-                path.close_streams();
-            }
-        }
-    }
-
-    // --- sending ---
-
-    /// Sends queued frames until the queue is empty, the socket would block or the turn's bytes
-    /// are used up.
-    fn tx_turn(&mut self) -> Turn {
-        let path = &self.sh.paths[self.p];
-        let st = &path.streams[self.s];
-        let mut budget = TURN_BYTES;
-        loop {
-            if self.tx.is_none() {
-                let mut q = lock(&st.q);
-                match q.frames.pop_front() {
-                    Some(frame) => {
-                        st.mid_frame.store(true, Ordering::Relaxed);
-                        self.tx = Some(TxCur {
-                            frame,
-                            hoff: 0,
-                            poff: 0,
-                        });
-                    }
-                    None => {
-                        // The next post wakes us (see `post_write`).
-                        q.idle = true;
-                        return Turn::Idle;
-                    }
-                }
-            }
-            if budget == 0 {
-                return Turn::More;
-            }
-            let Some(cur) = self.tx.as_mut() else {
-                return Turn::Idle;
-            };
-            let len = cur.frame.len();
-            let r = if cur.hoff < HDR_LEN {
-                rawmem::send_slice(&st.sock, &cur.frame.hdr[cur.hoff..], len > 0)
-                    .inspect(|&n| cur.hoff += n)
-            } else {
-                match &cur.frame.payload {
-                    Payload::Bytes(b) => rawmem::send_slice(&st.sock, &b[cur.poff..], false),
-                    Payload::Raw { reg, addr, len } => match &reg.mem {
-                        RegMem::Raw(region) => {
-                            let alive = read_lock(&reg.alive);
-                            if *alive {
-                                region.send_from(
-                                    &st.sock,
-                                    addr + cur.poff as u64,
-                                    (len - cur.poff).min(CHUNK_BYTES),
-                                    false,
-                                )
-                            } else {
-                                Err(io::Error::new(
-                                    io::ErrorKind::PermissionDenied,
-                                    format!(
-                                        "source {addr:#x}+{len} bytes was deregistered before it was sent (local protection error)"
-                                    ),
-                                ))
-                            }
-                        }
-                        RegMem::Ctrl(_) => Err(io::Error::other("raw payload from control memory")),
-                    },
-                }
-                .inspect(|&n| cur.poff += n)
-            };
-            match r {
-                Ok(n) => {
-                    budget = budget.saturating_sub(n);
-                    if cur.hoff == HDR_LEN && cur.poff == len {
-                        let wr = cur.frame.wr;
-                        self.tx = None;
-                        st.queued.fetch_sub(len as u64, Ordering::Relaxed);
-                        st.mid_frame.store(false, Ordering::Relaxed);
-                        st.sent_bytes.fetch_add(len as u64, Ordering::Relaxed);
-                        path.frame_sent(wr);
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Turn::Blocked,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    let wr = cur.frame.wr;
-                    st.queued.fetch_sub(len as u64, Ordering::Relaxed);
-                    self.tx = None;
-                    self.tx_done = true;
-                    if e.kind() == io::ErrorKind::PermissionDenied {
-                        path.fail_tx(WcStatus::LOC_PROT_ERR, Some(wr), &e.to_string());
-                        path.close_streams();
-                    } else {
-                        self.tx_failed(
-                            WcStatus::RETRY_EXC_ERR,
-                            Some(wr),
-                            &format!("stream {}: sending failed: {e}", self.s),
-                        );
-                    }
-                    return Turn::Idle;
-                }
-            }
-        }
-    }
-
-    fn tx_failed(&self, status: WcStatus, wr: Option<u64>, why: &str) {
-        let path = &self.sh.paths[self.p];
-        path.fail_tx(status, wr, why);
-        path.fail_rx(why, false);
-        path.close_streams();
     }
 }
 

@@ -1,0 +1,708 @@
+//! Setting up a TCP connection's streams: listeners, the non-blocking [`TcpConnector`] and
+//! [`TcpAcceptor`] (each stream opens with a hello that the acceptor checks and acknowledges), and
+//! building the [`TcpFabric`] from the connected streams.
+#![forbid(unsafe_code)]
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{self, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use socket2::{Domain, Protocol, Socket, Type};
+
+use super::TcpFabric;
+use super::config::{TcpConfig, apply_buffers, streams_for_speed};
+use super::frame::{ACK_LEN, Ack, AckRepr, HELLO_LEN, Hello, HelloRepr};
+use super::pool;
+use super::state::{PathShared, RxState, Shared, StreamShared, TxQueue, TxState};
+use crate::error::{Error, Result};
+use crate::sys::socket as rawmem;
+use crate::transport::fabric::{Fabric, PathInfo, PathRole};
+
+/// One TCP path as the route layer chose it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TcpPathSpec {
+    /// The local link address every stream binds to (so the kernel sends over that link's netdev).
+    pub local: IpAddr,
+    /// Connector: the peer's listener (its link address and port). Acceptor: the peer's link address
+    /// (the port is ignored); accepted streams must come from it unless it is unspecified.
+    pub remote: SocketAddr,
+    /// Link speed, Mb/s (0: unknown). Stripe weight and default stream count.
+    pub speed_mbps: u64,
+    /// Netdev MTU in bytes (0: unknown); below 9000 a warning is logged.
+    pub mtu: u32,
+    /// Netdev names etc. for logs (may be empty).
+    pub label: String,
+}
+
+/// Binds a listener for one path on `local` (port chosen by the kernel), with the socket buffers of
+/// `cfg` already applied (accepted sockets inherit them, which the TCP window scale needs).
+pub fn listen(local: IpAddr, speed_mbps: u64, cfg: &TcpConfig) -> Result<TcpListener> {
+    listen_at(SocketAddr::new(local, 0), speed_mbps, cfg)
+}
+
+/// Like [`listen`] on a chosen port (tools and tests that have no handshake to carry the port).
+pub fn listen_at(addr: SocketAddr, speed_mbps: u64, cfg: &TcpConfig) -> Result<TcpListener> {
+    cfg.check()?;
+    let local = addr.ip();
+    let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
+        .map_err(|e| Error::io(format!("TCP listener socket for {local}"), e))?;
+    let streams = cfg.streams.unwrap_or_else(|| streams_for_speed(speed_mbps));
+    apply_buffers(&sock, speed_mbps, streams, cfg)?;
+    sock.set_reuse_address(true)
+        .map_err(|e| Error::io("SO_REUSEADDR", e))?;
+    sock.bind(&addr.into())
+        .map_err(|e| Error::io(format!("binding a TCP listener to {addr}"), e))?;
+    sock.listen(128)
+        .map_err(|e| Error::io(format!("listening on {local}"), e))?;
+    Ok(sock.into())
+}
+
+impl TcpFabric {
+    /// Builds the endpoint from connected streams (`streams[path]`), one entry of `specs` per path.
+    pub(super) fn from_streams(
+        specs: &[TcpPathSpec],
+        streams: Vec<Vec<TcpStream>>,
+        cfg: &TcpConfig,
+        role: &str,
+        pre: Option<TcpFabric>,
+    ) -> Result<TcpFabric> {
+        let mut paths = Vec::with_capacity(specs.len());
+        let mut shared = Vec::with_capacity(specs.len());
+        for (i, (spec, socks)) in specs.iter().zip(streams).enumerate() {
+            let peer = socks
+                .first()
+                .and_then(|s| s.peer_addr().ok())
+                .map_or_else(|| spec.remote.to_string(), |a| a.ip().to_string());
+            let label = format!(
+                "tcp{i} {}{}{} -> {peer} ({} streams, MTU {} bytes)",
+                spec.label,
+                if spec.label.is_empty() { "" } else { " " },
+                spec.local,
+                socks.len(),
+                spec.mtu
+            );
+            if role.is_empty() {
+                // Not connected yet (`TcpFabric::unconnected`): no log line, no warning.
+            } else if spec.mtu != 0 && spec.mtu < 9000 && !spec.local.is_loopback() {
+                tracing::warn!(
+                    "NET/switchless: TCP path {label}: MTU {} bytes is below 9000; \
+                     jumbo frames (ip link set <dev> mtu 9000 on both ends) cut the per-packet CPU cost",
+                    spec.mtu
+                );
+            }
+            if !role.is_empty() {
+                tracing::info!(
+                    "NET/switchless: TCP path {label} ({role}): speed {} Mb/s, frame {} bytes",
+                    spec.speed_mbps,
+                    cfg.frame_bytes
+                );
+            }
+            paths.push(PathInfo {
+                label: label.clone(),
+                speed_mbps: spec.speed_mbps,
+                role: PathRole::Data,
+            });
+            shared.push(PathShared {
+                label,
+                streams: socks
+                    .into_iter()
+                    .map(|sock| StreamShared {
+                        sock,
+                        q: Mutex::new(TxQueue::default()),
+                        queued: AtomicU64::new(0),
+                        sent_bytes: AtomicU64::new(0),
+                        mid_frame: AtomicBool::new(false),
+                    })
+                    .collect(),
+                tx: Mutex::new(TxState::default()),
+                rx: Mutex::new(RxState::default()),
+                cq: Mutex::new(VecDeque::new()),
+            });
+        }
+        let sh = Arc::new(Shared {
+            stop: AtomicBool::new(false),
+            paths: shared,
+            regs: RwLock::new(HashMap::new()),
+        });
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.subsec_nanos())
+            | 1;
+        let mut fab = TcpFabric {
+            sh: Arc::clone(&sh),
+            paths,
+            io: Vec::new(),
+            ctrl: Vec::new(),
+            tokens: HashMap::new(),
+            next_key: seed,
+            next_token: 0,
+            frame_bytes: cfg.frame_bytes,
+            shut: false,
+        };
+        // Before any receiver runs: the peer may write into adopted memory at once.
+        if let Some(pre) = pre {
+            fab.adopt(pre)?;
+        }
+        if let Err(e) = pool::add_streams(&sh, cfg.io_threads, &mut fab.io) {
+            let _ = fab.shutdown();
+            return Err(e);
+        }
+        Ok(fab)
+    }
+
+    /// An endpoint whose streams are not connected yet: memory can be registered, control memory
+    /// allocated and receives posted (what the protocol does before the handshake); nothing can be
+    /// sent. Give it to [`TcpConnector::adopting`] / [`TcpAcceptor::adopting`]: the endpoint their
+    /// `poll` returns takes all of it over (same addresses and keys) before its streams join the I/O pool.
+    pub fn unconnected(specs: &[TcpPathSpec], cfg: &TcpConfig) -> Result<TcpFabric> {
+        check_specs(specs)?;
+        let none = specs.iter().map(|_| Vec::new()).collect();
+        TcpFabric::from_streams(specs, none, cfg, "", None)
+    }
+
+    /// Takes over what `pre` (from [`TcpFabric::unconnected`], same paths) holds: registrations
+    /// (same keys), control memory (same addresses), posted receives and completions. `self` must be
+    /// freshly connected (no registration of its own, no stream in the I/O pool yet).
+    fn adopt(&mut self, mut pre: TcpFabric) -> Result<()> {
+        if pre.paths.len() != self.paths.len() {
+            return Err(Error::Internal(format!(
+                "adopting a TCP endpoint of {} paths into one of {}",
+                pre.paths.len(),
+                self.paths.len()
+            )));
+        }
+        if pre.io.iter().any(|v| !v.is_empty()) || !self.tokens.is_empty() {
+            return Err(Error::Internal(
+                "TCP adopt: the old endpoint must be unconnected and the new one unused".into(),
+            ));
+        }
+        {
+            let mut from = pre.sh.regs_mut()?;
+            let mut to = self.sh.regs_mut()?;
+            to.extend(from.drain());
+        }
+        self.ctrl.append(&mut pre.ctrl);
+        self.tokens = std::mem::take(&mut pre.tokens);
+        self.next_key = pre.next_key;
+        self.next_token = pre.next_token;
+        for (old, new) in pre.sh.paths.iter().zip(&self.sh.paths) {
+            let recvs = std::mem::take(&mut old.rx()?.recvs);
+            new.rx()?.recvs.extend(recvs);
+            let cqes = std::mem::take(&mut *old.cq()?);
+            new.cq()?.extend(cqes);
+        }
+        Ok(())
+    }
+
+    /// Connects every path and waits for the acceptor: [`TcpConnector::start`] then
+    /// [`TcpConnector::poll`] until done (at most [`TcpConfig::connect_timeout`]).
+    pub fn connect(specs: &[TcpPathSpec], nonce: u64, cfg: &TcpConfig) -> Result<TcpFabric> {
+        let mut c = TcpConnector::start(specs, nonce, cfg)?;
+        loop {
+            if let Some(f) = c.poll()? {
+                return Ok(f);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Accepts every path's streams: [`TcpAcceptor::new`] then [`TcpAcceptor::poll`] until done (at
+    /// most [`TcpConfig::connect_timeout`]).
+    pub fn accept(
+        listeners: &[TcpListener],
+        specs: &[TcpPathSpec],
+        nonce: u64,
+        cfg: &TcpConfig,
+    ) -> Result<TcpFabric> {
+        let mut a = TcpAcceptor::new(listeners, specs, nonce, cfg)?;
+        loop {
+            if let Some(f) = a.poll()? {
+                return Ok(f);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// The connecting side of a TCP connection set-up, driven without blocking (NCCL calls `connect`
+/// again and again): [`TcpConnector::start`] opens every stream (the TCP three-way handshake is done
+/// by the peer's kernel, so it needs no help from the peer's application; an unreachable peer fails
+/// here at once) and sends each stream's hello; [`TcpConnector::poll`] collects the acceptor's
+/// acknowledgements and returns the fabric when all have arrived.
+pub struct TcpConnector {
+    specs: Vec<TcpPathSpec>,
+    cfg: TcpConfig,
+    /// Per path, per stream: the socket and the acknowledgement bytes received so far.
+    socks: Vec<Vec<(TcpStream, [u8; ACK_LEN], usize)>>,
+    deadline: Instant,
+    pre: Option<TcpFabric>,
+}
+
+impl TcpConnector {
+    /// Connects `streams` TCP connections per path (from [`TcpConfig::streams`] or
+    /// [`streams_for_speed`]), each bound to `spec.local` and connected to `spec.remote`, and
+    /// announces each with `nonce` (the value the acceptor expects, from the handshake), the path
+    /// index and the stream count. Blocks only for the TCP handshakes (bounded by
+    /// [`TcpConfig::connect_timeout`]).
+    pub fn start(specs: &[TcpPathSpec], nonce: u64, cfg: &TcpConfig) -> Result<TcpConnector> {
+        cfg.check()?;
+        check_specs(specs)?;
+        let deadline = Instant::now() + cfg.connect_timeout;
+        let mut all = Vec::with_capacity(specs.len());
+        for (i, spec) in specs.iter().enumerate() {
+            let n = cfg
+                .streams
+                .unwrap_or_else(|| streams_for_speed(spec.speed_mbps));
+            let mut socks = Vec::with_capacity(n);
+            for s in 0..n {
+                // Paths and streams are bounded by MAX_PATHS and MAX_STREAMS: each fits its byte.
+                let byte = |v: usize| {
+                    u8::try_from(v).map_err(|_| {
+                        Error::Internal(format!("TCP stream hello: {v} does not fit a byte"))
+                    })
+                };
+                let hello = HelloRepr {
+                    npaths: byte(specs.len())?,
+                    path: byte(i)?,
+                    nstreams: byte(n)?,
+                    stream: byte(s)?,
+                    nonce,
+                };
+                let sock = connect_stream(spec, &hello, cfg, deadline)?;
+                socks.push((sock, [0u8; ACK_LEN], 0));
+            }
+            all.push(socks);
+        }
+        Ok(TcpConnector {
+            specs: specs.to_vec(),
+            cfg: cfg.clone(),
+            socks: all,
+            deadline,
+            pre: None,
+        })
+    }
+
+    /// The endpoint [`TcpConnector::poll`] returns takes over `pre` (see [`TcpFabric::unconnected`]).
+    pub fn adopting(mut self, pre: TcpFabric) -> TcpConnector {
+        self.pre = Some(pre);
+        self
+    }
+
+    /// Reads the acknowledgements that have arrived; `Ok(Some(fabric))` once every stream is
+    /// acknowledged, `Ok(None)` to call again, an error when the acceptor closed a stream (wrong
+    /// nonce or path) or the deadline passed.
+    pub fn poll(&mut self) -> Result<Option<TcpFabric>> {
+        let mut complete = true;
+        for (i, socks) in self.socks.iter_mut().enumerate() {
+            let remote = self.specs[i].remote;
+            for (s, (sock, ack, got)) in socks.iter_mut().enumerate() {
+                if !read_ack(sock, ack, got)
+                    .map_err(|e| e.context(format_args!("TCP path {i} stream {s} to {remote}")))?
+                {
+                    complete = false;
+                    continue;
+                }
+                Ack::new_checked(&ack[..])
+                    .and_then(|a| AckRepr::parse(&a))
+                    .map_err(|e| e.context(format_args!("TCP path {i} stream {s}")))?;
+            }
+        }
+        if !complete {
+            if Instant::now() >= self.deadline {
+                return Err(Error::Timeout(format!(
+                    "TCP connect: the acceptor did not acknowledge every stream within {} ms",
+                    self.cfg.connect_timeout.as_millis()
+                )));
+            }
+            return Ok(None);
+        }
+        let socks = std::mem::take(&mut self.socks)
+            .into_iter()
+            .map(|v| v.into_iter().map(|(s, _, _)| s).collect())
+            .collect();
+        TcpFabric::from_streams(&self.specs, socks, &self.cfg, "connector", self.pre.take())
+            .map(Some)
+    }
+}
+
+/// Reads what has arrived of a stream's acknowledgement into `ack[*got..]`; `Ok(true)` once it is
+/// complete.
+fn read_ack(sock: &TcpStream, ack: &mut [u8; ACK_LEN], got: &mut usize) -> Result<bool> {
+    while *got < ack.len() {
+        match rawmem::recv_slice(sock, &mut ack[*got..]) {
+            Ok(0) => {
+                return Err(Error::Remote(
+                    "the acceptor closed the stream before acknowledging it (it did not accept our \
+                     nonce, path index or count; see its log)"
+                        .into(),
+                ));
+            }
+            Ok(n) => *got += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                return Err(Error::Remote(format!(
+                    "the acceptor did not acknowledge the stream: {e}"
+                )));
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// The accepting side of a TCP connection set-up, driven without blocking (NCCL calls `accept`
+/// again and again): every [`TcpAcceptor::poll`] accepts the streams that have arrived on the
+/// listeners, checks their hellos and acknowledges them, and returns the fabric once every path has
+/// all its streams.
+pub struct TcpAcceptor {
+    listeners: Vec<TcpListener>,
+    specs: Vec<TcpPathSpec>,
+    cfg: TcpConfig,
+    nonce: u64,
+    slots: Vec<Vec<Option<TcpStream>>>,
+    /// Accepted connections whose hello is still arriving.
+    pending: Vec<PendingHello>,
+    deadline: Instant,
+    pre: Option<TcpFabric>,
+}
+
+/// An accepted connection whose hello is still arriving.
+struct PendingHello {
+    sock: TcpStream,
+    from: SocketAddr,
+    path: usize,
+    buf: [u8; HELLO_LEN],
+    got: usize,
+    since: Instant,
+}
+
+impl PendingHello {
+    /// Reads what has arrived of the hello: `None` while it is still coming (for at most
+    /// [`HELLO_TIMEOUT`]), else whether it arrived whole.
+    fn read(&mut self) -> Option<Result<()>> {
+        while self.got < HELLO_LEN {
+            match rawmem::recv_slice(&self.sock, &mut self.buf[self.got..]) {
+                Ok(0) => {
+                    return Some(Err(Error::Remote(
+                        "closed before its hello was complete".into(),
+                    )));
+                }
+                Ok(n) => self.got += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Some(Err(Error::io("reading the stream hello", e))),
+            }
+        }
+        if self.got == HELLO_LEN {
+            Some(Ok(()))
+        } else if self.since.elapsed() > HELLO_TIMEOUT {
+            Some(Err(Error::Timeout(format!(
+                "no complete hello within {} s",
+                HELLO_TIMEOUT.as_secs()
+            ))))
+        } else {
+            None
+        }
+    }
+}
+
+/// Connections whose hello has not fully arrived that an acceptor keeps at once; more are closed.
+pub const MAX_PENDING_STREAMS: usize = 64;
+/// Time a connection gets to deliver its hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl TcpAcceptor {
+    /// Takes one listener per path (from [`listen`]; `listeners[i]` serves path `i`). Streams must
+    /// carry `nonce`, the right path index and count and, unless `specs[path].remote` is
+    /// unspecified, come from the path's peer address; anything else is closed and logged, not fatal.
+    pub fn new(
+        listeners: &[TcpListener],
+        specs: &[TcpPathSpec],
+        nonce: u64,
+        cfg: &TcpConfig,
+    ) -> Result<TcpAcceptor> {
+        cfg.check()?;
+        check_specs(specs)?;
+        if listeners.len() != specs.len() {
+            return Err(Error::InvalidArgument(format!(
+                "{} listeners for {} TCP paths; one listener per path is required",
+                listeners.len(),
+                specs.len()
+            )));
+        }
+        let listeners = listeners
+            .iter()
+            .map(|l| {
+                let l = l
+                    .try_clone()
+                    .map_err(|e| Error::io("duplicating a TCP listener", e))?;
+                l.set_nonblocking(true)
+                    .map_err(|e| Error::io("making a TCP listener non-blocking", e))?;
+                Ok(l)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(TcpAcceptor {
+            listeners,
+            specs: specs.to_vec(),
+            cfg: cfg.clone(),
+            nonce,
+            slots: (0..specs.len()).map(|_| Vec::new()).collect(),
+            pending: Vec::new(),
+            deadline: Instant::now() + cfg.connect_timeout,
+            pre: None,
+        })
+    }
+
+    /// The endpoint [`TcpAcceptor::poll`] returns takes over `pre` (see [`TcpFabric::unconnected`]).
+    pub fn adopting(mut self, pre: TcpFabric) -> TcpAcceptor {
+        self.pre = Some(pre);
+        self
+    }
+
+    /// Accepts what has arrived; `Ok(Some(fabric))` when every path is complete, `Ok(None)` to call
+    /// again, [`Error::Timeout`] (naming the missing streams) after [`TcpConfig::connect_timeout`].
+    pub fn poll(&mut self) -> Result<Option<TcpFabric>> {
+        self.accept_new()?;
+        let mut k = 0;
+        while k < self.pending.len() {
+            match self.pending[k].read() {
+                None => k += 1,
+                Some(verdict) => {
+                    let ph = self.pending.swap_remove(k);
+                    self.file(ph, verdict);
+                }
+            }
+        }
+        let complete = self
+            .slots
+            .iter()
+            .all(|s| !s.is_empty() && s.iter().all(Option::is_some));
+        if !complete {
+            if Instant::now() >= self.deadline {
+                let missing: Vec<String> = self
+                    .slots
+                    .iter()
+                    .enumerate()
+                    .map(|(i, s)| {
+                        let have = s.iter().filter(|x| x.is_some()).count();
+                        format!("path {i}: {have} of {} streams", s.len().max(1))
+                    })
+                    .collect();
+                return Err(Error::Timeout(format!(
+                    "accepting TCP streams for {} ms: {}",
+                    self.cfg.connect_timeout.as_millis(),
+                    missing.join(", ")
+                )));
+            }
+            return Ok(None);
+        }
+        let streams = std::mem::take(&mut self.slots)
+            .into_iter()
+            .map(|s| s.into_iter().flatten().collect())
+            .collect();
+        TcpFabric::from_streams(&self.specs, streams, &self.cfg, "acceptor", self.pre.take())
+            .map(Some)
+    }
+
+    /// New connections: checks the peer address, then waits for the hello without blocking.
+    fn accept_new(&mut self) -> Result<()> {
+        for (i, l) in self.listeners.iter().enumerate() {
+            loop {
+                let (sock, from) = match l.accept() {
+                    Ok(x) => x,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(Error::io(format!("accepting on TCP path {i}"), e)),
+                };
+                let want = self.specs[i].remote.ip();
+                if !want.is_unspecified() && from.ip() != want {
+                    tracing::warn!(
+                        "NET/switchless: TCP path {i}: connection from {from} rejected: the path's peer is {want}"
+                    );
+                    continue;
+                }
+                if self.pending.len() >= MAX_PENDING_STREAMS {
+                    tracing::warn!(
+                        "NET/switchless: TCP path {i}: connection from {from} rejected: {MAX_PENDING_STREAMS} connections already wait for their hello"
+                    );
+                    continue;
+                }
+                self.pending.push(PendingHello {
+                    sock,
+                    from,
+                    path: i,
+                    buf: [0; HELLO_LEN],
+                    got: 0,
+                    since: Instant::now(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// A connection whose hello has arrived (`verdict`: whole, or why not): checks the hello,
+    /// acknowledges the stream and files it in its path's slot. A bad one is logged and closed.
+    fn file(&mut self, ph: PendingHello, verdict: Result<()>) {
+        let (i, from) = (ph.path, ph.from);
+        let checked = verdict.and_then(|()| check_hello(&ph.buf, i, self.specs.len(), self.nonce));
+        let (s, n) = match checked {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(
+                    "NET/switchless: TCP path {i}: connection from {from} rejected: {e}"
+                );
+                return;
+            }
+        };
+        let slot = &mut self.slots[i];
+        if slot.is_empty() {
+            slot.resize_with(n, || None);
+        }
+        if slot.len() != n || slot[s].is_some() {
+            tracing::warn!(
+                "NET/switchless: TCP path {i}: stream {s} of {n} from {from} conflicts with streams already accepted; closed"
+            );
+            return;
+        }
+        let mut sock = ph.sock;
+        // 8 bytes into an empty socket buffer: never blocks.
+        let sent = sock
+            .set_nodelay(true)
+            .and_then(|()| sock.write_all(&AckRepr.to_bytes()));
+        if let Err(e) = sent {
+            tracing::warn!("NET/switchless: TCP path {i}: acknowledging stream {s} to {from}: {e}");
+            return;
+        }
+        slot[s] = Some(sock);
+    }
+}
+
+fn check_specs(specs: &[TcpPathSpec]) -> Result<()> {
+    if specs.is_empty() || specs.len() > crate::transport::stripe::MAX_PATHS {
+        return Err(Error::InvalidArgument(format!(
+            "{} TCP paths; accepted: 1..={}",
+            specs.len(),
+            crate::transport::stripe::MAX_PATHS
+        )));
+    }
+    Ok(())
+}
+
+/// Opens one stream of a path: binds `spec.local`, connects to `spec.remote` (by `deadline`) and
+/// sends the stream's `hello`.
+fn connect_stream(
+    spec: &TcpPathSpec,
+    hello: &HelloRepr,
+    cfg: &TcpConfig,
+    deadline: Instant,
+) -> Result<TcpStream> {
+    let what = format!(
+        "TCP path {} stream {}: connecting from {} to {}",
+        hello.path, hello.stream, spec.local, spec.remote
+    );
+    let sock = Socket::new(
+        Domain::for_address(spec.remote),
+        Type::STREAM,
+        Some(Protocol::TCP),
+    )
+    .map_err(|e| Error::io(&what, e))?;
+    sock.set_tcp_nodelay(true)
+        .map_err(|e| Error::io(format!("{what}: TCP_NODELAY"), e))?;
+    apply_buffers(&sock, spec.speed_mbps, usize::from(hello.nstreams), cfg)?;
+    sock.bind(&SocketAddr::new(spec.local, 0).into())
+        .map_err(|e| {
+            Error::System(format!(
+                "{what}: binding to the local link address failed: {e}; the address must be configured on this host"
+            ))
+        })?;
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left.is_zero() {
+        return Err(Error::Timeout(format!("{what}: connect deadline passed")));
+    }
+    sock.connect_timeout(&spec.remote.into(), left).map_err(|e| {
+        let hint = match e.raw_os_error() {
+            Some(libc::ENETUNREACH) | Some(libc::EHOSTUNREACH) => {
+                "; the peer is not on the subnet of the local link (no route): on a switchless mesh \
+                 only the cable's far end is reachable from a link address"
+            }
+            Some(libc::ECONNREFUSED) => "; nothing listens there (the peer's listener is closed)",
+            _ => "",
+        };
+        if e.kind() == io::ErrorKind::TimedOut {
+            Error::Timeout(format!("{what}: {e}"))
+        } else {
+            Error::System(format!("{what} failed: {e}{hint}"))
+        }
+    })?;
+    let mut tcp: TcpStream = sock.into();
+    tcp.write_all(&hello.to_bytes())
+        .map_err(|e| Error::io(format!("{what}: sending the stream hello"), e))?;
+    Ok(tcp)
+}
+
+/// Checks a complete stream hello against this listener (path `path` of `npaths_want`, the
+/// connection's `nonce`); returns (stream, stream count).
+fn check_hello(
+    buf: &[u8; HELLO_LEN],
+    path: usize,
+    npaths_want: usize,
+    nonce: u64,
+) -> Result<(usize, usize)> {
+    let h = HelloRepr::parse(&Hello::new_checked(&buf[..])?)?;
+    if h.nonce != nonce {
+        return Err(Error::Remote(
+            "hello nonce does not match this connection".into(),
+        ));
+    }
+    let (npaths, p) = (usize::from(h.npaths), usize::from(h.path));
+    if npaths != npaths_want || p != path {
+        return Err(Error::Remote(format!(
+            "hello names path {p} of {npaths}; this listener serves path {path} of {npaths_want}"
+        )));
+    }
+    Ok((usize::from(h.stream), usize::from(h.nstreams)))
+}
+
+/// Two connected endpoints on 127.0.0.1 with one path per entry of `speeds_mbps` (tests, benchmarks).
+pub fn loopback_pair(speeds_mbps: &[u64], cfg: &TcpConfig) -> Result<(TcpFabric, TcpFabric)> {
+    let lo = IpAddr::from([127, 0, 0, 1]);
+    let listeners = speeds_mbps
+        .iter()
+        .map(|&s| listen(lo, s, cfg))
+        .collect::<Result<Vec<_>>>()?;
+    let mut conn_specs = Vec::new();
+    let mut acc_specs = Vec::new();
+    for (l, &speed) in listeners.iter().zip(speeds_mbps) {
+        let port = l
+            .local_addr()
+            .map_err(|e| Error::io("listener address", e))?
+            .port();
+        conn_specs.push(TcpPathSpec {
+            local: lo,
+            remote: SocketAddr::new(lo, port),
+            speed_mbps: speed,
+            mtu: 0,
+            label: String::new(),
+        });
+        acc_specs.push(TcpPathSpec {
+            local: lo,
+            remote: SocketAddr::new(lo, 0),
+            speed_mbps: speed,
+            mtu: 0,
+            label: String::new(),
+        });
+    }
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(7, |d| d.as_nanos() as u64);
+    let c = cfg.clone();
+    let t = std::thread::spawn(move || TcpFabric::connect(&conn_specs, nonce, &c));
+    let acc = TcpFabric::accept(&listeners, &acc_specs, nonce, cfg);
+    let con = t
+        .join()
+        .map_err(|_| Error::Internal("TCP connect thread panicked".into()))?;
+    Ok((con?, acc?))
+}

@@ -1,0 +1,284 @@
+//! What a [`super::TcpFabric`] shares with the I/O workers that drive its streams: the registrations,
+//! and per path the streams' send queues, the send and receive bookkeeping and the completion queue.
+//! The workers (`super::pool`) fill it; the fabric's `post_*` and `poll` read and queue.
+#![forbid(unsafe_code)]
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use super::frame::HEADER_LEN;
+use crate::error::{Error, Result};
+use crate::sync::{self, lock};
+use crate::sys::rawmem::RawRegion;
+use crate::transport::ctrl::AtomicWords;
+use crate::transport::fabric::{Completion, WcOpcode, WcStatus};
+
+/// What a registration covers: memory NCCL registered, or control memory the fabric owns.
+pub(super) enum RegMem {
+    Raw(RawRegion),
+    Ctrl(Arc<AtomicWords>),
+}
+
+/// One registration, shared by the fabric and the workers copying into or out of it.
+pub(super) struct Reg {
+    pub(super) mem: RegMem,
+    /// `false` once deregistered; copies into or out of the region hold the read lock.
+    pub(super) alive: RwLock<bool>,
+}
+
+impl Reg {
+    /// Held while one chunk is copied: `false` once deregistered.
+    pub(super) fn alive(&self) -> Result<RwLockReadGuard<'_, bool>> {
+        sync::read(&self.alive, "TCP registration")
+    }
+
+    /// Deregisters: waits for the copy in progress (one chunk of at most 1 MiB); after this no I/O
+    /// worker touches the memory. Poisoned, it has waited too, and the workers, which find it
+    /// poisoned as well, copy nothing more.
+    pub(super) fn kill(&self) -> Result<()> {
+        *sync::write(&self.alive, "TCP registration")? = false;
+        Ok(())
+    }
+
+    pub(super) fn contains(&self, addr: u64, len: usize) -> bool {
+        match &self.mem {
+            RegMem::Raw(r) => r.contains(addr, len),
+            RegMem::Ctrl(c) => c.contains(addr, len),
+        }
+    }
+}
+
+pub(super) enum Payload {
+    /// Copied when posted (small writes and control-memory sources).
+    Bytes(Vec<u8>),
+    /// Sent from registered memory by the stream's I/O worker.
+    Raw {
+        reg: Arc<Reg>,
+        addr: u64,
+        len: usize,
+    },
+}
+
+/// A frame queued on a stream: its header bytes and where its payload comes from.
+pub(super) struct TxFrame {
+    pub(super) hdr: [u8; HEADER_LEN],
+    pub(super) payload: Payload,
+    /// Index of the work request on its path (completion ordering).
+    pub(super) wr: u64,
+}
+
+impl TxFrame {
+    pub(super) fn len(&self) -> usize {
+        match &self.payload {
+            Payload::Bytes(b) => b.len(),
+            Payload::Raw { len, .. } => *len,
+        }
+    }
+}
+
+pub(super) struct WrTrack {
+    pub(super) wr_id: u64,
+    pub(super) remaining: u32,
+    pub(super) signaled: bool,
+}
+
+#[derive(Default)]
+pub(super) struct TxState {
+    pub(super) next_seq: u64,
+    /// Index of `wrs[0]`.
+    pub(super) first_wr: u64,
+    pub(super) wrs: VecDeque<WrTrack>,
+    pub(super) error: bool,
+}
+
+pub(super) struct Effect {
+    pub(super) ctrl: Option<(Arc<Reg>, u64, Vec<u8>)>,
+    pub(super) imm: Option<(u32, u32)>,
+}
+
+#[derive(Default)]
+pub(super) struct RxState {
+    pub(super) next_apply: u64,
+    pub(super) pending: BTreeMap<u64, Effect>,
+    pub(super) buffered: usize,
+    pub(super) recvs: VecDeque<u64>,
+    /// Streams that ended with an orderly close frame.
+    pub(super) goodbyes: usize,
+    pub(super) error: bool,
+}
+
+/// Frames waiting for a stream's worker.
+#[derive(Default)]
+pub(super) struct TxQueue {
+    pub(super) frames: VecDeque<TxFrame>,
+    /// The worker found the queue empty and waits to be woken for the next frame.
+    pub(super) idle: bool,
+}
+
+/// One stream of a path: its socket and its send queue.
+pub(super) struct StreamShared {
+    pub(super) sock: TcpStream,
+    pub(super) q: Mutex<TxQueue>,
+    /// Payload bytes queued and not yet handed to the kernel (stream choice: least queued first).
+    pub(super) queued: AtomicU64,
+    pub(super) sent_bytes: AtomicU64,
+    /// A frame was started on this stream and not finished (no close frame may follow it).
+    pub(super) mid_frame: AtomicBool,
+}
+
+impl StreamShared {
+    pub(super) fn queue(&self) -> Result<MutexGuard<'_, TxQueue>> {
+        lock(&self.q, "TCP stream queue")
+    }
+}
+
+/// One path: its streams, the bookkeeping of both directions and the completion queue.
+pub(super) struct PathShared {
+    pub(super) label: String,
+    pub(super) streams: Vec<StreamShared>,
+    pub(super) tx: Mutex<TxState>,
+    pub(super) rx: Mutex<RxState>,
+    pub(super) cq: Mutex<VecDeque<Completion>>,
+}
+
+/// Everything of one endpoint that its I/O workers touch.
+pub(super) struct Shared {
+    /// Set by `shutdown`: workers stop driving the streams, posts flush at once.
+    pub(super) stop: AtomicBool,
+    pub(super) paths: Vec<PathShared>,
+    /// Live registrations by key (the same key is lkey and rkey on every path).
+    pub(super) regs: RwLock<HashMap<u32, Arc<Reg>>>,
+}
+
+impl Shared {
+    pub(super) fn regs(&self) -> Result<RwLockReadGuard<'_, HashMap<u32, Arc<Reg>>>> {
+        sync::read(&self.regs, "TCP registrations")
+    }
+
+    pub(super) fn regs_mut(&self) -> Result<RwLockWriteGuard<'_, HashMap<u32, Arc<Reg>>>> {
+        sync::write(&self.regs, "TCP registrations")
+    }
+}
+
+// Poisoned locks fail closed (`crate::sync`): callers that can return an error do; the I/O workers
+// and the failure paths below, which cannot, treat the path as broken and close its streams, so both
+// ends see their requests fail and NCCL's next call on this endpoint gets the error.
+impl PathShared {
+    pub(super) fn tx(&self) -> Result<MutexGuard<'_, TxState>> {
+        lock(&self.tx, "TCP send state")
+    }
+
+    pub(super) fn rx(&self) -> Result<MutexGuard<'_, RxState>> {
+        lock(&self.rx, "TCP receive state")
+    }
+
+    pub(super) fn cq(&self) -> Result<MutexGuard<'_, VecDeque<Completion>>> {
+        lock(&self.cq, "TCP completion queue")
+    }
+
+    /// A lock of this path was found poisoned where no error can be returned: the path is broken.
+    pub(super) fn poisoned(&self, e: &Error) {
+        tracing::error!(label = %self.label, "NET/switchless: TCP path {}: {e}; closing the path", self.label);
+        self.close_streams();
+    }
+
+    pub(super) fn complete(&self, c: Completion) {
+        match self.cq() {
+            Ok(mut cq) => cq.push_back(c),
+            Err(e) => self.poisoned(&e),
+        }
+    }
+
+    pub(super) fn close_streams(&self) {
+        // The workers see the hang-up as readiness and end both directions.
+        for s in &self.streams {
+            let _ = s.sock.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// Fails the sending side: the work request with index `culprit` (the oldest outstanding one when
+    /// `None`) completes with `status`, every other outstanding one with `WR_FLUSH_ERR` (in posting
+    /// order); queued frames are dropped and the path stays in error.
+    pub(super) fn fail_tx(&self, status: WcStatus, culprit: Option<u64>, why: &str) {
+        match self.tx() {
+            Ok(mut tx) => {
+                if !tx.error {
+                    tx.error = true;
+                    if status != WcStatus::WR_FLUSH_ERR && !tx.wrs.is_empty() {
+                        tracing::warn!(label = %self.label, "NET/switchless: TCP path {}: {why}", self.label);
+                    }
+                }
+                let culprit = culprit.unwrap_or(tx.first_wr);
+                while let Some(w) = tx.wrs.pop_front() {
+                    let index = tx.first_wr;
+                    tx.first_wr += 1;
+                    let st = if index == culprit {
+                        status
+                    } else {
+                        WcStatus::WR_FLUSH_ERR
+                    };
+                    self.complete(Completion::without_data(w.wr_id, st, WcOpcode::RdmaWrite));
+                }
+            }
+            Err(e) => self.poisoned(&e),
+        }
+        for s in &self.streams {
+            match s.queue() {
+                Ok(mut q) => q.frames.clear(),
+                Err(e) => self.poisoned(&e),
+            }
+            s.queued.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Fails the receiving side: posted receives complete with `WR_FLUSH_ERR`, later ones too.
+    pub(super) fn fail_rx(&self, why: &str, warn: bool) {
+        let mut rx = match self.rx() {
+            Ok(rx) => rx,
+            Err(e) => return self.poisoned(&e),
+        };
+        if !rx.error && warn {
+            tracing::warn!(label = %self.label, "NET/switchless: TCP path {}: {why}", self.label);
+        }
+        rx.error = true;
+        rx.pending.clear();
+        rx.buffered = 0;
+        while let Some(wr_id) = rx.recvs.pop_front() {
+            self.complete(Completion::without_data(
+                wr_id,
+                WcStatus::WR_FLUSH_ERR,
+                WcOpcode::RecvRdmaWithImm,
+            ));
+        }
+    }
+
+    /// A frame of work request `wr` was handed to the kernel.
+    pub(super) fn frame_sent(&self, wr: u64) {
+        let mut tx = match self.tx() {
+            Ok(tx) => tx,
+            Err(e) => return self.poisoned(&e),
+        };
+        if tx.error || wr < tx.first_wr {
+            return;
+        }
+        let i = (wr - tx.first_wr) as usize;
+        if let Some(w) = tx.wrs.get_mut(i) {
+            w.remaining = w.remaining.saturating_sub(1);
+        }
+        // Completions of a path come out in posting order: only a finished oldest request completes.
+        while tx.wrs.front().is_some_and(|w| w.remaining == 0) {
+            if let Some(w) = tx.wrs.pop_front() {
+                tx.first_wr += 1;
+                if w.signaled {
+                    self.complete(Completion::without_data(
+                        w.wr_id,
+                        WcStatus::SUCCESS,
+                        WcOpcode::RdmaWrite,
+                    ));
+                }
+            }
+        }
+    }
+}
