@@ -11,11 +11,15 @@
 //! * [`reader::capture`]: copy exactly the files discovery read into a tree `--root` reads back.
 #![forbid(unsafe_code)]
 
+mod ctx;
 pub mod discover;
 pub mod links;
 pub mod model;
 pub mod nccl;
+mod parse;
+mod procfs;
 pub mod reader;
+mod sysfs;
 pub mod tcp;
 
 use std::path::Path;

@@ -385,6 +385,13 @@ pub struct BufferLimits {
     pub tcp_wmem_max: Option<u64>,
 }
 
+/// PCI device ids of adapters whose two PCI functions on one PCIe link are the two halves of ONE cage:
+/// ConnectX-8 (0x1023, `mt4131`), whose 800G OSFP cage shows as two 400G ports on DGX B300.
+pub const SHARED_CAGE_DEVICE_IDS: &[u16] = &[0x1023];
+
+/// Mellanox / NVIDIA networking PCI vendor id.
+pub const MELLANOX_VENDOR: u16 = 0x15b3;
+
 /// Cage of a netdev without RDMA: its PCI device and port number.
 pub fn netdev_cage(n: &Netdev) -> Option<Cage> {
     let b = n.pci.as_deref()?;
