@@ -1,19 +1,20 @@
 //! switchless: an NCCL network plugin for RDMA (and Ethernet) fabrics with no switch.
 //!
-//! Data flows through the layers in the order of the module list:
+//! An NCCL call flows down the layers (the README's Development section draws them):
 //!
 //! * [`ffi`]: the exported `ncclNetPlugin_v6` … `ncclNetPlugin_v12` vtables, one thin adapter per ABI
-//!   version over one core, the panic guard and the bridge from `tracing` to NCCL's logger.
-//!   Also the host side of the ABI (loading a plugin by path), used by `switchless bench`.
-//! * [`plugin`]: the core plugin, written once, in safe Rust.
-//! * [`fabric`]: discovery of the host from kernel files (sysfs, procfs) through a root directory,
-//!   the host model, NCCL devices that merge multi-host PCIe functions, and `doctor`.
+//!   version over one core, the panic guard and the bridge from `tracing` to NCCL's logger; apart from
+//!   them, [`ffi::loader`] loads a plugin by path for `switchless bench`.
+//! * [`plugin`]: the core plugin, written once, in safe Rust; [`host`] describes the machine to it
+//!   (kernel files read through a root directory, the host model, NCCL devices).
 //! * [`route`]: pure functions: which local links and remote addresses carry a connection.
-//! * [`transport`]: connection state machines, the handshake, the CTS protocol, striping, requests.
-//! * [`verbs`]: RAII wrappers over ibverbs; with [`ffi`] the only place `unsafe` is allowed.
+//! * [`transport`]: the CTS protocol, wire formats, striping, the sans-IO handshake, the `Fabric`
+//!   trait, the in-memory and TCP fabrics.
+//! * [`verbs`] (ibverbs RAII wrappers and the verbs fabric) and [`sys`] (raw memory, socket
+//!   syscalls): with [`ffi`], the only modules where `unsafe` is allowed.
 //!
-//! Beside the data path: [`config`] (environment), [`plan`] (cables file → IP plan),
-//! [`nccltests`] (nccl-tests output parser), [`bench`](mod@bench) (the ABI driver's modes), [`cli`].
+//! Beside them: [`config`] (the environment), [`error`], [`sync`] (the one lock helper),
+//! [`findings`]; and [`tools`], the CLI only (doctor, plan, nccl-tests, bench).
 #![deny(unsafe_code)]
 
 pub mod config;

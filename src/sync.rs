@@ -4,7 +4,7 @@
 //! guard or a worker's `catch_unwind`) may have left the protected state half-updated, so whoever
 //! finds the lock poisoned gets [`Error::Internal`] naming the lock, and the object it guards (a comm,
 //! a path, the backend slot) is unusable from then on. Code that cannot return an error (`Drop`,
-//! logging, statistics) skips its work instead. [`read`] and [`write`] apply the same policy to a
+//! logging, statistics) skips its work instead. [`read()`] and [`write()`] apply the same policy to a
 //! `RwLock`.
 #![forbid(unsafe_code)]
 

@@ -1,6 +1,6 @@
 //! The operating system below the transports: raw process memory and the few socket syscalls the TCP
 //! fabric makes without `std`. With `ffi` and `verbs`, the only module where `unsafe` is allowed; every
-//! unsafe block has a `SAFETY:` comment, and every libc call goes through [`syscall!`].
+//! unsafe block has a `SAFETY:` comment, and every libc call goes through `syscall!`.
 #![allow(unsafe_code)]
 
 /// Calls `libc::$fn(args…)` and turns a negative return into `Err(io::Error::last_os_error())`

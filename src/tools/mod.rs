@@ -1,6 +1,6 @@
 //! The `switchless` command line and what only it uses: the CLI's subcommands ([`cli`]), the doctor's
 //! checks and report ([`doctor`]), the IP planner ([`plan`]), the nccl-tests parser ([`nccltests`]) and
-//! the ABI driver's modes ([`bench`]). Nothing in the plugin's data path imports this module.
+//! the ABI driver's modes ([`bench`](mod@bench)). Nothing in the plugin's data path imports this module.
 #![forbid(unsafe_code)]
 
 pub mod bench;
