@@ -268,7 +268,7 @@ pub struct HostModel {
     pub peer_memory: bool,
     /// The NVIDIA GPU driver is loaded (`/sys/module/nvidia`): GPU buffers may reach the NICs.
     pub gpu_driver: bool,
-    /// Point-to-point TCP links (netdevs without RDMA on a /30, /31 or one-neighbour subnet) with
+    /// Point-to-point TCP links (netdevs without RDMA on a /30 or /31: [`crate::route::point_to_point`]) with
     /// their tuning (see [`crate::host::tcp`]).
     pub tcp_links: Vec<TcpLink>,
     /// Socket buffer limits (`/proc/sys/net/…`); read only when there is a TCP link.

@@ -1,6 +1,7 @@
 //! The listen handle: the ≤ 128-byte blob NCCL copies from `listen` to the connecting rank.
 //!
-//! It describes the whole listening node, not one port (nccl-net-abi.md §6.5.2): every link address with
+//! It describes the whole listening node, not one port (the connector, not NCCL, picks the links that
+//! reach it): every link address with
 //! its prefix, kind and compact PCIe-root / physical-port ids, the listener's TCP port and a random
 //! per-listener nonce. The connector routes from it (see [`crate::route::select()`]).
 //!
@@ -21,7 +22,7 @@
 //! | 114..120 | reserved  | zero                                                                   |
 //! | 120..128 | scratch   | written as zero, ignored by the decoder: the connecting plugin's own   |
 //! |          |           | per-connection state id (NCCL passes the same private handle copy on   |
-//! |          |           | every connect retry, nccl-net-abi.md §2.2, as NCCL IB's `stage`)        |
+//! |          |           | every connect retry (`proxy.cc`), as NCCL IB keeps its `stage` there) |
 //!
 //! A link slot: bytes 0..4 the IPv4 address; byte 4: bit 7 kind (0 RoCE, 1 TCP), bit 6 zero,
 //! bits 0..5 the prefix length (1..=32); byte 5: high nibble the PCIe-root index, low nibble the
