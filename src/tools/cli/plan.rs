@@ -33,8 +33,8 @@ pub struct Args {
     /// Prefix length of each link: 30 (4 addresses per link) or 31 (2 per link, RFC 3021).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u8).range(30..=31))]
     pub prefix: u8,
-    /// Interface MTU in bytes.
-    #[arg(long, default_value_t = 9000)]
+    /// Interface MTU: bytes (1280..=9978), or with K (1024), e.g. 9000 or 9k (9216 bytes).
+    #[arg(long, default_value = "9000", value_parser = parse_mtu)]
     pub mtu: u32,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
@@ -46,6 +46,11 @@ pub struct Args {
     /// instead of standard output.
     #[arg(long)]
     pub out: Option<PathBuf>,
+}
+
+fn parse_mtu(s: &str) -> std::result::Result<u32, String> {
+    let n = crate::config::values::cli_bytes(s)?;
+    u32::try_from(n).map_err(|_| format!("{n} bytes is not an MTU; accepted: 1280..=9978 bytes"))
 }
 
 fn parse_base(s: &str) -> std::result::Result<Ipv4Net, String> {
