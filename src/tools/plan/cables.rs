@@ -168,19 +168,38 @@ pub fn parse(source: &str, text: &str, map: &PortMap, servers: Option<u32>) -> R
 
 /// `S-P > S-P` → the two ends, as written.
 fn parse_item(item: &str) -> std::result::Result<(Endpoint, Endpoint), String> {
+    const EXPECTED: &str = "expected `SERVER-PORT > SERVER-PORT`, e.g. `1-1 > 2-1`";
+    // The usual slips get a message that names them instead of a complaint about a side.
+    if item.contains(';') {
+        return Err(format!(
+            "`{item}` contains `;`; separate cables with `,` (e.g. `1-1 > 2-1, 1-2 > 2-2`) or put each on its own line"
+        ));
+    }
+    if item.contains("->") || item.contains("=>") || item.contains("<") {
+        return Err(format!(
+            "`{item}` joins the ends with something other than `>`; write a single `>` (`1-1 > 2-1`); the direction carries no meaning"
+        ));
+    }
     let sides: Vec<&str> = item.split('>').collect();
     if sides.len() != 2 {
         let what = if sides.len() < 2 {
             "has no `>`"
         } else {
-            "has more than one `>`"
+            "has more than one `>` (two cables on one line need a `,` between them)"
         };
-        return Err(format!(
-            "`{item}` {what}; expected `SERVER-PORT > SERVER-PORT`, e.g. `1-1 > 2-1`"
-        ));
+        return Err(format!("`{item}` {what}; {EXPECTED}"));
     }
-    let a = parse_side(sides[0].trim(), item)?;
-    let b = parse_side(sides[1].trim(), item)?;
+    let (left, right) = (sides[0].trim(), sides[1].trim());
+    if left.is_empty() || right.is_empty() {
+        let which = if left.is_empty() {
+            "nothing before `>`"
+        } else {
+            "nothing after `>`"
+        };
+        return Err(format!("`{item}` has {which}; {EXPECTED}"));
+    }
+    let a = parse_side(left, item)?;
+    let b = parse_side(right, item)?;
     Ok((a, b))
 }
 
@@ -281,6 +300,25 @@ mod tests {
             ),
             "{e}"
         );
+    }
+
+    #[test]
+    fn usual_slips_say_what_was_expected() {
+        let err = |text: &str| {
+            parse("c.txt", text, &b300(), None)
+                .unwrap_err()
+                .to_string()
+        };
+        let e = err("1-1 -> 2-1\n");
+        assert!(e.contains("write a single `>`"), "{e}");
+        let e = err("1-1 > 2-1; 1-2 > 2-2\n");
+        assert!(e.contains("separate cables with `,`"), "{e}");
+        let e = err("1-1 >\n");
+        assert!(e.contains("`1-1 >` has nothing after `>`"), "{e}");
+        let e = err("> 2-1\n");
+        assert!(e.contains("has nothing before `>`"), "{e}");
+        let e = err("1-1 > 2-1 > 3-1\n");
+        assert!(e.contains("need a `,` between them"), "{e}");
     }
 
     #[test]
