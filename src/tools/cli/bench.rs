@@ -11,6 +11,13 @@ use crate::error::{Error, Result};
 use crate::tools::bench as b;
 
 #[derive(Debug, clap::Args)]
+#[command(after_help = "Examples:\n  \
+switchless bench bandwidth --loopback -b 1M -e 64M           # in one process: no network, no plugin\n  \
+switchless bench latency --rank 0 --bootstrap 0.0.0.0:29500  # on host A\n  \
+switchless bench latency --rank 1 --bootstrap hostA:29500    # on host B\n\
+Sizes: bytes or K/M/G (powers of 1024; 1M = 1048576 bytes). --timeout: 60, 10s, 2m or 1h (a bare number is seconds).\n\
+Exit status: 0 every data check passed; 1 a data check failed or the run failed (the message says which rank and why); \
+2 the report could not be written or a usage error.")]
 pub struct Args {
     /// What to measure.
     #[arg(value_enum)]

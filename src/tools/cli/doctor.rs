@@ -11,6 +11,16 @@ use crate::host::{self, Reader, reader};
 use crate::tools::doctor;
 
 #[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Judges this host as the plugin would see it, including the NCCL_* and \
+NCCL_SWITCHLESS_* variables of this shell.\n\
+Examples:\n  \
+switchless doctor                                            # this host, in this shell's environment\n  \
+switchless doctor --json > doctor-$(hostname).json\n  \
+switchless doctor --plan plan.json --server 1                # also compare with the IP plan\n  \
+switchless doctor --capture /tmp/doctor-capture              # attach the tree to a bug report\n\
+Exit status: 0 healthy (info findings only); 1 warnings; 2 errors, or --root/--plan/--capture unusable."
+)]
 pub struct Args {
     /// Read kernel files under this directory instead of /.
     #[arg(long, default_value = "/")]

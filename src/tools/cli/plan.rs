@@ -12,11 +12,13 @@ use crate::tools::plan::render::{self, Format};
 use crate::tools::plan::{self, Options, PortMap, cables};
 
 #[derive(Debug, clap::Args)]
-#[command(
-    after_help = "Example: switchless plan cables.txt --model b300 --format netplan --out netplan/\n\
+#[command(after_help = "Examples:\n  \
+switchless plan cables.txt                                   # the table, every server\n  \
+switchless plan cables.txt --format json > plan.json         # for doctor --plan\n  \
+switchless plan cables.txt --model gb10 --format netplan --out netplan/\n\
 Cables file lines: `SERVER-PORT > SERVER-PORT` (e.g. `1-1 > 2-1`), `#` comments, several per line with commas.\n\
-Map file lines (custom --model FILE): `PORT = IFNAME [IFNAME...]`, optional `name = MODEL`."
-)]
+Map file lines (custom --model FILE): `PORT = IFNAME [IFNAME...]`, optional `name = MODEL`.\n\
+Exit status: 0 the plan was written (warnings go to stderr); 2 an error in the cables file, the map or an option.")]
 pub struct Args {
     /// The cables file (`-` reads standard input).
     pub cables: PathBuf,

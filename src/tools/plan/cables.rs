@@ -304,11 +304,7 @@ mod tests {
 
     #[test]
     fn usual_slips_say_what_was_expected() {
-        let err = |text: &str| {
-            parse("c.txt", text, &b300(), None)
-                .unwrap_err()
-                .to_string()
-        };
+        let err = |text: &str| parse("c.txt", text, &b300(), None).unwrap_err().to_string();
         let e = err("1-1 -> 2-1\n");
         assert!(e.contains("write a single `>`"), "{e}");
         let e = err("1-1 > 2-1; 1-2 > 2-2\n");
