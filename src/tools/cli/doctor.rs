@@ -48,16 +48,6 @@ fn load_plan(path: &std::path::Path) -> Result<crate::tools::plan::Plan, String>
         .map_err(|e| format!("--plan {}: {e}", path.display()))
 }
 
-/// The NCCL_IB_HCA filter of the environment (doctor shows the devices NCCL would get).
-fn hca_filter() -> Result<crate::config::HcaFilter, String> {
-    match std::env::var("NCCL_IB_HCA") {
-        Ok(v) if !v.trim().is_empty() => {
-            crate::config::HcaFilter::parse(&v).map_err(|e| e.to_string())
-        }
-        _ => Ok(crate::config::HcaFilter::all()),
-    }
-}
-
 /// `--root` is this host's own `/` (not a captured tree).
 fn is_live_root(root: &Path) -> bool {
     std::fs::canonicalize(root).is_ok_and(|p| p == Path::new("/"))
@@ -95,19 +85,15 @@ pub fn diagnose(args: &Args) -> Result<(doctor::Report, Option<usize>), String> 
         (Some(p), Some(n)) => Some((load_plan(p)?, n)),
         _ => None,
     };
-    let filter = hca_filter()?;
+    let env = doctor::NcclEnv::from_process();
     let (model, mut findings) = host::discover_with(&rd);
-    // The NCCL environment this shell would give the plugin: a bad value is reported, as the plugin's
-    // init would refuse it.
-    match crate::config::Config::from_env() {
-        Ok(cfg) => findings.extend(doctor::env_checks(&model, cfg.ib_retry_cnt)),
-        Err(e) => findings.push(Finding::new(
-            Severity::Error,
-            "nccl-env",
-            "environment",
-            format!("the plugin's init would refuse this environment: {e}"),
-            "fix or unset the variable (accepted values: README, Configuration)",
-        )),
+    // The NCCL environment this shell would give the plugin: every value init would refuse is a
+    // finding of its own, and so is a name nobody reads (a typo).
+    let judged = doctor::env::judge(&env);
+    findings.extend(judged.findings);
+    let config = judged.config;
+    if let Some(cfg) = &config {
+        findings.extend(doctor::env_checks(&model, cfg.ib_retry_cnt));
     }
     // DMA-BUF support is not in any kernel file: on the live host ask each RDMA driver, as the
     // plugin's init does; offline the devices show no DMA-BUF and the GPUDirect check stays silent.
@@ -116,15 +102,35 @@ pub fn diagnose(args: &Args) -> Result<(doctor::Report, Option<usize>), String> 
     } else {
         BTreeMap::new()
     };
-    let devices = model.nccl_devices(&|dev, port| filter.matches(dev, port), &|dev| {
-        dmabuf.get(dev).copied().unwrap_or(false)
-    });
-    let probed = !devices.is_empty()
-        && devices
+    let filter = config
+        .as_ref()
+        .map(|c| c.ib_hca.clone())
+        .unwrap_or_else(crate::config::HcaFilter::all);
+    let rdma = match &config {
+        Some(_) => model.nccl_devices(&|dev, port| filter.matches(dev, port), &|dev| {
+            dmabuf.get(dev).copied().unwrap_or(false)
+        }),
+        None => Vec::new(),
+    };
+    let probed = !rdma.is_empty()
+        && rdma
             .iter()
             .flat_map(|d| &d.members)
             .all(|m| dmabuf.contains_key(&m.rdma_dev));
-    findings.extend(doctor::gpu_direct_checks(&model, &devices, probed));
+    let view = doctor::NcclView::decide(&model, config.as_ref(), rdma);
+    findings.extend(doctor::env::hca_checks(
+        &model,
+        &env,
+        config.as_ref(),
+        &view,
+    ));
+    findings.extend(doctor::env::transport_checks(config.as_ref(), &view));
+    if view.transport == "rdma" {
+        findings.extend(doctor::gpu_direct_checks(&model, &view.devices, probed));
+    }
+    let ib_hca = config
+        .as_ref()
+        .and_then(|c| doctor::env::hca_selection(&model, &env, &c.ib_hca));
     if let Some((plan, n)) = &plan {
         findings.extend(crate::tools::plan::check_host(
             plan,
@@ -151,7 +157,7 @@ pub fn diagnose(args: &Args) -> Result<(doctor::Report, Option<usize>), String> 
         }
         None => None,
     };
-    Ok((doctor::report(&model, &devices, findings), captured))
+    Ok((doctor::build(&model, view, ib_hca, findings), captured))
 }
 
 pub fn run(args: Args) -> ExitCode {

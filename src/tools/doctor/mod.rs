@@ -1,15 +1,20 @@
-//! `switchless doctor`: checks over the host model, the port table, and the JSON report.
+//! `switchless doctor`: checks over the host model (here and in [`tcp`]), the environment NCCL would
+//! see ([`env`]), the report ([`report`], JSON) and its text ([`render`]).
 
+pub mod env;
+mod render;
+mod report;
 pub mod tcp;
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 
-use serde::Serialize;
+pub use env::{NcclEnv, NcclView};
+pub use render::render_text;
+pub use report::{AddrRow, PortRow, Report, SCHEMA, build, report};
 
-use crate::findings::{Finding, Severity, exit_status};
+use crate::findings::{Finding, Severity};
 use crate::host::model::{GidAddr, HostModel, PcieLink};
-use crate::host::nccl::{NcclDevice, PTR_CUDA, PTR_DMABUF, ptr_support_names};
+use crate::host::nccl::{NcclDevice, PTR_CUDA, PTR_DMABUF};
 
 /// Stable check ids (documented in docs/readme/fabric.md).
 pub mod check {
@@ -27,6 +32,12 @@ pub mod check {
     pub const NO_CONNECTED_ROUTE: &str = "no-connected-route";
     pub const SOFT_ROCE_INFINITE_RETRY: &str = "soft-roce-infinite-retry";
     pub const GPU_DIRECT_OFF: &str = "gpu-direct-off";
+    pub const NCCL_ENV: &str = "nccl-env";
+    pub const NCCL_ENV_UNKNOWN: &str = "nccl-env-unknown";
+    pub const IB_HCA_NO_MATCH: &str = "ib-hca-no-match";
+    pub const IB_HCA_PREFIX_MATCH: &str = "ib-hca-prefix-match";
+    pub const IB_HCA_SPLITS_PORT: &str = "ib-hca-splits-port";
+    pub const TCP_NO_LINKS: &str = "tcp-no-links";
     pub const KERNEL_FILE: &str = crate::findings::CHECK_KERNEL_FILE;
     pub use super::tcp::check::*;
 }
@@ -58,16 +69,6 @@ fn fmt_link(speed: Option<f32>, width: Option<u32>) -> String {
         (None, Some(w)) => format!("x{w}"),
         (None, None) => "unknown".to_string(),
     }
-}
-
-fn fmt_short(speed: Option<f32>, width: Option<u32>) -> String {
-    let g = speed
-        .map(|s| format!("Gen{}", PcieLink::gen_of(s)))
-        .unwrap_or_else(|| "Gen?".into());
-    let w = width
-        .map(|w| format!("x{w}"))
-        .unwrap_or_else(|| "x?".into());
-    format!("{g} {w}")
 }
 
 /// Checks of the host against the NCCL environment the plugin would run with (`ib_retry_cnt` =
@@ -131,8 +132,9 @@ pub fn gpu_direct_checks(
     )]
 }
 
-/// Every doctor check over the model. Discovery's own findings (`kernel-file`) are not repeated here.
-pub fn checks(m: &HostModel, devices: &[NcclDevice]) -> Vec<Finding> {
+/// Every doctor check over the model, given what the plugin would expose (`view`). Discovery's own
+/// findings (`kernel-file`) are not repeated here.
+pub fn checks(m: &HostModel, view: &NcclView) -> Vec<Finding> {
     let mut f = Vec::new();
 
     if m.rdma_devices.is_empty() {
@@ -141,13 +143,25 @@ pub fn checks(m: &HostModel, devices: &[NcclDevice]) -> Vec<Finding> {
         } else {
             "/sys/class/infiniband does not exist: the RDMA core (ib_core) or the NIC's RDMA driver is not loaded"
         };
-        f.push(Finding::new(
-            Severity::Error,
-            check::NO_RDMA_DEVICES,
-            "host",
-            format!("no RDMA devices: {why}"),
-            "load the RDMA driver (modprobe mlx5_ib for ConnectX); for a lab without RDMA hardware: modprobe rdma_rxe && rdma link add rxe0 type rxe netdev <if>",
-        ));
+        if view.transport == "tcp" {
+            // A point-to-point Ethernet host is a supported setup: the plugin carries it over TCP.
+            let names: Vec<&str> = view.devices.iter().map(|d| d.name.as_str()).collect();
+            f.push(Finding::new(
+                Severity::Info,
+                check::NO_RDMA_DEVICES,
+                "host",
+                format!("no RDMA devices ({why}): the plugin carries connections over TCP on {}", names.join(", ")),
+                "nothing to do for TCP; for RoCE, load the NIC's RDMA driver (modprobe mlx5_ib for ConnectX)",
+            ));
+        } else {
+            f.push(Finding::new(
+                Severity::Error,
+                check::NO_RDMA_DEVICES,
+                "host",
+                format!("no RDMA devices: {why}, and no netdev has an up IPv4 address on a /30 or /31 for TCP"),
+                "load the RDMA driver (modprobe mlx5_ib for ConnectX), or give each cable its own /30 (switchless plan) to run over TCP",
+            ));
+        }
     }
 
     // Per RDMA port.
@@ -451,297 +465,5 @@ pub fn checks(m: &HostModel, devices: &[NcclDevice]) -> Vec<Finding> {
     }
     // Point-to-point TCP links: MTU, offloads, receive queues, socket buffer limits.
     f.extend(tcp::checks(m));
-    let _ = devices;
     f
-}
-
-/// One row of the port table.
-#[derive(Debug, Clone, Serialize)]
-pub struct PortRow {
-    pub device: String,
-    pub port: u8,
-    pub netdev: Option<String>,
-    /// "ACTIVE", "DOWN", … (port state) and the netdev's operstate.
-    pub state: String,
-    pub operstate: Option<String>,
-    pub addresses: Vec<AddrRow>,
-    pub mtu: Option<u32>,
-    pub active_mtu: u32,
-    pub rate_mbps: Option<u32>,
-    pub pci: Option<String>,
-    pub pci_root: Option<String>,
-    pub numa_node: Option<i32>,
-    pub pcie: Option<PcieLink>,
-    /// Name of the NCCL device this port belongs to.
-    pub nccl_device: Option<String>,
-    pub phys_port_id: Option<u16>,
-}
-
-/// An address of a port with its GID.
-#[derive(Debug, Clone, Serialize)]
-pub struct AddrRow {
-    /// "a.b.c.d/len".
-    pub addr: String,
-    pub gid_index: Option<u32>,
-    pub gid_type: Option<String>,
-}
-
-/// The whole report (`--json`).
-#[derive(Debug, Clone, Serialize)]
-pub struct Report {
-    /// Schema version of this document: "switchless-doctor/1".
-    pub schema: &'static str,
-    pub root: String,
-    pub ports: Vec<PortRow>,
-    pub nccl_devices: Vec<NcclDevice>,
-    /// Point-to-point TCP links (netdevs without RDMA) with their tuning.
-    pub tcp_links: Vec<crate::host::model::TcpLink>,
-    /// Socket buffer limits; null when the host has no TCP link.
-    pub tcp_buffers: Option<crate::host::model::BufferLimits>,
-    pub findings: Vec<Finding>,
-    pub exit_status: u8,
-}
-
-pub const SCHEMA: &str = "switchless-doctor/1";
-
-/// Builds the report: port rows, devices, and the findings (discovery's first, then the checks').
-pub fn report(m: &HostModel, devices: &[NcclDevice], mut findings: Vec<Finding>) -> Report {
-    findings.extend(checks(m, devices));
-    // Worst first; stable within a severity.
-    findings.sort_by_key(|f| std::cmp::Reverse(f.severity));
-    let cages = m.cages();
-    let mut ports = Vec::new();
-    for (d, p) in m.ports() {
-        let nd = p.netdev.as_deref().and_then(|n| m.netdev(n));
-        let pf = d.pci.as_deref().and_then(|b| m.pci(b));
-        let mut addresses = Vec::new();
-        for (g, a) in p.ipv4_v2_gids() {
-            let net = nd
-                .and_then(|n| n.addrs.iter().find(|x| x.addr.addr() == a))
-                .map(|x| x.addr.to_string())
-                .unwrap_or_else(|| format!("{a}/32"));
-            addresses.push(AddrRow {
-                addr: net,
-                gid_index: Some(g.index),
-                gid_type: Some(g.gid_type.as_str().to_string()),
-            });
-        }
-        ports.push(PortRow {
-            device: d.name.clone(),
-            port: p.port,
-            netdev: p.netdev.clone(),
-            state: p.state_name.clone(),
-            operstate: nd.map(|n| n.operstate.clone()),
-            addresses,
-            mtu: nd.and_then(|n| n.mtu),
-            active_mtu: p.active_mtu,
-            rate_mbps: p.rate_mbps,
-            pci: d.pci.clone(),
-            pci_root: pf.map(|f| f.root.clone()),
-            numa_node: pf.and_then(|f| f.numa_node),
-            pcie: pf.map(|f| f.link),
-            nccl_device: devices
-                .iter()
-                .find(|x| {
-                    x.members
-                        .iter()
-                        .any(|mm| mm.rdma_dev == d.name && mm.port == p.port)
-                })
-                .map(|x| x.name.clone()),
-            phys_port_id: cages
-                .iter()
-                .position(|c| *c == p.cage)
-                .and_then(|i| u16::try_from(i).ok()),
-        });
-    }
-    let exit_status = exit_status(&findings);
-    Report {
-        schema: SCHEMA,
-        root: m.root.clone(),
-        ports,
-        nccl_devices: devices.to_vec(),
-        tcp_links: m.tcp_links.clone(),
-        tcp_buffers: m.tcp_buffers,
-        findings,
-        exit_status,
-    }
-}
-
-/// The human-readable report.
-pub fn render_text(r: &Report) -> String {
-    let mut out = String::new();
-    let header = [
-        "DEVICE",
-        "PORT",
-        "NETDEV",
-        "STATE",
-        "ADDRESS",
-        "GID",
-        "MTU/ACTIVE",
-        "PCIE ROOT",
-        "PCIE LINK",
-        "NCCL DEVICE",
-    ];
-    let mut rows: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
-    for p in &r.ports {
-        let addr = if p.addresses.is_empty() {
-            "-".to_string()
-        } else {
-            p.addresses
-                .iter()
-                .map(|a| a.addr.clone())
-                .collect::<Vec<_>>()
-                .join(",")
-        };
-        let gid = if p.addresses.is_empty() {
-            "-".to_string()
-        } else {
-            p.addresses
-                .iter()
-                .map(|a| {
-                    format!(
-                        "{} {}",
-                        a.gid_index.map(|i| i.to_string()).unwrap_or_default(),
-                        a.gid_type.clone().unwrap_or_default()
-                    )
-                })
-                .collect::<Vec<_>>()
-                .join(",")
-        };
-        let link = p
-            .pcie
-            .map(|l| {
-                format!(
-                    "{} (max {})",
-                    fmt_short(l.current_speed_gts, l.current_width),
-                    fmt_short(l.max_speed_gts, l.max_width)
-                )
-            })
-            .unwrap_or_else(|| "-".to_string());
-        rows.push(vec![
-            p.device.clone(),
-            p.port.to_string(),
-            p.netdev.clone().unwrap_or_else(|| "-".into()),
-            format!(
-                "{}/{}",
-                p.state,
-                p.operstate.clone().unwrap_or_else(|| "-".into())
-            ),
-            addr,
-            gid,
-            format!(
-                "{}/{}",
-                p.mtu.map(|m| m.to_string()).unwrap_or_else(|| "?".into()),
-                p.active_mtu
-            ),
-            p.pci_root.clone().unwrap_or_else(|| "-".into()),
-            link,
-            p.nccl_device.clone().unwrap_or_else(|| "-".into()),
-        ]);
-    }
-    let ncol = header.len();
-    let widths: Vec<usize> = (0..ncol)
-        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
-        .collect();
-    for row in &rows {
-        let line: Vec<String> = row
-            .iter()
-            .enumerate()
-            .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
-            .collect();
-        let _ = writeln!(out, "{}", line.join("  ").trim_end());
-    }
-    let _ = writeln!(out);
-    if r.nccl_devices.is_empty() {
-        let _ = writeln!(out, "NCCL devices: none");
-    } else {
-        let _ = writeln!(out, "NCCL devices:");
-        for d in &r.nccl_devices {
-            let members: Vec<String> = d
-                .members
-                .iter()
-                .map(|m| {
-                    format!(
-                        "{}:{}({})",
-                        m.rdma_dev,
-                        m.port,
-                        m.netdev.clone().unwrap_or_default()
-                    )
-                })
-                .collect();
-            let _ = writeln!(
-                out,
-                "  {} {}: {} Gb/s, guid 0x{:016x} port {}, rail {}, ptr {}, members {}",
-                d.index,
-                d.name,
-                d.speed_mbps / 1000,
-                d.guid,
-                d.port,
-                d.rail_id,
-                ptr_support_names(d.ptr_support).join("|"),
-                members.join(" + ")
-            );
-        }
-    }
-    if !r.tcp_links.is_empty() {
-        let _ = writeln!(out);
-        let _ = writeln!(out, "TCP point-to-point links:");
-        for t in &r.tcp_links {
-            let toggle = |v: Option<crate::host::model::Toggle>| match v {
-                Some(t) if t.on => "on",
-                Some(_) => "off",
-                None => "?",
-            };
-            let feat = t
-                .features
-                .as_ref()
-                .map(|f| format!("GRO {}, TSO {}", toggle(f.gro), toggle(f.tso)))
-                .unwrap_or_else(|| "GRO/TSO unchecked".into());
-            let _ = writeln!(
-                out,
-                "  {} {} ({}): {}, MTU {} bytes, {} rx queues for {} streams, {}",
-                t.netdev,
-                t.addr,
-                t.point_to_point,
-                t.speed_mbps
-                    .map(|s| format!("{s} Mb/s"))
-                    .unwrap_or_else(|| "speed unknown".into()),
-                t.mtu.map(|m| m.to_string()).unwrap_or_else(|| "?".into()),
-                t.rx_queues
-                    .map(|q| q.to_string())
-                    .unwrap_or_else(|| "?".into()),
-                t.streams,
-                feat
-            );
-        }
-        if let Some(b) = r.tcp_buffers {
-            let v = |x: Option<u64>| x.map(|x| x.to_string()).unwrap_or_else(|| "?".into());
-            let _ = writeln!(
-                out,
-                "  socket buffer limits (bytes): rmem_max {}, wmem_max {}, tcp_rmem max {}, tcp_wmem max {}",
-                v(b.rmem_max),
-                v(b.wmem_max),
-                v(b.tcp_rmem_max),
-                v(b.tcp_wmem_max)
-            );
-        }
-    }
-    let _ = writeln!(out);
-    if r.findings.is_empty() {
-        let _ = writeln!(out, "No findings: clean.");
-    } else {
-        for f in &r.findings {
-            let sev = match f.severity {
-                Severity::Info => "info",
-                Severity::Warning => "WARNING",
-                Severity::Error => "ERROR",
-            };
-            let _ = writeln!(
-                out,
-                "{sev} [{}] {}: {}\n    remedy: {}",
-                f.check, f.object, f.message, f.remedy
-            );
-        }
-    }
-    out
 }
