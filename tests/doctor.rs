@@ -123,10 +123,8 @@ fn link_local_gids_only() {
     let (f, s) = findings("broken-link-local-gid");
     assert_eq!(
         f,
-        gb10_with(&[
-            ("no-ipv4-roce-v2-gid", "roceP2p1s0f0 port 1", Warning),
-            ("multihost-function-idle", "roceP2p1s0f0 port 1", Warning),
-        ])
+        // One finding per port: the idle half of the cable is said in the GID finding.
+        gb10_with(&[("no-ipv4-roce-v2-gid", "roceP2p1s0f0 port 1", Warning)])
     );
     assert_eq!(s, 1);
     let (m, f) = host::discover(&fixture("broken-link-local-gid"));
@@ -137,6 +135,20 @@ fn link_local_gids_only() {
         .find(|f| f.check == "no-ipv4-roce-v2-gid")
         .unwrap();
     assert!(g.message.contains("only link-local GIDs"), "{}", g.message);
+    assert!(
+        g.message
+            .contains("serves the same cable as rocep1s0f0 port 1"),
+        "{}",
+        g.message
+    );
+    // No placeholder to fill in: a command, and where the address comes from.
+    assert!(!g.remedy.contains('<'), "{}", g.remedy);
+    assert!(
+        g.remedy
+            .starts_with("ip link set dev enP2p1s0f0np0 up mtu 9000   # then its own /30"),
+        "{}",
+        g.remedy
+    );
 }
 
 #[test]
@@ -144,10 +156,8 @@ fn second_pcie_function_idle() {
     let (f, s) = findings("broken-half-idle");
     assert_eq!(
         f,
-        gb10_with(&[
-            ("link-down", "netdev enP2p1s0f0np0", Info),
-            ("multihost-function-idle", "roceP2p1s0f0 port 1", Warning),
-        ])
+        // The idle function is one finding (its link-down info is folded in).
+        gb10_with(&[("multihost-function-idle", "roceP2p1s0f0 port 1", Warning)])
     );
     assert_eq!(s, 1);
 }
@@ -180,12 +190,21 @@ fn addressed_link_without_carrier() {
     let (f, s) = findings("broken-no-carrier");
     assert_eq!(
         f,
-        gb10_with(&[
-            ("link-down", "netdev enp1s0f0np0", Warning),
-            ("multihost-function-idle", "rocep1s0f0 port 1", Warning),
-        ])
+        // One finding: the cable fault, saying that half the cable idles (no "add an address": it has one).
+        gb10_with(&[("link-down", "netdev enp1s0f0np0", Warning)])
     );
     assert_eq!(s, 1);
+    let (m, f) = host::discover(&fixture("broken-no-carrier"));
+    let r = doctor::report(&m, &m.nccl_devices(&|_, _| true, &|_| false), f);
+    let g = r.findings.iter().find(|f| f.check == "link-down").unwrap();
+    assert!(g.message.contains("serves the same cable"), "{}", g.message);
+    assert!(
+        g.remedy
+            .starts_with("ip link set dev enp1s0f0np0 up; ethtool enp1s0f0np0"),
+        "{}",
+        g.remedy
+    );
+    assert!(!g.remedy.contains("ip addr add"), "{}", g.remedy);
 }
 
 #[test]

@@ -105,6 +105,10 @@ fn execute(args: &Args) -> Result<()> {
             mtu: args.mtu,
         },
     )?;
+    let mut built = built;
+    if name != "<stdin>" {
+        built.plan.cables_file = Some(name.clone());
+    }
     for w in &built.warnings {
         eprintln!("switchless plan: warning: {w}");
     }

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::check;
+use super::registry::check;
 use crate::config::{Config, HcaFilter, OWN_PREFIX, TransportMode, VARIABLES};
 use crate::findings::{Finding, Severity};
 use crate::host::model::HostModel;
@@ -266,6 +266,19 @@ fn unknown_names(env: &NcclEnv) -> Vec<Finding> {
     out
 }
 
+/// A port can carry traffic: ACTIVE, netdev up, and (Ethernet) an IPv4 RoCE v2 GID.
+pub(crate) fn usable(m: &HostModel, dev: &str, port: u8) -> bool {
+    let Some((_, p)) = m.rdma_port(dev, port) else {
+        return false;
+    };
+    let up = p
+        .netdev
+        .as_deref()
+        .and_then(|n| m.netdev(n))
+        .is_none_or(|n| n.is_up());
+    p.is_active() && up && (!p.is_ethernet() || p.ipv4_v2_gids().next().is_some())
+}
+
 /// What NCCL would get from the plugin on this host: the devices and over which transport.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct NcclView {
@@ -383,7 +396,7 @@ pub fn hca_checks(
     // InfiniBand ports are left to NCCL's own IB transport: only RoCE ports count.
     let usable: Vec<(&str, u8)> = m
         .ports()
-        .filter(|(d, p)| p.is_ethernet() && super::usable(m, &d.name, p.port))
+        .filter(|(d, p)| p.is_ethernet() && usable(m, &d.name, p.port))
         .map(|(d, p)| (d.name.as_str(), p.port))
         .collect();
     let kept: Vec<(&str, u8)> = usable

@@ -20,6 +20,18 @@ fn fmt_short(speed: Option<f32>, width: Option<u32>) -> String {
 /// The human-readable report.
 pub fn render_text(r: &Report) -> String {
     let mut out = String::new();
+    let _ = writeln!(out, "{}", r.verdict.line());
+    let _ = writeln!(
+        out,
+        "host {} (root {}), switchless {}{}",
+        r.host.as_deref().unwrap_or("unknown"),
+        r.root,
+        r.version,
+        r.plan_server.as_deref().map_or(String::new(), |s| format!(
+            ", checked against the plan as {s}"
+        ))
+    );
+    let _ = writeln!(out);
     let header = [
         "DEVICE",
         "PORT",

@@ -3,10 +3,11 @@
 
 use serde::Serialize;
 
-use super::checks;
+use super::checks::Planned;
+use super::checks::checks;
 use super::env::{HcaSelection, NcclView};
 use crate::config::Config;
-use crate::findings::{Finding, exit_status};
+use crate::findings::{Finding, Severity, exit_status};
 use crate::host::model::{HostModel, PcieLink};
 use crate::host::nccl::NcclDevice;
 
@@ -22,6 +23,10 @@ pub struct PortRow {
     pub addresses: Vec<AddrRow>,
     pub mtu: Option<u32>,
     pub active_mtu: u32,
+    /// Where `active_mtu` comes from: `derived` from the netdev MTU (kernel files), or `verbs`.
+    pub active_mtu_source: String,
+    /// `Ethernet` (RoCE) or `InfiniBand` (left to NCCL's own IB transport).
+    pub link_layer: String,
     pub rate_mbps: Option<u32>,
     pub pci: Option<String>,
     pub pci_root: Option<String>,
@@ -41,12 +46,79 @@ pub struct AddrRow {
     pub gid_type: Option<String>,
 }
 
+/// The one-line answer at the top of the report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Verdict {
+    /// `healthy` (info findings only), `warnings` or `errors`.
+    pub status: &'static str,
+    pub errors: usize,
+    pub warnings: usize,
+    /// The first finding to fix: the worst one, `[check] object: remedy`.
+    pub first_to_fix: Option<String>,
+}
+
+impl Verdict {
+    fn of(findings: &[Finding]) -> Verdict {
+        let count = |s| findings.iter().filter(|f| f.severity == s).count();
+        let (errors, warnings) = (count(Severity::Error), count(Severity::Warning));
+        Verdict {
+            status: match (errors, warnings) {
+                (0, 0) => "healthy",
+                (0, _) => "warnings",
+                _ => "errors",
+            },
+            errors,
+            warnings,
+            first_to_fix: findings
+                .iter()
+                .find(|f| f.severity > Severity::Info)
+                .map(|f| format!("[{}] {}: {}", f.check, f.object, f.remedy)),
+        }
+    }
+
+    /// `healthy`, `2 warnings` or `1 error, 3 warnings`, then what to fix first.
+    pub fn line(&self) -> String {
+        let n = |k: usize, what: &str| format!("{k} {what}{}", if k == 1 { "" } else { "s" });
+        let head = match (self.errors, self.warnings) {
+            (0, 0) => return "verdict: healthy (no errors, no warnings)".to_string(),
+            (0, w) => format!("verdict: usable, {}", n(w, "warning")),
+            (e, 0) => format!("verdict: NOT READY, {}", n(e, "error")),
+            (e, w) => format!("verdict: NOT READY, {}, {}", n(e, "error"), n(w, "warning")),
+        };
+        match &self.first_to_fix {
+            Some(f) => format!("{head}; first to fix: {f}"),
+            None => head,
+        }
+    }
+}
+
+/// What the report knows beyond the host model.
+#[derive(Debug, Clone, Default)]
+pub struct Extras {
+    /// What `NCCL_IB_HCA` selects (unset: `None`).
+    pub ib_hca: Option<HcaSelection>,
+    /// The planned address of each netdev (`--plan`), to fill remedies in.
+    pub planned: Planned,
+    /// This host's name (`/proc/sys/kernel/hostname` under the root), to tell reports apart.
+    pub host: Option<String>,
+    /// Which server of the plan this host was checked as (`--plan`), e.g. `server 2 (b300-002)`.
+    pub server: Option<String>,
+}
+
 /// The whole report (`--json`).
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     /// Schema version of this document: "switchless-doctor/1".
     pub schema: &'static str,
+    /// The switchless version that wrote it.
+    pub version: &'static str,
+    /// The host's name; null when the tree does not hold it.
+    pub host: Option<String>,
+    /// The plan's server this host was checked as (`--plan`); null without a plan.
+    pub plan_server: Option<String>,
     pub root: String,
+    /// The verdict: healthy, warnings or errors, and the first thing to fix.
+    pub verdict: Verdict,
     pub ports: Vec<PortRow>,
     /// Which transport the plugin would use here, and why.
     pub transport: NcclView,
@@ -68,18 +140,14 @@ pub const SCHEMA: &str = "switchless-doctor/1";
 /// the TCP devices the plugin would fall back to (see [`NcclView::decide`]).
 pub fn report(m: &HostModel, devices: &[NcclDevice], findings: Vec<Finding>) -> Report {
     let view = NcclView::decide(m, Some(&Config::default()), devices.to_vec());
-    build(m, view, None, findings)
+    build(m, view, Extras::default(), findings)
 }
 
 /// Builds the report: port rows, the devices of `view`, and the findings (discovery's and the
 /// environment's first, then every check over the model).
-pub fn build(
-    m: &HostModel,
-    view: NcclView,
-    ib_hca: Option<HcaSelection>,
-    mut findings: Vec<Finding>,
-) -> Report {
-    findings.extend(checks(m, &view));
+pub fn build(m: &HostModel, view: NcclView, extras: Extras, mut findings: Vec<Finding>) -> Report {
+    findings.extend(checks(m, &view, &extras.planned));
+    let mut findings = merge_duplicates(findings);
     let devices = &view.devices;
     // Worst first; stable within a severity.
     findings.sort_by_key(|f| std::cmp::Reverse(f.severity));
@@ -109,6 +177,8 @@ pub fn build(
             addresses,
             mtu: nd.and_then(|n| n.mtu),
             active_mtu: p.active_mtu,
+            active_mtu_source: p.active_mtu_source.clone(),
+            link_layer: p.link_layer.clone(),
             rate_mbps: p.rate_mbps,
             pci: d.pci.clone(),
             pci_root: pf.map(|f| f.root.clone()),
@@ -131,14 +201,42 @@ pub fn build(
     let exit_status = exit_status(&findings);
     Report {
         schema: SCHEMA,
+        version: crate::VERSION,
+        host: extras.host,
+        plan_server: extras.server,
+        verdict: Verdict::of(&findings),
         root: m.root.clone(),
         ports,
         nccl_devices: devices.to_vec(),
-        ib_hca,
+        ib_hca: extras.ib_hca,
         transport: view,
         tcp_links: m.tcp_links.clone(),
         tcp_buffers: m.tcp_buffers,
         findings,
         exit_status,
     }
+}
+
+/// One finding per (check, object): a second one about the same thing adds its message to the
+/// first (a netdev with two addresses in the same trouble), and an exact repeat goes.
+fn merge_duplicates(findings: Vec<Finding>) -> Vec<Finding> {
+    let mut out: Vec<Finding> = Vec::with_capacity(findings.len());
+    for f in findings {
+        match out
+            .iter_mut()
+            .find(|o| o.check == f.check && o.object == f.object)
+        {
+            Some(o) => {
+                if !o.message.contains(&f.message) {
+                    o.message = format!("{}; also: {}", o.message, f.message);
+                }
+                if !o.remedy.contains(&f.remedy) {
+                    o.remedy = format!("{}; {}", o.remedy, f.remedy);
+                }
+                o.severity = o.severity.max(f.severity);
+            }
+            None => out.push(f),
+        }
+    }
+    out
 }

@@ -47,6 +47,8 @@ pub struct Cables {
     pub servers: u32,
     /// In file order.
     pub cables: Vec<Cable>,
+    /// Host names of servers (`server N = NAME` lines, or names used in place of numbers).
+    pub names: BTreeMap<u32, String>,
 }
 
 /// Parses and validates a cables file against a port map, collecting every error before failing.
@@ -163,7 +165,11 @@ pub fn parse(source: &str, text: &str, map: &PortMap, servers: Option<u32>) -> R
         let errors = errors.into_iter().map(|(_, m)| m).collect();
         return Err(collected(source, "cables file", errors));
     }
-    Ok(Cables { servers: n, cables })
+    Ok(Cables {
+        servers: n,
+        cables,
+        names: BTreeMap::new(),
+    })
 }
 
 /// `S-P > S-P` → the two ends, as written.
