@@ -16,7 +16,9 @@ use crate::tools::plan::{self, Options, PortMap, cables};
 switchless plan cables.txt                                   # the table, every server\n  \
 switchless plan cables.txt --format json > plan.json         # for doctor --plan\n  \
 switchless plan cables.txt --model gb10 --format netplan --out netplan/\n\
-Cables file lines: `SERVER-PORT > SERVER-PORT` (e.g. `1-1 > 2-1`), `#` comments, several per line with commas.\n\
+Cables file lines: `SERVER-PORT > SERVER-PORT` (e.g. `1-1 > 2-1`, or by host name `b300-001-1 > b300-002-1`), \
+`server N = HOSTNAME` to pin a name to a number, `#` comments, several per line with commas.\n\
+Outputs are named by host when the file names hosts (b300-001.sh, b300-001-check.sh, b300-001.yaml).\n\
 Map file lines (custom --model FILE): `PORT = IFNAME [IFNAME...]`, optional `name = MODEL`.\n\
 Exit status: 0 the plan was written (warnings go to stderr); 2 an error in the cables file, the map or an option.")]
 pub struct Args {
@@ -41,9 +43,9 @@ pub struct Args {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
-    /// Print only this server's part.
-    #[arg(long)]
-    pub server: Option<u32>,
+    /// Print only this server's part: its number, or its host name when the cables file names hosts.
+    #[arg(long, value_name = "N|NAME")]
+    pub server: Option<String>,
     /// Write files into this directory (one per server for ip/netplan, one per interface for networkd)
     /// instead of standard output.
     #[arg(long)]
@@ -112,7 +114,30 @@ fn execute(args: &Args) -> Result<()> {
     for w in &built.warnings {
         eprintln!("switchless plan: warning: {w}");
     }
-    let files = render::render(&built.plan, args.format, args.server)?;
+    let server = match &args.server {
+        None => None,
+        Some(s) => Some(built.plan.server_by_name(s).ok_or_else(|| {
+            Error::InvalidUsage(format!(
+                "--server {s}: the cables file names no such host (servers 1..={}{})",
+                built.plan.servers,
+                if built.plan.names.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; names: {}",
+                        built
+                            .plan
+                            .names
+                            .values()
+                            .cloned()
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                }
+            ))
+        })?),
+    };
+    let files = render::render(&built.plan, args.format, server)?;
     match &args.out {
         None => {
             let mut stdout = std::io::stdout().lock();
@@ -129,6 +154,12 @@ fn execute(args: &Args) -> Result<()> {
                 }
                 std::fs::write(&path, &f.text)
                     .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
+                if f.path.ends_with(".sh") {
+                    // The apply and check scripts are run as they are.
+                    use std::os::unix::fs::PermissionsExt as _;
+                    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+                        .map_err(|e| Error::io(format!("chmod 755 {}", path.display()), e))?;
+                }
                 if args.format == Format::Netplan {
                     // netplan warns about configuration files other users can read.
                     use std::os::unix::fs::PermissionsExt as _;

@@ -453,8 +453,7 @@ mod tests {
         for c in FINDINGS {
             assert!(seen.insert(c.id), "{} twice", c.id);
             assert!(
-                c.id
-                    .bytes()
+                c.id.bytes()
                     .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'),
                 "{}",
                 c.id
