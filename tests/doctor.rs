@@ -784,4 +784,7 @@ fn transport_tcp_is_honoured() {
         text.contains("0 sl_enp65s0f0: 10 Gb/s, host memory only, peers 10.10.0.2"),
         "{text}"
     );
+    // No empty RDMA table on a TCP-only host.
+    assert!(text.contains("\nRDMA ports: none\n"), "{text}");
+    assert!(!text.contains("PCIE ROOT"), "{text}");
 }

@@ -105,6 +105,11 @@ pub fn render_text(r: &Report) -> String {
     let widths: Vec<usize> = (0..ncol)
         .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
         .collect();
+    // A TCP-only host has no RDMA port: say so instead of an empty table.
+    if r.ports.is_empty() {
+        rows.clear();
+        let _ = writeln!(out, "RDMA ports: none");
+    }
     for row in &rows {
         let line: Vec<String> = row
             .iter()
