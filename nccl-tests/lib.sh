@@ -19,6 +19,8 @@ SL_DEBUG=1 # 0: NCCL_DEBUG=WARN; 1: INFO for INIT,NET (route log); 2: --debug
 SL_EXPECT=""
 SL_STRICT=0
 SL_DRY=0
+SL_PREFLIGHT=1
+SL_PREFLIGHT_ARGS=()
 SL_NCCL_TESTS_DIR="/opt/nccl-tests/build"
 SL_PLUGIN_DIR=""
 SL_ENV=()
@@ -48,9 +50,21 @@ Common options:
       --debug              more NCCL logging (INIT,NET,GRAPH,ENV,TUNING) in the per-process logs
       --quiet              NCCL_DEBUG=WARN (no per-connection route log, plugin use not verifiable)
       --env VAR=VALUE      extra environment for every rank (repeatable)
-      --dry-run            print the commands, run nothing
+      --no-preflight       skip the preflight (below)
+      --preflight-arg ARG  argument for the preflight's `switchless doctor` (repeatable), e.g.
+                           --preflight-arg=--plan=/shared/plan.json (checks each node against the plan)
+      --dry-run            print the exported variables and the exact commands (pasteable), run and
+                           create nothing
   -h, --help               this help
   -- ARGS                  extra arguments for the nccl-tests binaries (e.g. -- -d bfloat16 -c 0)
+
+Before the benchmark every node runs, in the same srun/container and environment,
+`rank.sh --preflight`: the plugin library resolves, /dev/infiniband is visible where sysfs lists RDMA
+devices, and `switchless doctor` (memlock, MTU, links; planned peers with --plan) reports no error.
+A failure stops the run before any benchmark, naming the node.
+
+Exit status: 0 every test passed; 1 a test failed (or its summary: wrong results, plugin not used,
+busbw below --expect-busbw); 2 bad options, or the preflight failed on a node.
 EOF
 }
 
@@ -86,6 +100,8 @@ sl_parse_common() {
     --debug) SL_DEBUG=2 SL_SHIFT=1 ;;
     --quiet) SL_DEBUG=0 SL_SHIFT=1 ;;
     --dry-run) SL_DRY=1 SL_SHIFT=1 ;;
+    --no-preflight) SL_PREFLIGHT=0 SL_SHIFT=1 ;;
+    --preflight-arg) SL_PREFLIGHT_ARGS+=("$val") ;;
     --)
       SL_SHIFT=1
       return 0
@@ -124,6 +140,15 @@ sl_validate() {
     /*) ;;
     *) SL_OUT="$PWD/$SL_OUT" ;;
   esac
+  # Checked in a dry run too: what it prints must work when pasted.
+  if [ -n "$SL_PLUGIN_DIR" ] && [ ! -e "$SL_PLUGIN_DIR/lib/libnccl-net-switchless.so" ]; then
+    sl_die "--plugin-dir $SL_PLUGIN_DIR has no lib/libnccl-net-switchless.so (run: make install PREFIX=$SL_PLUGIN_DIR)"
+  fi
+}
+
+# Creates the output directory, except in a dry run (which creates nothing).
+sl_make_out() {
+  [ "$SL_DRY" = 1 ] || mkdir -p "$SL_OUT"
 }
 
 # The environment every rank gets, as VAR=VALUE words in SL_RANK_ENV.
@@ -152,13 +177,62 @@ sl_test_args() {
   SL_TEST_ARGS=(-b "$SL_MIN" -e "$SL_MAX" -f "$SL_FACTOR" -g "$SL_GPUS" -n "$SL_ITERS" "${SL_REST[@]}")
 }
 
-# Prints a command, quoted so it can be pasted.
+# Stands for the rank script in a command; sl_run passes its text, sl_show prints how to get it.
+SL_RANK_WORD="@rank.sh@"
+
+# Prints a command, quoted so it can be pasted into bash: the rank script as "$(cat PATH)".
 sl_show() {
   local w out=""
   for w in "$@"; do
-    out+="$(printf '%q' "$w") "
+    if [ "$w" = "$SL_RANK_WORD" ]; then
+      out+="\"\$(cat $(printf '%q' "$SL_DIR/rank.sh"))\" "
+    else
+      out+="$(printf '%q' "$w") "
+    fi
   done
-  echo "+ ${out% }"
+  echo "${out% }"
+}
+
+# Prints `export VAR=VALUE` for each word, quoted so it can be pasted.
+sl_show_exports() {
+  local kv
+  for kv in "$@"; do
+    echo "export ${kv%%=*}=$(printf '%q' "${kv#*=}")"
+  done
+}
+
+# Runs a command given with SL_RANK_WORD, which becomes the rank script's text.
+sl_run() {
+  local w args=() script
+  script=$(cat "$SL_DIR/rank.sh")
+  for w in "$@"; do
+    if [ "$w" = "$SL_RANK_WORD" ]; then args+=("$script"); else args+=("$w"); fi
+  done
+  "${args[@]}"
+}
+
+# Runs the preflight command (a launcher's srun/mpirun words ending in `bash -c SL_RANK_WORD rank.sh
+# --preflight ...`) unless disabled; in a dry run prints it. Stops (exit 2) naming each failing node.
+sl_preflight() {
+  [ "$SL_PREFLIGHT" = 1 ] || return 0
+  if [ "$SL_DRY" = 1 ]; then
+    echo "# preflight on every node (stops before the benchmark, naming a failing node):"
+    sl_show "$@"
+    return 0
+  fi
+  local out rc=0 failed
+  echo "== preflight"
+  out=$(sl_run "$@" 2>&1) || rc=$?
+  printf '%s\n' "$out" | tee "$SL_OUT/preflight.out"
+  failed=$(grep -E 'switchless preflight: node=[^ ]+ FAIL' <<< "$out" | sed -E 's/.*switchless preflight: node=([^ ]+) FAIL: /\1: /' || true)
+  if [ -n "$failed" ]; then
+    echo "$(basename "$0"): preflight failed, no benchmark run:" >&2
+    printf '  %s\n' "$failed" | sort -u >&2
+    exit 2
+  fi
+  if [ "$rc" != 0 ]; then
+    sl_die "preflight: the launcher exited with status $rc before every node reported (see $SL_OUT/preflight.out)"
+  fi
 }
 
 sl_find_cli() {

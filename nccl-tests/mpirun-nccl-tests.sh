@@ -22,6 +22,12 @@ Starts one process per host (Open MPI: mpirun -H h1:1,h2:1 --map-by ppr:1:node),
 --gpus-per-node GPUs, with NCCL_NET_PLUGIN=switchless. The nccl-tests binaries, the plugin and this
 output directory must exist at the same paths on every host (a shared file system, or copies).
 
+Examples:
+  # two GB10 / DGX Spark boxes, one GPU each, plugin in /usr/local, all six collectives:
+  mpirun-nccl-tests.sh -H spark-a,spark-b -g 1 -t all -b 1M -e 16G --nccl-tests-dir ~/nccl-tests/build -i enP7s7
+  # what would run, as lines to paste (creates nothing):
+  mpirun-nccl-tests.sh -H spark-a,spark-b -g 1 -i enP7s7 --dry-run
+
 mpirun options:
   -H, --hosts LIST         comma-separated host names (sets --nodes)
       --mpirun PATH        mpirun to use (default $MPIRUN or mpirun)
@@ -83,7 +89,7 @@ SL_NODES=${#hosts[@]}
 sl_validate
 sl_rank_env
 [ -z "$SL_PLUGIN_DIR" ] || SL_RANK_ENV+=("SWITCHLESS_PLUGIN_DIR=$SL_PLUGIN_DIR")
-mkdir -p "$SL_OUT"
+sl_make_out
 
 host_list=""
 for h in "${hosts[@]}"; do
@@ -101,19 +107,24 @@ if [ -n "$SL_BOOT_IF" ]; then
 fi
 mpi+=(--mca btl "self,tcp" --mca pml ob1 "${SL_MPI_ARGS[@]}")
 
-rank_script=$(cat "$SL_DIR/rank.sh")
-echo "switchless nccl-tests: hosts ${SL_HOSTS}, ${SL_GPUS} GPU(s) each, tests: ${SL_TESTS}, output: ${SL_OUT}"
+if [ "$SL_DRY" = 1 ]; then
+  echo "# switchless nccl-tests dry run: paste these lines into bash to run the same (-x passes each variable)"
+  sl_show mkdir -p "$SL_OUT"
+else
+  echo "switchless nccl-tests: hosts ${SL_HOSTS}, ${SL_GPUS} GPU(s) each, tests: ${SL_TESTS}, output: ${SL_OUT}"
+fi
+sl_preflight "${mpi[@]}" -x "SWITCHLESS_TEST=preflight" bash -c "$SL_RANK_WORD" rank.sh --preflight "${SL_PREFLIGHT_ARGS[@]}"
 sl_test_args
 status=0
 for t in $SL_TESTS; do
-  cmd=("${mpi[@]}" -x "SWITCHLESS_TEST=$t" bash -c "$rank_script" rank.sh "$SL_NCCL_TESTS_DIR/${t}_perf" "${SL_TEST_ARGS[@]}")
+  cmd=("${mpi[@]}" -x "SWITCHLESS_TEST=$t" bash -c "$SL_RANK_WORD" rank.sh "$SL_NCCL_TESTS_DIR/${t}_perf" "${SL_TEST_ARGS[@]}")
   if [ "$SL_DRY" = 1 ]; then
-    sl_show "${mpi[@]}" -x "SWITCHLESS_TEST=$t" bash -c '<nccl-tests/rank.sh>' rank.sh "$SL_NCCL_TESTS_DIR/${t}_perf" "${SL_TEST_ARGS[@]}"
+    sl_show "${cmd[@]}"
     continue
   fi
   echo "== ${t}_perf"
   rc=0
-  "${cmd[@]}" 2>&1 | tee "$SL_OUT/$t.out" || rc=$?
+  sl_run "${cmd[@]}" 2>&1 | tee "$SL_OUT/$t.out" || rc=$?
   [ "$rc" = 0 ] || echo "switchless nccl-tests: ${t}_perf exited with status $rc"
   sl_summarize "$t" || rc=1
   [ "$rc" = 0 ] || status=1

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # One nccl-tests process with the switchless plugin. srun-nccl-tests.sh and mpirun-nccl-tests.sh run
 # this on every node (inside the container with pyxis), as: rank.sh BINARY [ARGS...]
+# Before the benchmark they run it as: rank.sh --preflight [DOCTOR ARGS...], which checks this node as
+# the benchmark will see it (the plugin resolves, /dev/infiniband is visible where RDMA devices exist,
+# `switchless doctor` finds no error: memlock, MTU, links, planned peers with --plan) and prints one
+# line, `switchless preflight: node=NAME ok` or `... FAIL: WHY`; exit status 1 on a failure.
 #
 # Environment it reads (all optional):
 #   NCCL_NET_PLUGIN        default: switchless (NCCL then dlopens libnccl-net-switchless.so)
@@ -9,10 +13,11 @@
 #   NCCL_SOCKET_IFNAME     bootstrap interface; default: the interface of this node's default route
 #   SWITCHLESS_LOG_DIR     directory for NCCL's per-process logs (NCCL_DEBUG_FILE)
 #   SWITCHLESS_TEST        test name used in the log file names
+#   SWITCHLESS_BIN         the switchless CLI for --preflight (default: SWITCHLESS_PLUGIN_DIR/bin, PATH)
 set -euo pipefail
 
 if [ $# -lt 1 ]; then
-  echo "usage: rank.sh BINARY [ARGS...]" >&2
+  echo "usage: rank.sh BINARY [ARGS...] | rank.sh --preflight [DOCTOR ARGS...]" >&2
   exit 2
 fi
 
@@ -55,6 +60,46 @@ case "${NCCL_NET_PLUGIN}" in
     fi
     ;;
 esac
+
+node="${SLURMD_NODENAME:-$(hostname)}"
+if [ "$1" = --preflight ]; then
+  shift
+  why=()
+  case "$plugin" in
+    "not found") why+=("libnccl-net-${NCCL_NET_PLUGIN}.so is not in LD_LIBRARY_PATH or the ld.so cache (--plugin-dir DIR, or make install and ldconfig)") ;;
+  esac
+  # Inside a container sysfs can list RDMA devices whose /dev/infiniband nodes were not passed in
+  # (enroot's Mellanox hook needs MELLANOX_VISIBLE_DEVICES; docker needs --device /dev/infiniband).
+  transport="${NCCL_SWITCHLESS_TRANSPORT:-auto}"
+  if [ "${transport,,}" != tcp ] && [ -n "$(ls -A /sys/class/infiniband 2> /dev/null)" ] &&
+    ! compgen -G "/dev/infiniband/uverbs*" > /dev/null; then
+    why+=("RDMA devices in /sys/class/infiniband but no /dev/infiniband/uverbs* here (pyxis/enroot: export MELLANOX_VISIBLE_DEVICES=all; docker: --device /dev/infiniband)")
+  fi
+  cli="${SWITCHLESS_BIN:-}"
+  if [ -z "$cli" ] && [ -n "${SWITCHLESS_PLUGIN_DIR:-}" ] && [ -x "${SWITCHLESS_PLUGIN_DIR}/bin/switchless" ]; then
+    cli="${SWITCHLESS_PLUGIN_DIR}/bin/switchless"
+  fi
+  [ -n "$cli" ] || cli=$(command -v switchless 2> /dev/null || true)
+  if [ -z "$cli" ]; then
+    echo "switchless preflight: node=${node}: no switchless CLI here (SWITCHLESS_BIN, --plugin-dir DIR/bin or PATH); doctor skipped" >&2
+  else
+    drc=0
+    report=$("$cli" doctor "$@" 2>&1) || drc=$?
+    if [ "$drc" -ge 2 ]; then
+      # The verdict line is the report's first; the errors follow it.
+      why+=("switchless doctor $*: $(grep -m1 -E '^(verdict|[0-9]+ error)|error' <<< "$report" || echo "exit status $drc")")
+      printf '%s\n' "$report" | sed "s/^/switchless preflight: node=${node}: doctor: /" >&2
+    fi
+  fi
+  if [ ${#why[@]} -gt 0 ]; then
+    for w in "${why[@]}"; do
+      echo "switchless preflight: node=${node} FAIL: $w"
+    done
+    exit 1
+  fi
+  echo "switchless preflight: node=${node} ok"
+  exit 0
+fi
 
 rank="${SLURM_PROCID:-${OMPI_COMM_WORLD_RANK:-${PMIX_RANK:-0}}}"
 echo "switchless: rank=${rank} host=$(hostname) NCCL_NET_PLUGIN=${NCCL_NET_PLUGIN} plugin=${plugin} NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-} NCCL_DEBUG=${NCCL_DEBUG:-}" >&2

@@ -24,6 +24,14 @@ with NCCL_NET_PLUGIN=switchless. Inside an allocation (salloc/sbatch) it uses th
 Writes DIR/<test>.out (the ranks' output, labelled by srun -l), DIR/nccl.<test>.<host>.<pid>.log
 (NCCL's per-process log, with the plugin's per-connection route lines) and DIR/<test>.summary.txt.
 
+Examples:
+  # 2x DGX B300, all six collectives, the coreweave image with the plugin mounted, checked against the plan:
+  srun-nccl-tests.sh -N 2 -g 8 -t all --plugin-dir /shared/switchless -i eno1 --preflight-arg=--plan=/shared/plan.json
+  # 2x GB10, our image (plugin inside), fail below 185 Gb/s:
+  srun-nccl-tests.sh -N 2 -g 1 -t all_gather -b 16G -e 16G --image ghcr.io#you/switchless-nccl-tests:latest --expect-busbw 185Gb/s
+  # what would run, as lines to paste (creates nothing):
+  srun-nccl-tests.sh -N 4 -g 8 --plugin-dir /shared/switchless -i eno1 --dry-run
+
 Slurm options:
       --image IMAGE        container image for pyxis (default
                            ghcr.io/coreweave/nccl-tests:13.2.0-devel-ubuntu24.04-nccl2.29.7-1-7112046;
@@ -88,14 +96,11 @@ done
 
 sl_validate
 sl_rank_env
-mkdir -p "$SL_OUT"
+sl_make_out
 
-rank_script=$(cat "$SL_DIR/rank.sh")
 plugin_in_container=""
 mounts="$SL_OUT:$SL_OUT"
 if [ -n "$SL_PLUGIN_DIR" ]; then
-  [ -e "$SL_PLUGIN_DIR/lib/libnccl-net-switchless.so" ] || [ "$SL_DRY" = 1 ] ||
-    sl_die "--plugin-dir $SL_PLUGIN_DIR has no lib/libnccl-net-switchless.so (run: make install PREFIX=$SL_PLUGIN_DIR)"
   if [ "$SL_CONTAINER" = 1 ]; then
     plugin_in_container=/opt/switchless
     mounts+=",$SL_PLUGIN_DIR:$plugin_in_container:ro"
@@ -108,12 +113,19 @@ fi
 # Environment for the ranks: srun exports the caller's environment (--export=ALL) and pyxis passes it
 # into the container; OpenMPI/UCX settings keep MPI's own traffic on the bootstrap network (as in the
 # seed's B300 run).
-export "${SL_RANK_ENV[@]}"
-export PMIX_MCA_gds=hash OMPI_MCA_coll='^ucc,hcoll' OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,tcp UCX_TLS=tcp
+# shellcheck disable=SC2054 # the commas are inside values
+exports=("${SL_RANK_ENV[@]}" PMIX_MCA_gds=hash 'OMPI_MCA_coll=^ucc,hcoll' OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,tcp UCX_TLS=tcp)
 if [ -n "$SL_BOOT_IF" ]; then
-  export OMPI_MCA_oob_tcp_if_include="$SL_BOOT_IF" OMPI_MCA_btl_tcp_if_include="$SL_BOOT_IF" UCX_NET_DEVICES="$SL_BOOT_IF"
+  exports+=("OMPI_MCA_oob_tcp_if_include=$SL_BOOT_IF" "OMPI_MCA_btl_tcp_if_include=$SL_BOOT_IF" "UCX_NET_DEVICES=$SL_BOOT_IF")
 fi
-[ -z "$plugin_in_container" ] || export SWITCHLESS_PLUGIN_DIR="$plugin_in_container"
+[ -z "$plugin_in_container" ] || exports+=("SWITCHLESS_PLUGIN_DIR=$plugin_in_container")
+if [ "$SL_DRY" = 1 ]; then
+  echo "# switchless nccl-tests dry run: paste these lines into bash to run the same"
+  sl_show mkdir -p "$SL_OUT"
+  sl_show_exports "${exports[@]}"
+else
+  export "${exports[@]}"
+fi
 
 srun_cmd=(srun -N "$SL_NODES" --ntasks-per-node=1 --gpus-per-node="$SL_GPUS" --mpi=pmix -u -l --kill-on-bad-exit=1)
 if [ "$SL_CONTAINER" = 1 ]; then
@@ -121,18 +133,19 @@ if [ "$SL_CONTAINER" = 1 ]; then
 fi
 srun_cmd+=("${SL_SRUN_ARGS[@]}")
 
-echo "switchless nccl-tests: ${SL_NODES} node(s) x ${SL_GPUS} GPU(s), tests: ${SL_TESTS}, output: ${SL_OUT}"
+[ "$SL_DRY" = 1 ] || echo "switchless nccl-tests: ${SL_NODES} node(s) x ${SL_GPUS} GPU(s), tests: ${SL_TESTS}, output: ${SL_OUT}"
+sl_preflight "${srun_cmd[@]}" --export="ALL,SWITCHLESS_TEST=preflight" bash -c "$SL_RANK_WORD" rank.sh --preflight "${SL_PREFLIGHT_ARGS[@]}"
 sl_test_args
 status=0
 for t in $SL_TESTS; do
-  cmd=("${srun_cmd[@]}" --export="ALL,SWITCHLESS_TEST=$t" bash -c "$rank_script" rank.sh "$SL_NCCL_TESTS_DIR/${t}_perf" "${SL_TEST_ARGS[@]}")
+  cmd=("${srun_cmd[@]}" --export="ALL,SWITCHLESS_TEST=$t" bash -c "$SL_RANK_WORD" rank.sh "$SL_NCCL_TESTS_DIR/${t}_perf" "${SL_TEST_ARGS[@]}")
   if [ "$SL_DRY" = 1 ]; then
-    sl_show env "${SL_RANK_ENV[@]}" "${srun_cmd[@]}" --export="ALL,SWITCHLESS_TEST=$t" bash -c '<nccl-tests/rank.sh>' rank.sh "$SL_NCCL_TESTS_DIR/${t}_perf" "${SL_TEST_ARGS[@]}"
+    sl_show "${cmd[@]}"
     continue
   fi
   echo "== ${t}_perf"
   rc=0
-  "${cmd[@]}" 2>&1 | tee "$SL_OUT/$t.out" || rc=$?
+  sl_run "${cmd[@]}" 2>&1 | tee "$SL_OUT/$t.out" || rc=$?
   [ "$rc" = 0 ] || echo "switchless nccl-tests: ${t}_perf exited with status $rc"
   sl_summarize "$t" || rc=1
   [ "$rc" = 0 ] || status=1

@@ -123,10 +123,8 @@ fn link_local_gids_only() {
     let (f, s) = findings("broken-link-local-gid");
     assert_eq!(
         f,
-        gb10_with(&[
-            ("no-ipv4-roce-v2-gid", "roceP2p1s0f0 port 1", Warning),
-            ("multihost-function-idle", "roceP2p1s0f0 port 1", Warning),
-        ])
+        // One finding per port: the idle half of the cable is said in the GID finding.
+        gb10_with(&[("no-ipv4-roce-v2-gid", "roceP2p1s0f0 port 1", Warning)])
     );
     assert_eq!(s, 1);
     let (m, f) = host::discover(&fixture("broken-link-local-gid"));
@@ -137,6 +135,20 @@ fn link_local_gids_only() {
         .find(|f| f.check == "no-ipv4-roce-v2-gid")
         .unwrap();
     assert!(g.message.contains("only link-local GIDs"), "{}", g.message);
+    assert!(
+        g.message
+            .contains("serves the same cable as rocep1s0f0 port 1"),
+        "{}",
+        g.message
+    );
+    // No placeholder to fill in: a command, and where the address comes from.
+    assert!(!g.remedy.contains('<'), "{}", g.remedy);
+    assert!(
+        g.remedy
+            .starts_with("ip link set dev enP2p1s0f0np0 up mtu 9000   # then its own /30"),
+        "{}",
+        g.remedy
+    );
 }
 
 #[test]
@@ -144,10 +156,8 @@ fn second_pcie_function_idle() {
     let (f, s) = findings("broken-half-idle");
     assert_eq!(
         f,
-        gb10_with(&[
-            ("link-down", "netdev enP2p1s0f0np0", Info),
-            ("multihost-function-idle", "roceP2p1s0f0 port 1", Warning),
-        ])
+        // The idle function is one finding (its link-down info is folded in).
+        gb10_with(&[("multihost-function-idle", "roceP2p1s0f0 port 1", Warning)])
     );
     assert_eq!(s, 1);
 }
@@ -180,12 +190,21 @@ fn addressed_link_without_carrier() {
     let (f, s) = findings("broken-no-carrier");
     assert_eq!(
         f,
-        gb10_with(&[
-            ("link-down", "netdev enp1s0f0np0", Warning),
-            ("multihost-function-idle", "rocep1s0f0 port 1", Warning),
-        ])
+        // One finding: the cable fault, saying that half the cable idles (no "add an address": it has one).
+        gb10_with(&[("link-down", "netdev enp1s0f0np0", Warning)])
     );
     assert_eq!(s, 1);
+    let (m, f) = host::discover(&fixture("broken-no-carrier"));
+    let r = doctor::report(&m, &m.nccl_devices(&|_, _| true, &|_| false), f);
+    let g = r.findings.iter().find(|f| f.check == "link-down").unwrap();
+    assert!(g.message.contains("serves the same cable"), "{}", g.message);
+    assert!(
+        g.remedy
+            .starts_with("ip link set dev enp1s0f0np0 up; ethtool enp1s0f0np0"),
+        "{}",
+        g.remedy
+    );
+    assert!(!g.remedy.contains("ip addr add"), "{}", g.remedy);
 }
 
 #[test]
@@ -516,4 +535,256 @@ fn cli_checks_the_nccl_environment() {
         .unwrap()
         .to_string();
     assert!(msg.contains("NCCL_IB_RETRY_CNT"), "{msg}");
+}
+
+/// `switchless doctor --json --root FIXTURE` in an environment of exactly `env`: (exit status, JSON).
+fn doctor_env(name: &str, env: &[(&str, &str)]) -> (Option<i32>, serde_json::Value) {
+    let mut c = bin();
+    c.env_clear()
+        .args(["doctor", "--json", "--root"])
+        .arg(fixture(name));
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = c.output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{name} {env:?}: no JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    (out.status.code(), v)
+}
+
+/// The findings of a JSON report as (check, object, severity name).
+fn json_findings(v: &serde_json::Value) -> Vec<(String, String, String)> {
+    v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["check"].as_str().unwrap().to_string(),
+                f["object"].as_str().unwrap().to_string(),
+                f["severity"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn finding<'a>(v: &'a serde_json::Value, check: &str) -> &'a serde_json::Value {
+    v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["check"] == check)
+        .unwrap_or_else(|| panic!("no {check} finding in {v:#}"))
+}
+
+#[test]
+fn ib_hca_that_matches_nothing_is_an_error() {
+    let (rc, v) = doctor_env("b300-4node", &[("NCCL_IB_HCA", "mlx5_O")]);
+    assert_eq!(rc, Some(2));
+    let f = finding(&v, "ib-hca-no-match");
+    assert_eq!(f["severity"], "error");
+    let msg = f["message"].as_str().unwrap();
+    assert!(msg.contains("did you mean mlx5_0?"), "{msg}");
+    // In auto mode the plugin then falls back to TCP on the point-to-point netdevs; the report says so.
+    assert!(msg.contains("falls back to TCP"), "{msg}");
+    assert_eq!(v["transport"]["transport"], "tcp");
+    assert_eq!(v["ib_hca"]["selected"].as_array().unwrap().len(), 0);
+    assert!(
+        f["remedy"]
+            .as_str()
+            .unwrap()
+            .starts_with("unset NCCL_IB_HCA"),
+        "{f}"
+    );
+    // InfiniBand ports (the storage CX-7) are not offered: NCCL's IB transport keeps them.
+    assert!(
+        !msg.contains("mlx5_2,") && !msg.contains("mlx5_2 "),
+        "{msg}"
+    );
+}
+
+#[test]
+fn ib_hca_prefix_match_and_half_a_cable_are_warnings() {
+    // B300: mlx5_1 also selects mlx5_10..17 and drops mlx5_0, the other half of its CX-8 port.
+    let (rc, v) = doctor_env("b300-4node", &[("NCCL_IB_HCA", "mlx5_1")]);
+    assert_eq!(rc, Some(1));
+    let p = finding(&v, "ib-hca-prefix-match");
+    assert!(
+        p["message"]
+            .as_str()
+            .unwrap()
+            .contains("also selects mlx5_10, mlx5_11, mlx5_12"),
+        "{p}"
+    );
+    assert_eq!(p["remedy"], "export NCCL_IB_HCA==mlx5_1   # exact names");
+    let s = finding(&v, "ib-hca-splits-port");
+    assert!(
+        s["message"]
+            .as_str()
+            .unwrap()
+            .contains("keeps mlx5_1 port 1 but drops mlx5_0 port 1"),
+        "{s}"
+    );
+    assert!(
+        s["remedy"]
+            .as_str()
+            .unwrap()
+            .starts_with("export NCCL_IB_HCA==mlx5_0,mlx5_1,"),
+        "{s}"
+    );
+    let sel: Vec<&str> = v["ib_hca"]["selected"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_str().unwrap())
+        .collect();
+    assert_eq!(sel[..3], ["mlx5_1:1", "mlx5_10:1", "mlx5_11:1"]);
+    // GB10: one PCIe function of the QSFP port.
+    let (rc, v) = doctor_env("gb10-2cable", &[("NCCL_IB_HCA", "rocep1s0f0")]);
+    assert_eq!(rc, Some(1));
+    let s = finding(&v, "ib-hca-splits-port");
+    assert!(
+        s["message"]
+            .as_str()
+            .unwrap()
+            .contains("but drops roceP2p1s0f0 port 1"),
+        "{s}"
+    );
+    // The exact list of both functions is clean.
+    let (rc, v) = doctor_env(
+        "gb10-2cable",
+        &[("NCCL_IB_HCA", "=rocep1s0f0,roceP2p1s0f0")],
+    );
+    assert_eq!(rc, Some(0), "{v:#}");
+}
+
+#[test]
+fn bad_environment_values_are_one_finding_each_and_the_report_completes() {
+    let (rc, v) = doctor_env(
+        "b300-4node",
+        &[
+            ("NCCL_IB_HCA", ":1"),
+            ("NCCL_SWITCHLESS_TRANSPORT", "ib"),
+            ("NCCL_SWITCHLESS_CONNECT_TIMEOUT", "30"),
+        ],
+    );
+    assert_eq!(rc, Some(2));
+    assert_eq!(v["exit_status"], 2);
+    assert!(!v["ports"].as_array().unwrap().is_empty());
+    let env: Vec<_> = json_findings(&v)
+        .into_iter()
+        .filter(|(c, _, _)| c == "nccl-env")
+        .map(|(_, o, s)| (o, s))
+        .collect();
+    let want = |o: &str| (o.to_string(), "error".to_string());
+    assert_eq!(
+        env,
+        [
+            want("NCCL_IB_HCA"),
+            want("NCCL_SWITCHLESS_TRANSPORT"),
+            want("NCCL_SWITCHLESS_CONNECT_TIMEOUT")
+        ]
+    );
+    // Init would refuse: NCCL gets no device from the plugin.
+    assert_eq!(v["transport"]["transport"], "none");
+    assert_eq!(v["nccl_devices"].as_array().unwrap().len(), 0);
+    let t = v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["object"] == "NCCL_SWITCHLESS_CONNECT_TIMEOUT")
+        .unwrap();
+    assert!(
+        t["remedy"]
+            .as_str()
+            .unwrap()
+            .starts_with("export NCCL_SWITCHLESS_CONNECT_TIMEOUT=30s"),
+        "{t}"
+    );
+}
+
+#[test]
+fn misspelled_variable_names_are_warnings_with_did_you_mean() {
+    let (rc, v) = doctor_env(
+        "gb10-2cable",
+        &[
+            ("NCCL_SWITCHLESS_TRANSPROT", "tcp"),
+            ("NCCL_IB_DISABLE", "0"),
+        ],
+    );
+    assert_eq!(rc, Some(1));
+    let f = finding(&v, "nccl-env-unknown");
+    assert_eq!(f["object"], "NCCL_SWITCHLESS_TRANSPROT");
+    assert_eq!(f["severity"], "warning");
+    assert!(
+        f["message"]
+            .as_str()
+            .unwrap()
+            .contains("did you mean NCCL_SWITCHLESS_TRANSPORT?"),
+        "{f}"
+    );
+    assert_eq!(
+        f["remedy"],
+        "export NCCL_SWITCHLESS_TRANSPORT=tcp; unset NCCL_SWITCHLESS_TRANSPROT"
+    );
+    // NCCL's own IB variables are not typos.
+    assert_eq!(
+        json_findings(&v)
+            .iter()
+            .filter(|(c, _, _)| c == "nccl-env-unknown")
+            .count(),
+        1
+    );
+}
+
+#[test]
+fn transport_tcp_is_honoured() {
+    // A healthy TCP-only host: no exit 2, the TCP devices the plugin would use are listed.
+    for env in [&[][..], &[("NCCL_SWITCHLESS_TRANSPORT", "tcp")][..]] {
+        let (rc, v) = doctor_env("tcp-2link", env);
+        assert_eq!(rc, Some(0), "{env:?}: {v:#}");
+        assert_eq!(v["transport"]["transport"], "tcp");
+        let names: Vec<&str> = v["nccl_devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["sl_enp65s0f0", "sl_enp65s0f1"]);
+        assert_eq!(finding(&v, "no-rdma-devices")["severity"], "info");
+    }
+    // A RoCE host with TRANSPORT=tcp: TCP devices on the same cables, no RoCE device.
+    let (_, v) = doctor_env("b300-4node", &[("NCCL_SWITCHLESS_TRANSPORT", "tcp")]);
+    assert_eq!(v["transport"]["transport"], "tcp");
+    assert!(
+        v["nccl_devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|d| d["members"].as_array().unwrap().is_empty())
+    );
+    // GB10 with /24 cable subnets has no point-to-point netdev: TRANSPORT=tcp cannot work there.
+    let (rc, v) = doctor_env("gb10-2cable", &[("NCCL_SWITCHLESS_TRANSPORT", "tcp")]);
+    assert_eq!(rc, Some(2));
+    assert_eq!(finding(&v, "tcp-no-links")["severity"], "error");
+    // Text: the devices come with the transport and why.
+    let out = bin()
+        .env_clear()
+        .args(["doctor", "--root"])
+        .arg(fixture("tcp-2link"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("NCCL devices over TCP ("), "{text}");
+    assert!(
+        text.contains("0 sl_enp65s0f0: 10 Gb/s, host memory only, peers 10.10.0.2"),
+        "{text}"
+    );
+    // No empty RDMA table on a TCP-only host.
+    assert!(text.contains("\nRDMA ports: none\n"), "{text}");
+    assert!(!text.contains("PCIE ROOT"), "{text}");
 }

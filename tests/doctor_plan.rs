@@ -70,17 +70,41 @@ fn plan_findings_join_the_report() {
     };
     assert!(!checks(&plain).iter().any(|(c, _)| c.starts_with("plan-")));
     let planned = checks(&with_plan);
-    // The fixture uses the seed's 10.1ab.k.x addresses, the plan its own scheme: every one of the
-    // 16 planned addresses is missing, and the seed's addresses are extra.
+    // The fixture uses the seed's 10.1ab.k.x addresses, the plan its own scheme: none of the 16
+    // planned addresses is there and the seed's are extra. That is one headline finding (the host
+    // follows another addressing plan) naming every interface, not 16 + 16 findings.
     let missing: Vec<_> = planned
         .iter()
-        .filter(|(c, _)| c == "plan-address-missing")
+        .filter(|(c, _)| c.starts_with("plan-"))
         .collect();
-    assert_eq!(missing.len(), 16, "{planned:?}");
+    assert_eq!(
+        missing,
+        [&("plan-addressing-differs".to_string(), "plan".to_string())],
+        "{planned:?}"
+    );
+    let head = with_plan["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["check"] == "plan-addressing-differs")
+        .unwrap();
+    let msg = head["message"].as_str().unwrap();
+    assert!(msg.contains("none of the 16 addresses"), "{msg}");
+    assert!(msg.contains("eno6np0 planned 10.100.0.1/30, has "), "{msg}");
+    // The remedy is the command that writes and runs this server's apply script.
+    let remedy = head["remedy"].as_str().unwrap();
     assert!(
-        planned
-            .iter()
-            .any(|(c, o)| c == "plan-address-missing" && o.contains("eno6np0"))
+        remedy.starts_with("switchless plan ")
+            && remedy
+                .contains("b300-2node.cables --format ip --server 1 --out ip/ && ip/server1.sh"),
+        "{remedy}"
+    );
+    assert_eq!(with_plan["plan_server"], "server 1");
+    assert!(
+        with_plan["verdict"]["first_to_fix"]
+            .as_str()
+            .unwrap()
+            .starts_with("[plan-addressing-differs]")
     );
     assert_eq!(rc, 2, "missing planned addresses are errors");
     assert!(plain_rc < 2);
@@ -117,7 +141,54 @@ fn plan_errors_name_the_file() {
 }
 
 #[test]
-fn server_requires_plan_and_bad_hca_is_refused() {
+fn server_auto_says_why_it_cannot_tell() {
+    let tmp = tempfile::tempdir().unwrap();
+    let plan = plan_json(tmp.path());
+    // No host name in the tree and none of the plan's addresses: auto cannot tell, and says so.
+    let (rc, v) = doctor_json(&[
+        "--root",
+        &fixture("fabric/b300-2node"),
+        "--plan",
+        plan.to_str().unwrap(),
+    ]);
+    assert_eq!(rc, 2);
+    let f = v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["check"] == "plan-server-unknown")
+        .unwrap();
+    assert!(
+        f["message"].as_str().unwrap().contains("--server auto"),
+        "{f}"
+    );
+    // A GB10 host against a B300 plan: one headline naming the model the host looks like.
+    let (rc, v) = doctor_json(&[
+        "--root",
+        &fixture("fabric/gb10-2cable"),
+        "--plan",
+        plan.to_str().unwrap(),
+        "--server",
+        "2",
+    ]);
+    assert_eq!(rc, 2);
+    let f = &v["findings"][0];
+    assert_eq!(f["check"], "plan-model-mismatch");
+    assert!(
+        f["message"]
+            .as_str()
+            .unwrap()
+            .contains("this host looks like model gb10"),
+        "{f}"
+    );
+    assert!(
+        f["remedy"].as_str().unwrap().contains("--model gb10"),
+        "{f}"
+    );
+}
+
+#[test]
+fn server_requires_plan_and_bad_hca_is_a_finding() {
     let out = Command::new(BIN)
         .args(["doctor", "--server", "1"])
         .output()
@@ -128,6 +199,9 @@ fn server_requires_plan_and_bad_hca_is_refused() {
         .env("NCCL_IB_HCA", "mlx5_0:0")
         .output()
         .unwrap();
+    // A malformed NCCL_IB_HCA is an nccl-env finding like any other variable: the report completes.
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("NCCL_IB_HCA"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("ERROR [nccl-env] NCCL_IB_HCA:"), "{text}");
+    assert!(text.contains("DEVICE"), "{text}");
 }

@@ -1,8 +1,9 @@
 //! The B300 fixtures agree with the plan `switchless plan` builds from the same cables: the same
 //! interfaces (cable port → card → np0/np1 map of nccl-net-abi.md §5.2), up, with the planned MTU. The
 //! fixtures use the sionic 10.1ab.k.x addresses and the plan its own sequential /30s, so the only
-//! differences `plan::check_host` may report are the addresses themselves: one missing planned address
-//! and one extra address per planned interface.
+//! differences `plan::check_host` may report are the addresses themselves: one `plan-addressing-differs`
+//! headline, naming each planned interface's planned and present address, in place of a missing planned
+//! address and an extra address per planned interface.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
@@ -28,7 +29,7 @@ fn live(name: &str) -> Vec<plan::LiveIface> {
 fn problems(f: &[switchless::findings::Finding]) -> Vec<String> {
     f.iter()
         .filter(|f| f.severity > Severity::Info)
-        .filter(|f| f.check != "plan-address-missing" && f.check != "plan-extra-address")
+        .filter(|f| f.check != "plan-addressing-differs")
         .map(|f| format!("{} {}: {}", f.check, f.object, f.message))
         .collect()
 }
@@ -43,8 +44,19 @@ fn b300_two_node_fixture_matches_the_plan() {
     let p = plan_of(&text);
     let f = check_host(&p, 1, &live("b300-2node"));
     assert!(problems(&f).is_empty(), "{:#?}", problems(&f));
-    assert_eq!(count(&f, "plan-address-missing"), 16);
-    assert_eq!(count(&f, "plan-extra-address"), 16);
+    assert_eq!(count(&f, "plan-addressing-differs"), 1);
+    assert_eq!(count(&f, "plan-address-missing"), 0);
+    assert_eq!(count(&f, "plan-extra-address"), 0);
+    let headline = f
+        .iter()
+        .find(|f| f.check == "plan-addressing-differs")
+        .unwrap();
+    assert_eq!(
+        headline.message.matches(", has 10.11").count(),
+        16,
+        "{}",
+        headline.message
+    );
 }
 
 #[test]
@@ -53,8 +65,19 @@ fn b300_four_node_fixture_matches_the_plan() {
     let p = plan_of(text);
     let f = check_host(&p, 1, &live("b300-4node"));
     assert!(problems(&f).is_empty(), "{:#?}", problems(&f));
-    assert_eq!(count(&f, "plan-address-missing"), 12);
-    assert_eq!(count(&f, "plan-extra-address"), 12);
+    assert_eq!(count(&f, "plan-addressing-differs"), 1);
+    assert_eq!(count(&f, "plan-address-missing"), 0);
+    assert_eq!(count(&f, "plan-extra-address"), 0);
+    let headline = f
+        .iter()
+        .find(|f| f.check == "plan-addressing-differs")
+        .unwrap();
+    assert_eq!(
+        headline.message.matches(", has 10.11").count(),
+        12,
+        "{}",
+        headline.message
+    );
     // A plan that uses cable port 7 (down and unaddressed in this fixture) must not pass.
     let text2 = "1-7 > 2-1\n";
     let p2 = plan_of(text2);

@@ -281,10 +281,16 @@ fn every_cables_error_names_file_and_line() {
             None,
             "cables.txt:1: `2` in `1-1 > 2` is not `SERVER-PORT`",
         ),
+        // A server is a number or a host name; mixing numbers with undeclared names is refused.
+        (
+            "a!-1 > 2-1",
+            None,
+            "cables.txt:1: `a!` in `a!-1 > 2-1` is not a server number or host name",
+        ),
         (
             "a-1 > 2-1",
             None,
-            "cables.txt:1: `a` in `a-1 > 2-1` is not a server number",
+            "cables.txt:1: the file names servers by number here and by host name elsewhere (a, line 1)",
         ),
         (
             "1-1 > 2-one",
@@ -597,13 +603,15 @@ fn netplan_yaml_parses() {
             assert_eq!(docs.len(), 1, "{}", f.path);
             let net = &docs[0]["network"];
             assert_eq!(net["version"].as_i64(), Some(2));
-            assert_eq!(net["renderer"].as_str(), Some("networkd"));
+            // No global renderer: the host's own (NetworkManager on a desktop image) stays.
+            assert!(net["renderer"].is_badvalue(), "{}", f.text);
             let eth = net["ethernets"].as_hash().unwrap();
             assert_eq!(eth.len(), p.links_of(s).count(), "{}", f.path);
             for l in p.links_of(s) {
                 let (me, _) = l.side(s).unwrap();
                 let e = &net["ethernets"][me.interface.as_str()];
                 assert_eq!(e["mtu"].as_i64(), Some(9000));
+                assert_eq!(e["renderer"].as_str(), Some("networkd"));
                 assert_eq!(e["dhcp4"].as_bool(), Some(false));
                 assert_eq!(e["optional"].as_bool(), Some(true));
                 let addrs = e["addresses"].as_vec().unwrap();
@@ -638,7 +646,7 @@ fn networkd_files_carry_address_and_mtu() {
     assert_eq!(files.len(), 16);
     let f = files
         .iter()
-        .find(|f| f.path == "server1/10-switchless-eno6np0.network")
+        .find(|f| f.path == "server1/05-switchless-eno6np0.network")
         .unwrap();
     assert!(f.text.contains("[Match]\nName=eno6np0\n"));
     assert!(f.text.contains("MTUBytes=9000"));
@@ -774,7 +782,7 @@ fn cli_prints_plan_and_writes_files() {
     assert!(out.status.success());
     assert!(
         dir.path()
-            .join("server2/10-switchless-eno8np0.network")
+            .join("server2/05-switchless-eno8np0.network")
             .exists()
     );
 
@@ -902,7 +910,7 @@ fn cli_custom_map_and_stdin() {
     let stdout = String::from_utf8(out.stdout).unwrap();
     // `1-3 > 3-1`: port 3 has one interface, so one link: slot ((1-1)*3 + 2)*2 = 4 → 10.100.0.16/30.
     assert!(
-        stdout.contains("ip addr add 10.100.0.18/30 dev ens1f0np0"),
+        stdout.contains("only_address ens1f0np0 10.100.0.18/30"),
         "{stdout}"
     );
     assert!(!stdout.contains("dev ens1f1np1"), "{stdout}");
@@ -913,4 +921,99 @@ fn cli_custom_map_and_stdin() {
         ),
         "{stderr}"
     );
+}
+
+// ---------- host names, apply and check scripts ----------
+
+#[test]
+fn host_names_give_the_same_plan_and_name_the_outputs() {
+    let named = b300(&read("b300-4node-named.cables"));
+    let numbered = b300(&read("b300-4node.cables"));
+    // The names change no address: the declarations give the same numbers.
+    assert_eq!(named.links.len(), numbered.links.len());
+    for (a, b) in named.links.iter().zip(&numbered.links) {
+        assert_eq!((a.id, a.subnet, &a.ends), (b.id, b.subnet, &b.ends));
+    }
+    assert_eq!(named.name_of(3), Some("b300-003"));
+    assert_eq!(named.server_by_name("b300-004"), Some(4));
+    let back = Plan::from_json(&named.to_json().unwrap()).unwrap();
+    assert_eq!(back.names, named.names);
+    // Files are named by host.
+    let files = render::render(&named, Format::Ip, Some(2)).unwrap();
+    let paths: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
+    assert_eq!(paths, ["b300-002.sh", "b300-002-check.sh"]);
+    assert!(files[0].text.contains("\"$(hostname -s)\" != b300-002"));
+    let files = render::render(&named, Format::Netplan, Some(2)).unwrap();
+    assert_eq!(files[0].path, "b300-002.yaml");
+    let files = render::render(&named, Format::Networkd, Some(2)).unwrap();
+    assert!(
+        files
+            .iter()
+            .all(|f| f.path.starts_with("b300-002/05-switchless-"))
+    );
+    let table = &render::render(&named, Format::Table, None).unwrap()[0].text;
+    assert!(
+        table.contains("servers: 1 = b300-001, 2 = b300-002"),
+        "{table}"
+    );
+    assert!(table.contains("server 1 (b300-001): 12 links"), "{table}");
+    golden("b300-4node-named.table.txt", table);
+}
+
+#[test]
+fn ip_output_is_an_apply_script_and_a_check_script() {
+    let p = b300(&read("b300-2node.cables"));
+    let files = render::render(&p, Format::Ip, Some(1)).unwrap();
+    let (apply, check) = (&files[0], &files[1]);
+    assert_eq!(
+        (apply.path.as_str(), check.path.as_str()),
+        ("server1.sh", "server1-check.sh")
+    );
+    assert!(apply.text.starts_with("#!/usr/bin/env bash\n"));
+    assert!(apply.text.contains("\nset -euo pipefail\n"));
+    assert!(
+        !apply.text.contains("ping "),
+        "the apply script pings nothing"
+    );
+    assert!(apply.text.contains("only_address eno6np0 10.100.0.1/30"));
+    assert!(check.text.starts_with("#!/usr/bin/env bash\n"));
+    assert!(
+        check
+            .text
+            .contains("check ping -I eno6np0 -c \"$count\" -W 1 -M \"do\" -s 8972 10.100.0.2")
+    );
+    assert!(
+        !check.text.contains("ip addr"),
+        "the check script changes nothing"
+    );
+    // --out writes them executable.
+    let dir = tempfile::tempdir().unwrap();
+    let out = switchless(&[
+        "plan",
+        fixture("b300-4node-named.cables").to_str().unwrap(),
+        "--format",
+        "ip",
+        "--server",
+        "b300-003",
+        "--out",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    use std::os::unix::fs::PermissionsExt;
+    for f in ["b300-003.sh", "b300-003-check.sh"] {
+        let m = std::fs::metadata(dir.path().join(f)).unwrap();
+        assert_eq!(m.permissions().mode() & 0o777, 0o755, "{f}");
+    }
+    let out = switchless(&[
+        "plan",
+        fixture("b300-4node-named.cables").to_str().unwrap(),
+        "--server",
+        "b300-009",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("names: b300-001, b300-002"));
 }

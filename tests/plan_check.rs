@@ -383,6 +383,60 @@ fn check_ids_are_kebab_case_and_findings_have_remedies() {
     }
 }
 
+#[test]
+fn server_auto_picks_the_server_whose_addresses_the_host_holds() {
+    let p = plan_of(FOUR_NODE, None);
+    for s in 1..=4 {
+        assert_eq!(plan::check::pick_server(&p, &healthy(&p, s), None), Ok(s));
+    }
+    // Before the plan is applied the host holds none: auto says what to do instead.
+    let e = plan::check::pick_server(&p, &[], Some("b300-001")).unwrap_err();
+    assert!(e.contains("give --server N"), "{e}");
+}
+
+#[test]
+fn another_addressing_plan_is_one_headline() {
+    let p = plan_of(TWO_NODE, None);
+    let mut live = healthy(&p, 1);
+    for i in live.iter_mut().filter(|i| i.name != "eno1") {
+        let other = net(&format!("10.112.{}.1/30", i.addrs[0].addr().octets()[3]));
+        i.addrs = vec![other];
+    }
+    let f = check_host(&p, 1, &live);
+    let one = only(&f, "plan-addressing-differs", "plan", Severity::Error);
+    assert!(
+        one.message.contains("none of the 4 addresses"),
+        "{}",
+        one.message
+    );
+    // One planned address in place: the details, not the headline.
+    let mut live = healthy(&p, 1);
+    iface(&mut live, "eno7np0").addrs = vec![net("10.112.9.1/30")];
+    let f = check_host(&p, 1, &live);
+    assert!(
+        f.iter().all(|f| f.check != "plan-addressing-differs"),
+        "{f:#?}"
+    );
+}
+
+#[test]
+fn another_model_is_one_headline() {
+    let p = plan_of(TWO_NODE, None);
+    let live = vec![LiveIface {
+        name: "enp1s0f0np0".into(),
+        addrs: vec![],
+        mtu: 9000,
+        up: true,
+    }];
+    let f = check_host(&p, 1, &live);
+    let one = only(&f, "plan-model-mismatch", "plan", Severity::Error);
+    assert!(
+        one.message.contains("looks like model gb10"),
+        "{}",
+        one.message
+    );
+}
+
 // ---------- reading a host: `ip -j addr show`, captured from network namespaces set up by the plan's ip commands ----------
 
 fn captured(name: &str) -> Vec<LiveIface> {

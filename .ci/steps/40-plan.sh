@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # End-to-end check of `switchless plan` on the fixtures in tests/fixtures/plan:
-#  1. netplan itself accepts every server's YAML (`netplan generate --root-dir`), and the addresses and MTU it
-#     renders equal the plan's JSON and our own --format networkd files;
-#  2. the --format ip commands, run in one network namespace per server joined by veth pairs named like the real
-#     ports, give every link a working subnet: each planned ping (plain, then 9000-byte frames with don't-fragment)
-#     succeeds; and a jumbo ping fails once one end's MTU is lowered (so the check can fail).
-# Needs root (namespaces), iproute2, iputils-ping, netplan.io, jq (scripts/deps.d/plan.txt). Bounded: about 30 s on 2 cores.
+#  1. netplan itself accepts every server's YAML (`netplan generate --root-dir`) next to a host configuration
+#     whose global renderer is NetworkManager (Ubuntu desktop style), which it leaves to NetworkManager; the
+#     addresses and MTU it renders equal the plan's JSON and our own --format networkd files;
+#  2. the --format ip apply scripts (--out, executable), run in one network namespace per server joined by veth
+#     pairs named like the real ports, give every link a working subnet; a second run changes nothing; each
+#     server's check script (pings: plain, then 9000-byte frames with don't-fragment) passes; and a jumbo ping
+#     fails once one end's MTU is lowered (so the check can fail). A plan that names hosts refuses to run on
+#     another host (SWITCHLESS_PLAN_ANY_HOST=1 overrides it here, where namespaces share one host name).
+# Needs root (namespaces), iproute2, iputils-ping, netplan.io, jq (scripts/deps.d/plan.txt). Bounded: about 100 s on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -29,10 +32,12 @@ fail() { echo "40-plan: FAIL: $*" >&2; exit 1; }
 
 check_case() {
   local cables="$fx/$1" model="$2" tag="$3"
-  local json servers s
+  local json servers s ipdir
   json="$work/$tag.json"
   "$bin" plan "$cables" --model "$model" --format json >"$json" 2>/dev/null
   servers=$(jq .server_count "$json")
+  # The base name of server N's files: its host name when the cables file names hosts.
+  stem() { jq -r --arg s "$1" '.server_names[$s] // "server\($s)"' "$json"; }
 
   # 1. netplan and networkd renderings agree with the JSON.
   for s in $(seq 1 "$servers"); do
@@ -40,9 +45,13 @@ check_case() {
     want=$(jq -r --argjson s "$s" '.servers[] | select(.server == $s) | .interfaces[] | "\(.interface) \(.address)"' "$json" | sort)
     root="$work/$tag-netplan-$s"
     mkdir -p "$root/etc/netplan"
-    "$bin" plan "$cables" --model "$model" --format netplan --server "$s" >"$root/etc/netplan/60-switchless.yaml" 2>/dev/null
-    chmod 600 "$root/etc/netplan/60-switchless.yaml"
+    # The host's own configuration: NetworkManager renders everything it names.
+    printf 'network:\n  version: 2\n  renderer: NetworkManager\n  ethernets:\n    mgmt0:\n      dhcp4: true\n' >"$root/etc/netplan/01-network-manager-all.yaml"
+    "$bin" plan "$cables" --model "$model" --format netplan --server "$s" >"$root/etc/netplan/99-switchless.yaml" 2>/dev/null
+    chmod 600 "$root/etc/netplan/"*.yaml
     netplan generate --root-dir "$root" || fail "$tag server $s: netplan rejects the YAML"
+    [ -e "$root/run/NetworkManager/system-connections/netplan-mgmt0.nmconnection" ] ||
+      fail "$tag server $s: the host's NetworkManager interface was taken over by our file"
     local got_np=""
     for f in "$root"/run/systemd/network/10-netplan-*.network; do
       [ -e "$f" ] || continue
@@ -53,7 +62,7 @@ check_case() {
     nd="$work/$tag-networkd"
     "$bin" plan "$cables" --model "$model" --format networkd --server "$s" --out "$nd" 2>/dev/null
     local got_nd=""
-    for f in "$nd/server$s"/*.network; do
+    for f in "$nd/$(stem "$s")"/05-switchless-*.network; do
       [ -e "$f" ] || continue
       got_nd+="$(sed -n 's/^Name=//p' "$f") $(sed -n 's/^Address=//p' "$f")"$'\n'
     done
@@ -70,24 +79,38 @@ check_case() {
   while read -r sa ia sb ib; do
     ip netns exec "${ns[sa]}" ip link add name "$ia" type veth peer name "$ib" netns "${ns[sb]}"
   done < <(jq -r '.links[] | "\(.ends[0].server) \(.ends[0].interface) \(.ends[1].server) \(.ends[1].interface)"' "$json")
+  ipdir="$work/$tag-ip"
+  "$bin" plan "$cables" --model "$model" --format ip --out "$ipdir" 2>/dev/null
+  if command -v shellcheck >/dev/null; then
+    shellcheck "$ipdir"/*.sh || fail "$tag: shellcheck finds fault with the ip scripts"
+  fi
   for s in $(seq 1 "$servers"); do
-    "$bin" plan "$cables" --model "$model" --format ip --server "$s" 2>/dev/null | grep -v '^ping ' \
-      | ip netns exec "${ns[s]}" sh -e || fail "$tag server $s: the ip commands failed"
+    local apply
+    apply="$ipdir/$(stem "$s").sh"
+    { [ -x "$apply" ] && [ -x "$ipdir/$(stem "$s")-check.sh" ]; } || fail "$tag server $s: the scripts are not executable"
+    if [ "$(jq -r --arg s "$s" '.server_names[$s] // ""' "$json")" != "" ]; then
+      if ip netns exec "${ns[s]}" "$apply" >/dev/null 2>&1; then fail "$tag server $s: $apply ran on another host"; fi
+    fi
+    SWITCHLESS_PLAN_ANY_HOST=1 ip netns exec "${ns[s]}" "$apply" >/dev/null || fail "$tag server $s: $apply failed"
   done
   for s in $(seq 1 "$servers"); do
     local want got
     want=$(jq -r --argjson s "$s" '.servers[] | select(.server == $s) | .interfaces[] | "\(.interface) \(.address) 9000 UP"' "$json" | sort)
     got=$(ip netns exec "${ns[s]}" ip -j addr show | jq -r '.[] | select(.ifname != "lo") | "\(.ifname) \(.addr_info[] | select(.family == "inet") | "\(.local)/\(.prefixlen)") \(.mtu) \(.operstate)"' | sort)
     [ "$got" = "$want" ] || fail "$tag server $s: addresses after the ip commands:"$'\n'"$got"$'\n'"planned:"$'\n'"$want"
+    # Idempotent: a second run leaves every address and MTU as it was.
+    local before after
+    before=$(ip netns exec "${ns[s]}" ip -j addr show | jq -c '[.[] | {ifname, mtu, inet: [.addr_info[] | select(.family == "inet") | "\(.local)/\(.prefixlen)"]}]')
+    SWITCHLESS_PLAN_ANY_HOST=1 ip netns exec "${ns[s]}" "$ipdir/$(stem "$s").sh" >/dev/null || fail "$tag server $s: second run failed"
+    after=$(ip netns exec "${ns[s]}" ip -j addr show | jq -c '[.[] | {ifname, mtu, inet: [.addr_info[] | select(.family == "inet") | "\(.local)/\(.prefixlen)"]}]')
+    [ "$before" = "$after" ] || fail "$tag server $s: a second run of the apply script changed the host"
   done
   local pings=0
   for s in $(seq 1 "$servers"); do
-    while read -r cmd; do
-      # One packet per check instead of three keeps the step short.
-      # shellcheck disable=SC2086 # the plan's ping command is split into words on purpose
-      ip netns exec "${ns[s]}" ${cmd/-c 3/-c 1} >/dev/null || fail "$tag server $s: \`$cmd\` failed"
-      pings=$((pings + 1))
-    done < <("$bin" plan "$cables" --model "$model" --format ip --server "$s" 2>/dev/null | grep '^ping ')
+    local out
+    # One packet per check instead of three keeps the step short.
+    out=$(PING_COUNT=1 ip netns exec "${ns[s]}" "$ipdir/$(stem "$s")-check.sh") || fail "$tag server $s: the check script failed:"$'\n'"$out"
+    pings=$((pings + $(grep -c '^ok ' <<<"$out")))
   done
   # The jumbo check must catch a lowered MTU.
   local first_if first_peer
@@ -105,4 +128,5 @@ check_case b300-2node.cables b300 b300x2
 check_case b300-4node.cables b300 b300x4
 check_case gb10-3ring.cables gb10 gb10x3
 check_case custom.cables "$fx/custom.map" custom
+check_case b300-4node-named.cables b300 named
 echo "40-plan: ok"

@@ -28,16 +28,55 @@ fail() {
   exit 1
 }
 
-# srun: pyxis flags, plugin mount, PMIx, bootstrap interface, debug logging, every test.
-out=$(nccl-tests/srun-nccl-tests.sh -N 2 -g 8 -t all --plugin-dir /shared/sw -i eno1 -o "$tmp/s" --dry-run -- -c 1)
+# srun: pyxis flags, plugin mount, PMIx, bootstrap interface, debug logging, every test; every exported
+# variable as an `export` line; the preflight before the benchmarks; nothing created.
+mkdir -p "$tmp/p/lib" "$tmp/p/bin"
+: > "$tmp/p/lib/libnccl-net-switchless.so"
+out=$(nccl-tests/srun-nccl-tests.sh -N 2 -g 8 -t all --plugin-dir "$tmp/p" -i eno1 -o "$tmp/s" --dry-run -- -c 1)
 for want in "--container-image=ghcr.io/coreweave/nccl-tests:13.2.0-devel-ubuntu24.04-nccl2.29.7-1-7112046" \
-  "--container-mounts=$tmp/s:$tmp/s\\,/shared/sw:/opt/switchless:ro" "--mpi=pmix" "--ntasks-per-node=1" \
-  "NCCL_SOCKET_IFNAME=eno1" "NCCL_NET_PLUGIN=switchless" "NCCL_DEBUG_SUBSYS=INIT\\,NET" \
+  "--container-mounts=$tmp/s:$tmp/s\\,$tmp/p:/opt/switchless:ro" "--mpi=pmix" "--ntasks-per-node=1" \
+  "export NCCL_SOCKET_IFNAME=eno1" "export NCCL_NET_PLUGIN=switchless" "export NCCL_DEBUG_SUBSYS=INIT\\,NET" \
+  "export SWITCHLESS_PLUGIN_DIR=/opt/switchless" "export PMIX_MCA_gds=hash" "export OMPI_MCA_pml=ob1" \
+  "export OMPI_MCA_btl=self\\,tcp" "export OMPI_MCA_coll=\\^ucc\\,hcoll" "export UCX_TLS=tcp" \
+  "export UCX_NET_DEVICES=eno1" "export OMPI_MCA_oob_tcp_if_include=eno1" "export OMPI_MCA_btl_tcp_if_include=eno1" \
+  "bash -c \"\$(cat $PWD/nccl-tests/rank.sh)\" rank.sh" "rank.sh --preflight" \
   "all_reduce_perf -b 512M -e 16G -f 2 -g 8 -n 20 -c 1" all_gather_perf reduce_scatter_perf alltoall_perf \
   sendrecv_perf broadcast_perf; do
   grep -qF -- "$want" <<< "$out" || fail "srun dry run lacks '$want':"$'\n'"$out"
 done
-[ "$(grep -c '^+ ' <<< "$out")" = 6 ] || fail "srun dry run: expected 6 commands"
+[ "$(grep -c '^srun .*_perf ' <<< "$out")" = 6 ] || fail "srun dry run: expected 6 benchmark commands"
+[ "$(grep -c '^srun .*rank.sh --preflight' <<< "$out")" = 1 ] || fail "srun dry run: expected one preflight"
+[ ! -e "$tmp/s" ] || fail "srun dry run created $tmp/s"
+if err=$(nccl-tests/srun-nccl-tests.sh --plugin-dir "$tmp/nonexistent" --dry-run 2>&1); then fail "dry run accepted a missing --plugin-dir"; fi
+grep -qF "has no lib/libnccl-net-switchless.so" <<< "$err" || fail "unclear error: $err"
+# sbatch template: the same, from the allocation's variables; nothing created.
+out=$(cd "$tmp" && SWITCHLESS_REPO="$OLDPWD" SLURM_JOB_NUM_NODES=4 SLURM_GPUS_PER_NODE=b300:8 SLURM_JOB_ID=12345 \
+  bash "$OLDPWD/nccl-tests/nccl-tests.sbatch" -t all_reduce --plugin-dir "$tmp/p" -i eno1 --dry-run)
+grep -qF -- "srun -N 4 --ntasks-per-node=1 --gpus-per-node=8" <<< "$out" || fail "sbatch dry run: $out"
+grep -qF -- "export SWITCHLESS_PLUGIN_DIR=/opt/switchless" <<< "$out" || fail "sbatch dry run: $out"
+if [ -e "$tmp/nccl-tests-12345" ] || [ -e nccl-tests-12345 ]; then fail "sbatch dry run created its output directory"; fi
+
+# Pasted, the srun dry run runs the same: a stand-in srun records what it gets, then runs the rank
+# command once (rank.sh with `env` as the benchmark).
+mkdir -p "$tmp/paste/bin"
+cat > "$tmp/paste/bin/srun" << 'SRUN'
+#!/usr/bin/env bash
+# stand-in srun: apply --export=ALL,VAR=VALUE, drop the other options, run the command once
+while [ $# -gt 0 ] && [ "$1" != bash ]; do
+  case "$1" in --export=ALL,*) export "${1#--export=ALL,}" ;; esac
+  shift
+done
+exec "$@"
+SRUN
+chmod +x "$tmp/paste/bin/srun"
+out=$(nccl-tests/srun-nccl-tests.sh -N 2 -g 8 --no-container --no-preflight --plugin-dir "$tmp/p" -i eno1 \
+  -o "$tmp/paste/out" --nccl-tests-dir /usr/bin --dry-run)
+pasted=$(cd "$tmp" && echo "${out//\/usr\/bin\/all_reduce_perf -b*/\/usr\/bin\/env}" | env -i PATH="$tmp/paste/bin:$PATH" bash 2>&1) ||
+  fail "the pasted dry run failed: $pasted"
+for want in "SWITCHLESS_PLUGIN_DIR=$tmp/p" "LD_LIBRARY_PATH=$tmp/p/lib" "OMPI_MCA_btl_tcp_if_include=eno1" "PMIX_MCA_gds=hash" \
+  "SWITCHLESS_TEST=all_reduce" "plugin=$tmp/p/lib/libnccl-net-switchless.so"; do
+  grep -qF -- "$want" <<< "$pasted" || fail "the pasted dry run's rank lacks '$want':"$'\n'"$pasted"
+done
 
 # mpirun: hosts, -x forwarding, strict mode.
 out=$(nccl-tests/mpirun-nccl-tests.sh -H a,b -g 1 -t sendrecv --strict --quiet -o "$tmp/m" --dry-run)
@@ -61,28 +100,55 @@ for want in "NCCL_NET_PLUGIN=switchless" "NCCL_SOCKET_IFNAME=mgmt0" "NCCL_DEBUG_
   grep -qF -- "$want" <<< "$env_out" || fail "rank.sh environment lacks '$want'"
 done
 grep -qF "plugin=$tmp/p/lib/libnccl-net-switchless.so" "$tmp/rank.err" || fail "rank.sh did not find the plugin: $(cat "$tmp/rank.err")"
-# End to end through a stand-in srun (runs the rank command once, here) and a stand-in all_reduce_perf
-# that prints a fixture: rank.sh, the output files and the summary with its exit status.
+# End to end through a stand-in srun (runs the rank command on two "nodes" here, one after the other)
+# and a stand-in all_reduce_perf that prints a fixture: the preflight, rank.sh, the output files and
+# the summary with its exit status.
 bin="${CARGO_TARGET_DIR:-target}/debug/switchless"
 [ -x "$bin" ] || cargo build --locked --bin switchless
+bin=$(cd "$(dirname "$bin")" && pwd)/switchless
 mkdir -p "$tmp/fake/bin" "$tmp/fake/nccl-tests"
 cat > "$tmp/fake/bin/srun" << 'SRUN'
 #!/usr/bin/env bash
-# stand-in srun: drop srun's options, run the command once
+# stand-in srun: drop srun's options, run the command on node1 and node2; FAKE_BAD_NODE's doctor fails
 while [ $# -gt 0 ] && [ "$1" != bash ]; do shift; done
-SWITCHLESS_TEST=all_reduce exec "$@"
+rc=0
+for n in node1 node2; do
+  if [ "$n" = "${FAKE_BAD_NODE:-}" ]; then bin="$FAKE_BAD_BIN"; else bin="$SWITCHLESS_BIN"; fi
+  SLURMD_NODENAME=$n SWITCHLESS_BIN=$bin "$@" || rc=$?
+  case "$*" in *--preflight*) ;; *) break ;; esac
+done
+exit "$rc"
 SRUN
 printf '#!/bin/sh\ncat "%s"\n' "$PWD/tests/fixtures/nccl-tests/b300-2node-all_reduce-switchless.log" > "$tmp/fake/nccl-tests/all_reduce_perf"
 chmod +x "$tmp/fake/bin/srun" "$tmp/fake/nccl-tests/all_reduce_perf"
 run_fake() {
   PATH="$tmp/fake/bin:$PATH" SWITCHLESS_BIN="$bin" nccl-tests/srun-nccl-tests.sh -N 2 -g 8 --no-container \
+    --plugin-dir "$tmp/p" --preflight-arg=--root="$PWD/tests/fixtures/fabric/tcp-2link" \
     --nccl-tests-dir "$tmp/fake/nccl-tests" -o "$tmp/e2e" "$@"
 }
 run_fake --expect-busbw 6000Gb/s > "$tmp/e2e.log" 2>&1 || fail "wrapper failed a passing run: $(cat "$tmp/e2e.log")"
+grep -q "switchless preflight: node=node2 ok" "$tmp/e2e.log" || fail "no preflight on node2: $(cat "$tmp/e2e.log")"
 grep -q "network plugin 'switchless': used" "$tmp/e2e/all_reduce.summary.txt" || fail "no plugin verdict in the summary"
 grep -q "^switchless: rank=0 " "$tmp/e2e/all_reduce.out" || fail "rank.sh banner missing from the output"
 if run_fake --expect-busbw 800 > "$tmp/e2e.log" 2>&1; then fail "wrapper passed a run below --expect-busbw 800"; fi
 grep -q "result: FAIL" "$tmp/e2e.log" || fail "no FAIL verdict: $(cat "$tmp/e2e.log")"
+# The preflight stops the run naming the failing node: doctor finds an error there (memlock), or
+# the plugin does not resolve.
+rm -rf "$tmp/e2e"
+# (the node's own host tree, whatever --root the launcher passes)
+printf '#!/bin/sh\nexec "%s" doctor --root "%s"\n' "$bin" "$PWD/tests/fixtures/fabric/broken-memlock" > "$tmp/fake/bin/doctor-fails"
+chmod +x "$tmp/fake/bin/doctor-fails"
+if FAKE_BAD_NODE=node2 FAKE_BAD_BIN="$tmp/fake/bin/doctor-fails" run_fake > "$tmp/e2e.log" 2>&1; then
+  fail "wrapper ran past a failing preflight: $(cat "$tmp/e2e.log")"
+fi
+grep -q "preflight failed, no benchmark run" "$tmp/e2e.log" || fail "no preflight verdict: $(cat "$tmp/e2e.log")"
+grep -qE "^  node2: switchless doctor .*memlock-low" "$tmp/e2e.log" || fail "failing node not named: $(cat "$tmp/e2e.log")"
+if grep -q "^  node1" "$tmp/e2e.log"; then fail "node1 blamed: $(cat "$tmp/e2e.log")"; fi
+[ ! -e "$tmp/e2e/all_reduce.out" ] || fail "the benchmark ran after a failing preflight"
+if PATH="$tmp/fake/bin:$PATH" SWITCHLESS_BIN="$bin" nccl-tests/srun-nccl-tests.sh -N 2 -g 8 --no-container \
+  --preflight-arg=--root="$PWD/tests/fixtures/fabric/tcp-2link" --nccl-tests-dir "$tmp/fake/nccl-tests" \
+  -o "$tmp/e2e2" > "$tmp/e2e.log" 2>&1; then fail "wrapper ran without a resolvable plugin"; fi
+grep -q "node1: libnccl-net-switchless.so is not in LD_LIBRARY_PATH" "$tmp/e2e.log" || fail "plugin failure not named: $(cat "$tmp/e2e.log")"
 echo "nccl-tests scripts: OK"
 if [ "$sc_rc" != 0 ]; then
   echo "shellcheck found problems (above)" >&2

@@ -18,7 +18,18 @@ fn long_version() -> &'static str {
 }
 
 #[derive(Debug, Parser)]
-#[command(name = "switchless", version = long_version(), about = "NCCL network plugin for switchless RDMA meshes: diagnosis, IP plans, routes, benchmarks")]
+#[command(
+    name = "switchless",
+    version = long_version(),
+    about = "NCCL network plugin for switchless RDMA meshes: diagnosis, IP plans, routes, benchmarks",
+    after_help = "A first day on a new mesh:\n  \
+switchless plan cables.txt --format json > plan.json         # one /30 per cable, checked\n  \
+switchless plan cables.txt --format ip --out ip/             # apply ip/<server>.sh on each server\n  \
+switchless doctor --plan plan.json --server auto             # on each server: ready for NCCL?\n  \
+nccl-tests/srun-nccl-tests.sh -N 2 -i eno1 --dry-run         # what the benchmark would run\n\
+Then set NCCL_NET_PLUGIN=switchless for the job. Every subcommand's --help has examples and its exit \
+status; usage errors exit 2. Documentation: README.md."
+)]
 struct Cli {
     /// More log output on stderr (-v: info, -vv: debug).
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]

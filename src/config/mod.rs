@@ -17,7 +17,7 @@
 
 mod hca;
 mod table;
-mod values;
+pub(crate) mod values;
 
 pub use hca::{
     HCA_GRAMMAR, HcaEntry, HcaFilter, MAX_HCA_ENTRIES, MAX_HCA_NAME_LEN, MAX_PLANE, MAX_RAIL,
@@ -201,7 +201,7 @@ variables! {
         connect_timeout: Duration {
             name: "NCCL_SWITCHLESS_CONNECT_TIMEOUT",
             default: "30s",
-            forms: "100ms..=60m: a number of milliseconds, or a number with the unit ms, s or m (e.g. 30s)",
+            forms: "100ms..=60m: a number of milliseconds, or a number with the unit ms, s, m or h (e.g. 30s)",
             parse: |v| duration_in(v, MIN_CONNECT_TIMEOUT..=MAX_CONNECT_TIMEOUT),
             show: show_ms,
             doc: "Deadline for setting up one connection (handshake, QP bring-up); past it the connection \
@@ -211,7 +211,7 @@ variables! {
             name: "NCCL_SWITCHLESS_REQUEST_TIMEOUT",
             default: "0",
             forms: "0 (off: wait forever) or 1s..=24h: a number of milliseconds, or a number with the \
-                    unit ms, s or m (e.g. 300s)",
+                    unit ms, s, m or h (e.g. 300s)",
             parse: |v| match v.trim() {
                 "0" => Ok(None),
                 _ => duration_in(v, MIN_REQUEST_TIMEOUT..=MAX_REQUEST_TIMEOUT).map(Some),

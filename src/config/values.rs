@@ -77,7 +77,7 @@ pub(crate) fn parse_bool(s: &str) -> Result<bool, Reject> {
     match s.trim().to_ascii_lowercase().as_str() {
         "1" | "true" | "yes" | "on" => Ok(true),
         "0" | "false" | "no" | "off" => Ok(false),
-        _ => Err("expected 0 or 1".into()),
+        _ => Err("expected 0 or 1 (also accepted: true/false, yes/no, on/off)".into()),
     }
 }
 
@@ -115,23 +115,62 @@ pub(crate) fn parse_bytes(s: &str) -> Result<u64, Reject> {
         .ok_or_else(|| "the size is too large".to_string())
 }
 
-/// A duration: a bare number is milliseconds; suffixes `ms`, `s`, `m` (minutes).
+/// A duration: a bare number is milliseconds; suffixes `ms`, `s`, `m` (minutes), `h` (hours).
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, Reject> {
+    parse_duration_bare(s, 1)
+}
+
+/// A duration with the suffixes of [`parse_duration`], where a bare number counts `bare_ms`
+/// milliseconds: the environment's bare numbers are milliseconds (1), a command-line flag documented
+/// in seconds keeps that meaning (1000).
+pub(crate) fn parse_duration_bare(s: &str, bare_ms: u64) -> Result<Duration, Reject> {
     let (digits, suffix) = split_number_suffix(s);
     if digits.is_empty() {
-        return Err("expected a duration such as 30000, 500ms, 30s or 2m".into());
+        return Err("expected a duration such as 500ms, 30s, 2m or 1h".into());
     }
     let n = parse_decimal_u64(digits)?;
     let ms_per_unit: u64 = match suffix.to_ascii_lowercase().as_str() {
-        "" | "ms" => 1,
+        "" => bare_ms,
+        "ms" => 1,
         "s" => 1000,
         "m" | "min" => 60_000,
-        _ => return Err(format!("unknown duration unit {suffix:?}")),
+        "h" => 3_600_000,
+        _ => {
+            return Err(format!(
+                "unknown duration unit {suffix:?} (accepted: ms, s, m, h)"
+            ));
+        }
     };
     let ms = n
         .checked_mul(ms_per_unit)
         .ok_or_else(|| "the duration is too large".to_string())?;
     Ok(Duration::from_millis(ms))
+}
+
+/// `--flag SIZE` on the command line: the byte counts of [`parse_bytes`] (`4096`, `128K`, `1M`,
+/// `16G`), as a clap value parser.
+pub fn cli_bytes(s: &str) -> Result<u64, String> {
+    parse_bytes(s).map_err(|why| {
+        if why.contains("ambiguous") {
+            why // it already names the accepted suffixes
+        } else {
+            format!("{why}; accepted: a number of bytes, or with the suffix K, M or G (powers of 1024), e.g. 1M")
+        }
+    })
+}
+
+/// `--flag SIZE` for a `usize` field (see [`cli_bytes`]).
+pub fn cli_bytes_usize(s: &str) -> Result<usize, String> {
+    let n = cli_bytes(s)?;
+    usize::try_from(n).map_err(|_| format!("{n} bytes is too large for this machine"))
+}
+
+/// `--flag DURATION` on the command line where a bare number is seconds: `60`, `10s`, `500ms`,
+/// `2m`, `1h`, as a clap value parser.
+pub fn cli_seconds(s: &str) -> Result<Duration, String> {
+    parse_duration_bare(s, 1000).map_err(|why| {
+        format!("{why}; accepted: a number of seconds, or a number with the unit ms, s, m or h, e.g. 10s")
+    })
 }
 
 /// `-1` (automatic: `None`) or an integer in `0..=hi`.
@@ -223,10 +262,26 @@ mod tests {
         assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("2 min"), Ok(Duration::from_secs(120)));
-        assert!(parse_duration("1h").is_err());
+        // The messages write `24h`, so `h` is accepted too.
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("24H"), Ok(Duration::from_secs(86400)));
+        assert!(parse_duration("1d").unwrap_err().contains("ms, s, m, h"));
         assert!(parse_duration("1.5s").is_err());
         assert!(parse_duration("s").is_err());
         assert!(parse_duration("-5s").is_err());
+    }
+
+    #[test]
+    fn command_line_forms() {
+        assert_eq!(cli_bytes("1M"), Ok(1 << 20));
+        assert_eq!(cli_bytes("4096"), Ok(4096));
+        assert_eq!(cli_bytes_usize("9k"), Ok(9216));
+        assert!(cli_bytes("1MB").unwrap_err().contains("ambiguous"));
+        assert_eq!(cli_seconds("60"), Ok(Duration::from_secs(60)));
+        assert_eq!(cli_seconds("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(cli_seconds("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(cli_seconds("1h"), Ok(Duration::from_secs(3600)));
+        assert!(cli_seconds("ten").unwrap_err().contains("e.g. 10s"));
     }
 
     #[test]

@@ -6,10 +6,18 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use crate::config::values::{cli_bytes_usize, cli_seconds};
 use crate::error::{Error, Result};
 use crate::tools::bench as b;
 
 #[derive(Debug, clap::Args)]
+#[command(after_help = "Examples:\n  \
+switchless bench bandwidth --loopback -b 1M -e 64M           # in one process: no network, no plugin\n  \
+switchless bench latency --rank 0 --bootstrap 0.0.0.0:29500  # on host A\n  \
+switchless bench latency --rank 1 --bootstrap hostA:29500    # on host B\n\
+Sizes: bytes or K/M/G (powers of 1024; 1M = 1048576 bytes). --timeout: 60, 10s, 2m or 1h (a bare number is seconds).\n\
+Exit status: 0 every data check passed; 1 a data check failed or the run failed (the message says which rank and why); \
+2 the report could not be written or a usage error.")]
 pub struct Args {
     /// What to measure.
     #[arg(value_enum)]
@@ -35,11 +43,11 @@ pub struct Args {
     /// Run every rank in this process over the in-process loopback Net (no plugin, no network).
     #[arg(long)]
     pub loopback: bool,
-    /// Smallest size, bytes.
-    #[arg(short = 'b', long, default_value_t = 8)]
+    /// Smallest size: bytes, or with K, M or G (powers of 1024), e.g. 8 or 1M.
+    #[arg(short = 'b', long, default_value = "8", value_parser = cli_bytes_usize)]
     pub min_bytes: usize,
-    /// Largest size, bytes.
-    #[arg(short = 'e', long, default_value_t = 1 << 20)]
+    /// Largest size, in the forms of -b.
+    #[arg(short = 'e', long, default_value = "1M", value_parser = cli_bytes_usize)]
     pub max_bytes: usize,
     /// Size multiplier between steps.
     #[arg(short = 'f', long, default_value_t = 4)]
@@ -56,15 +64,16 @@ pub struct Args {
     /// Allreduce: ring channels.
     #[arg(long, default_value_t = 2)]
     pub channels: usize,
-    /// Allreduce: largest single message, bytes.
-    #[arg(long, default_value_t = 128 << 10)]
+    /// Allreduce: largest single message, in the forms of -b.
+    #[arg(long, default_value = "128K", value_parser = cli_bytes_usize)]
     pub chunk_bytes: usize,
     /// Use this NCCL device for every connection (default: round-robin by peer and channel).
     #[arg(long)]
     pub dev: Option<usize>,
-    /// Seconds allowed for the bootstrap, connection set-up and each size.
-    #[arg(long, default_value_t = 60)]
-    pub timeout: u64,
+    /// Time allowed for the bootstrap, connection set-up and each size: seconds, or with the unit
+    /// ms, s, m or h, e.g. 60 or 10s.
+    #[arg(long, default_value = "60s", value_parser = cli_seconds)]
+    pub timeout: Duration,
     /// Print JSON instead of the table.
     #[arg(long, conflicts_with = "csv")]
     pub json: bool,
@@ -91,7 +100,7 @@ fn options(a: &Args) -> b::Options {
         channels: a.channels,
         chunk_bytes: a.chunk_bytes,
         dev: a.dev,
-        timeout: Duration::from_secs(a.timeout),
+        timeout: a.timeout,
         progress: !a.no_progress,
     }
 }

@@ -11,6 +11,16 @@ use crate::host::{self, Reader, reader};
 use crate::tools::doctor;
 
 #[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Judges this host as the plugin would see it, including the NCCL_* and \
+NCCL_SWITCHLESS_* variables of this shell.\n\
+Examples:\n  \
+switchless doctor                                            # this host, in this shell's environment\n  \
+switchless doctor --json > doctor-$(hostname).json\n  \
+switchless doctor --plan plan.json                           # also compare with the IP plan (--server auto)\n  \
+switchless doctor --capture /tmp/doctor-capture              # attach the tree to a bug report\n\
+Exit status: 0 healthy (info findings only); 1 warnings; 2 errors, or --root/--plan/--capture unusable."
+)]
 pub struct Args {
     /// Read kernel files under this directory instead of /.
     #[arg(long, default_value = "/")]
@@ -23,11 +33,17 @@ pub struct Args {
     #[arg(long, value_name = "DIR")]
     pub capture: Option<PathBuf>,
     /// Also compare the host with its part of an IP plan (the JSON of `switchless plan --format json`).
-    #[arg(long, value_name = "PLAN.json", requires = "server")]
+    #[arg(long, value_name = "PLAN.json")]
     pub plan: Option<PathBuf>,
-    /// Which server of the plan this host is (1-based, as in the cables file).
-    #[arg(long, value_name = "N", requires = "plan")]
-    pub server: Option<u32>,
+    /// Which server of the plan this host is: its number or name in the cables file, or `auto` (the
+    /// server named like this host, else the one whose planned addresses it holds).
+    #[arg(
+        long,
+        value_name = "N|NAME|auto",
+        requires = "plan",
+        default_value = "auto"
+    )]
+    pub server: String,
 }
 
 /// Reads the plan file named by `--plan`.
@@ -38,14 +54,32 @@ fn load_plan(path: &std::path::Path) -> Result<crate::tools::plan::Plan, String>
         .map_err(|e| format!("--plan {}: {e}", path.display()))
 }
 
-/// The NCCL_IB_HCA filter of the environment (doctor shows the devices NCCL would get).
-fn hca_filter() -> Result<crate::config::HcaFilter, String> {
-    match std::env::var("NCCL_IB_HCA") {
-        Ok(v) if !v.trim().is_empty() => {
-            crate::config::HcaFilter::parse(&v).map_err(|e| e.to_string())
-        }
-        _ => Ok(crate::config::HcaFilter::all()),
+/// The server `--server` names: `auto`, a number or a host name of the plan.
+fn which_server(
+    plan: &crate::tools::plan::Plan,
+    arg: &str,
+    live: &[crate::tools::plan::LiveIface],
+    hostname: Option<&str>,
+) -> Result<u32, String> {
+    if arg.eq_ignore_ascii_case("auto") {
+        return crate::tools::plan::check::pick_server(plan, live, hostname);
     }
+    plan.server_by_name(arg).ok_or_else(|| {
+        let names: Vec<String> = plan
+            .names
+            .iter()
+            .map(|(n, h)| format!("{n} = {h}"))
+            .collect();
+        format!(
+            "--server {arg}: the plan names no such server (servers 1..={}{})",
+            plan.servers,
+            if names.is_empty() {
+                String::new()
+            } else {
+                format!("; names: {}", names.join(", "))
+            }
+        )
+    })
 }
 
 /// `--root` is this host's own `/` (not a captured tree).
@@ -81,23 +115,19 @@ pub fn diagnose(args: &Args) -> Result<(doctor::Report, Option<usize>), String> 
             args.root.display()
         ));
     }
-    let plan = match (&args.plan, args.server) {
-        (Some(p), Some(n)) => Some((load_plan(p)?, n)),
-        _ => None,
+    let plan = match &args.plan {
+        Some(p) => Some(load_plan(p)?),
+        None => None,
     };
-    let filter = hca_filter()?;
+    let env = doctor::NcclEnv::from_process();
     let (model, mut findings) = host::discover_with(&rd);
-    // The NCCL environment this shell would give the plugin: a bad value is reported, as the plugin's
-    // init would refuse it.
-    match crate::config::Config::from_env() {
-        Ok(cfg) => findings.extend(doctor::env_checks(&model, cfg.ib_retry_cnt)),
-        Err(e) => findings.push(Finding::new(
-            Severity::Error,
-            "nccl-env",
-            "environment",
-            format!("the plugin's init would refuse this environment: {e}"),
-            "fix or unset the variable (accepted values: README, Configuration)",
-        )),
+    // The NCCL environment this shell would give the plugin: every value init would refuse is a
+    // finding of its own, and so is a name nobody reads (a typo).
+    let judged = doctor::env::judge(&env);
+    findings.extend(judged.findings);
+    let config = judged.config;
+    if let Some(cfg) = &config {
+        findings.extend(doctor::env_checks(&model, cfg.ib_retry_cnt));
     }
     // DMA-BUF support is not in any kernel file: on the live host ask each RDMA driver, as the
     // plugin's init does; offline the devices show no DMA-BUF and the GPUDirect check stays silent.
@@ -106,21 +136,74 @@ pub fn diagnose(args: &Args) -> Result<(doctor::Report, Option<usize>), String> 
     } else {
         BTreeMap::new()
     };
-    let devices = model.nccl_devices(&|dev, port| filter.matches(dev, port), &|dev| {
-        dmabuf.get(dev).copied().unwrap_or(false)
-    });
-    let probed = !devices.is_empty()
-        && devices
+    let filter = config
+        .as_ref()
+        .map(|c| c.ib_hca.clone())
+        .unwrap_or_else(crate::config::HcaFilter::all);
+    let rdma = match &config {
+        Some(_) => model.nccl_devices(&|dev, port| filter.matches(dev, port), &|dev| {
+            dmabuf.get(dev).copied().unwrap_or(false)
+        }),
+        None => Vec::new(),
+    };
+    let probed = !rdma.is_empty()
+        && rdma
             .iter()
             .flat_map(|d| &d.members)
             .all(|m| dmabuf.contains_key(&m.rdma_dev));
-    findings.extend(doctor::gpu_direct_checks(&model, &devices, probed));
-    if let Some((plan, n)) = &plan {
-        findings.extend(crate::tools::plan::check_host(
-            plan,
-            *n,
-            &crate::tools::plan::LiveIface::from_model(&model),
-        ));
+    let view = doctor::NcclView::decide(&model, config.as_ref(), rdma);
+    findings.extend(doctor::env::hca_checks(
+        &model,
+        &env,
+        config.as_ref(),
+        &view,
+    ));
+    findings.extend(doctor::env::transport_checks(config.as_ref(), &view));
+    if view.transport == "rdma" {
+        findings.extend(doctor::gpu_direct_checks(&model, &view.devices, probed));
+    }
+    let mut extras = doctor::Extras {
+        ib_hca: config
+            .as_ref()
+            .and_then(|c| doctor::env::hca_selection(&model, &env, &c.ib_hca)),
+        host: rd
+            .read("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|h| h.trim().to_string())
+            .filter(|h| !h.is_empty()),
+        ..Default::default()
+    };
+    let live = crate::tools::plan::LiveIface::from_model(&model);
+    let server = match &plan {
+        None => None,
+        Some(p) => match which_server(p, &args.server, &live, extras.host.as_deref()) {
+            Ok(n) => Some((p, n)),
+            Err(why) => {
+                findings.push(Finding::new(
+                    Severity::Error,
+                    "plan-server-unknown",
+                    "plan",
+                    why,
+                    "switchless doctor --plan PLAN.json --server N   # N: this host's number in the cables file",
+                ));
+                None
+            }
+        },
+    };
+    if let Some((plan, n)) = server {
+        extras.server = Some(plan.label(n));
+        for l in plan.links_of(n) {
+            if let Some((me, _)) = l.side(n) {
+                extras.planned.insert(
+                    me.interface.clone(),
+                    doctor::PlannedIface {
+                        address: me.address,
+                        mtu: plan.mtu,
+                    },
+                );
+            }
+        }
+        findings.extend(crate::tools::plan::check_host(plan, n, &live));
     }
     let captured = match &args.capture {
         Some(dir) => {
@@ -141,7 +224,7 @@ pub fn diagnose(args: &Args) -> Result<(doctor::Report, Option<usize>), String> 
         }
         None => None,
     };
-    Ok((doctor::report(&model, &devices, findings), captured))
+    Ok((doctor::build(&model, view, extras, findings), captured))
 }
 
 pub fn run(args: Args) -> ExitCode {

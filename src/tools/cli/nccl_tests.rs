@@ -13,6 +13,9 @@ use crate::error::{Error, Result};
 use crate::tools::nccltests::{self, Metric, Options, ParsedFile};
 
 #[derive(Debug, clap::Args)]
+#[command(after_help = "Example:\n  \
+switchless nccl-tests summarize all_reduce.out nccl.all_reduce.*.log --require-plugin\n\
+Exit status: that of the subcommand (see switchless nccl-tests summarize --help).")]
 pub struct Args {
     #[command(subcommand)]
     pub cmd: Cmd,
@@ -25,9 +28,9 @@ pub enum Cmd {
 }
 
 #[derive(Debug, clap::Args)]
-#[command(
-    after_help = "Exit status: 0 every run complete, no wrong elements, target met; 1 wrong elements, an incomplete run, busbw below --expect-busbw, or (--require-plugin) plugin use not confirmed; 2 unreadable file or malformed table.\nBandwidths: nccl-tests' GB is 10^9 bytes, so 1 GB/s = 8 Gb/s."
-)]
+#[command(after_help = "Example:\n  \
+switchless nccl-tests summarize out/all_reduce.out out/nccl.all_reduce.*.log --require-plugin --expect-busbw 6000Gb/s\n\
+Exit status: 0 every run complete, no wrong elements, target met; 1 wrong elements, an incomplete run, busbw below --expect-busbw, or (--require-plugin) plugin use not confirmed; 2 unreadable file or malformed table.\nBandwidths: nccl-tests' GB is 10^9 bytes, so 1 GB/s = 8 Gb/s.")]
 pub struct SummarizeArgs {
     /// nccl-tests output files and NCCL_DEBUG_FILE logs (`-` reads standard input).
     #[arg(required = true, value_name = "FILE")]

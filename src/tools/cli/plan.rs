@@ -12,11 +12,15 @@ use crate::tools::plan::render::{self, Format};
 use crate::tools::plan::{self, Options, PortMap, cables};
 
 #[derive(Debug, clap::Args)]
-#[command(
-    after_help = "Example: switchless plan cables.txt --model b300 --format netplan --out netplan/\n\
-Cables file lines: `SERVER-PORT > SERVER-PORT` (e.g. `1-1 > 2-1`), `#` comments, several per line with commas.\n\
-Map file lines (custom --model FILE): `PORT = IFNAME [IFNAME...]`, optional `name = MODEL`."
-)]
+#[command(after_help = "Examples:\n  \
+switchless plan cables.txt                                   # the table, every server\n  \
+switchless plan cables.txt --format json > plan.json         # for doctor --plan\n  \
+switchless plan cables.txt --model gb10 --format netplan --out netplan/\n\
+Cables file lines: `SERVER-PORT > SERVER-PORT` (e.g. `1-1 > 2-1`, or by host name `b300-001-1 > b300-002-1`), \
+`server N = HOSTNAME` to pin a name to a number, `#` comments, several per line with commas.\n\
+Outputs are named by host when the file names hosts (b300-001.sh, b300-001-check.sh, b300-001.yaml).\n\
+Map file lines (custom --model FILE): `PORT = IFNAME [IFNAME...]`, optional `name = MODEL`.\n\
+Exit status: 0 the plan was written (warnings go to stderr); 2 an error in the cables file, the map or an option.")]
 pub struct Args {
     /// The cables file (`-` reads standard input).
     pub cables: PathBuf,
@@ -33,19 +37,24 @@ pub struct Args {
     /// Prefix length of each link: 30 (4 addresses per link) or 31 (2 per link, RFC 3021).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u8).range(30..=31))]
     pub prefix: u8,
-    /// Interface MTU in bytes.
-    #[arg(long, default_value_t = 9000)]
+    /// Interface MTU: bytes (1280..=9978), or with K (1024), e.g. 9000 or 9k (9216 bytes).
+    #[arg(long, default_value = "9000", value_parser = parse_mtu)]
     pub mtu: u32,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
-    /// Print only this server's part.
-    #[arg(long)]
-    pub server: Option<u32>,
+    /// Print only this server's part: its number, or its host name when the cables file names hosts.
+    #[arg(long, value_name = "N|NAME")]
+    pub server: Option<String>,
     /// Write files into this directory (one per server for ip/netplan, one per interface for networkd)
     /// instead of standard output.
     #[arg(long)]
     pub out: Option<PathBuf>,
+}
+
+fn parse_mtu(s: &str) -> std::result::Result<u32, String> {
+    let n = crate::config::values::cli_bytes(s)?;
+    u32::try_from(n).map_err(|_| format!("{n} bytes is not an MTU; accepted: 1280..=9978 bytes"))
 }
 
 fn parse_base(s: &str) -> std::result::Result<Ipv4Net, String> {
@@ -98,10 +107,37 @@ fn execute(args: &Args) -> Result<()> {
             mtu: args.mtu,
         },
     )?;
+    let mut built = built;
+    if name != "<stdin>" {
+        built.plan.cables_file = Some(name.clone());
+    }
     for w in &built.warnings {
         eprintln!("switchless plan: warning: {w}");
     }
-    let files = render::render(&built.plan, args.format, args.server)?;
+    let server = match &args.server {
+        None => None,
+        Some(s) => Some(built.plan.server_by_name(s).ok_or_else(|| {
+            Error::InvalidUsage(format!(
+                "--server {s}: the cables file names no such host (servers 1..={}{})",
+                built.plan.servers,
+                if built.plan.names.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; names: {}",
+                        built
+                            .plan
+                            .names
+                            .values()
+                            .cloned()
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                }
+            ))
+        })?),
+    };
+    let files = render::render(&built.plan, args.format, server)?;
     match &args.out {
         None => {
             let mut stdout = std::io::stdout().lock();
@@ -118,6 +154,12 @@ fn execute(args: &Args) -> Result<()> {
                 }
                 std::fs::write(&path, &f.text)
                     .map_err(|e| Error::io(format!("writing {}", path.display()), e))?;
+                if f.path.ends_with(".sh") {
+                    // The apply and check scripts are run as they are.
+                    use std::os::unix::fs::PermissionsExt as _;
+                    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+                        .map_err(|e| Error::io(format!("chmod 755 {}", path.display()), e))?;
+                }
                 if args.format == Format::Netplan {
                     // netplan warns about configuration files other users can read.
                     use std::os::unix::fs::PermissionsExt as _;

@@ -23,16 +23,25 @@ pub enum Kinds {
 }
 
 #[derive(Debug, clap::Args)]
+#[command(
+    group(clap::ArgGroup::new("the_peer").required(true).args(["peer_root", "peer"])),
+    after_help = "Examples:\n  \
+switchless route --peer-root peer-capture/                   # a tree captured on the peer (doctor --capture)\n  \
+switchless route --peer 10.100.0.2/30,10.100.0.6/30          # the peer's link addresses, with their prefix\n\
+Give the peer one way: --peer-root or --peer.\n\
+Exit status: 0 a route was found; 1 no path reaches the peer (the message says why) or the peer's tree could \
+not be read; 2 a usage error."
+)]
 pub struct Args {
     /// Read this host's kernel files under this directory instead of /.
     #[arg(long, default_value = "/")]
     pub root: PathBuf,
     /// The peer's kernel files (a tree captured on the peer with `switchless doctor --capture`).
-    #[arg(long, required_unless_present = "peer", conflicts_with = "peer")]
+    #[arg(long, conflicts_with = "peer")]
     pub peer_root: Option<PathBuf>,
     /// The peer's link addresses instead of its tree, comma-separated, e.g. 10.0.0.2/30,10.0.1.2/30
     /// (taken as RoCE links).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = parse_peer)]
     pub peer: Vec<Ipv4Net>,
     /// The NCCL device NCCL would pass to connect (a locality hint).
     #[arg(long)]
@@ -50,6 +59,17 @@ pub struct Args {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+/// One `--peer` entry: an address with its prefix length.
+fn parse_peer(s: &str) -> Result<Ipv4Net, String> {
+    s.trim().parse().map_err(|_| {
+        if s.trim().parse::<std::net::Ipv4Addr>().is_ok() {
+            format!("{s} has no prefix length; write ADDRESS/PREFIX as the peer's interface holds it, e.g. {s}/30")
+        } else {
+            format!("{s} is not ADDRESS/PREFIX; expected e.g. 10.100.0.2/30")
+        }
+    })
 }
 
 pub fn run(args: Args) -> ExitCode {

@@ -1,17 +1,10 @@
 //! The doctor's checks of point-to-point TCP links (MTU, offloads, receive queues, socket buffers),
 //! over what `host::tcp` discovered.
 
+use super::registry::check;
 use crate::findings::{Finding, Severity};
 use crate::host::model::HostModel;
 use crate::transport::tcp::config::{TcpConfig, socket_buffer_bytes, streams_for_speed};
-
-/// Check ids of the TCP link checks (documented in docs/readme/fabric.md).
-pub mod check {
-    pub const TCP_MTU_BELOW_9000: &str = "tcp-mtu-below-9000";
-    pub const TCP_OFFLOAD_OFF: &str = "tcp-offload-off";
-    pub const TCP_RX_QUEUES_LOW: &str = "tcp-rx-queues-low";
-    pub const TCP_SOCKET_BUFFERS_LOW: &str = "tcp-socket-buffers-low";
-}
 
 /// MTU a point-to-point TCP link should have, bytes (jumbo frames).
 pub const JUMBO_MTU: u32 = 9000;

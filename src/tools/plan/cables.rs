@@ -10,6 +10,10 @@
 //!
 //! `#` starts a comment, blank lines are ignored, whitespace around numbers, `-`, `>` and `,` is free. The
 //! direction of `>` carries no meaning: each cable is stored with its lower-numbered server first.
+//!
+//! Servers may be named by host name instead of number (`b300-001-1 > b300-002-1`: the port follows the
+//! last `-`). `server N = NAME` lines pin a name to a number; without them, names are numbered 1.. in
+//! natural order (`gpu2` before `gpu10`). Numbers and undeclared names do not mix.
 #![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
@@ -47,6 +51,8 @@ pub struct Cables {
     pub servers: u32,
     /// In file order.
     pub cables: Vec<Cable>,
+    /// Host names of servers (`server N = NAME` lines, or names used in place of numbers).
+    pub names: BTreeMap<u32, String>,
 }
 
 /// Parses and validates a cables file against a port map, collecting every error before failing.
@@ -57,7 +63,8 @@ pub struct Cables {
 pub fn parse(source: &str, text: &str, map: &PortMap, servers: Option<u32>) -> Result<Cables> {
     // (line, message); sorted by line before reporting, so syntax and semantic errors interleave in file order.
     let mut errors: Vec<(usize, String)> = Vec::new();
-    let mut raw: Vec<Cable> = Vec::new();
+    let mut named: Vec<(usize, RawEnd, RawEnd)> = Vec::new();
+    let mut decls: BTreeMap<u32, (String, usize)> = BTreeMap::new();
     // A byte-order mark (some Windows editors write one) is not part of the first line.
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     for (idx, line_text) in text.lines().enumerate() {
@@ -68,10 +75,52 @@ pub fn parse(source: &str, text: &str, map: &PortMap, servers: Option<u32>) -> R
             if item.is_empty() {
                 continue;
             }
+            if let Some(decl) = declaration(item) {
+                match decl {
+                    Ok((n, name)) => {
+                        if let Some((other, at)) = decls.get(&n) {
+                            errors.push((line, format!(
+                                "{source}:{line}: server {n} is already named {other} at line {at}; give each server one name"
+                            )));
+                        } else if let Some((m, (_, at))) =
+                            decls.iter().find(|(_, (v, _))| *v == name)
+                        {
+                            errors.push((line, format!(
+                                "{source}:{line}: {name} already names server {m} at line {at}; give each host one number"
+                            )));
+                        } else {
+                            decls.insert(n, (name, line));
+                        }
+                    }
+                    Err(why) => errors.push((line, format!("{source}:{line}: {why}"))),
+                }
+                continue;
+            }
             match parse_item(item) {
-                Ok((x, y)) => raw.push(Cable { line, a: x, b: y }),
+                Ok((x, y)) => named.push((line, x, y)),
                 Err(why) => errors.push((line, format!("{source}:{line}: {why}"))),
             }
+        }
+    }
+    let names = resolve_names(source, &named, &decls, &mut errors);
+    let number = |e: &RawEnd| match &e.host {
+        Host::Num(n) => Some(*n),
+        Host::Name(h) => names.iter().find(|(_, v)| *v == h).map(|(k, _)| *k),
+    };
+    let mut raw: Vec<Cable> = Vec::new();
+    for (line, x, y) in &named {
+        if let (Some(a), Some(b)) = (number(x), number(y)) {
+            raw.push(Cable {
+                line: *line,
+                a: Endpoint {
+                    server: a,
+                    port: x.port,
+                },
+                b: Endpoint {
+                    server: b,
+                    port: y.port,
+                },
+            });
         }
     }
     let max_seen = raw
@@ -163,47 +212,200 @@ pub fn parse(source: &str, text: &str, map: &PortMap, servers: Option<u32>) -> R
         let errors = errors.into_iter().map(|(_, m)| m).collect();
         return Err(collected(source, "cables file", errors));
     }
-    Ok(Cables { servers: n, cables })
+    Ok(Cables {
+        servers: n,
+        cables,
+        names,
+    })
+}
+
+/// A server as a cables line names it: its number, or a host name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Host {
+    Num(u32),
+    Name(String),
+}
+
+/// One end as written: a server (number or name) and a port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct RawEnd {
+    host: Host,
+    port: u32,
+}
+
+/// `server N = NAME`: `None` when `item` is not a declaration, else the number and name (or why not).
+fn declaration(item: &str) -> Option<std::result::Result<(u32, String), String>> {
+    let (head, name) = item.split_once('=')?;
+    let head = head.trim();
+    let num = head
+        .get(..6)
+        .filter(|k| k.eq_ignore_ascii_case("server"))
+        .map(|_| head[6..].trim())?;
+    let name = name.trim();
+    Some(match num.parse::<u32>() {
+        Ok(0) | Err(_) => Err(format!(
+            "`{item}`: expected `server N = HOSTNAME` with N a whole number from 1"
+        )),
+        Ok(n) => check_name(name)
+            .map(|()| (n, name.to_string()))
+            .map_err(|why| format!("`{item}`: {why}")),
+    })
+}
+
+/// A host name as a cables file may use it: letters, digits, `-`, `.`, `_`, at least one letter.
+fn check_name(name: &str) -> std::result::Result<(), String> {
+    let ok_chars = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
+        && name.bytes().any(|b| b.is_ascii_alphabetic());
+    if ok_chars {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not a host name (letters, digits, '-', '.', '_', at least one letter, at most 63)"
+        ))
+    }
+}
+
+/// Natural order: digit runs compare as numbers (`gpu2` < `gpu10`).
+fn natural_key(s: &str) -> Vec<(u8, u64, String)> {
+    let mut out = Vec::new();
+    let mut rest = s;
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits > 0 {
+            out.push((0, rest[..digits].parse().unwrap_or(u64::MAX), String::new()));
+            rest = &rest[digits..];
+        } else {
+            let other = rest.bytes().take_while(|b| !b.is_ascii_digit()).count();
+            out.push((1, 0, rest[..other].to_string()));
+            rest = &rest[other..];
+        }
+    }
+    out
+}
+
+/// The names of the servers: the declared ones, or the names used numbered in natural order when
+/// nothing is declared. Adds an error for a name that is not declared while others are, and for
+/// undeclared names mixed with numbers.
+fn resolve_names(
+    source: &str,
+    named: &[(usize, RawEnd, RawEnd)],
+    decls: &BTreeMap<u32, (String, usize)>,
+    errors: &mut Vec<(usize, String)>,
+) -> BTreeMap<u32, String> {
+    let mut used: Vec<(String, usize)> = Vec::new();
+    let mut first_number: Option<usize> = None;
+    for (line, x, y) in named {
+        for e in [x, y] {
+            match &e.host {
+                Host::Name(n) if !used.iter().any(|(u, _)| u == n) => used.push((n.clone(), *line)),
+                Host::Num(_) if first_number.is_none() => first_number = Some(*line),
+                _ => {}
+            }
+        }
+    }
+    if !decls.is_empty() {
+        for (n, line) in &used {
+            if !decls.values().any(|(d, _)| d == n) {
+                errors.push((*line, format!(
+                    "{source}:{line}: {n} is not a declared server; add `server N = {n}` (declared: {})",
+                    decls.iter().map(|(k, (v, _))| format!("{k} = {v}")).collect::<Vec<_>>().join(", ")
+                )));
+            }
+        }
+        return decls.iter().map(|(k, (v, _))| (*k, v.clone())).collect();
+    }
+    if used.is_empty() {
+        return BTreeMap::new();
+    }
+    if let Some(line) = first_number {
+        errors.push((line, format!(
+            "{source}:{line}: the file names servers by number here and by host name elsewhere ({}, line {}); \
+             declare the names (`server N = {}`) to mix them",
+            used[0].0, used[0].1, used[0].0
+        )));
+        return BTreeMap::new();
+    }
+    let mut sorted: Vec<String> = used.into_iter().map(|(n, _)| n).collect();
+    sorted.sort_by_key(|n| natural_key(n));
+    (1u32..).zip(sorted).collect()
 }
 
 /// `S-P > S-P` → the two ends, as written.
-fn parse_item(item: &str) -> std::result::Result<(Endpoint, Endpoint), String> {
+fn parse_item(item: &str) -> std::result::Result<(RawEnd, RawEnd), String> {
+    const EXPECTED: &str = "expected `SERVER-PORT > SERVER-PORT`, e.g. `1-1 > 2-1`";
+    // The usual slips get a message that names them instead of a complaint about a side.
+    if item.contains(';') {
+        return Err(format!(
+            "`{item}` contains `;`; separate cables with `,` (e.g. `1-1 > 2-1, 1-2 > 2-2`) or put each on its own line"
+        ));
+    }
+    if item.contains("->") || item.contains("=>") || item.contains('<') {
+        return Err(format!(
+            "`{item}` joins the ends with something other than `>`; write a single `>` (`1-1 > 2-1`); the direction carries no meaning"
+        ));
+    }
     let sides: Vec<&str> = item.split('>').collect();
     if sides.len() != 2 {
         let what = if sides.len() < 2 {
             "has no `>`"
         } else {
-            "has more than one `>`"
+            "has more than one `>` (two cables on one line need a `,` between them)"
         };
-        return Err(format!(
-            "`{item}` {what}; expected `SERVER-PORT > SERVER-PORT`, e.g. `1-1 > 2-1`"
-        ));
+        return Err(format!("`{item}` {what}; {EXPECTED}"));
     }
-    let a = parse_side(sides[0].trim(), item)?;
-    let b = parse_side(sides[1].trim(), item)?;
+    let (left, right) = (sides[0].trim(), sides[1].trim());
+    if left.is_empty() || right.is_empty() {
+        let which = if left.is_empty() {
+            "nothing before `>`"
+        } else {
+            "nothing after `>`"
+        };
+        return Err(format!("`{item}` has {which}; {EXPECTED}"));
+    }
+    let a = parse_side(left, item)?;
+    let b = parse_side(right, item)?;
     Ok((a, b))
 }
 
-fn parse_side(side: &str, item: &str) -> std::result::Result<Endpoint, String> {
-    let Some((s, p)) = side.split_once('-') else {
+/// `SERVER-PORT`, where SERVER is a number or a host name (the port follows the last `-`).
+fn parse_side(side: &str, item: &str) -> std::result::Result<RawEnd, String> {
+    let Some((s, p)) = side.rsplit_once('-') else {
         return Err(format!(
-            "`{side}` in `{item}` is not `SERVER-PORT`; expected two whole numbers joined by `-`, e.g. `2-1`"
+            "`{side}` in `{item}` is not `SERVER-PORT`; expected a server number or host name and a port joined by `-`, e.g. `2-1` or `b300-002-1`"
         ));
     };
-    let num = |t: &str, what: &str| -> std::result::Result<u32, String> {
-        let t = t.trim();
-        match t.parse::<u32>() {
-            Ok(0) => Err(format!("{what} 0 in `{item}`: {what}s are numbered from 1")),
-            Ok(v) => Ok(v),
-            Err(_) => Err(format!(
-                "`{t}` in `{item}` is not a {what} number; expected a whole number from 1"
-            )),
+    let (s, p) = (s.trim(), p.trim());
+    let port = match p.parse::<u32>() {
+        Ok(0) => return Err(format!("port 0 in `{item}`: ports are numbered from 1")),
+        Ok(v) => v,
+        Err(_) => {
+            return Err(format!(
+                "`{p}` in `{item}` is not a port number; expected a whole number from 1"
+            ));
         }
     };
-    Ok(Endpoint {
-        server: num(s, "server")?,
-        port: num(p, "port")?,
-    })
+    let host = if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        match s.parse::<u32>() {
+            Ok(0) => return Err(format!("server 0 in `{item}`: servers are numbered from 1")),
+            Ok(v) => Host::Num(v),
+            Err(_) => {
+                return Err(format!(
+                    "`{s}` in `{item}` is not a server number; expected a whole number from 1"
+                ));
+            }
+        }
+    } else if check_name(s).is_ok() {
+        Host::Name(s.to_string())
+    } else {
+        return Err(format!(
+            "`{s}` in `{item}` is not a server number or host name; expected e.g. `2` or `b300-002`"
+        ));
+    };
+    Ok(RawEnd { host, port })
 }
 
 #[cfg(test)]
@@ -281,6 +483,61 @@ mod tests {
             ),
             "{e}"
         );
+    }
+
+    #[test]
+    fn usual_slips_say_what_was_expected() {
+        let err = |text: &str| parse("c.txt", text, &b300(), None).unwrap_err().to_string();
+        let e = err("1-1 -> 2-1\n");
+        assert!(e.contains("write a single `>`"), "{e}");
+        let e = err("1-1 > 2-1; 1-2 > 2-2\n");
+        assert!(e.contains("separate cables with `,`"), "{e}");
+        let e = err("1-1 >\n");
+        assert!(e.contains("`1-1 >` has nothing after `>`"), "{e}");
+        let e = err("> 2-1\n");
+        assert!(e.contains("has nothing before `>`"), "{e}");
+        let e = err("1-1 > 2-1 > 3-1\n");
+        assert!(e.contains("need a `,` between them"), "{e}");
+    }
+
+    #[test]
+    fn host_names_instead_of_numbers() {
+        // Undeclared names are numbered in natural order, whatever the line order.
+        let c = parse(
+            "c.txt",
+            "gpu10-1 > gpu2-1\ngpu2-2 > gpu3-2\n",
+            &b300(),
+            None,
+        )
+        .unwrap();
+        assert_eq!(c.servers, 3);
+        let names: Vec<&str> = c.names.values().map(String::as_str).collect();
+        assert_eq!(names, ["gpu2", "gpu3", "gpu10"]);
+        assert_eq!(c.cables[0].a, Endpoint { server: 1, port: 1 });
+        assert_eq!(c.cables[0].b, Endpoint { server: 3, port: 1 });
+        // Declarations pin the numbers, and let names and numbers mix.
+        let c = parse(
+            "c.txt",
+            "server 2 = b300-001\nserver 1 = b300-002\nb300-001-1 > 1-1\n",
+            &b300(),
+            None,
+        )
+        .unwrap();
+        assert_eq!(c.cables[0].a, Endpoint { server: 1, port: 1 });
+        assert_eq!(c.cables[0].b, Endpoint { server: 2, port: 1 });
+        assert_eq!(c.names[&2], "b300-001");
+        let err = |text: &str| parse("c.txt", text, &b300(), None).unwrap_err().to_string();
+        let e = err("a-1 > 2-1\n");
+        assert!(e.contains("declare the names (`server N = a`)"), "{e}");
+        let e = err("server 1 = a\nserver 2 = b\na-1 > c-1\n");
+        assert!(
+            e.contains("c.txt:3: c is not a declared server; add `server N = c`"),
+            "{e}"
+        );
+        let e = err("server 1 = a\nserver 1 = b\n");
+        assert!(e.contains("server 1 is already named a at line 1"), "{e}");
+        let e = err("server x = a\n1-1 > 2-1\n");
+        assert!(e.contains("expected `server N = HOSTNAME`"), "{e}");
     }
 
     #[test]

@@ -1,23 +1,8 @@
 //! Checks a live host against its part of a plan (`switchless doctor --plan plan.json --server N`).
 //!
-//! Check ids (stable):
-//!
-//! | id | severity | meaning |
-//! |---|---|---|
-//! | `plan-server-unknown` | error | `--server` is not a server of the plan |
-//! | `plan-no-links` | warning | the plan gives this server no link |
-//! | `plan-interface-missing` | error | a planned interface does not exist on the host |
-//! | `plan-link-down` | error | a planned interface is down |
-//! | `plan-mtu-mismatch` | error (lower) / warning (higher) | MTU differs from the plan |
-//! | `plan-address-missing` | error | a planned address is on no interface |
-//! | `plan-prefix-mismatch` | error | the planned address is there with another prefix length |
-//! | `plan-address-on-wrong-interface` | error | a planned address sits on another interface facing the same peer (or none), or on two interfaces |
-//! | `plan-cable-wrong-peer` | error | a planned address sits on an interface the plan cables to another peer: a cable in the wrong port |
-//! | `plan-address-of-other-server` | error | the host holds an address the plan gives to another server |
-//! | `plan-address-stray` | error | an address in a link subnet that is neither of its two planned addresses |
-//! | `plan-address-unplanned` | warning | an address in the plan's base range outside every planned link |
-//! | `plan-extra-address` | warning | a planned interface carries an address from outside the plan |
-//! | `plan-host-matches` | info | everything planned for this server is in place |
+//! The check ids (`plan-*`) are registered, with their severity and meaning, in
+//! `tools::doctor::registry`. [`pick_server`] finds which server of the plan a host is
+//! (`--server auto`).
 //!
 //! [`live_from_ip_json`] turns the output of `ip -j addr show` into [`LiveIface`]s.
 #![forbid(unsafe_code)]
@@ -140,7 +125,7 @@ pub fn check_host(plan: &Plan, server: u32, live: &[LiveIface]) -> Vec<Finding> 
                 "server {server} is not in the plan, which has servers 1..={}",
                 plan.servers
             ),
-            "give the number this host has in the cables file (--server N)",
+            "--server N with the number this host has in the cables file",
         ));
         return out;
     }
@@ -205,7 +190,7 @@ pub fn check_host(plan: &Plan, server: u32, live: &[LiveIface]) -> Vec<Finding> 
                         netdev(&i.name),
                         format!("{} ({where_}) is down", i.name),
                         format!(
-                            "`ip link set dev {} up`; if it stays down, check that the cable in port {} reaches server {} port {}",
+                            "ip link set dev {} up   # if it stays down, check that the cable in port {} reaches server {} port {}",
                             i.name, me.port, peer.server, peer.port
                         ),
                     ));
@@ -225,8 +210,8 @@ pub fn check_host(plan: &Plan, server: u32, live: &[LiveIface]) -> Vec<Finding> 
                             i.name, i.mtu, plan.mtu
                         ),
                         format!(
-                            "`ip link set dev {} mtu {}` and persist it (switchless plan --format netplan)",
-                            i.name, plan.mtu
+                            "ip link set dev {} mtu {}   # and on the peer; persist it: {}",
+                            i.name, plan.mtu, persist(plan, server)
                         ),
                     ));
                 }
@@ -247,7 +232,7 @@ pub fn check_host(plan: &Plan, server: u32, live: &[LiveIface]) -> Vec<Finding> 
                         i.name, me.address
                     ),
                     format!(
-                        "`ip addr del {a} dev {0} && ip addr add {1} dev {0}`",
+                        "ip addr del {a} dev {0} && ip addr add {1} dev {0}",
                         i.name, me.address
                     ),
                 ));
@@ -271,8 +256,8 @@ pub fn check_host(plan: &Plan, server: u32, live: &[LiveIface]) -> Vec<Finding> 
                                 o.name, me.address, me.interface, o.name, o_me.port, o_link.id, o_peer.server
                             ),
                             format!(
-                                "cable server {server} port {} to server {} port {} as the plan says (or fix the cables file and regenerate the plan), then apply the plan",
-                                me.port, peer.server, peer.port
+                                "cable server {server} port {} to server {} port {} as the plan says (or fix the cables file and regenerate the plan), then apply it: {}",
+                                me.port, peer.server, peer.port, apply(plan, server)
                             ),
                         ));
                     }
@@ -285,7 +270,7 @@ pub fn check_host(plan: &Plan, server: u32, live: &[LiveIface]) -> Vec<Finding> 
                             o.name, me.address, me.interface
                         ),
                         format!(
-                            "`ip addr del {0} dev {1} && ip addr add {0} dev {2}`, or apply the plan; if cables were swapped between ports, swap them back",
+                            "ip addr del {0} dev {1} && ip addr add {0} dev {2}   # if cables were swapped between ports, swap them back",
                             me.address, o.name, me.interface
                         ),
                     )),
@@ -302,8 +287,10 @@ pub fn check_host(plan: &Plan, server: u32, live: &[LiveIface]) -> Vec<Finding> 
                     peer.address.addr()
                 ),
                 format!(
-                    "`ip addr add {} dev {}`, or apply the plan (switchless plan --format netplan --server {server})",
-                    me.address, me.interface
+                    "ip addr add {} dev {}   # or apply the whole part: {}",
+                    me.address,
+                    me.interface,
+                    apply(plan, server)
                 ),
             )),
             None => {} // the missing interface is reported already
@@ -326,7 +313,7 @@ pub fn check_host(plan: &Plan, server: u32, live: &[LiveIface]) -> Vec<Finding> 
                             "{} also holds {a}, planned for {} (link {}); an address belongs on one interface only",
                             i.name, e.interface, l.id
                         ),
-                        format!("`ip addr del {a} dev {}`", i.name),
+                        format!("ip addr del {a} dev {}", i.name),
                     ));
                 } else {
                     out.push(Finding::new(
@@ -338,7 +325,7 @@ pub fn check_host(plan: &Plan, server: u32, live: &[LiveIface]) -> Vec<Finding> 
                             i.name, e.server, e.interface, l.id
                         ),
                         format!(
-                            "check that this host is server {server} of the cables file; otherwise `ip addr del {a} dev {}` and apply this server's part of the plan",
+                            "ip addr del {a} dev {}   # if this host is server {server}; otherwise check --server",
                             i.name
                         ),
                     ));
@@ -357,7 +344,7 @@ pub fn check_host(plan: &Plan, server: u32, live: &[LiveIface]) -> Vec<Finding> 
                         "{} holds {a}, inside link {}'s subnet {} but neither of its planned addresses ({}, {})",
                         i.name, l.id, l.subnet, l.ends[0].address, l.ends[1].address
                     ),
-                    format!("`ip addr del {a} dev {}` and apply the plan", i.name),
+                    format!("ip addr del {a} dev {}   # then apply the plan: {}", i.name, apply(plan, server)),
                 ));
                 continue;
             }
@@ -371,7 +358,7 @@ pub fn check_host(plan: &Plan, server: u32, live: &[LiveIface]) -> Vec<Finding> 
                         "{} holds {a}, inside the plan's range {} but in no planned link (left over from an older plan?)",
                         i.name, plan.base
                     ),
-                    format!("`ip addr del {a} dev {}`", i.name),
+                    format!("ip addr del {a} dev {}", i.name),
                 ));
             } else if planned_here.contains_key(i.name.as_str()) {
                 out.push(Finding::new(
@@ -383,7 +370,7 @@ pub fn check_host(plan: &Plan, server: u32, live: &[LiveIface]) -> Vec<Finding> 
                         i.name
                     ),
                     format!(
-                        "`ip addr del {a} dev {}` unless something else needs it",
+                        "ip addr del {a} dev {}   # unless something else needs it",
                         i.name
                     ),
                 ));
@@ -391,6 +378,8 @@ pub fn check_host(plan: &Plan, server: u32, live: &[LiveIface]) -> Vec<Finding> 
         }
     }
 
+    let out = headlines(plan, server, live, &mine, out);
+    let mut out = out;
     if !out.iter().any(|f| f.severity > Severity::Info) {
         out.push(Finding::new(
             Severity::Info,
@@ -406,4 +395,178 @@ pub fn check_host(plan: &Plan, server: u32, live: &[LiveIface]) -> Vec<Finding> 
         ));
     }
     out
+}
+
+/// The command that writes and applies this server's part of the plan.
+fn apply(plan: &Plan, server: u32) -> String {
+    let cables = plan.cables_file.as_deref().unwrap_or("CABLES");
+    let model = match plan.model.name.as_str() {
+        "b300" => String::new(),
+        m => format!(" --model {m}"),
+    };
+    let stem = plan.file_stem(server);
+    format!(
+        "switchless plan {cables}{model} --format ip --server {server} --out ip/ && ip/{stem}.sh"
+    )
+}
+
+/// The command that writes this server's persistent configuration.
+fn persist(plan: &Plan, server: u32) -> String {
+    let cables = plan.cables_file.as_deref().unwrap_or("CABLES");
+    let model = match plan.model.name.as_str() {
+        "b300" => String::new(),
+        m => format!(" --model {m}"),
+    };
+    format!("switchless plan {cables}{model} --format netplan --server {server} --out netplan/")
+}
+
+/// Folds the per-interface findings that all say one thing into one headline: no planned interface
+/// exists (the plan is for another model), or no planned address is there while the interfaces hold
+/// others (the host follows another addressing plan).
+fn headlines(
+    plan: &Plan,
+    server: u32,
+    live: &[LiveIface],
+    mine: &[(&End, &End, &Link)],
+    out: Vec<Finding>,
+) -> Vec<Finding> {
+    let count = |id: &str| out.iter().filter(|f| f.check == id).count();
+    let n = mine.len();
+    if n >= 2 && count("plan-interface-missing") == n {
+        let names: Vec<&str> = live.iter().map(|i| i.name.as_str()).collect();
+        let guess = super::PortMap::builtin_like(&names).filter(|m| m.name != plan.model.name);
+        let planned: Vec<&str> = mine
+            .iter()
+            .take(3)
+            .map(|(me, _, _)| me.interface.as_str())
+            .collect();
+        let mut rest: Vec<Finding> = out
+            .into_iter()
+            .filter(|f| f.check != "plan-interface-missing")
+            .collect();
+        rest.insert(
+            0,
+            Finding::new(
+                Severity::Error,
+                "plan-model-mismatch",
+                "plan",
+                format!(
+                    "none of the {n} interfaces the plan (model {}) gives server {server} exists on this host (e.g. {}){}",
+                    plan.model.name,
+                    planned.join(", "),
+                    match &guess {
+                        Some(g) => format!(": this host looks like model {}", g.name),
+                        None => String::new(),
+                    }
+                ),
+                match &guess {
+                    Some(g) => format!(
+                        "switchless plan {} --model {} --format json > plan.json   # a plan for this model",
+                        plan.cables_file.as_deref().unwrap_or("CABLES"),
+                        g.name
+                    ),
+                    None => "regenerate the plan with --model FILE, a map of this host's ports".to_string(),
+                },
+            ),
+        );
+        return rest;
+    }
+    let present = n - count("plan-interface-missing");
+    let missing = count("plan-address-missing");
+    let others = count("plan-extra-address") + count("plan-address-unplanned");
+    if n >= 2 && present >= 2 && missing == present && others > 0 {
+        let by_name: BTreeMap<&str, &LiveIface> =
+            live.iter().map(|i| (i.name.as_str(), i)).collect();
+        let detail: Vec<String> = mine
+            .iter()
+            .filter_map(|(me, _, _)| {
+                let i = by_name.get(me.interface.as_str())?;
+                let has: Vec<String> = i.addrs.iter().map(|a| a.to_string()).collect();
+                Some(format!(
+                    "{} planned {}, has {}",
+                    me.interface,
+                    me.address,
+                    if has.is_empty() {
+                        "none".to_string()
+                    } else {
+                        has.join(" ")
+                    }
+                ))
+            })
+            .collect();
+        let mut rest: Vec<Finding> = out
+            .into_iter()
+            .filter(|f| {
+                !matches!(
+                    f.check.as_str(),
+                    "plan-address-missing" | "plan-extra-address" | "plan-address-unplanned"
+                )
+            })
+            .collect();
+        rest.insert(
+            0,
+            Finding::new(
+                Severity::Error,
+                "plan-addressing-differs",
+                "plan",
+                format!(
+                    "none of the {missing} addresses the plan gives server {server} is on this host, whose planned interfaces hold {others} other address(es): the host follows another addressing plan ({})",
+                    detail.join("; ")
+                ),
+                apply(plan, server),
+            ),
+        );
+        return rest;
+    }
+    out
+}
+
+/// Which server of `plan` this host is (`--server auto`): the one whose name is `hostname`, else the
+/// one whose planned addresses the host holds the most of. An error says why none fits.
+pub fn pick_server(
+    plan: &Plan,
+    live: &[LiveIface],
+    hostname: Option<&str>,
+) -> std::result::Result<u32, String> {
+    if let Some(h) = hostname {
+        let short = h.split('.').next().unwrap_or(h);
+        if let Some(s) =
+            (1..=plan.servers).find(|s| plan.name_of(*s).is_some_and(|n| n == h || n == short))
+        {
+            return Ok(s);
+        }
+    }
+    let held: BTreeSet<Ipv4Addr> = live
+        .iter()
+        .flat_map(|i| i.addrs.iter().map(|a| a.addr()))
+        .collect();
+    let mut score: BTreeMap<u32, usize> = BTreeMap::new();
+    for l in &plan.links {
+        for e in &l.ends {
+            if held.contains(&e.address.addr()) {
+                *score.entry(e.server).or_default() += 1;
+            }
+        }
+    }
+    let best = score.values().copied().max().unwrap_or(0);
+    let top: Vec<u32> = score
+        .iter()
+        .filter(|(_, c)| **c == best)
+        .map(|(s, _)| *s)
+        .collect();
+    match top.as_slice() {
+        [s] if best > 0 => Ok(*s),
+        _ if best > 0 => Err(format!(
+            "--server auto: this host holds planned addresses of servers {} equally; give --server N",
+            top.iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+        _ => Err(format!(
+            "--server auto: this host ({}) is not named in the plan and holds none of its addresses; give \
+             --server N, or name the servers in the cables file (`server 1 = HOSTNAME`)",
+            hostname.unwrap_or("host name unknown")
+        )),
+    }
 }

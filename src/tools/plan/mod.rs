@@ -82,6 +82,12 @@ pub struct Plan {
     pub servers: u32,
     /// Sorted by id.
     pub links: Vec<Link>,
+    /// The cables file the plan was made from, as given on the command line (for remedies that
+    /// regenerate a part of the plan); `None` when unknown.
+    pub cables_file: Option<String>,
+    /// Host names of servers that the cables file names (`server 1 = b300-001`); servers without a
+    /// name are known by number only.
+    pub names: BTreeMap<u32, String>,
 }
 
 /// Options of [`build`].
@@ -256,6 +262,8 @@ pub fn build(cables: &Cables, map: &PortMap, opts: &Options) -> Result<Built> {
         mtu: opts.mtu,
         servers: cables.servers,
         links,
+        cables_file: None,
+        names: cables.names.clone(),
     };
     plan.verify()
         .map_err(|e| Error::Internal(format!("the plan broke its own guarantee: {e}")))?;
@@ -373,6 +381,39 @@ impl Plan {
         })
     }
 
+    /// The host name of `server`, when the cables file names it.
+    pub fn name_of(&self, server: u32) -> Option<&str> {
+        self.names.get(&server).map(String::as_str)
+    }
+
+    /// `server 3` or `server 3 (b300-003)`, for messages.
+    pub fn label(&self, server: u32) -> String {
+        match self.name_of(server) {
+            Some(n) => format!("server {server} ({n})"),
+            None => format!("server {server}"),
+        }
+    }
+
+    /// The base name of a server's output files: its host name, else `server<N>`.
+    pub fn file_stem(&self, server: u32) -> String {
+        match self.name_of(server) {
+            Some(n) => n.to_string(),
+            None => format!("server{server}"),
+        }
+    }
+
+    /// The server named `name` (a host name of the cables file, or a number).
+    pub fn server_by_name(&self, name: &str) -> Option<u32> {
+        match name.parse::<u32>() {
+            Ok(n) => Some(n),
+            Err(_) => self
+                .names
+                .iter()
+                .find(|(_, v)| v.as_str() == name || v.split('.').next() == Some(name))
+                .map(|(k, _)| *k),
+        }
+    }
+
     /// The links with an end on `server`.
     pub fn links_of(&self, server: u32) -> impl Iterator<Item = &Link> {
         self.links.iter().filter(move |l| l.side(server).is_some())
@@ -456,6 +497,8 @@ impl Plan {
             servers,
             links: self.links.clone(),
             verified,
+            cables_file: self.cables_file.clone(),
+            server_names: self.names.clone(),
         })
     }
 
@@ -490,6 +533,8 @@ impl Plan {
             mtu: doc.mtu,
             servers: doc.server_count,
             links,
+            cables_file: doc.cables_file.clone(),
+            names: doc.server_names.clone(),
         };
         plan.verify()
             .map_err(|e| Error::InvalidUsage(format!("plan JSON: {e}")))?;
@@ -521,6 +566,12 @@ struct PlanDoc {
     servers: Vec<ServerDoc>,
     links: Vec<Link>,
     verified: Verified,
+    /// The cables file, when the CLI knew it (absent in older plans).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cables_file: Option<String>,
+    /// Host names by server number, when the cables file names hosts.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    server_names: BTreeMap<u32, String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

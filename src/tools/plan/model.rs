@@ -118,6 +118,25 @@ impl PortMap {
         }
     }
 
+    /// The built-in model whose interfaces a host has the most of (`names`: its netdevs); `None`
+    /// when the host has none of any built-in model's interfaces.
+    pub fn builtin_like(names: &[&str]) -> Option<PortMap> {
+        [PortMap::b300(), PortMap::gb10()]
+            .into_iter()
+            .map(|m| {
+                let hits = m
+                    .ports
+                    .iter()
+                    .flat_map(|p| &p.interfaces)
+                    .filter(|i| names.contains(&i.as_str()))
+                    .count();
+                (hits, m)
+            })
+            .filter(|(hits, _)| *hits > 0)
+            .max_by_key(|(hits, _)| *hits)
+            .map(|(_, m)| m)
+    }
+
     /// `--model`: a built-in name, or else the path of a map file.
     pub fn load(model: &str) -> Result<PortMap> {
         if let Some(m) = PortMap::builtin(model) {

@@ -15,9 +15,10 @@ pub enum Format {
     Table,
     /// The whole plan as JSON (schema_version 1).
     Json,
-    /// `ip` commands per server: link up with the MTU, flush, add, then ping checks.
+    /// Per server an apply script (`ip` commands: link up with the MTU, the planned address as the
+    /// only IPv4 one; idempotent) and a check script (pings, run once every server is configured).
     Ip,
-    /// One netplan YAML file per server (persists across reboots).
+    /// One netplan YAML file per server (persists across reboots), for `/etc/netplan/99-switchless.yaml`.
     Netplan,
     /// systemd-networkd `.network` files, one per interface, per server.
     Networkd,
@@ -50,14 +51,17 @@ pub fn render(plan: &Plan, format: Format, server: Option<u32>) -> Result<Vec<Ou
     let files = match format {
         Format::Table => vec![OutFile {
             path: match server {
-                Some(s) => format!("server{s}.txt"),
+                Some(s) => format!("{}.txt", plan.file_stem(s)),
                 None => "plan.txt".into(),
             },
             text: table(plan, &servers, &verified),
         }],
         Format::Json => {
             let (p, path) = match server {
-                Some(s) => (plan.only_server(s), format!("plan-server{s}.json")),
+                Some(s) => (
+                    plan.only_server(s),
+                    format!("plan-{}.json", plan.file_stem(s)),
+                ),
                 None => (plan.clone(), "plan.json".into()),
             };
             vec![OutFile {
@@ -67,15 +71,23 @@ pub fn render(plan: &Plan, format: Format, server: Option<u32>) -> Result<Vec<Ou
         }
         Format::Ip => servers
             .iter()
-            .map(|&s| OutFile {
-                path: format!("server{s}.sh"),
-                text: ip_commands(plan, s, &verified),
+            .flat_map(|&s| {
+                [
+                    OutFile {
+                        path: format!("{}.sh", plan.file_stem(s)),
+                        text: ip_apply(plan, s, &verified),
+                    },
+                    OutFile {
+                        path: format!("{}-check.sh", plan.file_stem(s)),
+                        text: ip_check(plan, s, &verified),
+                    },
+                ]
             })
             .collect(),
         Format::Netplan => servers
             .iter()
             .map(|&s| OutFile {
-                path: format!("server{s}.yaml"),
+                path: format!("{}.yaml", plan.file_stem(s)),
                 text: netplan(plan, s, &verified),
             })
             .collect(),
@@ -113,6 +125,11 @@ fn sorted_links(plan: &Plan, server: u32) -> Vec<&Link> {
     v
 }
 
+/// `1 cable`, `2 cables`.
+fn count(n: usize, what: &str) -> String {
+    format!("{n} {what}{}", if n == 1 { "" } else { "s" })
+}
+
 fn header_lines(plan: &Plan, verified: &Verified) -> Vec<String> {
     let cables: std::collections::BTreeSet<(u32, u32)> = plan
         .links
@@ -121,13 +138,13 @@ fn header_lines(plan: &Plan, verified: &Verified) -> Vec<String> {
         .collect();
     vec![
         format!(
-            "switchless plan: model {} ({} ports, up to {} interfaces each), {} servers, {} cables, {} links",
+            "switchless plan: model {} ({} ports, up to {} interfaces each), {}, {}, {}",
             plan.model.name,
             plan.model.ports.len(),
             plan.model.max_functions(),
-            plan.servers,
-            cables.len(),
-            plan.links.len()
+            count(plan.servers as usize, "server"),
+            count(cables.len(), "cable"),
+            count(plan.links.len(), "link")
         ),
         format!(
             "addressing: one /{} per link from {}; the lower-numbered server holds the lower address; MTU {} bytes",
@@ -135,6 +152,18 @@ fn header_lines(plan: &Plan, verified: &Verified) -> Vec<String> {
         ),
         verified.sentence(plan.prefix),
     ]
+    .into_iter()
+    .chain((!plan.names.is_empty()).then(|| {
+        format!(
+            "servers: {}",
+            plan.names
+                .iter()
+                .map(|(n, h)| format!("{n} = {h}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    }))
+    .collect()
 }
 
 fn table(plan: &Plan, servers: &[u32], verified: &Verified) -> String {
@@ -144,7 +173,7 @@ fn table(plan: &Plan, servers: &[u32], verified: &Verified) -> String {
     }
     for &s in servers {
         let links = sorted_links(plan, s);
-        let _ = writeln!(out, "\nserver {s}: {} links", links.len());
+        let _ = writeln!(out, "\n{}: {}", plan.label(s), count(links.len(), "link"));
         if links.is_empty() {
             continue;
         }
@@ -156,7 +185,7 @@ fn table(plan: &Plan, servers: &[u32], verified: &Verified) -> String {
                     me.port.to_string(),
                     me.interface.clone(),
                     me.address.to_string(),
-                    format!("server {} port {}", peer.server, peer.port),
+                    format!("{} port {}", plan.label(peer.server), peer.port),
                     peer.interface.clone(),
                     peer.address.addr().to_string(),
                     format!("{} (link {}, line {})", l.subnet, l.id, l.line),
@@ -199,58 +228,151 @@ fn table(plan: &Plan, servers: &[u32], verified: &Verified) -> String {
     out
 }
 
-fn ip_commands(plan: &Plan, s: u32, verified: &Verified) -> String {
+/// The apply script of server `s`: checks that every planned interface exists, then brings each up
+/// with the plan's MTU and makes its planned address its only IPv4 address. Running it twice changes
+/// nothing the second time.
+fn ip_apply(plan: &Plan, s: u32, verified: &Verified) -> String {
     let links = sorted_links(plan, s);
+    let sides: Vec<_> = links.iter().filter_map(|l| l.side(s)).collect();
+    let stem = plan.file_stem(s);
+    let label = plan.label(s);
     let mut out = String::new();
-    let _ = writeln!(out, "## ===== server {s} =====");
+    let _ = writeln!(out, "#!/usr/bin/env bash");
+    let _ = writeln!(
+        out,
+        "# switchless plan for {label}: run {stem}.sh as root there, then {stem}-check.sh once every server is done."
+    );
     for l in header_lines(plan, verified) {
         let _ = writeln!(out, "# {l}");
     }
     let _ = writeln!(
         out,
-        "# Not persistent: use --format netplan or networkd to keep this across reboots."
+        "# Not persistent (--format netplan or networkd is). A second run changes nothing."
     );
-    let sides: Vec<_> = links.iter().filter_map(|l| l.side(s)).collect();
+    let _ = writeln!(out, "set -euo pipefail");
+    if let Some(name) = plan.name_of(s) {
+        // A plan names its hosts: refuse to configure the wrong one by mistake.
+        let _ = writeln!(
+            out,
+            "if [ \"${{SWITCHLESS_PLAN_ANY_HOST:-0}}\" != 1 ] && [ \"$(hostname -s)\" != {name} ] && [ \"$(hostname)\" != {name} ]; then"
+        );
+        let _ = writeln!(
+            out,
+            "  echo \"{stem}.sh: this host is $(hostname), not {name}, the plan's server {s}; SWITCHLESS_PLAN_ANY_HOST=1 runs it anyway\" >&2"
+        );
+        let _ = writeln!(out, "  exit 2");
+        let _ = writeln!(out, "fi");
+    }
+    let names: Vec<&str> = sides.iter().map(|(me, _)| me.interface.as_str()).collect();
+    let _ = writeln!(
+        out,
+        "# --- every planned interface must exist before anything changes ---"
+    );
+    let _ = writeln!(out, "missing=\"\"");
+    let _ = writeln!(out, "for i in {}; do", names.join(" "));
+    let _ = writeln!(
+        out,
+        "  ip link show dev \"$i\" > /dev/null 2>&1 || missing=\"$missing $i\""
+    );
+    let _ = writeln!(out, "done");
+    let _ = writeln!(
+        out,
+        "[ -z \"$missing\" ] || {{ echo \"{stem}.sh: no such interface:$missing (is this {label}? is the NIC in Ethernet mode?)\" >&2; exit 2; }}"
+    );
+    let _ = writeln!(
+        out,
+        "# only_address IF ADDR: ADDR becomes the only IPv4 address of IF (IPv6 link-local stays)."
+    );
+    let _ = writeln!(out, "only_address() {{");
+    let _ = writeln!(
+        out,
+        "  if [ \"$(ip -4 -o addr show dev \"$1\" | awk '{{print $4}}')\" != \"$2\" ]; then"
+    );
+    let _ = writeln!(out, "    ip -4 addr flush dev \"$1\"");
+    let _ = writeln!(out, "    ip addr add \"$2\" dev \"$1\"");
+    let _ = writeln!(out, "  fi");
+    let _ = writeln!(out, "}}");
     let _ = writeln!(out, "# --- link up, MTU {} bytes ---", plan.mtu);
     for (me, _) in &sides {
         let _ = writeln!(out, "ip link set dev {} up mtu {}", me.interface, plan.mtu);
     }
-    let _ = writeln!(
-        out,
-        "# --- flush old IPv4 addresses (IPv6 link-local stays) ---"
-    );
-    for (me, _) in &sides {
-        let _ = writeln!(out, "ip -4 addr flush dev {}", me.interface);
-    }
-    let _ = writeln!(out, "# --- add addresses ---");
+    let _ = writeln!(out, "# --- addresses ---");
     for (me, peer) in &sides {
         let _ = writeln!(
             out,
-            "ip addr add {} dev {}  # port {} -> server {} port {} {}",
-            me.address, me.interface, me.port, peer.server, peer.port, peer.interface
+            "only_address {} {}  # port {} -> {} port {} {}",
+            me.interface,
+            me.address,
+            me.port,
+            plan.label(peer.server),
+            peer.port,
+            peer.interface
         );
     }
+    let _ = writeln!(
+        out,
+        "echo \"{stem}.sh: {} interfaces configured; run {stem}-check.sh once every server is done\"",
+        sides.len()
+    );
+    out
+}
+
+/// The check script of server `s`: every planned peer answers a ping, and a full-MTU ping with
+/// don't-fragment. Counts failures and exits 1 when any; `PING_COUNT` (default 3) packets per check.
+fn ip_check(plan: &Plan, s: u32, verified: &Verified) -> String {
+    let links = sorted_links(plan, s);
+    let sides: Vec<_> = links.iter().filter_map(|l| l.side(s)).collect();
+    let stem = plan.file_stem(s);
+    let mut out = String::new();
+    let _ = writeln!(out, "#!/usr/bin/env bash");
+    let _ = writeln!(
+        out,
+        "# switchless plan checks for {}: run there once every server has applied its part.",
+        plan.label(s)
+    );
+    for l in header_lines(plan, verified) {
+        let _ = writeln!(out, "# {l}");
+    }
+    // Failures are counted, not fatal: every check runs and the summary says how many failed.
+    let _ = writeln!(out, "set -uo pipefail");
+    let _ = writeln!(out, "count=${{PING_COUNT:-3}}");
+    let _ = writeln!(out, "failed=0");
+    let _ = writeln!(out, "check() {{");
+    let _ = writeln!(
+        out,
+        "  if \"$@\" > /dev/null 2>&1; then echo \"ok   $*\"; else echo \"FAIL $*\"; failed=$((failed + 1)); fi"
+    );
+    let _ = writeln!(out, "}}");
     // IPv4 (20 bytes) + ICMP (8 bytes) headers: the largest payload that fits the MTU unfragmented.
     let payload = plan.mtu.saturating_sub(28);
     let _ = writeln!(
         out,
-        "# --- checks, once every server is configured: reachability, then {} bytes with don't-fragment ---",
+        "# --- reachability, then {} bytes with don't-fragment ---",
         plan.mtu
     );
     for (me, peer) in &sides {
         let _ = writeln!(
             out,
-            "ping -I {} -c 3 -W 1 {}",
+            "check ping -I {} -c \"$count\" -W 1 {}",
             me.interface,
             peer.address.addr()
         );
         let _ = writeln!(
             out,
-            "ping -I {} -c 3 -W 1 -M do -s {payload} {}",
+            "check ping -I {} -c \"$count\" -W 1 -M \"do\" -s {payload} {}",
             me.interface,
             peer.address.addr()
         );
     }
+    let total = sides.len() * 2;
+    let _ = writeln!(out, "if [ \"$failed\" -gt 0 ]; then");
+    let _ = writeln!(
+        out,
+        "  echo \"{stem}-check.sh: $failed of {total} checks failed (has every peer applied its part? is each cable in its planned port?)\""
+    );
+    let _ = writeln!(out, "  exit 1");
+    let _ = writeln!(out, "fi");
+    let _ = writeln!(out, "echo \"{stem}-check.sh: all {total} checks passed\"");
     out
 }
 
@@ -259,14 +381,22 @@ fn netplan(plan: &Plan, s: u32, verified: &Verified) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "# switchless plan for server {s}: install as /etc/netplan/60-switchless.yaml (mode 600), then `netplan apply`."
+        "# switchless plan for {}: install as /etc/netplan/99-switchless.yaml (mode 600), then `netplan apply`.",
+        plan.label(s)
+    );
+    let _ = writeln!(
+        out,
+        "# Only these interfaces, each with its own renderer: the host's global renderer (NetworkManager or networkd) stays;"
+    );
+    let _ = writeln!(
+        out,
+        "# 99- sorts after the distribution's files (00-installer-config, 01-network-manager-all, 50-cloud-init, 90-NM-*)."
     );
     for l in header_lines(plan, verified) {
         let _ = writeln!(out, "# {l}");
     }
     let _ = writeln!(out, "network:");
     let _ = writeln!(out, "  version: 2");
-    let _ = writeln!(out, "  renderer: networkd");
     if links.is_empty() {
         let _ = writeln!(out, "  ethernets: {{}}");
         return out;
@@ -278,16 +408,17 @@ fn netplan(plan: &Plan, s: u32, verified: &Verified) -> String {
         };
         let _ = writeln!(
             out,
-            "    # port {}, link {} ({}): server {} port {} {} {}",
+            "    # port {}, link {} ({}): {} port {} {} {}",
             me.port,
             l.id,
             l.subnet,
-            peer.server,
+            plan.label(peer.server),
             peer.port,
             peer.interface,
             peer.address.addr()
         );
         let _ = writeln!(out, "    {}:", yaml_key(&me.interface));
+        let _ = writeln!(out, "      renderer: networkd");
         let _ = writeln!(out, "      dhcp4: false");
         let _ = writeln!(out, "      dhcp6: false");
         let _ = writeln!(out, "      optional: true");
@@ -322,18 +453,28 @@ fn networkd(plan: &Plan, s: u32, verified: &Verified) -> Vec<OutFile> {
             let mut t = String::new();
             let _ = writeln!(
                 t,
-                "# switchless plan for server {s}: install in /etc/systemd/network/, then `networkctl reload`."
+                "# switchless plan for {}: install in /etc/systemd/network/, then `networkctl reload`.",
+                plan.label(s)
+            );
+            let _ = writeln!(
+                t,
+                "# networkd uses the first file (by name) that matches an interface: 05- sorts before netplan's 10-netplan-*"
+            );
+            let _ = writeln!(
+                t,
+                "# and the distribution's catch-alls (80-*, 89-*, 99-*), so this one wins, for {} only.",
+                me.interface
             );
             for h in header_lines(plan, verified) {
                 let _ = writeln!(t, "# {h}");
             }
             let _ = writeln!(
                 t,
-                "# port {}, link {} ({}): server {} port {} {} {}",
+                "# port {}, link {} ({}): {} port {} {} {}",
                 me.port,
                 l.id,
                 l.subnet,
-                peer.server,
+                plan.label(peer.server),
                 peer.port,
                 peer.interface,
                 peer.address.addr()
@@ -342,7 +483,7 @@ fn networkd(plan: &Plan, s: u32, verified: &Verified) -> Vec<OutFile> {
             let _ = writeln!(t, "[Link]\nMTUBytes={}\nRequiredForOnline=no\n", plan.mtu);
             let _ = writeln!(t, "[Network]\nDHCP=no\nAddress={}", me.address);
             Some(OutFile {
-                path: format!("server{s}/10-switchless-{}.network", me.interface),
+                path: format!("{}/05-switchless-{}.network", plan.file_stem(s), me.interface),
                 text: t,
             })
         })

@@ -1,0 +1,509 @@
+//! The findings registry: every check id `switchless doctor` (and `doctor --plan`) can report, with
+//! its severity, the object it names, what triggers it and the remedy it gives. It is the one source
+//! of the check tables in `docs/readme/fabric.md` and `docs/readme/plan.md` (generated, checked by a
+//! test) and of any reference page of checks. Ids are stable: a check may change its text, never its id.
+//!
+//! Depends on nothing; the checks (`checks.rs`, `tcp.rs`, `env.rs`, `plan::check`) name their ids
+//! through [`check`].
+#![forbid(unsafe_code)]
+
+/// Stable check ids.
+pub mod check {
+    pub const NO_RDMA_DEVICES: &str = "no-rdma-devices";
+    pub const MTU_BELOW_4200: &str = "mtu-below-4200";
+    pub const SAME_SUBNET: &str = "same-subnet";
+    pub const NO_IPV4_ROCE_V2_GID: &str = "no-ipv4-roce-v2-gid";
+    pub const IPV4_LINK_LOCAL_GID: &str = "ipv4-link-local-gid";
+    pub const MULTIHOST_FUNCTION_IDLE: &str = "multihost-function-idle";
+    pub const PCIE_LINK_DEGRADED: &str = "pcie-link-degraded";
+    pub const MEMLOCK_LOW: &str = "memlock-low";
+    pub const LINK_DOWN: &str = "link-down";
+    pub const ADDRESS_WITHOUT_RDMA: &str = "address-without-rdma";
+    pub const NO_NEIGHBOUR: &str = "no-neighbour";
+    pub const NO_CONNECTED_ROUTE: &str = "no-connected-route";
+    pub const SOFT_ROCE_INFINITE_RETRY: &str = "soft-roce-infinite-retry";
+    pub const GPU_DIRECT_OFF: &str = "gpu-direct-off";
+    pub const NCCL_ENV: &str = "nccl-env";
+    pub const NCCL_ENV_UNKNOWN: &str = "nccl-env-unknown";
+    pub const IB_HCA_NO_MATCH: &str = "ib-hca-no-match";
+    pub const IB_HCA_PREFIX_MATCH: &str = "ib-hca-prefix-match";
+    pub const IB_HCA_SPLITS_PORT: &str = "ib-hca-splits-port";
+    pub const TCP_NO_LINKS: &str = "tcp-no-links";
+    pub const TCP_MTU_BELOW_9000: &str = "tcp-mtu-below-9000";
+    pub const TCP_OFFLOAD_OFF: &str = "tcp-offload-off";
+    pub const TCP_RX_QUEUES_LOW: &str = "tcp-rx-queues-low";
+    pub const TCP_SOCKET_BUFFERS_LOW: &str = "tcp-socket-buffers-low";
+    pub const KERNEL_FILE: &str = crate::findings::CHECK_KERNEL_FILE;
+}
+
+/// Which command reports a check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// `switchless doctor`.
+    Doctor,
+    /// `switchless doctor --plan` (the plan checks, `plan::check`).
+    Plan,
+}
+
+/// One check of the registry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Check {
+    pub id: &'static str,
+    pub source: Source,
+    /// `error`, `warning`, `info`, or when it depends, which and when.
+    pub severity: &'static str,
+    /// The object the finding names (`netdev X`, `dev port N`, a variable, `host`, `plan`).
+    pub object: &'static str,
+    /// What triggers it (Markdown).
+    pub trigger: &'static str,
+    /// The remedy it gives (Markdown); the finding's own remedy fills in names, addresses and values.
+    pub remedy: &'static str,
+}
+
+const fn doctor(
+    id: &'static str,
+    severity: &'static str,
+    object: &'static str,
+    trigger: &'static str,
+    remedy: &'static str,
+) -> Check {
+    Check {
+        id,
+        source: Source::Doctor,
+        severity,
+        object,
+        trigger,
+        remedy,
+    }
+}
+
+const fn plan(
+    id: &'static str,
+    severity: &'static str,
+    object: &'static str,
+    trigger: &'static str,
+    remedy: &'static str,
+) -> Check {
+    Check {
+        id,
+        source: Source::Plan,
+        severity,
+        object,
+        trigger,
+        remedy,
+    }
+}
+
+/// Every check, in the order the documentation lists them.
+pub const FINDINGS: &[Check] = &[
+    doctor(
+        check::NO_RDMA_DEVICES,
+        "error; info when the plugin carries the host over TCP",
+        "`host`",
+        "`/sys/class/infiniband` is missing or empty. On a host with point-to-point TCP links (an up \
+         IPv4 address on a /30 or /31) that is a supported setup and only an info naming the TCP devices",
+        "`modprobe mlx5_ib` (ConnectX), or give each cable its own /30 to run over TCP",
+    ),
+    doctor(
+        check::MTU_BELOW_4200,
+        "warning",
+        "`netdev X`",
+        "an active RoCE port's interface MTU is below 4200 bytes, or its active_mtu is below 4096 \
+         (1500 gives 1024)",
+        "`ip link set X mtu 9000` on both ends, persisted in netplan",
+    ),
+    doctor(
+        check::SAME_SUBNET,
+        "error",
+        "`subnet N/len`",
+        "two netdevs have addresses in one subnet: the kernel routes it through one of them only",
+        "give each its own /30 or /31 (`switchless plan` plans one per cable and function)",
+    ),
+    doctor(
+        check::NO_IPV4_ROCE_V2_GID,
+        "warning",
+        "`dev port N`",
+        "an ACTIVE Ethernet port has no IPv4 RoCE v2 GID. The message says when the port has only \
+         link-local (fe80::/64) GIDs; when the port is one function of a cable whose other function \
+         is in use, the message says so (no separate `multihost-function-idle`)",
+        "`ip addr add A/P dev X` with the planned address (filled in under `--plan`)",
+    ),
+    doctor(
+        check::IPV4_LINK_LOCAL_GID,
+        "warning",
+        "`dev port N`",
+        "the IPv4 GID is in 169.254/16 (autoconfiguration)",
+        "static point-to-point addresses, one /30 or /31 per cable",
+    ),
+    doctor(
+        check::MULTIHOST_FUNCTION_IDLE,
+        "warning",
+        "`dev port N`",
+        "another member of the same cage (a GB10's second PCIe function, or a B300 cage's other half) is \
+         usable, but this member is down and unaddressed, so half the cable's bandwidth sits idle. A member \
+         that is down with an address, or up without a GID, is reported by `link-down` or \
+         `no-ipv4-roce-v2-gid` instead, which then say this",
+        "`ip link set dev X up mtu 9000` and its own /30 (the planned address under `--plan`)",
+    ),
+    doctor(
+        check::PCIE_LINK_DEGRADED,
+        "warning",
+        "`pci BDF`",
+        "an RDMA (or Mellanox) function's current PCIe width or speed is below its maximum (Gen5 x2 \
+         instead of x4)",
+        "reseat the card or update the BIOS/firmware; recheck under load",
+    ),
+    doctor(
+        check::MEMLOCK_LOW,
+        "error below 64 MiB, warning otherwise",
+        "`process RLIMIT_MEMLOCK`",
+        "the soft RLIMIT_MEMLOCK is not unlimited",
+        "`ulimit -l unlimited`; `* - memlock unlimited` in limits.conf, `LimitMEMLOCK=infinity` (systemd), \
+         `--ulimit memlock=-1` (docker)",
+    ),
+    doctor(
+        check::LINK_DOWN,
+        "warning when the port or netdev has an address, info when it is unused",
+        "`netdev X`",
+        "the port is not ACTIVE, or the netdev has no carrier or is not up",
+        "`ip link set dev X up; ethtool X` (no carrier: no cable, or the far end is down); nothing for \
+         a port left empty on purpose",
+    ),
+    doctor(
+        check::ADDRESS_WITHOUT_RDMA,
+        "warning for a Mellanox/NVIDIA function (RDMA driver missing), info otherwise",
+        "`netdev X`",
+        "a PCI netdev has an IPv4 address but no RDMA device (a management NIC, or a TCP link)",
+        "`modprobe mlx5_ib` for a Mellanox function; nothing otherwise",
+    ),
+    doctor(
+        check::NO_NEIGHBOUR,
+        "warning",
+        "`netdev X`",
+        "an up, addressed RoCE netdev has no complete `/proc/net/arp` entry in its subnet",
+        "`ping -c 3 -I X PEER` (the one peer of a /30 or /31)",
+    ),
+    doctor(
+        check::NO_CONNECTED_ROUTE,
+        "warning",
+        "`netdev X`",
+        "no connected route holds the address, so its subnet is unknown",
+        "`ip addr replace A/P dev X` with the prefix of the host's other cable addresses (or the plan's)",
+    ),
+    doctor(
+        check::SOFT_ROCE_INFINITE_RETRY,
+        "warning",
+        "`NCCL_IB_RETRY_CNT`",
+        "a soft-RoCE device (rdma_rxe) exists and `NCCL_IB_RETRY_CNT` is 7, NCCL's default: rxe never \
+         counts 7 down, so a dead peer or cable hangs the job instead of failing with status 12",
+        "`export NCCL_IB_RETRY_CNT=6`",
+    ),
+    doctor(
+        check::GPU_DIRECT_OFF,
+        "warning",
+        "`host`",
+        "only on the live host: the NVIDIA driver is loaded, no peer-memory client is, and every RDMA \
+         driver refused the DMA-BUF probe, so NCCL stages GPU buffers through host memory",
+        "`modprobe nvidia-peermem`, or DMA-BUF (Linux ≥ 5.12, NVIDIA's open GPU kernel modules, rdma-core ≥ 34)",
+    ),
+    doctor(
+        check::NCCL_ENV,
+        "error",
+        "the variable",
+        "an `NCCL_IB_*` / `NCCL_SWITCHLESS_*` variable has a value the plugin's `init` would refuse (one \
+         finding per variable; the message is the plugin's own: variable, value, accepted forms), or two \
+         values contradict each other. The report still completes; the plugin would expose no device",
+        "`unset VAR` (its default), or the `export VAR=...` of a near value that parses (`30` → `30s`)",
+    ),
+    doctor(
+        check::NCCL_ENV_UNKNOWN,
+        "warning",
+        "the variable",
+        "a set `NCCL_SWITCHLESS_*` name no switchless version reads, or an `NCCL_IB_*` name that neither \
+         NCCL nor the plugin reads and that is within two edits of one the plugin reads: a typo, so the \
+         setting meant is silently at its default. The message asks \"did you mean\"",
+        "`export MEANT=VALUE; unset TYPO`",
+    ),
+    doctor(
+        check::IB_HCA_NO_MATCH,
+        "error when no usable RoCE port is left, warning for an entry that names nothing",
+        "`NCCL_IB_HCA`",
+        "`NCCL_IB_HCA` selects no usable RoCE port (the plugin then falls back to TCP, or exposes nothing), \
+         or one of its entries names no device (with the nearest name)",
+        "`unset NCCL_IB_HCA`, or the exact list of the usable devices",
+    ),
+    doctor(
+        check::IB_HCA_PREFIX_MATCH,
+        "warning",
+        "`NCCL_IB_HCA`",
+        "an entry that is a device name also selects (or excludes) longer names by prefix: `mlx5_1` takes \
+         `mlx5_10` … `mlx5_17` too",
+        "`export NCCL_IB_HCA==...` (exact names)",
+    ),
+    doctor(
+        check::IB_HCA_SPLITS_PORT,
+        "warning",
+        "`NCCL_IB_HCA`",
+        "the filter keeps some functions of a cable and drops others (one PCIe function of a GB10 port, one \
+         half of a B300 CX-8 port), so that cable's NCCL device gets part of its bandwidth",
+        "`export NCCL_IB_HCA==...` with both functions of every cable it uses",
+    ),
+    doctor(
+        check::TCP_NO_LINKS,
+        "error",
+        "`NCCL_SWITCHLESS_TRANSPORT`",
+        "`NCCL_SWITCHLESS_TRANSPORT=tcp` on a host without an up IPv4 address on a /30 or /31: init fails",
+        "`unset NCCL_SWITCHLESS_TRANSPORT`, or one /30 per cable",
+    ),
+    doctor(
+        check::TCP_MTU_BELOW_9000,
+        "warning",
+        "`netdev X`",
+        "a point-to-point TCP link's MTU is below 9000 bytes (jumbo frames cut the per-packet CPU cost)",
+        "`ip link set X mtu 9000` on both ends",
+    ),
+    doctor(
+        check::TCP_OFFLOAD_OFF,
+        "warning",
+        "`netdev X`",
+        "GRO or TSO of a TCP link is off, from `ethtool -k` (the message marks `[fixed]` features)",
+        "`ethtool -K X gro on tso on`",
+    ),
+    doctor(
+        check::TCP_RX_QUEUES_LOW,
+        "warning",
+        "`netdev X`",
+        "a TCP link has fewer receive queues (`queues/rx-N`) than the transport's streams for its speed",
+        "`ethtool -L X combined N`, irqbalance",
+    ),
+    doctor(
+        check::TCP_SOCKET_BUFFERS_LOW,
+        "warning",
+        "`host TCP buffer limits`",
+        "neither the autotuning ceilings (`tcp_rmem`/`tcp_wmem` third field) nor `net.core.rmem_max`/\
+         `wmem_max` reach the transport's buffer size for the fastest TCP link",
+        "`sysctl -w net.core.rmem_max=N net.core.wmem_max=N`",
+    ),
+    doctor(
+        check::KERNEL_FILE,
+        "warning",
+        "`file PATH`",
+        "a kernel file (or a captured `ethtool-k/<if>` text) is missing or unparsable",
+        "none: the check that needed it is skipped; attach a `--capture` to a bug report",
+    ),
+    plan(
+        "plan-server-unknown",
+        "error",
+        "`plan`",
+        "`--server` is not a server of the plan, or `--server auto` cannot tell which server this host is",
+        "`--server N` with this host's number (or name) in the cables file",
+    ),
+    plan(
+        "plan-no-links",
+        "warning",
+        "`plan`",
+        "the plan gives this server no link",
+        "add its cables to the cables file and regenerate the plan",
+    ),
+    plan(
+        "plan-model-mismatch",
+        "error",
+        "`plan`",
+        "none of the interfaces the plan gives this server exists here: the plan is for another model \
+         (the message names the model the host looks like)",
+        "regenerate the plan with `--model` of this host",
+    ),
+    plan(
+        "plan-interface-missing",
+        "error",
+        "`netdev X`",
+        "a planned interface does not exist",
+        "check the model's port map, the NIC's Ethernet mode and driver",
+    ),
+    plan(
+        "plan-link-down",
+        "error",
+        "`netdev X`",
+        "a planned interface is down",
+        "`ip link set dev X up`, then the cable",
+    ),
+    plan(
+        "plan-mtu-mismatch",
+        "error if lower, warning if higher",
+        "`netdev X`",
+        "the MTU differs from the plan",
+        "`ip link set dev X mtu M`",
+    ),
+    plan(
+        "plan-addressing-differs",
+        "error",
+        "`plan`",
+        "none of this server's planned addresses is on the host, and its planned interfaces hold other \
+         addresses: the host follows another addressing plan. Replaces the per-interface \
+         `plan-address-missing` and `plan-extra-address` findings",
+        "apply this server's part of the plan (`switchless plan CABLES --format ip --server N`)",
+    ),
+    plan(
+        "plan-address-missing",
+        "error",
+        "`netdev X`",
+        "a planned address is on no interface",
+        "`ip addr add A/P dev X`",
+    ),
+    plan(
+        "plan-prefix-mismatch",
+        "error",
+        "`netdev X`",
+        "the planned address is there with another prefix length",
+        "`ip addr del A/Q dev X && ip addr add A/P dev X`",
+    ),
+    plan(
+        "plan-address-on-wrong-interface",
+        "error",
+        "`netdev X`",
+        "a planned address is on another interface facing the same peer (or none), or on two interfaces",
+        "`ip addr del A dev Y && ip addr add A dev X`",
+    ),
+    plan(
+        "plan-cable-wrong-peer",
+        "error",
+        "`netdev X`",
+        "a planned address is on an interface the plan cables to another peer: a cable in the wrong port",
+        "move the cable to the planned port (or fix the cables file and regenerate the plan)",
+    ),
+    plan(
+        "plan-address-of-other-server",
+        "error",
+        "`netdev X`",
+        "the host holds an address the plan gives to another server (wrong `--server`?)",
+        "check the server number; `ip addr del A dev X`",
+    ),
+    plan(
+        "plan-address-stray",
+        "error",
+        "`netdev X`",
+        "an address inside a link subnet that is neither of its two planned addresses",
+        "`ip addr del A dev X`",
+    ),
+    plan(
+        "plan-address-unplanned",
+        "warning",
+        "`netdev X`",
+        "an address inside `--base` but in no planned link (left from an older plan)",
+        "`ip addr del A dev X`",
+    ),
+    plan(
+        "plan-extra-address",
+        "warning",
+        "`netdev X`",
+        "a planned interface carries an address from outside the plan (e.g. 169.254/16)",
+        "`ip addr del A dev X` unless something else needs it",
+    ),
+    plan(
+        "plan-host-matches",
+        "info",
+        "`plan`",
+        "everything planned for this server is in place",
+        "nothing",
+    ),
+];
+
+/// The registry entry of `id`.
+pub fn find(id: &str) -> Option<&'static Check> {
+    FINDINGS.iter().find(|c| c.id == id)
+}
+
+/// The Markdown table of the checks of `source` (Check id, Severity, Object, When, Remedy).
+pub fn markdown(source: Source) -> String {
+    let mut out =
+        String::from("| Check id | Severity | Object | When | Remedy |\n|---|---|---|---|---|\n");
+    for c in FINDINGS.iter().filter(|c| c.source == source) {
+        out.push_str(&format!(
+            "| `{}` | {} | {} | {} | {} |\n",
+            c.id,
+            c.severity,
+            c.object,
+            c.trigger.replace('|', "\\|"),
+            c.remedy.replace('|', "\\|")
+        ));
+    }
+    out
+}
+
+/// First line of a generated table of checks in a documentation page.
+pub const BEGIN: &str = "<!-- BEGIN generated from src/tools/doctor/registry.rs: edit the registry, then run \
+SWITCHLESS_UPDATE_DOCS=1 cargo test --lib doctor::registry -->";
+/// Last line of a generated table.
+pub const END: &str = "<!-- END generated -->";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `page` with the region between BEGIN and END replaced by `table`.
+    fn splice(page: &str, table: &str) -> Option<String> {
+        let start = page.find(BEGIN)? + BEGIN.len();
+        let end = start + page[start..].find(END)?;
+        Some(format!("{}\n{table}{}", &page[..start], &page[end..]))
+    }
+
+    #[test]
+    fn ids_are_unique_and_kebab_case() {
+        let mut seen = std::collections::BTreeSet::new();
+        for c in FINDINGS {
+            assert!(seen.insert(c.id), "{} twice", c.id);
+            assert!(
+                c.id.bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'),
+                "{}",
+                c.id
+            );
+            assert!(!c.trigger.is_empty() && !c.remedy.is_empty(), "{}", c.id);
+        }
+    }
+
+    #[test]
+    fn every_id_the_code_reports_is_registered() {
+        // The ids of `check` (the doctor's checks) ...
+        let me = include_str!("registry.rs");
+        let consts =
+            &me[me.find("pub mod check {").unwrap()..me.find("/// Which command").unwrap()];
+        let mut n = 0;
+        for line in consts.lines().filter(|l| l.contains("&str = \"")) {
+            let id = line.split('"').nth(1).unwrap();
+            assert!(find(id).is_some(), "{id} is a check id but not registered");
+            n += 1;
+        }
+        assert!(n >= 24, "{n}");
+        assert!(find(check::KERNEL_FILE).is_some());
+        // ... and the plan checks, which name theirs as string literals.
+        let text = include_str!("../plan/check.rs");
+        for (i, _) in text.match_indices("\"plan-") {
+            let id: String = text[i + 1..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '-')
+                .collect();
+            assert!(find(&id).is_some(), "{id} is reported but not registered");
+        }
+    }
+
+    #[test]
+    fn documentation_tables_are_current() {
+        // SWITCHLESS_UPDATE_DOCS=1 rewrites the pages instead (then run scripts/readme.py).
+        for (page, source) in [("fabric.md", Source::Doctor), ("plan.md", Source::Plan)] {
+            let path = format!("{}/docs/readme/{page}", env!("CARGO_MANIFEST_DIR"));
+            let text = std::fs::read_to_string(&path).unwrap();
+            let want = splice(&text, &markdown(source))
+                .unwrap_or_else(|| panic!("{path} lacks the generated-table markers"));
+            if std::env::var_os("SWITCHLESS_UPDATE_DOCS").is_some() {
+                std::fs::write(&path, &want).unwrap();
+                continue;
+            }
+            assert!(
+                text == want,
+                "{path} is stale: run SWITCHLESS_UPDATE_DOCS=1 cargo test --lib doctor::registry, then \
+                 python3 scripts/readme.py"
+            );
+        }
+    }
+}
