@@ -10,12 +10,14 @@
 //! * [`stripe`]: pure arithmetic splitting a message over paths by link speed.
 //! * [`wire`]: layouts shared by both sides (CTS slot, size record, immediate, `wr_id`, control info).
 //! * [`memfab`]: an in-process fabric with fault injection for tests and benchmarks.
+//! * [`modelfab`]: an in-process fabric with modelled rates and latencies, in virtual time.
 //! * [`tcp`]: a fabric over TCP streams (Ethernet paths without RDMA), same protocol.
 
 pub mod comm;
 pub mod fabric;
 pub mod handshake;
 pub mod memfab;
+pub mod modelfab;
 pub mod stripe;
 pub mod tcp;
 pub mod wire;
