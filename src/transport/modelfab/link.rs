@@ -268,7 +268,6 @@ pub fn parse_rate(s: &str) -> std::result::Result<u64, String> {
         .trim_end_matches("bps")
         .trim_end_matches("bit/s");
     let mul: u128 = match unit {
-        "" => 1,
         "K" | "k" => 1_000,
         "M" => 1_000_000,
         "G" => 1_000_000_000,

@@ -59,6 +59,16 @@ pub enum EventKind {
     Complete,
 }
 
+/// Names an endpoint by what the program did, not by which thread got there first: the `serial`-th
+/// connection from host `host` to host `peer`, `side` 0 on the connecting host, 1 on the other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct EpKey {
+    pub host: usize,
+    pub peer: usize,
+    pub serial: u64,
+    pub side: u8,
+}
+
 /// One executed event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TraceEvent {
@@ -66,7 +76,7 @@ pub struct TraceEvent {
     pub t_ps: u64,
     pub kind: EventKind,
     /// The posting endpoint and path.
-    pub ep: usize,
+    pub ep: EpKey,
     pub path: usize,
     /// Work request number on that path.
     pub seq: u64,
@@ -116,6 +126,7 @@ struct Qp {
 }
 
 struct Endpoint {
+    key: EpKey,
     host: usize,
     peer: usize,
     qps: Vec<Qp>,
@@ -139,11 +150,15 @@ enum Action {
     Complete(Completion),
 }
 
+/// Tie-break among events due at the same time: deliveries before completions, then the posting
+/// endpoint, path and work request number (all fixed by the program, not by threads).
+type Order = (u8, EpKey, usize, u64);
+
 struct Event {
     t: u64,
-    /// Tie-break among events due at the same time: deliveries before completions, then the
-    /// posting endpoint, path and work request number (all fixed by the program, not by threads).
-    order: (u8, usize, usize, u64),
+    order: Order,
+    /// The posting endpoint's index.
+    ep: usize,
     action: Action,
 }
 
@@ -177,6 +192,10 @@ struct Inner {
     next_key: u32,
     next_token: u64,
     eps: Vec<Endpoint>,
+    /// Endpoint indices in [`EpKey`] order (the order posted work is scheduled in).
+    by_key: Vec<usize>,
+    /// Connections made so far per (host, peer).
+    serials: HashMap<(usize, usize), u64>,
     stats: Stats,
     trace: Option<Vec<TraceEvent>>,
     hash: u64,
@@ -276,13 +295,20 @@ impl Inner {
         ok.then_some((region, off))
     }
 
-    fn push(&mut self, t: u64, order: (u8, usize, usize, u64), action: Action) {
-        self.events.push(Reverse(Event { t, order, action }));
+    fn push(&mut self, t: u64, phase: u8, ep: usize, path: usize, seq: u64, action: Action) {
+        let order = (phase, self.eps[ep].key, path, seq);
+        self.events.push(Reverse(Event {
+            t,
+            order,
+            ep,
+            action,
+        }));
     }
 
-    /// Schedules every posted work request, in endpoint, path, post order.
+    /// Schedules every posted work request, in endpoint key, path, post order.
     fn schedule_pending(&mut self) {
-        for ep in 0..self.eps.len() {
+        for k in 0..self.by_key.len() {
+            let ep = self.by_key[k];
             for path in 0..self.eps[ep].qps.len() {
                 while let Some(wr) = self.eps[ep].qps[path].pending.pop_front() {
                     self.schedule(ep, path, wr);
@@ -298,7 +324,7 @@ impl Inner {
         qp.seq += 1;
         if qp.error {
             let c = Completion::without_data(wr.wr_id, WcStatus::WR_FLUSH_ERR, WcOpcode::RdmaWrite);
-            self.push(now, (1, ep, path, seq), Action::Complete(c));
+            self.push(now, 1, ep, path, seq, Action::Complete(c));
             return;
         }
         let (src, dst) = (self.eps[ep].host, self.eps[self.eps[ep].peer].host);
@@ -329,13 +355,13 @@ impl Inner {
             end = end.max(*free);
         }
         let arrive = end.saturating_add(pm.latency_ps);
-        self.push(arrive, (0, ep, path, seq), Action::Deliver(wr));
+        self.push(arrive, 0, ep, path, seq, Action::Deliver(wr));
     }
 
     fn fail(&mut self, ep: usize, path: usize, seq: u64, wr_id: u64, status: WcStatus, at: u64) {
         self.eps[ep].qps[path].error = true;
         let c = Completion::without_data(wr_id, status, WcOpcode::RdmaWrite);
-        self.push(at, (1, ep, path, seq), Action::Complete(c));
+        self.push(at, 1, ep, path, seq, Action::Complete(c));
     }
 
     /// Executes a write's arrival: checks, bytes, the receive completion; schedules the sender's.
@@ -397,12 +423,13 @@ impl Inner {
         }
         if w.signaled {
             let c = Completion::without_data(wr_id, WcStatus::SUCCESS, WcOpcode::RdmaWrite);
-            self.push(ack, (1, ep, path, seq), Action::Complete(c));
+            self.push(ack, 1, ep, path, seq, Action::Complete(c));
         }
     }
 
     fn execute(&mut self, e: Event) {
-        let (_, ep, path, seq) = e.order;
+        let (_, key, path, seq) = e.order;
+        let ep = e.ep;
         let (kind, len) = match e.action {
             Action::Deliver(w) => (EventKind::Deliver, w.local.len),
             Action::Complete(_) => (EventKind::Complete, 0),
@@ -410,7 +437,7 @@ impl Inner {
         let te = TraceEvent {
             t_ps: e.t,
             kind,
-            ep,
+            ep: key,
             path,
             seq,
             len,
@@ -449,14 +476,19 @@ fn fold_hash(mut h: u64, e: &TraceEvent) -> u64 {
         EventKind::Deliver => 1u64,
         EventKind::Complete => 2,
     };
-    for v in [
+    let k = e.ep;
+    let fields = [
         e.t_ps,
         kind,
-        e.ep as u64,
+        k.host as u64,
+        k.peer as u64,
+        k.serial,
+        u64::from(k.side),
         e.path as u64,
         e.seq,
         u64::from(e.len),
-    ] {
+    ];
+    for v in fields {
         for b in v.to_le_bytes() {
             h ^= u64::from(b);
             h = h.wrapping_mul(0x0000_0100_0000_01b3);
@@ -501,6 +533,8 @@ impl ModelFab {
                 next_key: 0x100,
                 next_token: 0,
                 eps: Vec::new(),
+                by_key: Vec::new(),
+                serials: HashMap::new(),
                 stats: Stats::default(),
                 trace: cfg.trace.then(Vec::new),
                 hash: 0xcbf2_9ce4_8422_2325,
@@ -512,7 +546,18 @@ impl ModelFab {
     pub fn pair(&self, a: usize, b: usize) -> Result<(ModelEndpoint, ModelEndpoint)> {
         let mut g = lock(&self.inner)?;
         let (ia, ib) = (g.eps.len(), g.eps.len() + 1);
+        let serial = {
+            let s = g.serials.entry((a, b)).or_insert(0);
+            *s += 1;
+            *s - 1
+        };
         let mut mk = |me: usize, host: usize, peer: usize, peer_host: usize| {
+            let key = EpKey {
+                host: if me == ia { a } else { b },
+                peer: if me == ia { b } else { a },
+                serial,
+                side: u8::from(me != ia),
+            };
             let paths: Vec<PathInfo> = g
                 .topo
                 .paths
@@ -530,7 +575,10 @@ impl ModelFab {
                 .collect();
             let mut qps = Vec::new();
             qps.resize_with(paths.len(), Qp::default);
+            let at = g.by_key.partition_point(|&i| g.eps[i].key < key);
+            g.by_key.insert(at, me);
             g.eps.push(Endpoint {
+                key,
                 host,
                 peer,
                 qps,
