@@ -4,9 +4,10 @@
 //!
 //! In virtual time ([`VirtualClock`]) the clock moves only when every rank waits: a rank that found
 //! nothing to do calls [`Clock::idle`], and the last one to do so advances the model fabric to its
-//! next event and wakes the others. Collectives are the clock's own, so a rank leaving one is
-//! counted as running again before anyone can advance: each rank's work at a given virtual time
-//! sees the same state on every run, and runs repeat exactly.
+//! next event and wakes the ranks whose host the events touched (rank `r` is host `r`; the others
+//! would find nothing new, so the clock moves on without waking them). Collectives are the clock's
+//! own, so a rank leaving one is counted as running again before anyone can advance: each rank's
+//! work at a given virtual time sees the same state on every run, and runs repeat exactly.
 #![forbid(unsafe_code)]
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -77,8 +78,10 @@ struct State {
     running: usize,
     /// Ranks waiting for virtual time to move.
     idle: usize,
-    /// Bumped each time the clock moves (idle ranks wait for a change).
-    epoch: u64,
+    /// Per rank: waiting for virtual time to move.
+    waiting: Vec<bool>,
+    /// Per rank: woken by an advance that touched its host.
+    woken: Vec<bool>,
     /// The collective being gathered.
     blobs: Vec<Option<Vec<u8>>>,
     arrived: usize,
@@ -125,6 +128,8 @@ impl VirtualClock {
                     live: nranks,
                     running: nranks,
                     blobs: vec![None; nranks],
+                    waiting: vec![false; nranks],
+                    woken: vec![false; nranks],
                     ..State::default()
                 }),
                 cv: Condvar::new(),
@@ -155,19 +160,35 @@ impl Shared {
         if st.running > 0 || st.idle == 0 || st.failed.is_some() {
             return;
         }
-        match self.fab.advance() {
-            Ok(Some(_)) => {
-                st.epoch += 1;
-                st.running += st.idle;
-                st.idle = 0;
+        loop {
+            match self.fab.advance_touching() {
+                Ok(Some((_, hosts))) => {
+                    let mut woke = false;
+                    for h in hosts {
+                        if st.waiting.get(h).copied().unwrap_or(false) {
+                            st.waiting[h] = false;
+                            st.woken[h] = true;
+                            st.idle -= 1;
+                            st.running += 1;
+                            woke = true;
+                        }
+                    }
+                    if woke {
+                        break;
+                    }
+                }
+                Ok(None) => {
+                    st.failed = Some(format!(
+                        "virtual time: {} rank(s) wait for a transfer and none is in flight, {} in a collective (a deadlock in the protocol or the bench)",
+                        st.idle, st.arrived
+                    ));
+                    break;
+                }
+                Err(e) => {
+                    st.failed = Some(e.to_string());
+                    break;
+                }
             }
-            Ok(None) => {
-                st.failed = Some(format!(
-                    "virtual time: {} rank(s) wait for a transfer and none is in flight, {} in a collective (a deadlock in the protocol or the bench)",
-                    st.idle, st.arrived
-                ));
-            }
-            Err(e) => st.failed = Some(e.to_string()),
         }
         self.cv.notify_all();
     }
@@ -216,6 +237,7 @@ impl Shared {
 #[derive(Clone)]
 pub struct VirtualTime {
     shared: Arc<Shared>,
+    rank: usize,
 }
 
 impl VirtualRank {
@@ -223,6 +245,7 @@ impl VirtualRank {
     pub fn clock(&self) -> VirtualTime {
         VirtualTime {
             shared: self.shared.clone(),
+            rank: self.rank,
         }
     }
 
@@ -264,12 +287,14 @@ impl Clock for VirtualTime {
         if progressed {
             return Ok(());
         }
+        let me = self.rank;
         let mut g = self.shared.lock()?;
-        let epoch = g.epoch;
         g.running = g.running.saturating_sub(1);
         g.idle += 1;
+        g.waiting[me] = true;
         self.shared.advance(&mut g);
-        drop(self.shared.wait(g, |s| s.epoch != epoch)?);
+        let mut g = self.shared.wait(g, |s| s.woken[me])?;
+        g.woken[me] = false;
         Ok(())
     }
 }

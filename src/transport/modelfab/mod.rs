@@ -199,6 +199,8 @@ struct Inner {
     stats: Stats,
     trace: Option<Vec<TraceEvent>>,
     hash: u64,
+    /// Hosts whose completion queues or memory an executed event changed since the last advance.
+    touched: Vec<usize>,
 }
 
 /// The fabric: hosts' memory, every endpoint's queues, the event queue and the virtual clock.
@@ -447,6 +449,13 @@ impl Inner {
             t.push(te);
         }
         self.stats.events += 1;
+        let host = match e.action {
+            Action::Deliver(_) => self.eps[self.eps[ep].peer].host,
+            Action::Complete(_) => self.eps[ep].host,
+        };
+        if !self.touched.contains(&host) {
+            self.touched.push(host);
+        }
         match e.action {
             Action::Deliver(w) => self.deliver(ep, path, seq, w),
             Action::Complete(c) => {
@@ -458,6 +467,7 @@ impl Inner {
     }
 
     fn advance(&mut self) -> Option<u64> {
+        self.touched.clear();
         self.schedule_pending();
         let t = self.events.peek()?.0.t.max(self.now);
         self.now = t;
@@ -538,6 +548,7 @@ impl ModelFab {
                 stats: Stats::default(),
                 trace: cfg.trace.then(Vec::new),
                 hash: 0xcbf2_9ce4_8422_2325,
+                touched: Vec::new(),
             })),
         })
     }
@@ -610,6 +621,17 @@ impl ModelFab {
     /// then. Returns the new time, or `None` when nothing is in flight (the clock stays).
     pub fn advance(&self) -> Result<Option<u64>> {
         Ok(lock(&self.inner)?.advance())
+    }
+
+    /// Like [`ModelFab::advance`], and the hosts whose completion queues or memory the executed
+    /// events changed (a host's polling loop has nothing new to see otherwise), sorted.
+    pub fn advance_touching(&self) -> Result<Option<(u64, Vec<usize>)>> {
+        let mut g = lock(&self.inner)?;
+        Ok(g.advance().map(|t| {
+            let mut h = std::mem::take(&mut g.touched);
+            h.sort_unstable();
+            (t, h)
+        }))
     }
 
     /// Whether anything is posted or in flight.
