@@ -122,6 +122,10 @@ pub struct Report {
     pub rows: Vec<Row>,
     /// First data-check failure seen by any rank, if any.
     pub first_error: Option<String>,
+    /// Wall time of this rank's connection set-up (listen, handle exchange, connect and accept of
+    /// every connection, registration, up to the barrier after), seconds; absent under `--model`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub setup_s: Option<f64>,
     /// Under `--model`: the efficiency at the largest size (achieved / modelled).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub efficiency: Option<f64>,
@@ -258,9 +262,11 @@ pub fn run_with<N: Net, C: Clock>(
             recv_bytes = per;
         }
     }
+    let t_setup = Instant::now();
     let mut c = connect_all(
         net, boot, &outs, &ins, send_bytes, recv_bytes, o.dev, o.timeout,
     )?;
+    let setup_s = t_setup.elapsed().as_secs_f64();
     let start = Instant::now();
     let mut rows = vec![];
     let mut first_error = None;
@@ -378,6 +384,7 @@ pub fn run_with<N: Net, C: Clock>(
         devices,
         rows,
         first_error,
+        setup_s: Some(setup_s),
         efficiency: None,
         latency_us: None,
         model: None,

@@ -31,6 +31,9 @@ pub fn table(r: &Report) -> String {
             d.pci_path
         );
     }
+    if let Some(t) = r.setup_s {
+        let _ = writeln!(s, "#  connection set-up: {t:.3} s (this rank, wall time)");
+    }
     if let Some(m) = &r.model {
         let _ = writeln!(s, "#  model: {}", super::summary::describe(m));
         let _ = writeln!(
