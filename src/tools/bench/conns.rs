@@ -17,12 +17,32 @@ pub(crate) struct Link<C, M> {
     pub(crate) mr: Option<M>,
 }
 
+/// Wall time of each step of one rank's connection set-up, seconds.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct SetupTimes {
+    /// `listen` for every incoming connection.
+    pub listen_s: f64,
+    /// The handle exchange over the bootstrap (waits for the slowest rank's listens).
+    pub exchange_s: f64,
+    /// `connect` and `accept` retried until every connection is up: the plugin's handshake, queue
+    /// pair creation and state transitions, and the wait for the peers doing theirs.
+    pub connect_s: f64,
+    /// `regMr` of every connection's buffer.
+    pub register_s: f64,
+    /// The barrier after (waits for the slowest rank).
+    pub barrier_s: f64,
+    /// All of the above.
+    pub total_s: f64,
+}
+
 /// The connections of one rank, keyed by (peer, channel).
 pub(crate) struct Conns<N: Net> {
     pub(crate) sends: Vec<Link<N::SendComm, N::Mr>>,
     send_key: HashMap<(usize, usize), usize>,
     pub(crate) recvs: Vec<Link<N::RecvComm, N::Mr>>,
     recv_key: HashMap<(usize, usize), usize>,
+    /// How long [`connect_all`] took, per step.
+    pub(crate) setup: SetupTimes,
 }
 
 impl<N: Net> Conns<N> {
@@ -67,6 +87,17 @@ pub(crate) fn connect_all<N: Net>(
     timeout: Duration,
 ) -> Result<Conns<N>> {
     let me = boot.rank();
+    let t0 = Instant::now();
+    let mut setup = SetupTimes::default();
+    let mut lap = {
+        let mut t = t0;
+        move || {
+            let now = Instant::now();
+            let d = now.duration_since(t).as_secs_f64();
+            t = now;
+            d
+        }
+    };
     let ndev = net.devices()?;
     if ndev == 0 {
         return Err(Error::System(format!(
@@ -94,6 +125,7 @@ pub(crate) fn connect_all<N: Net>(
         blob.extend_from_slice(&h);
         listens.push(((src, ch), Some(l)));
     }
+    setup.listen_s = lap();
     let all = boot.allgather(&blob)?;
     let mut handles: Vec<((usize, usize), Handle)> = Vec::new();
     for &(dst, ch) in outs {
@@ -122,6 +154,7 @@ pub(crate) fn connect_all<N: Net>(
         hh.copy_from_slice(&h[8..]);
         handles.push(((dst, ch), hh));
     }
+    setup.exchange_s = lap();
     let deadline = Instant::now() + timeout;
     let mut sends: Vec<Option<N::SendComm>> = outs.iter().map(|_| None).collect();
     let mut recvs: Vec<Option<N::RecvComm>> = ins.iter().map(|_| None).collect();
@@ -169,16 +202,18 @@ pub(crate) fn connect_all<N: Net>(
                 .collect();
             format!(
                 "rank {me}: connections not up within {} s: {}",
-                o.len(),
+                timeout.as_secs(),
                 o.join(", ")
             )
         })?;
     }
+    setup.connect_s = lap();
     let mut c = Conns::<N> {
         sends: Vec::new(),
         send_key: HashMap::new(),
         recvs: Vec::new(),
         recv_key: HashMap::new(),
+        setup,
     };
     for (((dst, ch), _), s) in handles.iter().zip(sends) {
         let comm = s.ok_or_else(|| Error::Internal("connect loop ended early".into()))?;
@@ -202,7 +237,10 @@ pub(crate) fn connect_all<N: Net>(
             mr: Some(mr),
         });
     }
+    c.setup.register_s = lap();
     boot.barrier()?;
+    c.setup.barrier_s = lap();
+    c.setup.total_s = t0.elapsed().as_secs_f64();
     Ok(c)
 }
 

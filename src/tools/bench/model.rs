@@ -147,7 +147,7 @@ pub fn run(o: &Options, nranks: usize, mo: &ModelOptions) -> Result<Report> {
     let floor = topo.best_write_ps(mo.latency_bytes as u64) as f64 / 1e6;
     rep.plugin = "switchless comms over the model fabric (virtual time)".into();
     rep.efficiency = efficiency;
-    rep.setup_s = None; // set-up takes no modelled time
+    rep.setup = None; // set-up takes no modelled time
     rep.latency_us = Some(latency_us);
     rep.model = Some(ModelSummary {
         spec: mo.spec.clone(),

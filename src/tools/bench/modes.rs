@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use super::bootstrap::Bootstrap;
 use super::checks::{Local, check_size, fill_region, partner, scramble, verify_region};
 use super::clock::{Clock, Group, WallClock};
+pub use super::conns::SetupTimes;
 use super::conns::{Conns, RecvOp, SendOp, close_all, connect_all, exchange};
 use super::pattern;
 use super::stream;
@@ -123,9 +124,9 @@ pub struct Report {
     /// First data-check failure seen by any rank, if any.
     pub first_error: Option<String>,
     /// Wall time of this rank's connection set-up (listen, handle exchange, connect and accept of
-    /// every connection, registration, up to the barrier after), seconds; absent under `--model`.
+    /// every connection, registration, up to the barrier after), per step; absent under `--model`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub setup_s: Option<f64>,
+    pub setup: Option<SetupTimes>,
     /// Under `--model`: the efficiency at the largest size (achieved / modelled).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub efficiency: Option<f64>,
@@ -262,11 +263,10 @@ pub fn run_with<N: Net, C: Clock>(
             recv_bytes = per;
         }
     }
-    let t_setup = Instant::now();
     let mut c = connect_all(
         net, boot, &outs, &ins, send_bytes, recv_bytes, o.dev, o.timeout,
     )?;
-    let setup_s = t_setup.elapsed().as_secs_f64();
+    let setup = c.setup;
     let start = Instant::now();
     let mut rows = vec![];
     let mut first_error = None;
@@ -384,7 +384,7 @@ pub fn run_with<N: Net, C: Clock>(
         devices,
         rows,
         first_error,
-        setup_s: Some(setup_s),
+        setup: Some(setup),
         efficiency: None,
         latency_us: None,
         model: None,

@@ -31,8 +31,12 @@ pub fn table(r: &Report) -> String {
             d.pci_path
         );
     }
-    if let Some(t) = r.setup_s {
-        let _ = writeln!(s, "#  connection set-up: {t:.3} s (this rank, wall time)");
+    if let Some(t) = &r.setup {
+        let _ = writeln!(
+            s,
+            "#  connection set-up (this rank, wall time): {:.3} s = listen {:.3} + handle exchange {:.3} + connect/accept {:.3} + regMr {:.3} + barrier {:.3}",
+            t.total_s, t.listen_s, t.exchange_s, t.connect_s, t.register_s, t.barrier_s
+        );
     }
     if let Some(m) = &r.model {
         let _ = writeln!(s, "#  model: {}", super::summary::describe(m));
