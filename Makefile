@@ -5,7 +5,7 @@ BINDIR ?= $(PREFIX)/bin
 CARGO ?= cargo
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: all build deps install uninstall test demo lab gpu-selftest gpu-selftest-stage
+.PHONY: all build deps install uninstall test demo lab perf gpu-selftest gpu-selftest-stage
 
 all: build
 
@@ -37,6 +37,11 @@ demo: deps
 TOPO ?= pair
 lab: build
 	lab/run.sh $(TOPO)
+
+# docs/performance.md: every table and plot (the protocol over the rate-modelled fabric, virtual time;
+# CPU per GB in real time), regenerated from `switchless bench --model` (release build).
+perf: deps
+	python3 scripts/perf.py
 
 # The plugin under a stock NCCL on one GPU (docs/gpu-selftest.md): stage the stripped release .so and CLI
 # here (nccl-tests/gpu/stage/; ARGS=--with-ibverbs for a GPU host without rdma-core), then run the check

@@ -158,6 +158,21 @@ fn json_and_csv_carry_units_and_rows() {
     assert_eq!(c.lines().count(), 5);
     let t = report::table(&r);
     assert!(t.contains("size(B)") && t.contains("algbw(GB/s)") && t.contains("busbw(Gb/s)"));
+    // set-up time per step: the steps add up to the total (each is one lap of the same clock)
+    let s = &j["setup"];
+    let steps: f64 = [
+        "listen_s",
+        "exchange_s",
+        "connect_s",
+        "register_s",
+        "barrier_s",
+    ]
+    .iter()
+    .map(|k| s[k].as_f64().unwrap())
+    .sum();
+    let total = s["total_s"].as_f64().unwrap();
+    assert!(total > 0.0 && (steps - total).abs() < 1e-3, "{s}");
+    assert!(t.contains("connection set-up") && t.contains("connect/accept"));
 }
 
 /// Bandwidth verifies outside its timed windows: a corruption of any delivered message (data or

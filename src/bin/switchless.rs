@@ -47,7 +47,7 @@ enum Cmd {
     /// Show which links a connection between two hosts would use.
     Route(cli::route::Args),
     /// Drive an ncclNet plugin through its ABI like NCCL's proxy does.
-    Bench(cli::bench::Args),
+    Bench(Box<cli::bench::Args>),
     /// Summarize nccl-tests output.
     NcclTests(cli::nccl_tests::Args),
 }
@@ -64,7 +64,7 @@ fn main() -> ExitCode {
         Cmd::Doctor(a) => cli::doctor::run(a),
         Cmd::Plan(a) => cli::plan::run(a),
         Cmd::Route(a) => cli::route::run(a),
-        Cmd::Bench(a) => cli::bench::run(a),
+        Cmd::Bench(a) => cli::bench::run(*a),
         Cmd::NcclTests(a) => cli::nccl_tests::run(a),
     }
 }

@@ -8,3 +8,4 @@ pub mod cli;
 pub mod doctor;
 pub mod nccltests;
 pub mod plan;
+pub mod plot;

@@ -4,10 +4,18 @@
 #![forbid(unsafe_code)]
 
 pub mod bootstrap;
+mod checks;
+pub mod clock;
+mod conns;
+pub mod cpu;
+pub mod inproc;
 pub mod loopback;
+pub mod model;
 pub mod modes;
 pub mod pattern;
 pub mod report;
+mod stream;
+pub mod summary;
 
 pub use crate::ffi::loader::net::{
     CommRef, HANDLE_SIZE, Handle, Net, PTR_HOST, Properties, RecvBuf, Region, SharedBuf,

@@ -31,11 +31,38 @@ pub fn table(r: &Report) -> String {
             d.pci_path
         );
     }
+    if let Some(t) = &r.setup {
+        let _ = writeln!(
+            s,
+            "#  connection set-up (this rank, wall time): {:.3} s = listen {:.3} + handle exchange {:.3} + connect/accept {:.3} + regMr {:.3} + barrier {:.3}",
+            t.total_s, t.listen_s, t.exchange_s, t.connect_s, t.register_s, t.barrier_s
+        );
+    }
+    if let Some(m) = &r.model {
+        let _ = writeln!(s, "#  model: {}", super::summary::describe(m));
+        let _ = writeln!(
+            s,
+            "#  pattern {:?}{}, {} in flight, payload checks {}; time is virtual (trace {})",
+            m.pattern,
+            m.step_bytes
+                .map(|b| format!(" (steps of at most {b} B)"))
+                .unwrap_or_default(),
+            m.window,
+            if m.verify { "on" } else { "off (no copies)" },
+            m.trace_hash
+        );
+        let _ = writeln!(
+            s,
+            "#  one-way latency of {} B: {:.3} us; one modelled RDMA write: {:.3} us; ratio {:.2}",
+            m.latency_bytes, m.latency_us, m.rdma_write_us, m.latency_ratio
+        );
+    }
+    let model = r.model.is_some() && r.rows.iter().any(|x| x.efficiency.is_some());
     let time = match r.mode {
         super::modes::Mode::Latency => "time(us,1-way)",
         _ => "time(us)",
     };
-    let _ = writeln!(
+    let _ = write!(
         s,
         "# {:>12} {:>10} {:>6} {:>14} {:>12} {:>12} {:>12} {:>12} {:>7}",
         "size(B)",
@@ -48,8 +75,13 @@ pub fn table(r: &Report) -> String {
         "busbw(Gb/s)",
         "errors"
     );
+    let _ = if model {
+        writeln!(s, " {:>12} {:>6}", "model(Gb/s)", "eff")
+    } else {
+        writeln!(s)
+    };
     for row in &r.rows {
-        let _ = writeln!(
+        let _ = write!(
             s,
             "  {:>12} {:>10} {:>6} {:>14.2} {:>12.4} {:>12.4} {:>12.4} {:>12.4} {:>7}",
             row.size_bytes,
@@ -62,6 +94,10 @@ pub fn table(r: &Report) -> String {
             row.busbw_gbits_s,
             row.errors
         );
+        let _ = match (model, row.modelled_gbits_s, row.efficiency) {
+            (true, Some(m), Some(e)) => writeln!(s, " {m:>12.2} {e:>6.4}"),
+            _ => writeln!(s),
+        };
     }
     let _ = writeln!(
         s,

@@ -86,6 +86,48 @@ pub struct Args {
     /// No progress lines on stderr.
     #[arg(long)]
     pub no_progress: bool,
+    /// Run every rank in this process over a rate-modelled fabric in virtual time: SPEC lists the
+    /// paths of each connection as RATE[/LATENCY][@ROOT] items, e.g. 92.57G/1.2us,97.28G/1.2us or
+    /// 200G/1us@r0,200G/1us@r0 (latency 1us when omitted; paths with one @ROOT share its --pcie cap).
+    #[arg(long, value_name = "SPEC", conflicts_with_all = ["loopback", "plugin", "bootstrap", "hosts"])]
+    pub model: Option<String>,
+    /// With --model: PCIe caps per root, ROOT=RATE items (payload rate per direction), e.g. r0=256G.
+    #[arg(long, value_name = "CAPS", default_value = "", requires = "model")]
+    pub pcie: String,
+    /// With --model: RoCE MTU in bytes (256..4096; 0 = count payload only, no framing).
+    #[arg(long, default_value_t = 4096, requires = "model")]
+    pub mtu: u32,
+    /// With --model: how bandwidth is posted, as NCCL's proxy does (simple: 512 KiB steps, ll: 64
+    /// KiB, ll128: 600 KiB; `--window` in flight), or whole messages per timed batch (messages).
+    #[arg(long, value_enum, default_value_t = b::summary::Pattern::Simple, requires = "model")]
+    pub pattern: b::summary::Pattern,
+    /// With --model: largest send of the pattern, bytes (overrides --pattern's step).
+    #[arg(long, requires = "model")]
+    pub step_bytes: Option<usize>,
+    /// With --model: copy and check payloads (auto: on when the largest size is at most 16 MiB).
+    #[arg(long, value_enum, default_value_t = Verify::Auto, requires = "model")]
+    pub verify: Verify,
+    /// With --model: message size of the latency probe, bytes.
+    #[arg(long, default_value_t = 8, requires = "model")]
+    pub latency_bytes: usize,
+    /// With --model: measure the protocol's CPU cost instead (real time, in-memory fabric without
+    /// copies, both ends in one thread): CPU seconds per GB and cores for 800 Gb/s.
+    #[arg(long, requires = "model")]
+    pub cpu: bool,
+    /// With --cpu: bytes moved per size.
+    #[arg(long, default_value_t = 1 << 30, requires = "cpu")]
+    pub cpu_bytes: u64,
+    /// Also draw Gb/s against message size into this SVG file (rank 0).
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+}
+
+/// Payload checks under --model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Verify {
+    Auto,
+    On,
+    Off,
 }
 
 fn options(a: &Args) -> b::Options {
@@ -169,6 +211,111 @@ fn run_plugin(a: &Args, o: &b::Options, boot: &mut b::Bootstrap) -> Result<b::Re
     Ok(r)
 }
 
+fn model_options(a: &Args, spec: &str) -> b::model::ModelOptions {
+    b::model::ModelOptions {
+        spec: spec.to_string(),
+        pcie: a.pcie.clone(),
+        mtu: a.mtu,
+        pattern: a.pattern,
+        step_bytes: a.step_bytes,
+        verify: match a.verify {
+            Verify::Auto => None,
+            Verify::On => Some(true),
+            Verify::Off => Some(false),
+        },
+        latency_bytes: a.latency_bytes,
+    }
+}
+
+/// `--model SPEC --cpu`: the CPU cost table (or JSON).
+fn cpu(a: &Args, spec: &str) -> Result<()> {
+    use crate::transport::modelfab::link::{Framing, Topology};
+    if a.mode != b::Mode::Bandwidth {
+        return Err(Error::InvalidUsage(format!(
+            "--cpu measures the bandwidth pattern; accepted: switchless bench bandwidth --model SPEC --cpu (got {})",
+            a.mode.name()
+        )));
+    }
+    let topo = Topology::parse(spec, &a.pcie, Framing::Ideal)?;
+    let speeds: Vec<u64> = topo.paths.iter().map(|p| p.rate_bps / 1_000_000).collect();
+    let sizes = b::modes::sizes(&options(a))?;
+    let step = a
+        .step_bytes
+        .or(a.pattern.step_bytes())
+        .unwrap_or(a.max_bytes);
+    let r = b::cpu::run(
+        spec,
+        &speeds,
+        &sizes,
+        step,
+        a.window,
+        a.cpu_bytes,
+        Duration::from_secs(a.timeout),
+    )?;
+    if let Some(p) = &a.save_json {
+        let j = serde_json::to_string_pretty(&r)
+            .map_err(|e| Error::Internal(format!("JSON of the report: {e}")))?;
+        std::fs::write(p, j).map_err(|e| Error::io(format!("writing {}", p.display()), e))?;
+    }
+    if a.json {
+        let j = serde_json::to_string_pretty(&r)
+            .map_err(|e| Error::Internal(format!("JSON of the report: {e}")))?;
+        println!("{j}");
+    } else {
+        print!("{}", b::cpu::table(&r));
+    }
+    Ok(())
+}
+
+/// The --plot of a report: achieved rate per size and, under --model, the modelled rate.
+fn plot(r: &b::Report, path: &std::path::Path) -> Result<()> {
+    use crate::tools::plot::{Plot, Series};
+    let busbw = matches!(r.mode, b::Mode::Alltoall | b::Mode::Allreduce);
+    let pts = |f: &dyn Fn(&b::Row) -> Option<f64>| -> Vec<(u64, f64)> {
+        r.rows
+            .iter()
+            .filter_map(|row| f(row).map(|v| (row.size_bytes as u64, v)))
+            .collect()
+    };
+    let (label, y) = if r.mode == b::Mode::Latency {
+        ("one-way latency", "time (us)")
+    } else if busbw {
+        ("busbw", "bandwidth (Gb/s)")
+    } else {
+        ("algbw", "bandwidth (Gb/s)")
+    };
+    let mut series = vec![Series {
+        label: label.into(),
+        points: pts(&|row| {
+            Some(match r.mode {
+                b::Mode::Latency => row.time_us,
+                _ if busbw => row.busbw_gbits_s,
+                _ => row.algbw_gbits_s,
+            })
+        }),
+        reference: false,
+    }];
+    if r.mode != b::Mode::Latency && r.rows.iter().any(|x| x.modelled_gbits_s.is_some()) {
+        series.push(Series {
+            label: "sum of modelled path rates".into(),
+            points: pts(&|row| row.modelled_gbits_s),
+            reference: true,
+        });
+    }
+    let title = match &r.model {
+        Some(m) => format!("switchless bench {}: {}", r.mode.name(), m.spec),
+        None => format!("switchless bench {}: {}", r.mode.name(), r.plugin),
+    };
+    crate::tools::plot::write(
+        &Plot {
+            title,
+            y_label: y.into(),
+            series,
+        },
+        path,
+    )
+}
+
 fn go(a: &Args) -> Result<b::Report> {
     let o = options(a);
     let nranks = a
@@ -180,7 +327,9 @@ fn go(a: &Args) -> Result<b::Report> {
             a.hosts.len()
         )));
     }
-    if a.loopback {
+    if let Some(spec) = &a.model {
+        b::model::run(&o, nranks, &model_options(a, spec))
+    } else if a.loopback {
         b::loopback::run_ranks(&o, nranks, b::loopback::LoopbackConfig::default())
     } else {
         real(a, &o, nranks)
@@ -188,11 +337,26 @@ fn go(a: &Args) -> Result<b::Report> {
 }
 
 pub fn run(args: Args) -> ExitCode {
+    if let (Some(spec), true) = (&args.model, args.cpu) {
+        return match cpu(&args, spec) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("switchless bench --cpu: {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
     match go(&args) {
         Ok(r) => {
             if let Err(e) = emit(&args, &r) {
                 eprintln!("switchless bench: {e}");
                 return ExitCode::from(2);
+            }
+            if let (Some(p), 0) = (&args.plot, r.rank) {
+                if let Err(e) = plot(&r, p) {
+                    eprintln!("switchless bench: {e}");
+                    return ExitCode::from(2);
+                }
             }
             if r.errors() > 0 {
                 eprintln!(

@@ -1,0 +1,156 @@
+//! `switchless bench --model`: the modes over the model fabric in virtual time, ranks as threads.
+//! Efficiencies land where the model's framing puts them, runs repeat exactly (same rows, same
+//! trace digest), shared PCIe caps show, payloads are checked, bad specs say what is accepted.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use switchless::tools::bench::model::{ModelOptions, run};
+use switchless::tools::bench::summary::Pattern;
+use switchless::tools::bench::{Mode, Options, report};
+
+fn opts(mode: Mode, min: usize, max: usize) -> Options {
+    Options {
+        mode,
+        min_bytes: min,
+        max_bytes: max,
+        step_factor: 4,
+        iters: 8,
+        warmup: 2,
+        window: 8,
+        channels: 2,
+        chunk_bytes: 128 << 10,
+        dev: None,
+        timeout: Duration::from_secs(120),
+        progress: false,
+    }
+}
+
+fn model(spec: &str, pcie: &str) -> ModelOptions {
+    ModelOptions {
+        spec: spec.into(),
+        pcie: pcie.into(),
+        mtu: 4096,
+        pattern: Pattern::Simple,
+        step_bytes: None,
+        verify: None,
+        latency_bytes: 8,
+    }
+}
+
+/// The goodput share RoCE v2 framing leaves at MTU 4096: 4096 / (4096 + 82).
+const FRAMING: f64 = 4096.0 / 4178.0;
+
+#[test]
+fn gb10_port_bandwidth_is_deterministic_and_near_the_framing_ceiling() {
+    let o = opts(Mode::Bandwidth, 8, 2 << 20);
+    let m = model("92.57G/1.2us,97.28G/1.2us", "");
+    let a = run(&o, 2, &m).unwrap();
+    assert_eq!(a.errors(), 0, "{:?}", a.first_error);
+    let s = a.model.as_ref().unwrap();
+    assert!(s.verify, "checks are on at this scale");
+    assert!((s.sum_gbits_s - 189.85).abs() < 1e-9);
+    let eff = a.efficiency.unwrap();
+    assert!(eff <= FRAMING + 1e-9 && eff > 0.97, "efficiency {eff}");
+    for r in &a.rows {
+        assert_eq!(r.modelled_gbits_s, Some(189.85));
+        assert!(r.efficiency.unwrap() <= FRAMING + 1e-9, "{r:?}");
+    }
+    // Latency: at least one modelled write, and reported at the top level too.
+    assert!(
+        s.latency_us >= s.rdma_write_us && s.rdma_write_us > 1.2,
+        "{s:?}"
+    );
+    assert_eq!(a.latency_us, Some(s.latency_us));
+    // A second run repeats exactly.
+    let b = run(&o, 2, &m).unwrap();
+    assert_eq!(a.rows, b.rows);
+    assert_eq!(s.trace_hash, b.model.as_ref().unwrap().trace_hash);
+    let j = report::json(&a).unwrap();
+    assert!(
+        j.contains("\"efficiency\"") && j.contains("\"latency_us\""),
+        "{j}"
+    );
+    let t = report::table(&a);
+    assert!(t.contains("model(Gb/s)") && t.contains("RDMA write"), "{t}");
+}
+
+#[test]
+fn one_shared_root_caps_two_paths() {
+    let o = opts(Mode::Bandwidth, 2 << 20, 2 << 20);
+    let free = run(&o, 2, &model("200G/1us,200G/1us", "")).unwrap();
+    let capped = run(&o, 2, &model("200G/1us@r0,200G/1us@r0", "r0=256G")).unwrap();
+    let (ef, ec) = (free.efficiency.unwrap(), capped.efficiency.unwrap());
+    assert!(ef > 0.97, "uncapped {ef}");
+    // 256 of 400 Gb/s; the cap counts payload, so framing does not lower it further.
+    assert!((ec - 0.64).abs() < 0.01, "capped {ec}");
+}
+
+#[test]
+fn alltoall_and_allreduce_check_their_data_over_three_ranks() {
+    for mode in [Mode::Alltoall, Mode::Allreduce] {
+        let o = opts(mode, 1024, 256 << 10);
+        let r = run(&o, 3, &model("100G/1us,100G/1us", "")).unwrap();
+        assert_eq!(r.errors(), 0, "{mode:?}: {:?}", r.first_error);
+        // three ranks as threads, all connecting at once: the same trace every run
+        let again = run(&o, 3, &model("100G/1us,100G/1us", "")).unwrap();
+        assert_eq!(r.rows, again.rows);
+        assert_eq!(
+            r.model.as_ref().unwrap().trace_hash,
+            again.model.as_ref().unwrap().trace_hash
+        );
+        assert_eq!(r.nranks, 3);
+        for row in &r.rows {
+            let e = row.efficiency.unwrap();
+            assert!(e > 0.0 && e <= 1.0, "{mode:?} {row:?}");
+        }
+    }
+}
+
+#[test]
+fn latency_mode_reports_the_ratio_to_one_rdma_write() {
+    let o = opts(Mode::Latency, 8, 4096);
+    let r = run(&o, 2, &model("400G/1us", "")).unwrap();
+    let s = r.model.unwrap();
+    assert_eq!(r.rows[0].time_us, s.latency_us);
+    assert!(r.rows.iter().all(|x| x.efficiency.is_none()));
+    // one write: 1 us + (8 + 82 + 16 + 4) B at 400 Gb/s = 2.2 ns
+    assert!(
+        (s.rdma_write_us - 1.0022).abs() < 1e-9,
+        "{}",
+        s.rdma_write_us
+    );
+    assert!(
+        s.latency_ratio >= 1.0 && s.latency_ratio < 4.0,
+        "{}",
+        s.latency_ratio
+    );
+}
+
+#[test]
+fn without_checks_nothing_is_copied_and_sizes_still_match() {
+    let o = opts(Mode::Bandwidth, 1 << 20, 1 << 20);
+    let mut m = model("400G/1us,400G/1us", "");
+    m.verify = Some(false);
+    let r = run(&o, 2, &m).unwrap();
+    assert_eq!(r.errors(), 0);
+    assert!(!r.model.unwrap().verify);
+}
+
+#[test]
+fn bad_specs_name_what_is_accepted() {
+    let o = opts(Mode::Bandwidth, 8, 8);
+    for (spec, pcie, want) in [
+        ("", "", "accepted"),
+        ("400", "", "accepted"),
+        ("400G/1 lightyear", "", "accepted"),
+        ("400G@r0", "", "--pcie r0=RATE"),
+        ("400G", "r0=1G", "no path"),
+    ] {
+        let e = run(&o, 2, &model(spec, pcie)).unwrap_err().to_string();
+        assert!(e.contains(want), "{spec:?} {pcie:?}: {e}");
+    }
+    let mut m = model("400G", "");
+    m.mtu = 9000;
+    assert!(run(&o, 2, &m).unwrap_err().to_string().contains("4096"));
+}
