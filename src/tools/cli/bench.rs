@@ -250,7 +250,7 @@ fn cpu(a: &Args, spec: &str) -> Result<()> {
         step,
         a.window,
         a.cpu_bytes,
-        Duration::from_secs(a.timeout),
+        a.timeout,
     )?;
     if let Some(p) = &a.save_json {
         let j = serde_json::to_string_pretty(&r)
