@@ -9,14 +9,14 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::data::SendEnd;
-use super::report::{ConnReport, fallback_warning, routed_hint, step_error};
+use super::report::{ConnReport, fallback_warning, gpu_over_tcp, routed_hint, step_error};
 use super::{ConnOptions, Connectable, PathFactory, PathPlan, Switchless};
 use crate::config::TransportMode;
 use crate::error::{Error, Result};
 use crate::plugin::{CommInfo, Handle};
 use crate::route::handle::{Handle as HandleView, HandleRepr};
 use crate::route::select::{KindFilter, PathChoice, Reach, RouteOptions, Selection, select};
-use crate::route::types::{LocalLink, RemoteLink};
+use crate::route::types::{LinkKind, LocalLink, RemoteLink};
 use crate::sync::lock;
 use crate::transport::comm::SendComm;
 use crate::transport::handshake::{ConnectPoll, Connector, Established, PathParams, SideParams};
@@ -98,7 +98,24 @@ impl<P: PathFactory> Switchless<P> {
     /// link is point-to-point, the RoCE error stands). Then, with `NCCL_SWITCHLESS_TCP_FALLBACK=1`
     /// only, TCP over any shared subnet (a management LAN) or kernel route through a gateway (a
     /// forwarding neighbour, the default route: [`Reach::Routed`]), with one WARN per peer.
+    ///
+    /// A device on which NCCL may register GPU memory never gets TCP paths: the connection fails here
+    /// with both sides' subnets ([`gpu_over_tcp`]), not later at NCCL's first GPU registration.
     fn route(&self, dev: usize, peer: &[RemoteLink], who: &str) -> Result<Selection> {
+        let sel = self.route_any(dev, peer, who)?;
+        if self.gpu_memory(dev) && sel.paths.iter().any(|p| p.kind == LinkKind::Tcp) {
+            return Err(Error::InvalidUsage(gpu_over_tcp(
+                dev,
+                &self.dev_name(dev),
+                &sel,
+                &self.view.links,
+                peer,
+            )));
+        }
+        Ok(sel)
+    }
+
+    fn route_any(&self, dev: usize, peer: &[RemoteLink], who: &str) -> Result<Selection> {
         let opts = |kinds| RouteOptions {
             nccl_dev: Some(dev),
             kinds,
@@ -143,6 +160,14 @@ impl<P: PathFactory> Switchless<P> {
             tracing::warn!("NET/switchless: {}", fallback_warning(who, &sel));
         }
         Ok(sel)
+    }
+
+    /// The NCCL device's name (`sl_...`), or empty.
+    fn dev_name(&self, dev: usize) -> String {
+        self.props
+            .get(dev)
+            .map(|p| p.name.to_string_lossy().into_owned())
+            .unwrap_or_default()
     }
 
     fn sweep(&self, map: &mut HashMap<u64, Box<ConnectState<P::Fabric>>>) {

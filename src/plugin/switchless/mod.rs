@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::config::Config;
+use crate::config::{Config, PathType};
 use crate::error::{Error, Result};
 use crate::host::NcclDevice;
 use crate::plugin::{
@@ -94,6 +94,10 @@ impl Default for QpAttrs {
 pub struct ConnOptions {
     /// Create loopback paths for the GPU-direct flush (receiving side, device can register GPU memory).
     pub loopback: bool,
+    /// NCCL may register GPU memory on this connection (the device advertises `NCCL_PTR_CUDA` or
+    /// `NCCL_PTR_DMABUF` and `NCCL_NET_GDR_LEVEL` does not turn GPU-direct off): a factory refuses
+    /// paths that cannot carry it (TCP), so the acceptor rejects such a hello with the reason.
+    pub gpu: bool,
     /// Queue-pair attributes.
     pub qp: QpAttrs,
 }
@@ -251,16 +255,31 @@ impl<P: PathFactory> Switchless<P> {
         self.view.config.connect_timeout
     }
 
-    fn opts(&self, comm: &CommInfo, dev: usize, receiving: bool) -> ConnOptions {
-        let gpu = PtrSupport(PtrSupport::CUDA.0 | PtrSupport::DMABUF.0);
-        let loopback = receiving
+    /// The device advertises GPU memory (`NCCL_PTR_CUDA` or `NCCL_PTR_DMABUF`).
+    fn registers_gpu(&self, dev: usize) -> bool {
+        let gpu = PtrSupport::CUDA.union(PtrSupport::DMABUF);
+        self.props
+            .get(dev)
+            .is_some_and(|p| p.ptr_support.0 & gpu.0 != 0)
+    }
+
+    /// NCCL may put GPU memory on a connection of `dev`: the device advertises it and
+    /// `NCCL_NET_GDR_LEVEL` is not below `PIX` (below it, no NIC is close enough and NCCL keeps its
+    /// buffers in host memory).
+    fn gpu_memory(&self, dev: usize) -> bool {
+        self.registers_gpu(dev)
             && self
-                .props
-                .get(dev)
-                .is_some_and(|p| p.ptr_support.0 & gpu.0 != 0);
+                .view
+                .config
+                .net_gdr_level
+                .is_none_or(|l| l >= PathType::Pix)
+    }
+
+    fn opts(&self, comm: &CommInfo, dev: usize, receiving: bool) -> ConnOptions {
         let tc = comm.traffic_class.and_then(|t| u8::try_from(t).ok());
         ConnOptions {
-            loopback,
+            loopback: receiving && self.registers_gpu(dev),
+            gpu: self.gpu_memory(dev),
             qp: QpAttrs::from_config(&self.view.config, tc),
         }
     }

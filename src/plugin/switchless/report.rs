@@ -1,6 +1,6 @@
 //! The log and error text of a connection: its one INFO line (`ConnReport`), the small-MTU warning,
-//! the TCP fallback warning ([`fallback_warning`]), the hint for routed paths ([`routed_hint`]) and
-//! the prefix of a failed step's error.
+//! the TCP fallback warning ([`fallback_warning`]), the GPU-over-TCP refusal ([`gpu_over_tcp`]), the
+//! hint for routed paths ([`routed_hint`]) and the prefix of a failed step's error.
 #![forbid(unsafe_code)]
 
 use std::fmt::Write as _;
@@ -8,8 +8,8 @@ use std::sync::atomic::Ordering;
 
 use super::{Connectable, PathFactory, PathPlan, Switchless};
 use crate::error::Error;
-use crate::route::select::PathChoice;
-use crate::route::types::LinkKind;
+use crate::route::select::{PathChoice, Selection};
+use crate::route::types::{LinkKind, LocalLink, RemoteLink};
 use crate::transport::handshake::PathParams;
 
 /// A connection that just became ready, as its INFO line tells it.
@@ -208,5 +208,43 @@ pub fn fallback_warning(who: &str, sel: &crate::route::select::Selection) -> Str
     format!(
         "{who}: no RoCE or TCP point-to-point link reaches it; NCCL_SWITCHLESS_TCP_FALLBACK=1 carries it over TCP on {}: {expect}, far below a direct link",
         paths.join(", ")
+    )
+}
+
+/// The refusal of TCP paths for a device on which NCCL may register GPU memory, naming the device,
+/// both sides' subnets and the paths TCP would have used.
+pub fn gpu_over_tcp(
+    dev: usize,
+    name: &str,
+    sel: &Selection,
+    local: &[LocalLink],
+    peer: &[RemoteLink],
+) -> String {
+    let peer_list: Vec<String> = peer
+        .iter()
+        .map(|r| format!("{} ({:?})", r.addr, r.kind))
+        .collect();
+    let mut subnets: Vec<String> = Vec::new();
+    for l in local {
+        let s = format!("{} on {} ({:?})", l.addr.trunc(), l.netdev, l.kind);
+        if !subnets.contains(&s) {
+            subnets.push(s);
+        }
+    }
+    let tcp: Vec<String> = sel
+        .paths
+        .iter()
+        .filter(|p| p.kind == LinkKind::Tcp)
+        .map(|p| format!("{} {} -> {}", p.local.netdev, p.local.addr, p.remote.addr))
+        .collect();
+    format!(
+        "NCCL device {dev} ({name}) advertises GPU memory (NCCL_PTR_CUDA or NCCL_PTR_DMABUF), so NCCL registers \
+         GPU buffers on its connections, but only TCP paths reach the peer ({}), and TCP carries host memory \
+         only. The peer advertises {}; local subnets: {}. Give both ends a RoCE port in a shared subnet, or \
+         set NCCL_NET_GDR_LEVEL=LOC on every rank (NCCL then keeps its buffers in host memory), or \
+         NCCL_SWITCHLESS_TRANSPORT=tcp (every device host memory only)",
+        tcp.join(", "),
+        peer_list.join(", "),
+        subnets.join(", ")
     )
 }
