@@ -375,6 +375,20 @@ fn lone_backend(me: &str, ptr_support: u32, vars: &[(&str, &str)]) -> Arc<B> {
     Arc::new(Switchless::from_parts(NetFactory::tcp_only(config), view).unwrap())
 }
 
+#[test]
+fn a_peer_on_this_host_connects_over_tcp_to_the_links_own_address() {
+    // Two ranks of one host advertise the same addresses; the /30's far end (127.0.5.6) is no
+    // rank's. NCCL connects them over the network when P2P and SHM are off.
+    let b = lone_backend("127.0.5.5/30", 1, &[]);
+    let mut pair = establish(&b);
+    let labels = pair.0.path_labels();
+    assert_eq!(labels.len(), 1, "{labels:?}");
+    assert!(labels[0].contains("127.0.5.5"), "{labels:?}");
+    transfer(&mut pair, &[0, 7, 1 << 20]);
+    B::close_send(pair.0).unwrap();
+    B::close_recv(pair.1).unwrap();
+}
+
 /// Drives `a`'s connect to a listener of `b` and `b`'s accept; returns both outcomes (the first
 /// error each side reported).
 fn try_across(

@@ -9,7 +9,9 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::data::SendEnd;
-use super::report::{ConnReport, fallback_warning, gpu_over_tcp, routed_hint, step_error};
+use super::report::{
+    ConnReport, fallback_warning, gpu_over_tcp, routed_hint, same_host_note, step_error,
+};
 use super::{ConnOptions, Connectable, PathFactory, PathPlan, Switchless};
 use crate::config::TransportMode;
 use crate::error::{Error, Result};
@@ -214,6 +216,12 @@ impl<P: PathFactory> Switchless<P> {
                 .join(", ")
         );
         let sel = self.route(dev, &repr.links, &peer_key)?;
+        if sel.same_host {
+            tracing::info!(
+                "NET/switchless: connect to {peer}: {}",
+                same_host_note(&sel)
+            );
+        }
         if let Some(ov) = &sel.dev_override {
             tracing::info!("NET/switchless: connect to {peer}: {}", ov.reason);
         }

@@ -1,6 +1,7 @@
 //! The log and error text of a connection: its one INFO line (`ConnReport`), the small-MTU warning,
-//! the TCP fallback warning ([`fallback_warning`]), the GPU-over-TCP refusal ([`gpu_over_tcp`]), the
-//! hint for routed paths ([`routed_hint`]) and the prefix of a failed step's error.
+//! the TCP fallback warning ([`fallback_warning`]), the same-host note ([`same_host_note`]), the
+//! GPU-over-TCP refusal ([`gpu_over_tcp`]), the hint for routed paths ([`routed_hint`]) and the
+//! prefix of a failed step's error.
 #![forbid(unsafe_code)]
 
 use std::fmt::Write as _;
@@ -208,6 +209,25 @@ pub fn fallback_warning(who: &str, sel: &crate::route::select::Selection) -> Str
     format!(
         "{who}: no RoCE or TCP point-to-point link reaches it; NCCL_SWITCHLESS_TCP_FALLBACK=1 carries it over TCP on {}: {expect}, far below a direct link",
         paths.join(", ")
+    )
+}
+
+/// The INFO line of a connection to a rank on this host.
+pub fn same_host_note(sel: &Selection) -> String {
+    let how = if sel.paths.iter().all(|p| p.kind == LinkKind::Roce) {
+        "RoCE to each port's own GID (HCA loopback)"
+    } else {
+        "TCP to each link's own address"
+    };
+    let links: Vec<String> = sel
+        .paths
+        .iter()
+        .map(|p| format!("{} {}", p.local.netdev, p.local.addr))
+        .collect();
+    format!(
+        "the peer is this host (its handle advertises only this host's addresses: NCCL connects ranks of one \
+         host over the network when P2P and SHM are off or their host hashes differ); loopback over {how} on {}",
+        links.join(", ")
     )
 }
 
