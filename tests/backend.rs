@@ -64,6 +64,7 @@ fn device(index: usize, name: &str) -> NcclDevice {
             netdev: Some("lo".into()),
             pci_bdf: None,
             pci_root: None,
+            numa_node: None,
             speed_mbps: 100_000,
         }],
         pci_path: String::new(),

@@ -1,19 +1,20 @@
 //! What a stock NCCL expects of the plugin beyond the ABI, driven as NCCL's proxy drives it (the
 //! real backend over the in-memory fabric, `plugin::init` / `listen` / `connect` / `accept` and the
-//! backend's own calls): ranks of one host connect over loopback paths.
+//! backend's own calls): ranks of one host connect over loopback paths, and GPU memory stays within
+//! `NCCL_NET_GDR_LEVEL` of NCCL's device.
 //!
 //! Host models: links on `eth*` netdevs in 127/8 (every address is local, so the handshake's
 //! sockets connect), one NCCL device per link unless a test says otherwise.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use switchless::config::Config;
 use switchless::host::{Member, NcclDevice};
 use switchless::plugin::{
-    self, CommInfo, Endpoint, HANDLE_SIZE, Handle, HostView, MemFactory, PtrSupport, RecvBuf,
-    Region, Switchless,
+    self, Backend, CommInfo, Endpoint, HANDLE_SIZE, Handle, HostView, MemFactory, PtrSupport,
+    RecvBuf, Region, Switchless,
 };
 use switchless::route::types::{KernelRoute, LinkKind, LocalLink};
 use switchless::transport::memfab::{MemFab, MemFabConfig};
@@ -54,7 +55,7 @@ fn link(id: usize, addr: &str, dev: Option<usize>, root: &str) -> LocalLink {
     }
 }
 
-fn device(index: usize, name: &str, root: &str, ptr: u32) -> NcclDevice {
+fn device(index: usize, name: &str, root: &str, numa: Option<i32>, ptr: u32) -> NcclDevice {
     NcclDevice {
         index,
         name: name.into(),
@@ -64,6 +65,7 @@ fn device(index: usize, name: &str, root: &str, ptr: u32) -> NcclDevice {
             netdev: Some(format!("eth{index}")),
             pci_bdf: None,
             pci_root: Some(root.into()),
+            numa_node: numa,
             speed_mbps: 100_000,
         }],
         pci_path: String::new(),
@@ -91,12 +93,24 @@ fn route(dest: &str, ifname: &str) -> KernelRoute {
     }
 }
 
+fn config(vars: &[(&str, &str)]) -> Config {
+    Config::from_vars(|n| {
+        vars.iter()
+            .find(|(k, _)| *k == n)
+            .map(|(_, v)| v.to_string())
+    })
+    .unwrap()
+}
+
 /// Two devices, one link each on its own /30 (the far ends, .2, are no rank's): every peer this
 /// node's ranks see is this host.
 fn two_cables(config: Config) -> HostView {
     HostView {
         config,
-        devices: vec![device(0, "sl_a", ROOT_A, 1), device(1, "sl_b", ROOT_FAR, 1)],
+        devices: vec![
+            device(0, "sl_a", ROOT_A, Some(0), 1),
+            device(1, "sl_b", ROOT_FAR, Some(1), 1),
+        ],
         links: vec![
             link(0, "127.0.1.1/30", Some(0), ROOT_A),
             link(1, "127.0.2.1/30", Some(1), ROOT_FAR),
@@ -206,4 +220,120 @@ fn a_peer_on_this_host_connects_over_a_loopback_path() {
     plugin::close_send(*sc).unwrap();
     plugin::close_recv(*rc).unwrap();
     plugin::finalize(ctx).unwrap();
+}
+
+/// Three devices: NCCL's device 0 faces no peer (its only link is on its own /30), device 1 is under
+/// the same PCIe root port as device 0, device 2 under another root (NUMA `far_numa`). The peer is
+/// this node; it is reached from links 1 and 2 (127/8).
+fn gdr_view(config: Config, ptr: u32, far_numa: i32, near_root: &str) -> HostView {
+    HostView {
+        config,
+        devices: vec![
+            device(0, "sl_gpu", ROOT_A, Some(0), ptr),
+            device(1, "sl_near", near_root, Some(0), ptr),
+            device(2, "sl_far", ROOT_FAR, Some(far_numa), ptr),
+        ],
+        links: vec![
+            link(0, "10.9.9.1/30", Some(0), ROOT_A),
+            link(1, "127.0.0.1/8", Some(1), near_root),
+            link(2, "127.0.0.2/8", Some(2), ROOT_FAR),
+        ],
+        routes: vec![
+            route("10.9.9.0/30", "eth0"),
+            route("127.0.0.0/8", "eth1"),
+            route("127.0.0.0/8", "eth2"),
+        ],
+    }
+}
+
+/// Connects on NCCL's device 0 and returns the local links of the paths (from the INFO line) and the
+/// captured logs.
+fn paths_on_dev0(b: &Arc<B>) -> (Vec<String>, Logs) {
+    let (pair, logs) = Logs::capture(|| {
+        let mut h: Handle = [0; HANDLE_SIZE];
+        let mut l = b.listen(&CommInfo::default(), 0, &mut h).unwrap();
+        let (mut s, mut r) = (None, None);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while s.is_none() || r.is_none() {
+            assert!(Instant::now() < deadline);
+            if s.is_none() {
+                s = b.connect(&CommInfo::default(), 0, &mut h).unwrap();
+            }
+            if r.is_none() {
+                r = B::accept(&mut l).unwrap();
+            }
+        }
+        (s.unwrap(), r.unwrap())
+    });
+    let line = logs.find(Level::INFO, "connected to");
+    assert_eq!(line.len(), 1, "{:#?}", logs.all());
+    let links = ["eth0", "eth1", "eth2"]
+        .iter()
+        .filter(|n| line[0].contains(&format!("] {n} ")))
+        .map(|n| n.to_string())
+        .collect();
+    B::close_send(pair.0).unwrap();
+    B::close_recv(pair.1).unwrap();
+    (links, logs)
+}
+
+fn gdr_backend(vars: &[(&str, &str)], ptr: u32, far_numa: i32, near_root: &str) -> Arc<B> {
+    let f = MemFactory::new(MemFab::new(MemFabConfig::default()), 1);
+    Arc::new(Switchless::from_parts(f, gdr_view(config(vars), ptr, far_numa, near_root)).unwrap())
+}
+
+#[test]
+fn gpu_memory_stays_within_the_gdr_level_of_nccls_device() {
+    const GPU: u32 = 1 | 2;
+    // Host memory only: every link that reaches the peer (today's behaviour for every device).
+    let (links, _) = paths_on_dev0(&gdr_backend(&[], 1, 1, ROOT_A));
+    assert_eq!(links, ["eth1", "eth2"]);
+    // GPU memory, NCCL's default level (PXB): only the link under device 0's root port. Today's
+    // plugin used both, putting GPU memory on a NIC under another root.
+    let (links, logs) = paths_on_dev0(&gdr_backend(&[], GPU, 1, ROOT_A));
+    assert_eq!(links, ["eth1"], "{:#?}", logs.all());
+    assert!(logs.find(Level::WARN, "GPU-direct").is_empty());
+    // PHB: the same NUMA node counts as near; another node does not.
+    let phb = [("NCCL_NET_GDR_LEVEL", "PHB")];
+    assert_eq!(
+        paths_on_dev0(&gdr_backend(&phb, GPU, 0, ROOT_A)).0,
+        ["eth1", "eth2"]
+    );
+    assert_eq!(
+        paths_on_dev0(&gdr_backend(&phb, GPU, 1, ROOT_A)).0,
+        ["eth1"]
+    );
+    // SYS: anything; LOC: NCCL never uses GPU-direct.
+    for level in ["SYS", "LOC"] {
+        let v = [("NCCL_NET_GDR_LEVEL", level)];
+        assert_eq!(
+            paths_on_dev0(&gdr_backend(&v, GPU, 1, ROOT_A)).0,
+            ["eth1", "eth2"],
+            "{level}"
+        );
+    }
+    // Only distant links reach the peer: they are used, with one WARN per peer naming the penalty
+    // and the remedy.
+    let b = gdr_backend(&[], GPU, 1, "pci0000:40/0000:40:01.0");
+    let (links, logs) = paths_on_dev0(&b);
+    assert_eq!(links, ["eth1", "eth2"]);
+    let w = logs.find(Level::WARN, "GPU-direct");
+    assert_eq!(w.len(), 1, "{:#?}", logs.all());
+    for want in [
+        "NCCL chose device 0 (sl_gpu)",
+        "no link within NCCL_NET_GDR_LEVEL=P2C (NCCL's default, PXB without C2C)",
+        "eth1 127.0.0.1/8 (PCIe root pci0000:40/0000:40:01.0: through the CPU's host bridge (PHB))",
+        "eth2 127.0.0.2/8 (PCIe root pci0000:80/0000:80:01.0: across the CPU interconnect",
+        "well below the links' rate",
+        "NCCL_TOPO_FILE",
+        "NCCL_CROSS_NIC",
+        "NCCL_NET_GDR_LEVEL=PHB or SYS",
+    ] {
+        assert!(w[0].contains(want), "{want:?} missing from: {}", w[0]);
+    }
+    let (_, logs) = paths_on_dev0(&b);
+    assert!(
+        logs.find(Level::WARN, "GPU-direct").is_empty(),
+        "one WARN per peer"
+    );
 }

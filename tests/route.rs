@@ -1070,3 +1070,28 @@ mod props {
         }
     }
 }
+
+#[test]
+fn closeness_follows_nccls_pci_distance_classes() {
+    use switchless::route::{Closeness, closeness};
+    let rp = "pci0000:00/0000:00:01.0";
+    assert_eq!(closeness(rp, Some(0), rp, Some(1)), Closeness::SameRootPort);
+    // Another root port: the same NUMA node is PHB, another one SYS.
+    let other = "pci0000:00/0000:00:02.0";
+    assert_eq!(closeness(other, Some(0), rp, Some(0)), Closeness::SameNuma);
+    assert_eq!(
+        closeness("pci0000:80/0000:80:01.0", Some(1), rp, Some(0)),
+        Closeness::Farther
+    );
+    // NUMA unknown (-1 or absent): one host bridge still means one CPU.
+    assert_eq!(closeness(other, None, rp, Some(-1)), Closeness::SameNuma);
+    assert_eq!(
+        closeness("pci0000:80/0000:80:01.0", None, rp, None),
+        Closeness::Farther
+    );
+    // Unknown roots are never close.
+    assert_eq!(closeness("", None, "", None), Closeness::Farther);
+    assert!(
+        Closeness::SameRootPort < Closeness::SameNuma && Closeness::SameNuma < Closeness::Farther
+    );
+}

@@ -39,6 +39,9 @@ pub struct Member {
     /// PCI function (`0000:01:00.0`) and its PCIe root (`pci0000:00/0000:00:00.0`).
     pub pci_bdf: Option<String>,
     pub pci_root: Option<String>,
+    /// NUMA node of the PCI function (`None`: unknown, or the kernel says -1).
+    #[serde(default)]
+    pub numa_node: Option<i32>,
     /// This member's share of the device speed in Mb/s (see [`NcclDevice::speed_mbps`]).
     pub speed_mbps: u32,
 }
@@ -171,6 +174,7 @@ impl HostModel {
                         netdev: p.netdev.clone(),
                         pci_bdf: d.pci.clone(),
                         pci_root: f.map(|f| f.root.clone()),
+                        numa_node: f.and_then(|f| f.numa_node).filter(|n| *n >= 0),
                         speed_mbps: 0,
                     },
                     rate,

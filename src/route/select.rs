@@ -587,6 +587,46 @@ fn loopback_pairs(
     }
 }
 
+/// How close two PCIe functions are, in the classes NCCL's GPU-direct rule (`NCCL_NET_GDR_LEVEL`)
+/// tells apart, judged from their PCIe roots (`pci0000:00/0000:00:01.0`: host bridge / root port) and
+/// NUMA nodes. Ordered from closest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Closeness {
+    /// Under one PCIe root port: traffic between them stays below the CPU (NCCL's `PIX`/`PXB`).
+    SameRootPort,
+    /// Under one CPU: the same NUMA node, or the same host bridge when the NUMA node is unknown
+    /// (NCCL's `PHB`).
+    SameNuma,
+    /// Across the CPUs' interconnect, or unknown (NCCL's `SYS`).
+    Farther,
+}
+
+/// [`Closeness`] of functions `a` and `b` (empty root = unknown; NUMA `None` or negative = unknown).
+pub fn closeness(
+    a_root: &str,
+    a_numa: Option<i32>,
+    b_root: &str,
+    b_numa: Option<i32>,
+) -> Closeness {
+    if !a_root.is_empty() && a_root == b_root {
+        return Closeness::SameRootPort;
+    }
+    let known = |n: Option<i32>| n.filter(|n| *n >= 0);
+    match (known(a_numa), known(b_numa)) {
+        (Some(x), Some(y)) if x == y => Closeness::SameNuma,
+        (Some(_), Some(_)) => Closeness::Farther,
+        _ => {
+            let bridge = |r: &str| r.split('/').next().unwrap_or_default().to_string();
+            if !a_root.is_empty() && bridge(a_root) == bridge(b_root) {
+                Closeness::SameNuma
+            } else {
+                Closeness::Farther
+            }
+        }
+    }
+}
+
 /// Reorders `items` so consecutive items alternate values of `key` (round-robin over key groups in
 /// order of first appearance).
 fn interleave_by<T, K: PartialEq>(items: Vec<T>, key: impl Fn(&T) -> K) -> Vec<T> {

@@ -172,6 +172,8 @@ pub struct Switchless<P: PathFactory> {
     warned_mtu: AtomicBool,
     /// Peers already warned about the TCP fallback.
     warned_peers: Mutex<HashSet<String>>,
+    /// Peers already warned about GPU-direct on links far from NCCL's device.
+    warned_gdr: Mutex<HashSet<String>>,
 }
 
 impl<P: PathFactory> std::fmt::Debug for Switchless<P> {
@@ -233,6 +235,7 @@ impl<P: PathFactory> Switchless<P> {
             next_id: AtomicU64::new(1),
             warned_mtu: AtomicBool::new(false),
             warned_peers: Mutex::new(HashSet::new()),
+            warned_gdr: Mutex::new(HashSet::new()),
         })
     }
 

@@ -1,15 +1,16 @@
-//! The log and error text of a connection: its one INFO line (`ConnReport`), the small-MTU warning,
-//! the TCP fallback warning ([`fallback_warning`]), the same-host note ([`same_host_note`]), the
-//! GPU-over-TCP refusal ([`gpu_over_tcp`]), the hint for routed paths ([`routed_hint`]) and the
-//! prefix of a failed step's error.
+//! The log and error text of a connection: its one INFO line (`ConnReport`), the small-MTU warning, the TCP fallback warning
+//! ([`fallback_warning`]), the same-host note ([`same_host_note`]), the GPU-direct distance warning
+//! ([`gdr_warning`]), the GPU-over-TCP refusal ([`gpu_over_tcp`]), the hint for routed paths
+//! ([`routed_hint`]) and the prefix of a failed step's error.
 #![forbid(unsafe_code)]
 
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 
 use super::{Connectable, PathFactory, PathPlan, Switchless};
+use crate::config::PathType;
 use crate::error::Error;
-use crate::route::select::{PathChoice, Selection};
+use crate::route::select::{Closeness, PathChoice, Selection};
 use crate::route::types::{LinkKind, LocalLink, RemoteLink};
 use crate::transport::handshake::PathParams;
 
@@ -212,6 +213,27 @@ pub fn fallback_warning(who: &str, sel: &crate::route::select::Selection) -> Str
     )
 }
 
+/// The links allowed for GPU memory around NCCL's device under `NCCL_NET_GDR_LEVEL` (`None`: no
+/// limit; NCCL's default `P2C` is `PXB` on hosts without C2C, and this plugin cannot tell C2C apart,
+/// so it keeps the stricter reading).
+pub fn gdr_scope(level: Option<PathType>) -> Option<Closeness> {
+    match level {
+        None => Some(Closeness::SameRootPort),
+        Some(l) if l < PathType::Pix => None,
+        Some(l) if l < PathType::Phb => Some(Closeness::SameRootPort),
+        Some(PathType::Phb) => Some(Closeness::SameNuma),
+        Some(_) => None,
+    }
+}
+
+/// `NCCL_NET_GDR_LEVEL` as the logs name it.
+pub fn level_name(level: Option<PathType>) -> String {
+    level.map_or_else(
+        || "P2C (NCCL's default, PXB without C2C)".to_string(),
+        |l| l.as_str().to_string(),
+    )
+}
+
 /// The INFO line of a connection to a rank on this host.
 pub fn same_host_note(sel: &Selection) -> String {
     let how = if sel.paths.iter().all(|p| p.kind == LinkKind::Roce) {
@@ -228,6 +250,45 @@ pub fn same_host_note(sel: &Selection) -> String {
         "the peer is this host (its handle advertises only this host's addresses: NCCL connects ranks of one \
          host over the network when P2P and SHM are off or their host hashes differ); loopback over {how} on {}",
         links.join(", ")
+    )
+}
+
+/// The one WARN per peer when NCCL may put GPU memory on a connection but only links farther than
+/// `NCCL_NET_GDR_LEVEL` from NCCL's device reach the peer: which links, how far, what to expect
+/// and what to change. `near(root)` is a link's closeness to NCCL's device.
+pub fn gdr_warning(
+    who: &str,
+    dev: usize,
+    name: &str,
+    level: &str,
+    sel: &Selection,
+    near: impl Fn(&str) -> Option<Closeness>,
+) -> String {
+    let paths: Vec<String> = sel
+        .paths
+        .iter()
+        .map(|p| {
+            let how = match near(&p.local.pci_root) {
+                Some(Closeness::SameRootPort) => "under the same PCIe root port",
+                Some(Closeness::SameNuma) => "through the CPU's host bridge (PHB)",
+                _ => "across the CPU interconnect or of unknown distance (SYS)",
+            };
+            format!(
+                "{} {} (PCIe root {}: {how})",
+                p.local.netdev, p.local.addr, p.local.pci_root
+            )
+        })
+        .collect();
+    format!(
+        "{who}: NCCL chose device {dev} ({name}) and may use GPU-direct on it, but no link within \
+         NCCL_NET_GDR_LEVEL={level} of that device reaches the peer, so the connection uses {}. NCCL \
+         validated GPU-direct for device {dev} only: expect these NICs' reads and writes of GPU memory to run \
+         well below the links' rate through a host bridge and lower still across sockets, or to fail where the \
+         platform does not route PCIe peer-to-peer between root ports. Remedy: make NCCL choose a NIC cabled \
+         to this peer (a NCCL_TOPO_FILE, or NCCL_CROSS_NIC; see the routing recipes in the README), accept \
+         the distance with NCCL_NET_GDR_LEVEL=PHB or SYS, or keep NCCL's buffers in host memory with \
+         NCCL_NET_GDR_LEVEL=LOC",
+        paths.join(", ")
     )
 }
 
