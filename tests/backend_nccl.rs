@@ -209,6 +209,14 @@ fn a_peer_on_this_host_connects_over_a_loopback_path() {
         "{}",
         line[0]
     );
+    // The same INFO line counts NCCL's channels per cable: eth1 carried one send and one receive.
+    let acc = logs.find(Level::INFO, "accepted from");
+    assert!(
+        acc[0].contains("NCCL channels per cable so far"),
+        "{}",
+        acc[0]
+    );
+    assert!(acc[0].ends_with("eth1 1/1"), "{}", acc[0]);
     match (sc.endpoint(), rc.endpoint()) {
         (Endpoint::Send(s), Endpoint::Recv(r)) => {
             assert_eq!(s.path_labels().len(), 1);
@@ -336,4 +344,28 @@ fn gpu_memory_stays_within_the_gdr_level_of_nccls_device() {
         logs.find(Level::WARN, "GPU-direct").is_empty(),
         "one WARN per peer"
     );
+}
+
+#[test]
+fn channels_are_counted_per_cable_not_per_function() {
+    use switchless::plugin::PathPlan;
+    use switchless::plugin::switchless::report::CableCounts;
+    let plan = |id: usize, phys: u16| {
+        let mut l = link(id, &format!("127.0.{id}.1/30"), Some(0), ROOT_A);
+        l.phys_port_id = phys;
+        PathPlan {
+            remote: l.addr.addr(),
+            kind: l.kind,
+            local: l,
+        }
+    };
+    let mut c = CableCounts::default();
+    // A GB10 port: two PCIe functions (eth0, eth1) on one cage: one channel on one cable.
+    c.add(&[plan(0, 3), plan(1, 3)], true);
+    c.add(&[plan(0, 3), plan(1, 3)], false);
+    // NCCL_IB_QPS_PER_CONNECTION repeats a link: still one channel.
+    c.add(&[plan(2, 5), plan(2, 5)], true);
+    // TCP links without a cage count per netdev.
+    c.add(&[plan(4, u16::MAX), plan(5, u16::MAX)], false);
+    assert_eq!(c.summary(), "eth0+eth1 1/1, eth2 1/0, eth4 0/1, eth5 0/1");
 }

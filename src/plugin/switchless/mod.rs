@@ -174,6 +174,8 @@ pub struct Switchless<P: PathFactory> {
     warned_peers: Mutex<HashSet<String>>,
     /// Peers already warned about GPU-direct on links far from NCCL's device.
     warned_gdr: Mutex<HashSet<String>>,
+    /// Connections set up per physical cable, for the INFO line (see `report`).
+    cables: Mutex<report::CableCounts>,
 }
 
 impl<P: PathFactory> std::fmt::Debug for Switchless<P> {
@@ -236,6 +238,7 @@ impl<P: PathFactory> Switchless<P> {
             warned_mtu: AtomicBool::new(false),
             warned_peers: Mutex::new(HashSet::new()),
             warned_gdr: Mutex::new(HashSet::new()),
+            cables: Mutex::new(report::CableCounts::default()),
         })
     }
 

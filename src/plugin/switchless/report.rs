@@ -1,9 +1,11 @@
-//! The log and error text of a connection: its one INFO line (`ConnReport`), the small-MTU warning, the TCP fallback warning
+//! The log and error text of a connection: its one INFO line (`ConnReport`, with the connections
+//! per physical cable so far: [`CableCounts`]), the small-MTU warning, the TCP fallback warning
 //! ([`fallback_warning`]), the same-host note ([`same_host_note`]), the GPU-direct distance warning
 //! ([`gdr_warning`]), the GPU-over-TCP refusal ([`gpu_over_tcp`]), the hint for routed paths
 //! ([`routed_hint`]) and the prefix of a failed step's error.
 #![forbid(unsafe_code)]
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 
@@ -12,7 +14,11 @@ use crate::config::PathType;
 use crate::error::Error;
 use crate::route::select::{Closeness, PathChoice, Selection};
 use crate::route::types::{LinkKind, LocalLink, RemoteLink};
+use crate::sync::lock;
 use crate::transport::handshake::PathParams;
+
+/// The connector's [`ConnReport::verb`].
+pub(super) const CONNECTED: &str = "connected to";
 
 /// A connection that just became ready, as its INFO line tells it.
 pub(super) struct ConnReport<'a, F> {
@@ -35,10 +41,20 @@ pub(super) struct ConnReport<'a, F> {
 }
 
 impl<P: PathFactory> Switchless<P> {
-    /// Logs a connection that is ready: the small-MTU warning when due, then its INFO line.
+    /// Logs a connection that is ready: the small-MTU warning when due, then its INFO line, which
+    /// ends with how many connections (NCCL channels) each physical cable carries so far.
     pub(super) fn log_connected<F: Connectable>(&self, r: &ConnReport<'_, F>) {
         self.check_mtu(r);
-        tracing::info!("NET/switchless: {}", self.describe(r));
+        let cables = lock(&self.cables, "cable counts")
+            .map(|mut c| {
+                c.add(r.plans, r.verb == CONNECTED);
+                c.summary()
+            })
+            .unwrap_or_default();
+        tracing::info!(
+            "NET/switchless: {}; NCCL channels per cable so far (send/recv connections of this process): {cables}",
+            self.describe(r)
+        );
     }
 
     /// Warns once per process when a RoCE path runs below a 4096-byte MTU (the interface-MTU-1500 trap).
@@ -211,6 +227,59 @@ pub fn fallback_warning(who: &str, sel: &crate::route::select::Selection) -> Str
         "{who}: no RoCE or TCP point-to-point link reaches it; NCCL_SWITCHLESS_TCP_FALLBACK=1 carries it over TCP on {}: {expect}, far below a direct link",
         paths.join(", ")
     )
+}
+
+/// Connections set up per physical cable (a cage: both PCIe functions of a GB10 port count once;
+/// a TCP link without a cage is its netdev), split into send (connect) and receive (accept) sides.
+/// NCCL opens one connection per channel and peer in each direction, so this is how NCCL's channels
+/// landed on the cabling.
+#[derive(Debug, Default)]
+pub struct CableCounts {
+    cables: BTreeMap<(u16, String), Cable>,
+}
+
+#[derive(Debug, Default)]
+struct Cable {
+    netdevs: Vec<String>,
+    send: u32,
+    recv: u32,
+}
+
+impl CableCounts {
+    /// Counts one connection over `plans` (each cable once).
+    pub fn add(&mut self, plans: &[PathPlan], send: bool) {
+        let mut seen: Vec<(u16, String)> = Vec::new();
+        for p in plans {
+            let l = &p.local;
+            let key = if l.phys_port_id == u16::MAX {
+                (u16::MAX, l.netdev.clone())
+            } else {
+                (l.phys_port_id, String::new())
+            };
+            let c = self.cables.entry(key.clone()).or_default();
+            if !c.netdevs.contains(&l.netdev) {
+                c.netdevs.push(l.netdev.clone());
+            }
+            if seen.contains(&key) {
+                continue;
+            }
+            seen.push(key);
+            if send {
+                c.send = c.send.saturating_add(1);
+            } else {
+                c.recv = c.recv.saturating_add(1);
+            }
+        }
+    }
+
+    /// `enp1s0f0np0+enP2p1s0f0np0 3/3, eth2 0/1`: every cable that carried a connection.
+    pub fn summary(&self) -> String {
+        self.cables
+            .values()
+            .map(|c| format!("{} {}/{}", c.netdevs.join("+"), c.send, c.recv))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
 }
 
 /// The links allowed for GPU memory around NCCL's device under `NCCL_NET_GDR_LEVEL` (`None`: no
