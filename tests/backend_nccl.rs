@@ -1,7 +1,7 @@
 //! What a stock NCCL expects of the plugin beyond the ABI, driven as NCCL's proxy drives it (the
 //! real backend over the in-memory fabric, `plugin::init` / `listen` / `connect` / `accept` and the
-//! backend's own calls): ranks of one host connect over loopback paths, and GPU memory stays within
-//! `NCCL_NET_GDR_LEVEL` of NCCL's device.
+//! backend's own calls): ranks of one host connect over loopback paths, GPU memory stays within
+//! `NCCL_NET_GDR_LEVEL` of NCCL's device, and the device table outlives the last `finalize`.
 //!
 //! Host models: links on `eth*` netdevs in 127/8 (every address is local, so the handshake's
 //! sockets connect), one NCCL device per link unless a test says otherwise.
@@ -228,6 +228,75 @@ fn a_peer_on_this_host_connects_over_a_loopback_path() {
     plugin::close_send(*sc).unwrap();
     plugin::close_recv(*rc).unwrap();
     plugin::finalize(ctx).unwrap();
+}
+
+#[test]
+fn the_device_table_outlives_the_last_finalize() {
+    let _g = serial();
+    let fab = MemFab::new(MemFabConfig::default());
+    MemFactory::new(fab.clone(), 0).install(two_cables(Config::default()));
+    let ctx = plugin::init::<B>(CommInfo::default()).unwrap();
+    let names = || -> Vec<String> {
+        (0..plugin::devices::<B>().unwrap() as i32)
+            .map(|d| {
+                plugin::properties::<B>(d)
+                    .unwrap()
+                    .name
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect()
+    };
+    assert_eq!(names(), ["sl_a", "sl_b"]);
+    plugin::finalize(ctx).unwrap();
+    assert_eq!(plugin::devices::<B>().unwrap(), 0, "backend released");
+
+    // Before the next communicator: sl_a's port went down, a new port came up and sorts first.
+    let mut v = two_cables(Config::default());
+    v.devices = vec![
+        device(0, "sl_c", ROOT_A, Some(0), 1),
+        device(1, "sl_b", ROOT_FAR, Some(1), 1),
+    ];
+    v.links = vec![
+        link(2, "127.0.3.1/30", Some(0), ROOT_A),
+        link(1, "127.0.2.1/30", Some(1), ROOT_FAR),
+    ];
+    v.routes = vec![route("127.0.3.0/30", "eth2"), route("127.0.2.0/30", "eth1")];
+    MemFactory::new(fab.clone(), 0).install(v);
+    let (ctx, logs) = Logs::capture(|| plugin::init::<B>(CommInfo::default()).unwrap());
+    // NCCL still holds two devices, sl_a then sl_b: same count, order and names.
+    assert_eq!(names(), ["sl_a", "sl_b"]);
+    assert_eq!(plugin::properties::<B>(0).unwrap().guid, 0x1000);
+    assert_eq!(
+        logs.find(
+            Level::WARN,
+            "device 0 (sl_a) is gone since the library was loaded"
+        )
+        .len(),
+        1,
+        "{:#?}",
+        logs.all()
+    );
+    assert_eq!(logs.find(Level::WARN, "device sl_c appeared").len(), 1);
+    // A connection NCCL places on the vanished device is routed over the links that reach the peer.
+    let (mut sc, mut rc) = boxed_pair(&ctx, 0);
+    transfer(&fab, &mut sc, &mut rc, 4096);
+    // sl_b kept index 1: a connection there uses its link only.
+    let ((s1, r1), logs) = Logs::capture(|| boxed_pair(&ctx, 1));
+    assert!(
+        logs.find(Level::INFO, "connected to")[0].contains("[0] eth1 mem1 127.0.2.1/30"),
+        "{:#?}",
+        logs.all()
+    );
+    for c in [sc, s1] {
+        plugin::close_send(*c).unwrap();
+    }
+    for c in [rc, r1] {
+        plugin::close_recv(*c).unwrap();
+    }
+    plugin::finalize(ctx).unwrap();
+    // Put the first view back for the other tests of this binary.
+    MemFactory::new(fab, 0).install(two_cables(Config::default()));
 }
 
 /// Three devices: NCCL's device 0 faces no peer (its only link is on its own /30), device 1 is under
