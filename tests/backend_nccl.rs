@@ -1,7 +1,8 @@
 //! What a stock NCCL expects of the plugin beyond the ABI, driven as NCCL's proxy drives it (the
 //! real backend over the in-memory fabric, `plugin::init` / `listen` / `connect` / `accept` and the
 //! backend's own calls): ranks of one host connect over loopback paths, GPU memory stays within
-//! `NCCL_NET_GDR_LEVEL` of NCCL's device, and the device table outlives the last `finalize`.
+//! `NCCL_NET_GDR_LEVEL` of NCCL's device, the device table outlives the last `finalize`, and a listen
+//! comm NCCL never closes does not keep the backend alive.
 //!
 //! Host models: links on `eth*` netdevs in 127/8 (every address is local, so the handshake's
 //! sockets connect), one NCCL device per link unless a test says otherwise.
@@ -297,6 +298,37 @@ fn the_device_table_outlives_the_last_finalize() {
     plugin::finalize(ctx).unwrap();
     // Put the first view back for the other tests of this binary.
     MemFactory::new(fab, 0).install(two_cables(Config::default()));
+}
+
+#[test]
+fn a_listen_comm_nccl_never_closes_does_not_keep_the_backend() {
+    let _g = serial();
+    let fab = MemFab::new(MemFabConfig::default());
+    MemFactory::new(fab, 0).install(two_cables(Config::default()));
+    let ctx = plugin::init::<B>(CommInfo::default()).unwrap();
+    let backend = Arc::downgrade(ctx.backend());
+    // A connection still in set-up at teardown: NCCL frees only connected connections, so the listen
+    // comm is never closed and the connect is never retried.
+    let mut h: Handle = [0; HANDLE_SIZE];
+    let listen = plugin::listen(&ctx, 0, &mut h).unwrap();
+    let mut mine = h;
+    assert!(plugin::connect(&ctx, None, 0, &mut mine).unwrap().is_none());
+    assert_eq!(ctx.backend().connecting(), 1, "the connect is parked");
+    plugin::finalize(ctx).unwrap();
+    // The last finalize released the backend and, with it, the parked connection.
+    assert!(
+        backend.upgrade().is_none(),
+        "the listen comm kept the backend"
+    );
+    assert_eq!(plugin::devices::<B>().unwrap(), 0);
+    // A late accept on the stale listen comm is an error or "in progress", never a crash.
+    let mut listen = listen;
+    match plugin::accept(&mut listen) {
+        Ok(None) => {}
+        Ok(Some(_)) => panic!("accepted on a finalized plugin"),
+        Err(e) => assert!(e.to_string().contains("finalized"), "{e}"),
+    }
+    drop(listen);
 }
 
 /// Three devices: NCCL's device 0 faces no peer (its only link is on its own /30), device 1 is under
