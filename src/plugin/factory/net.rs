@@ -163,11 +163,9 @@ pub fn gpu_over_tcp(paths: &[PathPlan]) -> String {
     )
 }
 
-/// A stable 64-bit id from a netdev name (FNV-1a), so NCCL sees distinct ports.
+/// A stable 64-bit id from a netdev name, so NCCL sees distinct ports.
 fn name_guid(name: &str) -> u64 {
-    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    crate::host::nccl::stable_guid(name)
 }
 
 /// RoCE over verbs, TCP over sockets. See the module docs.
