@@ -202,7 +202,11 @@ pub fn properties_of(d: &NcclDevice, cfg: &Config) -> Result<Properties> {
         .members
         .first()
         .map_or((None, None), |m| cfg.ib_hca.rail_plane(&m.rdma_dev, m.port));
-    p.rail_id = rail.or((d.rail_id >= 0).then_some(d.rail_id));
+    // The rail goes to NCCL only when the user set one. The discovered peer set is not a rail in
+    // NCCL's sense: with NCCL_CROSS_NIC=0 NCCL makes a ring enter and leave a node through NICs of one
+    // rail, which in a mesh (every cable its own peer set) is the opposite of the cabling. Unset, NCCL
+    // compares guid + port instead, as on an IB fabric without rails.
+    p.rail_id = rail;
     p.plane_id = plane.or((d.plane_id >= 0).then_some(d.plane_id));
     Ok(p)
 }
