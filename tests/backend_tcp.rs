@@ -389,6 +389,39 @@ fn a_peer_on_this_host_connects_over_tcp_to_the_links_own_address() {
     B::close_recv(pair.1).unwrap();
 }
 
+#[test]
+fn a_peer_on_this_host_with_a_management_subnet_connects_over_the_point_to_point_link() {
+    // As in netns and on real nodes: the handle also advertises the management /24, which TCP
+    // selection never uses for data; it must not hide that the peer is this host (before: "no local
+    // link reaches the peer ... which is this link's own address").
+    for transport in ["tcp", "auto"] {
+        let config = config(&[("NCCL_SWITCHLESS_TRANSPORT", transport)]);
+        let view = HostView {
+            config: config.clone(),
+            devices: vec![device()],
+            links: vec![link(0, "127.0.9.1/24"), link(1, "127.0.5.5/30")],
+            routes: ["127.0.9.0/24", "127.0.5.4/30"]
+                .iter()
+                .map(|d| KernelRoute {
+                    dest: d.parse().unwrap(),
+                    gateway: None,
+                    ifname: "lo".into(),
+                    metric: 0,
+                })
+                .collect(),
+        };
+        let b: Arc<B> =
+            Arc::new(Switchless::from_parts(NetFactory::tcp_only(config), view).unwrap());
+        let mut pair = establish(&b);
+        let labels = pair.0.path_labels();
+        assert_eq!(labels.len(), 1, "{transport}: {labels:?}");
+        assert!(labels[0].contains("127.0.5.5"), "{transport}: {labels:?}");
+        transfer(&mut pair, &[7, 1 << 20]);
+        B::close_send(pair.0).unwrap();
+        B::close_recv(pair.1).unwrap();
+    }
+}
+
 /// Drives `a`'s connect to a listener of `b` and `b`'s accept; returns both outcomes (the first
 /// error each side reported).
 fn try_across(

@@ -136,13 +136,25 @@ impl<P: PathFactory> Switchless<P> {
             .cloned()
             .collect();
         let (links, routes) = (&self.view.links, &self.view.routes);
+        // A rank of this host advertises every link of this host, a management /24 too, which TCP
+        // selection leaves out of its local links: leave such addresses out of the peer's list as well,
+        // so that routing still sees that every address the peer advertises is this host's.
+        let on_p2p = |r: &RemoteLink| p2p.iter().any(|l| l.addr.addr() == r.addr.addr());
+        let this_host = peer
+            .iter()
+            .all(|r| links.iter().any(|l| l.addr.addr() == r.addr.addr()));
+        let tcp_peer: Vec<RemoteLink> = if this_host && peer.iter().any(on_p2p) {
+            peer.iter().filter(|r| on_p2p(r)).cloned().collect()
+        } else {
+            peer.to_vec()
+        };
         let first = match self.view.config.transport {
             TransportMode::Rdma => self.select_roce(dev, peer, who),
-            TransportMode::Tcp => select(&p2p, routes, peer, &opts(KindFilter::Tcp)),
+            TransportMode::Tcp => select(&p2p, routes, &tcp_peer, &opts(KindFilter::Tcp)),
             TransportMode::Auto => match self.select_roce(dev, peer, who) {
                 Ok(s) => Ok(s),
                 Err(e) if p2p.is_empty() => Err(e),
-                Err(_) => select(&p2p, routes, peer, &opts(KindFilter::Tcp)),
+                Err(_) => select(&p2p, routes, &tcp_peer, &opts(KindFilter::Tcp)),
             },
         };
         let e = match first {
