@@ -64,6 +64,7 @@ fn device(index: usize, name: &str) -> NcclDevice {
             netdev: Some("lo".into()),
             pci_bdf: None,
             pci_root: None,
+            numa_node: None,
             speed_mbps: 100_000,
         }],
         pci_path: String::new(),
@@ -528,7 +529,8 @@ fn properties_come_from_the_nccl_device_and_nccl_ib_hca() {
         p.pci_path.unwrap().to_str().unwrap(),
         "/sys/devices/pci0000:00/0000:00:03.0"
     );
-    assert_eq!((p.rail_id, p.plane_id), (Some(2), None));
+    // The discovered peer set is not reported as a rail (NCCL_CROSS_NIC=0 would pin rings to it).
+    assert_eq!((p.rail_id, p.plane_id), (None, None));
     assert_eq!(p.ptr_support, PtrSupport(5));
     assert_eq!((p.speed_mbps, p.port, p.max_recvs), (200_000, 1, 8));
     p.validate(0).unwrap();

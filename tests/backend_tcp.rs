@@ -353,3 +353,158 @@ fn the_fallback_warning_names_gateways_and_the_bandwidth_to_expect() {
         ""
     );
 }
+
+/// A backend whose one TCP link is `me` (a /30 whose far end advertises nothing here) and whose device
+/// advertises `ptr_support`.
+fn lone_backend(me: &str, ptr_support: u32, vars: &[(&str, &str)]) -> Arc<B> {
+    let config = config(vars);
+    let mine: ipnet::Ipv4Net = me.parse().unwrap();
+    let mut dev = device();
+    dev.ptr_support = ptr_support;
+    let view = HostView {
+        config: config.clone(),
+        devices: vec![dev],
+        links: vec![link(0, me)],
+        routes: vec![KernelRoute {
+            dest: mine.trunc(),
+            gateway: None,
+            ifname: "lo".into(),
+            metric: 0,
+        }],
+    };
+    Arc::new(Switchless::from_parts(NetFactory::tcp_only(config), view).unwrap())
+}
+
+#[test]
+fn a_peer_on_this_host_connects_over_tcp_to_the_links_own_address() {
+    // Two ranks of one host advertise the same addresses; the /30's far end (127.0.5.6) is no
+    // rank's. NCCL connects them over the network when P2P and SHM are off.
+    let b = lone_backend("127.0.5.5/30", 1, &[]);
+    let mut pair = establish(&b);
+    let labels = pair.0.path_labels();
+    assert_eq!(labels.len(), 1, "{labels:?}");
+    assert!(labels[0].contains("127.0.5.5"), "{labels:?}");
+    transfer(&mut pair, &[0, 7, 1 << 20]);
+    B::close_send(pair.0).unwrap();
+    B::close_recv(pair.1).unwrap();
+}
+
+#[test]
+fn a_peer_on_this_host_with_a_management_subnet_connects_over_the_point_to_point_link() {
+    // As in netns and on real nodes: the handle also advertises the management /24, which TCP
+    // selection never uses for data; it must not hide that the peer is this host (before: "no local
+    // link reaches the peer ... which is this link's own address").
+    for transport in ["tcp", "auto"] {
+        let config = config(&[("NCCL_SWITCHLESS_TRANSPORT", transport)]);
+        let view = HostView {
+            config: config.clone(),
+            devices: vec![device()],
+            links: vec![link(0, "127.0.9.1/24"), link(1, "127.0.5.5/30")],
+            routes: ["127.0.9.0/24", "127.0.5.4/30"]
+                .iter()
+                .map(|d| KernelRoute {
+                    dest: d.parse().unwrap(),
+                    gateway: None,
+                    ifname: "lo".into(),
+                    metric: 0,
+                })
+                .collect(),
+        };
+        let b: Arc<B> =
+            Arc::new(Switchless::from_parts(NetFactory::tcp_only(config), view).unwrap());
+        let mut pair = establish(&b);
+        let labels = pair.0.path_labels();
+        assert_eq!(labels.len(), 1, "{transport}: {labels:?}");
+        assert!(labels[0].contains("127.0.5.5"), "{transport}: {labels:?}");
+        transfer(&mut pair, &[7, 1 << 20]);
+        B::close_send(pair.0).unwrap();
+        B::close_recv(pair.1).unwrap();
+    }
+}
+
+/// Drives `a`'s connect to a listener of `b` and `b`'s accept; returns both outcomes (the first
+/// error each side reported).
+fn try_across(
+    a: &Arc<B>,
+    b: &Arc<B>,
+) -> (
+    Result<<B as Backend>::Send, Error>,
+    Result<<B as Backend>::Recv, Error>,
+) {
+    let mut h: Handle = [0; HANDLE_SIZE];
+    let mut l = b.listen(&CommInfo::default(), 0, &mut h).unwrap();
+    let (mut s, mut r) = (None, None);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while s.is_none() || r.is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "set-up neither finished nor failed"
+        );
+        if s.is_none() {
+            match a.connect(&CommInfo::default(), 0, &mut h) {
+                Ok(Some(c)) => s = Some(Ok(c)),
+                Ok(None) => {}
+                Err(e) => s = Some(Err(e)),
+            }
+        }
+        if r.is_none() {
+            match B::accept(&mut l) {
+                Ok(Some(c)) => r = Some(Ok(c)),
+                Ok(None) => {}
+                Err(e) => r = Some(Err(e)),
+            }
+        }
+        if matches!(s, Some(Err(_))) && r.is_none() {
+            // The connector gave up before sending a hello: nothing will arrive.
+            r = Some(Err(Error::Timeout("no hello".into())));
+        }
+    }
+    (s.unwrap(), r.unwrap())
+}
+
+#[test]
+fn a_device_that_registers_gpu_memory_never_gets_tcp_paths() {
+    // Connector side: the routing error names the device, both sides' subnets and the remedies.
+    let gpu = lone_backend("127.0.6.1/30", 1 | 2, &[]);
+    let host = lone_backend("127.0.6.2/30", 1, &[]);
+    let (s, _) = try_across(&gpu, &host);
+    let e = s.map(|_| ()).unwrap_err();
+    assert!(matches!(e, Error::InvalidUsage(_)), "{e}");
+    let m = e.to_string();
+    for want in [
+        "NCCL device 0 (sl_lo) advertises GPU memory",
+        "lo 127.0.6.1/30 -> 127.0.6.2/30",
+        "The peer advertises 127.0.6.2/30 (Tcp)",
+        "local subnets: 127.0.6.0/30 on lo (Tcp)",
+        "NCCL_NET_GDR_LEVEL=LOC",
+    ] {
+        assert!(m.contains(want), "{want:?} missing from: {m}");
+    }
+    assert_eq!(gpu.connecting(), 0);
+    // Acceptor side: a host-memory connector reaches a GPU device over TCP; the acceptor refuses the
+    // hello and the connector fails at once with the acceptor's reason.
+    let (s, r) = try_across(&host, &gpu);
+    let e = s.map(|_| ()).unwrap_err();
+    assert!(
+        e.to_string().contains("GPU memory cannot go over TCP"),
+        "{e}"
+    );
+    assert!(
+        e.to_string()
+            .contains("127.0.6.1/30 (subnet 127.0.6.0/30) <-> 127.0.6.2"),
+        "{e}"
+    );
+    assert!(r.is_err());
+    // DMA-BUF counts as GPU memory too.
+    let dmabuf = lone_backend("127.0.6.1/30", 1 | 4, &[]);
+    assert!(try_across(&dmabuf, &host).0.is_err());
+    // NCCL_NET_GDR_LEVEL=LOC: NCCL never uses GPU-direct, its buffers stay in host memory: allowed.
+    let loc = [("NCCL_NET_GDR_LEVEL", "LOC")];
+    let gpu = lone_backend("127.0.6.1/30", 1 | 2, &loc);
+    let host = lone_backend("127.0.6.2/30", 1, &loc);
+    let (s, r) = try_across(&gpu, &host);
+    let mut pair = (s.unwrap(), r.unwrap());
+    transfer(&mut pair, &[4096]);
+    B::close_send(pair.0).unwrap();
+    B::close_recv(pair.1).unwrap();
+}

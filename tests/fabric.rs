@@ -279,6 +279,48 @@ fn b300_two_node_mesh_merges_the_halves_of_each_cage() {
 }
 
 #[test]
+fn a_zero_sys_image_guid_falls_back_to_the_pci_device() {
+    // An adapter whose firmware leaves sys_image_guid at 0 (or an unreadable file): every device said
+    // guid 0, port 1, which NCCL reads as one physical port shared by all of them.
+    let mut m = load("b300-2node");
+    for d in m.rdma_devices.iter_mut() {
+        d.sys_image_guid = 0;
+    }
+    let d = devices(&m);
+    assert_eq!(d.len(), 8);
+    let pairs: std::collections::BTreeSet<(u64, u8)> = d.iter().map(|d| (d.guid, d.port)).collect();
+    assert_eq!(pairs.len(), 8, "{pairs:x?}");
+    assert!(d.iter().all(|d| d.guid != 0));
+    // The hash of the PCI device (domain:bus:dev): the same on every node with the same layout.
+    let again = devices(&m);
+    assert_eq!(
+        d.iter().map(|d| d.guid).collect::<Vec<_>>(),
+        again.iter().map(|d| d.guid).collect::<Vec<_>>()
+    );
+    let bdf = d[0].members[0].pci_bdf.clone().unwrap();
+    let dev = bdf.rsplit_once('.').unwrap().0;
+    assert_eq!(d[0].guid, host::nccl::stable_guid(&format!("pci:{dev}")));
+}
+
+#[test]
+fn connectx8_cages_of_one_adapter_identity_get_distinct_ports() {
+    // Every CX-8 PCI device is one cage numbered 0 (port 1). Should one ASIC identity span several
+    // PCI devices (several cages), they must not all say guid G port 1.
+    let mut m = load("b300-2node");
+    let g = m.rdma_devices[0].sys_image_guid;
+    for d in m.rdma_devices.iter_mut() {
+        d.sys_image_guid = g;
+    }
+    let d = devices(&m);
+    assert_eq!(d.len(), 8);
+    assert!(d.iter().all(|d| d.guid == g));
+    let ports: Vec<u8> = d.iter().map(|d| d.port).collect();
+    assert_eq!(ports, [1, 2, 3, 4, 5, 6, 7, 8], "in device (PCI) order");
+    // With distinct identities (the fixture as captured) nothing changes: port 1 each.
+    assert!(devices(&load("b300-2node")).iter().all(|d| d.port == 1));
+}
+
+#[test]
 fn b300_four_node_mesh_has_six_cabled_devices() {
     let m = load("b300-4node");
     let d = devices(&m);

@@ -602,9 +602,64 @@ fn kind_filter_and_same_node() {
         )
         .unwrap_err();
     assert!(e.to_string().contains("RoCE paths only"), "{e}");
-    // Connecting to ourselves: our own address is never a path.
-    let e = a.connect(&a, RouteOptions::default()).unwrap_err();
-    assert!(e.to_string().contains("the peer is this host"), "{e}");
+    // Connecting to ourselves (two ranks of one host): each link loops back to its own address,
+    // RoCE to the port's own GID, TCP to the link's own address.
+    let s = a.connect(&a, RouteOptions::default()).unwrap();
+    assert!(s.same_host);
+    assert_eq!(
+        pairs(&s),
+        vec![
+            ("r".into(), "10.0.0.1".parse().unwrap()),
+            ("t".into(), "10.0.1.1".parse().unwrap())
+        ]
+    );
+    let kinds: Vec<LinkKind> = s.paths.iter().map(|p| p.kind).collect();
+    assert_eq!(kinds, vec![LinkKind::Roce, LinkKind::Tcp]);
+    assert!(s.paths[0].reason.contains("the peer is this host"), "{s:?}");
+    assert!(
+        s.skipped.iter().all(|k| !k.reason.contains("own address")),
+        "{:?}",
+        s.skipped
+    );
+    let t = switchless::route::render_text(&s, &a.advertise());
+    assert!(
+        t.contains("the peer is this host: every path is a loopback"),
+        "{t}"
+    );
+    // NCCL's device first, as for any peer; the kind filter applies.
+    assert_eq!(pairs(&a.connect(&a, dev(0)).unwrap()).len(), 1);
+    let roce = a
+        .connect(
+            &a,
+            RouteOptions {
+                kinds: KindFilter::Roce,
+                ..RouteOptions::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        pairs(&roce),
+        vec![("r".into(), "10.0.0.1".parse().unwrap())]
+    );
+    let tcp = a
+        .connect(
+            &a,
+            RouteOptions {
+                kinds: KindFilter::Tcp,
+                ..RouteOptions::default()
+            },
+        )
+        .unwrap();
+    assert!(tcp.paths.iter().all(|p| p.kind == LinkKind::Tcp) && tcp.paths.len() == 2);
+    // A peer on another host is never a loopback.
+    assert!(!a.connect(&b, RouteOptions::default()).unwrap().same_host);
+    // This host with every link down: the error says the peer is this host and why no loopback.
+    let down = a.clone().down("r").down("t");
+    let e = down.connect(&a, RouteOptions::default()).unwrap_err();
+    assert!(
+        e.to_string().contains("the peer is this host") && e.to_string().contains("down"),
+        "{e}"
+    );
     // One of the peer's addresses duplicates ours, the other is unreachable: the long form names it.
     let c = Host::default()
         .roce("r", "10.0.0.1/30", "s0", 0, None)
@@ -993,7 +1048,13 @@ mod props {
                 for p in &s.paths {
                     let r = p.remote.addr.addr();
                     prop_assert!(p.local.up);
-                    prop_assert_ne!(p.local.addr.addr(), r);
+                    // A loopback only when the peer is this host (every address it advertises is ours).
+                    if s.same_host {
+                        prop_assert_eq!(p.local.addr.addr(), r);
+                        prop_assert!(peer.iter().all(|x| a.links.iter().any(|l| l.addr.addr() == x.addr.addr())));
+                    } else {
+                        prop_assert_ne!(p.local.addr.addr(), r);
+                    }
                     prop_assert!(peer.contains(&p.remote));
                     if p.local.addr.contains(&r) {
                         prop_assert_eq!(p.via, None);
@@ -1008,4 +1069,29 @@ mod props {
             }
         }
     }
+}
+
+#[test]
+fn closeness_follows_nccls_pci_distance_classes() {
+    use switchless::route::{Closeness, closeness};
+    let rp = "pci0000:00/0000:00:01.0";
+    assert_eq!(closeness(rp, Some(0), rp, Some(1)), Closeness::SameRootPort);
+    // Another root port: the same NUMA node is PHB, another one SYS.
+    let other = "pci0000:00/0000:00:02.0";
+    assert_eq!(closeness(other, Some(0), rp, Some(0)), Closeness::SameNuma);
+    assert_eq!(
+        closeness("pci0000:80/0000:80:01.0", Some(1), rp, Some(0)),
+        Closeness::Farther
+    );
+    // NUMA unknown (-1 or absent): one host bridge still means one CPU.
+    assert_eq!(closeness(other, None, rp, Some(-1)), Closeness::SameNuma);
+    assert_eq!(
+        closeness("pci0000:80/0000:80:01.0", None, rp, None),
+        Closeness::Farther
+    );
+    // Unknown roots are never close.
+    assert_eq!(closeness("", None, "", None), Closeness::Farther);
+    assert!(
+        Closeness::SameRootPort < Closeness::SameNuma && Closeness::SameNuma < Closeness::Farther
+    );
 }

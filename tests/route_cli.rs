@@ -103,7 +103,7 @@ fn b300_nccl_device_override_is_explained() {
 }
 
 #[test]
-fn unreachable_peer_and_same_host_fail_with_exit_1() {
+fn unreachable_peer_fails_with_exit_1_and_the_same_host_loops_back() {
     let (rc, out, err) = route(&["--root", B300, "--peer", "10.200.0.2/30"]);
     assert_eq!(rc, 1);
     assert!(out.is_empty());
@@ -112,18 +112,24 @@ fn unreachable_peer_and_same_host_fail_with_exit_1() {
         "{err}"
     );
     assert!(err.contains("10.112.1.0/30 on eno6np0 (Roce, up)"), "{err}");
-    let (rc, _, err) = route(&["--root", GB10, "--peer-root", GB10]);
-    assert_eq!(rc, 1);
-    assert!(err.contains("the peer is this host"), "{err}");
-    let (rc, out, _) = route(&["--root", GB10, "--peer-root", GB10, "--json"]);
-    assert_eq!(rc, 1);
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    // Two ranks of one host: a loopback on every link (RoCE to the port's own GID).
+    let (rc, out, err) = route(&["--root", GB10, "--peer-root", GB10]);
+    assert_eq!(rc, 0, "{err}");
     assert!(
-        v["error"]
-            .as_str()
-            .unwrap()
-            .contains("the peer is this host")
+        out.contains("the peer is this host: every path is a loopback"),
+        "{out}"
     );
+    let (rc, out, _) = route(&["--root", GB10, "--peer-root", GB10, "--json"]);
+    assert_eq!(rc, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["selection"]["same_host"], true);
+    for p in v["selection"]["paths"].as_array().unwrap() {
+        assert_eq!(
+            p["local"]["addr"].as_str().unwrap().split('/').next(),
+            p["remote"]["addr"].as_str().unwrap().split('/').next(),
+            "{p}"
+        );
+    }
 }
 
 #[test]

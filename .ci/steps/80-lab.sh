@@ -3,7 +3,8 @@
 # mesh) topologies: perftest ib_write_bw + ib_send_lat on every cable, then `switchless doctor` in every
 # VM (clean at MTU 9000); a pair at MTU 1500, where doctor must report the active_mtu 1024 trap
 # (mtu-below-4200). The binaries are the debug build `cargo test --all-targets` left (built when
-# missing). Then `switchless bench latency` and `allreduce` between the nodes through the plugin,
+# missing). Then `switchless bench latency` and `allreduce` between the nodes through the plugin, and two
+# allreduce ranks in node 1 (samehost: RoCE loopback, the same host as NCCL connects it with P2P/SHM off),
 # when the plugin has a transport: LAB_BENCH=auto (default) turns them on unless the plugin library
 # still carries the device-only backend ("no transport backend yet"); LAB_BENCH=1/0 forces it.
 # About 30-90 s per lab run under TCG on 2 shared cores, plus the one-time guest kernel download.
@@ -23,7 +24,7 @@ if [ "$bench" = auto ]; then
 fi
 checks="write_bw send_lat doctor"
 if [ "$bench" = 1 ]; then
-    checks+=" bench:latency bench:allreduce"
+    checks+=" bench:latency bench:allreduce samehost:allreduce@1"
     export BENCH_ARGS=${BENCH_ARGS:-"-b 8 -e 65536 -f 16 -n 5 -w 1 --timeout 60"}
 fi
 bins=(--bin-dir "$CARGO_TARGET_DIR/debug")

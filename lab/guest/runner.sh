@@ -6,6 +6,7 @@
 #       ends walk the links in the same order, so no topology can deadlock); the lower node of a
 #       cable is the server.
 #   doctor      `switchless doctor` (and --json); passes when it finds no error (exit 0 or 1)
+#   samehost:MODE@N  two bench ranks in node N, connected over RoCE loopback (see run_samehost)
 #   bench:MODE  (MODE = latency | bandwidth | alltoall | allreduce)
 #       `switchless bench MODE` on every node at once, rank = node - 1, bootstrap at node 1's
 #       management address.
@@ -221,6 +222,35 @@ run_no_route() { # no-route:A-B: A and B share no cable; the plugin must refuse 
         "{\"bound_s\":$L_noroute_bound,\"error\":\"$(json_str "$err")\"}" "${out#"$R"/}"
 }
 
+# samehost:MODE@N: two ranks of `switchless bench MODE` in node N (the other nodes skip it), bootstrap at
+# N's management address: NCCL connects ranks of one host over the network when P2P and SHM are off.
+# Passes when both ranks succeed and rank 0's log (NCCL_DEBUG=INFO) says the peer is this host, over
+# RoCE loopback (each port's own GID). Metrics: `loopback` (the INFO line).
+run_samehost() {
+    spec=${c#samehost:}; mode=${spec%@*}; node=${spec#*@}
+    [ "$LAB_NODE" = "$node" ] || { say "SKIP $c (runs in node $node)"; return 0; }
+    out=$R/samehost-$mode.txt
+    boot="$(mgmt_ip_of "$LAB_NODE"):$((29800 + k))"
+    cmd="$SW bench $mode --nranks 2 --bootstrap $boot $L_benchargs"
+    say "CHECK $c: two ranks of: $cmd"
+    t1=$(up)
+    NCCL_DEBUG=INFO timeout "$L_ctimeout" $cmd --rank 1 > "$out.rank1" 2>&1 &
+    p1=$!
+    NCCL_DEBUG=INFO timeout "$L_ctimeout" $cmd --rank 0 --save-json "$R/samehost-$mode.json" > "$out" 2>&1; rc=$?
+    wait $p1; rc1=$?
+    s=$(dt "$t1")
+    cat "$out"
+    line=$(grep -m1 "the peer is this host" "$out")
+    why=""
+    if [ $rc -ne 0 ] || [ $rc1 -ne 0 ]; then why="rank 0 rc=$rc, rank 1 rc=$rc1: $(plugin_error "$out") $(plugin_error "$out.rank1")"
+    elif [ -z "$line" ]; then why="no INFO line says the peer is this host"
+    elif ! echo "$line" | grep -q "HCA loopback"; then why="the loopback is not RoCE: $line"
+    fi
+    if [ -z "$why" ]; then st=pass; say "CHECKOK $c ${s}s: $(echo "$line" | cut -c1-300)"
+    else st=fail; fail=1; say "CHECKFAIL $c: $why"; fi
+    jl "$c" null "$LAB_NODE" rank0 "$st" "$rc" "$s" "{\"loopback\":\"$(json_str "$line")\"}" "${out#"$R"/}"
+}
+
 # fault:kill-peer[@A-B]: A streams to B (bench bandwidth); B powers itself off once it has received
 # L_fault_pkts RoCE packets of the stream, after telling A (a TCP note over the management hub).
 # A's requests must then fail with the plugin's error (path + work-completion status) within
@@ -380,9 +410,10 @@ for c in $L_checks; do
         bench:latency | bench:bandwidth | bench:alltoall | bench:allreduce) run_bench "${c#bench:}" $k ;;
         bench:*@*-*) run_bench_pair ;;
         no-route:*-*) run_no_route ;;
+        samehost:*@*) run_samehost ;;
         fault:kill-peer | fault:link-down | fault:cable-pull | fault:kill-peer@*-* | fault:link-down@*-* | fault:cable-pull@*-*) run_fault "$c" ;;
         doctor) run_doctor ;;
-        *) say "CHECKFAIL unknown check '$c' (accepted: write_bw read_bw send_bw write_lat send_lat read_lat pingpong bench:latency bench:bandwidth bench:alltoall bench:allreduce bench:MODE@A-B no-route:A-B fault:kill-peer[@A-B] fault:link-down[@A-B] fault:cable-pull[@A-B] doctor)"
+        *) say "CHECKFAIL unknown check '$c' (accepted: write_bw read_bw send_bw write_lat send_lat read_lat pingpong bench:latency bench:bandwidth bench:alltoall bench:allreduce bench:MODE@A-B no-route:A-B samehost:MODE@N fault:kill-peer[@A-B] fault:link-down[@A-B] fault:cable-pull[@A-B] doctor)"
            jl "$c" null null none fail 2 0 '{}' ""; fail=1 ;;
     esac
 done

@@ -97,6 +97,73 @@ impl TransportMode {
     }
 }
 
+/// NCCL's distance classes between a GPU and a NIC, in NCCL's order (`topoPathTypeStr` in
+/// `src/graph/topo.cc`): the values of `NCCL_NET_GDR_LEVEL`. NCCL uses GPU-direct for a NIC only
+/// when its distance to the GPU is at most the level (default `P2C`, which on a host without C2C
+/// behaves as `PXB`: the same PCIe switch hierarchy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum PathType {
+    Loc,
+    Nvl,
+    Nvb,
+    C2c,
+    /// One PCIe bridge between them.
+    Pix,
+    /// Several PCIe bridges, no host bridge.
+    Pxb,
+    /// Through the CPU a C2C-attached GPU hangs off.
+    P2c,
+    Pxn,
+    /// Through a PCIe host bridge (the CPU of one NUMA node).
+    Phb,
+    /// Across the CPUs' interconnect (another socket).
+    Sys,
+}
+
+impl PathType {
+    /// The names NCCL accepts, in order.
+    pub const NAMES: [&'static str; 10] = [
+        "LOC", "NVL", "NVB", "C2C", "PIX", "PXB", "P2C", "PXN", "PHB", "SYS",
+    ];
+    const ALL: [PathType; 10] = [
+        PathType::Loc,
+        PathType::Nvl,
+        PathType::Nvb,
+        PathType::C2c,
+        PathType::Pix,
+        PathType::Pxb,
+        PathType::P2c,
+        PathType::Pxn,
+        PathType::Phb,
+        PathType::Sys,
+    ];
+
+    /// The name as NCCL writes it.
+    pub fn as_str(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+
+    /// NCCL's `ncclGetLevel`: a name (compared case-sensitively, as NCCL does), or an old-style
+    /// number 0..=5 (0 `LOC`, 1 `PIX`, 2 `PXB`, 3 `PHB`, 4 and above `SYS`).
+    fn parse(s: &str) -> std::result::Result<PathType, Reject> {
+        let t = s.trim();
+        if let Some(i) = Self::NAMES.iter().position(|n| *n == t) {
+            return Ok(Self::ALL[i]);
+        }
+        if t.bytes().next().is_some_and(|b| b.is_ascii_digit()) {
+            let n = values::parse_decimal_u64(t)?;
+            return Ok(match n {
+                0 => PathType::Loc,
+                1 => PathType::Pix,
+                2 => PathType::Pxb,
+                3 => PathType::Phb,
+                _ => PathType::Sys,
+            });
+        }
+        Err("not a distance name NCCL knows (NCCL compares them in upper case)".into())
+    }
+}
+
 /// TCP streams per connection (`NCCL_SWITCHLESS_TCP_STREAMS`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TcpStreams {
@@ -188,6 +255,20 @@ variables! {
             parse: |v| u8_in(v, 1, MAX_QPS_PER_CONNECTION),
             show: u8::to_string,
             doc: "RC queue pairs per connection on each path.",
+        },
+        net_gdr_level: Option<PathType> {
+            name: "NCCL_NET_GDR_LEVEL",
+            default: "",
+            forms: "LOC, NVL, NVB, C2C, PIX, PXB, P2C, PXN, PHB or SYS (upper case, as NCCL compares them), \
+                    or NCCL's old numbers 0..=5 (0 LOC, 1 PIX, 2 PXB, 3 PHB, 4 and 5 SYS)",
+            parse: |v| PathType::parse(v).map(Some),
+            show: |v| v.map_or_else(|| "default".to_string(), |l| l.as_str().to_string()),
+            doc: "NCCL's own variable, read here too: how far from the GPU a NIC may be for GPU-direct. \
+                  When a connection cannot use the device NCCL chose, a device that registers GPU memory \
+                  prefers links within this distance of that device (same PCIe root port up to `PXB` and \
+                  `P2C`, the same NUMA node for `PHB`, anywhere for `SYS`) and warns once per peer when \
+                  only farther ones reach it; below `PIX` NCCL never uses GPU-direct, so TCP paths are \
+                  allowed for such a device. Unset: NCCL's default (`P2C`, which is `PXB` without C2C).",
         },
         transport: TransportMode {
             name: "NCCL_SWITCHLESS_TRANSPORT",
@@ -413,6 +494,26 @@ mod tests {
         assert!(!c.tcp_fallback);
         assert_eq!(c.min_chunk, 131072);
         assert!(!c.log_routes);
+        assert_eq!(c.net_gdr_level, None);
+    }
+
+    #[test]
+    fn gdr_level_reads_as_nccl_reads_it() {
+        let level = |v: &str| cfg(&[("NCCL_NET_GDR_LEVEL", v)]).map(|c| c.net_gdr_level);
+        assert_eq!(level("PHB").unwrap(), Some(PathType::Phb));
+        assert_eq!(level("SYS").unwrap(), Some(PathType::Sys));
+        assert_eq!(level("P2C").unwrap(), Some(PathType::P2c));
+        assert_eq!(level("0").unwrap(), Some(PathType::Loc));
+        assert_eq!(level("2").unwrap(), Some(PathType::Pxb));
+        assert_eq!(level("3").unwrap(), Some(PathType::Phb));
+        assert_eq!(level("9").unwrap(), Some(PathType::Sys));
+        let e = err(&[("NCCL_NET_GDR_LEVEL", "phb")]);
+        assert!(
+            e.contains("NCCL_NET_GDR_LEVEL") && e.contains("upper case"),
+            "{e}"
+        );
+        assert!(PathType::Pxb < PathType::Phb && PathType::Phb < PathType::Sys);
+        assert_eq!(PathType::P2c.as_str(), "P2C");
     }
 
     #[test]
@@ -650,7 +751,7 @@ mod tests {
         assert_eq!(
             s,
             "NCCL_IB_HCA=<all> NCCL_IB_GID_INDEX=auto NCCL_IB_TC=auto NCCL_IB_SL=auto NCCL_IB_TIMEOUT=20 \
-             NCCL_IB_RETRY_CNT=7 NCCL_IB_QPS_PER_CONNECTION=1 transport=auto connect_timeout=30000 ms \
+             NCCL_IB_RETRY_CNT=7 NCCL_IB_QPS_PER_CONNECTION=1 NCCL_NET_GDR_LEVEL=default transport=auto connect_timeout=30000 ms \
              request_timeout=off tcp_streams=auto tcp_threads=auto tcp_fallback=0 min_chunk=131072 bytes \
              log_routes=0"
         );

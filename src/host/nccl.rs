@@ -39,6 +39,9 @@ pub struct Member {
     /// PCI function (`0000:01:00.0`) and its PCIe root (`pci0000:00/0000:00:00.0`).
     pub pci_bdf: Option<String>,
     pub pci_root: Option<String>,
+    /// NUMA node of the PCI function (`None`: unknown, or the kernel says -1).
+    #[serde(default)]
+    pub numa_node: Option<i32>,
     /// This member's share of the device speed in Mb/s (see [`NcclDevice::speed_mbps`]).
     pub speed_mbps: u32,
 }
@@ -54,14 +57,15 @@ pub struct NcclDevice {
     pub members: Vec<Member>,
     /// Sysfs path of the primary member's PCI function, e.g. `/sys/devices/pci0000:00/0000:00:00.0/0000:01:00.0`.
     pub pci_path: String,
-    /// The adapter's `sys_image_guid` (JSON: hex string).
+    /// The adapter's `sys_image_guid`, or when that is 0 a hash of the PCI device (JSON: hex string).
     #[serde(serialize_with = "super::model::serialize_guid")]
     pub guid: u64,
     /// Sum over the cage's logical ports of min(port rate, total PCIe bandwidth of the members on that
     /// port), in Mb/s. A GB10 cage with both functions up: min(200 Gb/s, 2 × 126 Gb/s) = 200 Gb/s; with
     /// one function: 126 Gb/s. A B300 CX-8 cage: 400 + 400 Gb/s.
     pub speed_mbps: u32,
-    /// Cage number on the adapter + 1 (NCCL treats equal guid + port as one physical port).
+    /// Cage number on the adapter + 1, unique per guid (NCCL treats equal guid + port as one
+    /// physical port).
     pub port: u8,
     /// µs; 0 = NCCL's default.
     pub latency_us: f32,
@@ -70,7 +74,8 @@ pub struct NcclDevice {
     /// Bitmask of [`PTR_HOST`], [`PTR_CUDA`], [`PTR_DMABUF`].
     pub ptr_support: u32,
     pub max_p2p_bytes: u64,
-    /// v12 rail: devices facing the same set of far addresses share a rail; -1 when it faces none.
+    /// Peer set: devices facing the same set of far addresses share one (numbered in device order);
+    /// -1 when it faces none. Shown by doctor; NCCL's v12 `railId` comes from `NCCL_IB_HCA` only.
     pub rail_id: i16,
     /// v12 plane: -1 (a switchless mesh has no independent planes).
     pub plane_id: i16,
@@ -171,6 +176,7 @@ impl HostModel {
                         netdev: p.netdev.clone(),
                         pci_bdf: d.pci.clone(),
                         pci_root: f.map(|f| f.root.clone()),
+                        numa_node: f.and_then(|f| f.numa_node).filter(|n| *n >= 0),
                         speed_mbps: 0,
                     },
                     rate,
@@ -217,7 +223,8 @@ impl HostModel {
             let guid = self
                 .rdma_port(&first.1.rdma_dev, first.1.port)
                 .map(|(d, _)| d.sys_image_guid)
-                .unwrap_or(0);
+                .filter(|g| *g != 0)
+                .unwrap_or_else(|| fallback_guid(&first.1));
             let mut peers = Vec::new();
             for m in &members {
                 if let Some(n) = &m.1.netdev {
@@ -265,6 +272,7 @@ impl HostModel {
             });
         }
         devs.sort_by(|a, b| (&a.pci_path, &a.name).cmp(&(&b.pci_path, &b.name)));
+        distinct_ports(&mut devs);
         // Rails: one per distinct non-empty peer set, numbered in device order.
         let mut rails: Vec<Vec<Ipv4Addr>> = Vec::new();
         for (i, d) in devs.iter_mut().enumerate() {
@@ -282,6 +290,39 @@ impl HostModel {
             d.rail_id = i16::try_from(r).unwrap_or(-1);
         }
         devs
+    }
+}
+
+/// A stable 64-bit id (FNV-1a of `s`): the same name gives the same id on every node and run.
+pub fn stable_guid(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The guid of an adapter whose `sys_image_guid` is 0 or unreadable: a hash of its PCI device
+/// (`domain:bus:dev`, so the functions of one adapter agree), else of the RDMA device name. NCCL
+/// takes equal guid + port for one physical port and subtracts its bandwidth once; with 0 on every
+/// such device, all of them would look like one port.
+fn fallback_guid(m: &Member) -> u64 {
+    match m.pci_bdf.as_deref().and_then(|b| b.rsplit_once('.')) {
+        Some((dev, _function)) => stable_guid(&format!("pci:{dev}")),
+        None => stable_guid(&format!("rdma:{}", m.rdma_dev)),
+    }
+}
+
+/// Every device is its own cage, so no two may report the same guid + port (NCCL would count them
+/// as one physical port). The cage number alone does not guarantee it: a ConnectX-8 cage is one PCI
+/// device and always has number 0, so two cages of one adapter identity would both say port 1. A
+/// device whose pair is taken gets the next free port number of its guid, in device (PCI) order, so
+/// identical nodes agree.
+fn distinct_ports(devs: &mut [NcclDevice]) {
+    let mut taken: std::collections::BTreeSet<(u64, u8)> = std::collections::BTreeSet::new();
+    for d in devs.iter_mut() {
+        while taken.contains(&(d.guid, d.port)) && d.port < u8::MAX {
+            d.port += 1;
+        }
+        taken.insert((d.guid, d.port));
     }
 }
 

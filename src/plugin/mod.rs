@@ -315,6 +315,15 @@ pub trait Backend: Sized + Send + Sync + 'static {
     /// internal transports; the error's message is logged once as a WARN line.
     fn open() -> Result<Self>;
 
+    /// Opens the backend again after the last context released it, keeping `table` (the devices the
+    /// first open reported, which NCCL still holds: it asks for the count once per load of the
+    /// library): the same count, order and names, a device that is gone keeping its slot. The
+    /// default opens afresh; [`init`] refuses the result if its table differs.
+    fn reopen(table: &[Properties]) -> Result<Self> {
+        let _ = table;
+        Self::open()
+    }
+
     /// The devices, in NCCL device order. Fixed for the life of the backend.
     fn devices(&self) -> &[Properties];
 
@@ -393,12 +402,14 @@ pub trait Backend: Sized + Send + Sync + 'static {
 }
 
 /// The per-process home of an open backend: a weak reference, so the backend lives exactly as long as the
-/// contexts and comms that hold it; plus the context shared by the ABI versions without per-communicator
-/// init (v6–v10), which lives until the library is unloaded.
+/// contexts and comms that hold it; the context shared by the ABI versions without per-communicator
+/// init (v6–v10), which lives until the library is unloaded; and the device table of the first open,
+/// which every later open keeps ([`Backend::reopen`]) because NCCL keeps it until it unloads the library.
 #[derive(Debug)]
 pub struct Slot<B> {
     live: Mutex<Weak<B>>,
     legacy: Mutex<Option<Arc<Context<B>>>>,
+    table: Mutex<Option<Vec<Properties>>>,
 }
 
 impl<B> Slot<B> {
@@ -407,6 +418,7 @@ impl<B> Slot<B> {
         Slot {
             live: Mutex::new(Weak::new()),
             legacy: Mutex::new(None),
+            table: Mutex::new(None),
         }
     }
 }
@@ -417,15 +429,47 @@ impl<B> Default for Slot<B> {
     }
 }
 
-/// The open backend, opening it if no context holds one.
+/// The open backend, opening it if no context holds one: the first open sets the device table,
+/// every later one keeps it.
 fn acquire<B: Backend>() -> Result<Arc<B>> {
     let mut live = lock(&B::slot().live, "backend slot")?;
     if let Some(b) = live.upgrade() {
         return Ok(b);
     }
-    let b = Arc::new(B::open()?);
+    let mut table = lock(&B::slot().table, "device table")?;
+    let b = match table.as_deref() {
+        None => {
+            let b = B::open()?;
+            *table = Some(b.devices().to_vec());
+            b
+        }
+        Some(t) => {
+            let b = B::reopen(t)?;
+            same_devices(t, b.devices())?;
+            b
+        }
+    };
+    let b = Arc::new(b);
     *live = Arc::downgrade(&b);
     Ok(b)
+}
+
+/// A re-opened backend must report the devices NCCL already holds: same count, order and names.
+fn same_devices(then: &[Properties], now: &[Properties]) -> Result<()> {
+    let names = |d: &[Properties]| -> Vec<String> {
+        d.iter()
+            .map(|p| p.name.to_string_lossy().into_owned())
+            .collect()
+    };
+    if names(then) == names(now) {
+        return Ok(());
+    }
+    Err(Error::Internal(format!(
+        "the device table changed since the library was loaded (then [{}], now [{}]); NCCL keeps the first \
+         one until it unloads the plugin",
+        names(then).join(", "),
+        names(now).join(", ")
+    )))
 }
 
 /// The backend if a context or comm holds it.

@@ -8,7 +8,7 @@ pub mod types;
 
 pub use handle::{Handle, HandleRepr};
 pub use select::{
-    DevOverride, KindFilter, PathChoice, Reach, RouteOptions, Selection, Skipped, check_incoming,
-    kernel_route, render_text, select,
+    Closeness, DevOverride, KindFilter, PathChoice, Reach, RouteOptions, Selection, Skipped,
+    check_incoming, closeness, kernel_route, render_text, select,
 };
 pub use types::{point_to_point, point_to_point_peers};

@@ -18,7 +18,14 @@
 //!    vNIC size: more paths add QPs and CQ polling without adding bandwidth on a 2-port node).
 //! 5. No usable pair: an immediate error naming the peer's addresses, the local subnets and why each
 //!    candidate was skipped — never a timeout later.
-//! 6. [`Reach::Routed`] (what `NCCL_SWITCHLESS_TCP_FALLBACK=1` uses when nothing on-link reaches the peer)
+//! 6. The peer is this host: no pair of rule 1 and every address the peer advertises is one of this
+//!    host's (two ranks of one host that NCCL connects over the network: `NCCL_P2P_DISABLE=1
+//!    NCCL_SHM_DISABLE=1`, containers with different host hashes, `NCCL_HOSTID`). Each up link the
+//!    peer advertises then carries a loopback path to its own address ([`Selection::same_host`]):
+//!    RoCE to the port's own GID (HCA loopback), TCP to the link's own address; rules 2–4 apply as
+//!    usual. The handle carries no host id: the handshake's per-listener nonce is what refuses a
+//!    connection that reached another listener (a host with duplicate addresses).
+//! 7. [`Reach::Routed`] (what `NCCL_SWITCHLESS_TCP_FALLBACK=1` uses when nothing on-link reaches the peer)
 //!    also accepts a peer address outside every local subnet when the kernel's route for it leaves through
 //!    `L`'s netdev — through a gateway (a neighbour that forwards, or the default route) whose address is in
 //!    `L`'s subnet, or as a device route. Such a path is TCP only (RoCE needs a cable), its
@@ -49,7 +56,7 @@ pub enum KindFilter {
     Any,
 }
 
-/// How far a path may reach (rule 6 of the module docs).
+/// How far a path may reach (rule 7 of the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Reach {
@@ -152,6 +159,9 @@ pub struct Selection {
     pub paths: Vec<PathChoice>,
     pub dev_override: Option<DevOverride>,
     pub skipped: Vec<Skipped>,
+    /// The peer is this host: every path is a loopback to the local link's own address (rule 6).
+    #[serde(default)]
+    pub same_host: bool,
 }
 
 /// The winning kernel routes for `dst`: longest prefix, then lowest metric; all ties are returned.
@@ -226,7 +236,7 @@ fn route_source<'a>(
         .or_else(|| on_dev().next())
 }
 
-/// Rule 6: the kernel's winning route for `dst` (outside `link`'s subnet) leaves through `link`.
+/// Rule 7: the kernel's winning route for `dst` (outside `link`'s subnet) leaves through `link`.
 /// Returns the route.
 fn routed_via<'a>(
     link: &LocalLink,
@@ -252,6 +262,9 @@ pub fn select(
     opts: &RouteOptions,
 ) -> Result<Selection> {
     let mut skipped = Vec::new();
+    // Pairs skipped because the peer advertises the link's own address: only worth reporting when
+    // the peer is not this host (rule 6).
+    let mut own = Vec::new();
     let mut usable: Vec<Usable> = Vec::new();
     for (li, l) in local.iter().enumerate() {
         for (ri, r) in remote.iter().enumerate() {
@@ -271,7 +284,7 @@ pub fn select(
                 reason,
             };
             if ra == l.addr.addr() {
-                skipped.push(skip(format!(
+                own.push(skip(format!(
                     "the peer advertises {ra}, which is this link's own address (same node, or a duplicate address)"
                 )));
                 continue;
@@ -320,6 +333,24 @@ pub fn select(
             }
         }
     }
+    let same_host = usable.is_empty() && is_this_host(local, remote);
+    if same_host {
+        loopback_pairs(local, remote, opts.kinds, &mut usable, &mut skipped);
+        if usable.is_empty() {
+            return Err(Error::InvalidUsage(format!(
+                "the peer is this host (every address it advertises, {}, is one of this host's), but no \
+                 link can carry a loopback path to it: {}",
+                addr_list(remote),
+                skipped
+                    .iter()
+                    .map(|s| format!("{}: {}", s.local, s.reason))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            )));
+        }
+    } else {
+        skipped.append(&mut own);
+    }
     if usable.is_empty() && opts.reach == Reach::Routed {
         for r in remote {
             let ra = r.addr.addr();
@@ -348,21 +379,6 @@ pub fn select(
     }
 
     if usable.is_empty() {
-        if !remote.is_empty()
-            && remote
-                .iter()
-                .all(|r| local.iter().any(|l| l.addr.addr() == r.addr.addr()))
-        {
-            return Err(Error::InvalidUsage(format!(
-                "the peer is this host: every address it advertises ({}) is one of this host's; connections from a \
-                 node to itself over the network are not supported (NCCL normally uses P2P or SHM inside a node)",
-                remote
-                    .iter()
-                    .map(|r| r.addr.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )));
-        }
         return Err(no_path_error(local, remote, &skipped));
     }
 
@@ -497,7 +513,118 @@ pub fn select(
         paths,
         dev_override,
         skipped,
+        same_host,
     })
+}
+
+/// Rule 6: the peer advertises addresses and every one of them is an address of this host.
+fn is_this_host(local: &[LocalLink], remote: &[RemoteLink]) -> bool {
+    !remote.is_empty()
+        && remote
+            .iter()
+            .all(|r| local.iter().any(|l| l.addr.addr() == r.addr.addr()))
+}
+
+fn addr_list(remote: &[RemoteLink]) -> String {
+    remote
+        .iter()
+        .map(|r| r.addr.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Rule 6's pairs: each up link whose address the peer advertises, to that same address, of the
+/// kind the filter allows (RoCE only when both ends say RoCE: the port's own GID).
+fn loopback_pairs(
+    local: &[LocalLink],
+    remote: &[RemoteLink],
+    kinds: KindFilter,
+    usable: &mut Vec<Usable>,
+    skipped: &mut Vec<Skipped>,
+) {
+    for (li, l) in local.iter().enumerate() {
+        let Some(ri) = remote.iter().position(|r| r.addr.addr() == l.addr.addr()) else {
+            continue;
+        };
+        let ra = l.addr.addr();
+        let skip = |reason: String| Skipped {
+            local: link_name(l),
+            remote: Some(ra),
+            reason,
+        };
+        let both_roce = l.kind == LinkKind::Roce && remote[ri].kind == LinkKind::Roce;
+        let kind = match kinds {
+            KindFilter::Roce if !both_roce => {
+                skipped.push(skip(format!(
+                    "RoCE paths only, but this loopback is {:?} to a {:?} address",
+                    l.kind, remote[ri].kind
+                )));
+                continue;
+            }
+            KindFilter::Roce => LinkKind::Roce,
+            KindFilter::Tcp => LinkKind::Tcp,
+            KindFilter::Any if both_roce => LinkKind::Roce,
+            KindFilter::Any => LinkKind::Tcp,
+        };
+        if !l.up {
+            skipped.push(skip("link is down (no carrier)".into()));
+            continue;
+        }
+        let how = match kind {
+            LinkKind::Roce => "RoCE to this port's own GID",
+            LinkKind::Tcp => "TCP to this link's own address",
+        };
+        usable.push(Usable(
+            li,
+            ri,
+            kind,
+            format!(
+                "the peer is this host (it advertises only this host's addresses): loopback on {} ({how})",
+                link_name(l)
+            ),
+            None,
+        ));
+    }
+}
+
+/// How close two PCIe functions are, in the classes NCCL's GPU-direct rule (`NCCL_NET_GDR_LEVEL`)
+/// tells apart, judged from their PCIe roots (`pci0000:00/0000:00:01.0`: host bridge / root port) and
+/// NUMA nodes. Ordered from closest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Closeness {
+    /// Under one PCIe root port: traffic between them stays below the CPU (NCCL's `PIX`/`PXB`).
+    SameRootPort,
+    /// Under one CPU: the same NUMA node, or the same host bridge when the NUMA node is unknown
+    /// (NCCL's `PHB`).
+    SameNuma,
+    /// Across the CPUs' interconnect, or unknown (NCCL's `SYS`).
+    Farther,
+}
+
+/// [`Closeness`] of functions `a` and `b` (empty root = unknown; NUMA `None` or negative = unknown).
+pub fn closeness(
+    a_root: &str,
+    a_numa: Option<i32>,
+    b_root: &str,
+    b_numa: Option<i32>,
+) -> Closeness {
+    if !a_root.is_empty() && a_root == b_root {
+        return Closeness::SameRootPort;
+    }
+    let known = |n: Option<i32>| n.filter(|n| *n >= 0);
+    match (known(a_numa), known(b_numa)) {
+        (Some(x), Some(y)) if x == y => Closeness::SameNuma,
+        (Some(_), Some(_)) => Closeness::Farther,
+        _ => {
+            let bridge = |r: &str| r.split('/').next().unwrap_or_default().to_string();
+            if !a_root.is_empty() && bridge(a_root) == bridge(b_root) {
+                Closeness::SameNuma
+            } else {
+                Closeness::Farther
+            }
+        }
+    }
 }
 
 /// Reorders `items` so consecutive items alternate values of `key` (round-robin over key groups in
@@ -640,6 +767,12 @@ pub fn render_text(sel: &Selection, peer: &[RemoteLink]) -> String {
     );
     for (i, p) in sel.paths.iter().enumerate() {
         let _ = writeln!(out, "  path {i}: {p}\n          {}", p.reason);
+    }
+    if sel.same_host {
+        let _ = writeln!(
+            out,
+            "the peer is this host: every path is a loopback to the link's own address"
+        );
     }
     if let Some(o) = &sel.dev_override {
         let _ = writeln!(out, "NCCL device {} overridden: {}", o.requested, o.reason);

@@ -6,6 +6,8 @@
 #     the bench bootstraps over it; a /24 is not a point-to-point link, so it never carries data;
 #   * data links are veth pairs, one /30 each (10.201.L.1 / 10.201.L.2), MTU 9000;
 #   * 3-node full mesh: alltoall and allreduce (data verified by the bench) over 3 ranks;
+#   * two ranks in one namespace (the same host over the network, as NCCL does with P2P and SHM off):
+#     loopback paths to the links' own addresses, the INFO line that says so; and 2 + 1 ranks mixed;
 #   * 4-node ring: alltoall and allreduce over 4 ranks (every rank talks to its two neighbours for
 #     the ring all-reduce; alltoall needs non-neighbours too, so it runs with the fallback, see below);
 #   * ring non-neighbours (node 1 <-> node 3): without NCCL_SWITCHLESS_TCP_FALLBACK the bench fails fast with
@@ -161,6 +163,16 @@ sizes="-b 8 -e 4194304 -f 8 -n 5 -w 1"
 expect_ok mesh-alltoall alltoall "$sizes" -- "$tag-n1" "$tag-n2" "$tag-n3"
 expect_ok mesh-allreduce allreduce "$sizes" -- "$tag-n1" "$tag-n2" "$tag-n3"
 TRANSPORT=auto expect_ok mesh-allreduce-auto allreduce "-b 1024 -e 1048576 -f 32 -n 3 -w 1" -- "$tag-n1" "$tag-n2" "$tag-n3"
+
+# --- two ranks in one namespace (one host) ------------------------------------------------------------
+# NCCL connects ranks of one host over the network when P2P and SHM are off (NCCL_P2P_DISABLE=1
+# NCCL_SHM_DISABLE=1, different host hashes): the peer's handle advertises only this node's addresses,
+# and the plugin connects it over TCP to the link's own address, with one INFO line saying so.
+BENCH_ENV="NCCL_DEBUG=INFO" expect_ok samehost-bandwidth bandwidth "-b 8 -e 1048576 -n 5" -- "$tag-n1" "$tag-n1"
+grep -h -m1 "the peer is this host" "$work"/samehost-bandwidth.0 | cut -c1-300 | sed 's/^/    /' | grep . || {
+  tail -n 20 "$work"/samehost-bandwidth.*; fail "samehost: no INFO line says the peer is this host"; }
+# Mixed: ranks 0 and 1 share n1 (loopback paths), rank 2 is n2 (its cable).
+expect_ok samehost-allreduce allreduce "-b 8 -e 1048576 -f 32 -n 3 -w 1" -- "$tag-n1" "$tag-n1" "$tag-n2"
 
 # --- 4-node ring -----------------------------------------------------------------------------------
 for n in 4 5 6 7; do mkns "$tag-n$n" "$n"; done

@@ -3,7 +3,7 @@
 #![forbid(unsafe_code)]
 
 use std::net::Ipv4Addr;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use super::data::RecvEnd;
 use super::report::{ConnReport, step_error};
@@ -19,9 +19,11 @@ use crate::transport::handshake::{
 };
 use crate::transport::wire::CtrlInfo;
 
-/// A listening endpoint (`listenComm`).
+/// A listening endpoint (`listenComm`). It holds the backend weakly: NCCL never closes the listen comm
+/// of a connection that did not finish (abort, a lazy connect never made), and such a comm must not
+/// keep the backend, its devices and its parked connections alive past the last `finalize`.
 pub struct ListenEnd<P: PathFactory> {
-    backend: Arc<Switchless<P>>,
+    backend: Weak<Switchless<P>>,
     listener: Listener,
     dev: usize,
     comm: CommInfo,
@@ -91,7 +93,7 @@ impl<P: PathFactory> Switchless<P> {
         handle.fill(0);
         repr.emit(&mut HandleView::new_unchecked(&mut handle[..]))?;
         Ok(ListenEnd {
-            backend: Arc::clone(self),
+            backend: Arc::downgrade(self),
             listener,
             dev,
             comm: *comm,
@@ -217,11 +219,20 @@ impl<P: PathFactory> ListenEnd<P> {
         }
     }
 
+    /// The backend, while a context or comm still holds it.
+    fn backend(&self) -> Result<Arc<Switchless<P>>> {
+        self.backend.upgrade().ok_or_else(|| {
+            Error::InvalidUsage(
+                "accept on a listen comm whose plugin was finalized (every context is gone)".into(),
+            )
+        })
+    }
+
     /// No hello yet: poll the listener, and respond to a hello.
     fn waiting(&mut self) -> Result<Step<P::Fabric>> {
         Ok(match self.listener.poll()? {
             None => Step::Pending(AcceptState::Waiting),
-            Some(inc) => Step::Next(self.backend.respond(inc, self.dev, &self.comm)?),
+            Some(inc) => Step::Next(self.backend()?.respond(inc, self.dev, &self.comm)?),
         })
     }
 
@@ -243,7 +254,7 @@ impl<P: PathFactory> ListenEnd<P> {
             remote,
             est,
         } = *f;
-        self.backend.log_connected(&ConnReport {
+        self.backend()?.log_connected(&ConnReport {
             verb: "accepted from",
             peer: &who(&est),
             dev: self.dev,

@@ -9,14 +9,19 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::data::SendEnd;
-use super::report::{ConnReport, fallback_warning, routed_hint, step_error};
+use super::report::{
+    ConnReport, fallback_warning, gdr_scope, gdr_warning, gpu_over_tcp, level_name, routed_hint,
+    same_host_note, step_error,
+};
 use super::{ConnOptions, Connectable, PathFactory, PathPlan, Switchless};
 use crate::config::TransportMode;
 use crate::error::{Error, Result};
 use crate::plugin::{CommInfo, Handle};
 use crate::route::handle::{Handle as HandleView, HandleRepr};
-use crate::route::select::{KindFilter, PathChoice, Reach, RouteOptions, Selection, select};
-use crate::route::types::{LocalLink, RemoteLink};
+use crate::route::select::{
+    Closeness, KindFilter, PathChoice, Reach, RouteOptions, Selection, Skipped, closeness, select,
+};
+use crate::route::types::{LinkKind, LocalLink, RemoteLink};
 use crate::sync::lock;
 use crate::transport::comm::SendComm;
 use crate::transport::handshake::{ConnectPoll, Connector, Established, PathParams, SideParams};
@@ -98,7 +103,26 @@ impl<P: PathFactory> Switchless<P> {
     /// link is point-to-point, the RoCE error stands). Then, with `NCCL_SWITCHLESS_TCP_FALLBACK=1`
     /// only, TCP over any shared subnet (a management LAN) or kernel route through a gateway (a
     /// forwarding neighbour, the default route: [`Reach::Routed`]), with one WARN per peer.
+    ///
+    /// A device on which NCCL may register GPU memory never gets TCP paths: the connection fails here
+    /// with both sides' subnets ([`gpu_over_tcp`]), not later at NCCL's first GPU registration. Its
+    /// RoCE paths stay within `NCCL_NET_GDR_LEVEL` of NCCL's device when the device is overridden
+    /// ([`Self::select_roce`]).
     fn route(&self, dev: usize, peer: &[RemoteLink], who: &str) -> Result<Selection> {
+        let sel = self.route_any(dev, peer, who)?;
+        if self.gpu_memory(dev) && sel.paths.iter().any(|p| p.kind == LinkKind::Tcp) {
+            return Err(Error::InvalidUsage(gpu_over_tcp(
+                dev,
+                &self.dev_name(dev),
+                &sel,
+                &self.view.links,
+                peer,
+            )));
+        }
+        Ok(sel)
+    }
+
+    fn route_any(&self, dev: usize, peer: &[RemoteLink], who: &str) -> Result<Selection> {
         let opts = |kinds| RouteOptions {
             nccl_dev: Some(dev),
             kinds,
@@ -112,13 +136,25 @@ impl<P: PathFactory> Switchless<P> {
             .cloned()
             .collect();
         let (links, routes) = (&self.view.links, &self.view.routes);
+        // A rank of this host advertises every link of this host, a management /24 too, which TCP
+        // selection leaves out of its local links: leave such addresses out of the peer's list as well,
+        // so that routing still sees that every address the peer advertises is this host's.
+        let on_p2p = |r: &RemoteLink| p2p.iter().any(|l| l.addr.addr() == r.addr.addr());
+        let this_host = peer
+            .iter()
+            .all(|r| links.iter().any(|l| l.addr.addr() == r.addr.addr()));
+        let tcp_peer: Vec<RemoteLink> = if this_host && peer.iter().any(on_p2p) {
+            peer.iter().filter(|r| on_p2p(r)).cloned().collect()
+        } else {
+            peer.to_vec()
+        };
         let first = match self.view.config.transport {
-            TransportMode::Rdma => select(links, routes, peer, &opts(KindFilter::Roce)),
-            TransportMode::Tcp => select(&p2p, routes, peer, &opts(KindFilter::Tcp)),
-            TransportMode::Auto => match select(links, routes, peer, &opts(KindFilter::Roce)) {
+            TransportMode::Rdma => self.select_roce(dev, peer, who),
+            TransportMode::Tcp => select(&p2p, routes, &tcp_peer, &opts(KindFilter::Tcp)),
+            TransportMode::Auto => match self.select_roce(dev, peer, who) {
                 Ok(s) => Ok(s),
                 Err(e) if p2p.is_empty() => Err(e),
-                Err(_) => select(&p2p, routes, peer, &opts(KindFilter::Tcp)),
+                Err(_) => select(&p2p, routes, &tcp_peer, &opts(KindFilter::Tcp)),
             },
         };
         let e = match first {
@@ -143,6 +179,113 @@ impl<P: PathFactory> Switchless<P> {
             tracing::warn!("NET/switchless: {}", fallback_warning(who, &sel));
         }
         Ok(sel)
+    }
+
+    /// RoCE pairs to the peer. When NCCL's device does not reach the peer and NCCL may put GPU
+    /// memory on the connection, the links within `NCCL_NET_GDR_LEVEL` of that device are preferred
+    /// (NCCL decided GPU-direct for that device only); when only farther links reach the peer they
+    /// are used, with one WARN per peer ([`gdr_warning`]).
+    fn select_roce(&self, dev: usize, peer: &[RemoteLink], who: &str) -> Result<Selection> {
+        let opts = RouteOptions {
+            nccl_dev: Some(dev),
+            kinds: KindFilter::Roce,
+            ..RouteOptions::default()
+        };
+        let (links, routes) = (&self.view.links, &self.view.routes);
+        let sel = select(links, routes, peer, &opts)?;
+        if sel.dev_override.is_none() || !self.gpu_memory(dev) {
+            return Ok(sel);
+        }
+        let Some(scope) = gdr_scope(self.view.config.net_gdr_level) else {
+            return Ok(sel);
+        };
+        let Some(near) = self.near_links(dev, scope) else {
+            return Ok(sel); // the device has no PCI function to measure from
+        };
+        if sel
+            .paths
+            .iter()
+            .all(|p| near.iter().any(|n| n.id == p.local.id))
+        {
+            return Ok(sel);
+        }
+        let level = level_name(self.view.config.net_gdr_level);
+        if let Ok(mut s) = select(&near, routes, peer, &opts) {
+            for p in sel
+                .paths
+                .iter()
+                .filter(|p| !near.iter().any(|n| n.id == p.local.id))
+            {
+                s.skipped.push(Skipped {
+                    local: format!("{} {}", p.local.netdev, p.local.addr),
+                    remote: Some(p.remote.addr.addr()),
+                    reason: format!(
+                        "usable, but farther from NCCL's device {dev} than NCCL_NET_GDR_LEVEL={level} allows for GPU memory"
+                    ),
+                });
+            }
+            return Ok(s);
+        }
+        let first_time =
+            lock(&self.warned_gdr, "GPU-direct warnings").map(|mut w| w.insert(who.to_string()))?;
+        if first_time {
+            tracing::warn!(
+                "NET/switchless: {}",
+                gdr_warning(who, dev, &self.dev_name(dev), &level, &sel, |root| self
+                    .closeness_to(dev, root))
+            );
+        }
+        Ok(sel)
+    }
+
+    /// The NCCL device's name (`sl_...`), or empty.
+    fn dev_name(&self, dev: usize) -> String {
+        self.props
+            .get(dev)
+            .map(|p| p.name.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+
+    /// The NUMA node of the PCI functions under `root` (from the devices' members).
+    fn numa_of(&self, root: &str) -> Option<i32> {
+        self.view
+            .devices
+            .iter()
+            .flat_map(|d| &d.members)
+            .find(|m| m.pci_root.as_deref() == Some(root))
+            .and_then(|m| m.numa_node)
+    }
+
+    /// How close a link under PCIe root `root` is to the nearest member of NCCL's device `dev`;
+    /// `None` when the device has no member with a known root.
+    fn closeness_to(&self, dev: usize, root: &str) -> Option<Closeness> {
+        let d = self.view.devices.get(dev)?;
+        d.members
+            .iter()
+            .filter_map(|m| m.pci_root.as_deref().map(|r| (r, m.numa_node)))
+            .map(|(r, n)| closeness(root, self.numa_of(root), r, n))
+            .min()
+    }
+
+    /// The links within `scope` of NCCL's device `dev`; `None` when that cannot be judged.
+    fn near_links(&self, dev: usize, scope: Closeness) -> Option<Vec<LocalLink>> {
+        let d = self.view.devices.get(dev)?;
+        if !d.members.iter().any(|m| m.pci_root.is_some()) {
+            return None;
+        }
+        Some(
+            self.view
+                .links
+                .iter()
+                .filter(|l| {
+                    l.nccl_dev == Some(dev)
+                        || self
+                            .closeness_to(dev, &l.pci_root)
+                            .is_some_and(|c| c <= scope)
+                })
+                .cloned()
+                .collect(),
+        )
     }
 
     fn sweep(&self, map: &mut HashMap<u64, Box<ConnectState<P::Fabric>>>) {
@@ -189,6 +332,12 @@ impl<P: PathFactory> Switchless<P> {
                 .join(", ")
         );
         let sel = self.route(dev, &repr.links, &peer_key)?;
+        if sel.same_host {
+            tracing::info!(
+                "NET/switchless: connect to {peer}: {}",
+                same_host_note(&sel)
+            );
+        }
         if let Some(ov) = &sel.dev_override {
             tracing::info!("NET/switchless: connect to {peer}: {}", ov.reason);
         }

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::config::Config;
+use crate::config::{Config, PathType};
 use crate::error::{Error, Result};
 use crate::host::NcclDevice;
 use crate::plugin::{
@@ -94,6 +94,10 @@ impl Default for QpAttrs {
 pub struct ConnOptions {
     /// Create loopback paths for the GPU-direct flush (receiving side, device can register GPU memory).
     pub loopback: bool,
+    /// NCCL may register GPU memory on this connection (the device advertises `NCCL_PTR_CUDA` or
+    /// `NCCL_PTR_DMABUF` and `NCCL_NET_GDR_LEVEL` does not turn GPU-direct off): a factory refuses
+    /// paths that cannot carry it (TCP), so the acceptor rejects such a hello with the reason.
+    pub gpu: bool,
     /// Queue-pair attributes.
     pub qp: QpAttrs,
 }
@@ -168,6 +172,10 @@ pub struct Switchless<P: PathFactory> {
     warned_mtu: AtomicBool,
     /// Peers already warned about the TCP fallback.
     warned_peers: Mutex<HashSet<String>>,
+    /// Peers already warned about GPU-direct on links far from NCCL's device.
+    warned_gdr: Mutex<HashSet<String>>,
+    /// Connections set up per physical cable, for the INFO line (see `report`).
+    cables: Mutex<report::CableCounts>,
 }
 
 impl<P: PathFactory> std::fmt::Debug for Switchless<P> {
@@ -194,19 +202,117 @@ pub fn properties_of(d: &NcclDevice, cfg: &Config) -> Result<Properties> {
         .members
         .first()
         .map_or((None, None), |m| cfg.ib_hca.rail_plane(&m.rdma_dev, m.port));
-    p.rail_id = rail.or((d.rail_id >= 0).then_some(d.rail_id));
+    // The rail goes to NCCL only when the user set one. The discovered peer set is not a rail in
+    // NCCL's sense: with NCCL_CROSS_NIC=0 NCCL makes a ring enter and leave a node through NICs of one
+    // rail, which in a mesh (every cable its own peer set) is the opposite of the cabling. Unset, NCCL
+    // compares guid + port instead, as on an IB fabric without rails.
+    p.rail_id = rail;
     p.plane_id = plane.or((d.plane_id >= 0).then_some(d.plane_id));
     Ok(p)
+}
+
+/// `view` re-numbered to the device table NCCL holds (see [`Backend::reopen`]): each device of
+/// `table` keeps its index; one that is gone (port down, function removed) keeps its slot with its
+/// old properties and no links, so connections NCCL places on it are routed over the links that
+/// reach the peer; a device that was not in the table is left out (its links stay usable, outside
+/// NCCL's list). Returns the view and, per device, the properties to report instead of the
+/// discovered ones.
+pub fn keep_table(mut view: HostView, table: &[Properties]) -> (HostView, Vec<Option<Properties>>) {
+    let found: Vec<Option<usize>> = table
+        .iter()
+        .map(|p| {
+            let name = p.name.to_string_lossy();
+            view.devices.iter().position(|d| d.name == name)
+        })
+        .collect();
+    for d in &view.devices {
+        if !table.iter().any(|p| p.name.to_string_lossy() == d.name) {
+            tracing::warn!(
+                "NET/switchless: device {} appeared since the library was loaded; NCCL keeps its first \
+                 device list, so it is not exposed until NCCL reloads the plugin (its links still carry \
+                 re-routed connections)",
+                d.name
+            );
+        }
+    }
+    let mut devices = Vec::with_capacity(table.len());
+    let mut kept = Vec::with_capacity(table.len());
+    for (i, (p, f)) in table.iter().zip(&found).enumerate() {
+        match f {
+            Some(j) => {
+                let mut d = view.devices[*j].clone();
+                d.index = i;
+                devices.push(d);
+                kept.push(None);
+            }
+            None => {
+                tracing::warn!(
+                    "NET/switchless: device {i} ({}) is gone since the library was loaded (its port is down \
+                     or its function removed); it keeps index {i} and its properties, and connections NCCL \
+                     places on it are routed over the links that reach each peer",
+                    p.name.to_string_lossy()
+                );
+                devices.push(vanished(i, p));
+                kept.push(Some(p.clone()));
+            }
+        }
+    }
+    for l in &mut view.links {
+        l.nccl_dev = l
+            .nccl_dev
+            .and_then(|j| found.iter().position(|f| *f == Some(j)));
+    }
+    view.devices = devices;
+    (view, kept)
+}
+
+/// The placeholder of a device that is gone: its identity as NCCL knows it, no members, no peers.
+fn vanished(index: usize, p: &Properties) -> NcclDevice {
+    NcclDevice {
+        index,
+        name: p.name.to_string_lossy().into_owned(),
+        members: Vec::new(),
+        pci_path: p
+            .pci_path
+            .map(|c| c.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        guid: p.guid,
+        speed_mbps: u32::try_from(p.speed_mbps).unwrap_or(0),
+        port: u8::try_from(p.port).unwrap_or(1),
+        latency_us: p.latency_us,
+        max_comms: p.max_comms,
+        max_recvs: p.max_recvs,
+        ptr_support: p.ptr_support.0,
+        max_p2p_bytes: u64::try_from(p.max_p2p_bytes).unwrap_or(1 << 40),
+        rail_id: p.rail_id.unwrap_or(-1),
+        plane_id: p.plane_id.unwrap_or(-1),
+        phys_port_id: u16::MAX,
+        peers: Vec::new(),
+    }
 }
 
 impl<P: PathFactory> Switchless<P> {
     /// Builds the backend over an opened factory and host view (what [`Backend::open`] does after
     /// `P::open`; tests call it directly).
     pub fn from_parts(factory: P, view: HostView) -> Result<Switchless<P>> {
+        let n = view.devices.len();
+        Self::with_props(factory, view, vec![None; n])
+    }
+
+    /// [`Self::from_parts`], reporting `kept[i]` (when set) for device `i`.
+    fn with_props(
+        factory: P,
+        view: HostView,
+        kept: Vec<Option<Properties>>,
+    ) -> Result<Switchless<P>> {
         let props = view
             .devices
             .iter()
-            .map(|d| properties_of(d, &view.config))
+            .zip(kept)
+            .map(|(d, k)| match k {
+                Some(p) => Ok(p),
+                None => properties_of(d, &view.config),
+            })
             .collect::<Result<Vec<_>>>()?;
         let proto = ProtocolConfig {
             stripe: StripeParams {
@@ -229,6 +335,8 @@ impl<P: PathFactory> Switchless<P> {
             next_id: AtomicU64::new(1),
             warned_mtu: AtomicBool::new(false),
             warned_peers: Mutex::new(HashSet::new()),
+            warned_gdr: Mutex::new(HashSet::new()),
+            cables: Mutex::new(report::CableCounts::default()),
         })
     }
 
@@ -251,16 +359,31 @@ impl<P: PathFactory> Switchless<P> {
         self.view.config.connect_timeout
     }
 
-    fn opts(&self, comm: &CommInfo, dev: usize, receiving: bool) -> ConnOptions {
-        let gpu = PtrSupport(PtrSupport::CUDA.0 | PtrSupport::DMABUF.0);
-        let loopback = receiving
+    /// The device advertises GPU memory (`NCCL_PTR_CUDA` or `NCCL_PTR_DMABUF`).
+    fn registers_gpu(&self, dev: usize) -> bool {
+        let gpu = PtrSupport::CUDA.union(PtrSupport::DMABUF);
+        self.props
+            .get(dev)
+            .is_some_and(|p| p.ptr_support.0 & gpu.0 != 0)
+    }
+
+    /// NCCL may put GPU memory on a connection of `dev`: the device advertises it and
+    /// `NCCL_NET_GDR_LEVEL` is not below `PIX` (below it, no NIC is close enough and NCCL keeps its
+    /// buffers in host memory).
+    fn gpu_memory(&self, dev: usize) -> bool {
+        self.registers_gpu(dev)
             && self
-                .props
-                .get(dev)
-                .is_some_and(|p| p.ptr_support.0 & gpu.0 != 0);
+                .view
+                .config
+                .net_gdr_level
+                .is_none_or(|l| l >= PathType::Pix)
+    }
+
+    fn opts(&self, comm: &CommInfo, dev: usize, receiving: bool) -> ConnOptions {
         let tc = comm.traffic_class.and_then(|t| u8::try_from(t).ok());
         ConnOptions {
-            loopback,
+            loopback: receiving && self.registers_gpu(dev),
+            gpu: self.gpu_memory(dev),
             qp: QpAttrs::from_config(&self.view.config, tc),
         }
     }
@@ -280,6 +403,12 @@ impl<P: PathFactory> Backend for Switchless<P> {
     fn open() -> Result<Self> {
         let (factory, view) = P::open()?;
         Switchless::from_parts(factory, view)
+    }
+
+    fn reopen(table: &[Properties]) -> Result<Self> {
+        let (factory, view) = P::open()?;
+        let (view, kept) = keep_table(view, table);
+        Switchless::with_props(factory, view, kept)
     }
 
     fn devices(&self) -> &[Properties] {

@@ -1,16 +1,24 @@
-//! The log and error text of a connection: its one INFO line (`ConnReport`), the small-MTU warning,
-//! the TCP fallback warning ([`fallback_warning`]), the hint for routed paths ([`routed_hint`]) and
-//! the prefix of a failed step's error.
+//! The log and error text of a connection: its one INFO line (`ConnReport`, with the connections
+//! per physical cable so far: [`CableCounts`]), the small-MTU warning, the TCP fallback warning
+//! ([`fallback_warning`]), the same-host note ([`same_host_note`]), the GPU-direct distance warning
+//! ([`gdr_warning`]), the GPU-over-TCP refusal ([`gpu_over_tcp`]), the hint for routed paths
+//! ([`routed_hint`]) and the prefix of a failed step's error.
 #![forbid(unsafe_code)]
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 
 use super::{Connectable, PathFactory, PathPlan, Switchless};
+use crate::config::PathType;
 use crate::error::Error;
-use crate::route::select::PathChoice;
-use crate::route::types::LinkKind;
+use crate::route::select::{Closeness, PathChoice, Selection};
+use crate::route::types::{LinkKind, LocalLink, RemoteLink};
+use crate::sync::lock;
 use crate::transport::handshake::PathParams;
+
+/// The connector's [`ConnReport::verb`].
+pub(super) const CONNECTED: &str = "connected to";
 
 /// A connection that just became ready, as its INFO line tells it.
 pub(super) struct ConnReport<'a, F> {
@@ -33,10 +41,20 @@ pub(super) struct ConnReport<'a, F> {
 }
 
 impl<P: PathFactory> Switchless<P> {
-    /// Logs a connection that is ready: the small-MTU warning when due, then its INFO line.
+    /// Logs a connection that is ready: the small-MTU warning when due, then its INFO line, which
+    /// ends with how many connections (NCCL channels) each physical cable carries so far.
     pub(super) fn log_connected<F: Connectable>(&self, r: &ConnReport<'_, F>) {
         self.check_mtu(r);
-        tracing::info!("NET/switchless: {}", self.describe(r));
+        let cables = lock(&self.cables, "cable counts")
+            .map(|mut c| {
+                c.add(r.plans, r.verb == CONNECTED);
+                c.summary()
+            })
+            .unwrap_or_default();
+        tracing::info!(
+            "NET/switchless: {}; NCCL channels per cable so far (send/recv connections of this process): {cables}",
+            self.describe(r)
+        );
     }
 
     /// Warns once per process when a RoCE path runs below a 4096-byte MTU (the interface-MTU-1500 trap).
@@ -208,5 +226,175 @@ pub fn fallback_warning(who: &str, sel: &crate::route::select::Selection) -> Str
     format!(
         "{who}: no RoCE or TCP point-to-point link reaches it; NCCL_SWITCHLESS_TCP_FALLBACK=1 carries it over TCP on {}: {expect}, far below a direct link",
         paths.join(", ")
+    )
+}
+
+/// Connections set up per physical cable (a cage: both PCIe functions of a GB10 port count once;
+/// a TCP link without a cage is its netdev), split into send (connect) and receive (accept) sides.
+/// NCCL opens one connection per channel and peer in each direction, so this is how NCCL's channels
+/// landed on the cabling.
+#[derive(Debug, Default)]
+pub struct CableCounts {
+    cables: BTreeMap<(u16, String), Cable>,
+}
+
+#[derive(Debug, Default)]
+struct Cable {
+    netdevs: Vec<String>,
+    send: u32,
+    recv: u32,
+}
+
+impl CableCounts {
+    /// Counts one connection over `plans` (each cable once).
+    pub fn add(&mut self, plans: &[PathPlan], send: bool) {
+        let mut seen: Vec<(u16, String)> = Vec::new();
+        for p in plans {
+            let l = &p.local;
+            let key = if l.phys_port_id == u16::MAX {
+                (u16::MAX, l.netdev.clone())
+            } else {
+                (l.phys_port_id, String::new())
+            };
+            let c = self.cables.entry(key.clone()).or_default();
+            if !c.netdevs.contains(&l.netdev) {
+                c.netdevs.push(l.netdev.clone());
+            }
+            if seen.contains(&key) {
+                continue;
+            }
+            seen.push(key);
+            if send {
+                c.send = c.send.saturating_add(1);
+            } else {
+                c.recv = c.recv.saturating_add(1);
+            }
+        }
+    }
+
+    /// `enp1s0f0np0+enP2p1s0f0np0 3/3, eth2 0/1`: every cable that carried a connection.
+    pub fn summary(&self) -> String {
+        self.cables
+            .values()
+            .map(|c| format!("{} {}/{}", c.netdevs.join("+"), c.send, c.recv))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// The links allowed for GPU memory around NCCL's device under `NCCL_NET_GDR_LEVEL` (`None`: no
+/// limit; NCCL's default `P2C` is `PXB` on hosts without C2C, and this plugin cannot tell C2C apart,
+/// so it keeps the stricter reading).
+pub fn gdr_scope(level: Option<PathType>) -> Option<Closeness> {
+    match level {
+        None => Some(Closeness::SameRootPort),
+        Some(l) if l < PathType::Pix => None,
+        Some(l) if l < PathType::Phb => Some(Closeness::SameRootPort),
+        Some(PathType::Phb) => Some(Closeness::SameNuma),
+        Some(_) => None,
+    }
+}
+
+/// `NCCL_NET_GDR_LEVEL` as the logs name it.
+pub fn level_name(level: Option<PathType>) -> String {
+    level.map_or_else(
+        || "P2C (NCCL's default, PXB without C2C)".to_string(),
+        |l| l.as_str().to_string(),
+    )
+}
+
+/// The INFO line of a connection to a rank on this host.
+pub fn same_host_note(sel: &Selection) -> String {
+    let how = if sel.paths.iter().all(|p| p.kind == LinkKind::Roce) {
+        "RoCE to each port's own GID (HCA loopback)"
+    } else {
+        "TCP to each link's own address"
+    };
+    let links: Vec<String> = sel
+        .paths
+        .iter()
+        .map(|p| format!("{} {}", p.local.netdev, p.local.addr))
+        .collect();
+    format!(
+        "the peer is this host (its handle advertises only this host's addresses: NCCL connects ranks of one \
+         host over the network when P2P and SHM are off or their host hashes differ); loopback over {how} on {}",
+        links.join(", ")
+    )
+}
+
+/// The one WARN per peer when NCCL may put GPU memory on a connection but only links farther than
+/// `NCCL_NET_GDR_LEVEL` from NCCL's device reach the peer: which links, how far, what to expect
+/// and what to change. `near(root)` is a link's closeness to NCCL's device.
+pub fn gdr_warning(
+    who: &str,
+    dev: usize,
+    name: &str,
+    level: &str,
+    sel: &Selection,
+    near: impl Fn(&str) -> Option<Closeness>,
+) -> String {
+    let paths: Vec<String> = sel
+        .paths
+        .iter()
+        .map(|p| {
+            let how = match near(&p.local.pci_root) {
+                Some(Closeness::SameRootPort) => "under the same PCIe root port",
+                Some(Closeness::SameNuma) => "through the CPU's host bridge (PHB)",
+                _ => "across the CPU interconnect or of unknown distance (SYS)",
+            };
+            format!(
+                "{} {} (PCIe root {}: {how})",
+                p.local.netdev, p.local.addr, p.local.pci_root
+            )
+        })
+        .collect();
+    format!(
+        "{who}: NCCL chose device {dev} ({name}) and may use GPU-direct on it, but no link within \
+         NCCL_NET_GDR_LEVEL={level} of that device reaches the peer, so the connection uses {}. NCCL \
+         validated GPU-direct for device {dev} only: expect these NICs' reads and writes of GPU memory to run \
+         well below the links' rate through a host bridge and lower still across sockets, or to fail where the \
+         platform does not route PCIe peer-to-peer between root ports. Remedy: make NCCL choose a NIC cabled \
+         to this peer (a NCCL_TOPO_FILE, or NCCL_CROSS_NIC; see the routing recipes in the README), accept \
+         the distance with NCCL_NET_GDR_LEVEL=PHB or SYS, or keep NCCL's buffers in host memory with \
+         NCCL_NET_GDR_LEVEL=LOC",
+        paths.join(", ")
+    )
+}
+
+/// The refusal of TCP paths for a device on which NCCL may register GPU memory, naming the device,
+/// both sides' subnets and the paths TCP would have used.
+pub fn gpu_over_tcp(
+    dev: usize,
+    name: &str,
+    sel: &Selection,
+    local: &[LocalLink],
+    peer: &[RemoteLink],
+) -> String {
+    let peer_list: Vec<String> = peer
+        .iter()
+        .map(|r| format!("{} ({:?})", r.addr, r.kind))
+        .collect();
+    let mut subnets: Vec<String> = Vec::new();
+    for l in local {
+        let s = format!("{} on {} ({:?})", l.addr.trunc(), l.netdev, l.kind);
+        if !subnets.contains(&s) {
+            subnets.push(s);
+        }
+    }
+    let tcp: Vec<String> = sel
+        .paths
+        .iter()
+        .filter(|p| p.kind == LinkKind::Tcp)
+        .map(|p| format!("{} {} -> {}", p.local.netdev, p.local.addr, p.remote.addr))
+        .collect();
+    format!(
+        "NCCL device {dev} ({name}) advertises GPU memory (NCCL_PTR_CUDA or NCCL_PTR_DMABUF), so NCCL registers \
+         GPU buffers on its connections, but only TCP paths reach the peer ({}), and TCP carries host memory \
+         only. The peer advertises {}; local subnets: {}. Give both ends a RoCE port in a shared subnet, or \
+         set NCCL_NET_GDR_LEVEL=LOC on every rank (NCCL then keeps its buffers in host memory), or \
+         NCCL_SWITCHLESS_TRANSPORT=tcp (every device host memory only)",
+        tcp.join(", "),
+        peer_list.join(", "),
+        subnets.join(", ")
     )
 }
