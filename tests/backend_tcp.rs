@@ -12,7 +12,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use switchless::config::Config;
 use switchless::error::Error;
 use switchless::plugin::NetFactory;
 use switchless::plugin::{
@@ -129,10 +128,74 @@ fn many_tcp_connections_interleave() {
     }
 }
 
+/// `auto` routes RoCE first and falls back to TCP on point-to-point links when no RoCE pair
+/// qualifies. Two RoCE links on their own /30 are added to the fixture: up, `auto` picks them (and
+/// this TCP-only factory, which opened no RDMA device, refuses to carry them); down, the connection
+/// falls back to the two TCP links and carries data; `tcp` carries TCP over all four.
 #[test]
 fn auto_falls_back_from_roce_to_tcp_point_to_point_links() {
-    let b = backend(Config::default(), 30);
+    let with_roce = |transport: &str, up: bool| {
+        let config = config(&[("NCCL_SWITCHLESS_TRANSPORT", transport)]);
+        let mut v = view(config.clone(), 30);
+        // Two ends on one /30, as the TCP links: the node reaches itself from one to the other.
+        for (id, addr) in [(2, "127.0.0.5/30"), (3, "127.0.0.6/30")] {
+            let mut roce = link(id, addr);
+            roce.kind = LinkKind::Roce;
+            roce.rdma_dev = Some(format!("rxe{id}"));
+            roce.gid_index = Some(1);
+            roce.up = up;
+            v.links.push(roce);
+        }
+        v.routes.push(KernelRoute {
+            dest: "127.0.0.4/30".parse().unwrap(),
+            gateway: None,
+            ifname: "lo".into(),
+            metric: 0,
+        });
+        Arc::new(Switchless::from_parts(NetFactory::tcp_only(config), v).unwrap())
+    };
+    // Up: RoCE is chosen first.
+    let b = with_roce("auto", true);
+    let mut h: Handle = [0; HANDLE_SIZE];
+    let mut l = b.listen(&CommInfo::default(), 0, &mut h).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let e = loop {
+        assert!(
+            Instant::now() < deadline,
+            "connect neither failed nor finished"
+        );
+        match b.connect(&CommInfo::default(), 0, &mut h) {
+            Err(e) => break e,
+            Ok(Some(c)) => panic!("auto connected although a RoCE pair was up: {c:?}"),
+            Ok(None) => {}
+        }
+        let _ = B::accept(&mut l);
+    };
+    assert!(
+        e.to_string().contains("a RoCE path was chosen"),
+        "auto with an up RoCE pair: {e}"
+    );
+    // Down: TCP over the two point-to-point TCP links only.
+    let b = with_roce("auto", false);
     let mut pair = establish(&b);
+    for labels in [pair.0.path_labels(), pair.1.path_labels()] {
+        assert_eq!(labels.len(), 2, "{labels:?}");
+        assert!(
+            labels
+                .iter()
+                .all(|l| l.starts_with("tcp") && !l.contains("127.0.0.5")),
+            "{labels:?}"
+        );
+    }
+    transfer(&mut pair, &[12345]);
+    B::close_send(pair.0).unwrap();
+    B::close_recv(pair.1).unwrap();
+    // `tcp` carries TCP on the RoCE links' netdevs too, never RDMA.
+    let b = with_roce("tcp", true);
+    let mut pair = establish(&b);
+    let labels = pair.0.path_labels();
+    assert_eq!(labels.len(), 4, "{labels:?}");
+    assert!(labels.iter().all(|l| l.starts_with("tcp")), "{labels:?}");
     transfer(&mut pair, &[12345]);
     B::close_send(pair.0).unwrap();
     B::close_recv(pair.1).unwrap();
