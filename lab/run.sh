@@ -21,6 +21,9 @@
 #   --no-install         do not apt-get install missing packages [NO_INSTALL=1]
 #   --no-retry           do not retry after a guest kernel fault
 #   --bench-args "..."   extra arguments for every `switchless bench` check [BENCH_ARGS]
+#   --payload DIR        copy DIR into every VM at /opt/payload (ELF files stripped of debug info,
+#                        their libraries added); the `payload` check runs its executable `run` there
+#                        with the node's LAB_* variables [LAB_PAYLOAD]
 #   --guest-env "K=V ..." environment for the checks in the VMs, e.g. "NCCL_DEBUG=INFO
 #                        NCCL_IB_TIMEOUT=20" [LAB_GUEST_ENV]; NCCL_IB_RETRY_CNT=6 is set
 #                        unless this sets it (rxe never gives up at 7)
@@ -54,6 +57,7 @@ MEM=${LAB_MEM:-512}
 RETRY=1
 BENCH_ARGS=${BENCH_ARGS:-}
 GUEST_ENV=${LAB_GUEST_ENV:-}
+PAYLOAD=${LAB_PAYLOAD:-}
 CACHE=$LAB_DIR/.cache
 # -u 20: QP timeout 4.3 s; TCG stalls otherwise trigger retransmits (rxe's NAK path is where guest
 # oopses were seen). Small transfers: the guest-kernel flake rate grows with traffic.
@@ -84,6 +88,7 @@ while [ $# -gt 0 ]; do
         --no-retry) RETRY=0; shift ;;
         --bench-args) BENCH_ARGS=$2; shift 2 ;;
         --guest-env) GUEST_ENV=$2; shift 2 ;;
+        --payload) PAYLOAD=$2; shift 2 ;;
         -h | --help) usage; exit 0 ;;
         -*) die "unknown option '$1' (see lab/run.sh --help)" ;;
         *) [ -z "$TOPO" ] || die "one topology only (got '$TOPO' and '$1')"; TOPO=$1; shift ;;
@@ -138,7 +143,7 @@ for ((n = 1; n <= NODES; n++)); do
     [[ " ${LINK_A[*]} ${LINK_B[*]} " == *" $n "* ]] || die "$TOPO_FILE: node $n has no link"
 done
 CHECKS_LIST=${CHECKS_OVERRIDE:-$TOPO_CHECKS}
-ACCEPTED="write_bw read_bw send_bw write_lat send_lat read_lat pingpong bench:latency bench:bandwidth bench:alltoall bench:allreduce bench:MODE@A-B no-route:A-B fault:kill-peer[@A-B] fault:link-down[@A-B] fault:cable-pull[@A-B] doctor"
+ACCEPTED="payload write_bw read_bw send_bw write_lat send_lat read_lat pingpong bench:latency bench:bandwidth bench:alltoall bench:allreduce bench:MODE@A-B no-route:A-B fault:kill-peer[@A-B] fault:link-down[@A-B] fault:cable-pull[@A-B] doctor"
 check_pair() { # $1 check, $2 "A-B": two different nodes of the topology
     [[ $2 =~ ^([0-9]+)-([0-9]+)$ ]] || die "check '$1': '$2' is not A-B (two node numbers)"
     local x
@@ -152,6 +157,7 @@ for c in $CHECKS_LIST; do
     case $c in
         write_bw | read_bw | send_bw | write_lat | send_lat | read_lat | pingpong) ;;
         bench:latency | bench:bandwidth | bench:alltoall | bench:allreduce | doctor) ;;
+        payload) [ -n "$PAYLOAD" ] || die "check 'payload' needs --payload DIR" ;;
         bench:latency@* | bench:bandwidth@* | bench:alltoall@* | bench:allreduce@*) check_pair "$c" "${c#*@}" ;;
         no-route:*) check_pair "$c" "${c#no-route:}" ;;
         fault:link-down | fault:cable-pull) [ "$NODES" -ge 2 ] ;;
@@ -169,6 +175,12 @@ if [ ${#KILLED[@]} -eq 1 ]; then
 fi
 if [ "$WITH_SW" = 0 ] && [[ " $CHECKS_LIST " =~ \ (bench:|doctor\ |no-route:|fault:) ]]; then
     die "bench and doctor checks need the switchless binary (drop --no-switchless)"
+fi
+if [ -n "$PAYLOAD" ]; then
+    if [ ! -d "$PAYLOAD" ] || [ ! -x "$PAYLOAD/run" ]; then
+        die "--payload $PAYLOAD: not a directory with an executable 'run'"
+    fi
+    PAYLOAD=$(cd "$PAYLOAD" && pwd)
 fi
 log "topology $TOPO_NAME: $NODES nodes, $NLINKS links; mtu $MTU; checks: ${CHECKS_LIST:-none}"
 
@@ -298,6 +310,17 @@ if [ -n "$SW_BIN" ]; then
     cp "$SW_LIB" "$ROOT/opt/switchless/lib/libnccl-net-switchless.so"
     if command -v strip > /dev/null; then strip -g "$ROOT/opt/switchless/bin/switchless" "$ROOT/opt/switchless/lib/libnccl-net-switchless.so"; fi
     cplibs "$SW_BIN"; cplibs "$SW_LIB"
+fi
+if [ -n "$PAYLOAD" ]; then
+    mkdir -p "$ROOT/opt/payload"
+    cp -a "$PAYLOAD/." "$ROOT/opt/payload/"
+    while IFS= read -r -d '' f; do
+        if head -c 4 "$f" | grep -q 'ELF'; then
+            if command -v strip > /dev/null; then strip -g "$f"; fi
+            cplibs "$f"
+        fi
+    done < <(find "$ROOT/opt/payload" -type f -print0)
+    log "payload: $(du -sh "$ROOT/opt/payload" | cut -f1) from $PAYLOAD"
 fi
 MODS="crc32_generic crc32-pclmul virtio_pci virtio_net rdma_rxe ib_uverbs 9p 9pnet_virtio"
 for f in $(for m in $MODS; do modprobe -d "$KROOT" -S "$KVER" --show-depends "$m"; done | awk '$1=="insmod"{print $2}' | sort -u); do
