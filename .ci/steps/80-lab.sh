@@ -6,7 +6,9 @@
 # missing). On pair and mesh3, `switchless bench latency` and `allreduce` run between the nodes
 # through the plugin too, always: each run must show every rxe device's ptrSupport.
 # About 30-90 s per lab run under TCG on 2 shared cores, plus the one-time guest kernel download.
-# Needs root (apt-get, ip netns, 9p). Each lab run retries once on a guest-kernel fault only.
+# Needs root (apt-get, ip netns, 9p). Each lab run retries once on a guest kernel panic only; the
+# MTU 1500 run injects one (LAB_INJECT_FAULT=1) and must take two rounds, and a last short run
+# injects a WARNING and a failure (LAB_INJECT_FAULT=warn), which must fail with no retry.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
@@ -32,9 +34,22 @@ for topo in pair mesh3; do
     want=$(($(grep -c '"check":"doctor"' "lab/.cache/results/ci-$topo/summary.jsonl") * 2))
     if [ "$want" -eq 0 ] || [ "$n" != "$want" ]; then echo "FAIL: $n of $want bench checks passed ($topo)"; exit 1; fi
 done
-echo "== lab pair --mtu 1500: doctor must find the active_mtu 1024 trap"
-timeout 300 lab/run.sh "${bins[@]}" --mtu 1500 --checks "write_bw doctor" --timeout 240 \
+echo "== lab pair --mtu 1500: doctor must find the active_mtu 1024 trap (node 1 panics in round 1)"
+# LAB_INJECT_FAULT=1: node 1's kernel panics in the first round: the run must say so, retry once and
+# pass in the second round.
+LAB_INJECT_FAULT=1 timeout 400 lab/run.sh "${bins[@]}" --mtu 1500 --checks "write_bw doctor" --timeout 240 \
     --results lab/.cache/results/ci-pair-mtu1500 pair
+grep -q ' attempts=2$' lab/.cache/results/ci-pair-mtu1500/summary.txt ||
+    { echo "FAIL: the injected kernel panic was not retried (attempts=2 expected)"; exit 1; }
 n=$(grep '"check":"doctor"' lab/.cache/results/ci-pair-mtu1500/summary.jsonl | grep -c '"mtu-below-4200"' || true)
 [ "$n" = 2 ] || { echo "FAIL: doctor flagged mtu-below-4200 on $n of 2 nodes at MTU 1500"; exit 1; }
+echo "== lab pair, LAB_INJECT_FAULT=warn: a kernel WARNING with a failure is a failure, not retried"
+if LAB_INJECT_FAULT=warn timeout 200 lab/run.sh "${bins[@]}" --checks "write_bw" --timeout 120 \
+    --results lab/.cache/results/ci-pair-warn pair > lab/.cache/results/ci-pair-warn.log 2>&1; then
+    echo "FAIL: a run whose node failed after a WARNING passed"; exit 1
+fi
+grep -q ' attempts=1$' lab/.cache/results/ci-pair-warn/summary.txt ||
+    { echo "FAIL: a WARNING was retried as a kernel fault"; cat lab/.cache/results/ci-pair-warn.log; exit 1; }
+grep -q 'kernel warning (not a fault: not retried)' lab/.cache/results/ci-pair-warn.log ||
+    { echo "FAIL: the WARNING was not reported"; cat lab/.cache/results/ci-pair-warn.log; exit 1; }
 echo "lab CI step passed in $(($(date +%s) - start)) s"
