@@ -3,7 +3,7 @@
 # missing ncclNetPlugin_v9, one naming the network differently, one needing an extra library) and the
 # real `switchless` CLI. Needs cc, nm, readelf, objdump, python3.
 #
-#   docker/check-selftest.sh [SWITCHLESS_BIN]     (default: target/debug/switchless, else cargo build)
+#   docker/check-selftest.sh [SWITCHLESS_BIN]     (default: target/debug/switchless, built first)
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/.." && pwd)
@@ -11,7 +11,8 @@ repo=$(cd "$here/.." && pwd)
 bin="${1:-}"
 if [ -z "$bin" ]; then
   bin="${CARGO_TARGET_DIR:-$repo/target}/debug/switchless"
-  [ -x "$bin" ] || (cd "$repo" && cargo build --locked --bin switchless)
+  # built every time (a no-op when fresh): never the binary of older sources
+  (cd "$repo" && cargo build --quiet --locked --bin switchless)
 fi
 [ -x "$bin" ] || { echo "check-selftest: no switchless binary at $bin" >&2; exit 1; }
 

@@ -2,9 +2,9 @@
 # CI step: the soft-RoCE VM lab (lab/run.sh) on the pair (2 nodes x 2 cables) and mesh3 (3-node full
 # mesh) topologies: perftest ib_write_bw + ib_send_lat on every cable, then `switchless doctor` in every
 # VM (clean at MTU 9000); a pair at MTU 1500, where doctor must report the active_mtu 1024 trap
-# (mtu-below-4200). The binaries are the debug build `cargo test --all-targets` left (built when
-# missing). On pair and mesh3, `switchless bench latency` and `allreduce` run between the nodes
-# through the plugin too, always: each run must show every rxe device's ptrSupport.
+# (mtu-below-4200). The binaries are the debug build (`cargo build` first: a no-op after `cargo
+# test --all-targets`). On pair and mesh3, `switchless bench latency` and `allreduce` run between
+# the nodes through the plugin too, always: each run must show every rxe device's ptrSupport.
 # About 30-90 s per lab run under TCG on 2 shared cores, plus the one-time guest kernel download.
 # Needs root (apt-get, ip netns, 9p). Each lab run retries once on a guest kernel panic only; the
 # MTU 1500 run injects one (LAB_INJECT_FAULT=1) and must take two rounds, and a last short run
@@ -12,6 +12,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
+# The debug binaries, built now (a no-op when fresh): never those of older sources.
+cargo build --quiet --locked --bin switchless --lib
 checks="write_bw send_lat doctor bench:latency bench:allreduce"
 export BENCH_ARGS=${BENCH_ARGS:-"-b 8 -e 65536 -f 16 -n 5 -w 1 --timeout 60"}
 bins=(--bin-dir "$CARGO_TARGET_DIR/debug")

@@ -21,10 +21,12 @@
 #     process holds RoCE connections to its neighbours and TCP connections (over the management
 #     network) to its non-neighbour, and the plugin WARNs once per such peer.
 # ~55 s (ring4) + ~60 s (pair) + ~25 s (cable-pull) + ~25 s (ring4 fallback) under TCG on 2 shared cores. Needs root, like 80-lab.sh. The
-# binaries are the debug build `cargo test --all-targets` left (built when missing).
+# binaries are the debug build (`cargo build` first: a no-op after `cargo test --all-targets`).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
+# The debug binaries, built now (a no-op when fresh): never those of older sources.
+cargo build --quiet --locked --bin switchless --lib
 bins=(--bin-dir "$CARGO_TARGET_DIR/debug")
 res=lab/.cache/results
 start=$(date +%s)
