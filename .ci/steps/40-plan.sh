@@ -80,15 +80,24 @@ check_case() {
     got=$(ip netns exec "${ns[s]}" ip -j addr show | jq -r '.[] | select(.ifname != "lo") | "\(.ifname) \(.addr_info[] | select(.family == "inet") | "\(.local)/\(.prefixlen)") \(.mtu) \(.operstate)"' | sort)
     [ "$got" = "$want" ] || fail "$tag server $s: addresses after the ip commands:"$'\n'"$got"$'\n'"planned:"$'\n'"$want"
   done
-  local pings=0
+  local pings=0 ipcmds
   for s in $(seq 1 "$servers"); do
+    # Rendered first (set -e sees a failure here, not inside a process substitution).
+    ipcmds=$("$bin" plan "$cables" --model "$model" --format ip --server "$s" 2>/dev/null)
     while read -r cmd; do
       # One packet per check instead of three keeps the step short.
       # shellcheck disable=SC2086 # the plan's ping command is split into words on purpose
       ip netns exec "${ns[s]}" ${cmd/-c 3/-c 1} >/dev/null || fail "$tag server $s: \`$cmd\` failed"
       pings=$((pings + 1))
-    done < <("$bin" plan "$cables" --model "$model" --format ip --server "$s" 2>/dev/null | grep '^ping ')
+    done < <(grep '^ping ' <<< "$ipcmds" || true)
   done
+  # Every link end pings its peer twice (plain, then 9000-byte frames): counted from the JSON, so
+  # an ip rendering that dropped its ping lines fails instead of passing "0 pings".
+  local want_pings
+  want_pings=$(($(jq '.links | length' "$json") * 4))
+  if [ "$pings" -eq 0 ] || [ "$pings" -ne "$want_pings" ]; then
+    fail "$tag: ran $pings pings, expected $want_pings (2 per link end)"
+  fi
   # The jumbo check must catch a lowered MTU.
   local first_if first_peer
   first_if=$(jq -r '.links[0].ends[0].interface' "$json")
