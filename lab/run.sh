@@ -28,8 +28,11 @@
 #                        NCCL_IB_TIMEOUT=20" [LAB_GUEST_ENV]; NCCL_IB_RETRY_CNT=6 is set
 #                        unless this sets it (rxe never gives up at 7)
 #   Two-node and fault checks (see docs/readme/lab.md) read: LAB_NOROUTE_BOUND (s a no-route
-#                        refusal may take, default 10), LAB_FAULT_BOUND (s from the fault to the
-#                        bench's end, default 20), LAB_FAULT_PKTS (RoCE packets before the fault,
+#                        refusal may take, default 10: the refusal is decided at connect, 1.3-2.5 s
+#                        for the whole bench process under TCG; a connect that waited instead ends
+#                        in the bench's own timeout error, which the check rejects), LAB_FAULT_BOUND
+#                        (s from the fault to the bench's end, default derived from the guest
+#                        environment: see fault_bound), LAB_FAULT_PKTS (RoCE packets before the fault,
 #                        default 300), LAB_FAULT_HANG (the bench's own --timeout in fault runs,
 #                        default 60), LAB_LINKDOWN_ITERS (messages of 1 MiB in fault:link-down,
 #                        default 200), LAB_FAULT_PEER_HANG=allow (fault:link-down: the far side's
@@ -357,6 +360,32 @@ for ((l = 1; l <= NLINKS; l++)); do
     log "link $l: node $a $ia/$plen <-> node $b $ib/$plen (127.0.0.1:$port)"
 done
 q() { local v=${1//\'/\'\\\'\'}; printf "'%s'" "$v"; }
+# LAB_FAULT_BOUND's default, derived from the guest environment: the longest a clean end of a fault
+# check can take is the longest of the plugin's three ways to learn of a dead path: a work request's
+# RC retries (4.096 us x 2^NCCL_IB_TIMEOUT x (NCCL_IB_RETRY_CNT + 1)), the port-down check (that
+# budget, at least 1 s) and NCCL_SWITCHLESS_REQUEST_TIMEOUT when set. The bound is twice that plus
+# 10 s: under TCG each VM's vCPU shares a host core with rxe's kernel threads and the other VMs, and
+# stalls of a few seconds happen. CI's fault runs (14, 3, 5 s) get 2 x 5 + 10 = 20 s (measured ends:
+# 0.3-5.7 s); with no request timeout, 2 x 1 + 10 = 12 s (measured: 0.5-1.3 s).
+fault_bound() {
+    local ib_timeout=20 retry=6 req_ms=0 kv v n unit
+    for kv in $GUEST_ENV; do
+        v=${kv#*=}
+        case $kv in
+            NCCL_IB_TIMEOUT=*) ib_timeout=$v ;;
+            NCCL_IB_RETRY_CNT=*) retry=$v ;;
+            NCCL_SWITCHLESS_REQUEST_TIMEOUT=*)
+                [[ $v =~ ^([0-9]+)(ms|s|m|min)?$ ]] || die "NCCL_SWITCHLESS_REQUEST_TIMEOUT=$v: not a duration (30000, 500ms, 30s, 2m)"
+                n=${BASH_REMATCH[1]} unit=${BASH_REMATCH[2]}
+                case $unit in '' | ms) req_ms=$n ;; s) req_ms=$((n * 1000)) ;; *) req_ms=$((n * 60000)) ;; esac ;;
+        esac
+    done
+    awk -v t="$ib_timeout" -v r="$retry" -v q="$req_ms" 'BEGIN {
+        rc = 4.096e-6 * 2 ^ t * (r + 1); port = (rc > 1 ? rc : 1); m = rc
+        if (port > m) m = port
+        if (q / 1000 > m) m = q / 1000
+        printf "%d", 2 * m + 10 + 0.999 }'
+}
 read -r _ mip1 <<< "$(lab_mgmt_addr 1)"
 {
     echo "L_nodes=$NODES"; echo "L_mtu=$MTU"; echo "L_checks=$(q "$CHECKS_LIST")"
@@ -364,7 +393,7 @@ read -r _ mip1 <<< "$(lab_mgmt_addr 1)"
     echo "L_benchargs=$(q "$BENCH_ARGS")"; echo "L_bootstrap=$mip1"; echo "L_inject_fault=${LAB_INJECT_FAULT:-0}"
     # NCCL_IB_RETRY_CNT=6 first: doctor's remedy for rxe's endless retries at 7 (--guest-env may override).
     echo "L_env=$(q "NCCL_IB_RETRY_CNT=6 $GUEST_ENV")"
-    echo "L_noroute_bound=${LAB_NOROUTE_BOUND:-10}"; echo "L_fault_bound=${LAB_FAULT_BOUND:-20}"
+    echo "L_noroute_bound=${LAB_NOROUTE_BOUND:-10}"; echo "L_fault_bound=${LAB_FAULT_BOUND:-$(fault_bound)}"
     echo "L_fault_pkts=${LAB_FAULT_PKTS:-300}"; echo "L_fault_hang=${LAB_FAULT_HANG:-60}"
     echo "L_linkdown_iters=${LAB_LINKDOWN_ITERS:-200}"; echo "L_fault_peer_hang=${LAB_FAULT_PEER_HANG:-fail}"
     for ((n = 1; n <= NODES; n++)); do

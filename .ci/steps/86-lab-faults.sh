@@ -7,7 +7,8 @@
 #  2. pair with small RC timeouts (NCCL_IB_TIMEOUT=14 NCCL_IB_RETRY_CNT=3): fault:link-down (node 1
 #     sets the cable its stream uses down mid-transfer: the side with a work request in flight on
 #     it must fail with the path and the work-completion status), then fault:kill-peer (node 2 powers itself off mid-burst: node 1's
-#     sends must fail within LAB_FAULT_BOUND, 20 s, with "transport retry counter exceeded (status 12)"
+#     sends must fail within LAB_FAULT_BOUND (derived by lab/run.sh from the RC budget and the request
+#     timeout: 20 s here, 12 s for cable-pull, which has no request timeout), with "transport retry counter exceeded (status 12)"
 #     when a write was in flight, else with the request timeout naming the path). The side of fault:link-down with nothing in flight on the dead path learns of it
 #     through NCCL_SWITCHLESS_REQUEST_TIMEOUT (5 s here): its requests fail with "made no progress
 #     for ... on path(s) ...", well before the bench's own --timeout (LAB_FAULT_HANG=20 s). No hang
