@@ -3,7 +3,7 @@
 # missing ncclNetPlugin_v9, one naming the network differently, one needing an extra library) and the
 # real `switchless` CLI. Needs cc, nm, readelf, objdump, python3.
 #
-#   docker/check-selftest.sh [SWITCHLESS_BIN]     (default: target/debug/switchless, else cargo build)
+#   docker/check-selftest.sh [SWITCHLESS_BIN]     (default: target/debug/switchless, built first)
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/.." && pwd)
@@ -11,7 +11,8 @@ repo=$(cd "$here/.." && pwd)
 bin="${1:-}"
 if [ -z "$bin" ]; then
   bin="${CARGO_TARGET_DIR:-$repo/target}/debug/switchless"
-  [ -x "$bin" ] || (cd "$repo" && cargo build --locked --bin switchless)
+  # built every time (a no-op when fresh): never the binary of older sources
+  (cd "$repo" && cargo build --quiet --locked --bin switchless)
 fi
 [ -x "$bin" ] || { echo "check-selftest: no switchless binary at $bin" >&2; exit 1; }
 
@@ -38,7 +39,11 @@ make_plugin() {
 make_plugin good switchless "" ""
 make_plugin no_v9 switchless 9 ""
 make_plugin named Mesh "" ""
-make_plugin extralib switchless "" "-Wl,--no-as-needed -lz"
+# The extra library is one built here, so the case never depends on what -dev packages the host has.
+mkdir -p "$tmp/extra"
+echo 'int swl_extra(void) { return 1; }' > "$tmp/extra/e.c"
+cc -shared -fPIC -Wl,-soname,libswlextra.so.1 -o "$tmp/extra/libswlextra.so" "$tmp/extra/e.c"
+make_plugin extralib switchless "" "-Wl,--no-as-needed -L$tmp/extra -lswlextra"
 
 expect() {
   local what="$1" want="$2" out rc=0
@@ -57,9 +62,7 @@ expect() {
 "$here/build-plugin.sh" check "$tmp/good"
 expect no_v9 "does not export ncclNetPlugin_v9"
 expect named "name the network 'Mesh'"
-if cc -x c -o /dev/null - -lz <<< 'int main(void){return 0;}' 2> /dev/null; then
-  expect extralib "libz.so.1"
-fi
+expect extralib "libswlextra.so.1"
 # runtime-check: found through LD_LIBRARY_PATH (as the image's ENV sets it), refused when NCCL could not find it.
 LD_LIBRARY_PATH="$tmp/good/lib" "$here/build-plugin.sh" runtime-check "$tmp/good" > /dev/null
 if out=$(env -u LD_LIBRARY_PATH "$here/build-plugin.sh" runtime-check "$tmp/good" 2>&1); then

@@ -21,21 +21,29 @@
 #   --no-install         do not apt-get install missing packages [NO_INSTALL=1]
 #   --no-retry           do not retry after a guest kernel fault
 #   --bench-args "..."   extra arguments for every `switchless bench` check [BENCH_ARGS]
+#   --payload DIR        copy DIR into every VM at /opt/payload (ELF files stripped of debug info,
+#                        their libraries added); the `payload` check runs its executable `run` there
+#                        with the node's LAB_* variables [LAB_PAYLOAD]
 #   --guest-env "K=V ..." environment for the checks in the VMs, e.g. "NCCL_DEBUG=INFO
 #                        NCCL_IB_TIMEOUT=20" [LAB_GUEST_ENV]; NCCL_IB_RETRY_CNT=6 is set
 #                        unless this sets it (rxe never gives up at 7)
 #   Two-node and fault checks (see docs/readme/lab.md) read: LAB_NOROUTE_BOUND (s a no-route
-#                        refusal may take, default 10), LAB_FAULT_BOUND (s from the fault to the
-#                        bench's end, default 20), LAB_FAULT_PKTS (RoCE packets before the fault,
+#                        refusal may take, default 10: the refusal is decided at connect, 1.3-2.5 s
+#                        for the whole bench process under TCG; a connect that waited instead ends
+#                        in the bench's own timeout error, which the check rejects), LAB_FAULT_BOUND
+#                        (s from the fault to the bench's end, default derived from the guest
+#                        environment: see fault_bound), LAB_FAULT_PKTS (RoCE packets before the fault,
 #                        default 300), LAB_FAULT_HANG (the bench's own --timeout in fault runs,
 #                        default 60), LAB_LINKDOWN_ITERS (messages of 1 MiB in fault:link-down,
 #                        default 200), LAB_FAULT_PEER_HANG=allow (fault:link-down: the far side's
 #                        hang is reported as CHECKXFAIL instead of failing the run)
 #   LAB_INJECT_FAULT=1   test hook: node 1 crashes its kernel (sysrq) in the first round, to
-#                        exercise the fault detection and the single retry
+#                        exercise the fault detection and the single retry; =warn: node 1 prints
+#                        a kernel-style WARNING line and fails, which must not be retried
 # Exit status: 0 when every node booted, set up its cables and passed every check.
-# A round whose failure shows a guest kernel fault (Oops/BUG/panic/WARNING in a console log: an rxe
-# or emulator flake, see docs/readme/lab.md) is retried once; no other failure is retried.
+# A round whose failure shows a guest kernel panic (the kernel's "Kernel panic - not syncing": the
+# VMs boot with oops=panic, so every Oops and BUG ends there; an rxe or emulator flake, see
+# docs/readme/lab.md) is retried once; no other failure is retried, a kernel WARNING included.
 set -euo pipefail
 LAB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$LAB_DIR/.." && pwd)
@@ -54,6 +62,7 @@ MEM=${LAB_MEM:-512}
 RETRY=1
 BENCH_ARGS=${BENCH_ARGS:-}
 GUEST_ENV=${LAB_GUEST_ENV:-}
+PAYLOAD=${LAB_PAYLOAD:-}
 CACHE=$LAB_DIR/.cache
 # -u 20: QP timeout 4.3 s; TCG stalls otherwise trigger retransmits (rxe's NAK path is where guest
 # oopses were seen). Small transfers: the guest-kernel flake rate grows with traffic.
@@ -84,6 +93,7 @@ while [ $# -gt 0 ]; do
         --no-retry) RETRY=0; shift ;;
         --bench-args) BENCH_ARGS=$2; shift 2 ;;
         --guest-env) GUEST_ENV=$2; shift 2 ;;
+        --payload) PAYLOAD=$2; shift 2 ;;
         -h | --help) usage; exit 0 ;;
         -*) die "unknown option '$1' (see lab/run.sh --help)" ;;
         *) [ -z "$TOPO" ] || die "one topology only (got '$TOPO' and '$1')"; TOPO=$1; shift ;;
@@ -138,7 +148,7 @@ for ((n = 1; n <= NODES; n++)); do
     [[ " ${LINK_A[*]} ${LINK_B[*]} " == *" $n "* ]] || die "$TOPO_FILE: node $n has no link"
 done
 CHECKS_LIST=${CHECKS_OVERRIDE:-$TOPO_CHECKS}
-ACCEPTED="write_bw read_bw send_bw write_lat send_lat read_lat pingpong bench:latency bench:bandwidth bench:alltoall bench:allreduce bench:MODE@A-B no-route:A-B samehost:MODE@N fault:kill-peer[@A-B] fault:link-down[@A-B] fault:cable-pull[@A-B] doctor"
+ACCEPTED="payload write_bw read_bw send_bw write_lat send_lat read_lat pingpong bench:latency bench:bandwidth bench:alltoall bench:allreduce bench:MODE@A-B no-route:A-B samehost:MODE@N fault:kill-peer[@A-B] fault:link-down[@A-B] fault:cable-pull[@A-B] doctor"
 check_pair() { # $1 check, $2 "A-B": two different nodes of the topology
     [[ $2 =~ ^([0-9]+)-([0-9]+)$ ]] || die "check '$1': '$2' is not A-B (two node numbers)"
     local x
@@ -152,6 +162,7 @@ for c in $CHECKS_LIST; do
     case $c in
         write_bw | read_bw | send_bw | write_lat | send_lat | read_lat | pingpong) ;;
         bench:latency | bench:bandwidth | bench:alltoall | bench:allreduce | doctor) ;;
+        payload) [ -n "$PAYLOAD" ] || die "check 'payload' needs --payload DIR" ;;
         bench:latency@* | bench:bandwidth@* | bench:alltoall@* | bench:allreduce@*) check_pair "$c" "${c#*@}" ;;
         no-route:*) check_pair "$c" "${c#no-route:}" ;;
         samehost:latency@* | samehost:bandwidth@* | samehost:alltoall@* | samehost:allreduce@*)
@@ -174,6 +185,12 @@ if [ ${#KILLED[@]} -eq 1 ]; then
 fi
 if [ "$WITH_SW" = 0 ] && [[ " $CHECKS_LIST " =~ \ (bench:|doctor\ |no-route:|samehost:|fault:) ]]; then
     die "bench and doctor checks need the switchless binary (drop --no-switchless)"
+fi
+if [ -n "$PAYLOAD" ]; then
+    if [ ! -d "$PAYLOAD" ] || [ ! -x "$PAYLOAD/run" ]; then
+        die "--payload $PAYLOAD: not a directory with an executable 'run'"
+    fi
+    PAYLOAD=$(cd "$PAYLOAD" && pwd)
 fi
 log "topology $TOPO_NAME: $NODES nodes, $NLINKS links; mtu $MTU; checks: ${CHECKS_LIST:-none}"
 
@@ -304,6 +321,17 @@ if [ -n "$SW_BIN" ]; then
     if command -v strip > /dev/null; then strip -g "$ROOT/opt/switchless/bin/switchless" "$ROOT/opt/switchless/lib/libnccl-net-switchless.so"; fi
     cplibs "$SW_BIN"; cplibs "$SW_LIB"
 fi
+if [ -n "$PAYLOAD" ]; then
+    mkdir -p "$ROOT/opt/payload"
+    cp -a "$PAYLOAD/." "$ROOT/opt/payload/"
+    while IFS= read -r -d '' f; do
+        if head -c 4 "$f" | grep -q 'ELF'; then
+            if command -v strip > /dev/null; then strip -g "$f"; fi
+            cplibs "$f"
+        fi
+    done < <(find "$ROOT/opt/payload" -type f -print0)
+    log "payload: $(du -sh "$ROOT/opt/payload" | cut -f1) from $PAYLOAD"
+fi
 MODS="crc32_generic crc32-pclmul virtio_pci virtio_net rdma_rxe ib_uverbs 9p 9pnet_virtio"
 for f in $(for m in $MODS; do modprobe -d "$KROOT" -S "$KVER" --show-depends "$m"; done | awk '$1=="insmod"{print $2}' | sort -u); do
     rel=${f#"$KROOT"}; mkdir -p "$ROOT$(dirname "$rel")"
@@ -337,6 +365,32 @@ for ((l = 1; l <= NLINKS; l++)); do
     log "link $l: node $a $ia/$plen <-> node $b $ib/$plen (127.0.0.1:$port)"
 done
 q() { local v=${1//\'/\'\\\'\'}; printf "'%s'" "$v"; }
+# LAB_FAULT_BOUND's default, derived from the guest environment: the longest a clean end of a fault
+# check can take is the longest of the plugin's three ways to learn of a dead path: a work request's
+# RC retries (4.096 us x 2^NCCL_IB_TIMEOUT x (NCCL_IB_RETRY_CNT + 1)), the port-down check (that
+# budget, at least 1 s) and NCCL_SWITCHLESS_REQUEST_TIMEOUT when set. The bound is twice that plus
+# 10 s: under TCG each VM's vCPU shares a host core with rxe's kernel threads and the other VMs, and
+# stalls of a few seconds happen. CI's fault runs (14, 3, 5 s) get 2 x 5 + 10 = 20 s (measured ends:
+# 0.3-5.7 s); with no request timeout, 2 x 1 + 10 = 12 s (measured: 0.5-1.3 s).
+fault_bound() {
+    local ib_timeout=20 retry=6 req_ms=0 kv v n unit
+    for kv in $GUEST_ENV; do
+        v=${kv#*=}
+        case $kv in
+            NCCL_IB_TIMEOUT=*) ib_timeout=$v ;;
+            NCCL_IB_RETRY_CNT=*) retry=$v ;;
+            NCCL_SWITCHLESS_REQUEST_TIMEOUT=*)
+                [[ $v =~ ^([0-9]+)(ms|s|m|min)?$ ]] || die "NCCL_SWITCHLESS_REQUEST_TIMEOUT=$v: not a duration (30000, 500ms, 30s, 2m)"
+                n=${BASH_REMATCH[1]} unit=${BASH_REMATCH[2]}
+                case $unit in '' | ms) req_ms=$n ;; s) req_ms=$((n * 1000)) ;; *) req_ms=$((n * 60000)) ;; esac ;;
+        esac
+    done
+    awk -v t="$ib_timeout" -v r="$retry" -v q="$req_ms" 'BEGIN {
+        rc = 4.096e-6 * 2 ^ t * (r + 1); port = (rc > 1 ? rc : 1); m = rc
+        if (port > m) m = port
+        if (q / 1000 > m) m = q / 1000
+        printf "%d", 2 * m + 10 + 0.999 }'
+}
 read -r _ mip1 <<< "$(lab_mgmt_addr 1)"
 {
     echo "L_nodes=$NODES"; echo "L_mtu=$MTU"; echo "L_checks=$(q "$CHECKS_LIST")"
@@ -344,7 +398,7 @@ read -r _ mip1 <<< "$(lab_mgmt_addr 1)"
     echo "L_benchargs=$(q "$BENCH_ARGS")"; echo "L_bootstrap=$mip1"; echo "L_inject_fault=${LAB_INJECT_FAULT:-0}"
     # NCCL_IB_RETRY_CNT=6 first: doctor's remedy for rxe's endless retries at 7 (--guest-env may override).
     echo "L_env=$(q "NCCL_IB_RETRY_CNT=6 $GUEST_ENV")"
-    echo "L_noroute_bound=${LAB_NOROUTE_BOUND:-10}"; echo "L_fault_bound=${LAB_FAULT_BOUND:-20}"
+    echo "L_noroute_bound=${LAB_NOROUTE_BOUND:-10}"; echo "L_fault_bound=${LAB_FAULT_BOUND:-$(fault_bound)}"
     echo "L_fault_pkts=${LAB_FAULT_PKTS:-300}"; echo "L_fault_hang=${LAB_FAULT_HANG:-60}"
     echo "L_linkdown_iters=${LAB_LINKDOWN_ITERS:-200}"; echo "L_fault_peer_hang=${LAB_FAULT_PEER_HANG:-fail}"
     for ((n = 1; n <= NODES; n++)); do
@@ -372,7 +426,11 @@ trap 'cleanup; rm -rf "$WORK"' EXIT # the initramfs (about 40 MB) is rebuilt eac
 trap 'exit 130' INT TERM
 attempt=1
 
-FAULT_RE='Kernel panic|Oops|BUG:|WARNING: CPU|double fault|general protection fault'
+# The guest kernel's own fault marker. With oops=panic every Oops and BUG ends in this panic; a
+# WARNING does not stop the kernel and can come from what the code under test asks of rxe, so a
+# round that fails with only a WARNING is a failure (its lines are shown), never retried.
+FAULT_RE='Kernel panic - not syncing'
+WARN_RE='WARNING: CPU|BUG: soft lockup|INFO: task .* blocked'
 # A node that a fault:kill-peer check powers off prints LAB_EXPECTED_DEATH first: it is done, not
 # failed, when it is that check's victim and its console shows no kernel fault.
 expected_death() {
@@ -457,6 +515,9 @@ round() { # one boot-and-check round; returns 0 when every node passed
             why=$(grep -aE 'RESULT|CHECKFAIL|FAIL' "$RESULTS/node$n.log" | tail -3 | tr -d '\r' | tr '\n' ' ')
             rc=1; log "node$n did not pass: ${why:-no RESULT line (stopped early: another node failed, or the round timed out)}"
         fi
+        if [ $rc -ne 0 ] && grep -qaE "$WARN_RE" "$RESULTS/node$n.log"; then
+            log "node$n: kernel warning (not a fault: not retried): $(grep -aE "$WARN_RE" "$RESULTS/node$n.log" | head -2 | tr -d '\r' | tr '\n' ' ')"
+        fi
         if grep -qaE "$FAULT_RE" "$RESULTS/node$n.log"; then
             FAULT=1; rc=1
             log "node$n: guest kernel fault: $(grep -aE "$FAULT_RE" "$RESULTS/node$n.log" | head -2 | tr -d '\r' | tr '\n' ' ')"
@@ -469,7 +530,7 @@ round() { # one boot-and-check round; returns 0 when every node passed
 rc=0
 round || rc=$?
 if [ $rc -ne 0 ] && [ "$FAULT" = 1 ] && [ "$RETRY" = 1 ]; then
-    log "guest kernel fault (an rxe/emulator flake, not the code under test): retrying once"
+    log "guest kernel panic (an rxe/emulator flake, not the code under test): retrying once"
     mkdir -p "$RESULTS/attempt1"
     for ((n = 1; n <= NODES; n++)); do mv "$RESULTS/node$n" "$RESULTS/node$n.log" "$RESULTS/attempt1/"; done
     attempt=2 rc=0

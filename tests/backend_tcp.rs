@@ -12,7 +12,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use switchless::config::Config;
 use switchless::error::Error;
 use switchless::plugin::NetFactory;
 use switchless::plugin::{
@@ -129,10 +128,74 @@ fn many_tcp_connections_interleave() {
     }
 }
 
+/// `auto` routes RoCE first and falls back to TCP on point-to-point links when no RoCE pair
+/// qualifies. Two RoCE links on their own /30 are added to the fixture: up, `auto` picks them (and
+/// this TCP-only factory, which opened no RDMA device, refuses to carry them); down, the connection
+/// falls back to the two TCP links and carries data; `tcp` carries TCP over all four.
 #[test]
 fn auto_falls_back_from_roce_to_tcp_point_to_point_links() {
-    let b = backend(Config::default(), 30);
+    let with_roce = |transport: &str, up: bool| {
+        let config = config(&[("NCCL_SWITCHLESS_TRANSPORT", transport)]);
+        let mut v = view(config.clone(), 30);
+        // Two ends on one /30, as the TCP links: the node reaches itself from one to the other.
+        for (id, addr) in [(2, "127.0.0.5/30"), (3, "127.0.0.6/30")] {
+            let mut roce = link(id, addr);
+            roce.kind = LinkKind::Roce;
+            roce.rdma_dev = Some(format!("rxe{id}"));
+            roce.gid_index = Some(1);
+            roce.up = up;
+            v.links.push(roce);
+        }
+        v.routes.push(KernelRoute {
+            dest: "127.0.0.4/30".parse().unwrap(),
+            gateway: None,
+            ifname: "lo".into(),
+            metric: 0,
+        });
+        Arc::new(Switchless::from_parts(NetFactory::tcp_only(config), v).unwrap())
+    };
+    // Up: RoCE is chosen first.
+    let b = with_roce("auto", true);
+    let mut h: Handle = [0; HANDLE_SIZE];
+    let mut l = b.listen(&CommInfo::default(), 0, &mut h).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let e = loop {
+        assert!(
+            Instant::now() < deadline,
+            "connect neither failed nor finished"
+        );
+        match b.connect(&CommInfo::default(), 0, &mut h) {
+            Err(e) => break e,
+            Ok(Some(c)) => panic!("auto connected although a RoCE pair was up: {c:?}"),
+            Ok(None) => {}
+        }
+        let _ = B::accept(&mut l);
+    };
+    assert!(
+        e.to_string().contains("a RoCE path was chosen"),
+        "auto with an up RoCE pair: {e}"
+    );
+    // Down: TCP over the two point-to-point TCP links only.
+    let b = with_roce("auto", false);
     let mut pair = establish(&b);
+    for labels in [pair.0.path_labels(), pair.1.path_labels()] {
+        assert_eq!(labels.len(), 2, "{labels:?}");
+        assert!(
+            labels
+                .iter()
+                .all(|l| l.starts_with("tcp") && !l.contains("127.0.0.5")),
+            "{labels:?}"
+        );
+    }
+    transfer(&mut pair, &[12345]);
+    B::close_send(pair.0).unwrap();
+    B::close_recv(pair.1).unwrap();
+    // `tcp` carries TCP on the RoCE links' netdevs too, never RDMA.
+    let b = with_roce("tcp", true);
+    let mut pair = establish(&b);
+    let labels = pair.0.path_labels();
+    assert_eq!(labels.len(), 4, "{labels:?}");
+    assert!(labels.iter().all(|l| l.starts_with("tcp")), "{labels:?}");
     transfer(&mut pair, &[12345]);
     B::close_send(pair.0).unwrap();
     B::close_recv(pair.1).unwrap();
@@ -145,9 +208,12 @@ fn a_wide_subnet_is_no_tcp_data_path_without_fallback() {
         let b = backend(config(&[("NCCL_SWITCHLESS_TRANSPORT", transport)]), 8);
         let mut h: Handle = [0; HANDLE_SIZE];
         let _l = b.listen(&CommInfo::default(), 0, &mut h).unwrap();
+        // At once: the first call fails without I/O (no TCP pair qualifies); a connect that waited
+        // for the listener would run into the connect timeout (30 s), half of which bounds it.
         let t = Instant::now();
         let e = b.connect(&CommInfo::default(), 0, &mut h).unwrap_err();
-        assert!(t.elapsed() < Duration::from_secs(2), "fails at once");
+        let bound = b.view().config.connect_timeout / 2;
+        assert!(t.elapsed() < bound, "fails at once: {:?}", t.elapsed());
         assert!(matches!(e, Error::InvalidUsage(_)), "{transport}: {e}");
         assert!(e.to_string().contains("127.0.0."), "{e}");
         assert_eq!(b.connecting(), 0);
@@ -257,9 +323,12 @@ fn a_routed_path_needs_the_fallback_on_both_ends() {
     let b_plain = routed_backend("127.0.2.2/30", "127.0.2.1", "127.0.1.0/30", &[tcp]);
     // Connector without the fallback: the clear no-path error at once, naming the routed peer.
     let a_plain = routed_backend("127.0.1.1/30", "127.0.1.2", "127.0.2.0/30", &[tcp]);
+    // At once: no routed pair without the fallback, decided without I/O; waiting for the peer
+    // would run into the connect timeout (30 s), half of which bounds it.
     let t = Instant::now();
     let e = connect_across(&a_plain, &b_plain).expect_err("no path");
-    assert!(t.elapsed() < Duration::from_secs(2));
+    let bound = a_plain.view().config.connect_timeout / 2;
+    assert!(t.elapsed() < bound, "{:?}", t.elapsed());
     assert!(matches!(e, Error::InvalidUsage(_)), "{e}");
     assert!(
         e.to_string().contains("no local link reaches the peer"),

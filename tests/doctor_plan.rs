@@ -193,7 +193,10 @@ fn server_requires_plan_and_bad_hca_is_a_finding() {
         .args(["doctor", "--server", "1"])
         .output()
         .unwrap();
-    assert!(!out.status.success());
+    // A usage error (exit status 2, naming the missing option), not any failure (a panic is 101).
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--plan <PLAN.json>"), "{err}");
     let out = Command::new(BIN)
         .args(["doctor", "--root", &fixture("fabric/b300-2node")])
         .env("NCCL_IB_HCA", "mlx5_0:0")

@@ -342,3 +342,271 @@ mod fuzz {
         }
     }
 }
+
+// ------------------------------------------------------------------------------------------------
+// Lines in nccl-tests' and NCCL's own formats
+
+/// `snprintf(fmt, ...)` of the C library: the format strings below are copied verbatim from the
+/// sources (cited at each), so the lines are what those programs print, not what make_fixtures.py
+/// thinks they print.
+macro_rules! c_fmt {
+    ($fmt:literal $(, $arg:expr)*) => {{
+        let mut buf = vec![0u8; 1024];
+        // SAFETY: buf has 1024 bytes, the format is a NUL-terminated literal whose conversions
+        // match the argument types, and every string argument is a NUL-terminated CStr.
+        let n = unsafe {
+            libc::snprintf(buf.as_mut_ptr().cast(), buf.len(), concat!($fmt, "\0").as_ptr().cast() $(, $arg)*)
+        };
+        assert!(n >= 0 && (n as usize) < buf.len());
+        buf.truncate(n as usize);
+        String::from_utf8(buf).unwrap()
+    }};
+}
+
+/// nccl-tests v2.19.6 src/util.cu:487-492 (getFloatStr), through the C library as there.
+fn float_str(value: f64, width: usize) -> String {
+    let w = width as libc::c_int;
+    for f in [c"%*.2f", c"%*.1f", c"%*.0f"] {
+        let mut buf = vec![0u8; width + 1];
+        // SAFETY: buf holds width + 1 bytes, as nccl-tests' str does; the format takes (int, double).
+        let n = unsafe { libc::snprintf(buf.as_mut_ptr().cast(), width + 1, f.as_ptr(), w, value) };
+        if n as usize <= width {
+            buf.truncate(n as usize);
+            return String::from_utf8(buf).unwrap();
+        }
+    }
+    let e = if width >= 7 { c"%*.1e" } else { c"%*.0e" };
+    let mut buf = vec![0u8; width + 1];
+    // SAFETY: as above; snprintf truncates to width bytes and terminates.
+    unsafe { libc::snprintf(buf.as_mut_ptr().cast(), width + 1, e.as_ptr(), w, value) };
+    let end = buf.iter().position(|&b| b == 0).unwrap();
+    buf.truncate(end);
+    String::from_utf8(buf).unwrap()
+}
+
+/// A two-process all_reduce_perf run as nccl-tests v2.19.6 prints it, with NCCL 2.30.7's INFO and
+/// WARN lines (src/debug.cc) among it: the parser must read every number and every line kind.
+#[test]
+fn lines_in_nccl_and_nccl_tests_own_formats_parse() {
+    let (host_a, host_b) = (c"node-a", c"node-b");
+    let mut log = String::new();
+    // NCCL v2.30.7-1 src/debug.cc:330 (hostname, pid, tid) and :354 (INFO with the cudaDev).
+    let info = |host: &std::ffi::CStr, pid: i32, msg: &std::ffi::CStr| {
+        c_fmt!("%s:%d:%d ", host.as_ptr(), pid, pid + 7)
+            + &c_fmt!("[%d] NCCL INFO %s\n", 0 as libc::c_int, msg.as_ptr())
+    };
+    for (host, pid) in [(host_a, 4100), (host_b, 5200)] {
+        log += &info(host, pid, c"NET/Plugin: Loaded net plugin switchless (v12)");
+        log += &info(host, pid, c"Using network switchless");
+    }
+    // nccl-tests v2.19.6 src/util.cu:623-625 (writeDeviceReport), :640, :667, :687.
+    log += &c_fmt!(
+        "# nccl-tests version %s nccl-headers=%d nccl-library=%d\n",
+        c"2.19.6".as_ptr(),
+        23007 as libc::c_int,
+        23007 as libc::c_int
+    );
+    log += &c_fmt!(
+        "# Collective test starting: %s\n",
+        c"all_reduce_perf".as_ptr()
+    );
+    log += &c_fmt!(
+        "# nThread %d nGpus %d minBytes %ld maxBytes %ld step: %ld(%s) warmup iters: %d iters: %d agg iters: %d validation: %d graph: %d unalign: %d\n",
+        1 as libc::c_int,
+        1 as libc::c_int,
+        (1i64 << 20) as libc::c_long,
+        (4i64 << 20) as libc::c_long,
+        2 as libc::c_long,
+        c"factor".as_ptr(),
+        1 as libc::c_int,
+        20 as libc::c_int,
+        1 as libc::c_int,
+        1 as libc::c_int,
+        0 as libc::c_int,
+        0 as libc::c_int
+    );
+    log += "#\n";
+    log += "# Using devices\n";
+    for (rank, host, pid) in [(0, host_a, 4100), (1, host_b, 5200)] {
+        log += &c_fmt!(
+            "#  Rank %2d Group %2d Pid %6d on %10s device %2d [%04x:%02x:%02x] %s\n",
+            rank as libc::c_int,
+            0 as libc::c_int,
+            pid as libc::c_int,
+            host.as_ptr(),
+            0 as libc::c_int,
+            0 as libc::c_uint,
+            0x17 as libc::c_uint,
+            0 as libc::c_uint,
+            c"NVIDIA GB10".as_ptr()
+        );
+    }
+    // :743, :756-759 (writeResultHeader, no per-iteration timing, no timestamps).
+    log += "#\n";
+    let e = c"".as_ptr();
+    log += &c_fmt!(
+        "# %10s  %12s  %8s  %6s  %6s           out-of-place                       in-place          \n",
+        e,
+        e,
+        e,
+        e,
+        e
+    );
+    log += &c_fmt!(
+        "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s %*s\n",
+        c"size".as_ptr(),
+        c"count".as_ptr(),
+        c"type".as_ptr(),
+        c"redop".as_ptr(),
+        c"root".as_ptr(),
+        c"time".as_ptr(),
+        c"algbw".as_ptr(),
+        c"busbw".as_ptr(),
+        c"#wrong".as_ptr(),
+        c"time".as_ptr(),
+        c"algbw".as_ptr(),
+        c"busbw".as_ptr(),
+        c"#wrong".as_ptr(),
+        0 as libc::c_int,
+        e
+    );
+    log += &c_fmt!(
+        "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s %*s\n",
+        c"(B)".as_ptr(),
+        c"(elements)".as_ptr(),
+        e,
+        e,
+        e,
+        c"(us)".as_ptr(),
+        c"(GB/s)".as_ptr(),
+        c"(GB/s)".as_ptr(),
+        e,
+        c"(us)".as_ptr(),
+        c"(GB/s)".as_ptr(),
+        c"(GB/s)".as_ptr(),
+        e,
+        0 as libc::c_int,
+        e
+    );
+    // Rows: :455-457 (preamble, root through sprintf "%6i"), :499-508 (body, twice), :471 ("\n").
+    // busbw = algbw for 2 ranks (factor 2 * (n - 1) / n = 1).
+    let rows: [(u64, f64, f64); 3] = [
+        (1 << 20, 1.25, 1.5),
+        (2 << 20, 12.5, 12.75),
+        (4 << 20, 19.875, 20.0),
+    ];
+    for (size, oop, ip) in rows {
+        let root = c_fmt!("%6i", -1 as libc::c_int);
+        let root = std::ffi::CString::new(root).unwrap();
+        log += &c_fmt!(
+            "%12li  %12li  %8s  %6s  %6s",
+            size as libc::c_long,
+            (size / 4) as libc::c_long,
+            c"float".as_ptr(),
+            c"sum".as_ptr(),
+            root.as_ptr()
+        );
+        for bw in [oop, ip] {
+            let time = std::ffi::CString::new(float_str(size as f64 / 1e3 / bw, 7)).unwrap();
+            let alg = std::ffi::CString::new(float_str(bw, 6)).unwrap();
+            let bus = std::ffi::CString::new(float_str(bw, 6)).unwrap();
+            log += &c_fmt!(
+                "  %7s  %6s  %6s  %6g",
+                time.as_ptr(),
+                alg.as_ptr(),
+                bus.as_ptr(),
+                0.0f64
+            );
+        }
+        log += "\n";
+    }
+    // A NCCL WARN while the test runs: debug.cc:321 (default timestamp), :330, :342-343.
+    let mut ts = vec![0u8; 64];
+    let tm = libc::tm {
+        tm_sec: 11,
+        tm_min: 3,
+        tm_hour: 14,
+        tm_mday: 28,
+        tm_mon: 10,
+        tm_year: 126,
+        tm_wday: 6,
+        tm_yday: 331,
+        tm_isdst: 0,
+        tm_gmtoff: 0,
+        tm_zone: std::ptr::null(),
+    };
+    // SAFETY: ts has 64 bytes; the format is a NUL-terminated literal; tm is a valid struct tm.
+    let n = unsafe { libc::strftime(ts.as_mut_ptr().cast(), ts.len(), c"[%F %T] ".as_ptr(), &tm) };
+    ts.truncate(n);
+    log += &String::from_utf8(ts).unwrap();
+    log += &c_fmt!(
+        "%s:%d:%d ",
+        host_b.as_ptr(),
+        5200 as libc::c_int,
+        5207 as libc::c_int
+    );
+    log += &c_fmt!(
+        "[%d] %s:%d (%s) NCCL WARN %s\n",
+        0 as libc::c_int,
+        c"transport/net.cc".as_ptr(),
+        1290 as libc::c_int,
+        c"netSendProxyProgress".as_ptr(),
+        c"NET/switchless : a path failed".as_ptr()
+    );
+    // :777-780 (writeResultFooter, no -c check), then the run's end.
+    log += &c_fmt!(
+        "# %-20s : %d %s\n",
+        c"Out of bounds values".as_ptr(),
+        0 as libc::c_int,
+        c"OK".as_ptr()
+    );
+    let avg = (1.25 + 1.5 + 12.5 + 12.75 + 19.875 + 20.0) / 6.0;
+    log += &c_fmt!("# %-20s : %g %s\n", c"Avg bus bandwidth".as_ptr(), avg, e);
+    log += "#\n";
+    log += &c_fmt!(
+        "# Collective test concluded: %s\n",
+        c"all_reduce_perf".as_ptr()
+    );
+
+    let f = nccltests::parse_text("printf.log", &log).unwrap_or_else(|e| panic!("{e}\n{log}"));
+    assert_eq!(f.runs.len(), 1, "{log}");
+    let r = &f.runs[0];
+    assert_eq!(r.test.as_deref(), Some("all_reduce_perf"));
+    assert_eq!(r.nccl_tests_version.as_deref(), Some("2.19.6"));
+    assert_eq!(r.nccl_library, Some(23007));
+    assert_eq!(r.ranks.len(), 2);
+    assert_eq!(
+        r.hosts().into_iter().collect::<Vec<_>>(),
+        vec!["node-a", "node-b"]
+    );
+    assert_eq!(r.ranks[1].gpu, "NVIDIA GB10");
+    let sizes: Vec<u64> = r.rows.iter().map(|x| x.size_bytes).collect();
+    assert_eq!(sizes, vec![1 << 20, 2 << 20, 4 << 20], "{log}");
+    // getFloatStr's widths: 1.25 -> "  1.25", 19.875 -> " 19.88" (two decimals fit in 6).
+    assert_eq!(r.rows[0].out_of_place.unwrap().busbw_gbyte_s, 1.25);
+    assert_eq!(r.rows[2].out_of_place.unwrap().busbw_gbyte_s, 19.88);
+    assert_eq!(r.rows[2].in_place.unwrap().busbw_gbyte_s, 20.0);
+    assert_eq!(r.wrong_total(), 0);
+    let printed_avg: f64 = c_fmt!("%g", avg).parse().unwrap();
+    assert_eq!(r.avg_busbw_gbyte_s, Some(printed_avg));
+    assert_eq!(r.out_of_bounds, Some(0));
+    assert!(r.concluded && r.complete(), "{r:?}");
+    assert_eq!(f.nccl.processes.len(), 2, "{:?}", f.nccl);
+    for p in f.nccl.processes.values() {
+        assert!(p.networks.contains("switchless"), "{p:?}");
+        assert_eq!(
+            p.loaded
+                .get("switchless")
+                .map(|v| v.iter().copied().collect::<Vec<_>>()),
+            Some(vec![12])
+        );
+    }
+    assert_eq!(f.nccl.warnings.len(), 1, "{:?}", f.nccl.warnings);
+    assert!(
+        f.nccl.warnings[0].contains("a path failed"),
+        "{:?}",
+        f.nccl.warnings
+    );
+    let s = nccltests::summarize(vec![f], &Options::default()).unwrap();
+    assert_eq!(s.plugin.status, PluginStatus::Used);
+}

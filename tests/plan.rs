@@ -522,8 +522,11 @@ fn golden(name: &str, got: &str) {
         "switchless VERSION",
     );
     if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        // Rewritten files compare nothing: golden_outputs writes them all, then fails, so a run
+        // with UPDATE_GOLDEN never passes.
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, &got).unwrap();
+        return;
     }
     let want = std::fs::read_to_string(&path).unwrap_or_else(|e| {
         panic!(
@@ -561,6 +564,63 @@ fn golden_outputs() {
         }
         let files = render::render(&p, Format::Ip, Some(2)).unwrap();
         golden(&format!("{name}.server2.ip.sh"), &render::to_stdout(&files));
+    }
+    assert!(
+        std::env::var_os("UPDATE_GOLDEN").is_none(),
+        "UPDATE_GOLDEN: the golden files were rewritten, not compared; review `git diff`, then \
+         rerun without UPDATE_GOLDEN"
+    );
+}
+
+/// The golden tables have a check of their own: each row of `*.table.txt`, read back as text,
+/// equals the same interface of the golden JSON (the JSON and the ip/netplan/networkd files are
+/// checked for real by `.ci/steps/40-plan.sh`, with netplan and network namespaces). A table that
+/// showed another address, peer or subnet than the plan fails here, whoever rewrote the golden file.
+#[test]
+fn golden_tables_agree_with_the_golden_json() {
+    for name in ["b300-2node", "b300-4node", "gb10-3ring"] {
+        let table = read(&format!("golden/{name}.table.txt"));
+        let json: serde_json::Value =
+            serde_json::from_str(&read(&format!("golden/{name}.json"))).unwrap();
+        let mut want = Vec::new();
+        for srv in json["servers"].as_array().unwrap() {
+            let s = srv["server"].as_u64().unwrap();
+            for i in srv["interfaces"].as_array().unwrap() {
+                let link = i["link"].as_u64().unwrap();
+                let line = json["links"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|l| l["id"].as_u64() == Some(link))
+                    .unwrap()["line"]
+                    .as_u64()
+                    .unwrap();
+                let peer = &i["peer"];
+                want.push(format!(
+                    "{s} {} {} {} server {} port {} {} {} {} (link {link}, line {line})",
+                    i["port"],
+                    i["interface"].as_str().unwrap(),
+                    i["address"].as_str().unwrap(),
+                    peer["server"],
+                    peer["port"],
+                    peer["interface"].as_str().unwrap(),
+                    peer["address"].as_str().unwrap(),
+                    i["subnet"].as_str().unwrap(),
+                ));
+            }
+        }
+        let mut got = Vec::new();
+        let mut server = 0;
+        for l in table.lines() {
+            if let Some(rest) = l.strip_prefix("server ") {
+                server = rest.split(':').next().unwrap().parse().unwrap();
+            } else if l.starts_with("  ") && !l.trim_start().starts_with("port ") {
+                let w: Vec<&str> = l.split_whitespace().collect();
+                got.push(format!("{server} {}", w.join(" ")));
+            }
+        }
+        assert!(!want.is_empty());
+        assert_eq!(got, want, "{name}: table rows vs JSON interfaces");
     }
 }
 

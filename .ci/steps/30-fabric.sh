@@ -14,8 +14,8 @@ done
 n_gen=$(find "$tmp/gen" -mindepth 1 -maxdepth 1 | wc -l)
 n_git=$(find tests/fixtures/fabric -mindepth 1 -maxdepth 1 -type d ! -name captured | wc -l)
 [ "$n_gen" -eq "$n_git" ] || { echo "fixture count: gen.py $n_gen, committed $n_git" >&2; exit 1; }
-bin=${CARGO_TARGET_DIR:-target}/debug/switchless
-[ -x "$bin" ] || cargo build --quiet --bin switchless
+# Built every time (a no-op when fresh): run on its own after an edit, the step tests the new code.
+cargo build --quiet --locked --bin switchless
 bin=${CARGO_TARGET_DIR:-target}/debug/switchless
 rc=0; "$bin" doctor --json --root tests/fixtures/fabric/gb10-2cable --capture "$tmp/cap" >"$tmp/a.json" || rc=$?
 [ "$rc" -eq 0 ] || { echo "doctor on gb10-2cable exited $rc, expected 0" >&2; exit 1; }

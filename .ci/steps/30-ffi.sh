@@ -5,11 +5,9 @@
 # exactly one WARN line, and devices() must report 0; with RDMA devices, init succeeds and devices() > 0.
 set -euo pipefail
 target="${CARGO_TARGET_DIR:-target}"
-so="$target/debug/deps/libswitchless.so"
-if [ ! -f "$so" ]; then
-  cargo build --lib
-fi
-[ -f "$so" ] || so="$target/debug/libswitchless.so"
+# Built every time (a no-op when fresh), so the step never loads a library older than the sources.
+cargo build --quiet --locked --lib
+so="$target/debug/libswitchless.so"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cp "$so" "$tmp/libnccl-net-switchless.so"

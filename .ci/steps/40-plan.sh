@@ -112,6 +112,13 @@ check_case() {
     out=$(PING_COUNT=1 ip netns exec "${ns[s]}" "$ipdir/$(stem "$s")-check.sh") || fail "$tag server $s: the check script failed:"$'\n'"$out"
     pings=$((pings + $(grep -c '^ok ' <<<"$out")))
   done
+  # Every link end pings its peer twice (plain, then 9000-byte frames): counted from the JSON, so
+  # an ip rendering that dropped its ping lines fails instead of passing "0 pings".
+  local want_pings
+  want_pings=$(($(jq '.links | length' "$json") * 4))
+  if [ "$pings" -eq 0 ] || [ "$pings" -ne "$want_pings" ]; then
+    fail "$tag: ran $pings pings, expected $want_pings (2 per link end)"
+  fi
   # The jumbo check must catch a lowered MTU.
   local first_if first_peer
   first_if=$(jq -r '.links[0].ends[0].interface' "$json")

@@ -104,7 +104,7 @@ grep -qF "plugin=$tmp/p/lib/libnccl-net-switchless.so" "$tmp/rank.err" || fail "
 # and a stand-in all_reduce_perf that prints a fixture: the preflight, rank.sh, the output files and
 # the summary with its exit status.
 bin="${CARGO_TARGET_DIR:-target}/debug/switchless"
-[ -x "$bin" ] || cargo build --locked --bin switchless
+cargo build --quiet --locked --bin switchless # a no-op when fresh; never a stale binary
 bin=$(cd "$(dirname "$bin")" && pwd)/switchless
 mkdir -p "$tmp/fake/bin" "$tmp/fake/nccl-tests"
 cat > "$tmp/fake/bin/srun" << 'SRUN'

@@ -7,6 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
+# The release binaries lab/run.sh uses, built now (a no-op when fresh): never those of older sources.
+cargo build --quiet --locked --release --bin switchless --lib
 args="-e 1048576 -n 10 -w 2 --timeout 120"
 start=$(date +%s)
 timeout 420 lab/run.sh --checks "bench:latency bench:bandwidth bench:alltoall bench:allreduce" \

@@ -401,6 +401,21 @@ run_doctor() { # switchless doctor on this node: passes with no error-level find
     jl doctor null null node "$st" "$rc" "$s" "{\"exit_status\":$rc,\"findings\":[$codes]}" "${out#"$R"/}"
 }
 
+run_payload() { # /opt/payload/run (from lab/run.sh --payload) with this node's LAB_* variables
+    out=$R/payload.txt
+    if [ ! -x /opt/payload/run ]; then
+        say "CHECKFAIL payload: /opt/payload/run is not in the initramfs"; fail=1
+        jl payload null null node fail 127 0 '{}' ""; return
+    fi
+    say "CHECK payload: /opt/payload/run"
+    t1=$(up)
+    (cd /opt/payload && timeout "$L_ctimeout" ./run) > "$out" 2>&1; rc=$?
+    cat "$out"
+    s=$(dt "$t1")
+    if [ $rc -eq 0 ]; then st=pass; say "CHECKOK payload ${s}s"; else st=fail; fail=1; say "CHECKFAIL payload rc=$rc"; fi
+    jl payload null null node "$st" "$rc" "$s" '{}' "${out#"$R"/}"
+}
+
 k=0
 t0=$(up)
 for c in $L_checks; do
@@ -413,7 +428,8 @@ for c in $L_checks; do
         samehost:*@*) run_samehost ;;
         fault:kill-peer | fault:link-down | fault:cable-pull | fault:kill-peer@*-* | fault:link-down@*-* | fault:cable-pull@*-*) run_fault "$c" ;;
         doctor) run_doctor ;;
-        *) say "CHECKFAIL unknown check '$c' (accepted: write_bw read_bw send_bw write_lat send_lat read_lat pingpong bench:latency bench:bandwidth bench:alltoall bench:allreduce bench:MODE@A-B no-route:A-B samehost:MODE@N fault:kill-peer[@A-B] fault:link-down[@A-B] fault:cable-pull[@A-B] doctor)"
+        payload) run_payload ;;
+        *) say "CHECKFAIL unknown check '$c' (accepted: payload write_bw read_bw send_bw write_lat send_lat read_lat pingpong bench:latency bench:bandwidth bench:alltoall bench:allreduce bench:MODE@A-B no-route:A-B samehost:MODE@N fault:kill-peer[@A-B] fault:link-down[@A-B] fault:cable-pull[@A-B] doctor)"
            jl "$c" null null none fail 2 0 '{}' ""; fail=1 ;;
     esac
 done

@@ -929,6 +929,8 @@ fn guard_logs_one_warn_line_through_the_c_logger() {
 
 // ----- layout ----------------------------------------------------------------------------------------------------
 
+/// bindgen's Rust types and the C compiler agree on `include/nccl_net_switchless.h`: this checks
+/// bindgen, not NCCL (both sides read our header); `the_layout_is_nccls_own` checks NCCL.
 #[test]
 fn every_struct_and_field_has_the_same_layout_in_c_and_rust() {
     let c = testsupport::c_layout();
@@ -947,19 +949,57 @@ fn every_struct_and_field_has_the_same_layout_in_c_and_rust() {
             "{ty}.{field}: Rust (size, align, offset) vs C"
         );
     }
-    let find = |t: &str| c.iter().find(|r| r.0 == t && r.1.is_empty()).unwrap().2;
-    // Anchors from nccl-net-abi.md §1.6/1.7 (LP64).
-    assert_eq!(find("ncclNetProperties_v12_t"), 128);
-    assert_eq!(find("ncclNetProperties_v11_t"), 112);
-    assert_eq!(find("ncclNetProperties_v10_t"), 104);
-    assert_eq!(find("ncclNetDeviceHandle_v7_t"), 32);
-    assert_eq!(find("ncclNetAttr_v12_t"), 44);
-    assert_eq!(find("ncclNet_v12_t"), 22 * 8);
-    assert_eq!(find("ncclNet_v10_t"), 20 * 8);
-    let off = |t: &str, f: &str| c.iter().find(|r| r.0 == t && r.1 == f).unwrap().4;
-    assert_eq!(off("ncclNetProperties_v12_t", "vProps"), 64);
-    assert_eq!(off("ncclNetProperties_v12_t", "maxP2pBytes"), 104);
-    assert_eq!(off("ncclNetProperties_v12_t", "railId"), 124);
-    assert_eq!(off("ncclNetProperties_v12_t", "planeId"), 126);
-    assert_eq!(off("ncclNetProperties_v11_t", "maxMultiRequestSize"), 104);
+}
+
+/// NCCL's own layout: `tests/fixtures/nccl-abi/nccl-v2.30.7-1.tsv` holds the size of every
+/// properties struct and vtable of v6..v12 (and of the structs they contain or take) and the offset
+/// and size of every field, as the C compiler computed them from NCCL's headers at tag v2.30.7-1
+/// (`layout.py --nccl-src`; each row cites its line in `src/include/plugin/net/net_vN.h` or
+/// `src/include/nccl_device/net_device.h`). The Rust types the plugin is built with must match
+/// every row, and have no field the table lacks. CI step 31 rederives the v6..v8 rows from the
+/// `nccl_net.h` of Debian's libnccl-dev package.
+#[test]
+fn the_layout_is_nccls_own() {
+    const TABLE: &str = include_str!("../../tests/fixtures/nccl-abi/nccl-v2.30.7-1.tsv");
+    let rust = testsupport::rust_layout();
+    let mut types = std::collections::BTreeSet::new();
+    let mut rows = 0;
+    for line in TABLE.lines() {
+        let f: Vec<&str> = line.split('\t').collect();
+        assert_eq!(f.len(), 5, "table row {line:?}");
+        let (ty, field, offset, size, at) = (f[0], f[1], f[2], f[3], f[4]);
+        let offset: usize = offset.parse().unwrap();
+        let size: usize = size.parse().unwrap();
+        let field = if field == "*" { "" } else { field };
+        let ours = rust
+            .iter()
+            .find(|r| r.ty == ty && r.field == field)
+            .unwrap_or_else(|| panic!("{ty}.{field} (NCCL {at}) is missing from our header"));
+        assert_eq!(
+            (ours.offset, ours.size),
+            (offset, size),
+            "{ty}.{field}: ours (offset, size) vs NCCL's ({at})"
+        );
+        types.insert(ty);
+        rows += 1;
+    }
+    for r in rust.iter().filter(|r| types.contains(r.ty)) {
+        assert!(
+            TABLE.lines().any(|l| l.starts_with(&format!(
+                "{}\t{}\t",
+                r.ty,
+                if r.field.is_empty() { "*" } else { r.field }
+            ))),
+            "{}.{}: our header has a field NCCL's does not",
+            r.ty,
+            r.field
+        );
+    }
+    for v in 6..=12 {
+        for kind in ["ncclNetProperties", "ncclNet"] {
+            let t = format!("{kind}_v{v}_t");
+            assert!(types.contains(t.as_str()), "the table lacks {t}");
+        }
+    }
+    assert!(rows > 290, "{rows} rows");
 }

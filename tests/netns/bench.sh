@@ -12,7 +12,7 @@
 #     the ring all-reduce; alltoall needs non-neighbours too, so it runs with the fallback, see below);
 #   * ring non-neighbours (node 1 <-> node 3): without NCCL_SWITCHLESS_TCP_FALLBACK the bench fails fast with
 #     the clear no-shared-subnet error; with NCCL_SWITCHLESS_TCP_FALLBACK=1 it runs over the management subnet
-#     and the plugin logs one WARN naming the expected bandwidth.
+#     and the plugin logs one WARN per such peer naming the expected bandwidth (counted per rank).
 #   * routed 4-node ring, no management network: every node forwards (ip_forward) and has kernel routes to
 #     the far subnets through its neighbours (one node only a default route); the bench bootstraps over those
 #     routes. Non-neighbours fail fast without the fallback (a kernel route is not a cable) and, with
@@ -186,10 +186,32 @@ expect_ok ring-allreduce allreduce "$sizes" -- "$tag-n4" "$tag-n5" "$tag-n6" "$t
 # Non-neighbours (ring nodes 1 and 3): no shared point-to-point subnet.
 expect_fast_failure ring-nonneighbour "subnet" "$tag-n4" "$tag-n6"
 
+# fallback_warns <label> <max per rank> <min in all>: the plugin's fallback WARN ("... TCP_FALLBACK=1
+# carries it ...") appears at most <max> times in each rank's output (once per peer that needs it) and
+# at least <min> times in all, and each names the bandwidth to expect ("N Mb/s link" or "link speed
+# unknown").
+fallback_warns() {
+  local label="$1" max="$2" min="$3" f n total=0
+  for f in "$work/$label".*; do
+    n=$(grep -ci "TCP_FALLBACK=1 carries it" "$f" || true)
+    [ "$n" -le "$max" ] || fail "$label: $n fallback WARNs in $(basename "$f"), at most $max expected (one per peer)"
+    total=$((total + n))
+  done
+  [ "$total" -ge "$min" ] || fail "$label: $total fallback WARNs in all, at least $min expected"
+  if grep -hi "TCP_FALLBACK=1 carries it" "$work/$label".* | grep -viqE '[0-9]+ Mb/s link|link speed unknown'; then
+    fail "$label: a fallback WARN names no bandwidth: $(grep -hi "TCP_FALLBACK=1 carries it" "$work/$label".* | head -n 1)"
+  fi
+  grep -hi "TCP_FALLBACK=1 carries it" "$work/$label".* | head -n 1 | cut -c1-400 | sed 's/^/    /'
+  echo "bench.sh: $label: $total fallback WARN(s), at most $max per rank, each naming the bandwidth"
+}
+
 BENCH_ENV="NCCL_SWITCHLESS_TCP_FALLBACK=1 NCCL_DEBUG=WARN" expect_ok ring-nonneighbour-fallback bandwidth "-b 8 -e 1048576 -n 5" -- "$tag-n4" "$tag-n6"
-grep -hi "TCP_FALLBACK=1 carries it" "$work"/ring-nonneighbour-fallback.* | head -n 1 | cut -c1-400 | sed 's/^/    /' || true
+# Each rank has one peer, reached over the management subnet.
+fallback_warns ring-nonneighbour-fallback 1 1
 # Alltoall on the ring needs the non-neighbour pairs: with the fallback they use the management subnet.
-BENCH_ENV="NCCL_SWITCHLESS_TCP_FALLBACK=1" expect_ok ring-alltoall-fallback alltoall "-b 8 -e 1048576 -f 16 -n 3 -w 1" -- "$tag-n4" "$tag-n5" "$tag-n6" "$tag-n7"
+# Every rank connects to its one non-neighbour: exactly one WARN each.
+BENCH_ENV="NCCL_SWITCHLESS_TCP_FALLBACK=1 NCCL_DEBUG=WARN" expect_ok ring-alltoall-fallback alltoall "-b 8 -e 1048576 -f 16 -n 3 -w 1" -- "$tag-n4" "$tag-n5" "$tag-n6" "$tag-n7"
+fallback_warns ring-alltoall-fallback 1 4
 
 # --- routed 4-node ring, no management network -------------------------------------------------------
 # Links 21..24: n8 -21- n9 -22- n10 -23- n11 -24- n8. Forwarding on, reverse-path filter off (the
