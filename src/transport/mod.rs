@@ -9,12 +9,14 @@
 //!   flush, errors, teardown).
 //! * [`stripe`]: pure arithmetic splitting a message over paths by link speed.
 //! * [`wire`]: layouts shared by both sides (CTS slot, size record, immediate, `wr_id`, control info).
+//! * [`droplog`]: rate-limited warnings for connections a listener drops.
 //! * [`ctrl`]: atomic words that software fabrics write for their peer, and the shared range check.
 //! * [`memfab`]: an in-process fabric with fault injection for tests and benchmarks.
 //! * [`tcp`]: a fabric over TCP streams (Ethernet paths without RDMA), same protocol.
 
 pub mod comm;
 pub mod ctrl;
+pub mod droplog;
 pub mod fabric;
 pub mod handshake;
 pub mod memfab;
