@@ -48,11 +48,20 @@ fn seeds() -> Vec<Vec<u8>> {
                 nonce: 99 + n as u64,
                 paths,
                 params: params.clone(),
+                tag: [n as u8; wire::TAG_LEN],
             })
             .encode()
             .unwrap(),
         );
-        v.push(Message::Reply(Reply { nonce: 5, params }).encode().unwrap());
+        v.push(
+            Message::Reply(Reply {
+                nonce: 5,
+                params,
+                tag: [3; wire::TAG_LEN],
+            })
+            .encode()
+            .unwrap(),
+        );
     }
     v.push(
         Message::Reject("path 0 (10.0.0.1 -> 10.0.0.2): down".into())
@@ -234,6 +243,7 @@ fn arb_hello() -> impl Strategy<Value = Message> {
                     nonce,
                     paths,
                     params,
+                    tag: [nonce as u8; wire::TAG_LEN],
                 })
             })
     })
@@ -250,7 +260,7 @@ proptest! {
 
     #[test]
     fn reply_round_trips(nonce in any::<u64>(), params in (1usize..=16).prop_flat_map(arb_params)) {
-        let m = Message::Reply(Reply { nonce, params });
+        let m = Message::Reply(Reply { nonce, params, tag: [nonce as u8; wire::TAG_LEN] });
         prop_assert_eq!(Message::decode(&m.encode().unwrap()).unwrap(), m);
     }
 
@@ -281,6 +291,7 @@ fn largest_hello_fits_the_payload_bound() {
         nonce: 1,
         paths,
         params,
+        tag: [0xa5; wire::TAG_LEN],
     })
     .encode()
     .unwrap();
