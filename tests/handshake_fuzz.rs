@@ -160,13 +160,16 @@ fn header_fields_sit_where_the_layout_says() {
     }
     .emit(&mut Header::new_unchecked(&mut b[..]))
     .unwrap();
-    assert_eq!(b, [b'S', b'W', b'H', b'S', 1, 3, 0, 0, 0, 0, 1, 2]);
+    assert_eq!(
+        b,
+        [b'S', b'W', b'H', b'S', wire::VERSION, 3, 0, 0, 0, 0, 1, 2]
+    );
     assert_eq!((field::VERSION, field::TYPE), (4, 5));
     assert_eq!((field::RESERVED, field::LEN), (6..8, 8..12));
     let h = Header::new_checked(&b[..]).unwrap();
     assert_eq!(
         (h.magic(), h.version(), h.msg_type(), h.reserved()),
-        (*b"SWHS", 1, 3, 0)
+        (*b"SWHS", wire::VERSION, 3, 0)
     );
     assert_eq!(h.payload_len(), 0x0102);
     assert_eq!(
@@ -187,7 +190,7 @@ fn header_fields_sit_where_the_layout_says() {
     .unwrap_err();
     assert!(matches!(e, switchless::error::Error::Internal(_)), "{e}");
     // Every parse error is the peer's fault.
-    for (i, v) in [(0usize, b'X'), (4, 2), (5, 0), (5, 5), (6, 1), (8, 1)] {
+    for (i, v) in [(0usize, b'X'), (4, 1), (5, 0), (5, 5), (6, 1), (8, 1)] {
         let mut c = b;
         c[i] = v;
         let e = HeaderRepr::parse(&Header::new_unchecked(&c[..])).unwrap_err();
@@ -329,7 +332,7 @@ fn specific_malformed_frames_name_the_problem() {
                 b[4] = 9;
                 b
             },
-            "version 9, this plugin speaks version 1",
+            "version 9, this plugin speaks version 2",
         ),
         (
             {
