@@ -172,7 +172,7 @@ fn serve(local: IpAddr, port: u16, peer: Option<IpAddr>, speed: u64, timeout: u6
     let ctl_l = TcpListener::bind(SocketAddr::new(local, port))
         .map_err(io_err("binding the control listener"))?;
     let cfg = TcpConfig {
-        connect_timeout: timeout,
+        connect_timeout: Some(timeout),
         ..TcpConfig::default()
     };
     let fab_l = listen_at(SocketAddr::new(local, port + 1), speed, &cfg)?;
@@ -304,7 +304,7 @@ fn connect(
     let depth = depth.clamp(1, 32);
     let cfg = TcpConfig {
         streams,
-        connect_timeout: timeout,
+        connect_timeout: Some(timeout),
         ..TcpConfig::default()
     };
     // The data path first: it gives the clear error when the peer is not reachable over this link.
@@ -418,7 +418,7 @@ fn main() -> ExitCode {
             timeout,
         } => {
             let cfg = TcpConfig {
-                connect_timeout: Duration::from_secs(timeout),
+                connect_timeout: Some(Duration::from_secs(timeout)),
                 ..TcpConfig::default()
             };
             let spec = TcpPathSpec {

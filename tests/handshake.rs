@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 use switchless::error::Error;
 use switchless::route::types::{KernelRoute, LinkKind, LocalLink, RemoteLink};
 use switchless::route::{HandleRepr, PathChoice};
+use switchless::transport::handshake::auth::{ConnKey, seal_hello};
 use switchless::transport::handshake::{
     AcceptEvent, AcceptPoll, AcceptorView, ConnectEvent, ConnectMachine, ConnectPoll, Connector,
-    Established, Hello, Incoming, Listener, MAX_PENDING, Message, PathParams, PathRequest, Reply,
-    SideParams, TARGET_BUDGET, wire,
+    Established, HELLO_TIMEOUT, Hello, Incoming, Listener, MAX_PENDING, MAX_PENDING_PER_SOURCE,
+    Message, PathParams, PathRequest, Reply, SideParams, TARGET_BUDGET, UNAUTHENTICATED, wire,
 };
 
 #[path = "support/handshake_net.rs"]
@@ -94,7 +95,8 @@ fn params(tag: u32, npaths: usize) -> SideParams {
             .map(|i| PathParams {
                 qpns: vec![tag * 100 + i as u32, tag * 100 + 50 + i as u32],
                 psn: 0x12_3456,
-                gid: [tag as u8; 16],
+                // RoCE v2: the GID is the IPv4-mapped link address (both ends are 127.0.0.1 here).
+                gid: LO.to_ipv6_mapped().octets(),
                 gid_index: 3,
                 mtu: 4096,
                 rkey: 0xdead_0000 + tag,
@@ -205,14 +207,24 @@ fn finish(n: &mut Net, c: &mut Conn, inc: &mut Inc, expect_reply: &SideParams) {
     });
 }
 
-fn hello_frame(nonce: u64, acceptor: &str) -> Vec<u8> {
-    Message::Hello(Hello {
-        nonce,
+/// A hello to `acceptor` authenticated for the listener whose handle carries `listener_nonce`, with
+/// a fresh connector nonce each time.
+fn hello_frame(listener_nonce: u64, acceptor: &str) -> Vec<u8> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0x1000);
+    let h = Hello {
+        nonce: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         paths: vec![req(acceptor)],
         params: params(1, 1),
-    })
-    .encode()
-    .unwrap()
+        tag: [0; wire::TAG_LEN],
+    };
+    Message::Hello(seal_hello(h, listener_nonce).unwrap())
+        .encode()
+        .unwrap()
+}
+
+/// A client source address of its own for client `i` (the listener caps connections per source).
+fn src(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(127, 1, (i / 250) as u8, (i % 250) as u8 + 1)
 }
 
 fn frame(ty: u8, version: u8, payload: &[u8]) -> Vec<u8> {
@@ -264,7 +276,8 @@ fn happy_path_in_any_chunking_reads_nothing_past_the_handshake() {
         assert!(matches!(c.m.ready(n.now), Err(Error::Internal(_))));
         let mut inc = next_incoming(&mut n, &mut [&mut c]);
         assert_eq!(inc.m.hello().params, mine);
-        assert_eq!(inc.m.hello().nonce, NONCE);
+        // The hello carries the connector's own nonce: the listener's never travels.
+        assert_ne!(inc.m.hello().nonce, NONCE);
         assert_eq!(inc.m.peer().ip(), LO);
         assert_eq!(inc.m.paths().len(), 1);
         assert_eq!(inc.m.paths()[0].local.netdev, "lo");
@@ -335,8 +348,9 @@ fn garbage_clients_are_dropped_and_a_good_client_still_succeeds() {
     n.chunk = 7;
     let dropped: Vec<End> = garbage_frames()
         .iter()
-        .map(|b| {
-            let e = n.dial(addr).unwrap();
+        .enumerate()
+        .map(|(i, b)| {
+            let e = n.dial_from(addr, src(i)).unwrap();
             e.write(b);
             e
         })
@@ -347,16 +361,19 @@ fn garbage_clients_are_dropped_and_a_good_client_still_succeeds() {
         hello_frame(NONCE, "127.0.0.2"),
     ]
     .iter()
-    .map(|b| {
-        let e = n.dial(addr).unwrap();
+    .enumerate()
+    .map(|(i, b)| {
+        let e = n.dial_from(addr, src(100 + i)).unwrap();
         e.write(b);
         e
     })
     .collect();
     // Sends part of a hello then vanishes; another connects and says nothing.
     let hello = hello_frame(NONCE, "127.0.0.1");
-    n.dial(addr).unwrap().write(&hello[..hello.len() - 5]);
-    let silent = n.dial(addr).unwrap();
+    n.dial_from(addr, src(200))
+        .unwrap()
+        .write(&hello[..hello.len() - 5]);
+    let silent = n.dial_from(addr, src(201)).unwrap();
 
     // One poll sees every one of them: all but the silent one are decided.
     assert!(n.poll_listener().unwrap().is_none());
@@ -377,7 +394,14 @@ fn garbage_clients_are_dropped_and_a_good_client_still_succeeds() {
             }
         })
         .collect();
-    assert!(reasons[0].contains("nonce"), "{}", reasons[0]);
+    // Finding 1 of the security review: a stranger learns nothing, least of all the nonce.
+    assert_eq!(reasons[0], UNAUTHENTICATED);
+    for (i, r) in reasons.iter().enumerate() {
+        assert!(
+            !r.contains(&format!("{NONCE:x}")) && !r.contains(&format!("{NONCE:#x}")),
+            "reject {i} names the listener's nonce: {r}"
+        );
+    }
     assert!(
         reasons[1].contains("127.0.0.2 is not an address of the acceptor's links"),
         "{}",
@@ -463,28 +487,58 @@ fn acceptor_that_vanishes_mid_handshake_fails_the_connector() {
 
 #[test]
 fn a_wrong_answer_to_the_hello_fails_the_connector() {
-    let reply = |nonce, npaths| {
-        Message::Reply(Reply {
-            nonce,
+    // Replies as the listener of the handle would tag them (`listener_nonce`) to the hello the
+    // connector sent.
+    let reply = |hello: &Hello, listener_nonce: u64, npaths| {
+        let mut r = Reply {
+            nonce: hello.nonce,
             params: params(2, npaths),
-        })
-        .encode()
-        .unwrap()
+            tag: [0; wire::TAG_LEN],
+        };
+        r.tag = ConnKey::derive(listener_nonce, hello.nonce)
+            .reply_tag(&hello.tag, &r)
+            .unwrap();
+        Message::Reply(r).encode().unwrap()
     };
-    let mut garbled = reply(NONCE, 1);
-    garbled[wire::field::RESERVED.start] = 1;
-    for (answer, needle) in [
-        (reply(NONCE ^ 1, 1), "a different listener answered"),
+    type Answer = Box<dyn Fn(&Hello) -> Vec<u8>>;
+    let cases: [(Answer, &str); 5] = [
         (
-            reply(NONCE, 2),
+            Box::new(move |h| reply(h, NONCE ^ 1, 1)),
+            "a different listener answered",
+        ),
+        (
+            Box::new(move |h| {
+                let mut b = reply(h, NONCE, 1);
+                let last = b.len() - 1;
+                b[last] ^= 1;
+                b
+            }),
+            "a different listener answered",
+        ),
+        (
+            Box::new(move |h| reply(h, NONCE, 2)),
             "replied with params for 2 paths, the hello asked for 1",
         ),
-        (frame(4, 1, &[]), "sent ready while a reply was expected"),
-        (garbled, "reserved header bytes 6..8 are not zero"),
-    ] {
+        (
+            Box::new(|_| frame(4, wire::VERSION, &[])),
+            "sent ready while a reply was expected",
+        ),
+        (
+            Box::new(move |h| {
+                let mut garbled = reply(h, NONCE, 1);
+                garbled[wire::field::RESERVED.start] = 1;
+                garbled
+            }),
+            "reserved header bytes 6..8 are not zero",
+        ),
+    ];
+    for (answer, needle) in cases {
         let mut n = net(T);
         let (mut c, a) = raw_acceptor(&mut n, T);
-        a.write(&answer);
+        let Message::Hello(h) = Message::decode(&a.take()).unwrap() else {
+            panic!("the connector sent no hello");
+        };
+        a.write(&answer(&h));
         let e = n.poll_connector(&mut c).unwrap_err();
         assert!(matches!(e, Error::Remote(_)), "{e}");
         assert!(e.to_string().contains(needle), "{needle:?} not in {e}");
@@ -536,24 +590,15 @@ fn deadlines_fire_exactly_at_the_timeout() {
         "{e}"
     );
 
-    // A listener nobody connects to; the wait starts at its first poll.
+    // A listener nobody connects to never times out, even with a timeout set: NCCL calls accept
+    // until its peer comes (issue 14: no deadline NCCL does not have).
     let mut n = net(200 * MS);
     n.advance(Duration::from_secs(7));
-    let t0 = n.now;
     assert_eq!(n.listener.poll_timeout(), None);
     assert!(n.poll_listener().unwrap().is_none());
-    assert_eq!(n.listener.poll_timeout(), Some(t0 + 200 * MS));
-    n.now = t0 + 199 * MS;
+    assert_eq!(n.listener.poll_timeout(), None);
+    n.advance(Duration::from_secs(3600));
     assert!(n.poll_listener().unwrap().is_none());
-    assert!(n.jump(&[n.listener.poll_timeout()]));
-    let e = n.poll_listener().unwrap_err();
-    assert!(matches!(e, Error::Timeout(_)), "{e}");
-    assert!(
-        e.to_string().contains(
-            "no valid connection reached listening port 5000 within 200 ms (0 in progress)"
-        ),
-        "{e}"
-    );
 
     // An acceptor waiting for ready: its deadline counts from respond().
     let mut n = net(ms300);
@@ -629,39 +674,75 @@ fn a_connection_without_a_hello_is_dropped_at_its_own_deadline() {
     assert!(n.poll_listener().unwrap().is_none());
     assert!(silent.peer_closed() && silent.unread() == 0);
     assert_eq!(n.listener.pending(), 0);
-    assert_eq!(n.listener.poll_timeout(), Some(t0 + 1500 * MS));
+    // With nothing in progress the listener has no deadline of its own (issue 14).
+    assert_eq!(n.listener.poll_timeout(), None);
     inc.m.respond(n.now, params(2, 1)).unwrap();
     finish(&mut n, &mut c, &mut inc, &params(2, 1));
     n.now = t0 + 1500 * MS;
-    assert!(matches!(n.poll_listener(), Err(Error::Timeout(_))));
+    assert!(n.poll_listener().unwrap().is_none());
 }
 
 #[test]
 fn a_flood_of_silent_clients_does_not_lock_out_a_real_connector() {
     let mut n = net(T);
     let addr = n.listen_addr;
-    // Arriving 1 ms apart, so "oldest" is well defined.
-    let silent: Vec<End> = (0..MAX_PENDING + 8)
+    // From one host: only MAX_PENDING_PER_SOURCE are kept, every later one is refused at once.
+    let one_host: Vec<End> = (0..MAX_PENDING + 8)
         .map(|_| {
-            let e = n.dial(addr).unwrap();
+            let e = n.dial_from(addr, src(0)).unwrap();
             assert!(n.poll_listener().unwrap().is_none());
             n.advance(MS);
             e
         })
         .collect();
-    assert_eq!(n.listener.pending(), MAX_PENDING);
+    assert_eq!(n.listener.pending(), MAX_PENDING_PER_SOURCE);
     let closed = |s: &[End]| s.iter().map(End::peer_closed).collect::<Vec<_>>();
-    let mut want = vec![true; 8];
-    want.resize(MAX_PENDING + 8, false);
-    assert_eq!(closed(&silent), want, "the oldest 8 are evicted");
+    let mut want = vec![false; MAX_PENDING_PER_SOURCE];
+    want.resize(MAX_PENDING + 8, true);
+    assert_eq!(
+        closed(&one_host),
+        want,
+        "the newest are refused, none evicted"
+    );
+    // The real connector, from its own address, gets in.
     let mut c = connector(&mut n, params(3, 1), T);
     let mut inc = next_incoming(&mut n, &mut [&mut c]);
-    // Its admission evicted one more, the next oldest.
-    want[8] = true;
-    assert_eq!(closed(&silent), want);
+    assert_eq!(closed(&one_host), want, "its admission evicted nobody");
     inc.m.respond(n.now, params(4, 1)).unwrap();
     finish(&mut n, &mut c, &mut inc, &params(4, 1));
-    assert_eq!(n.listener.pending(), MAX_PENDING - 1);
+    assert_eq!(n.listener.pending(), MAX_PENDING_PER_SOURCE);
+    // They go at their own hello deadline.
+    n.advance(HELLO_TIMEOUT);
+    assert!(n.poll_listener().unwrap().is_none());
+    assert_eq!(n.listener.pending(), 0);
+}
+
+/// Finding 4 of the security review: the real connector's connection is admitted, then a flood
+/// arrives before its hello does. Evicting the oldest when full closed it; now the newcomers are
+/// refused and the hello is served.
+#[test]
+fn a_flood_after_the_connector_connects_does_not_evict_it() {
+    let mut n = net(T);
+    let addr = n.listen_addr;
+    let real = n.dial(addr).unwrap();
+    assert!(n.poll_listener().unwrap().is_none());
+    let flood: Vec<End> = (0..1000)
+        .map(|i| n.dial_from(addr, src(i / MAX_PENDING_PER_SOURCE)).unwrap())
+        .collect();
+    assert!(n.poll_listener().unwrap().is_none());
+    assert_eq!(n.listener.pending(), MAX_PENDING);
+    assert!(!real.peer_closed(), "the real connector was evicted");
+    assert_eq!(
+        flood.iter().filter(|e| e.peer_closed()).count(),
+        1000 - (MAX_PENDING - 1)
+    );
+    real.write(&hello_frame(NONCE, "127.0.0.1"));
+    let inc = rounds(|| n.poll_listener().unwrap());
+    assert_eq!(inc.m.peer().ip(), std::net::IpAddr::V4(LO));
+    assert!(
+        n.listener.unlogged_drops() > 900,
+        "drop warnings are rate-limited"
+    );
 }
 
 #[test]
@@ -1036,6 +1117,14 @@ fn real_sockets_refused_target_falls_back_and_all_refused_is_an_error() {
     );
 }
 
+/// A TCP connection to `addr` from source address `src` (any 127/8 address is this host's).
+fn connect_from(addr: SocketAddrV4, src: Ipv4Addr) -> TcpStream {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    s.bind(&SocketAddrV4::new(src, 0).into()).unwrap();
+    s.connect(&addr.into()).unwrap();
+    s.into()
+}
+
 /// The listener closed `s` (end of file, or a reset when it left our bytes unread) and sent nothing.
 fn assert_closed_silently(mut s: TcpStream) {
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -1055,17 +1144,18 @@ fn real_sockets_garbage_clients_are_closed_and_a_good_client_still_succeeds() {
     let addr = SocketAddrV4::new(LO, h.port);
     let dropped: Vec<TcpStream> = garbage_frames()
         .iter()
-        .map(|b| {
-            let mut s = TcpStream::connect(addr).unwrap();
+        .enumerate()
+        .map(|(i, b)| {
+            let mut s = connect_from(addr, src(i));
             s.write_all(b).unwrap();
             s
         })
         .collect();
-    let mut rejected = TcpStream::connect(addr).unwrap();
+    let mut rejected = connect_from(addr, src(100));
     rejected
         .write_all(&hello_frame(h.nonce ^ 1, "127.0.0.1"))
         .unwrap();
-    let _silent = TcpStream::connect(addr).unwrap();
+    let _silent = connect_from(addr, src(101));
     until(|| {
         assert!(l.poll().unwrap().is_none());
         (l.pending() == 1).then_some(())
@@ -1079,9 +1169,16 @@ fn real_sockets_garbage_clients_are_closed_and_a_good_client_still_succeeds() {
     let mut b = Vec::new();
     rejected.read_to_end(&mut b).unwrap();
     assert!(
-        matches!(Message::decode(&b).unwrap(), Message::Reject(r) if r.contains("nonce")),
+        matches!(Message::decode(&b).unwrap(), Message::Reject(r) if r == UNAUTHENTICATED),
         "{b:?}"
     );
+    // Neither the listener's nonce nor any byte sequence of it is in the reply (finding 1).
+    let secret = h.nonce.to_be_bytes();
+    assert!(
+        !b.windows(8)
+            .any(|w| w == secret || w == h.nonce.to_le_bytes())
+    );
+    assert!(!String::from_utf8_lossy(&b).contains(&format!("{:x}", h.nonce)));
 
     let mut c = Connector::start(&h, &paths_to(&h), params(7, 1), T).unwrap();
     let mut inc = real_next_incoming(&mut l, &mut c);
@@ -1133,4 +1230,132 @@ fn measure_handshake_time() {
         "the same machines in memory: {} us each over {n}",
         (t0.elapsed() / n).as_micros()
     );
+}
+
+/// The reject reason a listener sent on `e` (which it then closed).
+fn reject_reason(e: &End) -> String {
+    assert!(e.peer_closed(), "the connection is still open");
+    match Message::decode(&e.take()).unwrap() {
+        Message::Reject(r) => r,
+        m => panic!("expected a reject, got {m:?}"),
+    }
+}
+
+/// A hello authenticated for this listener, from `params`.
+fn sealed(conn_nonce: u64, p: SideParams) -> Vec<u8> {
+    let h = Hello {
+        nonce: conn_nonce,
+        paths: vec![req("127.0.0.1")],
+        params: p,
+        tag: [0; wire::TAG_LEN],
+    };
+    Message::Hello(seal_hello(h, NONCE).unwrap())
+        .encode()
+        .unwrap()
+}
+
+/// Security review finding 3: an authenticated hello is bound to where it comes from and what it
+/// claims. Before, a local process could claim another address or GID and take the accept.
+#[test]
+fn a_hello_must_come_from_its_claimed_address_with_its_own_gid() {
+    let mut n = net(T);
+    let addr = n.listen_addr;
+    // Claims connector 127.0.0.1 but comes from 127.0.0.9 (inside the link's subnet).
+    let spoof = n.dial_from(addr, Ipv4Addr::new(127, 0, 0, 9)).unwrap();
+    spoof.write(&sealed(0x77, params(1, 1)));
+    // The RoCE GID is not the connector address's IPv4-mapped GID.
+    let mut p = params(1, 1);
+    p.paths[0].gid = Ipv4Addr::new(127, 0, 0, 9).to_ipv6_mapped().octets();
+    let bad_gid = n.dial(addr).unwrap();
+    bad_gid.write(&sealed(0x78, p));
+    // Neither stops the listener (finding 2).
+    assert!(n.poll_listener().unwrap().is_none());
+    let r = reject_reason(&spoof);
+    assert!(r.contains("connection from 127.0.0.9"), "{r}");
+    let r = reject_reason(&bad_gid);
+    assert!(r.contains("RoCE GID ::ffff:127.0.0.9"), "{r}");
+    // The real connector still gets through.
+    let mut c = connector(&mut n, params(3, 1), T);
+    let mut inc = next_incoming(&mut n, &mut [&mut c]);
+    inc.m.respond(n.now, params(4, 1)).unwrap();
+    finish(&mut n, &mut c, &mut inc, &params(4, 1));
+}
+
+/// Security review finding 3: an earlier hello replayed to the same listener is refused (and, by
+/// its tag, to any other listener).
+#[test]
+fn a_replayed_hello_is_refused() {
+    let mut n = net(T);
+    let addr = n.listen_addr;
+    let hello = sealed(0x99, params(1, 1));
+    let first = n.dial(addr).unwrap();
+    first.write(&hello);
+    let inc = rounds(|| n.poll_listener().unwrap());
+    assert_eq!(inc.m.hello().nonce, 0x99);
+    let again = n.dial(addr).unwrap();
+    again.write(&hello);
+    assert!(n.poll_listener().unwrap().is_none());
+    let r = reject_reason(&again);
+    assert!(r.contains("replayed"), "{r}");
+    // To another listener (another nonce) it is not authenticated.
+    let mut other = Net::new(SocketAddrV4::new(LO, PORT), NONCE ^ 0xff, view(), T);
+    let e = other.dial(SocketAddrV4::new(LO, PORT)).unwrap();
+    e.write(&hello);
+    assert!(other.poll_listener().unwrap().is_none());
+    assert_eq!(reject_reason(&e), UNAUTHENTICATED);
+}
+
+/// Issue 14 item 3: with no connect timeout (the default), a connector whose peer's NCCL calls
+/// accept 60 s later completes, and a listener nobody connects to never fails. Before, both
+/// failed after the 30 s default.
+#[test]
+fn with_no_timeout_a_peer_that_accepts_60_s_later_completes() {
+    let mut n = Net::new(SocketAddrV4::new(LO, PORT), NONCE, view(), None);
+    let h = vhandle(&n);
+    let m = ConnectMachine::for_handle(n.now, &h, &paths_to(&h), params(1, 1), None).unwrap();
+    let mut c = n.connector(m).unwrap();
+    for _ in 0..60 {
+        assert_eq!(n.poll_connector(&mut c).unwrap(), ConnectEvent::Pending);
+        n.advance(Duration::from_secs(1));
+    }
+    assert_eq!(
+        c.m.poll_timeout(),
+        None,
+        "waiting for the reply has no deadline"
+    );
+    let mut inc = next_incoming(&mut n, &mut [&mut c]);
+    n.advance(Duration::from_secs(60));
+    inc.m.respond(n.now, params(2, 1)).unwrap();
+    n.advance(Duration::from_secs(60));
+    finish(&mut n, &mut c, &mut inc, &params(2, 1));
+}
+
+/// Security review finding 12: the handshake socket, kept as the liveness channel, shows a peer
+/// that is gone within `LIVENESS_GRACE` of its end of stream, and a live quiet peer never fails.
+/// Before, nothing was kept: a verbs connection with nothing in flight never learned of it.
+#[test]
+fn the_liveness_channel_sees_a_peer_that_exits() {
+    use switchless::transport::handshake::{LIVENESS_CHECK_EVERY, LIVENESS_GRACE, Liveness};
+    let mut l = listener(T);
+    let h = handle_of(&l);
+    let mut c = Connector::start(&h, &paths_to(&h), params(7, 1), T).unwrap();
+    let mut inc = real_next_incoming(&mut l, &mut c);
+    inc.respond(params(8, 1)).unwrap();
+    let (ce, ae) = real_finish(&mut c, &mut inc, &params(8, 1));
+    let mut live = Liveness::new(ae).unwrap();
+    let t0 = Instant::now();
+    for i in 0..5u32 {
+        live.check_at(t0 + LIVENESS_CHECK_EVERY * (i + 1)).unwrap();
+    }
+    drop(ce); // the peer process exits
+    std::thread::sleep(Duration::from_millis(50));
+    let t1 = t0 + Duration::from_secs(1);
+    // An end of stream is tolerated for the grace period (an orderly close races the last
+    // completions), then it fails the comm.
+    live.check_at(t1).unwrap();
+    let e = live
+        .check_at(t1 + LIVENESS_GRACE + LIVENESS_CHECK_EVERY)
+        .unwrap_err();
+    assert!(matches!(e, Error::Remote(_)), "{e}");
+    assert!(e.to_string().contains("is gone"), "{e}");
 }

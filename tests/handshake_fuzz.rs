@@ -48,11 +48,20 @@ fn seeds() -> Vec<Vec<u8>> {
                 nonce: 99 + n as u64,
                 paths,
                 params: params.clone(),
+                tag: [n as u8; wire::TAG_LEN],
             })
             .encode()
             .unwrap(),
         );
-        v.push(Message::Reply(Reply { nonce: 5, params }).encode().unwrap());
+        v.push(
+            Message::Reply(Reply {
+                nonce: 5,
+                params,
+                tag: [3; wire::TAG_LEN],
+            })
+            .encode()
+            .unwrap(),
+        );
     }
     v.push(
         Message::Reject("path 0 (10.0.0.1 -> 10.0.0.2): down".into())
@@ -151,13 +160,16 @@ fn header_fields_sit_where_the_layout_says() {
     }
     .emit(&mut Header::new_unchecked(&mut b[..]))
     .unwrap();
-    assert_eq!(b, [b'S', b'W', b'H', b'S', 1, 3, 0, 0, 0, 0, 1, 2]);
+    assert_eq!(
+        b,
+        [b'S', b'W', b'H', b'S', wire::VERSION, 3, 0, 0, 0, 0, 1, 2]
+    );
     assert_eq!((field::VERSION, field::TYPE), (4, 5));
     assert_eq!((field::RESERVED, field::LEN), (6..8, 8..12));
     let h = Header::new_checked(&b[..]).unwrap();
     assert_eq!(
         (h.magic(), h.version(), h.msg_type(), h.reserved()),
-        (*b"SWHS", 1, 3, 0)
+        (*b"SWHS", wire::VERSION, 3, 0)
     );
     assert_eq!(h.payload_len(), 0x0102);
     assert_eq!(
@@ -178,7 +190,7 @@ fn header_fields_sit_where_the_layout_says() {
     .unwrap_err();
     assert!(matches!(e, switchless::error::Error::Internal(_)), "{e}");
     // Every parse error is the peer's fault.
-    for (i, v) in [(0usize, b'X'), (4, 2), (5, 0), (5, 5), (6, 1), (8, 1)] {
+    for (i, v) in [(0usize, b'X'), (4, 1), (5, 0), (5, 5), (6, 1), (8, 1)] {
         let mut c = b;
         c[i] = v;
         let e = HeaderRepr::parse(&Header::new_unchecked(&c[..])).unwrap_err();
@@ -234,6 +246,7 @@ fn arb_hello() -> impl Strategy<Value = Message> {
                     nonce,
                     paths,
                     params,
+                    tag: [nonce as u8; wire::TAG_LEN],
                 })
             })
     })
@@ -250,7 +263,7 @@ proptest! {
 
     #[test]
     fn reply_round_trips(nonce in any::<u64>(), params in (1usize..=16).prop_flat_map(arb_params)) {
-        let m = Message::Reply(Reply { nonce, params });
+        let m = Message::Reply(Reply { nonce, params, tag: [nonce as u8; wire::TAG_LEN] });
         prop_assert_eq!(Message::decode(&m.encode().unwrap()).unwrap(), m);
     }
 
@@ -281,6 +294,7 @@ fn largest_hello_fits_the_payload_bound() {
         nonce: 1,
         paths,
         params,
+        tag: [0xa5; wire::TAG_LEN],
     })
     .encode()
     .unwrap();
@@ -318,7 +332,7 @@ fn specific_malformed_frames_name_the_problem() {
                 b[4] = 9;
                 b
             },
-            "version 9, this plugin speaks version 1",
+            "version 9, this plugin speaks version 2",
         ),
         (
             {

@@ -976,6 +976,54 @@ fn acceptor_accepts_routed_tcp_paths_only_when_allowed() {
     }
 }
 
+/// Security review finding 3: a connector may not claim an address no peer can have. Before, the
+/// claimed address was checked only against the subnet, so these (but the ones outside it with
+/// routed TCP) went through.
+#[test]
+fn acceptor_refuses_connector_addresses_no_peer_can_have() {
+    let c = tcp_ring_routed(2);
+    let me: Ipv4Addr = "10.20.1.2".parse().unwrap();
+    let other_own = c
+        .links
+        .iter()
+        .map(|l| l.addr.addr())
+        .find(|a| *a != me)
+        .unwrap();
+    for (claim, why) in [
+        ("10.20.1.0", "the network address of 10.20.1.0/30"),
+        ("10.20.1.3", "the broadcast address of 10.20.1.0/30"),
+        ("0.0.0.0", "unspecified"),
+        ("224.0.0.5", "multicast or broadcast"),
+        ("255.255.255.255", "multicast or broadcast"),
+        ("127.0.0.1", "a loopback address"),
+        ("10.20.1.2", "this acceptor's own address"),
+        (&other_own.to_string(), "this acceptor's own address"),
+    ] {
+        for (kind, reach) in [
+            (LinkKind::Tcp, Reach::Routed),
+            (LinkKind::Tcp, Reach::OnLink),
+            (LinkKind::Roce, Reach::OnLink),
+        ] {
+            let e = check_incoming(&c.links, &c.routes, me, claim.parse().unwrap(), kind, reach)
+                .unwrap_err();
+            assert!(
+                e.contains(&format!("connector address {claim} is")) && e.contains(why),
+                "{claim} {kind:?} {reach:?}: {e}"
+            );
+        }
+    }
+    // The cable's far end is still fine.
+    check_incoming(
+        &c.links,
+        &c.routes,
+        me,
+        "10.20.1.1".parse().unwrap(),
+        LinkKind::Roce,
+        Reach::OnLink,
+    )
+    .unwrap();
+}
+
 mod props {
     use super::*;
     use proptest::prelude::*;
@@ -1154,7 +1202,10 @@ mod props {
                     // A loopback only when the peer is this host (every address it advertises is ours).
                     if s.same_host {
                         prop_assert_eq!(p.local.addr.addr(), r);
-                        prop_assert!(peer.iter().all(|x| a.links.iter().any(|l| l.addr.addr() == x.addr.addr())));
+                        prop_assert!(
+                            peer.iter()
+                                .all(|x| a.links.iter().any(|l| l.addr.addr() == x.addr.addr()))
+                        );
                     } else {
                         prop_assert_ne!(p.local.addr.addr(), r);
                     }

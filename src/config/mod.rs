@@ -43,8 +43,9 @@ pub const DEFAULT_IB_RETRY_CNT: u8 = 7;
 pub const DEFAULT_QPS_PER_CONNECTION: u8 = 1;
 /// Largest `NCCL_IB_QPS_PER_CONNECTION` (NCCL's `NCCL_IB_MAX_QPS`).
 pub const MAX_QPS_PER_CONNECTION: u8 = 128;
-/// Default `NCCL_SWITCHLESS_CONNECT_TIMEOUT`.
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default `NCCL_SWITCHLESS_CONNECT_TIMEOUT`: none (NCCL retries `connect`/`accept` until they
+/// succeed or it aborts, and has no deadline of its own).
+pub const DEFAULT_CONNECT_TIMEOUT: Option<Duration> = None;
 /// Shortest accepted connect timeout.
 pub const MIN_CONNECT_TIMEOUT: Duration = Duration::from_millis(100);
 /// Longest accepted connect timeout.
@@ -279,14 +280,20 @@ variables! {
             doc: "`auto`: RDMA where a port reaches the peer; `rdma`: RDMA only; `tcp`: TCP sockets only \
                   (no RDMA device is opened). Any case.",
         },
-        connect_timeout: Duration {
+        connect_timeout: Option<Duration> {
             name: "NCCL_SWITCHLESS_CONNECT_TIMEOUT",
-            default: "30s",
-            forms: "100ms..=60m: a number of milliseconds, or a number with the unit ms, s, m or h (e.g. 30s)",
-            parse: |v| duration_in(v, MIN_CONNECT_TIMEOUT..=MAX_CONNECT_TIMEOUT),
-            show: show_ms,
-            doc: "Deadline for setting up one connection (handshake, QP bring-up); past it the connection \
-                  fails with a timeout naming the peer.",
+            default: "0",
+            forms: "0 (off: no deadline, as in NCCL) or 100ms..=60m: a number of milliseconds, or a number \
+                    with the unit ms, s, m or h (e.g. 30s)",
+            parse: |v| match v.trim() {
+                "0" => Ok(None),
+                _ => duration_in(v, MIN_CONNECT_TIMEOUT..=MAX_CONNECT_TIMEOUT).map(Some),
+            },
+            show: |d| d.as_ref().map_or_else(|| "off".to_string(), show_ms),
+            doc: "Deadline for each step of setting up one connection (handshake, QP bring-up, TCP \
+                  streams); past it the connection fails with a timeout naming the peer. `0` (the \
+                  default): none, as NCCL has none: a connector still gives up on an address that does \
+                  not answer, and a listener waits for its connector as long as NCCL calls accept.",
         },
         request_timeout: Option<Duration> {
             name: "NCCL_SWITCHLESS_REQUEST_TIMEOUT",
@@ -488,7 +495,7 @@ mod tests {
         assert_eq!(c.ib_retry_cnt, 7);
         assert_eq!(c.ib_qps_per_connection, 1);
         assert_eq!(c.transport, TransportMode::Auto);
-        assert_eq!(c.connect_timeout, Duration::from_secs(30));
+        assert_eq!(c.connect_timeout, None, "NCCL has no connect deadline");
         assert_eq!(c.tcp_streams, TcpStreams::Auto);
         assert_eq!(c.tcp_threads, None);
         assert!(!c.tcp_fallback);
@@ -553,7 +560,7 @@ mod tests {
         assert_eq!(c.ib_retry_cnt, 0);
         assert_eq!(c.ib_qps_per_connection, 128);
         assert_eq!(c.transport, TransportMode::Tcp);
-        assert_eq!(c.connect_timeout, Duration::from_secs(5));
+        assert_eq!(c.connect_timeout, Some(Duration::from_secs(5)));
         assert_eq!(c.request_timeout, Some(Duration::from_secs(300)));
         assert_eq!(c.tcp_streams, TcpStreams::Fixed(8));
         assert_eq!(c.tcp_threads, Some(3));
@@ -609,7 +616,7 @@ mod tests {
             ("NCCL_IB_QPS_PER_CONNECTION", "129", "1..=128"),
             ("NCCL_IB_HCA", "mlx5_0:0", "1..=255"),
             ("NCCL_SWITCHLESS_TRANSPORT", "verbs", "auto, rdma or tcp"),
-            ("NCCL_SWITCHLESS_CONNECT_TIMEOUT", "0", "100ms"),
+            ("NCCL_SWITCHLESS_CONNECT_TIMEOUT", "50ms", "out of range"),
             ("NCCL_SWITCHLESS_CONNECT_TIMEOUT", "2h", "unit"),
             ("NCCL_SWITCHLESS_CONNECT_TIMEOUT", "61m", "out of range"),
             (
@@ -751,7 +758,7 @@ mod tests {
         assert_eq!(
             s,
             "NCCL_IB_HCA=<all> NCCL_IB_GID_INDEX=auto NCCL_IB_TC=auto NCCL_IB_SL=auto NCCL_IB_TIMEOUT=20 \
-             NCCL_IB_RETRY_CNT=7 NCCL_IB_QPS_PER_CONNECTION=1 NCCL_NET_GDR_LEVEL=default transport=auto connect_timeout=30000 ms \
+             NCCL_IB_RETRY_CNT=7 NCCL_IB_QPS_PER_CONNECTION=1 NCCL_NET_GDR_LEVEL=default transport=auto connect_timeout=off \
              request_timeout=off tcp_streams=auto tcp_threads=auto tcp_fallback=0 min_chunk=131072 bytes \
              log_routes=0"
         );

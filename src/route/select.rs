@@ -706,8 +706,10 @@ fn no_path_error(local: &[LocalLink], remote: &[RemoteLink], skipped: &[Skipped]
 /// up, and the kernel's route back to `peer_addr` must leave through that link on-link. With
 /// [`Reach::Routed`] (the acceptor's `NCCL_SWITCHLESS_TCP_FALLBACK=1`), a TCP path from a connector
 /// outside the link's subnet is accepted when the kernel has any route back to it (TCP does not need the
-/// reply to leave through the same netdev).
-/// Returns the link; the error text goes back to the connector.
+/// reply to leave through the same netdev). Either way the connector's address must be one a peer can
+/// have (`check_connector_addr`: not unspecified, multicast, broadcast, the subnet's network or
+/// broadcast address, loopback or this node's own, except between two ranks of one host on `lo`).
+/// Returns the link; the error text goes back to the (authenticated) connector.
 pub fn check_incoming<'a>(
     local: &'a [LocalLink],
     routes: &[KernelRoute],
@@ -725,6 +727,7 @@ pub fn check_incoming<'a>(
     if !l.up {
         return Err(format!("the acceptor's link {} is down", link_name(l)));
     }
+    check_connector_addr(local, l, peer_addr)?;
     if l.addr.contains(&peer_addr) {
         return check_route(l, routes, peer_addr)
             .map(|_| l)
@@ -752,6 +755,46 @@ pub fn check_incoming<'a>(
             }
         }
     }
+}
+
+/// Addresses no connector may claim: unspecified (`0.x.x.x`), multicast, broadcast, the network and
+/// broadcast addresses of the acceptor link's subnet (prefixes up to /30), and, unless the acceptor's
+/// link is itself a loopback address (two ranks of one host over `lo`), loopback addresses and any
+/// address of the acceptor's own links.
+fn check_connector_addr(
+    local: &[LocalLink],
+    l: &LocalLink,
+    peer_addr: Ipv4Addr,
+) -> std::result::Result<(), String> {
+    let refuse = |why: &str| {
+        Err(format!(
+            "connector address {peer_addr} is {why}; accepted: a unicast address of the connector's own link"
+        ))
+    };
+    if peer_addr.octets()[0] == 0 {
+        return refuse("unspecified (0.x.x.x)");
+    }
+    if peer_addr.is_multicast() || peer_addr.is_broadcast() {
+        return refuse("multicast or broadcast");
+    }
+    if l.addr.prefix_len() <= 30 && l.addr.contains(&peer_addr) {
+        if peer_addr == l.addr.network() {
+            return refuse(&format!("the network address of {}", l.addr.trunc()));
+        }
+        if peer_addr == l.addr.broadcast() {
+            return refuse(&format!("the broadcast address of {}", l.addr.trunc()));
+        }
+    }
+    let same_host = l.addr.addr().is_loopback();
+    if !same_host {
+        if peer_addr.is_loopback() {
+            return refuse("a loopback address");
+        }
+        if let Some(own) = local.iter().find(|o| o.addr.addr() == peer_addr) {
+            return refuse(&format!("this acceptor's own address (on {})", own.netdev));
+        }
+    }
+    Ok(())
 }
 
 /// Human-readable account of a selection (for `switchless route` and debug logs).

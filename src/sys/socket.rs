@@ -73,3 +73,82 @@ pub fn wait_fd(sock: &impl AsRawFd, what: Ready, timeout_ms: i32) -> io::Result<
         Err(e) => Err(e),
     }
 }
+
+/// What [`peer_state`] saw on a connection this side only listens on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerState {
+    /// Nothing to read: the peer is there (as far as TCP knows).
+    Quiet,
+    /// The peer sent bytes (left unread).
+    Data,
+    /// The peer closed its end (end of stream).
+    Closed,
+}
+
+/// Looks at a connection without taking anything from it and without blocking (`MSG_PEEK`): a
+/// reset, a keepalive or user timeout, or any socket error comes back as the error.
+pub fn peer_state(sock: &impl AsRawFd) -> io::Result<PeerState> {
+    let mut b = [0u8; 1];
+    // SAFETY: `b` is a valid, exclusively borrowed 1-byte buffer; the fd is borrowed from a live
+    // socket.
+    match syscall!(recv(
+        sock.as_raw_fd(),
+        b.as_mut_ptr().cast(),
+        b.len(),
+        RECV_FLAGS | libc::MSG_PEEK
+    )) {
+        Ok(0) => Ok(PeerState::Closed),
+        Ok(_) => Ok(PeerState::Data),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(PeerState::Quiet),
+        Err(e) if e.kind() == io::ErrorKind::Interrupted => Ok(PeerState::Quiet),
+        Err(e) => Err(e),
+    }
+}
+
+fn set_int(
+    sock: &impl AsRawFd,
+    level: libc::c_int,
+    opt: libc::c_int,
+    v: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: `v` is a live c_int on the stack and the length passed is its size.
+    syscall!(setsockopt(
+        sock.as_raw_fd(),
+        level,
+        opt,
+        (&v as *const libc::c_int).cast(),
+        std::mem::size_of::<libc::c_int>() as libc::socklen_t
+    ))?;
+    Ok(())
+}
+
+/// TCP keepalive on an idle connection: the first probe after `idle_s` seconds without traffic,
+/// then every `interval_s`, `count` unanswered probes reset it; `TCP_USER_TIMEOUT` of the same total
+/// bounds unacknowledged data too. So a peer host that vanishes (power, cable) shows up as an error
+/// within `idle_s + interval_s * count` seconds.
+pub fn set_keepalive(
+    sock: &impl AsRawFd,
+    idle_s: u32,
+    interval_s: u32,
+    count: u32,
+) -> io::Result<()> {
+    let int = |v: u32| libc::c_int::try_from(v).unwrap_or(libc::c_int::MAX);
+    set_int(sock, libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1)?;
+    set_int(sock, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, int(idle_s))?;
+    set_int(
+        sock,
+        libc::IPPROTO_TCP,
+        libc::TCP_KEEPINTVL,
+        int(interval_s),
+    )?;
+    set_int(sock, libc::IPPROTO_TCP, libc::TCP_KEEPCNT, int(count))?;
+    let total_ms = idle_s
+        .saturating_add(interval_s.saturating_mul(count))
+        .saturating_mul(1000);
+    set_int(
+        sock,
+        libc::IPPROTO_TCP,
+        libc::TCP_USER_TIMEOUT,
+        int(total_ms),
+    )
+}

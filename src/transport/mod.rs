@@ -9,6 +9,7 @@
 //!   flush, errors, teardown).
 //! * [`stripe`]: pure arithmetic splitting a message over paths by link speed.
 //! * [`wire`]: layouts shared by both sides (CTS slot, size record, immediate, `wr_id`, control info).
+//! * [`droplog`]: rate-limited warnings for connections a listener drops.
 //! * [`ctrl`]: atomic words that software fabrics write for their peer, and the shared range check.
 //! * [`memfab`]: an in-process fabric with fault injection for tests and benchmarks.
 //! * [`modelfab`]: an in-process fabric with modelled rates and latencies, in virtual time.
@@ -16,6 +17,7 @@
 
 pub mod comm;
 pub mod ctrl;
+pub mod droplog;
 pub mod fabric;
 pub mod handshake;
 pub mod memfab;

@@ -160,12 +160,12 @@ pub struct Net {
 }
 
 impl Net {
-    /// A net with a listener at `listen_addr`.
+    /// A net with a listener at `listen_addr` (`timeout`: `None` for none, as the plugin's default).
     pub fn new(
         listen_addr: SocketAddrV4,
         nonce: u64,
         view: AcceptorView,
-        timeout: Duration,
+        timeout: impl Into<Option<Duration>>,
     ) -> Self {
         let mut hosts = HashMap::new();
         hosts.insert(listen_addr, Host::Listener);
@@ -200,9 +200,14 @@ impl Net {
     /// Connects a new client end to `addr` as a connector at 127.0.0.1 would (the listener admits
     /// it on its next poll). `None` unless a listener or raw host is there.
     pub fn dial(&mut self, addr: SocketAddrV4) -> Option<End> {
+        self.dial_from(addr, Ipv4Addr::LOCALHOST)
+    }
+
+    /// [`Net::dial`] from source address `src`.
+    pub fn dial_from(&mut self, addr: SocketAddrV4, src: Ipv4Addr) -> Option<End> {
         let port = self.next_port;
         self.next_port += 1;
-        let me = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port));
+        let me = SocketAddr::V4(SocketAddrV4::new(src, port));
         let (c, a) = pipe(me, SocketAddr::V4(addr));
         match self.hosts.get(&addr) {
             Some(Host::Listener) => self.backlog.push(a),
@@ -253,13 +258,20 @@ impl Net {
         }
     }
 
-    /// Polls the listener as `Listener::poll` does: admits the backlog, then bytes and the machine
-    /// until nothing moves.
+    /// Polls the listener as `Listener::poll` does: the connections in progress first, then admits
+    /// the backlog (a refused one is closed), then bytes and the machine until nothing moves.
     pub fn poll_listener(&mut self) -> Result<Option<Inc>> {
+        if let Some(inc) = self.advance_listener()? {
+            return Ok(Some(inc));
+        }
         for a in std::mem::take(&mut self.backlog) {
             let peer = a.peer;
             drop(self.listener.admit(self.now, a, peer));
         }
+        self.advance_listener()
+    }
+
+    fn advance_listener(&mut self) -> Result<Option<Inc>> {
         loop {
             let mut moved = false;
             let chunk = self.chunk;

@@ -86,6 +86,8 @@ impl MemFactory {
 pub struct MemConn {
     ep: MemEndpoint,
     token: u32,
+    /// Each data path's local address: its RoCE v2 GID is the IPv4-mapped address, as on a NIC.
+    addrs: Vec<std::net::Ipv4Addr>,
 }
 
 impl PathFactory for MemFactory {
@@ -111,6 +113,7 @@ impl PathFactory for MemFactory {
         _opts: &ConnOptions,
     ) -> Result<MemConn> {
         self.created.fetch_add(1, Ordering::Relaxed);
+        let addrs = paths.iter().map(|p| p.local.addr.addr()).collect();
         match peer {
             None => {
                 let speeds: Vec<u64> = paths
@@ -120,7 +123,11 @@ impl PathFactory for MemFactory {
                 let (mine, theirs) = self.fab.pair(&speeds, self.loopbacks);
                 let token = self.next.fetch_add(1, Ordering::Relaxed);
                 lock(&self.parked, "memfab park")?.insert(token, theirs);
-                Ok(MemConn { ep: mine, token })
+                Ok(MemConn {
+                    ep: mine,
+                    token,
+                    addrs,
+                })
             }
             Some(peer) => {
                 let token = peer
@@ -142,7 +149,7 @@ impl PathFactory for MemFactory {
                         paths.len()
                     )));
                 }
-                Ok(MemConn { ep, token })
+                Ok(MemConn { ep, token, addrs })
             }
         }
     }
@@ -160,7 +167,10 @@ impl Connectable for MemConn {
             .map(|i| PathParams {
                 qpns: vec![self.token, i as u32],
                 psn: 0,
-                gid: [0; 16],
+                gid: self
+                    .addrs
+                    .get(i)
+                    .map_or([0; 16], |a| a.to_ipv6_mapped().octets()),
                 gid_index: 0,
                 mtu: 4096,
                 rkey: 0,

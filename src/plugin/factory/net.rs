@@ -334,6 +334,11 @@ impl TcpConn {
             })
             .collect();
         let pre = TcpFabric::unconnected(&specs, cfg)?;
+        if !accepting {
+            // The connector sends: the peer writes only its control memory (the clear-to-send
+            // FIFO), never its data registrations (send buffers).
+            pre.refuse_peer_data_writes();
+        }
         let pre_paths = pre.paths().to_vec();
         let mut local: Vec<PathParams> = specs
             .iter()
@@ -416,6 +421,12 @@ fn not_ready() -> Error {
 impl Connectable for TcpConn {
     fn local_params(&self) -> Vec<PathParams> {
         self.local.clone()
+    }
+
+    /// Every stream sees the peer's process exit (end of stream) or host vanish (TCP retransmit
+    /// timeout), so no separate liveness channel is kept.
+    fn detects_peer_loss(&self) -> bool {
+        true
     }
 
     fn connect_peer(&self, peer: &[PathParams], _opts: &ConnOptions) -> Result<()> {
@@ -609,6 +620,9 @@ impl Connectable for NetConn {
     fn poll_ready(&mut self) -> Result<bool> {
         each!(self, f => f.poll_ready())
     }
+    fn detects_peer_loss(&self) -> bool {
+        each!(self, f => f.detects_peer_loss())
+    }
 }
 
 impl Fabric for NetConn {
@@ -760,7 +774,7 @@ mod tests {
 
     fn short() -> TcpConfig {
         TcpConfig {
-            connect_timeout: Duration::from_millis(300),
+            connect_timeout: Some(Duration::from_millis(300)),
             ..TcpConfig::default()
         }
     }
@@ -835,7 +849,7 @@ mod tests {
     #[test]
     fn a_tcp_conn_pair_connects_and_keeps_what_was_set_up_before() {
         let cfg = TcpConfig {
-            connect_timeout: Duration::from_secs(10),
+            connect_timeout: Some(Duration::from_secs(10)),
             ..TcpConfig::default()
         };
         let mut acc = TcpConn::create(&[plan("127.0.0.2/30", "127.0.0.1")], true, &cfg).unwrap();

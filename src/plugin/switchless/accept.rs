@@ -1,11 +1,14 @@
 //! `listen` and `accept`: the listener and its handle, then per hello the endpoint and the receive
-//! comm, the reply, and the wait for the connector's `ready` and the endpoint's set-up.
+//! comm, the reply, and the wait for the connector's `ready` and the endpoint's set-up. A step that
+//! fails for one incoming connection drops that connection and goes back to waiting: only the
+//! listener itself (or [`MAX_FAILED_CONNECTIONS`] authenticated connections in a row) fails `accept`.
 #![forbid(unsafe_code)]
 
 use std::net::Ipv4Addr;
 use std::sync::{Arc, Weak};
 
 use super::data::RecvEnd;
+use super::live::Live;
 use super::report::{ConnReport, step_error};
 use super::{ConnOptions, Connectable, PathFactory, PathPlan, Switchless};
 use crate::error::{Error, Result};
@@ -15,9 +18,17 @@ use crate::route::select::Reach;
 use crate::route::types::LinkKind;
 use crate::transport::comm::RecvComm;
 use crate::transport::handshake::{
-    AcceptPoll, AcceptorView, Established, Incoming, Listener, PathParams, SideParams,
+    AcceptPoll, AcceptorView, Established, Incoming, Listener, Liveness, PathParams, SideParams,
 };
 use crate::transport::wire::CtrlInfo;
+
+/// Authenticated incoming connections whose set-up may fail before `accept` itself fails. Only the
+/// real connector (it holds the handle) gets this far, so repeated failures mean its set-up cannot
+/// work, and NCCL is better told.
+pub const MAX_FAILED_CONNECTIONS: usize = 8;
+
+/// A receive comm over an endpoint with its liveness channel.
+type LiveRecv<F> = RecvComm<Live<F>>;
 
 /// A listening endpoint (`listenComm`). It holds the backend weakly: NCCL never closes the listen comm
 /// of a connection that did not finish (abort, a lazy connect never made), and such a comm must not
@@ -27,7 +38,9 @@ pub struct ListenEnd<P: PathFactory> {
     listener: Listener,
     dev: usize,
     comm: CommInfo,
-    state: AcceptState<P::Fabric>,
+    state: AcceptState<Live<P::Fabric>>,
+    /// Incoming connections that failed after their hello checked out.
+    failed: usize,
 }
 
 /// The reply is sent; the connector's `ready` is awaited.
@@ -55,8 +68,14 @@ enum AcceptState<F: Connectable> {
     Finishing(Box<Finishing<F>>),
     /// The connection was handed to NCCL.
     Done,
-    /// A step failed (NCCL got its error).
+    /// The listener failed (NCCL got its error).
     Failed,
+}
+
+/// Why a step failed: the one incoming connection, or the listener.
+enum Failure {
+    Connection(Error),
+    Listener(Error),
 }
 
 impl<P: PathFactory> Switchless<P> {
@@ -67,6 +86,7 @@ impl<P: PathFactory> Switchless<P> {
         dev: usize,
         handle: &mut Handle,
     ) -> Result<ListenEnd<P>> {
+        self.sweep_parked();
         let view = AcceptorView {
             links: self.view.links.clone(),
             routes: self.view.routes.clone(),
@@ -98,6 +118,7 @@ impl<P: PathFactory> Switchless<P> {
             dev,
             comm: *comm,
             state: AcceptState::Waiting,
+            failed: 0,
         })
     }
 
@@ -117,7 +138,7 @@ impl<P: PathFactory> Switchless<P> {
         mut inc: Incoming,
         dev: usize,
         info: &CommInfo,
-    ) -> Result<AcceptState<P::Fabric>> {
+    ) -> Result<AcceptState<Live<P::Fabric>>> {
         let who = format!("connector {}", inc.peer());
         let plans: Vec<PathPlan> = inc
             .paths()
@@ -144,6 +165,7 @@ impl<P: PathFactory> Switchless<P> {
                 })))
             }
             Err(e) => {
+                // The connector holds the handle (its hello is authenticated): it may be told why.
                 let reason = e.to_string();
                 // Best effort: the connector then fails at once with the reason, not by timeout.
                 if inc.reject(&reason).is_ok() {
@@ -163,9 +185,9 @@ impl<P: PathFactory> Switchless<P> {
         peer: &[PathParams],
         opts: &ConnOptions,
         extra: &[u8],
-    ) -> Result<(RecvComm<P::Fabric>, Vec<PathParams>)> {
+    ) -> Result<(LiveRecv<P::Fabric>, Vec<PathParams>)> {
         let fab = self.factory.create(plans, Some(peer), opts)?;
-        let mut rc = RecvComm::new(fab, self.proto)?;
+        let mut rc = RecvComm::new(Live::new(fab), self.proto)?;
         rc.connect(CtrlInfo::from_bytes(extra)?)?;
         rc.fabric().connect_peer(peer, opts)?;
         let local = rc.fabric().local_params();
@@ -185,13 +207,17 @@ enum Step<F: Connectable> {
 
 impl<P: PathFactory> ListenEnd<P> {
     /// `accept`: steps the connection as far as the sockets and the endpoint allow.
-    pub(super) fn accept(&mut self) -> Result<Option<RecvEnd<P::Fabric>>> {
+    pub(super) fn accept(&mut self) -> Result<Option<RecvEnd<Live<P::Fabric>>>> {
+        if let Some(b) = self.backend.upgrade() {
+            b.sweep_parked();
+        }
         loop {
-            // A step that fails leaves `Failed` behind.
+            // A step that fails leaves `Failed` behind; one incoming connection's failure is undone
+            // below.
             let step = match std::mem::replace(&mut self.state, AcceptState::Failed) {
-                AcceptState::Waiting => self.waiting()?,
-                AcceptState::Responding(r) => r.step()?,
-                AcceptState::Finishing(f) => self.finishing(f)?,
+                AcceptState::Waiting => self.waiting(),
+                AcceptState::Responding(r) => r.step().map_err(Failure::Connection),
+                AcceptState::Finishing(f) => self.finishing(f).map_err(Failure::Connection),
                 AcceptState::Done => {
                     self.state = AcceptState::Done;
                     return Err(Error::InvalidArgument(
@@ -206,14 +232,30 @@ impl<P: PathFactory> ListenEnd<P> {
                 }
             };
             match step {
-                Step::Next(s) => self.state = s,
-                Step::Pending(s) => {
+                Ok(Step::Next(s)) => self.state = s,
+                Ok(Step::Pending(s)) => {
                     self.state = s;
                     return Ok(None);
                 }
-                Step::Ready(end) => {
+                Ok(Step::Ready(end)) => {
                     self.state = AcceptState::Done;
                     return Ok(Some(end));
+                }
+                Err(Failure::Listener(e)) => return Err(e),
+                Err(Failure::Connection(e)) => {
+                    self.failed += 1;
+                    if self.failed >= MAX_FAILED_CONNECTIONS {
+                        return Err(e.context(format_args!(
+                            "accept: {} authenticated connections failed in a row; the last",
+                            self.failed
+                        )));
+                    }
+                    // Its endpoint, comm and socket are gone with the state; wait for the next.
+                    tracing::warn!(
+                        "NET/switchless: accept: dropped an incoming connection ({} of at most {MAX_FAILED_CONNECTIONS}), waiting for another: {e}",
+                        self.failed
+                    );
+                    self.state = AcceptState::Waiting;
                 }
             }
         }
@@ -228,16 +270,28 @@ impl<P: PathFactory> ListenEnd<P> {
         })
     }
 
+    /// `closeListen`: the listener and any connection in progress go; parked connects are swept.
+    pub(super) fn close(self) {
+        if let Some(b) = self.backend.upgrade() {
+            b.sweep_parked();
+        }
+    }
+
     /// No hello yet: poll the listener, and respond to a hello.
-    fn waiting(&mut self) -> Result<Step<P::Fabric>> {
-        Ok(match self.listener.poll()? {
-            None => Step::Pending(AcceptState::Waiting),
-            Some(inc) => Step::Next(self.backend()?.respond(inc, self.dev, &self.comm)?),
-        })
+    fn waiting(&mut self) -> std::result::Result<Step<Live<P::Fabric>>, Failure> {
+        match self.listener.poll().map_err(Failure::Listener)? {
+            None => Ok(Step::Pending(AcceptState::Waiting)),
+            Some(inc) => self
+                .backend()
+                .map_err(Failure::Listener)?
+                .respond(inc, self.dev, &self.comm)
+                .map(Step::Next)
+                .map_err(Failure::Connection),
+        }
     }
 
     /// The handshake is done: poll the endpoint's set-up, then log the connection and hand it over.
-    fn finishing(&self, mut f: Box<Finishing<P::Fabric>>) -> Result<Step<P::Fabric>> {
+    fn finishing(&self, mut f: Box<Finishing<Live<P::Fabric>>>) -> Result<Step<Live<P::Fabric>>> {
         let who = |est: &Established| format!("connector {}", est.peer.ip());
         let ready = f
             .comm
@@ -248,21 +302,23 @@ impl<P: PathFactory> ListenEnd<P> {
             return Ok(Step::Pending(AcceptState::Finishing(f)));
         }
         let Finishing {
-            comm,
+            mut comm,
             plans,
             local,
             remote,
             est,
         } = *f;
+        let (peer, tcp) = (who(&est), format!("tcp {} <- {}", est.local, est.peer));
+        comm.fabric_mut().watch(Liveness::new(est)?);
         self.backend()?.log_connected(&ConnReport {
             verb: "accepted from",
-            peer: &who(&est),
+            peer: &peer,
             dev: self.dev,
             plans: &plans,
             local: &local,
             remote: &remote,
             fab: comm.fabric(),
-            tcp: format!("tcp {} <- {}", est.local, est.peer),
+            tcp,
         });
         Ok(Step::Ready(RecvEnd::new(comm)))
     }

@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::data::SendEnd;
+use super::live::Live;
 use super::report::{
     ConnReport, fallback_warning, gdr_scope, gdr_warning, gpu_over_tcp, level_name, routed_hint,
     same_host_note, step_error,
@@ -24,13 +25,15 @@ use crate::route::select::{
 use crate::route::types::{LinkKind, LocalLink, RemoteLink};
 use crate::sync::lock;
 use crate::transport::comm::SendComm;
-use crate::transport::handshake::{ConnectPoll, Connector, Established, PathParams, SideParams};
+use crate::transport::handshake::{
+    ConnectPoll, Connector, Established, Liveness, PathParams, SideParams,
+};
 use crate::transport::wire::CtrlInfo;
 
 /// A connection between `connect` calls.
 pub(super) struct ConnectState<F: Connectable> {
     connector: Connector,
-    comm: SendComm<F>,
+    comm: SendComm<Live<F>>,
     plans: Vec<PathPlan>,
     local: Vec<PathParams>,
     remote: Option<Vec<PathParams>>,
@@ -38,6 +41,8 @@ pub(super) struct ConnectState<F: Connectable> {
     peer: String,
     dev: usize,
     started: Instant,
+    /// When NCCL last called `connect` for it (a state NCCL stopped calling for is swept).
+    polled: Instant,
     /// The handshake finished; the endpoint is finishing its set-up ([`Connectable::poll_ready`]).
     est: Option<Established>,
     /// For a connection over routed paths (the TCP fallback through a gateway): what to check when it
@@ -47,9 +52,14 @@ pub(super) struct ConnectState<F: Connectable> {
 
 /// Where a connection stands after one `connect` call.
 enum Progress<F: Connectable> {
-    Done(SendEnd<F>),
+    Done(SendEnd<Live<F>>),
     Pending(Box<ConnectState<F>>),
 }
+
+/// A parked connection NCCL has not called `connect` for this long is dropped (after an abort, NCCL
+/// never comes back for it); with `NCCL_SWITCHLESS_CONNECT_TIMEOUT` set, twice that plus 10 s when
+/// longer. NCCL calls a pending connect again on every pass of its service thread, milliseconds apart.
+pub const ABANDONED_AFTER: Duration = Duration::from_secs(60);
 
 impl<P: PathFactory> Switchless<P> {
     /// `connect`: starts a connection or takes the parked one the handle names, and advances it.
@@ -58,7 +68,7 @@ impl<P: PathFactory> Switchless<P> {
         comm: &CommInfo,
         dev: usize,
         handle: &mut Handle,
-    ) -> Result<Option<SendEnd<P::Fabric>>> {
+    ) -> Result<Option<SendEnd<Live<P::Fabric>>>> {
         let id = HandleView::new_unchecked(&handle[..]).scratch();
         let (id, s) = if id == 0 {
             let s = self.start_connect(comm, dev, handle)?;
@@ -67,12 +77,13 @@ impl<P: PathFactory> Switchless<P> {
             (id, s)
         } else {
             let mut map = lock(&self.connecting, "connection states")?;
-            let s = map.remove(&id).ok_or_else(|| {
+            let mut s = map.remove(&id).ok_or_else(|| {
                 Error::InvalidArgument(format!(
                     "connect retried with connection state {id:#x}, which this process does not have \
                      (it failed or timed out earlier, or the handle's scratch bytes 120..128 are not zero)"
                 ))
             })?;
+            s.polled = Instant::now();
             (id, s)
         };
         let hint = s.routed_hint.clone();
@@ -289,18 +300,29 @@ impl<P: PathFactory> Switchless<P> {
     }
 
     fn sweep(&self, map: &mut HashMap<u64, Box<ConnectState<P::Fabric>>>) {
-        let limit = 2 * self.timeout() + Duration::from_secs(10);
+        let limit = self.timeout().map_or(ABANDONED_AFTER, |t| {
+            (2 * t + Duration::from_secs(10)).max(ABANDONED_AFTER)
+        });
         map.retain(|id, s| {
-            let keep = s.started.elapsed() < limit;
+            let keep = s.polled.elapsed() < limit;
             if !keep {
                 tracing::warn!(
-                    "NET/switchless: dropping connection {id:#x} to {}: abandoned by NCCL for {} s",
+                    "NET/switchless: dropping connection {id:#x} to {}: abandoned by NCCL for {} s (started {} s ago)",
                     s.peer,
+                    s.polled.elapsed().as_secs(),
                     s.started.elapsed().as_secs()
                 );
             }
             keep
         });
+    }
+
+    /// Sweeps abandoned parked connections (see [`ABANDONED_AFTER`]); `listen`, `accept` and
+    /// `closeListen` call it too, so a state NCCL abandoned goes even when no `connect` follows.
+    pub(super) fn sweep_parked(&self) {
+        if let Ok(mut map) = lock(&self.connecting, "connection states") {
+            self.sweep(&mut map);
+        }
     }
 
     fn start_connect(
@@ -357,7 +379,7 @@ impl<P: PathFactory> Switchless<P> {
             .create(&plans, None, &opts)
             .map_err(|e| step_error(e, &peer, "creating the queue pairs"))?;
         let local = fab.local_params();
-        let sc = SendComm::new(fab, self.proto)?;
+        let sc = SendComm::new(Live::new(fab), self.proto)?;
         let extra = sc.local_info().to_bytes();
         let connector = Connector::start(
             &repr,
@@ -378,6 +400,7 @@ impl<P: PathFactory> Switchless<P> {
             peer,
             dev,
             started: Instant::now(),
+            polled: Instant::now(),
             est: None,
             routed_hint,
         }))
@@ -397,6 +420,8 @@ impl<P: PathFactory> Switchless<P> {
                     return Ok(Progress::Pending(s));
                 }
                 let remote = s.remote.take().unwrap_or_default();
+                let tcp = format!("tcp {} -> {}", est.local, est.peer);
+                s.comm.fabric_mut().watch(Liveness::new(est)?);
                 self.log_connected(&ConnReport {
                     verb: "connected to",
                     peer: &s.peer,
@@ -405,7 +430,7 @@ impl<P: PathFactory> Switchless<P> {
                     local: &s.local,
                     remote: &remote,
                     fab: s.comm.fabric(),
-                    tcp: format!("tcp {} -> {}", est.local, est.peer),
+                    tcp,
                 });
                 return Ok(Progress::Done(SendEnd::new(s.comm)));
             }

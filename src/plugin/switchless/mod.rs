@@ -36,7 +36,10 @@ use crate::transport::stripe::StripeParams;
 pub mod accept;
 pub mod connect;
 pub mod data;
+pub mod live;
 pub mod report;
+
+use live::Live;
 
 // ---- The seam to the NIC: what a factory builds and what the backend asks of an endpoint. ----
 
@@ -133,6 +136,13 @@ pub trait Connectable: Fabric + Send + 'static {
     /// at once.
     fn poll_ready(&mut self) -> Result<bool> {
         Ok(true)
+    }
+
+    /// Whether the endpoint notices on its own, with nothing in flight, that the peer is gone (TCP:
+    /// its streams close). When not, the backend keeps the handshake socket as a liveness channel
+    /// ([`live::Live`]).
+    fn detects_peer_loss(&self) -> bool {
+        false
     }
 }
 
@@ -355,7 +365,8 @@ impl<P: PathFactory> Switchless<P> {
         self.connecting.lock().map_or(0, |m| m.len())
     }
 
-    fn timeout(&self) -> Duration {
+    /// `NCCL_SWITCHLESS_CONNECT_TIMEOUT` (`None`: no deadline, the default).
+    fn timeout(&self) -> Option<Duration> {
         self.view.config.connect_timeout
     }
 
@@ -391,10 +402,10 @@ impl<P: PathFactory> Switchless<P> {
 
 impl<P: PathFactory> Backend for Switchless<P> {
     type Listen = accept::ListenEnd<P>;
-    type Send = data::SendEnd<P::Fabric>;
-    type Recv = data::RecvEnd<P::Fabric>;
+    type Send = data::SendEnd<Live<P::Fabric>>;
+    type Recv = data::RecvEnd<Live<P::Fabric>>;
     type Mr = MemHandle;
-    type Request = data::Req<P::Fabric>;
+    type Request = data::Req<Live<P::Fabric>>;
 
     fn slot() -> &'static Slot<Self> {
         P::slot()
@@ -491,7 +502,7 @@ impl<P: PathFactory> Backend for Switchless<P> {
     }
 
     fn close_listen(listen: Self::Listen) -> Result<()> {
-        drop(listen);
+        listen.close();
         Ok(())
     }
 }

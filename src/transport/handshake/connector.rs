@@ -8,16 +8,22 @@
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
+use super::auth::{ConnKey, conn_nonce};
 use super::frames::Frames;
-use super::wire::{Hello, Message, PathRequest, SideParams};
+use super::listener::ipv4_mapped_gid;
+use super::wire::{Hello, Message, PathRequest, SideParams, TAG_LEN, Tag};
 use crate::error::{Error, Result};
 use crate::route::handle::HandleRepr;
 use crate::route::select::PathChoice;
+use crate::route::types::LinkKind;
 
 /// Longest a connector waits for a TCP connection to one target before trying the next one (the
-/// last target gets the rest of the timeout). A directly cabled peer answers in well under a
-/// millisecond, a soft-RoCE VM under TCG in a few.
+/// last target gets the rest of the timeout, or, with none, as long as the kernel keeps trying). A
+/// directly cabled peer answers in well under a millisecond, a soft-RoCE VM under TCG in a few.
 pub const TARGET_BUDGET: Duration = Duration::from_secs(5);
+/// With no connect timeout, how long the last target may take to answer a TCP connection (Linux
+/// gives up a SYN after about 127 s with its default `tcp_syn_retries`, so this is only a backstop).
+pub const LAST_TARGET_WAIT: Duration = Duration::from_secs(180);
 
 /// What [`ConnectMachine::poll`] asks of the driver or reports.
 #[derive(Debug, PartialEq, Eq)]
@@ -63,10 +69,15 @@ pub struct ConnectMachine {
     target_deadline: Instant,
     failures: Vec<String>,
     hello: Message,
-    nonce: u64,
-    npaths: usize,
-    deadline: Instant,
-    timeout: Duration,
+    /// This connection's own nonce (the hello's), its key and the hello's tag.
+    conn_nonce: u64,
+    key: ConnKey,
+    hello_tag: Tag,
+    requests: Vec<PathRequest>,
+    /// `None` (the default): time counts only while reaching a target ([`TARGET_BUDGET`] for each
+    /// but the last); the wait for the peer's NCCL to accept is unbounded, as in NCCL.
+    deadline: Option<Instant>,
+    timeout: Option<Duration>,
     peer: String,
     frames: Frames,
 }
@@ -75,14 +86,15 @@ impl ConnectMachine {
     /// A handshake with the listener described by `handle` over `paths` (from
     /// [`crate::route::select()`]), with this side's params (one per path). It connects to the first
     /// path's peer address (bound to its local address), then, if that fails or does not answer
-    /// within [`TARGET_BUDGET`] (at most half the timeout), to the handle's control address. It fails
-    /// `timeout` after `now`.
+    /// within [`TARGET_BUDGET`] (at most half the timeout), to the handle's control address. With a
+    /// `timeout`, each step fails that long after it started; with `None`, only reaching a target
+    /// can fail.
     pub fn for_handle(
         now: Instant,
         handle: &HandleRepr,
         paths: &[PathChoice],
         mine: SideParams,
-        timeout: Duration,
+        timeout: impl Into<Option<Duration>>,
     ) -> Result<Self> {
         let first = paths
             .first()
@@ -117,39 +129,46 @@ impl ConnectMachine {
         Self::new(now, targets, handle.nonce, requests, mine, timeout, peer)
     }
 
-    /// A handshake to explicit targets `(address, source address to bind)`; `peer` names the
-    /// listener in errors.
+    /// A handshake to explicit targets `(address, source address to bind)` of the listener whose
+    /// handle carries `nonce`; `peer` names the listener in errors.
     pub fn new(
         now: Instant,
         targets: Vec<(SocketAddrV4, Option<Ipv4Addr>)>,
         nonce: u64,
         paths: Vec<PathRequest>,
         mine: SideParams,
-        timeout: Duration,
+        timeout: impl Into<Option<Duration>>,
         peer: String,
     ) -> Result<Self> {
+        let timeout = timeout.into();
         if targets.is_empty() {
             return Err(Error::InvalidArgument(
                 "connector has no address to connect to".into(),
             ));
         }
-        let npaths = paths.len();
-        let hello = Message::Hello(Hello {
-            nonce,
-            paths,
+        let conn_nonce = conn_nonce()?;
+        let key = ConnKey::derive(nonce, conn_nonce);
+        let mut hello = Hello {
+            nonce: conn_nonce,
+            paths: paths.clone(),
             params: mine,
-        });
-        hello.encode()?; // validate counts now, not mid-handshake
+            tag: [0; TAG_LEN],
+        };
+        // Validates the counts now, not mid-handshake.
+        hello.tag = key.hello_tag(&hello)?;
+        let hello_tag = hello.tag;
         Ok(ConnectMachine {
             state: State::Open,
             targets,
             target: 0,
             target_deadline: now,
             failures: Vec::new(),
-            hello,
-            nonce,
-            npaths,
-            deadline: now + timeout,
+            hello: Message::Hello(hello),
+            conn_nonce,
+            key,
+            hello_tag,
+            requests: paths,
+            deadline: timeout.map(|t| now + t),
             timeout,
             peer,
             frames: Frames::default(),
@@ -197,10 +216,11 @@ impl ConnectMachine {
     /// can move it on, or it is finished).
     pub fn poll_timeout(&self) -> Option<Instant> {
         match self.state {
-            State::Connecting => Some(self.target_deadline.min(self.deadline)),
-            State::Open | State::SendHello | State::AwaitReply | State::SendReady => {
-                Some(self.deadline)
-            }
+            State::Connecting => Some(
+                self.deadline
+                    .map_or(self.target_deadline, |d| self.target_deadline.min(d)),
+            ),
+            State::Open | State::SendHello | State::AwaitReply | State::SendReady => self.deadline,
             State::AwaitCaller | State::Finished => None,
         }
     }
@@ -216,11 +236,14 @@ impl ConnectMachine {
 
     fn poll_inner(&mut self, now: Instant) -> Result<ConnectEvent> {
         loop {
-            if self.poll_timeout().is_some() && now >= self.deadline {
+            if !matches!(self.state, State::AwaitCaller | State::Finished)
+                && let Some(d) = self.deadline
+                && now >= d
+            {
                 return Err(Error::Timeout(format!(
                     "connecting to {}: no progress within {} ms while {} (NCCL_SWITCHLESS_CONNECT_TIMEOUT)",
                     self.peer,
-                    self.timeout.as_millis(),
+                    self.timeout.unwrap_or_default().as_millis(),
                     self.step_name()
                 )));
             }
@@ -253,10 +276,11 @@ impl ConnectMachine {
             )));
         };
         self.target += 1;
-        self.target_deadline = if self.target < self.targets.len() {
-            now + self.target_budget()
-        } else {
-            self.deadline
+        self.target_deadline = match self.deadline {
+            _ if self.target < self.targets.len() => now + self.target_budget(),
+            Some(d) => d,
+            // The last target, no deadline: the kernel's own connect timeout ends a silent one.
+            None => now + LAST_TARGET_WAIT,
         };
         self.state = State::Connecting;
         Ok(ConnectEvent::Open { addr, bind })
@@ -266,10 +290,15 @@ impl ConnectMachine {
         if now < self.target_deadline {
             return Some(ConnectEvent::Pending);
         }
+        let waited = if self.target < self.targets.len() {
+            self.target_budget()
+        } else {
+            self.timeout.unwrap_or(LAST_TARGET_WAIT)
+        };
         self.failures.push(format!(
             "{}: no answer within {} ms",
             self.current_target(),
-            self.target_budget().as_millis()
+            waited.as_millis()
         ));
         self.state = State::Open;
         None
@@ -308,19 +337,29 @@ impl ConnectMachine {
                 )));
             }
         };
-        if r.nonce != self.nonce {
+        if r.nonce != self.conn_nonce || !self.key.check_reply(&self.hello_tag, &r) {
             return Err(Error::Remote(format!(
-                "{} replied with nonce {:#x}, expected {:#x}: a different listener answered",
-                self.peer, r.nonce, self.nonce
+                "{}: the reply is not authenticated by the handle's nonce for this connection: a different listener answered",
+                self.peer
             )));
         }
-        if r.params.paths.len() != self.npaths {
+        if r.params.paths.len() != self.requests.len() {
             return Err(Error::Remote(format!(
                 "{} replied with params for {} paths, the hello asked for {}",
                 self.peer,
                 r.params.paths.len(),
-                self.npaths
+                self.requests.len()
             )));
+        }
+        for (i, (req, par)) in self.requests.iter().zip(&r.params.paths).enumerate() {
+            if req.kind == LinkKind::Roce && par.gid != ipv4_mapped_gid(req.acceptor) {
+                return Err(Error::Remote(format!(
+                    "{}: path {i}: the acceptor's RoCE GID {} is not the IPv4-mapped GID of the address this side dialed, ::ffff:{}",
+                    self.peer,
+                    std::net::Ipv6Addr::from(par.gid),
+                    req.acceptor
+                )));
+            }
         }
         self.state = State::AwaitCaller;
         Ok(Some(ConnectEvent::Reply(r.params)))
@@ -344,13 +383,14 @@ impl ConnectMachine {
             return Err(self.misuse("ready()"));
         }
         self.frames.queue(&Message::Ready)?;
-        self.deadline = now + self.timeout;
+        self.deadline = self.timeout.map(|t| now + t);
         self.state = State::SendReady;
         Ok(())
     }
 
     fn target_budget(&self) -> Duration {
-        TARGET_BUDGET.min(self.timeout / 2)
+        self.timeout
+            .map_or(TARGET_BUDGET, |t| TARGET_BUDGET.min(t / 2))
     }
 
     fn current_target(&self) -> String {

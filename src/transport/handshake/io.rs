@@ -19,6 +19,8 @@ use crate::error::{Error, Result};
 use crate::route::handle::HandleRepr;
 use crate::route::select::PathChoice;
 use crate::route::types::LocalLink;
+use crate::sys::socket::{PeerState, peer_state, set_keepalive};
+use crate::transport::droplog::DropLog;
 
 /// The established connection: the TCP socket (kept for out-of-band use) and its addresses.
 #[derive(Debug)]
@@ -119,7 +121,7 @@ impl Connector {
         handle: &HandleRepr,
         paths: &[PathChoice],
         mine: SideParams,
-        timeout: Duration,
+        timeout: impl Into<Option<Duration>>,
     ) -> Result<Self> {
         let now = Instant::now();
         Self::with(
@@ -134,7 +136,7 @@ impl Connector {
         nonce: u64,
         paths: Vec<PathRequest>,
         mine: SideParams,
-        timeout: Duration,
+        timeout: impl Into<Option<Duration>>,
         peer: String,
     ) -> Result<Self> {
         let now = Instant::now();
@@ -285,23 +287,29 @@ fn connect_status(s: &Socket) -> io::Result<bool> {
 // ------------------------------------------------------------------------------------------------
 // Listener and acceptor
 
+/// Connections [`Listener::poll`] takes from the kernel's accept queue per call: a flood cannot keep
+/// one call busy (the rest wait in the queue for the next call).
+pub const ACCEPTS_PER_POLL: usize = 64;
+
 /// A listening socket serving any number of incoming handshakes, in any order: [`ListenMachine`]
 /// over the accepted sockets.
 #[derive(Debug)]
 pub struct Listener {
     socket: TcpListener,
     machine: ListenMachine<TcpStream>,
+    /// Warnings about `accept` itself failing for a while (out of fds or memory).
+    accept_errors: DropLog,
 }
 
 impl Listener {
     /// Binds a non-blocking listening socket (use `0.0.0.0:0` in the plugin so every link address
-    /// reaches it). `nonce` goes into the handle; `timeout` bounds each incoming handshake and the wait
-    /// for the first valid connector (counted from the first [`Listener::poll`]).
+    /// reaches it). `nonce` goes into the handle; `timeout` (`None`: unlimited) bounds each step of an
+    /// accepted connection; the listener itself never times out.
     pub fn bind(
         addr: SocketAddrV4,
         nonce: u64,
         view: AcceptorView,
-        timeout: Duration,
+        timeout: impl Into<Option<Duration>>,
     ) -> Result<Self> {
         let socket = TcpListener::bind(addr)
             .map_err(|e| Error::io(format!("binding the listening socket {addr}"), e))?;
@@ -315,11 +323,12 @@ impl Listener {
         Ok(Listener {
             socket,
             machine: ListenMachine::new(port, nonce, view, timeout),
+            accept_errors: DropLog::default(),
         })
     }
 
     /// Binds `0.0.0.0:0` with a fresh random nonce: what the plugin's `listen` does.
-    pub fn bind_any(view: AcceptorView, timeout: Duration) -> Result<Self> {
+    pub fn bind_any(view: AcceptorView, timeout: impl Into<Option<Duration>>) -> Result<Self> {
         Self::bind(
             SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
             crate::route::handle::random_nonce()?,
@@ -349,15 +358,25 @@ impl Listener {
         self.machine.pending()
     }
 
-    /// Accepts new connections and advances pending ones without blocking; see
-    /// [`ListenMachine::poll`]. Errors when the listening socket fails or no valid hello arrived
-    /// within the timeout.
+    /// Drops counted but not logged (the drop warnings' rate limit).
+    pub fn unlogged_drops(&self) -> u64 {
+        self.machine.unlogged_drops()
+    }
+
+    /// Advances the connections in progress first (a hello already on its way is read before any
+    /// newcomer is admitted), then takes up to [`ACCEPTS_PER_POLL`] new ones, without blocking; see
+    /// [`ListenMachine::poll`]. Errors only when the listening socket itself fails: running out of
+    /// file descriptors, buffers or memory (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM`) is logged and
+    /// retried on the next call.
     pub fn poll(&mut self) -> Result<Option<Incoming>> {
         let now = Instant::now();
-        loop {
+        if let Some(inc) = self.advance(now)? {
+            return Ok(Some(inc));
+        }
+        for _ in 0..ACCEPTS_PER_POLL {
             match self.socket.accept() {
                 Ok((stream, peer)) => match configure(&stream) {
-                    // An evicted connection is closed by dropping it.
+                    // A refused connection is closed by dropping it.
                     Ok(()) => drop(self.machine.admit(now, stream, peer)),
                     Err(e) => {
                         tracing::warn!(%peer, "handshake: cannot configure accepted socket: {e}")
@@ -369,6 +388,16 @@ impl Listener {
                         e.kind(),
                         io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
                     ) => {}
+                Err(e) if transient_accept_error(&e) => {
+                    let what = format!(
+                        "accepting a connection failed for now, retried on the next accept call: {e}"
+                    );
+                    let any = std::net::IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+                    if let Some(line) = self.accept_errors.note(now, any, &what) {
+                        tracing::warn!("handshake: {line}");
+                    }
+                    break;
+                }
                 Err(e) => {
                     return Err(Error::io(
                         "accepting a connection on the listening socket",
@@ -377,6 +406,10 @@ impl Listener {
                 }
             }
         }
+        self.advance(now)
+    }
+
+    fn advance(&mut self, now: Instant) -> Result<Option<Incoming>> {
         loop {
             let mut moved = false;
             for (stream, frames) in self.machine.connections() {
@@ -395,6 +428,94 @@ impl Listener {
                 }
                 return Ok(None);
             }
+        }
+    }
+}
+
+/// `accept` errors that are about this process or host running short, not about the listener.
+fn transient_accept_error(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
+/// The handshake's TCP connection kept open after the handshake as a liveness channel: neither
+/// side writes to it again, so end of stream or a reset means the peer process is gone, and TCP
+/// keepalive ([`LIVENESS_KEEPALIVE`]) turns a vanished host into a reset. [`Liveness::check`] looks
+/// without blocking and at most every [`LIVENESS_CHECK_EVERY`].
+#[derive(Debug)]
+pub struct Liveness {
+    stream: TcpStream,
+    peer: SocketAddr,
+    next_check: Instant,
+    /// When end of stream was first seen: a peer that closes its comm in order may close this socket
+    /// a moment before this side takes the last completions, so an end of stream fails the comm only
+    /// after [`LIVENESS_GRACE`].
+    closed_since: Option<Instant>,
+}
+
+/// How often [`Liveness::check`] looks at the socket (it is called on every poll of a comm).
+pub const LIVENESS_CHECK_EVERY: Duration = Duration::from_millis(100);
+/// How long an end of stream from the peer is tolerated before the comm fails.
+pub const LIVENESS_GRACE: Duration = Duration::from_secs(1);
+/// TCP keepalive of the liveness channel, seconds: first probe after `.0` idle, then every `.1`,
+/// reset after `.2` unanswered. A peer host that vanishes is seen within `.0 + .1 * .2` = 25 s.
+pub const LIVENESS_KEEPALIVE: (u32, u32, u32) = (10, 5, 3);
+
+impl Liveness {
+    /// Keeps `est`'s socket as the liveness channel (keepalive on).
+    pub fn new(est: Established) -> Result<Liveness> {
+        let (idle, intvl, cnt) = LIVENESS_KEEPALIVE;
+        set_keepalive(&est.stream, idle, intvl, cnt)
+            .map_err(|e| Error::io("TCP keepalive on the handshake socket", e))?;
+        Ok(Liveness {
+            stream: est.stream,
+            peer: est.peer,
+            next_check: Instant::now(),
+            closed_since: None,
+        })
+    }
+
+    /// The peer's handshake address.
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// `Err` once the peer is known to be gone; cheap (a clock read) between checks.
+    pub fn check(&mut self) -> Result<()> {
+        self.check_at(Instant::now())
+    }
+
+    /// [`Liveness::check`] at `now`.
+    pub fn check_at(&mut self, now: Instant) -> Result<()> {
+        if now < self.next_check {
+            return Ok(());
+        }
+        self.next_check = now + LIVENESS_CHECK_EVERY;
+        let gone = |why: String| {
+            Err(Error::Remote(format!(
+                "the peer at {} is gone: {why} on the connection's handshake socket (its process exited or its host is unreachable)",
+                self.peer
+            )))
+        };
+        match peer_state(&self.stream) {
+            Ok(PeerState::Quiet) => Ok(()),
+            Ok(PeerState::Data) => {
+                // Nothing is due on this socket; drop what came so an end of stream behind it shows.
+                let mut scratch = [0u8; 512];
+                let _ = crate::sys::socket::recv_slice(&self.stream, &mut scratch);
+                Ok(())
+            }
+            Ok(PeerState::Closed) => {
+                let since = *self.closed_since.get_or_insert(now);
+                if now.saturating_duration_since(since) >= LIVENESS_GRACE {
+                    gone("end of stream".into())
+                } else {
+                    Ok(())
+                }
+            }
+            Err(e) => gone(e.to_string()),
         }
     }
 }
@@ -465,6 +586,29 @@ impl Incoming {
                     }));
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Security review finding 16: running out of descriptors, buffers or memory on `accept` was
+    /// fatal to the listen comm; it is retried now, other errors still fail it.
+    #[test]
+    fn out_of_resources_on_accept_is_transient() {
+        for e in [libc::EMFILE, libc::ENFILE, libc::ENOBUFS, libc::ENOMEM] {
+            assert!(
+                transient_accept_error(&io::Error::from_raw_os_error(e)),
+                "{e}"
+            );
+        }
+        for e in [libc::EBADF, libc::EINVAL, libc::ENOTSOCK] {
+            assert!(
+                !transient_accept_error(&io::Error::from_raw_os_error(e)),
+                "{e}"
+            );
         }
     }
 }

@@ -5,21 +5,41 @@
 //! Sans-IO, like the connector: no socket, no clock. The listener keeps each pending connection's
 //! driver handle `C` (the socket in `io.rs`, a test's pipe) without touching it, so that the policy
 //! of which connections to keep lives here: [`ListenMachine::admit`] for each new connection,
-//! `check_hello` for each hello.
+//! `check_hello` for each hello. Every client is a stranger until its hello carries the tag of the
+//! listener's nonce (`auth.rs`): before that it learns nothing about this node (a fixed reject), and
+//! what it costs is bounded ([`MAX_PENDING`], [`MAX_PENDING_PER_SOURCE`], [`HELLO_TIMEOUT`], at most
+//! [`super::wire::MAX_PAYLOAD`] bytes buffered each). Limits are stated in docs/security.md.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::collections::VecDeque;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use super::auth::ConnKey;
 use super::frames::Frames;
-use super::wire::{Hello, Message, PathParams, PathRequest, Reply, SideParams};
+use super::wire::{Hello, Message, PathParams, PathRequest, Reply, SideParams, Tag};
 use crate::error::{Error, Result};
 use crate::route::handle::HandleRepr;
 use crate::route::select::{Reach, check_incoming};
-use crate::route::types::{KernelRoute, LocalLink};
+use crate::route::types::{KernelRoute, LinkKind, LocalLink};
+use crate::transport::droplog::DropLog;
 
-/// Incoming connections a listener keeps in progress at once; when full, the oldest is closed to make
-/// room (a real connector finishes its hello within milliseconds, a stuck or hostile one does not).
+/// Incoming connections a listener keeps in progress at once. When full, a NEW connection is
+/// refused (closed at once): one already admitted, a real connector whose hello is on its way among
+/// them, is never evicted by later ones. Each waits at most [`HELLO_TIMEOUT`].
 pub const MAX_PENDING: usize = 32;
+/// Incoming connections in progress from one source IP address: a flood from one host cannot use
+/// up [`MAX_PENDING`]. A real peer has one connection per listener (NCCL accepts one per listen
+/// comm), a retry at most a second.
+pub const MAX_PENDING_PER_SOURCE: usize = 4;
+/// Longest a connection may take to deliver a valid hello (a real connector sends it as soon as its
+/// TCP connection is up): shorter when `NCCL_SWITCHLESS_CONNECT_TIMEOUT` is.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connector nonces remembered against replays (oldest forgotten first).
+pub const MAX_SEEN_NONCES: usize = 1024;
+
+/// What a client that has not shown the listener's nonce is told: nothing about this node.
+pub const UNAUTHENTICATED: &str = "hello not authenticated by this listener's nonce (a stale handle, \
+                                   or another listener on a reused port)";
 
 /// What the acceptor checks incoming paths against: this node's links and kernel routes.
 #[derive(Debug, Clone, Default)]
@@ -56,7 +76,22 @@ struct Pending<C> {
 enum Advance {
     Keep,
     Drop,
-    Hello(Hello, Vec<AcceptedPath>),
+    Hello(Box<Hello>, Vec<AcceptedPath>, ConnKey),
+}
+
+/// Why a hello was refused: what the client is told, and what this node logs.
+struct Refusal {
+    public: String,
+    local: String,
+}
+
+impl Refusal {
+    fn both(s: String) -> Refusal {
+        Refusal {
+            public: s.clone(),
+            local: s,
+        }
+    }
 }
 
 /// The listening side: every connection in progress and the wait for the first valid one.
@@ -66,23 +101,32 @@ pub struct ListenMachine<C> {
     port: u16,
     nonce: u64,
     view: AcceptorView,
-    timeout: Duration,
+    /// `None`: no deadline on an accepted connection's steps (NCCL has none).
+    timeout: Option<Duration>,
     pending: Vec<Pending<C>>,
-    /// Set on the first poll: no valid hello by then is an error.
-    deadline: Option<Instant>,
+    /// Connector nonces of hellos that were authenticated, newest last.
+    seen: VecDeque<u64>,
+    drops: DropLog,
 }
 
 impl<C> ListenMachine<C> {
-    /// A listener on `port` whose handle carries `nonce`; `timeout` bounds each incoming handshake
-    /// and the wait for the first valid connector (counted from the first poll or admission).
-    pub fn new(port: u16, nonce: u64, view: AcceptorView, timeout: Duration) -> Self {
+    /// A listener on `port` whose handle carries `nonce`; `timeout` (`None`: unlimited) bounds each
+    /// step of an accepted connection. A listener itself never times out: it waits for its connector
+    /// as long as NCCL keeps calling `accept`.
+    pub fn new(
+        port: u16,
+        nonce: u64,
+        view: AcceptorView,
+        timeout: impl Into<Option<Duration>>,
+    ) -> Self {
         ListenMachine {
             port,
             nonce,
             view,
-            timeout,
+            timeout: timeout.into(),
             pending: Vec::new(),
-            deadline: None,
+            seen: VecDeque::new(),
+            drops: DropLog::default(),
         }
     }
 
@@ -101,33 +145,58 @@ impl<C> ListenMachine<C> {
         self.pending.len()
     }
 
+    /// Drops counted but not logged (the rate limit of the drop warnings).
+    pub fn unlogged_drops(&self) -> u64 {
+        self.drops.suppressed()
+    }
+
+    fn hello_timeout(&self) -> Duration {
+        self.timeout.map_or(HELLO_TIMEOUT, |t| t.min(HELLO_TIMEOUT))
+    }
+
+    fn drop_warn(&mut self, now: Instant, peer: SocketAddr, what: &str) {
+        if let Some(line) = self.drops.note(now, peer.ip(), what) {
+            tracing::warn!(%peer, "handshake: {line}");
+        }
+    }
+
     /// A new connection from `peer`; `io` is the driver's handle for it. Every connection comes in
-    /// here, so a per-connection admission rule belongs here too. The rule today is the cap: with
-    /// [`MAX_PENDING`] in progress, the oldest is evicted and returned for the driver to close.
-    #[must_use = "the evicted connection is to be closed"]
+    /// here, so the admission rule lives here: with [`MAX_PENDING`] in progress, or
+    /// [`MAX_PENDING_PER_SOURCE`] from `peer`'s address, the new connection is refused and returned
+    /// for the driver to close (the ones in progress keep their place).
+    #[must_use = "a refused connection is to be closed"]
     pub fn admit(&mut self, now: Instant, io: C, peer: SocketAddr) -> Option<C> {
-        self.arm(now);
-        let evicted = if self.pending.len() >= MAX_PENDING {
-            (0..self.pending.len())
-                .min_by_key(|&i| self.pending[i].deadline)
-                .map(|oldest| {
-                    let old = self.pending.swap_remove(oldest);
-                    tracing::warn!(peer = %old.peer, "handshake: {MAX_PENDING} connections pending; closing the oldest");
-                    old.io
-                })
+        let from_source = self
+            .pending
+            .iter()
+            .filter(|p| p.peer.ip() == peer.ip())
+            .count();
+        let full = if self.pending.len() >= MAX_PENDING {
+            Some(format!(
+                "refused a connection: {MAX_PENDING} connections already wait for their hello"
+            ))
+        } else if from_source >= MAX_PENDING_PER_SOURCE {
+            Some(format!(
+                "refused a connection: {MAX_PENDING_PER_SOURCE} connections from this address already wait for their hello"
+            ))
         } else {
             None
         };
+        if let Some(why) = full {
+            self.drop_warn(now, peer, &why);
+            return Some(io);
+        }
         let mut frames = Frames::default();
         frames.expect_frame();
+        let deadline = now + self.hello_timeout();
         self.pending.push(Pending {
             io,
             peer,
             frames,
-            deadline: now + self.timeout,
+            deadline,
             rejecting: false,
         });
-        evicted
+        None
     }
 
     /// Every connection in progress with its bytes, for the driver to move.
@@ -135,21 +204,17 @@ impl<C> ListenMachine<C> {
         self.pending.iter_mut().map(|p| (&mut p.io, &mut p.frames))
     }
 
-    /// When [`ListenMachine::poll`] must run again even if no byte moves.
+    /// When [`ListenMachine::poll`] must run again even if no byte moves (`None` with nothing in
+    /// progress: then only a new connection moves it).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.pending
-            .iter()
-            .map(|p| p.deadline)
-            .chain(self.deadline)
-            .min()
+        self.pending.iter().map(|p| p.deadline).min()
     }
 
-    /// Advances every pending connection. Returns the first whose hello is valid and whose paths
-    /// all check out, with its driver handle; bad ones are logged and dropped (after a reject
-    /// message when the peer speaks the protocol). Errors only when no valid hello arrived within
-    /// the timeout.
+    /// Advances every pending connection. Returns the first whose hello is authenticated and whose
+    /// paths all check out, with its driver handle; bad ones are logged (rate-limited) and dropped,
+    /// after a reject message when the peer speaks the protocol. Never fails: a stranger's
+    /// connection is that connection's problem only.
     pub fn poll(&mut self, now: Instant) -> Result<Option<(C, AcceptMachine)>> {
-        let deadline = self.arm(now);
         let mut i = 0;
         while i < self.pending.len() {
             match self.advance(i, now) {
@@ -157,36 +222,35 @@ impl<C> ListenMachine<C> {
                 Advance::Drop => {
                     self.pending.swap_remove(i);
                 }
-                Advance::Hello(hello, paths) => {
+                Advance::Hello(hello, paths, key) => {
                     let p = self.pending.swap_remove(i);
-                    // Each valid connection restarts the wait for the next one.
-                    self.deadline = Some(now + self.timeout);
-                    let m = AcceptMachine::new(now, p.peer, p.frames, hello, paths, self.timeout);
+                    self.remember(hello.nonce);
+                    let m =
+                        AcceptMachine::new(now, p.peer, p.frames, *hello, paths, key, self.timeout);
                     return Ok(Some((p.io, m)));
                 }
             }
         }
-        if now >= deadline {
-            return Err(Error::Timeout(format!(
-                "no valid connection reached listening port {} within {} ms ({} in progress): the peer never connected or could not route here; check its log",
-                self.port,
-                self.timeout.as_millis(),
-                self.pending.len()
-            )));
-        }
         Ok(None)
     }
 
-    fn arm(&mut self, now: Instant) -> Instant {
-        *self.deadline.get_or_insert(now + self.timeout)
+    fn remember(&mut self, conn_nonce: u64) {
+        if self.seen.len() >= MAX_SEEN_NONCES {
+            self.seen.pop_front();
+        }
+        self.seen.push_back(conn_nonce);
     }
 
     fn advance(&mut self, i: usize, now: Instant) -> Advance {
-        let timeout = self.timeout;
+        let hello_timeout = self.hello_timeout();
         let p = &mut self.pending[i];
         let peer = p.peer;
         if now >= p.deadline {
-            tracing::warn!(%peer, "handshake: dropped a connection that sent no valid hello within {} ms", timeout.as_millis());
+            let what = format!(
+                "dropped a connection that sent no valid hello within {} ms",
+                hello_timeout.as_millis()
+            );
+            self.drop_warn(now, peer, &what);
             return Advance::Drop;
         }
         if p.rejecting {
@@ -199,23 +263,31 @@ impl<C> ListenMachine<C> {
             };
         }
         if let Some(f) = p.frames.take_fault() {
-            tracing::warn!(%peer, "handshake: dropped connection: {}", f.into_error("connector", "reading its hello"));
+            let what = format!(
+                "dropped connection: {}",
+                f.into_error("connector", "reading its hello")
+            );
+            self.drop_warn(now, peer, &what);
             return Advance::Drop;
         }
         let hello = match p.frames.take_frame() {
             None => return Advance::Keep,
             Some(Message::Hello(h)) => h,
             Some(other) => {
-                tracing::warn!(%peer, "handshake: dropped a connection that sent {} instead of a hello", other.name());
+                let what = format!(
+                    "dropped a connection that sent {} instead of a hello",
+                    other.name()
+                );
+                self.drop_warn(now, peer, &what);
                 return Advance::Drop;
             }
         };
-        match check_hello(self.nonce, &self.view, &hello) {
-            Ok(paths) => Advance::Hello(hello, paths),
-            Err(reason) => {
+        match check_hello(self.nonce, &self.view, &self.seen, &hello, peer) {
+            Ok((paths, key)) => Advance::Hello(Box::new(hello), paths, key),
+            Err(r) => {
+                self.drop_warn(now, peer, &format!("rejected connection: {}", r.local));
                 let p = &mut self.pending[i];
-                tracing::warn!(%peer, "handshake: rejected connection: {reason}");
-                if p.frames.queue(&Message::Reject(reason)).is_err() {
+                if p.frames.queue(&Message::Reject(r.public)).is_err() {
                     return Advance::Drop;
                 }
                 p.rejecting = true;
@@ -225,21 +297,40 @@ impl<C> ListenMachine<C> {
     }
 }
 
-/// Whether a hello may go on: its nonce is this listener's and every path checks out on this node.
-/// The reason, when not, goes back to the connector.
+/// The RoCE v2 GID of an IPv4 address: `::ffff:a.b.c.d`.
+pub fn ipv4_mapped_gid(a: Ipv4Addr) -> [u8; 16] {
+    a.to_ipv6_mapped().octets()
+}
+
+/// Whether a hello may go on: it is authenticated by `nonce` and not seen before, every path checks
+/// out on this node, each RoCE path's GID is its connector address, and the connection comes from
+/// where the hello says. Until the tag checks out, the client is told nothing else.
 fn check_hello(
     nonce: u64,
     view: &AcceptorView,
+    seen: &VecDeque<u64>,
     hello: &Hello,
-) -> std::result::Result<Vec<AcceptedPath>, String> {
-    if hello.nonce != nonce {
-        return Err(format!(
-            "nonce {:#x} does not match this listener's {nonce:#x} (stale handle or a different listener on a reused port)",
+    peer: SocketAddr,
+) -> std::result::Result<(Vec<AcceptedPath>, ConnKey), Refusal> {
+    let key = ConnKey::derive(nonce, hello.nonce);
+    if !key.check_hello(hello) {
+        return Err(Refusal {
+            public: UNAUTHENTICATED.to_string(),
+            local: format!(
+                "hello from {peer} is not authenticated by this listener's nonce (connector nonce {:#x}): a stale handle, another listener on a reused port, or a stranger",
+                hello.nonce
+            ),
+        });
+    }
+    if seen.contains(&hello.nonce) {
+        return Err(Refusal::both(format!(
+            "connector nonce {:#x} was used before: a replayed hello",
             hello.nonce
-        ));
+        )));
     }
     let mut paths = Vec::with_capacity(hello.paths.len());
     for (n, (req, par)) in hello.paths.iter().zip(&hello.params.paths).enumerate() {
+        let what = || format!("path {n} ({} -> {})", req.connector.addr(), req.acceptor);
         let l = check_incoming(
             &view.links,
             &view.routes,
@@ -248,20 +339,63 @@ fn check_hello(
             req.kind,
             view.reach,
         )
-        .map_err(|reason| {
-            format!(
-                "path {n} ({} -> {}): {reason}",
-                req.connector.addr(),
-                req.acceptor
-            )
-        })?;
+        .map_err(|reason| Refusal::both(format!("{}: {reason}", what())))?;
+        if req.kind == LinkKind::Roce && par.gid != ipv4_mapped_gid(req.connector.addr()) {
+            return Err(Refusal::both(format!(
+                "{}: RoCE GID {} is not the connector address's IPv4-mapped GID ::ffff:{}",
+                what(),
+                std::net::Ipv6Addr::from(par.gid),
+                req.connector.addr()
+            )));
+        }
         paths.push(AcceptedPath {
             local: l.clone(),
             request: *req,
             peer_params: par.clone(),
         });
     }
-    Ok(paths)
+    check_source(view, hello, peer).map_err(Refusal::both)?;
+    Ok((paths, key))
+}
+
+/// The connection must come from where the hello says: from one of its connector addresses whenever
+/// it comes from inside one of this node's link subnets (a cable's far end, or this host); from
+/// elsewhere (the handle's control address over a management network) only when the tag is right,
+/// which the caller checked first.
+fn check_source(
+    view: &AcceptorView,
+    hello: &Hello,
+    peer: SocketAddr,
+) -> std::result::Result<(), String> {
+    let IpAddr::V4(src) = peer.ip() else {
+        return Err(format!(
+            "connection from {peer}: only IPv4 connectors are accepted"
+        ));
+    };
+    let claimed: Vec<Ipv4Addr> = hello.paths.iter().map(|p| p.connector.addr()).collect();
+    if claimed.contains(&src) {
+        return Ok(());
+    }
+    let on_link = view
+        .links
+        .iter()
+        .find(|l| l.addr.contains(&src) || (src.is_loopback() && l.addr.addr().is_loopback()));
+    match on_link {
+        Some(l) => Err(format!(
+            "connection from {src}, inside the subnet of {} {}, but the hello claims connector address(es) {}",
+            l.netdev,
+            l.addr,
+            claimed
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+        None if src.is_loopback() || src.is_unspecified() => Err(format!(
+            "connection from {src}, which is not a connector address of the hello"
+        )),
+        None => Ok(()),
+    }
 }
 
 /// What [`AcceptMachine::poll`] reports.
@@ -291,10 +425,12 @@ pub struct AcceptMachine {
     who: String,
     hello: Hello,
     paths: Vec<AcceptedPath>,
+    key: ConnKey,
     frames: Frames,
     state: IState,
-    deadline: Instant,
-    timeout: Duration,
+    /// `None`: no deadline (the default, as NCCL has none).
+    deadline: Option<Instant>,
+    timeout: Option<Duration>,
     reject_reason: Option<String>,
 }
 
@@ -305,19 +441,26 @@ impl AcceptMachine {
         frames: Frames,
         hello: Hello,
         paths: Vec<AcceptedPath>,
-        timeout: Duration,
+        key: ConnKey,
+        timeout: Option<Duration>,
     ) -> Self {
         AcceptMachine {
             peer,
             who: format!("connector {peer}"),
             hello,
             paths,
+            key,
             frames,
             state: IState::AwaitCaller,
-            deadline: now + timeout,
+            deadline: timeout.map(|t| now + t),
             timeout,
             reject_reason: None,
         }
+    }
+
+    /// The hello's tag (what the reply's tag is bound to).
+    pub fn hello_tag(&self) -> Tag {
+        self.hello.tag
     }
 
     /// The connector's TCP address.
@@ -352,12 +495,15 @@ impl AcceptMachine {
                 self.paths.len()
             )));
         }
-        self.frames.queue(&Message::Reply(Reply {
+        let mut reply = Reply {
             nonce: self.hello.nonce,
             params: mine,
-        }))?;
+            tag: [0; super::wire::TAG_LEN],
+        };
+        reply.tag = self.key.reply_tag(&self.hello.tag, &reply)?;
+        self.frames.queue(&Message::Reply(reply))?;
         self.state = IState::SendReply;
-        self.deadline = now + self.timeout;
+        self.deadline = self.timeout.map(|t| now + t);
         Ok(())
     }
 
@@ -372,7 +518,7 @@ impl AcceptMachine {
         self.frames.queue(&Message::Reject(reason.to_string()))?;
         self.reject_reason = Some(reason.to_string());
         self.state = IState::SendReject;
-        self.deadline = now + self.timeout;
+        self.deadline = self.timeout.map(|t| now + t);
         Ok(())
     }
 
@@ -380,7 +526,7 @@ impl AcceptMachine {
     /// has to respond, or when finished).
     pub fn poll_timeout(&self) -> Option<Instant> {
         match self.state {
-            IState::SendReply | IState::AwaitReady | IState::SendReject => Some(self.deadline),
+            IState::SendReply | IState::AwaitReady | IState::SendReject => self.deadline,
             IState::AwaitCaller | IState::Finished => None,
         }
     }
@@ -396,11 +542,13 @@ impl AcceptMachine {
 
     fn poll_inner(&mut self, now: Instant) -> Result<AcceptEvent> {
         loop {
-            if self.poll_timeout().is_some() && now >= self.deadline {
+            if let Some(d) = self.poll_timeout()
+                && now >= d
+            {
                 return Err(Error::Timeout(format!(
                     "accepting from {}: no progress within {} ms while {} (NCCL_SWITCHLESS_CONNECT_TIMEOUT)",
                     self.who,
-                    self.timeout.as_millis(),
+                    self.timeout.unwrap_or_default().as_millis(),
                     self.step_name()
                 )));
             }

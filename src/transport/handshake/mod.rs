@@ -2,9 +2,12 @@
 //!
 //! Messages (each behind a 12-byte frame header; see [`wire`] and docs/readme/route.md):
 //!
-//! 1. connector → acceptor `Hello`: the listener's nonce, the connector's chosen paths (its address,
-//!    the acceptor's address, kind) and its per-path [`PathParams`] plus opaque `extra` bytes;
-//! 2. acceptor → connector `Reply` with its params for the same paths, or `Reject` with a reason;
+//! 1. connector → acceptor `Hello`: the connector's own nonce, its chosen paths (its address, the
+//!    acceptor's address, kind) and its per-path [`PathParams`] plus opaque `extra` bytes, tagged
+//!    with a key derived from the listener's nonce and the connector's (`auth.rs`; the listener's
+//!    nonce itself never travels);
+//! 2. acceptor → connector `Reply` with its params for the same paths (tagged too), or `Reject` with
+//!    a reason (a fixed one to a client whose hello is not authenticated);
 //! 3. connector → acceptor `Ready` once the connector's QPs are ready to receive (NCCL IB does the same).
 //!
 //! The connector knows its params up front ([`Connector::start`]); the acceptor creates its QPs after
@@ -18,16 +21,21 @@
 //! Tests drive the machines with a virtual clock (`tests/handshake.rs`).
 #![forbid(unsafe_code)]
 
+pub mod auth;
 mod connector;
 mod frames;
 mod io;
 mod listener;
 pub mod wire;
 
-pub use connector::{ConnectEvent, ConnectMachine, TARGET_BUDGET};
+pub use connector::{ConnectEvent, ConnectMachine, LAST_TARGET_WAIT, TARGET_BUDGET};
 pub use frames::Frames;
-pub use io::{AcceptPoll, ConnectPoll, Connector, Established, Incoming, Listener};
+pub use io::{
+    ACCEPTS_PER_POLL, AcceptPoll, ConnectPoll, Connector, Established, Incoming,
+    LIVENESS_CHECK_EVERY, LIVENESS_GRACE, LIVENESS_KEEPALIVE, Listener, Liveness,
+};
 pub use listener::{
-    AcceptEvent, AcceptMachine, AcceptedPath, AcceptorView, ListenMachine, MAX_PENDING,
+    AcceptEvent, AcceptMachine, AcceptedPath, AcceptorView, HELLO_TIMEOUT, ListenMachine,
+    MAX_PENDING, MAX_PENDING_PER_SOURCE, MAX_SEEN_NONCES, UNAUTHENTICATED, ipv4_mapped_gid,
 };
 pub use wire::{Hello, Message, PathParams, PathRequest, Reply, SideParams};

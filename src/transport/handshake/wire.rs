@@ -6,7 +6,7 @@
 //! [`HeaderRepr::emit`]. [`Message`] is the whole frame with [`Message::encode`] and
 //! [`Message::decode`]. Every parse error is an [`Error::Remote`] naming the field and what is accepted.
 //!
-//! Header (all multi-byte integers big-endian): bytes 0..4 magic `SWHS`, 4 version (1), 5 message type
+//! Header (all multi-byte integers big-endian): bytes 0..4 magic `SWHS`, 4 version (2), 5 message type
 //! (1 hello, 2 reply, 3 reject, 4 ready), 6..8 reserved (zero), 8..12 payload length (at most
 //! [`MAX_PAYLOAD`]). The payloads are in docs/readme/route.md.
 
@@ -19,8 +19,13 @@ use crate::route::types::LinkKind;
 
 /// Frame magic, "SWHS".
 pub const MAGIC: [u8; 4] = *b"SWHS";
-/// Protocol version.
-pub const VERSION: u8 = 1;
+/// Protocol version (2: hellos and replies carry a [`TAG_LEN`]-byte authentication tag instead of
+/// the listener's nonce).
+pub const VERSION: u8 = 2;
+/// Bytes of the authentication tag that ends a hello and a reply (see `auth.rs`).
+pub const TAG_LEN: usize = 16;
+/// An authentication tag.
+pub type Tag = [u8; TAG_LEN];
 /// Bytes of the frame header.
 pub const HEADER_LEN: usize = field::LEN.end;
 /// Largest payload accepted (a full hello is under 4 KiB).
@@ -109,18 +114,24 @@ pub struct PathRequest {
 /// Connector → acceptor.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hello {
-    /// Echo of the listener's handle nonce.
+    /// The connector's own random nonce for this connection (not the listener's secret, which never
+    /// travels): with the listener's nonce it derives the connection's key.
     pub nonce: u64,
     pub paths: Vec<PathRequest>,
     /// `params.paths.len() == paths.len()`.
     pub params: SideParams,
+    /// Keyed hash of the rest of the payload under the connection's key (see `auth.rs`).
+    pub tag: Tag,
 }
 
 /// Acceptor → connector on success.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {
+    /// Echo of the hello's (connector's) nonce.
     pub nonce: u64,
     pub params: SideParams,
+    /// Keyed hash of the hello's tag and the rest of this payload under the connection's key.
+    pub tag: Tag,
 }
 
 /// A handshake message.
@@ -336,6 +347,11 @@ impl<'a> Reader<'a> {
         }
         self.take(n, what)
     }
+    fn tag(&mut self) -> Result<Tag> {
+        let mut t = [0u8; TAG_LEN];
+        t.copy_from_slice(self.take(TAG_LEN, "authentication tag")?);
+        Ok(t)
+    }
     fn finish(&self) -> Result<()> {
         if self.pos != self.b.len() {
             return Err(bad(format!(
@@ -438,6 +454,55 @@ fn check_paths(n: usize) -> Result<()> {
     Ok(())
 }
 
+impl Hello {
+    /// The payload the tag covers: everything before it.
+    pub fn body(&self) -> Result<Vec<u8>> {
+        let mut v = Vec::new();
+        self.write_body(&mut v)?;
+        Ok(v)
+    }
+
+    fn write_body(&self, p: &mut Vec<u8>) -> Result<()> {
+        check_paths(self.paths.len())?;
+        if self.params.paths.len() != self.paths.len() {
+            return Err(Error::InvalidArgument(format!(
+                "hello has {} paths but {} path params",
+                self.paths.len(),
+                self.params.paths.len()
+            )));
+        }
+        p.extend_from_slice(&self.nonce.to_be_bytes());
+        p.push(self.paths.len() as u8);
+        for (req, par) in self.paths.iter().zip(&self.params.paths) {
+            p.extend_from_slice(&req.connector.addr().octets());
+            p.push(req.connector.prefix_len());
+            p.extend_from_slice(&req.acceptor.octets());
+            p.push(kind_byte(req.kind));
+            write_params(p, par)?;
+        }
+        write_bytes16(p, &self.params.extra, MAX_EXTRA, "extra")
+    }
+}
+
+impl Reply {
+    /// The payload the tag covers: everything before it.
+    pub fn body(&self) -> Result<Vec<u8>> {
+        let mut v = Vec::new();
+        self.write_body(&mut v)?;
+        Ok(v)
+    }
+
+    fn write_body(&self, p: &mut Vec<u8>) -> Result<()> {
+        check_paths(self.params.paths.len())?;
+        p.extend_from_slice(&self.nonce.to_be_bytes());
+        p.push(self.params.paths.len() as u8);
+        for par in &self.params.paths {
+            write_params(p, par)?;
+        }
+        write_bytes16(p, &self.params.extra, MAX_EXTRA, "extra")
+    }
+}
+
 impl Message {
     /// The message as errors name it ("a hello", ..., "ready").
     pub fn name(&self) -> &'static str {
@@ -466,33 +531,12 @@ impl Message {
         let p = &mut out;
         match self {
             Message::Hello(h) => {
-                check_paths(h.paths.len())?;
-                if h.params.paths.len() != h.paths.len() {
-                    return Err(Error::InvalidArgument(format!(
-                        "hello has {} paths but {} path params",
-                        h.paths.len(),
-                        h.params.paths.len()
-                    )));
-                }
-                p.extend_from_slice(&h.nonce.to_be_bytes());
-                p.push(h.paths.len() as u8);
-                for (req, par) in h.paths.iter().zip(&h.params.paths) {
-                    p.extend_from_slice(&req.connector.addr().octets());
-                    p.push(req.connector.prefix_len());
-                    p.extend_from_slice(&req.acceptor.octets());
-                    p.push(kind_byte(req.kind));
-                    write_params(p, par)?;
-                }
-                write_bytes16(p, &h.params.extra, MAX_EXTRA, "extra")?;
+                h.write_body(p)?;
+                p.extend_from_slice(&h.tag);
             }
             Message::Reply(r) => {
-                check_paths(r.params.paths.len())?;
-                p.extend_from_slice(&r.nonce.to_be_bytes());
-                p.push(r.params.paths.len() as u8);
-                for par in &r.params.paths {
-                    write_params(p, par)?;
-                }
-                write_bytes16(p, &r.params.extra, MAX_EXTRA, "extra")?;
+                r.write_body(p)?;
+                p.extend_from_slice(&r.tag);
             }
             Message::Reject(reason) => {
                 // Truncate on a character boundary rather than fail: the reason is for humans.
@@ -566,6 +610,7 @@ impl Message {
                     params.push(read_params(&mut r, i)?);
                 }
                 let extra = r.bytes16("extra length", MAX_EXTRA)?.to_vec();
+                let tag = r.tag()?;
                 Message::Hello(Hello {
                     nonce,
                     paths,
@@ -573,6 +618,7 @@ impl Message {
                         paths: params,
                         extra,
                     },
+                    tag,
                 })
             }
             MsgType::Reply => {
@@ -586,12 +632,14 @@ impl Message {
                     params.push(read_params(&mut r, i)?);
                 }
                 let extra = r.bytes16("extra length", MAX_EXTRA)?.to_vec();
+                let tag = r.tag()?;
                 Message::Reply(Reply {
                     nonce,
                     params: SideParams {
                         paths: params,
                         extra,
                     },
+                    tag,
                 })
             }
             MsgType::Reject => {

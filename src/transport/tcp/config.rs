@@ -76,8 +76,10 @@ pub struct TcpConfig {
     pub buffers: BufferPolicy,
     /// Largest frame payload in bytes (default 512 KiB; 64 KiB..=16 MiB).
     pub frame_bytes: usize,
-    /// Deadline for connecting and accepting every stream.
-    pub connect_timeout: Duration,
+    /// Deadline for connecting and accepting every stream; `None`: none (the plugin's default, as
+    /// NCCL has none; a connect to an address that does not answer still fails when the kernel
+    /// gives up on it).
+    pub connect_timeout: Option<Duration>,
     /// I/O worker threads of the process-wide pool (1..=[`MAX_IO_THREADS`]); `None`:
     /// [`default_io_threads`]. Used when the pool starts (its first stream); the config layer maps
     /// `NCCL_SWITCHLESS_TCP_THREADS` here.
@@ -91,7 +93,7 @@ impl Default for TcpConfig {
             rtt_us: 100,
             buffers: BufferPolicy::Auto,
             frame_bytes: 512 * 1024,
-            connect_timeout: Duration::from_secs(10),
+            connect_timeout: Some(Duration::from_secs(10)),
             io_threads: None,
         }
     }

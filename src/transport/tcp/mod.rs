@@ -44,6 +44,7 @@ pub use pool::io_threads;
 pub use setup::{
     MAX_PENDING_STREAMS, TcpAcceptor, TcpConnector, TcpPathSpec, listen, listen_at, loopback_pair,
 };
+pub use stream::{MAX_BUFFERED_CTRL, MAX_OUT_OF_ORDER};
 
 /// Writes up to this many bytes are copied when posted and sent as one frame.
 pub const COPY_AT_POST_BYTES: usize = 4096;
@@ -59,7 +60,6 @@ pub struct TcpFabric {
     io: Vec<Vec<pool::StreamHandle>>,
     ctrl: Vec<Arc<AtomicWords>>,
     tokens: HashMap<u64, u32>,
-    next_key: u32,
     next_token: u64,
     frame_bytes: usize,
     shut: bool,
@@ -114,17 +114,26 @@ impl TcpFabric {
         })
     }
 
+    /// A fresh key: 32 random bits (`getrandom`) per registration, so one key the peer sees (a CTS
+    /// rkey, the records key) tells nothing about the others; never 0, never one in use.
     fn new_key(&mut self) -> Result<u32> {
         loop {
-            self.next_key = self
-                .next_key
-                .wrapping_mul(0x9e37_79b9)
-                .wrapping_add(0x7f4a_7c15);
-            let k = self.next_key;
+            let mut b = [0u8; 4];
+            getrandom::fill(&mut b).map_err(|e| {
+                Error::System(format!("reading random bytes for a TCP memory key: {e}"))
+            })?;
+            let k = u32::from_ne_bytes(b);
             if k != 0 && !self.sh.regs()?.contains_key(&k) {
                 return Ok(k);
             }
         }
+    }
+
+    /// Refuses the peer's writes into data registrations from now on (a sending endpoint: its data
+    /// registrations are send buffers; the peer writes only its control memory). A write there
+    /// fails the path as a remote access error.
+    pub fn refuse_peer_data_writes(&self) {
+        self.sh.peer_data_writes.store(false, Ordering::Relaxed);
     }
 
     fn add_reg(&mut self, mem: RegMem) -> Result<Registration> {
@@ -397,6 +406,22 @@ impl Fabric for TcpFabric {
         let mut cq = p.cq()?;
         let n = max.min(cq.len());
         out.extend(cq.drain(..n));
+        if n == 0 {
+            drop(cq);
+            // The peer closed every stream in order and what landed is taken: receives still posted
+            // can never complete (whatever flags the close frames had), so they fail now and the
+            // next poll reports them.
+            let closed = {
+                let rx = p.rx()?;
+                rx.peer_closed && !rx.error
+            };
+            if closed && !self.sh.stop.load(Ordering::Relaxed) {
+                p.fail_rx(
+                    "the peer closed every stream; receives still posted cannot complete",
+                    false,
+                );
+            }
+        }
         Ok(n)
     }
 

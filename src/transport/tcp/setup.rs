@@ -6,7 +6,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -19,6 +19,7 @@ use super::pool;
 use super::state::{PathShared, RxState, Shared, StreamShared, TxQueue, TxState};
 use crate::error::{Error, Result};
 use crate::sys::socket as rawmem;
+use crate::transport::droplog::DropLog;
 use crate::transport::fabric::{Fabric, PathInfo, PathRole};
 
 /// One TCP path as the route layer chose it.
@@ -27,7 +28,7 @@ pub struct TcpPathSpec {
     /// The local link address every stream binds to (so the kernel sends over that link's netdev).
     pub local: IpAddr,
     /// Connector: the peer's listener (its link address and port). Acceptor: the peer's link address
-    /// (the port is ignored); accepted streams must come from it unless it is unspecified.
+    /// (the port is ignored); accepted streams must come from it (an unspecified address is refused).
     pub remote: SocketAddr,
     /// Link speed, Mb/s (0: unknown). Stripe weight and default stream count.
     pub speed_mbps: u64,
@@ -126,18 +127,14 @@ impl TcpFabric {
             stop: AtomicBool::new(false),
             paths: shared,
             regs: RwLock::new(HashMap::new()),
+            peer_data_writes: AtomicBool::new(true),
         });
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.subsec_nanos())
-            | 1;
         let mut fab = TcpFabric {
             sh: Arc::clone(&sh),
             paths,
             io: Vec::new(),
             ctrl: Vec::new(),
             tokens: HashMap::new(),
-            next_key: seed,
             next_token: 0,
             frame_bytes: cfg.frame_bytes,
             shut: false,
@@ -186,8 +183,11 @@ impl TcpFabric {
         }
         self.ctrl.append(&mut pre.ctrl);
         self.tokens = std::mem::take(&mut pre.tokens);
-        self.next_key = pre.next_key;
         self.next_token = pre.next_token;
+        self.sh.peer_data_writes.store(
+            pre.sh.peer_data_writes.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
         for (old, new) in pre.sh.paths.iter().zip(&self.sh.paths) {
             let recvs = std::mem::take(&mut old.rx()?.recvs);
             new.rx()?.recvs.extend(recvs);
@@ -198,7 +198,7 @@ impl TcpFabric {
     }
 
     /// Connects every path and waits for the acceptor: [`TcpConnector::start`] then
-    /// [`TcpConnector::poll`] until done (at most [`TcpConfig::connect_timeout`]).
+    /// [`TcpConnector::poll`] until done (bounded by [`TcpConfig::connect_timeout`] when set).
     pub fn connect(specs: &[TcpPathSpec], nonce: u64, cfg: &TcpConfig) -> Result<TcpFabric> {
         let mut c = TcpConnector::start(specs, nonce, cfg)?;
         loop {
@@ -209,8 +209,8 @@ impl TcpFabric {
         }
     }
 
-    /// Accepts every path's streams: [`TcpAcceptor::new`] then [`TcpAcceptor::poll`] until done (at
-    /// most [`TcpConfig::connect_timeout`]).
+    /// Accepts every path's streams: [`TcpAcceptor::new`] then [`TcpAcceptor::poll`] until done
+    /// (bounded by [`TcpConfig::connect_timeout`] when set).
     pub fn accept(
         listeners: &[TcpListener],
         specs: &[TcpPathSpec],
@@ -228,29 +228,128 @@ impl TcpFabric {
 }
 
 /// The connecting side of a TCP connection set-up, driven without blocking (NCCL calls `connect`
-/// again and again): [`TcpConnector::start`] opens every stream (the TCP three-way handshake is done
-/// by the peer's kernel, so it needs no help from the peer's application; an unreachable peer fails
-/// here at once) and sends each stream's hello; [`TcpConnector::poll`] collects the acceptor's
-/// acknowledgements and returns the fabric when all have arrived.
+/// again and again): [`TcpConnector::start`] starts a non-blocking TCP connect for every stream (an
+/// address that fails at once, unreachable or not configured here, fails here); each
+/// [`TcpConnector::poll`] finishes the connects that completed, sends each stream's hello, collects
+/// the acceptor's acknowledgements and returns the fabric when all have arrived. No call waits on
+/// the network.
 pub struct TcpConnector {
     specs: Vec<TcpPathSpec>,
     cfg: TcpConfig,
-    /// Per path, per stream: the socket and the acknowledgement bytes received so far.
-    socks: Vec<Vec<(TcpStream, [u8; ACK_LEN], usize)>>,
-    deadline: Instant,
+    /// Per path, per stream.
+    socks: Vec<Vec<OutStream>>,
+    deadline: Option<Instant>,
     pre: Option<TcpFabric>,
 }
 
+/// One stream of a [`TcpConnector`].
+struct OutStream {
+    /// `TCP path P stream S: connecting from L to R`, for errors.
+    what: String,
+    /// `TCP path P stream S to R`, for errors after the connect.
+    ctx: String,
+    hello: [u8; HELLO_LEN],
+    state: OutState,
+}
+
+enum OutState {
+    /// The TCP handshake is under way.
+    Connecting(Socket),
+    /// Connected; `sent` bytes of the hello are out.
+    Hello { sock: TcpStream, sent: usize },
+    /// The hello is out; `got` bytes of the acknowledgement are in.
+    Ack {
+        sock: TcpStream,
+        ack: [u8; ACK_LEN],
+        got: usize,
+    },
+    /// Taken (the fabric is built, or a step failed).
+    Gone,
+}
+
+impl OutStream {
+    /// Advances without blocking; `Ok(true)` once acknowledged.
+    fn poll(&mut self) -> Result<bool> {
+        loop {
+            match std::mem::replace(&mut self.state, OutState::Gone) {
+                OutState::Connecting(sock) => match connect_status(&sock) {
+                    Ok(false) => {
+                        self.state = OutState::Connecting(sock);
+                        return Ok(false);
+                    }
+                    Ok(true) => {
+                        self.state = OutState::Hello {
+                            sock: sock.into(),
+                            sent: 0,
+                        }
+                    }
+                    Err(e) => return Err(connect_error(&self.what, &e)),
+                },
+                OutState::Hello { sock, mut sent } => {
+                    while sent < HELLO_LEN {
+                        match rawmem::send_slice(&sock, &self.hello[sent..], false) {
+                            Ok(n) => sent += n,
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                                self.state = OutState::Hello { sock, sent };
+                                return Ok(false);
+                            }
+                            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                            Err(e) => {
+                                return Err(Error::io(
+                                    format!("{}: sending the stream hello", self.what),
+                                    e,
+                                ));
+                            }
+                        }
+                    }
+                    self.state = OutState::Ack {
+                        sock,
+                        ack: [0; ACK_LEN],
+                        got: 0,
+                    };
+                }
+                OutState::Ack {
+                    sock,
+                    mut ack,
+                    mut got,
+                } => {
+                    let done =
+                        read_ack(&sock, &mut ack, &mut got).map_err(|e| e.context(&self.ctx))?;
+                    if done {
+                        Ack::new_checked(&ack[..])
+                            .and_then(|a| AckRepr::parse(&a))
+                            .map_err(|e| e.context(&self.ctx))?;
+                    }
+                    self.state = OutState::Ack { sock, ack, got };
+                    return Ok(done);
+                }
+                OutState::Gone => {
+                    return Err(Error::Internal(format!(
+                        "{}: stream used after it failed",
+                        self.what
+                    )));
+                }
+            }
+        }
+    }
+
+    fn into_stream(self) -> Option<TcpStream> {
+        match self.state {
+            OutState::Ack { sock, .. } => Some(sock),
+            _ => None,
+        }
+    }
+}
+
 impl TcpConnector {
-    /// Connects `streams` TCP connections per path (from [`TcpConfig::streams`] or
-    /// [`streams_for_speed`]), each bound to `spec.local` and connected to `spec.remote`, and
-    /// announces each with `nonce` (the value the acceptor expects, from the handshake), the path
-    /// index and the stream count. Blocks only for the TCP handshakes (bounded by
-    /// [`TcpConfig::connect_timeout`]).
+    /// Starts `streams` TCP connections per path (from [`TcpConfig::streams`] or
+    /// [`streams_for_speed`]), each bound to `spec.local` and connecting to `spec.remote` without
+    /// waiting; each is announced with `nonce` (the value the acceptor expects, from the handshake),
+    /// the path index and the stream count once connected.
     pub fn start(specs: &[TcpPathSpec], nonce: u64, cfg: &TcpConfig) -> Result<TcpConnector> {
         cfg.check()?;
         check_specs(specs)?;
-        let deadline = Instant::now() + cfg.connect_timeout;
+        let deadline = cfg.connect_timeout.map(|t| Instant::now() + t);
         let mut all = Vec::with_capacity(specs.len());
         for (i, spec) in specs.iter().enumerate() {
             let n = cfg
@@ -271,8 +370,7 @@ impl TcpConnector {
                     stream: byte(s)?,
                     nonce,
                 };
-                let sock = connect_stream(spec, &hello, cfg, deadline)?;
-                socks.push((sock, [0u8; ACK_LEN], 0));
+                socks.push(start_stream(spec, &hello, cfg)?);
             }
             all.push(socks);
         }
@@ -291,37 +389,28 @@ impl TcpConnector {
         self
     }
 
-    /// Reads the acknowledgements that have arrived; `Ok(Some(fabric))` once every stream is
-    /// acknowledged, `Ok(None)` to call again, an error when the acceptor closed a stream (wrong
-    /// nonce or path) or the deadline passed.
+    /// Finishes connects, sends hellos and reads the acknowledgements that have arrived;
+    /// `Ok(Some(fabric))` once every stream is acknowledged, `Ok(None)` to call again, an error when
+    /// a connect failed, the acceptor closed a stream (wrong nonce or path) or the deadline passed.
     pub fn poll(&mut self) -> Result<Option<TcpFabric>> {
         let mut complete = true;
-        for (i, socks) in self.socks.iter_mut().enumerate() {
-            let remote = self.specs[i].remote;
-            for (s, (sock, ack, got)) in socks.iter_mut().enumerate() {
-                if !read_ack(sock, ack, got)
-                    .map_err(|e| e.context(format_args!("TCP path {i} stream {s} to {remote}")))?
-                {
-                    complete = false;
-                    continue;
-                }
-                Ack::new_checked(&ack[..])
-                    .and_then(|a| AckRepr::parse(&a))
-                    .map_err(|e| e.context(format_args!("TCP path {i} stream {s}")))?;
-            }
+        for st in self.socks.iter_mut().flatten() {
+            complete &= st.poll()?;
         }
         if !complete {
-            if Instant::now() >= self.deadline {
+            if let Some(d) = self.deadline
+                && Instant::now() >= d
+            {
                 return Err(Error::Timeout(format!(
                     "TCP connect: the acceptor did not acknowledge every stream within {} ms",
-                    self.cfg.connect_timeout.as_millis()
+                    self.cfg.connect_timeout.unwrap_or_default().as_millis()
                 )));
             }
             return Ok(None);
         }
         let socks = std::mem::take(&mut self.socks)
             .into_iter()
-            .map(|v| v.into_iter().map(|(s, _, _)| s).collect())
+            .map(|v| v.into_iter().filter_map(OutStream::into_stream).collect())
             .collect();
         TcpFabric::from_streams(&self.specs, socks, &self.cfg, "connector", self.pre.take())
             .map(Some)
@@ -365,8 +454,10 @@ pub struct TcpAcceptor {
     slots: Vec<Vec<Option<TcpStream>>>,
     /// Accepted connections whose hello is still arriving.
     pending: Vec<PendingHello>,
-    deadline: Instant,
+    deadline: Option<Instant>,
     pre: Option<TcpFabric>,
+    /// Warnings about refused connections, rate-limited per source.
+    drops: DropLog,
 }
 
 /// An accepted connection whose hello is still arriving.
@@ -416,8 +507,9 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl TcpAcceptor {
     /// Takes one listener per path (from [`listen`]; `listeners[i]` serves path `i`). Streams must
-    /// carry `nonce`, the right path index and count and, unless `specs[path].remote` is
-    /// unspecified, come from the path's peer address; anything else is closed and logged, not fatal.
+    /// come from the path's peer address `specs[path].remote` (which must be set) and carry `nonce`
+    /// and the right path index and count; anything else is closed and logged (rate-limited), not
+    /// fatal.
     pub fn new(
         listeners: &[TcpListener],
         specs: &[TcpPathSpec],
@@ -426,6 +518,16 @@ impl TcpAcceptor {
     ) -> Result<TcpAcceptor> {
         cfg.check()?;
         check_specs(specs)?;
+        if let Some((i, s)) = specs
+            .iter()
+            .enumerate()
+            .find(|(_, s)| s.remote.ip().is_unspecified())
+        {
+            return Err(Error::InvalidArgument(format!(
+                "TCP path {i}: the acceptor's peer address is {}; accepted: the peer's link address (streams from any other source are refused)",
+                s.remote.ip()
+            )));
+        }
         if listeners.len() != specs.len() {
             return Err(Error::InvalidArgument(format!(
                 "{} listeners for {} TCP paths; one listener per path is required",
@@ -451,8 +553,9 @@ impl TcpAcceptor {
             nonce,
             slots: (0..specs.len()).map(|_| Vec::new()).collect(),
             pending: Vec::new(),
-            deadline: Instant::now() + cfg.connect_timeout,
+            deadline: cfg.connect_timeout.map(|t| Instant::now() + t),
             pre: None,
+            drops: DropLog::default(),
         })
     }
 
@@ -463,7 +566,8 @@ impl TcpAcceptor {
     }
 
     /// Accepts what has arrived; `Ok(Some(fabric))` when every path is complete, `Ok(None)` to call
-    /// again, [`Error::Timeout`] (naming the missing streams) after [`TcpConfig::connect_timeout`].
+    /// again, [`Error::Timeout`] (naming the missing streams) after [`TcpConfig::connect_timeout`]
+    /// when one is set.
     pub fn poll(&mut self) -> Result<Option<TcpFabric>> {
         self.accept_new()?;
         let mut k = 0;
@@ -481,7 +585,9 @@ impl TcpAcceptor {
             .iter()
             .all(|s| !s.is_empty() && s.iter().all(Option::is_some));
         if !complete {
-            if Instant::now() >= self.deadline {
+            if let Some(d) = self.deadline
+                && Instant::now() >= d
+            {
                 let missing: Vec<String> = self
                     .slots
                     .iter()
@@ -493,7 +599,7 @@ impl TcpAcceptor {
                     .collect();
                 return Err(Error::Timeout(format!(
                     "accepting TCP streams for {} ms: {}",
-                    self.cfg.connect_timeout.as_millis(),
+                    self.cfg.connect_timeout.unwrap_or_default().as_millis(),
                     missing.join(", ")
                 )));
             }
@@ -508,26 +614,46 @@ impl TcpAcceptor {
     }
 
     /// New connections: checks the peer address, then waits for the hello without blocking.
+    /// Running out of fds, buffers or memory on `accept` is logged and retried on the next poll.
     fn accept_new(&mut self) -> Result<()> {
+        let now = Instant::now();
         for (i, l) in self.listeners.iter().enumerate() {
             loop {
                 let (sock, from) = match l.accept() {
                     Ok(x) => x,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e)
+                        if matches!(
+                            e.raw_os_error(),
+                            Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+                        ) =>
+                    {
+                        let any = IpAddr::from([0, 0, 0, 0]);
+                        let what =
+                            format!("accepting on TCP path {i} failed for now, retried: {e}");
+                        if let Some(line) = self.drops.note(now, any, &what) {
+                            tracing::warn!("NET/switchless: {line}");
+                        }
+                        break;
+                    }
                     Err(e) => return Err(Error::io(format!("accepting on TCP path {i}"), e)),
                 };
                 let want = self.specs[i].remote.ip();
-                if !want.is_unspecified() && from.ip() != want {
-                    tracing::warn!(
-                        "NET/switchless: TCP path {i}: connection from {from} rejected: the path's peer is {want}"
-                    );
-                    continue;
-                }
-                if self.pending.len() >= MAX_PENDING_STREAMS {
-                    tracing::warn!(
-                        "NET/switchless: TCP path {i}: connection from {from} rejected: {MAX_PENDING_STREAMS} connections already wait for their hello"
-                    );
+                let refused = if from.ip() != want {
+                    Some(format!("the path's peer is {want}"))
+                } else if self.pending.len() >= MAX_PENDING_STREAMS {
+                    Some(format!(
+                        "{MAX_PENDING_STREAMS} connections already wait for their hello"
+                    ))
+                } else {
+                    None
+                };
+                if let Some(why) = refused {
+                    let what = format!("TCP path {i}: connection from {from} refused: {why}");
+                    if let Some(line) = self.drops.note(now, from.ip(), &what) {
+                        tracing::warn!("NET/switchless: {line}");
+                    }
                     continue;
                 }
                 self.pending.push(PendingHello {
@@ -536,7 +662,7 @@ impl TcpAcceptor {
                     path: i,
                     buf: [0; HELLO_LEN],
                     got: 0,
-                    since: Instant::now(),
+                    since: now,
                 });
             }
         }
@@ -551,9 +677,10 @@ impl TcpAcceptor {
         let (s, n) = match checked {
             Ok(x) => x,
             Err(e) => {
-                tracing::warn!(
-                    "NET/switchless: TCP path {i}: connection from {from} rejected: {e}"
-                );
+                let what = format!("TCP path {i}: connection from {from} rejected: {e}");
+                if let Some(line) = self.drops.note(Instant::now(), from.ip(), &what) {
+                    tracing::warn!("NET/switchless: {line}");
+                }
                 return;
             }
         };
@@ -562,9 +689,12 @@ impl TcpAcceptor {
             slot.resize_with(n, || None);
         }
         if slot.len() != n || slot[s].is_some() {
-            tracing::warn!(
-                "NET/switchless: TCP path {i}: stream {s} of {n} from {from} conflicts with streams already accepted; closed"
+            let what = format!(
+                "TCP path {i}: stream {s} of {n} from {from} conflicts with streams already accepted; closed"
             );
+            if let Some(line) = self.drops.note(Instant::now(), from.ip(), &what) {
+                tracing::warn!("NET/switchless: {line}");
+            }
             return;
         }
         let mut sock = ph.sock;
@@ -591,18 +721,22 @@ fn check_specs(specs: &[TcpPathSpec]) -> Result<()> {
     Ok(())
 }
 
-/// Opens one stream of a path: binds `spec.local`, connects to `spec.remote` (by `deadline`) and
-/// sends the stream's `hello`.
-fn connect_stream(
-    spec: &TcpPathSpec,
-    hello: &HelloRepr,
-    cfg: &TcpConfig,
-    deadline: Instant,
-) -> Result<TcpStream> {
+/// Starts one stream of a path: binds `spec.local` and starts a non-blocking connect to
+/// `spec.remote`; the hello is sent once it is connected ([`OutStream::poll`]).
+fn start_stream(spec: &TcpPathSpec, hello: &HelloRepr, cfg: &TcpConfig) -> Result<OutStream> {
     let what = format!(
         "TCP path {} stream {}: connecting from {} to {}",
         hello.path, hello.stream, spec.local, spec.remote
     );
+    let ctx = format!(
+        "TCP path {} stream {} to {}",
+        hello.path, hello.stream, spec.remote
+    );
+    if spec.remote.ip().is_unspecified() || spec.remote.port() == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{what}: the peer's address and port must be set"
+        )));
+    }
     let sock = Socket::new(
         Domain::for_address(spec.remote),
         Type::STREAM,
@@ -618,29 +752,56 @@ fn connect_stream(
                 "{what}: binding to the local link address failed: {e}; the address must be configured on this host"
             ))
         })?;
-    let left = deadline.saturating_duration_since(Instant::now());
-    if left.is_zero() {
-        return Err(Error::Timeout(format!("{what}: connect deadline passed")));
-    }
-    sock.connect_timeout(&spec.remote.into(), left).map_err(|e| {
-        let hint = match e.raw_os_error() {
-            Some(libc::ENETUNREACH) | Some(libc::EHOSTUNREACH) => {
-                "; the peer is not on the subnet of the local link (no route): on a switchless mesh \
-                 only the cable's far end is reachable from a link address"
-            }
-            Some(libc::ECONNREFUSED) => "; nothing listens there (the peer's listener is closed)",
-            _ => "",
-        };
-        if e.kind() == io::ErrorKind::TimedOut {
-            Error::Timeout(format!("{what}: {e}"))
-        } else {
-            Error::System(format!("{what} failed: {e}{hint}"))
+    sock.set_nonblocking(true)
+        .map_err(|e| Error::io(format!("{what}: making the socket non-blocking"), e))?;
+    let state = match sock.connect(&spec.remote.into()) {
+        Ok(()) => OutState::Hello {
+            sock: sock.into(),
+            sent: 0,
+        },
+        Err(e)
+            if e.raw_os_error() == Some(libc::EINPROGRESS)
+                || e.kind() == io::ErrorKind::WouldBlock =>
+        {
+            OutState::Connecting(sock)
         }
-    })?;
-    let mut tcp: TcpStream = sock.into();
-    tcp.write_all(&hello.to_bytes())
-        .map_err(|e| Error::io(format!("{what}: sending the stream hello"), e))?;
-    Ok(tcp)
+        Err(e) => return Err(connect_error(&what, &e)),
+    };
+    Ok(OutStream {
+        what,
+        ctx,
+        hello: hello.to_bytes(),
+        state,
+    })
+}
+
+/// `Ok(true)` once a non-blocking connect finished, `Ok(false)` while it is in progress.
+fn connect_status(s: &Socket) -> io::Result<bool> {
+    if let Some(e) = s.take_error()? {
+        return Err(e);
+    }
+    match s.peer_addr() {
+        Ok(_) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// The error of a failed stream connect, with what to check.
+fn connect_error(what: &str, e: &io::Error) -> Error {
+    let hint = match e.raw_os_error() {
+        Some(libc::ENETUNREACH) | Some(libc::EHOSTUNREACH) => {
+            "; the peer is not on the subnet of the local link (no route): on a switchless mesh \
+             only the cable's far end is reachable from a link address"
+        }
+        Some(libc::ECONNREFUSED) => "; nothing listens there (the peer's listener is closed)",
+        _ => "",
+    };
+    if e.kind() == io::ErrorKind::TimedOut {
+        Error::Timeout(format!("{what}: {e}"))
+    } else {
+        Error::System(format!("{what} failed: {e}{hint}"))
+    }
 }
 
 /// Checks a complete stream hello against this listener (path `path` of `npaths_want`, the
@@ -689,6 +850,7 @@ pub fn loopback_pair(speeds_mbps: &[u64], cfg: &TcpConfig) -> Result<(TcpFabric,
         });
         acc_specs.push(TcpPathSpec {
             local: lo,
+            // Streams must come from here.
             remote: SocketAddr::new(lo, 0),
             speed_mbps: speed,
             mtu: 0,

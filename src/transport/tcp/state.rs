@@ -106,6 +106,8 @@ pub(super) struct RxState {
     pub(super) recvs: VecDeque<u64>,
     /// Streams that ended with an orderly close frame.
     pub(super) goodbyes: usize,
+    /// Every stream ended with a close frame: no frame can come any more.
+    pub(super) peer_closed: bool,
     pub(super) error: bool,
 }
 
@@ -150,6 +152,10 @@ pub(super) struct Shared {
     pub(super) paths: Vec<PathShared>,
     /// Live registrations by key (the same key is lkey and rkey on every path).
     pub(super) regs: RwLock<HashMap<u32, Arc<Reg>>>,
+    /// Whether the peer may write into data registrations (receive buffers). A sending endpoint
+    /// clears it ([`super::TcpFabric::refuse_peer_data_writes`]): its data registrations are send
+    /// buffers, and the peer writes only its control memory.
+    pub(super) peer_data_writes: AtomicBool,
 }
 
 impl Shared {

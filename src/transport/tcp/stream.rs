@@ -27,10 +27,17 @@ pub const CHUNK_BYTES: usize = 1 << 20;
 /// Bytes a stream may move per direction before the worker turns to its other streams.
 pub const TURN_BYTES: usize = 2 << 20;
 
-/// Frames a receiver may hold out of order per path before it calls the peer broken.
+/// Sequence numbers a frame may be ahead of the next one to apply on its path.
 const SEQ_WINDOW: u64 = 1 << 20;
-/// Control-memory payload a receiver buffers out of order per path before it calls the peer broken.
-const MAX_BUFFERED_CTRL: usize = 64 << 20;
+/// Frames a receiver holds out of order per path (each an entry of about 100 bytes, whatever its
+/// payload: data lands in place at once) before it calls the peer broken. A real sender is never
+/// this far ahead: frames of a write are at least 4 KiB (64 KiB unless copied at post), a path
+/// has at most 16 streams each with a few MiB of socket buffer, and small control writes are
+/// bounded by the protocol's FIFO and request counts.
+pub const MAX_OUT_OF_ORDER: usize = 16_384;
+/// Control-memory payload a receiver buffers out of order per path before it calls the peer broken
+/// (control writes are clear-to-send entries and size records, bytes each).
+pub const MAX_BUFFERED_CTRL: usize = 4 << 20;
 
 /// Where a stream's receiver is in the current frame.
 enum RxPhase {
@@ -277,6 +284,12 @@ impl StreamIo {
                 h.addr, h.rkey
             )));
         }
+        if matches!(reg.mem, RegMem::Raw(_)) && !self.sh.peer_data_writes.load(Ordering::Relaxed) {
+            return Err(RxErr::Violation(format!(
+                "peer wrote {len} bytes at {:#x} into data registration rkey {:#x} of a sending endpoint, which is not remote-writable (remote access error)",
+                h.addr, h.rkey
+            )));
+        }
         match &reg.mem {
             RegMem::Raw(_) if len == 0 => {
                 self.rx = RxPhase::header();
@@ -332,6 +345,12 @@ impl StreamIo {
                 "more than {MAX_BUFFERED_CTRL} bytes of control writes held out of order"
             )));
         }
+        if h.seq != rx.next_apply && rx.pending.len() >= MAX_OUT_OF_ORDER {
+            return Err(RxErr::Violation(format!(
+                "more than {MAX_OUT_OF_ORDER} frames held out of order (sequence {} still missing)",
+                rx.next_apply
+            )));
+        }
         rx.pending.insert(h.seq, Effect { ctrl, imm });
         loop {
             let next = rx.next_apply;
@@ -378,12 +397,15 @@ impl StreamIo {
         match e {
             RxErr::Goodbye(false) => {
                 // Orderly: everything the peer sent on this stream has been applied. Once every
-                // stream said so, the peer is gone; our own writes can no longer be delivered, but
-                // posted receives stay posted (as with RC when the peer destroys its QP).
+                // stream said so, the peer is gone; our own writes can no longer be delivered, and
+                // posted receives fail once the completions that did land are taken
+                // (`TcpFabric::poll`): nothing more can come, whatever the close frame's flags.
                 let all = match path.rx() {
                     Ok(mut rx) => {
                         rx.goodbyes += 1;
-                        rx.goodbyes == path.streams.len()
+                        let all = rx.goodbyes == path.streams.len();
+                        rx.peer_closed |= all;
+                        all
                     }
                     Err(e) => {
                         path.poisoned(&e);

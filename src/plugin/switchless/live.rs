@@ -1,0 +1,144 @@
+//! A connection's endpoint with its handshake socket kept as the liveness channel ([`Live`]): a
+//! verbs (or in-memory) connection with nothing in flight otherwise never learns that its peer
+//! died (RC retries only run for posted work, and NCCL has no deadline). Depends on
+//! `transport::handshake::Liveness`; the bounds are in docs/security.md.
+#![forbid(unsafe_code)]
+
+use std::os::fd::BorrowedFd;
+use std::sync::atomic::Ordering;
+
+use super::{ConnOptions, Connectable};
+use crate::error::Result;
+use crate::transport::fabric::{
+    Completion, CtrlMem, Fabric, MemKind, PathInfo, ReadWr, Registration, WriteWr,
+};
+use crate::transport::handshake::{Liveness, PathParams};
+
+/// An endpoint and, once the handshake is done, its liveness channel: a poll that finds nothing and
+/// every health check also look at the channel, and fail once the peer is gone.
+#[derive(Debug)]
+pub struct Live<F> {
+    inner: F,
+    live: Option<Liveness>,
+}
+
+impl<F: Connectable> Live<F> {
+    /// An endpoint without a liveness channel yet.
+    pub fn new(inner: F) -> Live<F> {
+        Live { inner, live: None }
+    }
+
+    /// Keeps `live` as the channel, unless the endpoint notices a dead peer by itself (TCP paths
+    /// see their streams close): then the socket is closed here.
+    pub fn watch(&mut self, live: Liveness) {
+        if !self.inner.detects_peer_loss() {
+            self.live = Some(live);
+        }
+    }
+
+    /// Whether a liveness channel is kept.
+    pub fn watching(&self) -> bool {
+        self.live.is_some()
+    }
+
+    /// The endpoint.
+    pub fn inner(&self) -> &F {
+        &self.inner
+    }
+
+    fn check(&mut self) -> Result<()> {
+        match &mut self.live {
+            Some(l) => l.check(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl<F: Connectable> Connectable for Live<F> {
+    fn local_params(&self) -> Vec<PathParams> {
+        self.inner.local_params()
+    }
+    fn connect_peer(&self, peer: &[PathParams], opts: &ConnOptions) -> Result<()> {
+        self.inner.connect_peer(peer, opts)
+    }
+    fn path_mtu(&self, i: usize, peer: &PathParams) -> u32 {
+        self.inner.path_mtu(i, peer)
+    }
+    fn poll_ready(&mut self) -> Result<bool> {
+        self.inner.poll_ready()
+    }
+    fn detects_peer_loss(&self) -> bool {
+        self.inner.detects_peer_loss() || self.live.is_some()
+    }
+}
+
+impl<F: Connectable> Fabric for Live<F> {
+    fn paths(&self) -> &[PathInfo] {
+        self.inner.paths()
+    }
+    fn register(&mut self, addr: u64, len: usize, kind: MemKind) -> Result<Registration> {
+        self.inner.register(addr, len, kind)
+    }
+    fn register_dmabuf(
+        &mut self,
+        addr: u64,
+        len: usize,
+        offset: u64,
+        fd: BorrowedFd<'_>,
+    ) -> Result<Registration> {
+        self.inner.register_dmabuf(addr, len, offset, fd)
+    }
+    fn deregister(&mut self, reg: &Registration) -> Result<()> {
+        self.inner.deregister(reg)
+    }
+    fn alloc_ctrl(&mut self, words: usize) -> Result<CtrlMem> {
+        self.inner.alloc_ctrl(words)
+    }
+    fn free_ctrl(&mut self, mem: &CtrlMem) -> Result<()> {
+        self.inner.free_ctrl(mem)
+    }
+    fn ctrl_load(&self, addr: u64, order: Ordering) -> Result<u64> {
+        self.inner.ctrl_load(addr, order)
+    }
+    fn ctrl_store(&self, addr: u64, value: u64, order: Ordering) -> Result<()> {
+        self.inner.ctrl_store(addr, value, order)
+    }
+    fn ctrl_read(&self, addr: u64, out: &mut [u64]) -> Result<()> {
+        self.inner.ctrl_read(addr, out)
+    }
+    fn ctrl_write(&self, addr: u64, words: &[u64]) -> Result<()> {
+        self.inner.ctrl_write(addr, words)
+    }
+    fn post_write(&mut self, path: usize, wr: &WriteWr) -> Result<()> {
+        self.inner.post_write(path, wr)
+    }
+    fn post_writes(&mut self, path: usize, wrs: &[WriteWr]) -> Result<()> {
+        self.inner.post_writes(path, wrs)
+    }
+    fn post_read(&mut self, path: usize, wr: &ReadWr) -> Result<()> {
+        self.inner.post_read(path, wr)
+    }
+    fn post_recv(&mut self, path: usize, wr_id: u64) -> Result<()> {
+        self.inner.post_recv(path, wr_id)
+    }
+    fn poll(&mut self, path: usize, max: usize, out: &mut Vec<Completion>) -> Result<usize> {
+        let n = self.inner.poll(path, max, out)?;
+        // Only when nothing completed: what the peer finished before it went counts.
+        if n == 0 {
+            self.check()?;
+        }
+        Ok(n)
+    }
+    fn shutdown(&mut self) -> Result<()> {
+        // The peer sees this side's end of the channel close with the comm.
+        self.live = None;
+        self.inner.shutdown()
+    }
+    fn path_note(&self, path: usize) -> Option<String> {
+        self.inner.path_note(path)
+    }
+    fn health(&mut self) -> Result<()> {
+        self.inner.health()?;
+        self.check()
+    }
+}
