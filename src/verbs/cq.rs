@@ -3,7 +3,7 @@
 use super::call::{last_errno, rc_errno, system_error, verbs_call};
 use super::context::Context;
 use crate::error::{Error, Result};
-use rdma_sys::{ibv_cq, ibv_create_cq, ibv_destroy_cq, ibv_poll_cq, ibv_wc};
+use rdma_sys::{ibv_cq, ibv_poll_cq, ibv_wc};
 use std::ffi::c_int;
 use std::mem::MaybeUninit;
 use std::ptr::NonNull;
@@ -138,10 +138,11 @@ impl CompletionQueue {
             .ok_or_else(|| {
                 Error::InvalidArgument(format!("CQ depth {depth}: accepted 1..={}", c_int::MAX))
             })?;
+        let v = ctx.lib();
         // SAFETY: live context; no channel, no user context.
         let cq = unsafe {
             verbs_call!(
-                ptr ibv_create_cq(ctx.as_ptr(), cqe, std::ptr::null_mut(), std::ptr::null_mut(), 0),
+                ptr v.create_cq(ctx.as_ptr(), cqe, std::ptr::null_mut(), std::ptr::null_mut(), 0),
                 "{} depth {depth}",
                 ctx.name()
             )
@@ -204,7 +205,7 @@ impl Drop for CompletionQueue {
     fn drop(&mut self) {
         // SAFETY: created by ibv_create_cq, destroyed once; every QP using it holds an Arc, so none is
         // alive. The Context is held by `self.ctx` and dropped after.
-        let rc = unsafe { ibv_destroy_cq(self.cq.as_ptr()) };
+        let rc = unsafe { (self.ctx.lib().destroy_cq)(self.cq.as_ptr()) };
         if rc != 0 {
             tracing::warn!(
                 "{}",
