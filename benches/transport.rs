@@ -28,6 +28,7 @@ fn setup(npaths: usize, size: usize, copy_data: bool) -> Case {
     let fab = MemFab::new(MemFabConfig {
         reorder_seed: None,
         copy_data,
+        ..MemFabConfig::default()
     });
     let (a, b) = fab.pair(&vec![200_000; npaths], 0);
     let (mut s, mut r) = connect_pair(a, b, ProtocolConfig::default()).unwrap();

@@ -958,6 +958,7 @@ fn reordered_delivery_across_paths_keeps_data_intact() {
         let fcfg = MemFabConfig {
             reorder_seed: Some(seed),
             copy_data: true,
+            ..MemFabConfig::default()
         };
         let mut g = rig_with(&[100_000, 50_000, 100_000, 25_000], 0, fcfg, pcfg);
         let len = 20_000usize;
@@ -1035,7 +1036,7 @@ proptest! {
         min_chunk in 512u64..65_536,
     ) {
         let pcfg = ProtocolConfig { stripe: StripeParams { min_chunk, align: 128 }, ..ProtocolConfig::default() };
-        let mut g = rig_with(&speeds, 0, MemFabConfig { reorder_seed: seed, copy_data: true }, pcfg);
+        let mut g = rig_with(&speeds, 0, MemFabConfig { reorder_seed: seed, copy_data: true, ..MemFabConfig::default() }, pcfg);
         let n = sizes.len();
         let cap = 150_000 + slack;
         let mut rb = Vec::new();

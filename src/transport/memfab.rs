@@ -39,6 +39,9 @@ pub struct MemFabConfig {
     /// Copy payload bytes into data buffers (`false` only checks keys and ranges; control memory is
     /// always written). `false` isolates the protocol's CPU cost in benchmarks.
     pub copy_data: bool,
+    /// Simulated cost of pinning: a registration of data memory sleeps this many nanoseconds per
+    /// 4 KiB page before it takes the fabric's lock, as `ibv_reg_mr` pins pages (0: free).
+    pub pin_ns_per_page: u64,
 }
 
 impl Default for MemFabConfig {
@@ -46,6 +49,7 @@ impl Default for MemFabConfig {
         MemFabConfig {
             reorder_seed: None,
             copy_data: true,
+            pin_ns_per_page: 0,
         }
     }
 }
@@ -69,6 +73,11 @@ pub struct Stats {
     pub inline_writes: u64,
     /// Calls of `post_writes` (doorbells, on verbs).
     pub batches: u64,
+    /// Registrations of data memory made (each pins its pages, on verbs).
+    pub pins: u64,
+    /// Bytes of data memory registered now, summed over live registrations (what `RLIMIT_MEMLOCK`
+    /// accounting would count on verbs).
+    pub pinned_bytes: u64,
 }
 
 struct Region {
@@ -110,6 +119,8 @@ struct Endpoint {
     qps: Vec<Qp>,
     stalled: bool,
     regs: HashMap<u64, Vec<u32>>,
+    /// Bytes of the live data registrations (by token), for [`Stats::pinned_bytes`].
+    pinned: HashMap<u64, u64>,
     /// What [`Fabric::health`] fails with (set by [`MemFabric::set_health_error`]).
     health_error: Option<String>,
 }
@@ -123,6 +134,7 @@ struct Inner {
     rng: u64,
     reorder: bool,
     copy_data: bool,
+    pin_ns_per_page: u64,
     stats: Stats,
 }
 
@@ -143,6 +155,7 @@ impl Drop for MemEndpoint {
             return;
         };
         let regs = std::mem::take(&mut ep.regs);
+        let unpinned: u64 = std::mem::take(&mut ep.pinned).into_values().sum();
         for q in ep.qps.iter_mut() {
             q.error = true;
             q.queue = VecDeque::new();
@@ -152,6 +165,7 @@ impl Drop for MemEndpoint {
         for key in regs.into_values().flatten() {
             g.keys.remove(&key);
         }
+        g.stats.pinned_bytes = g.stats.pinned_bytes.saturating_sub(unpinned);
     }
 }
 
@@ -160,6 +174,7 @@ pub struct MemEndpoint {
     inner: Arc<Mutex<Inner>>,
     id: usize,
     paths: Vec<PathInfo>,
+    pin_ns_per_page: u64,
 }
 
 /// What a poisoned lock names (see [`crate::sync`]: it fails closed; the counters then read 0).
@@ -446,6 +461,7 @@ impl MemFab {
                 rng: cfg.reorder_seed.unwrap_or(1).max(1),
                 reorder: cfg.reorder_seed.is_some(),
                 copy_data: cfg.copy_data,
+                pin_ns_per_page: cfg.pin_ns_per_page,
                 stats: Stats::default(),
             })),
         }
@@ -460,6 +476,7 @@ impl MemFab {
                 inner: Arc::clone(&self.inner),
                 id: usize::MAX,
                 paths: Vec::new(),
+                pin_ns_per_page: 0,
             };
             return (dead(), dead());
         };
@@ -490,12 +507,14 @@ impl MemFab {
                 qps,
                 stalled: false,
                 regs: HashMap::new(),
+                pinned: HashMap::new(),
                 health_error: None,
             });
             MemEndpoint {
                 inner: Arc::clone(&self.inner),
                 id: me,
                 paths,
+                pin_ns_per_page: g.pin_ns_per_page,
             }
         };
         let ea = mk(a, b);
@@ -663,9 +682,20 @@ impl Fabric for MemEndpoint {
     }
 
     fn register(&mut self, addr: u64, len: usize, _kind: MemKind) -> Result<Registration> {
+        // The pin happens outside the fabric's lock, as `ibv_reg_mr` runs outside any lock of ours.
+        if self.pin_ns_per_page > 0 {
+            let pages = (len as u64).div_ceil(4096);
+            std::thread::sleep(std::time::Duration::from_nanos(
+                pages.saturating_mul(self.pin_ns_per_page),
+            ));
+        }
         let mut g = lock(&self.inner, LOCK)?;
         let (r, off) = g.region_range(addr, len)?;
-        Ok(g.register(self.id, r, off, len))
+        let reg = g.register(self.id, r, off, len);
+        g.eps[self.id].pinned.insert(reg.token, len as u64);
+        g.stats.pins += 1;
+        g.stats.pinned_bytes += len as u64;
+        Ok(reg)
     }
 
     /// Memfab has no GPUs: a DMA-BUF registration is checked like [`Fabric::register`] of `addr`
@@ -690,6 +720,9 @@ impl Fabric for MemEndpoint {
         };
         for k in keys {
             g.keys.remove(&k);
+        }
+        if let Some(n) = g.eps[self.id].pinned.remove(&reg.token) {
+            g.stats.pinned_bytes = g.stats.pinned_bytes.saturating_sub(n);
         }
         Ok(())
     }

@@ -80,12 +80,28 @@ pub(crate) fn check_ptr<T>(call: impl Display, p: *mut T) -> Result<NonNull<T>, 
 
 /// Calls a verbs function and converts its result:
 ///
-/// * `verbs_call!(rc ibv_modify_qp(qp, &mut attr, mask), "RTR on {dev}")` → `Result<()>`,
-/// * `verbs_call!(ptr ibv_alloc_pd(ctx), "on {dev}")` → `Result<NonNull<ibv_pd>>`.
+/// * `verbs_call!(rc v.modify_qp(qp, &mut attr, mask), "RTR on {dev}")` → `Result<()>`,
+/// * `verbs_call!(ptr v.alloc_pd(ctx), "on {dev}")` → `Result<NonNull<ibv_pd>>`,
 ///
-/// The error text is `<function>(<context>) failed: errno N (text)`. Must be used inside an
-/// `unsafe` block whose `SAFETY:` comment justifies the call.
+/// where `v` is the loaded library (`sym::verbs()`) and the call's name is `ibv_<field>`; a plain
+/// function (`verbs_call!(rc f(args))`) is named `f`. The error text is `<function>(<context>)
+/// failed: errno N (text)`. Must be used inside an `unsafe` block whose `SAFETY:` comment justifies
+/// the call.
 macro_rules! verbs_call {
+    (rc $v:ident . $f:ident ( $($arg:expr),* $(,)? ), $($ctx:tt)+) => {{
+        let rc = ($v.$f)($($arg),*);
+        $crate::verbs::call::check_rc(
+            $crate::verbs::call::call_name(concat!("ibv_", stringify!($f)), format_args!($($ctx)+)),
+            rc,
+        )
+    }};
+    (ptr $v:ident . $f:ident ( $($arg:expr),* $(,)? ), $($ctx:tt)+) => {{
+        let p = ($v.$f)($($arg),*);
+        $crate::verbs::call::check_ptr(
+            $crate::verbs::call::call_name(concat!("ibv_", stringify!($f)), format_args!($($ctx)+)),
+            p,
+        )
+    }};
     (rc $f:ident ( $($arg:expr),* $(,)? )) => {
         $crate::verbs::call::verbs_call!(rc $f($($arg),*), "")
     };

@@ -1,16 +1,12 @@
 //! Opened RDMA devices: the device list, [`Context`] and its port and GID queries.
 
-use super::call::{check_ptr, last_errno, system_error, verbs_call};
-use super::sym::{GidEntryRaw, optional_symbols};
+use super::call::{check_ptr, last_errno, rc_errno, system_error, verbs_call};
+use super::sym::{GidEntryRaw, Verbs, optional_symbols, verbs};
 use super::types::{
     Gid, GidEntry, GidType, LinkLayer, Mtu, PortInfo, PortState, gid_type_from_sysfs,
 };
 use crate::error::{Error, Result};
-use rdma_sys::{
-    ibv_close_device, ibv_context, ibv_device, ibv_device_attr, ibv_fork_init,
-    ibv_free_device_list, ibv_get_device_list, ibv_get_device_name, ibv_gid, ibv_open_device,
-    ibv_port_attr, ibv_query_device, ibv_query_gid, ibv_query_port,
-};
+use rdma_sys::{ibv_context, ibv_device, ibv_device_attr, ibv_gid, ibv_port_attr};
 use std::ffi::{CStr, c_int};
 use std::net::Ipv4Addr;
 use std::path::Path;
@@ -24,14 +20,16 @@ use super::events::{AsyncEvent, EventLog};
 struct DeviceList {
     list: NonNull<*mut ibv_device>,
     len: usize,
+    v: &'static Verbs,
 }
 
 impl DeviceList {
     /// `Ok(None)` when the kernel has no RDMA support (NULL with `ENOSYS`).
     fn get() -> Result<Option<DeviceList>> {
+        let v = verbs()?;
         let mut n: c_int = 0;
         // SAFETY: `n` is a valid out-pointer; the returned array is freed in Drop.
-        let p = unsafe { ibv_get_device_list(&mut n) };
+        let p = unsafe { (v.get_device_list)(&mut n) };
         if p.is_null() {
             let errno = last_errno();
             if errno == libc::ENOSYS {
@@ -43,10 +41,12 @@ impl DeviceList {
         Ok(Some(DeviceList {
             list,
             len: usize::try_from(n).unwrap_or(0),
+            v,
         }))
     }
 
     fn devices(&self) -> impl Iterator<Item = (*mut ibv_device, String)> + '_ {
+        let v = self.v;
         (0..self.len).filter_map(move |i| {
             // SAFETY: `i < len`, the number of entries libibverbs reported for this array.
             let dev = unsafe { *self.list.as_ptr().add(i) };
@@ -54,7 +54,7 @@ impl DeviceList {
                 return None;
             }
             // SAFETY: `dev` is a device of the live list; the name is NUL-terminated and owned by it.
-            let name = unsafe { ibv_get_device_name(dev) };
+            let name = unsafe { (v.get_device_name)(dev) };
             if name.is_null() {
                 return None;
             }
@@ -71,7 +71,7 @@ impl Drop for DeviceList {
     fn drop(&mut self) {
         // SAFETY: the array came from ibv_get_device_list and is freed once; devices opened from
         // it stay valid (verbs contract).
-        unsafe { ibv_free_device_list(self.list.as_ptr()) };
+        unsafe { (self.v.free_device_list)(self.list.as_ptr()) };
     }
 }
 
@@ -87,9 +87,19 @@ pub fn device_names() -> Result<Vec<String>> {
 /// `ibv_fork_init`, as NCCL calls it at init: makes registered memory safe across `fork()` on
 /// kernels without copy-on-fork support for pinned pages (before Linux 5.13). Call it before any
 /// other verbs call (libibverbs refuses with `EINVAL` once memory is registered).
+/// `EINVAL` (memory already registered in this process, or the protection is unavailable) is not an
+/// error: registration still works, only without the fork protection, as NCCL treats it.
 pub fn fork_init() -> Result<()> {
+    let v = verbs()?;
     // SAFETY: no arguments; libibverbs serialises it internally.
-    unsafe { verbs_call!(rc ibv_fork_init()) }
+    let rc = unsafe { (v.fork_init)() };
+    if rc == 0 {
+        return Ok(());
+    }
+    match rc_errno(rc, last_errno()) {
+        libc::EINVAL => Ok(()),
+        errno => Err(system_error("ibv_fork_init()", errno)),
+    }
 }
 
 /// Device capabilities we size resources by (`ibv_query_device`).
@@ -112,6 +122,7 @@ pub struct DeviceCaps {
 /// so the device is closed after the last of them is dropped.
 pub struct Context {
     ctx: NonNull<ibv_context>,
+    lib: &'static Verbs,
     name: String,
     /// Asynchronous events drained so far (see [`super::events`]).
     events: Mutex<EventLog>,
@@ -158,7 +169,9 @@ impl Context {
             if n == name {
                 // SAFETY: `dev` belongs to the live list; opening before the list is freed is the
                 // documented order.
-                let ctx = unsafe { verbs_call!(ptr ibv_open_device(dev), "{name}") }?;
+                let v = list.v;
+                // SAFETY: as above.
+                let ctx = unsafe { verbs_call!(ptr v.open_device(dev), "{name}") }?;
                 // SAFETY: `ctx` is the live context just opened; `async_fd` is a plain int field.
                 let fd = unsafe { std::ptr::addr_of!((*ctx.as_ptr()).async_fd).read() };
                 // Without O_NONBLOCK a drain would block the progress thread: events are then
@@ -174,6 +187,7 @@ impl Context {
                 };
                 return Ok(Arc::new(Context {
                     ctx,
+                    lib: v,
                     name: name.to_string(),
                     events: Mutex::new(EventLog::default()),
                     events_readable: nonblocking,
@@ -212,7 +226,7 @@ impl Context {
         };
         // SAFETY: `self` keeps the context open for the call, and `events_readable` says its async
         // fd was made non-blocking at open.
-        unsafe { super::events::drain(self.as_ptr(), self.name(), &mut log) }
+        unsafe { super::events::drain(self.lib, self.as_ptr(), self.name(), &mut log) }
     }
 
     /// A fatal event for this device, or one since `since` for one of the QPs `qpns` or of the
@@ -242,12 +256,18 @@ impl Context {
         self.ctx.as_ptr()
     }
 
+    /// The loaded library this device was opened with.
+    pub(crate) fn lib(&self) -> &'static Verbs {
+        self.lib
+    }
+
     /// `ibv_query_device`.
     pub fn query_device(&self) -> Result<DeviceCaps> {
         // SAFETY: ibv_device_attr is plain old data; all-zero is a valid value.
         let mut a: ibv_device_attr = unsafe { std::mem::zeroed() };
+        let v = self.lib;
         // SAFETY: live context; `a` is a valid out-pointer of the right type.
-        unsafe { verbs_call!(rc ibv_query_device(self.as_ptr(), &mut a), "{}", self.name) }?;
+        unsafe { verbs_call!(rc v.query_device(self.as_ptr(), &mut a), "{}", self.name) }?;
         let u = |v: c_int| u32::try_from(v).unwrap_or(0);
         // fw_ver is a fixed C array; read it bounded to its length.
         let fw: Vec<u8> = a.fw_ver.iter().map(|&c| c as u8).collect();
@@ -273,11 +293,12 @@ impl Context {
     pub fn query_port(&self, port: u8) -> Result<PortInfo> {
         // SAFETY: ibv_port_attr is plain old data; all-zero is valid.
         let mut a: ibv_port_attr = unsafe { std::mem::zeroed() };
+        let v = self.lib;
         // SAFETY: live context; `a` is the full current struct, at least as large as the compat
         // prefix the symbol writes.
         unsafe {
             verbs_call!(
-                rc ibv_query_port(self.as_ptr(), port, (&mut a as *mut ibv_port_attr).cast()),
+                rc v.query_port(self.as_ptr(), port, (&mut a as *mut ibv_port_attr).cast()),
                 "{} port {port}",
                 self.name
             )
@@ -299,10 +320,11 @@ impl Context {
         let idx = c_int::try_from(index)
             .map_err(|_| Error::InvalidArgument(format!("GID index {index} is too large")))?;
         let mut g = ibv_gid { raw: [0; 16] };
+        let v = self.lib;
         // SAFETY: live context; `g` is a valid out-pointer.
         unsafe {
             verbs_call!(
-                rc ibv_query_gid(self.as_ptr(), port, idx, &mut g),
+                rc v.query_gid(self.as_ptr(), port, idx, &mut g),
                 "{} port {port} index {index}",
                 self.name
             )
@@ -381,7 +403,7 @@ impl Drop for Context {
     fn drop(&mut self) {
         // SAFETY: opened by ibv_open_device and closed once; every child object holds an Arc to
         // this Context, so none is alive any more.
-        let rc = unsafe { ibv_close_device(self.ctx.as_ptr()) };
+        let rc = unsafe { (self.lib.close_device)(self.ctx.as_ptr()) };
         if rc != 0 {
             tracing::warn!(
                 "{}",

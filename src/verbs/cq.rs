@@ -3,9 +3,8 @@
 use super::call::{last_errno, rc_errno, system_error, verbs_call};
 use super::context::Context;
 use crate::error::{Error, Result};
-use rdma_sys::{ibv_cq, ibv_create_cq, ibv_destroy_cq, ibv_poll_cq, ibv_wc};
+use rdma_sys::{ibv_cq, ibv_poll_cq, ibv_wc};
 use std::ffi::c_int;
-use std::mem::MaybeUninit;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -43,7 +42,11 @@ impl WcOpcode {
 /// `IBV_WC_WITH_IMM`.
 const WC_WITH_IMM: u32 = 1 << 1;
 
-/// One work completion.
+/// The opcode of a failed completion, which verbs leaves undefined.
+pub const UNREPORTED_OPCODE: u32 = u32::MAX;
+
+/// One work completion. On error only `wr_id`, `status`, `qp_num` and `vendor_err` carry what the
+/// provider reported; `opcode` is `Other(UNREPORTED_OPCODE)`, `byte_len` 0 and `imm_data` `None`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Completion {
     pub wr_id: u64,
@@ -89,6 +92,19 @@ impl Completion {
     }
 
     fn from_wc(wc: &ibv_wc) -> Completion {
+        if wc.status != rdma_sys::ibv_wc_status::IBV_WC_SUCCESS {
+            // On error only wr_id, status, qp_num and vendor_err are defined (ibv_poll_cq(3)); the
+            // provider may leave the rest stale, so none of it is read.
+            return Completion {
+                wr_id: wc.wr_id,
+                status: WcStatus(wc.status),
+                opcode: WcOpcode::Other(UNREPORTED_OPCODE),
+                byte_len: 0,
+                imm_data: None,
+                qp_num: wc.qp_num,
+                vendor_err: wc.vendor_err,
+            };
+        }
         let imm_data = (wc.wc_flags & WC_WITH_IMM != 0).then(|| {
             // SAFETY: with IBV_WC_WITH_IMM the union holds imm_data; any u32 is valid anyway.
             u32::from_be(unsafe { wc.imm_data_invalidated_rkey_union.imm_data })
@@ -138,10 +154,11 @@ impl CompletionQueue {
             .ok_or_else(|| {
                 Error::InvalidArgument(format!("CQ depth {depth}: accepted 1..={}", c_int::MAX))
             })?;
+        let v = ctx.lib();
         // SAFETY: live context; no channel, no user context.
         let cq = unsafe {
             verbs_call!(
-                ptr ibv_create_cq(ctx.as_ptr(), cqe, std::ptr::null_mut(), std::ptr::null_mut(), 0),
+                ptr v.create_cq(ctx.as_ptr(), cqe, std::ptr::null_mut(), std::ptr::null_mut(), 0),
                 "{} depth {depth}",
                 ctx.name()
             )
@@ -175,11 +192,13 @@ impl CompletionQueue {
         let mut total = 0;
         while total < max {
             let want = (max - total).min(POLL_BATCH);
-            let mut wcs: [MaybeUninit<ibv_wc>; POLL_BATCH] =
-                [const { MaybeUninit::uninit() }; POLL_BATCH];
+            // Zeroed, not uninitialised: a provider may fill only the fields that are defined for a
+            // completion's status, and every field is read as plain data below.
+            // SAFETY: ibv_wc is plain old data (integers and a union of integers); all-zero is valid.
+            let mut wcs: [ibv_wc; POLL_BATCH] = unsafe { std::mem::zeroed() };
             // SAFETY: live CQ; `wcs` has room for `want` ≤ POLL_BATCH entries; the provider writes the
             // first `n` of them. (`want` fits c_int: ≤ 32.)
-            let n = unsafe { ibv_poll_cq(self.as_ptr(), want as c_int, wcs.as_mut_ptr().cast()) };
+            let n = unsafe { ibv_poll_cq(self.as_ptr(), want as c_int, wcs.as_mut_ptr()) };
             if n < 0 {
                 return Err(system_error(
                     format!("ibv_poll_cq({})", self.ctx.name()),
@@ -187,9 +206,8 @@ impl CompletionQueue {
                 ));
             }
             let n = n as usize;
-            for wc in &wcs[..n] {
-                // SAFETY: the provider initialised the first `n` entries.
-                out.push(Completion::from_wc(unsafe { wc.assume_init_ref() }));
+            for wc in wcs.get(..n).unwrap_or(&[]) {
+                out.push(Completion::from_wc(wc));
             }
             total += n;
             if n < want {
@@ -204,7 +222,7 @@ impl Drop for CompletionQueue {
     fn drop(&mut self) {
         // SAFETY: created by ibv_create_cq, destroyed once; every QP using it holds an Arc, so none is
         // alive. The Context is held by `self.ctx` and dropped after.
-        let rc = unsafe { ibv_destroy_cq(self.cq.as_ptr()) };
+        let rc = unsafe { (self.ctx.lib().destroy_cq)(self.cq.as_ptr()) };
         if rc != 0 {
             tracing::warn!(
                 "{}",
@@ -220,6 +238,26 @@ impl Drop for CompletionQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_completion_reads_only_the_fields_verbs_defines() {
+        // SAFETY: ibv_wc is plain old data; all-zero is valid.
+        let mut wc: ibv_wc = unsafe { std::mem::zeroed() };
+        wc.wr_id = 7;
+        wc.status = rdma_sys::ibv_wc_status::IBV_WC_REM_ACCESS_ERR;
+        wc.qp_num = 0x11;
+        wc.vendor_err = 0x22;
+        // Stale values a provider may leave behind on error.
+        wc.opcode = rdma_sys::ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM;
+        wc.byte_len = 4096;
+        wc.wc_flags = WC_WITH_IMM;
+        let c = Completion::from_wc(&wc);
+        assert_eq!(c.wr_id, 7);
+        assert_eq!((c.qp_num, c.vendor_err), (0x11, 0x22));
+        assert_eq!(c.opcode, WcOpcode::Other(UNREPORTED_OPCODE));
+        assert_eq!((c.byte_len, c.imm_data), (0, None));
+        assert!(c.ok().is_err());
+    }
 
     #[test]
     fn status_texts_agree_with_libibverbs() {

@@ -20,6 +20,8 @@ pub struct ProbedDevice {
 /// Why the list was empty, from what `ibv_get_device_list` reported.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NoDevices {
+    /// libibverbs itself could not be loaded (rdma-core is not installed).
+    LibraryMissing,
     /// NULL list with errno `ENOSYS`: the kernel has no RDMA (uverbs) support.
     KernelSupportMissing,
     /// NULL list with another errno.
@@ -42,6 +44,10 @@ impl Probe {
     pub fn why_none(&self) -> String {
         match self.none {
             None => String::new(),
+            Some(NoDevices::LibraryMissing) => format!(
+                "libibverbs.so.1 cannot be loaded: {}",
+                super::sym::PACKAGE_HINT
+            ),
             Some(NoDevices::KernelSupportMissing) => "ibv_get_device_list returned none (errno ENOSYS): \
                  the kernel has no RDMA support (load ib_uverbs and a driver such as mlx5_ib or rdma_rxe)"
                 .to_owned(),
@@ -58,9 +64,15 @@ impl Probe {
 
 /// Lists the RDMA devices. Never fails: a missing list is reported in [`Probe::none`].
 pub fn probe() -> Probe {
+    let Ok(v) = super::sym::verbs() else {
+        return Probe {
+            devices: Vec::new(),
+            none: Some(NoDevices::LibraryMissing),
+        };
+    };
     let mut num: libc::c_int = 0;
     // SAFETY: `num` is a valid out-pointer; the returned list (or NULL) is only read below and freed once.
-    let list = unsafe { rdma_sys::ibv_get_device_list(&mut num) };
+    let list = unsafe { (v.get_device_list)(&mut num) };
     if list.is_null() {
         let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
         let none = if errno == libc::ENOSYS {
@@ -83,7 +95,7 @@ pub fn probe() -> Probe {
             break;
         }
         // SAFETY: `dev` is a device of the live list; the name is a NUL-terminated string inside it.
-        let name_ptr = unsafe { rdma_sys::ibv_get_device_name(dev) };
+        let name_ptr = unsafe { (v.get_device_name)(dev) };
         if name_ptr.is_null() {
             continue;
         }
@@ -92,7 +104,7 @@ pub fn probe() -> Probe {
             .to_string_lossy()
             .into_owned();
         // SAFETY: `dev` is a device of the live list.
-        let guid = u64::from_be(unsafe { rdma_sys::ibv_get_device_guid(dev) });
+        let guid = u64::from_be(unsafe { (v.get_device_guid)(dev) });
         let pci_path = std::fs::canonicalize(
             Path::new("/sys/class/infiniband")
                 .join(&name)
@@ -107,7 +119,7 @@ pub fn probe() -> Probe {
         });
     }
     // SAFETY: `list` came from ibv_get_device_list and is freed exactly once; no pointer into it is kept.
-    unsafe { rdma_sys::ibv_free_device_list(list) };
+    unsafe { (v.free_device_list)(list) };
     let none = devices.is_empty().then_some(NoDevices::NoneListed);
     Probe { devices, none }
 }

@@ -387,6 +387,7 @@ impl RawEvent {
 /// # Safety
 /// `ctx` is a live `ibv_context` whose async fd is non-blocking, for the whole call.
 pub(crate) unsafe fn drain(
+    v: &super::sym::Verbs,
     ctx: *mut rdma_sys::ibv_context,
     device: &str,
     log: &mut EventLog,
@@ -398,7 +399,7 @@ pub(crate) unsafe fn drain(
         // SAFETY: live context (the caller's contract); `raw` has the layout of `struct
         // ibv_async_event` (checked in the tests) and is only read through our own types. The fd is
         // non-blocking, so this returns -1 with EAGAIN when nothing is pending.
-        let rc = unsafe { rdma_sys::ibv_get_async_event(ctx, raw.as_sys()) };
+        let rc = unsafe { (v.get_async_event)(ctx, raw.as_sys()) };
         if rc != 0 {
             break;
         }
@@ -406,7 +407,7 @@ pub(crate) unsafe fn drain(
         let scope = unsafe { raw.scope() };
         // SAFETY: every event received is acknowledged exactly once (destroying a QP or CQ waits
         // for the acknowledgement of its events).
-        unsafe { rdma_sys::ibv_ack_async_event(raw.as_sys()) };
+        unsafe { (v.ack_async_event)(raw.as_sys()) };
         let e = AsyncEvent {
             device: device.to_string(),
             code: raw.code(),

@@ -201,7 +201,11 @@ fn path_mtu(a: u32, b: u32) -> Mtu {
 /// Inline payload requested per QP, bytes (the protocol marks writes of at most 64 bytes inline).
 const INLINE_BYTES: u32 = 64;
 
-const QP_ACCESS: Access = Access(Access::REMOTE_WRITE.0 | Access::REMOTE_READ.0);
+/// What a peer may do through a data QP: the protocol only ever writes to its peer (data, FIFO
+/// slots, size records), so remote reads are refused at the QP.
+const DATA_QP_ACCESS: Access = Access::REMOTE_WRITE;
+/// The loopback flush QP only serves its own RDMA reads of this process's receive buffers.
+const FLUSH_QP_ACCESS: Access = Access::REMOTE_READ;
 
 impl VerbsFabric {
     /// Creates one RC QP per data path (in INIT) and, with `loopback`, one loopback QP per device
@@ -252,7 +256,7 @@ impl VerbsFabric {
                     },
                 )?,
             };
-            qp.to_init(p.port, QP_ACCESS)?;
+            qp.to_init(p.port, DATA_QP_ACCESS)?;
             let gid = p.ctx.query_gid(p.port, p.gid_index)?;
             if gid.is_zero() {
                 return Err(Error::System(format!(
@@ -295,7 +299,7 @@ impl VerbsFabric {
                     ..caps
                 };
                 let qp = QueuePair::new_rc(&f.pds[pd], &cq, &cq, lcaps)?;
-                qp.to_init(p.port, QP_ACCESS)?;
+                qp.to_init(p.port, FLUSH_QP_ACCESS)?;
                 let gid: Gid = p.ctx.query_gid(p.port, p.gid_index)?;
                 let psn = random_psn()?;
                 let sgid = u8::try_from(p.gid_index).map_err(|_| {
@@ -489,6 +493,22 @@ fn context(e: Error, what: &str) -> Error {
     }
 }
 
+/// rdma-core's `udma_from_device_barrier`: orders a load of memory a device wrote (DMA) before the
+/// loads that follow it. The `Acquire` of an atomic load orders CPU against CPU only; on AArch64 a
+/// device's writes need the outer-shareable load barrier too.
+#[inline(always)]
+fn from_device_barrier() {
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: `dmb oshld` (data memory barrier, outer shareable, loads) touches no register or memory;
+    // it only orders loads, as rdma-core's udma_from_device_barrier does on aarch64.
+    unsafe {
+        std::arch::asm!("dmb oshld", options(nostack, preserves_flags));
+    }
+    // x86-64 keeps loads in order (TSO, DMA is cache-coherent): the Acquire load is enough.
+    #[cfg(not(target_arch = "aarch64"))]
+    std::sync::atomic::compiler_fence(Ordering::Acquire);
+}
+
 fn load_order(o: Ordering) -> Ordering {
     match o {
         Ordering::Release | Ordering::AcqRel => Ordering::Acquire,
@@ -631,7 +651,14 @@ impl Fabric for VerbsFabric {
     }
 
     fn ctrl_load(&self, addr: u64, order: Ordering) -> Result<u64> {
-        Ok(self.word(addr)?.load(load_order(order)))
+        let order = load_order(order);
+        let v = self.word(addr)?.load(order);
+        if order != Ordering::Relaxed {
+            // The word may have been written by the NIC (the peer's RDMA write): the CPU must not
+            // read the bytes it publishes before this load.
+            from_device_barrier();
+        }
+        Ok(v)
     }
 
     fn ctrl_store(&self, addr: u64, value: u64, order: Ordering) -> Result<()> {

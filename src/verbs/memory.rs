@@ -5,7 +5,7 @@ use super::context::Context;
 use super::sym::optional_symbols;
 use super::types::Access;
 use crate::error::{Error, Result};
-use rdma_sys::{ibv_alloc_pd, ibv_dealloc_pd, ibv_dereg_mr, ibv_mr, ibv_pd, ibv_reg_mr};
+use rdma_sys::{ibv_mr, ibv_pd};
 use std::os::fd::{AsRawFd, BorrowedFd};
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -32,8 +32,9 @@ impl std::fmt::Debug for ProtectionDomain {
 impl ProtectionDomain {
     /// `ibv_alloc_pd`.
     pub fn new(ctx: &Arc<Context>) -> Result<Arc<ProtectionDomain>> {
+        let v = ctx.lib();
         // SAFETY: `ctx` is a live opened device.
-        let pd = unsafe { verbs_call!(ptr ibv_alloc_pd(ctx.as_ptr()), "{}", ctx.name()) }?;
+        let pd = unsafe { verbs_call!(ptr v.alloc_pd(ctx.as_ptr()), "{}", ctx.name()) }?;
         Ok(Arc::new(ProtectionDomain {
             pd,
             ctx: Arc::clone(ctx),
@@ -53,7 +54,7 @@ impl Drop for ProtectionDomain {
     fn drop(&mut self) {
         // SAFETY: allocated by ibv_alloc_pd, freed once; every MR and QP of this PD holds an Arc to
         // it, so none is alive. The Context (held by `self.ctx`) is dropped after this.
-        let rc = unsafe { ibv_dealloc_pd(self.pd.as_ptr()) };
+        let rc = unsafe { (self.ctx.lib().dealloc_pd)(self.pd.as_ptr()) };
         if rc != 0 {
             tracing::warn!(
                 "{}",
@@ -113,10 +114,11 @@ impl MemoryRegion {
         let access_c = i32::try_from(access.0).map_err(|_| {
             Error::InvalidArgument(format!("access flags {:#x} out of range", access.0))
         })?;
+        let v = pd.context().lib();
         // SAFETY: live PD; the caller guarantees the range stays valid for the MR's lifetime.
         let mr = unsafe {
             verbs_call!(
-                ptr ibv_reg_mr(pd.as_ptr(), addr.cast(), len, access_c),
+                ptr v.reg_mr(pd.as_ptr(), addr.cast(), len, access_c),
                 "{} addr {:#x} len {len} bytes access {:#x}",
                 pd.context().name(),
                 addr as usize,
@@ -272,7 +274,7 @@ pub fn probe_dmabuf(pd: &ProtectionDomain) -> DmabufSupport {
         Some(mr) => {
             // Not expected (fd -1); a registration means the driver took the call, so release it.
             // SAFETY: `mr` was just returned by ibv_reg_dmabuf_mr and is deregistered once here.
-            let rc = unsafe { ibv_dereg_mr(mr.as_ptr()) };
+            let rc = unsafe { (pd.context().lib().dereg_mr)(mr.as_ptr()) };
             if rc != 0 {
                 tracing::warn!(
                     "{}",
@@ -303,7 +305,7 @@ pub fn probe_dmabuf_device(name: &str) -> Result<DmabufSupport> {
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
         // SAFETY: registered by ibv_reg_mr/ibv_reg_dmabuf_mr and deregistered once; the PD is held.
-        let rc = unsafe { ibv_dereg_mr(self.mr.as_ptr()) };
+        let rc = unsafe { (self.pd.context().lib().dereg_mr)(self.mr.as_ptr()) };
         if rc != 0 {
             tracing::warn!(
                 "{}",

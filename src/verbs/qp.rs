@@ -7,9 +7,8 @@ use super::memory::ProtectionDomain;
 use super::types::{Access, Mtu};
 use crate::error::{Error, Result};
 use rdma_sys::{
-    ibv_create_qp, ibv_destroy_qp, ibv_modify_qp, ibv_post_recv, ibv_post_send, ibv_qp,
-    ibv_qp_attr, ibv_qp_attr_mask as M, ibv_qp_init_attr, ibv_qp_state, ibv_qp_type, ibv_recv_wr,
-    ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wr_opcode,
+    ibv_post_recv, ibv_post_send, ibv_qp, ibv_qp_attr, ibv_qp_attr_mask as M, ibv_qp_init_attr,
+    ibv_qp_state, ibv_qp_type, ibv_recv_wr, ibv_send_flags, ibv_send_wr, ibv_sge, ibv_wr_opcode,
 };
 use std::ffi::c_int;
 use std::ptr::NonNull;
@@ -322,10 +321,11 @@ impl QueuePair {
         init.cap.max_recv_sge = caps.max_recv_sge;
         init.cap.max_inline_data = caps.max_inline_data;
         let dev = pd.context().name();
+        let v = pd.context().lib();
         // SAFETY: live PD and CQs of the same device; `init` is fully initialised.
         let qp = unsafe {
             verbs_call!(
-                ptr ibv_create_qp(pd.as_ptr(), &mut init),
+                ptr v.create_qp(pd.as_ptr(), &mut init),
                 "{dev} RC send_wr {} recv_wr {} send_sge {} recv_sge {} inline {} bytes",
                 caps.max_send_wr,
                 caps.max_recv_wr,
@@ -392,10 +392,11 @@ impl QueuePair {
             self.qp_num(),
             self.port.load(Ordering::Relaxed),
         );
+        let v = self.pd.context().lib();
         // SAFETY: live QP; `attr` is initialised for every bit in `mask`.
         unsafe {
             verbs_call!(
-                rc ibv_modify_qp(self.qp.as_ptr(), attr, mask_c),
+                rc v.modify_qp(self.qp.as_ptr(), attr, mask_c),
                 "{what} on {dev} port {port} QP {qpn:#x}"
             )
         }
@@ -771,7 +772,7 @@ impl Drop for QueuePair {
     fn drop(&mut self) {
         // SAFETY: created by ibv_create_qp and destroyed once; the PD and CQs are held by this struct
         // and released only after this.
-        let rc = unsafe { ibv_destroy_qp(self.qp.as_ptr()) };
+        let rc = unsafe { (self.pd.context().lib().destroy_qp)(self.qp.as_ptr()) };
         if rc != 0 {
             tracing::warn!(
                 "{}",

@@ -1,10 +1,22 @@
-//! Verbs symbols newer than the `IBVERBS_1.1` baseline, resolved at run time with `dlvsym` so the
-//! plugin loads on older rdma-core (linking them directly would make `dlopen` of the plugin fail;
-//! rust-stack.md §0.3). Absent symbols degrade: no DMA-BUF registration; GID types from sysfs.
+//! libibverbs, loaded at run time: `dlopen("libibverbs.so.1")` once per process and one table of the
+//! exported functions the verbs layer calls, resolved with `dlvsym` at the versions NCCL's own
+//! `ibvwrap` pins (`IBVERBS_1.1` for the classic verbs). The plugin and the `switchless` binary
+//! therefore carry no `DT_NEEDED` on libibverbs: they load on a host without rdma-core and serve TCP
+//! paths there; the first verbs call then fails with an error naming the package to install.
+//!
+//! `ibv_post_send`, `ibv_post_recv` and `ibv_poll_cq` are inline in `<infiniband/verbs.h>` (calls
+//! through the context's ops) and need nothing here. Two symbols newer than the baseline are
+//! optional ([`OptionalSymbols`]): without them DMA-BUF registration is off and GID types come from
+//! sysfs.
 
-use rdma_sys::{ibv_context, ibv_mr, ibv_pd};
-use std::ffi::{CStr, c_int, c_void};
+use rdma_sys::{
+    __be64, _compat_ibv_port_attr, ibv_async_event, ibv_comp_channel, ibv_context, ibv_cq,
+    ibv_device, ibv_device_attr, ibv_gid, ibv_mr, ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_init_attr,
+};
+use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::OnceLock;
+
+use crate::error::{Error, Result};
 
 /// `struct ibv_gid_entry` (rdma-core ≥ 32, `<infiniband/verbs.h>`).
 #[repr(C)]
@@ -76,8 +88,14 @@ impl OptionalSymbols {
     }
 }
 
-/// The soname we look in first (already loaded: we link it).
+/// The soname NCCL loads too.
 const LIBIBVERBS: &CStr = c"libibverbs.so.1";
+/// The version of every classic verb (what `ibvwrap` in NCCL asks for).
+const BASE: &CStr = c"IBVERBS_1.1";
+
+/// What to install when the library is missing (Debian/Ubuntu name first).
+pub const PACKAGE_HINT: &str =
+    "install the libibverbs1 package (rdma-core on RHEL, SUSE and Fedora)";
 
 /// Looks `name@version` up in `handle`; `None` if absent.
 ///
@@ -89,41 +107,127 @@ unsafe fn lookup(handle: *mut c_void, name: &CStr, version: &CStr) -> Option<*mu
     (!p.is_null()).then_some(p)
 }
 
-fn resolve() -> OptionalSymbols {
-    // SAFETY: dlopen with RTLD_NOLOAD only returns a handle to an already-loaded library (or NULL);
-    // the name is NUL-terminated.
-    let handle = unsafe { libc::dlopen(LIBIBVERBS.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD) };
-    let (h, close) = if handle.is_null() {
-        (libc::RTLD_DEFAULT, false)
-    } else {
-        (handle, true)
-    };
-    // SAFETY: `h` is the handle just obtained or RTLD_DEFAULT.
-    let dmabuf = unsafe { lookup(h, c"ibv_reg_dmabuf_mr", c"IBVERBS_1.12") };
+/// Declares [`Verbs`] (one function pointer per classic verb) and its loader from one list:
+/// field, symbol, C signature (rdma-sys's bindgen types of the same `<infiniband/verbs.h>`).
+/// The symbols newer than the baseline, `None` where this rdma-core lacks them.
+///
+/// # Safety
+/// `handle` is a live `dlopen` handle of libibverbs, kept open for the life of the process.
+unsafe fn load_optional(handle: *mut c_void) -> OptionalSymbols {
+    // SAFETY: live handle (contract); NUL-terminated literals.
+    let dmabuf = unsafe { lookup(handle, c"ibv_reg_dmabuf_mr", c"IBVERBS_1.12") };
     // SAFETY: as above.
-    let gid_ex = unsafe { lookup(h, c"_ibv_query_gid_ex", c"IBVERBS_1.11") };
-    let syms = OptionalSymbols {
-        // SAFETY: the symbol of this name and version has this C signature in rdma-core's verbs.h
-        // (`struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *, uint64_t, size_t, uint64_t, int, int)`).
+    let gid_ex = unsafe { lookup(handle, c"_ibv_query_gid_ex", c"IBVERBS_1.11") };
+    OptionalSymbols {
+        // SAFETY: `struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *, uint64_t, size_t, uint64_t,
+        // int, int)` in rdma-core's verbs.h, the signature of RegDmabufMrFn.
         reg_dmabuf_mr: dmabuf
             .map(|p| unsafe { std::mem::transmute::<*mut c_void, RegDmabufMrFn>(p) }),
         // SAFETY: `int _ibv_query_gid_ex(struct ibv_context *, uint32_t, uint32_t,
-        // struct ibv_gid_entry *, uint32_t, size_t)` in rdma-core's verbs.h.
+        // struct ibv_gid_entry *, uint32_t, size_t)` in verbs.h, the signature of QueryGidExFn.
         query_gid_ex: gid_ex
             .map(|p| unsafe { std::mem::transmute::<*mut c_void, QueryGidExFn>(p) }),
-    };
-    if close {
-        // SAFETY: drops the reference our RTLD_NOLOAD dlopen took; the library stays loaded because
-        // this object links it (DT_NEEDED), so the resolved addresses stay valid.
-        unsafe { libc::dlclose(handle) };
     }
-    syms
 }
 
-/// The optional symbols, resolved once per process.
+macro_rules! verbs_table {
+    ($( $field:ident = $sym:literal : fn($($arg:ty),*) $(-> $ret:ty)? ; )*) => {
+        /// The exported libibverbs functions the verbs layer calls, resolved once.
+        pub(crate) struct Verbs {
+            $( pub(crate) $field: unsafe extern "C" fn($($arg),*) $(-> $ret)?, )*
+            pub(crate) optional: OptionalSymbols,
+        }
+
+        /// Resolves every classic verb in `handle`; the first one missing is the error.
+        ///
+        /// # Safety
+        /// `handle` is a live `dlopen` handle of libibverbs, kept open for the life of the process.
+        unsafe fn load(handle: *mut c_void) -> std::result::Result<Verbs, String> {
+            Ok(Verbs {
+                $( $field: {
+                    // SAFETY: live handle (contract); NUL-terminated literals.
+                    let p = unsafe { lookup(handle, $sym, BASE) }.ok_or_else(|| {
+                        format!("{} has no {}@IBVERBS_1.1", LIBIBVERBS.to_string_lossy(), $sym.to_string_lossy())
+                    })?;
+                    // SAFETY: the symbol of this name at IBVERBS_1.1 has exactly this C signature in
+                    // rdma-core's verbs.h (the argument types are bindgen's output of that header).
+                    unsafe { std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($arg),*) $(-> $ret)?>(p) }
+                }, )*
+                // SAFETY: live handle (contract).
+                optional: unsafe { load_optional(handle) },
+            })
+        }
+    };
+}
+
+verbs_table! {
+    get_device_list = c"ibv_get_device_list": fn(*mut c_int) -> *mut *mut ibv_device;
+    free_device_list = c"ibv_free_device_list": fn(*mut *mut ibv_device);
+    get_device_name = c"ibv_get_device_name": fn(*mut ibv_device) -> *const c_char;
+    get_device_guid = c"ibv_get_device_guid": fn(*mut ibv_device) -> __be64;
+    open_device = c"ibv_open_device": fn(*mut ibv_device) -> *mut ibv_context;
+    close_device = c"ibv_close_device": fn(*mut ibv_context) -> c_int;
+    query_device = c"ibv_query_device": fn(*mut ibv_context, *mut ibv_device_attr) -> c_int;
+    query_port = c"ibv_query_port": fn(*mut ibv_context, u8, *mut _compat_ibv_port_attr) -> c_int;
+    query_gid = c"ibv_query_gid": fn(*mut ibv_context, u8, c_int, *mut ibv_gid) -> c_int;
+    alloc_pd = c"ibv_alloc_pd": fn(*mut ibv_context) -> *mut ibv_pd;
+    dealloc_pd = c"ibv_dealloc_pd": fn(*mut ibv_pd) -> c_int;
+    reg_mr = c"ibv_reg_mr": fn(*mut ibv_pd, *mut c_void, usize, c_int) -> *mut ibv_mr;
+    dereg_mr = c"ibv_dereg_mr": fn(*mut ibv_mr) -> c_int;
+    create_cq = c"ibv_create_cq": fn(*mut ibv_context, c_int, *mut c_void, *mut ibv_comp_channel, c_int) -> *mut ibv_cq;
+    destroy_cq = c"ibv_destroy_cq": fn(*mut ibv_cq) -> c_int;
+    create_qp = c"ibv_create_qp": fn(*mut ibv_pd, *mut ibv_qp_init_attr) -> *mut ibv_qp;
+    modify_qp = c"ibv_modify_qp": fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int;
+    destroy_qp = c"ibv_destroy_qp": fn(*mut ibv_qp) -> c_int;
+    get_async_event = c"ibv_get_async_event": fn(*mut ibv_context, *mut ibv_async_event) -> c_int;
+    ack_async_event = c"ibv_ack_async_event": fn(*mut ibv_async_event);
+    fork_init = c"ibv_fork_init": fn() -> c_int;
+}
+
+fn open(soname: &CStr) -> std::result::Result<Verbs, String> {
+    // SAFETY: NUL-terminated soname; RTLD_NOW resolves the library's own dependencies now, so a
+    // broken installation fails here and not in the middle of a verb.
+    let handle = unsafe { libc::dlopen(soname.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if handle.is_null() {
+        // SAFETY: dlerror returns NULL or a NUL-terminated message owned by libdl, read at once.
+        let why = unsafe { libc::dlerror() };
+        let why = if why.is_null() {
+            "not found".to_string()
+        } else {
+            // SAFETY: non-NULL and NUL-terminated (above); copied before any other dl call.
+            unsafe { CStr::from_ptr(why) }
+                .to_string_lossy()
+                .into_owned()
+        };
+        return Err(format!(
+            "{} cannot be loaded ({why})",
+            soname.to_string_lossy()
+        ));
+    }
+    // SAFETY: a live handle; it is never closed, so the resolved addresses stay valid for the
+    // life of the process (NCCL's ibvwrap keeps its handle the same way).
+    unsafe { load(handle) }
+}
+
+/// The loaded library, or why it could not be loaded (the error names the package to install).
+pub(crate) fn verbs() -> Result<&'static Verbs> {
+    static LIB: OnceLock<std::result::Result<Verbs, String>> = OnceLock::new();
+    LIB.get_or_init(|| open(LIBIBVERBS))
+        .as_ref()
+        .map_err(|why| unavailable(why))
+}
+
+fn unavailable(why: &str) -> Error {
+    Error::System(format!("RDMA is unavailable: {why}; {PACKAGE_HINT}"))
+}
+
+/// The optional symbols of the loaded library (none when it is not loaded).
 pub fn optional_symbols() -> &'static OptionalSymbols {
-    static SYMS: OnceLock<OptionalSymbols> = OnceLock::new();
-    SYMS.get_or_init(resolve)
+    const NONE: OptionalSymbols = OptionalSymbols {
+        reg_dmabuf_mr: None,
+        query_gid_ex: None,
+    };
+    verbs().map_or(&NONE, |v| &v.optional)
 }
 
 #[cfg(test)]
@@ -149,9 +253,11 @@ mod tests {
         );
     }
 
-    /// This host and CI build against rdma-core 44 (Debian bookworm), which has both symbols.
+    /// This host and CI build against rdma-core 44 (Debian bookworm): the library loads at run time
+    /// and has every classic verb and both optional symbols.
     #[test]
-    fn bookworm_rdma_core_has_both() {
+    fn bookworm_rdma_core_loads_with_both_optional_symbols() {
+        assert!(verbs().is_ok());
         let s = optional_symbols();
         assert!(s.has_dmabuf(), "{}", s.describe());
         assert!(s.has_query_gid_ex(), "{}", s.describe());
@@ -165,5 +271,18 @@ mod tests {
         };
         assert!(none.describe().contains("no DMA-BUF"));
         assert!(none.describe().contains("sysfs"));
+    }
+
+    #[test]
+    fn a_missing_library_is_an_error_naming_the_package() {
+        let Err(why) = open(c"libswitchless-no-such-verbs.so.1") else {
+            panic!("a library that does not exist loaded");
+        };
+        assert!(
+            why.starts_with("libswitchless-no-such-verbs.so.1 cannot be loaded ("),
+            "{why}"
+        );
+        let m = unavailable(&why).to_string();
+        assert!(m.contains("libibverbs1") && m.contains("rdma-core"), "{m}");
     }
 }

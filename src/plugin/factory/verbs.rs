@@ -33,6 +33,12 @@ impl PathFactory for VerbsFactory {
 
     fn open() -> Result<(Self, HostView)> {
         let config = Config::from_env()?;
+        // Before any other verb: registered pages then stay safe across a fork() of the process
+        // (kernels before 5.13 lack copy-on-fork for pinned memory). A missing library is reported
+        // once, by the probe below.
+        if let Err(e) = crate::verbs::fork_init() {
+            tracing::debug!("NET/switchless: {e}");
+        }
         let probe = crate::verbs::devices::probe();
         if probe.devices.is_empty() {
             return Err(Error::System(format!(
