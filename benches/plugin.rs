@@ -66,6 +66,7 @@ fn view() -> HostView {
             pci_bdf: None,
             pci_root: None,
             speed_mbps: 100_000,
+            numa_node: None,
         }],
         pci_path: String::new(),
         guid: 0x1000,

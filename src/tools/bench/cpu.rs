@@ -66,6 +66,7 @@ fn ends(speeds_mbps: &[u64], bytes: usize) -> Result<Ends> {
     let fab = MemFab::new(MemFabConfig {
         reorder_seed: None,
         copy_data: false,
+        ..MemFabConfig::default()
     });
     let (a, b) = fab.pair(speeds_mbps, 0);
     let (mut s, mut r) = comm::connect_pair(a, b, ProtocolConfig::default())?;
