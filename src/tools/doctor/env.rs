@@ -620,7 +620,7 @@ mod tests {
         let j = judge(&env(&[("NCCL_SWITCHLESS_CONNECT_TIMEOUT", "30")]));
         assert_eq!(
             j.findings[0].remedy,
-            "export NCCL_SWITCHLESS_CONNECT_TIMEOUT=30s   # or unset NCCL_SWITCHLESS_CONNECT_TIMEOUT   # back to the default, 30s"
+            "export NCCL_SWITCHLESS_CONNECT_TIMEOUT=30s   # or unset NCCL_SWITCHLESS_CONNECT_TIMEOUT   # back to the default, 0"
         );
     }
 
