@@ -13,7 +13,7 @@
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
-# ncclNet ABI versions the plugin exports (ncclNetPlugin_v6 … _v12; nccl-net-abi.md §1.2).
+# ncclNet ABI versions the plugin exports (ncclNetPlugin_v6 … _v12: what NCCL 2.19 … 2.31 look up).
 ABI_MIN=6
 ABI_MAX=12
 # The runtime image is Ubuntu 24.04 (glibc 2.39); the plugin must not need a newer glibc.

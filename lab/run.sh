@@ -211,7 +211,7 @@ command -v qemu-system-x86_64 > /dev/null || die "qemu-system-x86_64 missing (pa
 
 # ---------------------------------------------------------------- guest kernel
 # The distribution's own kernel, downloaded with apt-get download and unpacked (never installed).
-# Debian: linux-image-<ver>-amd64-unsigned (bookworm's 6.1: its rxe flakes least, rxelab.md).
+# Debian: linux-image-<ver>-amd64-unsigned (bookworm's 6.1: its rxe flakes least of the kernels tried).
 # Ubuntu: linux-image-<ver>-generic + linux-modules-<ver>-generic + linux-modules-extra (rdma_rxe).
 if apt-cache show linux-image-amd64 > /dev/null 2>&1; then
     kpkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}')

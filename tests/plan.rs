@@ -56,7 +56,7 @@ fn seed_002_two_nodes_eight_cables() {
     let p = b300(&read("b300-2node.cables"));
     assert_eq!(p.servers, 2);
     assert_eq!(p.links.len(), 16, "8 cables × np0 and np1");
-    // Port 1 → card 7 → eno6np0 / enp237s0f1np1 (seed 002).
+    // Port 1 → card 7 → eno6np0 / enp237s0f1np1 (the B300 port map).
     assert_eq!(
         end_of(&p, 1, 1, 0),
         (

@@ -151,7 +151,7 @@ fn do_connect<B: Backend>(
     // SAFETY: NCCL passes a valid void** for the send comm.
     let sc = unsafe { out(send_comm, "connect sendComm")? };
     *sc = std::ptr::null_mut();
-    // SAFETY: the private copy of the handle, valid for the whole connect (§2.2).
+    // SAFETY: the private copy of the handle, valid for the whole connect (NCCL keeps it until connect returns a comm).
     let h = unsafe { handle(h, "connect handle")? };
     if let Some(c) = plugin::connect(ctx, info, dev, h)? {
         give(sc, c);

@@ -99,7 +99,7 @@ pub struct RtrParams {
 }
 
 impl RtrParams {
-    /// NCCL's values (nccl-net-abi.md §3.6): PSN 0, TC 0, SL 0, hop limit 255, RNR timer 12,
+    /// NCCL's IB transport's values (`net_ib` RTR/RTS): PSN 0, TC 0, SL 0, hop limit 255, RNR timer 12,
     /// one outstanding read.
     pub fn new(remote_qpn: u32, dgid: [u8; 16], sgid_index: u8, path_mtu: Mtu) -> RtrParams {
         RtrParams {

@@ -1,6 +1,6 @@
 //! The cables file: which port of which server is cabled to which port of which other server.
 //!
-//! The format is the one of the B300 generator described in seed 002 and `nccl-net-abi.md` §5.2:
+//! The format is the one of the B300 mesh address generator admins already use:
 //!
 //! ```text
 //! # cables.txt — `SERVER-PORT > SERVER-PORT`, servers 1..N, ports as the model numbers them

@@ -1,7 +1,7 @@
 //! `switchless plan`: cables file + port maps → per-link IP plan, its outputs, and checking a host against it.
 //!
 //! * [`model`]: port maps (built-in DGX B300 and GB10, or a map file).
-//! * [`cables`]: the cables file (seed 002's `S-P > S-P` format).
+//! * [`cables`]: the cables file (`S-P > S-P`, the format of the B300 mesh generator).
 //! * [`address`]: the addressing scheme (one /30 or /31 per logical link, slot from the lower end).
 //! * [`build`] turns both into a [`Plan`]; [`Plan::verify`] proves its guarantees before anything is printed.
 //! * [`render`]: table, JSON, `ip` commands, netplan and systemd-networkd outputs.

@@ -4,12 +4,12 @@
 //!
 //! * `b300` (NVIDIA DGX B300): 8 ConnectX-8 OSFP ports, numbered 1..8 left to right as seen from outside the
 //!   chassis. Each port shows two Ethernet netdevs (PCI functions 0 and 1 of one card, 400G each). The physical
-//!   order maps onto the mst card index as 1→7, 2→4, 3→6, 4→5, 5→0, 6→3, 7→1, 8→2 (seed 002, found by plugging
-//!   cables one at a time; `nccl-net-abi.md` §5.2).
+//!   order maps onto the mst card index as 1→7, 2→4, 3→6, 4→5, 5→0, 6→3, 7→1, 8→2 (found on a B300 mesh by plugging
+//!   cables one at a time).
 //! * `gb10` (DGX Spark and other GB10 boxes): 2 QSFP ports of one ConnectX-7 in multi-host mode; each port shows
-//!   one function on each of the two PCIe x4 roots (domains 0000 and 0002). NVIDIA's comment in seed 000 pairs
+//!   one function on each of the two PCIe x4 roots (domains 0000 and 0002). NVIDIA's GB10 forum guidance pairs
 //!   `enp1s0f0np0` with `enP2p1s0f0np0` for one cable; the DGX Spark playbooks pair `enp1s0f1np1` with
-//!   `enP2p1s0f1np1` for the other (`peers.md` §A2).
+//!   `enP2p1s0f1np1` for the other.
 //!
 //! Anything else comes from a map file (see [`PortMap::parse`]).
 #![forbid(unsafe_code)]
@@ -47,10 +47,10 @@ impl PartialEq for PortMap {
 }
 impl Eq for PortMap {}
 
-/// DGX B300: physical port (1-based, left to right) → mst card index (`pciconf<N>`), from seed 002.
+/// DGX B300: physical port (1-based, left to right) → mst card index (`pciconf<N>`), as measured on a B300 mesh.
 const B300_PORT_TO_CARD: [usize; 8] = [7, 4, 6, 5, 0, 3, 1, 2];
 
-/// DGX B300: mst card index → (function 0 netdev, function 1 netdev), from the `mst status -v` listing in seed 002.
+/// DGX B300: mst card index → (function 0 netdev, function 1 netdev), from the `mst status -v` listing of a DGX B300.
 const B300_CARD_IFACES: [(&str, &str); 8] = [
     ("eno10np0", "enp23s0f1np1"),
     ("eno12np0", "enp57s0f1np1"),
