@@ -7,11 +7,12 @@
 //!   today's behaviour (the request fails with the completion's error).
 //! * A down path is probed with doubling backoff `retries` times, then every `probe_interval`
 //!   (no clock of our own: a probe happens at the first comm call at or after its time).
-//! * Measured throughput: the bytes a path completed between two calls count only when the path
-//!   was busy the whole interval, i.e. work it had outstanding at the first call is still
-//!   outstanding at the second (completions on a path come in post order). An underloaded path
-//!   thus gives no sample (its throughput says nothing about its capacity) and drifts back towards
-//!   its nominal speed, so a path that recovers is offered more load again.
+//! * Measured throughput: the bytes a path completed between two calls count, with the interval,
+//!   only when the path had work outstanding at the first call, so it was busy until that work
+//!   completed: the estimate is the path's service rate while it has work (an idle path gives no
+//!   sample, not a low one), with the lateness of the caller's polls and one round trip per busy
+//!   period as its error. A path without samples for a window drifts back towards its nominal
+//!   speed, so one that recovers is offered more load again.
 #![forbid(unsafe_code)]
 
 use std::time::{Duration, Instant};
@@ -60,7 +61,7 @@ impl Default for WeightConfig {
         WeightConfig {
             adaptive: true,
             probe_permille: 20,
-            window: Duration::from_millis(2),
+            window: Duration::from_millis(5),
         }
     }
 }
@@ -256,7 +257,7 @@ impl PathSet {
             if self.state[k] != State::Up {
                 continue;
             }
-            if m.out_last > 0 && m.completed < m.out_last {
+            if m.out_last > 0 {
                 // Exponential decay by the sample's own duration (a sample of a whole window
                 // replaces the past), so lumpy samples (time without bytes, then bytes at once)
                 // weigh what they span.
@@ -369,27 +370,36 @@ mod tests {
     }
 
     #[test]
-    fn a_saturated_path_is_measured_an_underloaded_one_is_not() {
+    fn a_busy_path_is_measured_an_idle_one_drifts_back_to_nominal() {
         let mut p = PathSet::new(
             &[100_000, 100_000],
             FailoverConfig::default(),
             WeightConfig::default(),
         );
         p.tick(t(0));
-        // Path 0 always has 1 MB outstanding and completes 5 MB per ms (40 Gb/s); path 1 completes
-        // everything it gets (no sample).
-        for ms in 1..=10u64 {
-            p.posted(0, 5_000_000 + if ms == 1 { 1_000_000 } else { 0 });
-            p.posted(1, 1_000);
-            p.tick(t(ms * 1_000_000 - 1));
+        // Path 0 always has work and completes 5 MB per ms (40 Gb/s); path 1 has none.
+        p.posted(0, 1_000_000);
+        for ms in 1..=20u64 {
+            p.posted(0, 5_000_000);
             p.completed(0, 5_000_000);
-            p.completed(1, 1_000);
             p.tick(t(ms * 1_000_000));
         }
-        assert!(p.estimate(0).abs_diff(40_000) < 400, "{}", p.estimate(0));
+        assert!(p.estimate(0).abs_diff(40_000) < 100, "{}", p.estimate(0));
         assert_eq!(p.estimate(1), 100_000);
         let mut w = [(0, 0); MAX_PATHS];
         assert_eq!(p.weights(&mut w), 2);
         assert_eq!(w[1], (1, 100_000));
+        // Path 0 goes idle: an eighth of the gap back per window without samples.
+        p.completed(0, 1_000_000);
+        p.tick(t(21_000_000));
+        for ms in 22..=60u64 {
+            p.tick(t(ms * 1_000_000));
+        }
+        let e = p.estimate(0);
+        assert!(e > 60_000 && e < 100_000, "{e}");
+        // A path measured at a trickle still gets the probe share.
+        p.meters[1].est = 1;
+        p.weights(&mut w);
+        assert!(w[1].1 >= w[0].1 / 50, "{w:?}");
     }
 }

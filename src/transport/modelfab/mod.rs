@@ -18,6 +18,7 @@
 //! * Memory is the fabric's, as in [`super::memfab`] (addresses `((region + 1) << 32) | offset`, keys
 //!   per path, checked like a NIC would); with [`ModelFabConfig::copy_data`] off, data buffers have no
 //!   backing store and only control memory is written.
+//! * [`ModelFab::set_rate_at`] changes a path's rate at a virtual time (its nominal speed stays).
 //! * [`ModelFab::trace`] lists executed events (when tracing); [`ModelFab::trace_hash`] digests them
 //!   always, so two runs can be compared.
 //!
@@ -199,6 +200,8 @@ struct Inner {
     stats: Stats,
     trace: Option<Vec<TraceEvent>>,
     hash: u64,
+    /// Rate changes still to come: (virtual time ps, path, new rate b/s), earliest first.
+    rate_changes: Vec<(u64, usize, u64)>,
 }
 
 /// The fabric: hosts' memory, every endpoint's queues, the event queue and the virtual clock.
@@ -459,8 +462,17 @@ impl Inner {
 
     fn advance(&mut self) -> Option<u64> {
         self.schedule_pending();
-        let t = self.events.peek()?.0.t.max(self.now);
+        let next_event = self.events.peek().map(|e| e.0.t.max(self.now));
+        let next_change = self.rate_changes.first().map(|c| c.0.max(self.now));
+        let t = match (next_event, next_change) {
+            (Some(e), Some(c)) => e.min(c),
+            (e, c) => e.or(c)?,
+        };
         self.now = t;
+        while self.rate_changes.first().is_some_and(|c| c.0 <= t) {
+            let (_, path, rate) = self.rate_changes.remove(0);
+            self.topo.paths[path].rate_bps = rate;
+        }
         while self.events.peek().is_some_and(|e| e.0.t <= t) {
             if let Some(Reverse(e)) = self.events.pop() {
                 self.execute(e);
@@ -538,6 +550,7 @@ impl ModelFab {
                 stats: Stats::default(),
                 trace: cfg.trace.then(Vec::new),
                 hash: 0xcbf2_9ce4_8422_2325,
+                rate_changes: Vec::new(),
             })),
         })
     }
@@ -599,6 +612,23 @@ impl ModelFab {
     /// The topology every connection uses.
     pub fn topology(&self) -> Result<Topology> {
         Ok(lock(&self.inner)?.topo.clone())
+    }
+
+    /// From virtual time `t_ps` on, `path` runs at `rate_bps` (a congested cable, a link retrained
+    /// at a lower width): writes scheduled from then on cross its wire at the new rate; writes
+    /// already on it keep theirs. [`ModelFab::advance`] stops at `t_ps`. The paths' nominal speed
+    /// (what the comms are told) stays.
+    pub fn set_rate_at(&self, path: usize, t_ps: u64, rate_bps: u64) -> Result<()> {
+        let mut g = lock(&self.inner)?;
+        if path >= g.topo.paths.len() || rate_bps == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "rate change of path {path} to {rate_bps} b/s; accepted: paths 0..{}, a rate above 0",
+                g.topo.paths.len()
+            )));
+        }
+        let at = g.rate_changes.partition_point(|c| c.0 <= t_ps);
+        g.rate_changes.insert(at, (t_ps, path, rate_bps));
+        Ok(())
     }
 
     /// Virtual time now, picoseconds.
