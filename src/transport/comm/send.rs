@@ -511,3 +511,16 @@ impl<F: Fabric> Drop for SendComm<F> {
         let _ = self.core.close();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_send_request_stays_small() {
+        // 256 of them per send comm: what failover keeps per request is counted here.
+        let n = std::mem::size_of::<SendReq>();
+        eprintln!("SendReq: {n} bytes");
+        assert!(n <= 448, "{n} bytes");
+    }
+}
