@@ -2,7 +2,8 @@
 //! 97.28 Gb/s, then one of them halved mid-run (its nominal speed, what the comms are told, stays).
 //! Weights that follow measured throughput bring achieved / sum of modelled rates back to ≥ 0.97;
 //! static weights (nominal speed) stay bound by the halved path. Deterministic: the same figures on
-//! any machine.
+//! any machine. Also: a path killed mid-run, and how long its traffic takes to flow on the
+//! survivor.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};
@@ -186,4 +187,30 @@ fn weights_follow_measured_throughput_when_a_path_halves() {
     let ratio = adaptive.weights[0] as f64 / adaptive.weights[1] as f64;
     let want = (A / 2) as f64 / B as f64;
     assert!((ratio / want - 1.0).abs() < 0.03, "{:?}", adaptive.weights);
+}
+
+#[test]
+fn a_killed_path_hands_its_traffic_to_the_survivor() {
+    let mut p = pair(true);
+    let d1 = stream(&mut p, 60);
+    let before = gbps(&d1, 30, 60);
+    // The cable of path 0 goes 100 us from now, with 8 messages in flight.
+    let kill = p.f.now_ps().unwrap() + 100_000_000;
+    p.f.kill_path_at(0, kill).unwrap();
+    let d2 = stream(&mut p, 200);
+    assert_eq!(p.s.paths_up(), vec![false, true]);
+    let first_after = d2.iter().copied().find(|&t| t > kill).unwrap();
+    let gap_us = (first_after - kill) as f64 / 1e6;
+    let after = gbps(&d2, 100, 200);
+    eprintln!(
+        "before {before:.2} Gb/s; kill to the next completed receive {gap_us:.1} us; after {after:.2} Gb/s \
+         (path 1 alone: {:.2} Gb/s line rate)",
+        B as f64 / 1e9
+    );
+    // Per path, work runs in post order: the moved pieces queue behind what path 1 already had, so
+    // the next receive completes within the time path 1 alone needs for everything in flight.
+    let drain_us = (WINDOW * SIZE * 8) as f64 / B as f64 * 1e6;
+    assert!(gap_us < drain_us, "{gap_us} us, in flight: {drain_us} us");
+    // Afterwards path 1 alone, at its line rate less framing.
+    assert!(after / (B as f64 / 1e9) >= 0.97, "{after} Gb/s");
 }

@@ -274,12 +274,14 @@ fn a_path_killed_mid_stream_costs_bandwidth_not_messages() {
         };
         let mut g = rig(2, fcfg, pcfg());
         let sizes = vec![1 << 20; 16];
-        let out = stream(&mut g, &sizes, 8, |g, step| {
-            if step == 2 {
-                g.fab.kill_path(g.sid, 0);
-            }
-        });
-        assert!(out.steps > 2, "the kill came after the last message");
+        // After 40 work requests: CTS entries and data of the first messages are in flight.
+        g.fab.kill_after(g.sid, 0, 40, false);
+        let out = stream(&mut g, &sizes, 8, |_, _| {});
+        let (k, d) = (out.kill_step.unwrap(), out.first_done_after_kill.unwrap());
+        eprintln!(
+            "kill at step {k}, next receive completed at step {d} (1 ms of virtual time each)"
+        );
+        assert!(d - k <= 2, "steps {k} to {d}");
         let up = (g.s.paths_up(), g.r.paths_up());
         close(g);
         (out, up)

@@ -18,7 +18,8 @@
 //! * Memory is the fabric's, as in [`super::memfab`] (addresses `((region + 1) << 32) | offset`, keys
 //!   per path, checked like a NIC would); with [`ModelFabConfig::copy_data`] off, data buffers have no
 //!   backing store and only control memory is written.
-//! * [`ModelFab::set_rate_at`] changes a path's rate at a virtual time (its nominal speed stays).
+//! * [`ModelFab::set_rate_at`] changes a path's rate at a virtual time (its nominal speed stays);
+//!   [`ModelFab::kill_path_at`] pulls its cable then.
 //! * [`ModelFab::trace`] lists executed events (when tracing); [`ModelFab::trace_hash`] digests them
 //!   always, so two runs can be compared.
 //!
@@ -200,7 +201,8 @@ struct Inner {
     stats: Stats,
     trace: Option<Vec<TraceEvent>>,
     hash: u64,
-    /// Rate changes still to come: (virtual time ps, path, new rate b/s), earliest first.
+    /// Rate changes still to come: (virtual time ps, path, new rate b/s; 0: the cable is pulled),
+    /// earliest first.
     rate_changes: Vec<(u64, usize, u64)>,
 }
 
@@ -361,6 +363,31 @@ impl Inner {
         self.push(arrive, 0, ep, path, seq, Action::Deliver(wr));
     }
 
+    /// Pulls the cable of `path` (every connection's): queue pairs to the error state, posted work
+    /// and receives flushed; writes on the wire fail when they would have landed.
+    fn kill(&mut self, path: usize) {
+        for ep in self.eps.iter_mut().filter(|e| !e.gone) {
+            let Some(q) = ep.qps.get_mut(path) else {
+                continue;
+            };
+            q.error = true;
+            while let Some(w) = q.pending.pop_front() {
+                q.cq.push_back(Completion::without_data(
+                    w.wr_id,
+                    WcStatus::WR_FLUSH_ERR,
+                    WcOpcode::RdmaWrite,
+                ));
+            }
+            while let Some(wr_id) = q.recvs.pop_front() {
+                q.cq.push_back(Completion::without_data(
+                    wr_id,
+                    WcStatus::WR_FLUSH_ERR,
+                    WcOpcode::RecvRdmaWithImm,
+                ));
+            }
+        }
+    }
+
     fn fail(&mut self, ep: usize, path: usize, seq: u64, wr_id: u64, status: WcStatus, at: u64) {
         self.eps[ep].qps[path].error = true;
         let c = Completion::without_data(wr_id, status, WcOpcode::RdmaWrite);
@@ -471,7 +498,11 @@ impl Inner {
         self.now = t;
         while self.rate_changes.first().is_some_and(|c| c.0 <= t) {
             let (_, path, rate) = self.rate_changes.remove(0);
-            self.topo.paths[path].rate_bps = rate;
+            if rate == 0 {
+                self.kill(path);
+            } else {
+                self.topo.paths[path].rate_bps = rate;
+            }
         }
         while self.events.peek().is_some_and(|e| e.0.t <= t) {
             if let Some(Reverse(e)) = self.events.pop() {
@@ -628,6 +659,22 @@ impl ModelFab {
         }
         let at = g.rate_changes.partition_point(|c| c.0 <= t_ps);
         g.rate_changes.insert(at, (t_ps, path, rate_bps));
+        Ok(())
+    }
+
+    /// At virtual time `t_ps` the cable of `path` is pulled, for every connection: both ends' queue
+    /// pairs fail (posted work and receives complete with `WR_FLUSH_ERR`, writes on the wire fail
+    /// when they would have landed). [`ModelFab::advance`] stops at `t_ps`.
+    pub fn kill_path_at(&self, path: usize, t_ps: u64) -> Result<()> {
+        let mut g = lock(&self.inner)?;
+        if path >= g.topo.paths.len() {
+            return Err(Error::InvalidArgument(format!(
+                "kill of path {path}; accepted: paths 0..{}",
+                g.topo.paths.len()
+            )));
+        }
+        let at = g.rate_changes.partition_point(|c| c.0 <= t_ps);
+        g.rate_changes.insert(at, (t_ps, path, 0));
         Ok(())
     }
 
