@@ -532,3 +532,21 @@ proptest! {
         close(g);
     }
 }
+
+#[test]
+fn a_health_error_about_one_path_fails_over_instead_of_failing_the_send() {
+    let _p = shared();
+    let mut g = rig(2, MemFabConfig::default(), pcfg());
+    let src = g.fab.alloc(64).unwrap();
+    let smh = g.s.reg_mr(src, 64, MemKind::Host).unwrap();
+    // Waiting for a clear-to-send: the device reports trouble, and path 0's cable is out.
+    assert_eq!(g.s.isend(g.now, src, 64, 0, &smh).unwrap(), None);
+    g.fab
+        .set_health_error(g.sid, Some("rxe_eth2 port 1 has been down for 1.2 s"));
+    g.fab.kill_path(g.sid, 0);
+    assert_eq!(g.s.isend(g.now, src, 64, 0, &smh).unwrap(), None);
+    assert_eq!(g.s.paths_up(), vec![false, true]);
+    // With one path left the same report concerns the connection: the send fails as before.
+    let e = g.s.isend(g.now, src, 64, 0, &smh).unwrap_err();
+    assert!(e.to_string().contains("has been down for 1.2 s"), "{e}");
+}

@@ -435,19 +435,25 @@ impl<F: Fabric> Core<F> {
         true
     }
 
-    /// While waiting with nothing to poll: asks the device about each usable data path and fails
-    /// over from those it reports dead.
-    fn check_path_health(&mut self, now: Instant) {
-        if !self.cfg.failover.enabled || self.paths.up_count() < 2 {
-            return;
+    /// While waiting with nothing to poll: asks the devices what they saw ([`Fabric::health`]),
+    /// then about each usable data path, and fails over from those reported dead. A health error
+    /// is returned only when no path it could be about was marked down (it concerns the connection).
+    fn check_health(&mut self, now: Instant) -> Result<()> {
+        let overall = self.fab.health();
+        let mut marked = false;
+        if self.cfg.failover.enabled && self.paths.up_count() > 1 {
+            for k in 0..self.paths.len() {
+                if !self.paths.is_up(k) {
+                    continue;
+                }
+                if let Err(e) = self.fab.path_health(self.data[k]) {
+                    marked |= self.mark_down(k, now, &e.to_string());
+                }
+            }
         }
-        for k in 0..self.paths.len() {
-            if !self.paths.is_up(k) {
-                continue;
-            }
-            if let Err(e) = self.fab.path_health(self.data[k]) {
-                self.mark_down(k, now, &e.to_string());
-            }
+        match overall {
+            Err(e) if !marked => Err(e),
+            _ => Ok(()),
         }
     }
 

@@ -182,8 +182,7 @@ impl<F: Fabric> SendComm<F> {
         };
         if self.cur.is_none() && !self.load_slot()? {
             // Nothing to poll for while no clear-to-send arrives: ask the devices what they saw.
-            self.core.fab.health()?;
-            self.core.check_path_health(now);
+            self.core.check_health(now)?;
             self.fail_over(now);
             let mut rebuilt = Vec::new();
             self.core.probe(now, &mut rebuilt)?;
