@@ -719,6 +719,13 @@ impl MemFab {
         }
     }
 
+    /// The two endpoints the latest [`MemFab::pair`] made (a test that did not make them itself,
+    /// e.g. through the plugin, finds them here to inject faults).
+    pub fn newest_pair(&self) -> Option<(EpId, EpId)> {
+        let n = lock(&self.inner).eps.len();
+        (n >= 2).then(|| (EpId(n - 2), EpId(n - 1)))
+    }
+
     /// Work requests executed so far (to pick a [`MemFab::kill_after`] point).
     pub fn executed(&self) -> u64 {
         lock(&self.inner).executed
