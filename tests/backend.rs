@@ -782,8 +782,9 @@ fn thousand_listen_connect_close_cycles_leak_nothing() {
 }
 
 /// 1000 listen/connect/accept/close cycles (every tenth one closing with a receive outstanding, every
-/// other one moving a message) leave no file descriptor, thread, registration or parked connection
-/// state behind, and memory does not grow with the cycle count.
+/// other one moving a message, every third one losing a path at a different moment, failover moving
+/// its work to the other) leave no file descriptor, thread, registration or parked connection state
+/// behind, and memory does not grow with the cycle count.
 #[test]
 #[ignore = "run by thousand_listen_connect_close_cycles_leak_nothing in a child process"]
 fn leak_cycles_in_their_own_process() {
@@ -799,6 +800,10 @@ fn leak_cycles_in_their_own_process() {
     fab.write(src, &pattern(4096, 9)).unwrap();
     let cycle = |i: usize| {
         let (mut s, mut r, l) = establish(&b, 0, 0);
+        if i % 3 == 1 {
+            let (a, _) = fab.newest_pair().unwrap();
+            fab.kill_after(a, (i / 3) % 2, (i % 4) as u64, i % 4 == 1);
+        }
         let region = |addr: u64| Region {
             addr: addr as usize,
             size: 4096,

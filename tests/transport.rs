@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use switchless::error::Error;
 use switchless::transport::comm::{
-    FlushBuf, MemHandle, ProtocolConfig, RecvBuf, RecvComm, Request, SendComm, Sizes, connect_pair,
+    FailoverConfig, FlushBuf, MemHandle, ProtocolConfig, RecvBuf, RecvComm, Request, SendComm,
+    Sizes, connect_pair,
 };
 use switchless::transport::fabric::{MemKind, WcStatus};
 use switchless::transport::memfab::{EpId, MemEndpoint, MemFab, MemFabConfig};
@@ -37,6 +38,17 @@ fn rig_with(speeds: &[u64], loopbacks: usize, fcfg: MemFabConfig, pcfg: Protocol
         sid,
         rid,
         now: Instant::now(),
+    }
+}
+
+/// Protocol defaults with failover off: a path's error fails the requests on it.
+fn no_failover() -> ProtocolConfig {
+    ProtocolConfig {
+        failover: FailoverConfig {
+            enabled: false,
+            ..FailoverConfig::default()
+        },
+        ..ProtocolConfig::default()
     }
 }
 
@@ -797,8 +809,13 @@ fn a_flush_that_never_completes_times_out() {
 #[test]
 fn path_errors_and_timeouts_carry_what_the_device_said_about_the_port() {
     const NOTE: &str = "rxe_eth2 port 1: IBV_EVENT_PORT_ERR (the port went down) 0.12 s ago";
-    // A completion error: the note follows the status.
-    let mut g = rig(2);
+    // A completion error: the note follows the status (failover off: the error reaches the request).
+    let mut g = rig_with(
+        &[100_000, 100_000],
+        0,
+        MemFabConfig::default(),
+        no_failover(),
+    );
     let (ra, rmh) = g.recv_buf(64, MemKind::Host);
     let (sa, smh) = g.send_buf(&[3; 64]);
     g.fab.set_path_note(g.sid, 0, Some(NOTE));
@@ -1344,7 +1361,13 @@ fn one_warning_per_failed_path_naming_path_and_status() {
     let warns = capture::Warns::default();
     let w2 = warns.clone();
     tracing::subscriber::with_default(w2, || {
-        let mut g = rig(2);
+        // Failover off: every request on the failed path fails (tests/failover.rs: with it on).
+        let mut g = rig_with(
+            &[100_000, 100_000],
+            0,
+            MemFabConfig::default(),
+            no_failover(),
+        );
         let (ra, rmh) = g.recv_buf(1 << 20, MemKind::Host);
         let (sa, smh) = g.send_buf(&pattern(1 << 20, 1));
         for _ in 0..3 {

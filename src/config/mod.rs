@@ -65,6 +65,15 @@ pub const MIN_MIN_CHUNK: u64 = 4 << 10;
 /// Largest accepted `NCCL_SWITCHLESS_MIN_CHUNK`, bytes (1 GiB).
 pub const MAX_MIN_CHUNK: u64 = 1 << 30;
 
+/// Shortest accepted `NCCL_SWITCHLESS_FAILBACK_BACKOFF`.
+pub const MIN_FAILBACK_BACKOFF: Duration = Duration::from_millis(10);
+/// Longest accepted `NCCL_SWITCHLESS_FAILBACK_BACKOFF`.
+pub const MAX_FAILBACK_BACKOFF: Duration = Duration::from_secs(60);
+/// Shortest accepted `NCCL_SWITCHLESS_FAILBACK_INTERVAL`.
+pub const MIN_FAILBACK_INTERVAL: Duration = Duration::from_millis(100);
+/// Longest accepted `NCCL_SWITCHLESS_FAILBACK_INTERVAL`.
+pub const MAX_FAILBACK_INTERVAL: Duration = Duration::from_secs(3600);
+
 /// Which data transport to use (`NCCL_SWITCHLESS_TRANSPORT`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TransportMode {
@@ -367,6 +376,53 @@ variables! {
             show: show_bool,
             doc: "Log the whole route table (every local link, peer subnet, GID, PCI root) at INFO at \
                   init. Without it, one INFO line per connection.",
+        },
+        failover: bool {
+            name: "NCCL_SWITCHLESS_FAILOVER",
+            default: "1",
+            forms: FORM_BOOL,
+            parse: parse_bool,
+            show: show_bool,
+            doc: "`1`: when one path of a multi-path connection fails (a completion error, the port going \
+                  down), its unacknowledged pieces and clear-to-send entries move to the surviving paths \
+                  (one WARN names the path, the survivors and the bandwidth to expect) and the failed path \
+                  is probed to rejoin (failback, INFO line); a request fails only when no path is left. \
+                  `0`: a path's error fails the requests on it. See `docs/failover.md`.",
+        },
+        failback_retries: u8 {
+            name: "NCCL_SWITCHLESS_FAILBACK_RETRIES",
+            default: "5",
+            forms: "0..=100",
+            parse: |v| u8_in(v, 0, 100),
+            show: u8::to_string,
+            doc: "Probes of a failed path with doubling backoff (from `FAILBACK_BACKOFF`) before probing \
+                  settles at `FAILBACK_INTERVAL`; probing never stops while the connection lives.",
+        },
+        failback_backoff: Duration {
+            name: "NCCL_SWITCHLESS_FAILBACK_BACKOFF",
+            default: "100ms",
+            forms: "10ms..=60s: a number of milliseconds, or a number with the unit ms, s or m",
+            parse: |v| duration_in(v, MIN_FAILBACK_BACKOFF..=MAX_FAILBACK_BACKOFF),
+            show: show_ms,
+            doc: "Wait before the first probe of a failed path; doubles per retry.",
+        },
+        failback_interval: Duration {
+            name: "NCCL_SWITCHLESS_FAILBACK_INTERVAL",
+            default: "5s",
+            forms: "100ms..=60m: a number of milliseconds, or a number with the unit ms, s or m",
+            parse: |v| duration_in(v, MIN_FAILBACK_INTERVAL..=MAX_FAILBACK_INTERVAL),
+            show: show_ms,
+            doc: "Probe period of a failed path after the retries (the low steady probe rate).",
+        },
+        adaptive_weights: bool {
+            name: "NCCL_SWITCHLESS_ADAPTIVE_WEIGHTS",
+            default: "1",
+            forms: FORM_BOOL,
+            parse: parse_bool,
+            show: show_bool,
+            doc: "`1`: stripe shares follow each path's measured throughput (a slow or congested path gets \
+                  proportionally less; every path keeps a 2 % probe share). `0`: shares by nominal link \
+                  speed only.",
         },
     }
 }
@@ -760,7 +816,8 @@ mod tests {
             "NCCL_IB_HCA=<all> NCCL_IB_GID_INDEX=auto NCCL_IB_TC=auto NCCL_IB_SL=auto NCCL_IB_TIMEOUT=20 \
              NCCL_IB_RETRY_CNT=7 NCCL_IB_QPS_PER_CONNECTION=1 NCCL_NET_GDR_LEVEL=default transport=auto connect_timeout=off \
              request_timeout=off tcp_streams=auto tcp_threads=auto tcp_fallback=0 min_chunk=131072 bytes \
-             log_routes=0"
+             log_routes=0 failover=1 failback_retries=5 failback_backoff=100 ms failback_interval=5000 ms \
+             adaptive_weights=1"
         );
     }
 

@@ -215,6 +215,13 @@ impl WcStatus {
         matches!(self.0, 9..=13 | 17)
     }
 
+    /// Whether the status blames the work request itself (a bad key, length or range) rather than
+    /// the path: sending it again elsewhere would fail the same way, so its request fails even when
+    /// the comm fails over (the path is dead all the same: its queue pair is in the error state).
+    pub fn blames_request(self) -> bool {
+        matches!(self.0, 1 | 4 | 6 | 8 | 9 | 10)
+    }
+
     /// The text `ibv_wc_status_str` gives for this status.
     pub fn text(self) -> &'static str {
         match self.0 {
@@ -389,6 +396,37 @@ pub trait Fabric {
     fn path_note(&self, _path: usize) -> Option<String> {
         None
     }
+
+    /// Whether `path` is still usable by what its device reported on its own (verbs: no
+    /// `IBV_EVENT_PORT_ERR` outstanding; TCP: the stream is up). An error names what went wrong. The
+    /// comm asks only while it waits with nothing to poll, to fail over from a path whose device
+    /// reported it dead before any completion did. The default: usable.
+    fn path_health(&mut self, _path: usize) -> Result<()> {
+        Ok(())
+    }
+
+    /// Tries to bring back data path `path` after it failed (failback): called at the comm's probe
+    /// times, never on a usable path. [`Revive::Down`] while the port is still down;
+    /// [`Revive::Rebuilt`] once this end has a fresh queue pair (the comm then posts its receives on
+    /// it, and calls again); [`Revive::Ready`] once both ends are rebuilt, so work posted from now on
+    /// runs. After `Rebuilt` the path's completion queue holds only completions of work posted after
+    /// it. The default never revives (a fabric that cannot rebuild a path).
+    fn revive_path(&mut self, _path: usize) -> Result<Revive> {
+        Ok(Revive::Down)
+    }
+}
+
+/// What [`Fabric::revive_path`] achieved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Revive {
+    /// The port is still down (or the fabric cannot rebuild paths).
+    Down,
+    /// This end has a fresh queue pair: post receives, then call again.
+    Rebuilt,
+    /// This end is rebuilt and waits for the peer's end.
+    Pending,
+    /// Both ends are rebuilt: the path carries work again.
+    Ready,
 }
 
 impl<F: Fabric + ?Sized> Fabric for Box<F> {
@@ -452,6 +490,12 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
     fn health(&mut self) -> Result<()> {
         (**self).health()
     }
+    fn path_health(&mut self, path: usize) -> Result<()> {
+        (**self).path_health(path)
+    }
+    fn revive_path(&mut self, path: usize) -> Result<Revive> {
+        (**self).revive_path(path)
+    }
 }
 
 #[cfg(test)]
@@ -465,6 +509,10 @@ mod tests {
         assert!(WcStatus::REM_ACCESS_ERR.is_remote());
         assert!(!WcStatus::WR_FLUSH_ERR.is_remote());
         assert!(!WcStatus::LOC_PROT_ERR.is_remote());
+        assert!(WcStatus::LOC_PROT_ERR.blames_request());
+        assert!(WcStatus::REM_ACCESS_ERR.blames_request());
+        assert!(!WcStatus::RETRY_EXC_ERR.blames_request());
+        assert!(!WcStatus::WR_FLUSH_ERR.blames_request());
         assert_eq!(
             WcStatus::RNR_RETRY_EXC_ERR.text(),
             "RNR retry counter exceeded"

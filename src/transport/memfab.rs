@@ -15,7 +15,11 @@
 //!   a few at a time from randomly chosen paths (seeded, so runs repeat): in order within a path, in any
 //!   order across paths.
 //! * Faults: [`MemFab::fail_next`] (the next work request on a path fails with a status),
-//!   [`MemFab::stall`] (an endpoint's work requests stop executing: a peer that stops answering).
+//!   [`MemFab::stall`] (an endpoint's work requests stop executing: a peer that stops answering),
+//!   [`MemFab::kill_path`] / [`MemFab::kill_after`] (a cable pulled: both ends of a path fail, now or
+//!   when a given number of further work requests has executed, optionally with the write under way
+//!   half landed) and [`MemFab::restore_path`] (the cable is back; each end then rebuilds its queue
+//!   pair through [`Fabric::revive_path`]).
 #![forbid(unsafe_code)]
 
 use std::collections::{HashMap, VecDeque};
@@ -27,7 +31,7 @@ use crate::sync::lock;
 use crate::transport::ctrl::{AtomicWords, Span};
 use crate::transport::fabric::{
     Completion, CtrlMem, Fabric, MemKind, PathInfo, PathKeys, PathRole, ReadWr, Registration,
-    WcOpcode, WcStatus, WriteWr,
+    Revive, WcOpcode, WcStatus, WriteWr,
 };
 
 /// Options.
@@ -111,6 +115,20 @@ struct Qp {
     /// What [`Fabric::path_note`] reports for this path (set by [`MemFabric::set_path_note`]).
     note: Option<String>,
     bytes: u64,
+    /// The cable is out ([`MemFab::kill_path`]): the queue pair cannot be rebuilt.
+    carrier_down: bool,
+    /// Rebuilt by [`Fabric::revive_path`], not yet ready to send (verbs: INIT, receives may be
+    /// posted).
+    init: bool,
+}
+
+/// A path to kill when the fabric has executed `at` work requests in all.
+#[derive(Debug, Clone, Copy)]
+struct KillAt {
+    at: u64,
+    ep: usize,
+    path: usize,
+    partial: bool,
 }
 
 struct Endpoint {
@@ -136,6 +154,9 @@ struct Inner {
     copy_data: bool,
     pin_ns_per_page: u64,
     stats: Stats,
+    /// Work requests executed so far (for [`MemFab::kill_after`]).
+    executed: u64,
+    kill_at: Option<KillAt>,
 }
 
 /// The fabric: memory, keys and every endpoint's queues. Cheap to clone (shared).
@@ -263,11 +284,83 @@ impl Inner {
         self.complete(ep, path, Completion::without_data(wr_id, status, opcode));
     }
 
+    /// Puts one end's queue pair in the error state: queued work and posted receives complete with
+    /// `WR_FLUSH_ERR`.
+    fn kill_qp(&mut self, ep: usize, path: usize) {
+        let q = &mut self.eps[ep].qps[path];
+        q.error = true;
+        q.init = false;
+        while let Some(op) = q.queue.pop_front() {
+            let (wr_id, opcode) = match op {
+                Op::Write(w) => (w.wr_id, WcOpcode::RdmaWrite),
+                Op::Read(r) => (r.wr_id, WcOpcode::RdmaRead),
+            };
+            q.cq.push_back(Completion::without_data(
+                wr_id,
+                WcStatus::WR_FLUSH_ERR,
+                opcode,
+            ));
+        }
+        while let Some(wr_id) = q.recvs.pop_front() {
+            q.cq.push_back(Completion::without_data(
+                wr_id,
+                WcStatus::WR_FLUSH_ERR,
+                WcOpcode::RecvRdmaWithImm,
+            ));
+        }
+    }
+
+    /// Pulls the cable of `path` of `ep`: both ends fail.
+    fn kill(&mut self, ep: usize, path: usize) {
+        let Some(role) = self.eps.get(ep).and_then(|e| e.roles.get(path)).copied() else {
+            return;
+        };
+        let peer = self.target_of(ep, path);
+        let ends = if role == PathRole::Data {
+            vec![ep, peer]
+        } else {
+            vec![ep]
+        };
+        for e in ends {
+            if let Some(q) = self.eps.get_mut(e).and_then(|x| x.qps.get_mut(path)) {
+                q.carrier_down = true;
+            }
+            if self.eps.get(e).is_some_and(|x| path < x.qps.len()) {
+                self.kill_qp(e, path);
+            }
+        }
+    }
+
+    /// A kill due before the next work request: lands half of `op` first when asked and `op` is a
+    /// write on the killed path.
+    fn kill_due(&mut self, ep: usize, path: usize, op: &Op) {
+        let Some(k) = self.kill_at.filter(|k| self.executed >= k.at) else {
+            return;
+        };
+        self.kill_at = None;
+        let on_path = path == k.path && (ep == k.ep || ep == self.target_of(k.ep, k.path));
+        if let (true, true, Op::Write(w)) = (k.partial, on_path, op) {
+            let half = w.local.len as usize / 2;
+            let t = self.target_of(ep, path);
+            let src = self.check_key(w.local.lkey, ep, path, w.local.addr, half);
+            let dst = self.check_key(w.remote.rkey, t, path, w.remote.addr, half);
+            if let (Some((sr, so)), Some((dr, doff)), true) = (src, dst, half > 0) {
+                if self.copy_data || self.regions[dr].ctrl {
+                    // Checked keys: an error here is a region that shrank, which the kill ignores.
+                    let _ = self.copy(sr, so, dr, doff, half);
+                }
+            }
+        }
+        self.kill(k.ep, k.path);
+    }
+
     /// Executes one queued op of (ep, path).
     fn execute(&mut self, ep: usize, path: usize) {
         let Some(op) = self.eps[ep].qps[path].queue.pop_front() else {
             return;
         };
+        self.kill_due(ep, path, &op);
+        self.executed += 1;
         let (wr_id, opcode) = match op {
             Op::Write(w) => (w.wr_id, WcOpcode::RdmaWrite),
             Op::Read(r) => (r.wr_id, WcOpcode::RdmaRead),
@@ -463,6 +556,8 @@ impl MemFab {
                 copy_data: cfg.copy_data,
                 pin_ns_per_page: cfg.pin_ns_per_page,
                 stats: Stats::default(),
+                executed: 0,
+                kill_at: None,
             })),
         }
     }
@@ -554,6 +649,64 @@ impl MemFab {
         if let Some(q) = g.eps.get_mut(ep.0).and_then(|e| e.qps.get_mut(path)) {
             q.fault = Some(status);
         }
+    }
+
+    /// Pulls the cable of data path `path` between `ep` and its peer: both ends' queue pairs fail
+    /// (queued work and posted receives complete with `WR_FLUSH_ERR`, later work with it too) and
+    /// cannot be rebuilt until [`MemFab::restore_path`].
+    pub fn kill_path(&self, ep: EpId, path: usize) {
+        if let Ok(mut g) = lock(&self.inner, LOCK) {
+            g.kill(ep.0, path);
+        }
+    }
+
+    /// Kills `path` of `ep` (as [`MemFab::kill_path`]) just before the fabric executes its
+    /// `ops`-th work request from now, on any path; with `partial`, when that work request is a
+    /// write on the killed path, half its bytes land first (a write cut mid-way).
+    pub fn kill_after(&self, ep: EpId, path: usize, ops: u64, partial: bool) {
+        let Ok(mut g) = lock(&self.inner, LOCK) else {
+            return;
+        };
+        let at = g.executed + ops;
+        g.kill_at = Some(KillAt {
+            at,
+            ep: ep.0,
+            path,
+            partial,
+        });
+    }
+
+    /// Whether a kill from [`MemFab::kill_after`] is still to come.
+    pub fn kill_pending(&self) -> bool {
+        lock(&self.inner, LOCK).is_ok_and(|g| g.kill_at.is_some())
+    }
+
+    /// Puts the cable of `path` between `ep` and its peer back: each end can now rebuild its queue
+    /// pair ([`Fabric::revive_path`]).
+    pub fn restore_path(&self, ep: EpId, path: usize) {
+        let Ok(mut g) = lock(&self.inner, LOCK) else {
+            return;
+        };
+        let Some(peer) = g.eps.get(ep.0).map(|e| e.peer) else {
+            return;
+        };
+        for e in [ep.0, peer] {
+            if let Some(q) = g.eps.get_mut(e).and_then(|x| x.qps.get_mut(path)) {
+                q.carrier_down = false;
+            }
+        }
+    }
+
+    /// The two endpoints the latest [`MemFab::pair`] made (a test that did not make them itself,
+    /// e.g. through the plugin, finds them here to inject faults).
+    pub fn newest_pair(&self) -> Option<(EpId, EpId)> {
+        let n = lock(&self.inner, LOCK).map_or(0, |g| g.eps.len());
+        (n >= 2).then(|| (EpId(n - 2), EpId(n - 1)))
+    }
+
+    /// Work requests executed so far (to pick a [`MemFab::kill_after`] point).
+    pub fn executed(&self) -> u64 {
+        lock(&self.inner, LOCK).map_or(0, |g| g.executed)
     }
 
     /// Makes [`Fabric::health`] of `ep` fail with `error` (what a verbs device reporting a dead port
@@ -852,6 +1005,45 @@ impl Fabric for MemEndpoint {
             Some(e) => Err(Error::System(e.clone())),
             None => Ok(()),
         }
+    }
+
+    fn path_health(&mut self, path: usize) -> Result<()> {
+        let g = lock(&self.inner, LOCK)?;
+        match g.eps[self.id].qps.get(path) {
+            Some(q) if q.carrier_down => Err(Error::System(format!(
+                "memfab ep{} path{path}: the cable is out",
+                self.id
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// A fresh queue pair once the cable is back (queues and completions of the old one are gone);
+    /// ready once the peer's end is rebuilt and was asked again after posting its receives.
+    fn revive_path(&mut self, path: usize) -> Result<Revive> {
+        self.check_path(path)?;
+        let mut g = lock(&self.inner, LOCK)?;
+        let peer = g.target_of(self.id, path);
+        let q = &mut g.eps[self.id].qps[path];
+        if q.carrier_down {
+            return Ok(Revive::Down);
+        }
+        if q.error {
+            q.error = false;
+            q.init = true;
+            q.fault = None;
+            q.queue.clear();
+            q.cq.clear();
+            q.recvs.clear();
+            return Ok(Revive::Rebuilt);
+        }
+        q.init = false;
+        let p = &g.eps[peer].qps[path];
+        Ok(if p.error || p.init {
+            Revive::Pending
+        } else {
+            Revive::Ready
+        })
     }
 
     fn shutdown(&mut self) -> Result<()> {

@@ -30,7 +30,6 @@ pub const ELEM_WORDS: usize = 3 + MAX_PATHS / 2;
 const SLOT_MAGIC: u64 = 0x5C75;
 
 const _: () = assert!(SLOT_ELEMS + MAX_RECVS * ELEM_WORDS <= SLOT_WORDS);
-const _: () = assert!(FIFO_DEPTH <= 256);
 
 /// One buffer of a clear-to-send entry: where the sender may write and how much.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -124,40 +123,54 @@ pub fn decode_record(word: u64, seq: u64) -> Result<u64> {
     Ok(word & RECORD_SIZE_MASK)
 }
 
-/// The immediate carried by the last write of an element on each path it uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The immediate carried by the last write of each piece of an element (a piece is one chunk of the
+/// stripe; the piece that carries the size record ends with the record write).
+///
+/// The piece index lets the receiver keep a bitmap per buffer: a piece sent again over a surviving
+/// path after its first path failed (its write may have landed with the completion lost) is counted
+/// once, however often it arrives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Imm {
     /// FIFO slot of the grouped receive.
     pub slot: usize,
     /// Buffer index within the grouped receive.
     pub elem: usize,
-    /// How many paths carry an immediate for this element (1..=8).
-    pub npaths: usize,
+    /// How many pieces the element was split into (1..=8).
+    pub npieces: usize,
+    /// This piece's index (0..npieces); piece 0 carries the size record.
+    pub piece: usize,
     /// Low 16 bits of the slot's sequence number.
     pub seq16: u16,
 }
 
+const _: () = assert!(FIFO_DEPTH <= 32 && MAX_RECVS <= 8 && MAX_PATHS <= 8);
+
 impl Imm {
-    /// Packs: slot in bits 0..8, elem in 8..11, npaths−1 in 11..14, seq16 in 16..32.
+    /// Packs: slot in bits 0..5, elem in 5..8, npieces−1 in 8..11, piece in 11..14, bits 14..16 zero,
+    /// seq16 in 16..32.
     pub fn encode(self) -> u32 {
-        (self.slot as u32 & 0xff)
-            | ((self.elem as u32 & 0x7) << 8)
-            | (((self.npaths as u32).wrapping_sub(1) & 0x7) << 11)
+        (self.slot as u32 & 0x1f)
+            | ((self.elem as u32 & 0x7) << 5)
+            | (((self.npieces as u32).wrapping_sub(1) & 0x7) << 8)
+            | ((self.piece as u32 & 0x7) << 11)
             | (u32::from(self.seq16) << 16)
     }
 
-    /// Unpacks and validates against the FIFO depth.
+    /// Unpacks and validates against the FIFO depth and the piece count.
     pub fn decode(v: u32) -> Result<Imm> {
         let imm = Imm {
-            slot: (v & 0xff) as usize,
-            elem: ((v >> 8) & 0x7) as usize,
-            npaths: (((v >> 11) & 0x7) + 1) as usize,
+            slot: (v & 0x1f) as usize,
+            elem: ((v >> 5) & 0x7) as usize,
+            npieces: (((v >> 8) & 0x7) + 1) as usize,
+            piece: ((v >> 11) & 0x7) as usize,
             seq16: (v >> 16) as u16,
         };
-        if v & 0xc000 != 0 || imm.slot >= FIFO_DEPTH {
+        if v & 0xc000 != 0 || imm.slot >= FIFO_DEPTH || imm.piece >= imm.npieces {
             return Err(Error::Remote(format!(
-                "immediate {v:#010x} is not one of ours (slot {} of {FIFO_DEPTH}, reserved bits {:#x})",
+                "immediate {v:#010x} is not one of ours (slot {} of {FIFO_DEPTH}, piece {} of {}, reserved bits {:#x})",
                 imm.slot,
+                imm.piece,
+                imm.npieces,
                 (v >> 14) & 3
             )));
         }
@@ -181,6 +194,17 @@ pub enum WrKind {
 /// Builds a `wr_id`: kind, request index, generation.
 pub fn wr_id(kind: WrKind, index: usize, generation: u32) -> u64 {
     ((kind as u64) << 56) | (u64::from(generation) << 16) | (index as u64 & 0xffff)
+}
+
+/// A send's `wr_id` naming also the piece (bits 48..56), so a completion says which piece of the
+/// request it finished.
+pub fn wr_id_piece(index: usize, generation: u32, piece: usize) -> u64 {
+    wr_id(WrKind::Send, index, generation) | ((piece as u64 & 0xff) << 48)
+}
+
+/// The piece named by [`wr_id_piece`] (0 for other kinds).
+pub fn wr_piece(id: u64) -> usize {
+    ((id >> 48) & 0xff) as usize
 }
 
 /// Splits a `wr_id`; `None` for a kind we never post.
@@ -212,7 +236,9 @@ pub struct CtrlInfo {
 }
 
 const CTRL_MAGIC: u32 = 0x5357_4c43; // "SWLC"
-const CTRL_VERSION: u8 = 1;
+/// Version 2: immediates name their piece (failover); a version-1 peer counts immediates per path
+/// and would misread them, so the two refuse each other here.
+const CTRL_VERSION: u8 = 2;
 
 impl CtrlInfo {
     /// Encoded size for `npaths` data paths: 20 + 4 × npaths bytes (52 bytes for 8 paths).
@@ -325,7 +351,40 @@ mod tests {
     #[test]
     fn imm_rejects_foreign_values() {
         assert!(Imm::decode(0xffff_ffff).is_err());
-        assert!(Imm::decode(FIFO_DEPTH as u32).is_err());
+        // Piece 3 of 2.
+        assert!(Imm::decode((1 << 8) | (3 << 11)).is_err());
+        assert!(Imm::decode(1 << 14).is_err());
+    }
+
+    #[test]
+    fn imm_layout_is_pinned() {
+        let imm = Imm {
+            slot: 31,
+            elem: 7,
+            npieces: 8,
+            piece: 7,
+            seq16: 0xbeef,
+        };
+        assert_eq!(imm.encode(), 0xbeef_3fff);
+        let imm = Imm {
+            slot: 1,
+            elem: 2,
+            npieces: 3,
+            piece: 1,
+            seq16: 4,
+        };
+        assert_eq!(
+            imm.encode(),
+            0x0004_0000 | 1 | (2 << 5) | (2 << 8) | (1 << 11)
+        );
+    }
+
+    #[test]
+    fn wr_id_names_the_piece() {
+        let id = wr_id_piece(255, 0xdead_beef, 5);
+        assert_eq!(split_wr_id(id), Some((WrKind::Send, 255, 0xdead_beef)));
+        assert_eq!(wr_piece(id), 5);
+        assert_eq!(wr_piece(wr_id(WrKind::Cts, 3, 9)), 0);
     }
 
     #[test]
@@ -365,8 +424,8 @@ mod tests {
 
     proptest! {
         #[test]
-        fn imm_roundtrip(slot in 0..FIFO_DEPTH, elem in 0..MAX_RECVS, npaths in 1..=MAX_PATHS, seq16 in any::<u16>()) {
-            let imm = Imm { slot, elem, npaths, seq16 };
+        fn imm_roundtrip(slot in 0..FIFO_DEPTH, elem in 0..MAX_RECVS, npieces in 1..=MAX_PATHS, p in 0..MAX_PATHS, seq16 in any::<u16>()) {
+            let imm = Imm { slot, elem, npieces, piece: p % npieces, seq16 };
             prop_assert_eq!(Imm::decode(imm.encode()).unwrap(), imm);
         }
 

@@ -259,4 +259,10 @@ impl Fabric for MemConn {
     fn health(&mut self) -> Result<()> {
         self.ep.health()
     }
+    fn path_health(&mut self, path: usize) -> Result<()> {
+        self.ep.path_health(path)
+    }
+    fn revive_path(&mut self, path: usize) -> Result<crate::transport::fabric::Revive> {
+        self.ep.revive_path(path)
+    }
 }

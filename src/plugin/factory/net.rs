@@ -686,6 +686,12 @@ impl Fabric for NetConn {
     fn health(&mut self) -> Result<()> {
         each!(self, f => f.health())
     }
+    fn path_health(&mut self, path: usize) -> Result<()> {
+        each!(self, f => f.path_health(path))
+    }
+    fn revive_path(&mut self, path: usize) -> Result<crate::transport::fabric::Revive> {
+        each!(self, f => f.revive_path(path))
+    }
 }
 
 #[cfg(test)]

@@ -28,7 +28,7 @@ use crate::plugin::{
     Backend, CommInfo, CommMut, FlushBuf, Handle, Properties, PtrSupport, RecvBuf, Region, Slot,
 };
 use crate::route::types::{KernelRoute, LinkKind, LocalLink};
-use crate::transport::comm::{MemHandle, ProtocolConfig};
+use crate::transport::comm::{FailoverConfig, MemHandle, ProtocolConfig, WeightConfig};
 use crate::transport::fabric::Fabric;
 use crate::transport::handshake::PathParams;
 use crate::transport::stripe::StripeParams;
@@ -330,6 +330,16 @@ impl<P: PathFactory> Switchless<P> {
                 ..StripeParams::default()
             },
             request_timeout: view.config.request_timeout,
+            failover: FailoverConfig {
+                enabled: view.config.failover,
+                retries: u32::from(view.config.failback_retries),
+                backoff: view.config.failback_backoff,
+                probe_interval: view.config.failback_interval,
+            },
+            weights: WeightConfig {
+                adaptive: view.config.adaptive_weights,
+                ..WeightConfig::default()
+            },
             ..ProtocolConfig::default()
         };
         let mut b = [0u8; 4];

@@ -5,11 +5,21 @@
 //! 1. `irecv` writes a clear-to-send (CTS) entry into the sender's FIFO slot `seq % 32` with two RDMA
 //!    writes on one path: the body (buffers, sizes, tags, rkeys per path), then the word `seq + 1`.
 //! 2. `isend` acquire-loads that word; when it reads `seq + 1` it decodes the body, matches the tag,
-//!    checks the size and writes the data striped over the data paths. On the first path of the stripe
-//!    it then writes the size record into the receiver's record array with an immediate; every other
-//!    path's last data write carries the immediate.
-//! 3. The receiver counts immediates per buffer (each names its slot, buffer, the number of paths and
-//!    the sequence number); when all arrived it reads the size record.
+//!    checks the size and writes the data striped over the usable data paths, one piece per path.
+//!    Piece 0 ends with the size record written into the receiver's record array with an
+//!    immediate; every other piece's last data write carries the immediate.
+//! 3. The receiver marks pieces per buffer in a bitmap (each immediate names its slot, buffer, piece,
+//!    piece count and the sequence number); when all arrived it reads the size record.
+//!
+//! Failover ([`FailoverConfig`], on by default): a data path that fails (an error completion, a
+//! failed post, its device reporting it dead) is marked down with one WARN; its pieces not known
+//! delivered are posted again on the surviving paths, its clear-to-send entries likewise. A piece
+//! whose write landed although its completion was lost arrives twice and counts once (the
+//! bitmap), also after its receive completed (a late copy of the slot's previous use is ignored).
+//! The last usable path is never marked down: its error fails the request as before. A down path is
+//! probed with [`Fabric::revive_path`] (bounded backoff, then a steady rate) and rejoins with an
+//! INFO line. Stripe weights follow each path's measured throughput ([`WeightConfig`]); `paths.rs`
+//! has that bookkeeping.
 //!
 //! The comms read no clock: every call that may start or end a request timeout (`isend`, `irecv`,
 //! `iflush`, `test`) takes `now` from the caller, so tests step time instead of sleeping.
@@ -24,8 +34,8 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::transport::fabric::{
-    Completion, CtrlMem, Fabric, MemKind, PathRole, RECV_DEPTH, Registration, SEND_QUEUE_DEPTH,
-    WcStatus,
+    Completion, CtrlMem, Fabric, MemKind, PathRole, RECV_DEPTH, Registration, Revive,
+    SEND_QUEUE_DEPTH, WcStatus,
 };
 use crate::transport::stripe::{MAX_PATHS, StripeParams};
 use crate::transport::wire::{self, CtrlInfo, MAX_RECVS};
@@ -73,6 +83,21 @@ macro_rules! registration_methods {
             )
         }
 
+        /// Which data paths are usable now (failover marks a failed one down until failback).
+        pub fn paths_up(&self) -> Vec<bool> {
+            (0..self.core.paths.len())
+                .map(|k| self.core.paths.is_up(k))
+                .collect()
+        }
+
+        /// Each data path's stripe weight now, Mb/s: its measured throughput (adaptive weights)
+        /// or its nominal speed.
+        pub fn path_weights(&self) -> Vec<u64> {
+            (0..self.core.paths.len())
+                .map(|k| self.core.paths.estimate(k))
+                .collect()
+        }
+
         /// Releases a registration (NCCL `deregMr`).
         pub fn dereg_mr(
             &mut self,
@@ -115,9 +140,11 @@ macro_rules! impl_registrar {
 }
 
 // Declared after the macros above, which both files use.
+mod paths;
 mod recv;
 mod send;
 
+pub use paths::{FailoverConfig, WeightConfig};
 pub use recv::RecvComm;
 pub use send::SendComm;
 
@@ -141,6 +168,10 @@ pub struct ProtocolConfig {
     /// that has found no clear-to-send for this long fails likewise. `None` waits forever (NCCL's own
     /// behaviour: a slow peer is not an error).
     pub request_timeout: Option<Duration>,
+    /// Failover to the surviving paths and failback (on by default).
+    pub failover: FailoverConfig,
+    /// Stripe weights: measured throughput (default) or nominal link speed.
+    pub weights: WeightConfig,
 }
 
 impl Default for ProtocolConfig {
@@ -149,6 +180,8 @@ impl Default for ProtocolConfig {
             inline_max: 64,
             stripe: StripeParams::default(),
             request_timeout: None,
+            failover: FailoverConfig::default(),
+            weights: WeightConfig::default(),
         }
     }
 }
@@ -286,7 +319,12 @@ struct Core<F: Fabric> {
     data: Vec<usize>,
     /// Fabric indices of the loopback paths.
     loops: Vec<usize>,
-    speeds: Vec<u64>,
+    /// Data-path index of each fabric path (`None` for loopback paths).
+    data_of: Vec<Option<usize>>,
+    /// Up or down, probing, measured weights, per data path.
+    paths: paths::PathSet,
+    /// Data paths marked down whose work the comm has not moved yet.
+    newly_down: Vec<usize>,
     labels: Vec<String>,
     warned: Vec<bool>,
     cqe: Vec<Completion>,
@@ -329,15 +367,21 @@ impl<F: Fabric> Core<F> {
                 data.len()
             )));
         }
-        let speeds = data.iter().map(|&i| paths[i].speed_mbps).collect();
+        let speeds: Vec<u64> = data.iter().map(|&i| paths[i].speed_mbps).collect();
         let labels = paths.iter().map(|p| p.label.clone()).collect();
+        let mut data_of = vec![None; paths.len()];
+        for (k, &p) in data.iter().enumerate() {
+            data_of[p] = Some(k);
+        }
         Ok(Core {
             warned: vec![false; paths.len()],
+            paths: paths::PathSet::new(&speeds, cfg.failover, cfg.weights),
+            newly_down: Vec::new(),
+            data_of,
             fab,
             cfg,
             data,
             loops,
-            speeds,
             labels,
             cqe: Vec::with_capacity(POLL_BATCH),
             ctrl: Vec::new(),
@@ -358,6 +402,101 @@ impl<F: Fabric> Core<F> {
             })
             .collect();
         l.join(", ")
+    }
+
+    /// Marks data path `k` down if failover allows it (it is up and another path is): one WARN
+    /// naming it, why, the survivors and the bandwidth to expect. `false`: the caller fails the
+    /// work as before failover.
+    fn mark_down(&mut self, k: usize, now: Instant, why: &str) -> bool {
+        if !self.paths.can_fail_over(k) {
+            return false;
+        }
+        let before = self.paths.up_mbps();
+        self.paths.set_down(k, now);
+        self.newly_down.push(k);
+        let path = self.data[k];
+        self.warned[path] = true;
+        let survivors: Vec<String> = (0..self.paths.len())
+            .filter(|&j| self.paths.is_up(j))
+            .map(|j| format!("[{j}] {}", self.labels[self.data[j]]))
+            .collect();
+        let mut msg = format!(
+            "path [{k}] {} failed ({why}); failing over to {}: expect about {} Gb/s (was {} Gb/s)",
+            self.labels[path],
+            survivors.join(", "),
+            gbps(self.paths.up_mbps()),
+            gbps(before)
+        );
+        if let Some(n) = self.fab.path_note(path) {
+            msg.push_str(&format!("; {n}"));
+        }
+        tracing::warn!(path, label = %self.labels[path], "NET/switchless: {msg}");
+        true
+    }
+
+    /// While waiting with nothing to poll: asks the devices what they saw ([`Fabric::health`]),
+    /// then about each usable data path, and fails over from those reported dead. A health error
+    /// is returned only when no path it could be about was marked down (it concerns the connection).
+    fn check_health(&mut self, now: Instant) -> Result<()> {
+        let overall = self.fab.health();
+        let mut marked = false;
+        if self.cfg.failover.enabled && self.paths.up_count() > 1 {
+            for k in 0..self.paths.len() {
+                if !self.paths.is_up(k) {
+                    continue;
+                }
+                if let Err(e) = self.fab.path_health(self.data[k]) {
+                    marked |= self.mark_down(k, now, &e.to_string());
+                }
+            }
+        }
+        match overall {
+            Err(e) if !marked => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Probes the failed paths that are due (failback). Returns the data paths whose end was just
+    /// rebuilt (the receiver posts its receives there) in `rebuilt`.
+    fn probe(&mut self, now: Instant, rebuilt: &mut Vec<usize>) -> Result<()> {
+        if self.paths.all_up() || self.closed {
+            return Ok(());
+        }
+        let mut due = [0usize; MAX_PATHS];
+        let mut n = 0;
+        for k in self.paths.due(now) {
+            due[n] = k;
+            n += 1;
+        }
+        for &k in &due[..n] {
+            let path = self.data[k];
+            match self.fab.revive_path(path)? {
+                Revive::Down => self.paths.probe_failed(k, now),
+                Revive::Rebuilt => {
+                    rebuilt.push(k);
+                    self.paths.rebuilt(k, now, true);
+                }
+                Revive::Pending => self.paths.rebuilt(k, now, false),
+                Revive::Ready => {
+                    self.paths.set_up(k);
+                    self.warned[path] = false;
+                    tracing::info!(
+                        path,
+                        label = %self.labels[path],
+                        "NET/switchless: path [{k}] {} is back and carries traffic again: {} paths, about {} Gb/s",
+                        self.labels[path],
+                        self.paths.up_count(),
+                        gbps(self.paths.up_mbps())
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Data-path index of fabric path `path`.
+    fn data_index(&self, path: usize) -> Option<usize> {
+        self.data_of.get(path).copied().flatten()
     }
 
     fn deregister(&mut self, mh: &MemHandle) -> Result<()> {
@@ -524,6 +663,11 @@ impl<F: Fabric> Core<F> {
     fn fab_ref(&self) -> &F {
         &self.fab
     }
+}
+
+/// Mb/s as Gb/s text with two decimals.
+fn gbps(mbps: u64) -> String {
+    format!("{}.{:02}", mbps / 1000, (mbps % 1000) / 10)
 }
 
 /// How long a request posted at `posted` has waited at `now`, if that is past `limit`. Saturating: a

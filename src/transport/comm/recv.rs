@@ -19,9 +19,10 @@ use crate::transport::wire::{
 #[derive(Debug, Clone, Copy, Default)]
 struct ElemState {
     posted: u64,
-    /// Immediates expected (0: none seen yet).
+    /// Pieces expected (0: none seen yet).
     expected: u8,
-    got: u8,
+    /// Pieces seen (bit per piece index): a piece that arrives twice counts once.
+    seen: u8,
     done: bool,
     size: u64,
 }
@@ -34,6 +35,8 @@ struct RecvReq {
     n: usize,
     elems: [ElemState; MAX_RECVS],
     cts_pending: u8,
+    /// Data path the clear-to-send was (last) posted on.
+    cts_path: usize,
     error: Option<Error>,
     posted: Option<Instant>,
 }
@@ -124,11 +127,11 @@ impl<F: Fabric> RecvComm<F> {
     /// again later": the FIFO slot this receive needs is still held by an older request. `now` is the
     /// current time (the request timeout counts from it).
     pub fn irecv(&mut self, now: Instant, bufs: &[RecvBuf<'_>]) -> Result<Option<Request>> {
-        let Some(peer) = self.peer.as_ref() else {
+        if self.peer.is_none() {
             return Err(Error::InvalidArgument(
                 "irecv on a recv comm that is not connected".into(),
             ));
-        };
+        }
         if self.core.closed {
             return Err(Error::InvalidArgument("irecv on a closed recv comm".into()));
         }
@@ -159,7 +162,6 @@ impl<F: Fabric> RecvComm<F> {
         let base = slot * SLOT_WORDS;
         wire::encode_slot_body(&elems[..n], npaths, &mut self.slot_words);
         let body = wire::slot_body_words(n);
-        let inline_max = self.core.cfg.inline_max;
         let fab = &mut self.core.fab;
         fab.ctrl_write(
             self.shadow.word(base + SLOT_HDR),
@@ -171,15 +173,55 @@ impl<F: Fabric> RecvComm<F> {
             Ordering::Release,
         )?;
 
-        let k = (seq % npaths as u64) as usize;
+        let r = &mut self.slots[slot];
+        r.n = n;
+        let mut k = self.core.paths.nth_up(seq).unwrap_or(0);
+        loop {
+            match self.post_cts(slot, k) {
+                Ok(()) => break,
+                Err(err) => {
+                    if !self.core.mark_down(k, now, &err.to_string()) {
+                        return Err(err);
+                    }
+                    k = self.core.paths.nth_up(seq).unwrap_or(0);
+                }
+            }
+        }
+        self.fail_over(now);
+        let r = &mut self.slots[slot];
+        r.cts_path = k;
+        r.in_use = true;
+        r.seq = seq;
+        r.n = n;
+        for (st, b) in r.elems.iter_mut().zip(bufs) {
+            *st = ElemState {
+                posted: b.size,
+                ..ElemState::default()
+            };
+        }
+        r.cts_pending = 1;
+        r.error = None;
+        r.posted = self.core.cfg.request_timeout.map(|_| now);
+        self.head += 1;
+        Ok(Some(Request::new(ReqKind::Recv, slot, r.generation)))
+    }
+
+    /// Posts slot `slot`'s clear-to-send (already in the shadow) on data path `k`: the body, then the
+    /// index word on the same path, so the sender sees the index only after the body is in place.
+    /// Posting it again (failover) writes the same words: the sender has not reused the slot.
+    fn post_cts(&mut self, slot: usize, k: usize) -> Result<()> {
+        let Some(peer) = self.peer.as_ref() else {
+            return Err(Error::Internal("recv comm lost its peer".into()));
+        };
+        let r = &self.slots[slot];
+        let base = slot * SLOT_WORDS;
+        let body = wire::slot_body_words(r.n);
+        let inline_max = self.core.cfg.inline_max;
         let path = self.core.data[k];
         let lkey = self.shadow.reg.keys[path].lkey;
         let rkey = peer.rkeys[k];
-        let r = &mut self.slots[slot];
         let id = wire::wr_id(WrKind::Cts, slot, r.generation);
-        // Body first, then the index word on the same path: the sender sees the index only after the
-        // body is in place.
-        fab.post_writes(
+        self.core.fab.post_writes(
             path,
             &[
                 WriteWr {
@@ -213,21 +255,32 @@ impl<F: Fabric> RecvComm<F> {
                     inline: 8 <= inline_max,
                 },
             ],
-        )?;
-        r.in_use = true;
-        r.seq = seq;
-        r.n = n;
-        for (st, b) in r.elems.iter_mut().zip(bufs) {
-            *st = ElemState {
-                posted: b.size,
-                ..ElemState::default()
-            };
+        )
+    }
+
+    /// Moves every clear-to-send not known delivered off the paths marked down.
+    fn fail_over(&mut self, now: Instant) {
+        while let Some(k) = self.core.newly_down.pop() {
+            for slot in 0..self.slots.len() {
+                let r = &self.slots[slot];
+                if !r.in_use || r.cts_pending == 0 || r.cts_path != k || r.error.is_some() {
+                    continue;
+                }
+                let seq = r.seq;
+                while let Some(j) = self.core.paths.nth_up(seq) {
+                    self.slots[slot].cts_path = j;
+                    match self.post_cts(slot, j) {
+                        Ok(()) => break,
+                        Err(err) => {
+                            if !self.core.mark_down(j, now, &err.to_string()) {
+                                self.slots[slot].error.get_or_insert(err);
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
         }
-        r.cts_pending = 1;
-        r.error = None;
-        r.posted = self.core.cfg.request_timeout.map(|_| now);
-        self.head += 1;
-        Ok(Some(Request::new(ReqKind::Recv, slot, r.generation)))
     }
 
     /// Flushes GPU-direct receives (NCCL `iflush`): one RDMA read per loopback path from the last
@@ -307,7 +360,7 @@ impl<F: Fabric> RecvComm<F> {
         r.error = None;
     }
 
-    fn progress(&mut self) -> Result<()> {
+    fn progress(&mut self, now: Instant) -> Result<()> {
         let slots = &mut self.slots;
         let flushes = &mut self.flushes;
         let records = &self.records;
@@ -319,6 +372,7 @@ impl<F: Fabric> RecvComm<F> {
                     c.wr_id
                 )));
             };
+            let k = core.data_index(path);
             match kind {
                 WrKind::Cts => {
                     let Some(r) = slots
@@ -327,9 +381,14 @@ impl<F: Fabric> RecvComm<F> {
                     else {
                         return Ok(());
                     };
+                    let Some(k) = k.filter(|&k| k == r.cts_path && core.paths.is_up(k)) else {
+                        return Ok(()); // the clear-to-send moved off a failed path
+                    };
                     if c.status.is_success() {
                         r.cts_pending = r.cts_pending.saturating_sub(1);
-                    } else {
+                    } else if !core.mark_down(k, now, &c.status.to_string())
+                        || c.status.blames_request()
+                    {
                         let err = core.completion_error(path, &c, "clear-to-send write");
                         r.error.get_or_insert(err);
                     }
@@ -349,15 +408,21 @@ impl<F: Fabric> RecvComm<F> {
                     }
                 }
                 WrKind::Recv => {
+                    let up = k.is_some_and(|k| core.paths.is_up(k));
                     if !c.status.is_success() {
-                        let err = core.completion_error(path, &c, "receive of an immediate");
-                        fatal.get_or_insert(err);
+                        // A down path's receives are flushed: nothing to do.
+                        if up && !k.is_some_and(|k| core.mark_down(k, now, &c.status.to_string())) {
+                            let err = core.completion_error(path, &c, "receive of an immediate");
+                            fatal.get_or_insert(err);
+                        }
                         return Ok(());
                     }
-                    if !core.closed {
+                    if !core.closed && up {
                         core.fab.post_recv(path, c.wr_id)?;
                     }
-                    if let Err(err) = Self::on_imm(core.fab_ref(), records, slots, &c) {
+                    // Data that landed counts whatever became of the path since.
+                    let dedupe = core.cfg.failover.enabled;
+                    if let Err(err) = Self::on_imm(core.fab_ref(), records, slots, &c, dedupe) {
                         tracing::warn!(path, label = %core.labels[path], "NET/switchless: {err}");
                         fatal.get_or_insert(err);
                     }
@@ -370,10 +435,32 @@ impl<F: Fabric> RecvComm<F> {
                 }
             }
             Ok(())
-        })
+        })?;
+        self.fail_over(now);
+        let mut rebuilt = Vec::new();
+        self.core.probe(now, &mut rebuilt)?;
+        for k in rebuilt {
+            // A fresh queue pair: its receives, before the peer may write with an immediate.
+            let path = self.core.data[k];
+            for _ in 0..RECV_DEPTH {
+                self.core
+                    .fab
+                    .post_recv(path, wire::wr_id(WrKind::Recv, path, 0))?;
+            }
+        }
+        Ok(())
     }
 
-    fn on_imm(fab: &F, records: &CtrlMem, slots: &mut [RecvReq], c: &Completion) -> Result<()> {
+    /// Counts one piece's immediate; reads the size record once every piece of the buffer is in.
+    /// With `late_ok` (failover on), an immediate of a piece already counted, or of the slot's
+    /// previous, completed use, is a piece sent again after its path failed: ignored.
+    fn on_imm(
+        fab: &F,
+        records: &CtrlMem,
+        slots: &mut [RecvReq],
+        c: &Completion,
+        late_ok: bool,
+    ) -> Result<()> {
         let Some(v) = c.imm else {
             return Err(Error::Remote(
                 "write-with-immediate completion without an immediate".into(),
@@ -381,22 +468,49 @@ impl<F: Fabric> RecvComm<F> {
         };
         let imm = Imm::decode(v)?;
         let r = &mut slots[imm.slot];
-        if !r.in_use || (r.seq as u16) != imm.seq16 || imm.elem >= r.n {
+        let current = r.in_use && (r.seq as u16) == imm.seq16;
+        if !current {
+            // The slot's previous use: the one before this (in use), or the last one (free).
+            let previous = if r.in_use {
+                r.seq.checked_sub(FIFO_DEPTH as u64)
+            } else {
+                (r.generation > 1).then_some(r.seq)
+            };
+            if late_ok && previous.is_some_and(|p| p as u16 == imm.seq16) {
+                tracing::debug!(
+                    slot = imm.slot,
+                    seq16 = imm.seq16,
+                    "NET/switchless: late copy of a piece of a completed receive, ignored"
+                );
+                return Ok(());
+            }
+        }
+        if !current || imm.elem >= r.n {
             return Err(Error::Remote(format!(
                 "immediate for slot {} buffer {} sequence {:#x} matches no posted receive",
                 imm.slot, imm.elem, imm.seq16
             )));
         }
         let st = &mut r.elems[imm.elem];
-        if st.done || (st.expected != 0 && st.expected as usize != imm.npaths) {
+        if st.expected != 0 && st.expected as usize != imm.npieces {
             return Err(Error::Remote(format!(
-                "inconsistent immediates for slot {} buffer {}: {} paths announced, {} seen before",
-                imm.slot, imm.elem, imm.npaths, st.expected
+                "inconsistent immediates for slot {} buffer {}: {} pieces announced, {} before",
+                imm.slot, imm.elem, imm.npieces, st.expected
             )));
         }
-        st.expected = imm.npaths as u8;
-        st.got += 1;
-        if st.got as usize == st.expected as usize {
+        let bit = 1u8 << imm.piece;
+        if st.done || st.seen & bit != 0 {
+            if late_ok {
+                return Ok(()); // the same piece again, over another path
+            }
+            return Err(Error::Remote(format!(
+                "piece {} of slot {} buffer {} arrived twice",
+                imm.piece, imm.slot, imm.elem
+            )));
+        }
+        st.expected = imm.npieces as u8;
+        st.seen |= bit;
+        if st.seen.count_ones() as usize == imm.npieces {
             let word = fab.ctrl_load(
                 records.word(imm.slot * MAX_RECVS + imm.elem),
                 Ordering::Acquire,
@@ -436,7 +550,7 @@ impl<F: Fabric> RecvComm<F> {
                 req.0
             )));
         }
-        self.progress()?;
+        self.progress(now)?;
         if kind == ReqKind::Flush as u64 {
             let f = &mut self.flushes[idx];
             if let Some(e) = f.error.take() {

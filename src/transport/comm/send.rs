@@ -16,16 +16,39 @@ use crate::transport::wire::{
     SLOT_WORDS, WrKind,
 };
 
+/// One chunk of a send's stripe, and the data path it is (now) posted on.
+#[derive(Debug, Clone, Copy, Default)]
+struct Piece {
+    offset: u64,
+    len: u64,
+    path: usize,
+}
+
 #[derive(Debug, Default)]
 struct SendReq {
     in_use: bool,
     generation: u32,
-    /// Signaled completions still expected.
-    pending: u32,
     size: u64,
     tag: u32,
     error: Option<Error>,
     posted: Option<Instant>,
+    /// What a piece needs to be posted again on another path (failover).
+    data: u64,
+    lkeys: [u32; MAX_PATHS],
+    raddr: u64,
+    rkeys: [u32; MAX_PATHS],
+    rec_word: usize,
+    imm: Imm,
+    npieces: usize,
+    pieces: [Piece; MAX_PATHS],
+    /// Pieces whose signaled completion arrived (bit per piece).
+    done: u8,
+}
+
+impl SendReq {
+    fn all_done(&self) -> bool {
+        u32::from(self.done).count_ones() as usize == self.npieces
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -50,6 +73,8 @@ pub struct SendComm<F: Fabric> {
     chunks: Vec<Chunk>,
     batch: Vec<WriteWr>,
     stalled_since: Option<Instant>,
+    /// Spreads pieces moved off a failed path over the survivors.
+    spread: u64,
 }
 
 impl<F: Fabric> SendComm<F> {
@@ -77,6 +102,7 @@ impl<F: Fabric> SendComm<F> {
             chunks: Vec::with_capacity(MAX_PATHS),
             batch: Vec::with_capacity(2),
             stalled_since: None,
+            spread: 0,
         })
     }
 
@@ -137,14 +163,11 @@ impl<F: Fabric> SendComm<F> {
         tag: u32,
         mh: &MemHandle,
     ) -> Result<Option<Request>> {
-        let Some(peer) = self.peer.as_ref() else {
+        if self.peer.is_none() {
             return Err(Error::InvalidArgument(
                 "isend on a send comm that is not connected".into(),
             ));
-        };
-        let peer_addr = peer.addr;
-        let mut peer_rkeys = [0u32; MAX_PATHS];
-        peer_rkeys[..peer.rkeys.len()].copy_from_slice(&peer.rkeys);
+        }
         if self.core.closed {
             return Err(Error::InvalidArgument("isend on a closed send comm".into()));
         }
@@ -159,7 +182,10 @@ impl<F: Fabric> SendComm<F> {
         };
         if self.cur.is_none() && !self.load_slot()? {
             // Nothing to poll for while no clear-to-send arrives: ask the devices what they saw.
-            self.core.fab.health()?;
+            self.core.check_health(now)?;
+            self.fail_over(now);
+            let mut rebuilt = Vec::new();
+            self.core.probe(now, &mut rebuilt)?;
             let since = *self.stalled_since.get_or_insert(now);
             if let Some(waited) = timed_out(Some(since), self.core.cfg.request_timeout, now) {
                 return Err(Error::Timeout(format!(
@@ -201,10 +227,16 @@ impl<F: Fabric> SendComm<F> {
 
         let slot = (seq % FIFO_DEPTH as u64) as usize;
         let rec_word = slot * MAX_RECVS + e;
-        let rec_remote = peer_addr + 8 * rec_word as u64;
+        // Stripe over the usable paths, by measured (or nominal) weight.
+        let mut w = [(0usize, 0u64); MAX_PATHS];
+        let nw = self.core.paths.weights(&mut w);
+        let mut speeds = [0u64; MAX_PATHS];
+        for (d, &(_, x)) in speeds.iter_mut().zip(&w[..nw]) {
+            *d = x;
+        }
         stripe(
             size,
-            &self.core.speeds,
+            &speeds[..nw],
             self.core.cfg.stripe,
             self.rotate,
             &mut self.chunks,
@@ -214,89 +246,158 @@ impl<F: Fabric> SendComm<F> {
         self.free.pop();
         let r = &mut self.reqs[idx];
         r.in_use = true;
-        r.pending = 0;
         r.size = size;
         r.tag = tag;
         r.error = None;
         r.posted = self.core.cfg.request_timeout.map(|_| now);
-        let generation = r.generation;
-        let id = wire::wr_id(WrKind::Send, idx, generation);
-        let npaths = self.chunks.len();
-        let imm = Imm {
+        r.data = data;
+        for (k, &p) in self.core.data.iter().enumerate() {
+            r.lkeys[k] = mh.reg.keys[p].lkey;
+        }
+        r.raddr = el.addr;
+        r.rkeys = el.rkeys;
+        r.rec_word = rec_word;
+        r.npieces = self.chunks.len();
+        r.imm = Imm {
             slot,
             elem: e,
-            npaths,
+            npieces: r.npieces,
+            piece: 0,
             seq16: seq as u16,
+        };
+        r.done = 0;
+        for (p, c) in r.pieces.iter_mut().zip(&self.chunks) {
+            *p = Piece {
+                offset: c.offset,
+                len: c.len,
+                path: w[c.path].0,
+            };
         }
-        .encode();
+        let generation = r.generation;
         self.core.fab.ctrl_store(
             self.rec_src.word(rec_word),
             wire::encode_record(size, seq),
             Ordering::Release,
         )?;
 
-        // One batch per path (one doorbell on verbs): its data pieces, then, on the first path of the
-        // stripe, the size record. The last work request of each batch carries the immediate and is
-        // the only signaled one.
-        let mut posted = 0u32;
-        let mut result = Ok(());
-        for (ci, c) in self.chunks.iter().enumerate() {
-            let path = self.core.data[c.path];
-            let lkey = mh.reg.keys[path].lkey;
-            let rkey = el.rkeys[c.path];
-            let carries_record = ci == 0;
-            self.batch.clear();
-            let mut off = 0u64;
-            while off < c.len {
-                let len = (c.len - off).min(MAX_WR_BYTES);
-                let with_imm = off + len == c.len && !carries_record;
-                self.batch.push(WriteWr {
-                    wr_id: id,
-                    local: LocalSeg {
-                        addr: data + c.offset + off,
-                        len: len as u32,
-                        lkey,
-                    },
-                    remote: RemoteSeg {
-                        addr: el.addr + c.offset + off,
-                        rkey,
-                    },
-                    imm: with_imm.then_some(imm),
-                    signaled: with_imm,
-                    inline: len <= u64::from(self.core.cfg.inline_max),
-                });
-                off += len;
+        for pi in 0..self.reqs[idx].npieces {
+            if let Err(err) = self.post_piece(idx, pi) {
+                let k = self.reqs[idx].pieces[pi].path;
+                // Failover: the piece moves with the rest of the path's work (below).
+                if !self.core.mark_down(k, now, &err.to_string()) {
+                    self.release(idx);
+                    return Err(err);
+                }
             }
-            if carries_record {
-                self.batch.push(WriteWr {
-                    wr_id: id,
-                    local: LocalSeg {
-                        addr: self.rec_src.word(rec_word),
-                        len: 8,
-                        lkey: self.rec_src.reg.keys[path].lkey,
-                    },
-                    remote: RemoteSeg {
-                        addr: rec_remote,
-                        rkey: peer_rkeys[c.path],
-                    },
-                    imm: Some(imm),
-                    signaled: true,
-                    inline: 8 <= self.core.cfg.inline_max,
-                });
-            }
-            result = self.core.fab.post_writes(path, &self.batch);
-            if result.is_err() {
-                break;
-            }
-            posted += 1;
         }
-        let r = &mut self.reqs[idx];
-        r.pending = posted;
-        if let Err(err) = result {
+        self.fail_over(now);
+        if let Some(err) = self.reqs[idx].error.take() {
             self.release(idx);
             return Err(err);
         }
         Ok(Some(Request::new(ReqKind::Send, idx, generation)))
+    }
+
+    /// Posts piece `pi` of request `idx` on its path, as one batch (one doorbell on verbs): its
+    /// data writes, then, for piece 0, the size record. The last work request carries the
+    /// immediate naming the piece and is the only signaled one.
+    fn post_piece(&mut self, idx: usize, pi: usize) -> Result<()> {
+        let Some(peer) = self.peer.as_ref() else {
+            return Err(Error::Internal("send comm lost its peer".into()));
+        };
+        let r = &self.reqs[idx];
+        let c = r.pieces[pi];
+        let path = self.core.data[c.path];
+        let id = wire::wr_id_piece(idx, r.generation, pi);
+        let imm = Imm { piece: pi, ..r.imm }.encode();
+        let carries_record = pi == 0;
+        self.batch.clear();
+        let mut off = 0u64;
+        while off < c.len {
+            let len = (c.len - off).min(MAX_WR_BYTES);
+            let with_imm = off + len == c.len && !carries_record;
+            self.batch.push(WriteWr {
+                wr_id: id,
+                local: LocalSeg {
+                    addr: r.data + c.offset + off,
+                    len: len as u32,
+                    lkey: r.lkeys[c.path],
+                },
+                remote: RemoteSeg {
+                    addr: r.raddr + c.offset + off,
+                    rkey: r.rkeys[c.path],
+                },
+                imm: with_imm.then_some(imm),
+                signaled: with_imm,
+                inline: len <= u64::from(self.core.cfg.inline_max),
+            });
+            off += len;
+        }
+        if carries_record {
+            self.batch.push(WriteWr {
+                wr_id: id,
+                local: LocalSeg {
+                    addr: self.rec_src.word(r.rec_word),
+                    len: 8,
+                    lkey: self.rec_src.reg.keys[path].lkey,
+                },
+                remote: RemoteSeg {
+                    addr: peer.addr + 8 * r.rec_word as u64,
+                    rkey: peer.rkeys[c.path],
+                },
+                imm: Some(imm),
+                signaled: true,
+                inline: 8 <= self.core.cfg.inline_max,
+            });
+        }
+        self.core.fab.post_writes(path, &self.batch)?;
+        self.core.paths.posted(c.path, c.len);
+        Ok(())
+    }
+
+    /// Moves every piece in flight on a path marked down, and not known delivered, to the
+    /// surviving paths. The receiver counts a piece once however often it arrives.
+    fn fail_over(&mut self, now: Instant) {
+        while let Some(k) = self.core.newly_down.pop() {
+            for idx in 0..self.reqs.len() {
+                let r = &self.reqs[idx];
+                if !r.in_use || r.error.is_some() {
+                    continue;
+                }
+                for pi in 0..r.npieces {
+                    let r = &self.reqs[idx];
+                    if r.done & (1 << pi) != 0 || r.pieces[pi].path != k {
+                        continue;
+                    }
+                    self.move_piece(idx, pi, now);
+                }
+            }
+        }
+    }
+
+    fn move_piece(&mut self, idx: usize, pi: usize, now: Instant) {
+        let old = self.reqs[idx].pieces[pi].path;
+        self.core
+            .paths
+            .abandoned(old, self.reqs[idx].pieces[pi].len);
+        loop {
+            self.spread = self.spread.wrapping_add(1);
+            let Some(j) = self.core.paths.nth_up(self.spread) else {
+                let err = Error::Internal("no usable path left to fail over to".into());
+                self.reqs[idx].error.get_or_insert(err);
+                return;
+            };
+            self.reqs[idx].pieces[pi].path = j;
+            match self.post_piece(idx, pi) {
+                Ok(()) => return,
+                Err(err) => {
+                    if !self.core.mark_down(j, now, &err.to_string()) {
+                        self.reqs[idx].error.get_or_insert(err);
+                        return;
+                    }
+                }
+            }
+        }
     }
 
     fn release(&mut self, idx: usize) {
@@ -307,7 +408,7 @@ impl<F: Fabric> SendComm<F> {
         self.free.push(idx);
     }
 
-    fn progress(&mut self) -> Result<()> {
+    fn progress(&mut self, now: Instant) -> Result<()> {
         let reqs = &mut self.reqs;
         self.core.poll_all(|core, path, c| {
             let Some((WrKind::Send, idx, generation)) = wire::split_wr_id(c.wr_id) else {
@@ -316,21 +417,37 @@ impl<F: Fabric> SendComm<F> {
                     c.wr_id
                 )));
             };
+            let pi = wire::wr_piece(c.wr_id);
             let Some(r) = reqs
                 .get_mut(idx)
-                .filter(|r| r.in_use && r.generation == generation)
+                .filter(|r| r.in_use && r.generation == generation && pi < r.npieces)
             else {
                 return Ok(()); // a request already failed and released
             };
+            let k = core.data_index(path);
+            if k != Some(r.pieces[pi].path) || r.done & (1 << pi) != 0 {
+                return Ok(()); // the piece has moved to another path, or is done
+            }
+            let Some(k) = k.filter(|&k| core.paths.is_up(k)) else {
+                return Ok(()); // the path is down: its pieces have moved or will
+            };
             if !c.status.is_success() {
-                let what = format!("send of {} bytes (tag {})", r.size, r.tag);
-                let err = core.completion_error(path, &c, &what);
-                r.error.get_or_insert(err);
+                let why = c.status.to_string();
+                if !core.mark_down(k, now, &why) || c.status.blames_request() {
+                    let what = format!("send of {} bytes (tag {})", r.size, r.tag);
+                    let err = core.completion_error(path, &c, &what);
+                    r.error.get_or_insert(err);
+                }
             } else if c.opcode == WcOpcode::RdmaWrite {
-                r.pending = r.pending.saturating_sub(1);
+                r.done |= 1 << pi;
+                core.paths.completed(k, r.pieces[pi].len);
             }
             Ok(())
-        })
+        })?;
+        self.fail_over(now);
+        self.core.paths.tick(now);
+        let mut rebuilt = Vec::new();
+        self.core.probe(now, &mut rebuilt)
     }
 
     /// Polls completions and reports whether `req` is done: `Some(bytes sent)`. A done or failed
@@ -349,13 +466,13 @@ impl<F: Fabric> SendComm<F> {
                 req.0
             )));
         }
-        self.progress()?;
+        self.progress(now)?;
         let r = &mut self.reqs[idx];
         if let Some(err) = r.error.take() {
             self.release(idx);
             return Err(err);
         }
-        if r.pending == 0 {
+        if r.all_done() {
             let size = r.size;
             self.release(idx);
             return Ok(Some(size));
@@ -391,5 +508,18 @@ impl_registrar!(SendComm);
 impl<F: Fabric> Drop for SendComm<F> {
     fn drop(&mut self) {
         let _ = self.core.close();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_send_request_stays_small() {
+        // 256 of them per send comm: what failover keeps per request is counted here.
+        let n = std::mem::size_of::<SendReq>();
+        eprintln!("SendReq: {n} bytes");
+        assert!(n <= 448, "{n} bytes");
     }
 }

@@ -18,6 +18,8 @@
 //! * Memory is the fabric's, as in [`super::memfab`] (addresses `((region + 1) << 32) | offset`, keys
 //!   per path, checked like a NIC would); with [`ModelFabConfig::copy_data`] off, data buffers have no
 //!   backing store and only control memory is written.
+//! * [`ModelFab::set_rate_at`] changes a path's rate at a virtual time (its nominal speed stays);
+//!   [`ModelFab::kill_path_at`] pulls its cable then.
 //! * [`ModelFab::trace`] lists executed events (when tracing); [`ModelFab::trace_hash`] digests them
 //!   always, so two runs can be compared.
 //!
@@ -201,6 +203,9 @@ struct Inner {
     hash: u64,
     /// Hosts whose completion queues or memory an executed event changed since the last advance.
     touched: Vec<usize>,
+    /// Rate changes still to come: (virtual time ps, path, new rate b/s; 0: the cable is pulled),
+    /// earliest first.
+    rate_changes: Vec<(u64, usize, u64)>,
 }
 
 /// The fabric: hosts' memory, every endpoint's queues, the event queue and the virtual clock.
@@ -360,6 +365,31 @@ impl Inner {
         self.push(arrive, 0, ep, path, seq, Action::Deliver(wr));
     }
 
+    /// Pulls the cable of `path` (every connection's): queue pairs to the error state, posted work
+    /// and receives flushed; writes on the wire fail when they would have landed.
+    fn kill(&mut self, path: usize) {
+        for ep in self.eps.iter_mut().filter(|e| !e.gone) {
+            let Some(q) = ep.qps.get_mut(path) else {
+                continue;
+            };
+            q.error = true;
+            while let Some(w) = q.pending.pop_front() {
+                q.cq.push_back(Completion::without_data(
+                    w.wr_id,
+                    WcStatus::WR_FLUSH_ERR,
+                    WcOpcode::RdmaWrite,
+                ));
+            }
+            while let Some(wr_id) = q.recvs.pop_front() {
+                q.cq.push_back(Completion::without_data(
+                    wr_id,
+                    WcStatus::WR_FLUSH_ERR,
+                    WcOpcode::RecvRdmaWithImm,
+                ));
+            }
+        }
+    }
+
     fn fail(&mut self, ep: usize, path: usize, seq: u64, wr_id: u64, status: WcStatus, at: u64) {
         self.eps[ep].qps[path].error = true;
         let c = Completion::without_data(wr_id, status, WcOpcode::RdmaWrite);
@@ -469,8 +499,21 @@ impl Inner {
     fn advance(&mut self) -> Option<u64> {
         self.touched.clear();
         self.schedule_pending();
-        let t = self.events.peek()?.0.t.max(self.now);
+        let next_event = self.events.peek().map(|e| e.0.t.max(self.now));
+        let next_change = self.rate_changes.first().map(|c| c.0.max(self.now));
+        let t = match (next_event, next_change) {
+            (Some(e), Some(c)) => e.min(c),
+            (e, c) => e.or(c)?,
+        };
         self.now = t;
+        while self.rate_changes.first().is_some_and(|c| c.0 <= t) {
+            let (_, path, rate) = self.rate_changes.remove(0);
+            if rate == 0 {
+                self.kill(path);
+            } else {
+                self.topo.paths[path].rate_bps = rate;
+            }
+        }
         while self.events.peek().is_some_and(|e| e.0.t <= t) {
             if let Some(Reverse(e)) = self.events.pop() {
                 self.execute(e);
@@ -549,6 +592,7 @@ impl ModelFab {
                 trace: cfg.trace.then(Vec::new),
                 hash: 0xcbf2_9ce4_8422_2325,
                 touched: Vec::new(),
+                rate_changes: Vec::new(),
             })),
         })
     }
@@ -610,6 +654,39 @@ impl ModelFab {
     /// The topology every connection uses.
     pub fn topology(&self) -> Result<Topology> {
         Ok(lock(&self.inner)?.topo.clone())
+    }
+
+    /// From virtual time `t_ps` on, `path` runs at `rate_bps` (a congested cable, a link retrained
+    /// at a lower width): writes scheduled from then on cross its wire at the new rate; writes
+    /// already on it keep theirs. [`ModelFab::advance`] stops at `t_ps`. The paths' nominal speed
+    /// (what the comms are told) stays.
+    pub fn set_rate_at(&self, path: usize, t_ps: u64, rate_bps: u64) -> Result<()> {
+        let mut g = lock(&self.inner)?;
+        if path >= g.topo.paths.len() || rate_bps == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "rate change of path {path} to {rate_bps} b/s; accepted: paths 0..{}, a rate above 0",
+                g.topo.paths.len()
+            )));
+        }
+        let at = g.rate_changes.partition_point(|c| c.0 <= t_ps);
+        g.rate_changes.insert(at, (t_ps, path, rate_bps));
+        Ok(())
+    }
+
+    /// At virtual time `t_ps` the cable of `path` is pulled, for every connection: both ends' queue
+    /// pairs fail (posted work and receives complete with `WR_FLUSH_ERR`, writes on the wire fail
+    /// when they would have landed). [`ModelFab::advance`] stops at `t_ps`.
+    pub fn kill_path_at(&self, path: usize, t_ps: u64) -> Result<()> {
+        let mut g = lock(&self.inner)?;
+        if path >= g.topo.paths.len() {
+            return Err(Error::InvalidArgument(format!(
+                "kill of path {path}; accepted: paths 0..{}",
+                g.topo.paths.len()
+            )));
+        }
+        let at = g.rate_changes.partition_point(|c| c.0 <= t_ps);
+        g.rate_changes.insert(at, (t_ps, path, 0));
+        Ok(())
     }
 
     /// Virtual time now, picoseconds.
