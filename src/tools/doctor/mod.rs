@@ -1,5 +1,7 @@
 //! `switchless doctor`: checks over the host model, the port table, and the JSON report.
 
+pub mod fleet;
+pub mod fleet_render;
 pub mod tcp;
 
 use std::collections::BTreeMap;
