@@ -371,6 +371,33 @@ run_doctor() { # switchless doctor on this node: passes with no error-level find
     jl doctor null null node "$st" "$rc" "$s" "{\"exit_status\":$rc,\"findings\":[$codes]}" "${out#"$R"/}"
 }
 
+run_watch() { # watch:MODE: `switchless watch` beside a `switchless bench MODE` on every node
+    mode=${c#watch:}; out=$R/watch-$mode.txt
+    if [ ! -x $SW ]; then
+        say "CHECKFAIL $c: $SW is not in the initramfs"; fail=1
+        jl "$c" null null node fail 127 0 '{}' ""; return
+    fi
+    port=$((29800 + k))
+    t1=$(up)
+    timeout "$L_ctimeout" $SW bench "$mode" --rank $((LAB_NODE - 1)) --nranks "$LAB_NODES" \
+        --bootstrap "$LAB_BOOTSTRAP_IP:$port" $L_benchargs > "$R/watch-bench-$mode.txt" 2>&1 &
+    bpid=$!
+    # the watcher only reads counter files: it must not slow or break the job beside it
+    $SW watch --interval 0.5 --count 6 > "$out" 2>&1 &
+    wpid=$!
+    $SW watch --interval 0.5 --count 6 --json > "$R/watch-$mode.json" 2> /dev/null
+    wait $wpid
+    wait $bpid; rc=$?
+    cat "$out"
+    s=$(dt "$t1")
+    peak=$(grep -o '"[tr]x_gbps":[0-9.]*' "$R/watch-$mode.json" | awk -F: '$2 + 0 > m {m = $2 + 0} END {print m + 0}')
+    say "watch peak ${peak} Gb/s during bench $mode"
+    if [ $rc -ne 0 ]; then st=fail; fail=1; say "CHECKFAIL $c: bench rc=$rc beside the watcher"
+    elif ! awk -v p="$peak" 'BEGIN{exit !(p > 0)}'; then st=fail; fail=1; say "CHECKFAIL $c: watch saw no traffic"
+    else st=pass; say "CHECKOK $c: peak $peak Gb/s ${s}s"; fi
+    jl "$c" null null node "$st" "$rc" "$s" "{\"peak_gbps\":$peak}" "${out#"$R"/}"
+}
+
 k=0
 t0=$(up)
 for c in $L_checks; do
@@ -382,7 +409,8 @@ for c in $L_checks; do
         no-route:*-*) run_no_route ;;
         fault:kill-peer | fault:link-down | fault:cable-pull | fault:kill-peer@*-* | fault:link-down@*-* | fault:cable-pull@*-*) run_fault "$c" ;;
         doctor) run_doctor ;;
-        *) say "CHECKFAIL unknown check '$c' (accepted: write_bw read_bw send_bw write_lat send_lat read_lat pingpong bench:latency bench:bandwidth bench:alltoall bench:allreduce bench:MODE@A-B no-route:A-B fault:kill-peer[@A-B] fault:link-down[@A-B] fault:cable-pull[@A-B] doctor)"
+        watch:latency | watch:bandwidth | watch:alltoall | watch:allreduce) run_watch ;;
+        *) say "CHECKFAIL unknown check '$c' (accepted: write_bw read_bw send_bw write_lat send_lat read_lat pingpong bench:latency bench:bandwidth bench:alltoall bench:allreduce bench:MODE@A-B no-route:A-B fault:kill-peer[@A-B] fault:link-down[@A-B] fault:cable-pull[@A-B] doctor watch:MODE)"
            jl "$c" null null none fail 2 0 '{}' ""; fail=1 ;;
     esac
 done

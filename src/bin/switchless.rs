@@ -1,4 +1,4 @@
-//! The `switchless` command line: doctor, plan, route, bench, nccl-tests.
+//! The `switchless` command line: doctor, plan, route, bench, nccl-tests, watch.
 #![forbid(unsafe_code)]
 
 use std::process::ExitCode;
@@ -39,6 +39,8 @@ enum Cmd {
     Bench(Box<cli::bench::Args>),
     /// Summarize nccl-tests output.
     NcclTests(cli::nccl_tests::Args),
+    /// Live Gb/s per NCCL device, PCIe function / CX-8 half and TCP link, from kernel counters.
+    Watch(cli::watch::Args),
 }
 
 fn main() -> ExitCode {
@@ -55,5 +57,6 @@ fn main() -> ExitCode {
         Cmd::Route(a) => cli::route::run(a),
         Cmd::Bench(a) => cli::bench::run(*a),
         Cmd::NcclTests(a) => cli::nccl_tests::run(a),
+        Cmd::Watch(a) => cli::watch::run(a),
     }
 }
