@@ -384,7 +384,14 @@ pub fn render_text(r: &Report) -> String {
         .map(|s| s.to_string())
         .collect(),
     ];
-    let of = |m: u32| format!("{:.0}", f64::from(m) / 1000.0);
+    let of = |m: u32| {
+        let g = f64::from(m) / 1000.0;
+        if g.fract() == 0.0 {
+            format!("{g:.0}")
+        } else {
+            format!("{g:.1}")
+        }
+    };
     for d in &r.devices {
         rows.push(vec![
             format!("{} {}", d.index, d.name),

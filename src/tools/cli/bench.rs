@@ -302,6 +302,7 @@ fn plot(r: &b::Report, path: &std::path::Path) -> Result<()> {
             title,
             y_label: y.into(),
             series,
+            log_y: false,
         },
         path,
     )
