@@ -355,3 +355,43 @@ fn captures_feed_the_fleet() {
     assert_eq!(findings(&a), findings(&b));
     assert_eq!(matrix(&a), matrix(&b));
 }
+
+/// Host-local bridges (docker0: the same 172.17.0.1 on every host) and IPv4 link-local addresses
+/// are not duplicates; the same address on a physical netdev is.
+#[test]
+fn duplicates_ignore_virtual_bridges_and_link_local() {
+    use switchless::host::model::{NetAddr, Netdev};
+    let mut hosts = fleet_hosts(&nodes("fleet-b300-mesh4")).unwrap();
+    let nd = |name: &str, addr: &str, pci: Option<&str>| Netdev {
+        name: name.into(),
+        mtu: Some(1500),
+        operstate: "up".into(),
+        carrier: Some(true),
+        mac: None,
+        speed_mbps: None,
+        phys_port_name: None,
+        phys_switch_id: None,
+        pci: pci.map(str::to_string),
+        addrs: vec![NetAddr {
+            addr: addr.parse().unwrap(),
+            source: "fib_trie".into(),
+            has_route: true,
+        }],
+        rdma: Vec::new(),
+    };
+    for h in hosts.iter_mut().take(2) {
+        h.model.netdevs.push(nd("docker0", "172.17.0.1/16", None));
+        h.model
+            .netdevs
+            .push(nd("usb0", "169.254.3.1/24", Some("0000:00:14.0")));
+    }
+    assert_eq!(findings(&fleet::diagnose(&hosts)), want(&[]));
+    hosts[0]
+        .model
+        .netdevs
+        .push(nd("eno2", "192.168.10.12/24", Some("0000:03:00.1")));
+    assert_eq!(
+        findings(&fleet::diagnose(&hosts)),
+        want(&[("duplicate-address", "address 192.168.10.12", Error)])
+    );
+}

@@ -375,11 +375,18 @@ pub fn diagnose(hosts: &[HostInput]) -> FleetReport {
     // Ends whose missing far end another finding already explains.
     let mut explained: BTreeSet<usize> = BTreeSet::new();
 
-    // The same address on two hosts (any netdev: a cloned management address is as fatal).
+    // The same address on two hosts, on any physical netdev (a cloned management address is as
+    // fatal). Virtual netdevs (docker0, virbr0: host-local bridges with the same default address on
+    // every host) and IPv4 link-local addresses (unique per link only) are left out.
     let mut by_addr: BTreeMap<Ipv4Addr, Vec<(usize, String)>> = BTreeMap::new();
     for (i, h) in hosts.iter().enumerate() {
-        for n in &h.model.netdevs {
-            for a in &n.addrs {
+        for n in h
+            .model
+            .netdevs
+            .iter()
+            .filter(|n| n.pci.is_some() || !n.rdma.is_empty())
+        {
+            for a in n.addrs.iter().filter(|a| !a.addr.addr().is_link_local()) {
                 by_addr
                     .entry(a.addr.addr())
                     .or_default()
