@@ -5,7 +5,7 @@ BINDIR ?= $(PREFIX)/bin
 CARGO ?= cargo
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: all build deps install uninstall test demo lab perf gpu-selftest gpu-selftest-stage
+.PHONY: all build deps install uninstall deb test demo lab perf gpu-selftest gpu-selftest-stage
 
 all: build
 
@@ -22,6 +22,11 @@ install: build
 
 uninstall:
 	rm -f $(DESTDIR)$(LIBDIR)/libnccl-net-switchless.so $(DESTDIR)$(BINDIR)/switchless
+
+# The Debian package (scripts/deb.sh, dpkg-deb): the plugin in /usr/lib/<multiarch> (NCCL finds it with
+# no LD_LIBRARY_PATH), the CLI, man pages and shell completions. Prints the .deb's path.
+deb: build
+	TARGET_DIR=$(TARGET_DIR) scripts/deb.sh $(DEBDIR)
 
 # Every test: unit and integration tests, then each end-to-end step in .ci/steps/ in order.
 test: deps

@@ -7,9 +7,12 @@
 #   docker/build-plugin.sh install PREFIX  cargo build --release, then `make install PREFIX=PREFIX`
 #                                          (PREFIX/lib/libnccl-net-switchless.so, PREFIX/bin/switchless)
 #   docker/build-plugin.sh check PREFIX    verify the installed plugin (exports, dlopen, CLI)
+#   docker/build-plugin.sh deb OUTDIR      cargo build --release, then `make deb` (the Debian package the
+#                                          runtime image installs: scripts/deb.sh) into OUTDIR
 #   docker/build-plugin.sh runtime-check PREFIX
 #                                          in the runtime image: every library the plugin needs resolves,
-#                                          NCCL's name lookup finds it, and the CLI runs
+#                                          NCCL's name lookup finds it, and the CLI runs (the plugin in
+#                                          PREFIX/lib or PREFIX/lib/<multiarch>, where the package puts it)
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
@@ -113,14 +116,24 @@ PY
   echo "ok: $out"
 }
 
+build_deb() {
+  local out="$1"
+  command -v cargo > /dev/null || die "cargo not found (use a rust image, or install rustup)"
+  cd "$repo"
+  env -u CARGO_TARGET_DIR make -o deps deb DEBDIR="$out"
+}
+
 runtime_check() {
-  local prefix="$1" so missing
+  local prefix="$1" so missing d
   so="$prefix/lib/libnccl-net-switchless.so"
+  for d in "$prefix"/lib/*-linux-gnu*; do
+    [ -f "$d/libnccl-net-switchless.so" ] && so="$d/libnccl-net-switchless.so"
+  done
   [ -f "$so" ] || die "$so is missing"
   missing=$(ldd "$so" | grep 'not found' || true)
   [ -z "$missing" ] || die "$so: libraries not found in this image: $missing"
   case ":${LD_LIBRARY_PATH:-}:" in
-    *":$prefix/lib:"*) ;;
+    *":$(dirname "$so"):"*) ;;
     *)
       ldconfig -p | grep -qF "$so" ||
         die "$so is neither in the ld.so cache nor on LD_LIBRARY_PATH: NCCL_NET_PLUGIN=switchless would not find it"
@@ -139,9 +152,13 @@ case "${1:-}" in
     [ $# -eq 2 ] || die "usage: build-plugin.sh check PREFIX"
     check "$2"
     ;;
+  deb)
+    [ $# -eq 2 ] || die "usage: build-plugin.sh deb OUTDIR"
+    build_deb "$2"
+    ;;
   runtime-check)
     [ $# -eq 2 ] || die "usage: build-plugin.sh runtime-check PREFIX"
     runtime_check "$2"
     ;;
-  *) die "usage: build-plugin.sh deps | install PREFIX | check PREFIX | runtime-check PREFIX" ;;
+  *) die "usage: build-plugin.sh deps | install PREFIX | check PREFIX | deb OUTDIR | runtime-check PREFIX" ;;
 esac

@@ -148,7 +148,7 @@ for ((n = 1; n <= NODES; n++)); do
     [[ " ${LINK_A[*]} ${LINK_B[*]} " == *" $n "* ]] || die "$TOPO_FILE: node $n has no link"
 done
 CHECKS_LIST=${CHECKS_OVERRIDE:-$TOPO_CHECKS}
-ACCEPTED="payload write_bw read_bw send_bw write_lat send_lat read_lat pingpong bench:latency bench:bandwidth bench:alltoall bench:allreduce bench:MODE@A-B no-route:A-B samehost:MODE@N fault:kill-peer[@A-B] fault:link-down[@A-B] fault:cable-pull[@A-B] doctor"
+ACCEPTED="payload write_bw read_bw send_bw write_lat send_lat read_lat pingpong bench:latency bench:bandwidth bench:alltoall bench:allreduce bench:MODE@A-B no-route:A-B samehost:MODE@N fault:kill-peer[@A-B] fault:link-down[@A-B] fault:cable-pull[@A-B] doctor watch:MODE"
 check_pair() { # $1 check, $2 "A-B": two different nodes of the topology
     [[ $2 =~ ^([0-9]+)-([0-9]+)$ ]] || die "check '$1': '$2' is not A-B (two node numbers)"
     local x
@@ -163,6 +163,7 @@ for c in $CHECKS_LIST; do
         write_bw | read_bw | send_bw | write_lat | send_lat | read_lat | pingpong) ;;
         bench:latency | bench:bandwidth | bench:alltoall | bench:allreduce | doctor) ;;
         payload) [ -n "$PAYLOAD" ] || die "check 'payload' needs --payload DIR" ;;
+        watch:latency | watch:bandwidth | watch:alltoall | watch:allreduce) ;;
         bench:latency@* | bench:bandwidth@* | bench:alltoall@* | bench:allreduce@*) check_pair "$c" "${c#*@}" ;;
         no-route:*) check_pair "$c" "${c#no-route:}" ;;
         samehost:latency@* | samehost:bandwidth@* | samehost:alltoall@* | samehost:allreduce@*)
@@ -183,8 +184,8 @@ if [ ${#KILLED[@]} -eq 1 ]; then
     read -r -a cl <<< "$CHECKS_LIST"
     [[ ${cl[-1]} == fault:kill-peer* ]] || die "fault:kill-peer must be the last check (its victim powers off)"
 fi
-if [ "$WITH_SW" = 0 ] && [[ " $CHECKS_LIST " =~ \ (bench:|doctor\ |no-route:|samehost:|fault:) ]]; then
-    die "bench and doctor checks need the switchless binary (drop --no-switchless)"
+if [ "$WITH_SW" = 0 ] && [[ " $CHECKS_LIST " =~ \ (bench:|doctor\ |no-route:|samehost:|fault:|watch:) ]]; then
+    die "bench, doctor and watch checks need the switchless binary (drop --no-switchless)"
 fi
 if [ -n "$PAYLOAD" ]; then
     if [ ! -d "$PAYLOAD" ] || [ ! -x "$PAYLOAD/run" ]; then

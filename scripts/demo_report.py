@@ -64,6 +64,12 @@ def main(results):
             print(f"  {mode}: {last['size_bytes']} B in {last['time_us']:.0f} us, busbw "
                   f"{last['busbw_gbits_s']:.3f} Gb/s ({last['busbw_gbytes_s']:.4f} GB/s)")
 
+    plots = sorted(glob.glob(os.path.join(results, "node1", "bench-*.svg")))
+    if plots:
+        print("\nPlots (SVG, rate or latency vs message size; open in a browser):")
+        for p in plots:
+            print(f"  {p}")
+
     print("\nVerification:")
     nodes = sorted(glob.glob(os.path.join(results, "node*", "")))
     for mode in ("latency", "bandwidth", "alltoall", "allreduce"):

@@ -10,7 +10,7 @@ import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ORDER = ["ffi", "config", "config-verbs", "fabric", "plan", "route", "core", "transport", "tcp", "lab",
+ORDER = ["ffi", "config", "config-verbs", "fabric", "fleet", "plan", "route", "core", "transport", "tcp", "lab",
          "nccltests", "99-development"]
 
 

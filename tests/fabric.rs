@@ -455,13 +455,26 @@ fn missing_files_give_warnings_not_panics() {
     );
 }
 
+/// Every host tree: the single-host fixtures, each host of the `fleet-*` multi-host fixtures
+/// (`fleet-NAME/nodeN`), and the real capture.
 fn fixtures() -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(fixture(""))
+    let mut v: Vec<String> = Vec::new();
+    for e in std::fs::read_dir(fixture(""))
         .unwrap()
         .filter_map(|e| e.ok())
-        .filter(|e| e.path().is_dir() && e.file_name() != "captured")
-        .map(|e| e.file_name().to_string_lossy().to_string())
-        .collect();
+    {
+        let name = e.file_name().to_string_lossy().to_string();
+        if !e.path().is_dir() || name == "captured" {
+            continue;
+        }
+        if name.starts_with("fleet-") {
+            for n in std::fs::read_dir(e.path()).unwrap().filter_map(|e| e.ok()) {
+                v.push(format!("{name}/{}", n.file_name().to_string_lossy()));
+            }
+        } else {
+            v.push(name);
+        }
+    }
     v.sort();
     v.push("captured/rxe-2vm-node0".to_string());
     v

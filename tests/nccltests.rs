@@ -303,6 +303,36 @@ fn cli_json() {
     assert_eq!(v["problems"].as_array().unwrap().len(), 0);
 }
 
+/// --plot: one SVG, a bus-bandwidth panel over a log-scale latency panel, one line per run (two
+/// logs overlaid), units on the axes.
+#[test]
+fn cli_plot_overlays_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("runs.svg");
+    let (rc, _, err) = cli(&[B300, GB10, "--plot", svg.to_str().unwrap()]);
+    assert_eq!(rc, 0, "{err}");
+    let s = std::fs::read_to_string(&svg).unwrap();
+    assert!(s.starts_with("<svg"), "{}", &s[..40]);
+    for want in [
+        "nccl-tests bus bandwidth (out-of-place)",
+        "busbw (GB/s, 10^9 bytes/s)",
+        "time (us) (log scale)",
+        "message size (bytes, log scale)",
+        "b300-2node-all_reduce-switchless.log: all_reduce_perf",
+        "gb10-2node-all_reduce-switchless.log: all_reduce_perf",
+        "1 GiB",
+    ] {
+        assert!(s.contains(want), "plot lacks {want}");
+    }
+    // A log without a result table has nothing to draw: a clear error, exit 2.
+    let (rc, _, err) = cli(&[GB10_LOG_A, "--plot", svg.to_str().unwrap()]);
+    assert_eq!(rc, 2);
+    assert!(
+        err.contains("--plot") && err.contains("no result rows"),
+        "{err}"
+    );
+}
+
 mod fuzz {
     use proptest::prelude::*;
     use switchless::tools::nccltests;

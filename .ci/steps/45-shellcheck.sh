@@ -149,6 +149,33 @@ if PATH="$tmp/fake/bin:$PATH" SWITCHLESS_BIN="$bin" nccl-tests/srun-nccl-tests.s
   --preflight-arg=--root="$PWD/tests/fixtures/fabric/tcp-2link" --nccl-tests-dir "$tmp/fake/nccl-tests" \
   -o "$tmp/e2e2" > "$tmp/e2e.log" 2>&1; then fail "wrapper ran without a resolvable plugin"; fi
 grep -q "node1: libnccl-net-switchless.so is not in LD_LIBRARY_PATH" "$tmp/e2e.log" || fail "plugin failure not named: $(cat "$tmp/e2e.log")"
+# fleet-doctor.sh over a stand-in ssh (runs the command here, with HOST set) and a stand-in remote
+# switchless that captures the fixture tree of that host: the four captures, then the fleet verdict.
+cat > "$tmp/fake/bin/ssh" << 'SSH'
+#!/usr/bin/env bash
+# stand-in ssh: HOST CMD -> run CMD here with FAKE_HOST=HOST
+FAKE_HOST="$1" exec bash -c "$2"
+SSH
+cat > "$tmp/fake/remote-switchless" << REMOTE
+#!/usr/bin/env bash
+# stand-in remote switchless: doctor --capture DIR of the fixture tree named by FAKE_HOST
+exec "$PWD/$bin" doctor --root "$PWD/tests/fixtures/fabric/fleet-gb10-ring4-faults/\$FAKE_HOST" "\${@:2}"
+REMOTE
+chmod +x "$tmp/fake/bin/ssh" "$tmp/fake/remote-switchless"
+rc=0
+PATH="$tmp/fake/bin:$PATH" nccl-tests/fleet-doctor.sh -H node1,node2,node3,node4 -o "$tmp/fleet" \
+  --bin "$tmp/fake/remote-switchless" --local-bin "$bin" > "$tmp/fleet.log" 2>&1 || rc=$?
+[ "$rc" = 2 ] || fail "fleet-doctor.sh exited $rc on the faulty ring, expected 2: $(cat "$tmp/fleet.log")"
+for want in "Cabling matrix" "[half-addressed]" "[duplicate-address] address 192.168.102.10" "node1  ·"; do
+  grep -qF -- "$want" "$tmp/fleet.log" || fail "fleet-doctor.sh output lacks '$want': $(cat "$tmp/fleet.log")"
+done
+[ -f "$tmp/fleet/node3/proc/net/route" ] || fail "fleet-doctor.sh did not copy node3's capture back"
+out=$(SLURM_JOB_NODELIST="n[1-2]" SLURM_JOB_NUM_NODES=2 nccl-tests/fleet-doctor.sh -o "$tmp/fl2" --dry-run -- --json)
+for want in "srun --ntasks-per-node=1 -N 2" "doctor\\ --capture" "doctor --fleet" "--json"; do
+  grep -qF -- "$want" <<< "$out" || fail "fleet-doctor.sh dry run lacks '$want': $out"
+done
+if err=$(env -u SLURM_JOB_NODELIST nccl-tests/fleet-doctor.sh 2>&1); then fail "fleet-doctor.sh ran outside Slurm without -H"; fi
+grep -q "not inside a Slurm allocation" <<< "$err" || fail "unclear error: $err"
 echo "nccl-tests scripts: OK"
 if [ "$sc_rc" != 0 ]; then
   echo "shellcheck found problems (above)" >&2

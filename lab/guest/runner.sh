@@ -103,7 +103,8 @@ run_bench() { # $1 mode, $2 check index
     cmd="$SW bench $mode --rank $((LAB_NODE - 1)) --nranks $LAB_NODES --bootstrap $LAB_BOOTSTRAP_IP:$port $L_benchargs"
     say "CHECK bench:$mode: $cmd"
     t1=$(up)
-    timeout "$L_ctimeout" $cmd --save-json "$R/bench-$mode.json" > "$out" 2>&1; rc=$?
+    # rank 0 also draws the run (--plot writes on rank 0 only): the demo's report points at it
+    timeout "$L_ctimeout" $cmd --save-json "$R/bench-$mode.json" --plot "$R/bench-$mode.svg" > "$out" 2>&1; rc=$?
     cat "$out"
     s=$(dt "$t1")
     if [ $rc -eq 0 ]; then st=pass; say "CHECKOK bench:$mode ${s}s"; else st=fail; fail=1; say "CHECKFAIL bench:$mode rc=$rc"; fi
@@ -414,6 +415,34 @@ run_payload() { # /opt/payload/run (from lab/run.sh --payload) with this node's 
     s=$(dt "$t1")
     if [ $rc -eq 0 ]; then st=pass; say "CHECKOK payload ${s}s"; else st=fail; fail=1; say "CHECKFAIL payload rc=$rc"; fi
     jl payload null null node "$st" "$rc" "$s" '{}' "${out#"$R"/}"
+run_watch() { # watch:MODE: `switchless watch` beside a `switchless bench MODE` on every node
+    mode=${c#watch:}; out=$R/watch-$mode.txt
+    if [ ! -x $SW ]; then
+        say "CHECKFAIL $c: $SW is not in the initramfs"; fail=1
+        jl "$c" null null node fail 127 0 '{}' ""; return
+    fi
+    port=$((29800 + k))
+    t1=$(up)
+    timeout "$L_ctimeout" $SW bench "$mode" --rank $((LAB_NODE - 1)) --nranks "$LAB_NODES" \
+        --bootstrap "$LAB_BOOTSTRAP_IP:$port" $L_benchargs > "$R/watch-bench-$mode.txt" 2>&1 &
+    bpid=$!
+    # the watchers only read counter files: they must not slow or break the job beside them; they
+    # run until the bench ends (its set-up alone takes seconds under TCG)
+    $SW watch --interval 1 > "$out" 2>&1 &
+    wpid=$!
+    $SW watch --interval 1 --json > "$R/watch-$mode.json" 2> /dev/null &
+    jpid=$!
+    wait $bpid; rc=$?
+    kill $wpid $jpid 2> /dev/null
+    wait $wpid $jpid 2> /dev/null
+    cat "$out"
+    s=$(dt "$t1")
+    peak=$(grep -o '"[tr]x_gbps":[0-9.eE+-]*' "$R/watch-$mode.json" | awk -F: '$2 + 0 > m {m = $2 + 0} END {print m + 0}')
+    say "watch peak ${peak} Gb/s during bench $mode"
+    if [ $rc -ne 0 ]; then st=fail; fail=1; say "CHECKFAIL $c: bench rc=$rc beside the watcher"
+    elif ! awk -v p="$peak" 'BEGIN{exit !(p > 0)}'; then st=fail; fail=1; say "CHECKFAIL $c: watch saw no traffic"
+    else st=pass; say "CHECKOK $c: peak $peak Gb/s ${s}s"; fi
+    jl "$c" null null node "$st" "$rc" "$s" "{\"peak_gbps\":$peak}" "${out#"$R"/}"
 }
 
 k=0
@@ -429,7 +458,8 @@ for c in $L_checks; do
         fault:kill-peer | fault:link-down | fault:cable-pull | fault:kill-peer@*-* | fault:link-down@*-* | fault:cable-pull@*-*) run_fault "$c" ;;
         doctor) run_doctor ;;
         payload) run_payload ;;
-        *) say "CHECKFAIL unknown check '$c' (accepted: payload write_bw read_bw send_bw write_lat send_lat read_lat pingpong bench:latency bench:bandwidth bench:alltoall bench:allreduce bench:MODE@A-B no-route:A-B samehost:MODE@N fault:kill-peer[@A-B] fault:link-down[@A-B] fault:cable-pull[@A-B] doctor)"
+        watch:latency | watch:bandwidth | watch:alltoall | watch:allreduce) run_watch ;;
+        *) say "CHECKFAIL unknown check '$c' (accepted: payload write_bw read_bw send_bw write_lat send_lat read_lat pingpong bench:latency bench:bandwidth bench:alltoall bench:allreduce bench:MODE@A-B no-route:A-B samehost:MODE@N fault:kill-peer[@A-B] fault:link-down[@A-B] fault:cable-pull[@A-B] doctor watch:MODE)"
            jl "$c" null null none fail 2 0 '{}' ""; fail=1 ;;
     esac
 done

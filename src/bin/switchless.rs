@@ -1,4 +1,4 @@
-//! The `switchless` command line: doctor, plan, route, bench, nccl-tests.
+//! The `switchless` command line: doctor, plan, route, bench, nccl-tests, watch.
 #![forbid(unsafe_code)]
 
 use std::process::ExitCode;
@@ -50,6 +50,48 @@ enum Cmd {
     Bench(Box<cli::bench::Args>),
     /// Summarize nccl-tests output.
     NcclTests(cli::nccl_tests::Args),
+    /// Live Gb/s per NCCL device, PCIe function / CX-8 half and TCP link, from kernel counters.
+    Watch(cli::watch::Args),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) on stdout.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Write the man pages (switchless.1 and switchless-SUBCOMMAND.1) into DIR (packaging).
+    #[command(hide = true)]
+    Manpages {
+        #[arg(value_name = "DIR")]
+        dir: std::path::PathBuf,
+    },
+}
+
+/// `switchless completions SHELL` and `switchless manpages DIR`: generated from this clap definition,
+/// so they cannot drift from the options.
+fn generate(cmd: &Cmd) -> Option<ExitCode> {
+    use clap::CommandFactory;
+    match cmd {
+        Cmd::Completions { shell } => {
+            clap_complete::generate(
+                *shell,
+                &mut Cli::command(),
+                "switchless",
+                &mut std::io::stdout(),
+            );
+            Some(ExitCode::SUCCESS)
+        }
+        Cmd::Manpages { dir } => {
+            let r = std::fs::create_dir_all(dir)
+                .and_then(|()| clap_mangen::generate_to(Cli::command(), dir));
+            Some(match r {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("switchless manpages {}: {e}", dir.display());
+                    ExitCode::from(2)
+                }
+            })
+        }
+        _ => None,
+    }
 }
 
 fn main() -> ExitCode {
@@ -60,11 +102,16 @@ fn main() -> ExitCode {
         _ => tracing::Level::DEBUG,
     };
     switchless::ffi::log::install_stderr(level);
+    if let Some(rc) = generate(&cli.cmd) {
+        return rc;
+    }
     match cli.cmd {
         Cmd::Doctor(a) => cli::doctor::run(a),
         Cmd::Plan(a) => cli::plan::run(a),
         Cmd::Route(a) => cli::route::run(a),
         Cmd::Bench(a) => cli::bench::run(*a),
         Cmd::NcclTests(a) => cli::nccl_tests::run(a),
+        Cmd::Watch(a) => cli::watch::run(a),
+        Cmd::Completions { .. } | Cmd::Manpages { .. } => ExitCode::SUCCESS,
     }
 }

@@ -23,6 +23,8 @@ pub struct Plot {
     pub title: String,
     pub y_label: String,
     pub series: Vec<Series>,
+    /// Log-scale y (latency over sizes spanning decades); points ≤ 0 are left out.
+    pub log_y: bool,
 }
 
 const COLORS: [RGBColor; 6] = [
@@ -50,12 +52,54 @@ pub fn size_text(b: u64) -> String {
 
 /// Renders `p` into an SVG string.
 pub fn svg(p: &Plot) -> Result<String> {
-    let pts = p.series.iter().flat_map(|s| s.points.iter());
-    let (mut xmin, mut xmax, mut ymax) = (u64::MAX, 1u64, 0f64);
+    svg_panels(std::slice::from_ref(p))
+}
+
+/// Renders the plots stacked top to bottom in one SVG (e.g. bandwidth over latency).
+pub fn svg_panels(plots: &[Plot]) -> Result<String> {
+    if plots.is_empty() {
+        return Err(Error::InvalidArgument("plot: no panels".into()));
+    }
+    let n = u32::try_from(plots.len()).unwrap_or(u32::MAX);
+    let mut out = String::new();
+    {
+        let root =
+            SVGBackend::with_string(&mut out, (800, 480u32.saturating_mul(n))).into_drawing_area();
+        root.fill(&WHITE).map_err(err)?;
+        for (p, area) in plots.iter().zip(root.split_evenly((plots.len(), 1))) {
+            draw(p, &area)?;
+        }
+        root.present().map_err(err)?;
+    }
+    Ok(out)
+}
+
+/// A log10 axis value as text: 1, 10, 100, 0.1 …
+fn decade_text(v: f64) -> String {
+    let x = 10f64.powf(v);
+    if x >= 1.0 {
+        format!("{x:.0}")
+    } else {
+        format!("{x}")
+    }
+}
+
+fn draw(p: &Plot, root: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>) -> Result<()> {
+    // y is log10(value) on a linear axis under log_y, as x is log2(size)
+    let ty = |y: f64| if p.log_y { y.log10() } else { y };
+    let keep = |y: f64| !p.log_y || y > 0.0;
+    let pts = p
+        .series
+        .iter()
+        .flat_map(|s| s.points.iter())
+        .filter(|(_, y)| keep(*y));
+    let (mut xmin, mut xmax) = (u64::MAX, 1u64);
+    let (mut ymin, mut ymax) = (f64::INFINITY, f64::NEG_INFINITY);
     for &(x, y) in pts {
         xmin = xmin.min(x.max(1));
         xmax = xmax.max(x);
-        ymax = ymax.max(y);
+        ymin = ymin.min(ty(y));
+        ymax = ymax.max(ty(y));
     }
     if xmin == u64::MAX {
         return Err(Error::InvalidArgument("plot: no points".into()));
@@ -66,69 +110,93 @@ pub fn svg(p: &Plot) -> Result<String> {
         lx(xmin).floor(),
         lx(xmax).ceil().max(lx(xmin).floor() + 1.0),
     );
-    let ymax = if ymax > 0.0 { ymax * 1.08 } else { 1.0 };
-    let mut out = String::new();
-    {
-        let root = SVGBackend::with_string(&mut out, (800, 480)).into_drawing_area();
-        root.fill(&WHITE).map_err(err)?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(&p.title, ("sans-serif", 18))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(60)
-            .build_cartesian_2d(x0..x1, 0f64..ymax)
-            .map_err(err)?;
-        chart
-            .configure_mesh()
-            .x_desc("message size (bytes, log scale)")
-            .y_desc(p.y_label.as_str())
-            .x_labels(((x1 - x0) as usize / 2).clamp(2, 14))
-            .x_label_formatter(&|x| {
-                if x.fract().abs() < 1e-9 && *x >= 0.0 {
-                    size_text(1u64 << (*x as u32).min(62))
-                } else {
-                    String::new()
-                }
-            })
-            .draw()
-            .map_err(err)?;
-        let mut k = 0;
-        for s in &p.series {
-            let style = if s.reference {
-                ShapeStyle::from(&RGBColor(120, 120, 120)).stroke_width(1)
-            } else {
-                let c = COLORS[k % COLORS.len()];
-                k += 1;
-                ShapeStyle::from(&c).stroke_width(2)
-            };
-            let pts: Vec<(f64, f64)> = s.points.iter().map(|&(x, y)| (lx(x), y)).collect();
-            let color = style.color;
-            chart
-                .draw_series(LineSeries::new(pts.clone(), style))
-                .map_err(err)?
-                .label(s.label.as_str())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color));
-            if !s.reference {
-                chart
-                    .draw_series(pts.iter().map(|&p| Circle::new(p, 3, style.filled())))
-                    .map_err(err)?;
-            }
+    let (y0, y1) = if p.log_y {
+        (ymin.floor(), ymax.ceil().max(ymin.floor() + 1.0))
+    } else {
+        (0.0, if ymax > 0.0 { ymax * 1.08 } else { 1.0 })
+    };
+    let mut chart = ChartBuilder::on(root)
+        .caption(&p.title, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(x0..x1, y0..y1)
+        .map_err(err)?;
+    let y_fmt = |y: &f64| {
+        if !p.log_y {
+            format!("{y}")
+        } else if y.fract().abs() < 1e-9 {
+            decade_text(*y)
+        } else {
+            String::new()
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err)?;
-        root.present().map_err(err)?;
+    };
+    let y_desc = if p.log_y {
+        format!("{} (log scale)", p.y_label)
+    } else {
+        p.y_label.clone()
+    };
+    let mut mesh = chart.configure_mesh();
+    mesh.x_desc("message size (bytes, log scale)")
+        .y_desc(y_desc.as_str())
+        .x_labels(((x1 - x0) as usize / 2).clamp(2, 14))
+        .x_label_formatter(&|x| {
+            if x.fract().abs() < 1e-9 && *x >= 0.0 {
+                size_text(1u64 << (*x as u32).min(62))
+            } else {
+                String::new()
+            }
+        });
+    if p.log_y {
+        mesh.y_labels(((y1 - y0) as usize * 2 + 1).clamp(3, 20))
+            .y_label_formatter(&y_fmt);
     }
-    Ok(out)
+    mesh.draw().map_err(err)?;
+    let mut k = 0;
+    for s in &p.series {
+        let style = if s.reference {
+            ShapeStyle::from(&RGBColor(120, 120, 120)).stroke_width(1)
+        } else {
+            let c = COLORS[k % COLORS.len()];
+            k += 1;
+            ShapeStyle::from(&c).stroke_width(2)
+        };
+        let pts: Vec<(f64, f64)> = s
+            .points
+            .iter()
+            .filter(|(_, y)| keep(*y))
+            .map(|&(x, y)| (lx(x), ty(y)))
+            .collect();
+        let color = style.color;
+        chart
+            .draw_series(LineSeries::new(pts.clone(), style))
+            .map_err(err)?
+            .label(s.label.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color));
+        if !s.reference {
+            chart
+                .draw_series(pts.iter().map(|&p| Circle::new(p, 3, style.filled())))
+                .map_err(err)?;
+        }
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    Ok(())
 }
 
 /// Renders `p` into the file `path`.
 pub fn write(p: &Plot, path: &Path) -> Result<()> {
-    let s = svg(p)?;
+    write_panels(std::slice::from_ref(p), path)
+}
+
+/// Renders the plots stacked into the file `path`.
+pub fn write_panels(plots: &[Plot], path: &Path) -> Result<()> {
+    let s = svg_panels(plots)?;
     std::fs::write(path, s).map_err(|e| Error::io(format!("writing {}", path.display()), e))
 }
 
@@ -153,6 +221,7 @@ mod tests {
                     reference: true,
                 },
             ],
+            log_y: false,
         };
         let s = svg(&p).unwrap();
         assert!(s.starts_with("<svg"), "{}", &s[..40]);
@@ -169,9 +238,31 @@ mod tests {
         assert!(
             svg(&Plot {
                 series: vec![],
-                ..p
+                ..p.clone()
             })
             .is_err()
         );
+        // Two panels in one SVG; log-scale y labels its decades and drops points ≤ 0.
+        let lat = Plot {
+            title: "latency".into(),
+            y_label: "time (us)".into(),
+            series: vec![Series {
+                label: "run".into(),
+                points: vec![(8, 0.0), (64, 12.0), (1 << 20, 2500.0)],
+                reference: false,
+            }],
+            log_y: true,
+        };
+        let s = svg_panels(&[p, lat]).unwrap();
+        for want in [
+            "bandwidth",
+            "latency",
+            "time (us) (log scale)",
+            "\n1000\n",
+            "\n10\n",
+        ] {
+            assert!(s.contains(want), "missing {want}");
+        }
+        assert!(s.contains("height=\"960\""), "{}", &s[..120]);
     }
 }

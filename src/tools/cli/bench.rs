@@ -120,6 +120,44 @@ pub struct Args {
     /// Also draw Gb/s against message size into this SVG file (rank 0).
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
+    /// With --plot: overlay other runs, each a report saved with --save-json (same mode), one line
+    /// per file (e.g. another plugin, or the run before a change).
+    #[arg(long, value_name = "FILE.json", requires = "plot")]
+    pub plot_with: Vec<PathBuf>,
+}
+
+/// A line of another run for --plot-with: the `field` of each row of a saved report, by size.
+fn saved_series(path: &std::path::Path, field: &str) -> Result<crate::tools::plot::Series> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| crate::error::Error::io(format!("--plot-with {}", path.display()), e))?;
+    let bad = |what: &str| {
+        crate::error::Error::InvalidArgument(format!(
+            "--plot-with {}: {what} (expected a report written by switchless bench --save-json)",
+            path.display()
+        ))
+    };
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(&e.to_string()))?;
+    let rows = v["rows"].as_array().ok_or_else(|| bad("no rows"))?;
+    let mut points = Vec::new();
+    for row in rows {
+        match (row["size_bytes"].as_u64(), row[field].as_f64()) {
+            (Some(x), Some(y)) => points.push((x, y)),
+            _ => return Err(bad(&format!("a row without size_bytes or {field}"))),
+        }
+    }
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let label = match v["plugin"].as_str() {
+        Some(p) => format!("{stem} ({p})"),
+        None => stem,
+    };
+    Ok(crate::tools::plot::Series {
+        label,
+        points,
+        reference: false,
+    })
 }
 
 /// Payload checks under --model.
@@ -268,7 +306,7 @@ fn cpu(a: &Args, spec: &str) -> Result<()> {
 }
 
 /// The --plot of a report: achieved rate per size and, under --model, the modelled rate.
-fn plot(r: &b::Report, path: &std::path::Path) -> Result<()> {
+fn plot(r: &b::Report, path: &std::path::Path, with: &[PathBuf]) -> Result<()> {
     use crate::tools::plot::{Plot, Series};
     let busbw = matches!(r.mode, b::Mode::Alltoall | b::Mode::Allreduce);
     let pts = |f: &dyn Fn(&b::Row) -> Option<f64>| -> Vec<(u64, f64)> {
@@ -295,6 +333,17 @@ fn plot(r: &b::Report, path: &std::path::Path) -> Result<()> {
         }),
         reference: false,
     }];
+    let field = match r.mode {
+        b::Mode::Latency => "time_us",
+        _ if busbw => "busbw_gbits_s",
+        _ => "algbw_gbits_s",
+    };
+    if !with.is_empty() {
+        series[0].label = format!("this run: {label}");
+    }
+    for f in with {
+        series.push(saved_series(f, field)?);
+    }
     if r.mode != b::Mode::Latency && r.rows.iter().any(|x| x.modelled_gbits_s.is_some()) {
         series.push(Series {
             label: "sum of modelled path rates".into(),
@@ -311,6 +360,7 @@ fn plot(r: &b::Report, path: &std::path::Path) -> Result<()> {
             title,
             y_label: y.into(),
             series,
+            log_y: false,
         },
         path,
     )
@@ -353,7 +403,7 @@ pub fn run(args: Args) -> ExitCode {
                 return ExitCode::from(2);
             }
             if let (Some(p), 0) = (&args.plot, r.rank) {
-                if let Err(e) = plot(&r, p) {
+                if let Err(e) = plot(&r, p, &args.plot_with) {
                     eprintln!("switchless bench: {e}");
                     return ExitCode::from(2);
                 }

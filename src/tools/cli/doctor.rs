@@ -44,6 +44,11 @@ pub struct Args {
         default_value = "auto"
     )]
     pub server: String,
+    /// Judge the cables between hosts: each PATH a tree captured with --capture on one host (or a
+    /// --root tree), one per host, optionally named NAME=PATH (default: the tree's
+    /// /proc/sys/kernel/hostname, else the directory name).
+    #[arg(long, value_name = "PATH", num_args = 1.., conflicts_with_all = ["capture", "plan", "server"])]
+    pub fleet: Vec<PathBuf>,
 }
 
 /// Reads the plan file named by `--plan`.
@@ -121,6 +126,10 @@ pub fn diagnose(args: &Args) -> Result<(doctor::Report, Option<usize>), String> 
     };
     let env = doctor::NcclEnv::from_process();
     let (model, mut findings) = host::discover_with(&rd);
+    // Recorded so that a capture names its host for `doctor --fleet`.
+    if args.capture.is_some() {
+        let _ = rd.read("/proc/sys/kernel/hostname");
+    }
     // The NCCL environment this shell would give the plugin: every value init would refuse is a
     // finding of its own, and so is a name nobody reads (a typo).
     let judged = doctor::env::judge(&env);
@@ -227,7 +236,85 @@ pub fn diagnose(args: &Args) -> Result<(doctor::Report, Option<usize>), String> 
     Ok((doctor::build(&model, view, extras, findings), captured))
 }
 
+/// The hosts of `--fleet`: one discovered model per PATH, named NAME=PATH, by the tree's hostname
+/// file, or by the directory name; repeated names get `#2`, `#3`.
+pub fn fleet_hosts(paths: &[PathBuf]) -> Result<Vec<doctor::fleet::HostInput>, String> {
+    let mut hosts: Vec<doctor::fleet::HostInput> = Vec::new();
+    for p in paths {
+        let text = p.to_string_lossy();
+        let (name, dir) = match text.split_once('=') {
+            Some((n, d)) if !n.is_empty() && !n.contains('/') => {
+                (Some(n.to_string()), PathBuf::from(d))
+            }
+            _ => (None, p.clone()),
+        };
+        if !dir.is_dir() {
+            return Err(format!(
+                "--fleet {}: not a directory (expected a tree made by switchless doctor --capture on one host)",
+                dir.display()
+            ));
+        }
+        let rd = Reader::new(&dir);
+        let name = name
+            .or_else(|| {
+                ["/proc/sys/kernel/hostname", "/etc/hostname"]
+                    .iter()
+                    .find_map(|f| rd.read(f).ok())
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| !s.is_empty())
+            })
+            .or_else(|| {
+                std::fs::canonicalize(&dir)
+                    .ok()
+                    .and_then(|d| d.file_name().map(|n| n.to_string_lossy().to_string()))
+            })
+            .unwrap_or_else(|| dir.display().to_string());
+        let mut unique = name.clone();
+        let mut k = 2;
+        while hosts.iter().any(|h| h.name == unique) {
+            unique = format!("{name}#{k}");
+            k += 1;
+        }
+        let (model, discovery) = host::discover_with(&rd);
+        hosts.push(doctor::fleet::HostInput {
+            name: unique,
+            model,
+            discovery,
+        });
+    }
+    if hosts.len() < 2 {
+        return Err("--fleet needs at least two hosts (one PATH per host)".to_string());
+    }
+    Ok(hosts)
+}
+
+fn run_fleet(args: &Args) -> ExitCode {
+    let hosts = match fleet_hosts(&args.fleet) {
+        Ok(h) => h,
+        Err(msg) => {
+            eprintln!("switchless doctor: command line: {msg}");
+            return ExitCode::from(2);
+        }
+    };
+    let report = doctor::fleet::diagnose(&hosts);
+    if args.json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(s) => println!("{s}"),
+            Err(e) => {
+                eprintln!("switchless doctor: cannot encode the fleet report as JSON: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    } else {
+        print!("{}", doctor::fleet_render::render_text(&report));
+    }
+    ExitCode::from(report.exit_status)
+}
+
 pub fn run(args: Args) -> ExitCode {
+    if !args.fleet.is_empty() {
+        return run_fleet(&args);
+    }
     match diagnose(&args) {
         Ok((report, captured)) => {
             if args.json {

@@ -6,3 +6,4 @@ pub mod doctor;
 pub mod nccl_tests;
 pub mod plan;
 pub mod route;
+pub mod watch;

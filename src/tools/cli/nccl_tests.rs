@@ -56,6 +56,71 @@ pub struct SummarizeArgs {
     /// Print the summary as JSON (bandwidths in GB/s, fields named *_gbyte_s).
     #[arg(long)]
     pub json: bool,
+
+    /// Also write an SVG: bus bandwidth and time per operation against message size (log-scale x),
+    /// one line per run (every FILE and every test in it), out-of-place figures.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+}
+
+/// The --plot of the parsed files: a bus-bandwidth panel over a latency panel, one line per run.
+fn plot(parsed: &[ParsedFile], path: &std::path::Path) -> Result<()> {
+    use crate::tools::plot::{Plot, Series};
+    let mut bw = Vec::new();
+    let mut lat = Vec::new();
+    for f in parsed {
+        let file = std::path::Path::new(&f.source)
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_else(|| f.source.clone());
+        for r in &f.runs {
+            let mut label = match &r.test {
+                Some(t) => format!("{file}: {t}"),
+                None => file.clone(),
+            };
+            if f.runs.len() > 1 {
+                label = format!("{label} (line {})", r.start_line);
+            }
+            let pick = |g: &dyn Fn(&nccltests::Measurement) -> f64| -> Vec<(u64, f64)> {
+                r.rows
+                    .iter()
+                    .filter_map(|row| row.out_of_place.as_ref().map(|m| (row.size_bytes, g(m))))
+                    .collect()
+            };
+            bw.push(Series {
+                label: label.clone(),
+                points: pick(&|m| m.busbw_gbyte_s),
+                reference: false,
+            });
+            lat.push(Series {
+                label,
+                points: pick(&|m| m.time_us),
+                reference: false,
+            });
+        }
+    }
+    if bw.iter().all(|s| s.points.is_empty()) {
+        return Err(Error::InvalidArgument(
+            "--plot: no result rows to draw".into(),
+        ));
+    }
+    crate::tools::plot::write_panels(
+        &[
+            Plot {
+                title: "nccl-tests bus bandwidth (out-of-place)".into(),
+                y_label: "busbw (GB/s, 10^9 bytes/s)".into(),
+                series: bw,
+                log_y: false,
+            },
+            Plot {
+                title: "nccl-tests time per operation (out-of-place)".into(),
+                y_label: "time (us)".into(),
+                series: lat,
+                log_y: true,
+            },
+        ],
+        path,
+    )
 }
 
 fn parse_bw(s: &str) -> std::result::Result<f64, String> {
@@ -85,6 +150,9 @@ fn summarize(a: &SummarizeArgs) -> Result<(String, bool)> {
     for f in &a.files {
         let (name, text) = read(f)?;
         parsed.push(nccltests::parse_text(&name, &text)?);
+    }
+    if let Some(p) = &a.plot {
+        plot(&parsed, p).map_err(|e| e.context(format!("--plot {}", p.display())))?;
     }
     let opts = Options {
         expect_busbw_gbyte_s: a.expect_busbw,

@@ -4,6 +4,8 @@
 
 pub mod checks;
 pub mod env;
+pub mod fleet;
+pub mod fleet_render;
 pub mod registry;
 mod render;
 mod report;

@@ -1,0 +1,723 @@
+//! `switchless doctor --fleet`: the cables between hosts, judged from one host model per host (trees
+//! made by `switchless doctor --capture`, or `--root` trees). Pairs every fabric address with the
+//! addresses of other hosts in its subnet (a cable end facing its far end), groups those paths into
+//! cables (one adapter cage at each end), and reports what only shows across hosts: see [`check`].
+//! Depends on `host` (discovery, local links) and the single-host doctor's report; text and JSON
+//! rendering are in `fleet_render.rs`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+use serde::Serialize;
+
+use crate::findings::{Finding, Severity, exit_status};
+use crate::host::model::HostModel;
+use crate::route::types::LinkKind;
+
+/// Stable check ids of the cross-host findings (documented in docs/readme/fabric.md).
+pub mod check {
+    pub const NO_FAR_END: &str = "no-far-end";
+    pub const PREFIX_MISMATCH: &str = "prefix-mismatch";
+    pub const MTU_MISMATCH: &str = "mtu-mismatch";
+    pub const END_DOWN: &str = "end-down";
+    pub const DUPLICATE_ADDRESS: &str = "duplicate-address";
+    pub const HALF_ADDRESSED: &str = "half-addressed";
+    pub const GID_MISSING_ONE_END: &str = "gid-missing-one-end";
+    pub const NON_NEIGHBOURS: &str = "non-neighbours";
+}
+
+/// Schema version of the `--fleet --json` document.
+pub const SCHEMA: &str = "switchless-fleet/1";
+
+/// One host of the fleet: its name, where it was read from, and what discovery made of it.
+#[derive(Debug, Clone)]
+pub struct HostInput {
+    pub name: String,
+    pub model: HostModel,
+    /// Discovery's own findings (`kernel-file`), passed to the single-host report.
+    pub discovery: Vec<Finding>,
+}
+
+/// What one cable end carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EndKind {
+    /// An RDMA port holds the address as an IPv4-mapped RoCE v2 GID.
+    Roce,
+    /// A netdev with an RDMA port whose GID table lacks the address: RoCE cannot use it.
+    NoGid,
+    /// A point-to-point TCP link (a netdev without RDMA on a /30 or /31).
+    Tcp,
+}
+
+/// One fabric address of one host: a cable end.
+#[derive(Debug, Clone, Serialize)]
+pub struct End {
+    pub host: String,
+    pub netdev: String,
+    pub rdma_dev: Option<String>,
+    pub port: Option<u8>,
+    /// Address with the prefix of its connected subnet.
+    pub addr: Ipv4Net,
+    pub kind: EndKind,
+    /// Netdev up with carrier and (RoCE) the port ACTIVE.
+    pub up: bool,
+    /// Netdev MTU, bytes.
+    pub mtu: Option<u32>,
+    /// RoCE active MTU, bytes (None for TCP).
+    pub active_mtu: Option<u32>,
+    /// The adapter cage (physical port) this end leaves through, e.g. `guid:4cbb470300a1b2c0#1`.
+    pub cage: String,
+    /// NCCL device of this end on its host.
+    pub nccl_device: Option<String>,
+    #[serde(skip)]
+    host_idx: usize,
+    /// Port rate (or netdev speed) and PCIe bandwidth of the function, Mb/s.
+    #[serde(skip)]
+    rate_mbps: Option<u32>,
+    #[serde(skip)]
+    pcie_mbps: Option<u32>,
+    /// Logical port on the adapter (`phys_port_name`): multi-host functions share one.
+    #[serde(skip)]
+    logical: String,
+}
+
+impl End {
+    /// `host:netdev addr`.
+    pub fn label(&self) -> String {
+        format!("{}:{} {}", self.host, self.netdev, self.addr)
+    }
+}
+
+/// Two ends in one subnet on different hosts.
+#[derive(Debug, Clone, Serialize)]
+pub struct Path {
+    pub a: End,
+    pub b: End,
+    /// Both ends up and of the same kind (RoCE–RoCE or TCP–TCP): traffic can flow.
+    pub usable: bool,
+}
+
+/// One side of a cable: a host and the cage there.
+#[derive(Debug, Clone, Serialize)]
+pub struct CableSide {
+    pub host: String,
+    pub cage: String,
+    /// Netdevs of this cage with an address on the cable.
+    pub netdevs: Vec<String>,
+}
+
+/// One cable: the paths between one cage of host A and one cage of host B.
+#[derive(Debug, Clone, Serialize)]
+pub struct Cable {
+    pub a: CableSide,
+    pub b: CableSide,
+    pub paths: Vec<Path>,
+    /// What the usable paths can carry, Mb/s: the smaller side's min(port rate, Σ PCIe of its
+    /// functions) per logical port.
+    pub speed_mbps: u64,
+}
+
+/// One cell of the cabling matrix (a host pair, `a` before `b` in the host list).
+#[derive(Debug, Clone, Serialize)]
+pub struct Cell {
+    pub a: String,
+    pub b: String,
+    pub cables: usize,
+    pub paths: usize,
+    pub usable_paths: usize,
+    pub speed_mbps: u64,
+}
+
+/// One host in the report: its single-host doctor verdict.
+#[derive(Debug, Clone, Serialize)]
+pub struct HostSummary {
+    pub name: String,
+    pub root: String,
+    pub nccl_devices: usize,
+    /// Fabric addresses (cable ends) found on the host.
+    pub ends: usize,
+    /// The single-host doctor's findings and exit status for this host.
+    pub findings: Vec<Finding>,
+    pub exit_status: u8,
+}
+
+/// The `--fleet` report.
+#[derive(Debug, Clone, Serialize)]
+pub struct FleetReport {
+    pub schema: &'static str,
+    pub hosts: Vec<HostSummary>,
+    pub cables: Vec<Cable>,
+    /// Every host pair, in host order.
+    pub matrix: Vec<Cell>,
+    /// Host pairs with no path between them.
+    pub non_neighbours: Vec<(String, String)>,
+    /// Cross-host findings, worst first.
+    pub findings: Vec<Finding>,
+    /// Worst of the cross-host findings and every host's single-host status: 0, 1 or 2.
+    pub exit_status: u8,
+}
+
+/// Cage id as text.
+fn cage_text(c: &crate::host::model::Cage) -> String {
+    format!("{}#{}", c.adapter, c.index)
+}
+
+/// The fabric ends of one host: RoCE addresses, addresses of RDMA netdevs without a RoCE v2 GID,
+/// and point-to-point TCP links. Management LANs (no RDMA, not a /30 or /31) are not cable ends.
+fn ends_of(host_idx: usize, h: &HostInput) -> Vec<End> {
+    let m = &h.model;
+    let devices = m.nccl_devices(&|_, _| true, &|_| false);
+    let cages = m.cages();
+    let mut out = Vec::new();
+    for l in m.local_links(&devices) {
+        let Some(n) = m.netdev(&l.netdev) else {
+            continue;
+        };
+        let tcp = m.tcp_links.iter().any(|t| t.netdev == l.netdev);
+        let kind = match l.kind {
+            LinkKind::Roce => EndKind::Roce,
+            LinkKind::Tcp if !n.rdma.is_empty() => EndKind::NoGid,
+            LinkKind::Tcp if tcp => EndKind::Tcp,
+            LinkKind::Tcp => continue,
+        };
+        let port = l.rdma_dev.as_deref().and_then(|d| m.rdma_port(d, l.port));
+        // An RDMA netdev without the GID: its first RDMA port tells rate and state.
+        let any_port = port.or_else(|| n.rdma.first().and_then(|(d, p)| m.rdma_port(d, *p)));
+        let bdf = n
+            .pci
+            .clone()
+            .or_else(|| any_port.and_then(|(d, _)| d.pci.clone()));
+        let pcie_mbps = bdf
+            .as_deref()
+            .and_then(|b| m.pci(b))
+            .and_then(|f| f.link.current_mbps());
+        let cage = cages
+            .get(usize::from(l.phys_port_id))
+            .map(cage_text)
+            .or_else(|| any_port.map(|(_, p)| cage_text(&p.cage)))
+            .unwrap_or_else(|| format!("netdev:{}", n.name));
+        out.push(End {
+            host: h.name.clone(),
+            netdev: l.netdev.clone(),
+            rdma_dev: any_port.map(|(d, _)| d.name.clone()),
+            port: any_port.map(|(_, p)| p.port),
+            addr: l.addr,
+            kind,
+            up: n.is_up() && any_port.is_none_or(|(_, p)| p.is_active()),
+            mtu: n.mtu,
+            active_mtu: port.map(|(_, p)| p.active_mtu),
+            cage,
+            nccl_device: l
+                .nccl_dev
+                .and_then(|i| devices.get(i))
+                .map(|d| d.name.clone()),
+            host_idx,
+            rate_mbps: any_port
+                .and_then(|(_, p)| p.rate_mbps)
+                .or(n.speed_mbps)
+                .filter(|_| n.is_up()),
+            pcie_mbps,
+            logical: n.phys_port_name.clone().unwrap_or_else(|| n.name.clone()),
+        });
+    }
+    out
+}
+
+/// The ends `a` and `b` face each other: one's subnet holds the other's address.
+fn faces(a: &End, b: &End) -> bool {
+    a.addr.trunc().contains(&b.addr.addr()) || b.addr.trunc().contains(&a.addr.addr())
+}
+
+/// What one side of a cable carries over the given ends: per logical port min(port rate, Σ PCIe of
+/// its functions), summed (a GB10 cage: min(200, 2 × 126) Gb/s; a CX-8 cage: 400 + 400 Gb/s).
+fn side_capacity(ends: &[&End]) -> u64 {
+    let mut by_logical: BTreeMap<&str, Vec<&End>> = BTreeMap::new();
+    for e in ends {
+        by_logical.entry(e.logical.as_str()).or_default().push(e);
+    }
+    by_logical
+        .values()
+        .map(|v| {
+            let rate = v.iter().filter_map(|e| e.rate_mbps).max().map(u64::from);
+            let pcie: Option<u64> = v.iter().map(|e| e.pcie_mbps.map(u64::from)).sum();
+            match (rate, pcie) {
+                (Some(r), Some(p)) => r.min(p),
+                (r, p) => r.or(p).unwrap_or(0),
+            }
+        })
+        .sum()
+}
+
+fn gbps(mbps: u64) -> String {
+    let g = mbps as f64 / 1000.0;
+    if g.fract() == 0.0 {
+        format!("{g:.0} Gb/s")
+    } else {
+        format!("{g:.1} Gb/s")
+    }
+}
+
+fn mtu_text(v: Option<u32>) -> String {
+    v.map(|m| m.to_string()).unwrap_or_else(|| "?".into())
+}
+
+/// Checks of one path; pushes findings.
+fn path_checks(p: &Path, f: &mut Vec<Finding>) {
+    let (a, b) = (&p.a, &p.b);
+    let obj = format!("cable {} — {}", a.label(), b.label());
+    if a.addr.prefix_len() != b.addr.prefix_len() {
+        f.push(Finding::new(
+            Severity::Error,
+            check::PREFIX_MISMATCH,
+            obj.clone(),
+            format!(
+                "the two ends of one cable are in different prefixes: {} holds {} (subnet {}), {} holds {} \
+                 (subnet {}); routing on each host decides by its own subnet, so one side may not see the \
+                 other as on-link",
+                a.host,
+                a.addr,
+                a.addr.trunc(),
+                b.host,
+                b.addr,
+                b.addr.trunc()
+            ),
+            "give both ends the same prefix length (a /30 or /31 per cable, as `switchless plan` writes)",
+        ));
+    }
+    let roce = |e: &End| e.kind == EndKind::Roce;
+    if a.kind != b.kind && (roce(a) || roce(b)) {
+        let (has, lacks) = if roce(a) { (a, b) } else { (b, a) };
+        let why = match lacks.kind {
+            EndKind::NoGid => format!(
+                "{}'s RDMA port {} has no IPv4-mapped RoCE v2 GID for {}",
+                lacks.host,
+                lacks.rdma_dev.clone().unwrap_or_else(|| "?".into()),
+                lacks.addr.addr()
+            ),
+            _ => format!("{}:{} has no RDMA device at all", lacks.host, lacks.netdev),
+        };
+        f.push(Finding::new(
+            Severity::Error,
+            check::GID_MISSING_ONE_END,
+            obj.clone(),
+            format!(
+                "{} is a RoCE v2 end but {why}: the plugin on {} exposes no RoCE link for this address, so \
+                 the cable carries no RDMA traffic",
+                has.label(),
+                lacks.host
+            ),
+            format!(
+                "on {}: check that the address is on the RoCE netdev itself (not a bond or VLAN above it) and \
+                 that the RDMA driver is loaded, then `switchless doctor` there (check no-ipv4-roce-v2-gid)",
+                lacks.host
+            ),
+        ));
+    }
+    if !a.up || !b.up {
+        let msg = match (a.up, b.up) {
+            (false, false) => format!("both ends are down: {} and {}", a.label(), b.label()),
+            (true, _) => format!(
+                "{} is up but {} is down (no carrier or port not ACTIVE): no traffic crosses this path",
+                a.label(),
+                b.label()
+            ),
+            _ => format!(
+                "{} is up but {} is down (no carrier or port not ACTIVE): no traffic crosses this path",
+                b.label(),
+                a.label()
+            ),
+        };
+        f.push(Finding::new(
+            Severity::Warning,
+            check::END_DOWN,
+            obj.clone(),
+            msg,
+            "reseat or replace the cable / transceiver, `ip link set <netdev> up` on the down end, then check \
+             `ethtool <netdev>` for the link mode both ends agree on",
+        ));
+    }
+    let amtu_differs = roce(a) && roce(b) && a.active_mtu != b.active_mtu;
+    if a.mtu != b.mtu || amtu_differs {
+        let mut what = vec![format!("MTU {}/{} bytes", mtu_text(a.mtu), mtu_text(b.mtu))];
+        if roce(a) && roce(b) {
+            what.push(format!(
+                "active_mtu {}/{} bytes",
+                mtu_text(a.active_mtu),
+                mtu_text(b.active_mtu)
+            ));
+        }
+        f.push(Finding::new(
+            Severity::Warning,
+            check::MTU_MISMATCH,
+            obj,
+            format!(
+                "the ends of one cable differ: {} ({} / {}); RoCE runs at the smaller active MTU and TCP \
+                 frames above the smaller MTU are dropped at the receiver",
+                what.join(", "),
+                a.host,
+                b.host
+            ),
+            "set the same MTU on both ends (9000 for RoCE: active_mtu 4096), e.g. `ip link set <netdev> mtu 9000`",
+        ));
+    }
+}
+
+/// Judges the fleet: pairs every host's cable ends, builds cables and the matrix, and runs every
+/// cross-host check. Host names must be distinct (the CLI makes them so).
+pub fn diagnose(hosts: &[HostInput]) -> FleetReport {
+    let mut ends: Vec<End> = Vec::new();
+    for (i, h) in hosts.iter().enumerate() {
+        ends.extend(ends_of(i, h));
+    }
+    let mut findings = Vec::new();
+    // Ends whose missing far end another finding already explains.
+    let mut explained: BTreeSet<usize> = BTreeSet::new();
+
+    // The same address on two hosts, on any physical netdev (a cloned management address is as
+    // fatal). Virtual netdevs (docker0, virbr0: host-local bridges with the same default address on
+    // every host) and IPv4 link-local addresses (unique per link only) are left out.
+    let mut by_addr: BTreeMap<Ipv4Addr, Vec<(usize, String)>> = BTreeMap::new();
+    for (i, h) in hosts.iter().enumerate() {
+        for n in h
+            .model
+            .netdevs
+            .iter()
+            .filter(|n| n.pci.is_some() || !n.rdma.is_empty())
+        {
+            for a in n.addrs.iter().filter(|a| !a.addr.addr().is_link_local()) {
+                by_addr
+                    .entry(a.addr.addr())
+                    .or_default()
+                    .push((i, n.name.clone()));
+            }
+        }
+    }
+    for (addr, holders) in &by_addr {
+        let hs: BTreeSet<usize> = holders.iter().map(|(i, _)| *i).collect();
+        if hs.len() < 2 {
+            continue;
+        }
+        let who: Vec<String> = holders
+            .iter()
+            .map(|(i, n)| format!("{}:{n}", hosts[*i].name))
+            .collect();
+        for (k, e) in ends.iter().enumerate() {
+            if e.addr.addr() == *addr {
+                explained.insert(k);
+            }
+        }
+        findings.push(Finding::new(
+            Severity::Error,
+            check::DUPLICATE_ADDRESS,
+            format!("address {addr}"),
+            format!(
+                "{addr} is assigned on {} hosts: {}; ARP answers from either, and a connection to it reaches \
+                 whichever answered (on a cable: neither end has a far end)",
+                hs.len(),
+                who.join(", ")
+            ),
+            "give every host its own address (on a cable: one end .1, the other .2 of the /30, as `switchless \
+             plan` writes); check hosts installed from one image for copied network configuration",
+        ));
+    }
+
+    // Paths: every pair of ends on different hosts that face each other.
+    let mut paths: Vec<(usize, usize)> = Vec::new();
+    for i in 0..ends.len() {
+        for j in i + 1..ends.len() {
+            let (a, b) = (&ends[i], &ends[j]);
+            if a.host_idx != b.host_idx && a.addr.addr() != b.addr.addr() && faces(a, b) {
+                paths.push(if a.host_idx <= b.host_idx {
+                    (i, j)
+                } else {
+                    (j, i)
+                });
+            }
+        }
+    }
+    let faced: BTreeSet<usize> = paths.iter().flat_map(|(a, b)| [*a, *b]).collect();
+
+    // Cables: paths grouped by (host, cage) at each end.
+    type Key = (usize, String, usize, String);
+    let mut cable_paths: BTreeMap<Key, Vec<(usize, usize)>> = BTreeMap::new();
+    for &(i, j) in &paths {
+        let (a, b) = (&ends[i], &ends[j]);
+        cable_paths
+            .entry((a.host_idx, a.cage.clone(), b.host_idx, b.cage.clone()))
+            .or_default()
+            .push((i, j));
+    }
+    let mut cables = Vec::new();
+    for ((ha, ca, hb, cb), ps) in &cable_paths {
+        let mut pv = Vec::new();
+        let (mut ua, mut ub): (Vec<&End>, Vec<&End>) = (Vec::new(), Vec::new());
+        for &(i, j) in ps {
+            let (a, b) = (&ends[i], &ends[j]);
+            let usable = a.up
+                && b.up
+                && a.kind == b.kind
+                && a.kind != EndKind::NoGid
+                && a.addr.prefix_len() == b.addr.prefix_len();
+            if usable {
+                ua.push(a);
+                ub.push(b);
+            }
+            let p = Path {
+                a: a.clone(),
+                b: b.clone(),
+                usable,
+            };
+            path_checks(&p, &mut findings);
+            pv.push(p);
+        }
+        let side = |h: usize, c: &str, pick: &dyn Fn(&Path) -> &End| CableSide {
+            host: hosts[h].name.clone(),
+            cage: c.to_string(),
+            netdevs: pv
+                .iter()
+                .map(|p| pick(p).netdev.clone())
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect(),
+        };
+        let speed = side_capacity(&ua).min(side_capacity(&ub));
+        cables.push(Cable {
+            a: side(*ha, ca, &|p| &p.a),
+            b: side(*hb, cb, &|p| &p.b),
+            speed_mbps: speed,
+            paths: pv,
+        });
+    }
+
+    cables.sort_by_key(|c| {
+        let first = c.paths.iter().map(|p| p.a.addr.addr()).min();
+        (
+            hosts.iter().position(|h| h.name == c.a.host),
+            hosts.iter().position(|h| h.name == c.b.host),
+            first,
+        )
+    });
+
+    // Half-addressed cages: a cable whose one side has ends in its cage facing nothing while the
+    // other side has fewer addressed functions in its cage.
+    for c in &cables {
+        for (me, other) in [(&c.a, &c.b), (&c.b, &c.a)] {
+            let in_cage = |s: &CableSide| -> Vec<usize> {
+                ends.iter()
+                    .enumerate()
+                    .filter(|(_, e)| e.host == s.host && e.cage == s.cage)
+                    .map(|(k, _)| k)
+                    .collect()
+            };
+            let mine = in_cage(me);
+            let theirs = in_cage(other);
+            let lonely: Vec<usize> = mine
+                .iter()
+                .copied()
+                .filter(|k| !faced.contains(k) && !explained.contains(k))
+                .collect();
+            let my_fns: BTreeSet<&str> = mine.iter().map(|k| ends[*k].netdev.as_str()).collect();
+            let their_fns: BTreeSet<&str> =
+                theirs.iter().map(|k| ends[*k].netdev.as_str()).collect();
+            if lonely.is_empty() || my_fns.len() <= their_fns.len() {
+                continue;
+            }
+            let oh = hosts.iter().find(|h| h.name == other.host);
+            let idle: Vec<String> = oh
+                .map(|h| unaddressed_in_cage(&h.model, &other.cage))
+                .unwrap_or_default();
+            let lonely_txt: Vec<String> = lonely.iter().map(|k| ends[*k].label()).collect();
+            findings.push(Finding::new(
+                Severity::Warning,
+                check::HALF_ADDRESSED,
+                format!(
+                    "cable {}:{} — {}:{}",
+                    me.host,
+                    my_fns.iter().copied().collect::<Vec<_>>().join("+"),
+                    other.host,
+                    their_fns.iter().copied().collect::<Vec<_>>().join("+")
+                ),
+                format!(
+                    "{} addresses {} functions/halves of this cage, {} only {}: {} faces nothing{}; the cable \
+                     carries {} (the addressed pairs) instead of what both ends' functions could",
+                    me.host,
+                    my_fns.len(),
+                    other.host,
+                    their_fns.len(),
+                    lonely_txt.join(", "),
+                    if idle.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (unaddressed on {}: {})", other.host, idle.join(", "))
+                    },
+                    gbps(c.speed_mbps)
+                ),
+                format!(
+                    "on {}: address every function of the cage in the subnet its far end uses (a GB10 cage \
+                     has two functions, a CX-8 cage two halves: one subnet each)",
+                    other.host
+                ),
+            ));
+            explained.extend(lonely);
+        }
+    }
+
+    // Ends that face nothing and no other finding explains.
+    for (k, e) in ends.iter().enumerate() {
+        if faced.contains(&k) || explained.contains(&k) {
+            continue;
+        }
+        let (sev, state) = if e.up {
+            (Severity::Warning, "up")
+        } else {
+            (Severity::Info, "down (uncabled?)")
+        };
+        findings.push(Finding::new(
+            sev,
+            check::NO_FAR_END,
+            format!("netdev {}:{}", e.host, e.netdev),
+            format!(
+                "{} ({state}) is in subnet {}, which no other of the {} hosts holds an address in: the far end \
+                 is missing from the fleet, unaddressed, or in another subnet",
+                e.label(),
+                e.addr.trunc(),
+                hosts.len()
+            ),
+            "capture the far host too, or give the far end an address in this subnet (see `switchless plan`)",
+        ));
+    }
+
+    // Matrix and non-neighbours.
+    let mut matrix = Vec::new();
+    let mut non_neighbours = Vec::new();
+    for i in 0..hosts.len() {
+        for j in i + 1..hosts.len() {
+            let cs: Vec<&Cable> = cables
+                .iter()
+                .filter(|c| {
+                    (c.a.host == hosts[i].name && c.b.host == hosts[j].name)
+                        || (c.a.host == hosts[j].name && c.b.host == hosts[i].name)
+                })
+                .collect();
+            let cell = Cell {
+                a: hosts[i].name.clone(),
+                b: hosts[j].name.clone(),
+                cables: cs.len(),
+                paths: cs.iter().map(|c| c.paths.len()).sum(),
+                usable_paths: cs
+                    .iter()
+                    .map(|c| c.paths.iter().filter(|p| p.usable).count())
+                    .sum(),
+                speed_mbps: cs.iter().map(|c| c.speed_mbps).sum(),
+            };
+            if cell.paths == 0 {
+                non_neighbours.push((cell.a.clone(), cell.b.clone()));
+            }
+            matrix.push(cell);
+        }
+    }
+    if !non_neighbours.is_empty() {
+        findings.push(non_neighbour_finding(hosts, &non_neighbours, matrix.len()));
+    }
+
+    findings.sort_by_key(|f| std::cmp::Reverse(f.severity));
+    let mut summaries = Vec::new();
+    for (i, h) in hosts.iter().enumerate() {
+        let devices = h.model.nccl_devices(&|_, _| true, &|_| false);
+        let r = super::report(&h.model, &devices, h.discovery.clone());
+        summaries.push(HostSummary {
+            name: h.name.clone(),
+            root: h.model.root.clone(),
+            nccl_devices: devices.len(),
+            ends: ends.iter().filter(|e| e.host_idx == i).count(),
+            findings: r.findings,
+            exit_status: r.exit_status,
+        });
+    }
+    let status = summaries
+        .iter()
+        .map(|s| s.exit_status)
+        .chain([exit_status(&findings)])
+        .max()
+        .unwrap_or(0);
+    FleetReport {
+        schema: SCHEMA,
+        hosts: summaries,
+        cables,
+        matrix,
+        non_neighbours,
+        findings,
+        exit_status: status,
+    }
+}
+
+/// Netdevs of the RDMA ports in `cage` (text form) that hold no address.
+fn unaddressed_in_cage(m: &HostModel, cage: &str) -> Vec<String> {
+    let mut v: Vec<String> = m
+        .ports()
+        .filter(|(_, p)| cage_text(&p.cage) == cage)
+        .filter_map(|(_, p)| p.netdev.clone())
+        .filter(|n| m.netdev(n).is_some_and(|n| n.addrs.is_empty()))
+        .collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// A subnet both hosts have an address in (a management LAN), with the slower netdev speed.
+fn shared_subnet(a: &HostModel, b: &HostModel) -> Option<(Ipv4Net, Option<u32>)> {
+    for na in &a.netdevs {
+        for x in na.addrs.iter().filter(|x| x.addr.prefix_len() < 32) {
+            for nb in &b.netdevs {
+                if nb.addrs.iter().any(|y| {
+                    x.addr.trunc().contains(&y.addr.addr()) && y.addr.addr() != x.addr.addr()
+                }) {
+                    let speed = match (na.speed_mbps, nb.speed_mbps) {
+                        (Some(p), Some(q)) => Some(p.min(q)),
+                        (p, q) => p.or(q),
+                    };
+                    return Some((x.addr.trunc(), speed));
+                }
+            }
+        }
+    }
+    None
+}
+
+fn non_neighbour_finding(hosts: &[HostInput], nn: &[(String, String)], pairs: usize) -> Finding {
+    let model = |n: &str| hosts.iter().find(|h| h.name == n).map(|h| &h.model);
+    let list: Vec<String> = nn
+        .iter()
+        .map(|(a, b)| {
+            let via = match (model(a), model(b)) {
+                (Some(x), Some(y)) => match shared_subnet(x, y) {
+                    Some((net, Some(s))) => {
+                        format!(" (shared subnet {net}, {})", gbps(u64::from(s)))
+                    }
+                    Some((net, None)) => format!(" (shared subnet {net})"),
+                    None => " (no shared subnet)".to_string(),
+                },
+                _ => String::new(),
+            };
+            format!("{a}–{b}{via}")
+        })
+        .collect();
+    Finding::new(
+        Severity::Warning,
+        check::NON_NEIGHBOURS,
+        "fleet",
+        format!(
+            "{} of {pairs} host pairs have no cable between them: {}. All-to-all (alltoall, and any ring or \
+             tree NCCL builds with these ranks adjacent) connects every pair of ranks; without a cable the \
+             plugin fails those connections at once with \"no local link reaches the peer\", or with \
+             NCCL_SWITCHLESS_TCP_FALLBACK=1 carries them over the shared subnet at its speed",
+            nn.len(),
+            list.join(", ")
+        ),
+        "cable a full mesh for all-to-all; or set NCCL_SWITCHLESS_TCP_FALLBACK=1 on every node and expect the \
+         management network's bandwidth for those pairs; or run only neighbour collectives (ring allreduce in \
+         cable order)",
+    )
+}

@@ -1,0 +1,168 @@
+//! Text form of the `--fleet` report: hosts, the cabling matrix (host × host), cables with their
+//! paths, findings. The JSON form is the serde encoding of [`FleetReport`].
+
+use std::fmt::Write as _;
+
+use super::fleet::{End, FleetReport};
+use crate::findings::Severity;
+
+fn gbps(mbps: u64) -> String {
+    let g = mbps as f64 / 1000.0;
+    if g.fract() == 0.0 {
+        format!("{g:.0}")
+    } else {
+        format!("{g:.1}")
+    }
+}
+
+fn end_text(e: &End) -> String {
+    let dev = match (&e.rdma_dev, e.port) {
+        (Some(d), Some(p)) => format!(" ({d}:{p})"),
+        _ => String::new(),
+    };
+    let mtu = match (e.mtu, e.active_mtu) {
+        (Some(m), Some(a)) => format!("MTU {m}/{a}"),
+        (Some(m), None) => format!("MTU {m}"),
+        _ => "MTU ?".to_string(),
+    };
+    format!(
+        "{} {}{dev} {} {mtu} {}",
+        e.addr,
+        e.netdev,
+        if e.up { "up" } else { "DOWN" },
+        serde_json::to_value(e.kind)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default()
+    )
+}
+
+/// Left-aligned columns, two spaces apart.
+fn table(rows: &[Vec<String>], indent: &str, out: &mut String) {
+    let ncol = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..ncol)
+        .map(|c| {
+            rows.iter()
+                .map(|r| r.get(c).map_or(0, |s| s.chars().count()))
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for r in rows {
+        let cells: Vec<String> = r
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
+            .collect();
+        let _ = writeln!(out, "{indent}{}", cells.join("  ").trim_end());
+    }
+}
+
+/// The human-readable fleet report.
+pub fn render_text(r: &FleetReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "Fleet of {} hosts:", r.hosts.len());
+    let rows: Vec<Vec<String>> = r
+        .hosts
+        .iter()
+        .map(|h| {
+            vec![
+                h.name.clone(),
+                format!("{} NCCL devices", h.nccl_devices),
+                format!("{} cable ends", h.ends),
+                format!("single-host doctor exit {}", h.exit_status),
+                h.root.clone(),
+            ]
+        })
+        .collect();
+    table(&rows, "  ", &mut out);
+
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "Cabling matrix (cables / usable paths / Gb/s; - no cable):"
+    );
+    let names: Vec<&str> = r.hosts.iter().map(|h| h.name.as_str()).collect();
+    let mut rows = vec![
+        std::iter::once(String::new())
+            .chain(names.iter().map(|n| n.to_string()))
+            .collect::<Vec<_>>(),
+    ];
+    for a in &names {
+        let mut row = vec![a.to_string()];
+        for b in &names {
+            if a == b {
+                row.push("·".to_string());
+                continue;
+            }
+            let cell = r
+                .matrix
+                .iter()
+                .find(|c| (c.a == *a && c.b == *b) || (c.a == *b && c.b == *a));
+            row.push(match cell {
+                Some(c) if c.paths > 0 => {
+                    format!("{} / {} / {}", c.cables, c.usable_paths, gbps(c.speed_mbps))
+                }
+                _ => "-".to_string(),
+            });
+        }
+        rows.push(row);
+    }
+    table(&rows, "  ", &mut out);
+
+    let _ = writeln!(out);
+    if r.cables.is_empty() {
+        let _ = writeln!(out, "Cables: none found");
+    } else {
+        let _ = writeln!(out, "Cables:");
+    }
+    for c in &r.cables {
+        let usable = c.paths.iter().filter(|p| p.usable).count();
+        let _ = writeln!(
+            out,
+            "  {}:{} — {}:{}: {} paths ({usable} usable), {} Gb/s",
+            c.a.host,
+            c.a.netdevs.join("+"),
+            c.b.host,
+            c.b.netdevs.join("+"),
+            c.paths.len(),
+            gbps(c.speed_mbps)
+        );
+        let rows: Vec<Vec<String>> = c
+            .paths
+            .iter()
+            .map(|p| {
+                vec![
+                    end_text(&p.a),
+                    "<->".to_string(),
+                    end_text(&p.b),
+                    if p.usable { "" } else { "(not usable)" }.to_string(),
+                ]
+            })
+            .collect();
+        table(&rows, "    ", &mut out);
+    }
+
+    let _ = writeln!(out);
+    if r.findings.is_empty() {
+        let _ = writeln!(out, "No cross-host findings: clean.");
+    }
+    for f in &r.findings {
+        let sev = match f.severity {
+            Severity::Info => "info",
+            Severity::Warning => "WARNING",
+            Severity::Error => "ERROR",
+        };
+        let _ = writeln!(
+            out,
+            "{sev} [{}] {}: {}\n    remedy: {}",
+            f.check, f.object, f.message, f.remedy
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\nexit status {} (worst of the cross-host findings and each host's single-host doctor)",
+        r.exit_status
+    );
+    out
+}

@@ -1,0 +1,397 @@
+//! `switchless doctor --fleet` on the generated multi-host trees (tests/fixtures/fabric/fleet-*,
+//! made by gen.py): every cross-host finding kind by check id, object and severity, the cabling
+//! matrix, the JSON schema, exit statuses, host naming, and a `--capture` of each host feeding it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use switchless::findings::Severity::{self, Error, Warning};
+use switchless::tools::cli::doctor::fleet_hosts;
+use switchless::tools::doctor::fleet::{self, FleetReport};
+
+fn fleet_dir(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/fabric")
+        .join(name)
+}
+
+fn nodes(name: &str) -> Vec<PathBuf> {
+    (1..=4)
+        .map(|n| fleet_dir(name).join(format!("node{n}")))
+        .collect()
+}
+
+fn report(name: &str) -> FleetReport {
+    fleet::diagnose(&fleet_hosts(&nodes(name)).unwrap())
+}
+
+fn findings(r: &FleetReport) -> Vec<(String, String, Severity)> {
+    let mut v: Vec<_> = r
+        .findings
+        .iter()
+        .map(|f| (f.check.clone(), f.object.clone(), f.severity))
+        .collect();
+    v.sort();
+    v
+}
+
+fn want(list: &[(&str, &str, Severity)]) -> Vec<(String, String, Severity)> {
+    let mut v: Vec<_> = list
+        .iter()
+        .map(|(c, o, s)| (c.to_string(), o.to_string(), *s))
+        .collect();
+    v.sort();
+    v
+}
+
+/// (a, b, cables, usable paths, Mb/s) of every host pair.
+fn matrix(r: &FleetReport) -> Vec<(String, String, usize, usize, u64)> {
+    r.matrix
+        .iter()
+        .map(|c| {
+            (
+                c.a.clone(),
+                c.b.clone(),
+                c.cables,
+                c.usable_paths,
+                c.speed_mbps,
+            )
+        })
+        .collect()
+}
+
+fn cell(a: &str, b: &str, c: usize, p: usize, s: u64) -> (String, String, usize, usize, u64) {
+    (a.to_string(), b.to_string(), c, p, s)
+}
+
+#[test]
+fn b300_full_mesh_is_clean_with_800_per_cable() {
+    let r = report("fleet-b300-mesh4");
+    assert_eq!(findings(&r), want(&[]));
+    assert_eq!(r.exit_status, 0);
+    let names: Vec<&str> = r.hosts.iter().map(|h| h.name.as_str()).collect();
+    assert_eq!(names, ["b300-1", "b300-2", "b300-3", "b300-4"]);
+    assert_eq!(r.cables.len(), 12);
+    // Two CX-8 cages per pair, two 400 Gb/s halves each.
+    for c in &r.matrix {
+        assert_eq!((c.cables, c.paths, c.usable_paths), (2, 4, 4), "{c:?}");
+        assert_eq!(c.speed_mbps, 1_600_000, "{c:?}");
+    }
+    assert!(r.non_neighbours.is_empty());
+    assert!(r.hosts.iter().all(|h| h.ends == 12 && h.nccl_devices == 6));
+}
+
+#[test]
+fn b300_planted_faults() {
+    let r = report("fleet-b300-mesh4-faults");
+    assert_eq!(
+        findings(&r),
+        want(&[
+            ("duplicate-address", "address 192.168.10.13", Error),
+            (
+                "prefix-mismatch",
+                "cable b300-1:eno8np0 10.113.1.1/30 — b300-3:eno6np0 10.113.1.2/24",
+                Error
+            ),
+            (
+                "gid-missing-one-end",
+                "cable b300-2:eno9np0 10.123.3.1/30 — b300-3:eno9np0 10.123.3.2/30",
+                Error
+            ),
+            (
+                "mtu-mismatch",
+                "cable b300-1:eno6np0 10.112.1.1/30 — b300-2:eno6np0 10.112.1.2/30",
+                Warning
+            ),
+            (
+                "end-down",
+                "cable b300-2:enp23s0f1np1 10.124.2.1/30 — b300-4:enp220s0f1np1 10.124.2.2/30",
+                Warning
+            ),
+            (
+                "half-addressed",
+                "cable b300-3:eno11np0+enp112s0f1np1 — b300-4:eno11np0",
+                Warning
+            ),
+        ])
+    );
+    assert_eq!(r.exit_status, 2);
+    let msg = |check: &str| {
+        r.findings
+            .iter()
+            .find(|f| f.check == check)
+            .map(|f| f.message.clone())
+            .unwrap()
+    };
+    assert!(
+        msg("mtu-mismatch").contains("MTU 9000/4000 bytes, active_mtu 4096/2048 bytes"),
+        "{}",
+        msg("mtu-mismatch")
+    );
+    assert!(msg("duplicate-address").contains("b300-3:eno1, b300-4:eno1"));
+    assert!(msg("gid-missing-one-end").contains("b300-2's RDMA port mlx5_16 has no IPv4-mapped"));
+    assert!(
+        msg("half-addressed").contains("(unaddressed on b300-4: enp112s0f1np1)"),
+        "{}",
+        msg("half-addressed")
+    );
+    // Each faulty cable keeps its healthy half: 400 Gb/s instead of 800.
+    assert_eq!(
+        matrix(&r),
+        [
+            cell("b300-1", "b300-2", 2, 4, 1_600_000),
+            cell("b300-1", "b300-3", 2, 3, 1_200_000),
+            cell("b300-1", "b300-4", 2, 4, 1_600_000),
+            cell("b300-2", "b300-3", 2, 3, 1_200_000),
+            cell("b300-2", "b300-4", 2, 3, 1_200_000),
+            cell("b300-3", "b300-4", 2, 3, 1_200_000),
+        ]
+    );
+}
+
+#[test]
+fn gb10_ring_has_non_neighbours() {
+    let r = report("fleet-gb10-ring4");
+    assert_eq!(findings(&r), want(&[("non-neighbours", "fleet", Warning)]));
+    assert_eq!(r.exit_status, 1);
+    assert_eq!(
+        r.non_neighbours,
+        [
+            ("spark-1".to_string(), "spark-3".to_string()),
+            ("spark-2".to_string(), "spark-4".to_string())
+        ]
+    );
+    let f = &r.findings[0];
+    assert!(
+        f.message
+            .contains("spark-1–spark-3 (shared subnet 10.0.0.0/24, 10 Gb/s)"),
+        "{}",
+        f.message
+    );
+    assert!(f.message.contains("NCCL_SWITCHLESS_TCP_FALLBACK=1"));
+    // Both functions of a GB10 cage: min(200 Gb/s port, 2 × 126 Gb/s PCIe Gen5 x4) = 200 Gb/s.
+    assert_eq!(
+        matrix(&r),
+        [
+            cell("spark-1", "spark-2", 1, 2, 200_000),
+            cell("spark-1", "spark-3", 0, 0, 0),
+            cell("spark-1", "spark-4", 1, 2, 200_000),
+            cell("spark-2", "spark-3", 1, 2, 200_000),
+            cell("spark-2", "spark-4", 0, 0, 0),
+            cell("spark-3", "spark-4", 1, 2, 200_000),
+        ]
+    );
+}
+
+#[test]
+fn gb10_planted_faults() {
+    let r = report("fleet-gb10-ring4-faults");
+    assert_eq!(
+        findings(&r),
+        want(&[
+            ("duplicate-address", "address 192.168.102.10", Error),
+            (
+                "half-addressed",
+                "cable spark-1:enP2p1s0f1np1+enp1s0f1np1 — spark-2:enp1s0f0np0",
+                Warning
+            ),
+            ("no-far-end", "netdev spark-3:enp1s0f1np1", Warning),
+            ("no-far-end", "netdev spark-4:enp1s0f0np0", Warning),
+            ("non-neighbours", "fleet", Warning),
+        ])
+    );
+    assert_eq!(r.exit_status, 2);
+    let half = r
+        .findings
+        .iter()
+        .find(|f| f.check == "half-addressed")
+        .unwrap();
+    assert!(
+        half.message
+            .contains("spark-1:enP2p1s0f1np1 192.168.101.10/24 faces nothing (unaddressed on spark-2: enP2p1s0f0np0)"),
+        "{}",
+        half.message
+    );
+    // One function of a GB10 cage: 126 Gb/s (its PCIe Gen5 x4), not the port's 200.
+    assert_eq!(
+        matrix(&r),
+        [
+            cell("spark-1", "spark-2", 1, 1, 126_030),
+            cell("spark-1", "spark-3", 0, 0, 0),
+            cell("spark-1", "spark-4", 1, 2, 200_000),
+            cell("spark-2", "spark-3", 1, 1, 126_030),
+            cell("spark-2", "spark-4", 0, 0, 0),
+            cell("spark-3", "spark-4", 1, 1, 126_030),
+        ]
+    );
+}
+
+/// Every cross-host check id is produced by at least one fixture fleet.
+#[test]
+fn every_check_has_a_fixture() {
+    let mut seen = std::collections::BTreeSet::new();
+    for name in [
+        "fleet-b300-mesh4",
+        "fleet-b300-mesh4-faults",
+        "fleet-gb10-ring4",
+        "fleet-gb10-ring4-faults",
+    ] {
+        for f in report(name).findings {
+            seen.insert(f.check);
+        }
+    }
+    use fleet::check::*;
+    for c in [
+        NO_FAR_END,
+        PREFIX_MISMATCH,
+        MTU_MISMATCH,
+        END_DOWN,
+        DUPLICATE_ADDRESS,
+        HALF_ADDRESSED,
+        GID_MISSING_ONE_END,
+        NON_NEIGHBOURS,
+    ] {
+        assert!(seen.contains(c), "no fixture produces {c}");
+    }
+}
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_switchless"))
+}
+
+#[test]
+fn cli_json_text_exit_status_and_names() {
+    let out = bin()
+        .args(["doctor", "--json", "--fleet"])
+        .args(nodes("fleet-gb10-ring4-faults"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["schema"], "switchless-fleet/1");
+    assert_eq!(v["exit_status"], 2);
+    assert_eq!(v["hosts"].as_array().unwrap().len(), 4);
+    assert_eq!(v["hosts"][0]["name"], "spark-1");
+    let c = &v["cables"][0];
+    assert_eq!(c["a"]["host"], "spark-1");
+    assert_eq!(c["b"]["host"], "spark-2");
+    let p = &c["paths"][0];
+    assert_eq!(p["a"]["kind"], "roce");
+    assert_eq!(p["a"]["addr"], "192.168.100.10/24");
+    assert_eq!(p["b"]["addr"], "192.168.100.11/24");
+    assert_eq!(p["a"]["active_mtu"], 4096);
+    assert_eq!(p["usable"], true);
+    assert_eq!(v["matrix"][1]["cables"], 0);
+    assert_eq!(v["non_neighbours"][0][0], "spark-1");
+    assert_eq!(v["findings"][0]["severity"], "error");
+
+    let out = bin()
+        .args(["doctor", "--fleet"])
+        .args(nodes("fleet-b300-mesh4"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("Cabling matrix"), "{text}");
+    assert!(text.contains("2 / 4 / 1600"), "{text}");
+    assert!(text.contains("No cross-host findings: clean."), "{text}");
+
+    // NAME=PATH names a host; a tree without a hostname file is named by its directory.
+    let out = bin()
+        .args(["doctor", "--json", "--fleet"])
+        .arg(format!(
+            "left={}",
+            fleet_dir("fleet-gb10-ring4").join("node1").display()
+        ))
+        .arg(fleet_dir("gb10-2cable"))
+        .arg(fleet_dir("gb10-2cable"))
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<&str> = v["hosts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["left", "gb10-2cable", "gb10-2cable#2"]);
+
+    let out = bin()
+        .args(["doctor", "--fleet"])
+        .arg(fleet_dir("fleet-gb10-ring4").join("node1"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("at least two hosts"));
+    let out = bin()
+        .args(["doctor", "--fleet", "/nonexistent/a", "/nonexistent/b"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a directory"));
+}
+
+/// A capture of each host (what the Slurm/ssh helper collects) gives the same fleet report, host
+/// names included.
+#[test]
+fn captures_feed_the_fleet() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut caps = Vec::new();
+    for (i, n) in nodes("fleet-gb10-ring4-faults").iter().enumerate() {
+        let cap = dir.path().join(format!("cap{i}"));
+        let out = bin()
+            .args(["doctor", "--json", "--root"])
+            .arg(n)
+            .arg("--capture")
+            .arg(&cap)
+            .output()
+            .unwrap();
+        assert!(out.status.code().is_some());
+        caps.push(cap);
+    }
+    let a = report("fleet-gb10-ring4-faults");
+    let b = fleet::diagnose(&fleet_hosts(&caps).unwrap());
+    assert_eq!(findings(&a), findings(&b));
+    assert_eq!(matrix(&a), matrix(&b));
+}
+
+/// Host-local bridges (docker0: the same 172.17.0.1 on every host) and IPv4 link-local addresses
+/// are not duplicates; the same address on a physical netdev is.
+#[test]
+fn duplicates_ignore_virtual_bridges_and_link_local() {
+    use switchless::host::model::{NetAddr, Netdev};
+    let mut hosts = fleet_hosts(&nodes("fleet-b300-mesh4")).unwrap();
+    let nd = |name: &str, addr: &str, pci: Option<&str>| Netdev {
+        name: name.into(),
+        mtu: Some(1500),
+        operstate: "up".into(),
+        carrier: Some(true),
+        mac: None,
+        speed_mbps: None,
+        phys_port_name: None,
+        phys_switch_id: None,
+        pci: pci.map(str::to_string),
+        addrs: vec![NetAddr {
+            addr: addr.parse().unwrap(),
+            source: "fib_trie".into(),
+            has_route: true,
+        }],
+        rdma: Vec::new(),
+    };
+    for h in hosts.iter_mut().take(2) {
+        h.model.netdevs.push(nd("docker0", "172.17.0.1/16", None));
+        h.model
+            .netdevs
+            .push(nd("usb0", "169.254.3.1/24", Some("0000:00:14.0")));
+    }
+    assert_eq!(findings(&fleet::diagnose(&hosts)), want(&[]));
+    hosts[0]
+        .model
+        .netdevs
+        .push(nd("eno2", "192.168.10.12/24", Some("0000:03:00.1")));
+    assert_eq!(
+        findings(&fleet::diagnose(&hosts)),
+        want(&[("duplicate-address", "address 192.168.10.12", Error)])
+    );
+}

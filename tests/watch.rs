@@ -1,0 +1,232 @@
+//! `switchless watch` on copies of the fixture trees whose counters change between two reads:
+//! Gb/s from RDMA port counters (4-byte words) and netdev statistics (bytes), the idle-sibling and
+//! imbalance flags, the JSON schema, and the command line re-reading the files every interval.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use switchless::host::{self, Reader};
+use switchless::tools::watch::{Source, Watch};
+
+fn copy_fixture(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/fabric")
+        .join(name);
+    let dir = tempfile::tempdir().unwrap();
+    let dst = dir.path().join(name);
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(&src)
+        .arg(&dst)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    (dir, dst)
+}
+
+/// Writes an RDMA port's data counters (4-byte words) through the tree's class link.
+fn set_port(root: &Path, dev: &str, xmit_words: u64, rcv_words: u64) {
+    let rd = Reader::new(root);
+    let p = rd
+        .resolve(&format!("/sys/class/infiniband/{dev}/ports/1"))
+        .unwrap();
+    let d = root.join(p.trim_start_matches('/')).join("counters");
+    std::fs::create_dir_all(&d).unwrap();
+    write_atomic(&d.join("port_xmit_data"), xmit_words);
+    write_atomic(&d.join("port_rcv_data"), rcv_words);
+}
+
+/// Replaces a counter file at once, as sysfs reads never see a half-written value.
+fn write_atomic(path: &Path, v: u64) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, format!("{v}\n")).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+fn set_netdev(root: &Path, netdev: &str, tx: u64, rx: u64) {
+    let rd = Reader::new(root);
+    let p = rd.resolve(&format!("/sys/class/net/{netdev}")).unwrap();
+    let d = root.join(p.trim_start_matches('/')).join("statistics");
+    std::fs::create_dir_all(&d).unwrap();
+    std::fs::write(d.join("tx_bytes"), format!("{tx}\n")).unwrap();
+    std::fs::write(d.join("rx_bytes"), format!("{rx}\n")).unwrap();
+}
+
+#[test]
+fn gb10_rates_and_an_idle_function() {
+    let (_d, root) = copy_fixture("gb10-2cable");
+    for dev in ["rocep1s0f0", "roceP2p1s0f0", "rocep1s0f1", "roceP2p1s0f1"] {
+        set_port(&root, dev, 1000, 2000);
+    }
+    let rd = Reader::new(&root);
+    let (m, _) = host::discover_with(&rd);
+    let w = Watch::new(&m);
+    let a = w.sample(&rd);
+    // One second later: cage 0's functions 12.5 GB (100 Gb) sent and 6.25 GB received each; cage 1
+    // only through its domain-0 function.
+    let gb = 12_500_000_000u64 / 4;
+    set_port(&root, "rocep1s0f0", 1000 + gb, 2000 + gb / 2);
+    set_port(&root, "roceP2p1s0f0", 1000 + gb, 2000 + gb / 2);
+    set_port(&root, "rocep1s0f1", 1000 + gb, 2000 + gb);
+    let b = w.sample(&rd);
+    let r = w.report(&a, &b, 1.0, 25.0);
+    assert_eq!(r.schema, "switchless-watch/1");
+    assert_eq!(r.devices.len(), 2);
+    let d0 = &r.devices[0];
+    assert_eq!(d0.name, "sl_enp1s0f0np0");
+    assert_eq!(d0.tx_gbps, Some(200.0));
+    assert_eq!(d0.rx_gbps, Some(100.0));
+    assert_eq!(d0.members[0].tx_gbps, Some(100.0));
+    assert_eq!(d0.members[0].source, Source::PortCounters);
+    assert_eq!(
+        d0.members[0].faces,
+        ["192.168.100.11".parse::<std::net::Ipv4Addr>().unwrap()]
+    );
+    let d1 = &r.devices[1];
+    assert_eq!(d1.members[1].rdma.as_deref(), Some("roceP2p1s0f1:1"));
+    assert_eq!(d1.members[1].tx_gbps, Some(0.0));
+    let kinds: Vec<(&str, &str)> = r
+        .flags
+        .iter()
+        .map(|f| (f.kind, f.device.as_str()))
+        .collect();
+    assert_eq!(kinds, [("idle-beside-busy", "sl_enp1s0f1np1")]);
+    assert!(
+        r.flags[0]
+            .message
+            .contains("roceP2p1s0f1:1 (enP2p1s0f1np1)")
+    );
+
+    // Imbalance: 100 against 60 Gb/s is 40% apart, over 25% but under 50%.
+    set_port(
+        &root,
+        "roceP2p1s0f1",
+        1000 + gb * 6 / 10,
+        2000 + gb * 6 / 10,
+    );
+    let c = w.sample(&rd);
+    let r = w.report(&a, &c, 1.0, 25.0);
+    let kinds: Vec<&str> = r.flags.iter().map(|f| f.kind).collect();
+    assert_eq!(kinds, ["imbalance"]);
+    assert!(r.flags[0].message.contains("40% apart (threshold 25%)"));
+    assert!(w.report(&a, &c, 1.0, 50.0).flags.is_empty());
+
+    // A counter that went backwards (driver reset) gives no rate, not a huge one.
+    set_port(&root, "rocep1s0f0", 10, 10);
+    let e = w.sample(&rd);
+    let r = w.report(&b, &e, 1.0, 25.0);
+    assert_eq!(r.devices[0].members[0].tx_gbps, None);
+    assert_eq!(r.devices[0].tx_gbps, None);
+}
+
+#[test]
+fn tcp_links_and_ports_without_data_counters_use_netdev_statistics() {
+    let (_d, root) = copy_fixture("tcp-2link");
+    set_netdev(&root, "enp65s0f0", 0, 0);
+    set_netdev(&root, "enp65s0f1", 0, 0);
+    let rd = Reader::new(&root);
+    let (m, _) = host::discover_with(&rd);
+    let w = Watch::new(&m);
+    let a = w.sample(&rd);
+    set_netdev(&root, "enp65s0f0", 1_250_000_000, 625_000_000);
+    let b = w.sample(&rd);
+    let r = w.report(&a, &b, 2.0, 25.0);
+    assert!(r.devices.is_empty());
+    let names: Vec<&str> = r
+        .tcp_links
+        .iter()
+        .map(|t| t.netdev.as_deref().unwrap())
+        .collect();
+    assert_eq!(names, ["enp65s0f0", "enp65s0f1"]);
+    assert_eq!(r.tcp_links[0].tx_gbps, Some(5.0));
+    assert_eq!(r.tcp_links[0].rx_gbps, Some(2.5));
+    assert_eq!(r.tcp_links[0].source, Source::NetdevStatistics);
+    assert_eq!(r.tcp_links[0].speed_mbps, 10000);
+
+    // rdma_rxe: no counters/ directory; the port's netdev carries the RoCE packets.
+    let (_d, root) = copy_fixture("gb10-1cable");
+    set_netdev(&root, "enp1s0f0np0", 0, 0);
+    let rd = Reader::new(&root);
+    let (m, _) = host::discover_with(&rd);
+    let w = Watch::new(&m);
+    let a = w.sample(&rd);
+    set_netdev(&root, "enp1s0f0np0", 125_000_000, 0);
+    let b = w.sample(&rd);
+    let r = w.report(&a, &b, 1.0, 25.0);
+    let m0 = &r.devices[0].members[0];
+    assert_eq!(m0.source, Source::NetdevStatistics);
+    assert_eq!(m0.tx_gbps, Some(1.0));
+    // The sibling has no counter at all: unknown, and no flag from an unknown.
+    let m1 = &r.devices[0].members[1];
+    assert_eq!(m1.source, Source::None);
+    assert_eq!(m1.tx_gbps, None);
+    assert!(r.flags.is_empty());
+}
+
+/// The command line re-reads the files every interval: a writer bumps the counters while it runs.
+#[test]
+fn cli_reads_the_counters_again_every_interval() {
+    let (_d, root) = copy_fixture("gb10-2cable");
+    for dev in ["rocep1s0f0", "roceP2p1s0f0", "rocep1s0f1", "roceP2p1s0f1"] {
+        set_port(&root, dev, 0, 0);
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (root, stop) = (root.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut v = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                v += 1_000_000;
+                set_port(&root, "rocep1s0f0", v, v);
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        })
+    };
+    let out = Command::new(env!("CARGO_BIN_EXE_switchless"))
+        .args([
+            "watch",
+            "--json",
+            "--interval",
+            "0.3",
+            "--count",
+            "2",
+            "--root",
+        ])
+        .arg(&root)
+        .output()
+        .unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    for l in lines {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap();
+        assert_eq!(v["schema"], "switchless-watch/1");
+        let m = &v["devices"][0]["members"][0];
+        assert_eq!(m["rdma"], "rocep1s0f0:1");
+        assert!(m["tx_gbps"].as_f64().unwrap() > 0.0, "{l}");
+        assert_eq!(v["devices"][0]["members"][1]["tx_gbps"], 0.0);
+        assert_eq!(v["flags"][0]["kind"], "idle-beside-busy");
+    }
+
+    let out = Command::new(env!("CARGO_BIN_EXE_switchless"))
+        .args(["watch", "--once", "--interval", "0.05", "--root"])
+        .arg(&root)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("TX Gb/s"), "{text}");
+    assert!(text.contains("0 sl_enp1s0f0np0"), "{text}");
+    assert!(text.contains("192.168.100.11"), "{text}");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_switchless"))
+        .args(["watch", "--once", "--interval", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expected seconds"));
+}
