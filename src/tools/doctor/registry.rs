@@ -1,6 +1,6 @@
 //! The findings registry: every check id `switchless doctor` (and `doctor --plan`) can report, with
 //! its severity, the object it names, what triggers it and the remedy it gives. It is the one source
-//! of the check tables in `docs/readme/fabric.md` and `docs/readme/plan.md` (generated, checked by a
+//! of the check tables in `docs/guide/doctor.md` and `docs/guide/plan.md` (generated, checked by a
 //! test) and of any reference page of checks. Ids are stable: a check may change its text, never its id.
 //!
 //! Depends on nothing; the checks (`checks.rs`, `tcp.rs`, `env.rs`, `plan::check`) name their ids
@@ -430,6 +430,25 @@ pub fn markdown(source: Source) -> String {
     out
 }
 
+/// The whole of `docs/reference/doctor-findings.md`: every check of both sources, with its code,
+/// severity, the object it names, its trigger and its remedy.
+pub fn reference_page() -> String {
+    format!(
+        "# Doctor findings\n\n\
+         <!-- Generated from src/tools/doctor/registry.rs: edit the registry, then run \
+         SWITCHLESS_UPDATE_DOCS=1 cargo test --lib doctor::registry -->\n\n\
+         Every finding `switchless doctor` can report, by its check id (the `check` field of \
+         `doctor --json`; ids are stable). Severity decides the exit status: 0 when only info findings \
+         remain, 1 with a warning, 2 with an error. The remedy printed with a finding fills in the \
+         interface names, addresses and values that the table writes as `X`, `A` or `N`.\n\n\
+         ## `switchless doctor`\n\n{}\n\
+         ## `switchless doctor --plan`\n\n\
+         Checks of this host against its part of an IP plan (`switchless plan --format json`).\n\n{}",
+        markdown(Source::Doctor),
+        markdown(Source::Plan)
+    )
+}
+
 /// First line of a generated table of checks in a documentation page.
 pub const BEGIN: &str = "<!-- BEGIN generated from src/tools/doctor/registry.rs: edit the registry, then run \
 SWITCHLESS_UPDATE_DOCS=1 cargo test --lib doctor::registry -->";
@@ -489,20 +508,27 @@ mod tests {
 
     #[test]
     fn documentation_tables_are_current() {
-        // SWITCHLESS_UPDATE_DOCS=1 rewrites the pages instead (then run scripts/readme.py).
-        for (page, source) in [("fabric.md", Source::Doctor), ("plan.md", Source::Plan)] {
-            let path = format!("{}/docs/readme/{page}", env!("CARGO_MANIFEST_DIR"));
+        // SWITCHLESS_UPDATE_DOCS=1 rewrites the pages instead.
+        let root = env!("CARGO_MANIFEST_DIR");
+        let mut pages = Vec::new();
+        for (page, source) in [("doctor.md", Source::Doctor), ("plan.md", Source::Plan)] {
+            let path = format!("{root}/docs/guide/{page}");
             let text = std::fs::read_to_string(&path).unwrap();
             let want = splice(&text, &markdown(source))
                 .unwrap_or_else(|| panic!("{path} lacks the generated-table markers"));
+            pages.push((path, text, want));
+        }
+        let path = format!("{root}/docs/reference/doctor-findings.md");
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        pages.push((path, text, reference_page()));
+        for (path, text, want) in pages {
             if std::env::var_os("SWITCHLESS_UPDATE_DOCS").is_some() {
                 std::fs::write(&path, &want).unwrap();
                 continue;
             }
             assert!(
                 text == want,
-                "{path} is stale: run SWITCHLESS_UPDATE_DOCS=1 cargo test --lib doctor::registry, then \
-                 python3 scripts/readme.py"
+                "{path} is stale: run SWITCHLESS_UPDATE_DOCS=1 cargo test --lib doctor::registry"
             );
         }
     }
