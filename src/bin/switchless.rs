@@ -1,56 +1,10 @@
-//! The `switchless` command line: doctor, plan, route, bench, nccl-tests.
+//! The `switchless` command line: doctor, plan, route, bench, nccl-tests (defined in `tools::cli`).
 #![forbid(unsafe_code)]
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
-use switchless::tools::cli;
-
-fn long_version() -> &'static str {
-    static V: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    V.get_or_init(|| {
-        let abis: Vec<String> = switchless::ABI_VERSIONS
-            .iter()
-            .map(|v| format!("v{v}"))
-            .collect();
-        format!("{} (ncclNet ABI {})", switchless::VERSION, abis.join(", "))
-    })
-}
-
-#[derive(Debug, Parser)]
-#[command(
-    name = "switchless",
-    version = long_version(),
-    about = "NCCL network plugin for switchless RDMA meshes: diagnosis, IP plans, routes, benchmarks",
-    after_help = "A first day on a new mesh:\n  \
-switchless plan cables.txt --format json > plan.json         # one /30 per cable, checked\n  \
-switchless plan cables.txt --format ip --out ip/             # apply ip/<server>.sh on each server\n  \
-switchless doctor --plan plan.json --server auto             # on each server: ready for NCCL?\n  \
-nccl-tests/srun-nccl-tests.sh -N 2 -i eno1 --dry-run         # what the benchmark would run\n\
-Then set NCCL_NET_PLUGIN=switchless for the job. Every subcommand's --help has examples and its exit \
-status; usage errors exit 2. Documentation: README.md."
-)]
-struct Cli {
-    /// More log output on stderr (-v: info, -vv: debug).
-    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
-    verbose: u8,
-    #[command(subcommand)]
-    cmd: Cmd,
-}
-
-#[derive(Debug, Subcommand)]
-enum Cmd {
-    /// Diagnose this host's RoCE/Ethernet ports (or a captured tree with --root).
-    Doctor(cli::doctor::Args),
-    /// Turn a cables file into a per-link IP plan.
-    Plan(cli::plan::Args),
-    /// Show which links a connection between two hosts would use.
-    Route(cli::route::Args),
-    /// Drive an ncclNet plugin through its ABI like NCCL's proxy does.
-    Bench(Box<cli::bench::Args>),
-    /// Summarize nccl-tests output.
-    NcclTests(cli::nccl_tests::Args),
-}
+use clap::Parser;
+use switchless::tools::cli::{self, Cli, Cmd};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -61,10 +15,15 @@ fn main() -> ExitCode {
     };
     switchless::ffi::log::install_stderr(level);
     match cli.cmd {
-        Cmd::Doctor(a) => cli::doctor::run(a),
-        Cmd::Plan(a) => cli::plan::run(a),
-        Cmd::Route(a) => cli::route::run(a),
-        Cmd::Bench(a) => cli::bench::run(*a),
-        Cmd::NcclTests(a) => cli::nccl_tests::run(a),
+        // No subcommand: a short overview on stderr, exit 2 as clap does for a missing subcommand.
+        None => {
+            eprint!("{}", cli::overview());
+            ExitCode::from(2)
+        }
+        Some(Cmd::Doctor(a)) => cli::doctor::run(a),
+        Some(Cmd::Plan(a)) => cli::plan::run(a),
+        Some(Cmd::Route(a)) => cli::route::run(a),
+        Some(Cmd::Bench(a)) => cli::bench::run(*a),
+        Some(Cmd::NcclTests(a)) => cli::nccl_tests::run(a),
     }
 }
