@@ -9,5 +9,5 @@ if ! "$venv/bin/mkdocs" --version 2>/dev/null | grep -q "version $(sed -n 's/^mk
   python3 -m venv "$venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check -r scripts/docs-requirements.txt
 fi
-"$venv/bin/mkdocs" build --strict --quiet --site-dir "${CARGO_TARGET_DIR:-target}/book"
+"$venv/bin/mkdocs" build --strict --site-dir "${CARGO_TARGET_DIR:-target}/book"
 echo "docs: book built in ${CARGO_TARGET_DIR:-target}/book"
