@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Checks the documentation: the README stays a front page, its links resolve, and the pages generated
-from the code are current.
+"""Checks the documentation: the README stays a front page, its links resolve, every page of the book
+has one title, and the pages generated from the code are current.
 
 README.md is hand-written (a front page, under 300 lines). The book is `docs/` with `mkdocs.yml` at the
 root (built by `.ci/steps/20-docs.sh` with `mkdocs build --strict`, which fails on broken internal links).
@@ -45,6 +45,27 @@ def readme_problems():
     return problems
 
 
+def page_problems():
+    """Every page of the book has exactly one `#` title, its first line (mkdocs takes it as the page title)."""
+    problems = []
+    for d, _, files in os.walk(os.path.join(ROOT, "docs")):
+        for f in sorted(files):
+            if not f.endswith(".md"):
+                continue
+            path = os.path.join(d, f)
+            rel = os.path.relpath(path, ROOT)
+            lines = open(path, encoding="utf-8").read().split("\n")
+            fence, titles = False, 0
+            for line in lines:
+                if line.lstrip().startswith("```"):
+                    fence = not fence
+                elif not fence and line.startswith("# "):
+                    titles += 1
+            if titles != 1 or not lines[0].startswith("# "):
+                problems.append(f"{rel}: {titles} '# ' titles; a page starts with its one title")
+    return problems
+
+
 def cargo(update):
     env = dict(os.environ)
     if update:
@@ -59,7 +80,7 @@ def main():
         sys.exit(0 if cargo(update=True) else 1)
     if not args or args[0] != "--check" or not set(args[1:]) <= {"--no-cargo"}:
         sys.exit(__doc__)
-    problems = readme_problems()
+    problems = readme_problems() + page_problems()
     for p in problems:
         print(f"docs: {p}", file=sys.stderr)
     ok = not problems
