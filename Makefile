@@ -5,7 +5,7 @@ BINDIR ?= $(PREFIX)/bin
 CARGO ?= cargo
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 
-.PHONY: all build deps install uninstall deb test demo lab perf gpu-selftest gpu-selftest-stage
+.PHONY: all build deps install uninstall deb test demo lab perf docs gpu-selftest gpu-selftest-stage
 
 all: build
 
@@ -47,6 +47,12 @@ lab: build
 # CPU per GB in real time), regenerated from `switchless bench --model` (release build).
 perf: deps
 	python3 scripts/perf.py
+
+# The book (mkdocs.yml, pages under docs/) into target/book, links checked; then the README and the pages
+# generated from the code (scripts/docs.py --update rewrites those).
+docs:
+	bash .ci/steps/20-docs.sh
+	python3 scripts/docs.py --check
 
 # The plugin under a stock NCCL on one GPU (docs/gpu-selftest.md): stage the stripped release .so and CLI
 # here (nccl-tests/gpu/stage/; ARGS=--with-ibverbs for a GPU host without rdma-core), then run the check

@@ -27,7 +27,7 @@
 #   --guest-env "K=V ..." environment for the checks in the VMs, e.g. "NCCL_DEBUG=INFO
 #                        NCCL_IB_TIMEOUT=20" [LAB_GUEST_ENV]; NCCL_IB_RETRY_CNT=6 is set
 #                        unless this sets it (rxe never gives up at 7)
-#   Two-node and fault checks (see docs/readme/lab.md) read: LAB_NOROUTE_BOUND (s a no-route
+#   Two-node and fault checks (see docs/guide/lab.md) read: LAB_NOROUTE_BOUND (s a no-route
 #                        refusal may take, default 10: the refusal is decided at connect, 1.3-2.5 s
 #                        for the whole bench process under TCG; a connect that waited instead ends
 #                        in the bench's own timeout error, which the check rejects), LAB_FAULT_BOUND
@@ -43,7 +43,7 @@
 # Exit status: 0 when every node booted, set up its cables and passed every check.
 # A round whose failure shows a guest kernel panic (the kernel's "Kernel panic - not syncing": the
 # VMs boot with oops=panic, so every Oops and BUG ends there; an rxe or emulator flake, see
-# docs/readme/lab.md) is retried once; no other failure is retried, a kernel WARNING included.
+# docs/guide/lab.md) is retried once; no other failure is retried, a kernel WARNING included.
 set -euo pipefail
 LAB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$LAB_DIR/.." && pwd)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks the shape of src/ (CI runs it; see README, Development):
+"""Checks the shape of src/ (CI runs it; the layer map is in docs/guide/contributing.md):
 
 1. No import cycle between the top-level modules of src/ (ffi, plugin, route, ...), nor between the
    files of any one module folder. An import is a path a file names: `use crate::a::b`, `crate::a::b::f()`,

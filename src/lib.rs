@@ -1,6 +1,6 @@
 //! switchless: an NCCL network plugin for RDMA (and Ethernet) fabrics with no switch.
 //!
-//! An NCCL call flows down the layers (the README's Development section draws them):
+//! An NCCL call flows down the layers (docs/guide/contributing.md draws them):
 //!
 //! * [`ffi`]: the exported `ncclNetPlugin_v6` … `ncclNetPlugin_v12` vtables, one thin adapter per ABI
 //!   version over one core, the panic guard and the bridge from `tracing` to NCCL's logger; apart from

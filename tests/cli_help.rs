@@ -116,3 +116,36 @@ fn units_are_accepted_in_the_forms_the_help_writes() {
     let out = run(&["route", "--peer", "10.1.1.2"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("e.g. 10.1.1.2/30"));
 }
+
+#[test]
+fn every_subcommand_found_by_walking_the_cli_has_an_example() {
+    // Walks clap's definition, so a subcommand added later is checked without editing this test.
+    let commands = switchless::tools::cli::reference::commands();
+    assert!(commands.len() >= 7, "{}", commands.len());
+    for (path, _) in commands {
+        let text = help(&path[1..].iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(
+            text.contains("\nExample"),
+            "`{}` --help has no Example section:\n{text}",
+            path.join(" ")
+        );
+    }
+}
+
+#[test]
+fn no_arguments_print_the_overview_and_exit_2() {
+    let out = Command::new(env!("CARGO_BIN_EXE_switchless"))
+        .output()
+        .unwrap();
+    // Exit 2 as clap gives for a missing subcommand; the overview goes to stderr like clap's usage.
+    assert_eq!(out.status.code(), Some(2));
+    let text = String::from_utf8(out.stderr).unwrap();
+    for sub in ["doctor", "plan", "route", "bench", "nccl-tests"] {
+        assert!(
+            text.contains(&format!("  {sub} ")),
+            "{sub} missing:\n{text}"
+        );
+    }
+    assert!(text.contains("NCCL_NET_PLUGIN="), "{text}");
+    assert!(text.contains("libnccl-net-switchless.so"), "{text}");
+}

@@ -139,7 +139,7 @@ pkts_now() {
 # wait_burst COUNTER BASE: returns once COUNTER has grown by L_fault_pkts since BASE and a burst
 # (a batch of bench messages: 8 x 1 MiB = 2048 RoCE packets) has just begun, at least 64 packets
 # in: most of the batch is still to go, so work requests are in flight. Gives up after 120 s.
-# (A fault between batches finds no work request in flight: see docs/readme/lab.md.)
+# (A fault between batches finds no work request in flight: see docs/guide/lab.md.)
 wait_burst() {
     _prev=$2; _b=-1; _n=0
     while :; do

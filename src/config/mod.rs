@@ -5,7 +5,7 @@
 //!
 //! Every variable is one row of the `variables!` table below: its name, default, accepted forms,
 //! effect, parser and log form. [`Config`], its `Default`, [`VARIABLES`], [`Config::from_vars`],
-//! [`Config::summary`] and the table in `docs/readme/config.md` (generated, checked by a test) all
+//! [`Config::summary`] and the table in `docs/reference/environment.md` (generated, checked by a test) all
 //! read that row, so adding a variable means adding a row (and its parser, if it is a new kind).
 //!
 //! NCCL-compatible variables keep NCCL's names, defaults and ranges (its IB transport's
@@ -256,7 +256,8 @@ variables! {
             forms: "0..=7",
             parse: |v| u8_in(v, 0, 7),
             show: u8::to_string,
-            doc: "QP transport retries before a completion error (timeout 20 × 7 retries ≈ 30 s).",
+            doc: "QP transport retries before a completion error: a dead link is reported after 4.096 µs × \
+                  2^`NCCL_IB_TIMEOUT` × (retries + 1), ≈ 34.4 s with the defaults (20 and 7).",
         },
         ib_qps_per_connection: u8 {
             name: "NCCL_IB_QPS_PER_CONNECTION",
@@ -332,7 +333,8 @@ variables! {
                 TcpStreams::Auto => "auto".to_string(),
                 TcpStreams::Fixed(n) => n.to_string(),
             },
-            doc: "TCP streams per connection. `auto`: one per path (local link) that reaches the peer.",
+            doc: "TCP streams per connection, spread over its paths (⌈n / paths⌉ each). `auto`: per path from \
+                  its link speed, ⌈speed / 2.5 Gb/s⌉ clamped to 2..=16 (4 when the speed is unknown).",
         },
         tcp_threads: Option<u8> {
             name: "NCCL_SWITCHLESS_TCP_THREADS",
@@ -501,7 +503,7 @@ impl Config {
     }
 }
 
-/// `page` (the text of `docs/readme/config.md`) with its generated table rebuilt from
+/// `page` (the text of `docs/reference/environment.md`) with its generated table rebuilt from
 /// [`Config::TABLE`]; `None` when the page lacks the generated region's marker lines.
 pub fn documented(page: &str) -> Option<String> {
     table::splice(page, &markdown(Config::TABLE))
@@ -767,11 +769,11 @@ mod tests {
 
     #[test]
     fn documentation_table_is_current() {
-        // SWITCHLESS_UPDATE_DOCS=1 rewrites the page instead (then run scripts/readme.py).
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/readme/config.md");
+        // SWITCHLESS_UPDATE_DOCS=1 rewrites the page instead.
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/reference/environment.md");
         let page = std::fs::read_to_string(path).unwrap();
-        let want =
-            documented(&page).expect("docs/readme/config.md lacks the generated-table markers");
+        let want = documented(&page)
+            .expect("docs/reference/environment.md lacks the generated-table markers");
         if std::env::var_os("SWITCHLESS_UPDATE_DOCS").is_some() {
             std::fs::write(path, &want).unwrap();
             return;
@@ -782,13 +784,13 @@ mod tests {
             .find(|(have, want)| have != want);
         assert!(
             page == want,
-            "docs/readme/config.md is stale: run SWITCHLESS_UPDATE_DOCS=1 cargo test --lib config:: \
-             then python3 scripts/readme.py; first difference (page, table): {first_difference:?}"
+            "docs/reference/environment.md is stale: run SWITCHLESS_UPDATE_DOCS=1 cargo test --lib config::; \
+             first difference (page, table): {first_difference:?}"
         );
         for v in VARIABLES {
             assert!(
                 page.contains(&format!("`{v}`")),
-                "{v} missing from docs/readme/config.md"
+                "{v} missing from docs/reference/environment.md"
             );
         }
     }

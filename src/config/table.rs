@@ -1,6 +1,6 @@
 //! The shape of the configuration table: one [`Variable`] row per environment variable, the
 //! `variables!` macro that turns the rows into the `Config` struct, its `Default` and the table, and
-//! the Markdown rendering of the table for `docs/readme/config.md`.
+//! the Markdown rendering of the table for `docs/reference/environment.md`.
 //!
 //! Depends on `values` only (the `Reject` type). The rows themselves are in `config/mod.rs`.
 #![forbid(unsafe_code)]

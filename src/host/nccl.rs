@@ -1,6 +1,6 @@
 //! NCCL devices: the RDMA ports the plugin exposes, with the functions that serve one cage merged.
 //!
-//! Rules (see docs/readme/fabric.md):
+//! Rules (see docs/guide/doctor.md):
 //! * A port is a candidate when it passes the `NCCL_IB_HCA` filter, is ACTIVE, has the Ethernet link layer
 //!   and holds an IPv4-mapped RoCE v2 GID. Down or unaddressed ports cannot carry a connection;
 //!   InfiniBand ports are left to NCCL's own IB transport.

@@ -1,7 +1,7 @@
 //! Path selection: which (local link, peer address) pairs carry a connection to one peer.
 //!
 //! Pure: inputs are the host model's links and kernel routes and the peer's advertised links (from its
-//! listen handle). The rules (also in docs/readme/route.md):
+//! listen handle). The rules (also in docs/guide/routing.md):
 //!
 //! 1. A pair (local link `L`, peer address `R`) is usable when `R` lies in `L`'s connected subnet,
 //!    `R` is not `L`'s own address, `L` is up, the kinds pass the [`KindFilter`], and the kernel's route

@@ -1,7 +1,7 @@
 //! Connection state machines, handshake, CTS protocol, striping over paths, requests.
 #![forbid(unsafe_code)]
 //!
-//! # Data path (see `docs/readme/transport.md`)
+//! # Data path (see `docs/guide/transport.md`)
 //!
 //! * [`fabric`]: the `Fabric` trait, the verbs-level operations the protocol needs (RDMA write with or
 //!   without immediate, RDMA read, receives, completion polling, registration, control memory).

@@ -288,7 +288,7 @@ if [ "$measure" = 1 ]; then
     [ "$status" -eq 0 ] || { tail -n 20 "$work/bw$1".*; fail "bandwidth with $1 streams"; }
     jq '.rows | last | .algbw_gbits_s' "$work/bw$1.json"
   }
-  # The bench fills and verifies every message outside its timed windows (docs/readme/lab.md); its
+  # The bench fills and verifies every message outside its timed windows (docs/guide/lab.md); its
   # ceiling with the in-process loopback Net (no network, same sizes) is printed for comparison.
   ceil=$(timeout 120 "$bin" bench bandwidth --loopback -b 16777216 -e 16777216 -n "${SWL_BENCH_ITERS:-60}" -w 4 \
     --window 8 --no-progress --save-json "$work/ceil.json" >/dev/null 2>&1 && jq '.rows | last | .algbw_gbits_s' "$work/ceil.json")

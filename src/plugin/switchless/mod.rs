@@ -11,7 +11,7 @@
 //! Depends on `route` (path choice, the listen handle), `transport` (handshake, comm protocol),
 //! `host` and `config`; nothing from `verbs`. It starts no thread: everything runs on NCCL's calls,
 //! so `dlclose` after `finalize` leaves nothing behind. What each call does, step by step:
-//! `docs/readme/core.md`.
+//! `docs/guide/backend.md`.
 #![forbid(unsafe_code)]
 
 use std::collections::{HashMap, HashSet};

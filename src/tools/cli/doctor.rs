@@ -25,7 +25,7 @@ pub struct Args {
     /// Read kernel files under this directory instead of /.
     #[arg(long, default_value = "/")]
     pub root: PathBuf,
-    /// Print the report as JSON (schema "switchless-doctor/1", see the README).
+    /// Print the report as JSON (schema "switchless-doctor/1", see docs/guide/doctor.md).
     #[arg(long)]
     pub json: bool,
     /// Copy exactly the kernel files discovery reads into DIR (a tree that --root DIR reads back), to

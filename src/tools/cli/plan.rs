@@ -1,4 +1,4 @@
-//! `switchless plan`: turn a cables file into a per-link IP plan (see `docs/readme/plan.md`).
+//! `switchless plan`: turn a cables file into a per-link IP plan (see `docs/guide/plan.md`).
 #![forbid(unsafe_code)]
 
 use std::io::{Read as _, Write as _};

@@ -9,6 +9,11 @@ use crate::host::{self, Reader};
 use crate::tools::watch::{self, Watch};
 
 #[derive(Debug, clap::Args)]
+#[command(after_help = "Examples:\n  \
+switchless watch                                  # beside a running job: Gb/s per device, function and link\n  \
+switchless watch --once --json                    # one interval as JSON (schema switchless-watch/1)\n  \
+switchless watch --interval 5 --imbalance 10      # flag siblings more than 10 % apart\n\
+Exit status: 0; 2 a usage error or unreadable counters.")]
 pub struct Args {
     /// Read kernel files under this directory instead of / (the counters are read again every interval).
     #[arg(long, default_value = "/")]

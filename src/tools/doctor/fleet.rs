@@ -15,7 +15,7 @@ use crate::findings::{Finding, Severity, exit_status};
 use crate::host::model::HostModel;
 use crate::route::types::LinkKind;
 
-/// Stable check ids of the cross-host findings (documented in docs/readme/fabric.md).
+/// Stable check ids of the cross-host findings (documented in docs/guide/fleet.md and docs/reference/doctor-findings.md).
 pub mod check {
     pub const NO_FAR_END: &str = "no-far-end";
     pub const PREFIX_MISMATCH: &str = "prefix-mismatch";

@@ -1,6 +1,6 @@
 //! The findings registry: every check id `switchless doctor` (and `doctor --plan`) can report, with
 //! its severity, the object it names, what triggers it and the remedy it gives. It is the one source
-//! of the check tables in `docs/readme/fabric.md` and `docs/readme/plan.md` (generated, checked by a
+//! of the check tables in `docs/guide/doctor.md` and `docs/guide/plan.md` (generated, checked by a
 //! test) and of any reference page of checks. Ids are stable: a check may change its text, never its id.
 //!
 //! Depends on nothing; the checks (`checks.rs`, `tcp.rs`, `env.rs`, `plan::check`) name their ids
@@ -43,6 +43,8 @@ pub enum Source {
     Doctor,
     /// `switchless doctor --plan` (the plan checks, `plan::check`).
     Plan,
+    /// `switchless doctor --fleet` (the cross-host checks, `doctor::fleet`).
+    Fleet,
 }
 
 /// One check of the registry.
@@ -70,6 +72,23 @@ const fn doctor(
     Check {
         id,
         source: Source::Doctor,
+        severity,
+        object,
+        trigger,
+        remedy,
+    }
+}
+
+const fn fleet(
+    id: &'static str,
+    severity: &'static str,
+    object: &'static str,
+    trigger: &'static str,
+    remedy: &'static str,
+) -> Check {
+    Check {
+        id,
+        source: Source::Fleet,
         severity,
         object,
         trigger,
@@ -406,6 +425,68 @@ pub const FINDINGS: &[Check] = &[
         "everything planned for this server is in place",
         "nothing",
     ),
+    fleet(
+        super::fleet::check::NO_FAR_END,
+        "warning; info when the end is down",
+        "`netdev host:X`",
+        "A fabric address whose subnet no other host of the fleet holds an address in: the far end is \
+         missing from the captures, unaddressed, or in another subnet",
+        "capture the far host too, or address its end of the cable in the same /30 (`switchless plan`)",
+    ),
+    fleet(
+        super::fleet::check::PREFIX_MISMATCH,
+        "error",
+        "`cable A — B`",
+        "The two ends of one cable hold addresses with different prefix lengths (e.g. /24 and /30)",
+        "give both ends the same /30 or /31 (`switchless plan --format ip`)",
+    ),
+    fleet(
+        super::fleet::check::MTU_MISMATCH,
+        "warning",
+        "`cable A — B`",
+        "The ends of one cable differ in MTU, or in RoCE active MTU",
+        "`ip link set X mtu 9000` on both ends",
+    ),
+    fleet(
+        super::fleet::check::END_DOWN,
+        "warning",
+        "`cable A — B`",
+        "One end of a cable is down while the other is up",
+        "reseat or replace the cable / transceiver, `ip link set X up` on the down end, then check \
+         `ethtool X` for the link mode both ends agree on",
+    ),
+    fleet(
+        super::fleet::check::DUPLICATE_ADDRESS,
+        "error",
+        "`address A`",
+        "One address is assigned on two or more hosts (host-local bridges and link-local addresses \
+         excepted)",
+        "give every host its own address (on a cable: one end .1, the other .2 of the /30)",
+    ),
+    fleet(
+        super::fleet::check::HALF_ADDRESSED,
+        "warning",
+        "`cable A:fns — B:fns`",
+        "A GB10 port or CX-8 port has both PCIe functions / halves addressed at one end and only one \
+         at the other: half the cable's bandwidth is idle",
+        "address the missing function at the other end in its own /30 (`switchless plan`)",
+    ),
+    fleet(
+        super::fleet::check::GID_MISSING_ONE_END,
+        "error",
+        "`cable A — B`",
+        "One end of a RoCE cable has the RoCE v2 IPv4 GID, the other has none for its address",
+        "bring the netdev up with its address so the kernel adds the GID; check `show_gids` on that end",
+    ),
+    fleet(
+        super::fleet::check::NON_NEIGHBOURS,
+        "warning",
+        "`fleet`",
+        "Some host pairs have no cable between them: all-to-all connections between them fail with \
+         \"no local link reaches the peer\" (or go over the shared subnet with the TCP fallback)",
+        "cable a full mesh for all-to-all, or set NCCL_SWITCHLESS_TCP_FALLBACK=1 and accept the \
+         shared subnet's speed for those pairs",
+    ),
 ];
 
 /// The registry entry of `id`.
@@ -428,6 +509,28 @@ pub fn markdown(source: Source) -> String {
         ));
     }
     out
+}
+
+/// The whole of `docs/reference/doctor-findings.md`: every check of every source, with its code,
+/// severity, the object it names, its trigger and its remedy.
+pub fn reference_page() -> String {
+    format!(
+        "# Doctor findings\n\n\
+         <!-- Generated from src/tools/doctor/registry.rs: edit the registry, then run \
+         SWITCHLESS_UPDATE_DOCS=1 cargo test --lib doctor::registry -->\n\n\
+         Every finding `switchless doctor` can report, by its check id (the `check` field of \
+         `doctor --json`; ids are stable). Severity decides the exit status: 0 when only info findings \
+         remain, 1 with a warning, 2 with an error. The remedy printed with a finding fills in the \
+         interface names, addresses and values that the table writes as `X`, `A` or `N`.\n\n\
+         ## `switchless doctor`\n\n{}\n\
+         ## `switchless doctor --plan`\n\n\
+         Checks of this host against its part of an IP plan (`switchless plan --format json`).\n\n{}\n\
+         ## `switchless doctor --fleet`\n\n\
+         Checks of the cables between hosts, from one capture per host.\n\n{}",
+        markdown(Source::Doctor),
+        markdown(Source::Plan),
+        markdown(Source::Fleet)
+    )
 }
 
 /// First line of a generated table of checks in a documentation page.
@@ -476,6 +579,20 @@ mod tests {
         }
         assert!(n >= 24, "{n}");
         assert!(find(check::KERNEL_FILE).is_some());
+        // ... the fleet's cross-host checks ...
+        let fl = include_str!("fleet.rs");
+        let fl = &fl[fl.find("pub mod check {").unwrap()..];
+        let fl = &fl[..fl.find('}').unwrap()];
+        let mut k = 0;
+        for line in fl.lines().filter(|l| l.contains("&str = \"")) {
+            let id = line.split('"').nth(1).unwrap();
+            assert!(
+                find(id).is_some_and(|c| c.source == Source::Fleet),
+                "{id} is a fleet check id but not registered as one"
+            );
+            k += 1;
+        }
+        assert!(k >= 8, "{k}");
         // ... and the plan checks, which name theirs as string literals.
         let text = include_str!("../plan/check.rs");
         for (i, _) in text.match_indices("\"plan-") {
@@ -489,20 +606,27 @@ mod tests {
 
     #[test]
     fn documentation_tables_are_current() {
-        // SWITCHLESS_UPDATE_DOCS=1 rewrites the pages instead (then run scripts/readme.py).
-        for (page, source) in [("fabric.md", Source::Doctor), ("plan.md", Source::Plan)] {
-            let path = format!("{}/docs/readme/{page}", env!("CARGO_MANIFEST_DIR"));
+        // SWITCHLESS_UPDATE_DOCS=1 rewrites the pages instead.
+        let root = env!("CARGO_MANIFEST_DIR");
+        let mut pages = Vec::new();
+        for (page, source) in [("doctor.md", Source::Doctor), ("plan.md", Source::Plan)] {
+            let path = format!("{root}/docs/guide/{page}");
             let text = std::fs::read_to_string(&path).unwrap();
             let want = splice(&text, &markdown(source))
                 .unwrap_or_else(|| panic!("{path} lacks the generated-table markers"));
+            pages.push((path, text, want));
+        }
+        let path = format!("{root}/docs/reference/doctor-findings.md");
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        pages.push((path, text, reference_page()));
+        for (path, text, want) in pages {
             if std::env::var_os("SWITCHLESS_UPDATE_DOCS").is_some() {
                 std::fs::write(&path, &want).unwrap();
                 continue;
             }
             assert!(
                 text == want,
-                "{path} is stale: run SWITCHLESS_UPDATE_DOCS=1 cargo test --lib doctor::registry, then \
-                 python3 scripts/readme.py"
+                "{path} is stale: run SWITCHLESS_UPDATE_DOCS=1 cargo test --lib doctor::registry"
             );
         }
     }

@@ -437,7 +437,7 @@ impl Plan {
         )
     }
 
-    /// The plan as JSON (schema in `docs/readme/plan.md`), verified first. Ends with a newline.
+    /// The plan as JSON (schema in `docs/guide/plan.md`), verified first. Ends with a newline.
     pub fn to_json(&self) -> Result<String> {
         let doc = self.doc()?;
         let mut s = serde_json::to_string_pretty(&doc)

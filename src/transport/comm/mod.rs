@@ -1,6 +1,6 @@
 //! Send and receive comms: the receiver-driven data protocol over any [`Fabric`].
 //!
-//! See `docs/readme/transport.md` and the [`super`] module docs for the protocol. In short:
+//! See `docs/guide/transport.md` and the [`super`] module docs for the protocol. In short:
 //!
 //! 1. `irecv` writes a clear-to-send (CTS) entry into the sender's FIFO slot `seq % 32` with two RDMA
 //!    writes on one path: the body (buffers, sizes, tags, rkeys per path), then the word `seq + 1`.

@@ -1,6 +1,6 @@
 //! Connection handshake over TCP.
 //!
-//! Messages (each behind a 12-byte frame header; see [`wire`] and docs/readme/route.md):
+//! Messages (each behind a 12-byte frame header; see [`wire`] and docs/guide/routing.md):
 //!
 //! 1. connector → acceptor `Hello`: the connector's own nonce, its chosen paths (its address, the
 //!    acceptor's address, kind) and its per-path [`PathParams`] plus opaque `extra` bytes, tagged

@@ -8,7 +8,7 @@
 //!
 //! Header (all multi-byte integers big-endian): bytes 0..4 magic `SWHS`, 4 version (2), 5 message type
 //! (1 hello, 2 reply, 3 reject, 4 ready), 6..8 reserved (zero), 8..12 payload length (at most
-//! [`MAX_PAYLOAD`]). The payloads are in docs/readme/route.md.
+//! [`MAX_PAYLOAD`]). The payloads are in docs/guide/routing.md.
 
 use std::net::Ipv4Addr;
 

@@ -8,7 +8,7 @@
 //! connector, acceptor), `state` (what the fabric shares with its I/O workers), `pool` (the
 //! process-wide I/O worker threads), `stream` (one stream's receive and send state machines) and,
 //! here, [`TcpFabric`]. Depends on `transport::{fabric, ctrl}` and `sys` (raw memory, sockets). The
-//! design and its rules: `docs/readme/tcp.md`.
+//! design and its rules: `docs/guide/tcp.md`.
 #![forbid(unsafe_code)]
 
 use std::collections::HashMap;
