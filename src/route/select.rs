@@ -727,7 +727,7 @@ pub fn check_incoming<'a>(
     if !l.up {
         return Err(format!("the acceptor's link {} is down", link_name(l)));
     }
-    check_connector_addr(local, l, peer_addr)?;
+    check_connector_addr(l, peer_addr)?;
     if l.addr.contains(&peer_addr) {
         return check_route(l, routes, peer_addr)
             .map(|_| l)
@@ -759,13 +759,11 @@ pub fn check_incoming<'a>(
 
 /// Addresses no connector may claim: unspecified (`0.x.x.x`), multicast, broadcast, the network and
 /// broadcast addresses of the acceptor link's subnet (prefixes up to /30), and, unless the acceptor's
-/// link is itself a loopback address (two ranks of one host over `lo`), loopback addresses and any
-/// address of the acceptor's own links.
-fn check_connector_addr(
-    local: &[LocalLink],
-    l: &LocalLink,
-    peer_addr: Ipv4Addr,
-) -> std::result::Result<(), String> {
+/// link is itself a loopback address (two ranks of one host over `lo`), loopback addresses. An
+/// address of the acceptor's own links is allowed: it is a rank of this host (NCCL connects ranks of
+/// one host over the network when P2P and SHM are off), and the handshake binds the claim to the TCP
+/// source address, which no other host can use.
+fn check_connector_addr(l: &LocalLink, peer_addr: Ipv4Addr) -> std::result::Result<(), String> {
     let refuse = |why: &str| {
         Err(format!(
             "connector address {peer_addr} is {why}; accepted: a unicast address of the connector's own link"
@@ -785,14 +783,8 @@ fn check_connector_addr(
             return refuse(&format!("the broadcast address of {}", l.addr.trunc()));
         }
     }
-    let same_host = l.addr.addr().is_loopback();
-    if !same_host {
-        if peer_addr.is_loopback() {
-            return refuse("a loopback address");
-        }
-        if let Some(own) = local.iter().find(|o| o.addr.addr() == peer_addr) {
-            return refuse(&format!("this acceptor's own address (on {})", own.netdev));
-        }
+    if !l.addr.addr().is_loopback() && peer_addr.is_loopback() {
+        return refuse("a loopback address");
     }
     Ok(())
 }
