@@ -285,6 +285,14 @@ pub enum CommRef<'a, B: Backend> {
     Recv(&'a B::Recv),
 }
 
+impl<B: Backend> Clone for CommRef<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B: Backend> Copy for CommRef<'_, B> {}
+
 /// What a transport implements. One instance per process lives while any [`Context`] or comm lives; it is
 /// opened by the first `init` ([`Backend::open`]) and dropped (threads joined, resources freed) when the last
 /// context and comm are gone, before NCCL `dlclose`s the library.

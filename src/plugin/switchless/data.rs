@@ -193,11 +193,20 @@ impl<F: Connectable> Req<F> {
 }
 
 impl<P: PathFactory> Switchless<P> {
-    /// `regMr`.
+    /// `regMr`. When the fabric has a `Pinner` the pin (the slow part: `ibv_reg_mr` walks and
+    /// pins every page) runs without the comm's lock, which `isend`/`test` take on NCCL's progress
+    /// thread; the lock is held only to file the result.
     pub(super) fn register(comm: CommRef<'_, Self>, region: Region) -> Result<MemHandle> {
         let kind = mem_kind(&region);
         let (addr, len) = (region.addr as u64, region.size as u64);
-        with_registrar(comm, "regMr", |r| r.reg_mr(addr, len, kind))
+        let Some(pinner) = with_registrar(comm, "regMr", |r| Ok(r.pinner()))? else {
+            return with_registrar(comm, "regMr", |r| r.reg_mr(addr, len, kind));
+        };
+        let reg = pinner.register(addr, comm::check_range(addr, len)?, kind)?;
+        with_registrar(comm, "regMr", |r| r.adopt(addr, len, kind, reg.clone())).inspect_err(|_| {
+            // Closed meanwhile (or refused): nothing holds the registration but us.
+            let _ = pinner.deregister(&reg);
+        })
     }
 
     /// `regMrDmaBuf`.
@@ -213,9 +222,16 @@ impl<P: PathFactory> Switchless<P> {
         })
     }
 
-    /// `deregMr`.
+    /// `deregMr`: unpins outside the comm's lock when the fabric has a `Pinner`.
     pub(super) fn deregister(comm: CommRef<'_, Self>, mr: MemHandle) -> Result<()> {
-        with_registrar(comm, "deregMr", |r| r.dereg_mr(mr))
+        let pinner = with_registrar(comm, "deregMr", |r| match r.pinner() {
+            Some(p) if r.forget(&mr) => Ok(Some(p)),
+            _ => r.dereg_mr(mr.clone()).map(|()| None),
+        })?;
+        match pinner {
+            Some(p) => p.deregister(mr.registration()),
+            None => Ok(()),
+        }
     }
 }
 
