@@ -189,7 +189,7 @@ fn listen_connect_accept_send_recv_through_the_plugin_core() {
         }
     }
     plugin::close_listen(*listen).unwrap();
-    let (mut sc, mut rc) = (sc.unwrap(), rc.unwrap());
+    let (sc, rc) = (sc.unwrap(), rc.unwrap());
     match (sc.endpoint(), rc.endpoint()) {
         (Endpoint::Send(s), Endpoint::Recv(r)) => {
             assert_eq!(s.path_labels().len(), 2, "{:?}", s.path_labels());
@@ -202,7 +202,7 @@ fn listen_connect_accept_send_recv_through_the_plugin_core() {
     let src = fab.alloc(CAP).unwrap();
     let dst = fab.alloc(CAP).unwrap();
     let smr = plugin::reg_mr(
-        &mut sc,
+        &sc,
         Region {
             addr: src as usize,
             size: CAP,
@@ -211,7 +211,7 @@ fn listen_connect_accept_send_recv_through_the_plugin_core() {
     )
     .unwrap();
     let rmr = plugin::reg_mr(
-        &mut rc,
+        &rc,
         Region {
             addr: dst as usize,
             size: CAP,
@@ -229,7 +229,7 @@ fn listen_connect_accept_send_recv_through_the_plugin_core() {
             fab.write(src, &data).unwrap();
         }
         let mut rreq = plugin::irecv(
-            &mut rc,
+            &rc,
             &[RecvBuf {
                 addr: dst as usize,
                 size: CAP,
@@ -241,7 +241,7 @@ fn listen_connect_accept_send_recv_through_the_plugin_core() {
         .expect("a receive can always be posted here");
         let deadline = Instant::now() + Duration::from_secs(10);
         let mut sreq = loop {
-            if let Some(r) = plugin::isend(&mut sc, src as usize, size, 5, &smr).unwrap() {
+            if let Some(r) = plugin::isend(&sc, src as usize, size, 5, &smr).unwrap() {
                 break r;
             }
             assert!(Instant::now() < deadline, "isend never found the CTS");
@@ -273,8 +273,8 @@ fn listen_connect_accept_send_recv_through_the_plugin_core() {
             );
         }
     }
-    plugin::dereg_mr(&mut sc, *smr).unwrap();
-    plugin::dereg_mr(&mut rc, *rmr).unwrap();
+    plugin::dereg_mr(&sc, *smr).unwrap();
+    plugin::dereg_mr(&rc, *rmr).unwrap();
     plugin::close_send(*sc).unwrap();
     plugin::close_recv(*rc).unwrap();
     plugin::finalize(ctx).unwrap();
@@ -290,13 +290,13 @@ fn grouped_receive_with_tags_and_many_connections() {
     let _shared = shared();
     let b = backend(two_path_view(Config::default()));
     for round in 0..3 {
-        let (mut s, mut r, l) = establish(&b, 0, 0);
+        let (s, r, l) = establish(&b, 0, 0);
         B::close_listen(l).unwrap();
         let fab = b.factory().fab().clone();
         let src = fab.alloc(1 << 16).unwrap();
         let dst = fab.alloc(1 << 16).unwrap();
         let smr = B::reg_mr(
-            plugin::CommMut::Send(&mut s),
+            plugin::CommRef::Send(&s),
             Region {
                 addr: src as usize,
                 size: 1 << 16,
@@ -305,7 +305,7 @@ fn grouped_receive_with_tags_and_many_connections() {
         )
         .unwrap();
         let rmr = B::reg_mr(
-            plugin::CommMut::Recv(&mut r),
+            plugin::CommRef::Recv(&r),
             Region {
                 addr: dst as usize,
                 size: 1 << 16,
@@ -329,16 +329,16 @@ fn grouped_receive_with_tags_and_many_connections() {
                 mr: &rmr,
             },
         ];
-        let mut rr = B::irecv(&mut r, &bufs).unwrap().unwrap();
+        let mut rr = B::irecv(&r, &bufs).unwrap().unwrap();
         let mut s2 = None;
         let mut s1 = None;
         let deadline = Instant::now() + Duration::from_secs(10);
         while s2.is_none() {
-            s2 = B::isend(&mut s, src as usize + 1000, 3000, 2, &smr).unwrap();
+            s2 = B::isend(&s, src as usize + 1000, 3000, 2, &smr).unwrap();
             assert!(Instant::now() < deadline);
         }
         while s1.is_none() {
-            s1 = B::isend(&mut s, src as usize, 100, 1, &smr).unwrap();
+            s1 = B::isend(&s, src as usize, 100, 1, &smr).unwrap();
             assert!(Instant::now() < deadline);
         }
         let mut sizes = [0usize; 2];
@@ -355,8 +355,8 @@ fn grouped_receive_with_tags_and_many_connections() {
         let want = pattern(1 << 16, round);
         assert_eq!(fab.read(dst, 100).unwrap(), &want[..100]);
         assert_eq!(fab.read(dst + (1 << 15), 3000).unwrap(), &want[1000..4000]);
-        B::dereg_mr(plugin::CommMut::Send(&mut s), smr).unwrap();
-        B::dereg_mr(plugin::CommMut::Recv(&mut r), rmr).unwrap();
+        B::dereg_mr(plugin::CommRef::Send(&s), smr).unwrap();
+        B::dereg_mr(plugin::CommRef::Recv(&r), rmr).unwrap();
         B::close_send(s).unwrap();
         B::close_recv(r).unwrap();
     }
@@ -492,11 +492,11 @@ fn a_listener_that_is_gone_gives_an_error_naming_the_peer() {
 fn closing_a_comm_fails_its_outstanding_requests() {
     let _shared = shared();
     let b = backend(two_path_view(Config::default()));
-    let (s, mut r, _l) = establish(&b, 0, 0);
+    let (s, r, _l) = establish(&b, 0, 0);
     let fab = b.factory().fab().clone();
     let dst = fab.alloc(4096).unwrap();
     let rmr = B::reg_mr(
-        plugin::CommMut::Recv(&mut r),
+        plugin::CommRef::Recv(&r),
         Region {
             addr: dst as usize,
             size: 4096,
@@ -505,7 +505,7 @@ fn closing_a_comm_fails_its_outstanding_requests() {
     )
     .unwrap();
     let mut rr = B::irecv(
-        &mut r,
+        &r,
         &[RecvBuf {
             addr: dst as usize,
             size: 4096,
@@ -558,7 +558,7 @@ fn qps_per_connection_multiplies_the_paths_up_to_eight() {
     let cfg = Config::from_vars(|n| (n == "NCCL_IB_QPS_PER_CONNECTION").then(|| "3".to_string()))
         .unwrap();
     let b = backend(two_path_view(cfg));
-    let (mut s, mut r, _l) = establish(&b, 0, 0);
+    let (s, r, _l) = establish(&b, 0, 0);
     assert_eq!(s.path_labels().len(), 6, "{:?}", s.path_labels());
     assert_eq!(r.path_labels().len(), 6);
     // Data still arrives intact when striped over the six QPs.
@@ -568,7 +568,7 @@ fn qps_per_connection_multiplies_the_paths_up_to_eight() {
     let dst = fab.alloc(n).unwrap();
     let data = pattern(n, 9);
     fab.write(src, &data).unwrap();
-    let reg = |c: plugin::CommMut<'_, B>, a: u64| {
+    let reg = |c: plugin::CommRef<'_, B>, a: u64| {
         B::reg_mr(
             c,
             Region {
@@ -579,10 +579,10 @@ fn qps_per_connection_multiplies_the_paths_up_to_eight() {
         )
         .unwrap()
     };
-    let smr = reg(plugin::CommMut::Send(&mut s), src);
-    let rmr = reg(plugin::CommMut::Recv(&mut r), dst);
+    let smr = reg(plugin::CommRef::Send(&s), src);
+    let rmr = reg(plugin::CommRef::Recv(&r), dst);
     let mut rr = B::irecv(
-        &mut r,
+        &r,
         &[RecvBuf {
             addr: dst as usize,
             size: n,
@@ -594,7 +594,7 @@ fn qps_per_connection_multiplies_the_paths_up_to_eight() {
     .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut sr = loop {
-        if let Some(q) = B::isend(&mut s, src as usize, n, 3, &smr).unwrap() {
+        if let Some(q) = B::isend(&s, src as usize, n, 3, &smr).unwrap() {
             break q;
         }
         assert!(Instant::now() < deadline);
@@ -647,13 +647,13 @@ fn gpu_receives_are_flushed_through_the_loopback_path() {
     v.devices[0].ptr_support = 1 | 2;
     let fab = MemFab::new(MemFabConfig::default());
     let b = Arc::new(Switchless::from_parts(MemFactory::new(fab.clone(), 1), v).unwrap());
-    let (mut s, mut r, _l) = establish(&b, 0, 0);
+    let (s, r, _l) = establish(&b, 0, 0);
     let n = 8192;
     let src = fab.alloc(n).unwrap();
     let dst = fab.alloc(n).unwrap();
     fab.write(src, &pattern(n, 4)).unwrap();
     let smr = B::reg_mr(
-        plugin::CommMut::Send(&mut s),
+        plugin::CommRef::Send(&s),
         Region {
             addr: src as usize,
             size: n,
@@ -662,7 +662,7 @@ fn gpu_receives_are_flushed_through_the_loopback_path() {
     )
     .unwrap();
     let rmr = B::reg_mr(
-        plugin::CommMut::Recv(&mut r),
+        plugin::CommRef::Recv(&r),
         Region {
             addr: dst as usize,
             size: n,
@@ -671,7 +671,7 @@ fn gpu_receives_are_flushed_through_the_loopback_path() {
     )
     .unwrap();
     let mut rr = B::irecv(
-        &mut r,
+        &r,
         &[RecvBuf {
             addr: dst as usize,
             size: n,
@@ -683,7 +683,7 @@ fn gpu_receives_are_flushed_through_the_loopback_path() {
     .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut sr = loop {
-        if let Some(q) = B::isend(&mut s, src as usize, n, 1, &smr).unwrap() {
+        if let Some(q) = B::isend(&s, src as usize, n, 1, &smr).unwrap() {
             break q;
         }
         assert!(Instant::now() < deadline);
@@ -697,7 +697,7 @@ fn gpu_receives_are_flushed_through_the_loopback_path() {
     }
     let reads_before = fab.stats().reads;
     let mut fr = B::iflush(
-        &mut r,
+        &r,
         &[plugin::FlushBuf {
             addr: dst as usize,
             size: n,
@@ -718,7 +718,7 @@ fn gpu_receives_are_flushed_through_the_loopback_path() {
     assert_eq!(fab.read(dst, n).unwrap(), pattern(n, 4));
     // Host memory needs no flush.
     let hmr = B::reg_mr(
-        plugin::CommMut::Recv(&mut r),
+        plugin::CommRef::Recv(&r),
         Region {
             addr: dst as usize,
             size: n,
@@ -728,7 +728,7 @@ fn gpu_receives_are_flushed_through_the_loopback_path() {
     .unwrap();
     assert!(
         B::iflush(
-            &mut r,
+            &r,
             &[plugin::FlushBuf {
                 addr: dst as usize,
                 size: n,
@@ -799,7 +799,7 @@ fn leak_cycles_in_their_own_process() {
     let dst = fab.alloc(4096).unwrap();
     fab.write(src, &pattern(4096, 9)).unwrap();
     let cycle = |i: usize| {
-        let (mut s, mut r, l) = establish(&b, 0, 0);
+        let (s, r, l) = establish(&b, 0, 0);
         if i % 3 == 1 {
             let (a, _) = fab.newest_pair().unwrap();
             fab.kill_after(a, (i / 3) % 2, (i % 4) as u64, i % 4 == 1);
@@ -809,10 +809,10 @@ fn leak_cycles_in_their_own_process() {
             size: 4096,
             kind: PtrSupport::HOST,
         };
-        let smr = B::reg_mr(plugin::CommMut::Send(&mut s), region(src)).unwrap();
-        let rmr = B::reg_mr(plugin::CommMut::Recv(&mut r), region(dst)).unwrap();
+        let smr = B::reg_mr(plugin::CommRef::Send(&s), region(src)).unwrap();
+        let rmr = B::reg_mr(plugin::CommRef::Recv(&r), region(dst)).unwrap();
         let mut rr = B::irecv(
-            &mut r,
+            &r,
             &[RecvBuf {
                 addr: dst as usize,
                 size: 4096,
@@ -825,7 +825,7 @@ fn leak_cycles_in_their_own_process() {
         if i % 10 != 0 && i % 2 == 0 {
             let deadline = Instant::now() + Duration::from_secs(10);
             let mut sr = loop {
-                if let Some(q) = B::isend(&mut s, src as usize, 4096, 7, &smr).unwrap() {
+                if let Some(q) = B::isend(&s, src as usize, 4096, 7, &smr).unwrap() {
                     break q;
                 }
                 assert!(Instant::now() < deadline, "no clear-to-send");
@@ -840,8 +840,8 @@ fn leak_cycles_in_their_own_process() {
             assert_eq!(fab.read(dst, 4096).unwrap(), pattern(4096, 9));
         }
         if i % 10 != 0 {
-            B::dereg_mr(plugin::CommMut::Send(&mut s), smr).unwrap();
-            B::dereg_mr(plugin::CommMut::Recv(&mut r), rmr).unwrap();
+            B::dereg_mr(plugin::CommRef::Send(&s), smr).unwrap();
+            B::dereg_mr(plugin::CommRef::Recv(&r), rmr).unwrap();
         }
         // Every tenth cycle closes with the receive outstanding and the registrations still live.
         B::close_recv(r).unwrap();
@@ -962,7 +962,7 @@ fn attacks_on_the_listen_comm_leave_it_serving_the_real_connector() {
         }
     }
     B::close_listen(l).unwrap();
-    let (mut s, mut r) = (s.unwrap(), r.unwrap());
+    let (s, r) = (s.unwrap(), r.unwrap());
     let fab = b.factory().fab().clone();
     let (src, dst) = (fab.alloc(4096).unwrap(), fab.alloc(4096).unwrap());
     let region = |addr: u64| Region {
@@ -970,8 +970,8 @@ fn attacks_on_the_listen_comm_leave_it_serving_the_real_connector() {
         size: 4096,
         kind: PtrSupport::HOST,
     };
-    let smr = B::reg_mr(plugin::CommMut::Send(&mut s), region(src)).unwrap();
-    let rmr = B::reg_mr(plugin::CommMut::Recv(&mut r), region(dst)).unwrap();
+    let smr = B::reg_mr(plugin::CommRef::Send(&s), region(src)).unwrap();
+    let rmr = B::reg_mr(plugin::CommRef::Recv(&r), region(dst)).unwrap();
     fab.write(src, &pattern(4096, 5)).unwrap();
     let bufs = [RecvBuf {
         addr: dst as usize,
@@ -979,10 +979,10 @@ fn attacks_on_the_listen_comm_leave_it_serving_the_real_connector() {
         tag: 1,
         mr: &rmr,
     }];
-    let mut rr = B::irecv(&mut r, &bufs).unwrap().unwrap();
+    let mut rr = B::irecv(&r, &bufs).unwrap().unwrap();
     let mut sr = None;
     while sr.is_none() {
-        sr = B::isend(&mut s, src as usize, 4096, 1, &smr).unwrap();
+        sr = B::isend(&s, src as usize, 4096, 1, &smr).unwrap();
         assert!(Instant::now() < deadline);
     }
     let mut sizes = [0usize; 1];
@@ -994,8 +994,8 @@ fn attacks_on_the_listen_comm_leave_it_serving_the_real_connector() {
         assert!(Instant::now() < deadline);
     }
     assert_eq!(fab.read(dst, 4096).unwrap(), pattern(4096, 5));
-    B::dereg_mr(plugin::CommMut::Send(&mut s), smr).unwrap();
-    B::dereg_mr(plugin::CommMut::Recv(&mut r), rmr).unwrap();
+    B::dereg_mr(plugin::CommRef::Send(&s), smr).unwrap();
+    B::dereg_mr(plugin::CommRef::Recv(&r), rmr).unwrap();
     B::close_send(s).unwrap();
     B::close_recv(r).unwrap();
 }

@@ -39,23 +39,15 @@ fn transfer(pair: &mut Pair, sizes: &[usize]) {
         size: v.len(),
         kind: PtrSupport::HOST,
     };
-    let smr = B::reg_mr(
-        switchless::plugin::CommMut::Send(&mut pair.0),
-        region(&mut src),
-    )
-    .unwrap();
-    let rmr = B::reg_mr(
-        switchless::plugin::CommMut::Recv(&mut pair.1),
-        region(&mut dst),
-    )
-    .unwrap();
+    let smr = B::reg_mr(switchless::plugin::CommRef::Send(&pair.0), region(&mut src)).unwrap();
+    let rmr = B::reg_mr(switchless::plugin::CommRef::Recv(&pair.1), region(&mut dst)).unwrap();
     for (k, &size) in sizes.iter().enumerate() {
         let data = pattern(size, k as u8);
         src[..size].copy_from_slice(&data);
         dst.fill(0xee);
         let dst_addr = dst.as_mut_ptr() as usize;
         let mut rreq = B::irecv(
-            &mut pair.1,
+            &pair.1,
             &[RecvBuf {
                 addr: dst_addr,
                 size: cap,
@@ -67,7 +59,7 @@ fn transfer(pair: &mut Pair, sizes: &[usize]) {
         .expect("a receive can be posted");
         let deadline = Instant::now() + Duration::from_secs(20);
         let mut sreq = loop {
-            if let Some(r) = B::isend(&mut pair.0, src.as_ptr() as usize, size, 9, &smr).unwrap() {
+            if let Some(r) = B::isend(&pair.0, src.as_ptr() as usize, size, 9, &smr).unwrap() {
                 break r;
             }
             assert!(Instant::now() < deadline, "isend never found the CTS");
@@ -87,8 +79,8 @@ fn transfer(pair: &mut Pair, sizes: &[usize]) {
         }
         assert!(dst[..size] == data[..], "payload of {size} bytes");
     }
-    B::dereg_mr(switchless::plugin::CommMut::Send(&mut pair.0), smr).unwrap();
-    B::dereg_mr(switchless::plugin::CommMut::Recv(&mut pair.1), rmr).unwrap();
+    B::dereg_mr(switchless::plugin::CommRef::Send(&pair.0), smr).unwrap();
+    B::dereg_mr(switchless::plugin::CommRef::Recv(&pair.1), rmr).unwrap();
 }
 
 #[test]

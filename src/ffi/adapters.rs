@@ -6,7 +6,7 @@ use std::ffi::{c_int, c_void};
 use std::os::fd::BorrowedFd;
 
 use super::abi::{self, ncclResult_t as R};
-use super::guard::{array, guard, object, out, shared, take};
+use super::guard::{array, give, guard, object, out, shared, take};
 use super::log;
 use super::props::{AttrIn, CSize, ConfigIn, PropsOut};
 use crate::error::{Error, Result};
@@ -17,11 +17,6 @@ use crate::plugin::{
 
 type Vp = *mut c_void;
 type DevHandle = *mut abi::ncclNetDeviceHandle_v7_t;
-
-/// Stores a boxed object in an out-pointer NCCL holds.
-fn give<T>(slot: &mut Vp, obj: Box<T>) {
-    *slot = Box::into_raw(obj).cast();
-}
 
 // ----- init / finalize / devices / properties ---------------------------------------------------------------
 
@@ -63,7 +58,7 @@ pub unsafe extern "C" fn init_v11<B: Backend, C: ConfigIn>(
             comm_id: Some(comm_id),
             traffic_class,
         })?;
-        give(ctx, Box::new(c));
+        give(ctx, Box::new(c))?;
         Ok(())
     })
 }
@@ -116,7 +111,7 @@ fn do_listen<B: Backend>(ctx: &Context<B>, dev: c_int, h: Vp, listen_comm: *mut 
     *lc = std::ptr::null_mut();
     // SAFETY: NCCL passes its 128-byte handle buffer.
     let h = unsafe { handle(h, "listen handle")? };
-    give(lc, plugin::listen(ctx, dev, h)?);
+    give(lc, plugin::listen(ctx, dev, h)?)?;
     Ok(())
 }
 
@@ -154,7 +149,7 @@ fn do_connect<B: Backend>(
     // SAFETY: the private copy of the handle, valid for the whole connect (NCCL keeps it until connect returns a comm).
     let h = unsafe { handle(h, "connect handle")? };
     if let Some(c) = plugin::connect(ctx, info, dev, h)? {
-        give(sc, c);
+        give(sc, c)?;
     }
     Ok(())
 }
@@ -225,7 +220,7 @@ fn do_accept<B: Backend>(listen_comm: Vp, recv_comm: *mut Vp) -> Result<()> {
     // SAFETY: a listen comm from listen, not yet closed.
     let l = unsafe { object::<Listen<B>>(listen_comm, "accept listenComm")? };
     if let Some(c) = plugin::accept(l)? {
-        give(rc, c);
+        give(rc, c)?;
     }
     Ok(())
 }
@@ -274,12 +269,13 @@ pub unsafe extern "C" fn reg_mr<B: Backend, S: CSize>(
         // SAFETY: NCCL passes a valid void** for the handle.
         let mh = unsafe { out(mhandle, "regMr mhandle")? };
         *mh = std::ptr::null_mut();
-        // SAFETY: a send or recv comm of ours.
-        let comm = unsafe { object::<Comm<B>>(comm, "regMr comm")? };
+        // SAFETY: a send or recv comm of ours, alive until closeSend/closeRecv (the progress thread may
+        // use it meanwhile: shared access only).
+        let comm = unsafe { shared::<Comm<B>>(comm, "regMr comm")? };
         give(
             mh,
             plugin::reg_mr(comm, region(data, size.bytes()?, kind)?)?,
-        );
+        )?;
         Ok(())
     })
 }
@@ -298,8 +294,8 @@ pub unsafe extern "C" fn reg_mr_dmabuf<B: Backend>(
         // SAFETY: NCCL passes a valid void** for the handle.
         let mh = unsafe { out(mhandle, "regMrDmaBuf mhandle")? };
         *mh = std::ptr::null_mut();
-        // SAFETY: a send or recv comm of ours.
-        let comm = unsafe { object::<Comm<B>>(comm, "regMrDmaBuf comm")? };
+        // SAFETY: as in regMr.
+        let comm = unsafe { shared::<Comm<B>>(comm, "regMrDmaBuf comm")? };
         if fd < 0 {
             return Err(Error::InvalidArgument(format!(
                 "regMrDmaBuf fd {fd}; a DMA-BUF file descriptor >= 0 is required"
@@ -310,7 +306,7 @@ pub unsafe extern "C" fn reg_mr_dmabuf<B: Backend>(
         give(
             mh,
             plugin::reg_mr_dmabuf(comm, region(data, size, kind)?, offset, fd)?,
-        );
+        )?;
         Ok(())
     })
 }
@@ -318,8 +314,8 @@ pub unsafe extern "C" fn reg_mr_dmabuf<B: Backend>(
 /// `deregMr(comm, mhandle)`.
 pub unsafe extern "C" fn dereg_mr<B: Backend>(comm: Vp, mhandle: Vp) -> R {
     guard("deregMr", || {
-        // SAFETY: a send or recv comm of ours.
-        let comm = unsafe { object::<Comm<B>>(comm, "deregMr comm")? };
+        // SAFETY: as in regMr.
+        let comm = unsafe { shared::<Comm<B>>(comm, "deregMr comm")? };
         // SAFETY: an mhandle from regMr*, deregistered once.
         let mr = unsafe { take::<Mr<B>>(mhandle, "deregMr mhandle")? };
         plugin::dereg_mr(comm, *mr)
@@ -348,12 +344,13 @@ fn do_isend<B: Backend>(
     // SAFETY: NCCL passes a valid void** for the request.
     let req = unsafe { out(request, "isend request")? };
     *req = std::ptr::null_mut();
-    // SAFETY: a send comm of ours, used only by NCCL's progress thread.
-    let comm = unsafe { object::<Comm<B>>(send_comm, "isend sendComm")? };
+    // SAFETY: a send comm of ours, alive until closeSend; the service thread may register on it
+    // meanwhile: shared access only.
+    let comm = unsafe { shared::<Comm<B>>(send_comm, "isend sendComm")? };
     // SAFETY: an mhandle from regMr*, alive until deregMr.
     let mr = unsafe { shared::<Mr<B>>(mhandle, "isend mhandle")? };
     if let Some(r) = plugin::isend(comm, data as usize, size, tag, mr)? {
-        give(req, r);
+        give(req, r)?;
     }
     Ok(())
 }
@@ -420,8 +417,8 @@ fn do_irecv<B: Backend, S: CSize>(
             array(mhandles, n, "irecv mhandles")?,
         )
     };
-    // SAFETY: a recv comm of ours, used only by NCCL's progress thread.
-    let comm = unsafe { object::<Comm<B>>(recv_comm, "irecv recvComm")? };
+    // SAFETY: as in isend, for a recv comm.
+    let comm = unsafe { shared::<Comm<B>>(recv_comm, "irecv recvComm")? };
     let mut bufs = Vec::with_capacity(n);
     for i in 0..n {
         // SAFETY: mhandles from regMr*, alive until deregMr.
@@ -434,7 +431,7 @@ fn do_irecv<B: Backend, S: CSize>(
         });
     }
     if let Some(r) = plugin::irecv(comm, &bufs)? {
-        give(req, r);
+        give(req, r)?;
     }
     Ok(())
 }
@@ -494,8 +491,8 @@ pub unsafe extern "C" fn iflush<B: Backend>(
                 array(mhandles, n, "iflush mhandles")?,
             )
         };
-        // SAFETY: a recv comm of ours.
-        let comm = unsafe { object::<Comm<B>>(recv_comm, "iflush recvComm")? };
+        // SAFETY: as in isend, for a recv comm.
+        let comm = unsafe { shared::<Comm<B>>(recv_comm, "iflush recvComm")? };
         let mut bufs = Vec::with_capacity(n);
         for i in 0..n {
             // SAFETY: mhandles from regMr*, alive until deregMr.
@@ -507,7 +504,7 @@ pub unsafe extern "C" fn iflush<B: Backend>(
             });
         }
         if let Some(r) = plugin::iflush(comm, &bufs)? {
-            give(req, r);
+            give(req, r)?;
         }
         Ok(())
     })
@@ -551,7 +548,7 @@ pub unsafe extern "C" fn test<B: Backend>(request: Vp, done: *mut c_int, sizes: 
 pub unsafe extern "C" fn close_send<B: Backend>(send_comm: Vp) -> R {
     guard("closeSend", || {
         // SAFETY: a comm of ours; checked to be a send comm before ownership is taken.
-        if !unsafe { object::<Comm<B>>(send_comm, "closeSend sendComm")? }.is_send() {
+        if !unsafe { shared::<Comm<B>>(send_comm, "closeSend sendComm")? }.is_send() {
             return Err(Error::InvalidArgument(
                 "closeSend was given a recv comm".into(),
             ));
@@ -565,7 +562,7 @@ pub unsafe extern "C" fn close_send<B: Backend>(send_comm: Vp) -> R {
 pub unsafe extern "C" fn close_recv<B: Backend>(recv_comm: Vp) -> R {
     guard("closeRecv", || {
         // SAFETY: a comm of ours; checked to be a recv comm before ownership is taken.
-        if unsafe { object::<Comm<B>>(recv_comm, "closeRecv recvComm")? }.is_send() {
+        if unsafe { shared::<Comm<B>>(recv_comm, "closeRecv recvComm")? }.is_send() {
             return Err(Error::InvalidArgument(
                 "closeRecv was given a send comm".into(),
             ));

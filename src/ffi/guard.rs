@@ -1,12 +1,16 @@
-//! The panic guard every entry point runs in, the error-code mapping, and checked pointer conversions.
+//! The panic guard every entry point runs in, the error-code mapping, and checked pointer conversions
+//! (every object handed to NCCL is filed in a registry of live objects until it is taken back).
 
 use std::any::Any;
+use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Mutex;
 
 use super::abi::ncclResult_t;
 use crate::error::{Error, Result, ResultCode};
 use crate::plugin::Object;
+use crate::sync::lock;
 
 /// The `ncclResult_t` for a crate result code.
 pub fn nccl_code(code: ResultCode) -> ncclResult_t {
@@ -68,12 +72,29 @@ pub unsafe fn out<'a, T>(p: *mut T, what: &str) -> Result<&'a mut T> {
     Ok(unsafe { &mut *p })
 }
 
-/// `p` as a `T` of ours: non-NULL, aligned, and carrying `T`'s magic. Returns the pointer; the callers
-/// decide which reference to make of it.
+/// Every object this library handed to NCCL and has not taken back, by address, with its kind's magic
+/// word. A pointer is dereferenced only after it is found here, so a double close, a `test` after the
+/// request was reported done, or a pointer of the wrong kind is an error, never a read of freed memory.
+/// Best effort against one misuse only: an address freed and then reused for a new object of the same
+/// kind passes (as it would in NCCL IB), and a close racing another call on the same object is still
+/// the caller's bug.
+static LIVE: Mutex<BTreeMap<usize, u64>> = Mutex::new(BTreeMap::new());
+
+/// Stores a boxed object in an out-pointer NCCL holds, filed as live under its kind.
+pub fn give<T: Object>(slot: &mut *mut c_void, obj: Box<T>) -> Result<()> {
+    let mut live = lock(&LIVE, "live objects")?;
+    let p = Box::into_raw(obj);
+    live.insert(p as usize, T::MAGIC);
+    *slot = p.cast();
+    Ok(())
+}
+
+/// `p` as a `T` of ours: non-NULL, aligned, filed as a live `T`, and carrying `T`'s magic. Returns the
+/// pointer; the callers decide which reference to make of it.
 ///
 /// # Safety
-/// `p` is NULL or a pointer this library returned for some object, not yet freed, and not written
-/// concurrently.
+/// `p` is NULL or a pointer NCCL got from this library; an object it names is not freed during the
+/// call nor written concurrently except through its own locks.
 unsafe fn checked<T: Object>(p: *mut c_void, what: &str) -> Result<*mut T> {
     let p = p.cast::<T>();
     if p.is_null() {
@@ -88,48 +109,62 @@ unsafe fn checked<T: Object>(p: *mut c_void, what: &str) -> Result<*mut T> {
             T::WHAT
         )));
     }
-    // SAFETY: non-NULL, aligned, and by the caller's contract a live object of ours; the shared
-    // reference ends here, and the magic check rejects pointers of another kind.
+    if lock(&LIVE, "live objects")?.get(&(p as usize)) != Some(&T::MAGIC) {
+        return Err(not_live::<T>(p, what));
+    }
+    // SAFETY: filed as a live `T` (so not freed: `take` removes it first) and, by the caller's
+    // contract, not freed during this call; the shared reference ends here.
     if !unsafe { &*p }.is_valid() {
-        return Err(Error::InvalidArgument(format!(
-            "{what} ({p:p}) is not a live {}",
-            T::WHAT
-        )));
+        return Err(not_live::<T>(p, what));
     }
     Ok(p)
 }
 
-/// A `void*` NCCL got from this plugin (a comm, mhandle, request or ctx), checked for NULL, alignment and
-/// magic.
+fn not_live<T: Object>(p: *mut T, what: &str) -> Error {
+    Error::InvalidArgument(format!(
+        "{what} ({p:p}) is not a live {} (closed or completed already, or another kind of object)",
+        T::WHAT
+    ))
+}
+
+/// A `void*` NCCL got from this plugin (a listen comm or a request), checked for NULL, alignment,
+/// liveness and magic.
 ///
 /// # Safety
-/// `p` is NULL or a pointer this library returned for some object, not yet freed, and not used concurrently
-/// (NCCL serializes calls on one object).
+/// `p` is NULL or a pointer NCCL got from this library, not used concurrently (NCCL calls a listen
+/// comm from its service thread only and a request from its progress thread only).
 pub unsafe fn object<'a, T: Object>(p: *mut c_void, what: &str) -> Result<&'a mut T> {
     // SAFETY: forwarded contract; `checked` proved it a live `T`, and NCCL uses it from one thread at
     // a time, so this is the only reference.
     unsafe { checked::<T>(p, what).map(|p| &mut *p) }
 }
 
-/// A shared reference to an object several NCCL threads may use at once (a ctx: service and progress
-/// threads; an mhandle), after the same checks as [`object`].
+/// A shared reference to an object several NCCL threads use at once (a ctx; a send or recv comm:
+/// `regMr` on the service thread while `isend`/`test` run on the progress thread; an mhandle), after
+/// the same checks as [`object`]. Such objects keep their mutable state behind their own locks.
 ///
 /// # Safety
-/// `p` is NULL or a pointer this library returned for some object, not yet freed.
+/// `p` is NULL or a pointer NCCL got from this library, not freed during the call.
 pub unsafe fn shared<'a, T: Object>(p: *mut c_void, what: &str) -> Result<&'a T> {
     // SAFETY: forwarded contract; `checked` proved it a live `T`; only shared access.
     unsafe { checked::<T>(p, what).map(|p| &*p) }
 }
 
-/// Takes back ownership of an object to free it, after the same checks as [`object`].
+/// Takes back ownership of an object to free it, after the same checks as [`object`]; from then on
+/// the pointer is not live (a second close or test of it is an error).
 ///
 /// # Safety
-/// As for [`object`]; in addition `p` came from `Box::into_raw` and NCCL will not use it again.
+/// As for [`object`]; in addition no other call uses `p` during this one.
 pub unsafe fn take<T: Object>(p: *mut c_void, what: &str) -> Result<Box<T>> {
     // SAFETY: forwarded contract.
-    let r: &mut T = unsafe { object(p, what)? };
-    // SAFETY: the object was produced by Box::into_raw (contract) and is not referenced elsewhere.
-    Ok(unsafe { Box::from_raw(r as *mut T) })
+    let p: *mut T = unsafe { checked::<T>(p, what)? };
+    if lock(&LIVE, "live objects")?.remove(&(p as usize)) != Some(T::MAGIC) {
+        // Another thread took it between the check and here: the caller's race, refused all the same.
+        return Err(not_live::<T>(p, what));
+    }
+    // SAFETY: filed by `give`, which made it with Box::into_raw, and unfiled just now by this call
+    // alone, so nothing else takes it again.
+    Ok(unsafe { Box::from_raw(p) })
 }
 
 /// A C array of `n` elements (`n` = 0 allows NULL).

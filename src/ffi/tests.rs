@@ -17,7 +17,7 @@ use super::testsupport;
 use super::vtables;
 use crate::error::{Error, Result};
 use crate::plugin::{
-    Backend, CommInfo, CommMut, FlushBuf, Handle, NetAttr, Properties, RecvBuf, Region, Slot,
+    Backend, CommInfo, CommRef, FlushBuf, Handle, NetAttr, Properties, RecvBuf, Region, Slot,
 };
 
 type Vp = *mut c_void;
@@ -139,16 +139,16 @@ macro_rules! mock_backend {
                 Ok((l.polls >= 2).then_some(MockRecv { dev: l.dev }))
             }
 
-            fn reg_mr(comm: CommMut<'_, Self>, region: Region) -> Result<MockMr> {
+            fn reg_mr(comm: CommRef<'_, Self>, region: Region) -> Result<MockMr> {
                 match comm {
-                    CommMut::Send(s) => assert!(s.dev < 2),
-                    CommMut::Recv(r) => assert!(r.dev < 2),
+                    CommRef::Send(s) => assert!(s.dev < 2),
+                    CommRef::Recv(r) => assert!(r.dev < 2),
                 }
                 Ok(MockMr { region })
             }
 
             fn reg_mr_dmabuf(
-                comm: CommMut<'_, Self>,
+                comm: CommRef<'_, Self>,
                 region: Region,
                 _: u64,
                 _: BorrowedFd<'_>,
@@ -156,12 +156,12 @@ macro_rules! mock_backend {
                 Self::reg_mr(comm, region)
             }
 
-            fn dereg_mr(_: CommMut<'_, Self>, _: MockMr) -> Result<()> {
+            fn dereg_mr(_: CommRef<'_, Self>, _: MockMr) -> Result<()> {
                 Ok(())
             }
 
             fn isend(
-                _: &mut MockSend,
+                _: &MockSend,
                 addr: usize,
                 size: usize,
                 tag: i32,
@@ -184,7 +184,7 @@ macro_rules! mock_backend {
                 }))
             }
 
-            fn irecv(_: &mut MockRecv, bufs: &[RecvBuf<'_, MockMr>]) -> Result<Option<MockReq>> {
+            fn irecv(_: &MockRecv, bufs: &[RecvBuf<'_, MockMr>]) -> Result<Option<MockReq>> {
                 Ok(Some(MockReq {
                     polls: 0,
                     sizes: bufs
@@ -194,7 +194,7 @@ macro_rules! mock_backend {
                 }))
             }
 
-            fn iflush(_: &mut MockRecv, _: &[FlushBuf<'_, MockMr>]) -> Result<Option<MockReq>> {
+            fn iflush(_: &MockRecv, _: &[FlushBuf<'_, MockMr>]) -> Result<Option<MockReq>> {
                 Ok(None)
             }
 
@@ -825,8 +825,126 @@ fn v10_connect_passes_its_config() {
     ok(unsafe { v.closeListen.unwrap()(l) });
 }
 
+/// A connected (send, recv) pair and its listen comm over the v12 vtable of `Mock`.
+fn mock_pair(v: &abi::ncclNet_v12_t, ctx: Vp) -> (Vp, Vp, Vp) {
+    let mut h: Handle = [0; 128];
+    let (r, l) = v.listen(ctx, 0, &mut h);
+    ok(r);
+    let (mut s, mut rc): (Vp, Vp) = (null_mut(), null_mut());
+    while s.is_null() {
+        let (r, x) = v.connect(ctx, 0, &mut h);
+        ok(r);
+        s = x;
+    }
+    while rc.is_null() {
+        let (r, x) = v.accept(l);
+        ok(r);
+        rc = x;
+    }
+    (s, rc, l)
+}
+
+/// Tests `req` until done.
+fn finish(v: &abi::ncclNet_v12_t, req: Vp) {
+    let mut done: c_int = 0;
+    let mut sizes = [0 as c_int; 64];
+    while done == 0 {
+        ok(unsafe { v.test.unwrap()(req, &mut done, sizes.as_mut_ptr()) });
+    }
+}
+
+#[test]
+fn double_close_and_test_after_done_are_refused_without_a_dereference() {
+    let _g = serial();
+    let v = vtables::net_v12::<Mock>();
+    let (r, ctx) = Shape::init(&v);
+    ok(r);
+    let (s, rc, l) = mock_pair(&v, ctx);
+    let buf = [0u8; 64];
+    let (r, mh) = v.reg_mr(s, buf.as_ptr() as usize, 64);
+    ok(r);
+    let (r, req) = v.isend(s, buf.as_ptr() as usize, 10, 1, mh);
+    ok(r);
+    finish(&v, req);
+    // Every second use of a freed object is an error naming it, not a read of freed memory (Miri
+    // reports one if the registry is bypassed).
+    let mut done: c_int = 7;
+    assert_eq!(
+        unsafe { v.test.unwrap()(req, &mut done, null_mut()) },
+        R::ncclInvalidArgument
+    );
+    assert_eq!(done, 0);
+    let (r, _) = v.isend(s, buf.as_ptr() as usize, 10, 1, req);
+    assert_eq!(r, R::ncclInvalidArgument, "a freed request is no mhandle");
+    ok(unsafe { v.deregMr.unwrap()(s, mh) });
+    assert_eq!(unsafe { v.deregMr.unwrap()(s, mh) }, R::ncclInvalidArgument);
+    ok(unsafe { v.closeListen.unwrap()(l) });
+    assert_eq!(unsafe { v.closeListen.unwrap()(l) }, R::ncclInvalidArgument);
+    ok(unsafe { v.closeSend.unwrap()(s) });
+    assert_eq!(unsafe { v.closeSend.unwrap()(s) }, R::ncclInvalidArgument);
+    let (r, _) = v.isend(s, buf.as_ptr() as usize, 10, 1, mh);
+    assert_eq!(r, R::ncclInvalidArgument, "isend on a closed comm");
+    // A live object of another kind is refused too.
+    assert_eq!(unsafe { v.closeRecv.unwrap()(ctx) }, R::ncclInvalidArgument);
+    ok(unsafe { v.closeRecv.unwrap()(rc) });
+    assert_eq!(unsafe { v.closeRecv.unwrap()(rc) }, R::ncclInvalidArgument);
+    ok(unsafe { v.finalize.unwrap()(ctx) });
+    assert_eq!(unsafe { v.finalize.unwrap()(ctx) }, R::ncclInvalidArgument);
+    let log = testsupport::take_log();
+    assert!(
+        log.iter().any(|l| l.text.contains("is not a live")),
+        "{log:?}"
+    );
+}
+
+#[test]
+fn registration_and_sends_on_one_comm_from_two_threads() {
+    let _g = serial();
+    let v = vtables::net_v12::<Mock>();
+    let (r, ctx) = Shape::init(&v);
+    ok(r);
+    let (s, rc, l) = mock_pair(&v, ctx);
+    let buf = [0u8; 4096];
+    let base = buf.as_ptr() as usize;
+    let (r, mh) = v.reg_mr(s, base, 4096);
+    ok(r);
+    let rounds = if cfg!(miri) { 20 } else { 2000 };
+    let (su, mhu) = (s as usize, mh as usize);
+    // The vtable holds a name pointer (not `Sync`): each thread gets the entry points it calls.
+    let (reg, dereg) = (v.regMr.unwrap(), v.deregMr.unwrap());
+    let (isend, test) = (v.isend.unwrap(), v.test.unwrap());
+    std::thread::scope(|t| {
+        // NCCL's service thread: regMr/deregMr on the comm the progress thread sends on.
+        t.spawn(move || {
+            for _ in 0..rounds {
+                let mut m: Vp = null_mut();
+                ok(unsafe { reg(su as Vp, base as Vp, 4096, 1, &mut m) });
+                ok(unsafe { dereg(su as Vp, m) });
+            }
+        });
+        // The progress thread: isend + test on the same comm.
+        t.spawn(move || {
+            for i in 0..rounds {
+                let mut req: Vp = null_mut();
+                let n = i % 4096;
+                ok(unsafe { isend(su as Vp, base as Vp, n, 1, mhu as Vp, null_mut(), &mut req) });
+                let (mut done, mut size) = (0, 0);
+                while done == 0 {
+                    ok(unsafe { test(req, &mut done, &mut size) });
+                }
+                assert_eq!(size as usize, n);
+            }
+        });
+    });
+    ok(unsafe { v.deregMr.unwrap()(s, mh) });
+    ok(unsafe { v.closeSend.unwrap()(s) });
+    ok(unsafe { v.closeRecv.unwrap()(rc) });
+    ok(unsafe { v.closeListen.unwrap()(l) });
+    ok(unsafe { v.finalize.unwrap()(ctx) });
+}
+
 fn with_send<B: Backend<Send = MockSend>, T>(p: Vp, f: impl FnOnce(&MockSend) -> T) -> T {
-    let c = unsafe { super::guard::object::<crate::plugin::Comm<B>>(p, "test") }.unwrap();
+    let c = unsafe { super::guard::shared::<crate::plugin::Comm<B>>(p, "test") }.unwrap();
     match c.endpoint() {
         crate::plugin::Endpoint::Send(m) => f(m),
         crate::plugin::Endpoint::Recv(_) => panic!("not a send comm"),

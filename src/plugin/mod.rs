@@ -277,12 +277,21 @@ pub struct FlushBuf<'a, M> {
 }
 
 /// A send or recv comm, as given to `regMr`/`deregMr` (NCCL passes either without saying which).
-pub enum CommMut<'a, B: Backend> {
+/// Shared: NCCL's service thread registers on a comm while its progress thread sends on it.
+pub enum CommRef<'a, B: Backend> {
     /// A comm made by `connect`.
-    Send(&'a mut B::Send),
+    Send(&'a B::Send),
     /// A comm made by `accept`.
-    Recv(&'a mut B::Recv),
+    Recv(&'a B::Recv),
 }
+
+impl<B: Backend> Clone for CommRef<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B: Backend> Copy for CommRef<'_, B> {}
 
 /// What a transport implements. One instance per process lives while any [`Context`] or comm lives; it is
 /// opened by the first `init` ([`Backend::open`]) and dropped (threads joined, resources freed) when the last
@@ -292,17 +301,19 @@ pub enum CommMut<'a, B: Backend> {
 /// on the proxy service thread, `isend`/`irecv`/`iflush`/`test` on the progress thread; so everything must be
 /// `Send`, and the backend itself `Sync`. No call may block.
 ///
-/// Ownership: the core boxes every object the backend returns and NCCL holds the box between calls; the
-/// backend gets `&mut` access to a comm or request only during one call (NCCL serializes calls per object),
-/// and shared access to registrations. A comm that needs the backend itself (device tables, an event
+/// Ownership: the core boxes every object the backend returns and NCCL holds the box between calls. A comm
+/// is reached by two threads at once (`regMr`/`deregMr` on the service thread, `isend`/`irecv`/`test` on
+/// the progress thread), so the backend gets only shared access to it and keeps its mutable state behind
+/// its own locks (hence `Send + Sync`); a listen comm or a request is used by one thread at a time and is
+/// lent `&mut`; registrations are shared. A comm that needs the backend itself (device tables, an event
 /// thread) keeps an `Arc` clone taken in `listen`/`connect`.
 pub trait Backend: Sized + Send + Sync + 'static {
     /// A listening endpoint (one per connection; closed after `accept` or on teardown).
     type Listen: Send;
     /// The sending side of a connection.
-    type Send: Send;
+    type Send: Send + Sync;
     /// The receiving side of a connection.
-    type Recv: Send;
+    type Recv: Send + Sync;
     /// A memory registration.
     type Mr: Send + Sync;
     /// An in-flight send, receive or flush.
@@ -348,22 +359,22 @@ pub trait Backend: Sized + Send + Sync + 'static {
     fn accept(listen: &mut Self::Listen) -> Result<Option<Self::Recv>>;
 
     /// Registers `region` on the device of `comm`.
-    fn reg_mr(comm: CommMut<'_, Self>, region: Region) -> Result<Self::Mr>;
+    fn reg_mr(comm: CommRef<'_, Self>, region: Region) -> Result<Self::Mr>;
 
     /// Registers a DMA-BUF: `fd` (closed by NCCL right after this call) at `offset`, mapped at `region`.
     fn reg_mr_dmabuf(
-        comm: CommMut<'_, Self>,
+        comm: CommRef<'_, Self>,
         region: Region,
         offset: u64,
         fd: BorrowedFd<'_>,
     ) -> Result<Self::Mr>;
 
     /// Releases a registration.
-    fn dereg_mr(comm: CommMut<'_, Self>, mr: Self::Mr) -> Result<()>;
+    fn dereg_mr(comm: CommRef<'_, Self>, mr: Self::Mr) -> Result<()>;
 
     /// Posts a send of `size` bytes at `addr`. `Ok(None)` = cannot post now, NCCL calls again.
     fn isend(
-        comm: &mut Self::Send,
+        comm: &Self::Send,
         addr: usize,
         size: usize,
         tag: i32,
@@ -371,16 +382,10 @@ pub trait Backend: Sized + Send + Sync + 'static {
     ) -> Result<Option<Self::Request>>;
 
     /// Posts one grouped receive of `bufs.len()` buffers. `Ok(None)` = cannot post now, NCCL calls again.
-    fn irecv(
-        comm: &mut Self::Recv,
-        bufs: &[RecvBuf<'_, Self::Mr>],
-    ) -> Result<Option<Self::Request>>;
+    fn irecv(comm: &Self::Recv, bufs: &[RecvBuf<'_, Self::Mr>]) -> Result<Option<Self::Request>>;
 
     /// Makes received GPU data visible. `Ok(None)` = nothing to wait for (NOT a retry).
-    fn iflush(
-        comm: &mut Self::Recv,
-        bufs: &[FlushBuf<'_, Self::Mr>],
-    ) -> Result<Option<Self::Request>>;
+    fn iflush(comm: &Self::Recv, bufs: &[FlushBuf<'_, Self::Mr>]) -> Result<Option<Self::Request>>;
 
     /// Polls a request. On `Ok(true)` the request is complete and `sizes` holds the byte counts (one for a
     /// send, one per buffer for a receive, none for a flush); the core then frees it.
@@ -622,6 +627,8 @@ pub struct Request<B: Backend> {
 pub trait Object {
     /// What the object is, for error messages.
     const WHAT: &'static str;
+    /// The magic word of a live object of this kind (`ffi` files live objects under it).
+    const MAGIC: u64;
     /// Whether this object is alive and of this kind.
     fn is_valid(&self) -> bool;
 }
@@ -630,6 +637,7 @@ macro_rules! checked {
     ($t:ident, $magic:ident, $what:literal) => {
         impl<B: Backend> Object for $t<B> {
             const WHAT: &'static str = $what;
+            const MAGIC: u64 = $magic;
             fn is_valid(&self) -> bool {
                 self.magic == $magic
             }
@@ -671,15 +679,15 @@ impl<B: Backend> Comm<B> {
         matches!(self.end, Endpoint::Send(_))
     }
 
-    fn comm_mut(&mut self) -> CommMut<'_, B> {
-        match &mut self.end {
-            Endpoint::Send(s) => CommMut::Send(s),
-            Endpoint::Recv(r) => CommMut::Recv(r),
+    fn comm_ref(&self) -> CommRef<'_, B> {
+        match &self.end {
+            Endpoint::Send(s) => CommRef::Send(s),
+            Endpoint::Recv(r) => CommRef::Recv(r),
         }
     }
 
-    fn send(&mut self) -> Result<&mut B::Send> {
-        match &mut self.end {
+    fn send(&self) -> Result<&B::Send> {
+        match &self.end {
             Endpoint::Send(s) => Ok(s),
             Endpoint::Recv(_) => Err(Error::InvalidArgument(
                 "a recv comm was given where a send comm is required".into(),
@@ -687,8 +695,8 @@ impl<B: Backend> Comm<B> {
         }
     }
 
-    fn recv(&mut self) -> Result<&mut B::Recv> {
-        match &mut self.end {
+    fn recv(&self) -> Result<&B::Recv> {
+        match &self.end {
             Endpoint::Recv(r) => Ok(r),
             Endpoint::Send(_) => Err(Error::InvalidArgument(
                 "a send comm was given where a recv comm is required".into(),
@@ -758,31 +766,31 @@ pub fn accept<B: Backend>(listen: &mut Listen<B>) -> Result<Option<Box<Comm<B>>>
 }
 
 /// `regMr(comm, data, size, type)`.
-pub fn reg_mr<B: Backend>(comm: &mut Comm<B>, region: Region) -> Result<Box<Mr<B>>> {
-    let inner = B::reg_mr(comm.comm_mut(), region)?;
+pub fn reg_mr<B: Backend>(comm: &Comm<B>, region: Region) -> Result<Box<Mr<B>>> {
+    let inner = B::reg_mr(comm.comm_ref(), region)?;
     Ok(Mr::boxed(inner))
 }
 
 /// `regMrDmaBuf(comm, data, size, type, offset, fd)`.
 pub fn reg_mr_dmabuf<B: Backend>(
-    comm: &mut Comm<B>,
+    comm: &Comm<B>,
     region: Region,
     offset: u64,
     fd: BorrowedFd<'_>,
 ) -> Result<Box<Mr<B>>> {
-    let inner = B::reg_mr_dmabuf(comm.comm_mut(), region, offset, fd)?;
+    let inner = B::reg_mr_dmabuf(comm.comm_ref(), region, offset, fd)?;
     Ok(Mr::boxed(inner))
 }
 
 /// `deregMr(comm, mhandle)`.
-pub fn dereg_mr<B: Backend>(comm: &mut Comm<B>, mr: Mr<B>) -> Result<()> {
+pub fn dereg_mr<B: Backend>(comm: &Comm<B>, mr: Mr<B>) -> Result<()> {
     let Mr { inner, .. } = mr;
-    B::dereg_mr(comm.comm_mut(), inner)
+    B::dereg_mr(comm.comm_ref(), inner)
 }
 
 /// `isend(sendComm, data, size, tag, mhandle)`; `Ok(None)` = retry later.
 pub fn isend<B: Backend>(
-    comm: &mut Comm<B>,
+    comm: &Comm<B>,
     addr: usize,
     size: usize,
     tag: i32,
@@ -794,7 +802,7 @@ pub fn isend<B: Backend>(
 
 /// `irecv(recvComm, n, data, sizes, tags, mhandles)`; `Ok(None)` = retry later.
 pub fn irecv<B: Backend>(
-    comm: &mut Comm<B>,
+    comm: &Comm<B>,
     bufs: &[RecvBuf<'_, B::Mr>],
 ) -> Result<Option<Box<Request<B>>>> {
     if bufs.is_empty() || bufs.len() > MAX_GROUPED_RECVS {
@@ -809,7 +817,7 @@ pub fn irecv<B: Backend>(
 
 /// `iflush(recvComm, n, data, sizes, mhandles)`; `Ok(None)` = nothing to wait for.
 pub fn iflush<B: Backend>(
-    comm: &mut Comm<B>,
+    comm: &Comm<B>,
     bufs: &[FlushBuf<'_, B::Mr>],
 ) -> Result<Option<Box<Request<B>>>> {
     if bufs.is_empty() || bufs.len() > MAX_GROUPED_RECVS {

@@ -49,6 +49,7 @@
 #![forbid(unsafe_code)]
 
 use std::os::fd::BorrowedFd;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use crate::error::{Error, Result};
@@ -298,6 +299,15 @@ impl Completion {
     }
 }
 
+/// Registers memory for one endpoint without borrowing the endpoint (see [`Fabric::pinner`]): the
+/// same keys and tokens as [`Fabric::register`] / [`Fabric::deregister`] of that endpoint.
+pub trait Pinner: Send + Sync {
+    /// As [`Fabric::register`].
+    fn register(&self, addr: u64, len: usize, kind: MemKind) -> Result<Registration>;
+    /// As [`Fabric::deregister`].
+    fn deregister(&self, reg: &Registration) -> Result<()>;
+}
+
 /// One endpoint of a connection: its paths and the memory they address. See the module docs for the
 /// ordering contract. All methods are non-blocking.
 pub trait Fabric {
@@ -326,6 +336,14 @@ pub trait Fabric {
 
     /// Releases a registration made by [`Fabric::register`] or [`Fabric::register_dmabuf`].
     fn deregister(&mut self, reg: &Registration) -> Result<()>;
+
+    /// A handle that registers host and GPU memory for this endpoint without borrowing it, so that
+    /// `regMr` (NCCL's service thread) pins pages without holding the connection's lock, which the
+    /// data path (NCCL's progress thread) needs on every call. `None` (the default): register
+    /// through the endpoint.
+    fn pinner(&self) -> Option<Arc<dyn Pinner>> {
+        None
+    }
 
     /// Allocates `words` zeroed 64-bit words of control memory, registered on every path.
     fn alloc_ctrl(&mut self, words: usize) -> Result<CtrlMem>;
@@ -447,6 +465,9 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
     }
     fn deregister(&mut self, reg: &Registration) -> Result<()> {
         (**self).deregister(reg)
+    }
+    fn pinner(&self) -> Option<Arc<dyn Pinner>> {
+        (**self).pinner()
     }
     fn alloc_ctrl(&mut self, words: usize) -> Result<CtrlMem> {
         (**self).alloc_ctrl(words)

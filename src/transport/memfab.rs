@@ -30,8 +30,8 @@ use crate::error::{Error, Result};
 use crate::sync::lock;
 use crate::transport::ctrl::{AtomicWords, Span};
 use crate::transport::fabric::{
-    Completion, CtrlMem, Fabric, MemKind, PathInfo, PathKeys, PathRole, ReadWr, Registration,
-    Revive, WcOpcode, WcStatus, WriteWr,
+    Completion, CtrlMem, Fabric, MemKind, PathInfo, PathKeys, PathRole, Pinner, ReadWr,
+    Registration, Revive, WcOpcode, WcStatus, WriteWr,
 };
 
 /// Options.
@@ -196,6 +196,68 @@ pub struct MemEndpoint {
     id: usize,
     paths: Vec<PathInfo>,
     pin_ns_per_page: u64,
+}
+
+/// Registers for one endpoint without borrowing it (what [`Fabric::pinner`] returns).
+struct MemPinner {
+    inner: Arc<Mutex<Inner>>,
+    id: usize,
+    pin_ns_per_page: u64,
+}
+
+impl MemEndpoint {
+    fn pinner_of(&self) -> MemPinner {
+        MemPinner {
+            inner: Arc::clone(&self.inner),
+            id: self.id,
+            pin_ns_per_page: self.pin_ns_per_page,
+        }
+    }
+}
+
+impl MemPinner {
+    fn pin(&self, addr: u64, len: usize) -> Result<Registration> {
+        // The pin happens outside the fabric's lock, as `ibv_reg_mr` runs outside any lock of ours.
+        if self.pin_ns_per_page > 0 {
+            let pages = (len as u64).div_ceil(4096);
+            std::thread::sleep(std::time::Duration::from_nanos(
+                pages.saturating_mul(self.pin_ns_per_page),
+            ));
+        }
+        let mut g = lock(&self.inner, LOCK)?;
+        let (r, off) = g.region_range(addr, len)?;
+        let reg = g.register(self.id, r, off, len);
+        g.eps[self.id].pinned.insert(reg.token, len as u64);
+        g.stats.pins += 1;
+        g.stats.pinned_bytes += len as u64;
+        Ok(reg)
+    }
+
+    fn unpin(&self, reg: &Registration) -> Result<()> {
+        let mut g = lock(&self.inner, LOCK)?;
+        let Some(keys) = g.eps[self.id].regs.remove(&reg.token) else {
+            return Err(Error::InvalidArgument(format!(
+                "deregistration of unknown memfab registration {}",
+                reg.token
+            )));
+        };
+        for k in keys {
+            g.keys.remove(&k);
+        }
+        if let Some(n) = g.eps[self.id].pinned.remove(&reg.token) {
+            g.stats.pinned_bytes = g.stats.pinned_bytes.saturating_sub(n);
+        }
+        Ok(())
+    }
+}
+
+impl Pinner for MemPinner {
+    fn register(&self, addr: u64, len: usize, _kind: MemKind) -> Result<Registration> {
+        self.pin(addr, len)
+    }
+    fn deregister(&self, reg: &Registration) -> Result<()> {
+        self.unpin(reg)
+    }
 }
 
 /// What a poisoned lock names (see [`crate::sync`]: it fails closed; the counters then read 0).
@@ -835,20 +897,7 @@ impl Fabric for MemEndpoint {
     }
 
     fn register(&mut self, addr: u64, len: usize, _kind: MemKind) -> Result<Registration> {
-        // The pin happens outside the fabric's lock, as `ibv_reg_mr` runs outside any lock of ours.
-        if self.pin_ns_per_page > 0 {
-            let pages = (len as u64).div_ceil(4096);
-            std::thread::sleep(std::time::Duration::from_nanos(
-                pages.saturating_mul(self.pin_ns_per_page),
-            ));
-        }
-        let mut g = lock(&self.inner, LOCK)?;
-        let (r, off) = g.region_range(addr, len)?;
-        let reg = g.register(self.id, r, off, len);
-        g.eps[self.id].pinned.insert(reg.token, len as u64);
-        g.stats.pins += 1;
-        g.stats.pinned_bytes += len as u64;
-        Ok(reg)
+        self.pinner_of().pin(addr, len)
     }
 
     /// Memfab has no GPUs: a DMA-BUF registration is checked like [`Fabric::register`] of `addr`
@@ -864,20 +913,11 @@ impl Fabric for MemEndpoint {
     }
 
     fn deregister(&mut self, reg: &Registration) -> Result<()> {
-        let mut g = lock(&self.inner, LOCK)?;
-        let Some(keys) = g.eps[self.id].regs.remove(&reg.token) else {
-            return Err(Error::InvalidArgument(format!(
-                "deregistration of unknown memfab registration {}",
-                reg.token
-            )));
-        };
-        for k in keys {
-            g.keys.remove(&k);
-        }
-        if let Some(n) = g.eps[self.id].pinned.remove(&reg.token) {
-            g.stats.pinned_bytes = g.stats.pinned_bytes.saturating_sub(n);
-        }
-        Ok(())
+        self.pinner_of().unpin(reg)
+    }
+
+    fn pinner(&self) -> Option<Arc<dyn Pinner>> {
+        Some(Arc::new(self.pinner_of()))
     }
 
     fn alloc_ctrl(&mut self, words: usize) -> Result<CtrlMem> {

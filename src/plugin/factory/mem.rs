@@ -217,6 +217,9 @@ impl Fabric for MemConn {
     fn deregister(&mut self, reg: &Registration) -> Result<()> {
         self.ep.deregister(reg)
     }
+    fn pinner(&self) -> Option<std::sync::Arc<dyn crate::transport::fabric::Pinner>> {
+        self.ep.pinner()
+    }
     fn alloc_ctrl(&mut self, words: usize) -> Result<CtrlMem> {
         self.ep.alloc_ctrl(words)
     }

@@ -644,6 +644,9 @@ impl Fabric for NetConn {
     fn deregister(&mut self, reg: &Registration) -> Result<()> {
         each!(self, f => f.deregister(reg))
     }
+    fn pinner(&self) -> Option<std::sync::Arc<dyn crate::transport::fabric::Pinner>> {
+        each!(self, f => f.pinner())
+    }
     fn alloc_ctrl(&mut self, words: usize) -> Result<CtrlMem> {
         each!(self, f => f.alloc_ctrl(words))
     }

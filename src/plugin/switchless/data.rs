@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use super::{Connectable, PathFactory, Switchless};
 use crate::error::{Error, Result};
-use crate::plugin::{CommMut, FlushBuf, PtrSupport, RecvBuf, Region};
+use crate::plugin::{CommRef, FlushBuf, PtrSupport, RecvBuf, Region};
 use crate::sync::lock;
 use crate::transport::comm::{self, MemHandle, RecvComm, Registrar, SendComm};
 use crate::transport::fabric::MemKind;
@@ -99,7 +99,7 @@ impl<C: EndComm> End<C> {
 impl<F: Connectable> SendEnd<F> {
     /// `isend`.
     pub(super) fn isend(
-        &mut self,
+        &self,
         addr: usize,
         size: usize,
         tag: i32,
@@ -115,7 +115,7 @@ impl<F: Connectable> SendEnd<F> {
 
 impl<F: Connectable> RecvEnd<F> {
     /// `irecv`.
-    pub(super) fn irecv(&mut self, bufs: &[RecvBuf<'_, MemHandle>]) -> Result<Option<Req<F>>> {
+    pub(super) fn irecv(&self, bufs: &[RecvBuf<'_, MemHandle>]) -> Result<Option<Req<F>>> {
         let v: Vec<comm::RecvBuf<'_>> = bufs
             .iter()
             .map(|b| comm::RecvBuf {
@@ -133,7 +133,7 @@ impl<F: Connectable> RecvEnd<F> {
     }
 
     /// `iflush`.
-    pub(super) fn iflush(&mut self, bufs: &[FlushBuf<'_, MemHandle>]) -> Result<Option<Req<F>>> {
+    pub(super) fn iflush(&self, bufs: &[FlushBuf<'_, MemHandle>]) -> Result<Option<Req<F>>> {
         let v: Vec<comm::FlushBuf<'_>> = bufs
             .iter()
             .map(|b| comm::FlushBuf {
@@ -193,16 +193,25 @@ impl<F: Connectable> Req<F> {
 }
 
 impl<P: PathFactory> Switchless<P> {
-    /// `regMr`.
-    pub(super) fn register(comm: CommMut<'_, Self>, region: Region) -> Result<MemHandle> {
+    /// `regMr`. When the fabric has a `Pinner` the pin (the slow part: `ibv_reg_mr` walks and
+    /// pins every page) runs without the comm's lock, which `isend`/`test` take on NCCL's progress
+    /// thread; the lock is held only to file the result.
+    pub(super) fn register(comm: CommRef<'_, Self>, region: Region) -> Result<MemHandle> {
         let kind = mem_kind(&region);
         let (addr, len) = (region.addr as u64, region.size as u64);
-        with_registrar(comm, "regMr", |r| r.reg_mr(addr, len, kind))
+        let Some(pinner) = with_registrar(comm, "regMr", |r| Ok(r.pinner()))? else {
+            return with_registrar(comm, "regMr", |r| r.reg_mr(addr, len, kind));
+        };
+        let reg = pinner.register(addr, comm::check_range(addr, len)?, kind)?;
+        with_registrar(comm, "regMr", |r| r.adopt(addr, len, kind, reg.clone())).inspect_err(|_| {
+            // Closed meanwhile (or refused): nothing holds the registration but us.
+            let _ = pinner.deregister(&reg);
+        })
     }
 
     /// `regMrDmaBuf`.
     pub(super) fn register_dmabuf(
-        comm: CommMut<'_, Self>,
+        comm: CommRef<'_, Self>,
         region: Region,
         offset: u64,
         fd: BorrowedFd<'_>,
@@ -213,9 +222,16 @@ impl<P: PathFactory> Switchless<P> {
         })
     }
 
-    /// `deregMr`.
-    pub(super) fn deregister(comm: CommMut<'_, Self>, mr: MemHandle) -> Result<()> {
-        with_registrar(comm, "deregMr", |r| r.dereg_mr(mr))
+    /// `deregMr`: unpins outside the comm's lock when the fabric has a `Pinner`.
+    pub(super) fn deregister(comm: CommRef<'_, Self>, mr: MemHandle) -> Result<()> {
+        let pinner = with_registrar(comm, "deregMr", |r| match r.pinner() {
+            Some(p) if r.forget(&mr) => Ok(Some(p)),
+            _ => r.dereg_mr(mr.clone()).map(|()| None),
+        })?;
+        match pinner {
+            Some(p) => p.deregister(mr.registration()),
+            None => Ok(()),
+        }
     }
 }
 
@@ -233,15 +249,15 @@ fn closed(what: &str) -> Error {
 
 /// Runs a registration call `what` on either comm, or fails when NCCL already closed it.
 fn with_registrar<P: PathFactory, R>(
-    comm: CommMut<'_, Switchless<P>>,
+    comm: CommRef<'_, Switchless<P>>,
     what: &str,
     f: impl FnOnce(&mut dyn Registrar) -> Result<R>,
 ) -> Result<R> {
     match comm {
-        CommMut::Send(s) => f(lock(&s.comm, "comm")?
+        CommRef::Send(s) => f(lock(&s.comm, "comm")?
             .as_mut()
             .ok_or_else(|| closed(what))?),
-        CommMut::Recv(r) => f(lock(&r.comm, "comm")?
+        CommRef::Recv(r) => f(lock(&r.comm, "comm")?
             .as_mut()
             .ok_or_else(|| closed(what))?),
     }

@@ -91,6 +91,9 @@ impl<F: Connectable> Fabric for Live<F> {
     fn deregister(&mut self, reg: &Registration) -> Result<()> {
         self.inner.deregister(reg)
     }
+    fn pinner(&self) -> Option<std::sync::Arc<dyn crate::transport::fabric::Pinner>> {
+        self.inner.pinner()
+    }
     fn alloc_ctrl(&mut self, words: usize) -> Result<CtrlMem> {
         self.inner.alloc_ctrl(words)
     }

@@ -25,7 +25,7 @@ use crate::config::{Config, PathType};
 use crate::error::{Error, Result};
 use crate::host::NcclDevice;
 use crate::plugin::{
-    Backend, CommInfo, CommMut, FlushBuf, Handle, Properties, PtrSupport, RecvBuf, Region, Slot,
+    Backend, CommInfo, CommRef, FlushBuf, Handle, Properties, PtrSupport, RecvBuf, Region, Slot,
 };
 use crate::route::types::{KernelRoute, LinkKind, LocalLink};
 use crate::transport::comm::{FailoverConfig, MemHandle, ProtocolConfig, WeightConfig};
@@ -458,12 +458,12 @@ impl<P: PathFactory> Backend for Switchless<P> {
         listen.accept()
     }
 
-    fn reg_mr(comm: CommMut<'_, Self>, region: Region) -> Result<MemHandle> {
+    fn reg_mr(comm: CommRef<'_, Self>, region: Region) -> Result<MemHandle> {
         Self::register(comm, region)
     }
 
     fn reg_mr_dmabuf(
-        comm: CommMut<'_, Self>,
+        comm: CommRef<'_, Self>,
         region: Region,
         offset: u64,
         fd: BorrowedFd<'_>,
@@ -471,12 +471,12 @@ impl<P: PathFactory> Backend for Switchless<P> {
         Self::register_dmabuf(comm, region, offset, fd)
     }
 
-    fn dereg_mr(comm: CommMut<'_, Self>, mr: MemHandle) -> Result<()> {
+    fn dereg_mr(comm: CommRef<'_, Self>, mr: MemHandle) -> Result<()> {
         Self::deregister(comm, mr)
     }
 
     fn isend(
-        comm: &mut Self::Send,
+        comm: &Self::Send,
         addr: usize,
         size: usize,
         tag: i32,
@@ -485,15 +485,12 @@ impl<P: PathFactory> Backend for Switchless<P> {
         comm.isend(addr, size, tag, mr)
     }
 
-    fn irecv(
-        comm: &mut Self::Recv,
-        bufs: &[RecvBuf<'_, MemHandle>],
-    ) -> Result<Option<Self::Request>> {
+    fn irecv(comm: &Self::Recv, bufs: &[RecvBuf<'_, MemHandle>]) -> Result<Option<Self::Request>> {
         comm.irecv(bufs)
     }
 
     fn iflush(
-        comm: &mut Self::Recv,
+        comm: &Self::Recv,
         bufs: &[FlushBuf<'_, MemHandle>],
     ) -> Result<Option<Self::Request>> {
         comm.iflush(bufs)

@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::transport::fabric::{
-    Completion, CtrlMem, Fabric, MemKind, PathRole, RECV_DEPTH, Registration, Revive,
+    Completion, CtrlMem, Fabric, MemKind, PathRole, Pinner, RECV_DEPTH, Registration, Revive,
     SEND_QUEUE_DEPTH, WcStatus,
 };
 use crate::transport::stripe::{MAX_PATHS, StripeParams};
@@ -105,6 +105,30 @@ macro_rules! registration_methods {
         ) -> $crate::error::Result<()> {
             self.core.deregister(&mh)
         }
+
+        /// The fabric's [`Pinner`](crate::transport::fabric::Pinner), if it registers without
+        /// this comm: then `regMr` pins outside the comm's lock and [`Self::adopt`]s the result.
+        pub fn pinner(&self) -> Option<::std::sync::Arc<dyn $crate::transport::fabric::Pinner>> {
+            self.core.fab.pinner()
+        }
+
+        /// Takes a registration made by [`Self::pinner`] for `[addr, addr+len)`: this comm
+        /// releases it on close unless [`Self::forget`] is called first.
+        pub fn adopt(
+            &mut self,
+            addr: u64,
+            len: u64,
+            kind: $crate::transport::fabric::MemKind,
+            reg: $crate::transport::fabric::Registration,
+        ) -> $crate::error::Result<$crate::transport::comm::MemHandle> {
+            self.core.adopt(addr, len, kind, reg)
+        }
+
+        /// Forgets a registration without releasing it (the caller unpins it through the
+        /// [`Self::pinner`]); whether this comm held it.
+        pub fn forget(&mut self, mh: &$crate::transport::comm::MemHandle) -> bool {
+            self.core.regs.remove(&mh.reg.token).is_some()
+        }
     };
 }
 
@@ -134,6 +158,21 @@ macro_rules! impl_registrar {
                 mh: $crate::transport::comm::MemHandle,
             ) -> $crate::error::Result<()> {
                 $comm::dereg_mr(self, mh)
+            }
+            fn pinner(&self) -> Option<::std::sync::Arc<dyn $crate::transport::fabric::Pinner>> {
+                $comm::pinner(self)
+            }
+            fn adopt(
+                &mut self,
+                addr: u64,
+                len: u64,
+                kind: $crate::transport::fabric::MemKind,
+                reg: $crate::transport::fabric::Registration,
+            ) -> $crate::error::Result<$crate::transport::comm::MemHandle> {
+                $comm::adopt(self, addr, len, kind, reg)
+            }
+            fn forget(&mut self, mh: &$crate::transport::comm::MemHandle) -> bool {
+                $comm::forget(self, mh)
             }
         }
     };
@@ -350,6 +389,28 @@ pub trait Registrar {
     ) -> Result<MemHandle>;
     /// Releases a registration (NCCL `deregMr`).
     fn dereg_mr(&mut self, mh: MemHandle) -> Result<()>;
+    /// The fabric's registrar that needs no borrow of the comm, if it has one.
+    fn pinner(&self) -> Option<std::sync::Arc<dyn Pinner>>;
+    /// Takes a registration the [`Registrar::pinner`] made (released on close).
+    fn adopt(&mut self, addr: u64, len: u64, kind: MemKind, reg: Registration)
+    -> Result<MemHandle>;
+    /// Forgets a registration without releasing it; whether the comm held it.
+    fn forget(&mut self, mh: &MemHandle) -> bool;
+}
+
+/// Checks a registration's range before anything is pinned; its length as `usize`.
+pub fn check_range(addr: u64, len: u64) -> Result<usize> {
+    let ulen = usize::try_from(len).map_err(|_| {
+        Error::InvalidArgument(format!(
+            "registration of {len} bytes exceeds the address space"
+        ))
+    })?;
+    addr.checked_add(len).ok_or_else(|| {
+        Error::InvalidArgument(format!(
+            "registration {addr:#x}+{len} bytes wraps the address space"
+        ))
+    })?;
+    Ok(ulen)
 }
 
 impl<F: Fabric> Core<F> {
@@ -562,20 +623,23 @@ impl<F: Fabric> Core<F> {
         kind: MemKind,
         dmabuf: Option<(u64, BorrowedFd<'_>)>,
     ) -> Result<MemHandle> {
-        let ulen = usize::try_from(len).map_err(|_| {
-            Error::InvalidArgument(format!(
-                "registration of {len} bytes exceeds the address space"
-            ))
-        })?;
-        addr.checked_add(len).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "registration {addr:#x}+{len} bytes wraps the address space"
-            ))
-        })?;
+        let ulen = check_range(addr, len)?;
         let reg = match dmabuf {
             None => self.fab.register(addr, ulen, kind)?,
             Some((offset, fd)) => self.fab.register_dmabuf(addr, ulen, offset, fd)?,
         };
+        self.adopt(addr, len, kind, reg)
+    }
+
+    /// Files a registration of `[addr, addr+len)` (released on close); on a key count that does
+    /// not match the paths, releases it and fails.
+    fn adopt(
+        &mut self,
+        addr: u64,
+        len: u64,
+        kind: MemKind,
+        reg: Registration,
+    ) -> Result<MemHandle> {
         if reg.keys.len() != self.fab.paths().len() {
             let err = Error::Internal(format!(
                 "fabric returned keys for {} paths; it has {}",
