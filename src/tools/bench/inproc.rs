@@ -105,7 +105,7 @@ struct Listens<E: Fabric> {
 }
 
 /// One rank's [`Net`] over an [`InProcFabric`]; every rank of a run shares the listen table
-/// ([`InProcNet::new`] of a clone).
+/// (`InProcNet::new` of a clone).
 pub struct InProcNet<F: InProcFabric, C: Clock> {
     fab: Arc<F>,
     host: usize,

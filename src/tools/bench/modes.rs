@@ -3,8 +3,8 @@
 //! is registered on its comm, sends and receives are posted non-blocking (NULL = post again) and
 //! polled with `test`. Every received byte is checked (unless a model run without payload copies
 //! turns checks off). Time comes from a [`Clock`]: the wall clock, or virtual time under `--model`.
-//! The connection and posting loops are in [`super::conns`], the streaming bandwidth pattern in
-//! [`super::stream`].
+//! The connection and posting loops are in `super::conns`, the streaming bandwidth pattern in
+//! `super::stream`.
 #![forbid(unsafe_code)]
 
 use std::collections::HashMap;
@@ -178,7 +178,7 @@ pub struct Drive<'a, C: Clock> {
     /// Fill and check payload bytes (off only where payloads are not copied).
     pub verify: bool,
     /// Bandwidth as NCCL's proxy posts it: each size moved as sends of at most this many bytes,
-    /// `window` of them in flight, timed in steady state ([`super::stream`]). `None`: `window`
+    /// `window` of them in flight, timed in steady state (`super::stream`). `None`: `window`
     /// whole messages per timed batch.
     pub step_bytes: Option<usize>,
 }

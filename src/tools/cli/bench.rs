@@ -87,7 +87,7 @@ pub struct Args {
     #[arg(long)]
     pub no_progress: bool,
     /// Run every rank in this process over a rate-modelled fabric in virtual time: SPEC lists the
-    /// paths of each connection as RATE[/LATENCY][@ROOT] items, e.g. 92.57G/1.2us,97.28G/1.2us or
+    /// paths of each connection as `RATE[/LATENCY][@ROOT]` items, e.g. 92.57G/1.2us,97.28G/1.2us or
     /// 200G/1us@r0,200G/1us@r0 (latency 1us when omitted; paths with one @ROOT share its --pcie cap).
     #[arg(long, value_name = "SPEC", conflicts_with_all = ["loopback", "plugin", "bootstrap", "hosts"])]
     pub model: Option<String>,

@@ -1,5 +1,5 @@
 //! The `switchless` command line: [`Cli`] (clap derive) and its subcommands, each a module with clap
-//! `Args` and `run(Args) -> ExitCode`. [`overview`] is what `switchless` alone prints; [`reference`]
+//! `Args` and `run(Args) -> ExitCode`. [`overview`] is what `switchless` alone prints; [`reference`](mod@reference)
 //! renders `docs/reference/cli.md` from the same definitions.
 #![forbid(unsafe_code)]
 

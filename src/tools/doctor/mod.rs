@@ -1,6 +1,6 @@
-//! `switchless doctor`: the checks over the host model ([`checks`], [`tcp`]), over the environment
-//! NCCL would see ([`env`]), every check id with its meaning ([`registry`]), the report ([`report`],
-//! JSON) and its text ([`render`]).
+//! `switchless doctor`: the checks over the host model ([`checks`](mod@checks), [`tcp`]), over the environment
+//! NCCL would see ([`env`](mod@env)), every check id with its meaning ([`registry`]), the report ([`report`],
+//! JSON) and its text (`render`).
 
 pub mod checks;
 pub mod env;

@@ -215,7 +215,7 @@ pub struct ModelFab {
     inner: Arc<Mutex<Inner>>,
 }
 
-/// One endpoint: implements [`Fabric`].
+/// One endpoint: implements [`Fabric`](crate::transport::fabric::Fabric).
 pub struct ModelEndpoint {
     inner: Arc<Mutex<Inner>>,
     id: usize,
