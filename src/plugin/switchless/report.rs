@@ -354,7 +354,7 @@ pub fn gdr_warning(
          validated GPU-direct for device {dev} only: expect these NICs' reads and writes of GPU memory to run \
          well below the links' rate through a host bridge and lower still across sockets, or to fail where the \
          platform does not route PCIe peer-to-peer between root ports. Remedy: make NCCL choose a NIC cabled \
-         to this peer (a NCCL_TOPO_FILE, or NCCL_CROSS_NIC; see the routing recipes in the README), accept \
+         to this peer (a NCCL_TOPO_FILE, or NCCL_CROSS_NIC; see the recipes in docs/guide/routing.md), accept \
          the distance with NCCL_NET_GDR_LEVEL=PHB or SYS, or keep NCCL's buffers in host memory with \
          NCCL_NET_GDR_LEVEL=LOC",
         paths.join(", ")
