@@ -159,7 +159,7 @@ SSH
 cat > "$tmp/fake/remote-switchless" << REMOTE
 #!/usr/bin/env bash
 # stand-in remote switchless: doctor --capture DIR of the fixture tree named by FAKE_HOST
-exec "$PWD/$bin" doctor --root "$PWD/tests/fixtures/fabric/fleet-gb10-ring4-faults/\$FAKE_HOST" "\${@:2}"
+exec "$bin" doctor --root "$PWD/tests/fixtures/fabric/fleet-gb10-ring4-faults/\$FAKE_HOST" "\${@:2}"
 REMOTE
 chmod +x "$tmp/fake/bin/ssh" "$tmp/fake/remote-switchless"
 rc=0

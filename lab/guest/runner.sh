@@ -415,6 +415,7 @@ run_payload() { # /opt/payload/run (from lab/run.sh --payload) with this node's 
     s=$(dt "$t1")
     if [ $rc -eq 0 ]; then st=pass; say "CHECKOK payload ${s}s"; else st=fail; fail=1; say "CHECKFAIL payload rc=$rc"; fi
     jl payload null null node "$st" "$rc" "$s" '{}' "${out#"$R"/}"
+}
 run_watch() { # watch:MODE: `switchless watch` beside a `switchless bench MODE` on every node
     mode=${c#watch:}; out=$R/watch-$mode.txt
     if [ ! -x $SW ]; then
