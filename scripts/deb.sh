@@ -74,6 +74,9 @@ needed=$(for f in "$libdir/libnccl-net-switchless.so" "$root/usr/bin/switchless"
 grep -qx 'libibverbs.so.1' <<< "$needed" && depends="$depends, libibverbs1"
 grep -qx 'librdmacm.so.1' <<< "$needed" && depends="$depends, librdmacm1"
 grep -qx 'libgcc_s.so.1' <<< "$needed" && depends="$depends, libgcc-s1"
+# libibverbs is opened at run time (dlopen): without it the plugin still serves TCP paths, so the
+# RDMA libraries are recommended, not required.
+recommends="libibverbs1, ibverbs-providers, rdma-core"
 
 install -d "$root/DEBIAN"
 size=$(du -sk --exclude=DEBIAN "$root" | cut -f1)
@@ -84,7 +87,7 @@ Architecture: $arch
 Maintainer: switchless maintainers <switchless@localhost>
 Installed-Size: $size
 Depends: $depends
-Recommends: rdma-core
+Recommends: $recommends
 Section: net
 Priority: optional
 Homepage: https://github.com/switchless/nccl-net-switchless

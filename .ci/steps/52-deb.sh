@@ -17,7 +17,7 @@ deb=$(make -s -o deps deb DEBDIR="$tmp/out" | tail -n1)
 [ -f "$deb" ] || fail "make deb printed no package path (got '$deb')"
 echo "deb: built $deb ($(du -k "$deb" | cut -f1) KiB)"
 dpkg-deb --info "$deb" > "$tmp/info"
-for want in "Package: nccl-net-switchless" "Depends: libc6 (>= " "libibverbs1" "Architecture: $(dpkg --print-architecture)"; do
+for want in "Package: nccl-net-switchless" "Depends: libc6 (>= " "Recommends: libibverbs1" "Architecture: $(dpkg --print-architecture)"; do
   grep -qF -- "$want" "$tmp/info" || fail "control lacks '$want': $(cat "$tmp/info")"
 done
 dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./triggers | grep -qx "activate-noawait ldconfig" || fail "no ldconfig trigger"
