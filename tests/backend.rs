@@ -523,6 +523,59 @@ fn closing_a_comm_fails_its_outstanding_requests() {
     B::close_send(s).unwrap();
 }
 
+/// A receiver with nothing in flight learns that its sender is gone through the handshake socket kept
+/// as the liveness channel, and the error names the connection's paths (so a log says which cable's
+/// peer was lost, as the sender's completion error does).
+#[test]
+fn a_receiver_learns_its_sender_is_gone_with_the_paths_named() {
+    let _shared = shared();
+    let b = backend(two_path_view(Config::default()));
+    let (s, r, _l) = establish(&b, 0, 0);
+    let fab = b.factory().fab().clone();
+    let dst = fab.alloc(4096).unwrap();
+    let rmr = B::reg_mr(
+        plugin::CommRef::Recv(&r),
+        Region {
+            addr: dst as usize,
+            size: 4096,
+            kind: PtrSupport::HOST,
+        },
+    )
+    .unwrap();
+    let mut rr = B::irecv(
+        &r,
+        &[RecvBuf {
+            addr: dst as usize,
+            size: 4096,
+            tag: 0,
+            mr: &rmr,
+        }],
+    )
+    .unwrap()
+    .unwrap();
+    let mut sz = [0usize; 1];
+    assert!(!B::test(&mut rr, &mut sz).unwrap(), "nothing was sent");
+    // The sender's process ends: its end of the handshake socket closes with the comm.
+    B::close_send(s).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let e = loop {
+        match B::test(&mut rr, &mut sz) {
+            Ok(false) => {
+                assert!(Instant::now() < deadline, "the receive never learned its peer is gone");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Ok(true) => panic!("a receive completed although nothing was sent"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(e.code() as i32, 6, "{e}");
+    let m = e.to_string();
+    assert!(m.contains("is gone"), "{m}");
+    assert!(m.contains("connection over path(s) [0] "), "{m}");
+    assert!(m.contains(", [1] "), "both data paths named: {m}");
+    B::close_recv(r).unwrap();
+}
+
 #[test]
 fn properties_come_from_the_nccl_device_and_nccl_ib_hca() {
     let _shared = shared();

@@ -10,8 +10,10 @@
 #     sends must fail within LAB_FAULT_BOUND (derived by lab/run.sh from the RC budget and the request
 #     timeout: 20 s here, 12 s for cable-pull, which has no request timeout), with "transport retry counter exceeded (status 12)"
 #     when a write was in flight, else with the request timeout naming the path). The side of fault:link-down with nothing in flight on the dead path learns of it
-#     through NCCL_SWITCHLESS_REQUEST_TIMEOUT (5 s here): its requests fail with "made no progress
-#     for ... on path(s) ...", well before the bench's own --timeout (LAB_FAULT_HANG=20 s). No hang
+#     one of two ways, whichever comes first: the peer's process exits after its own error and the
+#     handshake socket kept as the liveness channel ends ("connection over path(s) [0] ...: the peer
+#     at ... is gone"), or NCCL_SWITCHLESS_REQUEST_TIMEOUT (5 s here) fails its requests with "made
+#     no progress for ... on path(s) ...", well before the bench's own --timeout (LAB_FAULT_HANG=20 s). No hang
 #     is allowed on either side. Node 1's error must say its port went down (asynchronous event
 #     IBV_EVENT_PORT_ERR or the port's state, appended by the verbs fabric).
 #  3. pair, fault:cable-pull (node 1 takes its end of the cable down mid-transfer, node 2 its end on

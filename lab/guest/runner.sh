@@ -186,7 +186,7 @@ json_str() { # $1 -> JSON string body (quotes and backslashes escaped, one line)
 # plugin error lines of a bench output: the first line naming a path failure, else the last
 # error line
 plugin_error() {
-    grep -m1 -E 'on path [0-9]+ .*failed|made no progress for|has been down for|asynchronous event .*cannot continue|still pending|no local link reaches' "$1" ||
+    grep -m1 -E 'on path [0-9]+ .*failed|made no progress for|has been down for|asynchronous event .*cannot continue|is gone: |still pending|no local link reaches' "$1" ||
         grep -E 'switchless bench|[Ee]rror|WARN' "$1" | tail -1
 }
 
@@ -267,8 +267,9 @@ run_samehost() {
 # flight learns it from its port (IBV_EVENT_PORT_ERR, then down past the RC retry budget).
 FAULT_ARGS="-b 1048576 -e 1048576 -w 0 --window 8"
 # The plugin's errors that name the failed path: a work completion's status, the request timeout,
-# or the path's port down past the RC retry budget.
-PATH_ERR_RE='on path [0-9]+ \(.*\) failed: |made no progress for [0-9]+ ms .*on path\(s\) \[0\]|path [0-9]+ \(.*\): .* port [0-9]+ has been down for '
+# the path's port down past the RC retry budget, or the liveness channel (the handshake socket)
+# ending once the peer's process exits after its own error, with the connection's paths named.
+PATH_ERR_RE='on path [0-9]+ \(.*\) failed: |made no progress for [0-9]+ ms .*on path\(s\) \[0\]|path [0-9]+ \(.*\): .* port [0-9]+ has been down for |connection over path\(s\) \[0\] .*: the peer at .* is gone: '
 run_fault() { # $1 check
     kind=${1#fault:}; spec=1-2
     case $kind in *@*) spec=${kind#*@}; kind=${kind%@*} ;; esac

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use super::{ConnOptions, Connectable};
 use crate::error::Result;
 use crate::transport::fabric::{
-    Completion, CtrlMem, Fabric, MemKind, PathInfo, ReadWr, Registration, WriteWr,
+    Completion, CtrlMem, Fabric, MemKind, PathInfo, PathRole, ReadWr, Registration, WriteWr,
 };
 use crate::transport::handshake::{Liveness, PathParams};
 
@@ -46,11 +46,23 @@ impl<F: Connectable> Live<F> {
         &self.inner
     }
 
+    /// The channel's verdict; an error names the connection's data paths, so that the side with
+    /// nothing in flight says which cable's peer it lost, as the side whose work failed does.
     fn check(&mut self) -> Result<()> {
-        match &mut self.live {
-            Some(l) => l.check(),
-            None => Ok(()),
-        }
+        let Some(l) = &mut self.live else {
+            return Ok(());
+        };
+        l.check().map_err(|e| {
+            let paths: Vec<String> = self
+                .inner
+                .paths()
+                .iter()
+                .filter(|p| p.role == PathRole::Data)
+                .enumerate()
+                .map(|(i, p)| format!("[{i}] {}", p.label))
+                .collect();
+            e.context(format_args!("connection over path(s) {}", paths.join(", ")))
+        })
     }
 }
 
