@@ -153,11 +153,32 @@ fn json_and_csv_carry_units_and_rows() {
     assert_eq!(j["mode"], "latency");
     assert_eq!(j["rows"].as_array().unwrap().len(), 4);
     assert!(j["rows"][0]["time_us"].as_f64().unwrap() > 0.0);
+    // the spread of the one-way times brackets their mean
+    for row in j["rows"].as_array().unwrap() {
+        let w = &row["one_way_us"];
+        let f = |k: &str| {
+            w[k].as_f64()
+                .unwrap_or_else(|| panic!("one_way_us.{k} in {row}"))
+        };
+        let mean = row["time_us"].as_f64().unwrap();
+        assert!(
+            f("min") <= f("median") && f("median") <= f("p99") && f("p99") <= f("max"),
+            "{w}"
+        );
+        assert!(
+            f("min") <= mean && mean <= f("max"),
+            "mean {mean} outside {w}"
+        );
+    }
     let c = report::csv(&r);
     assert!(c.starts_with("mode,nranks,channels,size_B,"));
     assert_eq!(c.lines().count(), 5);
     let t = report::table(&r);
     assert!(t.contains("size(B)") && t.contains("algbw(GB/s)") && t.contains("busbw(Gb/s)"));
+    assert!(
+        t.contains("# one-way us at 4 B (rank 0, per round trip / 2): min "),
+        "{t}"
+    );
     // set-up time per step: the steps add up to the total (each is one lap of the same clock)
     let s = &j["setup"];
     let steps: f64 = [

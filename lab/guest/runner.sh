@@ -197,6 +197,8 @@ run_bench_pair() { # bench:MODE@A-B
     bench2 "$mode" "$PA" "$PB" $((29600 + k)) "$out" $L_benchargs --save-json "$R/bench-$mode-$PA-$PB.json"
     cat "$out"
     if [ $rc -eq 0 ]; then st=pass; say "CHECKOK $c ${s}s"; else st=fail; fail=1; say "CHECKFAIL $c rc=$rc"; fi
+    # the spread of the one-way times, beside perftest's SUMMARY lines (t_min, t_typical, t_99)
+    sed -n 's/^# one-way us at /one-way us at /p' "$out" | while read -r l; do say "SUMMARY $c $l"; done
     if [ "$LAB_NODE" = "$PA" ]; then peer=$PB; else peer=$PA; fi
     jl "$c" null "$peer" "rank$_rank" "$st" "$rc" "$s" '{}' "${out#"$R"/}"
 }

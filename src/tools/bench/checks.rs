@@ -11,6 +11,8 @@ use crate::ffi::loader::net::SharedBuf;
 /// checks, first failure.
 pub(crate) struct Local {
     pub(crate) time_us: f64,
+    /// Latency mode, on the rank that times its pair: the spread of the one-way times.
+    pub(crate) spread: Option<super::modes::Spread>,
     pub(crate) errors: u64,
     pub(crate) first: Option<String>,
     /// Fill and check payload bytes.
@@ -21,6 +23,7 @@ impl Local {
     pub(crate) fn new(verify: bool) -> Local {
         Local {
             time_us: 0.0,
+            spread: None,
             errors: 0,
             first: None,
             verify,

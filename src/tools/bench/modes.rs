@@ -109,6 +109,37 @@ pub struct Row {
     /// Under `--model`: achieved / modelled (bandwidth: algbw; alltoall and allreduce: busbw).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub efficiency: Option<f64>,
+    /// Latency mode: the spread of rank 0's one-way times (`time_us` is their mean), comparable
+    /// with perftest's `t_min` / `t_typical` / `t_99` on a noisy host.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub one_way_us: Option<Spread>,
+}
+
+/// The spread of a latency run's one-way times (half of each ping-pong round trip), us.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Spread {
+    pub min: f64,
+    /// The median (perftest's `t_typical`).
+    pub median: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+impl Spread {
+    /// The spread of `samples` (unordered), none when empty.
+    pub fn of(mut samples: Vec<f64>) -> Option<Spread> {
+        if samples.is_empty() {
+            return None;
+        }
+        samples.sort_by(f64::total_cmp);
+        let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+        Some(Spread {
+            min: samples[0],
+            median: at(0.5),
+            p99: at(0.99),
+            max: samples[samples.len() - 1],
+        })
+    }
 }
 
 /// The result of a run (rank 0 holds the merged rows; other ranks their own view of them).
@@ -358,6 +389,7 @@ pub fn run_with<N: Net, C: Clock>(
             errors,
             modelled_gbits_s: None,
             efficiency: None,
+            one_way_us: l.spread.take(),
         });
         if o.progress && me == 0 && start.elapsed() > Duration::from_secs(2) {
             eprintln!(
@@ -408,6 +440,7 @@ fn run_latency<N: Net>(
     };
     let (s, r) = (c.send(p, 0)?, c.recv(p, 0)?);
     let mut total = Duration::ZERO;
+    let mut one_way = Vec::with_capacity(o.iters);
     for it in 0..o.warmup + o.iters {
         let ping = pattern::seed(&[
             1,
@@ -445,7 +478,9 @@ fn run_latency<N: Net>(
             g
         };
         if it >= o.warmup {
-            total += clock.now().saturating_duration_since(t0);
+            let rtt = clock.now().saturating_duration_since(t0);
+            total += rtt;
+            one_way.push(rtt.as_secs_f64() * 1e6 / 2.0);
         }
         l.check(check_size(got[0][0], size, "latency"));
         verify_region(
@@ -459,6 +494,7 @@ fn run_latency<N: Net>(
     }
     if me < p {
         l.time_us = total.as_secs_f64() * 1e6 / o.iters as f64 / 2.0;
+        l.spread = Spread::of(one_way);
     }
     Ok(size)
 }
@@ -826,6 +862,25 @@ mod tests {
                 assert_eq!(next, count);
             }
         }
+    }
+
+    #[test]
+    fn the_spread_is_order_free_with_the_median_and_p99_of_the_samples() {
+        assert_eq!(Spread::of(vec![]), None);
+        // 1..=100 shuffled: min 1, median at index 49.5 -> 50 (rounded half up: 51), p99 at 98.01 -> 99
+        let mut v: Vec<f64> = (1..=100).map(f64::from).collect();
+        v.reverse();
+        v.swap(3, 70);
+        let w = Spread::of(v).unwrap();
+        assert_eq!((w.min, w.median, w.p99, w.max), (1.0, 51.0, 99.0, 100.0));
+        let one = Spread::of(vec![7.5]).unwrap();
+        assert_eq!(
+            (one.min, one.median, one.p99, one.max),
+            (7.5, 7.5, 7.5, 7.5)
+        );
+        // a slow outlier moves the mean, not the median
+        let w = Spread::of(vec![1.0, 1.0, 1.0, 1.0, 1000.0]).unwrap();
+        assert_eq!((w.median, w.max), (1.0, 1000.0));
     }
 
     #[test]

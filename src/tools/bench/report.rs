@@ -99,6 +99,15 @@ pub fn table(r: &Report) -> String {
             _ => writeln!(s),
         };
     }
+    for row in &r.rows {
+        if let Some(w) = &row.one_way_us {
+            let _ = writeln!(
+                s,
+                "# one-way us at {} B (rank 0, per round trip / 2): min {:.2} median {:.2} p99 {:.2} max {:.2}",
+                row.size_bytes, w.min, w.median, w.p99, w.max
+            );
+        }
+    }
     let _ = writeln!(
         s,
         "# data checks: {}",
