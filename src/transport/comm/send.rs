@@ -258,12 +258,15 @@ impl<F: Fabric> SendComm<F> {
         r.rkeys = el.rkeys;
         r.rec_word = rec_word;
         r.npieces = self.chunks.len();
+        // One piece in one write: the write's length is the size, no record (one write per message).
+        let len_is_size = r.npieces == 1 && size > 0 && size <= MAX_WR_BYTES;
         r.imm = Imm {
             slot,
             elem: e,
             npieces: r.npieces,
             piece: 0,
             seq16: seq as u16,
+            len_is_size,
         };
         r.done = 0;
         for (p, c) in r.pieces.iter_mut().zip(&self.chunks) {
@@ -274,11 +277,13 @@ impl<F: Fabric> SendComm<F> {
             };
         }
         let generation = r.generation;
-        self.core.fab.ctrl_store(
-            self.rec_src.word(rec_word),
-            wire::encode_record(size, seq),
-            Ordering::Release,
-        )?;
+        if !len_is_size {
+            self.core.fab.ctrl_store(
+                self.rec_src.word(rec_word),
+                wire::encode_record(size, seq),
+                Ordering::Release,
+            )?;
+        }
 
         for pi in 0..self.reqs[idx].npieces {
             if let Err(err) = self.post_piece(idx, pi) {
@@ -299,8 +304,8 @@ impl<F: Fabric> SendComm<F> {
     }
 
     /// Posts piece `pi` of request `idx` on its path, as one batch (one doorbell on verbs): its
-    /// data writes, then, for piece 0, the size record. The last work request carries the
-    /// immediate naming the piece and is the only signaled one.
+    /// data writes, then, for piece 0 of a message with a size record, the record. The last work
+    /// request carries the immediate naming the piece and is the only signaled one.
     fn post_piece(&mut self, idx: usize, pi: usize) -> Result<()> {
         let Some(peer) = self.peer.as_ref() else {
             return Err(Error::Internal("send comm lost its peer".into()));
@@ -310,7 +315,7 @@ impl<F: Fabric> SendComm<F> {
         let path = self.core.data[c.path];
         let id = wire::wr_id_piece(idx, r.generation, pi);
         let imm = Imm { piece: pi, ..r.imm }.encode();
-        let carries_record = pi == 0;
+        let carries_record = pi == 0 && !r.imm.len_is_size;
         self.batch.clear();
         let mut off = 0u64;
         while off < c.len {
