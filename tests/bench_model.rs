@@ -151,6 +151,17 @@ fn a_small_message_costs_at_most_one_and_a_half_rdma_writes() {
 }
 
 #[test]
+fn messages_too_small_to_split_still_fill_both_gb10_functions() {
+    // 64 KiB with a 32 KiB minimum chunk makes one piece (the slower function's share is under
+    // 32 KiB): a stream of them must still use both paths, not only the faster one.
+    let o = opts(Mode::Bandwidth, 64 << 10, 64 << 10);
+    let r = run(&o, 2, &model("92.57G/1.2us,97.28G/1.2us", "")).unwrap();
+    assert_eq!(r.errors(), 0, "{:?}", r.first_error);
+    let eff = r.efficiency.unwrap();
+    assert!(eff > 0.9 && eff <= FRAMING + 1e-9, "efficiency {eff}");
+}
+
+#[test]
 fn without_checks_nothing_is_copied_and_sizes_still_match() {
     let o = opts(Mode::Bandwidth, 1 << 20, 1 << 20);
     let mut m = model("400G/1us,400G/1us", "");

@@ -229,18 +229,26 @@ impl<F: Fabric> SendComm<F> {
         let rec_word = slot * MAX_RECVS + e;
         // Stripe over the usable paths, by measured (or nominal) weight.
         let mut w = [(0usize, 0u64); MAX_PATHS];
-        let nw = self.core.paths.weights(&mut w);
-        let mut speeds = [0u64; MAX_PATHS];
-        for (d, &(_, x)) in speeds.iter_mut().zip(&w[..nw]) {
-            *d = x;
+        let mut nw = self.core.paths.weights(&mut w);
+        loop {
+            let mut speeds = [0u64; MAX_PATHS];
+            for (d, &(_, x)) in speeds.iter_mut().zip(&w[..nw]) {
+                *d = x;
+            }
+            stripe(
+                size,
+                &speeds[..nw],
+                self.core.cfg.stripe,
+                self.rotate,
+                &mut self.chunks,
+            );
+            let got = self.chunks.len();
+            if got == 0 || got >= nw {
+                break;
+            }
+            // Fewer pieces than paths: on the paths that would finish them soonest (n shrinks).
+            nw = self.soonest_paths(size, &mut w, nw, got);
         }
-        stripe(
-            size,
-            &speeds[..nw],
-            self.core.cfg.stripe,
-            self.rotate,
-            &mut self.chunks,
-        );
         self.rotate = self.rotate.wrapping_add(1);
 
         self.free.pop();
@@ -301,6 +309,47 @@ impl<F: Fabric> SendComm<F> {
             return Err(err);
         }
         Ok(Some(Request::new(ReqKind::Send, idx, generation)))
+    }
+
+    /// A message too small to give each of the `nw` usable paths in `w` a chunk of at least the
+    /// minimum (the stripe made only `k` pieces) goes on the `k` paths that would finish it
+    /// soonest: fewest bytes outstanding per unit of weight, counting the message's own share.
+    /// Always taking the fastest paths (the stripe's order) would leave the slower ones idle under
+    /// a stream of such messages: half of a GB10 port's two functions. Idle paths tie on
+    /// outstanding bytes and keep the stripe's order: fastest first, equal speeds in rotation.
+    /// Moves the chosen paths to the front of `w`; returns `k`.
+    fn soonest_paths(
+        &self,
+        size: u64,
+        w: &mut [(usize, u64); MAX_PATHS],
+        nw: usize,
+        k: usize,
+    ) -> usize {
+        let k = k.clamp(1, nw.max(1));
+        let share = size / k as u64;
+        let rot = self.rotate % nw;
+        let paths = &self.core.paths;
+        let mut order = [0usize; MAX_PATHS];
+        for (j, o) in order.iter_mut().enumerate().take(nw) {
+            *o = j;
+        }
+        order[..nw].sort_unstable_by_key(|&j| {
+            let (k, wt) = w[j];
+            let busy = u128::from(paths.outstanding(k).saturating_add(share)) << 20;
+            (
+                busy / u128::from(wt.max(1)),
+                std::cmp::Reverse(wt.max(1)),
+                (j + nw - rot) % nw,
+            )
+        });
+        let mut chosen = [(0usize, 0u64); MAX_PATHS];
+        for (c, &j) in chosen.iter_mut().zip(&order[..k]) {
+            *c = w[j];
+        }
+        // Data-path order among the chosen, as the stripe expects its speeds.
+        chosen[..k].sort_unstable_by_key(|&(p, _)| p);
+        w[..k].copy_from_slice(&chosen[..k]);
+        k
     }
 
     /// Posts piece `pi` of request `idx` on its path, as one batch (one doorbell on verbs): its
