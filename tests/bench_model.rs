@@ -128,6 +128,40 @@ fn latency_mode_reports_the_ratio_to_one_rdma_write() {
 }
 
 #[test]
+fn a_small_message_costs_at_most_one_and_a_half_rdma_writes() {
+    // The receive posted ahead (as NCCL's proxy does) hides the clear-to-send round trip, and the
+    // message is one write with immediate: the bar is 1.5 modelled writes one way.
+    for spec in [
+        "400G/1us",
+        "400G/1us,400G/1us",
+        "92.57G/1.2us,97.28G/1.2us",
+        "400G/1us,400G/1us,200G/1us",
+    ] {
+        let r = run(&opts(Mode::Latency, 8, 8), 2, &model(spec, "")).unwrap();
+        assert_eq!(r.errors(), 0, "{spec}: {:?}", r.first_error);
+        let s = r.model.unwrap();
+        assert!(
+            s.latency_ratio >= 1.0 && s.latency_ratio <= 1.5,
+            "{spec}: {} us one way, {} us one write, ratio {}",
+            s.latency_us,
+            s.rdma_write_us,
+            s.latency_ratio
+        );
+    }
+}
+
+#[test]
+fn messages_too_small_to_split_still_fill_both_gb10_functions() {
+    // 64 KiB with a 32 KiB minimum chunk makes one piece (the slower function's share is under
+    // 32 KiB): a stream of them must still use both paths, not only the faster one.
+    let o = opts(Mode::Bandwidth, 64 << 10, 64 << 10);
+    let r = run(&o, 2, &model("92.57G/1.2us,97.28G/1.2us", "")).unwrap();
+    assert_eq!(r.errors(), 0, "{:?}", r.first_error);
+    let eff = r.efficiency.unwrap();
+    assert!(eff > 0.9 && eff <= FRAMING + 1e-9, "efficiency {eff}");
+}
+
+#[test]
 fn without_checks_nothing_is_copied_and_sizes_still_match() {
     let o = opts(Mode::Bandwidth, 1 << 20, 1 << 20);
     let mut m = model("400G/1us,400G/1us", "");

@@ -183,7 +183,7 @@ fn stream(p: &mut Pair, size: usize, count: usize, window: usize) -> Vec<u64> {
 }
 
 #[test]
-fn a_message_through_the_protocol_costs_cts_then_data_then_record() {
+fn a_message_through_the_protocol_costs_cts_then_one_data_write() {
     let f = fab("50G/1.5us", "", Framing::default(), false);
     let size = 256 * 1024;
     let mut p = pair(f.clone(), 1, size);
@@ -191,19 +191,78 @@ fn a_message_through_the_protocol_costs_cts_then_data_then_record() {
     let topo = f.topology().unwrap();
     let rate = 50_000_000_000;
     // The receive is posted first: its clear-to-send (body + index word, two writes on one path)
-    // reaches the sender; the sender then writes the data and the size record with the immediate.
+    // reaches the sender; the sender then writes the data, one piece in one write, with the
+    // immediate (its length is the size: no size record).
     let body = 8 * (1 + 7); // slot header + one element
     let cts = serialize_ps(topo.framing.wire_bytes(body, false), rate)
         + serialize_ps(topo.framing.wire_bytes(8, false), rate)
         + 1_500_000;
-    let data = serialize_ps(topo.framing.wire_bytes(size as u64, false), rate)
-        + serialize_ps(topo.framing.wire_bytes(8, true), rate)
-        + 1_500_000;
+    let data = serialize_ps(topo.framing.wire_bytes(size as u64, true), rate) + 1_500_000;
     assert_eq!(t, cts + data);
     let mut got = vec![0u8; size];
     f.read_into(p.ra, &mut got).unwrap();
     let want: Vec<u8> = (0..size).map(|i| (i * 7 + 3) as u8).collect();
     assert!(got == want, "payload arrived intact");
+}
+
+/// Writes delivered for one message of `size` bytes whose receive was posted first: those of the
+/// clear-to-send (before the send) and those of the send itself.
+fn writes_per_message(spec: &str, size: usize) -> (u64, u64) {
+    let f = fab(spec, "", Framing::default(), false);
+    let mut p = pair(f.clone(), 1, size);
+    let now = at(0);
+    let buf = RecvBuf {
+        addr: p.ra,
+        size: size as u64,
+        tag: 1,
+        mh: &p.rmh,
+    };
+    let rq = p.r.irecv(now, &[buf]).unwrap().unwrap();
+    while f.advance().unwrap().is_some() {}
+    let cts = f.stats().unwrap().writes;
+    let sq =
+        p.s.isend(now, p.sa, size as u64, 1, &p.smh)
+            .unwrap()
+            .unwrap();
+    let (mut rdone, mut sdone) = (false, false);
+    while !(rdone && sdone) {
+        let now = at(f.now_ps().unwrap());
+        if !rdone {
+            if let Some(sz) = p.r.test(now, rq).unwrap() {
+                assert_eq!(sz.as_slice(), &[size as u64]);
+                rdone = true;
+            }
+        }
+        if !sdone {
+            sdone = p.s.test(now, sq).unwrap().is_some();
+        }
+        if !(rdone && sdone) {
+            assert!(
+                f.advance().unwrap().is_some(),
+                "deadlock: nothing in flight"
+            );
+        }
+    }
+    let mut got = vec![0u8; size];
+    f.read_into(p.ra, &mut got).unwrap();
+    let want: Vec<u8> = (0..size).map(|i| (i * 7 + 3) as u8).collect();
+    assert!(got == want, "payload arrived intact");
+    (cts, f.stats().unwrap().writes - cts)
+}
+
+#[test]
+fn a_small_message_whose_receive_was_posted_first_is_one_write() {
+    // The clear-to-send: body and index word. The send: the data write with the immediate, its
+    // length the size (no size record), on one or on several paths.
+    for spec in ["400G/1us", "400G/1us,400G/1us", "92.57G/1.2us,97.28G/1.2us"] {
+        for size in [1, 8, 4096, 60 * 1024] {
+            assert_eq!(writes_per_message(spec, size), (2, 1), "{spec} {size} B");
+        }
+    }
+    // Empty: the record alone carries the immediate.
+    assert_eq!(writes_per_message("400G/1us", 0), (2, 1));
+    // Split over two paths: a data write per piece, and the size record after piece 0.
+    assert_eq!(writes_per_message("400G/1us,400G/1us", 1 << 20), (2, 3));
 }
 
 /// Steady-state receive rate in Gb/s of the second half of a stream.
@@ -312,8 +371,6 @@ fn without_copies_only_control_memory_is_written() {
         vec![1u8; 16],
         "no backing store: the buffer is left alone"
     );
-    assert_eq!(
-        f.stats().unwrap().bytes,
-        4 * size as u64 + 4 * 8 + 4 * (64 + 8)
-    );
+    // Per message: the data (one write, no size record) and its clear-to-send (body + index).
+    assert_eq!(f.stats().unwrap().bytes, 4 * size as u64 + 4 * (64 + 8));
 }

@@ -406,12 +406,12 @@ fn small_messages_use_one_path() {
     g.wait_send(sreq);
     g.wait_recv(rreq);
     let after = g.fab.stats();
-    // CTS body + CTS index + data + record-with-immediate.
-    assert_eq!(after.writes - before.writes, 4);
+    // CTS body + CTS index + data-with-immediate (one piece in one write: no size record).
+    assert_eq!(after.writes - before.writes, 3);
     assert_eq!(after.imm_writes - before.imm_writes, 1);
-    // CTS body (64 bytes for one buffer), CTS index and size record are inline; 4 KiB of data is not.
-    assert_eq!(after.inline_writes - before.inline_writes, 3);
-    // Two batches (doorbells): the CTS pair and the data + record pair.
+    // CTS body (64 bytes for one buffer) and CTS index are inline; 4 KiB of data is not.
+    assert_eq!(after.inline_writes - before.inline_writes, 2);
+    // Two batches (doorbells): the CTS pair and the data write.
     assert_eq!(after.batches - before.batches, 2);
 }
 

@@ -129,6 +129,10 @@ pub fn decode_record(word: u64, seq: u64) -> Result<u64> {
 /// The piece index lets the receiver keep a bitmap per buffer: a piece sent again over a surviving
 /// path after its first path failed (its write may have landed with the completion lost) is counted
 /// once, however often it arrives.
+///
+/// A message of one piece that one write carries (1 byte to [`MAX_WR_BYTES`](crate::transport::comm::MAX_WR_BYTES))
+/// has no size record: [`Imm::len_is_size`] says the size is that write's length, which the receive
+/// completion reports (`byte_len`), so the message costs one write with immediate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Imm {
     /// FIFO slot of the grouped receive.
@@ -141,18 +145,21 @@ pub struct Imm {
     pub piece: usize,
     /// Low 16 bits of the slot's sequence number.
     pub seq16: u16,
+    /// The message is this one write (one piece, no size record): its size is the write's length.
+    pub len_is_size: bool,
 }
 
 const _: () = assert!(FIFO_DEPTH <= 32 && MAX_RECVS <= 8 && MAX_PATHS <= 8);
 
 impl Imm {
-    /// Packs: slot in bits 0..5, elem in 5..8, npieces−1 in 8..11, piece in 11..14, bits 14..16 zero,
-    /// seq16 in 16..32.
+    /// Packs: slot in bits 0..5, elem in 5..8, npieces−1 in 8..11, piece in 11..14, `len_is_size` in
+    /// bit 14, bit 15 zero, seq16 in 16..32.
     pub fn encode(self) -> u32 {
         (self.slot as u32 & 0x1f)
             | ((self.elem as u32 & 0x7) << 5)
             | (((self.npieces as u32).wrapping_sub(1) & 0x7) << 8)
             | ((self.piece as u32 & 0x7) << 11)
+            | (u32::from(self.len_is_size) << 14)
             | (u32::from(self.seq16) << 16)
     }
 
@@ -164,14 +171,18 @@ impl Imm {
             npieces: (((v >> 8) & 0x7) + 1) as usize,
             piece: ((v >> 11) & 0x7) as usize,
             seq16: (v >> 16) as u16,
+            len_is_size: v & (1 << 14) != 0,
         };
-        if v & 0xc000 != 0 || imm.slot >= FIFO_DEPTH || imm.piece >= imm.npieces {
+        let whole_one_piece = !imm.len_is_size || imm.npieces == 1;
+        if v & 0x8000 != 0 || imm.slot >= FIFO_DEPTH || imm.piece >= imm.npieces || !whole_one_piece
+        {
             return Err(Error::Remote(format!(
-                "immediate {v:#010x} is not one of ours (slot {} of {FIFO_DEPTH}, piece {} of {}, reserved bits {:#x})",
+                "immediate {v:#010x} is not one of ours (slot {} of {FIFO_DEPTH}, piece {} of {}, size in the write's length {}, reserved bit {})",
                 imm.slot,
                 imm.piece,
                 imm.npieces,
-                (v >> 14) & 3
+                imm.len_is_size,
+                (v >> 15) & 1
             )));
         }
         Ok(imm)
@@ -236,9 +247,11 @@ pub struct CtrlInfo {
 }
 
 const CTRL_MAGIC: u32 = 0x5357_4c43; // "SWLC"
-/// Version 2: immediates name their piece (failover); a version-1 peer counts immediates per path
-/// and would misread them, so the two refuse each other here.
-const CTRL_VERSION: u8 = 2;
+/// Version 3: a one-write message carries no size record (the immediate's bit 14 says its size is
+/// the write's length), which a version-2 receiver rejects as a foreign immediate. Version 2:
+/// immediates name their piece (failover); a version-1 peer counts immediates per path and would
+/// misread them. Peers of different versions refuse each other here.
+const CTRL_VERSION: u8 = 3;
 
 impl CtrlInfo {
     /// Encoded size for `npaths` data paths: 20 + 4 × npaths bytes (52 bytes for 8 paths).
@@ -353,7 +366,11 @@ mod tests {
         assert!(Imm::decode(0xffff_ffff).is_err());
         // Piece 3 of 2.
         assert!(Imm::decode((1 << 8) | (3 << 11)).is_err());
-        assert!(Imm::decode(1 << 14).is_err());
+        assert!(Imm::decode(1 << 15).is_err());
+        // The size in the write's length, yet one of two pieces.
+        assert!(Imm::decode((1 << 14) | (1 << 8)).is_err());
+        let one = Imm::decode(1 << 14).unwrap();
+        assert!(one.len_is_size && one.npieces == 1);
     }
 
     #[test]
@@ -364,14 +381,25 @@ mod tests {
             npieces: 8,
             piece: 7,
             seq16: 0xbeef,
+            len_is_size: false,
         };
         assert_eq!(imm.encode(), 0xbeef_3fff);
+        let imm = Imm {
+            slot: 3,
+            elem: 1,
+            npieces: 1,
+            piece: 0,
+            seq16: 0x0102,
+            len_is_size: true,
+        };
+        assert_eq!(imm.encode(), 0x0102_4023);
         let imm = Imm {
             slot: 1,
             elem: 2,
             npieces: 3,
             piece: 1,
             seq16: 4,
+            len_is_size: false,
         };
         assert_eq!(
             imm.encode(),
@@ -417,6 +445,11 @@ mod tests {
                 .to_string()
                 .contains("version 9")
         );
+        // A version-2 peer (size records for every message) is refused by name.
+        let mut old = b.clone();
+        old[4] = 2;
+        let e = CtrlInfo::from_bytes(&old).unwrap_err().to_string();
+        assert!(e.contains("version 2") && e.contains("version 3"), "{e}");
         let mut bad = b.clone();
         bad.push(0);
         assert!(CtrlInfo::from_bytes(&bad).is_err());
@@ -424,8 +457,9 @@ mod tests {
 
     proptest! {
         #[test]
-        fn imm_roundtrip(slot in 0..FIFO_DEPTH, elem in 0..MAX_RECVS, npieces in 1..=MAX_PATHS, p in 0..MAX_PATHS, seq16 in any::<u16>()) {
-            let imm = Imm { slot, elem, npieces, piece: p % npieces, seq16 };
+        fn imm_roundtrip(slot in 0..FIFO_DEPTH, elem in 0..MAX_RECVS, npieces in 1..=MAX_PATHS, p in 0..MAX_PATHS, seq16 in any::<u16>(), whole in any::<bool>()) {
+            let len_is_size = whole && npieces == 1;
+            let imm = Imm { slot, elem, npieces, piece: p % npieces, seq16, len_is_size };
             prop_assert_eq!(Imm::decode(imm.encode()).unwrap(), imm);
         }
 

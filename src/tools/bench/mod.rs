@@ -9,6 +9,7 @@ pub mod clock;
 mod conns;
 pub mod cpu;
 pub mod inproc;
+mod latency;
 pub mod loopback;
 pub mod model;
 pub mod modes;

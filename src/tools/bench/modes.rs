@@ -16,7 +16,7 @@ use super::clock::{Clock, Group, WallClock};
 pub use super::conns::SetupTimes;
 use super::conns::{Conns, RecvOp, SendOp, close_all, connect_all, exchange};
 use super::pattern;
-use super::stream;
+use super::{latency, stream};
 use crate::error::{Error, Result};
 use crate::ffi::loader::net::{Net, Properties};
 
@@ -307,7 +307,17 @@ pub fn run_with<N: Net, C: Clock>(
         let (count, eff) = match o.mode {
             Mode::Latency => (
                 size,
-                run_latency(net, clock, &mut c, me, n, size, o, deadline, &mut l)?,
+                match partner(me, n) {
+                    Some(p) => {
+                        let pp = latency::PingPong {
+                            warmup: o.warmup,
+                            iters: o.iters,
+                        };
+                        latency::run(net, clock, &mut c, me, p, size, &pp, deadline, &mut l)?;
+                        size
+                    }
+                    None => size,
+                },
             ),
             Mode::Bandwidth => match d.step_bytes {
                 Some(step) => {
@@ -421,82 +431,6 @@ pub fn run_with<N: Net, C: Clock>(
         latency_us: None,
         model: None,
     })
-}
-
-#[allow(clippy::too_many_arguments)]
-fn run_latency<N: Net>(
-    net: &N,
-    clock: &impl Clock,
-    c: &mut Conns<N>,
-    me: usize,
-    n: usize,
-    size: usize,
-    o: &Options,
-    deadline: Instant,
-    l: &mut Local,
-) -> Result<usize> {
-    let Some(p) = partner(me, n) else {
-        return Ok(size);
-    };
-    let (s, r) = (c.send(p, 0)?, c.recv(p, 0)?);
-    let mut total = Duration::ZERO;
-    let mut one_way = Vec::with_capacity(o.iters);
-    for it in 0..o.warmup + o.iters {
-        let ping = pattern::seed(&[
-            1,
-            me.min(p) as u64,
-            me.max(p) as u64,
-            size as u64,
-            it as u64,
-        ]);
-        let pong = pattern::seed(&[
-            2,
-            me.max(p) as u64,
-            me.min(p) as u64,
-            size as u64,
-            it as u64,
-        ]);
-        let (my_seed, peer_seed) = if me < p { (ping, pong) } else { (pong, ping) };
-        fill_region(l, &c.sends[s].buf, 0, size, my_seed)?;
-        scramble(l, &c.recvs[r].buf, 0, size)?;
-        let send = [SendOp {
-            link: s,
-            off: 0,
-            len: size,
-            tag: me as i32,
-        }];
-        let recv = [RecvOp {
-            link: r,
-            bufs: vec![(0, size, p as i32)],
-        }];
-        let t0 = clock.now();
-        let got = if me < p {
-            exchange(net, clock, c, &send, &recv, deadline)?
-        } else {
-            let g = exchange(net, clock, c, &[], &recv, deadline)?;
-            exchange(net, clock, c, &send, &[], deadline)?;
-            g
-        };
-        if it >= o.warmup {
-            let rtt = clock.now().saturating_duration_since(t0);
-            total += rtt;
-            one_way.push(rtt.as_secs_f64() * 1e6 / 2.0);
-        }
-        l.check(check_size(got[0][0], size, "latency"));
-        verify_region(
-            l,
-            &c.recvs[r].buf,
-            0,
-            size,
-            peer_seed,
-            &format!("latency {size} B from rank {p} iter {it}"),
-        )?;
-    }
-    if me < p {
-        l.time_us = total.as_secs_f64() * 1e6 / o.iters as f64 / 2.0;
-        l.spread = Spread::of(one_way);
-    }
-    Ok(size)
 }
 
 /// Bandwidth: each window of up to `window` messages is timed on the receiver from posting its

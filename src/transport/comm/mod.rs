@@ -7,9 +7,12 @@
 //! 2. `isend` acquire-loads that word; when it reads `seq + 1` it decodes the body, matches the tag,
 //!    checks the size and writes the data striped over the usable data paths, one piece per path.
 //!    Piece 0 ends with the size record written into the receiver's record array with an
-//!    immediate; every other piece's last data write carries the immediate.
+//!    immediate; every other piece's last data write carries the immediate. A message of one piece
+//!    in one write (small messages) is that write alone, with the immediate: no record, its size is
+//!    the write's length. A receive posted first thus costs the sender one write.
 //! 3. The receiver marks pieces per buffer in a bitmap (each immediate names its slot, buffer, piece,
-//!    piece count and the sequence number); when all arrived it reads the size record.
+//!    piece count and the sequence number); when all arrived it reads the size record (or the
+//!    one write's length from its completion).
 //!
 //! Failover ([`FailoverConfig`], on by default): a data path that fails (an error completion, a
 //! failed post, its device reporting it dead) is marked down with one WARN; its pieces not known

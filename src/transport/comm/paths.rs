@@ -317,6 +317,11 @@ impl PathSet {
         w[..n].iter().map(|&(_, x)| x).sum()
     }
 
+    /// Bytes posted on `k` and not completed yet.
+    pub(super) fn outstanding(&self, k: usize) -> u64 {
+        self.meters.get(k).map_or(0, |m| m.outstanding)
+    }
+
     /// The measured estimate of `k`, Mb/s (tests, logs).
     pub(super) fn estimate(&self, k: usize) -> u64 {
         self.meters.get(k).map_or(0, |m| m.est)

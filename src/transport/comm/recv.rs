@@ -451,7 +451,8 @@ impl<F: Fabric> RecvComm<F> {
         Ok(())
     }
 
-    /// Counts one piece's immediate; reads the size record once every piece of the buffer is in.
+    /// Counts one piece's immediate; once every piece of the buffer is in, reads the size record (a
+    /// one-write message: takes the write's length).
     /// With `late_ok` (failover on), an immediate of a piece already counted, or of the slot's
     /// previous, completed use, is a piece sent again after its path failed: ignored.
     fn on_imm(
@@ -511,11 +512,16 @@ impl<F: Fabric> RecvComm<F> {
         st.expected = imm.npieces as u8;
         st.seen |= bit;
         if st.seen.count_ones() as usize == imm.npieces {
-            let word = fab.ctrl_load(
-                records.word(imm.slot * MAX_RECVS + imm.elem),
-                Ordering::Acquire,
-            )?;
-            let size = wire::decode_record(word, r.seq)?;
+            let size = if imm.len_is_size {
+                // The whole message was this write: the completion reports its length.
+                u64::from(c.byte_len)
+            } else {
+                let word = fab.ctrl_load(
+                    records.word(imm.slot * MAX_RECVS + imm.elem),
+                    Ordering::Acquire,
+                )?;
+                wire::decode_record(word, r.seq)?
+            };
             if size > st.posted {
                 return Err(Error::Remote(format!(
                     "peer sent {size} bytes into a receive buffer of {} bytes",

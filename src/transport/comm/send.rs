@@ -229,18 +229,26 @@ impl<F: Fabric> SendComm<F> {
         let rec_word = slot * MAX_RECVS + e;
         // Stripe over the usable paths, by measured (or nominal) weight.
         let mut w = [(0usize, 0u64); MAX_PATHS];
-        let nw = self.core.paths.weights(&mut w);
-        let mut speeds = [0u64; MAX_PATHS];
-        for (d, &(_, x)) in speeds.iter_mut().zip(&w[..nw]) {
-            *d = x;
+        let mut nw = self.core.paths.weights(&mut w);
+        loop {
+            let mut speeds = [0u64; MAX_PATHS];
+            for (d, &(_, x)) in speeds.iter_mut().zip(&w[..nw]) {
+                *d = x;
+            }
+            stripe(
+                size,
+                &speeds[..nw],
+                self.core.cfg.stripe,
+                self.rotate,
+                &mut self.chunks,
+            );
+            let got = self.chunks.len();
+            if got == 0 || got >= nw {
+                break;
+            }
+            // Fewer pieces than paths: on the paths that would finish them soonest (n shrinks).
+            nw = self.soonest_paths(size, &mut w, nw, got);
         }
-        stripe(
-            size,
-            &speeds[..nw],
-            self.core.cfg.stripe,
-            self.rotate,
-            &mut self.chunks,
-        );
         self.rotate = self.rotate.wrapping_add(1);
 
         self.free.pop();
@@ -258,12 +266,15 @@ impl<F: Fabric> SendComm<F> {
         r.rkeys = el.rkeys;
         r.rec_word = rec_word;
         r.npieces = self.chunks.len();
+        // One piece in one write: the write's length is the size, no record (one write per message).
+        let len_is_size = r.npieces == 1 && size > 0 && size <= MAX_WR_BYTES;
         r.imm = Imm {
             slot,
             elem: e,
             npieces: r.npieces,
             piece: 0,
             seq16: seq as u16,
+            len_is_size,
         };
         r.done = 0;
         for (p, c) in r.pieces.iter_mut().zip(&self.chunks) {
@@ -274,11 +285,13 @@ impl<F: Fabric> SendComm<F> {
             };
         }
         let generation = r.generation;
-        self.core.fab.ctrl_store(
-            self.rec_src.word(rec_word),
-            wire::encode_record(size, seq),
-            Ordering::Release,
-        )?;
+        if !len_is_size {
+            self.core.fab.ctrl_store(
+                self.rec_src.word(rec_word),
+                wire::encode_record(size, seq),
+                Ordering::Release,
+            )?;
+        }
 
         for pi in 0..self.reqs[idx].npieces {
             if let Err(err) = self.post_piece(idx, pi) {
@@ -298,9 +311,50 @@ impl<F: Fabric> SendComm<F> {
         Ok(Some(Request::new(ReqKind::Send, idx, generation)))
     }
 
+    /// A message too small to give each of the `nw` usable paths in `w` a chunk of at least the
+    /// minimum (the stripe made only `k` pieces) goes on the `k` paths that would finish it
+    /// soonest: fewest bytes outstanding per unit of weight, counting the message's own share.
+    /// Always taking the fastest paths (the stripe's order) would leave the slower ones idle under
+    /// a stream of such messages: half of a GB10 port's two functions. Idle paths tie on
+    /// outstanding bytes and keep the stripe's order: fastest first, equal speeds in rotation.
+    /// Moves the chosen paths to the front of `w`; returns `k`.
+    fn soonest_paths(
+        &self,
+        size: u64,
+        w: &mut [(usize, u64); MAX_PATHS],
+        nw: usize,
+        k: usize,
+    ) -> usize {
+        let k = k.clamp(1, nw.max(1));
+        let share = size / k as u64;
+        let rot = self.rotate % nw;
+        let paths = &self.core.paths;
+        let mut order = [0usize; MAX_PATHS];
+        for (j, o) in order.iter_mut().enumerate().take(nw) {
+            *o = j;
+        }
+        order[..nw].sort_unstable_by_key(|&j| {
+            let (k, wt) = w[j];
+            let busy = u128::from(paths.outstanding(k).saturating_add(share)) << 20;
+            (
+                busy / u128::from(wt.max(1)),
+                std::cmp::Reverse(wt.max(1)),
+                (j + nw - rot) % nw,
+            )
+        });
+        let mut chosen = [(0usize, 0u64); MAX_PATHS];
+        for (c, &j) in chosen.iter_mut().zip(&order[..k]) {
+            *c = w[j];
+        }
+        // Data-path order among the chosen, as the stripe expects its speeds.
+        chosen[..k].sort_unstable_by_key(|&(p, _)| p);
+        w[..k].copy_from_slice(&chosen[..k]);
+        k
+    }
+
     /// Posts piece `pi` of request `idx` on its path, as one batch (one doorbell on verbs): its
-    /// data writes, then, for piece 0, the size record. The last work request carries the
-    /// immediate naming the piece and is the only signaled one.
+    /// data writes, then, for piece 0 of a message with a size record, the record. The last work
+    /// request carries the immediate naming the piece and is the only signaled one.
     fn post_piece(&mut self, idx: usize, pi: usize) -> Result<()> {
         let Some(peer) = self.peer.as_ref() else {
             return Err(Error::Internal("send comm lost its peer".into()));
@@ -310,7 +364,7 @@ impl<F: Fabric> SendComm<F> {
         let path = self.core.data[c.path];
         let id = wire::wr_id_piece(idx, r.generation, pi);
         let imm = Imm { piece: pi, ..r.imm }.encode();
-        let carries_record = pi == 0;
+        let carries_record = pi == 0 && !r.imm.len_is_size;
         self.batch.clear();
         let mut off = 0u64;
         while off < c.len {
