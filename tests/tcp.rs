@@ -60,7 +60,7 @@ struct Buf {
 
 impl Rig {
     fn send_buf(&mut self, data: &[u8]) -> Buf {
-        let b = HostBuffer::new(data.len().max(1)).unwrap();
+        let mut b = HostBuffer::new(data.len().max(1)).unwrap();
         b.write(0, data).unwrap();
         let mh = self
             .s
@@ -75,7 +75,7 @@ impl Rig {
         }
     }
     fn recv_buf(&mut self, len: usize) -> Buf {
-        let b = HostBuffer::new(len.max(1)).unwrap();
+        let mut b = HostBuffer::new(len.max(1)).unwrap();
         b.write(0, &vec![0xEE; len.max(1)]).unwrap();
         let mh = self
             .r
@@ -444,9 +444,9 @@ fn write(
 fn write_with_immediate_lands_after_earlier_writes_of_the_path() {
     let (mut a, mut b) = loopback_pair(&[10_000], &cfg(4)).unwrap();
     let n = 4 << 20;
-    let src = HostBuffer::new(n).unwrap();
+    let mut src = HostBuffer::new(n).unwrap();
     src.write(0, &pattern(n, 5)).unwrap();
-    let dst = HostBuffer::new(n).unwrap();
+    let mut dst = HostBuffer::new(n).unwrap();
     let ra = a.register(src.addr(), n, MemKind::Host).unwrap();
     let rb = b.register(dst.addr(), n, MemKind::Host).unwrap();
     let ctrl = b.alloc_ctrl(4).unwrap();
@@ -500,7 +500,7 @@ fn write_with_immediate_lands_after_earlier_writes_of_the_path() {
 #[test]
 fn writes_outside_a_registration_are_refused_and_fail_the_path() {
     let (mut a, mut b) = loopback_pair(&[10_000, 10_000], &cfg(2)).unwrap();
-    let src = HostBuffer::new(4096).unwrap();
+    let mut src = HostBuffer::new(4096).unwrap();
     src.write(0, &[0x55; 4096]).unwrap();
     let dst = HostBuffer::new(8192).unwrap();
     let ra = a.register(src.addr(), 4096, MemKind::Host).unwrap();
@@ -854,7 +854,7 @@ fn set_up_is_driven_without_blocking_from_one_thread() {
     // And the protocol runs over them.
     let (mut s, mut r) = connect_pair(fc, fa, ProtocolConfig::default()).unwrap();
     let data = pattern(300_000, 4);
-    let sb = HostBuffer::new(data.len()).unwrap();
+    let mut sb = HostBuffer::new(data.len()).unwrap();
     sb.write(0, &data).unwrap();
     let rb = HostBuffer::new(data.len()).unwrap();
     let smh = s
