@@ -1235,3 +1235,61 @@ fn streams_from_another_source_are_refused() {
     real.write_all(&raw_hello(5, 1, 0, 1, 0)).unwrap();
     eventually("accept the real peer", || acc.poll().unwrap());
 }
+
+/// Security review finding 5: the connector's streams connect without blocking. To a peer whose
+/// listener does not accept (its accept queue is full, so its kernel drops our SYNs), `start`
+/// returns at once and each `poll` says "call again" at once: NCCL's service thread, which also
+/// drives every other accept and connect, never waits for a TCP handshake. Before, `start` did a
+/// blocking `connect` per stream and held the thread for the whole connect timeout.
+#[test]
+fn a_connect_to_a_peer_that_does_not_accept_never_blocks() {
+    use socket2::{Domain, Socket, Type};
+    let l = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    l.bind(&SocketAddr::new(lo(), 0).into()).unwrap();
+    // Backlog 0: the kernel queues one connection; the next SYNs are dropped until it is accepted.
+    l.listen(0).unwrap();
+    let port = l.local_addr().unwrap().as_socket().unwrap().port();
+    let peer = SocketAddr::new(lo(), port);
+    let mut fillers = Vec::new();
+    let full = (0..8).any(|_| {
+        let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        s.set_nonblocking(true).unwrap();
+        let _ = s.connect(&peer.into());
+        std::thread::sleep(Duration::from_millis(200));
+        let pending = s.peer_addr().is_err();
+        fillers.push(s);
+        pending
+    });
+    assert!(full, "the listener's accept queue never filled");
+    let spec = TcpPathSpec {
+        local: lo(),
+        remote: peer,
+        speed_mbps: 10_000,
+        mtu: 0,
+        label: String::new(),
+    };
+    let tcfg = TcpConfig {
+        streams: Some(2),
+        connect_timeout: Some(Duration::from_secs(10)),
+        ..TcpConfig::default()
+    };
+    let t = Instant::now();
+    let mut c = TcpConnector::start(&[spec], 7, &tcfg).unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "start waited {:?} for a peer that does not accept",
+        t.elapsed()
+    );
+    let polling = Instant::now();
+    while polling.elapsed() < Duration::from_millis(500) {
+        let t = Instant::now();
+        assert!(c.poll().unwrap().is_none(), "connected to a full queue");
+        assert!(
+            t.elapsed() < Duration::from_millis(200),
+            "poll waited {:?}",
+            t.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(fillers);
+}
