@@ -362,7 +362,7 @@ fn connect(
     s.connect(CtrlInfo::from_bytes(&recv_blob(&mut ctl)?)?)?;
     send_blob(&mut ctl, &s.local_info().to_bytes())?;
 
-    let bufs: Vec<HostBuffer> = (0..depth)
+    let mut bufs: Vec<HostBuffer> = (0..depth)
         .map(|_| HostBuffer::new(bytes))
         .collect::<Result<_>>()?;
     let mhs = bufs

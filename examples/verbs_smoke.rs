@@ -247,7 +247,7 @@ fn run_link(link: &Link) -> R<String> {
     let pd = ProtectionDomain::new(&ctx).map_err(|e| e.to_string())?;
     let cq = CompletionQueue::new(&ctx, 64).map_err(|e| e.to_string())?;
     let qp = QueuePair::new_rc(&pd, &cq, &cq, QpCaps::default()).map_err(|e| e.to_string())?;
-    let buf = HostBuffer::new(BUF_LEN).map_err(|e| e.to_string())?;
+    let mut buf = HostBuffer::new(BUF_LEN).map_err(|e| e.to_string())?;
     if !link.server {
         let data: Vec<u8> = (0..PAYLOAD).map(|i| pattern(link.lid, i)).collect();
         buf.write(0, &data).map_err(|e| e.to_string())?;

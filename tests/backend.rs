@@ -1053,3 +1053,61 @@ fn attacks_on_the_listen_comm_leave_it_serving_the_real_connector() {
     B::close_send(s).unwrap();
     B::close_recv(r).unwrap();
 }
+
+/// Security review finding 19: a connect NCCL abandoned (an abort mid-connect) is parked until its
+/// bound passes, then `accept`, `listen` and `closeListen` each sweep it, with no later `connect`.
+/// The count of parked states goes back to zero whichever call comes next. Before, only a later
+/// `connect` swept, so all three checks below found the states still parked.
+#[test]
+fn abandoned_connects_are_swept_by_accept_listen_and_close_listen() {
+    use switchless::plugin::switchless::connect::ABANDONED_AFTER;
+    let _shared = shared();
+    let b = backend(two_path_view(Config::default()));
+    // The connects go to `target`, which is never accepted on (its accept would answer them); the
+    // sweeps are driven through another listen comm.
+    let mut h: Handle = [0; HANDLE_SIZE];
+    let target = b.listen(&CommInfo::default(), 0, &mut h).unwrap();
+    let mut hl: Handle = [0; HANDLE_SIZE];
+    let mut l = b.listen(&CommInfo::default(), 0, &mut hl).unwrap();
+    // Each connect NCCL starts and never calls again parks one state: a fresh handle copy each.
+    let park = |n: usize| {
+        for _ in 0..n {
+            let mut mine = h;
+            assert!(
+                b.connect(&CommInfo::default(), 0, &mut mine)
+                    .unwrap()
+                    .is_none()
+            );
+        }
+    };
+    let just_before = ABANDONED_AFTER - Duration::from_secs(5);
+    let past = Duration::from_secs(10);
+
+    park(3);
+    assert_eq!(b.connecting(), 3);
+    // Inside the bound nothing goes: NCCL may still come back.
+    b.age_parked(just_before);
+    assert!(B::accept(&mut l).unwrap().is_none());
+    assert_eq!(b.connecting(), 3, "a state inside its bound was swept");
+    // Past it, `accept` sweeps all three.
+    b.age_parked(past);
+    assert!(B::accept(&mut l).unwrap().is_none());
+    assert_eq!(b.connecting(), 0, "accept did not sweep abandoned connects");
+
+    park(2);
+    b.age_parked(ABANDONED_AFTER + past);
+    let mut h2: Handle = [0; HANDLE_SIZE];
+    let l2 = b.listen(&CommInfo::default(), 0, &mut h2).unwrap();
+    assert_eq!(b.connecting(), 0, "listen did not sweep abandoned connects");
+
+    park(2);
+    b.age_parked(ABANDONED_AFTER + past);
+    B::close_listen(l2).unwrap();
+    assert_eq!(
+        b.connecting(),
+        0,
+        "closeListen did not sweep abandoned connects"
+    );
+    B::close_listen(l).unwrap();
+    B::close_listen(target).unwrap();
+}

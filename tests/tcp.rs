@@ -60,7 +60,7 @@ struct Buf {
 
 impl Rig {
     fn send_buf(&mut self, data: &[u8]) -> Buf {
-        let b = HostBuffer::new(data.len().max(1)).unwrap();
+        let mut b = HostBuffer::new(data.len().max(1)).unwrap();
         b.write(0, data).unwrap();
         let mh = self
             .s
@@ -75,7 +75,7 @@ impl Rig {
         }
     }
     fn recv_buf(&mut self, len: usize) -> Buf {
-        let b = HostBuffer::new(len.max(1)).unwrap();
+        let mut b = HostBuffer::new(len.max(1)).unwrap();
         b.write(0, &vec![0xEE; len.max(1)]).unwrap();
         let mh = self
             .r
@@ -444,9 +444,9 @@ fn write(
 fn write_with_immediate_lands_after_earlier_writes_of_the_path() {
     let (mut a, mut b) = loopback_pair(&[10_000], &cfg(4)).unwrap();
     let n = 4 << 20;
-    let src = HostBuffer::new(n).unwrap();
+    let mut src = HostBuffer::new(n).unwrap();
     src.write(0, &pattern(n, 5)).unwrap();
-    let dst = HostBuffer::new(n).unwrap();
+    let mut dst = HostBuffer::new(n).unwrap();
     let ra = a.register(src.addr(), n, MemKind::Host).unwrap();
     let rb = b.register(dst.addr(), n, MemKind::Host).unwrap();
     let ctrl = b.alloc_ctrl(4).unwrap();
@@ -500,7 +500,7 @@ fn write_with_immediate_lands_after_earlier_writes_of_the_path() {
 #[test]
 fn writes_outside_a_registration_are_refused_and_fail_the_path() {
     let (mut a, mut b) = loopback_pair(&[10_000, 10_000], &cfg(2)).unwrap();
-    let src = HostBuffer::new(4096).unwrap();
+    let mut src = HostBuffer::new(4096).unwrap();
     src.write(0, &[0x55; 4096]).unwrap();
     let dst = HostBuffer::new(8192).unwrap();
     let ra = a.register(src.addr(), 4096, MemKind::Host).unwrap();
@@ -854,7 +854,7 @@ fn set_up_is_driven_without_blocking_from_one_thread() {
     // And the protocol runs over them.
     let (mut s, mut r) = connect_pair(fc, fa, ProtocolConfig::default()).unwrap();
     let data = pattern(300_000, 4);
-    let sb = HostBuffer::new(data.len()).unwrap();
+    let mut sb = HostBuffer::new(data.len()).unwrap();
     sb.write(0, &data).unwrap();
     let rb = HostBuffer::new(data.len()).unwrap();
     let smh = s
@@ -1234,4 +1234,62 @@ fn streams_from_another_source_are_refused() {
     let mut real = std::net::TcpStream::connect(addr).unwrap();
     real.write_all(&raw_hello(5, 1, 0, 1, 0)).unwrap();
     eventually("accept the real peer", || acc.poll().unwrap());
+}
+
+/// Security review finding 5: the connector's streams connect without blocking. To a peer whose
+/// listener does not accept (its accept queue is full, so its kernel drops our SYNs), `start`
+/// returns at once and each `poll` says "call again" at once: NCCL's service thread, which also
+/// drives every other accept and connect, never waits for a TCP handshake. Before, `start` did a
+/// blocking `connect` per stream and held the thread for the whole connect timeout.
+#[test]
+fn a_connect_to_a_peer_that_does_not_accept_never_blocks() {
+    use socket2::{Domain, Socket, Type};
+    let l = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+    l.bind(&SocketAddr::new(lo(), 0).into()).unwrap();
+    // Backlog 0: the kernel queues one connection; the next SYNs are dropped until it is accepted.
+    l.listen(0).unwrap();
+    let port = l.local_addr().unwrap().as_socket().unwrap().port();
+    let peer = SocketAddr::new(lo(), port);
+    let mut fillers = Vec::new();
+    let full = (0..8).any(|_| {
+        let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        s.set_nonblocking(true).unwrap();
+        let _ = s.connect(&peer.into());
+        std::thread::sleep(Duration::from_millis(200));
+        let pending = s.peer_addr().is_err();
+        fillers.push(s);
+        pending
+    });
+    assert!(full, "the listener's accept queue never filled");
+    let spec = TcpPathSpec {
+        local: lo(),
+        remote: peer,
+        speed_mbps: 10_000,
+        mtu: 0,
+        label: String::new(),
+    };
+    let tcfg = TcpConfig {
+        streams: Some(2),
+        connect_timeout: Some(Duration::from_secs(10)),
+        ..TcpConfig::default()
+    };
+    let t = Instant::now();
+    let mut c = TcpConnector::start(&[spec], 7, &tcfg).unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "start waited {:?} for a peer that does not accept",
+        t.elapsed()
+    );
+    let polling = Instant::now();
+    while polling.elapsed() < Duration::from_millis(500) {
+        let t = Instant::now();
+        assert!(c.poll().unwrap().is_none(), "connected to a full queue");
+        assert!(
+            t.elapsed() < Duration::from_millis(200),
+            "poll waited {:?}",
+            t.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(fillers);
 }

@@ -78,7 +78,7 @@ fn pool_threads_are_bounded_shared_and_joined() {
     {
         use switchless::sys::HostBuffer;
         use switchless::transport::fabric::{LocalSeg, MemKind, RemoteSeg, WcStatus, WriteWr};
-        let src = HostBuffer::new(64).unwrap();
+        let mut src = HostBuffer::new(64).unwrap();
         src.write(0, &[7; 64]).unwrap();
         let dsts: Vec<HostBuffer> = (0..pairs.len())
             .map(|_| HostBuffer::new(64).unwrap())
@@ -145,10 +145,10 @@ fn pool_threads_are_bounded_shared_and_joined() {
         assert_eq!(io_threads(), 1);
         assert_eq!(settles(|n| n == before + 1), before + 1);
         let n = 4 << 20;
-        let src = HostBuffer::new(n).unwrap();
+        let mut src = HostBuffer::new(n).unwrap();
         let data: Vec<u8> = (0..n).map(|i| (i * 7 + i / 4096) as u8).collect();
         src.write(0, &data).unwrap();
-        let dst = HostBuffer::new(n).unwrap();
+        let mut dst = HostBuffer::new(n).unwrap();
         let ra = a.register(src.addr(), n, MemKind::Host).unwrap();
         let rb = b.register(dst.addr(), n, MemKind::Host).unwrap();
         let small = HostBuffer::new(64).unwrap();

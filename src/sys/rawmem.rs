@@ -177,6 +177,16 @@ impl RawRegion {
 /// copies, as NCCL's buffers are: for tests, examples and benchmarks, whose buffers are written by a
 /// NIC (register it with `verbs::MemoryRegion::register` and drop the region first) or by a
 /// software fabric's I/O threads while the owner holds no Rust reference to its bytes.
+///
+/// Writing needs the buffer mutably, so a buffer shared between threads is only read:
+///
+/// ```compile_fail
+/// let b = switchless::sys::HostBuffer::new(8).unwrap();
+/// std::thread::scope(|s| {
+///     s.spawn(|| b.write(0, &[1]));
+///     s.spawn(|| b.write(0, &[2]));
+/// });
+/// ```
 #[derive(Debug)]
 pub struct HostBuffer {
     ptr: std::ptr::NonNull<u8>,
@@ -186,7 +196,9 @@ pub struct HostBuffer {
 // SAFETY: the buffer is plain memory owned by this value; all access goes through raw copies whose
 // synchronisation is the transport's completion protocol (the same rule as for NCCL's own buffers).
 unsafe impl Send for HostBuffer {}
-// SAFETY: as above; `&HostBuffer` only exposes raw copies and the address.
+// SAFETY: `&HostBuffer` only reads (raw copies out) and gives the address; writing takes
+// `&mut HostBuffer`, so two threads never write its bytes at once through safe code. What a NIC or
+// a fabric's I/O thread writes is ordered by the transport's completions, as for NCCL's buffers.
 unsafe impl Sync for HostBuffer {}
 
 const HOST_BUFFER_ALIGN: usize = 4096;
@@ -242,8 +254,9 @@ impl HostBuffer {
         Ok(v)
     }
 
-    /// Copies `data` in at offset `off`.
-    pub fn write(&self, off: usize, data: &[u8]) -> Result<()> {
+    /// Copies `data` in at offset `off`. Takes `&mut self`: the buffer is `Sync`, and a write through a
+    /// shared reference would let two threads write the same bytes at once.
+    pub fn write(&mut self, off: usize, data: &[u8]) -> Result<()> {
         self.region()
             .write(self.at(off, data.len())?, data)
             .map_err(|e| Error::InvalidArgument(format!("host buffer write: {e}")))
@@ -283,7 +296,7 @@ mod tests {
 
     #[test]
     fn host_buffer_is_page_aligned_zeroed_and_bounded() {
-        let b = HostBuffer::new(10_000).unwrap();
+        let mut b = HostBuffer::new(10_000).unwrap();
         assert_eq!(b.addr() % 4096, 0);
         assert_eq!(b.as_mut_ptr() as usize as u64, b.addr());
         assert_eq!(b.len(), 10_000);

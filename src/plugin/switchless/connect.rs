@@ -325,6 +325,17 @@ impl<P: PathFactory> Switchless<P> {
         }
     }
 
+    /// Makes every parked connection look `by` older to the sweep, as if NCCL had not called
+    /// `connect` for it that long: lets a test check the sweep without waiting for its bound.
+    #[doc(hidden)]
+    pub fn age_parked(&self, by: Duration) {
+        if let Ok(mut map) = lock(&self.connecting, "connection states") {
+            for s in map.values_mut() {
+                s.polled = s.polled.checked_sub(by).unwrap_or(s.polled);
+            }
+        }
+    }
+
     fn start_connect(
         self: &Arc<Self>,
         comm: &CommInfo,

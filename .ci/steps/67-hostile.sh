@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The hostile-client suite (docs/security.md): first the cargo tests that play a hostile client or peer on
+# 127.0.0.1 (every malformed hello and frame, silent and garbage floods, spoofed claimed addresses, a
+# replayed handshake, lying senders, a peer that does not accept, abandoned connects), each followed by
+# a real connector completing on the same listener; then tests/netns/hostile.sh: `switchless bench`
+# between two namespaces completing verified transfers while a client in a third attacks every port
+# rank 0 listens on. Needs root and iproute2 for the second part. About a minute once built.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+[ "$(id -u)" -eq 0 ] || { echo "67-hostile: needs root to create network namespaces" >&2; exit 1; }
+
+# tests <binary> <name>...: the named tests of one test binary, exact names (a renamed test fails here).
+tests() {
+  local bin="$1"; shift
+  local out
+  out=$(timeout 300 cargo test --locked --quiet --test "$bin" -- --exact "$@" 2>&1) || {
+    echo "$out"; echo "67-hostile: FAIL: tests/$bin.rs" >&2; exit 1; }
+  grep -q "test result: ok. $# passed" <<< "$out" || {
+    echo "$out"; echo "67-hostile: FAIL: tests/$bin.rs ran other than the $# tests named" >&2; exit 1; }
+  echo "67-hostile: tests/$bin.rs: $# passed"
+}
+
+tests handshake \
+  garbage_clients_are_dropped_and_a_good_client_still_succeeds \
+  real_sockets_garbage_clients_are_closed_and_a_good_client_still_succeeds \
+  a_connection_without_a_hello_is_dropped_at_its_own_deadline \
+  a_flood_of_silent_clients_does_not_lock_out_a_real_connector \
+  a_flood_after_the_connector_connects_does_not_evict_it \
+  a_hello_must_come_from_its_claimed_address_with_its_own_gid \
+  a_replayed_hello_is_refused \
+  a_wrong_answer_to_the_hello_fails_the_connector
+tests handshake_fuzz \
+  mutated_frames_never_panic_and_reencode_exactly \
+  specific_malformed_frames_name_the_problem \
+  fuzz_seed_files_decode
+tests tcp_frame_fuzz \
+  mutated_headers_never_panic_and_reencode_exactly \
+  mutated_hellos_never_panic_and_reencode_exactly \
+  fuzz_seed_files_decode
+tests tcp \
+  wrong_nonce_is_rejected_by_the_acceptor \
+  silent_and_garbage_peers_never_block_the_acceptor_or_touch_memory \
+  streams_from_another_source_are_refused \
+  writes_outside_a_registration_are_refused_and_fail_the_path \
+  out_of_order_frames_past_the_bound_fail_the_path \
+  a_close_frame_with_any_flags_ends_posted_receives \
+  a_sending_endpoint_refuses_writes_into_its_send_buffers \
+  memory_keys_are_random_per_registration \
+  random_frames_never_write_outside_a_registration \
+  a_connect_to_a_peer_that_does_not_accept_never_blocks
+tests route acceptor_refuses_connector_addresses_no_peer_can_have
+tests backend \
+  attacks_on_the_listen_comm_leave_it_serving_the_real_connector \
+  abandoned_connects_are_swept_by_accept_listen_and_close_listen
+
+timeout 600 tests/netns/hostile.sh
+echo "67-hostile: ok"
