@@ -402,12 +402,16 @@ impl VerbsFabric {
         if out == Revive::Ready {
             self.fb.written_off[path] = false;
             let r = &self.fb.revivers[path];
+            // The port's newest event (IBV_EVENT_PORT_ACTIVE, with its age): the time from the
+            // port's return to the path carrying traffic again.
+            let port = self.cqs[path].context().port_note(self.qps[path].port());
             tracing::info!(
-                "NET/switchless: path {path} ({}) rebuilt: epoch {}, {} attempt(s), {:.1} ms from its fresh queue pair to both ends connected",
+                "NET/switchless: path {path} ({}) rebuilt: epoch {}, {} attempt(s), {:.1} ms from its fresh queue pair to both ends connected; {}",
                 self.infos[path].label,
                 r.epoch(),
                 r.attempts(),
-                self.fb.started[path].map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3)
+                self.fb.started[path].map_or(0.0, |t| t.elapsed().as_secs_f64() * 1e3),
+                port.unwrap_or_else(|| "no port event seen".into())
             );
         }
         Ok(out)
