@@ -447,7 +447,19 @@ impl VerbsFabric {
         match why {
             None => Ok(()),
             Some(w) => {
-                let _ = self.qps[path].to_error();
+                // Only with a survivor to move the work to: the last path keeps its RC retries and
+                // the real completion status (the comm never fails over from it).
+                let survivor = (0..self.fb.data).any(|s| {
+                    s != path
+                        && !self.fb.written_off[s]
+                        && self.cqs[s]
+                            .context()
+                            .port_down_since(self.qps[s].port())
+                            .is_none()
+                });
+                if survivor {
+                    let _ = self.qps[path].to_error();
+                }
                 Err(Error::System(format!(
                     "path {path} ({}): {w}",
                     self.infos[path].label
