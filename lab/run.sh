@@ -148,7 +148,7 @@ for ((n = 1; n <= NODES; n++)); do
     [[ " ${LINK_A[*]} ${LINK_B[*]} " == *" $n "* ]] || die "$TOPO_FILE: node $n has no link"
 done
 CHECKS_LIST=${CHECKS_OVERRIDE:-$TOPO_CHECKS}
-ACCEPTED="payload write_bw read_bw send_bw write_lat send_lat read_lat pingpong bench:latency bench:bandwidth bench:alltoall bench:allreduce bench:MODE@A-B no-route:A-B samehost:MODE@N fault:kill-peer[@A-B] fault:link-down[@A-B] fault:cable-pull[@A-B] doctor watch:MODE"
+ACCEPTED="payload write_bw read_bw send_bw write_lat send_lat read_lat pingpong bench:latency bench:bandwidth bench:alltoall bench:allreduce bench:MODE@A-B no-route:A-B samehost:MODE@N fault:kill-peer[@A-B] fault:link-down[@A-B] fault:cable-pull[@A-B] fault:link-flap[@A-B] doctor watch:MODE"
 check_pair() { # $1 check, $2 "A-B": two different nodes of the topology
     [[ $2 =~ ^([0-9]+)-([0-9]+)$ ]] || die "check '$1': '$2' is not A-B (two node numbers)"
     local x
@@ -171,8 +171,8 @@ for c in $CHECKS_LIST; do
             if ! [[ $x =~ ^[0-9]+$ ]] || [ "$x" -lt 1 ] || [ "$x" -gt "$NODES" ]; then
                 die "check '$c': '$x' is not a node of the topology (accepted: 1..$NODES)"
             fi ;;
-        fault:link-down | fault:cable-pull) [ "$NODES" -ge 2 ] ;;
-        fault:link-down@* | fault:cable-pull@*) check_pair "$c" "${c#*@}" ;;
+        fault:link-down | fault:cable-pull | fault:link-flap) [ "$NODES" -ge 2 ] ;;
+        fault:link-down@* | fault:cable-pull@* | fault:link-flap@*) check_pair "$c" "${c#*@}" ;;
         fault:kill-peer | fault:kill-peer@*)
             sp=1-2; [[ $c == *@* ]] && sp=${c#*@}
             check_pair "$c" "$sp"; KILLED+=("${sp#*-}") ;;
@@ -401,7 +401,7 @@ read -r _ mip1 <<< "$(lab_mgmt_addr 1)"
     echo "L_env=$(q "NCCL_IB_RETRY_CNT=6 $GUEST_ENV")"
     echo "L_noroute_bound=${LAB_NOROUTE_BOUND:-10}"; echo "L_fault_bound=${LAB_FAULT_BOUND:-$(fault_bound)}"
     echo "L_fault_pkts=${LAB_FAULT_PKTS:-300}"; echo "L_fault_hang=${LAB_FAULT_HANG:-60}"
-    echo "L_linkdown_iters=${LAB_LINKDOWN_ITERS:-200}"; echo "L_fault_peer_hang=${LAB_FAULT_PEER_HANG:-fail}"
+    echo "L_linkdown_iters=${LAB_LINKDOWN_ITERS:-200}"; echo "L_flap_iters=${LAB_FLAP_ITERS:-2000}"; echo "L_flap_s=${LAB_FLAP_S:-2}"; echo "L_fault_peer_hang=${LAB_FAULT_PEER_HANG:-fail}"
     for ((n = 1; n <= NODES; n++)); do
         read -r mplen mip <<< "$(lab_mgmt_addr "$n")"
         echo "L_links_$n=$(q "${NODE_LINKS[n]}")"

@@ -263,6 +263,10 @@ run_samehost() {
 # have gone out, A sets its last cable to B down. Passes when A's bench ends (an error naming the
 # path, or completion if the plugin carried on over the other cable) within L_fault_bound seconds
 # of the link going down; B's outcome is recorded, and must not be a hang either.
+# fault:link-flap[@A-B]: as link-down, but A sets the cable up again L_flap_s seconds later (run
+# with NCCL_DEBUG=INFO): passes when A's bench completes and its log shows the path rebuilt and
+# carrying traffic again (failback); the plugin's INFO lines give the time from the port's
+# IBV_EVENT_PORT_ACTIVE to both ends connected.
 # fault:cable-pull[@A-B]: as link-down, but B also sets its end of that cable down when A's note
 # arrives (a DAC pulled out: both ports go down). Both sides must end with an error within
 # L_fault_bound seconds, with no NCCL_SWITCHLESS_REQUEST_TIMEOUT needed: the side with nothing in
@@ -283,6 +287,7 @@ run_fault() { # $1 check
     rm -f "$note"
     case $kind in
         kill-peer) iters=1000000 ;;   # runs until the peer dies (or the bench's own --timeout)
+        link-flap) iters=$L_flap_iters ;;  # long enough for the link to come back mid-run
         *) iters=$L_linkdown_iters ;;  # long enough for the link to go down mid-run
     esac
     rendezvous "$PA" "$PB" "$rport" # the bench's --timeout then measures the transfer, not the wait
@@ -322,7 +327,11 @@ run_fault() { # $1 check
           /usr/sbin/ip link set "$dn" down
           up > "$note"
           echo down | timeout 2 nc "$(mgmt_ip_of "$PB")" "$nport" > /dev/null 2>&1
-          say "FAULT $kind: $((_s - q0)) packets sent, link$dl ($dn, $ddev) set down" ) &
+          say "FAULT $kind: $((_s - q0)) packets sent, link$dl ($dn, $ddev) set down"
+          if [ "$kind" = link-flap ]; then
+              sleep "$L_flap_s"; /usr/sbin/ip link set "$dn" up
+              say "FAULT link-flap: link$dl ($dn) set up again after ${L_flap_s}s, mid-run"
+          fi ) &
     fi
     bench2 bandwidth "$PA" "$PB" "$port" "$out" $FAULT_ARGS -n "$iters" --timeout "$L_fault_hang"
     t2=$(up)
@@ -348,6 +357,13 @@ run_fault() { # $1 check
             elif ! grep -qE "$PATH_ERR_RE" "$out"; then why="no plugin error naming the path (completion status, port down or request timeout)"
             elif ! awk -v a="$tf" -v b="$L_fault_bound" 'BEGIN{exit !(a <= b)}'; then why="ended ${tf}s after the cable was pulled (bound ${L_fault_bound}s)"
             fi ;;
+        link-flap)
+            if [ "$tf" = null ]; then why="the link never went down, or no note of it"
+            elif [ "$LAB_NODE" = "$PA" ] && [ $outcome != completed ]; then why="$outcome: the bench must complete over the other cable"
+            elif [ "$LAB_NODE" = "$PA" ] && ! grep -q "carries traffic again" "$out"; then why="no failback: the path never carried traffic again"
+            elif [ $outcome = hang ]; then why="HANG after the link flapped"
+            fi
+            grep -E "rebuilt: epoch|carries traffic again|failing over" "$out" | sed 's/^/FLAP /' ;;
         link-down)
             if [ "$tf" = null ]; then why="the link never went down, or no note of it (transfer over before $L_fault_pkts packets?)"
             elif [ $outcome = hang ]; then why="HANG: requests neither completed nor failed after the link went down"
@@ -459,11 +475,11 @@ for c in $L_checks; do
         bench:*@*-*) run_bench_pair ;;
         no-route:*-*) run_no_route ;;
         samehost:*@*) run_samehost ;;
-        fault:kill-peer | fault:link-down | fault:cable-pull | fault:kill-peer@*-* | fault:link-down@*-* | fault:cable-pull@*-*) run_fault "$c" ;;
+        fault:kill-peer | fault:link-down | fault:cable-pull | fault:link-flap | fault:kill-peer@*-* | fault:link-down@*-* | fault:cable-pull@*-* | fault:link-flap@*-*) run_fault "$c" ;;
         doctor) run_doctor ;;
         payload) run_payload ;;
         watch:latency | watch:bandwidth | watch:alltoall | watch:allreduce) run_watch ;;
-        *) say "CHECKFAIL unknown check '$c' (accepted: payload write_bw read_bw send_bw write_lat send_lat read_lat pingpong bench:latency bench:bandwidth bench:alltoall bench:allreduce bench:MODE@A-B no-route:A-B samehost:MODE@N fault:kill-peer[@A-B] fault:link-down[@A-B] fault:cable-pull[@A-B] doctor watch:MODE)"
+        *) say "CHECKFAIL unknown check '$c' (accepted: payload write_bw read_bw send_bw write_lat send_lat read_lat pingpong bench:latency bench:bandwidth bench:alltoall bench:allreduce bench:MODE@A-B no-route:A-B samehost:MODE@N fault:kill-peer[@A-B] fault:link-down[@A-B] fault:cable-pull[@A-B] fault:link-flap[@A-B] doctor watch:MODE)"
            jl "$c" null null none fail 2 0 '{}' ""; fail=1 ;;
     esac
 done

@@ -9,6 +9,7 @@
 //!   flush, errors, teardown).
 //! * [`stripe`]: pure arithmetic splitting a message over paths by link speed.
 //! * [`wire`]: layouts shared by both sides (CTS slot, size record, immediate, `wr_id`, control info).
+//! * [`revive`]: the reconnect exchange of failback (fresh queue pairs agreed over a surviving path).
 //! * [`droplog`]: rate-limited warnings for connections a listener drops.
 //! * [`ctrl`]: atomic words that software fabrics write for their peer, and the shared range check.
 //! * [`memfab`]: an in-process fabric with fault injection for tests and benchmarks.
@@ -22,6 +23,7 @@ pub mod fabric;
 pub mod handshake;
 pub mod memfab;
 pub mod modelfab;
+pub mod revive;
 pub mod stripe;
 pub mod tcp;
 pub mod wire;

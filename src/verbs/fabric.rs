@@ -4,8 +4,8 @@
 //! per data path, plus, when asked, one loopback QP per RDMA device for the GPU-direct flush (an RC QP
 //! connected to itself on the same port and GID). Follows the checklist in `transport::fabric`:
 //!
-//! * queue sizes: `max_send_wr` = [`SEND_QUEUE_DEPTH`] (576), `max_recv_wr` = [`RECV_DEPTH`] (256), CQ
-//!   ≥ both together;
+//! * queue sizes: `max_send_wr` = [`SEND_QUEUE_DEPTH`] (576) + 4 (failback's mailbox writes),
+//!   `max_recv_wr` = [`RECV_DEPTH`] (256), CQ ≥ both together;
 //! * registrations: one MR per distinct protection domain (one PD per RDMA device of the connection),
 //!   keys per path; data memory may use relaxed ordering, control memory never does;
 //! * control memory is a `Box<[AtomicU64]>` registered with strict ordering; `ctrl_load`/`ctrl_store` are
@@ -22,15 +22,23 @@
 //! to RTR then RTS towards the peer's ends. `NCCL_IB_QPS_PER_CONNECTION` is not folded in: one QP per
 //! path (striping over paths already spreads a connection).
 //!
+//! Failback (`fabric/revive.rs`): a data path whose port is ACTIVE again gets a fresh QP and CQ,
+//! agreed with the peer through a mailbox written over a surviving path.
+//!
+//! [`SEND_QUEUE_DEPTH`]: crate::transport::fabric::SEND_QUEUE_DEPTH
+//! [`RECV_DEPTH`]: crate::transport::fabric::RECV_DEPTH
+//!
 //! The inline hint of [`WriteWr`] is honoured up to the QP's granted `max_inline_data` (64 bytes
 //! requested; a device that refuses inline gets QPs without it and SGE writes only): the provider
 //! copies the bytes from the SGE at post time.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+mod revive;
 
 use super::context::Context;
 use super::cq::{Completion as VerbsCompletion, CompletionQueue, WcOpcode as VerbsOpcode};
@@ -41,8 +49,8 @@ use super::qp::{
 use super::types::{Access, Gid, Mtu, PortState};
 use crate::error::{Error, Result};
 use crate::transport::fabric::{
-    Completion, CtrlMem, Fabric, MemKind, PathInfo, PathKeys, PathRole, RECV_DEPTH, ReadWr,
-    Registration, SEND_QUEUE_DEPTH, WcOpcode, WriteWr,
+    Completion, CtrlMem, Fabric, MemKind, PathInfo, PathKeys, PathRole, ReadWr, Registration,
+    WcOpcode, WriteWr,
 };
 
 /// One data path to build: an RDMA device port and the GID to send from.
@@ -81,6 +89,9 @@ pub struct RemoteEnd {
     pub gid: [u8; 16],
     /// The peer's active MTU in bytes.
     pub mtu: u32,
+    /// Address and rkey (on this path) of the peer's reconnect mailbox; 0: the peer has none.
+    pub mailbox: u64,
+    pub mailbox_rkey: u32,
 }
 
 /// QP attributes from the configuration and the communicator (NCCL_IB_TC/SL/TIMEOUT/RETRY_CNT).
@@ -138,6 +149,8 @@ pub struct VerbsFabric {
     qps: Vec<QueuePair>,
     cqs: Vec<Arc<CompletionQueue>>,
     ctrl: Vec<CtrlBlock>,
+    /// Failback: the reconnect mailbox and each data path's rebuild (`fabric/revive.rs`).
+    fb: revive::Failback,
     regs: HashMap<u64, Vec<MemoryRegion>>,
     pds: Vec<Arc<ProtectionDomain>>,
     /// Index into `pds` per path.
@@ -220,6 +233,7 @@ impl VerbsFabric {
             qps: Vec::new(),
             cqs: Vec::new(),
             ctrl: Vec::new(),
+            fb: revive::Failback::empty(),
             regs: HashMap::new(),
             pds: Vec::new(),
             path_pd: Vec::new(),
@@ -232,14 +246,8 @@ impl VerbsFabric {
             created: std::time::Instant::now(),
             port_grace_ms: AtomicU64::new(millis(port_grace(&QpTuning::default()))),
         };
-        let caps = QpCaps {
-            max_send_wr: SEND_QUEUE_DEPTH as u32,
-            max_recv_wr: RECV_DEPTH as u32,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: INLINE_BYTES,
-        };
-        let cq_depth = (SEND_QUEUE_DEPTH + RECV_DEPTH + 64) as u32;
+        let caps = revive::data_caps(INLINE_BYTES);
+        let cq_depth = revive::DATA_CQ_DEPTH;
         for p in paths {
             let pd = f.pd_for(&p.ctx)?;
             let cq = CompletionQueue::new(&p.ctx, cq_depth)?;
@@ -283,6 +291,7 @@ impl VerbsFabric {
             f.qps.push(qp);
             f.cqs.push(cq);
         }
+        f.alloc_mailbox()?;
         if loopback {
             let mut done: Vec<usize> = Vec::new();
             for p in paths {
@@ -334,8 +343,16 @@ impl VerbsFabric {
     /// device or for one of this endpoint's QPs or CQs fails the connection (as NCCL's IB transport
     /// does with its default `NCCL_IB_RETURN_ASYNC_EVENTS=1`).
     fn check_events(&self) -> Result<()> {
-        let qpns: Vec<u32> = self.qps.iter().map(QueuePair::qp_num).collect();
-        let cqs: Vec<usize> = self.cqs.iter().map(|c| c.as_ptr() as usize).collect();
+        // A path the comm wrote off (it probes it for failback) no longer fails the connection.
+        let live = |i: &usize| !self.fb.written_off.get(*i).copied().unwrap_or(false);
+        let qpns: Vec<u32> = (0..self.qps.len())
+            .filter(live)
+            .map(|i| self.qps[i].qp_num())
+            .collect();
+        let cqs: Vec<usize> = (0..self.cqs.len())
+            .filter(live)
+            .map(|i| self.cqs[i].as_ptr() as usize)
+            .collect();
         for pd in &self.pds {
             let ctx = pd.context();
             ctx.drain_events();
@@ -358,7 +375,7 @@ impl VerbsFabric {
         // work requests would have failed by now; a side with nothing in flight would wait forever.
         let grace = Duration::from_millis(self.port_grace_ms.load(Ordering::Relaxed));
         for (i, info) in self.infos.iter().enumerate() {
-            if info.role != PathRole::Data {
+            if info.role != PathRole::Data || !live(&i) {
                 continue;
             }
             let (ctx, port) = (self.cqs[i].context(), self.qps[i].port());
@@ -436,6 +453,7 @@ impl VerbsFabric {
             })
             .map_err(|e| context(e, &format!("path {i} ({})", self.infos[i].label)))?;
         }
+        self.remember_peer(peer, tuning);
         Ok(())
     }
 
@@ -716,12 +734,28 @@ impl Fabric for VerbsFabric {
     fn poll(&mut self, path: usize, max: usize, out: &mut Vec<Completion>) -> Result<usize> {
         self.check_path(path)?;
         self.health()?;
-        self.scratch.clear();
-        let n = self.cqs[path].poll(&mut self.scratch, max)?;
-        for c in &self.scratch {
-            out.push(map_completion(c)?);
+        let mut kept = 0;
+        // Completions reaped while making room for a failback mailbox write come first.
+        while kept < max {
+            match self.fb.stash.get_mut(path).and_then(VecDeque::pop_front) {
+                Some(c) => out.push(c),
+                None => break,
+            }
+            kept += 1;
         }
-        Ok(n)
+        self.scratch.clear();
+        self.cqs[path].poll(&mut self.scratch, max - kept)?;
+        for i in 0..self.scratch.len() {
+            let c = self.scratch[i];
+            // Reconnect-mailbox writes are the fabric's own; a failed one is rewritten next probe.
+            if revive::mail_path(c.wr_id).is_some() {
+                self.mail_done(path);
+                continue;
+            }
+            out.push(map_completion(&c)?);
+            kept += 1;
+        }
+        Ok(kept)
     }
 
     fn health(&mut self) -> Result<()> {
@@ -729,6 +763,7 @@ impl Fabric for VerbsFabric {
         if self.polls >= EVENT_CHECK_EVERY {
             self.polls = 0;
             self.check_events()?;
+            self.answer_mail()?;
         }
         Ok(())
     }
@@ -751,6 +786,14 @@ impl Fabric for VerbsFabric {
             _ => {}
         }
         (!notes.is_empty()).then(|| notes.join("; "))
+    }
+
+    fn path_health(&mut self, path: usize) -> Result<()> {
+        self.data_path_health(path)
+    }
+
+    fn revive_path(&mut self, path: usize) -> Result<crate::transport::fabric::Revive> {
+        self.revive(path)
     }
 
     fn shutdown(&mut self) -> Result<()> {

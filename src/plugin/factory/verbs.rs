@@ -175,14 +175,19 @@ impl Connectable for VerbsFabric {
     fn local_params(&self) -> Vec<PathParams> {
         self.local_ends()
             .iter()
-            .map(|e| PathParams {
-                qpns: vec![e.qpn],
-                psn: e.psn,
-                gid: e.gid,
-                gid_index: e.gid_index,
-                mtu: e.mtu,
-                rkey: 0,
-                addr: 0,
+            .enumerate()
+            .map(|(i, e)| {
+                // The reconnect mailbox of failback, reached over this path.
+                let (addr, rkey) = self.mailbox(i);
+                PathParams {
+                    qpns: vec![e.qpn],
+                    psn: e.psn,
+                    gid: e.gid,
+                    gid_index: e.gid_index,
+                    mtu: e.mtu,
+                    rkey,
+                    addr,
+                }
             })
             .collect()
     }
@@ -200,6 +205,8 @@ impl Connectable for VerbsFabric {
                     psn: p.psn,
                     gid: p.gid,
                     mtu: p.mtu,
+                    mailbox: p.addr,
+                    mailbox_rkey: p.rkey,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
