@@ -12,11 +12,38 @@ use crate::ffi::loader::net::SharedBuf;
 pub(crate) struct Local {
     pub(crate) time_us: f64,
     /// Latency mode, on the rank that times its pair: the spread of the one-way times.
-    pub(crate) spread: Option<super::modes::Spread>,
+    pub(crate) spread: Option<Spread>,
     pub(crate) errors: u64,
     pub(crate) first: Option<String>,
     /// Fill and check payload bytes.
     pub(crate) verify: bool,
+}
+
+/// The spread of a latency run's one-way times (half of each ping-pong round trip), us.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Spread {
+    pub min: f64,
+    /// The median (perftest's `t_typical`).
+    pub median: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+impl Spread {
+    /// The spread of `samples` (unordered), none when empty.
+    pub fn of(mut samples: Vec<f64>) -> Option<Spread> {
+        if samples.is_empty() {
+            return None;
+        }
+        samples.sort_by(f64::total_cmp);
+        let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+        Some(Spread {
+            min: samples[0],
+            median: at(0.5),
+            p99: at(0.99),
+            max: samples[samples.len() - 1],
+        })
+    }
 }
 
 impl Local {

@@ -91,7 +91,7 @@ pub(crate) fn run<N: Net>(
     }
     if lower {
         l.time_us = total_t.as_secs_f64() * 1e6 / pp.iters.max(1) as f64 / 2.0;
-        l.spread = super::modes::Spread::of(one_way);
+        l.spread = super::checks::Spread::of(one_way);
     }
     Ok(())
 }

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use super::bootstrap::Bootstrap;
+pub use super::checks::Spread;
 use super::checks::{Local, check_size, fill_region, partner, scramble, verify_region};
 use super::clock::{Clock, Group, WallClock};
 pub use super::conns::SetupTimes;
@@ -113,33 +114,6 @@ pub struct Row {
     /// with perftest's `t_min` / `t_typical` / `t_99` on a noisy host.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub one_way_us: Option<Spread>,
-}
-
-/// The spread of a latency run's one-way times (half of each ping-pong round trip), us.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
-pub struct Spread {
-    pub min: f64,
-    /// The median (perftest's `t_typical`).
-    pub median: f64,
-    pub p99: f64,
-    pub max: f64,
-}
-
-impl Spread {
-    /// The spread of `samples` (unordered), none when empty.
-    pub fn of(mut samples: Vec<f64>) -> Option<Spread> {
-        if samples.is_empty() {
-            return None;
-        }
-        samples.sort_by(f64::total_cmp);
-        let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
-        Some(Spread {
-            min: samples[0],
-            median: at(0.5),
-            p99: at(0.99),
-            max: samples[samples.len() - 1],
-        })
-    }
 }
 
 /// The result of a run (rank 0 holds the merged rows; other ranks their own view of them).
