@@ -23,6 +23,9 @@ use switchless::plugin::{
 use switchless::route::types::{KernelRoute, LinkKind, LocalLink};
 use switchless::transport::memfab::{MemFab, MemFabConfig};
 
+#[path = "support/logs.rs"]
+mod logs;
+
 type B = Switchless<MemFactory>;
 
 /// Tests run in parallel threads of one process; the leak test counts the process's file descriptors
@@ -393,14 +396,106 @@ fn nccl_device_is_a_hint_and_the_override_is_used() {
 #[test]
 fn the_device_hint_restricts_paths_when_it_reaches_the_peer() {
     let _shared = shared();
-    // Two devices, one link each: connecting on device 0 uses only its link.
+    // Two devices, one link each: connecting on device 0 carries data on its link only; device
+    // 1's link to the peer is a standby path unless NCCL_SWITCHLESS_STANDBY=0.
+    let view = |standby: bool| {
+        let mut v = two_path_view(Config {
+            standby,
+            ..Config::default()
+        });
+        v.devices.push(device(1, "sl_lo2"));
+        v.links[1].nccl_dev = Some(1);
+        v
+    };
+    let b = backend(view(false));
+    let (s, r, _l) = establish(&b, 1, 0);
+    assert_eq!(s.path_labels().len(), 1, "{:?}", s.path_labels());
+    assert_eq!(r.path_labels().len(), 1);
+    let b = backend(view(true));
+    let (s, r, _l) = establish(&b, 1, 0);
+    assert_eq!(s.path_labels().len(), 2, "{:?}", s.path_labels());
+    assert_eq!(r.path_labels().len(), 2);
+}
+
+/// A connection on device 0 whose peer device 1 also reaches: device 0's link carries, device 1's
+/// stands by; the carrying cable is pulled mid-run and the transfer completes on the standby path,
+/// bytes verified, with a WARN naming the standby taking over.
+#[test]
+fn a_standby_path_of_another_device_takes_over_when_the_carrying_cable_is_pulled() {
+    let _shared = shared();
+    let _g = serial();
     let mut v = two_path_view(Config::default());
     v.devices.push(device(1, "sl_lo2"));
     v.links[1].nccl_dev = Some(1);
     let b = backend(v);
-    let (s, r, _l) = establish(&b, 1, 0);
-    assert_eq!(s.path_labels().len(), 1, "{:?}", s.path_labels());
-    assert_eq!(r.path_labels().len(), 1);
+    let fab = b.factory().fab().clone();
+    let ((), logs) = logs::Logs::capture(|| {
+        let (s, r, l) = establish(&b, 1, 0);
+        let (a, _) = fab.newest_pair().unwrap();
+        const N: usize = 4 << 20;
+        let src = fab.alloc(N).unwrap();
+        let dst = fab.alloc(N).unwrap();
+        fab.write(src, &pattern(N, 3)).unwrap();
+        let region = |addr: u64| Region {
+            addr: addr as usize,
+            size: N,
+            kind: PtrSupport::HOST,
+        };
+        let smr = B::reg_mr(plugin::CommRef::Send(&s), region(src)).unwrap();
+        let rmr = B::reg_mr(plugin::CommRef::Recv(&r), region(dst)).unwrap();
+        for round in 0..3 {
+            if round == 1 {
+                // Mid-run: the carrying cable goes a few work requests into this transfer.
+                assert_eq!(fab.path_bytes(a, 1), 0, "the standby path carried data");
+                fab.kill_after(a, 0, 3, true);
+            }
+            fab.write(dst, &vec![0; N]).unwrap();
+            let mut rr = B::irecv(
+                &r,
+                &[RecvBuf {
+                    addr: dst as usize,
+                    size: N,
+                    tag: 7,
+                    mr: &rmr,
+                }],
+            )
+            .unwrap()
+            .unwrap();
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let mut sr = loop {
+                if let Some(q) = B::isend(&s, src as usize, N, 7, &smr).unwrap() {
+                    break q;
+                }
+                assert!(Instant::now() < deadline, "no clear-to-send");
+            };
+            let (mut sent, mut got) = (false, false);
+            let mut sz = [0usize; 1];
+            while !(sent && got) {
+                assert!(Instant::now() < deadline, "transfer did not finish");
+                sent = sent || B::test(&mut sr, &mut sz).unwrap();
+                got = got || B::test(&mut rr, &mut sz).unwrap();
+            }
+            assert_eq!(fab.read(dst, N).unwrap(), pattern(N, 3), "round {round}");
+        }
+        assert!(
+            fab.path_bytes(a, 1) >= N as u64,
+            "the standby path took over"
+        );
+        B::dereg_mr(plugin::CommRef::Send(&s), smr).unwrap();
+        B::dereg_mr(plugin::CommRef::Recv(&r), rmr).unwrap();
+        B::close_recv(r).unwrap();
+        B::close_send(s).unwrap();
+        B::close_listen(l).unwrap();
+    });
+    let w = logs.find(tracing::Level::WARN, "failing over to standby [1]");
+    assert!(!w.is_empty(), "{:?}", logs.all());
+    assert!(
+        !logs
+            .find(tracing::Level::INFO, "1 standby path(s)")
+            .is_empty(),
+        "{:?}",
+        logs.all()
+    );
 }
 
 #[test]

@@ -80,6 +80,16 @@ fn b300_full_mesh_is_clean_with_800_per_cable() {
     }
     assert!(r.non_neighbours.is_empty());
     assert!(r.hosts.iter().all(|h| h.ends == 12 && h.nccl_devices == 6));
+    // Per pair: each NCCL device's two halves carry, the other cage's stand by.
+    assert_eq!(r.failover.len(), 6);
+    let f = &r.failover[0];
+    assert_eq!(f.object, "hosts b300-1 — b300-2");
+    assert!(
+        f.message.contains("4 usable path(s)")
+            && f.message.contains("on sl_eno6np0: eno6np0 10.112.1.1 -> 10.112.1.2, enp237s0f1np1 10.112.2.1 -> 10.112.2.2 carry; standby eno7np0 10.112.3.1 -> 10.112.3.2"),
+        "{}",
+        f.message
+    );
 }
 
 #[test]

@@ -65,6 +65,28 @@ fn rig(npaths: usize, fcfg: MemFabConfig, pcfg: ProtocolConfig) -> Rig {
     }
 }
 
+/// [`rig`] whose sender marks `standby` data paths standby before the pair exchanges its control
+/// info (what the plugin's connect does with the paths outside NCCL's device).
+fn rig_standby(npaths: usize, standby: &[usize], fcfg: MemFabConfig, pcfg: ProtocolConfig) -> Rig {
+    let fab = MemFab::new(fcfg);
+    let (a, b) = fab.pair(&vec![100_000; npaths], 0);
+    let sid = a.id();
+    let mut s = SendComm::new(a, pcfg).unwrap();
+    s.set_standby(standby).unwrap();
+    let mut r = RecvComm::new(b, pcfg).unwrap();
+    let (si, ri) = (s.local_info(), r.local_info());
+    s.connect(ri).unwrap();
+    r.connect(si).unwrap();
+    Rig {
+        fab,
+        s,
+        r,
+        sid,
+        now: Instant::now(),
+        copies: fcfg.copy_data,
+    }
+}
+
 /// What one run did.
 #[derive(Debug, Default)]
 struct Outcome {
@@ -434,6 +456,77 @@ fn a_path_comes_back_and_carries_traffic_again() {
     );
 }
 
+/// A standby path carries nothing while the carrying path is up; when that one's cable is pulled
+/// mid-run the standby path takes over (one WARN per side names it), every message arrives once
+/// with its bytes; when the cable is back the original carries again and the standby stands by.
+#[test]
+fn a_standby_path_takes_over_and_stands_by_again() {
+    let _p = shared();
+    let logs = Logs::default();
+    let l2 = logs.clone();
+    tracing::subscriber::with_default(l2, || {
+        let fcfg = MemFabConfig {
+            copy_data: true,
+            ..MemFabConfig::default()
+        };
+        let mut g = rig_standby(2, &[1], fcfg, pcfg());
+        let sid = g.sid;
+        assert_eq!(g.s.paths_carrying(), vec![true, false]);
+        assert_eq!(g.r.paths_carrying(), vec![true, false]);
+        let out = stream(&mut g, &[1 << 20; 8], 4, |_, _| {});
+        assert!(out.received.iter().all(|&c| c == 1));
+        assert_eq!(g.fab.path_bytes(sid, 1), 0, "the standby path carried data");
+        // Cable 0 pulled after 30 work requests: messages are in flight on it.
+        g.fab.kill_after(sid, 0, 30, true);
+        let out = stream(&mut g, &[1 << 20; 16], 8, |_, _| {});
+        assert!(out.received.iter().all(|&c| c == 1));
+        let (k, d) = (out.kill_step.unwrap(), out.first_done_after_kill.unwrap());
+        eprintln!("standby: kill at step {k}, next receive completed at step {d} (1 ms each)");
+        assert!(d - k <= 2, "steps {k} to {d}");
+        assert_eq!(g.s.paths_carrying(), vec![false, true]);
+        assert!(
+            g.fab.path_bytes(sid, 1) >= 8 << 20,
+            "the standby path took over"
+        );
+        // Back after 2 s of virtual time: the next probe rebuilds path 0.
+        let more = vec![16 << 10; 4000];
+        stream(&mut g, &more, 1, |g, step| {
+            if step == 2000 {
+                g.fab.restore_path(sid, 0);
+            }
+        });
+        assert_eq!(g.s.paths_carrying(), vec![true, false]);
+        assert_eq!(g.r.paths_carrying(), vec![true, false]);
+        let standby_bytes = g.fab.path_bytes(sid, 1);
+        stream(&mut g, &[1 << 20; 4], 2, |_, _| {});
+        assert_eq!(
+            g.fab.path_bytes(sid, 1),
+            standby_bytes,
+            "standby carried after failback"
+        );
+        close(g);
+    });
+    let w = logs.at(tracing::Level::WARN);
+    assert_eq!(w.len(), 2, "{w:?}");
+    for line in &w {
+        assert!(
+            line.contains("path [0] memfab ep")
+                && line.contains("failing over to standby [1] memfab ep")
+                && line.contains("expect about 100.00 Gb/s (was 100.00 Gb/s)"),
+            "{line}"
+        );
+    }
+    let info = logs.at(tracing::Level::INFO);
+    let back: Vec<&String> = info.iter().filter(|l| l.contains("is back")).collect();
+    assert_eq!(back.len(), 2, "{info:?}");
+    assert!(
+        back.iter().any(|l| l.contains("standby [1] memfab ep")
+            && l.contains("stands by again")
+            && l.contains("1 paths, about 100.00 Gb/s")),
+        "{back:?}"
+    );
+}
+
 /// Comm-level version of the backend's 1000-cycle leak test, with failures: every cycle connects,
 /// moves messages, kills a path in two of three cycles (at a different point each time), restores
 /// it in some, and closes. Keys go back to zero each cycle and resident memory does not grow.
@@ -497,7 +590,8 @@ proptest! {
 
     /// 2–4 paths, 0 B–64 MiB messages (large ones rare, without payload copies), up to 16
     /// outstanding, a random path killed at a random point (maybe mid-write), sometimes restored
-    /// later (failback under traffic): every message exactly once, bytes checked, no hang, no leak.
+    /// later (failback under traffic), with 0–2 of the paths standby: every message exactly once,
+    /// bytes checked, no hang, no leak.
     #[test]
     fn any_kill_point_delivers_every_message_exactly_once(
         npaths in 2usize..=4,
@@ -510,6 +604,7 @@ proptest! {
         partial in any::<bool>(),
         seed in proptest::option::of(1u64..1000),
         restore_at in proptest::option::of(0usize..40),
+        standby in 0usize..3,
     ) {
         let _p = shared();
         let mut sizes = sizes;
@@ -525,7 +620,10 @@ proptest! {
             copy_data: !big,
             ..MemFabConfig::default()
         };
-        let mut g = rig(npaths, fcfg, pcfg());
+        // The last `standby` paths (0..=npaths-1 of them) are standby: a kill of a carrying path
+        // hands its work to one of them.
+        let standby: Vec<usize> = (npaths - standby.min(npaths - 1)..npaths).collect();
+        let mut g = rig_standby(npaths, &standby, fcfg, pcfg());
         let kp = kill_path % npaths;
         g.fab.kill_after(g.sid, kp, kill_at, partial);
         let sid = g.sid;

@@ -391,6 +391,18 @@ variables! {
                   is probed to rejoin (failback, INFO line); a request fails only when no path is left. \
                   `0`: a path's error fails the requests on it. See `docs/failover.md`.",
         },
+        standby: bool {
+            name: "NCCL_SWITCHLESS_STANDBY",
+            default: "1",
+            forms: FORM_BOOL,
+            parse: parse_bool,
+            show: show_bool,
+            doc: "`1`: a connection whose NCCL device reaches the peer also sets up the peer's other \
+                  paths (other cables, the other PCIe function or CX-8 half; for GPU memory only those \
+                  within `NCCL_NET_GDR_LEVEL`) as standby: one queue pair each, no data until a carrying \
+                  path fails, then one takes its place until it is back. `0` (or \
+                  `NCCL_SWITCHLESS_FAILOVER=0`): only NCCL's device's paths. See `docs/failover.md`.",
+        },
         failback_retries: u8 {
             name: "NCCL_SWITCHLESS_FAILBACK_RETRIES",
             default: "5",
@@ -818,7 +830,7 @@ mod tests {
             "NCCL_IB_HCA=<all> NCCL_IB_GID_INDEX=auto NCCL_IB_TC=auto NCCL_IB_SL=auto NCCL_IB_TIMEOUT=20 \
              NCCL_IB_RETRY_CNT=7 NCCL_IB_QPS_PER_CONNECTION=1 NCCL_NET_GDR_LEVEL=default transport=auto connect_timeout=off \
              request_timeout=off tcp_streams=auto tcp_threads=auto tcp_fallback=0 min_chunk=131072 bytes \
-             log_routes=0 failover=1 failback_retries=5 failback_backoff=100 ms failback_interval=5000 ms \
+             log_routes=0 failover=1 standby=1 failback_retries=5 failback_backoff=100 ms failback_interval=5000 ms \
              adaptive_weights=1"
         );
     }

@@ -4,6 +4,7 @@
 
 pub mod handle;
 pub mod select;
+pub mod standby;
 pub mod types;
 
 pub use handle::{Handle, HandleRepr};
@@ -11,4 +12,5 @@ pub use select::{
     Closeness, DevOverride, KindFilter, PathChoice, Reach, RouteOptions, Selection, Skipped,
     check_incoming, closeness, kernel_route, render_text, select,
 };
+pub use standby::standby;
 pub use types::{point_to_point, point_to_point_peers};

@@ -244,6 +244,9 @@ pub struct CtrlInfo {
     pub words: u32,
     /// Remote key per data path.
     pub rkeys: Vec<u32>,
+    /// Standby data paths (bit `k`: path `k`): the connector set them up to take over when a
+    /// carrying path fails; both ends send nothing new on them until then. 0: none.
+    pub standby: u8,
 }
 
 const CTRL_MAGIC: u32 = 0x5357_4c43; // "SWLC"
@@ -259,13 +262,15 @@ impl CtrlInfo {
         20 + 4 * npaths
     }
 
-    /// Encodes: magic u32, version u8, npaths u8, 2 reserved bytes, addr u64, words u32, rkeys.
+    /// Encodes: magic u32, version u8, npaths u8, standby mask u8, 1 reserved byte, addr u64,
+    /// words u32, rkeys. (The mask byte was reserved, zero, before standby paths: such a peer
+    /// reads none.)
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(Self::encoded_len(self.rkeys.len()));
         v.extend_from_slice(&CTRL_MAGIC.to_le_bytes());
         v.push(CTRL_VERSION);
         v.push(self.rkeys.len() as u8);
-        v.extend_from_slice(&[0, 0]);
+        v.extend_from_slice(&[self.standby, 0]);
         v.extend_from_slice(&self.addr.to_le_bytes());
         v.extend_from_slice(&self.words.to_le_bytes());
         for k in &self.rkeys {
@@ -307,6 +312,13 @@ impl CtrlInfo {
                 Self::encoded_len(npaths)
             )));
         }
+        let standby = b[6];
+        if standby >> npaths != 0 || standby.count_ones() as usize == npaths {
+            return Err(Error::Remote(format!(
+                "control-memory info marks paths {standby:#010b} standby of {npaths}; accepted: \
+                 a subset of the paths that leaves at least one carrying"
+            )));
+        }
         let mut a = [0u8; 8];
         a.copy_from_slice(&b[8..16]);
         let words = u32::from_le_bytes([b[16], b[17], b[18], b[19]]);
@@ -318,6 +330,7 @@ impl CtrlInfo {
             addr: u64::from_le_bytes(a),
             words,
             rkeys,
+            standby,
         })
     }
 }
@@ -428,9 +441,17 @@ mod tests {
             addr: 0xabc,
             words: 2048,
             rkeys: vec![1, 2, 3],
+            standby: 0b110,
         };
         let b = info.to_bytes();
         assert_eq!(CtrlInfo::from_bytes(&b).unwrap(), info);
+        // A path that does not exist, or no carrying path left.
+        for mask in [0b1000, 0b111] {
+            let mut bad = b.clone();
+            bad[6] = mask;
+            let e = CtrlInfo::from_bytes(&bad).unwrap_err().to_string();
+            assert!(e.contains("standby"), "{e}");
+        }
         assert!(
             CtrlInfo::from_bytes(&b[..10])
                 .unwrap_err()

@@ -139,26 +139,8 @@ impl<P: PathFactory> Switchless<P> {
             kinds,
             ..RouteOptions::default()
         };
-        let p2p: Vec<LocalLink> = self
-            .view
-            .links
-            .iter()
-            .filter(|l| crate::route::point_to_point(l.addr))
-            .cloned()
-            .collect();
+        let (p2p, tcp_peer) = self.tcp_inputs(peer);
         let (links, routes) = (&self.view.links, &self.view.routes);
-        // A rank of this host advertises every link of this host, a management /24 too, which TCP
-        // selection leaves out of its local links: leave such addresses out of the peer's list as well,
-        // so that routing still sees that every address the peer advertises is this host's.
-        let on_p2p = |r: &RemoteLink| p2p.iter().any(|l| l.addr.addr() == r.addr.addr());
-        let this_host = peer
-            .iter()
-            .all(|r| links.iter().any(|l| l.addr.addr() == r.addr.addr()));
-        let tcp_peer: Vec<RemoteLink> = if this_host && peer.iter().any(on_p2p) {
-            peer.iter().filter(|r| on_p2p(r)).cloned().collect()
-        } else {
-            peer.to_vec()
-        };
         let first = match self.view.config.transport {
             TransportMode::Rdma => self.select_roce(dev, peer, who),
             TransportMode::Tcp => select(&p2p, routes, &tcp_peer, &opts(KindFilter::Tcp)),
@@ -190,6 +172,73 @@ impl<P: PathFactory> Switchless<P> {
             tracing::warn!("NET/switchless: {}", fallback_warning(who, &sel));
         }
         Ok(sel)
+    }
+
+    /// What TCP routing selects from: the point-to-point links, and the peer's addresses.
+    fn tcp_inputs(&self, peer: &[RemoteLink]) -> (Vec<LocalLink>, Vec<RemoteLink>) {
+        let p2p: Vec<LocalLink> = self
+            .view
+            .links
+            .iter()
+            .filter(|l| crate::route::point_to_point(l.addr))
+            .cloned()
+            .collect();
+        let links = &self.view.links;
+        // A rank of this host advertises every link of this host, a management /24 too, which TCP
+        // selection leaves out of its local links: leave such addresses out of the peer's list as well,
+        // so that routing still sees that every address the peer advertises is this host's.
+        let on_p2p = |r: &RemoteLink| p2p.iter().any(|l| l.addr.addr() == r.addr.addr());
+        let this_host = peer
+            .iter()
+            .all(|r| links.iter().any(|l| l.addr.addr() == r.addr.addr()));
+        let tcp_peer: Vec<RemoteLink> = if this_host && peer.iter().any(on_p2p) {
+            peer.iter().filter(|r| on_p2p(r)).cloned().collect()
+        } else {
+            peer.to_vec()
+        };
+        (p2p, tcp_peer)
+    }
+
+    /// The standby paths of a connection on NCCL's device `dev` whose carrying paths are `sel`
+    /// ([`crate::route::standby`]): of the same kind (RoCE, or TCP on point-to-point links), none
+    /// for routed paths; for GPU memory RoCE only and within `NCCL_NET_GDR_LEVEL` of `dev` (the
+    /// locality NCCL decided GPU-direct by). None with `NCCL_SWITCHLESS_STANDBY=0` or failover
+    /// off.
+    pub(super) fn standby_paths(
+        &self,
+        dev: usize,
+        peer: &[RemoteLink],
+        sel: &Selection,
+    ) -> Vec<PathChoice> {
+        let cfg = &self.view.config;
+        if !cfg.standby || !cfg.failover || sel.paths.iter().any(|p| p.via.is_some()) {
+            return Vec::new();
+        }
+        let roce = sel.paths.iter().all(|p| p.kind == LinkKind::Roce);
+        let gpu = self.gpu_memory(dev);
+        if gpu && !roce {
+            return Vec::new();
+        }
+        let (mut links, peer) = if roce {
+            (self.view.links.clone(), peer.to_vec())
+        } else {
+            self.tcp_inputs(peer)
+        };
+        if gpu {
+            if let Some(near) = gdr_scope(cfg.net_gdr_level).and_then(|s| self.near_links(dev, s)) {
+                links = near;
+            }
+        }
+        let opts = RouteOptions {
+            nccl_dev: Some(dev),
+            kinds: if roce {
+                KindFilter::Roce
+            } else {
+                KindFilter::Tcp
+            },
+            ..RouteOptions::default()
+        };
+        crate::route::standby(&links, &self.view.routes, &peer, &opts, sel)
     }
 
     /// RoCE pairs to the peer. When NCCL's device does not reach the peer and NCCL may put GPU
@@ -374,7 +423,22 @@ impl<P: PathFactory> Switchless<P> {
         if let Some(ov) = &sel.dev_override {
             tracing::info!("NET/switchless: connect to {peer}: {}", ov.reason);
         }
-        let chosen = fold_qps(&sel.paths, self.view.config.ib_qps_per_connection);
+        let mut chosen = fold_qps(&sel.paths, self.view.config.ib_qps_per_connection);
+        let carrying = chosen.len();
+        let mut standby = self.standby_paths(dev, &repr.links, &sel);
+        standby.truncate(crate::transport::stripe::MAX_PATHS.saturating_sub(carrying));
+        if !standby.is_empty() {
+            tracing::info!(
+                "NET/switchless: connect to {peer}: {} standby path(s) for failover, one queue pair each: {}",
+                standby.len(),
+                standby
+                    .iter()
+                    .map(|p| p.to_string())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            );
+        }
+        chosen.append(&mut standby);
         let plans: Vec<PathPlan> = chosen
             .iter()
             .map(|p| PathPlan {
@@ -383,14 +447,15 @@ impl<P: PathFactory> Switchless<P> {
                 kind: p.kind,
             })
             .collect();
-        let routed_hint = routed_hint(&chosen);
+        let routed_hint = routed_hint(&chosen[..carrying]);
         let opts = self.opts(comm, dev, false);
         let fab = self
             .factory
             .create(&plans, None, &opts)
             .map_err(|e| step_error(e, &peer, "creating the queue pairs"))?;
         let local = fab.local_params();
-        let sc = SendComm::new(Live::new(fab), self.proto)?;
+        let mut sc = SendComm::new(Live::new(fab), self.proto)?;
+        sc.set_standby(&(carrying..chosen.len()).collect::<Vec<_>>())?;
         let extra = sc.local_info().to_bytes();
         let connector = Connector::start(
             &repr,

@@ -25,6 +25,7 @@ pub mod check {
     pub const HALF_ADDRESSED: &str = "half-addressed";
     pub const GID_MISSING_ONE_END: &str = "gid-missing-one-end";
     pub const NON_NEIGHBOURS: &str = "non-neighbours";
+    pub const FAILOVER_PATHS: &str = "failover-paths";
 }
 
 /// Schema version of the `--fleet --json` document.
@@ -155,6 +156,9 @@ pub struct FleetReport {
     pub non_neighbours: Vec<(String, String)>,
     /// Cross-host findings, worst first.
     pub findings: Vec<Finding>,
+    /// Per host pair with a usable path, which paths fail over to which (`failover-paths`, info):
+    /// a map rather than a problem, so kept out of `findings` and the exit status.
+    pub failover: Vec<Finding>,
     /// Worst of the cross-host findings and every host's single-host status: 0, 1 or 2.
     pub exit_status: u8,
 }
@@ -592,6 +596,7 @@ pub fn diagnose(hosts: &[HostInput]) -> FleetReport {
     // Matrix and non-neighbours.
     let mut matrix = Vec::new();
     let mut non_neighbours = Vec::new();
+    let mut failover = Vec::new();
     for i in 0..hosts.len() {
         for j in i + 1..hosts.len() {
             let cs: Vec<&Cable> = cables
@@ -614,6 +619,9 @@ pub fn diagnose(hosts: &[HostInput]) -> FleetReport {
             };
             if cell.paths == 0 {
                 non_neighbours.push((cell.a.clone(), cell.b.clone()));
+            }
+            if cell.usable_paths > 0 {
+                failover.push(failover_finding(&hosts[i].name, &hosts[j].name, &cs));
             }
             matrix.push(cell);
         }
@@ -649,6 +657,7 @@ pub fn diagnose(hosts: &[HostInput]) -> FleetReport {
         matrix,
         non_neighbours,
         findings,
+        failover,
         exit_status: status,
     }
 }
@@ -684,6 +693,66 @@ fn shared_subnet(a: &HostModel, b: &HostModel) -> Option<(Ipv4Net, Option<u32>)>
         }
     }
     None
+}
+
+/// Which paths between hosts `a` and `b` would fail over to which: per NCCL device of `a`, the
+/// usable paths of that device carry a connection on it and the pair's other usable paths stand by
+/// (`NCCL_SWITCHLESS_STANDBY`, docs/failover.md).
+fn failover_finding(a: &str, b: &str, cables: &[&Cable]) -> Finding {
+    // (end at a, end at b) of each usable path.
+    let mut paths: Vec<(&End, &End)> = cables
+        .iter()
+        .flat_map(|c| c.paths.iter().filter(|p| p.usable))
+        .map(|p| {
+            if p.a.host == a {
+                (&p.a, &p.b)
+            } else {
+                (&p.b, &p.a)
+            }
+        })
+        .collect();
+    paths.sort_by(|x, y| (&x.0.nccl_device, &x.0.netdev).cmp(&(&y.0.nccl_device, &y.0.netdev)));
+    let text = |v: &[&(&End, &End)]| {
+        v.iter()
+            .map(|(x, y)| format!("{} {} -> {}", x.netdev, x.addr.addr(), y.addr.addr()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut devs: Vec<&Option<String>> = paths.iter().map(|p| &p.0.nccl_device).collect();
+    devs.dedup();
+    let lines: Vec<String> = devs
+        .iter()
+        .map(|d| {
+            let (own, other): (Vec<_>, Vec<_>) = paths.iter().partition(|p| &p.0.nccl_device == *d);
+            let dev = d.as_deref().unwrap_or("no NCCL device");
+            match (own.len(), other.is_empty()) {
+                (1, true) => format!("on {dev}: {} carries; nothing to fail over to", text(&own)),
+                (_, true) => format!("on {dev}: {} carry and fail over to each other", text(&own)),
+                _ => format!("on {dev}: {} carry; standby {}", text(&own), text(&other)),
+            }
+        })
+        .collect();
+    let single = paths.len() == 1;
+    Finding::new(
+        Severity::Info,
+        check::FAILOVER_PATHS,
+        format!("hosts {a} — {b}"),
+        format!(
+            "{a} to {b}, {} usable path(s); a connection {}: {}",
+            paths.len(),
+            if single {
+                "has nothing to fail over to (a lost cable fails it)"
+            } else {
+                "carries on its NCCL device's paths and fails over as follows"
+            },
+            lines.join("; ")
+        ),
+        if single {
+            "a second cable (or the port's other PCIe function / CX-8 half, addressed) gives failover a path"
+        } else {
+            "nothing; NCCL_SWITCHLESS_STANDBY=0 keeps the standby paths unset"
+        },
+    )
 }
 
 fn non_neighbour_finding(hosts: &[HostInput], nn: &[(String, String)], pairs: usize) -> Finding {

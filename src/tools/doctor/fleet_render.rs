@@ -143,6 +143,16 @@ pub fn render_text(r: &FleetReport) -> String {
         table(&rows, "    ", &mut out);
     }
 
+    if !r.failover.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nFailover (per host pair: carrying paths, then standby):"
+        );
+        for f in &r.failover {
+            let _ = writeln!(out, "  [{}] {}: {}", f.check, f.object, f.message);
+        }
+    }
+
     let _ = writeln!(out);
     if r.findings.is_empty() {
         let _ = writeln!(out, "No cross-host findings: clean.");

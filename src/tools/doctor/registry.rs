@@ -487,6 +487,16 @@ pub const FINDINGS: &[Check] = &[
         "cable a full mesh for all-to-all, or set NCCL_SWITCHLESS_TCP_FALLBACK=1 and accept the \
          shared subnet's speed for those pairs",
     ),
+    fleet(
+        super::fleet::check::FAILOVER_PATHS,
+        "info",
+        "`hosts A — B`",
+        "Always, per host pair with a usable path, in its own section (not a problem: no effect on \
+         the exit status): which paths a connection on each NCCL device of \
+         A carries on (that device's), and which stand by to take over when one fails (the pair's \
+         other usable paths); with one usable path, that nothing can take over",
+        "nothing; a second cable (or the port's other function, addressed) where there is one path only",
+    ),
 ];
 
 /// The registry entry of `id`.

@@ -93,6 +93,37 @@ macro_rules! registration_methods {
                 .collect()
         }
 
+        /// Which data paths take new work now: the carrying paths that are up, and the standby
+        /// paths standing in for carrying paths that are down.
+        pub fn paths_carrying(&self) -> Vec<bool> {
+            (0..self.core.paths.len())
+                .map(|k| self.core.paths.carries(k))
+                .collect()
+        }
+
+        /// Marks data paths standby (the connector's choice; call before [`Self::local_info`],
+        /// which tells the peer): they carry nothing new until a carrying path is down. At least
+        /// one path stays carrying.
+        pub fn set_standby(&mut self, paths: &[usize]) -> $crate::error::Result<()> {
+            let n = self.core.paths.len();
+            let mut mask = 0u8;
+            for &k in paths {
+                if k >= n || k >= 8 {
+                    return Err($crate::error::Error::InvalidArgument(format!(
+                        "standby path {k}: the connection has {n} data paths"
+                    )));
+                }
+                mask |= 1 << k;
+            }
+            if mask.count_ones() as usize >= n {
+                return Err($crate::error::Error::InvalidArgument(format!(
+                    "standby paths {paths:?} leave none of the {n} data paths carrying"
+                )));
+            }
+            self.core.paths.set_standby(mask);
+            Ok(())
+        }
+
         /// Each data path's stripe weight now, Mb/s: its measured throughput (adaptive weights)
         /// or its nominal speed.
         pub fn path_weights(&self) -> Vec<u64> {
@@ -480,12 +511,26 @@ impl<F: Fabric> Core<F> {
         self.newly_down.push(k);
         let path = self.data[k];
         self.warned[path] = true;
-        let survivors: Vec<String> = (0..self.paths.len())
-            .filter(|&j| self.paths.is_up(j))
-            .map(|j| format!("[{j}] {}", self.labels[self.data[j]]))
+        let survivors: Vec<String> = self
+            .paths
+            .carrying()
+            .map(|j| {
+                // A standby path that now carries: say so, the log reader looks for it.
+                let role = if self.paths.is_standby(j) {
+                    "standby "
+                } else {
+                    ""
+                };
+                format!("{role}[{j}] {}", self.labels[self.data[j]])
+            })
             .collect();
+        let kind = if self.paths.is_standby(k) {
+            "standby path"
+        } else {
+            "path"
+        };
         let mut msg = format!(
-            "path [{k}] {} failed ({why}); failing over to {}: expect about {} Gb/s (was {} Gb/s)",
+            "{kind} [{k}] {} failed ({why}); failing over to {}: expect about {} Gb/s (was {} Gb/s)",
             self.labels[path],
             survivors.join(", "),
             gbps(self.paths.up_mbps()),
@@ -542,15 +587,27 @@ impl<F: Fabric> Core<F> {
                 }
                 Revive::Pending => self.paths.rebuilt(k, now, false),
                 Revive::Ready => {
+                    let stood_in: Vec<usize> = self.paths.carrying().collect();
                     self.paths.set_up(k);
                     self.warned[path] = false;
+                    let back: Vec<String> = stood_in
+                        .into_iter()
+                        .filter(|&j| !self.paths.carries(j))
+                        .map(|j| {
+                            format!(
+                                "; standby [{j}] {} stands by again",
+                                self.labels[self.data[j]]
+                            )
+                        })
+                        .collect();
                     tracing::info!(
                         path,
                         label = %self.labels[path],
-                        "NET/switchless: path [{k}] {} is back and carries traffic again: {} paths, about {} Gb/s",
+                        "NET/switchless: path [{k}] {} is back and carries traffic again: {} paths, about {} Gb/s{}",
                         self.labels[path],
-                        self.paths.up_count(),
-                        gbps(self.paths.up_mbps())
+                        self.paths.carrying().count(),
+                        gbps(self.paths.up_mbps()),
+                        back.concat()
                     );
                 }
             }
@@ -579,10 +636,20 @@ impl<F: Fabric> Core<F> {
             addr: m.addr,
             words: m.words as u32,
             rkeys: self.data.iter().map(|&p| m.reg.keys[p].rkey).collect(),
+            standby: self.standby_mask(),
         }
     }
 
-    fn check_peer(&self, peer: &CtrlInfo, need_words: usize, what: &str) -> Result<()> {
+    /// The standby data paths as the bit mask [`CtrlInfo::standby`] carries.
+    fn standby_mask(&self) -> u8 {
+        (0..self.paths.len().min(8))
+            .filter(|&k| self.paths.is_standby(k))
+            .fold(0, |m, k| m | 1 << k)
+    }
+
+    /// Checks the peer's control info and takes its standby paths (either end may have set
+    /// them: the connector chose them).
+    fn check_peer(&mut self, peer: &CtrlInfo, need_words: usize, what: &str) -> Result<()> {
         if peer.rkeys.len() != self.data.len() {
             return Err(Error::Remote(format!(
                 "peer's {what} lists keys for {} data paths; this connection has {}",
@@ -596,6 +663,7 @@ impl<F: Fabric> Core<F> {
                 peer.words, peer.addr
             )));
         }
+        self.paths.set_standby(peer.standby);
         Ok(())
     }
 

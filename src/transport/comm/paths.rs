@@ -13,6 +13,9 @@
 //!   sample, not a low one), with the lateness of the caller's polls and one round trip per busy
 //!   period as its error. A path without samples for a window drifts back towards its nominal
 //!   speed, so one that recovers is offered more load again.
+//! * Standby paths (every path to the peer outside NCCL's chosen device) are up but take no new
+//!   work while the carrying paths are up: each carrying path that is down lets one up standby
+//!   path (in path order) carry in its place, until it is back.
 #![forbid(unsafe_code)]
 
 use std::time::{Duration, Instant};
@@ -103,6 +106,8 @@ struct Meter {
 /// The data paths of a comm, indexed by data-path index.
 pub(super) struct PathSet {
     state: Vec<State>,
+    /// Standby paths: no new work unless a carrying path is down.
+    standby: Vec<bool>,
     meters: Vec<Meter>,
     weights: WeightConfig,
     failover: FailoverConfig,
@@ -113,6 +118,7 @@ impl PathSet {
     pub(super) fn new(speeds: &[u64], failover: FailoverConfig, weights: WeightConfig) -> PathSet {
         PathSet {
             state: vec![State::Up; speeds.len()],
+            standby: vec![false; speeds.len()],
             meters: speeds
                 .iter()
                 .map(|&s| Meter {
@@ -148,14 +154,46 @@ impl PathSet {
         self.up_count() == self.state.len()
     }
 
-    /// The `i`-th usable path (modulo their number); `None` when none is.
+    /// Marks the paths of `mask` (bit `k`: data path `k`) standby.
+    pub(super) fn set_standby(&mut self, mask: u8) {
+        for (k, s) in self.standby.iter_mut().enumerate() {
+            *s |= k < 8 && mask & (1 << k) != 0;
+        }
+    }
+
+    pub(super) fn is_standby(&self, k: usize) -> bool {
+        self.standby.get(k) == Some(&true)
+    }
+
+    /// Whether `k` takes new work: an up carrying path, or an up standby path standing in for a
+    /// carrying path that is down (the first up standby paths, one per carrying path down).
+    pub(super) fn carries(&self, k: usize) -> bool {
+        if !self.is_up(k) {
+            return false;
+        }
+        if !self.is_standby(k) {
+            return true;
+        }
+        let down = (0..self.len())
+            .filter(|&j| !self.standby[j] && !self.is_up(j))
+            .count();
+        let before = (0..k).filter(|&j| self.standby[j] && self.is_up(j)).count();
+        before < down
+    }
+
+    /// The paths that take new work ([`Self::carries`]).
+    pub(super) fn carrying(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.len()).filter(|&k| self.carries(k))
+    }
+
+    /// The `i`-th path taking new work (modulo their number); `None` when none is.
     pub(super) fn nth_up(&self, i: u64) -> Option<usize> {
-        let n = self.up_count();
+        let n = self.carrying().count();
         if n == 0 {
             return None;
         }
         let want = (i % n as u64) as usize;
-        (0..self.state.len()).filter(|&k| self.is_up(k)).nth(want)
+        self.carrying().nth(want)
     }
 
     /// Whether path `k` may be marked down: failover on, `k` up, and another path up.
@@ -284,12 +322,12 @@ impl PathSet {
         }
     }
 
-    /// Stripe weights of the usable paths: writes `(data-path index, weight)` pairs into `out` and
+    /// Stripe weights of the paths taking new work: writes `(data-path index, weight)` pairs into `out` and
     /// returns how many. Weights are Mb/s (the measured estimate when adaptive, else nominal).
     pub(super) fn weights(&self, out: &mut [(usize, u64); MAX_PATHS]) -> usize {
         let mut n = 0;
         for (k, m) in self.meters.iter().enumerate().take(MAX_PATHS) {
-            if self.state[k] == State::Up {
+            if self.carries(k) {
                 let w = if self.weights.adaptive {
                     m.est
                 } else {
@@ -310,7 +348,7 @@ impl PathSet {
         n
     }
 
-    /// Sum of the usable paths' weights, Mb/s (the bandwidth to expect).
+    /// Sum of the carrying paths' weights, Mb/s (the bandwidth to expect).
     pub(super) fn up_mbps(&self) -> u64 {
         let mut w = [(0usize, 0u64); MAX_PATHS];
         let n = self.weights(&mut w);
@@ -406,5 +444,33 @@ mod tests {
         p.meters[1].est = 1;
         p.weights(&mut w);
         assert!(w[1].1 >= w[0].1 / 50, "{w:?}");
+    }
+
+    #[test]
+    fn a_standby_path_carries_while_a_carrying_path_is_down() {
+        let mut p = PathSet::new(
+            &[100, 100, 100, 100],
+            FailoverConfig::default(),
+            WeightConfig::default(),
+        );
+        p.set_standby(0b1100);
+        let carrying = |p: &PathSet| p.carrying().collect::<Vec<_>>();
+        assert_eq!(carrying(&p), vec![0, 1]);
+        assert_eq!(p.up_mbps(), 200);
+        p.set_down(1, t(0));
+        assert_eq!(carrying(&p), vec![0, 2]);
+        assert_eq!(p.nth_up(3), Some(2));
+        // A standby path down: the next one stands in.
+        p.set_down(2, t(0));
+        assert_eq!(carrying(&p), vec![0, 3]);
+        p.set_down(0, t(0));
+        assert_eq!(carrying(&p), vec![3]);
+        assert!(!p.can_fail_over(3));
+        // The carrying paths come back: the standby path returns to standby.
+        p.set_up(0);
+        p.set_up(1);
+        assert_eq!(carrying(&p), vec![0, 1]);
+        let mut w = [(0, 0); MAX_PATHS];
+        assert_eq!(p.weights(&mut w), 2);
     }
 }
