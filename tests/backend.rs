@@ -561,7 +561,10 @@ fn a_receiver_learns_its_sender_is_gone_with_the_paths_named() {
     let e = loop {
         match B::test(&mut rr, &mut sz) {
             Ok(false) => {
-                assert!(Instant::now() < deadline, "the receive never learned its peer is gone");
+                assert!(
+                    Instant::now() < deadline,
+                    "the receive never learned its peer is gone"
+                );
                 std::thread::sleep(Duration::from_millis(10));
             }
             Ok(true) => panic!("a receive completed although nothing was sent"),

@@ -11,6 +11,7 @@
 //! * [`wire`]: layouts shared by both sides (CTS slot, size record, immediate, `wr_id`, control info).
 //! * [`droplog`]: rate-limited warnings for connections a listener drops.
 //! * [`ctrl`]: atomic words that software fabrics write for their peer, and the shared range check.
+//! * [`regcache`]: the ref-counted registration cache (one pin per device and page range).
 //! * [`memfab`]: an in-process fabric with fault injection for tests and benchmarks.
 //! * [`modelfab`]: an in-process fabric with modelled rates and latencies, in virtual time.
 //! * [`tcp`]: a fabric over TCP streams (Ethernet paths without RDMA), same protocol.
@@ -22,6 +23,7 @@ pub mod fabric;
 pub mod handshake;
 pub mod memfab;
 pub mod modelfab;
+pub mod regcache;
 pub mod stripe;
 pub mod tcp;
 pub mod wire;
