@@ -102,15 +102,15 @@ impl Domain {
             return Ok(self.pin(mr, Some(key)));
         }
         let (start, bytes) = (key.start as *mut u8, key.bytes() as usize);
-        // SAFETY: the caller keeps the pages of the range mapped while a pin of them lives; the
-        // whole pages are mapped when any byte in them is.
-        let mr = match unsafe { MemoryRegion::register(&self.pd, start, bytes, data_access(true)) }
-        {
+        let reg = |relaxed| {
+            // SAFETY: the caller keeps the pages of the range mapped while a pin of them lives;
+            // the whole pages are mapped when any byte in them is.
+            unsafe { MemoryRegion::register(&self.pd, start, bytes, data_access(relaxed)) }
+        };
+        // Relaxed ordering first; retried without the optional flag.
+        let mr = match reg(true) {
             Ok(m) => m,
-            // SAFETY: as above; retried without the optional relaxed-ordering flag.
-            Err(_) => {
-                unsafe { MemoryRegion::register(&self.pd, start, bytes, data_access(false)) }?
-            }
+            Err(_) => reg(false)?,
         };
         Ok(self.file(key, Arc::new(mr)))
     }
