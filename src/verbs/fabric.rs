@@ -2,7 +2,7 @@
 //!
 //! One endpoint of one connection: one RC QP (with its own CQ, shared by its send and receive queues)
 //! per data path, plus, when asked, one loopback QP per RDMA device for the GPU-direct flush (an RC QP
-//! connected to itself on the same port and GID). Follows the checklist in `transport::fabric`:
+//! connected to itself on the same port and GID, created at the first flush). Follows the checklist in `transport::fabric`:
 //!
 //! * queue sizes: `max_send_wr` = [`SEND_QUEUE_DEPTH`] (576), `max_recv_wr` = [`RECV_DEPTH`] (256), CQ
 //!   ≥ both together;
@@ -21,7 +21,9 @@
 //!   order (control memory is freed only after its MRs are gone); a data MR goes with the last
 //!   registration of it, the PD with the last connection and the factory.
 //!
-//! Life cycle: [`VerbsFabric::new`] creates the QPs and moves them to INIT (receives may be posted);
+//! Life cycle: [`VerbsFabric::new`] creates the data QPs and moves them to INIT (receives may be
+//! posted); the loopback flush QPs are created at the first flush (a receive comm without GPU data
+//! never has them);
 //! [`VerbsFabric::local_ends`] gives what the peer needs; [`VerbsFabric::connect`] moves every data QP
 //! to RTR then RTS towards the peer's ends. `NCCL_IB_QPS_PER_CONNECTION` is not folded in: one QP per
 //! path (striping over paths already spreads a connection).
@@ -125,6 +127,15 @@ impl Default for QpTuning {
     }
 }
 
+/// A loopback flush path of one device, created at the first flush.
+struct LoopSpec {
+    /// Index into the fabric's `doms`.
+    pd: usize,
+    port: u8,
+    gid_index: u32,
+    active_mtu: u32,
+}
+
 /// Control memory: MRs first so they are deregistered before the words are freed.
 struct CtrlBlock {
     mrs: Vec<MemoryRegion>,
@@ -145,6 +156,8 @@ pub struct VerbsFabric {
     qps: Vec<QueuePair>,
     cqs: Vec<Arc<CompletionQueue>>,
     ctrl: Vec<CtrlBlock>,
+    /// The loopback flush paths to create at the first flush (after the data paths, in order).
+    loops: Vec<LoopSpec>,
     /// Data registrations (shared with `regMr` callers that register without the fabric).
     pinner: Arc<VerbsPinner>,
     doms: Vec<Arc<Domain>>,
@@ -313,6 +326,7 @@ impl VerbsFabric {
             qps: Vec::new(),
             cqs: Vec::new(),
             ctrl: Vec::new(),
+            loops: Vec::new(),
             pinner: Arc::new(VerbsPinner {
                 doms: Vec::new(),
                 path_pd: Vec::new(),
@@ -383,48 +397,25 @@ impl VerbsFabric {
             f.cqs.push(cq);
         }
         if loopback {
-            let mut done: Vec<usize> = Vec::new();
+            // The flush QPs are created at the first flush (`post_read`): a receive comm that never
+            // gets GPU data never has them. Their paths (and keys) exist from the start.
             for p in paths {
                 let pd = f.pd_for(&p.domain);
-                if done.contains(&pd) {
+                if f.loops.iter().any(|l| l.pd == pd) {
                     continue;
                 }
-                done.push(pd);
-                let ctx = p.domain.context();
-                let cq = CompletionQueue::new(ctx, 64)?;
-                let lcaps = QpCaps {
-                    max_send_wr: 64,
-                    max_recv_wr: 1,
-                    max_inline_data: 0,
-                    ..caps
-                };
-                let qp = QueuePair::new_rc(f.doms[pd].pd(), &cq, &cq, lcaps)?;
-                qp.to_init(p.port, FLUSH_QP_ACCESS)?;
-                let gid: Gid = ctx.query_gid(p.port, p.gid_index)?;
-                let psn = random_psn()?;
-                let sgid = u8::try_from(p.gid_index).map_err(|_| {
-                    Error::InvalidArgument(format!("GID index {} exceeds 255", p.gid_index))
-                })?;
-                let mut rtr = RtrParams::new(
-                    qp.qp_num(),
-                    gid.0,
-                    sgid,
-                    path_mtu(p.active_mtu, p.active_mtu),
-                );
-                rtr.remote_psn = psn;
-                qp.to_rtr(&rtr)?;
-                qp.to_rts(&RtsParams {
-                    psn,
-                    ..RtsParams::default()
-                })?;
                 f.infos.push(PathInfo {
-                    label: format!("loopback {} qp {:#x}", p.label, qp.qp_num()),
+                    label: format!("loopback {}", p.label),
                     speed_mbps: 0,
                     role: PathRole::Loopback,
                 });
                 f.path_pd.push(pd);
-                f.qps.push(qp);
-                f.cqs.push(cq);
+                f.loops.push(LoopSpec {
+                    pd,
+                    port: p.port,
+                    gid_index: p.gid_index,
+                    active_mtu: p.active_mtu,
+                });
             }
         }
         f.pinner = Arc::new(VerbsPinner {
@@ -434,6 +425,57 @@ impl VerbsFabric {
             next_token: AtomicU64::new(1),
         });
         Ok(f)
+    }
+
+    /// Creates the loopback flush QPs (one per device, connected to itself, up to RTS), once.
+    fn ensure_loops(&mut self) -> Result<()> {
+        if self.qps.len() == self.infos.len() {
+            return Ok(());
+        }
+        for l in &self.loops[self.qps.len() - self.local.len()..] {
+            let dom = &self.doms[l.pd];
+            let ctx = dom.context();
+            let cq = CompletionQueue::new(ctx, 64)?;
+            let lcaps = QpCaps {
+                max_send_wr: 64,
+                max_recv_wr: 1,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            };
+            let qp = QueuePair::new_rc(dom.pd(), &cq, &cq, lcaps)?;
+            qp.to_init(l.port, FLUSH_QP_ACCESS)?;
+            let gid: Gid = ctx.query_gid(l.port, l.gid_index)?;
+            let psn = random_psn()?;
+            let sgid = u8::try_from(l.gid_index).map_err(|_| {
+                Error::InvalidArgument(format!("GID index {} exceeds 255", l.gid_index))
+            })?;
+            let mut rtr = RtrParams::new(
+                qp.qp_num(),
+                gid.0,
+                sgid,
+                path_mtu(l.active_mtu, l.active_mtu),
+            );
+            rtr.remote_psn = psn;
+            qp.to_rtr(&rtr)?;
+            qp.to_rts(&RtsParams {
+                psn,
+                ..RtsParams::default()
+            })?;
+            tracing::debug!(
+                "NET/switchless: {}: flush QP {:#x} created at the first flush",
+                ctx.name(),
+                qp.qp_num()
+            );
+            self.qps.push(qp);
+            self.cqs.push(cq);
+        }
+        Ok(())
+    }
+
+    /// Whether `path` is a loopback path whose QP is not created yet (nothing to poll there).
+    fn loop_pending(&self, path: usize) -> bool {
+        path >= self.qps.len() && path < self.infos.len()
     }
 
     /// Drains the asynchronous events of every device this endpoint uses; a fatal one for the
@@ -741,6 +783,9 @@ impl Fabric for VerbsFabric {
     }
 
     fn post_read(&mut self, path: usize, wr: &ReadWr) -> Result<()> {
+        if self.loop_pending(path) {
+            self.ensure_loops()?;
+        }
         self.check_path(path)?;
         self.qps[path].post_rdma_read(
             wr.wr_id,
@@ -763,6 +808,9 @@ impl Fabric for VerbsFabric {
     }
 
     fn poll(&mut self, path: usize, max: usize, out: &mut Vec<Completion>) -> Result<usize> {
+        if self.loop_pending(path) {
+            return Ok(0);
+        }
         self.check_path(path)?;
         self.health()?;
         self.scratch.clear();
