@@ -2,10 +2,15 @@
 //! user buffer registered on the comms to many peers is pinned once (the per-device registration
 //! cache), and the registration is still usable on each comm it was made on.
 //!
+//! It also counts the heap allocations of one `irecv` + `isend` + `test` round on the calling thread
+//! (a counting global allocator).
+//!
 //! Host model: two links on `lo` (127.0.0.1/8 and 127.0.0.2/8) of one NCCL device and a kernel route
 //! 127.0.0.0/8 dev lo; every connection goes from this process to itself over two paths.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,6 +24,40 @@ use switchless::route::types::{KernelRoute, LinkKind, LocalLink};
 use switchless::transport::memfab::{MemFab, MemFabConfig};
 
 type B = Switchless<MemFactory>;
+
+/// Counts the allocations of the threads that set `COUNTING` (the test's own thread only).
+struct Counting;
+
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
+}
+
+// SAFETY: forwards every call to the system allocator unchanged; the counters are thread-local
+// `Cell`s with const initialisers (no allocation, no reentrancy).
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.with(Cell::get) {
+            ALLOCS.with(|a| a.set(a.get() + 1));
+        }
+        // SAFETY: the caller's contract for `alloc` is passed on as is.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `System.alloc` with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if COUNTING.with(Cell::get) {
+            ALLOCS.with(|a| a.set(a.get() + 1));
+        }
+        // SAFETY: as for `alloc` and `dealloc`.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
 
 fn link(id: usize, addr: &str) -> LocalLink {
     LocalLink {
@@ -220,4 +259,53 @@ fn a_comm_closed_with_live_registrations_releases_its_references() {
     assert_eq!(fab.stats().pinned_bytes, before);
     B::close_send(c.0).unwrap();
     B::close_recv(c.1).unwrap();
+}
+
+#[test]
+fn a_round_allocates_nothing_on_the_data_path() {
+    let fab = MemFab::new(MemFabConfig::default());
+    let b = Arc::new(Switchless::from_parts(MemFactory::new(fab.clone(), 0), view()).unwrap());
+    let conn = establish(&b);
+    let (src, dst) = (fab.alloc(1 << 16).unwrap(), fab.alloc(1 << 16).unwrap());
+    let smr = B::reg_mr(plugin::CommRef::Send(&conn.0), region(src, 1 << 16)).unwrap();
+    let rmr = B::reg_mr(plugin::CommRef::Recv(&conn.1), region(dst, 1 << 16)).unwrap();
+    let round = || {
+        let bufs = [RecvBuf {
+            addr: dst as usize,
+            size: 4096,
+            tag: 1,
+            mr: &rmr,
+        }];
+        let mut rr = B::irecv(&conn.1, &bufs).unwrap().unwrap();
+        let mut sr = loop {
+            if let Some(r) = B::isend(&conn.0, src as usize, 4096, 1, &smr).unwrap() {
+                break r;
+            }
+        };
+        while !B::test(&mut sr, &mut [0]).unwrap() {}
+        let mut sizes = [0usize; 1];
+        while !B::test(&mut rr, &mut sizes).unwrap() {}
+        assert_eq!(sizes[0], 4096);
+    };
+    // Warm-up: the comms' tables and the completion buffers reach their size.
+    for _ in 0..64 {
+        round();
+    }
+    const ROUNDS: u64 = 256;
+    ALLOCS.with(|a| a.set(0));
+    COUNTING.with(|c| c.set(true));
+    for _ in 0..ROUNDS {
+        round();
+    }
+    COUNTING.with(|c| c.set(false));
+    let n = ALLOCS.with(Cell::get);
+    eprintln!(
+        "allocations per isend+irecv+test round: {}",
+        n as f64 / ROUNDS as f64
+    );
+    assert_eq!(n, 0, "{n} allocations in {ROUNDS} rounds");
+    B::dereg_mr(plugin::CommRef::Send(&conn.0), smr).unwrap();
+    B::dereg_mr(plugin::CommRef::Recv(&conn.1), rmr).unwrap();
+    B::close_send(conn.0).unwrap();
+    B::close_recv(conn.1).unwrap();
 }
