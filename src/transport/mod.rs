@@ -12,6 +12,7 @@
 //! * [`revive`]: the reconnect exchange of failback (fresh queue pairs agreed over a surviving path).
 //! * [`droplog`]: rate-limited warnings for connections a listener drops.
 //! * [`ctrl`]: atomic words that software fabrics write for their peer, and the shared range check.
+//! * [`regcache`]: the ref-counted registration cache (one pin per device and page range).
 //! * [`memfab`]: an in-process fabric with fault injection for tests and benchmarks.
 //! * [`modelfab`]: an in-process fabric with modelled rates and latencies, in virtual time.
 //! * [`tcp`]: a fabric over TCP streams (Ethernet paths without RDMA), same protocol.
@@ -23,6 +24,7 @@ pub mod fabric;
 pub mod handshake;
 pub mod memfab;
 pub mod modelfab;
+pub mod regcache;
 pub mod revive;
 pub mod stripe;
 pub mod tcp;

@@ -2,22 +2,28 @@
 //!
 //! One endpoint of one connection: one RC QP (with its own CQ, shared by its send and receive queues)
 //! per data path, plus, when asked, one loopback QP per RDMA device for the GPU-direct flush (an RC QP
-//! connected to itself on the same port and GID). Follows the checklist in `transport::fabric`:
+//! connected to itself on the same port and GID, created at the first flush). Follows the checklist in `transport::fabric`:
 //!
 //! * queue sizes: `max_send_wr` = [`SEND_QUEUE_DEPTH`] (576) + 4 (failback's mailbox writes),
 //!   `max_recv_wr` = [`RECV_DEPTH`] (256), CQ ≥ both together;
-//! * registrations: one MR per distinct protection domain (one PD per RDMA device of the connection),
-//!   keys per path; data memory may use relaxed ordering, control memory never does;
+//! * registrations: one MR per RDMA device of the connection, in the device's [`Domain`] (one
+//!   protection domain per device shared by every connection of the process, with a registration
+//!   cache: the same buffer registered on many connections is one MR), keys per path; data memory
+//!   may use relaxed ordering (host, GPU and DMA-BUF alike), control memory never does;
+//!   registration runs through a [`Pinner`] too, so `regMr` need not hold the connection's lock;
 //! * control memory is a `Box<[AtomicU64]>` registered with strict ordering; `ctrl_load`/`ctrl_store` are
 //!   atomic loads and stores with the ordering the protocol asks for (AArch64: the NIC's writes are
 //!   observed after an `Acquire` load of the publishing word);
 //! * writes: a batch (`post_writes`) is one chained `ibv_post_send` (one doorbell per 8 writes);
 //!   `num_sge = 0` for zero-length writes, immediates in network byte order on the wire
 //!   (the verbs layer converts in both directions; the trait speaks host order);
-//! * `shutdown` moves every QP to ERR; dropping the fabric then destroys QPs, CQs, MRs and PDs, in that
-//!   order (control memory is freed only after its MRs are gone).
+//! * `shutdown` moves every QP to ERR; dropping the fabric then destroys QPs, CQs and MRs, in that
+//!   order (control memory is freed only after its MRs are gone); a data MR goes with the last
+//!   registration of it, the PD with the last connection and the factory.
 //!
-//! Life cycle: [`VerbsFabric::new`] creates the QPs and moves them to INIT (receives may be posted);
+//! Life cycle: [`VerbsFabric::new`] creates the data QPs and moves them to INIT (receives may be
+//! posted); the loopback flush QPs are created at the first flush (a receive comm without GPU data
+//! never has them);
 //! [`VerbsFabric::local_ends`] gives what the peer needs; [`VerbsFabric::connect`] moves every data QP
 //! to RTR then RTS towards the peer's ends. `NCCL_IB_QPS_PER_CONNECTION` is not folded in: one QP per
 //! path (striping over paths already spreads a connection).
@@ -34,30 +40,32 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::BorrowedFd;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 mod revive;
 
-use super::context::Context;
 use super::cq::{Completion as VerbsCompletion, CompletionQueue, WcOpcode as VerbsOpcode};
-use super::memory::{MemoryRegion, ProtectionDomain};
+use super::domain::{Domain, Pin};
+use super::memory::MemoryRegion;
 use super::qp::{
     CHAIN_MAX, QpCaps, QueuePair, RemoteAddr, RtrParams, RtsParams, SendFlags, Sge, WriteReq,
 };
 use super::types::{Access, Gid, Mtu, PortState};
 use crate::error::{Error, Result};
+use crate::sync::lock;
 use crate::transport::fabric::{
-    Completion, CtrlMem, Fabric, MemKind, PathInfo, PathKeys, PathRole, ReadWr, Registration,
-    WcOpcode, WriteWr,
+    Completion, CtrlMem, Fabric, MemKind, PathInfo, PathKeys, PathRole, Pinner, ReadWr,
+    Registration, WcOpcode, WriteWr,
 };
+use crate::transport::regcache::RegKind;
 
 /// One data path to build: an RDMA device port and the GID to send from.
 #[derive(Debug, Clone)]
 pub struct VerbsPath {
-    /// The opened device (shared by every connection on it).
-    pub ctx: Arc<Context>,
+    /// The device's shared protection domain and registration cache (one per device per process).
+    pub domain: Arc<Domain>,
     /// Port number (1-based).
     pub port: u8,
     /// Local GID index (the IPv4 RoCE v2 GID of the link's address, or `NCCL_IB_GID_INDEX`).
@@ -130,6 +138,15 @@ impl Default for QpTuning {
     }
 }
 
+/// A loopback flush path of one device, created at the first flush.
+struct LoopSpec {
+    /// Index into the fabric's `doms`.
+    pd: usize,
+    port: u8,
+    gid_index: u32,
+    active_mtu: u32,
+}
+
 /// Control memory: MRs first so they are deregistered before the words are freed.
 struct CtrlBlock {
     mrs: Vec<MemoryRegion>,
@@ -145,18 +162,23 @@ impl CtrlBlock {
 
 /// The verbs endpoint of one connection. See the module docs.
 pub struct VerbsFabric {
-    // Drop order matters: QPs, then control memory (MRs, then words), then data MRs, then PDs.
+    // Drop order matters: QPs, then control memory (MRs, then words), then this endpoint's
+    // references to data MRs, then to the shared PDs.
     qps: Vec<QueuePair>,
     cqs: Vec<Arc<CompletionQueue>>,
     ctrl: Vec<CtrlBlock>,
     /// Failback: the reconnect mailbox and each data path's rebuild (`fabric/revive.rs`).
     fb: revive::Failback,
-    regs: HashMap<u64, Vec<MemoryRegion>>,
-    pds: Vec<Arc<ProtectionDomain>>,
-    /// Index into `pds` per path.
+    /// The loopback flush paths to create at the first flush (after the data paths, in order).
+    loops: Vec<LoopSpec>,
+    /// Data registrations (shared with `regMr` callers that register without the fabric).
+    pinner: Arc<VerbsPinner>,
+    doms: Vec<Arc<Domain>>,
+    /// Index into `doms` per path.
     path_pd: Vec<usize>,
     infos: Vec<PathInfo>,
     local: Vec<LocalEnd>,
+    /// Tokens of control memory.
     next_token: u64,
     shut: bool,
     scratch: Vec<VerbsCompletion>,
@@ -220,6 +242,90 @@ const DATA_QP_ACCESS: Access = Access::REMOTE_WRITE;
 /// The loopback flush QP only serves its own RDMA reads of this process's receive buffers.
 const FLUSH_QP_ACCESS: Access = Access::REMOTE_READ;
 
+/// Registers data memory for one endpoint without borrowing it ([`Fabric::pinner`]): a [`Pin`] in
+/// each device's [`Domain`] (the registration cache), keys per path.
+struct VerbsPinner {
+    doms: Vec<Arc<Domain>>,
+    /// Index into `doms` per path.
+    path_pd: Vec<usize>,
+    regs: Mutex<HashMap<u64, Vec<Pin>>>,
+    next_token: AtomicU64,
+}
+
+impl VerbsPinner {
+    /// Files one pin per device as a registration: its keys per path and a fresh token.
+    fn file(&self, pins: Vec<Pin>) -> Result<Registration> {
+        let keys = self
+            .path_pd
+            .iter()
+            .map(|&d| {
+                let (lkey, rkey) = pins[d].keys();
+                PathKeys { lkey, rkey }
+            })
+            .collect();
+        let token = self.next_token.fetch_add(1, Ordering::Relaxed);
+        lock(&self.regs, "verbs registrations")?.insert(token, pins);
+        Ok(Registration { keys, token })
+    }
+
+    fn register_dmabuf(
+        &self,
+        addr: u64,
+        len: usize,
+        offset: u64,
+        fd: BorrowedFd<'_>,
+    ) -> Result<Registration> {
+        let pins = self
+            .doms
+            .iter()
+            .map(|d| d.register_dmabuf(addr, len, offset, fd))
+            .collect::<Result<Vec<_>>>()?;
+        self.file(pins)
+    }
+}
+
+impl Pinner for VerbsPinner {
+    fn register(&self, addr: u64, len: usize, kind: MemKind) -> Result<Registration> {
+        if len == 0 {
+            return Err(Error::InvalidArgument(
+                "registration of 0 bytes; accepted: at least 1 byte".into(),
+            ));
+        }
+        let rk = match kind {
+            MemKind::Host => RegKind::Host,
+            MemKind::Cuda => RegKind::Cuda,
+        };
+        let mut pins = Vec::with_capacity(self.doms.len());
+        for d in &self.doms {
+            // SAFETY: NCCL keeps `addr..addr+len` mapped from regMr until deregMr, which drops this
+            // pin (deregister) before the memory is released; the NIC touches it only through QPs
+            // stopped before teardown.
+            let pin = unsafe { d.register(addr, len, rk) }.map_err(|e| {
+                context(
+                    e,
+                    &format!(
+                        "registering {} memory",
+                        if kind == MemKind::Cuda { "GPU" } else { "host" }
+                    ),
+                )
+            })?;
+            pins.push(pin);
+        }
+        self.file(pins)
+    }
+
+    fn deregister(&self, reg: &Registration) -> Result<()> {
+        let pins = lock(&self.regs, "verbs registrations")?.remove(&reg.token);
+        // Dropped outside the lock: the last reference deregisters the MR.
+        pins.map(drop).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "deregistration of token {}, which this connection did not register (or already released)",
+                reg.token
+            ))
+        })
+    }
+}
+
 impl VerbsFabric {
     /// Creates one RC QP per data path (in INIT) and, with `loopback`, one loopback QP per device
     /// brought up to RTS connected to itself.
@@ -234,8 +340,14 @@ impl VerbsFabric {
             cqs: Vec::new(),
             ctrl: Vec::new(),
             fb: revive::Failback::empty(),
-            regs: HashMap::new(),
-            pds: Vec::new(),
+            loops: Vec::new(),
+            pinner: Arc::new(VerbsPinner {
+                doms: Vec::new(),
+                path_pd: Vec::new(),
+                regs: Mutex::new(HashMap::new()),
+                next_token: AtomicU64::new(1),
+            }),
+            doms: Vec::new(),
             path_pd: Vec::new(),
             infos: Vec::new(),
             local: Vec::new(),
@@ -249,13 +361,14 @@ impl VerbsFabric {
         let caps = revive::data_caps(INLINE_BYTES);
         let cq_depth = revive::DATA_CQ_DEPTH;
         for p in paths {
-            let pd = f.pd_for(&p.ctx)?;
-            let cq = CompletionQueue::new(&p.ctx, cq_depth)?;
-            let qp = match QueuePair::new_rc(&f.pds[pd], &cq, &cq, caps) {
+            let pd = f.pd_for(&p.domain);
+            let ctx = p.domain.context();
+            let cq = CompletionQueue::new(ctx, cq_depth)?;
+            let qp = match QueuePair::new_rc(f.doms[pd].pd(), &cq, &cq, caps) {
                 Ok(q) => q,
                 // A device that cannot inline: plain SGE writes only.
                 Err(_) => QueuePair::new_rc(
-                    &f.pds[pd],
+                    f.doms[pd].pd(),
                     &cq,
                     &cq,
                     QpCaps {
@@ -265,13 +378,13 @@ impl VerbsFabric {
                 )?,
             };
             qp.to_init(p.port, DATA_QP_ACCESS)?;
-            let gid = p.ctx.query_gid(p.port, p.gid_index)?;
+            let gid = ctx.query_gid(p.port, p.gid_index)?;
             if gid.is_zero() {
                 return Err(Error::System(format!(
                     "{}: GID index {} of {} port {} is empty",
                     p.label,
                     p.gid_index,
-                    p.ctx.name(),
+                    ctx.name(),
                     p.port
                 )));
             }
@@ -293,50 +406,85 @@ impl VerbsFabric {
         }
         f.alloc_mailbox()?;
         if loopback {
-            let mut done: Vec<usize> = Vec::new();
+            // The flush QPs are created at the first flush (`post_read`): a receive comm that never
+            // gets GPU data never has them. Their paths (and keys) exist from the start.
             for p in paths {
-                let pd = f.pd_for(&p.ctx)?;
-                if done.contains(&pd) {
+                let pd = f.pd_for(&p.domain);
+                if f.loops.iter().any(|l| l.pd == pd) {
                     continue;
                 }
-                done.push(pd);
-                let cq = CompletionQueue::new(&p.ctx, 64)?;
-                let lcaps = QpCaps {
-                    max_send_wr: 64,
-                    max_recv_wr: 1,
-                    max_inline_data: 0,
-                    ..caps
-                };
-                let qp = QueuePair::new_rc(&f.pds[pd], &cq, &cq, lcaps)?;
-                qp.to_init(p.port, FLUSH_QP_ACCESS)?;
-                let gid: Gid = p.ctx.query_gid(p.port, p.gid_index)?;
-                let psn = random_psn()?;
-                let sgid = u8::try_from(p.gid_index).map_err(|_| {
-                    Error::InvalidArgument(format!("GID index {} exceeds 255", p.gid_index))
-                })?;
-                let mut rtr = RtrParams::new(
-                    qp.qp_num(),
-                    gid.0,
-                    sgid,
-                    path_mtu(p.active_mtu, p.active_mtu),
-                );
-                rtr.remote_psn = psn;
-                qp.to_rtr(&rtr)?;
-                qp.to_rts(&RtsParams {
-                    psn,
-                    ..RtsParams::default()
-                })?;
                 f.infos.push(PathInfo {
-                    label: format!("loopback {} qp {:#x}", p.label, qp.qp_num()),
+                    label: format!("loopback {}", p.label),
                     speed_mbps: 0,
                     role: PathRole::Loopback,
                 });
                 f.path_pd.push(pd);
-                f.qps.push(qp);
-                f.cqs.push(cq);
+                f.loops.push(LoopSpec {
+                    pd,
+                    port: p.port,
+                    gid_index: p.gid_index,
+                    active_mtu: p.active_mtu,
+                });
             }
         }
+        f.pinner = Arc::new(VerbsPinner {
+            doms: f.doms.clone(),
+            path_pd: f.path_pd.clone(),
+            regs: Mutex::new(HashMap::new()),
+            next_token: AtomicU64::new(1),
+        });
         Ok(f)
+    }
+
+    /// Creates the loopback flush QPs (one per device, connected to itself, up to RTS), once.
+    fn ensure_loops(&mut self) -> Result<()> {
+        if self.qps.len() == self.infos.len() {
+            return Ok(());
+        }
+        for l in &self.loops[self.qps.len() - self.local.len()..] {
+            let dom = &self.doms[l.pd];
+            let ctx = dom.context();
+            let cq = CompletionQueue::new(ctx, 64)?;
+            let lcaps = QpCaps {
+                max_send_wr: 64,
+                max_recv_wr: 1,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            };
+            let qp = QueuePair::new_rc(dom.pd(), &cq, &cq, lcaps)?;
+            qp.to_init(l.port, FLUSH_QP_ACCESS)?;
+            let gid: Gid = ctx.query_gid(l.port, l.gid_index)?;
+            let psn = random_psn()?;
+            let sgid = u8::try_from(l.gid_index).map_err(|_| {
+                Error::InvalidArgument(format!("GID index {} exceeds 255", l.gid_index))
+            })?;
+            let mut rtr = RtrParams::new(
+                qp.qp_num(),
+                gid.0,
+                sgid,
+                path_mtu(l.active_mtu, l.active_mtu),
+            );
+            rtr.remote_psn = psn;
+            qp.to_rtr(&rtr)?;
+            qp.to_rts(&RtsParams {
+                psn,
+                ..RtsParams::default()
+            })?;
+            tracing::debug!(
+                "NET/switchless: {}: flush QP {:#x} created at the first flush",
+                ctx.name(),
+                qp.qp_num()
+            );
+            self.qps.push(qp);
+            self.cqs.push(cq);
+        }
+        Ok(())
+    }
+
+    /// Whether `path` is a loopback path whose QP is not created yet (nothing to poll there).
+    fn loop_pending(&self, path: usize) -> bool {
+        path >= self.qps.len() && path < self.infos.len()
     }
 
     /// Drains the asynchronous events of every device this endpoint uses; a fatal one for the
@@ -353,8 +501,8 @@ impl VerbsFabric {
             .filter(live)
             .map(|i| self.cqs[i].as_ptr() as usize)
             .collect();
-        for pd in &self.pds {
-            let ctx = pd.context();
+        for d in &self.doms {
+            let ctx = d.context();
             ctx.drain_events();
             if let Some(e) = ctx.fatal_event(&qpns, &cqs, self.created) {
                 // The path the event names, with what its port reported.
@@ -405,16 +553,12 @@ impl VerbsFabric {
         Ok(())
     }
 
-    fn pd_for(&mut self, ctx: &Arc<Context>) -> Result<usize> {
-        if let Some(i) = self
-            .pds
-            .iter()
-            .position(|pd| Arc::ptr_eq(pd.context(), ctx))
-        {
-            return Ok(i);
+    fn pd_for(&mut self, domain: &Arc<Domain>) -> usize {
+        if let Some(i) = self.doms.iter().position(|d| Arc::ptr_eq(d, domain)) {
+            return i;
         }
-        self.pds.push(ProtectionDomain::new(ctx)?);
-        Ok(self.pds.len() - 1)
+        self.doms.push(Arc::clone(domain));
+        self.doms.len() - 1
     }
 
     /// This endpoint's data paths as the peer needs them (QPN, PSN, GID, MTU), in path order.
@@ -547,45 +691,7 @@ impl Fabric for VerbsFabric {
     }
 
     fn register(&mut self, addr: u64, len: usize, kind: MemKind) -> Result<Registration> {
-        if len == 0 {
-            return Err(Error::InvalidArgument(
-                "registration of 0 bytes; accepted: at least 1 byte".into(),
-            ));
-        }
-        let mut mrs = Vec::with_capacity(self.pds.len());
-        for pd in &self.pds {
-            // SAFETY: NCCL keeps `addr..addr+len` mapped from regMr until deregMr, which drops this MR
-            // (deregister) before the memory is released; the NIC touches it only through QPs of this
-            // fabric, which are stopped before teardown.
-            let mr = unsafe {
-                MemoryRegion::register(
-                    pd,
-                    addr as *mut u8,
-                    len,
-                    Access::RDMA | Access::RELAXED_ORDERING,
-                )
-            };
-            let mr = match mr {
-                Ok(m) => m,
-                // SAFETY: as above; retried without the optional relaxed-ordering flag.
-                Err(_) => unsafe { MemoryRegion::register(pd, addr as *mut u8, len, Access::RDMA) }
-                    .map_err(|e| {
-                        context(
-                            e,
-                            &format!(
-                                "registering {} memory",
-                                if kind == MemKind::Cuda { "GPU" } else { "host" }
-                            ),
-                        )
-                    })?,
-            };
-            mrs.push(mr);
-        }
-        let keys = self.keys(&mrs);
-        let token = self.next_token;
-        self.next_token += 1;
-        self.regs.insert(token, mrs);
-        Ok(Registration { keys, token })
+        self.pinner.register(addr, len, kind)
     }
 
     fn register_dmabuf(
@@ -595,31 +701,15 @@ impl Fabric for VerbsFabric {
         offset: u64,
         fd: BorrowedFd<'_>,
     ) -> Result<Registration> {
-        let mut mrs = Vec::with_capacity(self.pds.len());
-        for pd in &self.pds {
-            mrs.push(MemoryRegion::register_dmabuf(
-                pd,
-                offset,
-                len,
-                addr,
-                fd,
-                Access::RDMA,
-            )?);
-        }
-        let keys = self.keys(&mrs);
-        let token = self.next_token;
-        self.next_token += 1;
-        self.regs.insert(token, mrs);
-        Ok(Registration { keys, token })
+        self.pinner.register_dmabuf(addr, len, offset, fd)
     }
 
     fn deregister(&mut self, reg: &Registration) -> Result<()> {
-        self.regs.remove(&reg.token).map(drop).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "deregistration of token {}, which this connection did not register (or already released)",
-                reg.token
-            ))
-        })
+        self.pinner.deregister(reg)
+    }
+
+    fn pinner(&self) -> Option<Arc<dyn Pinner>> {
+        Some(Arc::clone(&self.pinner) as Arc<dyn Pinner>)
     }
 
     fn alloc_ctrl(&mut self, words: usize) -> Result<CtrlMem> {
@@ -628,8 +718,9 @@ impl Fabric for VerbsFabric {
         }
         let block: Box<[AtomicU64]> = (0..words).map(|_| AtomicU64::new(0)).collect();
         let ptr = block.as_ptr() as *mut u8;
-        let mut mrs = Vec::with_capacity(self.pds.len());
-        for pd in &self.pds {
+        let mut mrs = Vec::with_capacity(self.doms.len());
+        for d in &self.doms {
+            let pd = d.pd();
             // SAFETY: the words live in the CtrlBlock that owns these MRs and are freed only after them
             // (field order); the NIC writes them through the atomics' UnsafeCell storage, and the CPU
             // reads them only with atomic loads. No RELAXED_ORDERING: writes land in order per path.
@@ -710,6 +801,9 @@ impl Fabric for VerbsFabric {
     }
 
     fn post_read(&mut self, path: usize, wr: &ReadWr) -> Result<()> {
+        if self.loop_pending(path) {
+            self.ensure_loops()?;
+        }
         self.check_path(path)?;
         self.qps[path].post_rdma_read(
             wr.wr_id,
@@ -732,6 +826,9 @@ impl Fabric for VerbsFabric {
     }
 
     fn poll(&mut self, path: usize, max: usize, out: &mut Vec<Completion>) -> Result<usize> {
+        if self.loop_pending(path) {
+            return Ok(0);
+        }
         self.check_path(path)?;
         self.health()?;
         let mut kept = 0;

@@ -10,6 +10,7 @@ pub(crate) mod call;
 mod context;
 mod cq;
 pub mod devices;
+pub mod domain;
 pub mod events;
 pub mod fabric;
 mod memory;
@@ -20,6 +21,7 @@ mod types;
 pub use call::system_error;
 pub use context::{Context, DeviceCaps, device_names, fork_init};
 pub use cq::{Completion, CompletionQueue, WcOpcode, WcStatus};
+pub use domain::{Domain, Pin};
 pub use events::{AsyncEvent, EventScope};
 pub use memory::{
     DmabufSupport, MemoryRegion, ProtectionDomain, probe_dmabuf, probe_dmabuf_context,

@@ -6,6 +6,11 @@
 //! a token it sends as its "QP number"; the accepting side takes the parked endpoint named by the
 //! connector's parameters. So both ends must live in one process (tests, benchmarks).
 //!
+//! The two sides are two simulated hosts: the connecting side's endpoints of one set of RDMA
+//! devices (the paths' `rdma_dev` names) share one memfab device, the accepting side's another, so
+//! the same buffer registered on many connections of one side is pinned once (the registration
+//! cache, as over verbs; [`PathFactory::reg_is_global`]).
+//!
 //! [`MemFactory::install`] sets the host view and fabric the next [`PathFactory::open`] uses, so tests
 //! can also go through `plugin::init` and the core functions the FFI layer calls.
 #![forbid(unsafe_code)]
@@ -106,6 +111,10 @@ impl PathFactory for MemFactory {
         })
     }
 
+    fn reg_is_global(&self) -> bool {
+        true
+    }
+
     fn create(
         &self,
         paths: &[PathPlan],
@@ -114,13 +123,27 @@ impl PathFactory for MemFactory {
     ) -> Result<MemConn> {
         self.created.fetch_add(1, Ordering::Relaxed);
         let addrs = paths.iter().map(|p| p.local.addr.addr()).collect();
+        let dev = |side: &str| {
+            use std::hash::{Hash, Hasher};
+            let mut names: Vec<&str> = paths
+                .iter()
+                .filter_map(|p| p.local.rdma_dev.as_deref())
+                .collect();
+            names.sort_unstable();
+            names.dedup();
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (side, names).hash(&mut h);
+            Some(h.finish())
+        };
         match peer {
             None => {
                 let speeds: Vec<u64> = paths
                     .iter()
                     .map(|p| u64::from(p.local.speed_mbps))
                     .collect();
-                let (mine, theirs) = self.fab.pair(&speeds, self.loopbacks);
+                let (mine, theirs) =
+                    self.fab
+                        .pair_on(&speeds, self.loopbacks, dev("connecting"), dev("accepting"));
                 let token = self.next.fetch_add(1, Ordering::Relaxed);
                 lock(&self.parked, "memfab park")?.insert(token, theirs);
                 Ok(MemConn {

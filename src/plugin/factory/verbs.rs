@@ -1,5 +1,7 @@
-//! [`VerbsFactory`]: the [`PathFactory`] of RoCE paths over ibverbs RC queue pairs (one PD, CQ and QP
-//! per path, connected RTR → RTS with the peer's parameters from the handshake).
+//! [`VerbsFactory`]: the [`PathFactory`] of RoCE paths over ibverbs RC queue pairs (one CQ and QP per
+//! path, connected RTR → RTS with the peer's parameters from the handshake), in one protection
+//! domain per RDMA device shared by every connection, whose registration cache makes the same
+//! buffer registered on many connections one MR (`regIsGlobal`).
 #![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
@@ -18,8 +20,9 @@ use crate::verbs::fabric::{QpTuning, RemoteEnd, VerbsFabric, VerbsPath};
 /// The production factory: RoCE paths over ibverbs RC QPs.
 #[derive(Debug)]
 pub struct VerbsFactory {
-    /// Opened devices by name (opened once at `init`, shared by every connection).
-    contexts: BTreeMap<String, Arc<crate::verbs::Context>>,
+    /// Opened devices by name, each with its protection domain and registration cache (made once
+    /// at `init`, shared by every connection).
+    domains: BTreeMap<String, Arc<crate::verbs::Domain>>,
     gid_index: Option<u8>,
 }
 
@@ -104,14 +107,20 @@ impl PathFactory for VerbsFactory {
                 names.join(", ")
             )));
         }
+        let mut domains = BTreeMap::new();
+        for (name, ctx) in &contexts {
+            match crate::verbs::Domain::new(ctx) {
+                Ok(d) => {
+                    domains.insert(name.clone(), d);
+                }
+                Err(e) => tracing::warn!("NET/switchless: {name}: no protection domain: {e}"),
+            }
+        }
         let links = model.local_links(&devices);
         let routes = model.routes();
         let gid_index = config.ib_gid_index;
         Ok((
-            VerbsFactory {
-                contexts,
-                gid_index,
-            },
+            VerbsFactory { domains, gid_index },
             HostView {
                 config,
                 devices,
@@ -119,6 +128,10 @@ impl PathFactory for VerbsFactory {
                 routes,
             },
         ))
+    }
+
+    fn reg_is_global(&self) -> bool {
+        true
     }
 
     fn create(
@@ -140,7 +153,7 @@ impl PathFactory for VerbsFactory {
             let dev = l.rdma_dev.as_deref().ok_or_else(|| {
                 Error::Internal(format!("RoCE link {} has no RDMA device", l.netdev))
             })?;
-            let ctx = self.contexts.get(dev).ok_or_else(|| {
+            let domain = self.domains.get(dev).ok_or_else(|| {
                 Error::System(format!(
                     "RDMA device {dev} of {} was not opened at init",
                     l.netdev
@@ -156,7 +169,7 @@ impl PathFactory for VerbsFactory {
                 })?,
             };
             vp.push(VerbsPath {
-                ctx: Arc::clone(ctx),
+                domain: Arc::clone(domain),
                 port: l.port,
                 gid_index,
                 active_mtu: l.active_mtu,

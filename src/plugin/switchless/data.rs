@@ -13,6 +13,7 @@ use crate::plugin::{CommRef, FlushBuf, PtrSupport, RecvBuf, Region};
 use crate::sync::lock;
 use crate::transport::comm::{self, MemHandle, RecvComm, Registrar, SendComm};
 use crate::transport::fabric::MemKind;
+use crate::transport::wire::MAX_RECVS;
 
 /// A comm shared between its NCCL object and its in-flight requests; `None` once closed.
 type Shared<T> = Arc<Mutex<Option<T>>>;
@@ -115,39 +116,58 @@ impl<F: Connectable> SendEnd<F> {
 
 impl<F: Connectable> RecvEnd<F> {
     /// `irecv`.
-    pub(super) fn irecv(&self, bufs: &[RecvBuf<'_, MemHandle>]) -> Result<Option<Req<F>>> {
-        let v: Vec<comm::RecvBuf<'_>> = bufs
-            .iter()
-            .map(|b| comm::RecvBuf {
-                addr: b.addr as u64,
-                size: b.size as u64,
-                tag: b.tag as u32,
-                mh: b.mr,
-            })
-            .collect();
-        let mut g = lock(&self.comm, "comm")?;
-        let rc = g.as_mut().ok_or_else(|| closed("irecv"))?;
-        Ok(rc
-            .irecv(Instant::now(), &v)?
-            .map(|r| Req::Recv(Arc::clone(&self.comm), r)))
+    pub(super) fn irecv<'a>(&self, bufs: &[RecvBuf<'a, MemHandle>]) -> Result<Option<Req<F>>> {
+        let conv = |b: &RecvBuf<'a, MemHandle>| comm::RecvBuf {
+            addr: b.addr as u64,
+            size: b.size as u64,
+            tag: b.tag as u32,
+            mh: b.mr,
+        };
+        with_converted(bufs, conv, |v| {
+            let mut g = lock(&self.comm, "comm")?;
+            let rc = g.as_mut().ok_or_else(|| closed("irecv"))?;
+            Ok(rc
+                .irecv(Instant::now(), v)?
+                .map(|r| Req::Recv(Arc::clone(&self.comm), r)))
+        })
     }
 
     /// `iflush`.
-    pub(super) fn iflush(&self, bufs: &[FlushBuf<'_, MemHandle>]) -> Result<Option<Req<F>>> {
-        let v: Vec<comm::FlushBuf<'_>> = bufs
-            .iter()
-            .map(|b| comm::FlushBuf {
-                addr: b.addr as u64,
-                size: b.size as u64,
-                mh: b.mr,
-            })
-            .collect();
-        let mut g = lock(&self.comm, "comm")?;
-        let rc = g.as_mut().ok_or_else(|| closed("iflush"))?;
-        Ok(rc
-            .iflush(Instant::now(), &v)?
-            .map(|r| Req::Recv(Arc::clone(&self.comm), r)))
+    pub(super) fn iflush<'a>(&self, bufs: &[FlushBuf<'a, MemHandle>]) -> Result<Option<Req<F>>> {
+        let conv = |b: &FlushBuf<'a, MemHandle>| comm::FlushBuf {
+            addr: b.addr as u64,
+            size: b.size as u64,
+            mh: b.mr,
+        };
+        with_converted(bufs, conv, |v| {
+            let mut g = lock(&self.comm, "comm")?;
+            let rc = g.as_mut().ok_or_else(|| closed("iflush"))?;
+            Ok(rc
+                .iflush(Instant::now(), v)?
+                .map(|r| Req::Recv(Arc::clone(&self.comm), r)))
+        })
     }
+}
+
+/// Runs `f` on NCCL's buffers converted by `conv`, on the stack (no allocation per request) for up
+/// to `MAX_RECVS` buffers; more go to `f` as they are, for the comm to refuse by name.
+fn with_converted<'a, T, U: Copy, R>(
+    bufs: &'a [T],
+    conv: impl Fn(&'a T) -> U,
+    f: impl FnOnce(&[U]) -> Result<R>,
+) -> Result<R> {
+    let Some(first) = bufs.first() else {
+        return f(&[]);
+    };
+    if bufs.len() > MAX_RECVS {
+        let v: Vec<U> = bufs.iter().map(conv).collect();
+        return f(&v);
+    }
+    let mut arr = [conv(first); MAX_RECVS];
+    for (a, b) in arr.iter_mut().zip(bufs) {
+        *a = conv(b);
+    }
+    f(&arr[..bufs.len()])
 }
 
 /// An in-flight request: its comm and the comm's request handle.

@@ -165,6 +165,12 @@ pub trait PathFactory: Sized + Send + Sync + 'static {
         peer: Option<&[PathParams]>,
         opts: &ConnOptions,
     ) -> Result<Self::Fabric>;
+
+    /// Whether a registration is cached per device rather than tied to the connection: the same
+    /// buffer registered on many connections is pinned once (NCCL's `regIsGlobal`).
+    fn reg_is_global(&self) -> bool {
+        false
+    }
 }
 
 // ---- The backend. ----
@@ -321,7 +327,10 @@ impl<P: PathFactory> Switchless<P> {
             .zip(kept)
             .map(|(d, k)| match k {
                 Some(p) => Ok(p),
-                None => properties_of(d, &view.config),
+                None => properties_of(d, &view.config).map(|mut p| {
+                    p.reg_is_global = factory.reg_is_global();
+                    p
+                }),
             })
             .collect::<Result<Vec<_>>>()?;
         let proto = ProtocolConfig {

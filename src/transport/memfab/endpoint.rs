@@ -37,8 +37,8 @@ impl Fabric for MemEndpoint {
         &self.paths
     }
 
-    fn register(&mut self, addr: u64, len: usize, _kind: MemKind) -> Result<Registration> {
-        self.pinner_of().pin(addr, len)
+    fn register(&mut self, addr: u64, len: usize, kind: MemKind) -> Result<Registration> {
+        self.pinner_of().pin(addr, len, kind)
     }
 
     /// Memfab has no GPUs: a DMA-BUF registration is checked like [`Fabric::register`] of `addr`

@@ -27,8 +27,11 @@ impl Inner {
     ) -> Option<(usize, usize)> {
         let k = self.keys.get(&key)?;
         let (region, off) = split_addr(addr);
-        let ok = k.ep == ep
-            && k.path == path
+        let owner = match k.dev {
+            Some(d) => self.eps.get(ep).and_then(|e| e.dev) == Some(d),
+            None => k.ep == ep && k.path == path,
+        };
+        let ok = owner
             && k.region == region
             && Span::new(k.start as u64, k.len as u64).contains(off as u64, len as u64);
         ok.then_some((region, off))
@@ -52,6 +55,7 @@ impl Inner {
                 self.keys.insert(
                     key,
                     Key {
+                        dev: None,
                         ep,
                         path,
                         region,
@@ -68,6 +72,55 @@ impl Inner {
         let token = self.next_token;
         self.eps[ep].regs.insert(token, all);
         Registration { keys, token }
+    }
+
+    /// The whole pages of `key` within region `r`: (offset, length), cut at the region's end.
+    pub(super) fn page_span(&self, r: usize, key: &CacheKey) -> (usize, usize) {
+        let (_, start) = split_addr(key.start);
+        let rlen = self.regions.get(r).map_or(0, |x| x.len);
+        let end = (start as u64 + key.bytes()).min(rlen as u64) as usize;
+        (start, end.saturating_sub(start))
+    }
+
+    /// A fresh key pair for a cached pin of `[start, start+len)` of region `r` on device `dev`.
+    pub(super) fn cached_keys(
+        &mut self,
+        dev: u64,
+        r: usize,
+        start: usize,
+        len: usize,
+    ) -> CachedPin {
+        let mut k = [0u32; 2];
+        for slot in &mut k {
+            self.next_key = self.next_key.wrapping_add(0x9e37).max(1);
+            *slot = self.next_key;
+            self.keys.insert(
+                *slot,
+                Key {
+                    dev: Some(dev),
+                    ep: usize::MAX,
+                    path: usize::MAX,
+                    region: r,
+                    start,
+                    len,
+                },
+            );
+        }
+        CachedPin {
+            lkey: k[0],
+            rkey: k[1],
+            bytes: len as u64,
+        }
+    }
+
+    /// Drops one reference to a cached pin; the last one removes its keys and pinned bytes.
+    pub(super) fn release_cached(&mut self, key: &CacheKey) {
+        if let Ok(Some(p)) = self.cache.release(key) {
+            self.keys.remove(&p.lkey);
+            self.keys.remove(&p.rkey);
+            self.stats.pinned_bytes = self.stats.pinned_bytes.saturating_sub(p.bytes);
+        }
+        self.stats.cache = self.cache.stats();
     }
 
     pub(super) fn target_of(&self, ep: usize, path: usize) -> usize {

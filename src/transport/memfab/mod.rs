@@ -21,6 +21,12 @@
 //!   half landed) and [`MemFab::restore_path`] (the cable is back; each end then rebuilds its queue
 //!   pair through [`Fabric::revive_path`]).
 //!
+//! * Devices: by default every endpoint is its own device (its keys serve only its own paths). An
+//!   endpoint made by [`MemFab::pair_on`] with a device id shares that device with every other
+//!   endpoint on it, as connections on one RDMA device share its protection domain: data
+//!   registrations then go through a [`RegCache`] (one pin and one key pair per page range,
+//!   valid on every path of every endpoint of the device), as the verbs fabric does.
+//!
 //! This file holds the types and the test-facing [`MemFab`] API; `exec.rs` is the NIC (executing queued
 //! work requests), `endpoint.rs` the [`Fabric`] calls of one endpoint.
 #![forbid(unsafe_code)]
@@ -39,6 +45,7 @@ use crate::transport::fabric::{
     Completion, CtrlMem, Fabric, MemKind, PathInfo, PathKeys, PathRole, Pinner, ReadWr,
     Registration, Revive, WcOpcode, WcStatus, WriteWr,
 };
+use crate::transport::regcache::{CacheKey, CacheStats, Inserted, RegCache, RegKind};
 
 /// Options.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,9 +92,11 @@ pub struct Stats {
     pub batches: u64,
     /// Registrations of data memory made (each pins its pages, on verbs).
     pub pins: u64,
-    /// Bytes of data memory registered now, summed over live registrations (what `RLIMIT_MEMLOCK`
-    /// accounting would count on verbs).
+    /// Bytes of data memory pinned now: each private registration's bytes plus each cached pin's
+    /// whole pages once (what `RLIMIT_MEMLOCK` accounting would count on verbs).
     pub pinned_bytes: u64,
+    /// The registration cache of the shared devices ([`MemFab::pair_on`]).
+    pub cache: CacheStats,
 }
 
 struct Region {
@@ -98,6 +107,8 @@ struct Region {
 
 #[derive(Debug, Clone, Copy)]
 struct Key {
+    /// `Some`: a cached pin's key, valid on every path of every endpoint of that device.
+    dev: Option<u64>,
     ep: usize,
     path: usize,
     region: usize,
@@ -145,6 +156,10 @@ struct Endpoint {
     regs: HashMap<u64, Vec<u32>>,
     /// Bytes of the live data registrations (by token), for [`Stats::pinned_bytes`].
     pinned: HashMap<u64, u64>,
+    /// The shared device ([`MemFab::pair_on`]); `None`: a device of its own.
+    dev: Option<u64>,
+    /// Registrations served by the cache (by token): the entry each references.
+    cached: HashMap<u64, CacheKey>,
     /// What [`Fabric::health`] fails with (set by [`MemFabric::set_health_error`]).
     health_error: Option<String>,
 }
@@ -160,6 +175,8 @@ struct Inner {
     copy_data: bool,
     pin_ns_per_page: u64,
     stats: Stats,
+    /// Pins of the shared devices: their key pair and the bytes they cover.
+    cache: RegCache<CachedPin>,
     /// Work requests executed so far (for [`MemFab::kill_after`]).
     executed: u64,
     kill_at: Option<KillAt>,
@@ -183,6 +200,7 @@ impl Drop for MemEndpoint {
         };
         let regs = std::mem::take(&mut ep.regs);
         let unpinned: u64 = std::mem::take(&mut ep.pinned).into_values().sum();
+        let cached = std::mem::take(&mut ep.cached);
         for q in ep.qps.iter_mut() {
             q.error = true;
             q.queue = VecDeque::new();
@@ -193,6 +211,9 @@ impl Drop for MemEndpoint {
             g.keys.remove(&key);
         }
         g.stats.pinned_bytes = g.stats.pinned_bytes.saturating_sub(unpinned);
+        for key in cached.into_values() {
+            g.release_cached(&key);
+        }
     }
 }
 
@@ -202,6 +223,14 @@ pub struct MemEndpoint {
     id: usize,
     paths: Vec<PathInfo>,
     pin_ns_per_page: u64,
+}
+
+/// One cached pin of a shared device: its key pair (valid on every path of the device) and bytes.
+#[derive(Debug, Clone, Copy)]
+struct CachedPin {
+    lkey: u32,
+    rkey: u32,
+    bytes: u64,
 }
 
 /// Registers for one endpoint without borrowing it (what [`Fabric::pinner`] returns).
@@ -222,14 +251,25 @@ impl MemEndpoint {
 }
 
 impl MemPinner {
-    fn pin(&self, addr: u64, len: usize) -> Result<Registration> {
-        // The pin happens outside the fabric's lock, as `ibv_reg_mr` runs outside any lock of ours.
+    fn delay(&self, len: u64) {
         if self.pin_ns_per_page > 0 {
-            let pages = (len as u64).div_ceil(4096);
+            let pages = len.div_ceil(4096);
             std::thread::sleep(std::time::Duration::from_nanos(
                 pages.saturating_mul(self.pin_ns_per_page),
             ));
         }
+    }
+
+    fn pin(&self, addr: u64, len: usize, kind: MemKind) -> Result<Registration> {
+        let dev = lock(&self.inner, LOCK)?
+            .eps
+            .get(self.id)
+            .and_then(|e| e.dev);
+        if let Some(dev) = dev {
+            return self.pin_cached(dev, addr, len, kind);
+        }
+        // The pin happens outside the fabric's lock, as `ibv_reg_mr` runs outside any lock of ours.
+        self.delay(len as u64);
         let mut g = lock(&self.inner, LOCK)?;
         let (r, off) = g.region_range(addr, len)?;
         let reg = g.register(self.id, r, off, len);
@@ -239,8 +279,76 @@ impl MemPinner {
         Ok(reg)
     }
 
+    /// A registration on a shared device: a hit takes a reference on the cached pin; a miss pins
+    /// (outside the fabric's lock) and files it.
+    fn pin_cached(&self, dev: u64, addr: u64, len: usize, kind: MemKind) -> Result<Registration> {
+        let rk = match kind {
+            MemKind::Host => RegKind::Host,
+            MemKind::Cuda => RegKind::Cuda,
+        };
+        let key = CacheKey::new(dev, addr, len as u64, rk)?;
+        let mut g = lock(&self.inner, LOCK)?;
+        g.region_range(addr, len)?;
+        let pin = match g.cache.acquire(&key) {
+            Some(p) => p,
+            None => {
+                // The whole pages, cut at the end of the allocation (memfab regions need not end
+                // on a page).
+                let (r, _) = split_addr(key.start);
+                let (pstart, plen) = g.page_span(r, &key);
+                drop(g);
+                self.delay(plen as u64);
+                g = lock(&self.inner, LOCK)?;
+                let fresh = g.cached_keys(dev, r, pstart, plen);
+                match g.cache.insert(key, fresh) {
+                    Inserted::Filed(p) => {
+                        g.stats.pins += 1;
+                        g.stats.pinned_bytes += p.bytes;
+                        p
+                    }
+                    Inserted::Raced { shared, unused } => {
+                        g.keys.remove(&unused.lkey);
+                        g.keys.remove(&unused.rkey);
+                        shared
+                    }
+                    Inserted::Uncached(p) => {
+                        // Past the cache's bounds: a private registration, as without a cache.
+                        g.keys.remove(&p.lkey);
+                        g.keys.remove(&p.rkey);
+                        let (r, off) = g.region_range(addr, len)?;
+                        let reg = g.register(self.id, r, off, len);
+                        g.eps[self.id].pinned.insert(reg.token, len as u64);
+                        g.stats.pins += 1;
+                        g.stats.pinned_bytes += len as u64;
+                        g.stats.cache = g.cache.stats();
+                        return Ok(reg);
+                    }
+                }
+            }
+        };
+        g.stats.cache = g.cache.stats();
+        let npaths = g.eps[self.id].roles.len();
+        g.next_token += 1;
+        let token = g.next_token;
+        g.eps[self.id].cached.insert(token, key);
+        Ok(Registration {
+            keys: vec![
+                PathKeys {
+                    lkey: pin.lkey,
+                    rkey: pin.rkey,
+                };
+                npaths
+            ],
+            token,
+        })
+    }
+
     fn unpin(&self, reg: &Registration) -> Result<()> {
         let mut g = lock(&self.inner, LOCK)?;
+        if let Some(key) = g.eps[self.id].cached.remove(&reg.token) {
+            g.release_cached(&key);
+            return Ok(());
+        }
         let Some(keys) = g.eps[self.id].regs.remove(&reg.token) else {
             return Err(Error::InvalidArgument(format!(
                 "deregistration of unknown memfab registration {}",
@@ -258,8 +366,8 @@ impl MemPinner {
 }
 
 impl Pinner for MemPinner {
-    fn register(&self, addr: u64, len: usize, _kind: MemKind) -> Result<Registration> {
-        self.pin(addr, len)
+    fn register(&self, addr: u64, len: usize, kind: MemKind) -> Result<Registration> {
+        self.pin(addr, len, kind)
     }
     fn deregister(&self, reg: &Registration) -> Result<()> {
         self.unpin(reg)
@@ -291,6 +399,7 @@ impl MemFab {
                 copy_data: cfg.copy_data,
                 pin_ns_per_page: cfg.pin_ns_per_page,
                 stats: Stats::default(),
+                cache: RegCache::default(),
                 executed: 0,
                 kill_at: None,
             })),
@@ -300,6 +409,19 @@ impl MemFab {
     /// Two connected endpoints with one data path per entry of `speeds_mbps` (Mb/s) and `loopbacks`
     /// loopback paths each (after the data paths).
     pub fn pair(&self, speeds_mbps: &[u64], loopbacks: usize) -> (MemEndpoint, MemEndpoint) {
+        self.pair_on(speeds_mbps, loopbacks, None, None)
+    }
+
+    /// [`MemFab::pair`] with the endpoints on shared devices `dev_a` and `dev_b` (`None`: a device
+    /// of its own): registrations on a shared device are cached, one pin per page range for all
+    /// its endpoints (see the module docs).
+    pub fn pair_on(
+        &self,
+        speeds_mbps: &[u64],
+        loopbacks: usize,
+        dev_a: Option<u64>,
+        dev_b: Option<u64>,
+    ) -> (MemEndpoint, MemEndpoint) {
         let Ok(mut g) = lock(&self.inner, LOCK) else {
             // Poisoned by an earlier panic: endpoints whose every call fails (each one locks first).
             let dead = || MemEndpoint {
@@ -312,7 +434,7 @@ impl MemFab {
         };
         let a = g.eps.len();
         let b = a + 1;
-        let mut mk = |me: usize, peer: usize| {
+        let mut mk = |me: usize, peer: usize, dev: Option<u64>| {
             let mut paths: Vec<PathInfo> = speeds_mbps
                 .iter()
                 .enumerate()
@@ -338,6 +460,8 @@ impl MemFab {
                 stalled: false,
                 regs: HashMap::new(),
                 pinned: HashMap::new(),
+                dev,
+                cached: HashMap::new(),
                 health_error: None,
             });
             MemEndpoint {
@@ -347,8 +471,8 @@ impl MemFab {
                 pin_ns_per_page: g.pin_ns_per_page,
             }
         };
-        let ea = mk(a, b);
-        let eb = mk(b, a);
+        let ea = mk(a, b, dev_a);
+        let eb = mk(b, a, dev_b);
         (ea, eb)
     }
 

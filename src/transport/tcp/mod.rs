@@ -13,17 +13,18 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
+use crate::sync::lock;
 use crate::sys::rawmem::RawRegion;
 use crate::sys::socket::{self as rawmem, Ready};
 use crate::transport::ctrl::AtomicWords;
 use crate::transport::fabric::{
-    Completion, CtrlMem, Fabric, MemKind, PathInfo, PathKeys, ReadWr, Registration, WcOpcode,
-    WcStatus, WriteWr,
+    Completion, CtrlMem, Fabric, MemKind, PathInfo, PathKeys, Pinner, ReadWr, Registration,
+    WcOpcode, WcStatus, WriteWr,
 };
 use frame::{FLAG_IMM, FrameRepr, OP_WRITE};
 use state::{PathShared, Payload, Reg, RegMem, Shared, TxFrame, WrTrack};
@@ -59,10 +60,90 @@ pub struct TcpFabric {
     /// This endpoint's streams in the I/O pool, per path.
     io: Vec<Vec<pool::StreamHandle>>,
     ctrl: Vec<Arc<AtomicWords>>,
-    tokens: HashMap<u64, u32>,
-    next_token: u64,
+    /// Registration tokens -> keys (shared with the [`Pinner`] `regMr` uses without the fabric).
+    tokens: Arc<Mutex<HashMap<u64, u32>>>,
+    next_token: Arc<AtomicU64>,
     frame_bytes: usize,
     shut: bool,
+}
+
+/// Registers memory for one TCP endpoint without borrowing it: keys in the endpoint's shared table
+/// (which its I/O workers read), so `regMr` and `deregMr` (which waits for a copy in progress) run
+/// without the connection's lock.
+struct TcpPinner {
+    sh: Arc<Shared>,
+    tokens: Arc<Mutex<HashMap<u64, u32>>>,
+    next_token: Arc<AtomicU64>,
+    npaths: usize,
+}
+
+impl TcpPinner {
+    /// A fresh key: 32 random bits (`getrandom`) per registration, so one key the peer sees (a CTS
+    /// rkey, the records key) tells nothing about the others; never 0, never one in use.
+    fn new_key(&self) -> Result<u32> {
+        loop {
+            let mut b = [0u8; 4];
+            getrandom::fill(&mut b).map_err(|e| {
+                Error::System(format!("reading random bytes for a TCP memory key: {e}"))
+            })?;
+            let k = u32::from_ne_bytes(b);
+            if k != 0 && !self.sh.regs()?.contains_key(&k) {
+                return Ok(k);
+            }
+        }
+    }
+
+    fn add_reg(&self, mem: RegMem) -> Result<Registration> {
+        let key = self.new_key()?;
+        self.sh.regs_mut()?.insert(
+            key,
+            Arc::new(Reg {
+                mem,
+                alive: RwLock::new(true),
+            }),
+        );
+        let token = self.next_token.fetch_add(1, Ordering::Relaxed) + 1;
+        lock(&self.tokens, "TCP registration tokens")?.insert(token, key);
+        Ok(Registration {
+            keys: vec![
+                PathKeys {
+                    lkey: key,
+                    rkey: key
+                };
+                self.npaths
+            ],
+            token,
+        })
+    }
+}
+
+impl Pinner for TcpPinner {
+    fn register(&self, addr: u64, len: usize, kind: MemKind) -> Result<Registration> {
+        if kind == MemKind::Cuda {
+            return Err(Error::InvalidArgument(format!(
+                "GPU memory at {addr:#x} ({len} bytes) on a TCP path; TCP paths accept host memory only \
+                 (NCCL_PTR_HOST: NCCL stages GPU buffers through host memory)"
+            )));
+        }
+        let region = RawRegion::new(addr, len)?;
+        self.add_reg(RegMem::Raw(region))
+    }
+
+    fn deregister(&self, reg: &Registration) -> Result<()> {
+        let key = lock(&self.tokens, "TCP registration tokens")?.remove(&reg.token);
+        let Some(key) = key else {
+            return Err(Error::InvalidArgument(format!(
+                "deregistration of unknown TCP fabric registration {}",
+                reg.token
+            )));
+        };
+        let r = self.sh.regs_mut()?.remove(&key);
+        // Outside the table's lock: waits for a copy in progress (at most one chunk).
+        match r {
+            Some(r) => r.kill(),
+            None => Ok(()),
+        }
+    }
 }
 
 impl std::fmt::Debug for TcpFabric {
@@ -114,21 +195,6 @@ impl TcpFabric {
         })
     }
 
-    /// A fresh key: 32 random bits (`getrandom`) per registration, so one key the peer sees (a CTS
-    /// rkey, the records key) tells nothing about the others; never 0, never one in use.
-    fn new_key(&mut self) -> Result<u32> {
-        loop {
-            let mut b = [0u8; 4];
-            getrandom::fill(&mut b).map_err(|e| {
-                Error::System(format!("reading random bytes for a TCP memory key: {e}"))
-            })?;
-            let k = u32::from_ne_bytes(b);
-            if k != 0 && !self.sh.regs()?.contains_key(&k) {
-                return Ok(k);
-            }
-        }
-    }
-
     /// Refuses the peer's writes into data registrations from now on (a sending endpoint: its data
     /// registrations are send buffers; the peer writes only its control memory). A write there
     /// fails the path as a remote access error.
@@ -136,27 +202,14 @@ impl TcpFabric {
         self.sh.peer_data_writes.store(false, Ordering::Relaxed);
     }
 
-    fn add_reg(&mut self, mem: RegMem) -> Result<Registration> {
-        let key = self.new_key()?;
-        self.sh.regs_mut()?.insert(
-            key,
-            Arc::new(Reg {
-                mem,
-                alive: RwLock::new(true),
-            }),
-        );
-        self.next_token += 1;
-        self.tokens.insert(self.next_token, key);
-        Ok(Registration {
-            keys: vec![
-                PathKeys {
-                    lkey: key,
-                    rkey: key
-                };
-                self.paths.len()
-            ],
-            token: self.next_token,
-        })
+    /// Registers for this endpoint without borrowing it (what [`Fabric::pinner`] returns).
+    fn pinner_of(&self) -> TcpPinner {
+        TcpPinner {
+            sh: Arc::clone(&self.sh),
+            tokens: Arc::clone(&self.tokens),
+            next_token: Arc::clone(&self.next_token),
+            npaths: self.paths.len(),
+        }
     }
 
     fn ctrl_block(&self, addr: u64, len: usize) -> Result<(&AtomicWords, usize)> {
@@ -181,35 +234,22 @@ impl Fabric for TcpFabric {
     }
 
     fn register(&mut self, addr: u64, len: usize, kind: MemKind) -> Result<Registration> {
-        if kind == MemKind::Cuda {
-            return Err(Error::InvalidArgument(format!(
-                "GPU memory at {addr:#x} ({len} bytes) on a TCP path; TCP paths accept host memory only \
-                 (NCCL_PTR_HOST: NCCL stages GPU buffers through host memory)"
-            )));
-        }
-        let region = RawRegion::new(addr, len)?;
-        self.add_reg(RegMem::Raw(region))
+        self.pinner_of().register(addr, len, kind)
     }
 
     fn deregister(&mut self, reg: &Registration) -> Result<()> {
-        let Some(key) = self.tokens.remove(&reg.token) else {
-            return Err(Error::InvalidArgument(format!(
-                "deregistration of unknown TCP fabric registration {}",
-                reg.token
-            )));
-        };
-        let r = self.sh.regs_mut()?.remove(&key);
-        match r {
-            Some(r) => r.kill(),
-            None => Ok(()),
-        }
+        self.pinner_of().deregister(reg)
+    }
+
+    fn pinner(&self) -> Option<Arc<dyn Pinner>> {
+        Some(Arc::new(self.pinner_of()))
     }
 
     fn alloc_ctrl(&mut self, words: usize) -> Result<CtrlMem> {
         let block = Arc::new(AtomicWords::new(words.max(1)));
         let addr = block.addr();
         self.ctrl.push(Arc::clone(&block));
-        let reg = self.add_reg(RegMem::Ctrl(block))?;
+        let reg = self.pinner_of().add_reg(RegMem::Ctrl(block))?;
         Ok(CtrlMem { addr, words, reg })
     }
 

@@ -134,8 +134,8 @@ impl TcpFabric {
             paths,
             io: Vec::new(),
             ctrl: Vec::new(),
-            tokens: HashMap::new(),
-            next_token: 0,
+            tokens: Arc::default(),
+            next_token: Arc::default(),
             frame_bytes: cfg.frame_bytes,
             shut: false,
         };
@@ -171,7 +171,8 @@ impl TcpFabric {
                 self.paths.len()
             )));
         }
-        if pre.io.iter().any(|v| !v.is_empty()) || !self.tokens.is_empty() {
+        let unused = crate::sync::lock(&self.tokens, "TCP registration tokens")?.is_empty();
+        if pre.io.iter().any(|v| !v.is_empty()) || !unused {
             return Err(Error::Internal(
                 "TCP adopt: the old endpoint must be unconnected and the new one unused".into(),
             ));
@@ -183,7 +184,7 @@ impl TcpFabric {
         }
         self.ctrl.append(&mut pre.ctrl);
         self.tokens = std::mem::take(&mut pre.tokens);
-        self.next_token = pre.next_token;
+        self.next_token = std::mem::take(&mut pre.next_token);
         self.sh.peer_data_writes.store(
             pre.sh.peer_data_writes.load(Ordering::Relaxed),
             Ordering::Relaxed,

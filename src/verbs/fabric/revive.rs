@@ -122,8 +122,9 @@ impl VerbsFabric {
         let words = 2 * MSG_WORDS * data;
         let block: Box<[AtomicU64]> = (0..words).map(|_| AtomicU64::new(0)).collect();
         let ptr = block.as_ptr() as *mut u8;
-        let mut mrs = Vec::with_capacity(self.pds.len());
-        for pd in &self.pds {
+        let mut mrs = Vec::with_capacity(self.doms.len());
+        for d in &self.doms {
+            let pd = d.pd();
             // SAFETY: the words live in the CtrlBlock that owns these MRs and are freed only after
             // them; the NIC writes the inbox and reads the outbox, the CPU uses atomics only. No
             // relaxed ordering: a message's words land in order (a torn one fails its tag anyway).
@@ -306,7 +307,7 @@ impl VerbsFabric {
     fn fresh_qp(&mut self, path: usize) -> Result<End> {
         let port = self.qps[path].port();
         let inline = self.qps[path].caps().max_inline_data.min(INLINE_BYTES);
-        let pd = &self.pds[self.path_pd[path]];
+        let pd = self.doms[self.path_pd[path]].pd();
         let ctx = std::sync::Arc::clone(self.cqs[path].context());
         let cq = CompletionQueue::new(&ctx, DATA_CQ_DEPTH)?;
         let qp = QueuePair::new_rc(pd, &cq, &cq, data_caps(inline))?;

@@ -1,0 +1,184 @@
+//! [`Domain`]: the one protection domain of an RDMA device, shared by every connection of the
+//! process, with its registration cache (`transport::regcache`): the same user buffer registered
+//! on many connections is one memory region, referenced by each registration ([`Pin`]) and
+//! deregistered with the last.
+//!
+//! Registrations cover whole pages (the kernel pins pages anyway). A DMA-BUF registration is
+//! cached only when its range is page-aligned (widening it would move its offset in the DMA-BUF).
+
+use std::os::fd::BorrowedFd;
+use std::sync::{Arc, Mutex};
+
+use super::context::Context;
+use super::memory::{MemoryRegion, ProtectionDomain};
+use super::types::Access;
+use crate::error::Result;
+use crate::sync::lock;
+use crate::transport::regcache::{CacheKey, Inserted, RegCache, RegKind};
+
+/// A device's shared protection domain and registration cache. See the module docs.
+pub struct Domain {
+    pd: Arc<ProtectionDomain>,
+    cache: Mutex<RegCache<Arc<MemoryRegion>>>,
+}
+
+impl std::fmt::Debug for Domain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Domain")
+            .field("device", &self.pd.context().name())
+            .finish()
+    }
+}
+
+/// One registration's reference to a memory region of a [`Domain`]; dropping it releases the
+/// reference (the region is deregistered with the last one).
+pub struct Pin {
+    mr: Arc<MemoryRegion>,
+    /// `None`: not cached (past the cache's bounds, or an unaligned DMA-BUF): this pin owns the
+    /// region alone.
+    key: Option<CacheKey>,
+    domain: Arc<Domain>,
+}
+
+impl Pin {
+    /// The region's local and remote keys.
+    pub fn keys(&self) -> (u32, u32) {
+        (self.mr.lkey(), self.mr.rkey())
+    }
+}
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        let Some(key) = self.key else {
+            return;
+        };
+        // The last reference hands the region back; it is deregistered after the lock is left.
+        let last = match lock(&self.domain.cache, "registration cache") {
+            Ok(mut c) => c.release(&key).ok().flatten(),
+            Err(_) => None,
+        };
+        drop(last);
+    }
+}
+
+/// Access of data memory: RDMA, with PCIe relaxed ordering where the device takes it.
+fn data_access(relaxed: bool) -> Access {
+    if relaxed {
+        Access::RDMA | Access::RELAXED_ORDERING
+    } else {
+        Access::RDMA
+    }
+}
+
+impl Domain {
+    /// Allocates the device's protection domain.
+    pub fn new(ctx: &Arc<Context>) -> Result<Arc<Domain>> {
+        Ok(Arc::new(Domain {
+            pd: ProtectionDomain::new(ctx)?,
+            cache: Mutex::new(RegCache::default()),
+        }))
+    }
+
+    /// The protection domain (QPs of every connection on the device are created in it).
+    pub fn pd(&self) -> &Arc<ProtectionDomain> {
+        &self.pd
+    }
+
+    /// The opened device.
+    pub fn context(&self) -> &Arc<Context> {
+        self.pd.context()
+    }
+
+    /// Registers `[addr, addr+len)` of host or GPU (peer-memory) memory: a cache hit takes a
+    /// reference; a miss registers the whole pages (outside the cache's lock), relaxed ordering
+    /// first, and files the region.
+    ///
+    /// # Safety
+    /// The pages holding `addr..addr+len` must stay mapped until the returned [`Pin`] (and every
+    /// other pin of the same pages) is dropped: the NIC reads and writes them by DMA.
+    pub unsafe fn register(self: &Arc<Self>, addr: u64, len: usize, kind: RegKind) -> Result<Pin> {
+        let key = CacheKey::new(self.key_dev(), addr, len as u64, kind)?;
+        if let Some(mr) = lock(&self.cache, "registration cache")?.acquire(&key) {
+            return Ok(self.pin(mr, Some(key)));
+        }
+        let (start, bytes) = (key.start as *mut u8, key.bytes() as usize);
+        let reg = |relaxed| {
+            // SAFETY: the caller keeps the pages of the range mapped while a pin of them lives;
+            // the whole pages are mapped when any byte in them is.
+            unsafe { MemoryRegion::register(&self.pd, start, bytes, data_access(relaxed)) }
+        };
+        // Relaxed ordering first; retried without the optional flag.
+        let mr = match reg(true) {
+            Ok(m) => m,
+            Err(_) => reg(false)?,
+        };
+        Ok(self.file(key, Arc::new(mr)))
+    }
+
+    /// Registers `len` bytes at `offset` of a DMA-BUF, addressed as `addr` (`ibv_reg_dmabuf_mr`),
+    /// relaxed ordering first as for host memory; cached when the range is page-aligned.
+    pub fn register_dmabuf(
+        self: &Arc<Self>,
+        addr: u64,
+        len: usize,
+        offset: u64,
+        fd: BorrowedFd<'_>,
+    ) -> Result<Pin> {
+        let key = CacheKey::new(self.key_dev(), addr, len as u64, RegKind::Dmabuf)?;
+        let aligned = key.start == addr && key.bytes() == len as u64;
+        if aligned {
+            if let Some(mr) = lock(&self.cache, "registration cache")?.acquire(&key) {
+                return Ok(self.pin(mr, Some(key)));
+            }
+        }
+        let mr =
+            match MemoryRegion::register_dmabuf(&self.pd, offset, len, addr, fd, data_access(true))
+            {
+                Ok(m) => m,
+                Err(_) => MemoryRegion::register_dmabuf(
+                    &self.pd,
+                    offset,
+                    len,
+                    addr,
+                    fd,
+                    data_access(false),
+                )?,
+            };
+        let mr = Arc::new(mr);
+        Ok(if aligned {
+            self.file(key, mr)
+        } else {
+            self.pin(mr, None)
+        })
+    }
+
+    /// The device's part of a cache key: the domain's address, unique while it lives (and its
+    /// cache lives in it).
+    fn key_dev(self: &Arc<Self>) -> u64 {
+        Arc::as_ptr(self) as usize as u64
+    }
+
+    fn pin(self: &Arc<Self>, mr: Arc<MemoryRegion>, key: Option<CacheKey>) -> Pin {
+        Pin {
+            mr,
+            key,
+            domain: Arc::clone(self),
+        }
+    }
+
+    /// Files a fresh region; a racing registration of the same pages wins and ours is released.
+    fn file(self: &Arc<Self>, key: CacheKey, mr: Arc<MemoryRegion>) -> Pin {
+        let res = match lock(&self.cache, "registration cache") {
+            Ok(mut c) => c.insert(key, mr),
+            Err(_) => Inserted::Uncached(mr),
+        };
+        match res {
+            Inserted::Filed(mr) => self.pin(mr, Some(key)),
+            Inserted::Raced { shared, unused } => {
+                drop(unused);
+                self.pin(shared, Some(key))
+            }
+            Inserted::Uncached(mr) => self.pin(mr, None),
+        }
+    }
+}

@@ -1,0 +1,311 @@
+//! Registration through the real backend over the in-memory fabric, as NCCL's proxy does it: one
+//! user buffer registered on the comms to many peers is pinned once (the per-device registration
+//! cache), and the registration is still usable on each comm it was made on.
+//!
+//! It also counts the heap allocations of one `irecv` + `isend` + `test` round on the calling thread
+//! (a counting global allocator).
+//!
+//! Host model: two links on `lo` (127.0.0.1/8 and 127.0.0.2/8) of one NCCL device and a kernel route
+//! 127.0.0.0/8 dev lo; every connection goes from this process to itself over two paths.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use switchless::config::Config;
+use switchless::host::{Member, NcclDevice};
+use switchless::plugin::MemFactory;
+use switchless::plugin::{
+    self, Backend, CommInfo, HANDLE_SIZE, Handle, HostView, PtrSupport, RecvBuf, Region, Switchless,
+};
+use switchless::route::types::{KernelRoute, LinkKind, LocalLink};
+use switchless::transport::memfab::{MemFab, MemFabConfig};
+
+type B = Switchless<MemFactory>;
+
+/// Counts the allocations of the threads that set `COUNTING` (the test's own thread only).
+struct Counting;
+
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
+}
+
+// SAFETY: forwards every call to the system allocator unchanged; the counters are thread-local
+// `Cell`s with const initialisers (no allocation, no reentrancy).
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.with(Cell::get) {
+            ALLOCS.with(|a| a.set(a.get() + 1));
+        }
+        // SAFETY: the caller's contract for `alloc` is passed on as is.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from `System.alloc` with this layout.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if COUNTING.with(Cell::get) {
+            ALLOCS.with(|a| a.set(a.get() + 1));
+        }
+        // SAFETY: as for `alloc` and `dealloc`.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn link(id: usize, addr: &str) -> LocalLink {
+    LocalLink {
+        id,
+        kind: LinkKind::Roce,
+        netdev: "lo".into(),
+        rdma_dev: Some(format!("mem{id}")),
+        port: 1,
+        addr: addr.parse().unwrap(),
+        gid_index: Some(1),
+        pci_root: format!("pci000{id}:00"),
+        phys_port_id: 0,
+        nccl_dev: Some(0),
+        speed_mbps: 100_000,
+        mtu: 9000,
+        active_mtu: 4096,
+        up: true,
+    }
+}
+
+fn view() -> HostView {
+    HostView {
+        config: Config::default(),
+        devices: vec![NcclDevice {
+            index: 0,
+            name: "sl_lo".into(),
+            members: vec![Member {
+                rdma_dev: "mem0".into(),
+                port: 1,
+                netdev: Some("lo".into()),
+                pci_bdf: None,
+                pci_root: None,
+                numa_node: None,
+                speed_mbps: 100_000,
+            }],
+            pci_path: String::new(),
+            guid: 0x1000,
+            speed_mbps: 200_000,
+            port: 1,
+            latency_us: 0.0,
+            max_comms: 65536,
+            max_recvs: 8,
+            ptr_support: 1,
+            max_p2p_bytes: 1 << 40,
+            rail_id: -1,
+            plane_id: -1,
+            phys_port_id: 0,
+            peers: Vec::new(),
+        }],
+        links: vec![link(0, "127.0.0.1/8"), link(1, "127.0.0.2/8")],
+        routes: vec![KernelRoute {
+            dest: "127.0.0.0/8".parse().unwrap(),
+            gateway: None,
+            ifname: "lo".into(),
+            metric: 0,
+        }],
+    }
+}
+
+/// Connect and accept until both return comms (NCCL's contract: call again on `None`).
+fn establish(b: &Arc<B>) -> (<B as Backend>::Send, <B as Backend>::Recv) {
+    let mut h: Handle = [0; HANDLE_SIZE];
+    let mut l = b.listen(&CommInfo::default(), 0, &mut h).unwrap();
+    let (mut s, mut r) = (None, None);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while s.is_none() || r.is_none() {
+        assert!(Instant::now() < deadline, "handshake did not finish");
+        if s.is_none() {
+            s = b.connect(&CommInfo::default(), 0, &mut h).unwrap();
+        }
+        if r.is_none() {
+            r = B::accept(&mut l).unwrap();
+        }
+    }
+    B::close_listen(l).unwrap();
+    (s.unwrap(), r.unwrap())
+}
+
+fn region(addr: u64, size: usize) -> Region {
+    Region {
+        addr: addr as usize,
+        size,
+        kind: PtrSupport::HOST,
+    }
+}
+
+/// Sends `len` bytes from `src` over `s` into `dst` of `r`, and checks they arrived.
+fn transfer(
+    fab: &MemFab,
+    conn: &(<B as Backend>::Send, <B as Backend>::Recv),
+    (src, smr): (u64, &<B as Backend>::Mr),
+    (dst, rmr): (u64, &<B as Backend>::Mr),
+    len: usize,
+    seed: u8,
+) {
+    let data: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_add(seed)).collect();
+    fab.write(src, &data).unwrap();
+    let bufs = [RecvBuf {
+        addr: dst as usize,
+        size: len,
+        tag: 1,
+        mr: rmr,
+    }];
+    let mut rr = B::irecv(&conn.1, &bufs).unwrap().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut sr = None;
+    while sr.is_none() {
+        sr = B::isend(&conn.0, src as usize, len, 1, smr).unwrap();
+        assert!(Instant::now() < deadline);
+    }
+    let mut sizes = [0usize; 1];
+    while !B::test(&mut rr, &mut sizes).unwrap() {
+        assert!(Instant::now() < deadline);
+    }
+    let mut sr = sr.unwrap();
+    while !B::test(&mut sr, &mut [0]).unwrap() {
+        assert!(Instant::now() < deadline);
+    }
+    assert_eq!(sizes[0], len);
+    assert_eq!(fab.read(dst, len).unwrap(), data);
+}
+
+#[test]
+fn one_buffer_on_eight_comms_is_pinned_once() {
+    const MIB: u64 = 1 << 20;
+    let fab = MemFab::new(MemFabConfig::default());
+    let b = Arc::new(Switchless::from_parts(MemFactory::new(fab.clone(), 0), view()).unwrap());
+    assert!(
+        b.devices()[0].reg_is_global,
+        "regIsGlobal: registrations are cached per device"
+    );
+    let conns: Vec<_> = (0..8).map(|_| establish(&b)).collect();
+    let buf = fab.alloc(64 << 20).unwrap();
+    let dst = fab.alloc(1 << 20).unwrap();
+    let before = fab.stats();
+    let mrs: Vec<_> = conns
+        .iter()
+        .map(|(s, _)| B::reg_mr(plugin::CommRef::Send(s), region(buf, 64 << 20)).unwrap())
+        .collect();
+    let after = fab.stats();
+    // Without the cache: 8 pins, 512 MiB.
+    assert_eq!(
+        (
+            after.pins - before.pins,
+            (after.pinned_bytes - before.pinned_bytes) / MIB
+        ),
+        (1, 64),
+        "one 64 MiB buffer on 8 comms pins 64 MiB once"
+    );
+    assert_eq!(after.cache.hits - before.cache.hits, 7);
+    // Each comm's registration carries keys its own paths accept (a send on comms 2 and 7).
+    for i in [2, 7] {
+        let rmr = B::reg_mr(plugin::CommRef::Recv(&conns[i].1), region(dst, 1 << 20)).unwrap();
+        transfer(
+            &fab,
+            &conns[i],
+            (buf + 4096, &mrs[i]),
+            (dst, &rmr),
+            100_000,
+            i as u8,
+        );
+        B::dereg_mr(plugin::CommRef::Recv(&conns[i].1), rmr).unwrap();
+    }
+    // deregMr drops a reference; the pin goes with the last one.
+    let mut mrs = mrs;
+    let last = mrs.pop().unwrap();
+    for (mr, (s, _)) in mrs.into_iter().zip(&conns) {
+        B::dereg_mr(plugin::CommRef::Send(s), mr).unwrap();
+        assert_eq!(fab.stats().pinned_bytes - before.pinned_bytes, 64 * MIB);
+    }
+    // The one left still works after the others were released.
+    let rmr = B::reg_mr(plugin::CommRef::Recv(&conns[7].1), region(dst, 1 << 20)).unwrap();
+    transfer(&fab, &conns[7], (buf, &last), (dst, &rmr), 4096, 9);
+    B::dereg_mr(plugin::CommRef::Recv(&conns[7].1), rmr).unwrap();
+    B::dereg_mr(plugin::CommRef::Send(&conns[7].0), last).unwrap();
+    assert_eq!(fab.stats().pinned_bytes, before.pinned_bytes);
+    assert_eq!(fab.stats().cache.entries, 0);
+    for (s, r) in conns {
+        B::close_send(s).unwrap();
+        B::close_recv(r).unwrap();
+    }
+}
+
+#[test]
+fn a_comm_closed_with_live_registrations_releases_its_references() {
+    let fab = MemFab::new(MemFabConfig::default());
+    let b = Arc::new(Switchless::from_parts(MemFactory::new(fab.clone(), 0), view()).unwrap());
+    let (a, c) = (establish(&b), establish(&b));
+    let buf = fab.alloc(1 << 20).unwrap();
+    let before = fab.stats().pinned_bytes;
+    let _ma = B::reg_mr(plugin::CommRef::Send(&a.0), region(buf, 1 << 20)).unwrap();
+    let mc = B::reg_mr(plugin::CommRef::Send(&c.0), region(buf, 1 << 20)).unwrap();
+    assert_eq!(fab.stats().pinned_bytes - before, 1 << 20);
+    // NCCL closes comm `a` without deregMr: its reference goes, comm `c`'s stays.
+    B::close_send(a.0).unwrap();
+    B::close_recv(a.1).unwrap();
+    assert_eq!(fab.stats().pinned_bytes - before, 1 << 20);
+    B::dereg_mr(plugin::CommRef::Send(&c.0), mc).unwrap();
+    assert_eq!(fab.stats().pinned_bytes, before);
+    B::close_send(c.0).unwrap();
+    B::close_recv(c.1).unwrap();
+}
+
+#[test]
+fn a_round_allocates_nothing_on_the_data_path() {
+    let fab = MemFab::new(MemFabConfig::default());
+    let b = Arc::new(Switchless::from_parts(MemFactory::new(fab.clone(), 0), view()).unwrap());
+    let conn = establish(&b);
+    let (src, dst) = (fab.alloc(1 << 16).unwrap(), fab.alloc(1 << 16).unwrap());
+    let smr = B::reg_mr(plugin::CommRef::Send(&conn.0), region(src, 1 << 16)).unwrap();
+    let rmr = B::reg_mr(plugin::CommRef::Recv(&conn.1), region(dst, 1 << 16)).unwrap();
+    let round = || {
+        let bufs = [RecvBuf {
+            addr: dst as usize,
+            size: 4096,
+            tag: 1,
+            mr: &rmr,
+        }];
+        let mut rr = B::irecv(&conn.1, &bufs).unwrap().unwrap();
+        let mut sr = loop {
+            if let Some(r) = B::isend(&conn.0, src as usize, 4096, 1, &smr).unwrap() {
+                break r;
+            }
+        };
+        while !B::test(&mut sr, &mut [0]).unwrap() {}
+        let mut sizes = [0usize; 1];
+        while !B::test(&mut rr, &mut sizes).unwrap() {}
+        assert_eq!(sizes[0], 4096);
+    };
+    // Warm-up: the comms' tables and the completion buffers reach their size.
+    for _ in 0..64 {
+        round();
+    }
+    const ROUNDS: u64 = 256;
+    ALLOCS.with(|a| a.set(0));
+    COUNTING.with(|c| c.set(true));
+    for _ in 0..ROUNDS {
+        round();
+    }
+    COUNTING.with(|c| c.set(false));
+    let n = ALLOCS.with(Cell::get);
+    eprintln!(
+        "allocations per isend+irecv+test round: {}",
+        n as f64 / ROUNDS as f64
+    );
+    assert_eq!(n, 0, "{n} allocations in {ROUNDS} rounds");
+    B::dereg_mr(plugin::CommRef::Send(&conn.0), smr).unwrap();
+    B::dereg_mr(plugin::CommRef::Recv(&conn.1), rmr).unwrap();
+    B::close_send(conn.0).unwrap();
+    B::close_recv(conn.1).unwrap();
+}
