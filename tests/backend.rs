@@ -419,7 +419,8 @@ fn the_device_hint_restricts_paths_when_it_reaches_the_peer() {
 
 /// A connection on device 0 whose peer device 1 also reaches: device 0's link carries, device 1's
 /// stands by; the carrying cable is pulled mid-run and the transfer completes on the standby path,
-/// bytes verified, with a WARN naming the standby taking over.
+/// bytes verified, with a WARN naming the standby taking over; once the cable is back, the
+/// carrying path is revived (through the plugin's liveness wrapper) and carries again.
 #[test]
 fn a_standby_path_of_another_device_takes_over_when_the_carrying_cable_is_pulled() {
     let _shared = shared();
@@ -443,7 +444,22 @@ fn a_standby_path_of_another_device_takes_over_when_the_carrying_cable_is_pulled
         };
         let smr = B::reg_mr(plugin::CommRef::Send(&s), region(src)).unwrap();
         let rmr = B::reg_mr(plugin::CommRef::Recv(&r), region(dst)).unwrap();
-        for round in 0..3 {
+        // Rounds 0–2: carrying, cut, on the standby; then the cable is back: rounds go on until
+        // the carrying path moves data again (failback through the plugin's fabric wrappers).
+        let mut back_at = None;
+        let failback_by = Instant::now() + bounds::AT_ONCE;
+        for round in 0.. {
+            if round == 3 {
+                fab.restore_path(a, 0);
+                back_at = Some(fab.path_bytes(a, 0));
+            }
+            if back_at.is_some_and(|b| fab.path_bytes(a, 0) > b) {
+                break;
+            }
+            assert!(
+                Instant::now() < failback_by,
+                "the restored carrying path never carried again"
+            );
             if round == 1 {
                 // Mid-run: the carrying cable goes in the middle of this transfer's data write
                 // (work request 1 is the clear-to-send, 2 the message's one write).
@@ -496,6 +512,8 @@ fn a_standby_path_of_another_device_takes_over_when_the_carrying_cable_is_pulled
     });
     let w = logs.find(tracing::Level::WARN, "failing over to standby [1]");
     assert!(!w.is_empty(), "{:?}", logs.all());
+    let i = logs.find(tracing::Level::INFO, "is back and carries traffic again");
+    assert!(!i.is_empty(), "{:?}", logs.all());
     assert!(
         !logs
             .find(tracing::Level::INFO, "1 standby path(s)")

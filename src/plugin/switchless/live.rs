@@ -52,17 +52,32 @@ impl<F: Connectable> Live<F> {
         let Some(l) = &mut self.live else {
             return Ok(());
         };
-        l.check().map_err(|e| {
-            let paths: Vec<String> = self
-                .inner
-                .paths()
-                .iter()
-                .filter(|p| p.role == PathRole::Data)
-                .enumerate()
-                .map(|(i, p)| format!("[{i}] {}", p.label))
-                .collect();
-            e.context(format_args!("connection over path(s) {}", paths.join(", ")))
-        })
+        let Err(e) = l.check() else {
+            return Ok(());
+        };
+        let data: Vec<&PathInfo> = self
+            .inner
+            .paths()
+            .iter()
+            .filter(|p| p.role == PathRole::Data)
+            .collect();
+        let paths: Vec<String> = data
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("[{i}] {}", p.label))
+            .collect();
+        if l.unreachable() && data.len() > 1 {
+            // Keepalive gave up on the socket's own cable, which failover may have left: with
+            // other paths the connection goes on, and a dead peer is still seen by the RC retries
+            // of work in flight and by the request timeout.
+            tracing::warn!(
+                "NET/switchless: the liveness channel of the connection over path(s) {} is unreachable ({e}); the connection goes on without it",
+                paths.join(", ")
+            );
+            self.live = None;
+            return Ok(());
+        }
+        Err(e.context(format_args!("connection over path(s) {}", paths.join(", "))))
     }
 }
 
@@ -155,5 +170,11 @@ impl<F: Connectable> Fabric for Live<F> {
     fn health(&mut self) -> Result<()> {
         self.inner.health()?;
         self.check()
+    }
+    fn path_health(&mut self, path: usize) -> Result<()> {
+        self.inner.path_health(path)
+    }
+    fn revive_path(&mut self, path: usize) -> Result<crate::transport::fabric::Revive> {
+        self.inner.revive_path(path)
     }
 }
