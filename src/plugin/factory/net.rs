@@ -525,6 +525,9 @@ impl Fabric for TcpConn {
     fn paths(&self) -> &[PathInfo] {
         self.fab.as_ref().map_or(&self.pre_paths, |f| f.paths())
     }
+    fn pinner(&self) -> Option<std::sync::Arc<dyn crate::transport::fabric::Pinner>> {
+        self.fab.as_ref().and_then(|f| f.pinner())
+    }
     fn register(&mut self, addr: u64, len: usize, kind: MemKind) -> Result<Registration> {
         self.fab_mut()?.register(addr, len, kind)
     }
