@@ -534,6 +534,20 @@ impl VerbsFabric {
             if down_for < grace {
                 continue;
             }
+            // Another usable data path whose port is up: the comm fails over from this one when
+            // it asks about each path (`path_health`); only a connection left with no path fails.
+            let other_up = (0..self.qps.len()).any(|j| {
+                j != i
+                    && live(&j)
+                    && self.infos[j].role == PathRole::Data
+                    && self.cqs[j]
+                        .context()
+                        .port_down_since(self.qps[j].port())
+                        .is_none()
+            });
+            if other_up {
+                continue;
+            }
             if let Ok(p) = ctx.query_port(port) {
                 if p.state != PortState::Active {
                     return Err(Error::System(format!(

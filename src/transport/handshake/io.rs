@@ -453,6 +453,9 @@ pub struct Liveness {
     /// a moment before this side takes the last completions, so an end of stream fails the comm only
     /// after [`LIVENESS_GRACE`].
     closed_since: Option<Instant>,
+    /// The last failure was TCP keepalive giving up: the socket's own link is unreachable, which
+    /// says nothing about the peer's other links (see [`Liveness::unreachable`]).
+    timed_out: bool,
 }
 
 /// How often [`Liveness::check`] looks at the socket (it is called on every poll of a comm).
@@ -474,6 +477,7 @@ impl Liveness {
             peer: est.peer,
             next_check: Instant::now(),
             closed_since: None,
+            timed_out: false,
         })
     }
 
@@ -515,8 +519,17 @@ impl Liveness {
                     Ok(())
                 }
             }
-            Err(e) => gone(e.to_string()),
+            Err(e) => {
+                self.timed_out = e.kind() == std::io::ErrorKind::TimedOut;
+                gone(e.to_string())
+            }
         }
+    }
+
+    /// Whether the last failure of [`Liveness::check`] was keepalive timing out (the socket's link
+    /// unreachable) rather than an end of stream or a reset from the peer's host (its process gone).
+    pub fn unreachable(&self) -> bool {
+        self.timed_out
     }
 }
 

@@ -361,11 +361,15 @@ impl VerbsFabric {
                 "path {path} is a loopback path; only data paths are revived"
             )));
         }
+        // Asked only about a path the comm wrote off: from now on its port staying down no
+        // longer fails the connection (the other paths carry), revived or not.
+        if let Some(w) = self.fb.written_off.get_mut(path) {
+            *w = true;
+        }
         if !self.can_revive() {
             return Ok(Revive::Down);
         }
         self.ensure_revivers();
-        self.fb.written_off[path] = true;
         let active = self.port_active(path);
         let inbox = self.inbox(path);
         let mut out = Revive::Pending;
