@@ -4,7 +4,11 @@
 #     between every pair of neighbours (bench:latency@A-B, a 2-rank job each), then no-route:1-3 and
 #     no-route:2-4: nodes that share no cable must be refused fast (within LAB_NOROUTE_BOUND, 10 s)
 #     with the plugin's "no local link reaches the peer ... shared subnet" error, never hang.
-#  2. pair with small RC timeouts (NCCL_IB_TIMEOUT=14 NCCL_IB_RETRY_CNT=3): fault:link-down (node 1
+#  2a. pair with standby paths on (the default: each connection carries on NCCL's device's cable
+#     and keeps the other cable as a standby path): fault:link-down on the carrying cable must
+#     COMPLETE on both nodes with the bench's data checks, with the WARN naming the standby taking
+#     over. (The liveness channel on the dead cable times out and is dropped, not fatal.)
+#  2. pair with one path per connection (NCCL_SWITCHLESS_STANDBY=0) and small RC timeouts (NCCL_IB_TIMEOUT=14 NCCL_IB_RETRY_CNT=3): fault:link-down (node 1
 #     sets the cable its stream uses down mid-transfer: the side with a work request in flight on
 #     it must fail with the path and the work-completion status), then fault:kill-peer (node 2 powers itself off mid-burst: node 1's
 #     sends must fail within LAB_FAULT_BOUND (derived by lab/run.sh from the RC budget and the request
@@ -16,14 +20,14 @@
 #     no progress for ... on path(s) ...", well before the bench's own --timeout (LAB_FAULT_HANG=20 s). No hang
 #     is allowed on either side. Node 1's error must say its port went down (asynchronous event
 #     IBV_EVENT_PORT_ERR or the port's state, appended by the verbs fabric).
-#  3. pair, fault:cable-pull (node 1 takes its end of the cable down mid-transfer, node 2 its end on
+#  3. pair, one path per connection, fault:cable-pull (node 1 takes its end of the cable down mid-transfer, node 2 its end on
 #     node 1's note: a pulled DAC) with NCCL_IB_TIMEOUT=14 NCCL_IB_RETRY_CNT=3 and no request
 #     timeout: both sides must fail with an error naming the path within 20 s; a side with nothing
 #     in flight can only do so through its port staying down past the RC retry budget.
 #  4. ring4 with NCCL_SWITCHLESS_TCP_FALLBACK=1: `switchless bench alltoall` over all 4 nodes: each
 #     process holds RoCE connections to its neighbours and TCP connections (over the management
 #     network) to its non-neighbour, and the plugin WARNs once per such peer.
-# ~55 s (ring4) + ~60 s (pair) + ~25 s (cable-pull) + ~25 s (ring4 fallback) under TCG on 2 shared cores. Needs root, like 80-lab.sh. The
+# ~55 s (ring4) + ~50 s (standby pair) + ~60 s (pair) + ~25 s (cable-pull) + ~25 s (ring4 fallback) under TCG on 2 shared cores. Needs root, like 80-lab.sh. The
 # binaries are the debug build (`cargo build` first: a no-op after `cargo test --all-targets`).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -45,10 +49,21 @@ n=$(grep '"check":"bench:latency@' "$j" | grep -c '"status":"pass"' || true)
 [ "$n" = 8 ] || { echo "FAIL: bench latency passed on $n of 8 neighbour sides"; exit 1; }
 grep -h 'CHECKOK no-route' "$res/ci-faults-ring4/summary.txt" | sed 's/: NCCL WARN.*//'
 
-echo "== lab pair: fault:link-down, then fault:kill-peer"
+echo "== lab pair, standby paths on (the default): fault:link-down fails over and completes"
+LAB_FAULT_HANG=150 LAB_LINKDOWN_ITERS=100 timeout 420 lab/run.sh "${bins[@]}" --timeout 300 \
+    --results "$res/ci-standby-pair" \
+    --guest-env "NCCL_IB_TIMEOUT=14 NCCL_IB_RETRY_CNT=3 NCCL_SWITCHLESS_REQUEST_TIMEOUT=5s NCCL_DEBUG=INFO" \
+    --checks "fault:link-down" pair
+j=$res/ci-standby-pair/summary.jsonl
+n=$(grep '"check":"fault:link-down"' "$j" | grep '"status":"pass"' | grep -c '"outcome":"completed"' || true)
+[ "$n" = 2 ] || { echo "FAIL: with a standby path, fault:link-down completed on $n of 2 nodes"; exit 1; }
+grep -qh 'failing over to standby \[1\]' "$res"/ci-standby-pair/node1/fault-link-down.txt ||
+    { echo "FAIL: node 1 has no WARN naming the standby path taking over"; exit 1; }
+grep -h 'failing over to standby' "$res"/ci-standby-pair/node1/fault-link-down.txt | head -n 1 | cut -c1-240
+echo "== lab pair, one path per connection (NCCL_SWITCHLESS_STANDBY=0): fault:link-down, then fault:kill-peer"
 LAB_FAULT_HANG=20 timeout 420 lab/run.sh "${bins[@]}" --timeout 300 \
     --results "$res/ci-faults-pair" \
-    --guest-env "NCCL_IB_TIMEOUT=14 NCCL_IB_RETRY_CNT=3 NCCL_SWITCHLESS_REQUEST_TIMEOUT=5s" \
+    --guest-env "NCCL_IB_TIMEOUT=14 NCCL_IB_RETRY_CNT=3 NCCL_SWITCHLESS_REQUEST_TIMEOUT=5s NCCL_SWITCHLESS_STANDBY=0" \
     --checks "fault:link-down fault:kill-peer" pair
 j=$res/ci-faults-pair/summary.jsonl
 # Node 1 learns of the death one of two ways, both clean: a write in flight fails with retry
@@ -73,10 +88,10 @@ grep '"node":1,"check":"fault:link-down"' "$j" |
 n=$(grep '"check":"fault:link-down"' "$j" | grep -c '"status":"pass"' || true)
 [ "$n" = 2 ] || { echo "FAIL: fault:link-down passed (error or completion, no hang) on $n of 2 nodes"; exit 1; }
 grep -hE 'CHECK(OK|XFAIL|FAIL) fault' "$res/ci-faults-pair/summary.txt" | sed 's/ path=0 label=.*//'
-echo "== lab pair: fault:cable-pull (both ends down) with no request timeout: both sides must fail"
+echo "== lab pair, one path per connection: fault:cable-pull (both ends down) with no request timeout: both sides must fail"
 LAB_FAULT_HANG=20 timeout 420 lab/run.sh "${bins[@]}" --timeout 300 \
     --results "$res/ci-cablepull-pair" \
-    --guest-env "NCCL_IB_TIMEOUT=14 NCCL_IB_RETRY_CNT=3" --checks "fault:cable-pull" pair
+    --guest-env "NCCL_IB_TIMEOUT=14 NCCL_IB_RETRY_CNT=3 NCCL_SWITCHLESS_STANDBY=0" --checks "fault:cable-pull" pair
 j=$res/ci-cablepull-pair/summary.jsonl
 n=$(grep '"check":"fault:cable-pull"' "$j" | grep -c '"status":"pass"' || true)
 [ "$n" = 2 ] || { echo "FAIL: fault:cable-pull passed (a clean error naming the path) on $n of 2 nodes"; exit 1; }
