@@ -401,7 +401,7 @@ read -r _ mip1 <<< "$(lab_mgmt_addr 1)"
     echo "L_env=$(q "NCCL_IB_RETRY_CNT=6 $GUEST_ENV")"
     echo "L_noroute_bound=${LAB_NOROUTE_BOUND:-10}"; echo "L_fault_bound=${LAB_FAULT_BOUND:-$(fault_bound)}"
     echo "L_fault_pkts=${LAB_FAULT_PKTS:-300}"; echo "L_fault_hang=${LAB_FAULT_HANG:-60}"
-    echo "L_linkdown_iters=${LAB_LINKDOWN_ITERS:-200}"; echo "L_flap_iters=${LAB_FLAP_ITERS:-2000}"; echo "L_flap_s=${LAB_FLAP_S:-2}"; echo "L_fault_peer_hang=${LAB_FAULT_PEER_HANG:-fail}"
+    echo "L_linkdown_iters=${LAB_LINKDOWN_ITERS:-200}"; echo "L_flap_iters=${LAB_FLAP_ITERS:-150}"; echo "L_flap_s=${LAB_FLAP_S:-2}"; echo "L_fault_peer_hang=${LAB_FAULT_PEER_HANG:-fail}"
     for ((n = 1; n <= NODES; n++)); do
         read -r mplen mip <<< "$(lab_mgmt_addr "$n")"
         echo "L_links_$n=$(q "${NODE_LINKS[n]}")"
