@@ -493,20 +493,24 @@ impl VerbsFabric {
     fn check_events(&self) -> Result<()> {
         // A path the comm wrote off (it probes it for failback) no longer fails the connection.
         let live = |i: &usize| !self.fb.written_off.get(*i).copied().unwrap_or(false);
-        let qpns: Vec<u32> = (0..self.qps.len())
+        // The paths watched, so that an index into `qpns`/`cqs` maps back to its path.
+        let watched: Vec<usize> = (0..self.qps.len().min(self.cqs.len()))
             .filter(live)
-            .map(|i| self.qps[i].qp_num())
             .collect();
-        let cqs: Vec<usize> = (0..self.cqs.len())
-            .filter(live)
-            .map(|i| self.cqs[i].as_ptr() as usize)
+        let qpns: Vec<u32> = watched.iter().map(|&i| self.qps[i].qp_num()).collect();
+        let cqs: Vec<usize> = watched
+            .iter()
+            .map(|&i| self.cqs[i].as_ptr() as usize)
             .collect();
         for d in &self.doms {
             let ctx = d.context();
             ctx.drain_events();
             if let Some(e) = ctx.fatal_event(&qpns, &cqs, self.created) {
                 // The path the event names, with what its port reported.
-                let path = e.scope.path_of(&qpns, &cqs);
+                let path = e
+                    .scope
+                    .path_of(&qpns, &cqs)
+                    .and_then(|k| watched.get(k).copied());
                 let on = path.map_or_else(String::new, |p| {
                     let note = self
                         .path_note(p)
