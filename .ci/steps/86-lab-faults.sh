@@ -5,9 +5,11 @@
 #     no-route:2-4: nodes that share no cable must be refused fast (within LAB_NOROUTE_BOUND, 10 s)
 #     with the plugin's "no local link reaches the peer ... shared subnet" error, never hang.
 #  2a. pair with standby paths on (the default: each connection carries on NCCL's device's cable
-#     and keeps the other cable as a standby path): fault:link-down on the carrying cable must
-#     COMPLETE on both nodes with the bench's data checks, with the WARN naming the standby taking
-#     over. (The liveness channel on the dead cable times out and is dropped, not fatal.)
+#     and keeps the other cable as a standby path), one boot, three faults on the carrying cable,
+#     each of which must COMPLETE on both nodes with the bench's data checks: fault:link-down (the
+#     WARN names the standby taking over; the liveness channel on the dead cable times out and is
+#     dropped, not fatal), fault:cable-pull (both ends down), fault:link-flap (down 2 s, then up:
+#     node 1's log must show the path rebuilt and carrying traffic again, i.e. failback).
 #  2. pair with one path per connection (NCCL_SWITCHLESS_STANDBY=0) and small RC timeouts (NCCL_IB_TIMEOUT=14 NCCL_IB_RETRY_CNT=3): fault:link-down (node 1
 #     sets the cable its stream uses down mid-transfer: the side with a work request in flight on
 #     it must fail with the path and the work-completion status), then fault:kill-peer (node 2 powers itself off mid-burst: node 1's
@@ -27,7 +29,7 @@
 #  4. ring4 with NCCL_SWITCHLESS_TCP_FALLBACK=1: `switchless bench alltoall` over all 4 nodes: each
 #     process holds RoCE connections to its neighbours and TCP connections (over the management
 #     network) to its non-neighbour, and the plugin WARNs once per such peer.
-# ~55 s (ring4) + ~50 s (standby pair) + ~60 s (pair) + ~25 s (cable-pull) + ~25 s (ring4 fallback) under TCG on 2 shared cores. Needs root, like 80-lab.sh. The
+# ~55 s (ring4) + ~170 s (standby pair) + ~60 s (pair) + ~25 s (cable-pull) + ~25 s (ring4 fallback) under TCG on 2 shared cores. Needs root, like 80-lab.sh. The
 # binaries are the debug build (`cargo build` first: a no-op after `cargo test --all-targets`).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -49,17 +51,22 @@ n=$(grep '"check":"bench:latency@' "$j" | grep -c '"status":"pass"' || true)
 [ "$n" = 8 ] || { echo "FAIL: bench latency passed on $n of 8 neighbour sides"; exit 1; }
 grep -h 'CHECKOK no-route' "$res/ci-faults-ring4/summary.txt" | sed 's/: NCCL WARN.*//'
 
-echo "== lab pair, standby paths on (the default): fault:link-down fails over and completes"
-LAB_FAULT_HANG=150 LAB_LINKDOWN_ITERS=100 timeout 420 lab/run.sh "${bins[@]}" --timeout 300 \
+echo "== lab pair, standby paths on (the default): link-down, cable-pull and link-flap fail over and complete"
+LAB_FAULT_HANG=150 LAB_LINKDOWN_ITERS=100 LAB_FLAP_ITERS=150 timeout 600 lab/run.sh "${bins[@]}" --timeout 480 \
     --results "$res/ci-standby-pair" \
     --guest-env "NCCL_IB_TIMEOUT=14 NCCL_IB_RETRY_CNT=3 NCCL_SWITCHLESS_REQUEST_TIMEOUT=5s NCCL_DEBUG=INFO" \
-    --checks "fault:link-down" pair
+    --checks "fault:link-down fault:cable-pull fault:link-flap" pair
 j=$res/ci-standby-pair/summary.jsonl
-n=$(grep '"check":"fault:link-down"' "$j" | grep '"status":"pass"' | grep -c '"outcome":"completed"' || true)
-[ "$n" = 2 ] || { echo "FAIL: with a standby path, fault:link-down completed on $n of 2 nodes"; exit 1; }
-grep -qh 'failing over to standby \[1\]' "$res"/ci-standby-pair/node1/fault-link-down.txt ||
-    { echo "FAIL: node 1 has no WARN naming the standby path taking over"; exit 1; }
+for f in link-down cable-pull link-flap; do
+    n=$(grep "\"check\":\"fault:$f\"" "$j" | grep '"status":"pass"' | grep -c '"outcome":"completed"' || true)
+    [ "$n" = 2 ] || { echo "FAIL: with a standby path, fault:$f completed on $n of 2 nodes"; exit 1; }
+    grep -qh 'failing over to standby \[1\]' "$res/ci-standby-pair/node1/fault-$f.txt" ||
+        { echo "FAIL: fault:$f: node 1 has no WARN naming the standby path taking over"; exit 1; }
+done
 grep -h 'failing over to standby' "$res"/ci-standby-pair/node1/fault-link-down.txt | head -n 1 | cut -c1-240
+grep -q 'carries traffic again' "$res"/ci-standby-pair/node1/fault-link-flap.txt ||
+    { echo "FAIL: fault:link-flap: node 1's path never carried traffic again (no failback)"; exit 1; }
+grep -hE 'rebuilt: epoch|carries traffic again' "$res"/ci-standby-pair/node1/fault-link-flap.txt | head -n 3 | cut -c1-240
 echo "== lab pair, one path per connection (NCCL_SWITCHLESS_STANDBY=0): fault:link-down, then fault:kill-peer"
 LAB_FAULT_HANG=20 timeout 420 lab/run.sh "${bins[@]}" --timeout 300 \
     --results "$res/ci-faults-pair" \

@@ -268,14 +268,29 @@ run_samehost() {
 # carrying traffic again (failback); the plugin's INFO lines give the time from the port's
 # IBV_EVENT_PORT_ACTIVE to both ends connected.
 # fault:cable-pull[@A-B]: as link-down, but B also sets its end of that cable down when A's note
-# arrives (a DAC pulled out: both ports go down). Both sides must end with an error within
-# L_fault_bound seconds, with no NCCL_SWITCHLESS_REQUEST_TIMEOUT needed: the side with nothing in
-# flight learns it from its port (IBV_EVENT_PORT_ERR, then down past the RC retry budget).
+# arrives (a DAC pulled out: both ports go down). With one path per connection
+# (NCCL_SWITCHLESS_STANDBY=0 or NCCL_SWITCHLESS_FAILOVER=0, or a single cable between A and B) both
+# sides must end with an error within L_fault_bound seconds, with no NCCL_SWITCHLESS_REQUEST_TIMEOUT
+# needed: the side with nothing in flight learns it from its port (IBV_EVENT_PORT_ERR, then down past
+# the RC retry budget). With a standby path on another cable (the default) both sides must complete.
 FAULT_ARGS="-b 1048576 -e 1048576 -w 0 --window 8"
 # The plugin's errors that name the failed path: a work completion's status, the request timeout,
 # the path's port down past the RC retry budget, or the liveness channel (the handshake socket)
 # ending once the peer's process exits after its own error, with the connection's paths named.
 PATH_ERR_RE='on path [0-9]+ \(.*\) failed: |made no progress for [0-9]+ ms .*on path\(s\) \[0\]|path [0-9]+ \(.*\): .* port [0-9]+ has been down for |connection over path\(s\) \[0\] .*: the peer at .* is gone: '
+cables_to() { # $1 node -> how many of this node's cables reach it
+    _n=0; _i=0; _to=$1 # (set -- below replaces $1)
+    while [ $_i -lt "$LAB_NLINKS" ]; do
+        eval "set -- \$LAB_LINK_$_i"; [ "$6" = "$_to" ] && _n=$((_n + 1))
+        _i=$((_i + 1))
+    done
+    echo $_n
+}
+# whether a connection to node $1 keeps a standby path on another cable (the plugin's defaults)
+standby_to() {
+    [ "${NCCL_SWITCHLESS_STANDBY:-1}" != 0 ] && [ "${NCCL_SWITCHLESS_FAILOVER:-1}" != 0 ] &&
+        [ "$(cables_to "$1")" -ge 2 ]
+}
 run_fault() { # $1 check
     kind=${1#fault:}; spec=1-2
     case $kind in *@*) spec=${kind#*@}; kind=${kind%@*} ;; esac
@@ -353,15 +368,16 @@ run_fault() { # $1 check
             fi ;;
         cable-pull)
             if [ "$tf" = null ]; then why="the cable was never pulled, or no note of it (transfer over before $L_fault_pkts packets?)"
+            elif standby_to "$peer"; then
+                [ $outcome = completed ] || why="$outcome: with a standby path on the other cable both sides must complete"
             elif [ $outcome != error ]; then why="$outcome: both sides must fail after the cable is pulled"
             elif ! grep -qE "$PATH_ERR_RE" "$out"; then why="no plugin error naming the path (completion status, port down or request timeout)"
             elif ! awk -v a="$tf" -v b="$L_fault_bound" 'BEGIN{exit !(a <= b)}'; then why="ended ${tf}s after the cable was pulled (bound ${L_fault_bound}s)"
             fi ;;
         link-flap)
             if [ "$tf" = null ]; then why="the link never went down, or no note of it"
-            elif [ "$LAB_NODE" = "$PA" ] && [ $outcome != completed ]; then why="$outcome: the bench must complete over the other cable"
+            elif [ $outcome != completed ]; then why="$outcome: the bench must complete on both sides over the other cable"
             elif [ "$LAB_NODE" = "$PA" ] && ! grep -q "carries traffic again" "$out"; then why="no failback: the path never carried traffic again"
-            elif [ $outcome = hang ]; then why="HANG after the link flapped"
             fi
             grep -E "rebuilt: epoch|carries traffic again|failing over" "$out" | sed 's/^/FLAP /' ;;
         link-down)
