@@ -18,6 +18,8 @@
 #   --timeout S          limit for one boot-and-check round, seconds [LAB_TIMEOUT, default 600]
 #   --check-timeout S    limit for one check in a VM, seconds [LAB_CHECK_TIMEOUT, default 120]
 #   --mem MiB            memory per VM [LAB_MEM, default 512]
+#   --smp N              virtual CPUs per VM [LAB_SMP, default 1; a payload that needs two threads
+#                        on CPUs at once, e.g. examples/regstall.rs, wants 2]
 #   --no-install         do not apt-get install missing packages [NO_INSTALL=1]
 #   --no-retry           do not retry after a guest kernel fault
 #   --bench-args "..."   extra arguments for every `switchless bench` check [BENCH_ARGS]
@@ -59,6 +61,7 @@ RESULTS=${LAB_RESULTS:-}
 TIMEOUT=${LAB_TIMEOUT:-600}
 CHECK_TIMEOUT=${LAB_CHECK_TIMEOUT:-120}
 MEM=${LAB_MEM:-512}
+SMP=${LAB_SMP:-1}
 RETRY=1
 BENCH_ARGS=${BENCH_ARGS:-}
 GUEST_ENV=${LAB_GUEST_ENV:-}
@@ -89,6 +92,7 @@ while [ $# -gt 0 ]; do
         --timeout) TIMEOUT=$2; shift 2 ;;
         --check-timeout) CHECK_TIMEOUT=$2; shift 2 ;;
         --mem) MEM=$2; shift 2 ;;
+        --smp) SMP=$2; shift 2 ;;
         --no-install) NO_INSTALL=1; shift ;;
         --no-retry) RETRY=0; shift ;;
         --bench-args) BENCH_ARGS=$2; shift 2 ;;
@@ -102,6 +106,8 @@ done
 [ -n "$TOPO" ] || { usage >&2; die "no topology given (accepted: a name in lab/topologies/ or a .topo path)"; }
 case $MTU in '' | *[!0-9]*) die "--mtu '$MTU' is not a number (accepted: 1280..9000)" ;; esac
 { [ "$MTU" -ge 1280 ] && [ "$MTU" -le 9000 ]; } || die "--mtu $MTU out of range (accepted: 1280..9000)"
+case $SMP in '' | *[!0-9]* | 0*) die "--smp '$SMP' is not a CPU count (accepted: 1..4)" ;; esac
+[ "$SMP" -le 4 ] || die "--smp $SMP out of range (accepted: 1..4: TCG runs each virtual CPU on a host thread)"
 [ "$(id -u)" -eq 0 ] || die "needs root (apt-get, ip netns, 9p export)"
 for kv in $GUEST_ENV; do
     [[ $kv =~ ^[A-Za-z_][A-Za-z0-9_]*=[A-Za-z0-9_.,:/+-]*$ ]] || die "--guest-env entry '$kv' (accepted: NAME=VALUE, value of letters, digits and _.,:/+-)"
@@ -472,7 +478,7 @@ round() { # one boot-and-check round; returns 0 when every node passed
         done
         mac=$(printf '52:54:00:ff:%02x:02' "$n")
         # shellcheck disable=SC2086 # NODE_NET holds several arguments
-        ip netns exec "$NS" qemu-system-x86_64 "${ACCEL[@]}" -machine q35 -smp 1 -m "$MEM" -nographic -no-reboot \
+        ip netns exec "$NS" qemu-system-x86_64 "${ACCEL[@]}" -machine q35 -smp "$SMP" -m "$MEM" -nographic -no-reboot \
             -nodefaults -serial stdio -kernel "$KERNEL" -initrd "$WORK/initramfs.img" \
             -virtfs "local,path=$RESULTS/node$n,mount_tag=results,security_model=none" \
             -netdev "socket,id=mg,mcast=230.0.0.1:$MGMT_PORT,localaddr=127.0.0.1" \
