@@ -402,3 +402,46 @@ fn a_round_through_the_vtable_allocates_nothing() {
     ok(unsafe { v.closeListen.unwrap()(l) });
     ok(unsafe { v.finalize.unwrap()(ctx) });
 }
+
+/// A receive comm readies its flush paths (verbs: creates the loopback QPs) at its first GPU
+/// registration, not at the first `iflush` on the data path; host registrations never do.
+#[test]
+fn the_flush_is_readied_at_the_first_gpu_registration() {
+    let fab = MemFab::new(MemFabConfig::default());
+    let mut v = view();
+    v.devices[0].ptr_support = 1 | 2;
+    let b = Arc::new(Switchless::from_parts(MemFactory::new(fab.clone(), 1), v).unwrap());
+    let conn = establish(&b);
+    let buf = fab.alloc(1 << 16).unwrap();
+    let preps = || fab.stats().flush_preps;
+    let host = B::reg_mr(plugin::CommRef::Recv(&conn.1), region(buf, 4096)).unwrap();
+    assert_eq!(preps(), 0, "host memory needs no flush");
+    let gpu = |addr| Region {
+        addr: addr as usize,
+        size: 4096,
+        kind: PtrSupport::CUDA,
+    };
+    let g1 = B::reg_mr(plugin::CommRef::Recv(&conn.1), gpu(buf + 8192)).unwrap();
+    assert_eq!(preps(), 1, "the first GPU registration readies the flush");
+    let g2 = B::reg_mr(plugin::CommRef::Recv(&conn.1), gpu(buf + 16384)).unwrap();
+    assert_eq!(preps(), 1, "once per comm");
+    // The flush itself finds it ready.
+    let bufs = [plugin::FlushBuf {
+        addr: (buf + 8192) as usize,
+        size: 64,
+        mr: &g1,
+    }];
+    let mut f = B::iflush(&conn.1, &bufs)
+        .unwrap()
+        .expect("a flush to wait for");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !B::test(&mut f, &mut []).unwrap() {
+        assert!(Instant::now() < deadline, "flush did not complete");
+    }
+    assert_eq!(preps(), 1);
+    for mr in [host, g1, g2] {
+        B::dereg_mr(plugin::CommRef::Recv(&conn.1), mr).unwrap();
+    }
+    B::close_send(conn.0).unwrap();
+    B::close_recv(conn.1).unwrap();
+}
