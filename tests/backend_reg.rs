@@ -3,7 +3,8 @@
 //! cache), and the registration is still usable on each comm it was made on.
 //!
 //! It also counts the heap allocations of one `irecv` + `isend` + `test` round on the calling thread
-//! (a counting global allocator).
+//! (a counting global allocator), at the backend and through the exported v12 entry points, and
+//! checks that a receive comm readies its GPU-direct flush at its first GPU registration.
 //!
 //! Host model: two links on `lo` (127.0.0.1/8 and 127.0.0.2/8) of one NCCL device and a kernel route
 //! 127.0.0.0/8 dev lo; every connection goes from this process to itself over two paths.

@@ -8,7 +8,7 @@
 //! lock. Any value is safe to test: a completed request, one of a closed comm, a pointer of another
 //! kind or a made-up number names no live slot and is an error, never a read of freed memory. Slabs
 //! are recycled, never freed (a closed comm's slots move to the next generation first), so memory is
-//! bounded by the most comms open at once (about 16 KiB each).
+//! bounded by the most comms open at once (256 slots of a few dozen bytes each).
 #![forbid(unsafe_code)]
 
 use std::sync::{Mutex, OnceLock};
