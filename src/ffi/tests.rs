@@ -939,9 +939,12 @@ fn a_request_id_that_names_no_live_slot_is_refused() {
             "{bad:#x} next to {raw:#x}"
         );
     }
-    // A request id is no mhandle (the registry refuses it without a dereference).
+    // A request id is no mhandle and no comm (the registry refuses it without a dereference).
     let (r, _) = v.isend(s, buf.as_ptr() as usize, 10, 1, req);
     assert_eq!(r, R::ncclInvalidArgument);
+    let (r, _) = v.isend(req, buf.as_ptr() as usize, 10, 1, mh);
+    assert_eq!(r, R::ncclInvalidArgument);
+    assert_eq!(unsafe { v.closeSend.unwrap()(req) }, R::ncclInvalidArgument);
     finish(&v, req);
     assert_eq!(
         test_once(&v, req),
