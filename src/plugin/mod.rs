@@ -323,11 +323,13 @@ impl<B: Backend> Copy for CommRef<'_, B> {}
 /// on the proxy service thread, `isend`/`irecv`/`iflush`/`test` on the progress thread; so everything must be
 /// `Send`, and the backend itself `Sync`. No call may block.
 ///
-/// Ownership: the core boxes every object the backend returns and NCCL holds the box between calls. A comm
-/// is reached by two threads at once (`regMr`/`deregMr` on the service thread, `isend`/`irecv`/`test` on
-/// the progress thread), so the backend gets only shared access to it and keeps its mutable state behind
-/// its own locks (hence `Send + Sync`); a listen comm or a request is used by one thread at a time and is
-/// lent `&mut`; registrations are shared. A comm that needs the backend itself (device tables, an event
+/// Ownership: the core boxes every listen comm, comm and registration the backend returns and NCCL
+/// holds the box between calls; a request goes into a slot of its comm's [`slab`] and NCCL holds its
+/// [`RequestId`]. A comm is reached by two threads at once (`regMr`/`deregMr` on the service thread,
+/// `isend`/`irecv`/`test` on the progress thread), so the backend gets only shared access to it and
+/// keeps its mutable state behind its own locks (hence `Send + Sync`); a listen comm is used by one
+/// thread at a time and is lent `&mut`, a request `&mut` under its slot's lock; registrations are
+/// shared. A comm that needs the backend itself (device tables, an event
 /// thread) keeps an `Arc` clone taken in `listen`/`connect`.
 pub trait Backend: Sized + Send + Sync + 'static {
     /// A listening endpoint (one per connection; closed after `accept` or on teardown).
@@ -410,7 +412,7 @@ pub trait Backend: Sized + Send + Sync + 'static {
     fn iflush(comm: &Self::Recv, bufs: &[FlushBuf<'_, Self::Mr>]) -> Result<Option<Self::Request>>;
 
     /// Polls a request. On `Ok(true)` the request is complete and `sizes` holds the byte counts (one for a
-    /// send, one per buffer for a receive, none for a flush); the core then frees it.
+    /// send, one per buffer for a receive, none for a flush); the core then drops it and frees its slot.
     fn test(req: &mut Self::Request, sizes: &mut [usize]) -> Result<bool>;
 
     /// Closes a send comm (requests may still be in flight on abort).
