@@ -11,7 +11,9 @@
 //! * `pinned`: the bytes registered when one 64 MiB buffer is registered on 8 send comms.
 //!
 //! `cargo bench --bench plugin` measures; without `--bench` (as `cargo test --all-targets` runs it)
-//! it does a few checked rounds with small buffers and exits.
+//! it does a few checked rounds with small buffers and exits. `--rounds N` runs only N rounds of 0 B
+//! (after 3 warm-up rounds) and exits: for instruction counts under `valgrind --tool=callgrind`, where
+//! the difference between two N is the cost of the rounds alone (set-up and teardown cancel).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::ffi::{c_int, c_void};
@@ -431,8 +433,27 @@ fn bench_pinned(p: &Plugin, fab: &MemFab, measure: bool) {
     }
 }
 
+/// `--rounds N`: N rounds of 0 B on one connection, nothing else.
+fn rounds_only(p: &Plugin, fab: &MemFab, n: u64) {
+    let c = conn(p, fab, 0);
+    for _ in 0..3 {
+        p.round(&c);
+    }
+    for _ in 0..n {
+        p.round(&c);
+    }
+    p.close(c);
+    println!("rounds: {n} rounds of 0 B");
+}
+
 fn main() {
-    let measure = std::env::args().any(|a| a == "--bench");
+    let args: Vec<String> = std::env::args().collect();
+    let measure = args.iter().any(|a| a == "--bench");
+    let rounds = args.iter().position(|a| a == "--rounds").map(|i| {
+        args.get(i + 1)
+            .and_then(|n| n.parse::<u64>().ok())
+            .expect("--rounds N")
+    });
     let fab = MemFab::new(MemFabConfig {
         copy_data: false,
         pin_ns_per_page: PIN_NS_PER_PAGE,
@@ -440,6 +461,10 @@ fn main() {
     });
     MemFactory::new(fab.clone(), 0).install(view());
     let p = Plugin::open();
+    if let Some(n) = rounds {
+        rounds_only(&p, &fab, n);
+        return;
+    }
     bench_round(&p, &fab, measure);
     bench_stall(&p, &fab, measure);
     bench_pinned(&p, &fab, measure);

@@ -234,7 +234,7 @@ fn listen_connect_accept_send_recv_through_the_plugin_core() {
         if size > 0 {
             fab.write(src, &data).unwrap();
         }
-        let mut rreq = plugin::irecv(
+        let rreq = plugin::irecv(
             &rc,
             &[RecvBuf {
                 addr: dst as usize,
@@ -246,7 +246,7 @@ fn listen_connect_accept_send_recv_through_the_plugin_core() {
         .unwrap()
         .expect("a receive can always be posted here");
         let deadline = Instant::now() + Duration::from_secs(10);
-        let mut sreq = loop {
+        let sreq = loop {
             if let Some(r) = plugin::isend(&sc, src as usize, size, 5, &smr).unwrap() {
                 break r;
             }
@@ -257,14 +257,14 @@ fn listen_connect_accept_send_recv_through_the_plugin_core() {
         while !(sdone && rdone) {
             assert!(Instant::now() < deadline, "requests did not complete");
             if !sdone {
-                if let Some(n) = plugin::test(&mut sreq, &mut sizes).unwrap() {
+                if let Some(n) = plugin::test::<B>(sreq, &mut sizes).unwrap() {
                     assert_eq!(n, 1);
                     assert_eq!(sizes[0], size);
                     sdone = true;
                 }
             }
             if !rdone {
-                if let Some(n) = plugin::test(&mut rreq, &mut sizes).unwrap() {
+                if let Some(n) = plugin::test::<B>(rreq, &mut sizes).unwrap() {
                     assert_eq!(n, 1);
                     assert_eq!(sizes[0], size, "received size");
                     rdone = true;

@@ -152,7 +152,7 @@ fn transfer(fab: &MemFab, sc: &mut plugin::Comm<B>, rc: &mut plugin::Comm<B>, si
     };
     let smr = plugin::reg_mr(sc, region(src)).unwrap();
     let rmr = plugin::reg_mr(rc, region(dst)).unwrap();
-    let mut rreq = plugin::irecv(
+    let rreq = plugin::irecv(
         rc,
         &[RecvBuf {
             addr: dst as usize,
@@ -164,7 +164,7 @@ fn transfer(fab: &MemFab, sc: &mut plugin::Comm<B>, rc: &mut plugin::Comm<B>, si
     .unwrap()
     .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
-    let mut sreq = loop {
+    let sreq = loop {
         if let Some(r) = plugin::isend(sc, src as usize, size, 1, &smr).unwrap() {
             break r;
         }
@@ -174,8 +174,8 @@ fn transfer(fab: &MemFab, sc: &mut plugin::Comm<B>, rc: &mut plugin::Comm<B>, si
     let (mut s, mut r) = (false, false);
     while !(s && r) {
         assert!(Instant::now() < deadline, "requests did not complete");
-        s = s || plugin::test(&mut sreq, &mut sizes).unwrap().is_some();
-        if !r && plugin::test(&mut rreq, &mut sizes).unwrap().is_some() {
+        s = s || plugin::test::<B>(sreq, &mut sizes).unwrap().is_some();
+        if !r && plugin::test::<B>(rreq, &mut sizes).unwrap().is_some() {
             assert_eq!(sizes[0], size);
             r = true;
         }

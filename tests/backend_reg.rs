@@ -3,7 +3,8 @@
 //! cache), and the registration is still usable on each comm it was made on.
 //!
 //! It also counts the heap allocations of one `irecv` + `isend` + `test` round on the calling thread
-//! (a counting global allocator).
+//! (a counting global allocator), at the backend and through the exported v12 entry points, and
+//! checks that a receive comm readies its GPU-direct flush at its first GPU registration.
 //!
 //! Host model: two links on `lo` (127.0.0.1/8 and 127.0.0.2/8) of one NCCL device and a kernel route
 //! 127.0.0.0/8 dev lo; every connection goes from this process to itself over two paths.
@@ -306,6 +307,142 @@ fn a_round_allocates_nothing_on_the_data_path() {
     assert_eq!(n, 0, "{n} allocations in {ROUNDS} rounds");
     B::dereg_mr(plugin::CommRef::Send(&conn.0), smr).unwrap();
     B::dereg_mr(plugin::CommRef::Recv(&conn.1), rmr).unwrap();
+    B::close_send(conn.0).unwrap();
+    B::close_recv(conn.1).unwrap();
+}
+
+/// The same round as NCCL's proxy drives it, through the exported v12 entry points: the request
+/// slab, the registry read and the stack-built receive list allocate nothing either.
+#[test]
+// One SAFETY note for the test's many vtable calls (below).
+#[allow(clippy::undocumented_unsafe_blocks)]
+fn a_round_through_the_vtable_allocates_nothing() {
+    use std::ffi::{c_int, c_void};
+    use std::ptr::null_mut;
+    use switchless::ffi::{abi::ncclResult_t as R, vtables};
+    type Vp = *mut c_void;
+    let ok = |r: R| assert_eq!(r, R::ncclSuccess);
+
+    let fab = MemFab::new(MemFabConfig::default());
+    MemFactory::new(fab.clone(), 0).install(view());
+    let v = vtables::net_v12::<B>();
+    // SAFETY (every unsafe block of this test): the calls follow NCCL's contract (valid out-pointers, objects of this
+    // plugin, each closed once).
+    let mut ctx: Vp = null_mut();
+    ok(unsafe { v.init.unwrap()(&mut ctx, 7, null_mut(), None, None) });
+    let mut h: Handle = [0; HANDLE_SIZE];
+    let mut l: Vp = null_mut();
+    ok(unsafe { v.listen.unwrap()(ctx, 0, h.as_mut_ptr().cast(), &mut l) });
+    let (mut s, mut r): (Vp, Vp) = (null_mut(), null_mut());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while s.is_null() || r.is_null() {
+        assert!(Instant::now() < deadline, "handshake did not finish");
+        if s.is_null() {
+            ok(unsafe { v.connect.unwrap()(ctx, 0, h.as_mut_ptr().cast(), &mut s, null_mut()) });
+        }
+        if r.is_null() {
+            ok(unsafe { v.accept.unwrap()(l, &mut r, null_mut()) });
+        }
+    }
+    let (src, dst) = (fab.alloc(1 << 16).unwrap(), fab.alloc(1 << 16).unwrap());
+    let (mut smr, mut rmr): (Vp, Vp) = (null_mut(), null_mut());
+    ok(unsafe { v.regMr.unwrap()(s, src as Vp, 1 << 16, 1, &mut smr) });
+    ok(unsafe { v.regMr.unwrap()(r, dst as Vp, 1 << 16, 1, &mut rmr) });
+    let (irecv, isend, test) = (v.irecv.unwrap(), v.isend.unwrap(), v.test.unwrap());
+    let round = || {
+        let (mut data, mut size, mut tag, mut mh) = (dst as Vp, 4096usize, 1 as c_int, rmr);
+        let mut rreq: Vp = null_mut();
+        ok(unsafe {
+            irecv(
+                r,
+                1,
+                &mut data,
+                &mut size,
+                &mut tag,
+                &mut mh,
+                null_mut(),
+                &mut rreq,
+            )
+        });
+        assert!(!rreq.is_null());
+        let mut sreq: Vp = null_mut();
+        while sreq.is_null() {
+            ok(unsafe { isend(s, src as Vp, 4096, 1, smr, null_mut(), &mut sreq) });
+        }
+        let (mut done, mut n) = (0 as c_int, 0 as c_int);
+        while done == 0 {
+            ok(unsafe { test(sreq, &mut done, &mut n) });
+        }
+        let mut sizes = [0 as c_int; 64];
+        done = 0;
+        while done == 0 {
+            ok(unsafe { test(rreq, &mut done, sizes.as_mut_ptr()) });
+        }
+        assert_eq!(sizes[0], 4096);
+    };
+    for _ in 0..64 {
+        round();
+    }
+    const ROUNDS: u64 = 256;
+    ALLOCS.with(|a| a.set(0));
+    COUNTING.with(|c| c.set(true));
+    for _ in 0..ROUNDS {
+        round();
+    }
+    COUNTING.with(|c| c.set(false));
+    let n = ALLOCS.with(Cell::get);
+    eprintln!(
+        "allocations per isend+irecv+test round through the vtable: {}",
+        n as f64 / ROUNDS as f64
+    );
+    assert_eq!(n, 0, "{n} allocations in {ROUNDS} rounds");
+    ok(unsafe { v.deregMr.unwrap()(s, smr) });
+    ok(unsafe { v.deregMr.unwrap()(r, rmr) });
+    ok(unsafe { v.closeSend.unwrap()(s) });
+    ok(unsafe { v.closeRecv.unwrap()(r) });
+    ok(unsafe { v.closeListen.unwrap()(l) });
+    ok(unsafe { v.finalize.unwrap()(ctx) });
+}
+
+/// A receive comm readies its flush paths (verbs: creates the loopback QPs) at its first GPU
+/// registration, not at the first `iflush` on the data path; host registrations never do.
+#[test]
+fn the_flush_is_readied_at_the_first_gpu_registration() {
+    let fab = MemFab::new(MemFabConfig::default());
+    let mut v = view();
+    v.devices[0].ptr_support = 1 | 2;
+    let b = Arc::new(Switchless::from_parts(MemFactory::new(fab.clone(), 1), v).unwrap());
+    let conn = establish(&b);
+    let buf = fab.alloc(1 << 16).unwrap();
+    let preps = || fab.stats().flush_preps;
+    let host = B::reg_mr(plugin::CommRef::Recv(&conn.1), region(buf, 4096)).unwrap();
+    assert_eq!(preps(), 0, "host memory needs no flush");
+    let gpu = |addr| Region {
+        addr: addr as usize,
+        size: 4096,
+        kind: PtrSupport::CUDA,
+    };
+    let g1 = B::reg_mr(plugin::CommRef::Recv(&conn.1), gpu(buf + 8192)).unwrap();
+    assert_eq!(preps(), 1, "the first GPU registration readies the flush");
+    let g2 = B::reg_mr(plugin::CommRef::Recv(&conn.1), gpu(buf + 16384)).unwrap();
+    assert_eq!(preps(), 1, "once per comm");
+    // The flush itself finds it ready.
+    let bufs = [plugin::FlushBuf {
+        addr: (buf + 8192) as usize,
+        size: 64,
+        mr: &g1,
+    }];
+    let mut f = B::iflush(&conn.1, &bufs)
+        .unwrap()
+        .expect("a flush to wait for");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !B::test(&mut f, &mut []).unwrap() {
+        assert!(Instant::now() < deadline, "flush did not complete");
+    }
+    assert_eq!(preps(), 1);
+    for mr in [host, g1, g2] {
+        B::dereg_mr(plugin::CommRef::Recv(&conn.1), mr).unwrap();
+    }
     B::close_send(conn.0).unwrap();
     B::close_recv(conn.1).unwrap();
 }

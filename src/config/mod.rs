@@ -174,6 +174,38 @@ impl PathType {
     }
 }
 
+/// PCIe relaxed ordering of data memory registrations (`NCCL_IB_PCI_RELAXED_ORDERING`, NCCL's
+/// values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RelaxedOrdering {
+    /// `0`: never.
+    Off,
+    /// `1`: always; a registration the device refuses with it fails.
+    On,
+    /// `2` (NCCL's default): with it, and again without it where the device refuses it.
+    #[default]
+    Auto,
+}
+
+impl RelaxedOrdering {
+    fn parse(s: &str) -> std::result::Result<RelaxedOrdering, Reject> {
+        match values::parse_int_in(s, 0, 2)? {
+            0 => Ok(RelaxedOrdering::Off),
+            1 => Ok(RelaxedOrdering::On),
+            _ => Ok(RelaxedOrdering::Auto),
+        }
+    }
+
+    /// The value as NCCL writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RelaxedOrdering::Off => "0",
+            RelaxedOrdering::On => "1",
+            RelaxedOrdering::Auto => "2",
+        }
+    }
+}
+
 /// TCP streams per connection (`NCCL_SWITCHLESS_TCP_STREAMS`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum TcpStreams {
@@ -266,6 +298,17 @@ variables! {
             parse: |v| u8_in(v, 1, MAX_QPS_PER_CONNECTION),
             show: u8::to_string,
             doc: "RC queue pairs per connection on each path.",
+        },
+        ib_pci_relaxed_ordering: RelaxedOrdering {
+            name: "NCCL_IB_PCI_RELAXED_ORDERING",
+            default: "2",
+            forms: "0 (off), 1 (on) or 2 (automatic)",
+            parse: RelaxedOrdering::parse,
+            show: |r| r.as_str().to_string(),
+            doc: "PCIe relaxed ordering (`IBV_ACCESS_RELAXED_ORDERING`) of data memory registrations: \
+                  host, GPU and DMA-BUF alike (control memory never uses it). `2`: try it and register \
+                  without it where the device refuses; `1`: always, a registration the device refuses \
+                  with it fails; `0`: never.",
         },
         net_gdr_level: Option<PathType> {
             name: "NCCL_NET_GDR_LEVEL",
@@ -670,6 +713,29 @@ mod tests {
     }
 
     #[test]
+    fn relaxed_ordering_takes_nccls_three_values() {
+        assert_eq!(
+            Config::default().ib_pci_relaxed_ordering,
+            RelaxedOrdering::Auto
+        );
+        for (v, want) in [
+            ("0", RelaxedOrdering::Off),
+            ("1", RelaxedOrdering::On),
+            ("2", RelaxedOrdering::Auto),
+            ("0x1", RelaxedOrdering::On),
+        ] {
+            let c = cfg(&[("NCCL_IB_PCI_RELAXED_ORDERING", v)]).unwrap();
+            assert_eq!(c.ib_pci_relaxed_ordering, want, "{v}");
+        }
+        assert!(
+            cfg(&[("NCCL_IB_PCI_RELAXED_ORDERING", "0")])
+                .unwrap()
+                .summary()
+                .contains("NCCL_IB_PCI_RELAXED_ORDERING=0")
+        );
+    }
+
+    #[test]
     fn bad_values_fail_closed_naming_variable_value_and_forms() {
         let cases: &[(&str, &str, &str)] = &[
             ("NCCL_IB_GID_INDEX", "256", "0..=255"),
@@ -684,6 +750,21 @@ mod tests {
             ("NCCL_IB_RETRY_CNT", "8", "0..=7"),
             ("NCCL_IB_QPS_PER_CONNECTION", "0", "1..=128"),
             ("NCCL_IB_QPS_PER_CONNECTION", "129", "1..=128"),
+            (
+                "NCCL_IB_PCI_RELAXED_ORDERING",
+                "3",
+                "0 (off), 1 (on) or 2 (automatic)",
+            ),
+            (
+                "NCCL_IB_PCI_RELAXED_ORDERING",
+                "-1",
+                "0 (off), 1 (on) or 2 (automatic)",
+            ),
+            (
+                "NCCL_IB_PCI_RELAXED_ORDERING",
+                "on",
+                "0 (off), 1 (on) or 2 (automatic)",
+            ),
             ("NCCL_IB_HCA", "mlx5_0:0", "1..=255"),
             ("NCCL_SWITCHLESS_TRANSPORT", "verbs", "auto, rdma or tcp"),
             ("NCCL_SWITCHLESS_CONNECT_TIMEOUT", "50ms", "out of range"),
@@ -828,7 +909,7 @@ mod tests {
         assert_eq!(
             s,
             "NCCL_IB_HCA=<all> NCCL_IB_GID_INDEX=auto NCCL_IB_TC=auto NCCL_IB_SL=auto NCCL_IB_TIMEOUT=20 \
-             NCCL_IB_RETRY_CNT=7 NCCL_IB_QPS_PER_CONNECTION=1 NCCL_NET_GDR_LEVEL=default transport=auto connect_timeout=off \
+             NCCL_IB_RETRY_CNT=7 NCCL_IB_QPS_PER_CONNECTION=1 NCCL_IB_PCI_RELAXED_ORDERING=2 NCCL_NET_GDR_LEVEL=default transport=auto connect_timeout=off \
              request_timeout=off tcp_streams=auto tcp_threads=auto tcp_fallback=0 min_chunk=131072 bytes \
              log_routes=0 failover=1 standby=1 failback_retries=5 failback_backoff=100 ms failback_interval=5000 ms \
              adaptive_weights=1"

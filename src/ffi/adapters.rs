@@ -6,13 +6,13 @@ use std::ffi::{c_int, c_void};
 use std::os::fd::BorrowedFd;
 
 use super::abi::{self, ncclResult_t as R};
-use super::guard::{array, give, guard, object, out, shared, take};
+use super::guard::{array, give, guard, live, object, out, shared, shared_in, take};
 use super::log;
 use super::props::{AttrIn, CSize, ConfigIn, PropsOut};
 use crate::error::{Error, Result};
 use crate::plugin::{
     self, Backend, Comm, CommInfo, Context, FlushBuf, Handle, Listen, MAX_GROUPED_RECVS, Mr,
-    PtrSupport, RecvBuf, Region, Request,
+    PtrSupport, RecvBuf, Region, RequestId,
 };
 
 type Vp = *mut c_void;
@@ -344,13 +344,27 @@ fn do_isend<B: Backend>(
     // SAFETY: NCCL passes a valid void** for the request.
     let req = unsafe { out(request, "isend request")? };
     *req = std::ptr::null_mut();
+    let live = live()?;
     // SAFETY: a send comm of ours, alive until closeSend; the service thread may register on it
     // meanwhile: shared access only.
-    let comm = unsafe { shared::<Comm<B>>(send_comm, "isend sendComm")? };
+    let comm = unsafe { shared_in::<Comm<B>>(&live, send_comm, "isend sendComm")? };
     // SAFETY: an mhandle from regMr*, alive until deregMr.
-    let mr = unsafe { shared::<Mr<B>>(mhandle, "isend mhandle")? };
-    if let Some(r) = plugin::isend(comm, data as usize, size, tag, mr)? {
-        give(req, r)?;
+    let mr = unsafe { shared_in::<Mr<B>>(&live, mhandle, "isend mhandle")? };
+    drop(live);
+    give_request(req, plugin::isend(comm, data as usize, size, tag, mr)?)
+}
+
+/// Writes a posted request's id into NCCL's `void* request` (left NULL for "retry"/"nothing to wait
+/// for"). NCCL never dereferences it; `test` hands it back to the slab.
+fn give_request(slot: &mut Vp, id: Option<RequestId>) -> Result<()> {
+    if let Some(id) = id {
+        let raw = usize::try_from(id.to_raw()).map_err(|_| {
+            Error::Internal(format!(
+                "request id {:#x} does not fit a pointer",
+                id.to_raw()
+            ))
+        })?;
+        *slot = std::ptr::without_provenance_mut(raw);
     }
     Ok(())
 }
@@ -417,23 +431,26 @@ fn do_irecv<B: Backend, S: CSize>(
             array(mhandles, n, "irecv mhandles")?,
         )
     };
+    let live = live()?;
     // SAFETY: as in isend, for a recv comm.
-    let comm = unsafe { shared::<Comm<B>>(recv_comm, "irecv recvComm")? };
-    let mut bufs = Vec::with_capacity(n);
-    for i in 0..n {
+    let comm = unsafe { shared_in::<Comm<B>>(&live, recv_comm, "irecv recvComm")? };
+    let buf = |i: usize| -> Result<RecvBuf<'_, B::Mr>> {
         // SAFETY: mhandles from regMr*, alive until deregMr.
-        let mr = unsafe { shared::<Mr<B>>(mhs[i], "irecv mhandle")? };
-        bufs.push(RecvBuf {
+        let mr = unsafe { shared_in::<Mr<B>>(&live, mhs[i], "irecv mhandle")? };
+        Ok(RecvBuf {
             addr: data[i] as usize,
             size: sizes[i].bytes()?,
             tag: tags[i],
             mr: mr.inner(),
-        });
+        })
+    };
+    // On the stack: no allocation per request.
+    let mut bufs = [buf(0)?; MAX_GROUPED_RECVS];
+    for (i, b) in bufs.iter_mut().enumerate().take(n).skip(1) {
+        *b = buf(i)?;
     }
-    if let Some(r) = plugin::irecv(comm, &bufs)? {
-        give(req, r)?;
-    }
-    Ok(())
+    drop(live);
+    give_request(req, plugin::irecv(comm, &bufs[..n])?)
 }
 
 /// v6–v9 `irecv(recvComm, n, data, sizes, tags, mhandles, request)`; sizes are `int` up to v8.
@@ -491,36 +508,43 @@ pub unsafe extern "C" fn iflush<B: Backend>(
                 array(mhandles, n, "iflush mhandles")?,
             )
         };
+        let live = live()?;
         // SAFETY: as in isend, for a recv comm.
-        let comm = unsafe { shared::<Comm<B>>(recv_comm, "iflush recvComm")? };
-        let mut bufs = Vec::with_capacity(n);
-        for i in 0..n {
+        let comm = unsafe { shared_in::<Comm<B>>(&live, recv_comm, "iflush recvComm")? };
+        let buf = |i: usize| -> Result<FlushBuf<'_, B::Mr>> {
             // SAFETY: mhandles from regMr*, alive until deregMr.
-            let mr = unsafe { shared::<Mr<B>>(mhs[i], "iflush mhandle")? };
-            bufs.push(FlushBuf {
+            let mr = unsafe { shared_in::<Mr<B>>(&live, mhs[i], "iflush mhandle")? };
+            Ok(FlushBuf {
                 addr: data[i] as usize,
                 size: sizes[i].bytes()?,
                 mr: mr.inner(),
-            });
+            })
+        };
+        // On the stack: no allocation per request.
+        let mut bufs = [buf(0)?; MAX_GROUPED_RECVS];
+        for (i, b) in bufs.iter_mut().enumerate().take(n).skip(1) {
+            *b = buf(i)?;
         }
-        if let Some(r) = plugin::iflush(comm, &bufs)? {
-            give(req, r)?;
-        }
-        Ok(())
+        drop(live);
+        give_request(req, plugin::iflush(comm, &bufs[..n])?)
     })
 }
 
 /// `test(request, done, sizes)`: a completed request is freed; `sizes` (may be NULL) gets one int per
-/// buffer.
+/// buffer. The request is an id the slab checks (any value is safe: it is never dereferenced).
 pub unsafe extern "C" fn test<B: Backend>(request: Vp, done: *mut c_int, sizes: *mut c_int) -> R {
     guard("test", || {
         // SAFETY: NCCL passes a valid int*.
         let done = unsafe { out(done, "test done")? };
         *done = 0;
-        // SAFETY: a request from isend/irecv/iflush that test has not yet reported done.
-        let req = unsafe { object::<Request<B>>(request, "test request")? };
+        if request.is_null() {
+            return Err(Error::InvalidArgument(
+                "test request is NULL; expected a request from isend/irecv/iflush".into(),
+            ));
+        }
+        let id = RequestId::from_raw(request.addr() as u64);
         let mut counts = [0usize; MAX_GROUPED_RECVS];
-        let Some(n) = plugin::test(req, &mut counts)? else {
+        let Some(n) = plugin::test::<B>(id, &mut counts)? else {
             return Ok(());
         };
         if !sizes.is_null() {
@@ -535,8 +559,6 @@ pub unsafe extern "C" fn test<B: Backend>(request: Vp, done: *mut c_int, sizes: 
                 unsafe { sizes.add(i).write(c) };
             }
         }
-        // SAFETY: done: the request goes back to the plugin; NCCL never tests it again.
-        drop(unsafe { take::<Request<B>>(request, "test request")? });
         *done = 1;
         Ok(())
     })

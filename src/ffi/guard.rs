@@ -1,16 +1,17 @@
 //! The panic guard every entry point runs in, the error-code mapping, and checked pointer conversions
-//! (every object handed to NCCL is filed in a registry of live objects until it is taken back).
+//! (every object handed to NCCL is filed in a registry of live objects until it is taken back;
+//! requests are not objects but slab ids, checked by `plugin::slab`).
 
 use std::any::Any;
 use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Mutex;
+use std::sync::{RwLock, RwLockReadGuard};
 
 use super::abi::ncclResult_t;
 use crate::error::{Error, Result, ResultCode};
 use crate::plugin::Object;
-use crate::sync::lock;
+use crate::sync::{read, write};
 
 /// The `ncclResult_t` for a crate result code.
 pub fn nccl_code(code: ResultCode) -> ncclResult_t {
@@ -73,16 +74,29 @@ pub unsafe fn out<'a, T>(p: *mut T, what: &str) -> Result<&'a mut T> {
 }
 
 /// Every object this library handed to NCCL and has not taken back, by address, with its kind's magic
-/// word. A pointer is dereferenced only after it is found here, so a double close, a `test` after the
-/// request was reported done, or a pointer of the wrong kind is an error, never a read of freed memory.
-/// Best effort against one misuse only: an address freed and then reused for a new object of the same
-/// kind passes (as it would in NCCL IB), and a close racing another call on the same object is still
-/// the caller's bug.
-static LIVE: Mutex<BTreeMap<usize, u64>> = Mutex::new(BTreeMap::new());
+/// word. A pointer is dereferenced only after it is found here, so a double close, a pointer of the
+/// wrong kind (a request id included) or a comm used after close is an error, never a read of freed
+/// memory. Best effort against one misuse only: an address freed and then reused for a new object of
+/// the same kind passes (as it would in NCCL IB), and a close racing another call on the same object is
+/// still the caller's bug.
+///
+/// A read-write lock, because the data path reads it: `isend`/`irecv`/`iflush` look up their comm and
+/// mhandles under one shared guard (no allocation; progress threads do not wait for each other). Only
+/// create/close and `regMr`/`deregMr`, on NCCL's service thread, write it, each for one map insert or
+/// removal (never across `ibv_reg_mr`). `test` does not touch it.
+static LIVE: RwLock<BTreeMap<usize, u64>> = RwLock::new(BTreeMap::new());
+
+/// The registry, read-locked: one guard for the several lookups of one call ([`shared_in`]).
+pub struct Live(RwLockReadGuard<'static, BTreeMap<usize, u64>>);
+
+/// Takes the registry for reading.
+pub fn live() -> Result<Live> {
+    read(&LIVE, "live objects").map(Live)
+}
 
 /// Stores a boxed object in an out-pointer NCCL holds, filed as live under its kind.
 pub fn give<T: Object>(slot: &mut *mut c_void, obj: Box<T>) -> Result<()> {
-    let mut live = lock(&LIVE, "live objects")?;
+    let mut live = write(&LIVE, "live objects")?;
     let p = Box::into_raw(obj);
     live.insert(p as usize, T::MAGIC);
     *slot = p.cast();
@@ -96,6 +110,15 @@ pub fn give<T: Object>(slot: &mut *mut c_void, obj: Box<T>) -> Result<()> {
 /// `p` is NULL or a pointer NCCL got from this library; an object it names is not freed during the
 /// call nor written concurrently except through its own locks.
 unsafe fn checked<T: Object>(p: *mut c_void, what: &str) -> Result<*mut T> {
+    // SAFETY: forwarded contract.
+    unsafe { checked_in::<T>(&live()?, p, what) }
+}
+
+/// [`checked`] under a guard the caller holds.
+///
+/// # Safety
+/// As for [`checked`].
+unsafe fn checked_in<T: Object>(live: &Live, p: *mut c_void, what: &str) -> Result<*mut T> {
     let p = p.cast::<T>();
     if p.is_null() {
         return Err(Error::InvalidArgument(format!(
@@ -109,7 +132,7 @@ unsafe fn checked<T: Object>(p: *mut c_void, what: &str) -> Result<*mut T> {
             T::WHAT
         )));
     }
-    if lock(&LIVE, "live objects")?.get(&(p as usize)) != Some(&T::MAGIC) {
+    if live.0.get(&(p as usize)) != Some(&T::MAGIC) {
         return Err(not_live::<T>(p, what));
     }
     // SAFETY: filed as a live `T` (so not freed: `take` removes it first) and, by the caller's
@@ -127,12 +150,11 @@ fn not_live<T: Object>(p: *mut T, what: &str) -> Error {
     ))
 }
 
-/// A `void*` NCCL got from this plugin (a listen comm or a request), checked for NULL, alignment,
-/// liveness and magic.
+/// A `void*` NCCL got from this plugin (a listen comm), checked for NULL, alignment, liveness and magic.
 ///
 /// # Safety
 /// `p` is NULL or a pointer NCCL got from this library, not used concurrently (NCCL calls a listen
-/// comm from its service thread only and a request from its progress thread only).
+/// comm from its service thread only).
 pub unsafe fn object<'a, T: Object>(p: *mut c_void, what: &str) -> Result<&'a mut T> {
     // SAFETY: forwarded contract; `checked` proved it a live `T`, and NCCL uses it from one thread at
     // a time, so this is the only reference.
@@ -150,6 +172,15 @@ pub unsafe fn shared<'a, T: Object>(p: *mut c_void, what: &str) -> Result<&'a T>
     unsafe { checked::<T>(p, what).map(|p| &*p) }
 }
 
+/// [`shared`] under a registry guard the caller holds (one guard for a comm and its mhandles).
+///
+/// # Safety
+/// As for [`shared`].
+pub unsafe fn shared_in<'a, T: Object>(live: &Live, p: *mut c_void, what: &str) -> Result<&'a T> {
+    // SAFETY: forwarded contract; `checked_in` proved it a live `T`; only shared access.
+    unsafe { checked_in::<T>(live, p, what).map(|p| &*p) }
+}
+
 /// Takes back ownership of an object to free it, after the same checks as [`object`]; from then on
 /// the pointer is not live (a second close or test of it is an error).
 ///
@@ -158,7 +189,7 @@ pub unsafe fn shared<'a, T: Object>(p: *mut c_void, what: &str) -> Result<&'a T>
 pub unsafe fn take<T: Object>(p: *mut c_void, what: &str) -> Result<Box<T>> {
     // SAFETY: forwarded contract.
     let p: *mut T = unsafe { checked::<T>(p, what)? };
-    if lock(&LIVE, "live objects")?.remove(&(p as usize)) != Some(T::MAGIC) {
+    if write(&LIVE, "live objects")?.remove(&(p as usize)) != Some(T::MAGIC) {
         // Another thread took it between the check and here: the caller's race, refused all the same.
         return Err(not_live::<T>(p, what));
     }

@@ -897,6 +897,160 @@ fn double_close_and_test_after_done_are_refused_without_a_dereference() {
     );
 }
 
+/// `test` on `req`: the result, and that `done` was cleared.
+fn test_once(v: &abi::ncclNet_v12_t, req: Vp) -> R {
+    let mut done: c_int = 7;
+    let r = unsafe { v.test.unwrap()(req, &mut done, null_mut()) };
+    if r != R::ncclSuccess {
+        assert_eq!(done, 0, "a refused test reports not done");
+    }
+    r
+}
+
+#[test]
+fn a_request_id_that_names_no_live_slot_is_refused() {
+    let _g = serial();
+    let v = vtables::net_v12::<Mock>();
+    let (r, ctx) = Shape::init(&v);
+    ok(r);
+    let (s, rc, l) = mock_pair(&v, ctx);
+    let buf = [0u8; 64];
+    let (r, mh) = v.reg_mr(s, buf.as_ptr() as usize, 64);
+    ok(r);
+    // NULL, NCCL's 0x1 hint, and live objects of every other kind: none is a request.
+    for bad in [null_mut(), 1 as Vp, s, rc, l, mh, ctx] {
+        assert_eq!(test_once(&v, bad), R::ncclInvalidArgument, "{bad:p}");
+    }
+    let (r, req) = v.isend(s, buf.as_ptr() as usize, 10, 1, mh);
+    ok(r);
+    assert!(req as usize > 1, "never NULL nor the 0x1 hint");
+    // The next slot, the next slab, and the same slot's other generations name no live request.
+    let raw = req as usize;
+    for bad in [
+        raw ^ 1,
+        raw + (1 << 8),
+        raw + (1 << 28),
+        raw - (1 << 28),
+        usize::MAX,
+    ] {
+        assert_eq!(
+            test_once(&v, bad as Vp),
+            R::ncclInvalidArgument,
+            "{bad:#x} next to {raw:#x}"
+        );
+    }
+    // A request id is no mhandle and no comm (the registry refuses it without a dereference).
+    let (r, _) = v.isend(s, buf.as_ptr() as usize, 10, 1, req);
+    assert_eq!(r, R::ncclInvalidArgument);
+    let (r, _) = v.isend(req, buf.as_ptr() as usize, 10, 1, mh);
+    assert_eq!(r, R::ncclInvalidArgument);
+    assert_eq!(unsafe { v.closeSend.unwrap()(req) }, R::ncclInvalidArgument);
+    finish(&v, req);
+    assert_eq!(
+        test_once(&v, req),
+        R::ncclInvalidArgument,
+        "test after done"
+    );
+    ok(unsafe { v.deregMr.unwrap()(s, mh) });
+    ok(unsafe { v.closeSend.unwrap()(s) });
+    ok(unsafe { v.closeRecv.unwrap()(rc) });
+    ok(unsafe { v.closeListen.unwrap()(l) });
+    ok(unsafe { v.finalize.unwrap()(ctx) });
+    let log = testsupport::take_log();
+    assert!(
+        log.iter().any(|l| l.text.contains("is not a live request")),
+        "{log:?}"
+    );
+}
+
+#[test]
+fn a_request_of_a_closed_comm_stays_dead_when_its_slab_is_reused() {
+    let _g = serial();
+    let v = vtables::net_v12::<Mock>();
+    let (r, ctx) = Shape::init(&v);
+    ok(r);
+    let buf = [0u8; 64];
+    let (s, rc, l) = mock_pair(&v, ctx);
+    let (r, mh) = v.reg_mr(s, buf.as_ptr() as usize, 64);
+    ok(r);
+    // NCCL aborts: the send comm closes with a request in flight.
+    let (r, stale) = v.isend(s, buf.as_ptr() as usize, 10, 1, mh);
+    ok(r);
+    ok(unsafe { v.deregMr.unwrap()(s, mh) });
+    ok(unsafe { v.closeSend.unwrap()(s) });
+    assert_eq!(test_once(&v, stale), R::ncclInvalidArgument);
+    // The next comm leases the same slab (and gets the same slot), one generation on.
+    let mut h: Handle = [0; 128];
+    let (r, l2) = v.listen(ctx, 0, &mut h);
+    ok(r);
+    let mut s2: Vp = null_mut();
+    while s2.is_null() {
+        let (r, x) = v.connect(ctx, 0, &mut h);
+        ok(r);
+        s2 = x;
+    }
+    let (r, mh2) = v.reg_mr(s2, buf.as_ptr() as usize, 64);
+    ok(r);
+    let (r, fresh) = v.isend(s2, buf.as_ptr() as usize, 10, 1, mh2);
+    ok(r);
+    let place = |p: Vp| p as usize & ((1 << 28) - 1);
+    assert_eq!(place(fresh), place(stale), "same slab and slot reused");
+    assert_ne!(fresh, stale);
+    assert_eq!(test_once(&v, stale), R::ncclInvalidArgument);
+    finish(&v, fresh);
+    ok(unsafe { v.deregMr.unwrap()(s2, mh2) });
+    ok(unsafe { v.closeSend.unwrap()(s2) });
+    ok(unsafe { v.closeRecv.unwrap()(rc) });
+    ok(unsafe { v.closeListen.unwrap()(l) });
+    ok(unsafe { v.closeListen.unwrap()(l2) });
+    ok(unsafe { v.finalize.unwrap()(ctx) });
+}
+
+#[test]
+fn more_requests_than_nccl_promises_are_a_clear_error() {
+    let _g = serial();
+    let v = vtables::net_v12::<Mock>();
+    let (r, ctx) = Shape::init(&v);
+    ok(r);
+    let (s, rc, l) = mock_pair(&v, ctx);
+    let buf = [0u8; 64];
+    let (r, mh) = v.reg_mr(s, buf.as_ptr() as usize, 64);
+    ok(r);
+    // The mock never says "retry": the slab is the limit (NCCL_NET_MAX_REQUESTS x maxRecvs = 256).
+    let reqs: Vec<Vp> = (0..256)
+        .map(|_| {
+            let (r, req) = v.isend(s, buf.as_ptr() as usize, 10, 1, mh);
+            ok(r);
+            req
+        })
+        .collect();
+    let (r, req) = v.isend(s, buf.as_ptr() as usize, 10, 1, mh);
+    assert_eq!((r, req), (R::ncclInvalidUsage, null_mut()));
+    let log = testsupport::take_log();
+    assert!(
+        log.iter().any(|l| l
+            .text
+            .contains("more than 256 requests in flight on one comm")),
+        "{log:?}"
+    );
+    finish(&v, reqs[17]);
+    // A retry (the mock's tag -5) gives the slot it took back.
+    let (r, req) = v.isend(s, buf.as_ptr() as usize, 10, -5, mh);
+    assert_eq!((r, req), (R::ncclSuccess, null_mut()));
+    let (r, req) = v.isend(s, buf.as_ptr() as usize, 10, 1, mh);
+    ok(r);
+    assert!(!req.is_null(), "a completed request's slot is free again");
+    finish(&v, req);
+    for &q in reqs.iter().filter(|&&q| q != reqs[17]) {
+        finish(&v, q);
+    }
+    ok(unsafe { v.deregMr.unwrap()(s, mh) });
+    ok(unsafe { v.closeSend.unwrap()(s) });
+    ok(unsafe { v.closeRecv.unwrap()(rc) });
+    ok(unsafe { v.closeListen.unwrap()(l) });
+    ok(unsafe { v.finalize.unwrap()(ctx) });
+}
+
 #[test]
 fn registration_and_sends_on_one_comm_from_two_threads() {
     let _g = serial();

@@ -9,9 +9,11 @@
 //!   legacy context. Every context holds the process-wide [`Backend`] through an `Arc`: the backend is opened
 //!   by the first `init` and released when the last context (and the last comm) is gone, so NCCL's
 //!   `finalize` → `dlclose` leaves nothing running.
-//! * [`Listen`], [`Comm`], [`Mr`], [`Request`]: the objects NCCL holds as `void*` between calls (boxed here,
-//!   converted to and from raw pointers only in `ffi`). Each starts with a magic word so that `ffi` can reject
-//!   a pointer of the wrong kind with `ncclInvalidArgument` instead of misusing it.
+//! * [`Listen`], [`Comm`], [`Mr`]: the objects NCCL holds as `void*` between calls (boxed here, converted to
+//!   and from raw pointers only in `ffi`). Each starts with a magic word so that `ffi` can reject a pointer
+//!   of the wrong kind with `ncclInvalidArgument` instead of misusing it.
+//! * Requests are no boxes: each comm leases a fixed [`slab`] of request slots, and NCCL holds a
+//!   [`RequestId`] (slab, slot, generation), so the data path allocates nothing.
 #![forbid(unsafe_code)]
 
 use std::collections::BTreeSet;
@@ -42,9 +44,11 @@ pub const TARGET_ENV: &str = "switchless::env";
 pub type Handle = [u8; HANDLE_SIZE];
 
 pub mod factory;
+pub mod slab;
 pub mod switchless;
 
 pub use factory::{mem::MemFactory, net::NetFactory, verbs::VerbsFactory};
+pub use slab::{RequestId, RequestKind};
 pub use switchless::{
     ConnOptions, Connectable, HostView, PathFactory, PathPlan, QpAttrs, Switchless,
 };
@@ -265,6 +269,16 @@ pub struct RecvBuf<'a, M> {
     pub mr: &'a M,
 }
 
+// Copy without `M: Copy` (a buffer holds only a reference to its registration): `ffi` builds grouped
+// receives in a stack array.
+impl<M> Clone for RecvBuf<'_, M> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<M> Copy for RecvBuf<'_, M> {}
+
 /// One buffer of a flush.
 #[derive(Debug)]
 pub struct FlushBuf<'a, M> {
@@ -275,6 +289,14 @@ pub struct FlushBuf<'a, M> {
     /// Registration covering the buffer.
     pub mr: &'a M,
 }
+
+impl<M> Clone for FlushBuf<'_, M> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<M> Copy for FlushBuf<'_, M> {}
 
 /// A send or recv comm, as given to `regMr`/`deregMr` (NCCL passes either without saying which).
 /// Shared: NCCL's service thread registers on a comm while its progress thread sends on it.
@@ -301,11 +323,13 @@ impl<B: Backend> Copy for CommRef<'_, B> {}
 /// on the proxy service thread, `isend`/`irecv`/`iflush`/`test` on the progress thread; so everything must be
 /// `Send`, and the backend itself `Sync`. No call may block.
 ///
-/// Ownership: the core boxes every object the backend returns and NCCL holds the box between calls. A comm
-/// is reached by two threads at once (`regMr`/`deregMr` on the service thread, `isend`/`irecv`/`test` on
-/// the progress thread), so the backend gets only shared access to it and keeps its mutable state behind
-/// its own locks (hence `Send + Sync`); a listen comm or a request is used by one thread at a time and is
-/// lent `&mut`; registrations are shared. A comm that needs the backend itself (device tables, an event
+/// Ownership: the core boxes every listen comm, comm and registration the backend returns and NCCL
+/// holds the box between calls; a request goes into a slot of its comm's [`slab`] and NCCL holds its
+/// [`RequestId`]. A comm is reached by two threads at once (`regMr`/`deregMr` on the service thread,
+/// `isend`/`irecv`/`test` on the progress thread), so the backend gets only shared access to it and
+/// keeps its mutable state behind its own locks (hence `Send + Sync`); a listen comm is used by one
+/// thread at a time and is lent `&mut`, a request `&mut` under its slot's lock; registrations are
+/// shared. A comm that needs the backend itself (device tables, an event
 /// thread) keeps an `Arc` clone taken in `listen`/`connect`.
 pub trait Backend: Sized + Send + Sync + 'static {
     /// A listening endpoint (one per connection; closed after `accept` or on teardown).
@@ -388,7 +412,7 @@ pub trait Backend: Sized + Send + Sync + 'static {
     fn iflush(comm: &Self::Recv, bufs: &[FlushBuf<'_, Self::Mr>]) -> Result<Option<Self::Request>>;
 
     /// Polls a request. On `Ok(true)` the request is complete and `sizes` holds the byte counts (one for a
-    /// send, one per buffer for a receive, none for a flush); the core then frees it.
+    /// send, one per buffer for a receive, none for a flush); the core then drops it and frees its slot.
     fn test(req: &mut Self::Request, sizes: &mut [usize]) -> Result<bool>;
 
     /// Closes a send comm (requests may still be in flight on abort).
@@ -411,24 +435,27 @@ pub trait Backend: Sized + Send + Sync + 'static {
 /// init (v6–v10), which lives until the library is unloaded; and the device table of the first open,
 /// which every later open keeps ([`Backend::reopen`]) because NCCL keeps it until it unloads the library.
 #[derive(Debug)]
-pub struct Slot<B> {
+pub struct Slot<B: Backend> {
     live: Mutex<Weak<B>>,
     legacy: Mutex<Option<Arc<Context<B>>>>,
     table: Mutex<Option<Vec<Properties>>>,
+    /// The request slabs of this backend's comms (they outlive any one open of the backend).
+    slabs: slab::Slabs<B>,
 }
 
-impl<B> Slot<B> {
+impl<B: Backend> Slot<B> {
     /// An empty slot (for a `static`).
     pub const fn new() -> Slot<B> {
         Slot {
             live: Mutex::new(Weak::new()),
             legacy: Mutex::new(None),
             table: Mutex::new(None),
+            slabs: slab::Slabs::new(),
         }
     }
 }
 
-impl<B> Default for Slot<B> {
+impl<B: Backend> Default for Slot<B> {
     fn default() -> Self {
         Slot::new()
     }
@@ -576,7 +603,6 @@ fn device_index(dev: i32, n: usize) -> Result<usize> {
 const LISTEN_MAGIC: u64 = 0x5357_4c5f_4c49_5354; // "SWL_LIST"
 const COMM_MAGIC: u64 = 0x5357_4c5f_434f_4d4d; // "SWL_COMM"
 const MR_MAGIC: u64 = 0x5357_4c5f_4d52_5f5f; // "SWL_MR__"
-const REQ_MAGIC: u64 = 0x5357_4c5f_5245_5155; // "SWL_REQU"
 const CTX_MAGIC: u64 = 0x5357_4c5f_4354_5854; // "SWL_CTXT"
 
 /// A listen comm (`void* listenComm`).
@@ -593,34 +619,17 @@ pub enum Endpoint<B: Backend> {
     Recv(B::Recv),
 }
 
-/// A send or recv comm (`void* sendComm` / `void* recvComm`).
+/// A send or recv comm (`void* sendComm` / `void* recvComm`), with the slab its requests live in.
 pub struct Comm<B: Backend> {
     magic: u64,
     end: Endpoint<B>,
+    slab: slab::Lease<B>,
 }
 
 /// A registration (`void* mhandle`).
 pub struct Mr<B: Backend> {
     magic: u64,
     inner: B::Mr,
-}
-
-/// What a request is waiting for; decides how many sizes `test` reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RequestKind {
-    /// One size.
-    Send,
-    /// One size per buffer.
-    Recv(usize),
-    /// No sizes.
-    Flush,
-}
-
-/// An in-flight request (`void* request`).
-pub struct Request<B: Backend> {
-    magic: u64,
-    kind: RequestKind,
-    inner: B::Request,
 }
 
 /// An object NCCL holds as a `void*` between calls, with a magic word checked before every use.
@@ -647,7 +656,6 @@ macro_rules! checked {
 checked!(Listen, LISTEN_MAGIC, "listen comm");
 checked!(Comm, COMM_MAGIC, "send/recv comm");
 checked!(Mr, MR_MAGIC, "memory handle");
-checked!(Request, REQ_MAGIC, "request");
 checked!(Context, CTX_MAGIC, "net context");
 
 impl<B: Backend> Listen<B> {
@@ -661,12 +669,24 @@ impl<B: Backend> Listen<B> {
 }
 
 impl<B: Backend> Comm<B> {
-    /// A boxed comm with its magic word.
-    fn boxed(end: Endpoint<B>) -> Box<Comm<B>> {
-        Box::new(Comm {
+    /// A boxed comm with its magic word and a request slab; without a slab the endpoint is closed.
+    fn boxed(end: Endpoint<B>) -> Result<Box<Comm<B>>> {
+        let slab = match slab::Lease::new() {
+            Ok(s) => s,
+            Err(e) => {
+                // Best effort: the error NCCL sees is the slab's.
+                let _ = match end {
+                    Endpoint::Send(s) => B::close_send(s),
+                    Endpoint::Recv(r) => B::close_recv(r),
+                };
+                return Err(e);
+            }
+        };
+        Ok(Box::new(Comm {
             magic: COMM_MAGIC,
             end,
-        })
+            slab,
+        }))
     }
 
     /// The backend's end of the connection.
@@ -720,22 +740,6 @@ impl<B: Backend> Mr<B> {
     }
 }
 
-impl<B: Backend> Request<B> {
-    /// A boxed request with its magic word.
-    fn boxed(kind: RequestKind, inner: B::Request) -> Box<Request<B>> {
-        Box::new(Request {
-            magic: REQ_MAGIC,
-            kind,
-            inner,
-        })
-    }
-
-    /// What the request waits for.
-    pub fn kind(&self) -> RequestKind {
-        self.kind
-    }
-}
-
 /// `listen(ctx, dev, handle)`.
 pub fn listen<B: Backend>(
     ctx: &Context<B>,
@@ -757,12 +761,14 @@ pub fn connect<B: Backend>(
     let i = device_index(dev, ctx.backend.devices().len())?;
     let info = info.unwrap_or(ctx.info);
     let send = ctx.backend.connect(&info, i, handle)?;
-    Ok(send.map(|s| Comm::boxed(Endpoint::Send(s))))
+    send.map(|s| Comm::boxed(Endpoint::Send(s))).transpose()
 }
 
 /// `accept(listenComm)`.
 pub fn accept<B: Backend>(listen: &mut Listen<B>) -> Result<Option<Box<Comm<B>>>> {
-    Ok(B::accept(&mut listen.inner)?.map(|r| Comm::boxed(Endpoint::Recv(r))))
+    B::accept(&mut listen.inner)?
+        .map(|r| Comm::boxed(Endpoint::Recv(r)))
+        .transpose()
 }
 
 /// `regMr(comm, data, size, type)`.
@@ -795,58 +801,54 @@ pub fn isend<B: Backend>(
     size: usize,
     tag: i32,
     mr: &Mr<B>,
-) -> Result<Option<Box<Request<B>>>> {
-    let req = B::isend(comm.send()?, addr, size, tag, &mr.inner)?;
-    Ok(req.map(|inner| Request::boxed(RequestKind::Send, inner)))
+) -> Result<Option<RequestId>> {
+    let send = comm.send()?;
+    comm.slab.post(RequestKind::Send, || {
+        B::isend(send, addr, size, tag, &mr.inner)
+    })
 }
 
 /// `irecv(recvComm, n, data, sizes, tags, mhandles)`; `Ok(None)` = retry later.
-pub fn irecv<B: Backend>(
-    comm: &Comm<B>,
-    bufs: &[RecvBuf<'_, B::Mr>],
-) -> Result<Option<Box<Request<B>>>> {
+pub fn irecv<B: Backend>(comm: &Comm<B>, bufs: &[RecvBuf<'_, B::Mr>]) -> Result<Option<RequestId>> {
     if bufs.is_empty() || bufs.len() > MAX_GROUPED_RECVS {
         return Err(Error::InvalidArgument(format!(
             "irecv of {} buffers; accepted: 1..={MAX_GROUPED_RECVS}",
             bufs.len()
         )));
     }
-    let req = B::irecv(comm.recv()?, bufs)?;
-    Ok(req.map(|inner| Request::boxed(RequestKind::Recv(bufs.len()), inner)))
+    let recv = comm.recv()?;
+    comm.slab
+        .post(RequestKind::Recv(bufs.len()), || B::irecv(recv, bufs))
 }
 
 /// `iflush(recvComm, n, data, sizes, mhandles)`; `Ok(None)` = nothing to wait for.
 pub fn iflush<B: Backend>(
     comm: &Comm<B>,
     bufs: &[FlushBuf<'_, B::Mr>],
-) -> Result<Option<Box<Request<B>>>> {
+) -> Result<Option<RequestId>> {
     if bufs.is_empty() || bufs.len() > MAX_GROUPED_RECVS {
         return Err(Error::InvalidArgument(format!(
             "iflush of {} buffers; accepted: 1..={MAX_GROUPED_RECVS}",
             bufs.len()
         )));
     }
-    let req = B::iflush(comm.recv()?, bufs)?;
-    Ok(req.map(|inner| Request::boxed(RequestKind::Flush, inner)))
+    let recv = comm.recv()?;
+    comm.slab.post(RequestKind::Flush, || B::iflush(recv, bufs))
 }
 
 /// `test(request)`: `Ok(Some(n))` when complete, with `n` byte counts in `sizes` (1 for a send, one per
-/// buffer for a receive, 0 for a flush); the caller then frees the request. `Ok(None)` while in flight.
+/// buffer for a receive, 0 for a flush); the request is freed then, and `id` is dead. `Ok(None)` while
+/// in flight. An `id` that names no live request is an error.
 pub fn test<B: Backend>(
-    req: &mut Request<B>,
+    id: RequestId,
     sizes: &mut [usize; MAX_GROUPED_RECVS],
 ) -> Result<Option<usize>> {
-    let n = match req.kind {
-        RequestKind::Send => 1,
-        RequestKind::Recv(n) => n,
-        RequestKind::Flush => 0,
-    };
-    let done = B::test(&mut req.inner, &mut sizes[..n])?;
-    Ok(done.then_some(n))
+    slab::test::<B>(id, sizes)
 }
 
 /// `closeSend(sendComm)`.
 pub fn close_send<B: Backend>(comm: Comm<B>) -> Result<()> {
+    // The slab goes back after the backend closed the comm (its requests then fail, as on abort).
     match comm.end {
         Endpoint::Send(s) => B::close_send(s),
         Endpoint::Recv(_) => Err(Error::InvalidArgument(

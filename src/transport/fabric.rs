@@ -391,6 +391,13 @@ pub trait Fabric {
     /// Posts an RDMA read on `path` (a loopback path, for the flush).
     fn post_read(&mut self, path: usize, wr: &ReadWr) -> Result<()>;
 
+    /// Creates what the loopback paths' flush reads need, once (verbs: the loopback QPs). The comm
+    /// calls it at the first GPU registration, so the first `iflush` does not pay for it on the data
+    /// path; `post_read` still creates it if it is missing. Default: nothing to create.
+    fn prepare_flush(&mut self) -> Result<()> {
+        Ok(())
+    }
+
     /// Posts a receive (no scatter list) on `path`, consumed by a write with immediate from the peer.
     fn post_recv(&mut self, path: usize, wr_id: u64) -> Result<()>;
 
@@ -495,6 +502,9 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
     }
     fn post_read(&mut self, path: usize, wr: &ReadWr) -> Result<()> {
         (**self).post_read(path, wr)
+    }
+    fn prepare_flush(&mut self) -> Result<()> {
+        (**self).prepare_flush()
     }
     fn post_recv(&mut self, path: usize, wr_id: u64) -> Result<()> {
         (**self).post_recv(path, wr_id)

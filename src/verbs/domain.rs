@@ -12,7 +12,8 @@ use std::sync::{Arc, Mutex};
 use super::context::Context;
 use super::memory::{MemoryRegion, ProtectionDomain};
 use super::types::Access;
-use crate::error::Result;
+use crate::config::RelaxedOrdering;
+use crate::error::{Error, Result};
 use crate::sync::lock;
 use crate::transport::regcache::{CacheKey, Inserted, RegCache, RegKind};
 
@@ -20,6 +21,7 @@ use crate::transport::regcache::{CacheKey, Inserted, RegCache, RegKind};
 pub struct Domain {
     pd: Arc<ProtectionDomain>,
     cache: Mutex<RegCache<Arc<MemoryRegion>>>,
+    relaxed: RelaxedOrdering,
 }
 
 impl std::fmt::Debug for Domain {
@@ -61,7 +63,7 @@ impl Drop for Pin {
     }
 }
 
-/// Access of data memory: RDMA, with PCIe relaxed ordering where the device takes it.
+/// Access of data memory: RDMA, with PCIe relaxed ordering or without.
 fn data_access(relaxed: bool) -> Access {
     if relaxed {
         Access::RDMA | Access::RELAXED_ORDERING
@@ -70,12 +72,45 @@ fn data_access(relaxed: bool) -> Access {
     }
 }
 
+/// Whether each try of a data registration asks for relaxed ordering, in order
+/// (`NCCL_IB_PCI_RELAXED_ORDERING`): `2` tries with it, then without it (an old library or device
+/// may refuse the flag); `1` only with it; `0` only without it.
+pub fn relaxed_tries(mode: RelaxedOrdering) -> &'static [bool] {
+    match mode {
+        RelaxedOrdering::Auto => &[true, false],
+        RelaxedOrdering::On => &[true],
+        RelaxedOrdering::Off => &[false],
+    }
+}
+
+/// Runs `reg` with each access [`relaxed_tries`] gives until one succeeds; the last error otherwise
+/// (with `1`, naming the knob).
+fn register_with<T>(mode: RelaxedOrdering, mut reg: impl FnMut(Access) -> Result<T>) -> Result<T> {
+    let mut last = None;
+    for &relaxed in relaxed_tries(mode) {
+        match reg(data_access(relaxed)) {
+            Ok(m) => return Ok(m),
+            Err(e) => last = Some(e),
+        }
+    }
+    let e = last.unwrap_or_else(|| Error::Internal("no registration was tried".into()));
+    Err(match mode {
+        RelaxedOrdering::On => e.context(
+            "registration with PCIe relaxed ordering (NCCL_IB_PCI_RELAXED_ORDERING=1; 2 falls back \
+             without it)",
+        ),
+        _ => e,
+    })
+}
+
 impl Domain {
-    /// Allocates the device's protection domain.
-    pub fn new(ctx: &Arc<Context>) -> Result<Arc<Domain>> {
+    /// Allocates the device's protection domain; data registrations use relaxed ordering as
+    /// `relaxed` says.
+    pub fn new(ctx: &Arc<Context>, relaxed: RelaxedOrdering) -> Result<Arc<Domain>> {
         Ok(Arc::new(Domain {
             pd: ProtectionDomain::new(ctx)?,
             cache: Mutex::new(RegCache::default()),
+            relaxed,
         }))
     }
 
@@ -90,8 +125,8 @@ impl Domain {
     }
 
     /// Registers `[addr, addr+len)` of host or GPU (peer-memory) memory: a cache hit takes a
-    /// reference; a miss registers the whole pages (outside the cache's lock), relaxed ordering
-    /// first, and files the region.
+    /// reference; a miss registers the whole pages (outside the cache's lock), with relaxed
+    /// ordering as [`relaxed_tries`] says, and files the region.
     ///
     /// # Safety
     /// The pages holding `addr..addr+len` must stay mapped until the returned [`Pin`] (and every
@@ -102,21 +137,16 @@ impl Domain {
             return Ok(self.pin(mr, Some(key)));
         }
         let (start, bytes) = (key.start as *mut u8, key.bytes() as usize);
-        let reg = |relaxed| {
+        let mr = register_with(self.relaxed, |access| {
             // SAFETY: the caller keeps the pages of the range mapped while a pin of them lives;
             // the whole pages are mapped when any byte in them is.
-            unsafe { MemoryRegion::register(&self.pd, start, bytes, data_access(relaxed)) }
-        };
-        // Relaxed ordering first; retried without the optional flag.
-        let mr = match reg(true) {
-            Ok(m) => m,
-            Err(_) => reg(false)?,
-        };
+            unsafe { MemoryRegion::register(&self.pd, start, bytes, access) }
+        })?;
         Ok(self.file(key, Arc::new(mr)))
     }
 
     /// Registers `len` bytes at `offset` of a DMA-BUF, addressed as `addr` (`ibv_reg_dmabuf_mr`),
-    /// relaxed ordering first as for host memory; cached when the range is page-aligned.
+    /// with relaxed ordering as for host memory; cached when the range is page-aligned.
     pub fn register_dmabuf(
         self: &Arc<Self>,
         addr: u64,
@@ -131,19 +161,9 @@ impl Domain {
                 return Ok(self.pin(mr, Some(key)));
             }
         }
-        let mr =
-            match MemoryRegion::register_dmabuf(&self.pd, offset, len, addr, fd, data_access(true))
-            {
-                Ok(m) => m,
-                Err(_) => MemoryRegion::register_dmabuf(
-                    &self.pd,
-                    offset,
-                    len,
-                    addr,
-                    fd,
-                    data_access(false),
-                )?,
-            };
+        let mr = register_with(self.relaxed, |access| {
+            MemoryRegion::register_dmabuf(&self.pd, offset, len, addr, fd, access)
+        })?;
         let mr = Arc::new(mr);
         Ok(if aligned {
             self.file(key, mr)
@@ -179,6 +199,54 @@ impl Domain {
                 self.pin(shared, Some(key))
             }
             Inserted::Uncached(mr) => self.pin(mr, None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn relaxed_ordering_tries_follow_the_knob() {
+        assert_eq!(relaxed_tries(RelaxedOrdering::Auto), &[true, false]);
+        assert_eq!(relaxed_tries(RelaxedOrdering::On), &[true]);
+        assert_eq!(relaxed_tries(RelaxedOrdering::Off), &[false]);
+        let relaxed = Access::RDMA | Access::RELAXED_ORDERING;
+        // A device that refuses the flag: 2 falls back, 1 fails naming the knob, 0 never asks.
+        let refuses = |mode| {
+            let mut seen = Vec::new();
+            let r = register_with(mode, |a| {
+                seen.push(a);
+                if a == relaxed {
+                    Err(Error::System("ibv_reg_mr: Invalid argument".into()))
+                } else {
+                    Ok(())
+                }
+            });
+            (r, seen)
+        };
+        let (r, seen) = refuses(RelaxedOrdering::Auto);
+        assert_eq!((r, seen), (Ok(()), vec![relaxed, Access::RDMA]));
+        let (r, seen) = refuses(RelaxedOrdering::On);
+        assert_eq!(seen, vec![relaxed]);
+        let e = r.unwrap_err().to_string();
+        assert!(
+            e.contains("NCCL_IB_PCI_RELAXED_ORDERING=1") && e.contains("Invalid argument"),
+            "{e}"
+        );
+        let (r, seen) = refuses(RelaxedOrdering::Off);
+        assert_eq!((r, seen), (Ok(()), vec![Access::RDMA]));
+        // A device that takes it: one try, with it, for 1 and 2.
+        for mode in [RelaxedOrdering::Auto, RelaxedOrdering::On] {
+            let mut seen = Vec::new();
+            register_with(mode, |a| {
+                seen.push(a);
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(seen, vec![relaxed]);
         }
     }
 }

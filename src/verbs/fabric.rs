@@ -2,7 +2,8 @@
 //!
 //! One endpoint of one connection: one RC QP (with its own CQ, shared by its send and receive queues)
 //! per data path, plus, when asked, one loopback QP per RDMA device for the GPU-direct flush (an RC QP
-//! connected to itself on the same port and GID, created at the first flush). Follows the checklist in `transport::fabric`:
+//! connected to itself on the same port and GID, created at the first GPU registration or the first
+//! flush). Follows the checklist in `transport::fabric`:
 //!
 //! * queue sizes: `max_send_wr` = [`SEND_QUEUE_DEPTH`] (576) + 4 (failback's mailbox writes),
 //!   `max_recv_wr` = [`RECV_DEPTH`] (256), CQ ≥ both together;
@@ -22,8 +23,8 @@
 //!   registration of it, the PD with the last connection and the factory.
 //!
 //! Life cycle: [`VerbsFabric::new`] creates the data QPs and moves them to INIT (receives may be
-//! posted); the loopback flush QPs are created at the first flush (a receive comm without GPU data
-//! never has them);
+//! posted); the loopback flush QPs are created at the first GPU registration (`prepare_flush`) or,
+//! failing that, at the first flush (a receive comm without GPU memory never has them);
 //! [`VerbsFabric::local_ends`] gives what the peer needs; [`VerbsFabric::connect`] moves every data QP
 //! to RTR then RTS towards the peer's ends. `NCCL_IB_QPS_PER_CONNECTION` is not folded in: one QP per
 //! path (striping over paths already spreads a connection).
@@ -138,7 +139,7 @@ impl Default for QpTuning {
     }
 }
 
-/// A loopback flush path of one device, created at the first flush.
+/// A loopback flush path of one device, created at the first GPU registration or flush.
 struct LoopSpec {
     /// Index into the fabric's `doms`.
     pd: usize,
@@ -169,7 +170,8 @@ pub struct VerbsFabric {
     ctrl: Vec<CtrlBlock>,
     /// Failback: the reconnect mailbox and each data path's rebuild (`fabric/revive.rs`).
     fb: revive::Failback,
-    /// The loopback flush paths to create at the first flush (after the data paths, in order).
+    /// The loopback flush paths to create at the first GPU registration or flush (after the data
+    /// paths, in order).
     loops: Vec<LoopSpec>,
     /// Data registrations (shared with `regMr` callers that register without the fabric).
     pinner: Arc<VerbsPinner>,
@@ -406,8 +408,9 @@ impl VerbsFabric {
         }
         f.alloc_mailbox()?;
         if loopback {
-            // The flush QPs are created at the first flush (`post_read`): a receive comm that never
-            // gets GPU data never has them. Their paths (and keys) exist from the start.
+            // The flush QPs are created at the first GPU registration (`prepare_flush`) or flush
+            // (`post_read`): a receive comm without GPU memory never has them. Their paths (and
+            // keys) exist from the start.
             for p in paths {
                 let pd = f.pd_for(&p.domain);
                 if f.loops.iter().any(|l| l.pd == pd) {
@@ -472,7 +475,7 @@ impl VerbsFabric {
                 ..RtsParams::default()
             })?;
             tracing::debug!(
-                "NET/switchless: {}: flush QP {:#x} created at the first flush",
+                "NET/switchless: {}: flush QP {:#x} created (first GPU registration or flush)",
                 ctx.name(),
                 qp.qp_num()
             );
@@ -816,6 +819,10 @@ impl Fabric for VerbsFabric {
             qp.post_rdma_writes(&reqs[..chunk.len()])?;
         }
         Ok(())
+    }
+
+    fn prepare_flush(&mut self) -> Result<()> {
+        self.ensure_loops()
     }
 
     fn post_read(&mut self, path: usize, wr: &ReadWr) -> Result<()> {

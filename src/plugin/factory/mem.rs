@@ -270,6 +270,9 @@ impl Fabric for MemConn {
     fn post_read(&mut self, path: usize, wr: &ReadWr) -> Result<()> {
         self.ep.post_read(path, wr)
     }
+    fn prepare_flush(&mut self) -> Result<()> {
+        self.ep.prepare_flush()
+    }
     fn post_recv(&mut self, path: usize, wr_id: u64) -> Result<()> {
         self.ep.post_recv(path, wr_id)
     }

@@ -677,6 +677,9 @@ impl Fabric for NetConn {
     fn post_read(&mut self, path: usize, wr: &ReadWr) -> Result<()> {
         each!(self, f => f.post_read(path, wr))
     }
+    fn prepare_flush(&mut self) -> Result<()> {
+        each!(self, f => f.prepare_flush())
+    }
     fn post_recv(&mut self, path: usize, wr_id: u64) -> Result<()> {
         each!(self, f => f.post_recv(path, wr_id))
     }

@@ -109,7 +109,7 @@ impl PathFactory for VerbsFactory {
         }
         let mut domains = BTreeMap::new();
         for (name, ctx) in &contexts {
-            match crate::verbs::Domain::new(ctx) {
+            match crate::verbs::Domain::new(ctx, config.ib_pci_relaxed_ordering) {
                 Ok(d) => {
                     domains.insert(name.clone(), d);
                 }

@@ -148,6 +148,9 @@ impl<F: Connectable> Fabric for Live<F> {
     fn post_read(&mut self, path: usize, wr: &ReadWr) -> Result<()> {
         self.inner.post_read(path, wr)
     }
+    fn prepare_flush(&mut self) -> Result<()> {
+        self.inner.prepare_flush()
+    }
     fn post_recv(&mut self, path: usize, wr_id: u64) -> Result<()> {
         self.inner.post_recv(path, wr_id)
     }

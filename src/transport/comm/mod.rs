@@ -721,6 +721,14 @@ impl<F: Fabric> Core<F> {
             return Err(err);
         }
         self.regs.insert(reg.token, reg.clone());
+        if kind == MemKind::Cuda {
+            // The first GPU registration (NCCL registers a recv comm's buffers right after accept)
+            // readies the flush, so the first iflush does not create QPs on the data path. A failure
+            // is not this registration's: the first flush tries again and reports it.
+            if let Err(e) = self.fab.prepare_flush() {
+                tracing::warn!("NET/switchless: flush path not ready at GPU registration: {e}");
+            }
+        }
         Ok(MemHandle {
             addr,
             len,

@@ -144,7 +144,23 @@ impl Fabric for MemEndpoint {
     }
 
     fn post_read(&mut self, path: usize, wr: &ReadWr) -> Result<()> {
+        if self
+            .paths
+            .get(path)
+            .is_some_and(|p| p.role == PathRole::Loopback)
+        {
+            self.prepare_flush()?;
+        }
         self.post(path, Op::Read(*wr))
+    }
+
+    fn prepare_flush(&mut self) -> Result<()> {
+        let loops = self.paths.iter().any(|p| p.role == PathRole::Loopback);
+        if loops && !self.flush_ready {
+            lock(&self.inner, LOCK)?.stats.flush_preps += 1;
+            self.flush_ready = true;
+        }
+        Ok(())
     }
 
     fn post_recv(&mut self, path: usize, wr_id: u64) -> Result<()> {

@@ -97,6 +97,9 @@ pub struct Stats {
     pub pinned_bytes: u64,
     /// The registration cache of the shared devices ([`MemFab::pair_on`]).
     pub cache: CacheStats,
+    /// Endpoints whose loopback flush paths were made ready (verbs creates their QPs then): at the
+    /// first GPU registration (`prepare_flush`) or the first read on a loopback path.
+    pub flush_preps: u64,
 }
 
 struct Region {
@@ -223,6 +226,8 @@ pub struct MemEndpoint {
     id: usize,
     paths: Vec<PathInfo>,
     pin_ns_per_page: u64,
+    /// The loopback paths were made ready (counted once in [`Stats::flush_preps`]).
+    flush_ready: bool,
 }
 
 /// One cached pin of a shared device: its key pair (valid on every path of the device) and bytes.
@@ -429,6 +434,7 @@ impl MemFab {
                 id: usize::MAX,
                 paths: Vec::new(),
                 pin_ns_per_page: 0,
+                flush_ready: false,
             };
             return (dead(), dead());
         };
@@ -469,6 +475,7 @@ impl MemFab {
                 id: me,
                 paths,
                 pin_ns_per_page: g.pin_ns_per_page,
+                flush_ready: false,
             }
         };
         let ea = mk(a, b, dev_a);
