@@ -456,6 +456,9 @@ pub struct Liveness {
     /// The last failure was TCP keepalive giving up: the socket's own link is unreachable, which
     /// says nothing about the peer's other links (see [`Liveness::unreachable`]).
     timed_out: bool,
+    /// Unit tests: the error the next check finds instead of asking the socket.
+    #[cfg(test)]
+    inject: Option<std::io::ErrorKind>,
 }
 
 /// How often [`Liveness::check`] looks at the socket (it is called on every poll of a comm).
@@ -478,7 +481,26 @@ impl Liveness {
             next_check: Instant::now(),
             closed_since: None,
             timed_out: false,
+            #[cfg(test)]
+            inject: None,
         })
+    }
+
+    /// Unit tests: a channel over `stream` whose next check finds `fail` (e.g. `TimedOut`, what
+    /// keepalive giving up reports) instead of asking the socket.
+    #[cfg(test)]
+    pub(crate) fn failing(stream: TcpStream, fail: std::io::ErrorKind) -> Liveness {
+        let peer = stream
+            .peer_addr()
+            .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)));
+        Liveness {
+            stream,
+            peer,
+            next_check: Instant::now(),
+            closed_since: None,
+            timed_out: false,
+            inject: Some(fail),
+        }
     }
 
     /// The peer's handshake address.
@@ -503,7 +525,14 @@ impl Liveness {
                 self.peer
             )))
         };
-        match peer_state(&self.stream) {
+        #[cfg(test)]
+        let state = match self.inject.take() {
+            Some(kind) => Err(std::io::Error::from(kind)),
+            None => peer_state(&self.stream),
+        };
+        #[cfg(not(test))]
+        let state = peer_state(&self.stream);
+        match state {
             Ok(PeerState::Quiet) => Ok(()),
             Ok(PeerState::Data) => {
                 // Nothing is due on this socket; drop what came so an end of stream behind it shows.
