@@ -506,6 +506,7 @@ impl<F: Fabric> Core<F> {
         if !self.paths.can_fail_over(k) {
             return false;
         }
+        self.refresh_labels();
         let before = self.paths.up_mbps();
         self.paths.set_down(k, now);
         self.newly_down.push(k);
@@ -543,11 +544,33 @@ impl<F: Fabric> Core<F> {
         true
     }
 
+    /// Takes the paths' labels from the fabric again: they change when a path is rebuilt (a new
+    /// queue pair) or, for TCP, once the streams are connected after the comm was built.
+    fn refresh_labels(&mut self) {
+        for (l, p) in self.labels.iter_mut().zip(self.fab.paths()) {
+            if *l != p.label {
+                l.clone_from(&p.label);
+            }
+        }
+    }
+
     /// While waiting with nothing to poll: asks the devices what they saw ([`Fabric::health`]),
     /// then about each usable data path, and fails over from those reported dead. A health error
     /// is returned only when no path it could be about was marked down (it concerns the connection).
     fn check_health(&mut self, now: Instant) -> Result<()> {
         let overall = self.fab.health();
+        let marked = self.check_paths(now);
+        match overall {
+            Err(e) if !marked => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Asks about each usable data path ([`Fabric::path_health`]) and fails over from those
+    /// reported dead; `true` when one was marked down. The receiving side calls this alone while
+    /// nothing completes: its clear-to-send writes on a link that died silently would otherwise
+    /// vanish (TCP hands them to the kernel, which retransmits for minutes).
+    fn check_paths(&mut self, now: Instant) -> bool {
         let mut marked = false;
         if self.cfg.failover.enabled && self.paths.up_count() > 1 {
             for k in 0..self.paths.len() {
@@ -559,10 +582,7 @@ impl<F: Fabric> Core<F> {
                 }
             }
         }
-        match overall {
-            Err(e) if !marked => Err(e),
-            _ => Ok(()),
-        }
+        marked
     }
 
     /// Probes the failed paths that are due (failback). Returns the data paths whose end was just
@@ -587,6 +607,8 @@ impl<F: Fabric> Core<F> {
                 }
                 Revive::Pending => self.paths.rebuilt(k, now, false),
                 Revive::Ready => {
+                    // A rebuilt path has a new label (verbs: its new QP number).
+                    self.refresh_labels();
                     let stood_in: Vec<usize> = self.paths.carrying().collect();
                     self.paths.set_up(k);
                     self.warned[path] = false;
@@ -733,8 +755,9 @@ impl<F: Fabric> Core<F> {
     fn poll_all(
         &mut self,
         mut f: impl FnMut(&mut Core<F>, usize, Completion) -> Result<()>,
-    ) -> Result<()> {
+    ) -> Result<usize> {
         let npaths = self.fab.paths().len();
+        let mut total = 0;
         for path in 0..npaths {
             // Bounded: at most the queue depth worth of completions per call.
             for _ in 0..(SEND_QUEUE_DEPTH + RECV_DEPTH) / POLL_BATCH + 1 {
@@ -757,12 +780,13 @@ impl<F: Fabric> Core<F> {
                 }
                 self.cqe = buf;
                 res?;
+                total += got;
                 if got < POLL_BATCH {
                     break;
                 }
             }
         }
-        Ok(())
+        Ok(total)
     }
 
     fn close(&mut self) -> Result<()> {
