@@ -114,6 +114,11 @@ pub struct Connector {
 }
 
 impl Connector {
+    /// The secret the connection's fabrics get ([`ConnectMachine::fabric_secret`]).
+    pub fn fabric_secret(&self) -> super::auth::ConnSecret {
+        self.machine.fabric_secret()
+    }
+
     /// Starts connecting to the listener described by `handle` over `paths`; see
     /// [`ConnectMachine::for_handle`]. The first connection is opened here; an error if every target
     /// fails at once.
@@ -579,6 +584,11 @@ pub struct Incoming {
 }
 
 impl Incoming {
+    /// The secret the connection's fabrics get ([`AcceptMachine::fabric_secret`]).
+    pub fn fabric_secret(&self) -> super::auth::ConnSecret {
+        self.machine.fabric_secret()
+    }
+
     /// The connector's TCP address.
     pub fn peer(&self) -> SocketAddr {
         self.machine.peer()
