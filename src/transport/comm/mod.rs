@@ -226,6 +226,8 @@ pub const MAX_WR_BYTES: u64 = 1 << 30;
 /// Largest message (the size record's 48 bits).
 pub const MAX_MESSAGE_BYTES: u64 = wire::RECORD_SIZE_MASK;
 const POLL_BATCH: usize = 16;
+/// How often a comm whose polls keep finding completions still asks about each path's health.
+const PATH_CHECK_BUSY: Duration = Duration::from_millis(10);
 
 /// Protocol knobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -399,6 +401,8 @@ struct Core<F: Fabric> {
     /// Data paths marked down whose work the comm has not moved yet.
     newly_down: Vec<usize>,
     labels: Vec<String>,
+    /// When [`Core::check_paths`] last ran from a poll ([`Core::check_paths_busy`]).
+    paths_checked: Option<Instant>,
     warned: Vec<bool>,
     cqe: Vec<Completion>,
     ctrl: Vec<CtrlMem>,
@@ -478,6 +482,7 @@ impl<F: Fabric> Core<F> {
             data,
             loops,
             labels,
+            paths_checked: None,
             cqe: Vec::with_capacity(POLL_BATCH),
             ctrl: Vec::new(),
             regs: std::collections::HashMap::new(),
@@ -567,9 +572,10 @@ impl<F: Fabric> Core<F> {
     }
 
     /// Asks about each usable data path ([`Fabric::path_health`]) and fails over from those
-    /// reported dead; `true` when one was marked down. The receiving side calls this alone while
-    /// nothing completes: its clear-to-send writes on a link that died silently would otherwise
-    /// vanish (TCP hands them to the kernel, which retransmits for minutes).
+    /// reported dead; `true` when one was marked down. Both comms also call it from their
+    /// progress ([`Core::check_paths_busy`]): work on a link that died silently completes
+    /// nothing (TCP keeps it in a send queue that retransmits for minutes), so neither a waiting
+    /// receiver's clear-to-send nor a sender's pieces would ever move otherwise.
     fn check_paths(&mut self, now: Instant) -> bool {
         let mut marked = false;
         if self.cfg.failover.enabled && self.paths.up_count() > 1 {
@@ -583,6 +589,19 @@ impl<F: Fabric> Core<F> {
             }
         }
         marked
+    }
+
+    /// [`Core::check_paths`] from a comm's progress: when the poll found nothing, and at least
+    /// every [`PATH_CHECK_BUSY`] while completions keep coming on other paths (a path whose link
+    /// died silently completes nothing, while its survivors do).
+    fn check_paths_busy(&mut self, now: Instant, polled: usize) {
+        let due = self
+            .paths_checked
+            .is_none_or(|t| now.saturating_duration_since(t) >= PATH_CHECK_BUSY);
+        if polled == 0 || due {
+            self.paths_checked = Some(now);
+            self.check_paths(now);
+        }
     }
 
     /// Probes the failed paths that are due (failback). Returns the data paths whose end was just

@@ -436,10 +436,8 @@ impl<F: Fabric> RecvComm<F> {
             }
             Ok(())
         })?;
-        if polled == 0 {
-            // Nothing completes: a path whose link died silently shows up here, not in a completion.
-            self.core.check_paths(now);
-        }
+        // A path whose link died silently shows up here, not in a completion.
+        self.core.check_paths_busy(now, polled);
         self.fail_over(now);
         let mut rebuilt = Vec::new();
         self.core.probe(now, &mut rebuilt)?;
