@@ -63,6 +63,8 @@ pub(super) struct Redial {
 
 struct Listening {
     listeners: Vec<TcpListener>,
+    /// When `path_health` last looked at the listeners (at most every [`LINK_CHECK_EVERY`]).
+    looked: Option<Instant>,
     /// Accepted connections whose hello is still arriving (at most [`MAX_PENDING_STREAMS`]).
     pending: Vec<PendingHello>,
     drops: DropLog,
@@ -105,6 +107,7 @@ impl Redial {
     ) -> Redial {
         let listening = (!listeners.is_empty()).then(|| Listening {
             listeners,
+            looked: None,
             pending: Vec::new(),
             drops: DropLog::default(),
         });
@@ -272,7 +275,15 @@ impl TcpFabric {
             Some(r) => match r.link_down(path) {
                 Some(why) => Some(format!("its link is down ({why})")),
                 None => {
-                    r.accept();
+                    // Cheap when called often: the listeners are looked at every 10 ms at most.
+                    let now = Instant::now();
+                    if let Some(l) = r.listening.as_mut()
+                        && l.looked
+                            .is_none_or(|t| now.duration_since(t) >= LINK_CHECK_EVERY)
+                    {
+                        l.looked = Some(now);
+                        r.accept();
+                    }
                     r.paths[path]
                         .arriving
                         .as_ref()
