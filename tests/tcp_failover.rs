@@ -212,3 +212,63 @@ fn a_link_that_goes_down_silently_fails_over_then_back() {
     g.s.close().unwrap();
     g.r.close().unwrap();
 }
+
+/// Whether the other end closed or reset `s` (it never sends a stranger anything).
+fn ended(mut s: &std::net::TcpStream) -> bool {
+    use std::io::{ErrorKind, Read};
+    let mut b = [0u8; 8];
+    match s.read(&mut b) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut),
+    }
+}
+
+/// The listener an acceptor keeps for rebuilds lets no stranger in: a stream with the wrong nonce
+/// (the hello's generation 1 claims a rebuild) and one that sends garbage are closed, the
+/// connection carries on over both paths with the streams it has.
+#[test]
+fn a_foreign_reconnect_stream_is_closed_and_changes_nothing() {
+    use std::io::Write;
+    use switchless::transport::tcp::frame::HelloRepr;
+    let mut g = rig(None);
+    stream(&mut g, 16, 64 << 10, |_, _| {});
+    let ports = g.r.fabric().rebuild_ports();
+    assert_eq!(ports.len(), 2, "the acceptor keeps one listener per path");
+    assert!(
+        g.s.fabric().rebuild_ports().is_empty(),
+        "the connector listens on nothing"
+    );
+    let hello = HelloRepr {
+        npaths: 2,
+        path: 0,
+        nstreams: 2,
+        stream: 0,
+        nonce: 12345,
+        generation: 1,
+    }
+    .to_bytes();
+    let mut forged = std::net::TcpStream::connect(("127.0.0.1", ports[0])).unwrap();
+    forged.write_all(&hello).unwrap();
+    let mut garbage = std::net::TcpStream::connect(("127.0.0.1", ports[1])).unwrap();
+    garbage.write_all(&[0xAB; 24]).unwrap();
+    for s in [&forged, &garbage] {
+        s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+    }
+    // The acceptor looks at its listeners while the comms run; both strangers are closed.
+    let t = Instant::now();
+    let mut closed = [false, false];
+    while closed != [true, true] {
+        assert!(t.elapsed() < DEADLINE, "a stranger's stream stayed open");
+        stream(&mut g, 4, 64 << 10, |_, _| {});
+        for (c, s) in closed.iter_mut().zip([&forged, &garbage]) {
+            *c = *c || ended(s);
+        }
+    }
+    assert_eq!(g.s.paths_up(), [true, true]);
+    assert_eq!(g.r.paths_up(), [true, true]);
+    assert_eq!(g.r.fabric().path_generation(0), 0);
+    assert_eq!(g.r.fabric().path_generation(1), 0);
+    g.s.close().unwrap();
+    g.r.close().unwrap();
+}

@@ -259,6 +259,20 @@ impl TcpFabric {
         }
     }
 
+    /// The ports of the listeners an accepting endpoint keeps for rebuilds, per path (empty for a
+    /// connector, or before the streams are connected).
+    pub fn rebuild_ports(&self) -> Vec<u16> {
+        self.redial
+            .as_ref()
+            .and_then(|r| r.listening.as_ref())
+            .map_or_else(Vec::new, |l| {
+                l.listeners
+                    .iter()
+                    .map(|x| x.local_addr().map_or(0, |a| a.port()))
+                    .collect()
+            })
+    }
+
     /// Generation of data path `path`'s streams: 0 as set up, one more with every rebuild.
     pub fn path_generation(&self, path: usize) -> u32 {
         self.redial
