@@ -53,6 +53,7 @@ fn hellos() -> Vec<HelloRepr> {
             nstreams: 1,
             stream: 0,
             nonce: 5,
+            generation: 0,
         },
         HelloRepr {
             npaths: 16,
@@ -60,6 +61,7 @@ fn hellos() -> Vec<HelloRepr> {
             nstreams: MAX_STREAMS as u8,
             stream: MAX_STREAMS as u8 - 1,
             nonce: u64::MAX - 7,
+            generation: u32::MAX,
         },
     ]
 }
@@ -94,8 +96,9 @@ fn mutate(rng: &mut Rng, b: &mut Vec<u8>) {
             }
             4 => b.truncate(rng.below(b.len() + 1)),
             5 if b.len() >= 16 => {
-                // Reserved bytes of the header (36..40) or of the hello (9..16).
-                let j = [36, 37, 38, 39, 9, 12, 15][rng.below(7)];
+                // Reserved bytes of the header (36..40) or of the hello (13..16), or the
+                // hello's generation (9..13).
+                let j = [36, 37, 38, 39, 9, 12, 13, 15][rng.below(8)];
                 if j < b.len() {
                     b[j] = rng.next() as u8;
                 }
@@ -158,8 +161,8 @@ fn mutated_hellos_never_panic_and_reencode_exactly() {
             Ok(h) => {
                 ok += 1;
                 let again = h.to_bytes();
-                assert_eq!(&again[..9], &b[..9]);
-                assert_eq!(&again[9..16], &[0; 7]);
+                assert_eq!(&again[..13], &b[..13]);
+                assert_eq!(&again[13..16], &[0; 3]);
                 assert_eq!(&again[16..HELLO_LEN], &b[16..HELLO_LEN]);
                 let v = Hello::new_checked(&again[..]).unwrap();
                 assert_eq!(HelloRepr::parse(&v).unwrap(), h);

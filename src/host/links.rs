@@ -108,3 +108,63 @@ fn min_opt(a: Option<u32>, b: Option<u32>) -> Option<u32> {
         (a, b) => a.or(b),
     }
 }
+
+/// Whether a netdev's link is down, from its sysfs `operstate` and `carrier` (`None` when the
+/// carrier file cannot be read, as for an interface set administratively down): `Some(why)` when
+/// it is. `unknown` (drivers that do not report, loopback) and `dormant` count as up: only a state
+/// that says no frame can pass is down.
+pub fn link_down(operstate: &str, carrier: Option<&str>) -> Option<String> {
+    let oper = operstate.trim();
+    if matches!(oper, "down" | "lowerlayerdown" | "notpresent") {
+        return Some(format!("operstate {oper}"));
+    }
+    (carrier.map(str::trim) == Some("0")).then(|| "carrier 0".to_string())
+}
+
+/// [`link_down`] of netdev `name` read through `reader` (`/sys/class/net/<name>/…`); `None` too
+/// when there is no such netdev (nothing to judge by).
+pub fn netdev_link_down(reader: &super::Reader, name: &str) -> Option<String> {
+    if name.is_empty() || name.contains('/') {
+        return None;
+    }
+    let dir = format!("/sys/class/net/{name}");
+    let oper = reader.read(&format!("{dir}/operstate")).ok()?;
+    let carrier = reader.read(&format!("{dir}/carrier")).ok();
+    link_down(&oper, carrier.as_deref()).map(|why| format!("{name}: {why}"))
+}
+
+#[cfg(test)]
+mod link_state_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_link_is_down_by_its_operstate_or_its_carrier() {
+        assert_eq!(link_down("up\n", Some("1\n")), None);
+        assert_eq!(link_down("unknown", None), None);
+        assert_eq!(link_down("dormant", Some("1")), None);
+        assert_eq!(link_down("up", Some("0")), Some("carrier 0".into()));
+        assert_eq!(
+            link_down("lowerlayerdown", Some("0")),
+            Some("operstate lowerlayerdown".into())
+        );
+        // Set down by hand: the carrier file refuses to be read.
+        assert_eq!(link_down("down", None), Some("operstate down".into()));
+    }
+
+    #[test]
+    fn a_netdev_is_read_under_the_root() {
+        let dir = std::env::temp_dir().join(format!("swl-linkstate-{}", std::process::id()));
+        let net = dir.join("sys/class/net/to2");
+        std::fs::create_dir_all(&net).unwrap();
+        std::fs::write(net.join("operstate"), "up\n").unwrap();
+        std::fs::write(net.join("carrier"), "0\n").unwrap();
+        let r = crate::host::Reader::new(&dir);
+        assert_eq!(netdev_link_down(&r, "to2"), Some("to2: carrier 0".into()));
+        assert_eq!(netdev_link_down(&r, "absent"), None);
+        assert_eq!(netdev_link_down(&r, "../x"), None);
+        std::fs::write(net.join("carrier"), "1\n").unwrap();
+        assert_eq!(netdev_link_down(&r, "to2"), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -105,6 +105,39 @@ pub fn peer_state(sock: &impl AsRawFd) -> io::Result<PeerState> {
     }
 }
 
+/// Bytes handed to the kernel on a TCP socket that the peer has not acknowledged yet (sent or
+/// not: `SIOCOUTQ`, the send queue from `snd_una` to `write_seq`). Bytes written minus this is
+/// what the peer's kernel holds: what survives the link dying.
+pub fn unacked_bytes(sock: &impl AsRawFd) -> io::Result<u64> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ (TIOCOUTQ) writes one c_int through the pointer, which points at `n`, a
+    // live c_int on the stack; the fd is borrowed from a live socket.
+    syscall!(ioctl(
+        sock.as_raw_fd(),
+        libc::TIOCOUTQ,
+        &mut n as *mut libc::c_int
+    ))?;
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
+/// Aborts a TCP connection without closing the fd: `connect` to `AF_UNSPEC` dissolves it
+/// (`tcp_disconnect`: a reset to the peer, the send and receive queues purged), so nothing this
+/// end handed to the kernel is delivered later, even when the link comes back.
+pub fn abort(sock: &impl AsRawFd) -> io::Result<()> {
+    // SAFETY: an all-zero `sockaddr` is a valid value of the plain C struct; only its family is
+    // set.
+    let mut addr: libc::sockaddr = unsafe { std::mem::zeroed() };
+    addr.sa_family = libc::AF_UNSPEC as libc::sa_family_t;
+    // SAFETY: `addr` is a live sockaddr on the stack and the length passed is its size; the fd is
+    // borrowed from a live socket.
+    syscall!(connect(
+        sock.as_raw_fd(),
+        &addr as *const libc::sockaddr,
+        std::mem::size_of::<libc::sockaddr>() as libc::socklen_t
+    ))?;
+    Ok(())
+}
+
 fn set_int(
     sock: &impl AsRawFd,
     level: libc::c_int,

@@ -20,7 +20,8 @@
 //!   with a fresh queue pair (the old one may hold receives or be connected to the wrong QPN).
 //!
 //! Messages carry a version and a 128-bit keyed BLAKE3 tag over their words, keyed by a
-//! [`BindKey`] both ends derive from what the authenticated handshake gave them; a message with
+//! [`BindKey`] both ends derive from the connection's secret (from the handshake's key, never on
+//! the wire) and the handshake parameters; a message with
 //! another version, another key, another path or from this end itself is ignored and counted.
 #![forbid(unsafe_code)]
 
@@ -63,16 +64,19 @@ impl std::fmt::Debug for BindKey {
 }
 
 impl BindKey {
-    /// The key and this end's side from this end's handshake parameters `mine` and the peer's
-    /// `theirs` (opaque bytes, the same two byte strings at both ends, swapped): the lower of the
-    /// two goes first into the key, so both ends derive the same key and opposite sides.
-    pub fn derive(mine: &[u8], theirs: &[u8]) -> (BindKey, Side) {
+    /// The key and this end's side from the connection's `secret` (the handshake's
+    /// `ConnSecret`: someone who recorded the handshake does not have it), this end's handshake
+    /// parameters `mine` and the peer's `theirs` (opaque bytes, the same two byte strings at both
+    /// ends, swapped): the lower of the two goes first into the key, so both ends derive the same
+    /// key and opposite sides.
+    pub fn derive(secret: &[u8; 32], mine: &[u8], theirs: &[u8]) -> (BindKey, Side) {
         let (side, first, second) = if mine <= theirs {
             (Side::Low, mine, theirs)
         } else {
             (Side::High, theirs, mine)
         };
         let mut h = blake3::Hasher::new_derive_key(KEY_CONTEXT);
+        h.update(secret);
         h.update(&(first.len() as u64).to_be_bytes());
         h.update(first);
         h.update(second);
@@ -424,10 +428,11 @@ mod tests {
     use super::*;
 
     const EMPTY: [u64; MSG_WORDS] = [0; MSG_WORDS];
+    const SECRET: [u8; 32] = [0x5a; 32];
 
     fn pair() -> (Reviver, Reviver) {
-        let (ka, sa) = BindKey::derive(b"end a", b"end b");
-        let (kb, sb) = BindKey::derive(b"end b", b"end a");
+        let (ka, sa) = BindKey::derive(&SECRET, b"end a", b"end b");
+        let (kb, sb) = BindKey::derive(&SECRET, b"end b", b"end a");
         assert_ne!(sa, sb);
         (Reviver::new(1, sa, ka), Reviver::new(1, sb, kb))
     }
@@ -526,7 +531,7 @@ mod tests {
     #[test]
     fn wrong_key_version_path_or_side_is_refused() {
         let (mut a, _) = pair();
-        let (kx, sx) = BindKey::derive(b"end b", b"someone else");
+        let (kx, sx) = BindKey::derive(&SECRET, b"end b", b"someone else");
         let mut forger = Reviver::new(1, sx, kx);
         let _ = forger.poll(true, &EMPTY);
         forger.created(End { qpn: 9, psn: 9 });
@@ -643,13 +648,37 @@ mod tests {
         assert_eq!((a.attempts(), b.attempts()), (2, 2));
     }
 
+    /// Someone who recorded the handshake knows both ends' parameters but not the connection's
+    /// secret: a message tagged with a key derived from the right parameters and another secret
+    /// is refused.
+    #[test]
+    fn a_tag_made_without_the_connection_secret_is_refused() {
+        let (mut a, _) = pair();
+        let (kx, sx) = BindKey::derive(&[0u8; 32], b"end b", b"end a");
+        assert_eq!(sx, Side::High, "the forger picks the right side");
+        let mut forger = Reviver::new(1, sx, kx);
+        let _ = forger.poll(true, &EMPTY);
+        forger.created(End { qpn: 9, psn: 9 });
+        let forged = forger.outbox().unwrap_or(EMPTY);
+        assert_ne!(forged, EMPTY);
+        assert!(!a.peer_restarted(&forged), "a forged offer starts nothing");
+        assert_eq!(a.refused(), 1);
+        // The genuine peer's message is taken.
+        let (_, mut b) = pair();
+        let _ = b.poll(true, &EMPTY);
+        b.created(End { qpn: 5, psn: 5 });
+        let good = b.outbox().unwrap_or(EMPTY);
+        assert!(a.peer_restarted(&good));
+    }
+
     #[test]
     fn keys_are_symmetric_and_sides_opposite() {
-        let (k1, s1) = BindKey::derive(b"x", b"y");
-        let (k2, s2) = BindKey::derive(b"y", b"x");
+        let (k1, s1) = BindKey::derive(&SECRET, b"x", b"y");
+        let (k2, s2) = BindKey::derive(&SECRET, b"y", b"x");
         assert_eq!(k1.0, k2.0);
         assert_eq!((s1, s2), (Side::Low, Side::High));
-        assert_ne!(BindKey::derive(b"x", b"z").0.0, k1.0);
+        assert_ne!(BindKey::derive(&SECRET, b"x", b"z").0.0, k1.0);
+        assert_ne!(BindKey::derive(&[0; 32], b"x", b"y").0.0, k1.0);
         assert_eq!(format!("{k1:?}"), "BindKey(..)");
     }
 }

@@ -588,8 +588,14 @@ impl VerbsFabric {
     }
 
     /// Moves every data QP to RTR towards `peer[i]` (path MTU = min of the two active MTUs), then to
-    /// RTS, with the configured timeout, retries, traffic class and SL.
-    pub fn connect(&self, peer: &[RemoteEnd], tuning: &QpTuning) -> Result<()> {
+    /// RTS, with the configured timeout, retries, traffic class and SL. `secret` (the connection's,
+    /// from the handshake) keys the reconnect messages of failback.
+    pub fn connect(
+        &self,
+        peer: &[RemoteEnd],
+        tuning: &QpTuning,
+        secret: &crate::transport::handshake::auth::ConnSecret,
+    ) -> Result<()> {
         if peer.len() != self.local.len() {
             return Err(Error::Remote(format!(
                 "the peer sent parameters for {} paths; this connection has {}",
@@ -618,7 +624,7 @@ impl VerbsFabric {
             })
             .map_err(|e| context(e, &format!("path {i} ({})", self.infos[i].label)))?;
         }
-        self.remember_peer(peer, tuning);
+        self.remember_peer(peer, tuning, secret);
         Ok(())
     }
 

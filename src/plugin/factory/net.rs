@@ -12,8 +12,8 @@
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::os::fd::BorrowedFd;
 use std::path::Path;
-use std::sync::Mutex;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 
 use super::verbs::VerbsFactory;
 use crate::config::{Config, TcpStreams, TransportMode};
@@ -308,6 +308,20 @@ pub struct TcpConn {
     cfg: TcpConfig,
     local: Vec<PathParams>,
     peer: Mutex<Option<Vec<PathParams>>>,
+    /// Each path's local netdev, whose carrier tells a link that went down silently.
+    netdevs: Vec<String>,
+}
+
+/// A TCP path's link state from sysfs (`carrier`, `operstate` of its local netdev).
+struct SysfsLinks {
+    netdevs: Vec<String>,
+    reader: crate::host::Reader,
+}
+
+impl tcp::LinkCheck for SysfsLinks {
+    fn down(&self, path: usize) -> Option<String> {
+        crate::host::links::netdev_link_down(&self.reader, self.netdevs.get(path)?)
+    }
 }
 
 impl std::fmt::Debug for TcpConn {
@@ -380,6 +394,7 @@ impl TcpConn {
             cfg: cfg.clone(),
             local,
             peer: Mutex::new(None),
+            netdevs: paths.iter().map(|p| p.local.netdev.clone()).collect(),
         })
     }
 
@@ -407,6 +422,16 @@ impl TcpConn {
             return Err(not_ready());
         }
         self.fab_mut()
+    }
+
+    /// The connected endpoint: its paths' links are judged by sysfs from now on.
+    fn ready(&mut self, mut f: TcpFabric) {
+        f.set_link_check(Arc::new(SysfsLinks {
+            netdevs: self.netdevs.clone(),
+            reader: crate::host::Reader::new(Path::new("/")),
+        }));
+        self.fab = Some(f);
+        self.setup = Setup::Ready;
     }
 
     fn take_pre(&mut self) -> Result<TcpFabric> {
@@ -466,10 +491,7 @@ impl Connectable for TcpConn {
                         (None, _) => return Err(not_ready()),
                     };
                     match a.poll()? {
-                        Some(f) => {
-                            self.fab = Some(f);
-                            self.setup = Setup::Ready;
-                        }
+                        Some(f) => self.ready(f),
                         None => {
                             self.setup = Setup::Accepting(Some(a));
                             return Ok(false);
@@ -506,10 +528,7 @@ impl Connectable for TcpConn {
                         return Err(not_ready());
                     };
                     match c.poll()? {
-                        Some(f) => {
-                            self.fab = Some(f);
-                            self.setup = Setup::Ready;
-                        }
+                        Some(f) => self.ready(f),
                         None => {
                             self.setup = Setup::Connecting(Some(c));
                             return Ok(false);
@@ -577,6 +596,21 @@ impl Fabric for TcpConn {
         match self.fab.as_mut() {
             Some(f) => f.poll(path, max, out),
             None => Ok(0),
+        }
+    }
+    fn path_note(&self, path: usize) -> Option<String> {
+        self.tcp().and_then(|f| f.path_note(path))
+    }
+    fn path_health(&mut self, path: usize) -> Result<()> {
+        match self.fab.as_mut() {
+            Some(f) if matches!(self.setup, Setup::Ready) => f.path_health(path),
+            _ => Ok(()),
+        }
+    }
+    fn revive_path(&mut self, path: usize) -> Result<crate::transport::fabric::Revive> {
+        match self.fab.as_mut() {
+            Some(f) if matches!(self.setup, Setup::Ready) => f.revive_path(path),
+            _ => Ok(crate::transport::fabric::Revive::Down),
         }
     }
     fn shutdown(&mut self) -> Result<()> {

@@ -230,7 +230,7 @@ impl Connectable for VerbsFabric {
             timeout: qp.timeout,
             retry_cnt: qp.retry_cnt,
         };
-        self.connect(&ends, &tuning)
+        self.connect(&ends, &tuning, &opts.secret)
     }
 
     fn path_mtu(&self, i: usize, peer: &PathParams) -> u32 {

@@ -150,7 +150,10 @@ impl<P: PathFactory> Switchless<P> {
             })
             .collect();
         let peer: Vec<PathParams> = inc.paths().iter().map(|p| p.peer_params.clone()).collect();
-        let opts = self.opts(info, dev, true);
+        let opts = ConnOptions {
+            secret: inc.fabric_secret(),
+            ..self.opts(info, dev, true)
+        };
         match self.build_recv(&plans, &peer, &opts, &inc.hello().params.extra) {
             Ok((rc, local)) => {
                 inc.respond(SideParams {

@@ -517,7 +517,13 @@ impl<P: PathFactory> Switchless<P> {
                         .map_err(|e| step_error(e, &s.peer, "reading its control info"))?;
                     s.comm
                         .fabric()
-                        .connect_peer(&side.paths, &s.opts)
+                        .connect_peer(
+                            &side.paths,
+                            &ConnOptions {
+                                secret: s.connector.fabric_secret(),
+                                ..s.opts
+                            },
+                        )
                         .map_err(|e| step_error(e, &s.peer, "bringing the QPs to RTR/RTS"))?;
                     s.comm.connect(ctrl)?;
                     s.remote = Some(side.paths);

@@ -181,3 +181,110 @@ impl<F: Connectable> Fabric for Live<F> {
         self.inner.revive_path(path)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::error::Error;
+    use crate::transport::fabric::{PathInfo, PathRole};
+    use std::net::{TcpListener, TcpStream};
+
+    /// An endpoint with `n` data paths that does nothing (only `Live::check` is under test).
+    struct Stub(Vec<PathInfo>);
+
+    fn nope<T>() -> Result<T> {
+        Err(Error::Internal("stub".into()))
+    }
+
+    impl Connectable for Stub {
+        fn local_params(&self) -> Vec<PathParams> {
+            Vec::new()
+        }
+        fn connect_peer(&self, _: &[PathParams], _: &ConnOptions) -> Result<()> {
+            Ok(())
+        }
+        fn path_mtu(&self, _: usize, p: &PathParams) -> u32 {
+            p.mtu
+        }
+    }
+
+    impl Fabric for Stub {
+        fn paths(&self) -> &[PathInfo] {
+            &self.0
+        }
+        fn register(&mut self, _: u64, _: usize, _: MemKind) -> Result<Registration> {
+            nope()
+        }
+        fn deregister(&mut self, _: &Registration) -> Result<()> {
+            nope()
+        }
+        fn alloc_ctrl(&mut self, _: usize) -> Result<CtrlMem> {
+            nope()
+        }
+        fn free_ctrl(&mut self, _: &CtrlMem) -> Result<()> {
+            nope()
+        }
+        fn ctrl_load(&self, _: u64, _: Ordering) -> Result<u64> {
+            nope()
+        }
+        fn ctrl_store(&self, _: u64, _: u64, _: Ordering) -> Result<()> {
+            nope()
+        }
+        fn post_write(&mut self, _: usize, _: &WriteWr) -> Result<()> {
+            nope()
+        }
+        fn post_read(&mut self, _: usize, _: &ReadWr) -> Result<()> {
+            nope()
+        }
+        fn post_recv(&mut self, _: usize, _: u64) -> Result<()> {
+            nope()
+        }
+        fn poll(&mut self, _: usize, _: usize, _: &mut Vec<Completion>) -> Result<usize> {
+            Ok(0)
+        }
+        fn shutdown(&mut self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    fn live(paths: usize, fail: std::io::ErrorKind) -> (Live<Stub>, TcpListener) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let s = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let infos = (0..paths)
+            .map(|i| PathInfo {
+                label: format!("cable{i}"),
+                speed_mbps: 100_000,
+                role: PathRole::Data,
+            })
+            .collect();
+        let mut c = Live::new(Stub(infos));
+        c.watch(Liveness::failing(s, fail));
+        assert!(c.watching());
+        (c, l)
+    }
+
+    #[test]
+    fn a_keepalive_timeout_with_other_paths_drops_the_channel_not_the_connection() {
+        let (mut c, _l) = live(2, std::io::ErrorKind::TimedOut);
+        c.health().unwrap();
+        assert!(!c.watching(), "the unreachable channel is dropped");
+        // And stays dropped: nothing fails later.
+        c.health().unwrap();
+    }
+
+    #[test]
+    fn a_keepalive_timeout_on_the_only_path_fails_the_connection() {
+        let (mut c, _l) = live(1, std::io::ErrorKind::TimedOut);
+        let e = c.health().unwrap_err().to_string();
+        assert!(e.contains("is gone") && e.contains("[0] cable0"), "{e}");
+    }
+
+    #[test]
+    fn a_reset_fails_the_connection_whatever_its_paths() {
+        let (mut c, _l) = live(2, std::io::ErrorKind::ConnectionReset);
+        let e = c.health().unwrap_err().to_string();
+        assert!(e.contains("is gone") && e.contains("[1] cable1"), "{e}");
+        assert!(c.watching());
+    }
+}

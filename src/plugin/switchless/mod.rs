@@ -103,6 +103,9 @@ pub struct ConnOptions {
     pub gpu: bool,
     /// Queue-pair attributes.
     pub qp: QpAttrs,
+    /// The connection's secret from the handshake (set for `connect_peer`; zero before): the
+    /// verbs reconnect mailbox keys its tags with it.
+    pub secret: crate::transport::handshake::auth::ConnSecret,
 }
 
 /// The host as the backend sees it at `init`.
@@ -415,6 +418,7 @@ impl<P: PathFactory> Switchless<P> {
             loopback: receiving && self.registers_gpu(dev),
             gpu: self.gpu_memory(dev),
             qp: QpAttrs::from_config(&self.view.config, tc),
+            secret: Default::default(),
         }
     }
 }

@@ -226,6 +226,8 @@ pub const MAX_WR_BYTES: u64 = 1 << 30;
 /// Largest message (the size record's 48 bits).
 pub const MAX_MESSAGE_BYTES: u64 = wire::RECORD_SIZE_MASK;
 const POLL_BATCH: usize = 16;
+/// How often a comm whose polls keep finding completions still asks about each path's health.
+const PATH_CHECK_BUSY: Duration = Duration::from_millis(10);
 
 /// Protocol knobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -399,6 +401,8 @@ struct Core<F: Fabric> {
     /// Data paths marked down whose work the comm has not moved yet.
     newly_down: Vec<usize>,
     labels: Vec<String>,
+    /// When [`Core::check_paths`] last ran from a poll ([`Core::check_paths_busy`]).
+    paths_checked: Option<Instant>,
     warned: Vec<bool>,
     cqe: Vec<Completion>,
     ctrl: Vec<CtrlMem>,
@@ -478,6 +482,7 @@ impl<F: Fabric> Core<F> {
             data,
             loops,
             labels,
+            paths_checked: None,
             cqe: Vec::with_capacity(POLL_BATCH),
             ctrl: Vec::new(),
             regs: std::collections::HashMap::new(),
@@ -506,6 +511,7 @@ impl<F: Fabric> Core<F> {
         if !self.paths.can_fail_over(k) {
             return false;
         }
+        self.refresh_labels();
         let before = self.paths.up_mbps();
         self.paths.set_down(k, now);
         self.newly_down.push(k);
@@ -543,11 +549,34 @@ impl<F: Fabric> Core<F> {
         true
     }
 
+    /// Takes the paths' labels from the fabric again: they change when a path is rebuilt (a new
+    /// queue pair) or, for TCP, once the streams are connected after the comm was built.
+    fn refresh_labels(&mut self) {
+        for (l, p) in self.labels.iter_mut().zip(self.fab.paths()) {
+            if *l != p.label {
+                l.clone_from(&p.label);
+            }
+        }
+    }
+
     /// While waiting with nothing to poll: asks the devices what they saw ([`Fabric::health`]),
     /// then about each usable data path, and fails over from those reported dead. A health error
     /// is returned only when no path it could be about was marked down (it concerns the connection).
     fn check_health(&mut self, now: Instant) -> Result<()> {
         let overall = self.fab.health();
+        let marked = self.check_paths(now);
+        match overall {
+            Err(e) if !marked => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Asks about each usable data path ([`Fabric::path_health`]) and fails over from those
+    /// reported dead; `true` when one was marked down. Both comms also call it from their
+    /// progress ([`Core::check_paths_busy`]): work on a link that died silently completes
+    /// nothing (TCP keeps it in a send queue that retransmits for minutes), so neither a waiting
+    /// receiver's clear-to-send nor a sender's pieces would ever move otherwise.
+    fn check_paths(&mut self, now: Instant) -> bool {
         let mut marked = false;
         if self.cfg.failover.enabled && self.paths.up_count() > 1 {
             for k in 0..self.paths.len() {
@@ -559,9 +588,19 @@ impl<F: Fabric> Core<F> {
                 }
             }
         }
-        match overall {
-            Err(e) if !marked => Err(e),
-            _ => Ok(()),
+        marked
+    }
+
+    /// [`Core::check_paths`] from a comm's progress: when the poll found nothing, and at least
+    /// every [`PATH_CHECK_BUSY`] while completions keep coming on other paths (a path whose link
+    /// died silently completes nothing, while its survivors do).
+    fn check_paths_busy(&mut self, now: Instant, polled: usize) {
+        let due = self
+            .paths_checked
+            .is_none_or(|t| now.saturating_duration_since(t) >= PATH_CHECK_BUSY);
+        if polled == 0 || due {
+            self.paths_checked = Some(now);
+            self.check_paths(now);
         }
     }
 
@@ -587,6 +626,8 @@ impl<F: Fabric> Core<F> {
                 }
                 Revive::Pending => self.paths.rebuilt(k, now, false),
                 Revive::Ready => {
+                    // A rebuilt path has a new label (verbs: its new QP number).
+                    self.refresh_labels();
                     let stood_in: Vec<usize> = self.paths.carrying().collect();
                     self.paths.set_up(k);
                     self.warned[path] = false;
@@ -741,8 +782,9 @@ impl<F: Fabric> Core<F> {
     fn poll_all(
         &mut self,
         mut f: impl FnMut(&mut Core<F>, usize, Completion) -> Result<()>,
-    ) -> Result<()> {
+    ) -> Result<usize> {
         let npaths = self.fab.paths().len();
+        let mut total = 0;
         for path in 0..npaths {
             // Bounded: at most the queue depth worth of completions per call.
             for _ in 0..(SEND_QUEUE_DEPTH + RECV_DEPTH) / POLL_BATCH + 1 {
@@ -765,12 +807,13 @@ impl<F: Fabric> Core<F> {
                 }
                 self.cqe = buf;
                 res?;
+                total += got;
                 if got < POLL_BATCH {
                     break;
                 }
             }
         }
-        Ok(())
+        Ok(total)
     }
 
     fn close(&mut self) -> Result<()> {

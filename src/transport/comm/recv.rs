@@ -365,7 +365,7 @@ impl<F: Fabric> RecvComm<F> {
         let flushes = &mut self.flushes;
         let records = &self.records;
         let fatal = &mut self.fatal;
-        self.core.poll_all(|core, path, c| {
+        let polled = self.core.poll_all(|core, path, c| {
             let Some((kind, idx, generation)) = wire::split_wr_id(c.wr_id) else {
                 return Err(Error::Internal(format!(
                     "recv comm got a completion with foreign wr_id {:#x} on path {path}",
@@ -436,6 +436,8 @@ impl<F: Fabric> RecvComm<F> {
             }
             Ok(())
         })?;
+        // A path whose link died silently shows up here, not in a completion.
+        self.core.check_paths_busy(now, polled);
         self.fail_over(now);
         let mut rebuilt = Vec::new();
         self.core.probe(now, &mut rebuilt)?;

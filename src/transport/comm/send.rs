@@ -464,7 +464,7 @@ impl<F: Fabric> SendComm<F> {
 
     fn progress(&mut self, now: Instant) -> Result<()> {
         let reqs = &mut self.reqs;
-        self.core.poll_all(|core, path, c| {
+        let polled = self.core.poll_all(|core, path, c| {
             let Some((WrKind::Send, idx, generation)) = wire::split_wr_id(c.wr_id) else {
                 return Err(Error::Internal(format!(
                     "send comm got a completion with foreign wr_id {:#x} on path {path}",
@@ -498,6 +498,8 @@ impl<F: Fabric> SendComm<F> {
             }
             Ok(())
         })?;
+        // A path whose link died silently completes nothing: its work would wait for ever.
+        self.core.check_paths_busy(now, polled);
         self.fail_over(now);
         self.core.paths.tick(now);
         let mut rebuilt = Vec::new();

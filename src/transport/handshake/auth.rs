@@ -29,7 +29,39 @@ impl std::fmt::Debug for ConnKey {
     }
 }
 
+/// A secret of one connection handed to its fabrics (derived from the [`ConnKey`], so a fabric
+/// never holds the handshake's own key): the verbs reconnect mailbox keys its tags with it, so
+/// someone who recorded the handshake still cannot forge a reconnect message. Never printed.
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+pub struct ConnSecret([u8; 32]);
+
+impl std::fmt::Debug for ConnSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ConnSecret(..)")
+    }
+}
+
+impl ConnSecret {
+    /// The secret's bytes (to key a MAC with).
+    pub fn bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// A secret from raw bytes (tests and tools).
+    pub fn from_bytes(b: [u8; 32]) -> ConnSecret {
+        ConnSecret(b)
+    }
+}
+
+/// BLAKE3 `derive_key` context of [`ConnSecret`].
+const SECRET_CONTEXT: &str = "switchless 2026-12 connection fabric secret v1";
+
 impl ConnKey {
+    /// The secret this connection's fabrics get (see [`ConnSecret`]).
+    pub fn fabric_secret(&self) -> ConnSecret {
+        ConnSecret(blake3::derive_key(SECRET_CONTEXT, &self.0))
+    }
+
     /// The key of the connection the connector numbered `conn_nonce` to the listener whose handle
     /// carries `listener_nonce`.
     pub fn derive(listener_nonce: u64, conn_nonce: u64) -> ConnKey {

@@ -175,6 +175,11 @@ impl ConnectMachine {
         })
     }
 
+    /// The secret the connection's fabrics get (derived from this connection's key).
+    pub fn fabric_secret(&self) -> super::auth::ConnSecret {
+        self.key.fabric_secret()
+    }
+
     /// The listener, as errors name it.
     pub fn peer(&self) -> &str {
         &self.peer

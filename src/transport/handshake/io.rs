@@ -114,6 +114,11 @@ pub struct Connector {
 }
 
 impl Connector {
+    /// The secret the connection's fabrics get ([`ConnectMachine::fabric_secret`]).
+    pub fn fabric_secret(&self) -> super::auth::ConnSecret {
+        self.machine.fabric_secret()
+    }
+
     /// Starts connecting to the listener described by `handle` over `paths`; see
     /// [`ConnectMachine::for_handle`]. The first connection is opened here; an error if every target
     /// fails at once.
@@ -456,6 +461,9 @@ pub struct Liveness {
     /// The last failure was TCP keepalive giving up: the socket's own link is unreachable, which
     /// says nothing about the peer's other links (see [`Liveness::unreachable`]).
     timed_out: bool,
+    /// Unit tests: the error the next check finds instead of asking the socket.
+    #[cfg(test)]
+    inject: Option<std::io::ErrorKind>,
 }
 
 /// How often [`Liveness::check`] looks at the socket (it is called on every poll of a comm).
@@ -478,7 +486,26 @@ impl Liveness {
             next_check: Instant::now(),
             closed_since: None,
             timed_out: false,
+            #[cfg(test)]
+            inject: None,
         })
+    }
+
+    /// Unit tests: a channel over `stream` whose next check finds `fail` (e.g. `TimedOut`, what
+    /// keepalive giving up reports) instead of asking the socket.
+    #[cfg(test)]
+    pub(crate) fn failing(stream: TcpStream, fail: std::io::ErrorKind) -> Liveness {
+        let peer = stream
+            .peer_addr()
+            .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)));
+        Liveness {
+            stream,
+            peer,
+            next_check: Instant::now(),
+            closed_since: None,
+            timed_out: false,
+            inject: Some(fail),
+        }
     }
 
     /// The peer's handshake address.
@@ -503,7 +530,14 @@ impl Liveness {
                 self.peer
             )))
         };
-        match peer_state(&self.stream) {
+        #[cfg(test)]
+        let state = match self.inject.take() {
+            Some(kind) => Err(std::io::Error::from(kind)),
+            None => peer_state(&self.stream),
+        };
+        #[cfg(not(test))]
+        let state = peer_state(&self.stream);
+        match state {
             Ok(PeerState::Quiet) => Ok(()),
             Ok(PeerState::Data) => {
                 // Nothing is due on this socket; drop what came so an end of stream behind it shows.
@@ -550,6 +584,11 @@ pub struct Incoming {
 }
 
 impl Incoming {
+    /// The secret the connection's fabrics get ([`AcceptMachine::fabric_secret`]).
+    pub fn fabric_secret(&self) -> super::auth::ConnSecret {
+        self.machine.fabric_secret()
+    }
+
     /// The connector's TCP address.
     pub fn peer(&self) -> SocketAddr {
         self.machine.peer()

@@ -463,6 +463,11 @@ impl AcceptMachine {
         self.hello.tag
     }
 
+    /// The secret the connection's fabrics get (derived from this connection's key).
+    pub fn fabric_secret(&self) -> super::auth::ConnSecret {
+        self.key.fabric_secret()
+    }
+
     /// The connector's TCP address.
     pub fn peer(&self) -> SocketAddr {
         self.peer

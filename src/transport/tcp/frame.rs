@@ -279,7 +279,9 @@ mod hello_field {
     /// Streams of the path, and this stream's index among them.
     pub const NSTREAMS: usize = 7;
     pub const STREAM: usize = 8;
-    pub const RESERVED: Field = 9..16;
+    /// The path's stream generation: 0 at set-up, counting up with every rebuild (failback).
+    pub const GENERATION: Field = 9..13;
+    pub const RESERVED: Field = 13..16;
     /// The connection's nonce from the handshake: the acceptor's proof that the stream is its peer's.
     pub const NONCE: Field = 16..24;
 }
@@ -342,6 +344,9 @@ impl<T: AsRef<[u8]>> Hello<T> {
     pub fn nonce(&self) -> u64 {
         u64::from_le_bytes(get(self.buffer.as_ref(), hello_field::NONCE))
     }
+    pub fn generation(&self) -> u32 {
+        u32::from_le_bytes(get(self.buffer.as_ref(), hello_field::GENERATION))
+    }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> Hello<T> {
@@ -360,6 +365,9 @@ pub struct HelloRepr {
     /// Below `nstreams`.
     pub stream: u8,
     pub nonce: u64,
+    /// 0: the streams set up with the connection; `g` > 0: the path's `g`-th rebuild (its acceptor
+    /// takes only a generation above the path's current one).
+    pub generation: u32,
 }
 
 impl HelloRepr {
@@ -391,6 +399,7 @@ impl HelloRepr {
             nstreams: n,
             stream: s,
             nonce: hello.nonce(),
+            generation: hello.generation(),
         })
     }
 
@@ -402,6 +411,8 @@ impl HelloRepr {
         hello.set(hello_field::PATH, self.path);
         hello.set(hello_field::NSTREAMS, self.nstreams);
         hello.set(hello_field::STREAM, self.stream);
+        hello.buffer.as_mut()[hello_field::GENERATION]
+            .copy_from_slice(&self.generation.to_le_bytes());
         hello.buffer.as_mut()[hello_field::RESERVED].fill(0);
         hello.buffer.as_mut()[hello_field::NONCE].copy_from_slice(&self.nonce.to_le_bytes());
     }
@@ -572,12 +583,14 @@ mod tests {
             nstreams: 4,
             stream: 3,
             nonce: 0x0102_0304_0506_0708,
+            generation: 0x0a0b_0c0d,
         };
         let b = h.to_bytes();
         assert_eq!(
             b,
             [
-                b'S', b'W', b'T', b'S', 1, 3, 2, 4, 3, 0, 0, 0, 0, 0, 0, 0, 8, 7, 6, 5, 4, 3, 2, 1
+                b'S', b'W', b'T', b'S', 1, 3, 2, 4, 3, 0x0d, 0x0c, 0x0b, 0x0a, 0, 0, 0, 8, 7, 6, 5,
+                4, 3, 2, 1
             ]
         );
         let parse = |b: &[u8]| HelloRepr::parse(&Hello::new_checked(b)?);

@@ -4,8 +4,9 @@
 //! numbers let the receiver apply control-memory writes and immediates in order. The receiving side
 //! treats the peer as untrusted: nothing is written outside a live registration. Host memory only.
 //!
-//! Files: [`config`] (sizing policy, options), [`frame`] (wire formats), `setup` (listeners,
-//! connector, acceptor), `state` (what the fabric shares with its I/O workers), `pool` (the
+//! Files: [`config`] (sizing policy, options), [`frame`] (wire formats), `dial` (one stream's
+//! hello and acknowledgement), `setup` (listeners, connector, acceptor), `revive` (failover and
+//! failback of a path), `state` (what the fabric shares with its I/O workers), `pool` (the
 //! process-wide I/O worker threads), `stream` (one stream's receive and send state machines) and,
 //! here, [`TcpFabric`]. Depends on `transport::{fabric, ctrl}` and `sys` (raw memory, sockets). The
 //! design and its rules: `docs/guide/tcp.md`.
@@ -23,15 +24,17 @@ use crate::sys::rawmem::RawRegion;
 use crate::sys::socket::{self as rawmem, Ready};
 use crate::transport::ctrl::AtomicWords;
 use crate::transport::fabric::{
-    Completion, CtrlMem, Fabric, MemKind, PathInfo, PathKeys, Pinner, ReadWr, Registration,
+    Completion, CtrlMem, Fabric, MemKind, PathInfo, PathKeys, Pinner, ReadWr, Registration, Revive,
     WcOpcode, WcStatus, WriteWr,
 };
 use frame::{FLAG_IMM, FrameRepr, OP_WRITE};
 use state::{PathShared, Payload, Reg, RegMem, Shared, TxFrame, WrTrack};
 
 pub mod config;
+mod dial;
 pub mod frame;
 mod pool;
+mod revive;
 mod setup;
 mod state;
 mod stream;
@@ -41,10 +44,10 @@ pub use config::{
     MBPS_PER_STREAM, MIN_FRAME_BYTES, MIN_STREAMS, TcpConfig, default_io_threads, per_path_streams,
     socket_buffer_bytes, streams_for_speed,
 };
+pub use dial::{MAX_PENDING_STREAMS, TcpPathSpec};
 pub use pool::io_threads;
-pub use setup::{
-    MAX_PENDING_STREAMS, TcpAcceptor, TcpConnector, TcpPathSpec, listen, listen_at, loopback_pair,
-};
+pub use revive::LinkCheck;
+pub use setup::{TcpAcceptor, TcpConnector, listen, listen_at, loopback_pair};
 pub use stream::{MAX_BUFFERED_CTRL, MAX_OUT_OF_ORDER};
 
 /// Writes up to this many bytes are copied when posted and sent as one frame.
@@ -64,6 +67,8 @@ pub struct TcpFabric {
     tokens: Arc<Mutex<HashMap<u64, u32>>>,
     next_token: Arc<AtomicU64>,
     frame_bytes: usize,
+    /// What rebuilding a failed path needs (`None` before the streams are connected).
+    redial: Option<revive::Redial>,
     shut: bool,
 }
 
@@ -157,17 +162,20 @@ impl std::fmt::Debug for TcpFabric {
 impl TcpFabric {
     /// Number of streams of data path `path` (0 if there is no such path).
     pub fn streams(&self, path: usize) -> usize {
-        self.sh.paths.get(path).map_or(0, |p| p.streams.len())
+        self.sh.path(path).map_or(0, |p| p.streams.len())
     }
 
     /// Payload bytes handed to the kernel so far on each stream of `path`.
     pub fn stream_bytes(&self, path: usize) -> Vec<u64> {
-        self.sh.paths.get(path).map_or_else(Vec::new, |p| {
-            p.streams
-                .iter()
-                .map(|s| s.sent_bytes.load(Ordering::Relaxed))
-                .collect()
-        })
+        self.sh.path(path).map_or_else(
+            |_| Vec::new(),
+            |p| {
+                p.streams
+                    .iter()
+                    .map(|s| s.sent_bytes.load(Ordering::Relaxed))
+                    .collect()
+            },
+        )
     }
 
     /// Number of distinct pool threads serving this endpoint's streams (0 after
@@ -186,13 +194,8 @@ impl TcpFabric {
             .map_or_else(Vec::new, |v| v.iter().map(|h| h.worker()).collect())
     }
 
-    fn check_path(&self, path: usize) -> Result<&PathShared> {
-        self.sh.paths.get(path).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "TCP path {path}; this endpoint has paths 0..{}",
-                self.paths.len()
-            ))
-        })
+    fn check_path(&self, path: usize) -> Result<Arc<PathShared>> {
+        self.sh.path(path)
     }
 
     /// Refuses the peer's writes into data registrations from now on (a sending endpoint: its data
@@ -316,6 +319,7 @@ impl Fabric for TcpFabric {
                 wr_id: wr.wr_id,
                 remaining: 1,
                 signaled: true,
+                ends: Vec::new(),
             });
             drop(tx);
             p.fail_tx(
@@ -358,6 +362,7 @@ impl Fabric for TcpFabric {
             wr_id: wr.wr_id,
             remaining: nframes as u32,
             signaled: wr.signaled,
+            ends: Vec::new(),
         });
         let mut copied = copied;
         for k in 0..nframes {
@@ -443,6 +448,8 @@ impl Fabric for TcpFabric {
 
     fn poll(&mut self, path: usize, max: usize, out: &mut Vec<Completion>) -> Result<usize> {
         let p = self.check_path(path)?;
+        // Sends the peer has acknowledged since the last call complete now.
+        p.complete_acked();
         let mut cq = p.cq()?;
         let n = max.min(cq.len());
         out.extend(cq.drain(..n));
@@ -465,11 +472,21 @@ impl Fabric for TcpFabric {
         Ok(n)
     }
 
+    fn path_health(&mut self, path: usize) -> Result<()> {
+        self.health_of(path)
+    }
+
+    fn revive_path(&mut self, path: usize) -> Result<Revive> {
+        self.revive(path)
+    }
+
     fn shutdown(&mut self) -> Result<()> {
         if self.shut {
             return Ok(());
         }
         self.shut = true;
+        // Listeners and reconnects under way close now.
+        self.redial = None;
         self.sh.stop.store(true, Ordering::SeqCst);
         // 1. Take the streams out of their workers; after this no pool thread touches them (a
         //    frame a worker was in the middle of stays unfinished: no close frame follows it).
@@ -479,9 +496,14 @@ impl Fabric for TcpFabric {
         //    dropped, "dirty" when work requests were still outstanding (the peer then fails its
         //    receives instead of waiting for data that will never come).
         let until = Instant::now() + GOODBYE_WAIT;
-        for p in &self.sh.paths {
+        let paths = self.sh.all_paths()?;
+        for p in &paths {
             // A poisoned send state cannot tell: say dirty, the peer then fails its receives.
-            let dirty = p.tx().map_or(true, |tx| tx.error || !tx.wrs.is_empty());
+            // (Work requests all handed to the kernel are not dropped: the drain below lets them go
+            // out before the FIN.)
+            let dirty = p.tx().map_or(true, |tx| {
+                tx.error || tx.wrs.iter().any(|w| w.remaining > 0)
+            });
             let hdr = FrameRepr::close(dirty).to_bytes();
             for st in &p.streams {
                 if st.mid_frame.load(Ordering::Relaxed) {
@@ -501,10 +523,10 @@ impl Fabric for TcpFabric {
             }
         }
         // 3. Close the streams.
-        for p in &self.sh.paths {
+        for p in &paths {
             p.close_streams();
         }
-        for p in &self.sh.paths {
+        for p in &paths {
             p.fail_tx(WcStatus::WR_FLUSH_ERR, None, "shut down");
             p.fail_rx("shut down", false);
         }
@@ -512,7 +534,7 @@ impl Fabric for TcpFabric {
         // discards what we handed it but it has not sent yet (the tail of a completed send). Read
         // and drop what has arrived (bounded), so the close is an orderly FIN after our data.
         let mut scratch = vec![0u8; 64 * 1024];
-        for p in &self.sh.paths {
+        for p in &paths {
             for st in &p.streams {
                 for _ in 0..1024 {
                     match rawmem::recv_slice(&st.sock, &mut scratch) {
@@ -590,7 +612,8 @@ mod tests {
         b.post_recv(0, 7).unwrap();
         let sh = Arc::clone(&a.sh);
         let _ = std::thread::spawn(move || {
-            let _g = sh.paths[0].tx.lock().unwrap();
+            let p = sh.path(0).unwrap();
+            let _g = p.tx.lock().unwrap();
             panic!("poison the send state");
         })
         .join();

@@ -33,7 +33,7 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 
 use super::config::{MAX_IO_THREADS, default_io_threads};
-use super::state::Shared;
+use super::state::{PathShared, Shared};
 use super::stream::StreamIo;
 use crate::error::{Error, Result};
 use crate::sync::lock;
@@ -160,8 +160,37 @@ pub(super) fn add_streams(
     threads: Option<usize>,
     out: &mut Vec<Vec<StreamHandle>>,
 ) -> Result<()> {
-    let total: usize = sh.paths.iter().map(|p| p.streams.len()).sum();
-    if total == 0 {
+    let paths = sh.all_paths()?;
+    // Streams of this fabric per worker serial (spread a connection's streams too).
+    let mut mine: HashMap<u64, usize> = HashMap::new();
+    for (p, path) in paths.iter().enumerate() {
+        if out.len() <= p {
+            out.push(Vec::new());
+        }
+        add_path(sh, path, threads, &mut mine, &mut out[p])?;
+    }
+    Ok(())
+}
+
+/// Adds the streams of one generation of a path (a rebuilt path's new streams), appending one
+/// handle per stream to `out`.
+pub(super) fn add_path_streams(
+    sh: &Arc<Shared>,
+    path: &Arc<PathShared>,
+    threads: Option<usize>,
+    out: &mut Vec<StreamHandle>,
+) -> Result<()> {
+    add_path(sh, path, threads, &mut HashMap::new(), out)
+}
+
+fn add_path(
+    sh: &Arc<Shared>,
+    path: &Arc<PathShared>,
+    threads: Option<usize>,
+    mine: &mut HashMap<u64, usize>,
+    out: &mut Vec<StreamHandle>,
+) -> Result<()> {
+    if path.streams.is_empty() {
         return Ok(());
     }
     let mut pool = lock(&POOL, POOL_LOCK)?;
@@ -170,67 +199,59 @@ pub(super) fn add_streams(
             .unwrap_or_else(default_io_threads)
             .clamp(1, MAX_IO_THREADS);
     }
-    // Streams of this fabric, and of the current path, per worker serial.
-    let mut mine: HashMap<u64, usize> = HashMap::new();
-    for (p, path) in sh.paths.iter().enumerate() {
-        if out.len() <= p {
-            out.push(Vec::new());
-        }
-        let mut this_path: HashMap<u64, usize> = HashMap::new();
-        for s in 0..path.streams.len() {
-            let alive = |w: &&WorkerSlot| !w.link.dead.load(Ordering::SeqCst);
-            let idle = pool.workers.iter().filter(alive).any(|w| w.load == 0);
-            if !idle && pool.workers.len() < pool.size {
-                match spawn_worker(pool.next_serial) {
-                    Ok(w) => {
-                        pool.next_serial += 1;
-                        pool.workers.push(w);
-                    }
-                    Err(e) if pool.workers.is_empty() => return Err(e),
-                    Err(e) => tracing::warn!(
-                        "NET/switchless: {e}; the TCP pool carries on with {} threads",
-                        pool.workers.len()
-                    ),
+    let mut this_path: HashMap<u64, usize> = HashMap::new();
+    for s in 0..path.streams.len() {
+        let alive = |w: &&WorkerSlot| !w.link.dead.load(Ordering::SeqCst);
+        let idle = pool.workers.iter().filter(alive).any(|w| w.load == 0);
+        if !idle && pool.workers.len() < pool.size {
+            match spawn_worker(pool.next_serial) {
+                Ok(w) => {
+                    pool.next_serial += 1;
+                    pool.workers.push(w);
                 }
+                Err(e) if pool.workers.is_empty() => return Err(e),
+                Err(e) => tracing::warn!(
+                    "NET/switchless: {e}; the TCP pool carries on with {} threads",
+                    pool.workers.len()
+                ),
             }
-            let Some(idx) = pool
-                .workers
-                .iter()
-                .enumerate()
-                .filter(|(_, w)| alive(w))
-                .min_by_key(|(i, w)| {
-                    let serial = w.link.serial;
-                    (
-                        this_path.get(&serial).copied().unwrap_or(0),
-                        mine.get(&serial).copied().unwrap_or(0),
-                        w.load,
-                        *i,
-                    )
-                })
-                .map(|(i, _)| i)
-            else {
-                return Err(Error::Internal(
-                    "the TCP I/O pool has no working thread (they panicked or could not start)"
-                        .into(),
-                ));
-            };
-            let id = pool_next_id(&mut pool);
-            let w = &mut pool.workers[idx];
-            let io = StreamIo::new(Arc::clone(sh), p, s, id);
-            if !w.link.send(Cmd::Add(Box::new(io))) {
-                return Err(Error::Internal(format!(
-                    "TCP I/O worker {} has stopped after a panic",
-                    w.link.serial
-                )));
-            }
-            w.load += 1;
-            *mine.entry(w.link.serial).or_insert(0) += 1;
-            *this_path.entry(w.link.serial).or_insert(0) += 1;
-            out[p].push(StreamHandle {
-                link: Arc::clone(&w.link),
-                id,
-            });
         }
+        let Some(idx) = pool
+            .workers
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| alive(w))
+            .min_by_key(|(i, w)| {
+                let serial = w.link.serial;
+                (
+                    this_path.get(&serial).copied().unwrap_or(0),
+                    mine.get(&serial).copied().unwrap_or(0),
+                    w.load,
+                    *i,
+                )
+            })
+            .map(|(i, _)| i)
+        else {
+            return Err(Error::Internal(
+                "the TCP I/O pool has no working thread (they panicked or could not start)".into(),
+            ));
+        };
+        let id = pool_next_id(&mut pool);
+        let w = &mut pool.workers[idx];
+        let io = StreamIo::new(Arc::clone(sh), Arc::clone(path), s, id);
+        if !w.link.send(Cmd::Add(Box::new(io))) {
+            return Err(Error::Internal(format!(
+                "TCP I/O worker {} has stopped after a panic",
+                w.link.serial
+            )));
+        }
+        w.load += 1;
+        *mine.entry(w.link.serial).or_insert(0) += 1;
+        *this_path.entry(w.link.serial).or_insert(0) += 1;
+        out.push(StreamHandle {
+            link: Arc::clone(&w.link),
+            id,
+        });
     }
     Ok(())
 }
@@ -352,7 +373,7 @@ fn worker_main(link: Arc<WorkerLink>, mut poll: Poll) {
     drop(cmds);
     let why = format!("its TCP I/O worker {what}");
     for st in w.streams.values() {
-        let path = &st.sh.paths[st.p];
+        let path = &*st.path;
         path.fail_rx(&why, true);
         path.fail_tx(WcStatus::GENERAL_ERR, None, &why);
         path.close_streams();
@@ -442,7 +463,7 @@ impl Worker {
             poll.registry()
                 .register(&mut SourceFd(&st.fd), Token(st.id), Interest::READABLE)
         {
-            let path = &st.sh.paths[st.p];
+            let path = &*st.path;
             let why = format!("stream {}: registering it with the I/O poller: {e}", st.s);
             path.fail_rx(&why, true);
             path.fail_tx(WcStatus::GENERAL_ERR, None, &why);

@@ -80,8 +80,13 @@ impl TxFrame {
 
 pub(super) struct WrTrack {
     pub(super) wr_id: u64,
+    /// Frames not yet handed to the kernel.
     pub(super) remaining: u32,
     pub(super) signaled: bool,
+    /// Per stream that carried a frame of it: the stream's byte count (`StreamShared::written`)
+    /// at the frame's end. The work request completes once the peer acknowledged up to there
+    /// on each (see [`PathShared::complete_acked`]).
+    pub(super) ends: Vec<(u8, u64)>,
 }
 
 #[derive(Default)]
@@ -108,6 +113,8 @@ pub(super) struct RxState {
     pub(super) goodbyes: usize,
     /// Every stream ended with a close frame: no frame can come any more.
     pub(super) peer_closed: bool,
+    /// Streams of a cut path that drained and aborted.
+    pub(super) drained: usize,
     pub(super) error: bool,
 }
 
@@ -128,6 +135,18 @@ pub(super) struct StreamShared {
     pub(super) sent_bytes: AtomicU64,
     /// A frame was started on this stream and not finished (no close frame may follow it).
     pub(super) mid_frame: AtomicBool,
+    /// Bytes (headers and payload) handed to the kernel so far.
+    pub(super) written: AtomicU64,
+}
+
+impl StreamShared {
+    /// Bytes of this stream the peer's kernel has acknowledged (a lower bound: `written` is read
+    /// before the kernel's count); `None` when the socket cannot tell.
+    fn acked(&self) -> Option<u64> {
+        let written = self.written.load(Ordering::Acquire);
+        let unacked = crate::sys::socket::unacked_bytes(&self.sock).ok()?;
+        Some(written.saturating_sub(unacked))
+    }
 }
 
 impl StreamShared {
@@ -143,13 +162,19 @@ pub(super) struct PathShared {
     pub(super) tx: Mutex<TxState>,
     pub(super) rx: Mutex<RxState>,
     pub(super) cq: Mutex<VecDeque<Completion>>,
+    /// Failed over ([`PathShared::cut`]): the streams drain what the peer's kernel acknowledged,
+    /// then abort.
+    pub(super) cut: AtomicBool,
 }
 
 /// Everything of one endpoint that its I/O workers touch.
 pub(super) struct Shared {
     /// Set by `shutdown`: workers stop driving the streams, posts flush at once.
     pub(super) stop: AtomicBool,
-    pub(super) paths: Vec<PathShared>,
+    /// Per path, the current generation of its streams and state: a rebuilt path (failback) gets
+    /// a fresh [`PathShared`], so nothing of the old streams (a late frame, a stale completion)
+    /// reaches the new one. Workers hold the generation they serve.
+    pub(super) paths: Vec<RwLock<Arc<PathShared>>>,
     /// Live registrations by key (the same key is lkey and rkey on every path).
     pub(super) regs: RwLock<HashMap<u32, Arc<Reg>>>,
     /// Whether the peer may write into data registrations (receive buffers). A sending endpoint
@@ -159,6 +184,33 @@ pub(super) struct Shared {
 }
 
 impl Shared {
+    /// Path `p`'s current generation (the caller checked `p`).
+    pub(super) fn path(&self, p: usize) -> Result<Arc<PathShared>> {
+        let slot = self.paths.get(p).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "TCP path {p}; this endpoint has paths 0..{}",
+                self.paths.len()
+            ))
+        })?;
+        Ok(Arc::clone(&*sync::read(slot, "TCP path slot")?))
+    }
+
+    /// Every path's current generation, in path order.
+    pub(super) fn all_paths(&self) -> Result<Vec<Arc<PathShared>>> {
+        (0..self.paths.len()).map(|p| self.path(p)).collect()
+    }
+
+    /// Makes `new` path `p`'s current generation; returns the old one.
+    pub(super) fn replace_path(&self, p: usize, new: Arc<PathShared>) -> Result<Arc<PathShared>> {
+        let slot = self.paths.get(p).ok_or_else(|| {
+            Error::Internal(format!("replacing TCP path {p} of {}", self.paths.len()))
+        })?;
+        Ok(std::mem::replace(
+            &mut *sync::write(slot, "TCP path slot")?,
+            new,
+        ))
+    }
+
     pub(super) fn regs(&self) -> Result<RwLockReadGuard<'_, HashMap<u32, Arc<Reg>>>> {
         sync::read(&self.regs, "TCP registrations")
     }
@@ -172,6 +224,65 @@ impl Shared {
 // and the failure paths below, which cannot, treat the path as broken and close its streams, so both
 // ends see their requests fail and NCCL's next call on this endpoint gets the error.
 impl PathShared {
+    /// A path's state over freshly connected streams: sequence numbers from 0, nothing pending.
+    pub(super) fn new(label: String, socks: Vec<TcpStream>) -> PathShared {
+        PathShared {
+            label,
+            streams: socks
+                .into_iter()
+                .map(|sock| StreamShared {
+                    sock,
+                    q: Mutex::new(TxQueue::default()),
+                    queued: AtomicU64::new(0),
+                    sent_bytes: AtomicU64::new(0),
+                    mid_frame: AtomicBool::new(false),
+                    written: AtomicU64::new(0),
+                })
+                .collect(),
+            tx: Mutex::new(TxState::default()),
+            rx: Mutex::new(RxState::default()),
+            cq: Mutex::new(VecDeque::new()),
+            cut: AtomicBool::new(false),
+        }
+    }
+
+    /// Takes the path out of service after the comm failed over from it (its link is down, or the
+    /// peer rebuilds it). Outstanding work requests flush at once (the comm moves them). Receiving
+    /// goes on until each stream's kernel queue is empty: what the peer's kernel acknowledged is
+    /// complete at the peer, which will not send it again, so it is applied here; then each stream
+    /// aborts (`sys::socket::abort`: our unacknowledged bytes are purged, never delivered late)
+    /// and, once all have, posted receives flush.
+    pub(super) fn cut(&self, why: &str) {
+        if self.cut.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        self.fail_tx(WcStatus::WR_FLUSH_ERR, None, why);
+        if self.streams.is_empty() {
+            self.fail_rx(why, false);
+        }
+        for s in &self.streams {
+            // The worker reads what is queued, then sees the end of the stream.
+            let _ = s.sock.shutdown(std::net::Shutdown::Read);
+        }
+    }
+
+    /// A stream of a cut path ended: it aborts; the last one flushes the posted receives.
+    pub(super) fn drained(&self, s: usize) {
+        if let Some(st) = self.streams.get(s) {
+            let _ = crate::sys::socket::abort(&st.sock);
+        }
+        let all = match self.rx() {
+            Ok(mut rx) => {
+                rx.drained += 1;
+                rx.drained >= self.streams.len()
+            }
+            Err(e) => return self.poisoned(&e),
+        };
+        if all {
+            self.fail_rx("failed over", false);
+        }
+    }
+
     pub(super) fn tx(&self) -> Result<MutexGuard<'_, TxState>> {
         lock(&self.tx, "TCP send state")
     }
@@ -260,8 +371,9 @@ impl PathShared {
         }
     }
 
-    /// A frame of work request `wr` was handed to the kernel.
-    pub(super) fn frame_sent(&self, wr: u64) {
+    /// A frame of work request `wr` was handed to the kernel on stream `s`, ending at byte `end`
+    /// of that stream.
+    pub(super) fn frame_sent(&self, wr: u64, s: usize, end: u64) {
         let mut tx = match self.tx() {
             Ok(tx) => tx,
             Err(e) => return self.poisoned(&e),
@@ -272,9 +384,53 @@ impl PathShared {
         let i = (wr - tx.first_wr) as usize;
         if let Some(w) = tx.wrs.get_mut(i) {
             w.remaining = w.remaining.saturating_sub(1);
+            let s = u8::try_from(s).unwrap_or(u8::MAX);
+            match w.ends.iter_mut().find(|(t, _)| *t == s) {
+                Some((_, e)) => *e = (*e).max(end),
+                None => w.ends.push((s, end)),
+            }
         }
+        self.drain_acked(&mut tx);
+    }
+
+    /// Completes the work requests that the peer's kernel holds entirely (called by `poll`).
+    /// Completion means acknowledged, as on RC, not merely handed to our kernel: a link that dies
+    /// loses what is still in the send queue, and failover moves exactly the work that did not
+    /// complete.
+    pub(super) fn complete_acked(&self) {
+        match self.tx() {
+            Ok(mut tx) if !tx.error => self.drain_acked(&mut tx),
+            Ok(_) => {}
+            Err(e) => self.poisoned(&e),
+        }
+    }
+
+    fn drain_acked(&self, tx: &mut TxState) {
+        // Acknowledged bytes per stream, read once per call.
+        let mut acked: [Option<u64>; super::config::MAX_STREAMS] =
+            [None; super::config::MAX_STREAMS];
         // Completions of a path come out in posting order: only a finished oldest request completes.
-        while tx.wrs.front().is_some_and(|w| w.remaining == 0) {
+        while let Some(w) = tx.wrs.front() {
+            if w.remaining != 0 {
+                break;
+            }
+            let held = w.ends.iter().all(|&(s, end)| {
+                let s = usize::from(s);
+                let got = match acked.get(s).copied().flatten() {
+                    Some(a) => Some(a),
+                    None => {
+                        let a = self.streams.get(s).and_then(StreamShared::acked);
+                        if let Some(slot) = acked.get_mut(s) {
+                            *slot = a;
+                        }
+                        a
+                    }
+                };
+                got.is_some_and(|a| a >= end)
+            });
+            if !held {
+                break;
+            }
             if let Some(w) = tx.wrs.pop_front() {
                 tx.first_wr += 1;
                 if w.signaled {

@@ -16,7 +16,7 @@ use mio::unix::SourceFd;
 use mio::{Interest, Poll, Token};
 
 use super::frame::{Frame, FrameRepr, HEADER_LEN};
-use super::state::{Effect, Payload, Reg, RegMem, Shared, StreamShared, TxFrame};
+use super::state::{Effect, PathShared, Payload, Reg, RegMem, Shared, StreamShared, TxFrame};
 use crate::error::Error;
 use crate::sys::socket as rawmem;
 use crate::transport::fabric::{Completion, WcOpcode, WcStatus};
@@ -120,6 +120,17 @@ enum RxErr {
 }
 
 impl RxErr {
+    /// For logs.
+    fn text(&self) -> String {
+        match self {
+            RxErr::Eof => "end of stream".into(),
+            RxErr::Goodbye(dirty) => format!("close frame (dirty: {dirty})"),
+            RxErr::Io(e) => e.to_string(),
+            RxErr::Violation(w) => w.clone(),
+            RxErr::Internal(e) => e.to_string(),
+        }
+    }
+
     /// The peer sent what the wire format refuses.
     fn violation(e: Error) -> RxErr {
         match e {
@@ -142,7 +153,8 @@ enum Turn {
 
 pub(super) struct StreamIo {
     pub(super) sh: Arc<Shared>,
-    pub(super) p: usize,
+    /// The path generation this stream belongs to (a rebuilt path has new streams and state).
+    pub(super) path: Arc<PathShared>,
     pub(super) s: usize,
     pub(super) id: usize,
     pub(super) fd: RawFd,
@@ -158,11 +170,11 @@ pub(super) struct StreamIo {
 }
 
 impl StreamIo {
-    pub(super) fn new(sh: Arc<Shared>, p: usize, s: usize, id: usize) -> StreamIo {
-        let fd = sh.paths[p].streams[s].sock.as_raw_fd();
+    pub(super) fn new(sh: Arc<Shared>, path: Arc<PathShared>, s: usize, id: usize) -> StreamIo {
+        let fd = path.streams[s].sock.as_raw_fd();
         StreamIo {
             sh,
-            p,
+            path,
             s,
             id,
             fd,
@@ -235,8 +247,8 @@ impl StreamIo {
 
     /// Receives until the socket would block or the turn's bytes are used up.
     fn rx_turn(&mut self) -> std::result::Result<Turn, RxErr> {
-        let sh = Arc::clone(&self.sh);
-        let sock = &sh.paths[self.p].streams[self.s].sock;
+        let path = Arc::clone(&self.path);
+        let sock = &path.streams[self.s].sock;
         let mut budget = TURN_BYTES;
         while budget > 0 {
             let step = match &mut self.rx {
@@ -322,7 +334,7 @@ impl StreamIo {
         h: FrameRepr,
         ctrl: Option<CtrlWrite>,
     ) -> std::result::Result<(), RxErr> {
-        let path = &self.sh.paths[self.p];
+        let path = &*self.path;
         let imm = h.completion();
         let mut rx = path.rx().map_err(RxErr::Internal)?;
         if rx.error {
@@ -391,9 +403,15 @@ impl StreamIo {
 
     /// The receiving direction ended: what it means for the path.
     fn rx_ended(&self, e: RxErr) {
-        let path = &self.sh.paths[self.p];
+        let path = &*self.path;
         let s = self.s;
         let stopping = self.sh.stop.load(Ordering::Relaxed);
+        if path.cut.load(Ordering::SeqCst) && !stopping {
+            // Failed over: this stream has delivered what was queued (see `PathShared::cut`).
+            tracing::debug!(label = %path.label, "NET/switchless: TCP path {} stream {s} drained after failover: {}", path.label, e.text());
+            path.drained(s);
+            return;
+        }
         match e {
             RxErr::Goodbye(false) => {
                 // Orderly: everything the peer sent on this stream has been applied. Once every
@@ -466,8 +484,8 @@ impl StreamIo {
     /// Sends queued frames until the queue is empty, the socket would block or the turn's bytes
     /// are used up.
     fn tx_turn(&mut self) -> Turn {
-        let sh = Arc::clone(&self.sh);
-        let st = &sh.paths[self.p].streams[self.s];
+        let path = Arc::clone(&self.path);
+        let st = &path.streams[self.s];
         let mut budget = TURN_BYTES;
         loop {
             if matches!(self.tx, TxPhase::Idle)
@@ -486,6 +504,8 @@ impl StreamIo {
             match sent {
                 Ok(n) => {
                     budget = budget.saturating_sub(n);
+                    // Release: `acked` reads it before asking the kernel what is unacknowledged.
+                    st.written.fetch_add(n as u64, Ordering::Release);
                     self.tx_advance(st);
                 }
                 Err(TxErr::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => return Turn::Blocked,
@@ -541,7 +561,8 @@ impl StreamIo {
         st.queued.fetch_sub(len, Ordering::Relaxed);
         st.mid_frame.store(false, Ordering::Relaxed);
         st.sent_bytes.fetch_add(len, Ordering::Relaxed);
-        self.sh.paths[self.p].frame_sent(frame.wr);
+        self.path
+            .frame_sent(frame.wr, self.s, st.written.load(Ordering::Relaxed));
         TxPhase::Idle
     }
 
@@ -554,7 +575,7 @@ impl StreamIo {
         });
         self.tx = TxPhase::Idle;
         self.tx_done = true;
-        let path = &self.sh.paths[self.p];
+        let path = &*self.path;
         match e {
             TxErr::Deregistered(why) => {
                 path.fail_tx(WcStatus::LOC_PROT_ERR, wr, &why);
@@ -576,7 +597,11 @@ impl StreamIo {
     }
 
     fn tx_failed(&self, status: WcStatus, wr: Option<u64>, why: &str) {
-        let path = &self.sh.paths[self.p];
+        let path = &*self.path;
+        if path.cut.load(Ordering::SeqCst) {
+            // Failed over already: sending ends; receiving drains (`PathShared::cut`).
+            return;
+        }
         path.fail_tx(status, wr, why);
         path.fail_rx(why, false);
         path.close_streams();

@@ -156,7 +156,12 @@ impl VerbsFabric {
     }
 
     /// Keeps what a rebuild needs from the handshake (called by `connect`).
-    pub(super) fn remember_peer(&self, peer: &[RemoteEnd], tuning: &super::QpTuning) {
+    pub(super) fn remember_peer(
+        &self,
+        peer: &[RemoteEnd],
+        tuning: &super::QpTuning,
+        secret: &crate::transport::handshake::auth::ConnSecret,
+    ) {
         let mine: Vec<_> = (0..self.local.len())
             .map(|i| {
                 let l = &self.local[i];
@@ -168,7 +173,7 @@ impl VerbsFabric {
             .iter()
             .map(|p| (p.qpn, p.psn, p.gid, p.mtu, p.mailbox, p.mailbox_rkey))
             .collect();
-        let (key, side) = BindKey::derive(&binding(&mine), &binding(&theirs));
+        let (key, side) = BindKey::derive(secret.bytes(), &binding(&mine), &binding(&theirs));
         let _ = self.fb.peer.set(Peer {
             ends: peer.to_vec(),
             tuning: *tuning,
@@ -510,8 +515,9 @@ mod tests {
     fn both_ends_derive_one_key_from_the_handshake() {
         let a: Vec<EndParams> = vec![(0x11, 5, [1; 16], 4096, 0x1000, 7)];
         let b: Vec<EndParams> = vec![(0x22, 9, [2; 16], 4096, 0x2000, 8)];
-        let (ka, sa) = BindKey::derive(&binding(&a), &binding(&b));
-        let (kb, sb) = BindKey::derive(&binding(&b), &binding(&a));
+        let s = [7u8; 32];
+        let (ka, sa) = BindKey::derive(&s, &binding(&a), &binding(&b));
+        let (kb, sb) = BindKey::derive(&s, &binding(&b), &binding(&a));
         assert_ne!(sa, sb);
         // Same key: a message from one end is accepted by the other.
         let mut ra = Reviver::new(0, sa, ka);

@@ -1,0 +1,536 @@
+//! Failover and failback of one TCP path: [`TcpFabric`]'s `path_health` and `revive_path`.
+//!
+//! * **Health.** A path is unusable when its streams failed, when its local link is down
+//!   ([`LinkCheck`]: carrier or operstate, read by the plugin from sysfs; a link that went down
+//!   silently is seen at once, where TCP would retransmit for minutes), or, on the accepting side,
+//!   when the peer opened a complete set of new streams for it (the peer rebuilds it). Reporting it
+//!   closes its streams, so nothing of its work lands after the comm moved that work elsewhere.
+//! * **Rebuild.** The side that opened the connection's streams (the connector) opens the path's
+//!   streams again to the acceptor's listener, which the acceptor keeps for the connection's
+//!   lifetime. Each new stream carries the same hello as at set-up (the connection's nonce from the
+//!   authenticated handshake, the path, the stream count; it must come from the path's peer
+//!   address) plus a generation above the path's current one; stale or foreign streams are closed.
+//!   The new streams get a fresh [`PathShared`] (sequence numbers from 0, nothing pending, an
+//!   empty completion queue), so no frame of the old streams is ever applied.
+//! * **Agreement.** The hello and its acknowledgement are the exchange. Each end returns
+//!   [`Revive::Rebuilt`] when the new streams are installed but not yet served (the comm then posts
+//!   its receives), and [`Revive::Ready`] at the next call, when the streams join the I/O pool.
+//!   The acceptor acknowledges only then, and the connector sends nothing before the
+//!   acknowledgement: so every write with an immediate finds the peer's receives posted (what the
+//!   peer sent early waits in the socket until its end serves the streams).
+#![forbid(unsafe_code)]
+
+use std::io::Write;
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::TcpFabric;
+use super::config::TcpConfig;
+use super::dial::{
+    MAX_PENDING_STREAMS, OutStream, PendingHello, TcpPathSpec, check_hello, start_stream,
+};
+use super::frame::{AckRepr, HelloRepr};
+use super::pool;
+use super::state::PathShared;
+use crate::error::{Error, Result};
+use crate::transport::droplog::DropLog;
+use crate::transport::fabric::{Revive, WcStatus};
+
+/// What a path's local link reports, asked by `path_health` and before each rebuild. The plugin
+/// reads the netdev's `carrier` and `operstate` (`src/plugin/factory/net.rs`); tests inject one.
+pub trait LinkCheck: Send + Sync {
+    /// `Some(why)` while data path `path`'s local link is down (e.g. "to2: carrier 0").
+    fn down(&self, path: usize) -> Option<String>;
+}
+
+/// How often a path's link state is read at most (`path_health` is called while the comm waits).
+const LINK_CHECK_EVERY: Duration = Duration::from_millis(10);
+/// How long a connector waits for the acknowledgements of a rebuilt path's streams before it
+/// gives up this attempt (the comm's next probe starts another, one generation up).
+const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a connected [`TcpFabric`] keeps to rebuild its paths.
+pub(super) struct Redial {
+    nonce: u64,
+    cfg: TcpConfig,
+    specs: Vec<TcpPathSpec>,
+    /// Acceptor: the set-up's listeners, kept for the connection's lifetime. Connector: `None`.
+    listening: Option<Listening>,
+    paths: Vec<PathRedial>,
+    link: Option<Arc<dyn LinkCheck>>,
+}
+
+struct Listening {
+    listeners: Vec<TcpListener>,
+    /// When `path_health` last looked at the listeners (at most every [`LINK_CHECK_EVERY`]).
+    looked: Option<Instant>,
+    /// Accepted connections whose hello is still arriving (at most [`MAX_PENDING_STREAMS`]).
+    pending: Vec<PendingHello>,
+    drops: DropLog,
+}
+
+#[derive(Default)]
+struct PathRedial {
+    /// Generation of the path's current streams (0: those of the set-up).
+    generation: u32,
+    step: Step,
+    /// Acceptor: the streams of a newer generation that have arrived, by stream index.
+    arriving: Option<(u32, Vec<Option<TcpStream>>)>,
+    /// The last link reading and when it was taken.
+    link: Option<(Instant, Option<String>)>,
+}
+
+#[derive(Default)]
+enum Step {
+    /// Nothing under way.
+    #[default]
+    Idle,
+    /// Connector: new streams of `generation` are connecting, waiting for their acknowledgements.
+    Dialing {
+        generation: u32,
+        socks: Vec<OutStream>,
+        since: Instant,
+    },
+    /// The new streams are the path's (the comm posts its receives); they join the I/O pool at
+    /// the next call.
+    Installed,
+}
+
+impl Redial {
+    /// For a connector (`listeners` empty) or an acceptor (one listener per path).
+    pub(super) fn new(
+        nonce: u64,
+        cfg: &TcpConfig,
+        specs: &[TcpPathSpec],
+        listeners: Vec<TcpListener>,
+    ) -> Redial {
+        let listening = (!listeners.is_empty()).then(|| Listening {
+            listeners,
+            looked: None,
+            pending: Vec::new(),
+            drops: DropLog::default(),
+        });
+        Redial {
+            nonce,
+            cfg: cfg.clone(),
+            specs: specs.to_vec(),
+            listening,
+            paths: specs.iter().map(|_| PathRedial::default()).collect(),
+            link: None,
+        }
+    }
+
+    /// Path `p`'s link: `Some(why)` while down (read at most every [`LINK_CHECK_EVERY`]).
+    fn link_down(&mut self, p: usize) -> Option<String> {
+        let check = self.link.as_ref()?;
+        let st = self.paths.get_mut(p)?;
+        let now = Instant::now();
+        match &st.link {
+            Some((at, v)) if now.duration_since(*at) < LINK_CHECK_EVERY => v.clone(),
+            _ => {
+                let v = check.down(p);
+                st.link = Some((now, v.clone()));
+                v
+            }
+        }
+    }
+
+    /// Acceptor: takes what arrived on the listeners and files complete hellos of a generation
+    /// above each path's current one. Anything else is closed and logged (rate-limited).
+    fn accept(&mut self) {
+        let Some(l) = self.listening.as_mut() else {
+            return;
+        };
+        let now = Instant::now();
+        for (i, listener) in l.listeners.iter().enumerate() {
+            // Bounded per call: at most the pending cap, then the next call.
+            for _ in 0..MAX_PENDING_STREAMS {
+                let (sock, from) = match listener.accept() {
+                    Ok(x) => x,
+                    Err(_) => break,
+                };
+                let want = self.specs[i].remote.ip();
+                let refused = if from.ip() != want {
+                    Some(format!("the path's peer is {want}"))
+                } else if l.pending.len() >= MAX_PENDING_STREAMS {
+                    Some(format!(
+                        "{MAX_PENDING_STREAMS} connections already wait for their hello"
+                    ))
+                } else {
+                    None
+                };
+                if let Some(why) = refused {
+                    let what = format!("TCP path {i}: reconnect from {from} refused: {why}");
+                    if let Some(line) = l.drops.note(now, from.ip(), &what) {
+                        tracing::warn!("NET/switchless: {line}");
+                    }
+                    continue;
+                }
+                l.pending.push(PendingHello::new(sock, from, i, now));
+            }
+        }
+        let mut k = 0;
+        while k < l.pending.len() {
+            let Some(verdict) = l.pending[k].read() else {
+                k += 1;
+                continue;
+            };
+            let ph = l.pending.swap_remove(k);
+            let (i, from) = (ph.path, ph.from);
+            let checked = verdict
+                .and_then(|()| check_hello(&ph.buf, i, self.specs.len(), self.nonce))
+                .and_then(|h| file(&mut self.paths[i], h).map(|()| h));
+            match checked {
+                Ok(h) => {
+                    if let Some((_, slots)) = self.paths[i].arriving.as_mut()
+                        && let Some(slot) = slots.get_mut(usize::from(h.stream))
+                    {
+                        *slot = Some(ph.sock);
+                    }
+                }
+                Err(e) => {
+                    let what = format!("TCP path {i}: reconnect from {from} rejected: {e}");
+                    if let Some(line) = l.drops.note(now, from.ip(), &what) {
+                        tracing::warn!("NET/switchless: {line}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Acceptor: the generation and streams of path `p` once all have arrived.
+    fn arrived(&mut self, p: usize) -> Option<(u32, Vec<TcpStream>)> {
+        let st = self.paths.get_mut(p)?;
+        let complete = st
+            .arriving
+            .as_ref()
+            .is_some_and(|(_, s)| s.iter().all(Option::is_some));
+        if !complete {
+            return None;
+        }
+        let (g, slots) = st.arriving.take()?;
+        Some((g, slots.into_iter().flatten().collect()))
+    }
+}
+
+/// Checks a reconnect hello against path `st` and makes room for its stream: its generation must
+/// be above the path's current one; a newer generation than the one arriving replaces it.
+fn file(st: &mut PathRedial, h: HelloRepr) -> Result<()> {
+    let (g, n, s) = (h.generation, usize::from(h.nstreams), usize::from(h.stream));
+    if g <= st.generation {
+        return Err(Error::Remote(format!(
+            "stream generation {g}; the path is at generation {} (a stale or replayed stream)",
+            st.generation
+        )));
+    }
+    match &st.arriving {
+        Some((cur, _)) if *cur > g => {
+            return Err(Error::Remote(format!(
+                "stream generation {g}; generation {cur} is arriving"
+            )));
+        }
+        Some((cur, slots)) if *cur == g => {
+            if slots.len() != n || slots[s].is_some() {
+                return Err(Error::Remote(format!(
+                    "stream {s} of {n} conflicts with the streams of generation {g} already accepted"
+                )));
+            }
+        }
+        _ => st.arriving = Some((g, (0..n).map(|_| None).collect())),
+    }
+    Ok(())
+}
+
+impl TcpFabric {
+    /// Sets what tells whether a path's local link is down (see [`LinkCheck`]). Without one, a
+    /// path is judged by its streams only.
+    pub fn set_link_check(&mut self, check: Arc<dyn LinkCheck>) {
+        if let Some(r) = self.redial.as_mut() {
+            r.link = Some(check);
+        }
+    }
+
+    /// Closes data path `path`'s streams as a cut cable would, without telling the peer (tests:
+    /// a stream error, then failover). Unknown paths are ignored.
+    pub fn break_path(&self, path: usize) {
+        if let Ok(p) = self.sh.path(path) {
+            p.close_streams();
+        }
+    }
+
+    /// The ports of the listeners an accepting endpoint keeps for rebuilds, per path (empty for a
+    /// connector, or before the streams are connected).
+    pub fn rebuild_ports(&self) -> Vec<u16> {
+        self.redial
+            .as_ref()
+            .and_then(|r| r.listening.as_ref())
+            .map_or_else(Vec::new, |l| {
+                l.listeners
+                    .iter()
+                    .map(|x| x.local_addr().map_or(0, |a| a.port()))
+                    .collect()
+            })
+    }
+
+    /// Generation of data path `path`'s streams: 0 as set up, one more with every rebuild.
+    pub fn path_generation(&self, path: usize) -> u32 {
+        self.redial
+            .as_ref()
+            .and_then(|r| r.paths.get(path))
+            .map_or(0, |p| p.generation)
+    }
+
+    /// `Fabric::path_health`: see the module docs.
+    pub(super) fn health_of(&mut self, path: usize) -> Result<()> {
+        let p = self.check_path(path)?;
+        let why = match self.redial.as_mut() {
+            None => None,
+            Some(r) => match r.link_down(path) {
+                Some(why) => Some(format!("its link is down ({why})")),
+                None => {
+                    // Cheap when called often: the listeners are looked at every 10 ms at most.
+                    let now = Instant::now();
+                    if let Some(l) = r.listening.as_mut()
+                        && l.looked
+                            .is_none_or(|t| now.duration_since(t) >= LINK_CHECK_EVERY)
+                    {
+                        l.looked = Some(now);
+                        r.accept();
+                    }
+                    r.paths[path]
+                        .arriving
+                        .as_ref()
+                        .filter(|(_, s)| s.iter().all(Option::is_some))
+                        .map(|(g, _)| format!("the peer rebuilt it (stream generation {g})"))
+                }
+            },
+        };
+        let why = why.or_else(|| {
+            let tx = p.tx().map_or(true, |t| t.error);
+            let rx = p.rx().map_or(true, |r| r.error);
+            (tx || rx).then(|| "its streams failed".to_string())
+        });
+        match why {
+            None => Ok(()),
+            Some(why) => {
+                cut(&p, &why);
+                Err(Error::Remote(format!("TCP path {}: {why}", p.label)))
+            }
+        }
+    }
+
+    /// `Fabric::revive_path`: see the module docs.
+    pub(super) fn revive(&mut self, path: usize) -> Result<Revive> {
+        self.check_path(path)?;
+        // The rebuilt path gets as many streams as it had.
+        let n = self.streams(path).max(1);
+        let Some(r) = self.redial.as_mut() else {
+            return Ok(Revive::Down);
+        };
+        if matches!(r.paths[path].step, Step::Installed) {
+            r.paths[path].step = Step::Idle;
+            return self.serve(path).map(|()| Revive::Ready);
+        }
+        if let Some(why) = r.link_down(path) {
+            if !matches!(r.paths[path].step, Step::Idle) {
+                tracing::debug!("NET/switchless: TCP path {path}: rebuild stopped: {why}");
+            }
+            r.paths[path].step = Step::Idle;
+            r.paths[path].arriving = None;
+            return Ok(Revive::Down);
+        }
+        if r.listening.is_some() {
+            r.accept();
+            return match r.arrived(path) {
+                Some((g, socks)) => self.install(path, g, socks).map(|()| Revive::Rebuilt),
+                // The connector dials when its link is up: look again soon.
+                None => Ok(Revive::Pending),
+            };
+        }
+        let st = &mut r.paths[path];
+        if matches!(st.step, Step::Idle) {
+            let generation = st.generation.checked_add(1).ok_or_else(|| {
+                Error::Internal(format!("TCP path {path}: stream generations exhausted"))
+            })?;
+            let spec = &r.specs[path];
+            let mut socks = Vec::with_capacity(n);
+            for s in 0..n {
+                let hello = HelloRepr {
+                    npaths: byte(r.specs.len())?,
+                    path: byte(path)?,
+                    nstreams: byte(n)?,
+                    stream: byte(s)?,
+                    nonce: r.nonce,
+                    generation,
+                };
+                match start_stream(spec, &hello, &r.cfg) {
+                    Ok(o) => socks.push(o),
+                    Err(e) => {
+                        tracing::debug!("NET/switchless: TCP path {path}: rebuild: {e}");
+                        return Ok(Revive::Down);
+                    }
+                }
+            }
+            r.paths[path].step = Step::Dialing {
+                generation,
+                socks,
+                since: Instant::now(),
+            };
+        }
+        let Step::Dialing {
+            generation,
+            socks,
+            since,
+        } = &mut r.paths[path].step
+        else {
+            return Ok(Revive::Pending);
+        };
+        let mut done = true;
+        for o in socks.iter_mut() {
+            match o.poll() {
+                Ok(d) => done &= d,
+                Err(e) => {
+                    tracing::debug!("NET/switchless: TCP path {path}: rebuild: {e}");
+                    r.paths[path].step = Step::Idle;
+                    return Ok(Revive::Down);
+                }
+            }
+        }
+        if !done {
+            if since.elapsed() > DIAL_TIMEOUT {
+                tracing::debug!(
+                    "NET/switchless: TCP path {path}: the peer did not acknowledge the rebuilt \
+                     streams within {} s; trying again at the next probe",
+                    DIAL_TIMEOUT.as_secs()
+                );
+                r.paths[path].step = Step::Idle;
+                return Ok(Revive::Down);
+            }
+            return Ok(Revive::Pending);
+        }
+        let g = *generation;
+        let Step::Dialing { socks, .. } = std::mem::take(&mut r.paths[path].step) else {
+            return Ok(Revive::Pending);
+        };
+        let socks = socks
+            .into_iter()
+            .filter_map(OutStream::into_stream)
+            .collect();
+        self.install(path, g, socks).map(|()| Revive::Rebuilt)
+    }
+
+    /// Makes `socks` path `path`'s streams (generation `g`), with fresh state; the old streams
+    /// leave the I/O pool and close. The new ones are not served yet ([`TcpFabric::serve`]).
+    fn install(&mut self, path: usize, g: u32, socks: Vec<TcpStream>) -> Result<()> {
+        if let Some(handles) = self.io.get_mut(path) {
+            pool::remove_streams(std::mem::take(handles))?;
+        }
+        let old = self.sh.path(path)?;
+        retire(&old, "rebuilt");
+        let n = socks.len();
+        let fresh = Arc::new(PathShared::new(old.label.clone(), socks));
+        self.sh.replace_path(path, fresh)?;
+        if let Some(r) = self.redial.as_mut() {
+            r.paths[path].generation = g;
+            r.paths[path].step = Step::Installed;
+        }
+        tracing::info!(
+            "NET/switchless: TCP path {}: new streams connected ({n} streams, generation {g})",
+            old.label
+        );
+        Ok(())
+    }
+
+    /// Serves path `path`'s installed streams: the acceptor acknowledges them (the connector sends
+    /// from now on), and they join the I/O pool.
+    fn serve(&mut self, path: usize) -> Result<()> {
+        let p = self.sh.path(path)?;
+        if self.redial.as_ref().is_some_and(|r| r.listening.is_some()) {
+            for (s, st) in p.streams.iter().enumerate() {
+                // 8 bytes into a fresh socket's empty buffer: never blocks.
+                let sent = st
+                    .sock
+                    .set_nodelay(true)
+                    .and_then(|()| (&st.sock).write_all(&AckRepr.to_bytes()));
+                if let Err(e) = sent {
+                    cut(&p, &format!("acknowledging stream {s}: {e}"));
+                }
+            }
+        }
+        while self.io.len() <= path {
+            self.io.push(Vec::new());
+        }
+        let threads = self.redial.as_ref().and_then(|r| r.cfg.io_threads);
+        pool::add_path_streams(&self.sh, &p, threads, &mut self.io[path])
+    }
+}
+
+/// Takes path generation `p` out of service (see [`PathShared::cut`]).
+fn cut(p: &PathShared, why: &str) {
+    p.cut(why);
+}
+
+/// Ends path generation `p` for good once it left the I/O pool: every socket aborted (nothing
+/// of ours delivered later), outstanding work and posted receives flushed.
+fn retire(p: &PathShared, why: &str) {
+    p.cut(why);
+    for s in &p.streams {
+        let _ = crate::sys::socket::abort(&s.sock);
+    }
+    p.close_streams();
+    p.fail_tx(WcStatus::WR_FLUSH_ERR, None, why);
+    p.fail_rx(why, false);
+}
+
+fn byte(v: usize) -> Result<u8> {
+    u8::try_from(v)
+        .map_err(|_| Error::Internal(format!("TCP stream hello: {v} does not fit a byte")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hello(generation: u32, stream: u8, nstreams: u8) -> HelloRepr {
+        HelloRepr {
+            npaths: 1,
+            path: 0,
+            nstreams,
+            stream,
+            nonce: 9,
+            generation,
+        }
+    }
+
+    #[test]
+    fn a_reconnect_needs_a_newer_generation_and_a_free_slot() {
+        let mut st = PathRedial {
+            generation: 2,
+            ..PathRedial::default()
+        };
+        // Stale (the current generation, or older): refused.
+        for g in [0, 1, 2] {
+            let e = file(&mut st, hello(g, 0, 2)).unwrap_err().to_string();
+            assert!(e.contains("stale or replayed"), "{e}");
+        }
+        file(&mut st, hello(3, 1, 2)).unwrap();
+        // What `accept` does with a filed stream.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let sock = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        if let Some((_, slots)) = st.arriving.as_mut() {
+            slots[1] = Some(sock);
+        }
+        // The same stream twice, or another count: refused.
+        assert!(file(&mut st, hello(3, 1, 2)).is_err());
+        assert!(file(&mut st, hello(3, 0, 4)).is_err());
+        // An older one than what is arriving: refused; a newer one replaces it.
+        st.arriving = Some((4, vec![None, None]));
+        assert!(file(&mut st, hello(3, 0, 2)).is_err());
+        file(&mut st, hello(5, 0, 1)).unwrap();
+        assert_eq!(
+            st.arriving.as_ref().map(|(g, s)| (*g, s.len())),
+            Some((5, 1))
+        );
+    }
+}

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# TCP failover and failback through the plugin .so between two network namespaces joined by TWO
+# veth links (two /30s, MTU 9000) and a management veth (a /24: bootstrap only, never a data path):
+#
+#   * `switchless bench bandwidth` rank 0 -> rank 1 (1 MiB messages, the bench's data checks on),
+#     NCCL_DEBUG=INFO;
+#   * mid-run the carrying link is set down in namespace A (B's end loses carrier: neither end's
+#     TCP notices for minutes; the plugin reads the carrier), later up again;
+#   * the run must complete on both ranks, and the logs must show the failover WARN (on the
+#     sender) and the failback INFO line ("is back and carries traffic again") on both ranks.
+#
+# Prints the time from `link set down` to the failover WARN and from `link set up` to the failback
+# INFO line (the log files are polled every 10 ms: the figures are upper bounds, ±10 ms).
+# Usage: tests/netns/failover.sh [--release] (SWL_FAILOVER_ITERS: messages, default 1500;
+# SWL_FAILOVER_DOWN_S: seconds the link stays down, default 2). Needs root and iproute2; removes what it creates.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+profile=debug
+[ "${1:-}" = --release ] && profile=release
+[ "$(id -u)" -eq 0 ] || { echo "failover.sh: needs root to create network namespaces" >&2; exit 1; }
+command -v ip >/dev/null || { echo "failover.sh: ip is missing (iproute2)" >&2; exit 1; }
+
+target="${CARGO_TARGET_DIR:-target}"
+if [ "$profile" = release ]; then
+  cargo build --quiet --release --lib --bin switchless
+else
+  cargo build --quiet --lib --bin switchless
+fi
+bin=$(readlink -f "$target/$profile/switchless")
+work=$(mktemp -d)
+cp "$target/$profile/libswitchless.so" "$work/libnccl-net-switchless.so"
+so="$work/libnccl-net-switchless.so"
+
+tag="swf$$"
+a="$tag-a"
+b="$tag-b"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  ip netns del "$a" 2>/dev/null || true
+  ip netns del "$b" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT INT TERM
+fail() {
+  for f in "$work"/rank.*; do echo "--- $f"; grep -v "^\s*$" "$f" | tail -n 25; done
+  echo "failover.sh: FAIL: $*" >&2
+  exit 1
+}
+
+ip netns add "$a"
+ip netns add "$b"
+for ns in "$a" "$b"; do ip -n "$ns" link set lo up; done
+# pair <name A> <name B> <addr A> <addr B> <mtu>
+pair() {
+  ip link add "$tag-x" type veth peer name "$tag-y"
+  ip link set "$tag-x" netns "$a"
+  ip link set "$tag-y" netns "$b"
+  ip -n "$a" link set "$tag-x" name "$1"
+  ip -n "$b" link set "$tag-y" name "$2"
+  ip -n "$a" link set "$1" mtu "$5" up
+  ip -n "$b" link set "$2" mtu "$5" up
+  ip -n "$a" addr add "$3" dev "$1"
+  ip -n "$b" addr add "$4" dev "$2"
+}
+pair mgmt mgmt 192.168.202.1/24 192.168.202.2/24 1500
+pair d0 d0 10.202.1.1/30 10.202.1.2/30 9000
+pair d1 d1 10.202.2.1/30 10.202.2.2/30 9000
+
+# Failback probes: 100 ms doubling for 5 tries, then every 1 s (the default is 5 s).
+env_common="NCCL_DEBUG=INFO NCCL_SWITCHLESS_TRANSPORT=tcp NCCL_SWITCHLESS_FAILBACK_INTERVAL=1s"
+iters="${SWL_FAILOVER_ITERS:-1500}"
+r=0
+for ns in "$a" "$b"; do
+  # shellcheck disable=SC2086
+  timeout 100 ip netns exec "$ns" env $env_common "$bin" bench bandwidth --rank "$r" --nranks 2 \
+    --bootstrap 192.168.202.1:29710 --plugin "$so" --timeout 60 --no-progress --dev 0 \
+    -b 1M -e 1M -n "$iters" -w 50 >"$work/rank.$r" 2>&1 &
+  pids+=($!)
+  r=$((r + 1))
+done
+
+now_ms() { echo $(($(date +%s%N) / 1000000)); }
+# wait_for <pattern> <file> <limit ms>: polls every 10 ms; prints the ms waited, fails at the limit.
+wait_for() {
+  local t0 t
+  t0=$(now_ms)
+  while ! grep -q -- "$1" "$2" 2>/dev/null; do
+    t=$(now_ms)
+    [ $((t - t0)) -lt "$3" ] || return 1
+    sleep 0.01
+  done
+  echo $(($(now_ms) - t0))
+}
+
+# Traffic first: the warm-up is over when the path INFO lines are out and a second has passed.
+wait_for "TCP path tcp0" "$work/rank.0" 30000 >/dev/null || fail "rank 0 never connected its TCP paths"
+sleep 1.5
+for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null || fail "a rank ended before the fault (raise SWL_FAILOVER_ITERS?)"; done
+ip -n "$a" link set d0 down
+warn_ms=$(wait_for "failed (.*failing over to" "$work/rank.0" 20000) || fail "no failover WARN on rank 0 within 20 s"
+sleep "${SWL_FAILOVER_DOWN_S:-2}"
+for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null || fail "a rank ended while the link was down (raise SWL_FAILOVER_ITERS?)"; done
+ip -n "$a" link set d0 up
+back0=$(wait_for "is back and carries traffic again" "$work/rank.0" 20000) || fail "no failback INFO on rank 0 within 20 s"
+back1=$(wait_for "is back and carries traffic again" "$work/rank.1" 20000) || fail "no failback INFO on rank 1 within 20 s"
+
+status=0
+for p in "${pids[@]}"; do wait "$p" || status=1; done
+[ "$status" -eq 0 ] || fail "the bench did not complete on both ranks"
+grep -q "data checks: all passed" "$work/rank.0" || fail "rank 0 does not report its data checks passed"
+grep -q "all data checks passed" "$work/rank.1" || fail "rank 1 does not report its data checks passed"
+grep -q "WARN.*path \[0\].*failed (.*failing over to" "$work/rank.0" || fail "rank 0's failover line is not a WARN about path [0]"
+grep -q "INFO.*path \[0\].*is back and carries traffic again" "$work/rank.1" || fail "rank 1's failback line is not an INFO about path [0]"
+grep -h "failing over to" "$work"/rank.* | head -n 2 | cut -c1-300 | sed 's/^/    /'
+grep -h "is back and carries traffic again" "$work"/rank.* | head -n 2 | cut -c1-300 | sed 's/^/    /'
+grep -h "new streams connected" "$work"/rank.* | head -n 2 | cut -c1-300 | sed 's/^/    /'
+grep -v "^\s*$" "$work/rank.0" | tail -n 4 | sed 's/^/    /'
+echo "failover.sh: link down -> failover WARN on the sender: ${warn_ms} ms; link up -> failback INFO: rank 0 ${back0} ms, rank 1 ${back1} ms (+${back0} ms)"
+echo "failover.sh: ok"

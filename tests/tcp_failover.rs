@@ -1,0 +1,274 @@
+//! Failover and failback over the TCP fabric on 127.0.0.1, two paths: a path whose streams break
+//! (a reset) or whose link goes down silently (a [`LinkCheck`] that says so, as sysfs would)
+//! costs bandwidth, not messages: every message arrives once with its bytes; when the link is
+//! back the path is rebuilt with new streams (generation 1) and carries traffic again, on both
+//! ends.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use switchless::sys::HostBuffer;
+use switchless::transport::comm::{
+    FailoverConfig, ProtocolConfig, RecvBuf, RecvComm, Request, SendComm, WeightConfig,
+    connect_pair,
+};
+use switchless::transport::fabric::MemKind;
+use switchless::transport::tcp::{LinkCheck, TcpConfig, TcpFabric, loopback_pair};
+
+/// Bounds every loop: a hang fails here, not by a test timeout.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8)
+        .collect()
+}
+
+/// Path 0's link, as both ends' sysfs would report it (one cable: both ends lose carrier).
+#[derive(Default)]
+struct Cable {
+    down: AtomicBool,
+}
+
+impl LinkCheck for Cable {
+    fn down(&self, path: usize) -> Option<String> {
+        (path == 0 && self.down.load(Ordering::SeqCst)).then(|| "test0: carrier 0".to_string())
+    }
+}
+
+fn pcfg() -> ProtocolConfig {
+    ProtocolConfig {
+        failover: FailoverConfig {
+            backoff: Duration::from_millis(20),
+            probe_interval: Duration::from_millis(200),
+            ..FailoverConfig::default()
+        },
+        // Shares by nominal speed: on 127.0.0.1 the measured rates say nothing about a path, and
+        // a rebuilt path restarting at its nominal 10 Gb/s next to a survivor measured far above
+        // it would get little of the last batch.
+        weights: WeightConfig {
+            adaptive: false,
+            ..WeightConfig::default()
+        },
+        ..ProtocolConfig::default()
+    }
+}
+
+struct Rig {
+    s: SendComm<TcpFabric>,
+    r: RecvComm<TcpFabric>,
+}
+
+fn rig(cable: Option<&Arc<Cable>>) -> Rig {
+    let tcfg = TcpConfig {
+        streams: Some(2),
+        ..TcpConfig::default()
+    };
+    let (mut a, mut b) = loopback_pair(&[10_000, 10_000], &tcfg).unwrap();
+    if let Some(c) = cable {
+        a.set_link_check(Arc::clone(c) as Arc<dyn LinkCheck>);
+        b.set_link_check(Arc::clone(c) as Arc<dyn LinkCheck>);
+    }
+    let (s, r) = connect_pair(a, b, pcfg()).unwrap();
+    Rig { s, r }
+}
+
+/// Streams `n` messages of `size` bytes (4 in flight), both sides in this thread; `at(rig, m)`
+/// runs when message `m` is about to be sent. Checks every message's bytes.
+fn stream(g: &mut Rig, n: usize, size: usize, mut at: impl FnMut(&mut Rig, usize)) {
+    let window = 4;
+    let data = pattern(size, 7);
+    let mut src = HostBuffer::new(size).unwrap();
+    src.write(0, &data).unwrap();
+    let smh = g.s.reg_mr(src.addr(), size as u64, MemKind::Host).unwrap();
+    let mut dst = HostBuffer::new(size * n).unwrap();
+    dst.write(0, &vec![0xEE; size * n]).unwrap();
+    let rmh =
+        g.r.reg_mr(dst.addr(), (size * n) as u64, MemKind::Host)
+            .unwrap();
+    let (mut rnext, mut snext, mut sent, mut got) = (0, 0, 0, 0);
+    let mut rq: Vec<(usize, Request)> = Vec::new();
+    let mut sq: Vec<Request> = Vec::new();
+    let t = Instant::now();
+    while sent < n || got < n {
+        assert!(
+            t.elapsed() < DEADLINE,
+            "hang: {sent} of {n} sent, {got} received; paths up {:?} / {:?}",
+            g.s.paths_up(),
+            g.r.paths_up()
+        );
+        let now = Instant::now();
+        while rnext < n && rq.len() < window {
+            let b = RecvBuf {
+                addr: dst.addr() + (rnext * size) as u64,
+                size: size as u64,
+                tag: 0,
+                mh: &rmh,
+            };
+            match g.r.irecv(now, &[b]).unwrap() {
+                Some(q) => {
+                    rq.push((rnext, q));
+                    rnext += 1;
+                }
+                None => break,
+            }
+        }
+        while snext < n && sq.len() < window {
+            at(g, snext);
+            match g.s.isend(now, src.addr(), size as u64, 0, &smh).unwrap() {
+                Some(q) => {
+                    sq.push(q);
+                    snext += 1;
+                }
+                None => break,
+            }
+        }
+        let mut k = 0;
+        while k < rq.len() {
+            if let Some(sz) = g.r.test(now, rq[k].1).unwrap() {
+                assert_eq!(sz.as_slice(), &[size as u64], "message {}", rq[k].0);
+                rq.remove(k);
+                got += 1;
+            } else {
+                k += 1;
+            }
+        }
+        let mut k = 0;
+        while k < sq.len() {
+            if g.s.test(now, sq[k]).unwrap().is_some() {
+                sq.remove(k);
+                sent += 1;
+            } else {
+                k += 1;
+            }
+        }
+        std::thread::yield_now();
+    }
+    for m in 0..n {
+        let b = dst.read(m * size, size).unwrap();
+        assert!(b == data, "message {m} of {size} bytes differs");
+    }
+    g.s.dereg_mr(smh).unwrap();
+    g.r.dereg_mr(rmh).unwrap();
+}
+
+/// Streams batches until both ends have path 0 up again (bounded), then one more batch, which
+/// must put bytes on path 0's new streams.
+fn until_back(g: &mut Rig) {
+    let t = Instant::now();
+    while g.s.paths_up() != [true, true] || g.r.paths_up() != [true, true] {
+        assert!(
+            t.elapsed() < DEADLINE,
+            "no failback: paths up {:?} / {:?}",
+            g.s.paths_up(),
+            g.r.paths_up()
+        );
+        stream(g, 16, 64 << 10, |_, _| {});
+    }
+    assert_eq!(g.s.fabric().path_generation(0), 1);
+    assert_eq!(g.r.fabric().path_generation(0), 1);
+    assert_eq!(g.s.fabric().path_generation(1), 0);
+    let before: u64 = g.s.fabric().stream_bytes(0).iter().sum();
+    stream(g, 64, 256 << 10, |_, _| {});
+    let after: u64 = g.s.fabric().stream_bytes(0).iter().sum();
+    assert!(
+        after > before + (1 << 20),
+        "path 0 carries data again ({before} -> {after} bytes)"
+    );
+}
+
+#[test]
+fn a_stream_reset_fails_over_and_the_path_is_rebuilt() {
+    let mut g = rig(None);
+    stream(&mut g, 200, 256 << 10, |g, m| {
+        if m == 40 {
+            g.s.fabric_mut().break_path(0);
+        }
+    });
+    assert!(g.s.paths_up()[1]);
+    until_back(&mut g);
+    g.s.close().unwrap();
+    g.r.close().unwrap();
+}
+
+#[test]
+fn a_link_that_goes_down_silently_fails_over_then_back() {
+    let cable = Arc::new(Cable::default());
+    let mut g = rig(Some(&cable));
+    stream(&mut g, 200, 256 << 10, |_, m| {
+        if m == 40 {
+            // The streams stay up: only the link check knows.
+            cable.down.store(true, Ordering::SeqCst);
+        }
+    });
+    // Both ends failed over (the receiver too, with nothing completing on the path).
+    assert_eq!(g.s.paths_up(), [false, true]);
+    assert_eq!(g.r.paths_up(), [false, true]);
+    assert_eq!(g.s.fabric().path_generation(0), 0, "rebuilt while down");
+    cable.down.store(false, Ordering::SeqCst);
+    until_back(&mut g);
+    g.s.close().unwrap();
+    g.r.close().unwrap();
+}
+
+/// Whether the other end closed or reset `s` (it never sends a stranger anything).
+fn ended(mut s: &std::net::TcpStream) -> bool {
+    use std::io::{ErrorKind, Read};
+    let mut b = [0u8; 8];
+    match s.read(&mut b) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => !matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut),
+    }
+}
+
+/// The listener an acceptor keeps for rebuilds lets no stranger in: a stream with the wrong nonce
+/// (the hello's generation 1 claims a rebuild) and one that sends garbage are closed, the
+/// connection carries on over both paths with the streams it has.
+#[test]
+fn a_foreign_reconnect_stream_is_closed_and_changes_nothing() {
+    use std::io::Write;
+    use switchless::transport::tcp::frame::HelloRepr;
+    let mut g = rig(None);
+    stream(&mut g, 16, 64 << 10, |_, _| {});
+    let ports = g.r.fabric().rebuild_ports();
+    assert_eq!(ports.len(), 2, "the acceptor keeps one listener per path");
+    assert!(
+        g.s.fabric().rebuild_ports().is_empty(),
+        "the connector listens on nothing"
+    );
+    let hello = HelloRepr {
+        npaths: 2,
+        path: 0,
+        nstreams: 2,
+        stream: 0,
+        nonce: 12345,
+        generation: 1,
+    }
+    .to_bytes();
+    let mut forged = std::net::TcpStream::connect(("127.0.0.1", ports[0])).unwrap();
+    forged.write_all(&hello).unwrap();
+    let mut garbage = std::net::TcpStream::connect(("127.0.0.1", ports[1])).unwrap();
+    garbage.write_all(&[0xAB; 24]).unwrap();
+    for s in [&forged, &garbage] {
+        s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+    }
+    // The acceptor looks at its listeners while the comms run; both strangers are closed.
+    let t = Instant::now();
+    let mut closed = [false, false];
+    while closed != [true, true] {
+        assert!(t.elapsed() < DEADLINE, "a stranger's stream stayed open");
+        stream(&mut g, 4, 64 << 10, |_, _| {});
+        for (c, s) in closed.iter_mut().zip([&forged, &garbage]) {
+            *c = *c || ended(s);
+        }
+    }
+    assert_eq!(g.s.paths_up(), [true, true]);
+    assert_eq!(g.r.paths_up(), [true, true]);
+    assert_eq!(g.r.fabric().path_generation(0), 0);
+    assert_eq!(g.r.fabric().path_generation(1), 0);
+    g.s.close().unwrap();
+    g.r.close().unwrap();
+}
