@@ -21,6 +21,7 @@ use switchless::plugin::{
     self, Backend, CommInfo, HANDLE_SIZE, Handle, HostView, PtrSupport, RecvBuf, Region, Switchless,
 };
 use switchless::route::types::{KernelRoute, LinkKind, LocalLink};
+use switchless::sys::Lent;
 use switchless::transport::memfab::{MemFab, MemFabConfig};
 
 type B = Switchless<MemFactory>;
@@ -138,8 +139,7 @@ fn establish(b: &Arc<B>) -> (<B as Backend>::Send, <B as Backend>::Recv) {
 
 fn region(addr: u64, size: usize) -> Region {
     Region {
-        addr: addr as usize,
-        size,
+        mem: Lent::simulated(addr, size),
         kind: PtrSupport::HOST,
     }
 }
