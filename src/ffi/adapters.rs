@@ -259,7 +259,7 @@ unsafe fn region(data: Vp, size: usize, kind: c_int) -> Result<Region> {
         })?;
     // SAFETY: the caller's contract is `Lent::from_raw`'s: NCCL keeps the buffer allocated and
     // writable until deregMr, which releases every registration made from it.
-    let mem = unsafe { Lent::from_raw(data as usize as u64, size)? };
+    let mem = unsafe { Lent::from_raw(data.cast(), size)? };
     Ok(Region {
         mem,
         kind: PtrSupport(kind),

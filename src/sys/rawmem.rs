@@ -64,7 +64,7 @@ impl Span {
 /// A bare address does not make one in safe code:
 ///
 /// ```compile_fail,E0133
-/// let lent = switchless::sys::Lent::from_raw(8, 8).unwrap();
+/// let lent = switchless::sys::Lent::from_raw(8 as *mut u8, 8).unwrap();
 /// ```
 ///
 /// and nothing registers or copies through a bare address:
@@ -81,10 +81,21 @@ impl Span {
 /// ```
 #[derive(Clone)]
 pub struct Lent {
+    /// The first byte, with the provenance of the allocation (null for a simulated address): the
+    /// copies of [`RawRegion`] derive their pointers from it, never from an integer.
+    ptr: *mut u8,
     addr: u64,
     len: usize,
     space: Space,
 }
+
+// SAFETY: a `Lent` is a pointer, a range and an owner that is `Send + Sync`; the pointer is only
+// dereferenced by `RawRegion`'s bounds-checked copies, under the `Lent` contract, which does not
+// depend on the thread (NCCL's service thread registers, its progress thread and the TCP workers
+// copy).
+unsafe impl Send for Lent {}
+// SAFETY: `&Lent` gives only the address and clones; see `Send`.
+unsafe impl Sync for Lent {}
 
 #[derive(Clone)]
 enum Space {
@@ -118,9 +129,11 @@ impl Lent {
     /// completes, no write of a send buffer before its send completes. Host memory for
     /// [`crate::transport::fabric::MemKind::Host`] registrations: the TCP fabric copies through the
     /// CPU.
-    pub unsafe fn from_raw(addr: u64, len: usize) -> Result<Lent> {
+    pub unsafe fn from_raw(ptr: *mut u8, len: usize) -> Result<Lent> {
+        let addr = ptr as usize as u64;
         check_range(addr, len)?;
         Ok(Lent {
+            ptr,
             addr,
             len,
             space: Space::Process { _owner: None },
@@ -129,8 +142,12 @@ impl Lent {
 
     /// Lends leaked memory (e.g. `Box::leak`): alive and unaliased for the rest of the process.
     pub fn from_static(mem: &'static mut [u8]) -> Lent {
+        // One pointer, taken once: a second `as_mut_ptr` would reborrow `mem` and invalidate the
+        // first (Stacked Borrows).
+        let ptr = mem.as_mut_ptr();
         Lent {
-            addr: mem.as_mut_ptr() as usize as u64,
+            ptr,
+            addr: ptr as usize as u64,
             len: mem.len(),
             space: Space::Process { _owner: None },
         }
@@ -140,6 +157,7 @@ impl Lent {
     /// in-process fabrics): lends no process memory; `RawRegion` and the verbs fabric refuse it.
     pub fn simulated(addr: u64, len: usize) -> Lent {
         Lent {
+            ptr: std::ptr::null_mut(),
             addr,
             len,
             space: Space::Simulated,
@@ -159,6 +177,12 @@ impl Lent {
                 ))
             })?;
         Ok(Lent {
+            // In bounds of the same allocation (checked above); null stays null for simulated.
+            ptr: if self.ptr.is_null() {
+                self.ptr
+            } else {
+                self.ptr.wrapping_add(off)
+            },
             addr,
             len,
             space: self.space.clone(),
@@ -221,18 +245,22 @@ fn check_range(addr: u64, len: usize) -> Result<()> {
 pub struct RawRegion {
     addr: u64,
     len: usize,
-    _mem: Lent,
+    mem: Lent,
 }
 
 impl RawRegion {
     /// The region of `mem`, which must lend process memory (see [`Lent::require_process`]).
     pub fn new(mem: &Lent) -> Result<RawRegion> {
         mem.require_process("a CPU-copied registration")?;
-        Ok(RawRegion {
+        Ok(RawRegion::of(mem.clone()))
+    }
+
+    fn of(mem: Lent) -> RawRegion {
+        RawRegion {
             addr: mem.addr,
             len: mem.len,
-            _mem: mem.clone(),
-        })
+            mem,
+        }
     }
 
     /// Start address.
@@ -258,7 +286,8 @@ impl RawRegion {
 
     fn check(&self, addr: u64, len: usize) -> io::Result<*mut u8> {
         if self.contains(addr, len) {
-            Ok(addr as usize as *mut u8)
+            // Offset from the lent pointer (keeping its provenance); `contains` bounds it.
+            Ok(self.mem.ptr.wrapping_add((addr - self.addr) as usize))
         } else {
             Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -421,6 +450,7 @@ impl HostBuffer {
     pub fn lend(&self) -> Lent {
         let owner: Arc<dyn Any + Send + Sync> = self.block.clone();
         Lent {
+            ptr: self.block.ptr.as_ptr(),
             addr: self.addr(),
             len: self.len(),
             space: Space::Process {
@@ -435,12 +465,7 @@ impl HostBuffer {
     }
 
     fn region(&self) -> RawRegion {
-        let mem = self.lend();
-        RawRegion {
-            addr: mem.addr,
-            len: mem.len,
-            _mem: mem,
-        }
+        RawRegion::of(self.lend())
     }
 
     /// Start address, for registration with a NIC.
@@ -532,8 +557,15 @@ mod tests {
         );
         drop(whole);
         drop(r);
-        let leaked = Lent::from_static(Box::leak(vec![0u8; 4].into_boxed_slice()));
+        // Kept reachable from a static (Miri's leak check): leaked memory stays lent for good.
+        static LEAKED: std::sync::OnceLock<Lent> = std::sync::OnceLock::new();
+        let leaked =
+            LEAKED.get_or_init(|| Lent::from_static(Box::leak(vec![0u8; 4].into_boxed_slice())));
         assert!(leaked.is_process() && leaked.len() == 4);
+        RawRegion::new(leaked)
+            .unwrap()
+            .write(leaked.addr() + 3, &[1])
+            .unwrap();
     }
 
     #[test]
@@ -572,9 +604,10 @@ mod tests {
         assert!(RawRegion::new(&Lent::simulated(b.addr(), 8)).is_err());
         // SAFETY: nothing is registered from these; the constructor only checks the range.
         unsafe {
-            assert!(Lent::from_raw(0, 4).is_err());
-            assert!(Lent::from_raw(u64::MAX, 2).is_err());
-            assert!(Lent::from_raw(0, 0).is_ok());
+            assert!(Lent::from_raw(std::ptr::null_mut(), 4).is_err());
+            let top = std::ptr::without_provenance_mut(usize::MAX);
+            assert!(Lent::from_raw(top, 2).is_err());
+            assert!(Lent::from_raw(std::ptr::null_mut(), 0).is_ok());
         }
     }
 
