@@ -7,6 +7,7 @@
 
 use std::time::{Duration, Instant};
 
+use switchless::sys::Lent;
 use switchless::transport::comm::{
     MemHandle, ProtocolConfig, RecvBuf, RecvComm, SendComm, connect_pair,
 };
@@ -37,8 +38,8 @@ fn setup(npaths: usize, size: usize, copy_data: bool) -> Case {
     let data: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
     fab.write(sa, &data).unwrap();
     let ra = fab.alloc(len).unwrap();
-    let smh = s.reg_mr(sa, len as u64, MemKind::Host).unwrap();
-    let rmh = r.reg_mr(ra, len as u64, MemKind::Host).unwrap();
+    let smh = s.reg_mr(&Lent::simulated(sa, len), MemKind::Host).unwrap();
+    let rmh = r.reg_mr(&Lent::simulated(ra, len), MemKind::Host).unwrap();
     Case {
         fab,
         s,

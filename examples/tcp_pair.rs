@@ -219,11 +219,11 @@ fn serve(local: IpAddr, port: u16, peer: Option<IpAddr>, speed: u64, timeout: u6
 
     let depth = depth.clamp(1, 32);
     let bufs: Vec<HostBuffer> = (0..depth)
-        .map(|_| HostBuffer::new(bytes))
+        .map(|_| HostBuffer::new(bytes.max(1)))
         .collect::<Result<_>>()?;
     let mhs = bufs
         .iter()
-        .map(|b| r.reg_mr(b.addr(), bytes.max(1) as u64, MemKind::Host))
+        .map(|b| r.reg_mr(&b.lend(), MemKind::Host))
         .collect::<Result<Vec<_>>>()?;
     let mut want = vec![0u8; bytes];
     let mut inflight = std::collections::VecDeque::new();
@@ -363,11 +363,11 @@ fn connect(
     send_blob(&mut ctl, &s.local_info().to_bytes())?;
 
     let mut bufs: Vec<HostBuffer> = (0..depth)
-        .map(|_| HostBuffer::new(bytes))
+        .map(|_| HostBuffer::new(bytes.max(1)))
         .collect::<Result<_>>()?;
     let mhs = bufs
         .iter()
-        .map(|b| s.reg_mr(b.addr(), bytes.max(1) as u64, MemKind::Host))
+        .map(|b| s.reg_mr(&b.lend(), MemKind::Host))
         .collect::<Result<Vec<_>>>()?;
     let mut pat = vec![0u8; bytes];
     let mut inflight = std::collections::VecDeque::new();

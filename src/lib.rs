@@ -16,6 +16,8 @@
 //! Beside them: [`config`] (the environment), [`error`], [`sync`] (the one lock helper),
 //! [`findings`]; and [`tools`], the CLI only (doctor, plan, nccl-tests, bench).
 #![deny(unsafe_code)]
+// Miri cannot call the C test logger; under Miri the tests use a Rust C-variadic one.
+#![cfg_attr(miri, feature(c_variadic))]
 
 pub mod config;
 pub mod error;

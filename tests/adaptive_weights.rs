@@ -8,6 +8,7 @@
 
 use std::time::{Duration, Instant};
 
+use switchless::sys::Lent;
 use switchless::transport::comm::{
     MemHandle, ProtocolConfig, RecvBuf, RecvComm, Request, SendComm, WeightConfig, connect_pair,
 };
@@ -49,8 +50,8 @@ fn pair(adaptive: bool) -> Pair {
     let len = WINDOW * SIZE;
     let sa = f.alloc(len).unwrap();
     let ra = f.alloc(len).unwrap();
-    let smh = s.reg_mr(sa, len as u64, MemKind::Host).unwrap();
-    let rmh = r.reg_mr(ra, len as u64, MemKind::Host).unwrap();
+    let smh = s.reg_mr(&Lent::simulated(sa, len), MemKind::Host).unwrap();
+    let rmh = r.reg_mr(&Lent::simulated(ra, len), MemKind::Host).unwrap();
     Pair {
         f,
         s,

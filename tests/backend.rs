@@ -21,6 +21,7 @@ use switchless::plugin::{
     Switchless,
 };
 use switchless::route::types::{KernelRoute, LinkKind, LocalLink};
+use switchless::sys::Lent;
 use switchless::transport::memfab::{MemFab, MemFabConfig};
 
 #[path = "support/logs.rs"]
@@ -210,8 +211,7 @@ fn listen_connect_accept_send_recv_through_the_plugin_core() {
     let smr = plugin::reg_mr(
         &sc,
         Region {
-            addr: src as usize,
-            size: CAP,
+            mem: Lent::simulated(src, CAP),
             kind: PtrSupport::HOST,
         },
     )
@@ -219,8 +219,7 @@ fn listen_connect_accept_send_recv_through_the_plugin_core() {
     let rmr = plugin::reg_mr(
         &rc,
         Region {
-            addr: dst as usize,
-            size: CAP,
+            mem: Lent::simulated(dst, CAP),
             kind: PtrSupport::HOST,
         },
     )
@@ -304,8 +303,7 @@ fn grouped_receive_with_tags_and_many_connections() {
         let smr = B::reg_mr(
             plugin::CommRef::Send(&s),
             Region {
-                addr: src as usize,
-                size: 1 << 16,
+                mem: Lent::simulated(src, 1 << 16),
                 kind: PtrSupport::HOST,
             },
         )
@@ -313,8 +311,7 @@ fn grouped_receive_with_tags_and_many_connections() {
         let rmr = B::reg_mr(
             plugin::CommRef::Recv(&r),
             Region {
-                addr: dst as usize,
-                size: 1 << 16,
+                mem: Lent::simulated(dst, 1 << 16),
                 kind: PtrSupport::HOST,
             },
         )
@@ -438,8 +435,7 @@ fn a_standby_path_of_another_device_takes_over_when_the_carrying_cable_is_pulled
         let dst = fab.alloc(N).unwrap();
         fab.write(src, &pattern(N, 3)).unwrap();
         let region = |addr: u64| Region {
-            addr: addr as usize,
-            size: N,
+            mem: Lent::simulated(addr, N),
             kind: PtrSupport::HOST,
         };
         let smr = B::reg_mr(plugin::CommRef::Send(&s), region(src)).unwrap();
@@ -621,8 +617,7 @@ fn a_pending_receive(b: &Arc<B>) -> PendingReceive {
     let rmr = B::reg_mr(
         plugin::CommRef::Recv(&r),
         Region {
-            addr: dst as usize,
-            size: 4096,
+            mem: Lent::simulated(dst, 4096),
             kind: PtrSupport::HOST,
         },
     )
@@ -757,8 +752,7 @@ fn qps_per_connection_multiplies_the_paths_up_to_eight() {
         B::reg_mr(
             c,
             Region {
-                addr: a as usize,
-                size: n,
+                mem: Lent::simulated(a, n),
                 kind: PtrSupport::HOST,
             },
         )
@@ -840,8 +834,7 @@ fn gpu_receives_are_flushed_through_the_loopback_path() {
     let smr = B::reg_mr(
         plugin::CommRef::Send(&s),
         Region {
-            addr: src as usize,
-            size: n,
+            mem: Lent::simulated(src, n),
             kind: PtrSupport::HOST,
         },
     )
@@ -849,8 +842,7 @@ fn gpu_receives_are_flushed_through_the_loopback_path() {
     let rmr = B::reg_mr(
         plugin::CommRef::Recv(&r),
         Region {
-            addr: dst as usize,
-            size: n,
+            mem: Lent::simulated(dst, n),
             kind: PtrSupport::CUDA,
         },
     )
@@ -905,8 +897,7 @@ fn gpu_receives_are_flushed_through_the_loopback_path() {
     let hmr = B::reg_mr(
         plugin::CommRef::Recv(&r),
         Region {
-            addr: dst as usize,
-            size: n,
+            mem: Lent::simulated(dst, n),
             kind: PtrSupport::HOST,
         },
     )
@@ -990,8 +981,7 @@ fn leak_cycles_in_their_own_process() {
             fab.kill_after(a, (i / 3) % 2, (i % 4) as u64, i % 4 == 1);
         }
         let region = |addr: u64| Region {
-            addr: addr as usize,
-            size: 4096,
+            mem: Lent::simulated(addr, 4096),
             kind: PtrSupport::HOST,
         };
         let smr = B::reg_mr(plugin::CommRef::Send(&s), region(src)).unwrap();
@@ -1151,8 +1141,7 @@ fn attacks_on_the_listen_comm_leave_it_serving_the_real_connector() {
     let fab = b.factory().fab().clone();
     let (src, dst) = (fab.alloc(4096).unwrap(), fab.alloc(4096).unwrap());
     let region = |addr: u64| Region {
-        addr: addr as usize,
-        size: 4096,
+        mem: Lent::simulated(addr, 4096),
         kind: PtrSupport::HOST,
     };
     let smr = B::reg_mr(plugin::CommRef::Send(&s), region(src)).unwrap();

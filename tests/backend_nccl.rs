@@ -18,6 +18,7 @@ use switchless::plugin::{
     RecvBuf, Region, Switchless,
 };
 use switchless::route::types::{KernelRoute, LinkKind, LocalLink};
+use switchless::sys::Lent;
 use switchless::transport::memfab::{MemFab, MemFabConfig};
 use tracing::Level;
 
@@ -146,8 +147,7 @@ fn transfer(fab: &MemFab, sc: &mut plugin::Comm<B>, rc: &mut plugin::Comm<B>, si
     let data: Vec<u8> = (0..size).map(|i| (i * 7 + 3) as u8).collect();
     fab.write(src, &data).unwrap();
     let region = |addr: u64| Region {
-        addr: addr as usize,
-        size: size.max(1),
+        mem: Lent::simulated(addr, size.max(1)),
         kind: PtrSupport::HOST,
     };
     let smr = plugin::reg_mr(sc, region(src)).unwrap();

@@ -22,6 +22,7 @@ use switchless::plugin::{
     self, Backend, CommInfo, HANDLE_SIZE, Handle, HostView, PtrSupport, RecvBuf, Region, Switchless,
 };
 use switchless::route::types::{KernelRoute, LinkKind, LocalLink};
+use switchless::sys::Lent;
 use switchless::transport::memfab::{MemFab, MemFabConfig};
 
 type B = Switchless<MemFactory>;
@@ -139,8 +140,7 @@ fn establish(b: &Arc<B>) -> (<B as Backend>::Send, <B as Backend>::Recv) {
 
 fn region(addr: u64, size: usize) -> Region {
     Region {
-        addr: addr as usize,
-        size,
+        mem: Lent::simulated(addr, size),
         kind: PtrSupport::HOST,
     }
 }
@@ -418,8 +418,7 @@ fn the_flush_is_readied_at_the_first_gpu_registration() {
     let host = B::reg_mr(plugin::CommRef::Recv(&conn.1), region(buf, 4096)).unwrap();
     assert_eq!(preps(), 0, "host memory needs no flush");
     let gpu = |addr| Region {
-        addr: addr as usize,
-        size: 4096,
+        mem: Lent::simulated(addr, 4096),
         kind: PtrSupport::CUDA,
     };
     let g1 = B::reg_mr(plugin::CommRef::Recv(&conn.1), gpu(buf + 8192)).unwrap();

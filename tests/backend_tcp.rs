@@ -18,6 +18,7 @@ use switchless::plugin::{
     Backend, CommInfo, HANDLE_SIZE, Handle, HostView, PtrSupport, RecvBuf, Region, Switchless,
 };
 use switchless::route::types::{KernelRoute, LinkKind};
+use switchless::sys::HostBuffer;
 
 #[path = "support/bounds.rs"]
 mod bounds;
@@ -34,20 +35,20 @@ fn pattern(n: usize, seed: u8) -> Vec<u8> {
 /// Sends `sizes` one after another and checks every byte that arrives.
 fn transfer(pair: &mut Pair, sizes: &[usize]) {
     let cap = sizes.iter().copied().max().unwrap_or(0).max(1);
-    let mut src = vec![0u8; cap];
-    let mut dst = vec![0u8; cap];
-    let region = |v: &mut Vec<u8>| Region {
-        addr: v.as_mut_ptr() as usize,
-        size: v.len(),
+    // Host buffers: the TCP workers write `dst` while no Rust reference to its bytes exists.
+    let mut src = HostBuffer::new(cap).unwrap();
+    let mut dst = HostBuffer::new(cap).unwrap();
+    let region = |b: &HostBuffer| Region {
+        mem: b.lend(),
         kind: PtrSupport::HOST,
     };
-    let smr = B::reg_mr(switchless::plugin::CommRef::Send(&pair.0), region(&mut src)).unwrap();
-    let rmr = B::reg_mr(switchless::plugin::CommRef::Recv(&pair.1), region(&mut dst)).unwrap();
+    let smr = B::reg_mr(switchless::plugin::CommRef::Send(&pair.0), region(&src)).unwrap();
+    let rmr = B::reg_mr(switchless::plugin::CommRef::Recv(&pair.1), region(&dst)).unwrap();
     for (k, &size) in sizes.iter().enumerate() {
         let data = pattern(size, k as u8);
-        src[..size].copy_from_slice(&data);
-        dst.fill(0xee);
-        let dst_addr = dst.as_mut_ptr() as usize;
+        src.write(0, &data).unwrap();
+        dst.write(0, &vec![0xee; cap]).unwrap();
+        let dst_addr = dst.addr() as usize;
         let mut rreq = B::irecv(
             &pair.1,
             &[RecvBuf {
@@ -61,7 +62,7 @@ fn transfer(pair: &mut Pair, sizes: &[usize]) {
         .expect("a receive can be posted");
         let deadline = Instant::now() + Duration::from_secs(20);
         let mut sreq = loop {
-            if let Some(r) = B::isend(&pair.0, src.as_ptr() as usize, size, 9, &smr).unwrap() {
+            if let Some(r) = B::isend(&pair.0, src.addr() as usize, size, 9, &smr).unwrap() {
                 break r;
             }
             assert!(Instant::now() < deadline, "isend never found the CTS");
@@ -79,7 +80,10 @@ fn transfer(pair: &mut Pair, sizes: &[usize]) {
                 rdone = true;
             }
         }
-        assert!(dst[..size] == data[..], "payload of {size} bytes");
+        assert!(
+            dst.read(0, size).unwrap() == data,
+            "payload of {size} bytes"
+        );
     }
     B::dereg_mr(switchless::plugin::CommRef::Send(&pair.0), smr).unwrap();
     B::dereg_mr(switchless::plugin::CommRef::Recv(&pair.1), rmr).unwrap();

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use switchless::error::Error;
+use switchless::sys::Lent;
 use switchless::transport::comm::{
     FailoverConfig, ProtocolConfig, RecvBuf, RecvComm, Request, SendComm, connect_pair,
 };
@@ -130,8 +131,12 @@ fn stream_in(
     let max = sizes.iter().copied().max().unwrap_or(0).max(1);
     let copies = g.copies;
     let data = pattern(max, 7);
-    let smh = g.s.reg_mr(src, max as u64, MemKind::Host).unwrap();
-    let rmh = g.r.reg_mr(dst, total as u64, MemKind::Host).unwrap();
+    let smh =
+        g.s.reg_mr(&Lent::simulated(src, max), MemKind::Host)
+            .unwrap();
+    let rmh =
+        g.r.reg_mr(&Lent::simulated(dst, total), MemKind::Host)
+            .unwrap();
     let mut offs = Vec::with_capacity(sizes.len());
     let mut o = 0;
     for &sz in sizes {
@@ -352,8 +357,12 @@ fn the_last_path_failing_fails_the_request_with_its_error() {
     let mut g = rig(2, MemFabConfig::default(), pcfg());
     let src = g.fab.alloc(64).unwrap();
     let dst = g.fab.alloc(64).unwrap();
-    let smh = g.s.reg_mr(src, 64, MemKind::Host).unwrap();
-    let rmh = g.r.reg_mr(dst, 64, MemKind::Host).unwrap();
+    let smh =
+        g.s.reg_mr(&Lent::simulated(src, 64), MemKind::Host)
+            .unwrap();
+    let rmh =
+        g.r.reg_mr(&Lent::simulated(dst, 64), MemKind::Host)
+            .unwrap();
     g.fab.kill_path(g.sid, 0);
     g.fab.kill_path(g.sid, 1);
     let b = RecvBuf {
@@ -399,8 +408,12 @@ fn failover_off_keeps_the_old_behaviour() {
     let mut g = rig(2, MemFabConfig::default(), off);
     let src = g.fab.alloc(1 << 20).unwrap();
     let dst = g.fab.alloc(1 << 20).unwrap();
-    let smh = g.s.reg_mr(src, 1 << 20, MemKind::Host).unwrap();
-    let rmh = g.r.reg_mr(dst, 1 << 20, MemKind::Host).unwrap();
+    let smh =
+        g.s.reg_mr(&Lent::simulated(src, 1 << 20), MemKind::Host)
+            .unwrap();
+    let rmh =
+        g.r.reg_mr(&Lent::simulated(dst, 1 << 20), MemKind::Host)
+            .unwrap();
     let b = RecvBuf {
         addr: dst,
         size: 1 << 20,
@@ -642,7 +655,9 @@ fn a_health_error_about_one_path_fails_over_instead_of_failing_the_send() {
     let _p = shared();
     let mut g = rig(2, MemFabConfig::default(), pcfg());
     let src = g.fab.alloc(64).unwrap();
-    let smh = g.s.reg_mr(src, 64, MemKind::Host).unwrap();
+    let smh =
+        g.s.reg_mr(&Lent::simulated(src, 64), MemKind::Host)
+            .unwrap();
     // Waiting for a clear-to-send: the device reports trouble, and path 0's cable is out.
     assert_eq!(g.s.isend(g.now, src, 64, 0, &smh).unwrap(), None);
     g.fab

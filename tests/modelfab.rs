@@ -7,6 +7,7 @@
 
 use std::time::{Duration, Instant};
 
+use switchless::sys::Lent;
 use switchless::transport::comm::{
     MemHandle, ProtocolConfig, RecvBuf, RecvComm, Request, SendComm, connect_pair,
 };
@@ -31,8 +32,12 @@ fn one_write_lands_after_latency_plus_wire_time_and_completes_one_latency_later(
     let src = f.alloc(len).unwrap();
     let dst = f.alloc(len).unwrap();
     f.write(src, &vec![7u8; len]).unwrap();
-    let ra = a.register(src, len, MemKind::Host).unwrap();
-    let rb = b.register(dst, len, MemKind::Host).unwrap();
+    let ra = a
+        .register(&Lent::simulated(src, len), MemKind::Host)
+        .unwrap();
+    let rb = b
+        .register(&Lent::simulated(dst, len), MemKind::Host)
+        .unwrap();
     b.post_recv(0, 9).unwrap();
     a.post_write(
         0,
@@ -90,8 +95,8 @@ fn pair(f: ModelFab, slots: usize, size: usize) -> Pair {
     let data: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
     f.write(sa, &data).unwrap();
     let ra = f.alloc(len).unwrap();
-    let smh = s.reg_mr(sa, len as u64, MemKind::Host).unwrap();
-    let rmh = r.reg_mr(ra, len as u64, MemKind::Host).unwrap();
+    let smh = s.reg_mr(&Lent::simulated(sa, len), MemKind::Host).unwrap();
+    let rmh = r.reg_mr(&Lent::simulated(ra, len), MemKind::Host).unwrap();
     Pair {
         f,
         s,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use switchless::error::Error;
-use switchless::sys::HostBuffer;
+use switchless::sys::{HostBuffer, Lent};
 use switchless::transport::comm::{
     MemHandle, ProtocolConfig, RecvBuf, RecvComm, Request, SendComm, Sizes, connect_pair,
 };
@@ -64,7 +64,7 @@ impl Rig {
         b.write(0, data).unwrap();
         let mh = self
             .s
-            .reg_mr(b.addr(), data.len().max(1) as u64, MemKind::Host)
+            .reg_mr(&b.lend_range(0, data.len().max(1)).unwrap(), MemKind::Host)
             .unwrap();
         let addr = b.addr();
         self.keep.push(b);
@@ -79,7 +79,7 @@ impl Rig {
         b.write(0, &vec![0xEE; len.max(1)]).unwrap();
         let mh = self
             .r
-            .reg_mr(b.addr(), len.max(1) as u64, MemKind::Host)
+            .reg_mr(&b.lend_range(0, len.max(1)).unwrap(), MemKind::Host)
             .unwrap();
         let addr = b.addr();
         self.keep.push(b);
@@ -447,8 +447,12 @@ fn write_with_immediate_lands_after_earlier_writes_of_the_path() {
     let mut src = HostBuffer::new(n).unwrap();
     src.write(0, &pattern(n, 5)).unwrap();
     let mut dst = HostBuffer::new(n).unwrap();
-    let ra = a.register(src.addr(), n, MemKind::Host).unwrap();
-    let rb = b.register(dst.addr(), n, MemKind::Host).unwrap();
+    let ra = a
+        .register(&src.lend_range(0, n).unwrap(), MemKind::Host)
+        .unwrap();
+    let rb = b
+        .register(&dst.lend_range(0, n).unwrap(), MemKind::Host)
+        .unwrap();
     let ctrl = b.alloc_ctrl(4).unwrap();
     let csrc = a.alloc_ctrl(4).unwrap();
     a.ctrl_store(csrc.word(0), 0xabcd, Ordering::Release)
@@ -503,9 +507,13 @@ fn writes_outside_a_registration_are_refused_and_fail_the_path() {
     let mut src = HostBuffer::new(4096).unwrap();
     src.write(0, &[0x55; 4096]).unwrap();
     let dst = HostBuffer::new(8192).unwrap();
-    let ra = a.register(src.addr(), 4096, MemKind::Host).unwrap();
+    let ra = a
+        .register(&src.lend_range(0, 4096).unwrap(), MemKind::Host)
+        .unwrap();
     // Only the first 4 KiB of the destination are registered.
-    let rb = b.register(dst.addr(), 4096, MemKind::Host).unwrap();
+    let rb = b
+        .register(&dst.lend_range(0, 4096).unwrap(), MemKind::Host)
+        .unwrap();
     b.post_recv(0, 1).unwrap();
     b.post_recv(1, 2).unwrap();
     a.post_write(
@@ -587,7 +595,9 @@ fn assert_flushed_at_once(f: &mut TcpFabric, path: usize, wr_id: u64, src: u64, 
 fn bad_local_key_is_a_local_protection_error() {
     let (mut a, _b) = loopback_pair(&[10_000], &cfg(2)).unwrap();
     let src = HostBuffer::new(64).unwrap();
-    let ra = a.register(src.addr(), 64, MemKind::Host).unwrap();
+    let ra = a
+        .register(&src.lend_range(0, 64).unwrap(), MemKind::Host)
+        .unwrap();
     a.post_write(
         0,
         &write(5, src.addr() + 32, 64, ra.keys[0].lkey, 0x1000, 1, None),
@@ -608,7 +618,9 @@ fn bad_local_key_is_a_local_protection_error() {
 fn gpu_memory_and_reads_are_refused_with_the_reason() {
     let (mut a, _b) = loopback_pair(&[10_000], &cfg(2)).unwrap();
     let buf = HostBuffer::new(64).unwrap();
-    let err = a.register(buf.addr(), 64, MemKind::Cuda).unwrap_err();
+    let err = a
+        .register(&buf.lend_range(0, 64).unwrap(), MemKind::Cuda)
+        .unwrap_err();
     assert!(err.to_string().contains("host memory only"), "{err}");
     let err = a
         .post_read(
@@ -628,7 +640,7 @@ fn gpu_memory_and_reads_are_refused_with_the_reason() {
         )
         .unwrap_err();
     assert!(err.to_string().contains("no loopback"), "{err}");
-    assert!(a.register(0, 64, MemKind::Host).is_err());
+    assert!(a.register(&Lent::simulated(0, 64), MemKind::Host).is_err());
 }
 
 #[test]
@@ -646,7 +658,9 @@ fn shutdown_flushes_queued_work_and_posted_receives() {
     // After shutdown every new request is flushed at once.
     b.post_recv(0, 43).unwrap();
     let src = HostBuffer::new(8).unwrap();
-    let rs = b.register(src.addr(), 8, MemKind::Host).unwrap();
+    let rs = b
+        .register(&src.lend_range(0, 8).unwrap(), MemKind::Host)
+        .unwrap();
     b.post_write(
         0,
         &write(7, src.addr(), 8, rs.keys[0].lkey, 0x1000, 1, None),
@@ -660,7 +674,9 @@ fn shutdown_flushes_queued_work_and_posted_receives() {
     // peer destroys its QP), and its writes fail instead of vanishing.
     a.post_recv(0, 1).unwrap();
     let abuf = HostBuffer::new(8).unwrap();
-    let ra = a.register(abuf.addr(), 8, MemKind::Host).unwrap();
+    let ra = a
+        .register(&abuf.lend_range(0, 8).unwrap(), MemKind::Host)
+        .unwrap();
     let c = eventually("a failed write towards the closed peer", || {
         a.post_write(
             0,
@@ -858,10 +874,10 @@ fn set_up_is_driven_without_blocking_from_one_thread() {
     sb.write(0, &data).unwrap();
     let rb = HostBuffer::new(data.len()).unwrap();
     let smh = s
-        .reg_mr(sb.addr(), data.len() as u64, MemKind::Host)
+        .reg_mr(&sb.lend_range(0, data.len()).unwrap(), MemKind::Host)
         .unwrap();
     let rmh = r
-        .reg_mr(rb.addr(), data.len() as u64, MemKind::Host)
+        .reg_mr(&rb.lend_range(0, data.len()).unwrap(), MemKind::Host)
         .unwrap();
     let rreq = r
         .irecv(
@@ -932,7 +948,9 @@ fn silent_and_garbage_peers_never_block_the_acceptor_or_touch_memory() {
     assert_eq!(bad.read(&mut b).unwrap(), 0, "the bad hello was not closed");
 
     let target = HostBuffer::new(4096).unwrap();
-    let reg = fab.register(target.addr(), 4096, MemKind::Host).unwrap();
+    let reg = fab
+        .register(&target.lend_range(0, 4096).unwrap(), MemKind::Host)
+        .unwrap();
     fab.post_recv(0, 9).unwrap();
     // A frame header aimed at the registration but 1 byte too long, then random bytes.
     let mut h = [0u8; 40];
@@ -972,7 +990,9 @@ fn frames_arriving_a_few_bytes_at_a_time_are_reassembled() {
     let mut fab = eventually("accept", || acc.poll().unwrap());
     let n = 3000;
     let target = HostBuffer::new(n).unwrap();
-    let reg = fab.register(target.addr(), n, MemKind::Host).unwrap();
+    let reg = fab
+        .register(&target.lend_range(0, n).unwrap(), MemKind::Host)
+        .unwrap();
     fab.post_recv(0, 21).unwrap();
     // Two frames: seq 0 writes bytes [0, 1000), seq 1 the rest with an immediate (write length n).
     let data = pattern(n, 9);
@@ -1032,7 +1052,7 @@ proptest! {
         let mut fab = eventually("accept", || acc.poll().unwrap());
         // 64 guard bytes on each side of the 256-byte registration.
         let mem = HostBuffer::new(384).unwrap();
-        let reg = fab.register(mem.addr() + 64, 256, MemKind::Host).unwrap();
+        let reg = fab.register(&mem.lend_range(64, 256).unwrap(), MemKind::Host).unwrap();
         let mut bytes = junk.clone();
         if aim && bytes.len() >= 40 {
             // A plausible header: right magic/op, the live rkey, an address near the registration.
@@ -1096,7 +1116,9 @@ fn out_of_order_frames_past_the_bound_fail_the_path() {
     use std::io::Write;
     let (mut fab, mut peer) = raw_peer(11);
     let mem = HostBuffer::new(4096).unwrap();
-    let reg = fab.register(mem.addr(), 4096, MemKind::Host).unwrap();
+    let reg = fab
+        .register(&mem.lend_range(0, 4096).unwrap(), MemKind::Host)
+        .unwrap();
     fab.post_recv(0, 1).unwrap();
     let mut wire = Vec::new();
     // Sequence 0 never comes.
@@ -1143,7 +1165,7 @@ fn memory_keys_are_random_per_registration() {
     let mem = HostBuffer::new(64 * 64).unwrap();
     let keys: Vec<u32> = (0..64)
         .map(|i| {
-            a.register(mem.addr() + i * 64, 64, MemKind::Host)
+            a.register(&mem.lend_range(i * 64, 64).unwrap(), MemKind::Host)
                 .unwrap()
                 .keys[0]
                 .rkey
@@ -1167,7 +1189,9 @@ fn a_sending_endpoint_refuses_writes_into_its_send_buffers() {
     let (mut fab, mut peer) = raw_peer(13);
     fab.refuse_peer_data_writes();
     let mem = HostBuffer::new(256).unwrap();
-    let reg = fab.register(mem.addr(), 256, MemKind::Host).unwrap();
+    let reg = fab
+        .register(&mem.lend_range(0, 256).unwrap(), MemKind::Host)
+        .unwrap();
     fab.post_recv(0, 3).unwrap();
     let mut wire = raw_frame(1, 0, 64, 0, mem.addr(), reg.keys[0].rkey).to_vec();
     wire.extend_from_slice(&[0xee; 64]);

@@ -82,12 +82,10 @@ fn stream(g: &mut Rig, n: usize, size: usize, mut at: impl FnMut(&mut Rig, usize
     let data = pattern(size, 7);
     let mut src = HostBuffer::new(size).unwrap();
     src.write(0, &data).unwrap();
-    let smh = g.s.reg_mr(src.addr(), size as u64, MemKind::Host).unwrap();
+    let smh = g.s.reg_mr(&src.lend(), MemKind::Host).unwrap();
     let mut dst = HostBuffer::new(size * n).unwrap();
     dst.write(0, &vec![0xEE; size * n]).unwrap();
-    let rmh =
-        g.r.reg_mr(dst.addr(), (size * n) as u64, MemKind::Host)
-            .unwrap();
+    let rmh = g.r.reg_mr(&dst.lend(), MemKind::Host).unwrap();
     let (mut rnext, mut snext, mut sent, mut got) = (0, 0, 0, 0);
     let mut rq: Vec<(usize, Request)> = Vec::new();
     let mut sq: Vec<Request> = Vec::new();

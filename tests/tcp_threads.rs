@@ -84,8 +84,12 @@ fn pool_threads_are_bounded_shared_and_joined() {
             .map(|_| HostBuffer::new(64).unwrap())
             .collect();
         for ((a, b), dst) in pairs.iter_mut().zip(&dsts) {
-            let ra = a.register(src.addr(), 64, MemKind::Host).unwrap();
-            let rb = b.register(dst.addr(), 64, MemKind::Host).unwrap();
+            let ra = a
+                .register(&src.lend_range(0, 64).unwrap(), MemKind::Host)
+                .unwrap();
+            let rb = b
+                .register(&dst.lend_range(0, 64).unwrap(), MemKind::Host)
+                .unwrap();
             b.post_recv(0, 5).unwrap();
             a.post_write(
                 0,
@@ -149,12 +153,18 @@ fn pool_threads_are_bounded_shared_and_joined() {
         let data: Vec<u8> = (0..n).map(|i| (i * 7 + i / 4096) as u8).collect();
         src.write(0, &data).unwrap();
         let mut dst = HostBuffer::new(n).unwrap();
-        let ra = a.register(src.addr(), n, MemKind::Host).unwrap();
-        let rb = b.register(dst.addr(), n, MemKind::Host).unwrap();
+        let ra = a
+            .register(&src.lend_range(0, n).unwrap(), MemKind::Host)
+            .unwrap();
+        let rb = b
+            .register(&dst.lend_range(0, n).unwrap(), MemKind::Host)
+            .unwrap();
         let small = HostBuffer::new(64).unwrap();
         let (rc, rd) = (
-            c.register(small.addr(), 64, MemKind::Host).unwrap(),
-            d.register(small.addr(), 64, MemKind::Host).unwrap(),
+            c.register(&small.lend_range(0, 64).unwrap(), MemKind::Host)
+                .unwrap(),
+            d.register(&small.lend_range(0, 64).unwrap(), MemKind::Host)
+                .unwrap(),
         );
         let wr = |wr_id: u64, src: u64, len: u32, lkey: u32, dst: u64, rkey: u32, imm| WriteWr {
             wr_id,

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use switchless::error::Error;
+use switchless::sys::Lent;
 use switchless::transport::comm::{
     FailoverConfig, FlushBuf, MemHandle, ProtocolConfig, RecvBuf, RecvComm, Request, SendComm,
     Sizes, connect_pair,
@@ -81,14 +82,17 @@ impl Rig {
         self.fab.write(addr, data).unwrap();
         let mh = self
             .s
-            .reg_mr(addr, data.len().max(1) as u64, MemKind::Host)
+            .reg_mr(&Lent::simulated(addr, data.len().max(1)), MemKind::Host)
             .unwrap();
         (addr, mh)
     }
     fn recv_buf(&mut self, len: usize, kind: MemKind) -> (u64, MemHandle) {
         let addr = self.fab.alloc(len.max(1)).unwrap();
         self.fab.write(addr, &vec![0xEE; len.max(1)]).unwrap();
-        let mh = self.r.reg_mr(addr, len.max(1) as u64, kind).unwrap();
+        let mh = self
+            .r
+            .reg_mr(&Lent::simulated(addr, len.max(1)), kind)
+            .unwrap();
         (addr, mh)
     }
     /// isend, retrying while the CTS has not arrived (stepping the fabric in reorder mode).
@@ -1169,7 +1173,7 @@ fn control_info_exchange_is_checked() {
     assert!(matches!(s.connect(info), Err(Error::Remote(_))));
     // Not connected: isend is refused.
     let addr = fab.alloc(8).unwrap();
-    let mh = s.reg_mr(addr, 8, MemKind::Host).unwrap();
+    let mh = s.reg_mr(&Lent::simulated(addr, 8), MemKind::Host).unwrap();
     assert!(matches!(
         s.isend(Instant::now(), addr, 8, 0, &mh),
         Err(Error::InvalidArgument(_))
@@ -1200,9 +1204,11 @@ fn two_threads_pipelined() {
     let pool = pattern(POOL, 77);
     let sa = fab.alloc(POOL).unwrap();
     fab.write(sa, &pool).unwrap();
-    let smh = s.reg_mr(sa, POOL as u64, MemKind::Host).unwrap();
+    let smh = s.reg_mr(&Lent::simulated(sa, POOL), MemKind::Host).unwrap();
     let ra = fab.alloc(CAP * DEPTH).unwrap();
-    let rmh = r.reg_mr(ra, (CAP * DEPTH) as u64, MemKind::Host).unwrap();
+    let rmh = r
+        .reg_mr(&Lent::simulated(ra, CAP * DEPTH), MemKind::Host)
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
 
     let sender = std::thread::spawn(move || {
@@ -1283,7 +1289,9 @@ fn dmabuf_registration_is_gpu_memory_and_gets_flushed() {
     );
     let addr = g.fab.alloc(4096).unwrap();
     let file = tempfile::tempfile().unwrap();
-    let mh = g.r.reg_mr_dmabuf(addr, 4096, 0, file.as_fd()).unwrap();
+    let mh =
+        g.r.reg_mr_dmabuf(&Lent::simulated(addr, 4096), 0, file.as_fd())
+            .unwrap();
     drop(file); // NCCL closes the fd right after regMrDmaBuf.
     assert_eq!(mh.kind(), MemKind::Cuda);
     let (sa, smh) = g.send_buf(&pattern(4096, 5));
@@ -1413,8 +1421,8 @@ fn works_through_a_boxed_dyn_fabric() {
     let sa = fab.alloc(100).unwrap();
     fab.write(sa, &pattern(100, 3)).unwrap();
     let ra = fab.alloc(100).unwrap();
-    let smh = s.reg_mr(sa, 100, MemKind::Host).unwrap();
-    let rmh = r.reg_mr(ra, 100, MemKind::Host).unwrap();
+    let smh = s.reg_mr(&Lent::simulated(sa, 100), MemKind::Host).unwrap();
+    let rmh = r.reg_mr(&Lent::simulated(ra, 100), MemKind::Host).unwrap();
     let rr = r
         .irecv(
             Instant::now(),

@@ -14,6 +14,7 @@ use crate::plugin::{
     self, Backend, Comm, CommInfo, Context, FlushBuf, Handle, Listen, MAX_GROUPED_RECVS, Mr,
     PtrSupport, RecvBuf, Region, RequestId,
 };
+use crate::sys::rawmem::Lent;
 
 type Vp = *mut c_void;
 type DevHandle = *mut abi::ncclNetDeviceHandle_v7_t;
@@ -241,7 +242,13 @@ pub unsafe extern "C" fn accept_v7<B: Backend>(
 
 // ----- registration ----------------------------------------------------------------------------------------------
 
-fn region(data: Vp, size: usize, kind: c_int) -> Result<Region> {
+/// NCCL's buffer as a [`Region`]: the one place a bare address becomes lent memory.
+///
+/// # Safety
+/// `data..data+size` is a buffer NCCL registers: host or device memory that stays allocated until
+/// the matching `deregMr` (NCCL's `regMr` contract, the same as `ibv_reg_mr`'s), which NCCL calls
+/// only once no request using the buffer is in flight.
+unsafe fn region(data: Vp, size: usize, kind: c_int) -> Result<Region> {
     let kind = u32::try_from(kind)
         .ok()
         .filter(|k| [PtrSupport::HOST.0, PtrSupport::CUDA.0, PtrSupport::DMABUF.0].contains(k))
@@ -250,9 +257,11 @@ fn region(data: Vp, size: usize, kind: c_int) -> Result<Region> {
                 "memory type {kind}; accepted: NCCL_PTR_HOST (1), NCCL_PTR_CUDA (2), NCCL_PTR_DMABUF (4)"
             ))
         })?;
+    // SAFETY: the caller's contract is `Lent::from_raw`'s: NCCL keeps the buffer allocated and
+    // writable until deregMr, which releases every registration made from it.
+    let mem = unsafe { Lent::from_raw(data.cast(), size)? };
     Ok(Region {
-        addr: data as usize,
-        size,
+        mem,
         kind: PtrSupport(kind),
     })
 }
@@ -272,10 +281,9 @@ pub unsafe extern "C" fn reg_mr<B: Backend, S: CSize>(
         // SAFETY: a send or recv comm of ours, alive until closeSend/closeRecv (the progress thread may
         // use it meanwhile: shared access only).
         let comm = unsafe { shared::<Comm<B>>(comm, "regMr comm")? };
-        give(
-            mh,
-            plugin::reg_mr(comm, region(data, size.bytes()?, kind)?)?,
-        )?;
+        // SAFETY: `data` is the buffer NCCL registers (regMr's contract, see `region`).
+        let region = unsafe { region(data, size.bytes()?, kind)? };
+        give(mh, plugin::reg_mr(comm, region)?)?;
         Ok(())
     })
 }
@@ -303,10 +311,9 @@ pub unsafe extern "C" fn reg_mr_dmabuf<B: Backend>(
         }
         // SAFETY: NCCL keeps `fd` open for the duration of this call (it closes it right after).
         let fd = unsafe { BorrowedFd::borrow_raw(fd) };
-        give(
-            mh,
-            plugin::reg_mr_dmabuf(comm, region(data, size, kind)?, offset, fd)?,
-        )?;
+        // SAFETY: as in regMr: NCCL's DMA-BUF mapping at `data` lives until deregMr.
+        let region = unsafe { region(data, size, kind)? };
+        give(mh, plugin::reg_mr_dmabuf(comm, region, offset, fd)?)?;
         Ok(())
     })
 }

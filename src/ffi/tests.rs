@@ -173,7 +173,8 @@ macro_rules! mock_backend {
                 if tag == -5 {
                     return Ok(None);
                 }
-                if addr < mr.region.addr || addr + size > mr.region.addr + mr.region.size {
+                let (start, len) = (mr.region.mem.addr() as usize, mr.region.mem.len());
+                if addr < start || addr + size > start + len {
                     return Err(Error::InvalidArgument(
                         "buffer outside its registration".into(),
                     ));

@@ -17,6 +17,8 @@ struct RawRow {
     offset: usize,
 }
 
+// Under Miri only the layout helpers are declared uses (they are not run: Miri cannot call C).
+#[cfg_attr(miri, allow(dead_code))]
 unsafe extern "C" {
     fn swl_test_logger(
         level: abi::ncclDebugLogLevel,
@@ -31,9 +33,60 @@ unsafe extern "C" {
     fn swl_layout_rows() -> *const RawRow;
 }
 
-/// The C logger (captures per thread).
+/// The C logger (captures per thread). Under Miri, which cannot call C, a Rust C-variadic logger
+/// that captures the same way (the bridge's format is always `"%s"` and one string).
 pub fn c_logger() -> LoggerFn {
-    swl_test_logger
+    #[cfg(not(miri))]
+    return swl_test_logger;
+    #[cfg(miri)]
+    return miri_log::logger;
+}
+
+#[cfg(miri)]
+mod miri_log {
+    use std::cell::RefCell;
+    use std::ffi::{CStr, c_char, c_int, c_ulong};
+
+    use super::{LogLine, abi};
+
+    thread_local! {
+        pub(super) static LINES: RefCell<Vec<LogLine>> = const { RefCell::new(Vec::new()) };
+    }
+
+    fn text(p: *const c_char) -> String {
+        if p.is_null() {
+            return "(null)".into();
+        }
+        // SAFETY: the bridge passes NUL-terminated strings that live for the call.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+
+    /// `ncclDebugLogger_t`: records the line; a `"%s"` format takes its one string argument.
+    pub(super) unsafe extern "C" fn logger(
+        level: abi::ncclDebugLogLevel,
+        flags: c_ulong,
+        file: *const c_char,
+        line: c_int,
+        fmt: *const c_char,
+        mut args: ...
+    ) {
+        let fmt = text(fmt);
+        let body = if fmt == "%s" {
+            // SAFETY: a "%s" format is followed by one `const char*` (the bridge's only call).
+            text(unsafe { args.next_arg::<*const c_char>() })
+        } else {
+            fmt
+        };
+        LINES.with(|l| {
+            l.borrow_mut().push(LogLine {
+                level: level.0 as i32,
+                flags: flags as u64,
+                file: text(file),
+                line,
+                text: body,
+            })
+        });
+    }
 }
 
 /// One captured logger call.
@@ -53,6 +106,14 @@ pub struct LogLine {
 
 /// Takes (and clears) the lines the C logger captured on this thread.
 pub fn take_log() -> Vec<LogLine> {
+    #[cfg(miri)]
+    return miri_log::LINES.with(|l| std::mem::take(&mut *l.borrow_mut()));
+    #[cfg(not(miri))]
+    take_c_log()
+}
+
+#[cfg(not(miri))]
+fn take_c_log() -> Vec<LogLine> {
     let mut buf = vec![0u8; 65536];
     // SAFETY: `buf` is writable for `buf.len()` bytes; the helper copies at most that many.
     let n = unsafe { swl_test_log_take(buf.as_mut_ptr().cast(), buf.len()) };

@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use crate::error::{Error, Result};
 use crate::sync::lock;
+use crate::sys::rawmem::Lent;
 
 /// Bytes of the opaque connection handle `listen` fills and `connect` receives (`NCCL_NET_HANDLE_MAXSIZE`).
 pub const HANDLE_SIZE: usize = 128;
@@ -244,14 +245,13 @@ pub struct NetAttr {
     pub proto: Option<u32>,
 }
 
-/// A memory range NCCL asks to register or transfer: a raw address (host or GPU) and a size in bytes.
-/// The plugin never dereferences it; it hands it to the NIC.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A memory range NCCL asks to register: the memory, lent ([`Lent`]: made from NCCL's pointer in
+/// `src/ffi`, host or GPU; for DMA-BUF its address is also the iova), and its type. The plugin
+/// hands it to the fabric, which keeps it until the registration is released.
+#[derive(Debug, Clone)]
 pub struct Region {
-    /// Virtual address (host or device; for DMA-BUF also the iova).
-    pub addr: usize,
-    /// Size in bytes.
-    pub size: usize,
+    /// The memory.
+    pub mem: Lent,
     /// `NCCL_PTR_HOST` or `NCCL_PTR_CUDA` (or `NCCL_PTR_DMABUF`).
     pub kind: PtrSupport,
 }

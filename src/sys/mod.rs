@@ -21,5 +21,5 @@ macro_rules! syscall {
 pub mod rawmem;
 pub mod socket;
 
-pub use rawmem::{HostBuffer, RawRegion};
+pub use rawmem::{HostBuffer, Lent, RawRegion};
 pub use socket::{Ready, recv_slice, send_slice, wait_fd};

@@ -1,18 +1,22 @@
-//! Raw process memory for transports that emulate RDMA in software (the TCP fabric): copying bytes
-//! between a socket and memory that NCCL registered, with the registration's bounds checked on every
-//! access.
+//! Raw process memory for transports: the [`Lent`] capability that lets a fabric read and write a
+//! range, and the copies between a socket and that memory for transports that emulate RDMA in
+//! software (the TCP fabric), with the registration's bounds checked on every access.
 //!
-//! The contract is the one `ibv_reg_mr` has: whoever registers `[addr, addr+len)` (NCCL's `regMr`)
-//! guarantees that the memory stays allocated and writable until the registration is released, and
-//! does not read a receive buffer before the transport reports the receive complete. The transport
-//! keeps the other half: it never touches memory outside a live registration (every function here
-//! checks the range against the [`RawRegion`] first) and it stops using a region before deregistering it.
+//! The contract is the one `ibv_reg_mr` has: whoever lends `[addr, addr+len)` (NCCL's `regMr`, through
+//! the `unsafe` [`Lent::from_raw`]) guarantees that the memory stays allocated and writable until the
+//! registration is released, and does not read a receive buffer before the transport reports the
+//! receive complete; safe code lends only memory that is provably alive ([`HostBuffer::lend`],
+//! [`Lent::from_static`]). The transport keeps the other half: it never touches memory outside a live
+//! registration (every function here checks the range against the [`RawRegion`] first), keeps the
+//! `Lent` with the registration, and stops using a region before deregistering it.
 //!
 //! Socket I/O goes straight into / out of registered memory (no intermediate copy), with the flags of
 //! [`super::socket`].
 
+use std::any::Any;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::sync::Arc;
 
 use super::socket::{RECV_FLAGS, send_flags};
 use crate::error::{Error, Result};
@@ -43,31 +47,220 @@ impl Span {
     }
 }
 
-/// One registered range of process memory. Copying it does not copy the memory; it is a bounds
-/// descriptor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Memory lent to a transport: the capability to register `[addr, addr+len)` with a fabric, which
+/// may then read and write it (the TCP fabric's I/O threads) or let a NIC do so, until the
+/// registration is released. A value proves what a bare address cannot: that the range is memory
+/// of this process that stays allocated and writable while any registration made from it lives.
+///
+/// Made only where that is known:
+/// * [`Lent::from_raw`] (`unsafe`): an address someone vouches for, NCCL's `regMr` pointer in
+///   `src/ffi` (host or GPU memory);
+/// * [`Lent::from_static`]: leaked memory, alive for the rest of the process;
+/// * [`HostBuffer::lend`]: an owned buffer the value keeps alive (a clone of it holds the
+///   allocation, so dropping the buffer while registered frees nothing);
+/// * [`Lent::simulated`]: an address of a software fabric that owns its memory (memfab, modelfab),
+///   which lends nothing of the process: the fabrics that touch process memory refuse it.
+///
+/// A bare address does not make one in safe code:
+///
+/// ```compile_fail,E0133
+/// let lent = switchless::sys::Lent::from_raw(8 as *mut u8, 8).unwrap();
+/// ```
+///
+/// and nothing registers or copies through a bare address:
+///
+/// ```compile_fail,E0061
+/// let r = switchless::sys::RawRegion::new(8, 8).unwrap();
+/// ```
+///
+/// ```compile_fail,E0308
+/// use switchless::transport::fabric::{Fabric, MemKind};
+/// fn register(f: &mut dyn Fabric) {
+///     let _ = f.register(8, MemKind::Host);
+/// }
+/// ```
+#[derive(Clone)]
+pub struct Lent {
+    /// The first byte, with the provenance of the allocation (null for a simulated address): the
+    /// copies of [`RawRegion`] derive their pointers from it, never from an integer.
+    ptr: *mut u8,
+    addr: u64,
+    len: usize,
+    space: Space,
+}
+
+// SAFETY: a `Lent` is a pointer, a range and an owner that is `Send + Sync`; the pointer is only
+// dereferenced by `RawRegion`'s bounds-checked copies, under the `Lent` contract, which does not
+// depend on the thread (NCCL's service thread registers, its progress thread and the TCP workers
+// copy).
+unsafe impl Send for Lent {}
+// SAFETY: `&Lent` gives only the address and clones; see `Send`.
+unsafe impl Sync for Lent {}
+
+#[derive(Clone)]
+enum Space {
+    /// This process's memory; the owner (if any) keeps it allocated while a clone lives.
+    Process {
+        _owner: Option<Arc<dyn Any + Send + Sync>>,
+    },
+    /// An address in a software fabric's own address space.
+    Simulated,
+}
+
+impl std::fmt::Debug for Lent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lent")
+            .field("addr", &format_args!("{:#x}", self.addr))
+            .field("len", &self.len)
+            .field("process", &self.is_process())
+            .finish()
+    }
+}
+
+impl Lent {
+    /// Lends `[addr, addr+len)` of this process (host memory, or GPU memory a NIC reaches by
+    /// peer memory / DMA-BUF). Checks that the range is not null (unless empty) and does not wrap.
+    ///
+    /// # Safety
+    /// The contract of `ibv_reg_mr` (and NCCL's `regMr`): the range is memory of this process that
+    /// stays allocated and writable until every registration made from this value or a clone of it
+    /// is released. While registered it is accessed only as the transport's completion protocol
+    /// allows: no Rust reference to those bytes, no read of a receive buffer before its receive
+    /// completes, no write of a send buffer before its send completes. Host memory for
+    /// [`crate::transport::fabric::MemKind::Host`] registrations: the TCP fabric copies through the
+    /// CPU.
+    pub unsafe fn from_raw(ptr: *mut u8, len: usize) -> Result<Lent> {
+        let addr = ptr as usize as u64;
+        check_range(addr, len)?;
+        Ok(Lent {
+            ptr,
+            addr,
+            len,
+            space: Space::Process { _owner: None },
+        })
+    }
+
+    /// Lends leaked memory (e.g. `Box::leak`): alive and unaliased for the rest of the process.
+    pub fn from_static(mem: &'static mut [u8]) -> Lent {
+        // One pointer, taken once: a second `as_mut_ptr` would reborrow `mem` and invalidate the
+        // first (Stacked Borrows).
+        let ptr = mem.as_mut_ptr();
+        Lent {
+            ptr,
+            addr: ptr as usize as u64,
+            len: mem.len(),
+            space: Space::Process { _owner: None },
+        }
+    }
+
+    /// An address of a software fabric that owns its memory (memfab, modelfab and the bench's
+    /// in-process fabrics): lends no process memory; `RawRegion` and the verbs fabric refuse it.
+    pub fn simulated(addr: u64, len: usize) -> Lent {
+        Lent {
+            ptr: std::ptr::null_mut(),
+            addr,
+            len,
+            space: Space::Simulated,
+        }
+    }
+
+    /// `[off, off+len)` of this range (same owner): what a registration of part of a buffer needs.
+    pub fn range(&self, off: usize, len: usize) -> Result<Lent> {
+        let addr = u64::try_from(off)
+            .ok()
+            .and_then(|o| self.addr.checked_add(o))
+            .filter(|&a| Span::new(self.addr, self.len as u64).contains(a, len as u64))
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "range {off}+{len} bytes is outside the lent {} bytes at {:#x}",
+                    self.len, self.addr
+                ))
+            })?;
+        Ok(Lent {
+            // In bounds of the same allocation (checked above); null stays null for simulated.
+            ptr: if self.ptr.is_null() {
+                self.ptr
+            } else {
+                self.ptr.wrapping_add(off)
+            },
+            addr,
+            len,
+            space: self.space.clone(),
+        })
+    }
+
+    /// First byte.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the range is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether this lends process memory (else a simulated fabric's address).
+    pub fn is_process(&self) -> bool {
+        matches!(self.space, Space::Process { .. })
+    }
+
+    /// Fails unless this lends process memory: what a fabric that touches it (`what`) checks.
+    pub fn require_process(&self, what: &str) -> Result<()> {
+        if self.is_process() {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "{what}: {:#x}+{} bytes is an address of a simulated fabric, not memory of this \
+                 process; accepted: memory lent by NCCL's regMr or a host buffer",
+                self.addr, self.len
+            )))
+        }
+    }
+}
+
+/// Checks a process range: not null unless empty, no wrap, at most `isize::MAX` bytes.
+fn check_range(addr: u64, len: usize) -> Result<()> {
+    if len > 0 && addr == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "registration of {len} bytes at address 0; a non-null address is required"
+        )));
+    }
+    let end = addr.checked_add(len as u64);
+    if end.is_none() || usize::try_from(addr).is_err() || len > isize::MAX as usize {
+        return Err(Error::InvalidArgument(format!(
+            "registration {addr:#x}+{len} bytes wraps the address space"
+        )));
+    }
+    Ok(())
+}
+
+/// One registered range of process memory, holding the [`Lent`] it came from (so the memory stays
+/// allocated while a copy holds the region). Cloning it does not copy the memory.
+#[derive(Debug, Clone)]
 pub struct RawRegion {
     addr: u64,
     len: usize,
+    mem: Lent,
 }
 
 impl RawRegion {
-    /// Describes `[addr, addr+len)`. Checks that the range is not null (unless empty) and does not
-    /// wrap. The caller states (registration contract, see the module docs) that the memory is valid
-    /// until it stops using this region.
-    pub fn new(addr: u64, len: usize) -> Result<RawRegion> {
-        if len > 0 && addr == 0 {
-            return Err(Error::InvalidArgument(format!(
-                "registration of {len} bytes at address 0; a non-null address is required"
-            )));
+    /// The region of `mem`, which must lend process memory (see [`Lent::require_process`]).
+    pub fn new(mem: &Lent) -> Result<RawRegion> {
+        mem.require_process("a CPU-copied registration")?;
+        Ok(RawRegion::of(mem.clone()))
+    }
+
+    fn of(mem: Lent) -> RawRegion {
+        RawRegion {
+            addr: mem.addr,
+            len: mem.len,
+            mem,
         }
-        let end = addr.checked_add(len as u64);
-        if end.is_none() || usize::try_from(addr).is_err() || len > isize::MAX as usize {
-            return Err(Error::InvalidArgument(format!(
-                "registration {addr:#x}+{len} bytes wraps the address space"
-            )));
-        }
-        Ok(RawRegion { addr, len })
     }
 
     /// Start address.
@@ -93,7 +286,8 @@ impl RawRegion {
 
     fn check(&self, addr: u64, len: usize) -> io::Result<*mut u8> {
         if self.contains(addr, len) {
-            Ok(addr as usize as *mut u8)
+            // Offset from the lent pointer (keeping its provenance); `contains` bounds it.
+            Ok(self.mem.ptr.wrapping_add((addr - self.addr) as usize))
         } else {
             Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -175,8 +369,9 @@ impl RawRegion {
 
 /// An owned, zeroed, page-aligned (4096 bytes) block of host memory that is accessed only through raw
 /// copies, as NCCL's buffers are: for tests, examples and benchmarks, whose buffers are written by a
-/// NIC (register it with `verbs::MemoryRegion::register` and drop the region first) or by a
-/// software fabric's I/O threads while the owner holds no Rust reference to its bytes.
+/// NIC or by a software fabric's I/O threads while the owner holds no Rust reference to its bytes.
+/// [`HostBuffer::lend`] lends it to a fabric; the [`Lent`] keeps the allocation alive, so dropping
+/// the buffer while it is registered frees nothing.
 ///
 /// Writing needs the buffer mutably, so a buffer shared between threads is only read:
 ///
@@ -189,19 +384,36 @@ impl RawRegion {
 /// ```
 #[derive(Debug)]
 pub struct HostBuffer {
+    block: Arc<Block>,
+}
+
+/// The allocation of a [`HostBuffer`], shared with the [`Lent`]s made from it.
+#[derive(Debug)]
+struct Block {
     ptr: std::ptr::NonNull<u8>,
     len: usize,
 }
 
-// SAFETY: the buffer is plain memory owned by this value; all access goes through raw copies whose
-// synchronisation is the transport's completion protocol (the same rule as for NCCL's own buffers).
-unsafe impl Send for HostBuffer {}
-// SAFETY: `&HostBuffer` only reads (raw copies out) and gives the address; writing takes
-// `&mut HostBuffer`, so two threads never write its bytes at once through safe code. What a NIC or
-// a fabric's I/O thread writes is ordered by the transport's completions, as for NCCL's buffers.
-unsafe impl Sync for HostBuffer {}
+// SAFETY: the block is plain memory owned by this value and freed once, by whichever thread drops
+// the last reference; all access to its bytes goes through raw copies whose synchronisation is the
+// transport's completion protocol (the same rule as for NCCL's own buffers).
+unsafe impl Send for Block {}
+// SAFETY: `&Block` gives only the address; the bytes are never reached through a Rust reference.
+// Safe writes go through `&mut HostBuffer` (one writer), a fabric's through a registration under
+// the `Lent` contract.
+unsafe impl Sync for Block {}
 
 const HOST_BUFFER_ALIGN: usize = 4096;
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        if let Ok(layout) = std::alloc::Layout::from_size_align(self.len.max(1), HOST_BUFFER_ALIGN)
+        {
+            // SAFETY: `ptr` came from `alloc_zeroed` with this same layout and is freed once.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+        }
+    }
+}
 
 impl HostBuffer {
     /// Allocates `len` zeroed bytes (at least one byte is allocated, so the address is never null).
@@ -213,34 +425,52 @@ impl HostBuffer {
         let ptr = std::ptr::NonNull::new(p).ok_or_else(|| {
             Error::System(format!("allocation of a {len}-byte host buffer failed"))
         })?;
-        Ok(HostBuffer { ptr, len })
+        Ok(HostBuffer {
+            block: Arc::new(Block { ptr, len }),
+        })
     }
 
     /// Address of byte 0.
     pub fn addr(&self) -> u64 {
-        self.ptr.as_ptr() as usize as u64
+        self.block.ptr.as_ptr() as usize as u64
     }
 
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.len
+        self.block.len
     }
 
     /// Whether the buffer is empty.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.block.len == 0
+    }
+
+    /// The whole buffer, lent to a transport: the value keeps the allocation alive. Bytes a fabric
+    /// writes are read back with [`HostBuffer::read`] after the transfer completes.
+    pub fn lend(&self) -> Lent {
+        let owner: Arc<dyn Any + Send + Sync> = self.block.clone();
+        Lent {
+            ptr: self.block.ptr.as_ptr(),
+            addr: self.addr(),
+            len: self.len(),
+            space: Space::Process {
+                _owner: Some(owner),
+            },
+        }
+    }
+
+    /// `[off, off+len)` of the buffer, lent (see [`HostBuffer::lend`]).
+    pub fn lend_range(&self, off: usize, len: usize) -> Result<Lent> {
+        self.lend().range(off, len)
     }
 
     fn region(&self) -> RawRegion {
-        RawRegion {
-            addr: self.addr(),
-            len: self.len,
-        }
+        RawRegion::of(self.lend())
     }
 
     /// Start address, for registration with a NIC.
     pub fn as_mut_ptr(&self) -> *mut u8 {
-        self.ptr.as_ptr()
+        self.block.ptr.as_ptr()
     }
 
     /// Copies `len` bytes from offset `off` out, after an acquire fence so that bytes a NIC or a helper
@@ -271,19 +501,9 @@ impl HostBuffer {
             .ok_or_else(|| {
                 Error::InvalidArgument(format!(
                     "range {off}+{len} bytes is outside the {}-byte host buffer",
-                    self.len
+                    self.len()
                 ))
             })
-    }
-}
-
-impl Drop for HostBuffer {
-    fn drop(&mut self) {
-        if let Ok(layout) = std::alloc::Layout::from_size_align(self.len.max(1), HOST_BUFFER_ALIGN)
-        {
-            // SAFETY: `ptr` came from `alloc_zeroed` with this same layout and is freed once.
-            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
-        }
     }
 }
 
@@ -317,6 +537,38 @@ mod tests {
     }
 
     #[test]
+    fn a_lent_buffer_outlives_its_owner() {
+        let mut b = HostBuffer::new(16).unwrap();
+        b.write(0, &[9; 16]).unwrap();
+        let whole = b.lend();
+        let part = whole.range(4, 8).unwrap();
+        assert_eq!((part.addr(), part.len()), (b.addr() + 4, 8));
+        assert!(whole.range(9, 8).is_err() && whole.range(16, 0).is_ok());
+        drop(b);
+        // The lent range still holds the allocation: copies through it touch live memory.
+        let r = RawRegion::new(&part).unwrap();
+        r.write(part.addr(), &[1, 2]).unwrap();
+        let mut out = [0u8; 4];
+        r.read(part.addr(), &mut out).unwrap();
+        assert_eq!(out, [1, 2, 9, 9]);
+        assert!(
+            r.read(part.addr() + 6, &mut out).is_err(),
+            "bounded by the part"
+        );
+        drop(whole);
+        drop(r);
+        // Kept reachable from a static (Miri's leak check): leaked memory stays lent for good.
+        static LEAKED: std::sync::OnceLock<Lent> = std::sync::OnceLock::new();
+        let leaked =
+            LEAKED.get_or_init(|| Lent::from_static(Box::leak(vec![0u8; 4].into_boxed_slice())));
+        assert!(leaked.is_process() && leaked.len() == 4);
+        RawRegion::new(leaked)
+            .unwrap()
+            .write(leaked.addr() + 3, &[1])
+            .unwrap();
+    }
+
+    #[test]
     fn a_span_contains_ranges_inside_it_with_checked_ends() {
         let s = Span { addr: 100, len: 16 };
         assert!(s.contains(100, 16) && s.contains(108, 8) && s.contains(116, 0));
@@ -334,7 +586,7 @@ mod tests {
     #[test]
     fn bounds_are_checked_on_every_access() {
         let b = HostBuffer::new(64).unwrap();
-        let r = RawRegion::new(b.addr() + 8, 16).unwrap();
+        let r = RawRegion::new(&b.lend_range(8, 16).unwrap()).unwrap();
         assert!(r.contains(b.addr() + 8, 16));
         assert!(r.contains(b.addr() + 24, 0));
         assert!(!r.contains(b.addr() + 7, 2));
@@ -348,8 +600,15 @@ mod tests {
         assert!(r.read(b.addr(), &mut out).is_err());
         assert_eq!(b.read(10, 3).unwrap(), vec![1, 2, 3]);
         assert!(b.read(62, 3).is_err());
-        assert!(RawRegion::new(0, 4).is_err());
-        assert!(RawRegion::new(u64::MAX, 2).is_err());
+        assert!(b.lend_range(60, 5).is_err() && b.lend_range(usize::MAX, 1).is_err());
+        assert!(RawRegion::new(&Lent::simulated(b.addr(), 8)).is_err());
+        // SAFETY: nothing is registered from these; the constructor only checks the range.
+        unsafe {
+            assert!(Lent::from_raw(std::ptr::null_mut(), 4).is_err());
+            let top = std::ptr::without_provenance_mut(usize::MAX);
+            assert!(Lent::from_raw(top, 2).is_err());
+            assert!(Lent::from_raw(std::ptr::null_mut(), 0).is_ok());
+        }
     }
 
     #[test]
@@ -359,7 +618,7 @@ mod tests {
         let (b, _) = l.accept().unwrap();
         a.write_all(b"hello world").unwrap();
         let buf = HostBuffer::new(32).unwrap();
-        let r = RawRegion::new(buf.addr(), 32).unwrap();
+        let r = RawRegion::new(&buf.lend()).unwrap();
         assert!(r.recv_into(&b, buf.addr() + 30, 11).is_err());
         let mut got = 0;
         while got < 11 {

@@ -53,6 +53,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use crate::error::{Error, Result};
+use crate::sys::rawmem::Lent;
 use crate::transport::wire::{FIFO_DEPTH, MAX_RECVS, MAX_REQUESTS, MAX_SEND_REQUESTS};
 
 /// Receives kept posted per data path on the receiving side (one per buffer that can be in flight).
@@ -303,7 +304,7 @@ impl Completion {
 /// same keys and tokens as [`Fabric::register`] / [`Fabric::deregister`] of that endpoint.
 pub trait Pinner: Send + Sync {
     /// As [`Fabric::register`].
-    fn register(&self, addr: u64, len: usize, kind: MemKind) -> Result<Registration>;
+    fn register(&self, mem: &Lent, kind: MemKind) -> Result<Registration>;
     /// As [`Fabric::deregister`].
     fn deregister(&self, reg: &Registration) -> Result<()>;
 }
@@ -315,20 +316,22 @@ pub trait Fabric {
     /// peer's data path `i`.
     fn paths(&self) -> &[PathInfo];
 
-    /// Registers `[addr, addr+len)` on every path's device; returns keys per path.
-    fn register(&mut self, addr: u64, len: usize, kind: MemKind) -> Result<Registration>;
+    /// Registers the lent range on every path's device; returns keys per path. A fabric that
+    /// touches the memory keeps `mem` (a clone) until the registration is released, and refuses a
+    /// [`Lent::simulated`] address; a simulated fabric reads `mem`'s address as its own.
+    fn register(&mut self, mem: &Lent, kind: MemKind) -> Result<Registration>;
 
     /// Registers GPU memory exported as a DMA-BUF (`regMrDmaBuf`): `fd` is valid only during the call
-    /// (NCCL closes it right after), `offset` is the offset of `addr` in it. The registration has
-    /// kind [`MemKind::Cuda`]. The default refuses: a fabric without DMA-BUF support.
+    /// (NCCL closes it right after), `offset` is the offset of `mem`'s address in it. The
+    /// registration has kind [`MemKind::Cuda`]. The default refuses: a fabric without DMA-BUF
+    /// support.
     fn register_dmabuf(
         &mut self,
-        addr: u64,
-        len: usize,
+        mem: &Lent,
         offset: u64,
         fd: BorrowedFd<'_>,
     ) -> Result<Registration> {
-        let _ = (addr, len, offset, fd);
+        let _ = (mem, offset, fd);
         Err(Error::InvalidUsage(
             "this transport cannot register DMA-BUF memory; accepted: host or CUDA pointers via regMr".into(),
         ))
@@ -458,17 +461,16 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
     fn paths(&self) -> &[PathInfo] {
         (**self).paths()
     }
-    fn register(&mut self, addr: u64, len: usize, kind: MemKind) -> Result<Registration> {
-        (**self).register(addr, len, kind)
+    fn register(&mut self, mem: &Lent, kind: MemKind) -> Result<Registration> {
+        (**self).register(mem, kind)
     }
     fn register_dmabuf(
         &mut self,
-        addr: u64,
-        len: usize,
+        mem: &Lent,
         offset: u64,
         fd: BorrowedFd<'_>,
     ) -> Result<Registration> {
-        (**self).register_dmabuf(addr, len, offset, fd)
+        (**self).register_dmabuf(mem, offset, fd)
     }
     fn deregister(&mut self, reg: &Registration) -> Result<()> {
         (**self).deregister(reg)

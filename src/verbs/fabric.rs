@@ -56,6 +56,7 @@ use super::qp::{
 use super::types::{Access, Gid, Mtu, PortState};
 use crate::error::{Error, Result};
 use crate::sync::lock;
+use crate::sys::rawmem::Lent;
 use crate::transport::fabric::{
     Completion, CtrlMem, Fabric, MemKind, PathInfo, PathKeys, PathRole, Pinner, ReadWr,
     Registration, WcOpcode, WriteWr,
@@ -250,13 +251,14 @@ struct VerbsPinner {
     doms: Vec<Arc<Domain>>,
     /// Index into `doms` per path.
     path_pd: Vec<usize>,
-    regs: Mutex<HashMap<u64, Vec<Pin>>>,
+    /// Per token: the pins (one per device) and the memory they pin, kept lent until released.
+    regs: Mutex<HashMap<u64, (Vec<Pin>, Lent)>>,
     next_token: AtomicU64,
 }
 
 impl VerbsPinner {
     /// Files one pin per device as a registration: its keys per path and a fresh token.
-    fn file(&self, pins: Vec<Pin>) -> Result<Registration> {
+    fn file(&self, pins: Vec<Pin>, mem: &Lent) -> Result<Registration> {
         let keys = self
             .path_pd
             .iter()
@@ -266,28 +268,24 @@ impl VerbsPinner {
             })
             .collect();
         let token = self.next_token.fetch_add(1, Ordering::Relaxed);
-        lock(&self.regs, "verbs registrations")?.insert(token, pins);
+        lock(&self.regs, "verbs registrations")?.insert(token, (pins, mem.clone()));
         Ok(Registration { keys, token })
     }
 
-    fn register_dmabuf(
-        &self,
-        addr: u64,
-        len: usize,
-        offset: u64,
-        fd: BorrowedFd<'_>,
-    ) -> Result<Registration> {
+    fn register_dmabuf(&self, mem: &Lent, offset: u64, fd: BorrowedFd<'_>) -> Result<Registration> {
         let pins = self
             .doms
             .iter()
-            .map(|d| d.register_dmabuf(addr, len, offset, fd))
+            .map(|d| d.register_dmabuf(mem.addr(), mem.len(), offset, fd))
             .collect::<Result<Vec<_>>>()?;
-        self.file(pins)
+        self.file(pins, mem)
     }
 }
 
 impl Pinner for VerbsPinner {
-    fn register(&self, addr: u64, len: usize, kind: MemKind) -> Result<Registration> {
+    fn register(&self, mem: &Lent, kind: MemKind) -> Result<Registration> {
+        mem.require_process("a verbs registration")?;
+        let (addr, len) = (mem.addr(), mem.len());
         if len == 0 {
             return Err(Error::InvalidArgument(
                 "registration of 0 bytes; accepted: at least 1 byte".into(),
@@ -299,9 +297,10 @@ impl Pinner for VerbsPinner {
         };
         let mut pins = Vec::with_capacity(self.doms.len());
         for d in &self.doms {
-            // SAFETY: NCCL keeps `addr..addr+len` mapped from regMr until deregMr, which drops this
-            // pin (deregister) before the memory is released; the NIC touches it only through QPs
-            // stopped before teardown.
+            // SAFETY: `mem` lends process memory (checked above) that stays allocated and writable
+            // until every registration made from it is released (the `Lent` contract); this pin is
+            // filed with a clone of `mem` and dropped with it in `deregister`. The NIC touches it
+            // only through QPs stopped before teardown.
             let pin = unsafe { d.register(addr, len, rk) }.map_err(|e| {
                 context(
                     e,
@@ -313,12 +312,13 @@ impl Pinner for VerbsPinner {
             })?;
             pins.push(pin);
         }
-        self.file(pins)
+        self.file(pins, mem)
     }
 
     fn deregister(&self, reg: &Registration) -> Result<()> {
         let pins = lock(&self.regs, "verbs registrations")?.remove(&reg.token);
-        // Dropped outside the lock: the last reference deregisters the MR.
+        // Dropped outside the lock: the last reference deregisters the MR; the pins drop before the
+        // lent memory (tuple fields drop in order).
         pins.map(drop).ok_or_else(|| {
             Error::InvalidArgument(format!(
                 "deregistration of token {}, which this connection did not register (or already released)",
@@ -717,18 +717,17 @@ impl Fabric for VerbsFabric {
         &self.infos
     }
 
-    fn register(&mut self, addr: u64, len: usize, kind: MemKind) -> Result<Registration> {
-        self.pinner.register(addr, len, kind)
+    fn register(&mut self, mem: &Lent, kind: MemKind) -> Result<Registration> {
+        self.pinner.register(mem, kind)
     }
 
     fn register_dmabuf(
         &mut self,
-        addr: u64,
-        len: usize,
+        mem: &Lent,
         offset: u64,
         fd: BorrowedFd<'_>,
     ) -> Result<Registration> {
-        self.pinner.register_dmabuf(addr, len, offset, fd)
+        self.pinner.register_dmabuf(mem, offset, fd)
     }
 
     fn deregister(&mut self, reg: &Registration) -> Result<()> {

@@ -25,6 +25,7 @@ use crate::plugin::switchless::{
     ConnOptions, Connectable, HostView, PathFactory, PathPlan, Switchless,
 };
 use crate::sync::lock;
+use crate::sys::rawmem::Lent;
 use crate::transport::fabric::{
     Completion, CtrlMem, Fabric, MemKind, PathInfo, ReadWr, Registration, WriteWr,
 };
@@ -225,17 +226,16 @@ impl Fabric for MemConn {
     fn paths(&self) -> &[PathInfo] {
         self.ep.paths()
     }
-    fn register(&mut self, addr: u64, len: usize, kind: MemKind) -> Result<Registration> {
-        self.ep.register(addr, len, kind)
+    fn register(&mut self, mem: &Lent, kind: MemKind) -> Result<Registration> {
+        self.ep.register(mem, kind)
     }
     fn register_dmabuf(
         &mut self,
-        addr: u64,
-        len: usize,
+        mem: &Lent,
         offset: u64,
         fd: BorrowedFd<'_>,
     ) -> Result<Registration> {
-        self.ep.register_dmabuf(addr, len, offset, fd)
+        self.ep.register_dmabuf(mem, offset, fd)
     }
     fn deregister(&mut self, reg: &Registration) -> Result<()> {
         self.ep.deregister(reg)

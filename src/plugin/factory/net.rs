@@ -24,6 +24,7 @@ use crate::plugin::switchless::{
 };
 use crate::route::types::{LinkKind, LocalLink};
 use crate::sync::lock;
+use crate::sys::rawmem::Lent;
 use crate::transport::fabric::{
     Completion, CtrlMem, Fabric, MemKind, PathInfo, ReadWr, Registration, WriteWr,
 };
@@ -547,17 +548,16 @@ impl Fabric for TcpConn {
     fn pinner(&self) -> Option<std::sync::Arc<dyn crate::transport::fabric::Pinner>> {
         self.fab.as_ref().and_then(|f| f.pinner())
     }
-    fn register(&mut self, addr: u64, len: usize, kind: MemKind) -> Result<Registration> {
-        self.fab_mut()?.register(addr, len, kind)
+    fn register(&mut self, mem: &Lent, kind: MemKind) -> Result<Registration> {
+        self.fab_mut()?.register(mem, kind)
     }
     fn register_dmabuf(
         &mut self,
-        addr: u64,
-        len: usize,
+        mem: &Lent,
         offset: u64,
         fd: BorrowedFd<'_>,
     ) -> Result<Registration> {
-        self.fab_mut()?.register_dmabuf(addr, len, offset, fd)
+        self.fab_mut()?.register_dmabuf(mem, offset, fd)
     }
     fn deregister(&mut self, reg: &Registration) -> Result<()> {
         self.fab_mut()?.deregister(reg)
@@ -666,17 +666,16 @@ impl Fabric for NetConn {
     fn paths(&self) -> &[PathInfo] {
         each!(self, f => f.paths())
     }
-    fn register(&mut self, addr: u64, len: usize, kind: MemKind) -> Result<Registration> {
-        each!(self, f => f.register(addr, len, kind))
+    fn register(&mut self, mem: &Lent, kind: MemKind) -> Result<Registration> {
+        each!(self, f => f.register(mem, kind))
     }
     fn register_dmabuf(
         &mut self,
-        addr: u64,
-        len: usize,
+        mem: &Lent,
         offset: u64,
         fd: BorrowedFd<'_>,
     ) -> Result<Registration> {
-        each!(self, f => f.register_dmabuf(addr, len, offset, fd))
+        each!(self, f => f.register_dmabuf(mem, offset, fd))
     }
     fn deregister(&mut self, reg: &Registration) -> Result<()> {
         each!(self, f => f.deregister(reg))

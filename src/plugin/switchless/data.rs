@@ -218,11 +218,13 @@ impl<P: PathFactory> Switchless<P> {
     /// thread; the lock is held only to file the result.
     pub(super) fn register(comm: CommRef<'_, Self>, region: Region) -> Result<MemHandle> {
         let kind = mem_kind(&region);
-        let (addr, len) = (region.addr as u64, region.size as u64);
+        let mem = &region.mem;
         let Some(pinner) = with_registrar(comm, "regMr", |r| Ok(r.pinner()))? else {
-            return with_registrar(comm, "regMr", |r| r.reg_mr(addr, len, kind));
+            return with_registrar(comm, "regMr", |r| r.reg_mr(mem, kind));
         };
-        let reg = pinner.register(addr, comm::check_range(addr, len)?, kind)?;
+        let (addr, len) = (mem.addr(), mem.len() as u64);
+        comm::check_range(addr, len)?;
+        let reg = pinner.register(mem, kind)?;
         with_registrar(comm, "regMr", |r| r.adopt(addr, len, kind, reg.clone())).inspect_err(|_| {
             // Closed meanwhile (or refused): nothing holds the registration but us.
             let _ = pinner.deregister(&reg);
@@ -236,9 +238,8 @@ impl<P: PathFactory> Switchless<P> {
         offset: u64,
         fd: BorrowedFd<'_>,
     ) -> Result<MemHandle> {
-        let (addr, len) = (region.addr as u64, region.size as u64);
         with_registrar(comm, "regMrDmaBuf", |r| {
-            r.reg_mr_dmabuf(addr, len, offset, fd)
+            r.reg_mr_dmabuf(&region.mem, offset, fd)
         })
     }
 

@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 
 use super::{ConnOptions, Connectable};
 use crate::error::Result;
+use crate::sys::rawmem::Lent;
 use crate::transport::fabric::{
     Completion, CtrlMem, Fabric, MemKind, PathInfo, PathRole, ReadWr, Registration, WriteWr,
 };
@@ -103,17 +104,16 @@ impl<F: Connectable> Fabric for Live<F> {
     fn paths(&self) -> &[PathInfo] {
         self.inner.paths()
     }
-    fn register(&mut self, addr: u64, len: usize, kind: MemKind) -> Result<Registration> {
-        self.inner.register(addr, len, kind)
+    fn register(&mut self, mem: &Lent, kind: MemKind) -> Result<Registration> {
+        self.inner.register(mem, kind)
     }
     fn register_dmabuf(
         &mut self,
-        addr: u64,
-        len: usize,
+        mem: &Lent,
         offset: u64,
         fd: BorrowedFd<'_>,
     ) -> Result<Registration> {
-        self.inner.register_dmabuf(addr, len, offset, fd)
+        self.inner.register_dmabuf(mem, offset, fd)
     }
     fn deregister(&mut self, reg: &Registration) -> Result<()> {
         self.inner.deregister(reg)
@@ -213,7 +213,7 @@ mod tests {
         fn paths(&self) -> &[PathInfo] {
             &self.0
         }
-        fn register(&mut self, _: u64, _: usize, _: MemKind) -> Result<Registration> {
+        fn register(&mut self, _: &Lent, _: MemKind) -> Result<Registration> {
             nope()
         }
         fn deregister(&mut self, _: &Registration) -> Result<()> {

@@ -8,6 +8,7 @@
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
+use crate::sys::rawmem::Lent;
 use crate::transport::comm::{
     self, MemHandle, ProtocolConfig, RecvBuf, RecvComm, Request, SendComm,
 };
@@ -72,8 +73,8 @@ fn ends(speeds_mbps: &[u64], bytes: usize) -> Result<Ends> {
     let (mut s, mut r) = comm::connect_pair(a, b, ProtocolConfig::default())?;
     let sa = fab.alloc(bytes)?;
     let ra = fab.alloc(bytes)?;
-    let smh = s.reg_mr(sa, bytes as u64, MemKind::Host)?;
-    let rmh = r.reg_mr(ra, bytes as u64, MemKind::Host)?;
+    let smh = s.reg_mr(&Lent::simulated(sa, bytes), MemKind::Host)?;
+    let rmh = r.reg_mr(&Lent::simulated(ra, bytes), MemKind::Host)?;
     Ok(Ends {
         s,
         r,

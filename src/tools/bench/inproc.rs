@@ -14,6 +14,7 @@ use crate::ffi::loader::net::{
     CommRef, HANDLE_SIZE, Handle, Net, PTR_HOST, Properties, RecvBuf, Region, SharedBuf,
 };
 use crate::sync::lock;
+use crate::sys::rawmem::Lent;
 use crate::transport::comm::{self, MemHandle, ProtocolConfig, RecvComm, Request, SendComm};
 use crate::transport::fabric::{Fabric, MemKind};
 use crate::transport::memfab::{MemEndpoint, MemFab};
@@ -251,10 +252,12 @@ impl<F: InProcFabric, C: Clock> Net for InProcNet<F, C> {
     }
     fn reg_mr(&self, comm: CommRef<'_, Self>, buf: &SharedBuf) -> Result<InMr> {
         let addr = self.fab.alloc(buf.len())?;
-        let len = buf.len() as u64;
+        // The fabric's own memory, not the bench's buffer: bytes are copied in and out around
+        // each transfer.
+        let mem = Lent::simulated(addr, buf.len());
         let mh = match comm {
-            CommRef::Send(s) => lock(&s.comm, "send comm")?.reg_mr(addr, len, MemKind::Host)?,
-            CommRef::Recv(r) => lock(&r.0, "recv comm")?.reg_mr(addr, len, MemKind::Host)?,
+            CommRef::Send(s) => lock(&s.comm, "send comm")?.reg_mr(&mem, MemKind::Host)?,
+            CommRef::Recv(r) => lock(&r.0, "recv comm")?.reg_mr(&mem, MemKind::Host)?,
         };
         Ok(InMr {
             addr,

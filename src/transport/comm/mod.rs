@@ -36,6 +36,7 @@ use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
+use crate::sys::rawmem::Lent;
 use crate::transport::fabric::{
     Completion, CtrlMem, Fabric, MemKind, PathRole, Pinner, RECV_DEPTH, Registration, Revive,
     SEND_QUEUE_DEPTH, WcStatus,
@@ -57,14 +58,13 @@ macro_rules! registration_methods {
             &mut self.core.fab
         }
 
-        /// Registers memory on every path (NCCL `regMr`).
+        /// Registers lent memory on every path (NCCL `regMr`).
         pub fn reg_mr(
             &mut self,
-            addr: u64,
-            len: u64,
+            mem: &$crate::sys::rawmem::Lent,
             kind: $crate::transport::fabric::MemKind,
         ) -> $crate::error::Result<$crate::transport::comm::MemHandle> {
-            self.core.register(addr, len, kind, None)
+            self.core.register(mem, kind, None)
         }
 
         /// Registers GPU memory exported as DMA-BUF (NCCL `regMrDmaBuf`); `fd` need only live for
@@ -73,14 +73,12 @@ macro_rules! registration_methods {
         /// [`MemKind::Cuda`]: crate::transport::fabric::MemKind::Cuda
         pub fn reg_mr_dmabuf(
             &mut self,
-            addr: u64,
-            len: u64,
+            mem: &$crate::sys::rawmem::Lent,
             offset: u64,
             fd: ::std::os::fd::BorrowedFd<'_>,
         ) -> $crate::error::Result<$crate::transport::comm::MemHandle> {
             self.core.register(
-                addr,
-                len,
+                mem,
                 $crate::transport::fabric::MemKind::Cuda,
                 Some((offset, fd)),
             )
@@ -172,20 +170,18 @@ macro_rules! impl_registrar {
         impl<F: $crate::transport::fabric::Fabric> $crate::transport::comm::Registrar for $comm<F> {
             fn reg_mr(
                 &mut self,
-                addr: u64,
-                len: u64,
+                mem: &$crate::sys::rawmem::Lent,
                 kind: $crate::transport::fabric::MemKind,
             ) -> $crate::error::Result<$crate::transport::comm::MemHandle> {
-                $comm::reg_mr(self, addr, len, kind)
+                $comm::reg_mr(self, mem, kind)
             }
             fn reg_mr_dmabuf(
                 &mut self,
-                addr: u64,
-                len: u64,
+                mem: &$crate::sys::rawmem::Lent,
                 offset: u64,
                 fd: ::std::os::fd::BorrowedFd<'_>,
             ) -> $crate::error::Result<$crate::transport::comm::MemHandle> {
-                $comm::reg_mr_dmabuf(self, addr, len, offset, fd)
+                $comm::reg_mr_dmabuf(self, mem, offset, fd)
             }
             fn dereg_mr(
                 &mut self,
@@ -415,16 +411,10 @@ struct Core<F: Fabric> {
 /// Registration as NCCL sees it (`regMr`, `regMrDmaBuf`, `deregMr`), the same on both comm types, so
 /// callers holding either can register through one `&mut dyn Registrar`.
 pub trait Registrar {
-    /// Registers memory on every path (NCCL `regMr`).
-    fn reg_mr(&mut self, addr: u64, len: u64, kind: MemKind) -> Result<MemHandle>;
+    /// Registers lent memory on every path (NCCL `regMr`).
+    fn reg_mr(&mut self, mem: &Lent, kind: MemKind) -> Result<MemHandle>;
     /// Registers GPU memory exported as DMA-BUF (NCCL `regMrDmaBuf`).
-    fn reg_mr_dmabuf(
-        &mut self,
-        addr: u64,
-        len: u64,
-        offset: u64,
-        fd: BorrowedFd<'_>,
-    ) -> Result<MemHandle>;
+    fn reg_mr_dmabuf(&mut self, mem: &Lent, offset: u64, fd: BorrowedFd<'_>) -> Result<MemHandle>;
     /// Releases a registration (NCCL `deregMr`).
     fn dereg_mr(&mut self, mh: MemHandle) -> Result<()>;
     /// The fabric's registrar that needs no borrow of the comm, if it has one.
@@ -730,15 +720,15 @@ impl<F: Fabric> Core<F> {
 
     fn register(
         &mut self,
-        addr: u64,
-        len: u64,
+        mem: &Lent,
         kind: MemKind,
         dmabuf: Option<(u64, BorrowedFd<'_>)>,
     ) -> Result<MemHandle> {
-        let ulen = check_range(addr, len)?;
+        let (addr, len) = (mem.addr(), mem.len() as u64);
+        check_range(addr, len)?;
         let reg = match dmabuf {
-            None => self.fab.register(addr, ulen, kind)?,
-            Some((offset, fd)) => self.fab.register_dmabuf(addr, ulen, offset, fd)?,
+            None => self.fab.register(mem, kind)?,
+            Some((offset, fd)) => self.fab.register_dmabuf(mem, offset, fd)?,
         };
         self.adopt(addr, len, kind, reg)
     }

@@ -37,20 +37,21 @@ impl Fabric for MemEndpoint {
         &self.paths
     }
 
-    fn register(&mut self, addr: u64, len: usize, kind: MemKind) -> Result<Registration> {
-        self.pinner_of().pin(addr, len, kind)
+    /// `mem`'s address is a memfab address (a [`Lent::simulated`] one from [`MemFab::alloc`]);
+    /// one outside the allocated regions is refused.
+    fn register(&mut self, mem: &Lent, kind: MemKind) -> Result<Registration> {
+        self.pinner_of().pin(mem.addr(), mem.len(), kind)
     }
 
-    /// Memfab has no GPUs: a DMA-BUF registration is checked like [`Fabric::register`] of `addr`
+    /// Memfab has no GPUs: a DMA-BUF registration is checked like [`Fabric::register`] of `mem`
     /// (the fd must be open during the call; it is not read).
     fn register_dmabuf(
         &mut self,
-        addr: u64,
-        len: usize,
+        mem: &Lent,
         _offset: u64,
         _fd: std::os::fd::BorrowedFd<'_>,
     ) -> Result<Registration> {
-        self.register(addr, len, MemKind::Cuda)
+        self.register(mem, MemKind::Cuda)
     }
 
     fn deregister(&mut self, reg: &Registration) -> Result<()> {

@@ -40,6 +40,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
 use crate::sync::lock;
+use crate::sys::rawmem::Lent;
 use crate::transport::ctrl::{AtomicWords, Span};
 use crate::transport::fabric::{
     Completion, CtrlMem, Fabric, MemKind, PathInfo, PathKeys, PathRole, Pinner, ReadWr,
@@ -371,8 +372,8 @@ impl MemPinner {
 }
 
 impl Pinner for MemPinner {
-    fn register(&self, addr: u64, len: usize, kind: MemKind) -> Result<Registration> {
-        self.pin(addr, len, kind)
+    fn register(&self, mem: &Lent, kind: MemKind) -> Result<Registration> {
+        self.pin(mem.addr(), mem.len(), kind)
     }
     fn deregister(&self, reg: &Registration) -> Result<()> {
         self.unpin(reg)
@@ -685,8 +686,12 @@ mod tests {
         let (mut a, mut b) = fab.pair(&[100, 100], 0);
         let src = fab.alloc(64).unwrap();
         let dst = fab.alloc(64).unwrap();
-        let ra = a.register(src, 64, MemKind::Host).unwrap();
-        let rb = b.register(dst, 64, MemKind::Host).unwrap();
+        let ra = a
+            .register(&Lent::simulated(src, 64), MemKind::Host)
+            .unwrap();
+        let rb = b
+            .register(&Lent::simulated(dst, 64), MemKind::Host)
+            .unwrap();
         (fab, a, b, src, ra, dst, rb)
     }
 
@@ -777,7 +782,11 @@ mod tests {
         assert_eq!(fab.stats(), Stats::default());
         let (mut c, _d) = fab.pair(&[100], 0);
         assert!(c.paths().is_empty());
-        assert_eq!(c.register(src, 8, MemKind::Host).unwrap_err(), want);
+        assert_eq!(
+            c.register(&Lent::simulated(src, 8), MemKind::Host)
+                .unwrap_err(),
+            want
+        );
         drop((a, b));
     }
 

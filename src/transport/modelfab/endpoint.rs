@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 
 use super::{Inner, ModelEndpoint, lock, split_addr};
 use crate::error::{Error, Result};
+use crate::sys::rawmem::Lent;
 use crate::transport::fabric::{
     Completion, CtrlMem, Fabric, MemKind, PathInfo, ReadWr, Registration, WcOpcode, WcStatus,
     WriteWr,
@@ -67,10 +68,11 @@ impl Fabric for ModelEndpoint {
         &self.paths
     }
 
-    fn register(&mut self, addr: u64, len: usize, _kind: MemKind) -> Result<Registration> {
+    /// `mem`'s address is a model-fabric address ([`Lent::simulated`]).
+    fn register(&mut self, mem: &Lent, _kind: MemKind) -> Result<Registration> {
         let mut g = lock(&self.inner)?;
-        let (r, off) = g.region_range(addr, len)?;
-        Ok(g.register(self.id, r, off, len))
+        let (r, off) = g.region_range(mem.addr(), mem.len())?;
+        Ok(g.register(self.id, r, off, mem.len()))
     }
 
     fn deregister(&mut self, reg: &Registration) -> Result<()> {

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::sync::lock;
-use crate::sys::rawmem::RawRegion;
+use crate::sys::rawmem::{Lent, RawRegion};
 use crate::sys::socket::{self as rawmem, Ready};
 use crate::transport::ctrl::AtomicWords;
 use crate::transport::fabric::{
@@ -123,14 +123,17 @@ impl TcpPinner {
 }
 
 impl Pinner for TcpPinner {
-    fn register(&self, addr: u64, len: usize, kind: MemKind) -> Result<Registration> {
+    fn register(&self, mem: &Lent, kind: MemKind) -> Result<Registration> {
         if kind == MemKind::Cuda {
             return Err(Error::InvalidArgument(format!(
-                "GPU memory at {addr:#x} ({len} bytes) on a TCP path; TCP paths accept host memory only \
-                 (NCCL_PTR_HOST: NCCL stages GPU buffers through host memory)"
+                "GPU memory at {:#x} ({} bytes) on a TCP path; TCP paths accept host memory only \
+                 (NCCL_PTR_HOST: NCCL stages GPU buffers through host memory)",
+                mem.addr(),
+                mem.len()
             )));
         }
-        let region = RawRegion::new(addr, len)?;
+        // The region keeps `mem`: the memory stays lent while a copy in flight holds the `Reg`.
+        let region = RawRegion::new(mem)?;
         self.add_reg(RegMem::Raw(region))
     }
 
@@ -236,8 +239,8 @@ impl Fabric for TcpFabric {
         &self.paths
     }
 
-    fn register(&mut self, addr: u64, len: usize, kind: MemKind) -> Result<Registration> {
-        self.pinner_of().register(addr, len, kind)
+    fn register(&mut self, mem: &Lent, kind: MemKind) -> Result<Registration> {
+        self.pinner_of().register(mem, kind)
     }
 
     fn deregister(&mut self, reg: &Registration) -> Result<()> {

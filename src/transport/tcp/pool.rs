@@ -548,7 +548,9 @@ mod tests {
         });
         // Its stream's path failed on this side: a write fails now or completes in error.
         let buf = HostBuffer::new(4096).unwrap();
-        let reg = a.register(buf.addr(), 4096, MemKind::Host).unwrap();
+        let reg = a
+            .register(&buf.lend_range(0, 4096).unwrap(), MemKind::Host)
+            .unwrap();
         let wr = WriteWr {
             wr_id: 1,
             local: LocalSeg {
