@@ -107,6 +107,9 @@ pub fn table(r: &Report) -> String {
                 row.size_bytes, w.min, w.median, w.p99, w.max
             );
         }
+        if let Some(b) = &row.breakdown {
+            let _ = writeln!(s, "{}", b.line(r.rank, row.size_bytes));
+        }
     }
     let _ = writeln!(
         s,
