@@ -229,6 +229,9 @@ fn json_and_csv_carry_units_and_rows() {
     let total = s["total_s"].as_f64().unwrap();
     assert!(total > 0.0 && (steps - total).abs() < 1e-3, "{s}");
     assert!(t.contains("connection set-up") && t.contains("connect/accept"));
+    // No plugin was loaded: no init time, and no line for it.
+    assert_eq!(s["init_s"].as_f64(), Some(0.0), "{s}");
+    assert!(!t.contains("plugin load and init"), "{t}");
 }
 
 /// Bandwidth verifies outside its timed windows: a corruption of any delivered message (data or

@@ -37,6 +37,13 @@ pub fn table(r: &Report) -> String {
             "#  connection set-up (this rank, wall time): {:.3} s = listen {:.3} + handle exchange {:.3} + connect/accept {:.3} + regMr {:.3} + barrier {:.3}",
             t.total_s, t.listen_s, t.exchange_s, t.connect_s, t.register_s, t.barrier_s
         );
+        if t.init_s > 0.0 {
+            let _ = writeln!(
+                s,
+                "#  before it: plugin load and init (device discovery) {:.3} s",
+                t.init_s
+            );
+        }
     }
     if let Some(m) = &r.model {
         let _ = writeln!(s, "#  model: {}", super::summary::describe(m));

@@ -257,13 +257,18 @@ fn real(a: &Args, o: &b::Options, nranks: usize) -> Result<b::Report> {
 
 /// Loads the plugin (`--plugin` or ours by default) through `ffi::loader` and runs the mode.
 fn run_plugin(a: &Args, o: &b::Options, boot: &mut b::Bootstrap) -> Result<b::Report> {
+    let t0 = std::time::Instant::now();
     let mut net = crate::ffi::loader::HostNet::load_default(a.plugin.as_deref())?;
     // one communicator id for the whole job, like NCCL's commHash
     b::Net::init(&mut net, 0x5357_4c42_0000_0000 | boot.nranks() as u64)?;
+    let init_s = t0.elapsed().as_secs_f64();
     let r = b::run(&net, boot, o);
     let f = b::Net::finalize(&mut net);
-    let r = r?;
+    let mut r = r?;
     f?;
+    if let Some(s) = r.setup.as_mut() {
+        s.init_s = init_s;
+    }
     Ok(r)
 }
 
