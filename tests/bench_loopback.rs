@@ -22,6 +22,8 @@ fn opts(mode: Mode) -> Options {
         dev: None,
         timeout: Duration::from_secs(30),
         progress: false,
+        breakdown: false,
+        ahead: 2,
     }
 }
 
@@ -46,6 +48,39 @@ fn clean(mode: Mode, nranks: usize) {
 fn latency_2_and_3_ranks() {
     clean(Mode::Latency, 2);
     clean(Mode::Latency, 3); // rank 2 has no partner and must still finish
+}
+
+#[test]
+fn latency_with_receives_posted_1_to_3_ahead_and_a_breakdown() {
+    for ahead in [1, 2, 3] {
+        let o = Options {
+            ahead,
+            breakdown: true,
+            iters: 5,
+            ..opts(Mode::Latency)
+        };
+        let r = run_ranks(&o, 2, LoopbackConfig::default()).unwrap();
+        assert_eq!(r.errors(), 0, "ahead {ahead}: {:?}", r.first_error);
+        for row in &r.rows {
+            let b = row.breakdown.as_ref().expect("a breakdown per row");
+            // Timed round trips only; each posts one send, and one receive `ahead - 1` pongs ahead
+            // (none past the last round trip) on rank 0.
+            assert_eq!(b.round_trips, 5, "ahead {ahead}");
+            assert_eq!(
+                b.irecv_calls,
+                5 - (ahead as u64 - 1),
+                "ahead {ahead}: {b:?}"
+            );
+            assert!(b.isend_calls >= 5, "ahead {ahead}: {b:?}");
+            assert!(b.test_calls >= 5, "ahead {ahead}: {b:?}");
+            assert!(b.loop_us >= b.test_us, "ahead {ahead}: {b:?}");
+        }
+        let t = report::table(&r);
+        assert!(t.contains("# breakdown at 4 B (rank 0"), "{t}");
+    }
+    // Off: no breakdown.
+    let r = run_ranks(&opts(Mode::Latency), 2, LoopbackConfig::default()).unwrap();
+    assert!(r.rows.iter().all(|row| row.breakdown.is_none()));
 }
 
 #[test]
@@ -194,6 +229,9 @@ fn json_and_csv_carry_units_and_rows() {
     let total = s["total_s"].as_f64().unwrap();
     assert!(total > 0.0 && (steps - total).abs() < 1e-3, "{s}");
     assert!(t.contains("connection set-up") && t.contains("connect/accept"));
+    // No plugin was loaded: no init time, and no line for it.
+    assert_eq!(s["init_s"].as_f64(), Some(0.0), "{s}");
+    assert!(!t.contains("plugin load and init"), "{t}");
 }
 
 /// Bandwidth verifies outside its timed windows: a corruption of any delivered message (data or

@@ -23,6 +23,8 @@ fn opts(mode: Mode, min: usize, max: usize) -> Options {
         dev: None,
         timeout: Duration::from_secs(120),
         progress: false,
+        breakdown: false,
+        ahead: 2,
     }
 }
 
@@ -107,6 +109,9 @@ fn alltoall_and_allreduce_check_their_data_over_three_ranks() {
     }
 }
 
+/// Relative error of a one-way time read from ns `Instant`s (0.5 ns in about 1 us).
+const NS_ROUNDING: f64 = 1e-3;
+
 #[test]
 fn latency_mode_reports_the_ratio_to_one_rdma_write() {
     let o = opts(Mode::Latency, 8, 4096);
@@ -120,8 +125,10 @@ fn latency_mode_reports_the_ratio_to_one_rdma_write() {
         "{}",
         s.rdma_write_us
     );
+    // The virtual clock reaches the bench as `Instant`s of ns resolution: a 2004.4 ns round trip
+    // reads as 2004 or 2005 ns, so the mean may fall a few ps under the one-write floor.
     assert!(
-        s.latency_ratio >= 1.0 && s.latency_ratio < 4.0,
+        s.latency_ratio >= 1.0 - NS_ROUNDING && s.latency_ratio < 4.0,
         "{}",
         s.latency_ratio
     );
@@ -141,7 +148,7 @@ fn a_small_message_costs_at_most_one_and_a_half_rdma_writes() {
         assert_eq!(r.errors(), 0, "{spec}: {:?}", r.first_error);
         let s = r.model.unwrap();
         assert!(
-            s.latency_ratio >= 1.0 && s.latency_ratio <= 1.5,
+            s.latency_ratio >= 1.0 - NS_ROUNDING && s.latency_ratio <= 1.5,
             "{spec}: {} us one way, {} us one write, ratio {}",
             s.latency_us,
             s.rdma_write_us,

@@ -63,6 +63,8 @@ run_perftest() { # $1 test, $2 check index
             *_lat) cmd="ib_$t -d $dev -x $gidx -F -p $port $L_latargs" ;;
         esac
         t1=$(up)
+        read -r _ps0 < /sys/class/infiniband/"$dev"/ports/1/hw_counters/sent_pkts 2>/dev/null || _ps0=0
+        read -r _pr0 < /sys/class/infiniband/"$dev"/ports/1/hw_counters/rcvd_pkts 2>/dev/null || _pr0=0
         if [ "$role" = s ]; then
             say "CHECK $t link$lid server: $cmd"
             timeout "$L_ctimeout" $cmd > "$out" 2>&1; rc=$?
@@ -87,6 +89,12 @@ run_perftest() { # $1 test, $2 check index
             /usr/sbin/ip -s link show "$ifn"
         fi
         m='{}'; [ "$rl" = client ] && m=$(perftest_metrics "$t" "$out")
+        case $t in *_lat) # RoCE packets of the cable's device during the test (set-up included)
+            read -r _ps1 < /sys/class/infiniband/"$dev"/ports/1/hw_counters/sent_pkts 2>/dev/null || _ps1=$_ps0
+            read -r _pr1 < /sys/class/infiniband/"$dev"/ports/1/hw_counters/rcvd_pkts 2>/dev/null || _pr1=$_pr0
+            _pk="\"rxe_sent_pkts\":$((_ps1 - _ps0)),\"rxe_rcvd_pkts\":$((_pr1 - _pr0))"
+            if [ "$m" = '{}' ]; then m="{$_pk}"; else m="${m%\}},$_pk}"; fi ;;
+        esac
         [ "$rl" = client ] && say "SUMMARY link$lid $t $m"
         jl "$t" "$lid" "$peer" "$rl" "$st" "$rc" "$s" "$m" "${out#"$R"/}"
         i=$((i + 1))
@@ -194,13 +202,18 @@ run_bench_pair() { # bench:MODE@A-B
     spec=${c#bench:}; mode=${spec%@*}; pair_nodes "${spec#*@}" || return 0
     [ "$LAB_NODE" = "$PA" ] || [ "$LAB_NODE" = "$PB" ] || { say "SKIP $c (not one of nodes $PA, $PB)"; return 0; }
     out=$R/bench-$mode-$PA-$PB.txt
+    # RoCE packets this node sent and received during the bench (rxe counters over all its devices;
+    # set-up included): per round trip, the protocol's work on the wire, which TCG's timings hide
+    pkts_now sent_pkts; _s0=$_s; pkts_now rcvd_pkts; _r0=$_s
     bench2 "$mode" "$PA" "$PB" $((29600 + k)) "$out" $L_benchargs --save-json "$R/bench-$mode-$PA-$PB.json"
+    pkts_now sent_pkts; _ps=$((_s - _s0)); pkts_now rcvd_pkts; _pr=$((_s - _r0))
     cat "$out"
     if [ $rc -eq 0 ]; then st=pass; say "CHECKOK $c ${s}s"; else st=fail; fail=1; say "CHECKFAIL $c rc=$rc"; fi
     # the spread of the one-way times, beside perftest's SUMMARY lines (t_min, t_typical, t_99)
     sed -n 's/^# one-way us at /one-way us at /p' "$out" | while read -r l; do say "SUMMARY $c $l"; done
+    say "SUMMARY $c rxe packets of this node: sent $_ps, received $_pr"
     if [ "$LAB_NODE" = "$PA" ]; then peer=$PB; else peer=$PA; fi
-    jl "$c" null "$peer" "rank$_rank" "$st" "$rc" "$s" '{}' "${out#"$R"/}"
+    jl "$c" null "$peer" "rank$_rank" "$st" "$rc" "$s" "{\"rxe_sent_pkts\":$_ps,\"rxe_rcvd_pkts\":$_pr}" "${out#"$R"/}"
 }
 
 run_no_route() { # no-route:A-B: A and B share no cable; the plugin must refuse fast and clearly

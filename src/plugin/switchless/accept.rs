@@ -9,7 +9,7 @@ use std::sync::{Arc, Weak};
 
 use super::data::RecvEnd;
 use super::live::Live;
-use super::report::{ConnReport, step_error};
+use super::report::{ConnReport, SetupSteps, Step as SetupStep, step_error};
 use super::{ConnOptions, Connectable, PathFactory, PathPlan, Switchless};
 use crate::error::{Error, Result};
 use crate::plugin::{CommInfo, Handle};
@@ -49,6 +49,7 @@ struct Responding<F: Connectable> {
     comm: RecvComm<F>,
     plans: Vec<PathPlan>,
     local: Vec<PathParams>,
+    steps: SetupSteps,
 }
 
 /// The handshake is done; the endpoint finishes its set-up ([`Connectable::poll_ready`]).
@@ -58,6 +59,7 @@ struct Finishing<F: Connectable> {
     local: Vec<PathParams>,
     remote: Vec<PathParams>,
     est: Established,
+    steps: SetupSteps,
 }
 
 /// Where `accept` stands between NCCL's calls.
@@ -140,6 +142,8 @@ impl<P: PathFactory> Switchless<P> {
         info: &CommInfo,
     ) -> Result<AcceptState<Live<P::Fabric>>> {
         let who = format!("connector {}", inc.peer());
+        // From the hello: the paths were chosen by the connector and checked by the listener.
+        let mut steps = SetupSteps::start();
         let plans: Vec<PathPlan> = inc
             .paths()
             .iter()
@@ -154,7 +158,8 @@ impl<P: PathFactory> Switchless<P> {
             secret: inc.fabric_secret(),
             ..self.opts(info, dev, true)
         };
-        match self.build_recv(&plans, &peer, &opts, &inc.hello().params.extra) {
+        steps.lap(SetupStep::Route);
+        match self.build_recv(&plans, &peer, &opts, &inc.hello().params.extra, &mut steps) {
             Ok((rc, local)) => {
                 inc.respond(SideParams {
                     paths: local.clone(),
@@ -165,6 +170,7 @@ impl<P: PathFactory> Switchless<P> {
                     comm: rc,
                     plans,
                     local,
+                    steps,
                 })))
             }
             Err(e) => {
@@ -188,11 +194,14 @@ impl<P: PathFactory> Switchless<P> {
         peer: &[PathParams],
         opts: &ConnOptions,
         extra: &[u8],
+        steps: &mut SetupSteps,
     ) -> Result<(LiveRecv<P::Fabric>, Vec<PathParams>)> {
         let fab = self.factory.create(plans, Some(peer), opts)?;
         let mut rc = RecvComm::new(Live::new(fab), self.proto)?;
         rc.connect(CtrlInfo::from_bytes(extra)?)?;
+        steps.lap(SetupStep::Qps);
         rc.fabric().connect_peer(peer, opts)?;
+        steps.lap(SetupStep::RtrRts);
         let local = rc.fabric().local_params();
         Ok((rc, local))
     }
@@ -304,12 +313,14 @@ impl<P: PathFactory> ListenEnd<P> {
         if !ready {
             return Ok(Step::Pending(AcceptState::Finishing(f)));
         }
+        f.steps.lap(SetupStep::Ready);
         let Finishing {
             mut comm,
             plans,
             local,
             remote,
             est,
+            steps,
         } = *f;
         let (peer, tcp) = (who(&est), format!("tcp {} <- {}", est.local, est.peer));
         comm.fabric_mut().watch(Liveness::new(est)?);
@@ -322,6 +333,7 @@ impl<P: PathFactory> ListenEnd<P> {
             remote: &remote,
             fab: comm.fabric(),
             tcp,
+            steps: &steps,
         });
         Ok(Step::Ready(RecvEnd::new(comm)))
     }
@@ -338,7 +350,9 @@ impl<F: Connectable> Responding<F> {
                     comm,
                     plans,
                     local,
+                    mut steps,
                 } = *self;
+                steps.lap(SetupStep::Handshake);
                 let remote = inc.paths().iter().map(|p| p.peer_params.clone()).collect();
                 Step::Next(AcceptState::Finishing(Box::new(Finishing {
                     comm,
@@ -346,6 +360,7 @@ impl<F: Connectable> Responding<F> {
                     local,
                     remote,
                     est,
+                    steps,
                 })))
             }
         })

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use super::data::SendEnd;
 use super::live::Live;
 use super::report::{
-    ConnReport, fallback_warning, gdr_scope, gdr_warning, gpu_over_tcp, level_name, routed_hint,
-    same_host_note, step_error,
+    ConnReport, SetupSteps, Step, fallback_warning, gdr_scope, gdr_warning, gpu_over_tcp,
+    level_name, routed_hint, same_host_note, step_error,
 };
 use super::{ConnOptions, Connectable, PathFactory, PathPlan, Switchless};
 use crate::config::TransportMode;
@@ -48,6 +48,8 @@ pub(super) struct ConnectState<F: Connectable> {
     /// For a connection over routed paths (the TCP fallback through a gateway): what to check when it
     /// times out or is refused. Empty otherwise.
     routed_hint: String,
+    /// Where the set-up time went (the INFO line of the connection).
+    steps: SetupSteps,
 }
 
 /// Where a connection stands after one `connect` call.
@@ -413,6 +415,7 @@ impl<P: PathFactory> Switchless<P> {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
+        let mut steps = SetupSteps::start();
         let sel = self.route(dev, &repr.links, &peer_key)?;
         if sel.same_host {
             tracing::info!(
@@ -449,6 +452,7 @@ impl<P: PathFactory> Switchless<P> {
             .collect();
         let routed_hint = routed_hint(&chosen[..carrying]);
         let opts = self.opts(comm, dev, false);
+        steps.lap(Step::Route);
         let fab = self
             .factory
             .create(&plans, None, &opts)
@@ -457,6 +461,7 @@ impl<P: PathFactory> Switchless<P> {
         let mut sc = SendComm::new(Live::new(fab), self.proto)?;
         sc.set_standby(&(carrying..chosen.len()).collect::<Vec<_>>())?;
         let extra = sc.local_info().to_bytes();
+        steps.lap(Step::Qps);
         let connector = Connector::start(
             &repr,
             &chosen,
@@ -479,6 +484,7 @@ impl<P: PathFactory> Switchless<P> {
             polled: Instant::now(),
             est: None,
             routed_hint,
+            steps,
         }))
     }
 
@@ -495,6 +501,7 @@ impl<P: PathFactory> Switchless<P> {
                     s.est = Some(est);
                     return Ok(Progress::Pending(s));
                 }
+                s.steps.lap(Step::Ready);
                 let remote = s.remote.take().unwrap_or_default();
                 let tcp = format!("tcp {} -> {}", est.local, est.peer);
                 s.comm.fabric_mut().watch(Liveness::new(est)?);
@@ -507,12 +514,14 @@ impl<P: PathFactory> Switchless<P> {
                     remote: &remote,
                     fab: s.comm.fabric(),
                     tcp,
+                    steps: &s.steps,
                 });
                 return Ok(Progress::Done(SendEnd::new(s.comm)));
             }
             match s.connector.poll()? {
                 ConnectPoll::Pending => return Ok(Progress::Pending(s)),
                 ConnectPoll::Reply(side) => {
+                    s.steps.lap(Step::Handshake);
                     let ctrl = CtrlInfo::from_bytes(&side.extra)
                         .map_err(|e| step_error(e, &s.peer, "reading its control info"))?;
                     s.comm
@@ -526,10 +535,14 @@ impl<P: PathFactory> Switchless<P> {
                         )
                         .map_err(|e| step_error(e, &s.peer, "bringing the QPs to RTR/RTS"))?;
                     s.comm.connect(ctrl)?;
+                    s.steps.lap(Step::RtrRts);
                     s.remote = Some(side.paths);
                     s.connector.ready()?;
                 }
-                ConnectPoll::Done(est) => s.est = Some(est),
+                ConnectPoll::Done(est) => {
+                    s.steps.lap(Step::Handshake);
+                    s.est = Some(est);
+                }
             }
         }
     }

@@ -38,6 +38,79 @@ pub(super) struct ConnReport<'a, F> {
     pub(super) fab: &'a F,
     /// The handshake's TCP connection (`tcp 10.0.1.1:51234 -> 10.0.1.2:40211`).
     pub(super) tcp: String,
+    /// Where the set-up time went.
+    pub(super) steps: &'a SetupSteps,
+}
+
+/// Where one connection's set-up time went, per step (wall time), for its INFO line: `route`
+/// (choosing the paths), `qps` (creating the endpoint: queue pairs, CQs, control memory
+/// registration), `rtr_rts` (the queue pairs' transitions to RTR and RTS with the peer's
+/// parameters), and the waits: `handshake` (for the peer's reply or `ready`: the peer's own
+/// set-up and the network) and `ready` (the endpoint finishing after the handshake).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct SetupSteps {
+    started: std::time::Instant,
+    lap: std::time::Instant,
+    route: std::time::Duration,
+    qps: std::time::Duration,
+    rtr_rts: std::time::Duration,
+    handshake: std::time::Duration,
+    ready: std::time::Duration,
+}
+
+/// A step of [`SetupSteps`].
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Step {
+    Route,
+    Qps,
+    RtrRts,
+    Handshake,
+    Ready,
+}
+
+impl SetupSteps {
+    /// Starts the clock now.
+    pub(super) fn start() -> SetupSteps {
+        let now = std::time::Instant::now();
+        SetupSteps {
+            started: now,
+            lap: now,
+            route: std::time::Duration::ZERO,
+            qps: std::time::Duration::ZERO,
+            rtr_rts: std::time::Duration::ZERO,
+            handshake: std::time::Duration::ZERO,
+            ready: std::time::Duration::ZERO,
+        }
+    }
+
+    /// Charges the time since the last lap to `step`.
+    pub(super) fn lap(&mut self, step: Step) {
+        let now = std::time::Instant::now();
+        let d = now.saturating_duration_since(self.lap);
+        self.lap = now;
+        let slot = match step {
+            Step::Route => &mut self.route,
+            Step::Qps => &mut self.qps,
+            Step::RtrRts => &mut self.rtr_rts,
+            Step::Handshake => &mut self.handshake,
+            Step::Ready => &mut self.ready,
+        };
+        *slot += d;
+    }
+
+    /// `set-up 12.3 ms: route 0.1, queue pairs 5.0, RTR/RTS 2.0, waits: handshake 4.0, ready 0.2`.
+    pub(super) fn text(&self) -> String {
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        format!(
+            "set-up {:.1} ms: route {:.1}, queue pairs {:.1}, RTR/RTS {:.1}; waits: handshake {:.1}, ready {:.1}",
+            ms(self.lap.saturating_duration_since(self.started)),
+            ms(self.route),
+            ms(self.qps),
+            ms(self.rtr_rts),
+            ms(self.handshake),
+            ms(self.ready)
+        )
+    }
 }
 
 impl<P: PathFactory> Switchless<P> {
@@ -52,8 +125,9 @@ impl<P: PathFactory> Switchless<P> {
             })
             .unwrap_or_default();
         tracing::info!(
-            "NET/switchless: {}; NCCL channels per cable so far (send/recv connections of this process): {cables}",
-            self.describe(r)
+            "NET/switchless: {}; {}; NCCL channels per cable so far (send/recv connections of this process): {cables}",
+            self.describe(r),
+            r.steps.text()
         );
     }
 
@@ -90,6 +164,7 @@ impl<P: PathFactory> Switchless<P> {
             remote,
             fab,
             ref tcp,
+            steps: _,
         } = *r;
         let routes = &self.view.routes;
         let name = self
@@ -397,4 +472,35 @@ pub fn gpu_over_tcp(
         peer_list.join(", "),
         subnets.join(", ")
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_up_laps_go_to_their_step_and_sum_to_the_total() {
+        let mut s = SetupSteps::start();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        s.lap(Step::Qps);
+        s.lap(Step::Route);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        s.lap(Step::Handshake);
+        assert!(s.qps >= std::time::Duration::from_millis(2), "{s:?}");
+        assert!(s.handshake >= std::time::Duration::from_millis(2), "{s:?}");
+        assert_eq!(s.rtr_rts + s.ready, std::time::Duration::ZERO);
+        let total = s.lap.saturating_duration_since(s.started);
+        assert_eq!(total, s.route + s.qps + s.rtr_rts + s.handshake + s.ready);
+        let t = s.text();
+        assert!(t.starts_with("set-up "), "{t}");
+        for w in [
+            "route ",
+            "queue pairs ",
+            "RTR/RTS ",
+            "waits: handshake ",
+            "ready ",
+        ] {
+            assert!(t.contains(w), "{t}");
+        }
+    }
 }

@@ -13,6 +13,8 @@ pub(crate) struct Local {
     pub(crate) time_us: f64,
     /// Latency mode, on the rank that times its pair: the spread of the one-way times.
     pub(crate) spread: Option<Spread>,
+    /// Latency mode with `--breakdown`: where this rank's time went.
+    pub(crate) breakdown: Option<super::breakdown::Breakdown>,
     pub(crate) errors: u64,
     pub(crate) first: Option<String>,
     /// Fill and check payload bytes.
@@ -51,6 +53,7 @@ impl Local {
         Local {
             time_us: 0.0,
             spread: None,
+            breakdown: None,
             errors: 0,
             first: None,
             verify,

@@ -33,6 +33,9 @@ pub struct SetupTimes {
     pub barrier_s: f64,
     /// All of the above.
     pub total_s: f64,
+    /// Before all of the above and not in `total_s`: loading the plugin and its `init` (device
+    /// discovery), once per process; 0 where the bench did not load a plugin.
+    pub init_s: f64,
 }
 
 /// The connections of one rank, keyed by (peer, channel).

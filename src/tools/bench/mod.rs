@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bootstrap;
+pub mod breakdown;
 mod checks;
 pub mod clock;
 mod conns;

@@ -68,6 +68,10 @@ pub struct Options {
     pub timeout: Duration,
     /// Print a progress line (stderr, rank 0) on runs longer than 2 s.
     pub progress: bool,
+    /// Latency: count and time the calls of the timed round trips on each rank (`Row::breakdown`).
+    pub breakdown: bool,
+    /// Latency: receives each rank keeps posted ahead (1: the pong's just before the ping).
+    pub ahead: usize,
 }
 
 impl Default for Options {
@@ -85,6 +89,8 @@ impl Default for Options {
             dev: None,
             timeout: Duration::from_secs(60),
             progress: true,
+            breakdown: false,
+            ahead: 2,
         }
     }
 }
@@ -114,6 +120,9 @@ pub struct Row {
     /// with perftest's `t_min` / `t_typical` / `t_99` on a noisy host.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub one_way_us: Option<Spread>,
+    /// Latency with `--breakdown`: where this rank's time went (each rank reports its own).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub breakdown: Option<super::breakdown::Breakdown>,
 }
 
 /// The result of a run (rank 0 holds the merged rows; other ranks their own view of them).
@@ -238,7 +247,7 @@ pub fn run_with<N: Net, C: Clock>(
             let w = if o.mode == Mode::Bandwidth {
                 o.window
             } else {
-                1
+                o.ahead.max(1)
             };
             // bandwidth: one more byte for the ready token after the window's messages; streamed,
             // a slot of one step per message in flight
@@ -286,6 +295,8 @@ pub fn run_with<N: Net, C: Clock>(
                         let pp = latency::PingPong {
                             warmup: o.warmup,
                             iters: o.iters,
+                            breakdown: o.breakdown,
+                            ahead: o.ahead,
                         };
                         latency::run(net, clock, &mut c, me, p, size, &pp, deadline, &mut l)?;
                         size
@@ -374,6 +385,7 @@ pub fn run_with<N: Net, C: Clock>(
             modelled_gbits_s: None,
             efficiency: None,
             one_way_us: l.spread.take(),
+            breakdown: l.breakdown.take(),
         });
         if o.progress && me == 0 && start.elapsed() > Duration::from_secs(2) {
             eprintln!(

@@ -37,6 +37,13 @@ pub fn table(r: &Report) -> String {
             "#  connection set-up (this rank, wall time): {:.3} s = listen {:.3} + handle exchange {:.3} + connect/accept {:.3} + regMr {:.3} + barrier {:.3}",
             t.total_s, t.listen_s, t.exchange_s, t.connect_s, t.register_s, t.barrier_s
         );
+        if t.init_s > 0.0 {
+            let _ = writeln!(
+                s,
+                "#  before it: plugin load and init (device discovery) {:.3} s",
+                t.init_s
+            );
+        }
     }
     if let Some(m) = &r.model {
         let _ = writeln!(s, "#  model: {}", super::summary::describe(m));
@@ -106,6 +113,9 @@ pub fn table(r: &Report) -> String {
                 "# one-way us at {} B (rank 0, per round trip / 2): min {:.2} median {:.2} p99 {:.2} max {:.2}",
                 row.size_bytes, w.min, w.median, w.p99, w.max
             );
+        }
+        if let Some(b) = &row.breakdown {
+            let _ = writeln!(s, "{}", b.line(r.rank, row.size_bytes));
         }
     }
     let _ = writeln!(

@@ -86,6 +86,14 @@ pub struct Args {
     /// No progress lines on stderr.
     #[arg(long)]
     pub no_progress: bool,
+    /// Latency: count and time the plugin calls of the timed round trips and read the thread's
+    /// scheduler figures; every rank prints its own `# breakdown` line (JSON: each row's `breakdown`).
+    #[arg(long)]
+    pub breakdown: bool,
+    /// Latency: receives each rank keeps posted ahead, as NCCL's proxy posts receives for the steps
+    /// ahead (1: the lower rank posts the pong's receive just before its ping).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=8))]
+    pub ahead: u16,
     /// Run every rank in this process over a rate-modelled fabric in virtual time: SPEC lists the
     /// paths of each connection as `RATE[/LATENCY][@ROOT]` items, e.g. 92.57G/1.2us,97.28G/1.2us or
     /// 200G/1us@r0,200G/1us@r0 (latency 1us when omitted; paths with one @ROOT share its --pcie cap).
@@ -182,6 +190,8 @@ fn options(a: &Args) -> b::Options {
         dev: a.dev,
         timeout: a.timeout,
         progress: !a.no_progress,
+        breakdown: a.breakdown,
+        ahead: usize::from(a.ahead),
     }
 }
 
@@ -198,19 +208,27 @@ fn emit(a: &Args, r: &b::Report) -> Result<()> {
         } else {
             print!("{}", b::report::table(r));
         }
-    } else if r.errors() == 0 {
-        println!(
-            "rank {}: {} done, all data checks passed",
-            r.rank,
-            r.mode.name()
-        );
     } else {
-        println!(
-            "rank {}: {} done, {} data checks FAILED",
-            r.rank,
-            r.mode.name(),
-            r.errors()
-        );
+        // The breakdown is per rank: the other ranks print their own (rank 0's is in its table).
+        for row in &r.rows {
+            if let Some(b) = &row.breakdown {
+                println!("{}", b.line(r.rank, row.size_bytes));
+            }
+        }
+        if r.errors() == 0 {
+            println!(
+                "rank {}: {} done, all data checks passed",
+                r.rank,
+                r.mode.name()
+            );
+        } else {
+            println!(
+                "rank {}: {} done, {} data checks FAILED",
+                r.rank,
+                r.mode.name(),
+                r.errors()
+            );
+        }
     }
     Ok(())
 }
@@ -239,13 +257,18 @@ fn real(a: &Args, o: &b::Options, nranks: usize) -> Result<b::Report> {
 
 /// Loads the plugin (`--plugin` or ours by default) through `ffi::loader` and runs the mode.
 fn run_plugin(a: &Args, o: &b::Options, boot: &mut b::Bootstrap) -> Result<b::Report> {
+    let t0 = std::time::Instant::now();
     let mut net = crate::ffi::loader::HostNet::load_default(a.plugin.as_deref())?;
     // one communicator id for the whole job, like NCCL's commHash
     b::Net::init(&mut net, 0x5357_4c42_0000_0000 | boot.nranks() as u64)?;
+    let init_s = t0.elapsed().as_secs_f64();
     let r = b::run(&net, boot, o);
     let f = b::Net::finalize(&mut net);
-    let r = r?;
+    let mut r = r?;
     f?;
+    if let Some(s) = r.setup.as_mut() {
+        s.init_s = init_s;
+    }
     Ok(r)
 }
 
