@@ -291,6 +291,44 @@ FAULT_ARGS="-b 1048576 -e 1048576 -w 0 --window 8"
 # the path's port down past the RC retry budget, or the liveness channel (the handshake socket)
 # ending once the peer's process exits after its own error, with the connection's paths named.
 PATH_ERR_RE='on path [0-9]+ \(.*\) failed: |made no progress for [0-9]+ ms .*on path\(s\) \[0\]|path [0-9]+ \(.*\): .* port [0-9]+ has been down for |connection over path\(s\) \[0\] .*: the peer at .* is gone: '
+ifs_to() { # $1 node -> this node's cable netdevs to it, space-separated
+    _l=""; _i=0; _to=$1 # (set -- below replaces $1)
+    while [ $_i -lt "$LAB_NLINKS" ]; do
+        eval "set -- \$LAB_LINK_$_i"; [ "$6" = "$_to" ] && _l="$_l $2"
+        _i=$((_i + 1))
+    done
+    echo $_l
+}
+# Samples every 0.25 s: uptime, then tx_bytes of each netdev named (until killed).
+sample_tx() {
+    while :; do
+        _l=$(up); for _f in "$@"; do _l="$_l $(cat "/sys/class/net/$_f/statistics/tx_bytes")"; done
+        echo "$_l"; usleep 250000
+    done
+}
+# Sender's Gb/s per cable before the fault, while the cable is down, after it is up again:
+# $1 samples file, $2 fault time, $3 link-up time (or empty), $4 "if1 if2 ..." -> one line
+phase_rates() {
+    awk -v tf="$2" -v tu="${3:-}" -v names="$4" '
+        { t[NR] = $1; tot[NR] = 0; for (i = 2; i <= NF; i++) { b[NR, i] = $i; tot[NR] += $i }; nf = NF }
+        function rate(a, z,   i, s, o, tot) {
+            if (z <= a || t[z] <= t[a]) return "n/a"
+            o = ""; tot = 0
+            for (i = 2; i <= nf; i++) { s = (b[z, i] - b[a, i]) * 8 / (t[z] - t[a]) / 1e9; tot += s
+                o = o sprintf(" %s %.3f", nm[i - 1], s) }
+            return sprintf("%.3f Gb/s (%s)", tot, substr(o, 2))
+        }
+        function at(x,   i) { for (i = 1; i <= NR; i++) if (t[i] >= x) return i; return NR }
+        END {
+            split(names, nm, " ")
+            f = at(tf); u = (tu == "") ? NR : at(tu)
+            # "before" starts when data moves (the first 64 KiB), not at the bench'"'"'s launch
+            for (s0 = 1; s0 < f && tot[s0 + 1] - tot[1] <= 65536; s0++) ;
+            printf "before %s; down %s", rate(s0, f), rate(f, u)
+            if (tu != "") printf "; after %s", rate(u, NR)
+            printf "\n"
+        }' "$1"
+}
 cables_to() { # $1 node -> how many of this node's cables reach it
     _n=0; _i=0; _to=$1 # (set -- below replaces $1)
     while [ $_i -lt "$LAB_NLINKS" ]; do
@@ -357,12 +395,21 @@ run_fault() { # $1 check
           echo down | timeout 2 nc "$(mgmt_ip_of "$PB")" "$nport" > /dev/null 2>&1
           say "FAULT $kind: $((_s - q0)) packets sent, link$dl ($dn, $ddev) set down"
           if [ "$kind" = link-flap ]; then
-              sleep "$L_flap_s"; /usr/sbin/ip link set "$dn" up
+              sleep "$L_flap_s"; /usr/sbin/ip link set "$dn" up; up > "$R/fault-$kind.upat"
               say "FAULT link-flap: link$dl ($dn) set up again after ${L_flap_s}s, mid-run"
           fi ) &
+        rm -f "$R/fault-$kind.upat"
+        rifs=$(ifs_to "$PB"); sample_tx $rifs > "$R/fault-$kind.rates" &
+        sampler=$!
     fi
     bench2 bandwidth "$PA" "$PB" "$port" "$out" $FAULT_ARGS -n "$iters" --timeout "$L_fault_hang"
     t2=$(up)
+    if [ -n "${sampler:-}" ]; then
+        kill "$sampler" 2> /dev/null; wait "$sampler" 2> /dev/null || true; sampler=""
+        # (the sender's rates per phase: before the fault, while the cable is down, after)
+        [ -s "$note" ] && say "RATES $c: $(phase_rates "$R/fault-$kind.rates" "$(cat "$note")" \
+            "$(cat "$R/fault-$kind.upat" 2> /dev/null)" "$rifs")"
+    fi
     cat "$out"
     err=$(plugin_error "$out")
     ft=null; tf=null
