@@ -18,6 +18,7 @@ macro_rules! syscall {
     }};
 }
 
+pub mod clock;
 pub mod rawmem;
 pub mod socket;
 

@@ -34,7 +34,7 @@ pub struct Breakdown {
     pub idle_us: f64,
     /// One `Instant::now()`, ns (the median of 9 batches of 200): every timed call costs two.
     pub clock_read_ns: f64,
-    /// The thread's CPU time over the timed round trips (schedstat), us.
+    /// The thread's CPU time over the timed round trips (`CLOCK_THREAD_CPUTIME_ID`), us.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu_us: Option<f64>,
     /// Time the thread was runnable but waiting for a CPU (schedstat), us.
@@ -68,9 +68,10 @@ impl Sched {
         let mut s = Sched::default();
         if let Ok(t) = std::fs::read_to_string("/proc/thread-self/schedstat") {
             let mut f = t.split_whitespace().map(|x| x.parse::<u64>().ok());
-            s.cpu_ns = f.next().flatten();
+            f.next(); // its run time reads 0 on some kernels: the thread clock below instead
             s.wait_ns = f.next().flatten();
         }
+        s.cpu_ns = crate::sys::clock::thread_cpu_ns();
         if let Ok(t) = std::fs::read_to_string("/proc/thread-self/stat") {
             // Fields after the command name, which ends at the last ')': state is field 3, utime 14.
             if let Some((_, rest)) = t.rsplit_once(')') {

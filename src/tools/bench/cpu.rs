@@ -48,11 +48,7 @@ pub struct CpuReport {
     pub rows: Vec<CpuRow>,
 }
 
-/// This thread's CPU time (`/proc/thread-self/schedstat`, first field, ns), if readable.
-fn thread_cpu_ns() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
-    s.split_whitespace().next()?.parse().ok()
-}
+use crate::sys::clock::thread_cpu_ns;
 
 struct Ends {
     s: SendComm<MemEndpoint>,
@@ -200,7 +196,7 @@ pub fn run(
         window,
         target_gbits_s: TARGET_GBITS_S,
         cpu_clock: if clock_ok {
-            "thread CPU time (/proc/thread-self/schedstat)".into()
+            "thread CPU time (CLOCK_THREAD_CPUTIME_ID)".into()
         } else {
             "wall time (no thread CPU clock)".into()
         },
