@@ -244,6 +244,38 @@ fn run_link(link: &Link) -> R<String> {
             "GID type {ty_lib:?} (library) / {ty_sysfs:?} (sysfs), expected RoceV2"
         ));
     }
+    // The plugin's discovery reads the whole table in one _ibv_query_gid_table call: it must list
+    // what the per-index scan (ibv_query_gid + _ibv_query_gid_ex per slot) finds on this port.
+    let t_table = Instant::now();
+    let table = ctx
+        .query_gid_table()
+        .ok_or("libibverbs has no _ibv_query_gid_table")?
+        .map_err(|e| e.to_string())?;
+    let table_us = t_table.elapsed().as_micros();
+    let one: Vec<(u32, [u8; 16], Option<GidType>)> = table
+        .iter()
+        .filter(|e| e.port == PORT)
+        .map(|e| (e.index, e.gid, GidType::from_ibv(e.gid_type)))
+        .collect();
+    let scan: Vec<(u32, [u8; 16], Option<GidType>)> = ctx
+        .gid_table(PORT)
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .map(|e| (e.index, e.gid.0, e.gid_type))
+        .collect();
+    if one != scan {
+        return Err(format!(
+            "_ibv_query_gid_table lists {one:?}, the per-index scan {scan:?}"
+        ));
+    }
+    if !table
+        .iter()
+        .any(|e| e.port == PORT && e.index == gid_index && e.ndev.is_some())
+    {
+        return Err(format!(
+            "_ibv_query_gid_table names no netdev for GID {gid_index}"
+        ));
+    }
     let pd = ProtectionDomain::new(&ctx).map_err(|e| e.to_string())?;
     let cq = CompletionQueue::new(&ctx, 64).map_err(|e| e.to_string())?;
     let qp = QueuePair::new_rc(&pd, &cq, &cq, QpCaps::default()).map_err(|e| e.to_string())?;
@@ -413,11 +445,13 @@ fn run_link(link: &Link) -> R<String> {
     drop(qp);
     drop(mr);
     Ok(format!(
-        "{} port {PORT} active_mtu {} bytes path_mtu {} bytes gid[{gid_index}] {gid} RoCE v2 (library and sysfs agree; table scan {gid_ms} ms) \
+        "{} port {PORT} active_mtu {} bytes path_mtu {} bytes gid[{gid_index}] {gid} RoCE v2 (library and sysfs agree; table scan {gid_ms} ms, \
+         one-call table {} entries in {table_us} us) \
          peer QP {:#x}: {summary}",
         link.dev,
         mtu.bytes(),
         path_mtu.bytes(),
+        one.len(),
         peer.qpn
     ))
 }

@@ -551,3 +551,67 @@ fn real_soft_roce_capture() {
             .all(|l| l.kind == LinkKind::Roce && l.gid_index == Some(1))
     );
 }
+
+/// The GID tables the plugin reads through libibverbs in one call replace the per-slot sysfs files:
+/// the same model, without one `gids/N` or `gid_attrs` read (three files per slot, 1024 slots on an
+/// rxe port); a port's table comes from the library even where sysfs says otherwise.
+#[test]
+fn gid_tables_from_the_library_replace_the_per_slot_files() {
+    use switchless::host::model::{GidEntry, GidType};
+    let code = |t: GidType| match t {
+        GidType::IbRoceV1 => 1,
+        GidType::RoceV2 => 2,
+        // Neither the kernel nor the library has another type: "unknown" stays unknown.
+        _ => 99,
+    };
+    let mut with_gids = 0;
+    for name in fixtures() {
+        let (m1, f1) = host::discover(&fixture(&name));
+        let mut tables = reader::GidTables::new();
+        for d in &m1.rdma_devices {
+            for p in &d.ports {
+                let t: Vec<GidEntry> = p
+                    .gids
+                    .iter()
+                    .map(|g| {
+                        GidEntry::from_library(
+                            g.index,
+                            g.gid.octets(),
+                            code(g.gid_type),
+                            g.ndev.clone(),
+                        )
+                    })
+                    .collect();
+                with_gids += t.len();
+                tables.insert((d.name.clone(), p.port), t);
+            }
+        }
+        let rd = Reader::recording(&fixture(&name)).with_gid_tables(tables.clone());
+        let (m2, f2) = host::discover_with(&rd);
+        assert_eq!(m1, m2, "{name}");
+        assert_eq!(f1, f2, "{name}");
+        let per_slot: Vec<String> = rd
+            .recorded()
+            .unwrap()
+            .into_iter()
+            .map(|(p, _)| p)
+            .filter(|p| p.contains("/gids") || p.contains("/gid_attrs"))
+            .collect();
+        assert!(per_slot.is_empty(), "{name}: read {per_slot:?}");
+        // The table wins: an empty one leaves the port without GIDs.
+        if let Some(((dev, port), _)) = tables.iter().find(|(_, t)| !t.is_empty()) {
+            let key = (dev.clone(), *port);
+            let mut empty = tables.clone();
+            empty.insert(key.clone(), Vec::new());
+            let (m3, _) = host::discover_with(&Reader::new(&fixture(&name)).with_gid_tables(empty));
+            let p3 = m3
+                .rdma_devices
+                .iter()
+                .find(|d| d.name == key.0)
+                .and_then(|d| d.ports.iter().find(|p| p.port == key.1))
+                .unwrap();
+            assert!(p3.gids.is_empty(), "{name}: {:?}", p3.gids);
+        }
+    }
+    assert!(with_gids > 20, "the fixtures hold {with_gids} GIDs");
+}

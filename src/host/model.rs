@@ -54,6 +54,21 @@ pub enum GidAddr {
     Ipv6,
 }
 
+impl GidAddr {
+    /// What `g` holds.
+    pub fn of(g: Ipv6Addr) -> GidAddr {
+        let s = g.segments();
+        if s[0..5] == [0, 0, 0, 0, 0] && s[5] == 0xffff {
+            let o = g.octets();
+            GidAddr::Ipv4Mapped(Ipv4Addr::new(o[12], o[13], o[14], o[15]))
+        } else if s[0] == 0xfe80 && s[1..4] == [0, 0, 0] {
+            GidAddr::LinkLocal
+        } else {
+            GidAddr::Ipv6
+        }
+    }
+}
+
 /// One populated entry of a port's GID table (all-zero entries are left out).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct GidEntry {
@@ -67,6 +82,24 @@ pub struct GidEntry {
 }
 
 impl GidEntry {
+    /// An entry as libibverbs reports it (`struct ibv_gid_entry`): `ibv_type` is
+    /// `IBV_GID_TYPE_IB` 0, `_ROCE_V1` 1 or `_ROCE_V2` 2, recorded as sysfs names them (the kernel
+    /// writes "IB/RoCE v1" for the first two), so both sources give the same model.
+    pub fn from_library(index: u32, gid: [u8; 16], ibv_type: u32, ndev: Option<String>) -> Self {
+        let gid = Ipv6Addr::from(gid);
+        GidEntry {
+            index,
+            gid,
+            addr: GidAddr::of(gid),
+            gid_type: match ibv_type {
+                0 | 1 => GidType::IbRoceV1,
+                2 => GidType::RoceV2,
+                _ => GidType::Unknown,
+            },
+            ndev,
+        }
+    }
+
     /// The IPv4 address when this is an IPv4-mapped RoCE v2 GID.
     pub fn ipv4_v2(&self) -> Option<Ipv4Addr> {
         match (self.addr, self.gid_type) {

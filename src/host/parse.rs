@@ -1,6 +1,6 @@
 //! Pure parsers of the kernel's text formats (GIDs, GUIDs, port state and rate, PCI paths).
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::Ipv6Addr;
 
 use super::model::GidAddr;
 
@@ -68,15 +68,7 @@ pub fn parse_gid(s: &str) -> Option<Ipv6Addr> {
 }
 
 pub fn classify_gid(g: Ipv6Addr) -> GidAddr {
-    let s = g.segments();
-    if s[0..5] == [0, 0, 0, 0, 0] && s[5] == 0xffff {
-        let o = g.octets();
-        GidAddr::Ipv4Mapped(Ipv4Addr::new(o[12], o[13], o[14], o[15]))
-    } else if s[0] == 0xfe80 && s[1..4] == [0, 0, 0] {
-        GidAddr::LinkLocal
-    } else {
-        GidAddr::Ipv6
-    }
+    GidAddr::of(g)
 }
 
 #[cfg(test)]
@@ -98,7 +90,7 @@ mod tests {
         let g = parse_gid("0000:0000:0000:0000:0000:ffff:c0a8:640a").unwrap();
         assert_eq!(
             classify_gid(g),
-            GidAddr::Ipv4Mapped(Ipv4Addr::new(192, 168, 100, 10))
+            GidAddr::Ipv4Mapped(std::net::Ipv4Addr::new(192, 168, 100, 10))
         );
         let g = parse_gid("fe80:0000:0000:0000:4ebb:47ff:fe00:0001").unwrap();
         assert_eq!(classify_gid(g), GidAddr::LinkLocal);

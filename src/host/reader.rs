@@ -2,7 +2,9 @@
 //! (`/sys/class/net/eth0/mtu`) under a root directory and can record what it read, so that
 //! [`capture`] can copy exactly those files (and the symlinks on the way) into a tree that a later
 //! `--root` reads back. Facts no kernel file holds (a netdev's GRO/TSO) come from a tool's output
-//! ([`Reader::tool_output`]), kept under a logical path and captured as a file there.
+//! ([`Reader::tool_output`]), kept under a logical path and captured as a file there. GID tables the
+//! plugin already read through libibverbs in one call ([`Reader::with_gid_tables`]) replace the
+//! per-slot sysfs files.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
@@ -31,7 +33,12 @@ pub struct Reader {
     run_tools: bool,
     /// Tool outputs produced on a live host, by logical path; [`capture`] writes them as files.
     synthetic: Mutex<BTreeMap<String, String>>,
+    /// GID tables by (device, port), read elsewhere (see [`Reader::with_gid_tables`]).
+    gid_tables: GidTables,
 }
+
+/// The populated GID entries of RDMA ports by (device, port), as `ibv_query_gid_table` returns them.
+pub type GidTables = BTreeMap<(String, u8), Vec<super::model::GidEntry>>;
 
 /// Most symlinks followed while resolving one path (the kernel's own limit is 40).
 const MAX_LINKS: usize = 40;
@@ -44,6 +51,7 @@ impl Reader {
             record: None,
             run_tools: false,
             synthetic: Mutex::new(BTreeMap::new()),
+            gid_tables: BTreeMap::new(),
         }
     }
 
@@ -52,6 +60,22 @@ impl Reader {
     pub fn with_tools(mut self, run: bool) -> Self {
         self.run_tools = run;
         self
+    }
+
+    /// GID tables already read (the plugin's one `ibv_query_gid_table` call per device): discovery
+    /// takes a listed port's entries from here instead of reading `gids/N`, `gid_attrs/types/N` and
+    /// `gid_attrs/ndevs/N` for each of its slots (1024 on rxe: a few seconds of `init` under
+    /// emulation). Ports not listed are read from sysfs as usual.
+    pub fn with_gid_tables(mut self, tables: GidTables) -> Self {
+        self.gid_tables = tables;
+        self
+    }
+
+    /// The GID entries of `dev` port `port` given by [`Reader::with_gid_tables`], if any.
+    pub fn gid_table(&self, dev: &str, port: u8) -> Option<&[super::model::GidEntry]> {
+        self.gid_tables
+            .get(&(dev.to_string(), port))
+            .map(Vec::as_slice)
     }
 
     /// Output of a tool for facts no kernel file holds (e.g. `ethtool -k <if>`: GRO/TSO), stored
@@ -118,6 +142,7 @@ impl Reader {
             record: Some(Mutex::new(BTreeSet::new())),
             run_tools: false,
             synthetic: Mutex::new(BTreeMap::new()),
+            gid_tables: BTreeMap::new(),
         }
     }
 

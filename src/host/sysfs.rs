@@ -260,50 +260,10 @@ pub(super) fn read_port(
         .req(&format!("{dir}/link_layer"))
         .unwrap_or_else(|| "unknown".to_string());
 
-    let mut gids = Vec::new();
-    let idx: Vec<u32> = match cx.r.list(&format!("{dir}/gids")) {
-        Ok(v) => v.iter().filter_map(|s| s.parse().ok()).collect(),
-        Err(e) => {
-            cx.warn_file(
-                &format!("{dir}/gids"),
-                format!("cannot list {dir}/gids: {e}"),
-            );
-            Vec::new()
-        }
+    let gids = match cx.r.gid_table(dev, port) {
+        Some(t) => t.to_vec(),
+        None => read_gids(cx, &dir),
     };
-    let mut idx = idx;
-    idx.sort();
-    for i in idx {
-        let gp = format!("{dir}/gids/{i}");
-        // Unpopulated slots read as all zeros, or fail with EINVAL in some kernels/containers.
-        let Some(s) = cx.opt(&gp) else { continue };
-        let Some(gid) = parse_gid(&s) else {
-            cx.warn_file(
-                &gp,
-                format!(
-                    "{gp} holds {s:?}; expected a GID like fe80:0000:0000:0000:0000:0000:0000:0001"
-                ),
-            );
-            continue;
-        };
-        if gid.is_unspecified() {
-            continue;
-        }
-        let gid_type = cx
-            .opt(&format!("{dir}/gid_attrs/types/{i}"))
-            .map(|s| GidType::parse(&s))
-            .unwrap_or(GidType::Unknown);
-        let ndev = cx
-            .opt(&format!("{dir}/gid_attrs/ndevs/{i}"))
-            .filter(|s| !s.is_empty());
-        gids.push(GidEntry {
-            index: i,
-            gid,
-            addr: classify_gid(gid),
-            gid_type,
-            ndev,
-        });
-    }
     // The port's netdev: the most common ndev of its GIDs; else the netdev on the same PCI function
     // with the same port number (phys_port_name) or the only one.
     let mut count: BTreeMap<&str, usize> = BTreeMap::new();
@@ -349,4 +309,53 @@ pub(super) fn read_port(
             index: 0,
         },
     }
+}
+
+/// The populated GID slots of a port directory, one file per slot and attribute.
+fn read_gids(cx: &mut Ctx<'_>, dir: &str) -> Vec<GidEntry> {
+    let mut gids = Vec::new();
+    let idx: Vec<u32> = match cx.r.list(&format!("{dir}/gids")) {
+        Ok(v) => v.iter().filter_map(|s| s.parse().ok()).collect(),
+        Err(e) => {
+            cx.warn_file(
+                &format!("{dir}/gids"),
+                format!("cannot list {dir}/gids: {e}"),
+            );
+            Vec::new()
+        }
+    };
+    let mut idx = idx;
+    idx.sort();
+    for i in idx {
+        let gp = format!("{dir}/gids/{i}");
+        // Unpopulated slots read as all zeros, or fail with EINVAL in some kernels/containers.
+        let Some(s) = cx.opt(&gp) else { continue };
+        let Some(gid) = parse_gid(&s) else {
+            cx.warn_file(
+                &gp,
+                format!(
+                    "{gp} holds {s:?}; expected a GID like fe80:0000:0000:0000:0000:0000:0000:0001"
+                ),
+            );
+            continue;
+        };
+        if gid.is_unspecified() {
+            continue;
+        }
+        let gid_type = cx
+            .opt(&format!("{dir}/gid_attrs/types/{i}"))
+            .map(|s| GidType::parse(&s))
+            .unwrap_or(GidType::Unknown);
+        let ndev = cx
+            .opt(&format!("{dir}/gid_attrs/ndevs/{i}"))
+            .filter(|s| !s.is_empty());
+        gids.push(GidEntry {
+            index: i,
+            gid,
+            addr: classify_gid(gid),
+            gid_type,
+            ndev,
+        });
+    }
+    gids
 }

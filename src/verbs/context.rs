@@ -118,6 +118,34 @@ pub struct DeviceCaps {
     pub max_qp_init_rd_atom: u32,
 }
 
+/// One entry of [`Context::query_gid_table`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GidTableEntry {
+    pub port: u8,
+    pub index: u32,
+    pub gid: [u8; 16],
+    /// `IBV_GID_TYPE_IB` 0, `IBV_GID_TYPE_ROCE_V1` 1, `IBV_GID_TYPE_ROCE_V2` 2.
+    pub gid_type: u32,
+    /// The netdev of the entry (`None`: no netdev, or it vanished since).
+    pub ndev: Option<String>,
+}
+
+/// The name of network interface `index` (0: none).
+fn ifname(index: u32) -> Option<String> {
+    if index == 0 {
+        return None;
+    }
+    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: `buf` holds IF_NAMESIZE bytes, the most if_indextoname writes (NUL included).
+    let p = unsafe { libc::if_indextoname(index, buf.as_mut_ptr()) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: on success `buf` holds a NUL-terminated name.
+    let name = unsafe { CStr::from_ptr(buf.as_ptr()) };
+    Some(name.to_string_lossy().into_owned())
+}
+
 /// An opened RDMA device (`ibv_context`). Shared with `Arc`: every object created from it holds one,
 /// so the device is closed after the last of them is dropped.
 pub struct Context {
@@ -313,6 +341,57 @@ impl Context {
             active_width: a.active_width,
             active_speed: a.active_speed,
         })
+    }
+
+    /// Every populated GID of every port in one `_ibv_query_gid_table` call (one ioctl on current
+    /// kernels), with each entry's netdev name; `None` when the library lacks the symbol. Reading
+    /// the same from sysfs costs three files per slot, and rxe ports have 1024 slots.
+    pub fn query_gid_table(&self) -> Option<Result<Vec<GidTableEntry>>> {
+        let f = optional_symbols().query_gid_table?;
+        Some(self.query_gid_table_with(f))
+    }
+
+    fn query_gid_table_with(&self, f: super::sym::QueryGidTableFn) -> Result<Vec<GidTableEntry>> {
+        let ports = self.query_device()?.phys_port_cnt;
+        let mut max = 0usize;
+        for p in 1..=ports {
+            let len = usize::try_from(self.query_port(p)?.gid_tbl_len).unwrap_or(0);
+            max = max.saturating_add(len);
+        }
+        // The kernel refuses a buffer smaller than the populated entries: size it for every slot.
+        let mut raw = vec![GidEntryRaw::default(); max.max(1)];
+        // SAFETY: `f` is _ibv_query_gid_table (signature checked in sym.rs); live context; `raw`
+        // holds `raw.len()` entries of the size we pass, and the library writes at most that many.
+        let n = unsafe {
+            f(
+                self.as_ptr(),
+                raw.as_mut_ptr(),
+                raw.len(),
+                0,
+                std::mem::size_of::<GidEntryRaw>(),
+            )
+        };
+        let n = usize::try_from(n).map_err(|_| {
+            Error::System(format!(
+                "_ibv_query_gid_table({}): {}",
+                self.name,
+                std::io::Error::from_raw_os_error(i32::try_from(-n).unwrap_or(libc::EIO))
+            ))
+        })?;
+        let mut out = Vec::with_capacity(n);
+        for e in raw.iter().take(n.min(raw.len())) {
+            let Ok(port) = u8::try_from(e.port_num) else {
+                continue;
+            };
+            out.push(GidTableEntry {
+                port,
+                index: e.gid_index,
+                gid: e.gid,
+                gid_type: e.gid_type,
+                ndev: ifname(e.ndev_ifindex),
+            });
+        }
+        Ok(out)
     }
 
     /// `ibv_query_gid`.

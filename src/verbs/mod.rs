@@ -19,7 +19,7 @@ mod sym;
 mod types;
 
 pub use call::system_error;
-pub use context::{Context, DeviceCaps, device_names, fork_init};
+pub use context::{Context, DeviceCaps, GidTableEntry, device_names, fork_init};
 pub use cq::{Completion, CompletionQueue, WcOpcode, WcStatus};
 pub use domain::{Domain, Pin};
 pub use events::{AsyncEvent, EventScope};

@@ -49,11 +49,22 @@ pub(crate) type QueryGidExFn = unsafe extern "C" fn(
     entry_size: usize,
 ) -> c_int;
 
+/// `_ibv_query_gid_table` (IBVERBS_1.11, rdma-core ≥ 32): every populated GID of every port of
+/// a device in one call; the entry count, or a negative errno.
+pub(crate) type QueryGidTableFn = unsafe extern "C" fn(
+    context: *mut ibv_context,
+    entries: *mut GidEntryRaw,
+    max_entries: usize,
+    flags: u32,
+    entry_size: usize,
+) -> isize;
+
 /// The optional symbols found in the loaded libibverbs.
 #[derive(Debug, Clone, Copy)]
 pub struct OptionalSymbols {
     pub(crate) reg_dmabuf_mr: Option<RegDmabufMrFn>,
     pub(crate) query_gid_ex: Option<QueryGidExFn>,
+    pub(crate) query_gid_table: Option<QueryGidTableFn>,
 }
 
 impl OptionalSymbols {
@@ -67,11 +78,17 @@ impl OptionalSymbols {
         self.query_gid_ex.is_some()
     }
 
+    /// `_ibv_query_gid_table` is available (discovery reads each GID table in one call).
+    pub fn has_query_gid_table(&self) -> bool {
+        self.query_gid_table.is_some()
+    }
+
     /// One line for the init log.
     pub fn describe(&self) -> String {
         let yn = |b: bool| if b { "found" } else { "absent" };
         format!(
-            "ibv_reg_dmabuf_mr@IBVERBS_1.12 {}{}, _ibv_query_gid_ex@IBVERBS_1.11 {}{}",
+            "ibv_reg_dmabuf_mr@IBVERBS_1.12 {}{}, _ibv_query_gid_ex@IBVERBS_1.11 {}{}, \
+             _ibv_query_gid_table@IBVERBS_1.11 {}{}",
             yn(self.has_dmabuf()),
             if self.has_dmabuf() {
                 ""
@@ -83,6 +100,12 @@ impl OptionalSymbols {
                 ""
             } else {
                 " (GID types read from sysfs)"
+            },
+            yn(self.has_query_gid_table()),
+            if self.has_query_gid_table() {
+                ""
+            } else {
+                " (GID tables read from sysfs, one file per slot)"
             },
         )
     }
@@ -118,6 +141,8 @@ unsafe fn load_optional(handle: *mut c_void) -> OptionalSymbols {
     let dmabuf = unsafe { lookup(handle, c"ibv_reg_dmabuf_mr", c"IBVERBS_1.12") };
     // SAFETY: as above.
     let gid_ex = unsafe { lookup(handle, c"_ibv_query_gid_ex", c"IBVERBS_1.11") };
+    // SAFETY: as above.
+    let gid_table = unsafe { lookup(handle, c"_ibv_query_gid_table", c"IBVERBS_1.11") };
     OptionalSymbols {
         // SAFETY: `struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *, uint64_t, size_t, uint64_t,
         // int, int)` in rdma-core's verbs.h, the signature of RegDmabufMrFn.
@@ -127,6 +152,10 @@ unsafe fn load_optional(handle: *mut c_void) -> OptionalSymbols {
         // struct ibv_gid_entry *, uint32_t, size_t)` in verbs.h, the signature of QueryGidExFn.
         query_gid_ex: gid_ex
             .map(|p| unsafe { std::mem::transmute::<*mut c_void, QueryGidExFn>(p) }),
+        // SAFETY: `ssize_t _ibv_query_gid_table(struct ibv_context *, struct ibv_gid_entry *,
+        // size_t, uint32_t, size_t)` in verbs.h, the signature of QueryGidTableFn.
+        query_gid_table: gid_table
+            .map(|p| unsafe { std::mem::transmute::<*mut c_void, QueryGidTableFn>(p) }),
     }
 }
 
@@ -226,6 +255,7 @@ pub fn optional_symbols() -> &'static OptionalSymbols {
     const NONE: OptionalSymbols = OptionalSymbols {
         reg_dmabuf_mr: None,
         query_gid_ex: None,
+        query_gid_table: None,
     };
     verbs().map_or(&NONE, |v| &v.optional)
 }
@@ -254,13 +284,14 @@ mod tests {
     }
 
     /// This host and CI build against rdma-core 44 (Debian bookworm): the library loads at run time
-    /// and has every classic verb and both optional symbols.
+    /// and has every classic verb and the optional symbols.
     #[test]
-    fn bookworm_rdma_core_loads_with_both_optional_symbols() {
+    fn bookworm_rdma_core_loads_with_its_optional_symbols() {
         assert!(verbs().is_ok());
         let s = optional_symbols();
         assert!(s.has_dmabuf(), "{}", s.describe());
         assert!(s.has_query_gid_ex(), "{}", s.describe());
+        assert!(s.has_query_gid_table(), "{}", s.describe());
         assert!(
             s.describe()
                 .contains("ibv_reg_dmabuf_mr@IBVERBS_1.12 found")
@@ -268,9 +299,11 @@ mod tests {
         let none = OptionalSymbols {
             reg_dmabuf_mr: None,
             query_gid_ex: None,
+            query_gid_table: None,
         };
         assert!(none.describe().contains("no DMA-BUF"));
-        assert!(none.describe().contains("sysfs"));
+        assert!(none.describe().contains("GID types read from sysfs"));
+        assert!(none.describe().contains("one file per slot"));
     }
 
     #[test]
