@@ -861,6 +861,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "reads docs/ from the host filesystem; Miri isolates it"
+    )]
     fn documentation_table_is_current() {
         // SWITCHLESS_UPDATE_DOCS=1 rewrites the page instead.
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/reference/environment.md");

@@ -1205,6 +1205,10 @@ fn guard_logs_one_warn_line_through_the_c_logger() {
 /// bindgen's Rust types and the C compiler agree on `include/nccl_net_switchless.h`: this checks
 /// bindgen, not NCCL (both sides read our header); `the_layout_is_nccls_own` checks NCCL.
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "calls the C layout table built by build.rs; Miri cannot call C"
+)]
 fn every_struct_and_field_has_the_same_layout_in_c_and_rust() {
     let c = testsupport::c_layout();
     let rust = testsupport::rust_layout();
@@ -1232,6 +1236,10 @@ fn every_struct_and_field_has_the_same_layout_in_c_and_rust() {
 /// every row, and have no field the table lacks. CI step 31 rederives the v6..v8 rows from the
 /// `nccl_net.h` of Debian's libnccl-dev package.
 #[test]
+#[cfg_attr(
+    miri,
+    ignore = "pure layout constants; its quadratic table scan takes many minutes under Miri"
+)]
 fn the_layout_is_nccls_own() {
     const TABLE: &str = include_str!("../../tests/fixtures/nccl-abi/nccl-v2.30.7-1.tsv");
     let rust = testsupport::rust_layout();

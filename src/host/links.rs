@@ -153,6 +153,10 @@ mod link_state_tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "writes a temp dir on the host filesystem; Miri isolates it"
+    )]
     fn a_netdev_is_read_under_the_root() {
         let dir = std::env::temp_dir().join(format!("swl-linkstate-{}", std::process::id()));
         let net = dir.join("sys/class/net/to2");

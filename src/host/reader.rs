@@ -420,6 +420,10 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "writes a temp dir on the host filesystem; Miri isolates it"
+    )]
     fn a_poisoned_record_fails_closed() {
         let rd = Reader::recording(Path::new("/nonexistent"));
         rd.note("/a", Access::File);
@@ -448,6 +452,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "writes a temp dir on the host filesystem; Miri isolates it"
+    )]
     fn resolves_links_inside_root_and_records() {
         let d = tempfile::tempdir().unwrap();
         let r = d.path();

@@ -21,6 +21,10 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "a thread's CPU clock is host state Miri does not model"
+    )]
     fn the_thread_clock_counts_this_threads_work() {
         let a = thread_cpu_ns().expect("CLOCK_THREAD_CPUTIME_ID");
         let mut x = 0u64;

@@ -612,6 +612,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "opens a TCP socket; Miri isolates the host")]
     fn socket_copies_go_straight_to_registered_memory() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let mut a = TcpStream::connect(l.local_addr().unwrap()).unwrap();

@@ -265,6 +265,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg_attr(miri, ignore = "calls dlvsym; Miri cannot call C")]
     fn absent_symbols_resolve_to_none() {
         // SAFETY: RTLD_DEFAULT is always a valid handle.
         let p = unsafe { lookup(libc::RTLD_DEFAULT, c"ibv_reg_dmabuf_mr", c"IBVERBS_99.0") };
@@ -286,6 +287,7 @@ mod tests {
     /// This host and CI build against rdma-core 44 (Debian bookworm): the library loads at run time
     /// and has every classic verb and the optional symbols.
     #[test]
+    #[cfg_attr(miri, ignore = "loads libibverbs with dlopen; Miri cannot call C")]
     fn bookworm_rdma_core_loads_with_its_optional_symbols() {
         assert!(verbs().is_ok());
         let s = optional_symbols();
@@ -307,6 +309,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "calls dlopen; Miri cannot call C")]
     fn a_missing_library_is_an_error_naming_the_package() {
         let Err(why) = open(c"libswitchless-no-such-verbs.so.1") else {
             panic!("a library that does not exist loaded");

@@ -332,6 +332,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "writes a temp dir on the host filesystem; Miri isolates it"
+    )]
     fn gid_type_from_sysfs_tree() {
         let root = tempfile::tempdir().unwrap();
         let dir = root

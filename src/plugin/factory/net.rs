@@ -761,6 +761,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "reads a fixture under tests/fixtures; Miri isolates the host filesystem"
+    )]
     fn point_to_point_links_become_devices_and_the_management_nic_does_not() {
         // b300-2node: 16 RoCE-capable netdevs on /30s plus a management NIC on a /24 with the
         // default route. Seen as TCP only (transport=tcp), every /30 netdev is a device.
@@ -828,6 +832,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "opens a TCP socket; Miri isolates the host")]
     fn an_acceptor_whose_connector_never_comes_times_out() {
         let mut c = TcpConn::create(&[plan("127.0.0.1/30", "127.0.0.2")], true, &short()).unwrap();
         let p = c.local_params();
@@ -895,6 +900,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "opens a TCP socket; Miri isolates the host")]
     fn a_tcp_conn_pair_connects_and_keeps_what_was_set_up_before() {
         let cfg = TcpConfig {
             connect_timeout: Some(Duration::from_secs(10)),

@@ -265,6 +265,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "opens a TCP socket; Miri isolates the host")]
     fn a_keepalive_timeout_with_other_paths_drops_the_channel_not_the_connection() {
         let (mut c, _l) = live(2, std::io::ErrorKind::TimedOut);
         c.health().unwrap();
@@ -274,6 +275,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "opens a TCP socket; Miri isolates the host")]
     fn a_keepalive_timeout_on_the_only_path_fails_the_connection() {
         let (mut c, _l) = live(1, std::io::ErrorKind::TimedOut);
         let e = c.health().unwrap_err().to_string();
@@ -281,6 +283,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "opens a TCP socket; Miri isolates the host")]
     fn a_reset_fails_the_connection_whatever_its_paths() {
         let (mut c, _l) = live(2, std::io::ErrorKind::ConnectionReset);
         let e = c.health().unwrap_err().to_string();

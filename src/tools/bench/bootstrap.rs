@@ -250,6 +250,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg_attr(miri, ignore = "opens a TCP socket; Miri isolates the host")]
     fn three_ranks_allgather() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap().to_string();
@@ -272,6 +273,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "opens a TCP socket; Miri isolates the host")]
     fn bad_rank_and_missing_ranks_are_errors() {
         assert!(Bootstrap::join("127.0.0.1:1", 0, 2, Duration::from_millis(10)).is_err());
         let l = TcpListener::bind("127.0.0.1:0").unwrap();

@@ -606,6 +606,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "opens a TCP socket; Miri isolates the host")]
     fn a_poisoned_path_lock_fails_closed_and_the_peer_sees_the_path_fail() {
         let cfg = TcpConfig {
             streams: Some(1),

@@ -493,6 +493,7 @@ mod tests {
     /// Runs [`worker_panic_in_its_own_process`] in a child process: a panicking worker fails every
     /// stream it serves, and other tests of this binary share the pool.
     #[test]
+    #[cfg_attr(miri, ignore = "runs the test binary as a child process; Miri cannot")]
     fn a_worker_panic_fails_its_paths_and_leaves_the_process_running() {
         let exe = std::env::current_exe().unwrap();
         let out = std::process::Command::new(exe)

@@ -504,6 +504,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "opens a TCP socket; Miri isolates the host")]
     fn a_reconnect_needs_a_newer_generation_and_a_free_slot() {
         let mut st = PathRedial {
             generation: 2,
