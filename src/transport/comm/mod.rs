@@ -694,6 +694,17 @@ impl<F: Fabric> Core<F> {
                 peer.words, peer.addr
             )));
         }
+        // Every control write goes to peer.addr + 8 × a word under `words`: checked once here.
+        if u64::from(peer.words)
+            .checked_mul(8)
+            .and_then(|b| peer.addr.checked_add(b))
+            .is_none()
+        {
+            return Err(Error::Remote(format!(
+                "peer's {what} is {} words at {:#x}, which wraps the address space",
+                peer.words, peer.addr
+            )));
+        }
         self.paths.set_standby(peer.standby);
         Ok(())
     }

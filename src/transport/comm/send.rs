@@ -139,8 +139,20 @@ impl<F: Fabric> SendComm<F> {
         let mut w = [0u64; MAX_RECVS * wire::ELEM_WORDS];
         let w = &mut w[..n * wire::ELEM_WORDS];
         fab.ctrl_read(self.fifo.word(base + wire::SLOT_ELEMS), w)?;
-        for (el, ew) in elems.iter_mut().zip(w.chunks_exact(wire::ELEM_WORDS)) {
+        for (e, (el, ew)) in elems
+            .iter_mut()
+            .zip(w.chunks_exact(wire::ELEM_WORDS))
+            .enumerate()
+        {
             *el = wire::decode_elem(ew);
+            // Every write address below is el.addr + an offset under el.size: checked once here.
+            if el.addr.checked_add(el.size).is_none() {
+                return Err(Error::Remote(format!(
+                    "clear-to-send entry (FIFO sequence {}) names buffer {e} at {:#x} + {} bytes, \
+                     which wraps the address space (corrupt or hostile FIFO write)",
+                    self.head, el.addr, el.size
+                )));
+            }
         }
         self.cur = Some(CurSlot {
             seq: self.head,

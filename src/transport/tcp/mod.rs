@@ -350,6 +350,13 @@ impl Fabric for TcpFabric {
             }
             RegMem::Raw(_) => None,
         };
+        // Each frame addresses remote + its offset: a range that wraps is refused whole.
+        if wr.remote.addr.checked_add(len as u64).is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "write to remote {:#x} + {len} bytes wraps the address space",
+                wr.remote.addr
+            )));
+        }
         let nstreams = p.streams.len();
         let frame = if copied.is_some() || len == 0 {
             len.max(1)
