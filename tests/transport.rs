@@ -776,6 +776,41 @@ fn sender_without_clear_to_send_times_out() {
     assert!(e.to_string().contains("no progress for 400 ms"), "{e}");
 }
 
+/// Security review finding 18: a receive that timed out leaves its clear-to-send live at the
+/// sender, so its FIFO slot must not be used again: the comm is dead after the timeout, and the next
+/// `irecv` (which took the freed slot and wrote a new entry beside the live one) fails with the
+/// timeout's error.
+#[test]
+fn a_timed_out_receive_ends_the_comm_instead_of_reusing_its_slot() {
+    let pcfg = ProtocolConfig {
+        request_timeout: Some(Duration::from_millis(250)),
+        ..ProtocolConfig::default()
+    };
+    let mut g = rig_with(&[100_000], 0, MemFabConfig::default(), pcfg);
+    let (ra, rmh) = g.recv_buf(64, MemKind::Host);
+    let post = |g: &mut Rig| {
+        g.r.irecv(
+            g.now(),
+            &[RecvBuf {
+                addr: ra,
+                size: 64,
+                tag: 0,
+                mh: &rmh,
+            }],
+        )
+    };
+    let req = post(&mut g).unwrap().unwrap();
+    assert_eq!(g.r.test(g.now(), req).unwrap(), None);
+    g.advance(Duration::from_millis(300));
+    let e = g.r.test(g.now(), req).unwrap_err();
+    assert!(matches!(e, Error::Timeout(_)), "{e}");
+    let e = post(&mut g).unwrap_err();
+    assert!(
+        matches!(&e, Error::Timeout(m) if m.contains("FIFO sequence 0")),
+        "the next receive must fail with the timeout, not reuse the slot: {e}"
+    );
+}
+
 #[test]
 fn a_flush_that_never_completes_times_out() {
     let pcfg = ProtocolConfig {

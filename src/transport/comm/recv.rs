@@ -135,6 +135,9 @@ impl<F: Fabric> RecvComm<F> {
         if self.core.closed {
             return Err(Error::InvalidArgument("irecv on a closed recv comm".into()));
         }
+        if let Some(e) = &self.fatal {
+            return Err(e.clone());
+        }
         let n = bufs.len();
         if n == 0 || n > MAX_RECVS {
             return Err(Error::InvalidArgument(format!(
@@ -602,6 +605,10 @@ impl<F: Fabric> RecvComm<F> {
                 w.as_millis(),
                 self.core.paths_text()
             );
+            // The clear-to-send of this slot may still be live at the sender (at its FIFO head, or
+            // in a late write): reusing the slot would let the next receive's entry land beside it
+            // and the sender stall on it, or write into a buffer NCCL has reused. The comm is dead.
+            self.fatal.get_or_insert(Error::Timeout(msg.clone()));
             self.release_slot(idx);
             return Err(Error::Timeout(msg));
         }
