@@ -52,6 +52,17 @@ tests route acceptor_refuses_connector_addresses_no_peer_can_have
 tests backend \
   attacks_on_the_listen_comm_leave_it_serving_the_real_connector \
   abandoned_connects_are_swept_by_accept_listen_and_close_listen
+tests lying_sender \
+  a_write_larger_than_the_posted_buffer_fails_the_receive \
+  a_size_record_larger_than_the_posted_buffer_fails_the_receive \
+  a_size_record_of_another_sequence_fails_the_receive \
+  an_immediate_for_an_unposted_buffer_or_sequence_fails_the_receive \
+  a_replayed_immediate_is_refused_or_ignored_as_a_late_copy \
+  inconsistent_or_duplicate_pieces_fail_the_receive \
+  a_write_outside_the_registration_lands_nothing \
+  a_clear_to_send_that_wraps_the_address_space_fails_the_send \
+  control_memory_that_wraps_is_refused_at_connect
+tests transport a_timed_out_receive_ends_the_comm_instead_of_reusing_its_slot
 
 timeout 600 tests/netns/hostile.sh
 echo "67-hostile: ok"
