@@ -432,6 +432,10 @@ impl StreamIo {
                 };
                 if all {
                     tracing::debug!(label = %path.label, "NET/switchless: TCP path {}: the peer closed", path.label);
+                    // Writes the peer's kernel acknowledged before its close frames are done (a
+                    // receiver that got its last message closes before the sender's next poll,
+                    // which would otherwise fail them); only the rest fail.
+                    path.complete_acked();
                     path.fail_tx(
                         WcStatus::RETRY_EXC_ERR,
                         None,
