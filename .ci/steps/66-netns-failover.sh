@@ -6,4 +6,6 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 [ "$(id -u)" -eq 0 ] || { echo "66-netns-failover: needs root to create network namespaces" >&2; exit 1; }
 timeout 300 tests/netns/failover.sh
+# The same with frames lost while the carrier stays up: the streams' TCP user timeout notices.
+SWL_FAILOVER_FAULT=blackhole timeout 300 tests/netns/failover.sh
 echo "66-netns-failover: ok"

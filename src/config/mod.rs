@@ -54,6 +54,10 @@ pub const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(3600);
 pub const MIN_REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
 /// Longest accepted request timeout.
 pub const MAX_REQUEST_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+/// Shortest accepted `NCCL_SWITCHLESS_TCP_USER_TIMEOUT` (a busy host delays ACKs by milliseconds).
+pub const MIN_TCP_USER_TIMEOUT: Duration = Duration::from_secs(1);
+/// Longest accepted `NCCL_SWITCHLESS_TCP_USER_TIMEOUT`.
+pub const MAX_TCP_USER_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Largest `NCCL_SWITCHLESS_TCP_STREAMS`.
 pub const MAX_TCP_STREAMS: u8 = 64;
 /// Largest `NCCL_SWITCHLESS_TCP_THREADS` (the TCP I/O pool's size).
@@ -388,6 +392,23 @@ variables! {
             doc: "I/O threads of the one pool that drives every TCP stream of the process (all \
                   connections share it). `auto`: the CPUs the process may use, at most 8. Threads start \
                   with the first TCP connection and end when the last one closes.",
+        },
+        tcp_user_timeout: Option<Duration> {
+            name: "NCCL_SWITCHLESS_TCP_USER_TIMEOUT",
+            default: "30s",
+            forms: "0 (off: the kernel's limit) or 1s..=60m: a number of milliseconds, or a number with \
+                    the unit ms, s, m or h (e.g. 30s)",
+            parse: |v| match v.trim() {
+                "0" => Ok(None),
+                _ => duration_in(v, MIN_TCP_USER_TIMEOUT..=MAX_TCP_USER_TIMEOUT).map(Some),
+            },
+            show: |d| d.as_ref().map_or_else(|| "off".to_string(), show_ms),
+            doc: "A TCP data stream whose sent data stays unacknowledged this long fails \
+                  (`TCP_USER_TIMEOUT`): its path fails over to a standby or surviving path, or, on the \
+                  last path, the connection fails naming it. Catches a peer host that froze and a link \
+                  that drops frames while its carrier stays up, which TCP alone retransmits for about 15 \
+                  minutes. A peer that is alive but not reading still acknowledges (its window is \
+                  full), so a slow receiver is not cut off. `0`: the kernel's limit.",
         },
         tcp_fallback: bool {
             name: "NCCL_SWITCHLESS_TCP_FALLBACK",
@@ -736,6 +757,25 @@ mod tests {
     }
 
     #[test]
+    fn tcp_user_timeout_defaults_to_30_s_and_takes_0_for_off() {
+        assert_eq!(
+            Config::default().tcp_user_timeout,
+            Some(Duration::from_secs(30))
+        );
+        let c = |v| cfg(&[("NCCL_SWITCHLESS_TCP_USER_TIMEOUT", v)]);
+        assert_eq!(c("0").unwrap().tcp_user_timeout, None);
+        assert_eq!(
+            c("2s").unwrap().tcp_user_timeout,
+            Some(Duration::from_secs(2))
+        );
+        let e = c("500ms").unwrap_err().to_string();
+        assert!(
+            e.contains("NCCL_SWITCHLESS_TCP_USER_TIMEOUT") && e.contains("1s..=60m"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn bad_values_fail_closed_naming_variable_value_and_forms() {
         let cases: &[(&str, &str, &str)] = &[
             ("NCCL_IB_GID_INDEX", "256", "0..=255"),
@@ -914,7 +954,7 @@ mod tests {
             s,
             "NCCL_IB_HCA=<all> NCCL_IB_GID_INDEX=auto NCCL_IB_TC=auto NCCL_IB_SL=auto NCCL_IB_TIMEOUT=20 \
              NCCL_IB_RETRY_CNT=7 NCCL_IB_QPS_PER_CONNECTION=1 NCCL_IB_PCI_RELAXED_ORDERING=2 NCCL_NET_GDR_LEVEL=default transport=auto connect_timeout=off \
-             request_timeout=off tcp_streams=auto tcp_threads=auto tcp_fallback=0 min_chunk=131072 bytes \
+             request_timeout=off tcp_streams=auto tcp_threads=auto tcp_user_timeout=30000 ms tcp_fallback=0 min_chunk=131072 bytes \
              log_routes=0 failover=1 standby=1 failback_retries=5 failback_backoff=100 ms failback_interval=5000 ms \
              adaptive_weights=1"
         );

@@ -155,6 +155,14 @@ fn set_int(
     Ok(())
 }
 
+/// `TCP_USER_TIMEOUT`: the connection fails once sent data has stayed unacknowledged for `ms`
+/// milliseconds (0: the kernel's retransmission limit, about 15 minutes). Accepted sockets inherit
+/// it from their listener.
+pub fn set_user_timeout(sock: &impl AsRawFd, ms: u32) -> io::Result<()> {
+    let v = libc::c_int::try_from(ms).unwrap_or(libc::c_int::MAX);
+    set_int(sock, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, v)
+}
+
 /// TCP keepalive on an idle connection: the first probe after `idle_s` seconds without traffic,
 /// then every `interval_s`, `count` unanswered probes reset it; `TCP_USER_TIMEOUT` of the same total
 /// bounds unacknowledged data too. So a peer host that vanishes (power, cable) shows up as an error

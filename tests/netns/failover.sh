@@ -5,7 +5,10 @@
 #   * `switchless bench bandwidth` rank 0 -> rank 1 (1 MiB messages, the bench's data checks on),
 #     NCCL_DEBUG=INFO;
 #   * mid-run the carrying link is set down in namespace A (B's end loses carrier: neither end's
-#     TCP notices for minutes; the plugin reads the carrier), later up again;
+#     TCP notices for minutes; the plugin reads the carrier), later up again; or, with
+#     SWL_FAILOVER_FAULT=blackhole, A's frames on it go to a MAC nobody has (a static neighbour
+#     entry: the carrier stays up, B drops them) until the entry is removed: the streams' TCP user
+#     timeout (NCCL_SWITCHLESS_TCP_USER_TIMEOUT, 2 s here) notices;
 #   * the run must complete on both ranks, and the logs must show the failover WARN (on the
 #     sender) and the failback INFO line ("is back and carries traffic again") on both ranks.
 #
@@ -70,6 +73,12 @@ pair d1 d1 10.202.2.1/30 10.202.2.2/30 9000
 
 # Failback probes: 100 ms doubling for 5 tries, then every 1 s (the default is 5 s).
 env_common="NCCL_DEBUG=INFO NCCL_SWITCHLESS_TRANSPORT=tcp NCCL_SWITCHLESS_FAILBACK_INTERVAL=1s"
+fault="${SWL_FAILOVER_FAULT:-down}"
+case "$fault" in
+  down) ;;
+  blackhole) env_common="$env_common NCCL_SWITCHLESS_TCP_USER_TIMEOUT=2s" ;;
+  *) echo "failover.sh: SWL_FAILOVER_FAULT=$fault (accepted: down, blackhole)" >&2; exit 2 ;;
+esac
 iters="${SWL_FAILOVER_ITERS:-1500}"
 r=0
 for ns in "$a" "$b"; do
@@ -98,11 +107,19 @@ wait_for() {
 wait_for "TCP path tcp0" "$work/rank.0" 30000 >/dev/null || fail "rank 0 never connected its TCP paths"
 sleep 1.5
 for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null || fail "a rank ended before the fault (raise SWL_FAILOVER_ITERS?)"; done
-ip -n "$a" link set d0 down
+if [ "$fault" = down ]; then
+  ip -n "$a" link set d0 down
+else
+  ip -n "$a" neigh replace 10.202.1.2 lladdr 02:00:5e:00:53:99 dev d0 nud permanent
+fi
 warn_ms=$(wait_for "failed (.*failing over to" "$work/rank.0" 20000) || fail "no failover WARN on rank 0 within 20 s"
 sleep "${SWL_FAILOVER_DOWN_S:-2}"
 for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null || fail "a rank ended while the link was down (raise SWL_FAILOVER_ITERS?)"; done
-ip -n "$a" link set d0 up
+if [ "$fault" = down ]; then
+  ip -n "$a" link set d0 up
+else
+  ip -n "$a" neigh del 10.202.1.2 dev d0
+fi
 back0=$(wait_for "is back and carries traffic again" "$work/rank.0" 20000) || fail "no failback INFO on rank 0 within 20 s"
 back1=$(wait_for "is back and carries traffic again" "$work/rank.1" 20000) || fail "no failback INFO on rank 1 within 20 s"
 
@@ -117,5 +134,5 @@ grep -h "failing over to" "$work"/rank.* | head -n 2 | cut -c1-300 | sed 's/^/  
 grep -h "is back and carries traffic again" "$work"/rank.* | head -n 2 | cut -c1-300 | sed 's/^/    /'
 grep -h "new streams connected" "$work"/rank.* | head -n 2 | cut -c1-300 | sed 's/^/    /'
 grep -v "^\s*$" "$work/rank.0" | tail -n 4 | sed 's/^/    /'
-echo "failover.sh: link down -> failover WARN on the sender: ${warn_ms} ms; link up -> failback INFO: rank 0 ${back0} ms, rank 1 ${back1} ms (+${back0} ms)"
+echo "failover.sh: $fault: fault -> failover WARN on the sender: ${warn_ms} ms; repaired -> failback INFO: rank 0 ${back0} ms, rank 1 ${back1} ms (+${back0} ms)"
 echo "failover.sh: ok"

@@ -59,6 +59,7 @@ pub fn tcp_config(config: &Config, npaths: usize) -> TcpConfig {
         },
         connect_timeout: config.connect_timeout,
         io_threads: config.tcp_threads.map(usize::from),
+        user_timeout: config.tcp_user_timeout,
         ..TcpConfig::default()
     }
 }

@@ -84,7 +84,16 @@ pub struct TcpConfig {
     /// [`default_io_threads`]. Used when the pool starts (its first stream); the config layer maps
     /// `NCCL_SWITCHLESS_TCP_THREADS` here.
     pub io_threads: Option<usize>,
+    /// A stream whose sent data stays unacknowledged this long fails (`TCP_USER_TIMEOUT`), so its
+    /// path fails over; `None`: the kernel's limit (about 15 minutes of retransmissions). Catches a
+    /// peer host that froze or a link that drops frames while its carrier stays up. The config
+    /// layer maps `NCCL_SWITCHLESS_TCP_USER_TIMEOUT` here.
+    pub user_timeout: Option<Duration>,
 }
+
+/// Default [`TcpConfig::user_timeout`]: about what an RC queue pair retries with NCCL's defaults
+/// (`NCCL_IB_TIMEOUT=20`, `NCCL_IB_RETRY_CNT=7`: 8 tries of 4.3 s).
+pub const DEFAULT_USER_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl Default for TcpConfig {
     fn default() -> Self {
@@ -95,6 +104,7 @@ impl Default for TcpConfig {
             frame_bytes: 512 * 1024,
             connect_timeout: Some(Duration::from_secs(10)),
             io_threads: None,
+            user_timeout: Some(DEFAULT_USER_TIMEOUT),
         }
     }
 }
@@ -181,6 +191,22 @@ pub(super) fn apply_buffers(
     sock.set_recv_buffer_size(want)
         .map_err(|e| Error::io(format!("SO_RCVBUF {want} bytes"), e))?;
     Ok(())
+}
+
+/// Sets the stream options of `sock` (a stream, or the listener its streams are accepted from):
+/// socket buffers ([`apply_buffers`]) and [`TcpConfig::user_timeout`].
+pub(super) fn apply_options(
+    sock: &Socket,
+    speed_mbps: u64,
+    streams: usize,
+    cfg: &TcpConfig,
+) -> Result<()> {
+    apply_buffers(sock, speed_mbps, streams, cfg)?;
+    let ms = cfg
+        .user_timeout
+        .map_or(0, |d| u32::try_from(d.as_millis()).unwrap_or(u32::MAX));
+    crate::sys::socket::set_user_timeout(sock, ms)
+        .map_err(|e| Error::io(format!("TCP_USER_TIMEOUT {ms} ms"), e))
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, Socket, Type};
 
-use super::config::{TcpConfig, apply_buffers};
+use super::config::{TcpConfig, apply_options};
 use super::frame::{ACK_LEN, Ack, AckRepr, HELLO_LEN, Hello, HelloRepr};
 use crate::error::{Error, Result};
 use crate::sys::socket as rawmem;
@@ -243,7 +243,7 @@ pub(super) fn start_stream(
     .map_err(|e| Error::io(&what, e))?;
     sock.set_tcp_nodelay(true)
         .map_err(|e| Error::io(format!("{what}: TCP_NODELAY"), e))?;
-    apply_buffers(&sock, spec.speed_mbps, usize::from(hello.nstreams), cfg)?;
+    apply_options(&sock, spec.speed_mbps, usize::from(hello.nstreams), cfg)?;
     sock.bind(&SocketAddr::new(spec.local, 0).into())
         .map_err(|e| {
             Error::System(format!(

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use socket2::{Domain, Protocol, Socket, Type};
 
 use super::TcpFabric;
-use super::config::{TcpConfig, apply_buffers, streams_for_speed};
+use super::config::{TcpConfig, apply_options, streams_for_speed};
 use super::dial::{
     MAX_PENDING_STREAMS, OutStream, PendingHello, TcpPathSpec, check_hello, start_stream,
 };
@@ -38,7 +38,7 @@ pub fn listen_at(addr: SocketAddr, speed_mbps: u64, cfg: &TcpConfig) -> Result<T
     let sock = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))
         .map_err(|e| Error::io(format!("TCP listener socket for {local}"), e))?;
     let streams = cfg.streams.unwrap_or_else(|| streams_for_speed(speed_mbps));
-    apply_buffers(&sock, speed_mbps, streams, cfg)?;
+    apply_options(&sock, speed_mbps, streams, cfg)?;
     sock.set_reuse_address(true)
         .map_err(|e| Error::io("SO_REUSEADDR", e))?;
     sock.bind(&addr.into())
