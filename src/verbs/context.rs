@@ -375,7 +375,11 @@ impl Context {
             Error::System(format!(
                 "_ibv_query_gid_table({}): {}",
                 self.name,
-                std::io::Error::from_raw_os_error(i32::try_from(-n).unwrap_or(libc::EIO))
+                std::io::Error::from_raw_os_error(
+                    n.checked_neg()
+                        .and_then(|e| i32::try_from(e).ok())
+                        .unwrap_or(libc::EIO)
+                )
             ))
         })?;
         let mut out = Vec::with_capacity(n);
