@@ -243,8 +243,6 @@ fn check_range(addr: u64, len: usize) -> Result<()> {
 /// allocated while a copy holds the region). Cloning it does not copy the memory.
 #[derive(Debug, Clone)]
 pub struct RawRegion {
-    addr: u64,
-    len: usize,
     mem: Lent,
 }
 
@@ -256,44 +254,40 @@ impl RawRegion {
     }
 
     fn of(mem: Lent) -> RawRegion {
-        RawRegion {
-            addr: mem.addr,
-            len: mem.len,
-            mem,
-        }
+        RawRegion { mem }
     }
 
     /// Start address.
     pub fn addr(&self) -> u64 {
-        self.addr
+        self.mem.addr
     }
 
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.len
+        self.mem.len
     }
 
     /// Whether the region is empty.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.mem.len == 0
     }
 
     /// Whether `[addr, addr+len)` lies inside the region (an empty range must still start inside or
     /// at its end).
     pub fn contains(&self, addr: u64, len: usize) -> bool {
-        Span::new(self.addr, self.len as u64).contains(addr, len as u64)
+        Span::new(self.mem.addr, self.mem.len as u64).contains(addr, len as u64)
     }
 
     fn check(&self, addr: u64, len: usize) -> io::Result<*mut u8> {
         if self.contains(addr, len) {
             // Offset from the lent pointer (keeping its provenance); `contains` bounds it.
-            Ok(self.mem.ptr.wrapping_add((addr - self.addr) as usize))
+            Ok(self.mem.ptr.wrapping_add((addr - self.mem.addr) as usize))
         } else {
             Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!(
                     "range {addr:#x}+{len} bytes is outside the registration {:#x}+{} bytes",
-                    self.addr, self.len
+                    self.mem.addr, self.mem.len
                 ),
             ))
         }
