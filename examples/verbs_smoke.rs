@@ -252,9 +252,9 @@ fn run_link(link: &Link) -> R<String> {
         .ok_or("libibverbs has no _ibv_query_gid_table")?
         .map_err(|e| e.to_string())?;
     let table_us = t_table.elapsed().as_micros();
-    let one: Vec<(u32, [u8; 16], Option<GidType>)> = table
+    let on_port = table.get(&PORT).map(Vec::as_slice).unwrap_or(&[]);
+    let one: Vec<(u32, [u8; 16], Option<GidType>)> = on_port
         .iter()
-        .filter(|e| e.port == PORT)
         .map(|e| (e.index, e.gid, GidType::from_ibv(e.gid_type)))
         .collect();
     let scan: Vec<(u32, [u8; 16], Option<GidType>)> = ctx
@@ -268,9 +268,9 @@ fn run_link(link: &Link) -> R<String> {
             "_ibv_query_gid_table lists {one:?}, the per-index scan {scan:?}"
         ));
     }
-    if !table
+    if !on_port
         .iter()
-        .any(|e| e.port == PORT && e.index == gid_index && e.ndev.is_some())
+        .any(|e| e.index == gid_index && e.ndev.is_some())
     {
         return Err(format!(
             "_ibv_query_gid_table names no netdev for GID {gid_index}"

@@ -7,6 +7,7 @@ use super::types::{
 };
 use crate::error::{Error, Result};
 use rdma_sys::{ibv_context, ibv_device, ibv_device_attr, ibv_gid, ibv_port_attr};
+use std::collections::BTreeMap;
 use std::ffi::{CStr, c_int};
 use std::net::Ipv4Addr;
 use std::path::Path;
@@ -344,19 +345,25 @@ impl Context {
     }
 
     /// Every populated GID of every port in one `_ibv_query_gid_table` call (one ioctl on current
-    /// kernels), with each entry's netdev name; `None` when the library lacks the symbol. Reading
-    /// the same from sysfs costs three files per slot, and rxe ports have 1024 slots.
-    pub fn query_gid_table(&self) -> Option<Result<Vec<GidTableEntry>>> {
+    /// kernels), with each entry's netdev name, by port: every port of the device has a list, an
+    /// empty one when none of its slots is populated. `None` when the library lacks the symbol.
+    /// Reading the same from sysfs costs three files per slot, and rxe ports have 1024 slots.
+    pub fn query_gid_table(&self) -> Option<Result<BTreeMap<u8, Vec<GidTableEntry>>>> {
         let f = optional_symbols().query_gid_table?;
         Some(self.query_gid_table_with(f))
     }
 
-    fn query_gid_table_with(&self, f: super::sym::QueryGidTableFn) -> Result<Vec<GidTableEntry>> {
+    fn query_gid_table_with(
+        &self,
+        f: super::sym::QueryGidTableFn,
+    ) -> Result<BTreeMap<u8, Vec<GidTableEntry>>> {
         let ports = self.query_device()?.phys_port_cnt;
+        let mut by_port: BTreeMap<u8, Vec<GidTableEntry>> = BTreeMap::new();
         let mut max = 0usize;
         for p in 1..=ports {
             let len = usize::try_from(self.query_port(p)?.gid_tbl_len).unwrap_or(0);
             max = max.saturating_add(len);
+            by_port.insert(p, Vec::new());
         }
         // The kernel refuses a buffer smaller than the populated entries: size it for every slot.
         let mut raw = vec![GidEntryRaw::default(); max.max(1)];
@@ -382,12 +389,11 @@ impl Context {
                 )
             ))
         })?;
-        let mut out = Vec::with_capacity(n);
         for e in raw.iter().take(n.min(raw.len())) {
             let Ok(port) = u8::try_from(e.port_num) else {
                 continue;
             };
-            out.push(GidTableEntry {
+            by_port.entry(port).or_default().push(GidTableEntry {
                 port,
                 index: e.gid_index,
                 gid: e.gid,
@@ -395,7 +401,10 @@ impl Context {
                 ndev: ifname(e.ndev_ifindex),
             });
         }
-        Ok(out)
+        for t in by_port.values_mut() {
+            t.sort_by_key(|e| e.index); // as sysfs lists them
+        }
+        Ok(by_port)
     }
 
     /// `ibv_query_gid`.

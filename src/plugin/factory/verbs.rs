@@ -62,20 +62,18 @@ impl PathFactory for VerbsFactory {
                 }
             };
             match ctx.query_gid_table() {
-                Some(Ok(entries)) => {
-                    for e in entries {
-                        gid_tables
-                            .entry((d.name.clone(), e.port))
-                            .or_default()
-                            .push(crate::host::model::GidEntry::from_library(
-                                e.index, e.gid, e.gid_type, e.ndev,
-                            ));
-                    }
-                    // A port with no populated entry still reads as "no GIDs", not from sysfs.
-                    if let Ok(caps) = ctx.query_device() {
-                        for p in 1..=caps.phys_port_cnt {
-                            gid_tables.entry((d.name.clone(), p)).or_default();
-                        }
+                // Every port gets its list, an empty one too: it reads as "no GIDs", not from sysfs.
+                Some(Ok(by_port)) => {
+                    for (port, entries) in by_port {
+                        let t = entries
+                            .into_iter()
+                            .map(|e| {
+                                crate::host::model::GidEntry::from_library(
+                                    e.index, e.gid, e.gid_type, e.ndev,
+                                )
+                            })
+                            .collect();
+                        gid_tables.insert((d.name.clone(), port), t);
                     }
                 }
                 Some(Err(e)) => {
@@ -84,9 +82,6 @@ impl PathFactory for VerbsFactory {
                 None => {}
             }
             contexts.insert(d.name.clone(), ctx);
-        }
-        for t in gid_tables.values_mut() {
-            t.sort_by_key(|g| g.index); // as sysfs lists them
         }
         let reader = crate::host::Reader::new(Path::new("/")).with_gid_tables(gid_tables);
         let (mut model, findings) = crate::host::discover_with(&reader);
