@@ -62,6 +62,15 @@ fn rig(npaths: usize) -> Rig {
     )
 }
 
+/// One path (and `loopbacks` loopback paths) with a 250 ms request timeout.
+fn timing_out_rig(loopbacks: usize) -> Rig {
+    let pcfg = ProtocolConfig {
+        request_timeout: Some(Duration::from_millis(250)),
+        ..ProtocolConfig::default()
+    };
+    rig_with(&[100_000], loopbacks, MemFabConfig::default(), pcfg)
+}
+
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8)
@@ -719,11 +728,7 @@ fn cts_write_error_fails_the_receive() {
 
 #[test]
 fn silent_peer_leaves_requests_pending_until_the_timeout() {
-    let pcfg = ProtocolConfig {
-        request_timeout: Some(Duration::from_millis(250)),
-        ..ProtocolConfig::default()
-    };
-    let mut g = rig_with(&[100_000], 0, MemFabConfig::default(), pcfg);
+    let mut g = timing_out_rig(0);
     let (ra, rmh) = g.recv_buf(64, MemKind::Host);
     let (sa, smh) = g.send_buf(&[3; 64]);
     g.fab.stall(g.sid, true);
@@ -757,11 +762,7 @@ fn silent_peer_leaves_requests_pending_until_the_timeout() {
 
 #[test]
 fn sender_without_clear_to_send_times_out() {
-    let pcfg = ProtocolConfig {
-        request_timeout: Some(Duration::from_millis(250)),
-        ..ProtocolConfig::default()
-    };
-    let mut g = rig_with(&[100_000], 0, MemFabConfig::default(), pcfg);
+    let mut g = timing_out_rig(0);
     let (sa, smh) = g.send_buf(&[3; 64]);
     assert_eq!(g.s.isend(g.now(), sa, 64, 0, &smh).unwrap(), None);
     // The stall counts from the first isend that found no clear-to-send, not from each retry.
@@ -782,11 +783,7 @@ fn sender_without_clear_to_send_times_out() {
 /// timeout's error.
 #[test]
 fn a_timed_out_receive_ends_the_comm_instead_of_reusing_its_slot() {
-    let pcfg = ProtocolConfig {
-        request_timeout: Some(Duration::from_millis(250)),
-        ..ProtocolConfig::default()
-    };
-    let mut g = rig_with(&[100_000], 0, MemFabConfig::default(), pcfg);
+    let mut g = timing_out_rig(0);
     let (ra, rmh) = g.recv_buf(64, MemKind::Host);
     let post = |g: &mut Rig| {
         g.r.irecv(
@@ -813,11 +810,7 @@ fn a_timed_out_receive_ends_the_comm_instead_of_reusing_its_slot() {
 
 #[test]
 fn a_flush_that_never_completes_times_out() {
-    let pcfg = ProtocolConfig {
-        request_timeout: Some(Duration::from_millis(250)),
-        ..ProtocolConfig::default()
-    };
-    let mut g = rig_with(&[100_000], 1, MemFabConfig::default(), pcfg);
+    let mut g = timing_out_rig(1);
     let (ga, gmh) = g.recv_buf(64, MemKind::Cuda);
     // The receiver's own loopback read stays queued.
     g.fab.stall(g.rid, true);
