@@ -161,12 +161,7 @@ fn sysctl_max(path: &str) -> Option<usize> {
 
 /// Sets `SO_SNDBUF`/`SO_RCVBUF` of `sock` (a stream of a path with `streams` streams) as
 /// [`TcpConfig::buffers`] says; before `connect`/`listen`, so that the window scale covers them.
-pub(super) fn apply_buffers(
-    sock: &Socket,
-    speed_mbps: u64,
-    streams: usize,
-    cfg: &TcpConfig,
-) -> Result<()> {
+fn apply_buffers(sock: &Socket, speed_mbps: u64, streams: usize, cfg: &TcpConfig) -> Result<()> {
     let want = match cfg.buffers {
         BufferPolicy::Fixed(b) => b,
         BufferPolicy::Auto => {
