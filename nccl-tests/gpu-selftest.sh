@@ -35,6 +35,8 @@ netns_tool=auto
 transport=tcp
 device=0
 timeout_s=300
+baseline=none
+mps=0
 no_gpu=0
 dry=0
 do_stage=0
@@ -85,6 +87,11 @@ Options:
       --transport T        NCCL_SWITCHLESS_TRANSPORT for the ranks: tcp (default) or auto
       --device N           GPU for both ranks (CUDA_VISIBLE_DEVICES, default 0)
       --timeout SEC        per driver run (default 300)
+      --baseline NET       none (default) or socket: also run the torch driver over NCCL's own TCP
+                           transport (NCCL_NET=Socket, no plugin) between the same namespaces, and
+                           report switchless beside it size by size (the same path, GPU and NCCL)
+      --mps                run the ranks under CUDA MPS (nvidia-cuda-mps-control -d, stopped at exit),
+                           so the two ranks' kernels share the GPU instead of time-slicing it
 
 Exit status: 0 every check passed and NCCL used the plugin; 1 a check failed; 2 usage or a missing
 tool; 3 blocked by a known gap (no same-host path in this plugin build, libibverbs missing).
@@ -103,11 +110,13 @@ while [ $# -gt 0 ]; do
     --stage) do_stage=1; shift; continue ;;
     --with-ibverbs) with_ibverbs=1; shift; continue ;;
     --no-gpu) no_gpu=1; shift; continue ;;
+    --mps) mps=1; shift; continue ;;
     --dry-run) dry=1; shift; continue ;;
   esac
   case "$opt" in
     --plugin | --cli | --stage-dir | -o | --out | --drivers | -t | --collectives | --dtypes | -b | --min-bytes | \
-      -e | --max-bytes | -n | --iters | --bytes-per-size | --network | --netns-tool | --transport | --device | --timeout)
+      -e | --max-bytes | -n | --iters | --bytes-per-size | --network | --netns-tool | --transport | --device | --timeout | \
+      --baseline)
       [ $# -ge 2 ] || die "option $opt needs a value (see --help)"
       ;;
     *) die "unknown option '$opt' (see --help)" ;;
@@ -130,6 +139,7 @@ while [ $# -gt 0 ]; do
     --transport) transport="$val" ;;
     --device) device="$val" ;;
     --timeout) timeout_s="$val" ;;
+    --baseline) baseline="$val" ;;
     *) die "unknown option '$opt' (see --help)" ;;
   esac
   shift 2
@@ -152,6 +162,7 @@ check_list --dtypes "$dtypes" float32 bfloat16
 check_list --network "$network" auto netns same-host
 check_list --netns-tool "$netns_tool" auto ip unshare
 check_list --transport "$transport" tcp auto
+check_list --baseline "$baseline" none socket
 for v in "$min_bytes" "$max_bytes" "$bytes_per_size"; do
   [[ "$v" =~ ^[0-9]+[KMG]?$ ]] || die "sizes look like 8, 64K, 256M or 1G; got '$v'"
 done
@@ -269,9 +280,14 @@ holders=()
 pids=()
 net_mode=""
 net_reason=""
+mps_on=0
 cleanup() {
   local p
   for p in "${pids[@]}"; do kill "$p" 2> /dev/null || true; done
+  if [ "$mps_on" = 1 ]; then
+    echo quit | CUDA_MPS_PIPE_DIRECTORY="$mps_dir/pipe" nvidia-cuda-mps-control > /dev/null 2>&1 || true
+    mps_on=0
+  fi
   case "$net_mode" in
     netns-ip) ip netns del "${ns[0]}" 2> /dev/null || true; ip netns del "${ns[1]}" 2> /dev/null || true ;;
   esac
@@ -435,6 +451,25 @@ rank_env=(
   "PYTHONUNBUFFERED=1"
 )
 [ -z "$lib_path" ] || rank_env+=("LD_LIBRARY_PATH=$lib_path")
+# CUDA MPS: without it, two processes on one GPU time-slice it, and a kernel of one rank that waits
+# for the network holds the GPU while the other rank's kernel, which would send the data, waits its turn.
+if [ "$mps" = 1 ] && [ "$no_gpu" = 0 ]; then
+  mps_dir="$out/mps"
+  rank_env+=("CUDA_MPS_PIPE_DIRECTORY=$mps_dir/pipe" "CUDA_MPS_LOG_DIRECTORY=$mps_dir/log")
+  if [ "$dry" = 1 ]; then
+    show env "CUDA_MPS_PIPE_DIRECTORY=$mps_dir/pipe" "CUDA_MPS_LOG_DIRECTORY=$mps_dir/log" "CUDA_VISIBLE_DEVICES=$device" nvidia-cuda-mps-control -d
+  else
+    command -v nvidia-cuda-mps-control > /dev/null || die "--mps: no nvidia-cuda-mps-control on PATH"
+    mkdir -p "$mps_dir/pipe" "$mps_dir/log"
+    show env "CUDA_MPS_PIPE_DIRECTORY=$mps_dir/pipe" "CUDA_MPS_LOG_DIRECTORY=$mps_dir/log" "CUDA_VISIBLE_DEVICES=$device" nvidia-cuda-mps-control -d
+    if env "CUDA_MPS_PIPE_DIRECTORY=$mps_dir/pipe" "CUDA_MPS_LOG_DIRECTORY=$mps_dir/log" "CUDA_VISIBLE_DEVICES=$device" nvidia-cuda-mps-control -d; then
+      mps_on=1
+      gpu_notes+=(--note "CUDA MPS=on")
+    else
+      die "--mps: nvidia-cuda-mps-control -d failed (see $mps_dir/log)"
+    fi
+  fi
+fi
 say "every rank gets (NCCL_HOSTID and NCCL_DEBUG_FILE differ per rank; see the commands):"
 for kv in "${rank_env[@]}"; do echo "export $(printf '%q' "$kv")"; done
 
@@ -614,6 +649,30 @@ else
     fi
     results+=("$out/results.c.jsonl")
   fi
+  if [ "$baseline" = socket ]; then
+    if [ "$net_mode" = same-host ]; then
+      say "baseline: skipped: NCCL's Socket transport between two ranks of one namespace is not the veth path"
+    else
+      # The same torch driver over NCCL's own TCP transport and the same veth: no plugin at all
+      # (NCCL_NET_PLUGIN=none), so the ratio isolates the plugin from the GPU sharing and the host.
+      say "baseline: torch driver over NCCL's own Socket transport (no plugin), same namespaces and veth"
+      port=$((port + 1))
+      run rm -f "$out/results.torch.socket.jsonl"
+      for r in 1 0; do
+        start_rank "$r" "$out/torch-socket.rank$r.out" env "${rank_env[@]}" "NCCL_NET_PLUGIN=none" "NCCL_NET=Socket" \
+          "NCCL_HOSTID=switchless-selftest-host$r" "NCCL_DEBUG_FILE=$out/baseline.socket.rank$r.%p.log" \
+          "$py" "$gpu/selftest.py" run --rank "$r" --nranks 2 --master "$boot0:$port" --device 0 \
+          --results "$out/results.torch.socket.jsonl" --collectives "$collectives" --dtypes "$dtypes" \
+          --min-bytes "$min_bytes" --max-bytes "$max_bytes" --iters "$iters" --bytes-per-size "$bytes_per_size"
+      done
+      wait_ranks
+      baseline_file="$out/results.torch.socket.jsonl"
+      if [ "$dry" = 0 ] && [ "$rank_rc" != 0 ]; then
+        fail "baseline: the torch driver over NCCL's Socket transport exited with status $rank_rc"
+        tail -n 15 "$out/torch-socket.rank1.out" | sed 's/^/    rank 1: /'
+      fi
+    fi
+  fi
   if [ "$dry" = 0 ]; then
     shopt -s nullglob
     logs=("$out"/nccl.*.log)
@@ -633,6 +692,7 @@ if [ "$no_gpu" = 1 ]; then
   [ "$dry" = 1 ] || cat "$veth_json"
   echo
 else
+  [ -z "${baseline_file:-}" ] || rep+=(--baseline "$baseline_file")
   rep+=(--collectives "$collectives" --dtypes "$dtypes" --drivers "$drivers" --min-bytes "$min_bytes" --max-bytes "$max_bytes" --results "${results[@]}" --logs "${logs[@]}")
   if [ "$dry" = 1 ]; then
     show "${rep[@]}"

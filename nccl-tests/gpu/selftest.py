@@ -301,8 +301,29 @@ def veth_lines(veth):
     return out
 
 
-def report(results, veth, logs, nranks, plugin_name, notes, collectives, dtypes, drivers, n_sizes=None):
-    """(text, ok): the merged table, the largest-size summary beside the raw path, the log checks."""
+def baseline_lines(rows, base_rows, plugin_name, base_name="NCCL Socket"):
+    """The plugin's torch rows beside the same driver's rows over NCCL's own transport, size by size:
+    time and busbw of each, and plugin busbw / baseline busbw (above 1: the plugin is faster)."""
+    base = {(r["coll"], r["dtype"], r["size"]): r for r in base_rows}
+    out = [
+        f"{'collective':<14} {'type':<8} {'size':>10} {plugin_name + ' us':>14} {base_name + ' us':>14} "
+        f"{plugin_name + ' GB/s':>16} {base_name + ' GB/s':>16} {'ratio':>6}"
+    ]
+    for r in rows:
+        b = base.get((r["coll"], r["dtype"], r["size"]))
+        if r["driver"] != "torch" or b is None:
+            continue
+        ratio = r["busbw_gbyte_s"] / b["busbw_gbyte_s"] if b["busbw_gbyte_s"] > 0 else float("nan")
+        out.append(
+            f"{r['coll']:<14} {r['dtype']:<8} {human(r['size']):>10} {r['time_us']:>14.1f} {b['time_us']:>14.1f} "
+            f"{r['busbw_gbyte_s']:>16.3f} {b['busbw_gbyte_s']:>16.3f} {ratio:>6.2f}"
+        )
+    return out if len(out) > 1 else []
+
+
+def report(results, veth, logs, nranks, plugin_name, notes, collectives, dtypes, drivers, n_sizes=None, baseline=None):
+    """(text, ok): the merged table, the largest-size summary beside the raw path, the log checks, and
+    (given a baseline results file) the torch rows beside NCCL's own transport."""
     rows = []
     problems = []
     for path in results:
@@ -310,6 +331,15 @@ def report(results, veth, logs, nranks, plugin_name, notes, collectives, dtypes,
             rows += read_jsonl(path)
         except (OSError, ValueError) as e:
             problems.append(f"results {path}: {e}")
+    base_rows = []
+    if baseline:
+        try:
+            base_rows = read_jsonl(baseline)
+        except (OSError, ValueError) as e:
+            problems.append(f"baseline {baseline}: {e}")
+        for r in base_rows:
+            if r.get("wrong", 0) != 0:
+                problems.append(f"baseline {r['coll']} {r['dtype']} {r['size']} B: {r['wrong']} wrong element(s)")
     lines = []
     for k, v in notes:
         lines.append(f"{k}: {v}")
@@ -330,6 +360,13 @@ def report(results, veth, logs, nranks, plugin_name, notes, collectives, dtypes,
     for v in veth_lines(veth):
         lines.append("  raw path: " + v)
     lines.append("")
+    beside = baseline_lines(rows, base_rows, plugin_name)
+    if beside:
+        lines.append(f"Beside NCCL's own TCP transport (NCCL_NET=Socket, no plugin), same run, path and driver (torch); ratio = {plugin_name} busbw / Socket busbw:")
+        lines += ["  " + x for x in beside]
+        lines.append("")
+    elif baseline:
+        problems.append(f"baseline {baseline}: no row matches a torch row of this run")
     wrong = [r for r in rows if r.get("wrong", 0) != 0]
     for r in wrong:
         problems.append(f"{r['driver']} {r['coll']} {r['dtype']} {r['size']} B: {r['wrong']} wrong element(s)")
@@ -514,6 +551,7 @@ def main(argv=None):
     q.add_argument("--min-bytes", type=parse_size, help="with --max-bytes: every size must have a row")
     q.add_argument("--max-bytes", type=parse_size)
     q.add_argument("--markdown", help="also write the report here")
+    q.add_argument("--baseline", help="JSON lines of the torch driver over NCCL's own transport, to report beside")
     a = p.parse_args(argv)
     if a.cmd == "run":
         return run_rank(a)
@@ -523,7 +561,7 @@ def main(argv=None):
             veth = json.load(f)
     notes = [tuple(x.split("=", 1)) if "=" in x else (x, "") for x in a.note]
     n_sizes = len(sizes(a.min_bytes, a.max_bytes, 2)) if a.min_bytes and a.max_bytes else None
-    text, ok = report(a.results, veth, a.logs, a.nranks, a.plugin_name, notes, a.collectives, a.dtypes, a.drivers, n_sizes)
+    text, ok = report(a.results, veth, a.logs, a.nranks, a.plugin_name, notes, a.collectives, a.dtypes, a.drivers, n_sizes, a.baseline)
     print(text)
     if a.markdown:
         with open(a.markdown, "w", encoding="utf-8") as f:

@@ -267,6 +267,39 @@ class Report(unittest.TestCase):
         self.assertFalse(ok)
         self.assertIn("result: FAIL", text)
 
+    def logs(self, d):
+        out = []
+        for i, t in enumerate([good_log(0), good_log(1)]):
+            out.append(os.path.join(d, f"nccl.{i}.log"))
+            with open(out[-1], "w") as f:
+                f.write(t)
+        return out
+
+    def test_baseline_beside_the_plugin(self):
+        base = [dict(r, time_us=r["time_us"] * 2, busbw_gbyte_s=r["busbw_gbyte_s"] / 2) for r in self.rows("torch")]
+        with tempfile.TemporaryDirectory() as d:
+            bp = self.write(d, "base.jsonl", base)
+            res = [self.write(d, "torch.jsonl", self.rows("torch"))]
+            text, ok = st.report(res, None, self.logs(d), 2, "switchless", [], list(st.COLLECTIVES), list(st.DTYPES), ["torch"], None, bp)
+        self.assertTrue(ok, text)
+        # every torch row has its baseline: twice as slow there, so each ratio is 2.00
+        beside = text.split("Beside NCCL's own TCP transport")[1].split("\n\n")[0].splitlines()[2:]
+        self.assertEqual(len(beside), len(self.rows("torch")))
+        self.assertTrue(all(x.endswith(" 2.00") for x in beside), beside)
+
+    def test_a_baseline_with_wrong_elements_or_no_match_fails(self):
+        with tempfile.TemporaryDirectory() as d:
+            bad = self.write(d, "bad.jsonl", self.rows("torch", wrong=1))
+            other = self.write(d, "other.jsonl", [dict(r, size=r["size"] + 1) for r in self.rows("torch")])
+            res = [self.write(d, "torch.jsonl", self.rows("torch"))]
+            args = (res, None, self.logs(d), 2, "switchless", [], list(st.COLLECTIVES), list(st.DTYPES), ["torch"], None)
+            text, ok = st.report(*args, bad)
+            self.assertFalse(ok)
+            self.assertIn("baseline all_reduce float32 8 B: 1 wrong element(s)", text)
+            text, ok = st.report(*args, other)
+            self.assertFalse(ok)
+            self.assertIn("no row matches a torch row", text)
+
     def test_table_format(self):
         row = st.result_row("c", "all_reduce", "bfloat16", 1 << 20, 1 << 19, 2, 10, 0.001, 0)
         line = st.format_row(row)
