@@ -760,6 +760,38 @@ fn a_receiver_that_closes_after_its_last_message_fails_no_send() {
     }
 }
 
+/// A write completes when the peer's kernel has acknowledged it, so the receiver must not leave its
+/// ACK to the delayed-ACK timer (about 40 ms on Linux): each small message, sent while nothing flows
+/// back, would take that long. Before the receiver asked for quick ACKs, NCCL's 8 B all-reduce took
+/// 11-22 ms per operation on the first GPU run and `bench allreduce` 32-46 ms in a netns pair; the
+/// normal figure is tens of microseconds. The bound is far from both.
+#[test]
+fn a_small_send_completes_without_waiting_for_the_delayed_ack() {
+    let mut g = rig_with(&[10_000], &cfg(1));
+    let sb = g.send_buf(&pattern(8, 1));
+    let rb = g.recv_buf(8);
+    let mut took = Vec::new();
+    // The kernel acknowledges the first segments of a connection at once (quick-ACK mode), so
+    // the first rounds prove nothing: measure the last 20 of 40.
+    for round in 0..40 {
+        let rreq = g.irecv(&[(&rb, 8, 0)]);
+        let sreq = g.isend(&sb, 8, 0);
+        let t = Instant::now();
+        g.wait_send(sreq);
+        if round >= 20 {
+            took.push(t.elapsed());
+        }
+        g.wait_recv(rreq);
+    }
+    took.sort();
+    let median = took[took.len() / 2];
+    assert!(
+        median < Duration::from_millis(15),
+        "an 8-byte send took {median:?} (median of {}) to complete: the receiver's ACK waited for the delayed-ACK timer; all: {took:?}",
+        took.len()
+    );
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Connection set-up
 // ---------------------------------------------------------------------------------------------------

@@ -155,6 +155,13 @@ fn set_int(
     Ok(())
 }
 
+/// `TCP_QUICKACK`: acknowledges what has arrived now instead of after the delayed-ACK timer, and
+/// leaves the kernel's interactive (ping-pong) mode. Not sticky: the kernel may delay again later,
+/// so a receiver sets it each time it has drained the socket.
+pub fn quickack(sock: &impl AsRawFd) -> io::Result<()> {
+    set_int(sock, libc::IPPROTO_TCP, libc::TCP_QUICKACK, 1)
+}
+
 /// `TCP_USER_TIMEOUT`: the connection fails once sent data has stayed unacknowledged for `ms`
 /// milliseconds (0: the kernel's retransmission limit, about 15 minutes). Accepted sockets inherit
 /// it from their listener.

@@ -161,6 +161,8 @@ pub(super) struct StreamIo {
     rx: RxPhase,
     pub(super) rx_ready: bool,
     pub(super) rx_done: bool,
+    /// Bytes were read since the last quick ACK (see `rx_turn`).
+    rx_unacked: bool,
     tx: TxPhase,
     pub(super) tx_ready: bool,
     pub(super) tx_done: bool,
@@ -181,6 +183,7 @@ impl StreamIo {
             rx: RxPhase::header(),
             rx_ready: false,
             rx_done: false,
+            rx_unacked: false,
             tx: TxPhase::Idle,
             tx_ready: false,
             tx_done: false,
@@ -268,11 +271,20 @@ impl StreamIo {
                     n
                 }
                 Err(RxErr::Io(e)) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // The sender's write completes only when our kernel acknowledges it (see
+                    // `PathShared::complete_acked`). Left to the kernel, the ACK of a burst's tail
+                    // waits for the delayed-ACK timer (tens of ms), so every small message or
+                    // message tail would cost that much: acknowledge once the socket is drained.
+                    if std::mem::take(&mut self.rx_unacked) {
+                        // Only a cost if it fails: the kernel still acknowledges, later.
+                        let _ = crate::sys::socket::quickack(sock);
+                    }
                     return Ok(Turn::Blocked);
                 }
                 Err(RxErr::Io(e)) if e.kind() == io::ErrorKind::Interrupted => 0,
                 Err(e) => return Err(e),
             };
+            self.rx_unacked |= n > 0;
             budget = budget.saturating_sub(n);
         }
         Ok(Turn::More)
