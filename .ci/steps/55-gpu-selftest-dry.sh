@@ -59,6 +59,11 @@ d=$(dry --netns-tool unshare --drivers torch --max-bytes 1M)
 expect "dry run (unshare)" "$d" "+ unshare --net sleep infinity" "netlink.py veth cable0 PID0 PID1" \
   "nsenter --net=/proc/PID1/ns/net python3" "up cable0 --mtu 9000 --addr 10.203.0.2/30" "--max-bytes 1M"
 grep -q "nccl_selftest --rank" <<< "$d" && fail "dry run --drivers torch still runs the C driver"
+d=$(dry --drivers torch --baseline socket --mps)
+expect "dry run (baseline, MPS)" "$d" "nvidia-cuda-mps-control -d" "export CUDA_MPS_PIPE_DIRECTORY=$tmp/dry/mps/pipe" \
+  "NCCL_NET_PLUGIN=none NCCL_NET=Socket" "NCCL_DEBUG_FILE=$tmp/dry/baseline.socket.rank1.%p.log" \
+  "--results $tmp/dry/results.torch.socket.jsonl" "--baseline $tmp/dry/results.torch.socket.jsonl"
+if "$script" --baseline ib --dry-run > /dev/null 2>&1; then fail "accepted an unknown baseline"; fi
 d=$(dry --network same-host --no-gpu)
 expect "dry run (same host)" "$d" "SAME-HOST FALLBACK" "export NCCL_SOCKET_IFNAME=lo" "--bootstrap 127.0.0.1:" "GPU parts skipped"
 grep -q "ip netns" <<< "$d" && fail "dry run --network same-host makes namespaces"
