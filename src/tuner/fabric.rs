@@ -188,8 +188,9 @@ pub fn classify(nodes: usize, ranks: usize, view: &LocalView, relay: Relay) -> C
         .collect();
     if !shared.is_empty() {
         return Class::Untouched(format!(
-            "device(s) {} sit on a subnet wider than /30 or /31 (a switched or shared network): NCCL's \
-             model of every NIC reaching every host holds there",
+            "device(s) {} sit on a subnet wider than /30 or /31, which the plugin never takes for a cable (a \
+             switched network, where NCCL's model of every NIC reaching every host holds; or cables \
+             addressed wider than /30: `switchless plan` gives each cable its own /30)",
             shared.join(", ")
         ));
     }
