@@ -1,6 +1,6 @@
 //! The generated parts of the tuner: `src/tuner/figures.rs` (the figures the decisions read) and the
-//! tables of `docs/reference/tuner.md` and `docs/performance.md`, all from the model and the decision
-//! code itself, run on the fabrics the docs name. A test compares each with what is committed and fails
+//! tables of `docs/reference/tuner.md`, `docs/guide/tuner.md` and `docs/performance.md`, all from the
+//! model and the decision code itself, run on the fabrics the docs name. A test compares each with what is committed and fails
 //! when one is stale; `SWITCHLESS_UPDATE_DOCS=1 cargo test --lib tuner::table` rewrites them.
 //!
 //! The figures are the analytic model's today (`SOURCE`); a rate-modelled mesh (`switchless bench
@@ -495,6 +495,12 @@ mod tests {
                 render_comparison(),
             ),
             ("docs/performance.md", "tuner-order", render_order()),
+            (
+                "docs/guide/tuner.md",
+                "tuner-comparison",
+                render_comparison(),
+            ),
+            ("docs/guide/tuner.md", "tuner-order", render_order()),
         ];
         for (rel, name, body) in blocks {
             let path = format!("{}/{rel}", env!("CARGO_MANIFEST_DIR"));
