@@ -11,8 +11,8 @@
 //!    (the bandwidth protocols), the model's family for that protocol wins: the other family's entry
 //!    gets NCCL's time scaled by the model's time ratio (so NCCL's estimate stays meaningful). LL is
 //!    left to NCCL: its sizes are latency-bound, where the cabling does not matter.
-//! 4. Channels (all-reduce decided by the model, Simple, sizes where NCCL would use all its channels
-//!    anyway): two per data path facing the busiest peer, as NCCL gives each NIC two channels
+//! 4. Channels (all-reduce decided by the model, plain Ring or Tree with Simple, sizes where NCCL would
+//!    use all its channels anyway; NVLS-tree keeps NCCL's NVLS channel count): two per data path facing the busiest peer, as NCCL gives each NIC two channels
 //!    (`src/graph/connect.cc`: rings and trees are duplicated); for Tree at least as many as NCCL's own
 //!    per-channel Tree limit needs for the model's rate; a multiple of the paths per peer.
 //!
@@ -338,17 +338,13 @@ impl Plan {
                         table.set(target, p, v.max(0.0));
                     }
                 }
-                if p == PROTO_SIMPLE {
-                    let fam = table
-                        .best()
-                        .and_then(|(a, _)| Family::of_algo(a))
-                        .unwrap_or(have);
-                    let c = match fam {
-                        Family::Ring => ring_channels(m.paths_per_peer),
-                        Family::Tree => tree_channels(m),
-                    };
-                    out.channels = full_channels(c, bytes);
-                }
+                // Channels for plain Ring and Tree only: NCCL sizes NVLS-tree from its NVLS channels.
+                let c = match table.best() {
+                    Some((ALGO_RING, PROTO_SIMPLE)) => Some(ring_channels(m.paths_per_peer)),
+                    Some((ALGO_TREE, PROTO_SIMPLE)) => Some(tree_channels(m)),
+                    _ => None,
+                };
+                out.channels = c.and_then(|c| full_channels(c, bytes));
             }
         }
         let after = table.best();
@@ -678,6 +674,35 @@ mod tests {
         );
         assert_eq!(cells, orig);
         assert_eq!(out.changed, None);
+    }
+
+    #[test]
+    fn nvls_tree_is_tree_for_the_model_and_keeps_nccls_channels() {
+        // NCCL rates NVLS-tree cheapest among the tree family: the switch from Ring takes it, and the
+        // channel count stays NCCL's (NVLS algorithms use NCCL's NVLS channels).
+        let p = plan(4, 32, 6, 800.0, 2, None);
+        let mut cells = nccl_table((ALGO_RING, PROTO_SIMPLE));
+        cells[ALGO_NVLS_TREE * 3 + PROTO_SIMPLE] = 120.0;
+        let out = p.apply(
+            COLL_ALLREDUCE,
+            256 << 20,
+            &mut Table::new(&mut cells, 7, 3).unwrap(),
+        );
+        assert_eq!(
+            out.changed,
+            Some(((ALGO_RING, PROTO_SIMPLE), (ALGO_NVLS_TREE, PROTO_SIMPLE)))
+        );
+        assert_eq!(out.channels, None);
+        // Already on NVLS-tree: left alone.
+        let mut cells = nccl_table((ALGO_NVLS_TREE, PROTO_SIMPLE));
+        let orig = cells.clone();
+        let out = p.apply(
+            COLL_ALLREDUCE,
+            256 << 20,
+            &mut Table::new(&mut cells, 7, 3).unwrap(),
+        );
+        assert_eq!((out.changed, out.channels), (None, None));
+        assert_eq!(cells, orig);
     }
 
     #[test]
