@@ -149,6 +149,43 @@ struct Priced {
     paths_per_peer: u32,
 }
 
+impl Priced {
+    /// The family the plan moves NCCL to for `proto` at `bytes`: the model's, except that Tree is chosen
+    /// only when the cables favour it ([`model::tree_has_more_bandwidth`]); `None`: NCCL's choice.
+    fn target(&self, proto: usize, bytes: u64) -> Option<Family> {
+        match model::prefer(&self.consts, proto, &self.mesh, &self.rates, bytes) {
+            Family::Tree
+                if !model::tree_has_more_bandwidth(&self.consts, &self.mesh, &self.rates) =>
+            {
+                None
+            }
+            f => Some(f),
+        }
+    }
+
+    /// "Tree from 1 KiB, Ring from 1 MiB" for `proto` (NCCL's choice where the plan has none).
+    fn switch_text(&self, proto: usize) -> String {
+        let mut out: Vec<(u64, Option<Family>)> = Vec::new();
+        for shift in 10..=32u32 {
+            let bytes = 1u64 << shift;
+            let f = self.target(proto, bytes);
+            if out.last().map(|(_, g)| *g) != Some(f) {
+                out.push((bytes, f));
+            }
+        }
+        out.iter()
+            .map(|(b, f)| {
+                format!(
+                    "{} from {}",
+                    f.map_or("NCCL's choice", Family::name),
+                    model::size_text(*b)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
 #[derive(Debug, Clone)]
 enum Kind {
     Untouched,
@@ -257,6 +294,16 @@ impl Plan {
         &self.summary
     }
 
+    /// Per protocol (`PROTO_SIMPLE`, `PROTO_LL128`), where the plan moves an all-reduce NCCL puts on
+    /// Ring or Tree: "Tree from 1 KiB", "NCCL's choice from …, Ring from 1 MiB"; `None` for plans without
+    /// the model's choice.
+    pub fn switch_text(&self, proto: usize) -> Option<String> {
+        match &self.kind {
+            Kind::Model(m) => Some(m.switch_text(proto)),
+            _ => None,
+        }
+    }
+
     /// Whether the plan can change anything.
     pub fn is_untouched(&self) -> bool {
         matches!(self.kind, Kind::Untouched)
@@ -304,7 +351,7 @@ impl Plan {
                 if p == PROTO_LL {
                     return out;
                 }
-                let want = model::prefer(&m.consts, p, &m.mesh, &m.rates, bytes);
+                let want = m.target(p, bytes).unwrap_or(have);
                 if want != have {
                     // NVLS-tree loads the nodes as Tree does: take whichever of the two NCCL rates cheaper.
                     let candidates: &[usize] = match want {
@@ -390,7 +437,7 @@ impl Plan {
                     }
                 }
                 let (fam, p, _) = best?;
-                if p != PROTO_SIMPLE {
+                if p != PROTO_SIMPLE || m.target(p, bytes) != Some(fam) {
                     return None;
                 }
                 let c = match fam {
@@ -461,16 +508,16 @@ fn mesh_summary(inputs: &Inputs, m: &Priced) -> String {
         r.tree_busbw
     );
     for p in [PROTO_SIMPLE, PROTO_LL128] {
-        let pts = model::switch_points(&m.consts, p, &m.mesh, &m.rates);
-        let text: Vec<String> = pts
-            .iter()
-            .map(|(b, f)| format!("{} from {}", f.name(), model::size_text(*b)))
-            .collect();
         let _ = write!(
             s,
             "where NCCL picks Ring/Tree with {}: {}; ",
             PROTO_NAMES[p],
-            text.join(", ")
+            m.switch_text(p)
+        );
+    }
+    if !model::tree_has_more_bandwidth(&m.consts, &m.mesh, &m.rates) {
+        s.push_str(
+            "Tree is never forced (it moves less than Ring here; latency stays NCCL's call); ",
         );
     }
     let ring = ring_channels(m.paths_per_peer);

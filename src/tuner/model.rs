@@ -463,6 +463,15 @@ pub fn prefer(c: &Constants, proto: usize, mesh: &Mesh, rates: &Rates, bytes: u6
     }
 }
 
+/// Whether Tree moves more than Ring at sizes where bandwidth decides (Simple, past NCCL's Tree correction):
+/// the cables favour Tree. The tuner moves NCCL from Ring to Tree only then; where Tree would win only by
+/// its lower latency, the choice stays NCCL's.
+pub fn tree_has_more_bandwidth(c: &Constants, mesh: &Mesh, rates: &Rates) -> bool {
+    let big = 1u64 << 40;
+    bandwidth_gbytes(c, Family::Tree, PROTO_SIMPLE, mesh.nodes, rates, big)
+        > bandwidth_gbytes(c, Family::Ring, PROTO_SIMPLE, mesh.nodes, rates, big)
+}
+
 /// The sizes (powers of two from 1 KiB to 4 GiB) at which the preferred family changes for `proto`, as
 /// (first size, family from there on); the first entry is the family at 1 KiB.
 pub fn switch_points(
@@ -614,6 +623,14 @@ mod tests {
         assert_eq!(prefer(&c, PROTO_SIMPLE, &gb10, &r, 256 << 20), Family::Ring);
         let pts = switch_points(&c, PROTO_SIMPLE, &gb10, &r);
         assert_eq!(pts.last().map(|p| p.1), Some(Family::Ring), "{pts:?}");
+        // Tree wins there only by latency at small sizes: never by bandwidth.
+        assert!(!tree_has_more_bandwidth(&c, &gb10, &r));
+        let m = b300(4, 2.0);
+        assert!(tree_has_more_bandwidth(
+            &c,
+            &m,
+            &m.rates(&Figure::analytic(4))
+        ));
     }
 
     #[test]

@@ -314,7 +314,6 @@ pub fn render_comparison() -> String {
 /// The thresholds table (Markdown) for `docs/reference/tuner.md`: each fabric's class, the model's
 /// rates and where the tuner switches NCCL's pick.
 pub fn render_thresholds() -> String {
-    let c = Constants::nccl_defaults();
     let mut s = String::from(
         "| fabric | class | model Ring busbw | model Tree algbw | Simple: preferred | LL128: preferred |\n\
          |---|---|---|---|---|---|\n",
@@ -348,15 +347,9 @@ pub fn render_thresholds() -> String {
                     pair_gbps: *pair_gbps,
                     node_gbps: inputs.node_gbps,
                 };
-                let fig = figure(inputs.nodes);
-                let r = mesh.rates(&fig);
-                let pts = |p| {
-                    model::switch_points(&c, p, &mesh, &r)
-                        .iter()
-                        .map(|(b, f)| format!("{} from {}", f.name(), model::size_text(*b)))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                };
+                let r = mesh.rates(&figure(inputs.nodes));
+                let plan = Plan::new(&class, None);
+                let pts = |p| plan.switch_text(p).unwrap_or_default();
                 (
                     "mesh: model picks Ring or Tree".to_owned(),
                     format!("{:.0} Gb/s", r.ring_busbw),
