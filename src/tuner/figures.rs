@@ -5,7 +5,7 @@
 use super::model::Figure;
 
 /// Where the figures come from.
-pub const SOURCE: &str = "analytic (shared/reviews/mesh-collectives.md §3)";
+pub const SOURCE: &str = "analytic (the node-level model of docs/guide/tuner.md)";
 
 /// Ring and Tree all-reduce on a uniform full mesh, per host count.
 pub const FIGURES: &[Figure] = &[

@@ -32,7 +32,7 @@ pub fn render_figures() -> String {
          //! `SWITCHLESS_UPDATE_DOCS=1 cargo test --lib tuner::table` (the test fails while this file is stale).\n\
          #![forbid(unsafe_code)]\n\nuse super::model::Figure;\n\n\
          /// Where the figures come from.\n\
-         pub const SOURCE: &str = \"analytic (shared/reviews/mesh-collectives.md §3)\";\n\n\
+         pub const SOURCE: &str = \"analytic (the node-level model of docs/guide/tuner.md)\";\n\n\
          /// Ring and Tree all-reduce on a uniform full mesh, per host count.\n\
          pub const FIGURES: &[Figure] = &[\n",
     );
