@@ -23,6 +23,8 @@ SL_PREFLIGHT=1
 SL_PREFLIGHT_ARGS=()
 SL_NCCL_TESTS_DIR="/opt/nccl-tests/build"
 SL_PLUGIN_DIR=""
+SL_ORDER="given"
+SL_ORDERED=""
 SL_ENV=()
 SL_TEST_ARGS=()
 SL_REST=()
@@ -49,6 +51,12 @@ Common options:
       --strict             NCCL_NET=switchless: fail instead of falling back to NCCL's IB transport
       --debug              more NCCL logging (INIT,NET,GRAPH,ENV,TUNING) in the per-process logs
       --quiet              NCCL_DEBUG=WARN (no per-connection route log, plugin use not verifiable)
+      --order MODE         rank order of the hosts: given (default), auto (capture every node with
+                           fleet-doctor.sh into DIR/fleet and take `switchless doctor --fleet --order`;
+                           the nodes' CLI: $SWITCHLESS_NODE_BIN, --plugin-dir's, or their PATH's),
+                           or a comma-separated host list. NCCL's ring sends host n's bytes to host n+1
+                           in rank order, so on an unequal mesh or a ring of cables the order decides
+                           its busbw (docs/guide/tuner.md)
       --env VAR=VALUE      extra environment for every rank (repeatable)
       --no-preflight       skip the preflight (below)
       --preflight-arg ARG  argument for the preflight's `switchless doctor` (repeatable), e.g.
@@ -102,6 +110,7 @@ sl_parse_common() {
     --dry-run) SL_DRY=1 SL_SHIFT=1 ;;
     --no-preflight) SL_PREFLIGHT=0 SL_SHIFT=1 ;;
     --preflight-arg) SL_PREFLIGHT_ARGS+=("$val") ;;
+    --order) SL_ORDER="$val" ;;
     --)
       SL_SHIFT=1
       return 0
@@ -267,4 +276,51 @@ sl_summarize() {
   fi
   "$cli" nccl-tests summarize "${args[@]}" | tee "$SL_OUT/$test.summary.txt"
   return "${PIPESTATUS[0]}"
+}
+
+# Resolves --order for the hosts in $1 (comma-separated; empty: the nodes of the Slurm allocation) into
+# SL_ORDERED, the hosts in rank order, comma-separated; empty keeps the launcher's order. `auto` runs
+# fleet-doctor.sh (a capture on every node) and `switchless doctor --fleet --order` here; a dry run prints
+# that command and keeps the given order. A list must name each host once (with $1: exactly its hosts).
+sl_order() {
+  local hosts="$1" cli out h n=0
+  local fd=("$SL_DIR/fleet-doctor.sh" -o "$SL_OUT/fleet")
+  SL_ORDERED=""
+  case "$SL_ORDER" in
+    given) return 0 ;;
+    auto)
+      cli=$(sl_find_cli)
+      if [ -z "$cli" ]; then
+        [ "$SL_DRY" = 1 ] || sl_die "--order auto needs the switchless CLI here (set SWITCHLESS_BIN or --plugin-dir)"
+        cli=switchless
+      fi
+      # The CLI on the nodes: $SWITCHLESS_NODE_BIN, else --plugin-dir's, else switchless on their PATH.
+      local node_bin="${SWITCHLESS_NODE_BIN:-}"
+      if [ -z "$node_bin" ] && [ -n "$SL_PLUGIN_DIR" ]; then node_bin="$SL_PLUGIN_DIR/bin/switchless"; fi
+      fd+=(--local-bin "$cli" --bin "${node_bin:-switchless}")
+      [ -z "$hosts" ] || fd+=(-H "$hosts")
+      if [ "$SL_DRY" = 1 ]; then
+        echo "# --order auto: the rank order is taken from the cabling when run (the commands below keep the given order):"
+        sl_show "${fd[@]}" -- --order
+        return 0
+      fi
+      out=$("${fd[@]}" -- --order) ||
+        sl_die "--order auto: no rank order visits every host over cables, or a node was not captured (captures in $SL_OUT/fleet; see nccl-tests/fleet-doctor.sh)"
+      SL_ORDERED=$(tail -n 1 <<< "$out")
+      ;;
+    *) SL_ORDERED="$SL_ORDER" ;;
+  esac
+  local seen=","
+  IFS=, read -r -a list <<< "$SL_ORDERED"
+  for h in "${list[@]}"; do
+    [ -n "$h" ] || sl_die "--order $SL_ORDERED: an empty host name"
+    case "$seen" in *",$h,"*) sl_die "--order $SL_ORDERED: $h twice" ;; esac
+    seen+="$h,"
+    n=$((n + 1))
+    if [ -n "$hosts" ]; then
+      case ",$hosts," in *",$h,"*) ;; *) sl_die "--order $SL_ORDERED: $h is not one of the hosts ($hosts)" ;; esac
+    fi
+  done
+  [ "$n" = "$SL_NODES" ] || sl_die "--order $SL_ORDERED names $n host(s); the run has $SL_NODES"
+  [ "$SL_DRY" = 1 ] || echo "switchless nccl-tests: rank order of the hosts: $SL_ORDERED"
 }

@@ -27,6 +27,8 @@ Examples:
   mpirun-nccl-tests.sh -H spark-a,spark-b -g 1 -t all -b 1M -e 16G --nccl-tests-dir ~/nccl-tests/build -i enP7s7
   # what would run, as lines to paste (creates nothing):
   mpirun-nccl-tests.sh -H spark-a,spark-b -g 1 -i enP7s7 --dry-run
+  # four GB10s in a ring of cables, ranks in cable order (captures every host first):
+  mpirun-nccl-tests.sh -H spark-a,spark-b,spark-c,spark-d -g 1 --order auto
 
 mpirun options:
   -H, --hosts LIST         comma-separated host names (sets --nodes)
@@ -87,6 +89,8 @@ done
 IFS=, read -r -a hosts <<< "$SL_HOSTS"
 SL_NODES=${#hosts[@]}
 sl_validate
+sl_order "$SL_HOSTS"
+[ -z "$SL_ORDERED" ] || IFS=, read -r -a hosts <<< "$SL_ORDERED"
 sl_rank_env
 [ -z "$SL_PLUGIN_DIR" ] || SL_RANK_ENV+=("SWITCHLESS_PLUGIN_DIR=$SL_PLUGIN_DIR")
 sl_make_out

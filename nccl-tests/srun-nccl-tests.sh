@@ -97,6 +97,7 @@ done
 sl_validate
 sl_rank_env
 sl_make_out
+sl_order ""
 
 plugin_in_container=""
 mounts="$SL_OUT:$SL_OUT"
@@ -119,6 +120,15 @@ if [ -n "$SL_BOOT_IF" ]; then
   exports+=("OMPI_MCA_oob_tcp_if_include=$SL_BOOT_IF" "OMPI_MCA_btl_tcp_if_include=$SL_BOOT_IF" "UCX_NET_DEVICES=$SL_BOOT_IF")
 fi
 [ -z "$plugin_in_container" ] || exports+=("SWITCHLESS_PLUGIN_DIR=$plugin_in_container")
+# --order: tasks laid out in the hostfile's order (srun -m arbitrary reads SLURM_HOSTFILE).
+if [ -n "$SL_ORDERED" ]; then
+  exports+=("SLURM_HOSTFILE=$SL_OUT/hostfile")
+  if [ "$SL_DRY" = 1 ]; then
+    echo "# $SL_OUT/hostfile, one host per line in rank order: ${SL_ORDERED//,/ }"
+  else
+    tr , '\n' <<< "$SL_ORDERED" > "$SL_OUT/hostfile"
+  fi
+fi
 if [ "$SL_DRY" = 1 ]; then
   echo "# switchless nccl-tests dry run: paste these lines into bash to run the same"
   sl_show mkdir -p "$SL_OUT"
@@ -131,6 +141,7 @@ srun_cmd=(srun -N "$SL_NODES" --ntasks-per-node=1 --gpus-per-node="$SL_GPUS" --m
 if [ "$SL_CONTAINER" = 1 ]; then
   srun_cmd+=(--container-image="$SL_IMAGE" --container-mounts="$mounts" --container-writable --no-container-mount-home)
 fi
+[ -z "$SL_ORDERED" ] || srun_cmd+=(-n "$SL_NODES" --distribution=arbitrary)
 srun_cmd+=("${SL_SRUN_ARGS[@]}")
 
 [ "$SL_DRY" = 1 ] || echo "switchless nccl-tests: ${SL_NODES} node(s) x ${SL_GPUS} GPU(s), tests: ${SL_TESTS}, output: ${SL_OUT}"

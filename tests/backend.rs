@@ -73,6 +73,7 @@ fn device(index: usize, name: &str) -> NcclDevice {
             pci_root: None,
             numa_node: None,
             speed_mbps: 100_000,
+            pcie_mbps: None,
         }],
         pci_path: String::new(),
         guid: 0x1000 + index as u64,

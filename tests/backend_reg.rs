@@ -94,6 +94,7 @@ fn view() -> HostView {
                 pci_root: None,
                 numa_node: None,
                 speed_mbps: 100_000,
+                pcie_mbps: None,
             }],
             pci_path: String::new(),
             guid: 0x1000,

@@ -492,6 +492,19 @@ variables! {
             show: show_ms,
             doc: "Probe period of a failed path after the retries (the low steady probe rate).",
         },
+        tuner: bool {
+            name: "NCCL_SWITCHLESS_TUNER",
+            default: "1",
+            forms: FORM_BOOL,
+            parse: parse_bool,
+            show: show_bool,
+            doc: "`1`: the tuner in this library (`ncclTunerPlugin_v2`…`v6`, which NCCL loads from the net \
+                  plugin's library when `NCCL_TUNER_PLUGIN` is unset) adjusts NCCL's algorithm choice to the \
+                  cabling: Ring only where some hosts share no cable, the model's Ring or Tree for all-reduce \
+                  on meshes of 3+ hosts, nothing on 2 hosts or a switched network. `0`: it changes nothing. \
+                  A user's `NCCL_ALGO`, `NCCL_PROTO` or `NCCL_TUNER_PLUGIN` always wins. See \
+                  `docs/guide/tuner.md`.",
+        },
         adaptive_weights: bool {
             name: "NCCL_SWITCHLESS_ADAPTIVE_WEIGHTS",
             default: "1",
@@ -956,7 +969,7 @@ mod tests {
              NCCL_IB_RETRY_CNT=7 NCCL_IB_QPS_PER_CONNECTION=1 NCCL_IB_PCI_RELAXED_ORDERING=2 NCCL_NET_GDR_LEVEL=default transport=auto connect_timeout=off \
              request_timeout=off tcp_streams=auto tcp_threads=auto tcp_user_timeout=30000 ms tcp_fallback=0 min_chunk=131072 bytes \
              log_routes=0 failover=1 standby=1 failback_retries=5 failback_backoff=100 ms failback_interval=5000 ms \
-             adaptive_weights=1"
+             tuner=1 adaptive_weights=1"
         );
     }
 

@@ -44,6 +44,10 @@ pub struct Member {
     pub numa_node: Option<i32>,
     /// This member's share of the device speed in Mb/s (see [`NcclDevice::speed_mbps`]).
     pub speed_mbps: u32,
+    /// Payload bandwidth of the function's current PCIe link in Mb/s (the tuner's node bound when
+    /// cables share PCIe roots); `None` when sysfs does not say.
+    #[serde(default)]
+    pub pcie_mbps: Option<u32>,
 }
 
 /// What the plugin reports to NCCL for one device (`getProperties`) plus its members.
@@ -178,6 +182,7 @@ impl HostModel {
                         pci_root: f.map(|f| f.root.clone()),
                         numa_node: f.and_then(|f| f.numa_node).filter(|n| *n >= 0),
                         speed_mbps: 0,
+                        pcie_mbps: pcie,
                     },
                     rate,
                     pcie,

@@ -5,6 +5,7 @@
 #include <stddef.h>
 
 #include "nccl_net_switchless.h"
+#include "nccl_tuner_switchless.h"
 
 /* A real C-variadic ncclDebugLogger_t. Each call appends one line "level|flags(hex)|file|line|text\n" to a
  * per-thread buffer (text = vsnprintf(fmt, args)); tests on parallel threads do not see each other's lines. */

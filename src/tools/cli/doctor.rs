@@ -49,6 +49,11 @@ pub struct Args {
     /// /proc/sys/kernel/hostname, else the directory name).
     #[arg(long, value_name = "PATH", num_args = 1.., conflicts_with_all = ["capture", "plan", "server"])]
     pub fleet: Vec<PathBuf>,
+    /// With --fleet: print only the rank order of the hosts that puts NCCL's ring on the fattest cables,
+    /// comma-separated (what the nccl-tests launchers' --order auto uses). Exit status 1 when no order
+    /// visits every host over cables.
+    #[arg(long, requires = "fleet", conflicts_with = "json")]
+    pub order: bool,
 }
 
 /// Reads the plan file named by `--plan`.
@@ -297,6 +302,17 @@ fn run_fleet(args: &Args) -> ExitCode {
         }
     };
     let report = doctor::fleet::diagnose(&hosts);
+    if args.order {
+        let o = doctor::fleet_order::order(&report);
+        println!("{}", o.names.join(","));
+        if o.ring.bottleneck <= 0.0 {
+            eprintln!(
+                "switchless doctor: no order of these hosts visits every host over cables (printed: the given order)"
+            );
+            return ExitCode::from(1);
+        }
+        return ExitCode::SUCCESS;
+    }
     if args.json {
         match serde_json::to_string_pretty(&report) {
             Ok(s) => println!("{s}"),
@@ -307,6 +323,7 @@ fn run_fleet(args: &Args) -> ExitCode {
         }
     } else {
         print!("{}", doctor::fleet_render::render_text(&report));
+        print!("{}", doctor::fleet_order::render(&report, &hosts));
     }
     ExitCode::from(report.exit_status)
 }

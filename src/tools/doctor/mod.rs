@@ -5,6 +5,7 @@
 pub mod checks;
 pub mod env;
 pub mod fleet;
+pub mod fleet_order;
 pub mod fleet_render;
 pub mod registry;
 mod render;

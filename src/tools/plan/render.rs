@@ -22,6 +22,9 @@ pub enum Format {
     Netplan,
     /// systemd-networkd `.network` files, one per interface, per server.
     Networkd,
+    /// The rank order of the servers that puts NCCL's ring on the most cables per step: one line,
+    /// comma-separated (names when the cables file names them), then `#` lines saying why.
+    Order,
 }
 
 /// One output file: a path relative to `--out DIR` and its text.
@@ -95,6 +98,10 @@ pub fn render(plan: &Plan, format: Format, server: Option<u32>) -> Result<Vec<Ou
             .iter()
             .flat_map(|&s| networkd(plan, s, &verified))
             .collect(),
+        Format::Order => vec![OutFile {
+            path: "order.txt".into(),
+            text: order(plan),
+        }],
     };
     Ok(files)
 }
@@ -488,4 +495,66 @@ fn networkd(plan: &Plan, s: u32, verified: &Verified) -> Vec<OutFile> {
             })
         })
         .collect()
+}
+
+/// Cables between each pair of servers (index = server − 1): a cable is one port pair, whatever the
+/// number of its functions.
+pub fn cable_matrix(plan: &Plan) -> Vec<Vec<f64>> {
+    let n = plan.servers as usize;
+    let mut m = vec![vec![0.0; n]; n];
+    let mut seen = std::collections::BTreeSet::new();
+    for l in &plan.links {
+        let [a, b] = &l.ends;
+        if !seen.insert((a.server, a.port, b.server, b.port)) {
+            continue;
+        }
+        let (i, j) = (a.server as usize - 1, b.server as usize - 1);
+        if i < n && j < n && i != j {
+            m[i][j] += 1.0;
+            m[j][i] += 1.0;
+        }
+    }
+    m
+}
+
+/// `--format order`: the host order for NCCL's ring (`crate::tuner::order`).
+fn order(plan: &Plan) -> String {
+    let r = crate::tuner::order::best_ring(&cable_matrix(plan));
+    // Host names where the cables file names them (what launchers take), else server numbers.
+    let label = |i: &usize| {
+        let n = *i as u32 + 1;
+        plan.name_of(n).map_or_else(|| n.to_string(), str::to_owned)
+    };
+    let names: Vec<String> = r.order.iter().map(label).collect();
+    let mut s = format!("{}\n", names.join(","));
+    s.push_str(
+        "# NCCL numbers hosts by their first rank and its ring sends host n's bytes to host n+1 only, so the\n\
+         # thinnest cable bundle between consecutive hosts is the ring's busbw: launch the ranks in this order.\n",
+    );
+    if r.bottleneck <= 0.0 {
+        s.push_str(
+            "# no order visits every server over cables: the ring needs a relay or TCP fallback\n",
+        );
+    } else if r.all_equal() {
+        s.push_str(&format!(
+            "# every order gives the ring {} cable(s) per step: any order is as good (given order kept)\n",
+            r.bottleneck
+        ));
+    } else {
+        let given = if r.given > 0.0 {
+            format!("{} cable(s), ×{:.2}", r.given, r.gain())
+        } else {
+            "a step with no cable".to_owned()
+        };
+        s.push_str(&format!(
+            "# thinnest step: {} cable(s) (servers in file order: {given}){}\n",
+            r.bottleneck,
+            if r.exhaustive {
+                ""
+            } else {
+                "; found by local search"
+            }
+        ));
+    }
+    s
 }
