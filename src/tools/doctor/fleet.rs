@@ -15,18 +15,10 @@ use crate::findings::{Finding, Severity, exit_status};
 use crate::host::model::HostModel;
 use crate::route::types::LinkKind;
 
-/// Stable check ids of the cross-host findings (documented in docs/guide/fleet.md and docs/reference/doctor-findings.md).
-pub mod check {
-    pub const NO_FAR_END: &str = "no-far-end";
-    pub const PREFIX_MISMATCH: &str = "prefix-mismatch";
-    pub const MTU_MISMATCH: &str = "mtu-mismatch";
-    pub const END_DOWN: &str = "end-down";
-    pub const DUPLICATE_ADDRESS: &str = "duplicate-address";
-    pub const HALF_ADDRESSED: &str = "half-addressed";
-    pub const GID_MISSING_ONE_END: &str = "gid-missing-one-end";
-    pub const NON_NEIGHBOURS: &str = "non-neighbours";
-    pub const FAILOVER_PATHS: &str = "failover-paths";
-}
+/// Stable check ids of the cross-host findings: in the registry with the single-host ones, so that
+/// the registry depends on no check module (documented in docs/guide/fleet.md and
+/// docs/reference/doctor-findings.md).
+pub use super::registry::check;
 
 /// Schema version of the `--fleet --json` document.
 pub const SCHEMA: &str = "switchless-fleet/1";

@@ -3,8 +3,8 @@
 //! of the check tables in `docs/guide/doctor.md` and `docs/guide/plan.md` (generated, checked by a
 //! test) and of any reference page of checks. Ids are stable: a check may change its text, never its id.
 //!
-//! Depends on nothing; the checks (`checks.rs`, `tcp.rs`, `env.rs`, `plan::check`) name their ids
-//! through [`check`].
+//! Depends on nothing; the checks (`checks.rs`, `tcp.rs`, `env.rs`, `fleet.rs`, `plan::check`) name
+//! their ids through [`check`].
 #![forbid(unsafe_code)]
 
 /// Stable check ids.
@@ -34,6 +34,16 @@ pub mod check {
     pub const TCP_RX_QUEUES_LOW: &str = "tcp-rx-queues-low";
     pub const TCP_SOCKET_BUFFERS_LOW: &str = "tcp-socket-buffers-low";
     pub const KERNEL_FILE: &str = crate::findings::CHECK_KERNEL_FILE;
+    // `switchless doctor --fleet`: the cross-host checks.
+    pub const NO_FAR_END: &str = "no-far-end";
+    pub const PREFIX_MISMATCH: &str = "prefix-mismatch";
+    pub const MTU_MISMATCH: &str = "mtu-mismatch";
+    pub const END_DOWN: &str = "end-down";
+    pub const DUPLICATE_ADDRESS: &str = "duplicate-address";
+    pub const HALF_ADDRESSED: &str = "half-addressed";
+    pub const GID_MISSING_ONE_END: &str = "gid-missing-one-end";
+    pub const NON_NEIGHBOURS: &str = "non-neighbours";
+    pub const FAILOVER_PATHS: &str = "failover-paths";
 }
 
 /// Which command reports a check.
@@ -426,7 +436,7 @@ pub const FINDINGS: &[Check] = &[
         "nothing",
     ),
     fleet(
-        super::fleet::check::NO_FAR_END,
+        check::NO_FAR_END,
         "warning; info when the end is down",
         "`netdev host:X`",
         "A fabric address whose subnet no other host of the fleet holds an address in: the far end is \
@@ -434,21 +444,21 @@ pub const FINDINGS: &[Check] = &[
         "capture the far host too, or address its end of the cable in the same /30 (`switchless plan`)",
     ),
     fleet(
-        super::fleet::check::PREFIX_MISMATCH,
+        check::PREFIX_MISMATCH,
         "error",
         "`cable A — B`",
         "The two ends of one cable hold addresses with different prefix lengths (e.g. /24 and /30)",
         "give both ends the same /30 or /31 (`switchless plan --format ip`)",
     ),
     fleet(
-        super::fleet::check::MTU_MISMATCH,
+        check::MTU_MISMATCH,
         "warning",
         "`cable A — B`",
         "The ends of one cable differ in MTU, or in RoCE active MTU",
         "`ip link set X mtu 9000` on both ends",
     ),
     fleet(
-        super::fleet::check::END_DOWN,
+        check::END_DOWN,
         "warning",
         "`cable A — B`",
         "One end of a cable is down while the other is up",
@@ -456,7 +466,7 @@ pub const FINDINGS: &[Check] = &[
          `ethtool X` for the link mode both ends agree on",
     ),
     fleet(
-        super::fleet::check::DUPLICATE_ADDRESS,
+        check::DUPLICATE_ADDRESS,
         "error",
         "`address A`",
         "One address is assigned on two or more hosts (host-local bridges and link-local addresses \
@@ -464,7 +474,7 @@ pub const FINDINGS: &[Check] = &[
         "give every host its own address (on a cable: one end .1, the other .2 of the /30)",
     ),
     fleet(
-        super::fleet::check::HALF_ADDRESSED,
+        check::HALF_ADDRESSED,
         "warning",
         "`cable A:fns — B:fns`",
         "A GB10 port or CX-8 port has both PCIe functions / halves addressed at one end and only one \
@@ -472,14 +482,14 @@ pub const FINDINGS: &[Check] = &[
         "address the missing function at the other end in its own /30 (`switchless plan`)",
     ),
     fleet(
-        super::fleet::check::GID_MISSING_ONE_END,
+        check::GID_MISSING_ONE_END,
         "error",
         "`cable A — B`",
         "One end of a RoCE cable has the RoCE v2 IPv4 GID, the other has none for its address",
         "bring the netdev up with its address so the kernel adds the GID; check `show_gids` on that end",
     ),
     fleet(
-        super::fleet::check::NON_NEIGHBOURS,
+        check::NON_NEIGHBOURS,
         "warning",
         "`fleet`",
         "Some host pairs have no cable between them: all-to-all connections between them fail with \
@@ -488,7 +498,7 @@ pub const FINDINGS: &[Check] = &[
          shared subnet's speed for those pairs",
     ),
     fleet(
-        super::fleet::check::FAILOVER_PATHS,
+        check::FAILOVER_PATHS,
         "info",
         "`hosts A — B`",
         "Always, per host pair with a usable path, in its own section (not a problem: no effect on \
@@ -589,20 +599,9 @@ mod tests {
         }
         assert!(n >= 24, "{n}");
         assert!(find(check::KERNEL_FILE).is_some());
-        // ... the fleet's cross-host checks ...
-        let fl = include_str!("fleet.rs");
-        let fl = &fl[fl.find("pub mod check {").unwrap()..];
-        let fl = &fl[..fl.find('}').unwrap()];
-        let mut k = 0;
-        for line in fl.lines().filter(|l| l.contains("&str = \"")) {
-            let id = line.split('"').nth(1).unwrap();
-            assert!(
-                find(id).is_some_and(|c| c.source == Source::Fleet),
-                "{id} is a fleet check id but not registered as one"
-            );
-            k += 1;
-        }
-        assert!(k >= 8, "{k}");
+        // ... the fleet's cross-host checks among them ...
+        let fleet = FINDINGS.iter().filter(|c| c.source == Source::Fleet).count();
+        assert!(fleet >= 8, "{fleet}");
         // ... and the plan checks, which name theirs as string literals.
         let text = include_str!("../plan/check.rs");
         for (i, _) in text.match_indices("\"plan-") {
