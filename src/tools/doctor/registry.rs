@@ -184,10 +184,12 @@ pub const FINDINGS: &[Check] = &[
     ),
     doctor(
         check::MEMLOCK_LOW,
-        "error below 64 MiB, warning otherwise",
+        "error below 64 MiB, warning otherwise; info on a host the plugin carries over TCP",
         "`process RLIMIT_MEMLOCK`",
-        "the soft RLIMIT_MEMLOCK is not unlimited",
-        "`ulimit -l unlimited`; `* - memlock unlimited` in limits.conf, `LimitMEMLOCK=infinity` (systemd), \
+        "the soft RLIMIT_MEMLOCK is not unlimited. Only RDMA registers (locks) memory: on a host without \
+         RDMA devices, or with `NCCL_SWITCHLESS_TRANSPORT=tcp`, the limit does not matter and is only said",
+        "`ulimit -l unlimited`; `* - memlock unlimited` in limits.conf, `LimitMEMLOCK=infinity` (systemd, \
+         and slurmd's unit), `PropagateResourceLimitsExcept=MEMLOCK` (slurm.conf: jobs keep slurmd's limit), \
          `--ulimit memlock=-1` (docker)",
     ),
     doctor(
@@ -600,7 +602,10 @@ mod tests {
         assert!(n >= 24, "{n}");
         assert!(find(check::KERNEL_FILE).is_some());
         // ... the fleet's cross-host checks among them ...
-        let fleet = FINDINGS.iter().filter(|c| c.source == Source::Fleet).count();
+        let fleet = FINDINGS
+            .iter()
+            .filter(|c| c.source == Source::Fleet)
+            .count();
         assert!(fleet >= 8, "{fleet}");
         // ... and the plan checks, which name theirs as string literals.
         let text = include_str!("../plan/check.rs");
