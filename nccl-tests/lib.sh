@@ -49,10 +49,12 @@ Common options:
       --strict             NCCL_NET=switchless: fail instead of falling back to NCCL's IB transport
       --debug              more NCCL logging (INIT,NET,GRAPH,ENV,TUNING) in the per-process logs
       --quiet              NCCL_DEBUG=WARN (no per-connection route log, plugin use not verifiable)
-      --env VAR=VALUE      extra environment for every rank (repeatable)
+      --env VAR=VALUE      extra environment for every rank (repeatable); every NCCL_* variable of
+                           this shell reaches every rank too (mpirun: -x; srun: --export=ALL)
       --no-preflight       skip the preflight (below)
       --preflight-arg ARG  argument for the preflight's `switchless doctor` (repeatable), e.g.
-                           --preflight-arg=--plan=/shared/plan.json (checks each node against the plan)
+                           --preflight-arg=--plan=plan.json (checks each node against the plan; the
+                           plan is copied into DIR, which every node and container sees)
       --dry-run            print the exported variables and the exact commands (pasteable), run and
                            create nothing
   -h, --help               this help
@@ -170,6 +172,71 @@ sl_rank_env() {
     SL_RANK_ENV+=("NCCL_NET=${NCCL_NET_PLUGIN:-switchless}")
   fi
   SL_RANK_ENV+=("${SL_ENV[@]}")
+}
+
+# The caller's NCCL_* variables (NCCL_SWITCHLESS_* among them) that the launcher does not set itself,
+# as VAR=VALUE words in SL_CALLER_ENV: every rank gets them, as srun --export=ALL gives them (mpirun
+# forwards them with -x; the dry runs print them).
+sl_caller_env() {
+  local name kv set
+  SL_CALLER_ENV=()
+  for name in $(compgen -e | LC_ALL=C sort); do
+    [[ "$name" == NCCL_* ]] || continue
+    set=0
+    for kv in "${SL_RANK_ENV[@]}"; do
+      [ "${kv%%=*}" = "$name" ] && set=1
+    done
+    [ "$set" = 1 ] || SL_CALLER_ENV+=("$name=${!name}")
+  done
+}
+
+# Files the preflight's `switchless doctor` reads (--plan): each is copied into the output directory,
+# which every node (and container) sees at the same path, and its argument rewritten to the copy; a
+# dry run prints the copy. Sets SL_STAGE (SRC DST pairs).
+sl_stage_preflight_files() {
+  local i a src next=0 args=()
+  SL_STAGE=()
+  for ((i = 0; i < ${#SL_PREFLIGHT_ARGS[@]}; i++)); do
+    a="${SL_PREFLIGHT_ARGS[$i]}"
+    if [ "$next" = 1 ]; then
+      src="$a"
+      a=""
+    elif [[ "$a" == --plan=* ]]; then
+      src="${a#--plan=}"
+      a="--plan="
+    else
+      [ "$a" = --plan ] && next=1
+      args+=("$a")
+      continue
+    fi
+    next=0
+    case "$src" in
+      /*) ;;
+      *) src="$PWD/$src" ;;
+    esac
+    if [ ! -r "$src" ]; then
+      if [ "$SL_DRY" = 1 ]; then
+        echo "# note: the plan $src is not readable here; the run itself stops on it"
+      else
+        sl_die "--preflight-arg --plan: cannot read $src (the preflight copies it into $SL_OUT for every node)"
+      fi
+    fi
+    SL_STAGE+=("$src" "$SL_OUT/preflight-$(basename "$src")")
+    args+=("$a$SL_OUT/preflight-$(basename "$src")")
+  done
+  SL_PREFLIGHT_ARGS=("${args[@]}")
+}
+
+# Copies the staged files (sl_stage_preflight_files) into the output directory; a dry run prints it.
+sl_copy_staged() {
+  local i
+  for ((i = 0; i + 1 < ${#SL_STAGE[@]}; i += 2)); do
+    if [ "$SL_DRY" = 1 ]; then
+      sl_show cp -- "${SL_STAGE[$i]}" "${SL_STAGE[$((i + 1))]}"
+    else
+      cp -- "${SL_STAGE[$i]}" "${SL_STAGE[$((i + 1))]}"
+    fi
+  done
 }
 
 # nccl-tests arguments for one test.

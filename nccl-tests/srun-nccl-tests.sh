@@ -96,7 +96,9 @@ done
 
 sl_validate
 sl_rank_env
+sl_caller_env
 sl_make_out
+sl_stage_preflight_files
 
 plugin_in_container=""
 mounts="$SL_OUT:$SL_OUT"
@@ -123,9 +125,14 @@ if [ "$SL_DRY" = 1 ]; then
   echo "# switchless nccl-tests dry run: paste these lines into bash to run the same"
   sl_show mkdir -p "$SL_OUT"
   sl_show_exports "${exports[@]}"
+  if [ ${#SL_CALLER_ENV[@]} -gt 0 ]; then
+    echo "# from this shell (srun --export=ALL passes them to every rank):"
+    sl_show_exports "${SL_CALLER_ENV[@]}"
+  fi
 else
   export "${exports[@]}"
 fi
+sl_copy_staged
 
 srun_cmd=(srun -N "$SL_NODES" --ntasks-per-node=1 --gpus-per-node="$SL_GPUS" --mpi=pmix -u -l --kill-on-bad-exit=1)
 if [ "$SL_CONTAINER" = 1 ]; then
