@@ -405,3 +405,56 @@ fn duplicates_ignore_virtual_bridges_and_link_local() {
         want(&[("duplicate-address", "address 192.168.10.12", Error)])
     );
 }
+
+/// Two workstations on one 10GBase-T cable, one end left at MTU 1500: the finding speaks of TCP
+/// (no jumbo frames, nothing dropped, no RoCE) and names the end to raise, with its value.
+#[test]
+fn mtu_mismatch_on_a_tcp_cable_names_the_low_end() {
+    use switchless::host::model::NetAddr;
+    let tcp = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fabric/tcp-2link");
+    let mut hosts = fleet_hosts(&[
+        PathBuf::from(format!("ws-a={}", tcp.display())),
+        PathBuf::from(format!("ws-b={}", tcp.display())),
+    ])
+    .unwrap();
+    let b = &mut hosts[1].model;
+    for (name, addr) in [
+        ("enp65s0f0", "10.10.0.2/30"),
+        ("enp65s0f1", "10.10.0.6/30"),
+        ("eno1", "192.168.10.12/24"),
+    ] {
+        let n = b.netdevs.iter_mut().find(|n| n.name == name).unwrap();
+        n.addrs = vec![NetAddr {
+            addr: addr.parse().unwrap(),
+            source: "fib_trie".into(),
+            has_route: true,
+        }];
+        if name == "enp65s0f0" {
+            n.mtu = Some(1500);
+        }
+    }
+    let r = fleet::diagnose(&hosts);
+    let m: Vec<_> = r
+        .findings
+        .iter()
+        .filter(|f| f.check == "mtu-mismatch")
+        .collect();
+    assert_eq!(m.len(), 1, "{:?}", r.findings);
+    assert!(
+        m[0].message.contains("MTU 9000/1500 bytes"),
+        "{}",
+        m[0].message
+    );
+    assert!(m[0].message.contains("no jumbo frames"), "{}", m[0].message);
+    assert!(
+        !m[0].message.contains("RoCE") && !m[0].message.contains("are dropped"),
+        "{}",
+        m[0].message
+    );
+    assert!(
+        m[0].remedy
+            .starts_with("on ws-b: ip link set dev enp65s0f0 mtu 9000"),
+        "{}",
+        m[0].remedy
+    );
+}

@@ -27,6 +27,7 @@ fn healthy(p: &Plan, server: u32) -> Vec<LiveIface> {
                 addrs: vec![me.address],
                 mtu: p.mtu,
                 up: true,
+                rdma: true,
             }
         })
         .collect();
@@ -35,6 +36,7 @@ fn healthy(p: &Plan, server: u32) -> Vec<LiveIface> {
         addrs: vec![net("192.168.1.10/24")],
         mtu: 1500,
         up: true,
+        rdma: false,
     });
     v
 }
@@ -134,10 +136,30 @@ fn wrong_mtu() {
         "{}",
         one.message
     );
+    assert!(
+        one.message.contains("RoCE runs at active_mtu 1024 bytes"),
+        "{}",
+        one.message
+    );
     let mut live = healthy(&p, 1);
     iface(&mut live, "eno6np0").mtu = 9216;
     let f = check_host(&p, 1, &live);
     only(&f, "plan-mtu-mismatch", "netdev eno6np0", Severity::Warning);
+}
+
+#[test]
+fn wrong_mtu_on_a_tcp_link_speaks_of_tcp() {
+    // A netdev without RDMA: TCP takes the smaller MTU per connection; nothing about RoCE or drops.
+    let p = plan_of(TWO_NODE, None);
+    let mut live = healthy(&p, 1);
+    let i = iface(&mut live, "eno6np0");
+    i.mtu = 1500;
+    i.rdma = false;
+    let f = check_host(&p, 1, &live);
+    let one = only(&f, "plan-mtu-mismatch", "netdev eno6np0", Severity::Error);
+    assert!(one.message.contains("no jumbo frames"), "{}", one.message);
+    assert!(!one.message.contains("RoCE"), "{}", one.message);
+    assert!(!one.message.contains("are dropped"), "{}", one.message);
 }
 
 #[test]
@@ -284,6 +306,7 @@ fn unplanned_address_in_the_range() {
         addrs: vec![net("10.100.9.1/30")],
         mtu: 9000,
         up: true,
+        rdma: false,
     });
     let f = check_host(&p, 1, &live);
     only(
@@ -319,6 +342,7 @@ fn planned_address_on_two_interfaces() {
         addrs: vec![net("10.100.0.1/30")],
         mtu: 9000,
         up: true,
+        rdma: false,
     });
     let f = check_host(&p, 1, &live);
     let one = only(
@@ -344,6 +368,7 @@ fn missing_interface_whose_address_moved() {
         addrs: vec![net("10.100.0.1/30")],
         mtu: 9000,
         up: true,
+        rdma: false,
     });
     let f = check_host(&p, 1, &live);
     assert_eq!(
@@ -427,6 +452,7 @@ fn another_model_is_one_headline() {
         addrs: vec![],
         mtu: 9000,
         up: true,
+        rdma: false,
     }];
     let f = check_host(&p, 1, &live);
     let one = only(&f, "plan-model-mismatch", "plan", Severity::Error);

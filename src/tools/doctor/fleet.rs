@@ -325,13 +325,26 @@ fn path_checks(p: &Path, f: &mut Vec<Finding>) {
                 a.label()
             ),
         };
+        let down: Vec<String> = [a, b]
+            .into_iter()
+            .filter(|e| !e.up)
+            .map(|e| {
+                format!(
+                    "on {}: ip link set dev {1} up; ethtool {1}",
+                    e.host, e.netdev
+                )
+            })
+            .collect();
         f.push(Finding::new(
             Severity::Warning,
             check::END_DOWN,
             obj.clone(),
             msg,
-            "reseat or replace the cable / transceiver, `ip link set <netdev> up` on the down end, then check \
-             `ethtool <netdev>` for the link mode both ends agree on",
+            format!(
+                "{}   # 'Link detected: no': reseat or replace the cable / transceiver, then check the link \
+                 mode both ends agree on",
+                down.join("; ")
+            ),
         ));
     }
     let amtu_differs = roce(a) && roce(b) && a.active_mtu != b.active_mtu;
@@ -344,18 +357,34 @@ fn path_checks(p: &Path, f: &mut Vec<Finding>) {
                 mtu_text(b.active_mtu)
             ));
         }
+        let why = if roce(a) && roce(b) {
+            "RoCE runs at the smaller active MTU of the two ends (4096-byte frames need an MTU of 4200 \
+             bytes or more on both)"
+        } else {
+            "TCP agrees on the smaller MTU per connection, so the cable carries no jumbo frames: more \
+             packets and CPU per byte (nothing is dropped)"
+        };
+        // Raise the lower end to the higher one (9000 when neither is known).
+        let target = a.mtu.max(b.mtu).filter(|m| *m >= 4200).unwrap_or(9000);
+        let low: Vec<String> = [a, b]
+            .into_iter()
+            .filter(|e| e.mtu.is_none_or(|m| m < target))
+            .map(|e| format!("on {}: ip link set dev {} mtu {target}", e.host, e.netdev))
+            .collect();
         f.push(Finding::new(
             Severity::Warning,
             check::MTU_MISMATCH,
             obj,
             format!(
-                "the ends of one cable differ: {} ({} / {}); RoCE runs at the smaller active MTU and TCP \
-                 frames above the smaller MTU are dropped at the receiver",
+                "the ends of one cable differ: {} ({} / {}); {why}",
                 what.join(", "),
                 a.host,
                 b.host
             ),
-            "set the same MTU on both ends (9000 for RoCE: active_mtu 4096), e.g. `ip link set <netdev> mtu 9000`",
+            format!(
+                "{}   # persist it: the MTU of the plan's netplan or networkd output",
+                low.join("; ")
+            ),
         ));
     }
 }

@@ -362,7 +362,8 @@ pub const FINDINGS: &[Check] = &[
         "plan-mtu-mismatch",
         "error if lower, warning if higher",
         "`netdev X`",
-        "the MTU differs from the plan",
+        "the MTU differs from the plan (the message says what it costs: RoCE's active MTU, or a TCP \
+         link's jumbo frames); replaces `mtu-below-4200` and `tcp-mtu-below-9000` for that netdev",
         "`ip link set dev X mtu M`",
     ),
     plan(
@@ -456,16 +457,17 @@ pub const FINDINGS: &[Check] = &[
         check::MTU_MISMATCH,
         "warning",
         "`cable A — B`",
-        "The ends of one cable differ in MTU, or in RoCE active MTU",
-        "`ip link set X mtu 9000` on both ends",
+        "The ends of one cable differ in MTU, or in RoCE active MTU. RoCE runs at the smaller active MTU; \
+         a TCP cable carries no jumbo frames (TCP takes the smaller MTU per connection: more CPU per byte)",
+        "`ip link set dev X mtu M` on the lower end (the finding names the host, the netdev and the value)",
     ),
     fleet(
         check::END_DOWN,
         "warning",
         "`cable A — B`",
         "One end of a cable is down while the other is up",
-        "reseat or replace the cable / transceiver, `ip link set X up` on the down end, then check \
-         `ethtool X` for the link mode both ends agree on",
+        "`ip link set dev X up; ethtool X` on the down end (named in the finding); no link detected: reseat \
+         or replace the cable / transceiver",
     ),
     fleet(
         check::DUPLICATE_ADDRESS,

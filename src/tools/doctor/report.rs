@@ -6,6 +6,7 @@ use serde::Serialize;
 use super::checks::Planned;
 use super::checks::checks;
 use super::env::{HcaSelection, NcclView};
+use super::registry::check;
 use crate::config::Config;
 use crate::findings::{Finding, Severity, exit_status};
 use crate::host::model::{HostModel, PcieLink};
@@ -147,7 +148,7 @@ pub fn report(m: &HostModel, devices: &[NcclDevice], findings: Vec<Finding>) -> 
 /// environment's first, then every check over the model).
 pub fn build(m: &HostModel, view: NcclView, extras: Extras, mut findings: Vec<Finding>) -> Report {
     findings.extend(checks(m, &view, &extras.planned));
-    let mut findings = merge_duplicates(findings);
+    let mut findings = merge_duplicates(one_per_fault(findings));
     let devices = &view.devices;
     // Worst first; stable within a severity.
     findings.sort_by_key(|f| std::cmp::Reverse(f.severity));
@@ -217,6 +218,23 @@ pub fn build(m: &HostModel, view: NcclView, extras: Extras, mut findings: Vec<Fi
     }
 }
 
+/// A netdev whose MTU differs from the plan is one fault: `plan-mtu-mismatch` (which says what the
+/// MTU costs, RoCE or TCP) stands for it, and the generic MTU findings of that netdev go.
+fn one_per_fault(findings: Vec<Finding>) -> Vec<Finding> {
+    let planned_mtu: Vec<String> = findings
+        .iter()
+        .filter(|f| f.check == "plan-mtu-mismatch")
+        .map(|f| f.object.clone())
+        .collect();
+    findings
+        .into_iter()
+        .filter(|f| {
+            !((f.check == check::MTU_BELOW_4200 || f.check == check::TCP_MTU_BELOW_9000)
+                && planned_mtu.contains(&f.object))
+        })
+        .collect()
+}
+
 /// One finding per (check, object): a second one about the same thing adds its message to the
 /// first (a netdev with two addresses in the same trouble), and an exact repeat goes.
 fn merge_duplicates(findings: Vec<Finding>) -> Vec<Finding> {
@@ -239,4 +257,31 @@ fn merge_duplicates(findings: Vec<Finding>) -> Vec<Finding> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_planned_mtu_fault_is_one_finding_per_netdev() {
+        let f = |c: &str, o: &str| Finding::new(Severity::Warning, c, o, "m", "r");
+        let kept = one_per_fault(vec![
+            f("plan-mtu-mismatch", "netdev a"),
+            f(check::MTU_BELOW_4200, "netdev a"),
+            f(check::TCP_MTU_BELOW_9000, "netdev a"),
+            f(check::MTU_BELOW_4200, "netdev b"),
+        ]);
+        let ids: Vec<(&str, &str)> = kept
+            .iter()
+            .map(|f| (f.check.as_str(), f.object.as_str()))
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                ("plan-mtu-mismatch", "netdev a"),
+                (check::MTU_BELOW_4200, "netdev b")
+            ]
+        );
+    }
 }

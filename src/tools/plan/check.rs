@@ -26,6 +26,9 @@ pub struct LiveIface {
     pub mtu: u32,
     /// Operationally up (carrier present).
     pub up: bool,
+    /// The netdev has an RDMA port (RoCE), so its MTU also sets RoCE's active MTU; false for a
+    /// TCP link (and for `ip -j addr show` input, which cannot tell).
+    pub rdma: bool,
 }
 
 impl LiveIface {
@@ -40,6 +43,7 @@ impl LiveIface {
                 addrs: n.addrs.iter().map(|a| a.addr).collect(),
                 mtu: n.mtu.unwrap_or(0),
                 up: n.is_up(),
+                rdma: !n.rdma.is_empty(),
             })
             .collect()
     }
@@ -104,6 +108,7 @@ pub fn live_from_ip_json(text: &str) -> Result<Vec<LiveIface>> {
             addrs,
             mtu: l.mtu,
             up,
+            rdma: false,
         });
     }
     Ok(out)
@@ -206,8 +211,11 @@ pub fn check_host(plan: &Plan, server: u32, live: &[LiveIface]) -> Vec<Finding> 
                         "plan-mtu-mismatch",
                         netdev(&i.name),
                         format!(
-                            "{} has MTU {} bytes; the plan says {} bytes (both ends of a link must agree; RoCE needs 4200 bytes or more for active_mtu 4096)",
-                            i.name, i.mtu, plan.mtu
+                            "{} has MTU {} bytes; the plan says {} bytes ({})",
+                            i.name,
+                            i.mtu,
+                            plan.mtu,
+                            mtu_consequence(i)
                         ),
                         format!(
                             "ip link set dev {} mtu {}   # and on the peer; persist it: {}",
@@ -395,6 +403,22 @@ pub fn check_host(plan: &Plan, server: u32, live: &[LiveIface]) -> Vec<Finding> 
         ));
     }
     out
+}
+
+/// What a wrong MTU costs on `i`: RoCE negotiates its frame size from it; TCP takes the smaller
+/// MTU of the two ends per connection and only loses jumbo frames.
+fn mtu_consequence(i: &LiveIface) -> String {
+    if i.rdma {
+        let active = crate::host::model::roce_active_mtu(i.mtu);
+        format!(
+            "RoCE runs at active_mtu {active} bytes here, and at the smaller of the two ends' values; \
+             4096-byte RoCE frames need an MTU of 4200 bytes or more on both ends"
+        )
+    } else {
+        "a TCP link: TCP agrees on the smaller MTU of the two ends per connection, so the cable carries \
+         no jumbo frames: more packets and CPU per byte, nothing is dropped"
+            .to_string()
+    }
 }
 
 /// The command that writes and applies this server's part of the plan.
