@@ -95,8 +95,9 @@ fn plan_findings_join_the_report() {
     let remedy = head["remedy"].as_str().unwrap();
     assert!(
         remedy.starts_with("switchless plan ")
-            && remedy
-                .contains("b300-2node.cables --format ip --server 1 --out ip/ && ip/server1.sh"),
+            && remedy.contains(
+                "b300-2node.cables --model b300 --format ip --server 1 --out ip/ && ip/server1.sh"
+            ),
         "{remedy}"
     );
     assert_eq!(with_plan["plan_server"], "server 1");

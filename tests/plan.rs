@@ -1077,3 +1077,66 @@ fn ip_output_is_an_apply_script_and_a_check_script() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("names: b300-001, b300-002"));
 }
+
+/// `plan` without `--model`: the cables file's `model =` line, else what its ports and host names
+/// leave (a port above 2: B300; hosts named spark-*: GB10, said on stderr); otherwise it asks.
+#[test]
+fn cli_model_comes_from_the_file_or_is_asked_for() {
+    let d = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let p = d.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let json = |out: &std::process::Output| -> serde_json::Value {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    // Three Sparks by host name: GB10, and a note says why.
+    let mesh3 = write(
+        "mesh3.txt",
+        "spark-a-1 > spark-b-1\nspark-b-2 > spark-c-1\nspark-c-2 > spark-a-2\n",
+    );
+    let out = switchless(&["plan", &mesh3, "--format", "json"]);
+    assert_eq!(json(&out)["model"]["name"], "gb10");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("model gb10 (DGX Spark)") && err.contains("spark-a"),
+        "{err}"
+    );
+    // Port 8: only the B300 has it.
+    let b = write("b.txt", "1-8 > 2-8\n");
+    assert_eq!(
+        json(&switchless(&["plan", &b, "--format", "json"]))["model"]["name"],
+        "b300"
+    );
+    // Ports 1-2 and no hint: both models fit, so it asks (exit 2), naming the ways to answer.
+    let two = write("two.txt", "1-1 > 2-1\n");
+    let out = switchless(&["plan", &two]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for want in [
+        "--model gb10",
+        "--model b300",
+        "model = gb10",
+        "both built-in models",
+    ] {
+        assert!(err.contains(want), "{want}: {err}");
+    }
+    // A `model =` line answers for the file; --model still wins.
+    let named = write("named.txt", "model = gb10\n1-1 > 2-1\n");
+    assert_eq!(
+        json(&switchless(&["plan", &named, "--format", "json"]))["model"]["name"],
+        "gb10"
+    );
+    let out = switchless(&["plan", &named, "--model", "b300", "--format", "json"]);
+    assert_eq!(json(&out)["model"]["name"], "b300");
+    let bad = write("bad.txt", "model = nope\n1-1 > 2-1\n");
+    let out = switchless(&["plan", &bad]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("bad.txt:1: model = nope"));
+}

@@ -461,6 +461,23 @@ fn another_model_is_one_headline() {
         "{}",
         one.message
     );
+    // A GB10 applied as server 1 of a plan made without --model gb10: its addresses are the plan's
+    // (both slot formulas agree on server 1), on interfaces the B300 plan does not name. That is
+    // the model, not four addresses on wrong interfaces: the headline stands alone.
+    let live: Vec<LiveIface> = ["enp1s0f0np0", "enP2p1s0f0np0"]
+        .iter()
+        .zip(["10.100.0.1/30", "10.100.0.5/30"])
+        .map(|(n, a)| LiveIface {
+            name: n.to_string(),
+            addrs: vec![net(a)],
+            mtu: 9000,
+            up: true,
+            rdma: true,
+        })
+        .collect();
+    let f = check_host(&p, 1, &live);
+    assert_eq!(f.len(), 1, "{f:#?}");
+    assert_eq!(f[0].check, "plan-model-mismatch");
 }
 
 // ---------- reading a host: `ip -j addr show`, captured from network namespaces set up by the plan's ip commands ----------

@@ -341,7 +341,8 @@ pub const FINDINGS: &[Check] = &[
         "error",
         "`plan`",
         "none of the interfaces the plan gives this server exists here: the plan is for another model \
-         (the message names the model the host looks like)",
+         (the message names the model the host looks like). The only plan finding then: the others \
+         follow from it",
         "regenerate the plan with `--model` of this host",
     ),
     plan(

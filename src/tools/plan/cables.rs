@@ -13,7 +13,8 @@
 //!
 //! Servers may be named by host name instead of number (`b300-001-1 > b300-002-1`: the port follows the
 //! last `-`). `server N = NAME` lines pin a name to a number; without them, names are numbered 1.. in
-//! natural order (`gpu2` before `gpu10`). Numbers and undeclared names do not mix.
+//! natural order (`gpu2` before `gpu10`). Numbers and undeclared names do not mix. A `model = NAME`
+//! line names the server model (as `--model` does).
 #![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
@@ -74,6 +75,9 @@ pub fn parse(source: &str, text: &str, map: &PortMap, servers: Option<u32>) -> R
             let item = item.trim();
             if item.is_empty() {
                 continue;
+            }
+            if model_line(item).is_some() {
+                continue; // read by `declared_model`
             }
             if let Some(decl) = declaration(item) {
                 match decl {
@@ -231,6 +235,50 @@ enum Host {
 struct RawEnd {
     host: Host,
     port: u32,
+}
+
+/// `model = NAME` (a built-in model or a map file): the name, when `item` is such a line.
+fn model_line(item: &str) -> Option<&str> {
+    let (head, name) = item.split_once('=')?;
+    head.trim()
+        .eq_ignore_ascii_case("model")
+        .then(|| name.trim())
+}
+
+/// The model a cables file names in a `model = NAME` line, with its line number.
+pub fn declared_model(text: &str) -> Option<(usize, String)> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    text.lines().enumerate().find_map(|(i, l)| {
+        let content = l.split('#').next().unwrap_or("");
+        content
+            .split(',')
+            .find_map(|item| model_line(item.trim()))
+            .map(|m| (i + 1, m.to_string()))
+    })
+}
+
+/// What a cables file says about the hardware before any model is known: the highest port it uses
+/// and the host names it gives (well-formed cables and declarations only; `parse` reports the rest).
+pub fn hardware_hints(text: &str) -> (u32, Vec<String>) {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let mut max_port = 0;
+    let mut names = Vec::new();
+    for l in text.lines() {
+        let content = l.split('#').next().unwrap_or("");
+        for item in content.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            if let Some(Ok((_, name))) = declaration(item) {
+                names.push(name);
+            } else if let Ok((a, b)) = parse_item(item) {
+                for e in [a, b] {
+                    max_port = max_port.max(e.port);
+                    if let Host::Name(n) = e.host {
+                        names.push(n);
+                    }
+                }
+            }
+        }
+    }
+    (max_port, names)
 }
 
 /// `server N = NAME`: `None` when `item` is not a declaration, else the number and name (or why not).

@@ -424,10 +424,7 @@ fn mtu_consequence(i: &LiveIface) -> String {
 /// The command that writes and applies this server's part of the plan.
 fn apply(plan: &Plan, server: u32) -> String {
     let cables = plan.cables_file.as_deref().unwrap_or("CABLES");
-    let model = match plan.model.name.as_str() {
-        "b300" => String::new(),
-        m => format!(" --model {m}"),
-    };
+    let model = format!(" --model {}", plan.model.name);
     let stem = plan.file_stem(server);
     format!(
         "switchless plan {cables}{model} --format ip --server {server} --out ip/ && ip/{stem}.sh"
@@ -437,10 +434,7 @@ fn apply(plan: &Plan, server: u32) -> String {
 /// The command that writes this server's persistent configuration.
 fn persist(plan: &Plan, server: u32) -> String {
     let cables = plan.cables_file.as_deref().unwrap_or("CABLES");
-    let model = match plan.model.name.as_str() {
-        "b300" => String::new(),
-        m => format!(" --model {m}"),
-    };
+    let model = format!(" --model {}", plan.model.name);
     format!("switchless plan {cables}{model} --format netplan --server {server} --out netplan/")
 }
 
@@ -464,36 +458,33 @@ fn headlines(
             .take(3)
             .map(|(me, _, _)| me.interface.as_str())
             .collect();
-        let mut rest: Vec<Finding> = out
-            .into_iter()
-            .filter(|f| f.check != "plan-interface-missing")
-            .collect();
-        rest.insert(
-            0,
-            Finding::new(
-                Severity::Error,
-                "plan-model-mismatch",
-                "plan",
-                format!(
-                    "none of the {n} interfaces the plan (model {}) gives server {server} exists on this host (e.g. {}){}",
-                    plan.model.name,
-                    planned.join(", "),
-                    match &guess {
-                        Some(g) => format!(": this host looks like model {}", g.name),
-                        None => String::new(),
-                    }
-                ),
+        // Every other plan finding follows from the wrong model (an address of the plan found on
+        // this host's own interface is no fault of the interface): the headline stands alone.
+        drop(out);
+        return vec![Finding::new(
+            Severity::Error,
+            "plan-model-mismatch",
+            "plan",
+            format!(
+                "none of the {n} interfaces the plan (model {}) gives server {server} exists on this host (e.g. {}){}",
+                plan.model.name,
+                planned.join(", "),
                 match &guess {
-                    Some(g) => format!(
-                        "switchless plan {} --model {} --format json > plan.json   # a plan for this model",
-                        plan.cables_file.as_deref().unwrap_or("CABLES"),
-                        g.name
-                    ),
-                    None => "regenerate the plan with --model FILE, a map of this host's ports".to_string(),
-                },
+                    Some(g) => format!(": this host looks like model {}", g.name),
+                    None => String::new(),
+                }
             ),
-        );
-        return rest;
+            match &guess {
+                Some(g) => format!(
+                    "switchless plan {} --model {} --format json > plan.json   # a plan for this model",
+                    plan.cables_file.as_deref().unwrap_or("CABLES"),
+                    g.name
+                ),
+                None => {
+                    "regenerate the plan with --model FILE, a map of this host's ports".to_string()
+                }
+            },
+        )];
     }
     let present = n - count("plan-interface-missing");
     let missing = count("plan-address-missing");
