@@ -119,6 +119,33 @@ fn two_functions_in_one_subnet() {
 }
 
 #[test]
+fn overlapping_prefixes_blame_the_wider_netdev() {
+    // enP2p1s0f0np0 holds 192.168.100.12/23, over enp1s0f0np0's 192.168.100.0/24. Its GID names it
+    // as the holder (the narrower connected route does not make it enp1s0f0np0's too), and the
+    // overlap is an error even without a plan.
+    let (f, s) = findings("broken-overlap");
+    assert_eq!(
+        f,
+        gb10_with(&[("same-subnet", "netdev enP2p1s0f0np0", Error)])
+    );
+    assert_eq!(s, 2);
+    let (m, _) = host::discover(&fixture("broken-overlap"));
+    let addrs = |n: &str| -> Vec<String> {
+        m.netdev(n)
+            .unwrap()
+            .addrs
+            .iter()
+            .map(|a| a.addr.to_string())
+            .collect()
+    };
+    assert_eq!(addrs("enp1s0f0np0"), ["192.168.100.10/24"]);
+    assert_eq!(addrs("enP2p1s0f0np0"), ["192.168.100.12/23"]);
+    let live = switchless::tools::plan::LiveIface::from_model(&m);
+    let held = live.iter().find(|i| i.name == "enp1s0f0np0").unwrap();
+    assert_eq!(held.addrs.len(), 1, "{held:?}");
+}
+
+#[test]
 fn link_local_gids_only() {
     let (f, s) = findings("broken-link-local-gid");
     assert_eq!(

@@ -616,3 +616,34 @@ proptest! {
         let _ = plan::live_from_ip_json(&text);
     }
 }
+
+#[test]
+fn a_wrong_address_in_place_of_the_planned_one_is_one_finding() {
+    // eno6np0 holds server 2's address instead of its own: one finding, whose remedy swaps them.
+    let p = plan_of(TWO_NODE, None);
+    let mut live = healthy(&p, 1);
+    iface(&mut live, "eno6np0").addrs = vec![net("10.100.0.2/29")];
+    let f = check_host(&p, 1, &live);
+    let on: Vec<&str> = f
+        .iter()
+        .filter(|x| x.object == "netdev eno6np0")
+        .map(|x| x.check.as_str())
+        .collect();
+    assert_eq!(on, ["plan-address-of-other-server"], "{f:#?}");
+    let one = only(
+        &f,
+        "plan-address-of-other-server",
+        "netdev eno6np0",
+        Severity::Error,
+    );
+    assert!(
+        one.message
+            .contains("its planned address 10.100.0.1/30 is missing"),
+        "{}",
+        one.message
+    );
+    assert_eq!(
+        one.remedy,
+        "ip addr del 10.100.0.2/29 dev eno6np0 && ip addr add 10.100.0.1/30 dev eno6np0   # the plan's address"
+    );
+}

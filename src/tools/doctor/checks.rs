@@ -437,6 +437,43 @@ pub fn checks(m: &HostModel, view: &NcclView, planned: &Planned) -> Vec<Finding>
             }
         }
     }
+    // Overlapping prefixes on two netdevs (a typo'd /29 over a cable's /30): the kernel sends the
+    // narrower range through the netdev with the longer prefix only. The wider one is the odd one.
+    for (wide, wide_names) in &subnets {
+        for (narrow, narrow_names) in &subnets {
+            if wide == narrow || !wide.contains(narrow) {
+                continue;
+            }
+            for w in wide_names.iter().filter(|w| !narrow_names.contains(w)) {
+                let held = m
+                    .netdev(w)
+                    .and_then(|n| n.addrs.iter().find(|a| a.addr.trunc() == *wide))
+                    .map_or_else(|| wide.to_string(), |a| a.addr.to_string());
+                f.push(Finding::new(
+                    Severity::Error,
+                    check::SAME_SUBNET,
+                    format!("netdev {w}"),
+                    format!(
+                        "{w} holds {held}, whose subnet {wide} overlaps {narrow} of {}: the kernel routes {narrow} \
+                         through {} only (the longer prefix), so {w}'s traffic to that range leaves by the \
+                         wrong port and RoCE connections on it fail",
+                        narrow_names.join(", "),
+                        narrow_names.join(", ")
+                    ),
+                    match planned.get(w.as_str()) {
+                        Some(p) => format!(
+                            "ip addr del {held} dev {w} && ip addr add {} dev {w}   # the plan's address",
+                            p.address
+                        ),
+                        None => format!(
+                            "ip addr del {held} dev {w}, then give {w} its own /30 (switchless doctor --plan \
+                             plan.json names the planned one; switchless plan CABLES{model_arg} --format ip plans it)"
+                        ),
+                    },
+                ));
+            }
+        }
+    }
     for (net, names) in &subnets {
         if names.len() > 1 {
             f.push(Finding::new(

@@ -144,9 +144,12 @@ pub const FINDINGS: &[Check] = &[
     doctor(
         check::SAME_SUBNET,
         "error",
-        "`subnet N/len`",
-        "two netdevs have addresses in one subnet: the kernel routes it through one of them only",
-        "give each its own /30 or /31 (`switchless plan` plans one per cable and function)",
+        "`subnet N/len`, or `netdev X` for an overlap",
+        "two netdevs have addresses in one subnet: the kernel routes it through one of them only. Also \
+         overlapping subnets (a typo'd /29 over another netdev's /30): the netdev with the wider prefix is \
+         named. Under `--plan`, a plan finding about that netdev's address replaces it",
+        "give each its own /30 or /31 (`switchless plan` plans one per cable and function); for an overlap \
+         `ip addr del A dev X` and its own /30 (the planned one under `--plan`)",
     ),
     doctor(
         check::NO_IPV4_ROCE_V2_GID,

@@ -387,7 +387,7 @@ pub fn check_host(plan: &Plan, server: u32, live: &[LiveIface]) -> Vec<Finding> 
     }
 
     let out = headlines(plan, server, live, &mine, out);
-    let mut out = out;
+    let mut out = one_per_netdev(&mine, out);
     if !out.iter().any(|f| f.severity > Severity::Info) {
         out.push(Finding::new(
             Severity::Info,
@@ -403,6 +403,54 @@ pub fn check_host(plan: &Plan, server: u32, live: &[LiveIface]) -> Vec<Finding> 
         ));
     }
     out
+}
+
+/// A planned interface that holds a wrong address instead of its planned one is one fault: the
+/// finding about the wrong address (another server's, a stray, an unplanned or an extra one) says
+/// the planned one is missing too, and its remedy swaps them (`ip addr del X && ip addr add Y`).
+fn one_per_netdev(mine: &[(&End, &End, &Link)], out: Vec<Finding>) -> Vec<Finding> {
+    const WRONG: [&str; 4] = [
+        "plan-address-of-other-server",
+        "plan-address-stray",
+        "plan-address-unplanned",
+        "plan-extra-address",
+    ];
+    let missing: Vec<String> = out
+        .iter()
+        .filter(|f| f.check == "plan-address-missing")
+        .map(|f| f.object.clone())
+        .collect();
+    let mut swapped: BTreeSet<String> = BTreeSet::new();
+    let mut kept = Vec::with_capacity(out.len());
+    for mut f in out {
+        if WRONG.contains(&f.check.as_str())
+            && missing.contains(&f.object)
+            && !swapped.contains(&f.object)
+        {
+            let name = f.object.trim_start_matches("netdev ").to_string();
+            let del = f
+                .remedy
+                .split("   #")
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_string();
+            if let Some((me, _, _)) = mine.iter().find(|(me, _, _)| me.interface == name) {
+                f.message = format!(
+                    "{}; its planned address {} is missing",
+                    f.message, me.address
+                );
+                f.remedy = format!(
+                    "{del} && ip addr add {} dev {name}   # the plan's address",
+                    me.address
+                );
+                swapped.insert(f.object.clone());
+            }
+        }
+        kept.push(f);
+    }
+    kept.retain(|f| !(f.check == "plan-address-missing" && swapped.contains(&f.object)));
+    kept
 }
 
 /// What a wrong MTU costs on `i`: RoCE negotiates its frame size from it; TCP takes the smaller
