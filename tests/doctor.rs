@@ -815,3 +815,209 @@ fn transport_tcp_is_honoured() {
     assert!(text.contains("\nRDMA ports: none\n"), "{text}");
     assert!(!text.contains("PCIE ROOT"), "{text}");
 }
+
+/// The findings of `check` in a JSON report, as (object, severity, message, remedy).
+fn all_of(v: &serde_json::Value, check: &str) -> Vec<(String, String, String, String)> {
+    v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["check"] == check)
+        .map(|f| {
+            let s = |k: &str| f[k].as_str().unwrap_or_default().to_string();
+            (s("object"), s("severity"), s("message"), s("remedy"))
+        })
+        .collect()
+}
+
+#[test]
+fn nccl_socket_ifname_must_reach_every_node() {
+    // On a cable (a /30): NCCL's bootstrap would reach one peer only; the remedy names the default
+    // route's interface.
+    let (rc, v) = doctor_env("tcp-2link", &[("NCCL_SOCKET_IFNAME", "enp65s0f0")]);
+    assert_eq!(rc, Some(1));
+    let f = all_of(&v, "nccl-socket-ifname");
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].1, "warning");
+    assert!(
+        f[0].2
+            .contains("selects only cables: enp65s0f0 (10.10.0.1/30)"),
+        "{}",
+        f[0].2
+    );
+    assert_eq!(
+        f[0].3,
+        "export NCCL_SOCKET_IFNAME==eno1   # the default route's interface, which reaches every node"
+    );
+    // A prefix that takes the management NIC and the cables: still said.
+    let (_, v) = doctor_env("tcp-2link", &[("NCCL_SOCKET_IFNAME", "en")]);
+    assert!(
+        all_of(&v, "nccl-socket-ifname")[0]
+            .2
+            .contains("also selects cables")
+    );
+    // No such netdev: NCCL's init fails.
+    let (_, v) = doctor_env("gb10-2cable", &[("NCCL_SOCKET_IFNAME", "eth0")]);
+    let f = all_of(&v, "nccl-socket-ifname");
+    assert!(
+        f[0].2.contains("matches no netdev with an address"),
+        "{}",
+        f[0].2
+    );
+    assert!(f[0].3.contains("=enP7s7"), "{}", f[0].3);
+    // The management interface: nothing to say.
+    for ok in ["eno1", "=eno1", "^enp65"] {
+        let (_, v) = doctor_env("tcp-2link", &[("NCCL_SOCKET_IFNAME", ok)]);
+        assert!(all_of(&v, "nccl-socket-ifname").is_empty(), "{ok}");
+    }
+}
+
+#[test]
+fn nccl_net_and_the_plugin_library_are_judged() {
+    let (rc, v) = doctor_env("gb10-2cable", &[("NCCL_NET", "IB")]);
+    assert_eq!(rc, Some(1));
+    let f = all_of(&v, "nccl-net-other");
+    assert_eq!(f.len(), 1);
+    assert!(
+        f[0].2
+            .contains("NCCL_NET=IB makes NCCL use its network named \"IB\""),
+        "{}",
+        f[0].2
+    );
+    assert_eq!(f[0].3, "export NCCL_NET=switchless   # or unset NCCL_NET");
+    let (_, v) = doctor_env("gb10-2cable", &[("NCCL_NET", "Switchless")]);
+    assert!(all_of(&v, "nccl-net-other").is_empty());
+
+    // A plugin name NCCL finds nothing for: a warning; one it finds: an info naming the file.
+    let (rc, v) = doctor_env("gb10-2cable", &[("NCCL_NET_PLUGIN", "foo")]);
+    assert_eq!(rc, Some(1));
+    let f = all_of(&v, "nccl-net-plugin");
+    assert_eq!(f[0].1, "warning");
+    assert!(
+        f[0].2
+            .contains("names nothing loadable: no libnccl-net-foo.so"),
+        "{}",
+        f[0].2
+    );
+    let lib = tempfile::tempdir().unwrap();
+    let so = lib.path().join("libnccl-net-switchless.so");
+    std::fs::write(&so, "").unwrap();
+    let dir = lib.path().to_str().unwrap();
+    let (rc, v) = doctor_env(
+        "gb10-2cable",
+        &[("NCCL_NET_PLUGIN", "switchless"), ("LD_LIBRARY_PATH", dir)],
+    );
+    assert_eq!(rc, Some(0), "{v:#}");
+    let f = all_of(&v, "nccl-net-plugin");
+    assert_eq!(f[0].1, "info");
+    assert!(
+        f[0].2.contains(&format!("loads {}", so.display())),
+        "{}",
+        f[0].2
+    );
+    let (_, v) = doctor_env("gb10-2cable", &[("NCCL_NET_PLUGIN", "none")]);
+    assert_eq!(all_of(&v, "nccl-net-plugin")[0].1, "warning");
+}
+
+#[test]
+fn a_fixed_gid_index_must_be_every_ports_ipv4_gid() {
+    // GID 1 of every GB10 port is its link-local RoCE v2 GID: the plugin would use it everywhere.
+    let (rc, v) = doctor_env("gb10-2cable", &[("NCCL_IB_GID_INDEX", "1")]);
+    assert_eq!(rc, Some(2));
+    let f = all_of(&v, "ib-gid-index-wrong");
+    assert_eq!(f.len(), 1, "one finding for the variable");
+    assert!(
+        f[0].2.contains("rocep1s0f0 port 1: GID 1 is a link-local fe80:: GID, which NCCL treats as invalid; its IPv4 RoCE v2 GID is 3"),
+        "{}",
+        f[0].2
+    );
+    assert!(f[0].3.starts_with("unset NCCL_IB_GID_INDEX"), "{}", f[0].3);
+    let (_, v) = doctor_env("gb10-2cable", &[("NCCL_IB_GID_INDEX", "3")]);
+    assert!(all_of(&v, "ib-gid-index-wrong").is_empty());
+}
+
+#[test]
+fn did_you_mean_covers_every_variable_nccl_or_the_plugin_reads() {
+    let (rc, v) = doctor_env(
+        "gb10-2cable",
+        &[
+            ("NCCL_SWITCHLES_TCP_STREAMS", "4"), // the prefix misspelt: silent before
+            ("NCLL_IB_HCA", "=rocep1s0f0"),      // not even NCCL_*
+            ("NCCL_CROS_NIC", "1"),              // NCCL's own variable
+            ("NCCL_SOCKET_IFNAM", "enP7s7"),
+            ("NCCL_SOME_FUTURE_KNOB", "1"), // far from everything: a newer NCCL's, no finding
+            ("NCCL_CROSS_NIC", "0"),
+            ("HOME", "/root"),
+            ("TERM", "xterm"),
+        ],
+    );
+    assert_eq!(rc, Some(1), "{v:#}");
+    let f = all_of(&v, "nccl-env-unknown");
+    let got: Vec<(&str, &str)> = f.iter().map(|x| (x.0.as_str(), x.3.as_str())).collect();
+    assert_eq!(
+        got,
+        [
+            (
+                "NCCL_CROS_NIC",
+                "export NCCL_CROSS_NIC=1; unset NCCL_CROS_NIC"
+            ),
+            (
+                "NCCL_SOCKET_IFNAM",
+                "export NCCL_SOCKET_IFNAME=enP7s7; unset NCCL_SOCKET_IFNAM"
+            ),
+            (
+                "NCCL_SWITCHLES_TCP_STREAMS",
+                "export NCCL_SWITCHLESS_TCP_STREAMS=4; unset NCCL_SWITCHLES_TCP_STREAMS"
+            ),
+            (
+                "NCLL_IB_HCA",
+                "export NCCL_IB_HCA==rocep1s0f0; unset NCLL_IB_HCA"
+            ),
+        ]
+    );
+    let cros = &f[0].2;
+    assert!(
+        cros.contains("NCCL_CROSS_NIC (which NCCL reads) keeps its value (\"0\"): did you mean NCCL_CROSS_NIC?"),
+        "{cros}"
+    );
+    assert!(f[2].2.contains("(which the plugin reads)"), "{}", f[2].2);
+}
+
+#[test]
+fn a_capture_keeps_the_environment_it_was_judged_in() {
+    // Captured with NCCL_NET=IB set: the replay, in an empty environment, judges the same variables.
+    let dir = tempfile::tempdir().unwrap();
+    let cap = dir.path().join("cap");
+    let out = bin()
+        .env_clear()
+        .env("NCCL_NET", "IB")
+        .env("SECRET_TOKEN", "s3cr3t")
+        .args(["doctor", "--json", "--root"])
+        .arg(fixture("gb10-2cable"))
+        .arg("--capture")
+        .arg(&cap)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let saved = std::fs::read_to_string(cap.join("switchless/environment.json")).unwrap();
+    assert!(
+        saved.contains("NCCL_NET") && !saved.contains("SECRET"),
+        "{saved}"
+    );
+    let (rc, v) = doctor_env_at(&cap, &[]);
+    assert_eq!(rc, Some(1));
+    assert_eq!(all_of(&v, "nccl-net-other").len(), 1);
+}
+
+fn doctor_env_at(root: &Path, env: &[(&str, &str)]) -> (Option<i32>, serde_json::Value) {
+    let mut c = bin();
+    c.env_clear().args(["doctor", "--json", "--root"]).arg(root);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = c.output().unwrap();
+    (
+        out.status.code(),
+        serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null),
+    )
+}

@@ -124,7 +124,13 @@ pub fn diagnose(args: &Args) -> Result<(doctor::Report, Option<usize>), String> 
         Some(p) => Some(load_plan(p)?),
         None => None,
     };
-    let env = doctor::NcclEnv::from_process();
+    // The environment judged: a captured tree's own (written by --capture), else this shell's.
+    let environment =
+        match doctor::environ::Environment::captured(&rd).filter(|_| !is_live_root(&args.root)) {
+            Some(e) => e?,
+            None => doctor::environ::Environment::from_process(),
+        };
+    let env = &environment.vars;
     let (model, mut findings) = host::discover_with(&rd);
     // Recorded so that a capture names its host for `doctor --fleet`.
     if args.capture.is_some() {
@@ -132,7 +138,7 @@ pub fn diagnose(args: &Args) -> Result<(doctor::Report, Option<usize>), String> 
     }
     // The NCCL environment this shell would give the plugin: every value init would refuse is a
     // finding of its own, and so is a name nobody reads (a typo).
-    let judged = doctor::env::judge(&env);
+    let judged = doctor::env::judge(env);
     findings.extend(judged.findings);
     let config = judged.config;
     if let Some(cfg) = &config {
@@ -161,20 +167,16 @@ pub fn diagnose(args: &Args) -> Result<(doctor::Report, Option<usize>), String> 
             .flat_map(|d| &d.members)
             .all(|m| dmabuf.contains_key(&m.rdma_dev));
     let view = doctor::NcclView::decide(&model, config.as_ref(), rdma);
-    findings.extend(doctor::env::hca_checks(
-        &model,
-        &env,
-        config.as_ref(),
-        &view,
-    ));
+    findings.extend(doctor::env::hca_checks(&model, env, config.as_ref(), &view));
     findings.extend(doctor::env::transport_checks(config.as_ref(), &view));
+    findings.extend(doctor::nccl::checks(&model, &environment, config.as_ref()));
     if view.transport == "rdma" {
         findings.extend(doctor::gpu_direct_checks(&model, &view.devices, probed));
     }
     let mut extras = doctor::Extras {
         ib_hca: config
             .as_ref()
-            .and_then(|c| doctor::env::hca_selection(&model, &env, &c.ib_hca)),
+            .and_then(|c| doctor::env::hca_selection(&model, env, &c.ib_hca)),
         host: rd
             .read("/proc/sys/kernel/hostname")
             .ok()
@@ -226,10 +228,10 @@ pub fn diagnose(args: &Args) -> Result<(doctor::Report, Option<usize>), String> 
                     dir.display()
                 ));
             }
-            Some(
-                reader::capture(&rd, dir)
-                    .map_err(|e| format!("--capture {}: {e}", dir.display()))?,
-            )
+            let n = reader::capture(&rd, dir)
+                .and_then(|n| environment.write_capture(dir).map(|()| n + 1))
+                .map_err(|e| format!("--capture {}: {e}", dir.display()))?;
+            Some(n)
         }
         None => None,
     };

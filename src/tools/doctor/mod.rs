@@ -1,11 +1,14 @@
 //! `switchless doctor`: the checks over the host model ([`checks`](mod@checks), [`tcp`]), over the environment
-//! NCCL would see ([`env`](mod@env)), every check id with its meaning ([`registry`]), the report ([`report`],
-//! JSON) and its text (`render`).
+//! NCCL would see ([`env`](mod@env): the plugin's variables; [`nccl`]: NCCL's own, read with what the
+//! loader makes of them, [`environ`]), every check id with its meaning ([`registry`]), the report
+//! ([`report`], JSON) and its text (`render`).
 
 pub mod checks;
 pub mod env;
+pub mod environ;
 pub mod fleet;
 pub mod fleet_render;
+pub mod nccl;
 pub mod registry;
 mod render;
 mod report;

@@ -33,6 +33,12 @@ pub mod check {
     pub const TCP_OFFLOAD_OFF: &str = "tcp-offload-off";
     pub const TCP_RX_QUEUES_LOW: &str = "tcp-rx-queues-low";
     pub const TCP_SOCKET_BUFFERS_LOW: &str = "tcp-socket-buffers-low";
+    pub const NCCL_SOCKET_IFNAME: &str = "nccl-socket-ifname";
+    pub const NCCL_NET_OTHER: &str = "nccl-net-other";
+    pub const NCCL_NET_PLUGIN: &str = "nccl-net-plugin";
+    pub const IB_GID_INDEX_WRONG: &str = "ib-gid-index-wrong";
+    pub const GID_INDEX_DIFFERS: &str = "gid-index-differs";
+    pub const NCCL_SHIM: &str = "nccl-shim";
     pub const KERNEL_FILE: &str = crate::findings::CHECK_KERNEL_FILE;
     // `switchless doctor --fleet`: the cross-host checks.
     pub const NO_FAR_END: &str = "no-far-end";
@@ -253,10 +259,64 @@ pub const FINDINGS: &[Check] = &[
         check::NCCL_ENV_UNKNOWN,
         "warning",
         "the variable",
-        "a set `NCCL_SWITCHLESS_*` name no switchless version reads, or an `NCCL_IB_*` name that neither \
-         NCCL nor the plugin reads and that is within two edits of one the plugin reads: a typo, so the \
-         setting meant is silently at its default. The message asks \"did you mean\"",
+        "a set `NCCL_SWITCHLESS_*` name no switchless version reads, or any set name (whatever part the typo \
+         is in: `NCCL_SWITCHLES_TCP_STREAMS`, `NCLL_IB_HCA`) that neither NCCL nor the plugin reads and that \
+         is within 1 to 3 edits (by its length) of one they read: a typo, so the setting meant is silently \
+         at its default. The message asks \"did you mean\". An `NCCL_*` name far from every known one may be \
+         a newer NCCL's: no finding",
         "`export MEANT=VALUE; unset TYPO`",
+    ),
+    doctor(
+        check::NCCL_SOCKET_IFNAME,
+        "warning",
+        "`NCCL_SOCKET_IFNAME`",
+        "`NCCL_SOCKET_IFNAME` (NCCL's bootstrap interface, which must reach every node) matches no netdev with \
+         an address here, or selects cables (/30, /31 netdevs reach one peer each: beyond a pair NCCL's \
+         init hangs)",
+        "`export NCCL_SOCKET_IFNAME==IF` with IF the default route's interface (named in the remedy)",
+    ),
+    doctor(
+        check::NCCL_NET_OTHER,
+        "warning",
+        "`NCCL_NET`",
+        "`NCCL_NET` names another network than `switchless` (`IB`, `Socket`): NCCL then never uses the plugin",
+        "`export NCCL_NET=switchless`, or unset it",
+    ),
+    doctor(
+        check::NCCL_NET_PLUGIN,
+        "info when it resolves (naming the library NCCL loads), warning when it names nothing loadable or `none`",
+        "`NCCL_NET_PLUGIN`",
+        "`NCCL_NET_PLUGIN` is set: the file NCCL would load for it (`libnccl-net-NAME.so`, then NAME, in \
+         `LD_LIBRARY_PATH`, the loader's cache and the system library directories)",
+        "`export NCCL_NET_PLUGIN=switchless` with the library installed (`make install`, `ldconfig`), or its \
+         full path",
+    ),
+    doctor(
+        check::IB_GID_INDEX_WRONG,
+        "error",
+        "`NCCL_IB_GID_INDEX`",
+        "`NCCL_IB_GID_INDEX=N` is set and GID N of some usable RoCE port is not its IPv4 RoCE v2 GID \
+         (link-local, an IPv6 address, RoCE v1, or empty): the message names each such port and where its \
+         IPv4 GID is",
+        "`unset NCCL_IB_GID_INDEX` (the plugin picks each port's GID per connection)",
+    ),
+    doctor(
+        check::GID_INDEX_DIFFERS,
+        "info",
+        "`host`",
+        "the IPv4 RoCE v2 GID is at different indices on different ports (3 on one CX-7 function, 5 on the \
+         other, e.g. after IPv6 addresses came first): harmless unset, fatal for a global `NCCL_IB_GID_INDEX`",
+        "leave `NCCL_IB_GID_INDEX` unset",
+    ),
+    doctor(
+        check::NCCL_SHIM,
+        "warning for `LD_PRELOAD` and `/etc/ld.so.preload`, info for `LD_LIBRARY_PATH`",
+        "`LD_PRELOAD` or `LD_LIBRARY_PATH`",
+        "the loader would load a `libnccl.so*` ahead of a program's own: preloaded (every process gets that \
+         NCCL; a program that loads its own too aborts with \"Duplicate NCCL runtime found\"), or found in an \
+         `LD_LIBRARY_PATH` directory",
+        "drop the libnccl entry from `LD_PRELOAD` (`/etc/ld.so.preload`); run a patched NCCL by putting it \
+         in place of the framework's copy instead",
     ),
     doctor(
         check::IB_HCA_NO_MATCH,
