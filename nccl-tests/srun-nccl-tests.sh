@@ -121,6 +121,8 @@ if [ -n "$SL_BOOT_IF" ]; then
   exports+=("OMPI_MCA_oob_tcp_if_include=$SL_BOOT_IF" "OMPI_MCA_btl_tcp_if_include=$SL_BOOT_IF" "UCX_NET_DEVICES=$SL_BOOT_IF")
 fi
 [ -z "$plugin_in_container" ] || exports+=("SWITCHLESS_PLUGIN_DIR=$plugin_in_container")
+# enroot's Mellanox hook passes /dev/infiniband into the container only for the devices this names.
+[ "$SL_CONTAINER" = 0 ] || exports+=("MELLANOX_VISIBLE_DEVICES=${MELLANOX_VISIBLE_DEVICES:-all}")
 if [ "$SL_DRY" = 1 ]; then
   echo "# switchless nccl-tests dry run: paste these lines into bash to run the same"
   sl_show mkdir -p "$SL_OUT"

@@ -370,3 +370,33 @@ fn srun_preflight_reads_the_plan_inside_the_container() {
         "{err}"
     );
 }
+
+#[test]
+fn srun_in_a_container_passes_the_rdma_devices() {
+    // pyxis/enroot's Mellanox hook needs MELLANOX_VISIBLE_DEVICES; the launcher sets it (yours wins),
+    // and not without a container.
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let prefix = plugin_dir(t);
+    let srun = script("srun-nccl-tests.sh");
+    let base = [
+        srun.to_str().unwrap(),
+        "-N",
+        "2",
+        "--plugin-dir",
+        prefix.to_str().unwrap(),
+        "-o",
+        "out",
+        "--dry-run",
+    ];
+    let (rc, out, err) = launch(t, None, &[], &base);
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.contains("export MELLANOX_VISIBLE_DEVICES=all"), "{out}");
+    let (_, out, _) = launch(t, None, &[("MELLANOX_VISIBLE_DEVICES", "0,1")], &base);
+    assert!(
+        out.contains("export MELLANOX_VISIBLE_DEVICES=0\\,1"),
+        "{out}"
+    );
+    let (_, out, _) = launch(t, None, &[], &[&base[..], &["--no-container"]].concat());
+    assert!(!out.contains("MELLANOX_VISIBLE_DEVICES"), "{out}");
+}
