@@ -1021,3 +1021,46 @@ fn doctor_env_at(root: &Path, env: &[(&str, &str)]) -> (Option<i32>, serde_json:
         serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null),
     )
 }
+
+#[test]
+fn a_gb10_port_with_the_kernels_arp_defaults_risks_arp_flux() {
+    // Both PCIe functions of cage 0 are addressed and answer ARP for any local address.
+    let (rc, v) = doctor_env("broken-arp-flux", &[]);
+    assert_eq!(rc, Some(1));
+    let f = all_of(&v, "arp-flux-risk");
+    assert_eq!(f.len(), 1, "one finding per wire: {f:?}");
+    assert_eq!(f[0].0, "port enP2p1s0f0np0+enp1s0f0np0");
+    assert!(f[0].2.contains("share one wire"), "{}", f[0].2);
+    assert!(
+        f[0].3.starts_with(
+            "sysctl -w net.ipv4.conf.enP2p1s0f0np0.arp_ignore=1 net.ipv4.conf.enP2p1s0f0np0.arp_announce=2 \
+             net.ipv4.conf.enp1s0f0np0.arp_ignore=1 net.ipv4.conf.enp1s0f0np0.arp_announce=2"
+        ),
+        "{}",
+        f[0].3
+    );
+    assert!(
+        f[0].3.contains("--model gb10 --format sysctl"),
+        "{}",
+        f[0].3
+    );
+    // Trees without the files (older captures) say nothing; a capture keeps the files.
+    let (_, v) = doctor_env("gb10-1cable", &[]);
+    assert!(all_of(&v, "arp-flux-risk").is_empty());
+    let dir = tempfile::tempdir().unwrap();
+    let cap = dir.path().join("cap");
+    let out = bin()
+        .args(["doctor", "--root"])
+        .arg(fixture("broken-arp-flux"))
+        .arg("--capture")
+        .arg(&cap)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        cap.join("proc/sys/net/ipv4/conf/enp1s0f0np0/arp_ignore")
+            .is_file()
+    );
+    let (_, v) = doctor_env_at(&cap, &[]);
+    assert_eq!(all_of(&v, "arp-flux-risk").len(), 1);
+}

@@ -555,6 +555,7 @@ fn golden_outputs() {
         (Format::Ip, "ip.sh"),
         (Format::Netplan, "netplan.yaml"),
         (Format::Networkd, "networkd.txt"),
+        (Format::Sysctl, "sysctl.conf"),
     ];
     for (name, map) in cases {
         let p = plan_with(&read(&format!("{name}.cables")), &map, &Options::default());
@@ -1139,4 +1140,42 @@ fn cli_model_comes_from_the_file_or_is_asked_for() {
     let out = switchless(&["plan", &bad]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("bad.txt:1: model = nope"));
+}
+
+/// Every planned interface gets arp_ignore=1 and arp_announce=2 (and no IPv6 temporary addresses):
+/// the sysctl.d output persists them, the apply script sets them, netplan and networkd point to it.
+#[test]
+fn arp_settings_for_every_planned_interface() {
+    let p = plan_with(
+        &read("gb10-3ring.cables"),
+        &PortMap::gb10(),
+        &Options::default(),
+    );
+    let conf = render::to_stdout(&render::render(&p, Format::Sysctl, Some(1)).unwrap());
+    let ip = render::to_stdout(&render::render(&p, Format::Ip, Some(1)).unwrap());
+    for (me, _) in p.links_of(1).filter_map(|l| l.side(1)) {
+        let i = &me.interface;
+        assert!(
+            conf.contains(&format!("net.ipv4.conf.{i}.arp_ignore = 1\n")),
+            "{conf}"
+        );
+        assert!(
+            conf.contains(&format!("net.ipv4.conf.{i}.arp_announce = 2\n")),
+            "{conf}"
+        );
+        assert!(
+            conf.contains(&format!("net.ipv6.conf.{i}.use_tempaddr = 0\n")),
+            "{conf}"
+        );
+        assert!(
+            ip.contains(&format!(
+                "sysctl -qw net.ipv4.conf.{i}.arp_ignore=1 net.ipv4.conf.{i}.arp_announce=2 net.ipv6.conf.{i}.use_tempaddr=0\n"
+            )),
+            "{ip}"
+        );
+    }
+    for f in [Format::Netplan, Format::Networkd] {
+        let text = render::to_stdout(&render::render(&p, f, Some(1)).unwrap());
+        assert!(text.contains("--format sysctl"), "{text}");
+    }
 }

@@ -8,6 +8,8 @@
 #     server's check script (pings: plain, then 9000-byte frames with don't-fragment) passes; and a jumbo ping
 #     fails once one end's MTU is lowered (so the check can fail). A plan that names hosts refuses to run on
 #     another host (SWITCHLESS_PLAN_ANY_HOST=1 overrides it here, where namespaces share one host name).
+#  3. ARP flux: a GB10 port's two functions on one wire (a bridge); the apply script's ARP settings make
+#     each peer address resolve to the MAC of the function that holds it.
 # Needs root (namespaces), iproute2, iputils-ping, netplan.io, jq (scripts/deps.d/plan.txt). Bounded: about 100 s on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -131,9 +133,55 @@ check_case() {
   echo "40-plan: $tag: netplan + networkd agree with the plan; $pings pings over $(jq '.links | length' "$json") links passed"
 }
 
+# 3. ARP flux on a GB10 port: its two PCIe functions share one wire (here a bridge in a third namespace).
+# With the plan's apply script (arp_ignore=1, arp_announce=2 on every interface) each far end's
+# neighbour entry is the MAC of the function that holds the address, never the other one's; the
+# settings are the plan's too (sysctl in the namespace reads them back).
+arp_flux_case() {
+  local json ipdir ns wire s f ifn peer_if mac_want mac_got
+  json="$work/flux.json"
+  echo '1-1 > 2-1' | "$bin" plan - --model gb10 --format json >"$json" 2>/dev/null
+  ipdir="$work/flux-ip"
+  echo '1-1 > 2-1' | "$bin" plan - --model gb10 --format ip --out "$ipdir" 2>/dev/null
+  wire="swlflux$$-w"
+  ip netns add "$wire"
+  namespaces+=("$wire")
+  ip netns exec "$wire" ip link add br0 type bridge
+  ip netns exec "$wire" ip link set br0 up
+  for s in 1 2; do
+    ns[s]="swlflux$$-$s"
+    ip netns add "${ns[s]}"
+    namespaces+=("${ns[s]}")
+    for f in enp1s0f0np0 enP2p1s0f0np0; do
+      ip netns exec "${ns[s]}" ip link add name "$f" type veth peer name "w$s-${f:0:6}" netns "$wire"
+      ip netns exec "$wire" ip link set "w$s-${f:0:6}" master br0 up
+    done
+    SWITCHLESS_PLAN_ANY_HOST=1 ip netns exec "${ns[s]}" "$ipdir/server$s.sh" >/dev/null || fail "flux: server$s.sh failed"
+    for f in enp1s0f0np0 enP2p1s0f0np0; do
+      [ "$(ip netns exec "${ns[s]}" sysctl -n "net.ipv4.conf.$f.arp_ignore")" = 1 ] || fail "flux: arp_ignore not set on $f"
+      [ "$(ip netns exec "${ns[s]}" sysctl -n "net.ipv4.conf.$f.arp_announce")" = 2 ] || fail "flux: arp_announce not set on $f"
+    done
+  done
+  for i in 1 2 3; do
+    for ifn in enp1s0f0np0 enP2p1s0f0np0; do
+      peer=$(jq -r --arg i "$ifn" '.servers[0].interfaces[] | select(.interface == $i) | .peer.address' "$json")
+      ip netns exec "${ns[1]}" ip neigh flush dev "$ifn"
+      ip netns exec "${ns[1]}" ping -I "$ifn" -c 1 -W 1 "$peer" >/dev/null || fail "flux: $ifn cannot ping $peer"
+      peer_if=$(jq -r --arg i "$ifn" '.servers[0].interfaces[] | select(.interface == $i) | .peer.interface' "$json")
+      mac_want=$(ip netns exec "${ns[2]}" cat "/sys/class/net/$peer_if/address")
+      mac_got=$(ip netns exec "${ns[1]}" ip -j neigh show dev "$ifn" "$peer" | jq -r '.[0].lladdr')
+      [ "$mac_got" = "$mac_want" ] || fail "flux: try $i: $ifn learned $mac_got for $peer, the MAC of $peer_if is $mac_want"
+    done
+  done
+  for s in 1 2; do ip netns del "${ns[s]}"; done
+  ip netns del "$wire"
+  echo "40-plan: flux: two functions on one wire, each peer address resolves to its own function's MAC"
+}
+
 check_case b300-2node.cables b300 b300x2
 check_case b300-4node.cables b300 b300x4
 check_case gb10-3ring.cables gb10 gb10x3
 check_case custom.cables "$fx/custom.map" custom
 check_case b300-4node-named.cables b300 named
+arp_flux_case
 echo "40-plan: ok"

@@ -173,7 +173,9 @@ pub fn diagnose(args: &Args) -> Result<(doctor::Report, Option<usize>), String> 
     if view.transport == "rdma" {
         findings.extend(doctor::gpu_direct_checks(&model, &view.devices, probed));
     }
+    let facts = doctor::facts::Facts::read(&rd, &model);
     let mut extras = doctor::Extras {
+        facts,
         ib_hca: config
             .as_ref()
             .and_then(|c| doctor::env::hca_selection(&model, env, &c.ib_hca)),
@@ -203,6 +205,11 @@ pub fn diagnose(args: &Args) -> Result<(doctor::Report, Option<usize>), String> 
     };
     if let Some((plan, n)) = server {
         extras.server = Some(plan.label(n));
+        extras.persist_sysctl = Some(format!(
+            "switchless plan {} --model {} --format sysctl --server {n} > /etc/sysctl.d/90-switchless.conf",
+            plan.cables_file.as_deref().unwrap_or("CABLES"),
+            plan.model.name
+        ));
         for l in plan.links_of(n) {
             if let Some((me, _)) = l.side(n) {
                 extras.planned.insert(

@@ -6,6 +6,7 @@
 pub mod checks;
 pub mod env;
 pub mod environ;
+pub mod facts;
 pub mod fleet;
 pub mod fleet_render;
 pub mod nccl;
@@ -13,6 +14,7 @@ pub mod registry;
 mod render;
 mod report;
 pub mod tcp;
+pub mod traps;
 
 pub use checks::{
     MEMLOCK_ERROR_BELOW, Planned, PlannedIface, checks, env_checks, gpu_direct_checks,

@@ -39,6 +39,7 @@ pub mod check {
     pub const IB_GID_INDEX_WRONG: &str = "ib-gid-index-wrong";
     pub const GID_INDEX_DIFFERS: &str = "gid-index-differs";
     pub const NCCL_SHIM: &str = "nccl-shim";
+    pub const ARP_FLUX_RISK: &str = "arp-flux-risk";
     pub const KERNEL_FILE: &str = crate::findings::CHECK_KERNEL_FILE;
     // `switchless doctor --fleet`: the cross-host checks.
     pub const NO_FAR_END: &str = "no-far-end";
@@ -317,6 +318,16 @@ pub const FINDINGS: &[Check] = &[
          `LD_LIBRARY_PATH` directory",
         "drop the libnccl entry from `LD_PRELOAD` (`/etc/ld.so.preload`); run a patched NCCL by putting it \
          in place of the framework's copy instead",
+    ),
+    doctor(
+        check::ARP_FLUX_RISK,
+        "warning",
+        "`port X+Y`",
+        "two addressed PCIe functions share one wire (a GB10 QSFP port) and the ARP settings of either are \
+         below `arp_ignore=1` / `arp_announce=2` (read from `/proc/sys/net/ipv4/conf/{all,X}`): each may \
+         answer ARP for the other's address, so the peer learns the wrong MAC",
+        "`sysctl -w net.ipv4.conf.X.arp_ignore=1 net.ipv4.conf.X.arp_announce=2 …`; persist with \
+         `switchless plan CABLES --format sysctl` in `/etc/sysctl.d/`",
     ),
     doctor(
         check::IB_HCA_NO_MATCH,

@@ -104,6 +104,11 @@ pub struct Extras {
     pub host: Option<String>,
     /// Which server of the plan this host was checked as (`--plan`), e.g. `server 2 (b300-002)`.
     pub server: Option<String>,
+    /// Facts beyond the model (ARP settings, …) for the trap checks; empty: those checks are silent.
+    pub facts: super::facts::Facts,
+    /// How to persist the plan's sysctl settings on this host (`--plan`: the exact `switchless plan`
+    /// command), for remedies; `None`: a generic one.
+    pub persist_sysctl: Option<String>,
 }
 
 /// The whole report (`--json`).
@@ -148,6 +153,15 @@ pub fn report(m: &HostModel, devices: &[NcclDevice], findings: Vec<Finding>) -> 
 /// environment's first, then every check over the model).
 pub fn build(m: &HostModel, view: NcclView, extras: Extras, mut findings: Vec<Finding>) -> Report {
     findings.extend(checks(m, &view, &extras.planned));
+    let persist = extras.persist_sysctl.clone().unwrap_or_else(|| {
+        let names: Vec<&str> = m.netdevs.iter().map(|n| n.name.as_str()).collect();
+        let model_arg = crate::tools::plan::PortMap::builtin_like(&names)
+            .map_or(String::new(), |p| format!(" --model {}", p.name));
+        format!(
+            "switchless plan CABLES{model_arg} --format sysctl --server N > /etc/sysctl.d/90-switchless.conf"
+        )
+    });
+    findings.extend(super::traps::checks(m, &extras.facts, &persist));
     let mut findings = merge_duplicates(one_per_fault(findings));
     let devices = &view.devices;
     // Worst first; stable within a severity.
