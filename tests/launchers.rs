@@ -400,3 +400,80 @@ fn srun_in_a_container_passes_the_rdma_devices() {
     let (_, out, _) = launch(t, None, &[], &[&base[..], &["--no-container"]].concat());
     assert!(!out.contains("MELLANOX_VISIBLE_DEVICES"), "{out}");
 }
+
+/// `fleet-doctor.sh --plan --probe` over a stand-in ssh: every host captured with --probe, then the
+/// cables file against the captures, one line per planned cable.
+#[test]
+fn fleet_doctor_checks_the_cables_file_against_the_fabric() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let bin = t.join("bin");
+    write_exe(
+        &bin.join("ssh"),
+        "#!/usr/bin/env bash\n# stand-in ssh: HOST CMD -> run CMD here with FAKE_HOST=HOST\nFAKE_HOST=\"$1\" exec bash -c \"$2\"\n",
+    );
+    // The remote switchless captures the fixture tree named by the host, noting whether it was asked
+    // to probe (a tree cannot be probed: the fixture holds the probe already).
+    let fixtures = repo().join("tests/fixtures/fabric/fleet-gb10-mesh3-swapped");
+    let remote = t.join("remote-switchless");
+    write_exe(
+        &remote,
+        &format!(
+            "#!/usr/bin/env bash\nargs=()\nfor a in \"$@\"; do\n  if [ \"$a\" = --probe ]; then touch {0}/probed-$FAKE_HOST; else args+=(\"$a\"); fi\ndone\nexec {1} \"${{args[0]}}\" --root {2}/$FAKE_HOST \"${{args[@]:1}}\"\n",
+            t.display(),
+            env!("CARGO_BIN_EXE_switchless"),
+            fixtures.display()
+        ),
+    );
+    let plan = repo().join("tests/fixtures/plan/gb10-mesh3.plan.json");
+    let (rc, out, err) = launch(
+        t,
+        Some(&bin),
+        &[],
+        &[
+            script("fleet-doctor.sh").to_str().unwrap(),
+            "-H",
+            "spark-a,spark-b,spark-c",
+            "-o",
+            "fleet",
+            "--plan",
+            plan.to_str().unwrap(),
+            "--probe",
+            "--bin",
+            remote.to_str().unwrap(),
+            "--local-bin",
+            env!("CARGO_BIN_EXE_switchless"),
+        ],
+    );
+    assert_eq!(rc, 2, "{out}\n{err}");
+    for h in ["spark-a", "spark-b", "spark-c"] {
+        assert!(
+            t.join(format!("probed-{h}")).exists(),
+            "{h} was not asked to probe"
+        );
+        assert!(t.join(format!("fleet/{h}/switchless/probe.json")).is_file());
+    }
+    assert!(out.contains("Planned cables ("), "{out}");
+    assert!(
+        out.contains("spark-a port 1 — spark-b port 1  WRONG PORT:  spark-a port 1 (enp1s0f0np0) faces spark-c port 2"),
+        "{out}"
+    );
+    // A plan that is not there is refused before anything is captured.
+    let (rc, _, err) = launch(
+        t,
+        Some(&bin),
+        &[],
+        &[
+            script("fleet-doctor.sh").to_str().unwrap(),
+            "-H",
+            "a,b",
+            "-o",
+            "fleet2",
+            "--plan",
+            "nope.json",
+        ],
+    );
+    assert_eq!(rc, 2);
+    assert!(err.contains("--plan nope.json: cannot read"), "{err}");
+    assert!(!t.join("fleet2").exists());
+}

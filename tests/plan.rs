@@ -1179,3 +1179,32 @@ fn arp_settings_for_every_planned_interface() {
         assert!(text.contains("--format sysctl"), "{text}");
     }
 }
+
+/// The plans the plan-built fixture fleets come from (`tests/fixtures/plan/*.plan.json`, read by
+/// gen.py) are what `switchless plan` makes of their cables files today.
+#[test]
+fn committed_fixture_plans_are_current() {
+    let dir = fixture("");
+    for name in ["gb10-mesh3", "b300-pair", "ws-pair"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_switchless"))
+            .args(["plan", &format!("{name}.cables"), "--format", "json"])
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let fresh = Plan::from_json(&String::from_utf8(out.stdout).unwrap()).unwrap();
+        let committed = Plan::from_json(
+            &std::fs::read_to_string(dir.join(format!("{name}.plan.json"))).unwrap(),
+        )
+        .unwrap();
+        assert!(
+            fresh == committed,
+            "tests/fixtures/plan/{name}.plan.json is stale: rerun `switchless plan {name}.cables --format json` \
+             there, then python3 tests/fixtures/fabric/gen.py"
+        );
+    }
+}

@@ -10,6 +10,8 @@
 #     another host (SWITCHLESS_PLAN_ANY_HOST=1 overrides it here, where namespaces share one host name).
 #  3. ARP flux: a GB10 port's two functions on one wire (a bridge); the apply script's ARP settings make
 #     each peer address resolve to the MAC of the function that holds it.
+#  4. A cable in the wrong port: `doctor --probe --capture` in each namespace and `doctor --fleet --plan`
+#     over the captures name the port each crossed cable reaches.
 # Needs root (namespaces), iproute2, iputils-ping, netplan.io, jq (scripts/deps.d/plan.txt). Bounded: about 100 s on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -178,10 +180,51 @@ arp_flux_case() {
   echo "40-plan: flux: two functions on one wire, each peer address resolves to its own function's MAC"
 }
 
+# 4. A cable in the wrong port, found from the live hosts: two GB10-named hosts with two cables,
+# plugged crosswise at server 2. Each namespace runs `switchless doctor --probe --capture` (ping the
+# planned far end, read what answered), and the fleet view of both captures against the plan names
+# where each cable goes; the single-host doctor says its planned peers do not answer.
+probe_case() {
+  local json s cap out rc
+  json="$work/probe.json"
+  printf '1-1 > 2-1\n1-2 > 2-2\n' | "$bin" plan - --model gb10 --format json >"$json" 2>/dev/null
+  for s in 1 2; do
+    ns[s]="swlprobe$$-$s"
+    ip netns add "${ns[s]}"
+    namespaces+=("${ns[s]}")
+  done
+  # Port 1 of server 1 reaches port 2 of server 2 and the other way round (one function per port).
+  ip netns exec "${ns[1]}" ip link add enp1s0f0np0 type veth peer name enp1s0f1np1 netns "${ns[2]}"
+  ip netns exec "${ns[1]}" ip link add enp1s0f1np1 type veth peer name enp1s0f0np0 netns "${ns[2]}"
+  for s in 1 2; do
+    jq -r --argjson s "$s" '.servers[] | select(.server == $s) | .interfaces[] | select(.interface | startswith("enp1s0")) | "\(.interface) \(.address)"' "$json" |
+      while read -r ifn addr; do
+        ip netns exec "${ns[s]}" ip link set dev "$ifn" up mtu 9000
+        ip netns exec "${ns[s]}" ip addr add "$addr" dev "$ifn"
+      done
+  done
+  for s in 1 2; do
+    cap="$work/probe-cap$s"
+    rc=0
+    out=$(ip netns exec "${ns[s]}" "$bin" doctor --plan "$json" --server "$s" --probe --capture "$cap") || rc=$?
+    [ "$rc" = 2 ] || fail "probe: doctor --probe on server $s exited $rc, expected 2:"$'\n'"$out"
+    grep -q "\[probe-no-answer\] netdev enp1s0f0np0: enp1s0f0np0: 10.100.0." <<<"$out" || fail "probe: no probe-no-answer on server $s:"$'\n'"$out"
+    [ -f "$cap/switchless/probe.json" ] || fail "probe: the capture of server $s lacks switchless/probe.json"
+  done
+  out=$("$bin" doctor --fleet "server1=$work/probe-cap1" "server2=$work/probe-cap2" --plan "$json") || true
+  grep -qE "line 1 .*WRONG PORT: +server 1 port 1 \(enp1s0f0np0\) faces server 2 port 2 \(enp1s0f1np1\)" <<<"$out" ||
+    fail "probe: the fleet does not name where cable 1 goes:"$'\n'"$out"
+  grep -qE "line 2 .*WRONG PORT: +server 1 port 2 \(enp1s0f1np1\) faces server 2 port 1 \(enp1s0f0np0\)" <<<"$out" ||
+    fail "probe: the fleet does not name where cable 2 goes:"$'\n'"$out"
+  for s in 1 2; do ip netns del "${ns[s]}"; done
+  echo "40-plan: probe: doctor --probe in each namespace and the fleet against the plan name both crossed cables"
+}
+
 check_case b300-2node.cables b300 b300x2
 check_case b300-4node.cables b300 b300x4
 check_case gb10-3ring.cables gb10 gb10x3
 check_case custom.cables "$fx/custom.map" custom
 check_case b300-4node-named.cables b300 named
 arp_flux_case
+probe_case
 echo "40-plan: ok"

@@ -8,13 +8,16 @@ pub mod env;
 pub mod environ;
 pub mod facts;
 pub mod fleet;
+pub mod fleet_plan;
 pub mod fleet_render;
 pub mod nccl;
+pub mod probe;
 pub mod registry;
 mod render;
 mod report;
 pub mod tcp;
 pub mod traps;
+pub mod wiring;
 
 pub use checks::{
     MEMLOCK_ERROR_BELOW, Planned, PlannedIface, checks, env_checks, gpu_direct_checks,

@@ -51,6 +51,10 @@ pub mod check {
     pub const GID_MISSING_ONE_END: &str = "gid-missing-one-end";
     pub const NON_NEIGHBOURS: &str = "non-neighbours";
     pub const FAILOVER_PATHS: &str = "failover-paths";
+    pub const CABLE_MISWIRED: &str = "cable-miswired";
+    pub const ARP_FLUX: &str = "arp-flux";
+    pub const PROBE_NO_ANSWER: &str = "probe-no-answer";
+    pub const PLANNED_CABLE: &str = "planned-cable";
 }
 
 /// Which command reports a check.
@@ -330,6 +334,16 @@ pub const FINDINGS: &[Check] = &[
          `switchless plan CABLES --format sysctl` in `/etc/sysctl.d/`",
     ),
     doctor(
+        check::PROBE_NO_ANSWER,
+        "error",
+        "`netdev X`",
+        "only with `--probe` (live host): a far address of the netdev's /30 or /31 (the planned peer under \
+         `--plan`) did not answer a ping; the message says whether anything else answered on that wire (its \
+         MACs: the cable reaches another port) or nothing did",
+        "`ethtool -p X 10` blinks the port: follow the cable; `fleet-doctor.sh --plan PLAN --probe` names \
+         the port it reaches",
+    ),
+    doctor(
         check::IB_HCA_NO_MATCH,
         "error when no usable RoCE port is left, warning for an entry that names nothing",
         "`NCCL_IB_HCA`",
@@ -575,6 +589,35 @@ pub const FINDINGS: &[Check] = &[
          \"no local link reaches the peer\" (or go over the shared subnet with the TCP fallback)",
         "cable a full mesh for all-to-all, or set NCCL_SWITCHLESS_TCP_FALLBACK=1 and accept the \
          shared subnet's speed for those pairs",
+    ),
+    fleet(
+        check::CABLE_MISWIRED,
+        "error",
+        "`cable A:X — B:Y`",
+        "the MAC that answered for a far address (the neighbour table), or what `--probe` saw on the wire, \
+         is another port than the one the addresses pair this end with: a cable in the wrong port, or \
+         addresses set for another cabling. One finding per physical cable, naming both ends",
+        "`ethtool -p X 10` blinks the port; move the cable to the port its addresses are for (`--fleet \
+         --plan` names the planned ports), or re-address both ends",
+    ),
+    fleet(
+        check::ARP_FLUX,
+        "warning",
+        "`cable A — B`",
+        "the MAC an end has for its far address belongs to the other PCIe function on the far end's wire: ARP \
+         flux (a GB10 port's two functions with the kernel's ARP defaults)",
+        "`arp_ignore=1`, `arp_announce=2` on the far end's functions (`switchless plan --format sysctl`), then \
+         `ip neigh flush dev X` on this end",
+    ),
+    fleet(
+        check::PLANNED_CABLE,
+        "error",
+        "`planned cable A port P — B port Q`",
+        "only with `--fleet --plan`: a planned cable of which no function shows: a host is not among the \
+         captures, a planned interface does not exist, or it lacks its planned address (the other states, \
+         `ok`, `wrong-port`, `down`, `half`, `unverified`, are in the planned-cables table; a wrong port is \
+         also `cable-miswired`)",
+        "`switchless doctor --plan plan.json` on that host names what to change; capture a missing host",
     ),
     fleet(
         check::FAILOVER_PATHS,

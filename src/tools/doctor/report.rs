@@ -234,11 +234,17 @@ pub fn build(m: &HostModel, view: NcclView, extras: Extras, mut findings: Vec<Fi
 
 /// A netdev whose MTU differs from the plan is one fault: `plan-mtu-mismatch` (which says what the
 /// MTU costs, RoCE or TCP) stands for it, and the generic MTU findings of that netdev go. So does an
-/// overlapping prefix (`same-subnet` on a netdev) that a plan finding about its address explains.
+/// overlapping prefix (`same-subnet` on a netdev) that a plan finding about its address explains,
+/// and an empty neighbour table (`no-neighbour`) where `--probe` found the far end silent.
 fn one_per_fault(findings: Vec<Finding>) -> Vec<Finding> {
     let planned_mtu: Vec<String> = findings
         .iter()
         .filter(|f| f.check == "plan-mtu-mismatch")
+        .map(|f| f.object.clone())
+        .collect();
+    let probed: Vec<String> = findings
+        .iter()
+        .filter(|f| f.check == check::PROBE_NO_ANSWER)
         .map(|f| f.object.clone())
         .collect();
     let planned_addr: Vec<String> = findings
@@ -252,6 +258,7 @@ fn one_per_fault(findings: Vec<Finding>) -> Vec<Finding> {
             !((f.check == check::MTU_BELOW_4200 || f.check == check::TCP_MTU_BELOW_9000)
                 && planned_mtu.contains(&f.object))
                 && !(f.check == check::SAME_SUBNET && planned_addr.contains(&f.object))
+                && !(f.check == check::NO_NEIGHBOUR && probed.contains(&f.object))
         })
         .collect()
 }
