@@ -227,6 +227,7 @@ pub fn diagnose(args: &Args) -> Result<(doctor::Report, Option<usize>), String> 
     let facts = doctor::facts::Facts::read(&rd, &model);
     let mut extras = doctor::Extras {
         facts,
+        dmabuf_probed: !dmabuf.is_empty(),
         ib_hca: config
             .as_ref()
             .and_then(|c| doctor::env::hca_selection(&model, env, &c.ib_hca)),

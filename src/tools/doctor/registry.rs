@@ -40,6 +40,11 @@ pub mod check {
     pub const GID_INDEX_DIFFERS: &str = "gid-index-differs";
     pub const NCCL_SHIM: &str = "nccl-shim";
     pub const ARP_FLUX_RISK: &str = "arp-flux-risk";
+    pub const IPV6_TEMPORARY_ADDRESS: &str = "ipv6-temporary-address";
+    pub const PCIE_SLOT_POWER: &str = "pcie-slot-power";
+    pub const PCIE_GEN1_X1: &str = "pcie-gen1-x1";
+    pub const NM_MANAGES_FABRIC_PORT: &str = "nm-manages-fabric-port";
+    pub const PEERMEM_MISSING: &str = "peermem-missing";
     pub const KERNEL_FILE: &str = crate::findings::CHECK_KERNEL_FILE;
     // `switchless doctor --fleet`: the cross-host checks.
     pub const NO_FAR_END: &str = "no-far-end";
@@ -332,6 +337,52 @@ pub const FINDINGS: &[Check] = &[
          answer ARP for the other's address, so the peer learns the wrong MAC",
         "`sysctl -w net.ipv4.conf.X.arp_ignore=1 net.ipv4.conf.X.arp_announce=2 …`; persist with \
          `switchless plan CABLES --format sysctl` in `/etc/sysctl.d/`",
+    ),
+    doctor(
+        check::IPV6_TEMPORARY_ADDRESS,
+        "warning",
+        "`netdev X`",
+        "a RoCE netdev has IPv6 privacy (temporary) addresses (`/proc/net/if_inet6` flag 0x01): they take GID \
+         slots and rotate, so the IPv4 RoCE v2 GID's index moves (a global `NCCL_IB_GID_INDEX` breaks, a cached \
+         GID goes stale)",
+        "`sysctl -w net.ipv6.conf.X.use_tempaddr=0` and flush them; persist with `switchless plan --format \
+         sysctl` (or `disable_ipv6=1` on fabric ports)",
+    ),
+    doctor(
+        check::PCIE_SLOT_POWER,
+        "warning",
+        "`pci BDF`",
+        "a Mellanox function's captured Slot Power Limit is 0 W (`lspci -vv`, root only; `/lspci-vv/BDF` in a \
+         capture) or the kernel logged \"insufficient power on the PCIe slot\" for it (`/dmesg`): a ConnectX-7 \
+         then throttles (about 13 Gb/s reported)",
+        "power off and unplug for 30 s (a warm reboot does not clear it); update the BIOS and NIC firmware",
+    ),
+    doctor(
+        check::PCIE_GEN1_X1,
+        "warning",
+        "`pci BDF`",
+        "a Mellanox function reports its PCIe link as Gen1 x1 (old OEM ConnectX-7 firmware): NCCL's topology costs \
+         the NIC at a fraction of a GB/s. Replaces `pcie-link-degraded` for that function",
+        "update the ConnectX-7 firmware; meanwhile an `NCCL_TOPO_FILE` with the real speed",
+    ),
+    doctor(
+        check::NM_MANAGES_FABRIC_PORT,
+        "warning",
+        "`netdev X+Y`",
+        "NetworkManager (`nmcli -t device`, `/nmcli-device` in a capture) runs an automatic profile (\"Wired \
+         connection N\", connecting, or unconfigured) on a cabled fabric port: DHCP on a cable loops every \
+         ~45 s and resets the port's addresses",
+        "`nmcli device set X managed no`; persist with the plan's netplan output or NetworkManager's \
+         `unmanaged-devices`",
+    ),
+    doctor(
+        check::PEERMEM_MISSING,
+        "warning when the kernel files rule DMA-BUF out, info otherwise",
+        "`host`",
+        "the NVIDIA driver is loaded, RDMA devices exist, `nvidia-peermem` is not loaded, and DMA-BUF is not known \
+         to work (judged from `/proc/driver/nvidia/version` and the kernel release when the live host's drivers \
+         were not asked; a GB10, whose GPU shares host memory, is left out)",
+        "`modprobe nvidia-peermem`; or NVIDIA's open kernel modules on Linux ≥ 5.12 for DMA-BUF",
     ),
     doctor(
         check::PROBE_NO_ANSWER,

@@ -106,6 +106,8 @@ pub struct Extras {
     pub server: Option<String>,
     /// Facts beyond the model (ARP settings, …) for the trap checks; empty: those checks are silent.
     pub facts: super::facts::Facts,
+    /// The live host's RDMA drivers were asked about DMA-BUF (`gpu-direct-off` judges GPU-direct).
+    pub dmabuf_probed: bool,
     /// How to persist the plan's sysctl settings on this host (`--plan`: the exact `switchless plan`
     /// command), for remedies; `None`: a generic one.
     pub persist_sysctl: Option<String>,
@@ -161,7 +163,12 @@ pub fn build(m: &HostModel, view: NcclView, extras: Extras, mut findings: Vec<Fi
             "switchless plan CABLES{model_arg} --format sysctl --server N > /etc/sysctl.d/90-switchless.conf"
         )
     });
-    findings.extend(super::traps::checks(m, &extras.facts, &persist));
+    findings.extend(super::traps::checks(
+        m,
+        &extras.facts,
+        &persist,
+        extras.dmabuf_probed,
+    ));
     let mut findings = merge_duplicates(one_per_fault(findings));
     let devices = &view.devices;
     // Worst first; stable within a severity.
@@ -242,6 +249,11 @@ fn one_per_fault(findings: Vec<Finding>) -> Vec<Finding> {
         .filter(|f| f.check == "plan-mtu-mismatch")
         .map(|f| f.object.clone())
         .collect();
+    let gen1: Vec<String> = findings
+        .iter()
+        .filter(|f| f.check == check::PCIE_GEN1_X1)
+        .map(|f| f.object.clone())
+        .collect();
     let probed: Vec<String> = findings
         .iter()
         .filter(|f| f.check == check::PROBE_NO_ANSWER)
@@ -259,6 +271,7 @@ fn one_per_fault(findings: Vec<Finding>) -> Vec<Finding> {
                 && planned_mtu.contains(&f.object))
                 && !(f.check == check::SAME_SUBNET && planned_addr.contains(&f.object))
                 && !(f.check == check::NO_NEIGHBOUR && probed.contains(&f.object))
+                && !(f.check == check::PCIE_LINK_DEGRADED && gen1.contains(&f.object))
         })
         .collect()
 }
