@@ -310,7 +310,7 @@ fn every_cables_error_names_file_and_line() {
         (
             "1-1 > 3-1",
             Some(2),
-            "cables.txt:1: server 3 in `1-1 > 3-1` is out of range: --servers 2 allows servers 1..=2",
+            "--servers 2 allows servers 1..=2, but the cables file names server 3:\n  cables.txt:1: `1-1 > 3-1` names server 3",
         ),
         (
             "1-9 > 2-1",
@@ -1207,4 +1207,63 @@ fn committed_fixture_plans_are_current() {
              there, then python3 tests/fixtures/fabric/gen.py"
         );
     }
+}
+
+/// One of a thing is singular everywhere (walkthrough 2, A8), and `--servers` below the file's
+/// highest server blames the option, quoting the file's own text.
+#[test]
+fn singulars_and_the_servers_option() {
+    let dir = fixture("");
+    let out = switchless(&[
+        "plan",
+        dir.join("ws-pair.cables").to_str().unwrap(),
+        "--format",
+        "ip",
+        "--server",
+        "1",
+    ]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("model ws10g (1 port, up to 1 interface each), 2 servers, 1 cable, 1 link"),
+        "{text}"
+    );
+    assert!(
+        text.contains("verified: 1 link in 1 distinct /30 subnet, 2 distinct addresses;"),
+        "{text}"
+    );
+    assert!(text.contains("ws-a.sh: 1 interface configured;"), "{text}");
+    let p =
+        Plan::from_json(&std::fs::read_to_string(dir.join("ws-pair.plan.json")).unwrap()).unwrap();
+    let live = vec![plan::LiveIface {
+        name: "enp5s0".into(),
+        addrs: vec!["10.100.0.1/30".parse().unwrap()],
+        mtu: 9000,
+        up: true,
+        rdma: false,
+    }];
+    let f = plan::check_host(&p, 1, &live);
+    assert_eq!(
+        f[0].message,
+        "the one planned interface of server 1 is up with MTU 9000 bytes and its planned /30 address"
+    );
+    let out = switchless(&[
+        "plan",
+        dir.join("gb10-mesh3.cables").to_str().unwrap(),
+        "--servers",
+        "2",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.contains("--servers 2 allows servers 1..=2, but the cables file names server 3:"),
+        "{err}"
+    );
+    assert!(
+        err.contains("`spark-b-2 > spark-c-1` names server 3 (spark-c)"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("invalid configuration") && !err.contains("errors in the cables file"),
+        "{err}"
+    );
 }

@@ -72,7 +72,11 @@ pub fn run(args: Args) -> ExitCode {
     match execute(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("switchless plan: {e}");
+            // A mistake in the cables file, the map or an option is no "invalid configuration".
+            match e {
+                Error::InvalidUsage(m) => eprintln!("switchless plan: {m}"),
+                e => eprintln!("switchless plan: {e}"),
+            }
             ExitCode::from(2)
         }
     }

@@ -65,6 +65,8 @@ pub fn parse(source: &str, text: &str, map: &PortMap, servers: Option<u32>) -> R
     // (line, message); sorted by line before reporting, so syntax and semantic errors interleave in file order.
     let mut errors: Vec<(usize, String)> = Vec::new();
     let mut named: Vec<(usize, RawEnd, RawEnd)> = Vec::new();
+    // The text of each cable as the file writes it, for messages (`spark-b-2 > spark-c-1`).
+    let mut written: Vec<String> = Vec::new();
     let mut decls: BTreeMap<u32, (String, usize)> = BTreeMap::new();
     // A byte-order mark (some Windows editors write one) is not part of the first line.
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
@@ -101,7 +103,10 @@ pub fn parse(source: &str, text: &str, map: &PortMap, servers: Option<u32>) -> R
                 continue;
             }
             match parse_item(item) {
-                Ok((x, y)) => named.push((line, x, y)),
+                Ok((x, y)) => {
+                    named.push((line, x, y));
+                    written.push(item.to_string());
+                }
                 Err(why) => errors.push((line, format!("{source}:{line}: {why}"))),
             }
         }
@@ -111,39 +116,44 @@ pub fn parse(source: &str, text: &str, map: &PortMap, servers: Option<u32>) -> R
         Host::Num(n) => Some(*n),
         Host::Name(h) => names.iter().find(|(_, v)| *v == h).map(|(k, _)| *k),
     };
-    let mut raw: Vec<Cable> = Vec::new();
-    for (line, x, y) in &named {
+    let mut raw: Vec<(Cable, &str)> = Vec::new();
+    for ((line, x, y), text) in named.iter().zip(&written) {
         if let (Some(a), Some(b)) = (number(x), number(y)) {
-            raw.push(Cable {
-                line: *line,
-                a: Endpoint {
-                    server: a,
-                    port: x.port,
+            raw.push((
+                Cable {
+                    line: *line,
+                    a: Endpoint {
+                        server: a,
+                        port: x.port,
+                    },
+                    b: Endpoint {
+                        server: b,
+                        port: y.port,
+                    },
                 },
-                b: Endpoint {
-                    server: b,
-                    port: y.port,
-                },
-            });
+                text.as_str(),
+            ));
         }
     }
     let max_seen = raw
         .iter()
-        .map(|c| c.a.server.max(c.b.server))
+        .map(|(c, _)| c.a.server.max(c.b.server))
         .max()
         .unwrap_or(0);
     let n = servers.unwrap_or(max_seen);
     let mut used: BTreeMap<Endpoint, usize> = BTreeMap::new();
     let mut pairs: BTreeMap<(Endpoint, Endpoint), usize> = BTreeMap::new();
     let mut cables = Vec::new();
-    for c in raw {
+    // Servers beyond --servers are the option's fault, not the file's: reported apart.
+    let mut beyond: Vec<(usize, String)> = Vec::new();
+    for (c, written) in raw {
         let line = c.line;
         let (a, b) = if c.a.server <= c.b.server {
             (c.a, c.b)
         } else {
             (c.b, c.a)
         };
-        let text = format!("`{} > {}`", c.a, c.b);
+        let text = format!("`{written}`");
         let mut ok = true;
         if a.server == b.server {
             errors.push((line, format!(
@@ -156,10 +166,16 @@ pub fn parse(source: &str, text: &str, map: &PortMap, servers: Option<u32>) -> R
             if let Some(limit) = servers
                 && e.server > limit
             {
-                errors.push((line, format!(
-                    "{source}:{line}: server {} in {text} is out of range: --servers {limit} allows servers 1..={limit}",
-                    e.server
-                )));
+                beyond.push((
+                    line,
+                    format!(
+                        "{source}:{line}: {text} names server {}{}",
+                        e.server,
+                        names
+                            .get(&e.server)
+                            .map_or(String::new(), |n| format!(" ({n})"))
+                    ),
+                ));
                 ok = false;
             }
             if map.port(e.port).is_none() {
@@ -198,6 +214,27 @@ pub fn parse(source: &str, text: &str, map: &PortMap, servers: Option<u32>) -> R
         if ok {
             cables.push(Cable { line, a, b });
         }
+    }
+    if errors.is_empty()
+        && let Some(limit) = servers
+        && !beyond.is_empty()
+    {
+        return Err(crate::error::Error::InvalidUsage(format!(
+            "--servers {limit} allows servers 1..={limit}, but the cables file names server {max_seen}:\n  {}\n\
+             give --servers {max_seen} or more, or leave --servers out (the highest server the file names)",
+            beyond
+                .iter()
+                .map(|(_, m)| m.as_str())
+                .collect::<Vec<_>>()
+                .join("\n  ")
+        )));
+    }
+    if !beyond.is_empty() {
+        errors.extend(
+            beyond
+                .into_iter()
+                .map(|(l, m)| (l, format!("{m}, beyond --servers"))),
+        );
     }
     if errors.is_empty() && cables.is_empty() {
         errors.push((
@@ -526,9 +563,7 @@ mod tests {
             "{e}"
         );
         assert!(
-            e.contains(
-                "c.txt:9: server 5 in `1-4 > 5-4` is out of range: --servers 4 allows servers 1..=4"
-            ),
+            e.contains("c.txt:9: `1-4 > 5-4` names server 5, beyond --servers"),
             "{e}"
         );
     }

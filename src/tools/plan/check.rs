@@ -394,10 +394,20 @@ pub fn check_host(plan: &Plan, server: u32, live: &[LiveIface]) -> Vec<Finding> 
             "plan-host-matches",
             "plan",
             format!(
-                "all {} planned interfaces of server {server} are up with MTU {} bytes and their planned /{} addresses",
-                mine.len(),
+                "{} of server {server} {} up with MTU {} bytes and {} planned /{} {}",
+                match mine.len() {
+                    1 => "the one planned interface".to_string(),
+                    n => format!("all {n} planned interfaces"),
+                },
+                if mine.len() == 1 { "is" } else { "are" },
                 plan.mtu,
-                plan.prefix
+                if mine.len() == 1 { "its" } else { "their" },
+                plan.prefix,
+                if mine.len() == 1 {
+                    "address"
+                } else {
+                    "addresses"
+                }
             ),
             "nothing to do",
         ));

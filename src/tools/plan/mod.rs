@@ -125,9 +125,13 @@ pub struct Verified {
 impl Verified {
     /// The guarantee in one sentence, for the outputs.
     pub fn sentence(&self, prefix: u8) -> String {
+        use crate::tools::units::count;
         format!(
-            "verified: {} links in {} distinct /{prefix} subnets, {} distinct addresses; no two links share a subnet, no address is used twice, both ends of every link are in its subnet",
-            self.links, self.distinct_subnets, self.distinct_addresses
+            "verified: {} in {} distinct /{prefix} {}, {}; no two links share a subnet, no address is used twice, both ends of every link are in its subnet",
+            count(self.links, "link"),
+            self.distinct_subnets,
+            crate::tools::units::plural(self.distinct_subnets, "subnet"),
+            count(self.distinct_addresses, "distinct address")
         )
     }
 }

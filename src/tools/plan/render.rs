@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 
 use super::{Link, Plan, Verified};
 use crate::error::{Error, Result};
+use crate::tools::units::count;
 
 /// `--format`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -137,11 +138,6 @@ fn sorted_links(plan: &Plan, server: u32) -> Vec<&Link> {
     v
 }
 
-/// `1 cable`, `2 cables`.
-fn count(n: usize, what: &str) -> String {
-    format!("{n} {what}{}", if n == 1 { "" } else { "s" })
-}
-
 fn header_lines(plan: &Plan, verified: &Verified) -> Vec<String> {
     let cables: std::collections::BTreeSet<(u32, u32)> = plan
         .links
@@ -150,10 +146,10 @@ fn header_lines(plan: &Plan, verified: &Verified) -> Vec<String> {
         .collect();
     vec![
         format!(
-            "switchless plan: model {} ({} ports, up to {} interfaces each), {}, {}, {}",
+            "switchless plan: model {} ({}, up to {} each), {}, {}, {}",
             plan.model.name,
-            plan.model.ports.len(),
-            plan.model.max_functions(),
+            count(plan.model.ports.len(), "port"),
+            count(plan.model.max_functions() as usize, "interface"),
             count(plan.servers as usize, "server"),
             count(cables.len(), "cable"),
             count(plan.links.len(), "link")
@@ -334,8 +330,8 @@ fn ip_apply(plan: &Plan, s: u32, verified: &Verified) -> String {
     }
     let _ = writeln!(
         out,
-        "echo \"{stem}.sh: {} interfaces configured; run {stem}-check.sh once every server is done\"",
-        sides.len()
+        "echo \"{stem}.sh: {} configured; run {stem}-check.sh once every server is done\"",
+        count(sides.len(), "interface")
     );
     out
 }
