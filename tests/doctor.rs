@@ -639,30 +639,35 @@ fn ib_hca_prefix_match_and_half_a_cable_are_warnings() {
     // B300: mlx5_1 also selects mlx5_10..17 and drops mlx5_0, the other half of its CX-8 port.
     let (rc, v) = doctor_env("b300-4node", &[("NCCL_IB_HCA", "mlx5_1")]);
     assert_eq!(rc, Some(1));
+    // One fault, one finding, one remedy: the device meant and the other half of its cable.
     let p = finding(&v, "ib-hca-prefix-match");
+    let msg = p["message"].as_str().unwrap();
     assert!(
-        p["message"]
-            .as_str()
-            .unwrap()
-            .contains("also selects mlx5_10, mlx5_11, mlx5_12"),
+        msg.contains("also selects mlx5_10, mlx5_11, mlx5_12"),
         "{p}"
     );
-    assert_eq!(p["remedy"], "export NCCL_IB_HCA==mlx5_1   # exact names");
-    let s = finding(&v, "ib-hca-splits-port");
     assert!(
-        s["message"]
-            .as_str()
-            .unwrap()
-            .contains("keeps mlx5_1 port 1 but drops mlx5_0 port 1"),
-        "{s}"
+        msg.contains("keeps mlx5_1 port 1 but drops mlx5_0 port 1"),
+        "{p}"
     );
     assert!(
-        s["remedy"]
+        p["remedy"]
             .as_str()
             .unwrap()
-            .starts_with("export NCCL_IB_HCA==mlx5_0,mlx5_1,"),
-        "{s}"
+            .starts_with("export NCCL_IB_HCA==mlx5_0,mlx5_1   # exact names"),
+        "{p}"
     );
+    assert!(
+        !v["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["check"] == "ib-hca-splits-port"),
+        "{v:#}"
+    );
+    // The remedy is clean: doctor says nothing more with it.
+    let (rc, v2) = doctor_env("b300-4node", &[("NCCL_IB_HCA", "=mlx5_0,mlx5_1")]);
+    assert_eq!(rc, Some(0), "{v2:#}");
     let sel: Vec<&str> = v["ib_hca"]["selected"]
         .as_array()
         .unwrap()
@@ -674,6 +679,10 @@ fn ib_hca_prefix_match_and_half_a_cable_are_warnings() {
     let (rc, v) = doctor_env("gb10-2cable", &[("NCCL_IB_HCA", "rocep1s0f0")]);
     assert_eq!(rc, Some(1));
     let s = finding(&v, "ib-hca-splits-port");
+    assert_eq!(
+        s["remedy"].as_str().unwrap().split("   #").next().unwrap(),
+        "export NCCL_IB_HCA==roceP2p1s0f0,rocep1s0f0"
+    );
     assert!(
         s["message"]
             .as_str()

@@ -473,6 +473,7 @@ pub fn hca_checks(
     }
 
     // Prefix matching: an entry that is a device name and also selects longer names.
+    let mut prefix = Vec::new();
     if !f.is_exact() {
         for e in f.entries() {
             if !names.contains(&e.name.as_str()) {
@@ -483,26 +484,14 @@ pub fn hca_checks(
                 .copied()
                 .filter(|n| *n != e.name && n.starts_with(e.name.as_str()))
                 .collect();
-            if more.is_empty() {
-                continue;
-            }
-            let exact = if f.is_exclude() {
-                format!("^={}", value.trim().trim_start_matches('^').trim_start())
-            } else {
-                format!("={}", value.trim())
-            };
-            out.push(Finding::new(
-                Severity::Warning,
-                check::IB_HCA_PREFIX_MATCH,
-                obj,
-                format!(
-                    "NCCL_IB_HCA entry {} also {} {} (NCCL matches names by prefix unless the list starts with =)",
+            if !more.is_empty() {
+                prefix.push(format!(
+                    "entry {} also {} {} (NCCL matches names by prefix unless the list starts with =)",
                     e.name,
                     if f.is_exclude() { "excludes" } else { "selects" },
                     more.join(", ")
-                ),
-                format!("export NCCL_IB_HCA={}   # exact names", shell_word(&exact)),
-            ));
+                ));
+            }
         }
     }
 
@@ -516,41 +505,82 @@ pub fn hca_checks(
                 .push((d.name.as_str(), p.port));
         }
     }
-    let mut wanted: Vec<String> = kept.iter().map(|(d, _)| d.to_string()).collect();
     let mut split = Vec::new();
     for members in cages.values() {
         let (k, dropped): (Vec<_>, Vec<_>) = members.iter().partition(|(d, p)| f.matches(d, *p));
         if !k.is_empty() && !dropped.is_empty() {
-            split.push(format!(
-                "keeps {} but drops {}",
-                k.iter()
-                    .map(|(d, p)| format!("{d} port {p}"))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                dropped
-                    .iter()
-                    .map(|(d, p)| format!("{d} port {p}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
-            wanted.extend(dropped.iter().map(|(d, _)| d.to_string()));
+            split.push((k, dropped));
         }
     }
-    if !split.is_empty() {
+    if prefix.is_empty() && split.is_empty() {
+        return out;
+    }
+    let port_list = |v: &[&(&str, u8)]| {
+        v.iter()
+            .map(|(d, p)| format!("{d} port {p}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let split_text: Vec<String> = split
+        .iter()
+        .map(|(k, d)| format!("keeps {} but drops {}", port_list(k), port_list(d)))
+        .collect();
+    // One fault, one remedy: the devices the entries name exactly, with the other functions of
+    // their cables, as an exact list (or, for an exclude list, the exact names it meant).
+    let remedy = if f.is_exclude() {
+        let named: Vec<&str> = f
+            .entries()
+            .iter()
+            .map(|e| e.name.as_str())
+            .filter(|n| names.contains(n))
+            .collect();
+        format!(
+            "export NCCL_IB_HCA={}   # exact names; or unset NCCL_IB_HCA (every port)",
+            shell_word(&format!("^={}", named.join(",")))
+        )
+    } else {
+        let mut wanted: Vec<String> = f
+            .entries()
+            .iter()
+            .map(|e| e.name.clone())
+            .filter(|n| names.contains(&n.as_str()))
+            .collect();
+        if f.is_exact() || wanted.is_empty() {
+            wanted = kept.iter().map(|(d, _)| d.to_string()).collect();
+        }
+        for (k, dropped) in &split {
+            if k.iter().any(|(d, _)| wanted.iter().any(|w| w == d)) {
+                wanted.extend(dropped.iter().map(|(d, _)| d.to_string()));
+            }
+        }
         let mut wanted = dedup(wanted);
         wanted.sort_by_key(|n| names.iter().position(|x| x == n));
-        out.push(Finding::new(
-            Severity::Warning,
-            check::IB_HCA_SPLITS_PORT,
-            obj,
-            format!(
-                "NCCL_IB_HCA={quoted} {}: those functions serve the same cable, so its NCCL device gets only \
-                 part of the cable's bandwidth",
-                split.join("; ")
-            ),
-            format!("export NCCL_IB_HCA={}   # both functions of every cable it uses", shell_word(&format!("={}", wanted.join(",")))),
+        format!(
+            "export NCCL_IB_HCA={}   # exact names, both functions of each cable; or unset NCCL_IB_HCA (every port)",
+            shell_word(&format!("={}", wanted.join(",")))
+        )
+    };
+    // Named after the first problem: a prefix match (whose exact list also fixes a split) first.
+    let id = if prefix.is_empty() {
+        check::IB_HCA_SPLITS_PORT
+    } else {
+        check::IB_HCA_PREFIX_MATCH
+    };
+    let mut what = prefix;
+    if !split_text.is_empty() {
+        what.push(format!(
+            "it {}: those functions serve the same cable, so its NCCL device gets only part of the cable's \
+             bandwidth",
+            split_text.join("; ")
         ));
     }
+    out.push(Finding::new(
+        Severity::Warning,
+        id,
+        obj,
+        format!("NCCL_IB_HCA={quoted}: {}", what.join("; ")),
+        remedy,
+    ));
     out
 }
 
