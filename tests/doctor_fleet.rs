@@ -771,3 +771,38 @@ fn arp_flux_between_the_functions_of_a_port() {
         b.findings
     );
 }
+
+/// Fleet remedies carry the values the fleet knows (walkthrough 2, A6): the idle function to
+/// address, with the far end's subnet's other address and its MTU.
+#[test]
+fn half_addressed_remedy_is_pasteable() {
+    let r = report("fleet-b300-mesh4-faults");
+    let h = r
+        .findings
+        .iter()
+        .find(|f| f.check == "half-addressed")
+        .unwrap();
+    assert_eq!(
+        h.remedy,
+        "on b300-4: ip link set dev enp112s0f1np1 up mtu 9000 && ip addr add 10.134.4.2/30 dev enp112s0f1np1"
+    );
+    // A /24 has no one other address: the subnet and the far end's are named instead.
+    let r = report("fleet-gb10-ring4-faults");
+    let h = r
+        .findings
+        .iter()
+        .find(|f| f.check == "half-addressed")
+        .unwrap();
+    assert!(
+        h.remedy.starts_with(
+            "on spark-2: ip link set dev enP2p1s0f0np0 up mtu 9000 && ip addr add ADDR/24"
+        ),
+        "{}",
+        h.remedy
+    );
+    assert!(
+        h.remedy.contains("a free address of 192.168.101.0/24"),
+        "{}",
+        h.remedy
+    );
+}

@@ -658,11 +658,7 @@ pub fn diagnose(hosts: &[HostInput]) -> FleetReport {
                     },
                     gbps(c.speed_mbps)
                 ),
-                format!(
-                    "on {}: address every function of the cage in the subnet its far end uses (a GB10 cage \
-                     has two functions, a CX-8 cage two halves: one subnet each)",
-                    other.host
-                ),
+                half_remedy(&other.host, &idle, &lonely.iter().map(|k| &ends[*k]).collect::<Vec<_>>()),
             ));
             explained.extend(lonely);
         }
@@ -791,6 +787,45 @@ pub fn diagnose(hosts: &[HostInput]) -> FleetReport {
         failover,
         exit_status: status,
     }
+}
+
+/// How to address the idle functions of a half-addressed cable on `host`: each lonely far end's
+/// subnet gets its other address on the idle function of the same rank (the functions sorted by
+/// name at both ends: a GB10's `enP2…` pairs with `enP2…`), with the far end's MTU. Exact for a /30
+/// or /31; for a wider subnet the remedy names the subnet.
+fn half_remedy(host: &str, idle: &[String], lonely: &[&End]) -> String {
+    let mut lonely = lonely.to_vec();
+    lonely.sort_by(|a, b| a.netdev.cmp(&b.netdev));
+    if idle.is_empty() {
+        return format!(
+            "on {host}: address every function of the cage in the subnet its far end uses ({})",
+            lonely
+                .iter()
+                .map(|e| e.addr.trunc().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let steps: Vec<String> = lonely
+        .iter()
+        .zip(idle.iter())
+        .map(|(far, nd)| {
+            let mtu = far.mtu.unwrap_or(9000);
+            match crate::route::point_to_point_peers(far.addr).as_deref() {
+                Some([peer]) => format!(
+                    "ip link set dev {nd} up mtu {mtu} && ip addr add {peer}/{} dev {nd}",
+                    far.addr.prefix_len()
+                ),
+                _ => format!(
+                    "ip link set dev {nd} up mtu {mtu} && ip addr add ADDR/{} dev {nd}   # ADDR: a free address of {} (the far end holds {})",
+                    far.addr.prefix_len(),
+                    far.addr.trunc(),
+                    far.addr.addr()
+                ),
+            }
+        })
+        .collect();
+    format!("on {host}: {}", steps.join("; "))
 }
 
 /// Netdevs of the RDMA ports in `cage` (text form) that hold no address.

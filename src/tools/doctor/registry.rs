@@ -407,8 +407,9 @@ pub const FINDINGS: &[Check] = &[
         "warning",
         "`NCCL_IB_HCA`",
         "an entry that is a device name also selects (or excludes) longer names by prefix: `mlx5_1` takes \
-         `mlx5_10` … `mlx5_17` too",
-        "`export NCCL_IB_HCA==...` (exact names)",
+         `mlx5_10` … `mlx5_17` too. One finding for the variable: a split cable it also causes is said in it",
+        "`export NCCL_IB_HCA==...`: the devices named, with the other functions of their cables (one remedy \
+         for both problems)",
     ),
     doctor(
         check::IB_HCA_SPLITS_PORT,
@@ -623,7 +624,8 @@ pub const FINDINGS: &[Check] = &[
         "`cable A:fns — B:fns`",
         "A GB10 port or CX-8 port has both PCIe functions / halves addressed at one end and only one \
          at the other: half the cable's bandwidth is idle",
-        "address the missing function at the other end in its own /30 (`switchless plan`)",
+        "`ip link set dev X up mtu M && ip addr add A/P dev X` on the other end's idle function (the finding \
+         names it, the address and the MTU; for a subnet wider than /30 or /31 it names the subnet)",
     ),
     fleet(
         check::GID_MISSING_ONE_END,
