@@ -1073,3 +1073,18 @@ fn a_gb10_port_with_the_kernels_arp_defaults_risks_arp_flux() {
     let (_, v) = doctor_env_at(&cap, &[]);
     assert_eq!(all_of(&v, "arp-flux-risk").len(), 1);
 }
+
+#[test]
+fn an_infiniband_port_shows_no_derived_active_mtu() {
+    // The B300's storage CX-7 in IB mode (ibo4): its IPoIB MTU is no RoCE frame size.
+    let out = bin()
+        .env_clear()
+        .args(["doctor", "--root"])
+        .arg(fixture("b300-2node"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let row = text.lines().find(|l| l.contains(" ibo4 ")).unwrap();
+    assert!(row.contains("4092/IB"), "{row}");
+    assert!(!row.contains("4092/1024"), "{row}");
+}

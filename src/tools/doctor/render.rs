@@ -94,7 +94,13 @@ pub fn render_text(r: &Report) -> String {
             format!(
                 "{}/{}",
                 p.mtu.map(|m| m.to_string()).unwrap_or_else(|| "?".into()),
-                p.active_mtu
+                // An InfiniBand port's active MTU is not derived from its IPoIB netdev's MTU, and
+                // NCCL's IB transport, not the plugin, uses it.
+                if p.link_layer == "InfiniBand" {
+                    "IB".to_string()
+                } else {
+                    p.active_mtu.to_string()
+                }
             ),
             p.pci_root.clone().unwrap_or_else(|| "-".into()),
             link,
