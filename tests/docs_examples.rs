@@ -101,3 +101,46 @@ fn the_three_gb10_mesh_page_has_the_recipe() {
         assert!(page.contains(want), "gb10-mesh3.md lacks {want}");
     }
 }
+
+/// The pages a user reads to run the tools explain behaviour in words, not through the code's items
+/// (`HostModel::local_links`, `Plan::verify`), and cite no file the repository lacks.
+#[test]
+fn user_pages_speak_no_rust() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut pages = vec![
+        root.join("README.md"),
+        root.join("docs/guide/doctor.md"),
+        root.join("docs/guide/plan.md"),
+        root.join("docs/guide/fleet.md"),
+        root.join("docs/guide/nccl-tests.md"),
+        root.join("docs/guide/troubleshooting.md"),
+    ];
+    for e in std::fs::read_dir(root.join("docs/start")).unwrap() {
+        pages.push(e.unwrap().path());
+    }
+    for p in pages {
+        let text = std::fs::read_to_string(&p).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            if line.trim_start().starts_with("<!--") {
+                continue; // markers of generated tables, for whoever edits the page
+            }
+            let b = line.as_bytes();
+            for i in 1..b.len().saturating_sub(2) {
+                let path_sep = b[i] == b':' && b[i + 1] == b':';
+                if path_sep && b[i - 1].is_ascii_alphabetic() && b[i + 2].is_ascii_alphabetic() {
+                    panic!(
+                        "{}:{}: a Rust path in a user page: {line}",
+                        p.display(),
+                        n + 1
+                    );
+                }
+            }
+            assert!(
+                !line.contains("nccl-net-abi.md") && !line.contains("reference generator"),
+                "{}:{}: cites a file the repository lacks: {line}",
+                p.display(),
+                n + 1
+            );
+        }
+    }
+}

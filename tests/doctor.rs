@@ -1087,4 +1087,6 @@ fn an_infiniband_port_shows_no_derived_active_mtu() {
     let row = text.lines().find(|l| l.contains(" ibo4 ")).unwrap();
     assert!(row.contains("4092/IB"), "{row}");
     assert!(!row.contains("4092/1024"), "{row}");
+    // A device's far-end group is its peer set; railId stays -1 (docs/guide/doctor.md).
+    assert!(text.contains(", peer set 0, ") && !text.contains(", rail "), "{text}");
 }

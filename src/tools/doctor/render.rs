@@ -173,7 +173,7 @@ pub fn render_text(r: &Report) -> String {
                 .collect();
             let _ = writeln!(
                 out,
-                "  {} {}: {} Gb/s, guid 0x{:016x} port {}, rail {}, ptr {}, members {}",
+                "  {} {}: {} Gb/s, guid 0x{:016x} port {}, peer set {}, ptr {}, members {}",
                 d.index,
                 d.name,
                 d.speed_mbps / 1000,
