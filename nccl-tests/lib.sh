@@ -31,7 +31,8 @@ sl_common_usage() {
   cat << 'EOF'
 Common options:
   -N, --nodes N            nodes (default 2)
-  -g, --gpus-per-node G    GPUs per node, one process per node drives them all (default 8; GB10: 1)
+  -g, --gpus-per-node G    GPUs per node, one process per node drives them all (default 8, a B300;
+                           GB10 and workstations: -g 1, and sizes such as -b 1M -e 8G)
   -t, --tests LIST         comma-separated: all_reduce,all_gather,reduce_scatter,alltoall,sendrecv,
                            broadcast, or "all" (default all_reduce)
   -b, --min-bytes SIZE     smallest message (default 512M)
@@ -142,9 +143,14 @@ sl_validate() {
     /*) ;;
     *) SL_OUT="$PWD/$SL_OUT" ;;
   esac
-  # Checked in a dry run too: what it prints must work when pasted.
+  # A dry run rehearses on an admin box, which need not hold the plugin: it says so and goes on; a real
+  # run stops here.
   if [ -n "$SL_PLUGIN_DIR" ] && [ ! -e "$SL_PLUGIN_DIR/lib/libnccl-net-switchless.so" ]; then
-    sl_die "--plugin-dir $SL_PLUGIN_DIR has no lib/libnccl-net-switchless.so (run: make install PREFIX=$SL_PLUGIN_DIR)"
+    if [ "$SL_DRY" = 1 ]; then
+      echo "# note: --plugin-dir $SL_PLUGIN_DIR has no lib/libnccl-net-switchless.so here; the run itself stops on it (make install PREFIX=$SL_PLUGIN_DIR)"
+    else
+      sl_die "--plugin-dir $SL_PLUGIN_DIR has no lib/libnccl-net-switchless.so (run: make install PREFIX=$SL_PLUGIN_DIR)"
+    fi
   fi
 }
 
@@ -310,6 +316,14 @@ sl_find_cli() {
   elif command -v switchless > /dev/null 2>&1; then
     command -v switchless
   fi
+}
+
+# The summary command of one test, as a dry run shows it (the NCCL logs as a glob).
+sl_show_summarize() {
+  local test="$1" args=()
+  [ "$SL_DEBUG" -ge 1 ] && args+=(--require-plugin)
+  [ -z "$SL_EXPECT" ] || args+=(--expect-busbw "$SL_EXPECT")
+  echo "$(sl_show switchless nccl-tests summarize "$SL_OUT/$test.out") $(printf '%q' "$SL_OUT")/nccl.$test.*.log${args[*]:+ $(sl_show "${args[@]}")}"
 }
 
 # Summarizes one test's output (stdout file + NCCL logs). Returns the summary's status.

@@ -125,6 +125,7 @@ for t in $SL_TESTS; do
   cmd=("${mpi[@]}" -x "SWITCHLESS_TEST=$t" bash -c "$SL_RANK_WORD" rank.sh "$SL_NCCL_TESTS_DIR/${t}_perf" "${SL_TEST_ARGS[@]}")
   if [ "$SL_DRY" = 1 ]; then
     sl_show "${cmd[@]}"
+    sl_show_summarize "$t"
     continue
   fi
   echo "== ${t}_perf"

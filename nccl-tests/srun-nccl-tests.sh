@@ -29,7 +29,9 @@ Examples:
   srun-nccl-tests.sh -N 2 -g 8 -t all --plugin-dir /shared/switchless -i eno1 --preflight-arg=--plan=/shared/plan.json
   # 2x GB10, our image (plugin inside), fail below 185 Gb/s:
   srun-nccl-tests.sh -N 2 -g 1 -t all_gather -b 16G -e 16G --image ghcr.io#you/switchless-nccl-tests:latest --expect-busbw 185Gb/s
-  # what would run, as lines to paste (creates nothing):
+  # 3x GB10 in a full mesh (one GPU each), sizes for a 200G cable:
+  srun-nccl-tests.sh -N 3 -g 1 -t all -b 1M -e 8G --plugin-dir /shared/switchless -i enP7s7
+  # what would run, as lines to paste (creates nothing; the plugin need not be on this box):
   srun-nccl-tests.sh -N 4 -g 8 --plugin-dir /shared/switchless -i eno1 --dry-run
 
 Slurm options:
@@ -150,6 +152,7 @@ for t in $SL_TESTS; do
   cmd=("${srun_cmd[@]}" --export="ALL,SWITCHLESS_TEST=$t" bash -c "$SL_RANK_WORD" rank.sh "$SL_NCCL_TESTS_DIR/${t}_perf" "${SL_TEST_ARGS[@]}")
   if [ "$SL_DRY" = 1 ]; then
     sl_show "${cmd[@]}"
+    sl_show_summarize "$t"
     continue
   fi
   echo "== ${t}_perf"

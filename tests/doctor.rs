@@ -1088,5 +1088,8 @@ fn an_infiniband_port_shows_no_derived_active_mtu() {
     assert!(row.contains("4092/IB"), "{row}");
     assert!(!row.contains("4092/1024"), "{row}");
     // A device's far-end group is its peer set; railId stays -1 (docs/guide/doctor.md).
-    assert!(text.contains(", peer set 0, ") && !text.contains(", rail "), "{text}");
+    assert!(
+        text.contains(", peer set 0, ") && !text.contains(", rail "),
+        "{text}"
+    );
 }

@@ -477,3 +477,72 @@ fn fleet_doctor_checks_the_cables_file_against_the_fabric() {
     assert!(err.contains("--plan nope.json: cannot read"), "{err}");
     assert!(!t.join("fleet2").exists());
 }
+
+/// A dry run rehearses on an admin box: no plugin needed (a note says the real run would stop), and
+/// it shows the summary step with its --expect-busbw (walkthrough 2, A10).
+#[test]
+fn a_dry_run_needs_no_plugin_and_shows_the_summary() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let (rc, out, err) = launch(
+        t,
+        None,
+        &[],
+        &[
+            script("srun-nccl-tests.sh").to_str().unwrap(),
+            "-N",
+            "3",
+            "-g",
+            "1",
+            "-b",
+            "1M",
+            "-e",
+            "8G",
+            "--plugin-dir",
+            "/shared/switchless",
+            "-o",
+            "out",
+            "--expect-busbw",
+            "185Gb/s",
+            "--dry-run",
+        ],
+    );
+    assert_eq!(rc, 0, "{err}");
+    assert!(
+        out.contains(
+            "# note: --plugin-dir /shared/switchless has no lib/libnccl-net-switchless.so here"
+        ),
+        "{out}"
+    );
+    let out_dir = t.join("out");
+    assert!(
+        out.contains(&format!(
+            "switchless nccl-tests summarize {0}/all_reduce.out {0}/nccl.all_reduce.*.log --require-plugin --expect-busbw 185Gb/s",
+            out_dir.display()
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains("all_reduce_perf -b 1M -e 8G -f 2 -g 1"),
+        "{out}"
+    );
+    // The real run stops before anything starts.
+    let (rc, _, err) = launch(
+        t,
+        None,
+        &[],
+        &[
+            script("srun-nccl-tests.sh").to_str().unwrap(),
+            "--plugin-dir",
+            "/shared/switchless",
+            "-o",
+            "out",
+        ],
+    );
+    assert_eq!(rc, 2);
+    assert!(
+        err.contains("has no lib/libnccl-net-switchless.so"),
+        "{err}"
+    );
+    assert!(!out_dir.exists());
+}
