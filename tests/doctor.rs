@@ -1093,3 +1093,30 @@ fn an_infiniband_port_shows_no_derived_active_mtu() {
         "{text}"
     );
 }
+
+#[test]
+fn a_bare_number_in_a_duration_variable_is_said_to_be_milliseconds() {
+    // 300 means 300 ms in the environment (30 s would be "30s"): accepted, but said, since the
+    // command line reads a bare number as seconds (walkthrough 2, A13).
+    let (rc, v) = doctor_env(
+        "gb10-2cable",
+        &[("NCCL_SWITCHLESS_REQUEST_TIMEOUT", "3000")],
+    );
+    assert_eq!(rc, Some(1));
+    let f = all_of(&v, "nccl-env-unit");
+    assert_eq!(f.len(), 1);
+    assert!(f[0].2.contains("is read as 3000 ms"), "{}", f[0].2);
+    assert!(
+        f[0].3.starts_with("export NCCL_SWITCHLESS_REQUEST_TIMEOUT=3000ms   # or NCCL_SWITCHLESS_REQUEST_TIMEOUT=3000s"),
+        "{}",
+        f[0].3
+    );
+    for quiet in ["0", "30s", "500ms"] {
+        let (_, v) = doctor_env("gb10-2cable", &[("NCCL_SWITCHLESS_CONNECT_TIMEOUT", quiet)]);
+        assert!(all_of(&v, "nccl-env-unit").is_empty(), "{quiet}");
+    }
+    // Refused values are nccl-env errors (with the seconds hint), not also this.
+    let (_, v) = doctor_env("gb10-2cable", &[("NCCL_SWITCHLESS_CONNECT_TIMEOUT", "30")]);
+    assert!(all_of(&v, "nccl-env-unit").is_empty());
+    assert_eq!(all_of(&v, "nccl-env").len(), 1);
+}

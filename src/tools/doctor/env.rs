@@ -149,8 +149,45 @@ pub fn judge(env: &NcclEnv) -> EnvJudgement {
             None
         }
     };
+    findings.extend(bare_durations(env));
     findings.extend(unknown_names(env));
     EnvJudgement { config, findings }
+}
+
+/// A duration variable set to a bare number (not 0) that parses: read as milliseconds, while the
+/// command line reads a bare number as seconds. Said, so that `300` meant as seconds is caught.
+fn bare_durations(env: &NcclEnv) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for var in Config::TABLE
+        .iter()
+        .filter(|v| v.forms.contains("a number of milliseconds"))
+    {
+        let Some(value) = env.set(var.name) else {
+            continue;
+        };
+        let v = value.trim();
+        if v == "0" || !v.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        if Config::from_vars(|n| (n == var.name).then(|| v.to_string())).is_err() {
+            continue; // refused: the nccl-env finding says so, with the same hint
+        }
+        out.push(Finding::new(
+            Severity::Warning,
+            check::NCCL_ENV_UNIT,
+            var.name,
+            format!(
+                "{}={v} is read as {v} ms: in the environment a bare number is milliseconds (on the switchless \
+                 command line, seconds), so a value meant as seconds is 1000 times too short",
+                var.name
+            ),
+            format!(
+                "export {0}={v}ms   # or {0}={v}s if seconds were meant: with a unit it reads the same everywhere",
+                var.name
+            ),
+        ));
+    }
+    out
 }
 
 /// A value close to a refused one that parses, when the slip is a common one: a bare number meant

@@ -25,6 +25,7 @@ pub mod check {
     pub const GPU_DIRECT_OFF: &str = "gpu-direct-off";
     pub const NCCL_ENV: &str = "nccl-env";
     pub const NCCL_ENV_UNKNOWN: &str = "nccl-env-unknown";
+    pub const NCCL_ENV_UNIT: &str = "nccl-env-unit";
     pub const IB_HCA_NO_MATCH: &str = "ib-hca-no-match";
     pub const IB_HCA_PREFIX_MATCH: &str = "ib-hca-prefix-match";
     pub const IB_HCA_SPLITS_PORT: &str = "ib-hca-splits-port";
@@ -264,6 +265,14 @@ pub const FINDINGS: &[Check] = &[
          finding per variable; the message is the plugin's own: variable, value, accepted forms), or two \
          values contradict each other. The report still completes; the plugin would expose no device",
         "`unset VAR` (its default), or the `export VAR=...` of a near value that parses (`30` → `30s`)",
+    ),
+    doctor(
+        check::NCCL_ENV_UNIT,
+        "warning",
+        "the variable",
+        "a duration variable (`NCCL_SWITCHLESS_*_TIMEOUT`, `FAILBACK_*`) is a bare number other than 0: it is read \
+         as milliseconds, while the command line (`bench --timeout`) reads a bare number as seconds",
+        "`export VAR=Nms`, or `Ns` if seconds were meant: a unit reads the same everywhere",
     ),
     doctor(
         check::NCCL_ENV_UNKNOWN,
