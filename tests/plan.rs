@@ -1267,3 +1267,43 @@ fn singulars_and_the_servers_option() {
         "{err}"
     );
 }
+
+/// A map line for one server (`server 2 port 1 = enp6s0`): two workstations whose NICs have
+/// different names (walkthrough 2, A4).
+#[test]
+fn one_server_names_its_ports_differently() {
+    let map = PortMap::parse(
+        "ws.map",
+        "name = ws10g\n1 = enp5s0\nserver 2 port 1 = enp6s0\n",
+    )
+    .unwrap();
+    assert_eq!(map.port_of(1, 1).unwrap(), ["enp5s0"]);
+    assert_eq!(map.port_of(2, 1).unwrap(), ["enp6s0"]);
+    assert_eq!(map.port_number_of(2, "enp6s0"), Some(1));
+    assert_eq!(map.port_number_of(2, "enp5s0"), None);
+    let p = plan_with("1-1 > 2-1\n", &map, &Options::default());
+    assert_eq!(p.links[0].ends[0].interface, "enp5s0");
+    assert_eq!(p.links[0].ends[1].interface, "enp6s0");
+    // The plan's JSON keeps the server's line, and reads back equal.
+    let back = Plan::from_json(&p.to_json().unwrap()).unwrap();
+    assert_eq!(back, p);
+    // Mistakes name the line and what is accepted.
+    let e = PortMap::parse("m.map", "1 = a\nserver x port 1 = b\nserver 2 port 1 =\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("m.map:2: `server x port 1` is not `server N port P`"),
+        "{e}"
+    );
+    assert!(
+        e.contains("m.map:3: server 2 port 1 lists no interface"),
+        "{e}"
+    );
+    let e = PortMap::parse("m.map", "1 = a\n2 = b\nserver 2 port 1 = b\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("server 2 would use interface b for two ports"),
+        "{e}"
+    );
+}

@@ -112,3 +112,31 @@ fn a_plan_rehearses_healthy_on_every_host_and_across_them() {
         assert!(text.contains("No cross-host findings: clean."), "{text}");
     }
 }
+
+#[test]
+fn workstations_with_different_nic_names_rehearse_healthy() {
+    let d = tempfile::tempdir().unwrap();
+    let map = d.path().join("ws.map");
+    std::fs::write(&map, "name = ws10g\n1 = enp5s0\nserver 2 port 1 = enp6s0\n").unwrap();
+    let (plan, hosts) = rehearse(
+        d.path(),
+        "server 1 = ws-a\nserver 2 = ws-b\nws-a-1 > ws-b-1\n",
+        &["--model", map.to_str().unwrap()],
+    );
+    for h in &hosts {
+        let (rc, text) = doctor(&[
+            "--root",
+            h.to_str().unwrap(),
+            "--plan",
+            plan.to_str().unwrap(),
+        ]);
+        assert_eq!(rc, 0, "{text}");
+    }
+    let (rc, text) = doctor(&[
+        "--root",
+        hosts[1].to_str().unwrap(),
+        "--plan",
+        plan.to_str().unwrap(),
+    ]);
+    assert!(text.contains("enp6s0"), "{rc} {text}");
+}

@@ -61,12 +61,9 @@ fn port_label(
     h: usize,
     netdev: &str,
 ) -> String {
-    let port = plan
-        .model
-        .ports
-        .iter()
-        .find(|p| p.interfaces.iter().any(|i| i == netdev))
-        .map(|p| p.port);
+    let port = server_of
+        .get(&h)
+        .and_then(|s| plan.model.port_number_of(*s, netdev));
     match (server_of.get(&h), port) {
         (Some(s), Some(p)) => format!(
             "{} port {p} ({netdev})",

@@ -178,7 +178,7 @@ pub fn parse(source: &str, text: &str, map: &PortMap, servers: Option<u32>) -> R
                 ));
                 ok = false;
             }
-            if map.port(e.port).is_none() {
+            if map.port_of(e.server, e.port).is_none() {
                 errors.push((line, format!(
                     "{source}:{line}: port {} (server {}) in {text} is not in the {} (ports {})",
                     e.port,

@@ -158,7 +158,10 @@ pub fn build(cables: &Cables, map: &PortMap, opts: &Options) -> Result<Built> {
     let mut warnings = Vec::new();
     let mut pending = Vec::new();
     for c in &cables.cables {
-        let (Some(ia), Some(ib)) = (map.port(c.a.port), map.port(c.b.port)) else {
+        let (Some(ia), Some(ib)) = (
+            map.port_of(c.a.server, c.a.port),
+            map.port_of(c.b.server, c.b.port),
+        ) else {
             return Err(Error::Internal(format!(
                 "cable at line {} names a port the map lacks after validation",
                 c.line
