@@ -85,7 +85,7 @@ fn b300_full_mesh_is_clean_with_800_per_cable() {
     let f = &r.failover[0];
     assert_eq!(f.object, "hosts b300-1 — b300-2");
     assert!(
-        f.message.contains("4 usable path(s)")
+        f.message.contains("4 usable paths;")
             && f.message.contains("on sl_eno6np0: eno6np0 10.112.1.1 -> 10.112.1.2, enp237s0f1np1 10.112.2.1 -> 10.112.2.2 carry; standby eno7np0 10.112.3.1 -> 10.112.3.2"),
         "{}",
         f.message
@@ -804,5 +804,27 @@ fn half_addressed_remedy_is_pasteable() {
         h.remedy.contains("a free address of 192.168.101.0/24"),
         "{}",
         h.remedy
+    );
+}
+
+/// Two workstations on one cable: each has one TCP NCCL device (the plugin's sl_<netdev>), which
+/// the host table and the failover line name; counts are singular where they are one.
+#[test]
+fn a_tcp_pair_counts_its_tcp_devices() {
+    let hosts = hosts_of("fleet-ws-pair", &["ws-a", "ws-b"]);
+    let r = fleet::diagnose(&fleet_hosts(&hosts).unwrap());
+    assert!(r.hosts.iter().all(|h| h.nccl_devices == 1), "{:?}", r.hosts);
+    let text = switchless::tools::doctor::fleet_render::render_text(&r);
+    assert!(text.contains("1 NCCL device  1 cable end"), "{text}");
+    assert_eq!(r.failover.len(), 1);
+    assert!(
+        r.failover[0].message.contains("1 usable path;"),
+        "{}",
+        r.failover[0].message
+    );
+    assert!(
+        r.failover[0].message.contains("on sl_enp5s0:"),
+        "{}",
+        r.failover[0].message
     );
 }

@@ -205,10 +205,14 @@ fn ends_of(host_idx: usize, h: &HostInput) -> Vec<End> {
             mtu: n.mtu,
             active_mtu: port.map(|(_, p)| p.active_mtu),
             cage,
-            nccl_device: l
-                .nccl_dev
-                .and_then(|i| devices.get(i))
-                .map(|d| d.name.clone()),
+            nccl_device: match kind {
+                // A TCP link's device is the plugin's TCP device of its netdev.
+                EndKind::Tcp => Some(format!("sl_{}", l.netdev)),
+                _ => l
+                    .nccl_dev
+                    .and_then(|i| devices.get(i))
+                    .map(|d| d.name.clone()),
+            },
             host_idx,
             rate_mbps: any_port
                 .and_then(|(_, p)| p.rate_mbps)
@@ -761,11 +765,13 @@ pub fn diagnose(hosts: &[HostInput]) -> FleetReport {
             facts: h.facts.clone(),
             ..Default::default()
         };
+        // The devices the plugin would expose: RoCE, or TCP on a host without a usable RoCE port.
+        let n_devices = view.devices.len();
         let r = super::build(&h.model, view, extras, h.discovery.clone());
         summaries.push(HostSummary {
             name: h.name.clone(),
             root: h.model.root.clone(),
-            nccl_devices: devices.len(),
+            nccl_devices: n_devices,
             ends: ends.iter().filter(|e| e.host_idx == i).count(),
             findings: r.findings,
             exit_status: r.exit_status,
@@ -1010,8 +1016,8 @@ fn failover_finding(a: &str, b: &str, cables: &[&Cable]) -> Finding {
         check::FAILOVER_PATHS,
         format!("hosts {a} — {b}"),
         format!(
-            "{a} to {b}, {} usable path(s); a connection {}: {}",
-            paths.len(),
+            "{a} to {b}, {}; a connection {}: {}",
+            crate::tools::units::count(paths.len(), "usable path"),
             if single {
                 "has nothing to fail over to (a lost cable fails it)"
             } else {

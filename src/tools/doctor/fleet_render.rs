@@ -63,8 +63,8 @@ pub fn render_text(r: &FleetReport) -> String {
         .map(|h| {
             vec![
                 h.name.clone(),
-                format!("{} NCCL devices", h.nccl_devices),
-                format!("{} cable ends", h.ends),
+                crate::tools::units::count(h.nccl_devices, "NCCL device"),
+                crate::tools::units::count(h.ends, "cable end"),
                 format!("single-host doctor exit {}", h.exit_status),
                 h.root.clone(),
             ]
