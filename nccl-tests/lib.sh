@@ -33,7 +33,8 @@ sl_common_usage() {
   cat << 'EOF'
 Common options:
   -N, --nodes N            nodes (default 2)
-  -g, --gpus-per-node G    GPUs per node, one process per node drives them all (default 8; GB10: 1)
+  -g, --gpus-per-node G    GPUs per node, one process per node drives them all (default 8, a B300;
+                           GB10 and workstations: -g 1, and sizes such as -b 1M -e 8G)
   -t, --tests LIST         comma-separated: all_reduce,all_gather,reduce_scatter,alltoall,sendrecv,
                            broadcast, or "all" (default all_reduce)
   -b, --min-bytes SIZE     smallest message (default 512M)
@@ -57,10 +58,12 @@ Common options:
                            or a comma-separated host list. NCCL's ring sends host n's bytes to host n+1
                            in rank order, so on an unequal mesh or a ring of cables the order decides
                            its busbw (docs/guide/tuner.md)
-      --env VAR=VALUE      extra environment for every rank (repeatable)
+      --env VAR=VALUE      extra environment for every rank (repeatable); every NCCL_* variable of
+                           this shell reaches every rank too (mpirun: -x; srun: --export=ALL)
       --no-preflight       skip the preflight (below)
       --preflight-arg ARG  argument for the preflight's `switchless doctor` (repeatable), e.g.
-                           --preflight-arg=--plan=/shared/plan.json (checks each node against the plan)
+                           --preflight-arg=--plan=plan.json (checks each node against the plan; the
+                           plan is copied into DIR, which every node and container sees)
       --dry-run            print the exported variables and the exact commands (pasteable), run and
                            create nothing
   -h, --help               this help
@@ -149,9 +152,14 @@ sl_validate() {
     /*) ;;
     *) SL_OUT="$PWD/$SL_OUT" ;;
   esac
-  # Checked in a dry run too: what it prints must work when pasted.
+  # A dry run rehearses on an admin box, which need not hold the plugin: it says so and goes on; a real
+  # run stops here.
   if [ -n "$SL_PLUGIN_DIR" ] && [ ! -e "$SL_PLUGIN_DIR/lib/libnccl-net-switchless.so" ]; then
-    sl_die "--plugin-dir $SL_PLUGIN_DIR has no lib/libnccl-net-switchless.so (run: make install PREFIX=$SL_PLUGIN_DIR)"
+    if [ "$SL_DRY" = 1 ]; then
+      echo "# note: --plugin-dir $SL_PLUGIN_DIR has no lib/libnccl-net-switchless.so here; the run itself stops on it (make install PREFIX=$SL_PLUGIN_DIR)"
+    else
+      sl_die "--plugin-dir $SL_PLUGIN_DIR has no lib/libnccl-net-switchless.so (run: make install PREFIX=$SL_PLUGIN_DIR)"
+    fi
   fi
 }
 
@@ -179,6 +187,71 @@ sl_rank_env() {
     SL_RANK_ENV+=("NCCL_NET=${NCCL_NET_PLUGIN:-switchless}")
   fi
   SL_RANK_ENV+=("${SL_ENV[@]}")
+}
+
+# The caller's NCCL_* variables (NCCL_SWITCHLESS_* among them) that the launcher does not set itself,
+# as VAR=VALUE words in SL_CALLER_ENV: every rank gets them, as srun --export=ALL gives them (mpirun
+# forwards them with -x; the dry runs print them).
+sl_caller_env() {
+  local name kv set
+  SL_CALLER_ENV=()
+  for name in $(compgen -e | LC_ALL=C sort); do
+    [[ "$name" == NCCL_* ]] || continue
+    set=0
+    for kv in "${SL_RANK_ENV[@]}"; do
+      [ "${kv%%=*}" = "$name" ] && set=1
+    done
+    [ "$set" = 1 ] || SL_CALLER_ENV+=("$name=${!name}")
+  done
+}
+
+# Files the preflight's `switchless doctor` reads (--plan): each is copied into the output directory,
+# which every node (and container) sees at the same path, and its argument rewritten to the copy; a
+# dry run prints the copy. Sets SL_STAGE (SRC DST pairs).
+sl_stage_preflight_files() {
+  local i a src next=0 args=()
+  SL_STAGE=()
+  for ((i = 0; i < ${#SL_PREFLIGHT_ARGS[@]}; i++)); do
+    a="${SL_PREFLIGHT_ARGS[$i]}"
+    if [ "$next" = 1 ]; then
+      src="$a"
+      a=""
+    elif [[ "$a" == --plan=* ]]; then
+      src="${a#--plan=}"
+      a="--plan="
+    else
+      [ "$a" = --plan ] && next=1
+      args+=("$a")
+      continue
+    fi
+    next=0
+    case "$src" in
+      /*) ;;
+      *) src="$PWD/$src" ;;
+    esac
+    if [ ! -r "$src" ]; then
+      if [ "$SL_DRY" = 1 ]; then
+        echo "# note: the plan $src is not readable here; the run itself stops on it"
+      else
+        sl_die "--preflight-arg --plan: cannot read $src (the preflight copies it into $SL_OUT for every node)"
+      fi
+    fi
+    SL_STAGE+=("$src" "$SL_OUT/preflight-$(basename "$src")")
+    args+=("$a$SL_OUT/preflight-$(basename "$src")")
+  done
+  SL_PREFLIGHT_ARGS=("${args[@]}")
+}
+
+# Copies the staged files (sl_stage_preflight_files) into the output directory; a dry run prints it.
+sl_copy_staged() {
+  local i
+  for ((i = 0; i + 1 < ${#SL_STAGE[@]}; i += 2)); do
+    if [ "$SL_DRY" = 1 ]; then
+      sl_show cp -- "${SL_STAGE[$i]}" "${SL_STAGE[$((i + 1))]}"
+    else
+      cp -- "${SL_STAGE[$i]}" "${SL_STAGE[$((i + 1))]}"
+    fi
+  done
 }
 
 # nccl-tests arguments for one test.
@@ -252,6 +325,14 @@ sl_find_cli() {
   elif command -v switchless > /dev/null 2>&1; then
     command -v switchless
   fi
+}
+
+# The summary command of one test, as a dry run shows it (the NCCL logs as a glob).
+sl_show_summarize() {
+  local test="$1" args=()
+  [ "$SL_DEBUG" -ge 1 ] && args+=(--require-plugin)
+  [ -z "$SL_EXPECT" ] || args+=(--expect-busbw "$SL_EXPECT")
+  echo "$(sl_show switchless nccl-tests summarize "$SL_OUT/$test.out") $(printf '%q' "$SL_OUT")/nccl.$test.*.log${args[*]:+ $(sl_show "${args[@]}")}"
 }
 
 # Summarizes one test's output (stdout file + NCCL logs). Returns the summary's status.

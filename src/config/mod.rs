@@ -16,6 +16,7 @@
 #![forbid(unsafe_code)]
 
 mod hca;
+pub mod nccl;
 mod table;
 pub(crate) mod values;
 

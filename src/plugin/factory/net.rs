@@ -140,6 +140,36 @@ pub fn tcp_host(model: &HostModel) -> (Vec<LocalLink>, Vec<NcclDevice>) {
     (links, devices)
 }
 
+/// The INFO line of a host the plugin carries over TCP because no RDMA device opened (`no_rdma`,
+/// the RDMA factory's error): what the plugin does, worded so that no one grepping NCCL's log for
+/// "system error" or "internal transports" takes it for the plugin failing.
+pub fn tcp_carry_note(no_rdma: &Error, devices: &[&str]) -> String {
+    let why = match no_rdma {
+        Error::System(m) => m.as_str(),
+        e => return format!("{e}: using TCP on {}", tcp_devices(devices)),
+    };
+    let why = why
+        .strip_suffix("; NCCL will use its internal transports")
+        .unwrap_or(why);
+    format!(
+        "{why}; using TCP on {} (the plugin carries every connection)",
+        tcp_devices(devices)
+    )
+}
+
+fn tcp_devices(devices: &[&str]) -> String {
+    format!(
+        "{} point-to-point {} ({})",
+        devices.len(),
+        if devices.len() == 1 {
+            "netdev"
+        } else {
+            "netdevs"
+        },
+        devices.join(", ")
+    )
+}
+
 /// Why a connection of a device that registers GPU memory cannot use `paths` (all TCP): NCCL decides
 /// GPU-direct from the device's `ptrSupport` and then registers GPU buffers, which a TCP stream cannot
 /// read. Names both ends of each path.
@@ -229,10 +259,8 @@ impl PathFactory for NetFactory {
         }
         crate::host::log_findings(&findings);
         if let Some(e) = no_rdma {
-            tracing::info!(
-                "NET/switchless: {e}; carrying connections over TCP on {} point-to-point netdev(s)",
-                devices.len()
-            );
+            let names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
+            tracing::info!("NET/switchless: {}", tcp_carry_note(&e, &names));
         }
         let routes = model.routes();
         Ok((
@@ -929,5 +957,26 @@ mod tests {
         assert!(acc.paths()[0].label.contains("streams"));
         con.shutdown().unwrap();
         acc.shutdown().unwrap();
+    }
+
+    #[test]
+    fn the_tcp_carry_line_says_what_the_plugin_does() {
+        let e = Error::System(
+            "no RDMA device: ibv_get_device_list returned none (errno ENOSYS): the kernel has no RDMA \
+             support; NCCL will use its internal transports"
+                .into(),
+        );
+        let line = tcp_carry_note(&e, &["sl_enp5s0"]);
+        assert_eq!(
+            line,
+            "no RDMA device: ibv_get_device_list returned none (errno ENOSYS): the kernel has no RDMA \
+             support; using TCP on 1 point-to-point netdev (sl_enp5s0) (the plugin carries every connection)"
+        );
+        assert!(!line.contains("system error") && !line.contains("internal transports"));
+        let two = tcp_carry_note(&e, &["sl_a", "sl_b"]);
+        assert!(
+            two.contains("2 point-to-point netdevs (sl_a, sl_b)"),
+            "{two}"
+        );
     }
 }

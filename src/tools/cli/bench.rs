@@ -15,7 +15,8 @@ use crate::tools::bench as b;
 switchless bench bandwidth --loopback -b 1M -e 64M           # in one process: no network, no plugin\n  \
 switchless bench latency --rank 0 --bootstrap 0.0.0.0:29500  # on host A\n  \
 switchless bench latency --rank 1 --bootstrap hostA:29500    # on host B\n\
-Sizes: bytes or K/M/G (powers of 1024; 1M = 1048576 bytes). --timeout: 60, 10s, 2m or 1h (a bare number is seconds).\n\
+Sizes: bytes or K/M/G (powers of 1024; 1M = 1048576 bytes). --timeout: 60, 10s, 2m or 1h (a bare number is seconds here, \
+but milliseconds in the NCCL_SWITCHLESS_* variables: write the unit and it reads the same everywhere).\n\
 Exit status: 0 every data check passed; 1 a data check failed or the run failed (the message says which rank and why); \
 2 the report could not be written or a usage error.")]
 pub struct Args {
@@ -70,8 +71,8 @@ pub struct Args {
     /// Use this NCCL device for every connection (default: round-robin by peer and channel).
     #[arg(long)]
     pub dev: Option<usize>,
-    /// Time allowed for the bootstrap, connection set-up and each size: seconds, or with the unit
-    /// ms, s, m or h, e.g. 60 or 10s.
+    /// Time allowed for the bootstrap, connection set-up and each size, with the unit ms, s, m or h
+    /// (e.g. 10s); a bare number is seconds here (milliseconds in NCCL_SWITCHLESS_* variables).
     #[arg(long, default_value = "60s", value_parser = cli_seconds)]
     pub timeout: Duration,
     /// Print JSON instead of the table.
