@@ -16,6 +16,11 @@ use switchless::transport::comm::{
 use switchless::transport::fabric::{
     Completion, Fabric, LocalSeg, MemKind, ReadWr, RemoteSeg, WcOpcode, WcStatus, WriteWr,
 };
+use switchless::transport::handshake::auth::ConnSecret;
+use switchless::transport::tcp::auth::StreamKey;
+use switchless::transport::tcp::frame::{
+    ACK_LEN, CHALLENGE_LEN, ChallengeRepr, HELLO_LEN, HelloRepr, NONCE_LEN, TAG_LEN,
+};
 use switchless::transport::tcp::{
     BufferPolicy, MAX_OUT_OF_ORDER, TcpAcceptor, TcpConfig, TcpConnector, TcpFabric, TcpPathSpec,
     listen, loopback_pair,
@@ -779,13 +784,18 @@ fn lo_any_peer(speed_mbps: u64) -> TcpPathSpec {
     }
 }
 
-/// A one-path acceptor on 127.0.0.1 expecting `nonce`, and the address its listener is on (tests that
-/// play the connecting peer by hand).
-fn lo_acceptor(nonce: u64, tcfg: &TcpConfig) -> (TcpAcceptor, SocketAddr) {
+/// A connection secret for tests (`n` tells connections apart).
+fn secret(n: u8) -> ConnSecret {
+    ConnSecret::from_bytes([n; 32])
+}
+
+/// A one-path acceptor on 127.0.0.1 for the connection of secret `n`, and the address its listener
+/// is on (tests that play the connecting peer by hand).
+fn lo_acceptor(n: u8, tcfg: &TcpConfig) -> (TcpAcceptor, SocketAddr) {
     let l = listen(lo(), 10_000, tcfg).unwrap();
     let addr = l.local_addr().unwrap();
     (
-        TcpAcceptor::new(&[l], &[lo_any_peer(10_000)], nonce, tcfg).unwrap(),
+        TcpAcceptor::new(&[l], &[lo_any_peer(10_000)], &secret(n), tcfg).unwrap(),
         addr,
     )
 }
@@ -809,15 +819,17 @@ fn connect_to_a_closed_port_fails_with_a_clear_error() {
         ..TcpConfig::default()
     };
     let t = Instant::now();
-    let err = TcpFabric::connect(&[spec], 1, &tcfg).unwrap_err();
+    let err = TcpFabric::connect(&[spec], &secret(1), &tcfg).unwrap_err();
     assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
     let msg = err.to_string();
     assert!(msg.contains("TCP path 0 stream 0"), "{msg}");
     assert!(msg.contains("nothing listens"), "{msg}");
 }
 
+/// A connector with another connection's secret is refused by the acceptor: its streams never get
+/// an acknowledgement, and the acceptor times out waiting for real ones.
 #[test]
-fn wrong_nonce_is_rejected_by_the_acceptor() {
+fn wrong_secret_is_rejected_by_the_acceptor() {
     let tcfg = TcpConfig {
         streams: Some(2),
         connect_timeout: Some(Duration::from_millis(800)),
@@ -833,14 +845,14 @@ fn wrong_nonce_is_rejected_by_the_acceptor() {
         label: String::new(),
     };
     let c2 = tcfg.clone();
-    let t = std::thread::spawn(move || TcpFabric::connect(&[spec], 111, &c2));
-    let err = TcpFabric::accept(&[l], &[lo_any_peer(10_000)], 222, &tcfg).unwrap_err();
+    let t = std::thread::spawn(move || TcpFabric::connect(&[spec], &secret(111), &c2));
+    let err = TcpFabric::accept(&[l], &[lo_any_peer(10_000)], &secret(222), &tcfg).unwrap_err();
     assert!(matches!(err, Error::Timeout(_)), "{err}");
     assert!(err.to_string().contains("path 0: 0 of"), "{err}");
     let cerr = t.join().unwrap().unwrap_err();
     assert!(
         cerr.to_string()
-            .contains("closed the stream before acknowledging"),
+            .contains("closed the stream before sending its acknowledgement"),
         "{cerr}"
     );
 }
@@ -874,10 +886,10 @@ fn set_up_is_driven_without_blocking_from_one_thread() {
             label: "veth".into(),
         })
         .collect();
-    let mut c = TcpConnector::start(&specs, 42, &tcfg).unwrap();
+    let mut c = TcpConnector::start(&specs, &secret(42), &tcfg).unwrap();
     // Nothing acknowledged before the acceptor runs: the connector says "call again".
     assert!(c.poll().unwrap().is_none());
-    let mut a = TcpAcceptor::new(&listeners, &specs, 42, &tcfg).unwrap();
+    let mut a = TcpAcceptor::new(&listeners, &specs, &secret(42), &tcfg).unwrap();
     let mut fa = None;
     let mut fc = None;
     let t = Instant::now();
@@ -931,17 +943,45 @@ fn set_up_is_driven_without_blocking_from_one_thread() {
     assert_eq!(rb.read(0, data.len()).unwrap(), data);
 }
 
-/// A hand-made stream hello (the format of `transport::tcp`).
-fn raw_hello(nonce: u64, npaths: u8, path: u8, nstreams: u8, stream: u8) -> [u8; 24] {
-    let mut h = [0u8; 24];
-    h[0..4].copy_from_slice(b"SWTS");
-    h[4] = 1;
-    h[5] = npaths;
-    h[6] = path;
-    h[7] = nstreams;
-    h[8] = stream;
-    h[16..24].copy_from_slice(&nonce.to_le_bytes());
-    h
+/// Plays a connector's stream by hand: reads the acceptor's challenge from `sock` and answers it
+/// with the hello of stream `stream` of `nstreams` on path `path` of `npaths`, tagged for the
+/// connection of secret `n`.
+fn raw_hello(
+    sock: &mut std::net::TcpStream,
+    n: u8,
+    npaths: u8,
+    path: u8,
+    nstreams: u8,
+    stream: u8,
+) {
+    use std::io::{Read, Write};
+    let mut c = [0u8; CHALLENGE_LEN];
+    sock.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    sock.read_exact(&mut c).unwrap();
+    let c = ChallengeRepr::parse(&c).unwrap();
+    let h = StreamKey::new(&secret(n)).seal(
+        HelloRepr {
+            npaths,
+            path,
+            nstreams,
+            stream,
+            generation: 0,
+            conn: 0,
+            nonce: [n; NONCE_LEN],
+            tag: [0; TAG_LEN],
+        },
+        &c.nonce,
+    );
+    sock.write_all(&h.to_bytes()).unwrap();
+}
+
+/// Reads the acknowledgement of a stream opened with [`raw_hello`].
+fn raw_ack(sock: &mut std::net::TcpStream) -> [u8; ACK_LEN] {
+    use std::io::Read;
+    let mut ack = [0u8; ACK_LEN];
+    sock.read_exact(&mut ack).unwrap();
+    ack
 }
 
 #[test]
@@ -963,15 +1003,15 @@ fn silent_and_garbage_peers_never_block_the_acceptor_or_touch_memory() {
         assert!(acc.poll().unwrap().is_none());
     }
     assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
-    // A connection with a wrong hello is closed.
+    // A connection whose hello another connection's secret tagged is closed.
     let mut bad = TcpStream::connect(addr).unwrap();
-    bad.write_all(&raw_hello(6, 1, 0, 1, 0)).unwrap();
     // The real peer: a good hello, then garbage frames.
     let mut peer = TcpStream::connect(addr).unwrap();
-    peer.write_all(&raw_hello(5, 1, 0, 1, 0)).unwrap();
+    assert!(acc.poll().unwrap().is_none());
+    raw_hello(&mut bad, 6, 1, 0, 1, 0);
+    raw_hello(&mut peer, 5, 1, 0, 1, 0);
     let mut fab = eventually("the acceptor completes", || acc.poll().unwrap());
-    let mut ack = [0u8; 8];
-    peer.read_exact(&mut ack).unwrap();
+    let ack = raw_ack(&mut peer);
     assert_eq!(&ack[0..4], b"SWTA");
     let mut b = [0u8; 1];
     bad.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -1016,8 +1056,10 @@ fn frames_arriving_a_few_bytes_at_a_time_are_reassembled() {
     let (mut acc, addr) = lo_acceptor(3, &tcfg);
     let mut peer = TcpStream::connect(addr).unwrap();
     peer.set_nodelay(true).unwrap();
-    peer.write_all(&raw_hello(3, 1, 0, 1, 0)).unwrap();
+    assert!(acc.poll().unwrap().is_none());
+    raw_hello(&mut peer, 3, 1, 0, 1, 0);
     let mut fab = eventually("accept", || acc.poll().unwrap());
+    raw_ack(&mut peer);
     let n = 3000;
     let target = HostBuffer::new(n).unwrap();
     let reg = fab
@@ -1078,8 +1120,10 @@ proptest! {
         let tcfg = TcpConfig { streams: Some(1), ..TcpConfig::default() };
         let (mut acc, addr) = lo_acceptor(1, &tcfg);
         let mut peer = TcpStream::connect(addr).unwrap();
-        peer.write_all(&raw_hello(1, 1, 0, 1, 0)).unwrap();
+        prop_assert!(acc.poll().unwrap().is_none());
+        raw_hello(&mut peer, 1, 1, 0, 1, 0);
         let mut fab = eventually("accept", || acc.poll().unwrap());
+        raw_ack(&mut peer);
         // 64 guard bytes on each side of the 256-byte registration.
         let mem = HostBuffer::new(384).unwrap();
         let reg = fab.register(&mem.lend_range(64, 256).unwrap(), MemKind::Host).unwrap();
@@ -1128,14 +1172,16 @@ fn raw_frame(op: u8, flags: u8, len: u32, seq: u64, addr: u64, rkey: u32) -> [u8
     h
 }
 
-/// A one-stream fabric accepted from a raw peer on 127.0.0.1, and the peer's socket.
-fn raw_peer(nonce: u64) -> (TcpFabric, std::net::TcpStream) {
-    use std::io::Write;
+/// A one-stream fabric accepted from a raw peer on 127.0.0.1 (the connection of secret `n`), and
+/// the peer's socket (its acknowledgement read).
+fn raw_peer(n: u8) -> (TcpFabric, std::net::TcpStream) {
     let tcfg = cfg(1);
-    let (mut acc, addr) = lo_acceptor(nonce, &tcfg);
+    let (mut acc, addr) = lo_acceptor(n, &tcfg);
     let mut peer = std::net::TcpStream::connect(addr).unwrap();
-    peer.write_all(&raw_hello(nonce, 1, 0, 1, 0)).unwrap();
+    assert!(acc.poll().unwrap().is_none());
+    raw_hello(&mut peer, n, 1, 0, 1, 0);
     let fab = eventually("accept", || acc.poll().unwrap());
+    raw_ack(&mut peer);
     (fab, peer)
 }
 
@@ -1246,21 +1292,23 @@ fn streams_from_another_source_are_refused() {
     let addr = l.local_addr().unwrap();
     let mut unspecified = lo_any_peer(10_000);
     unspecified.remote = SocketAddr::new(IpAddr::from([0, 0, 0, 0]), 0);
-    let Err(e) = TcpAcceptor::new(std::slice::from_ref(&l), &[unspecified], 5, &tcfg) else {
+    let Err(e) = TcpAcceptor::new(std::slice::from_ref(&l), &[unspecified], &secret(5), &tcfg)
+    else {
         panic!("an acceptor without a peer address was made");
     };
     assert!(
         e.to_string().contains("streams from any other source"),
         "{e}"
     );
-    let mut acc = TcpAcceptor::new(&[l], &[lo_any_peer(10_000)], 5, &tcfg).unwrap();
+    let mut acc = TcpAcceptor::new(&[l], &[lo_any_peer(10_000)], &secret(5), &tcfg).unwrap();
     // 127.0.0.2 is this host too, but not the path's peer.
     let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
     s.bind(&SocketAddr::new(IpAddr::from([127, 0, 0, 2]), 0).into())
         .unwrap();
     s.connect(&addr.into()).unwrap();
     let mut spoof: std::net::TcpStream = s.into();
-    spoof.write_all(&raw_hello(5, 1, 0, 1, 0)).unwrap();
+    // It never gets a challenge to answer: it sends what a recording would hold.
+    spoof.write_all(&[0x5a; HELLO_LEN]).unwrap();
     spoof
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
@@ -1286,7 +1334,8 @@ fn streams_from_another_source_are_refused() {
     }
     // The real peer still gets in.
     let mut real = std::net::TcpStream::connect(addr).unwrap();
-    real.write_all(&raw_hello(5, 1, 0, 1, 0)).unwrap();
+    assert!(acc.poll().unwrap().is_none());
+    raw_hello(&mut real, 5, 1, 0, 1, 0);
     eventually("accept the real peer", || acc.poll().unwrap());
 }
 
@@ -1328,7 +1377,7 @@ fn a_connect_to_a_peer_that_does_not_accept_never_blocks() {
         ..TcpConfig::default()
     };
     let t = Instant::now();
-    let mut c = TcpConnector::start(&[spec], 7, &tcfg).unwrap();
+    let mut c = TcpConnector::start(&[spec], &secret(7), &tcfg).unwrap();
     assert!(
         t.elapsed() < Duration::from_secs(1),
         "start waited {:?} for a peer that does not accept",

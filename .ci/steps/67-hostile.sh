@@ -36,9 +36,10 @@ tests handshake_fuzz \
 tests tcp_frame_fuzz \
   mutated_headers_never_panic_and_reencode_exactly \
   mutated_hellos_never_panic_and_reencode_exactly \
+  mutated_challenges_and_acks_never_panic_and_reencode_exactly \
   fuzz_seed_files_decode
 tests tcp \
-  wrong_nonce_is_rejected_by_the_acceptor \
+  wrong_secret_is_rejected_by_the_acceptor \
   silent_and_garbage_peers_never_block_the_acceptor_or_touch_memory \
   streams_from_another_source_are_refused \
   writes_outside_a_registration_are_refused_and_fail_the_path \
@@ -48,6 +49,9 @@ tests tcp \
   memory_keys_are_random_per_registration \
   random_frames_never_write_outside_a_registration \
   a_connect_to_a_peer_that_does_not_accept_never_blocks
+tests tcp_failover \
+  a_recorded_stream_hello_replayed_at_a_higher_generation_takes_nothing_over \
+  a_foreign_reconnect_stream_is_closed_and_changes_nothing
 tests route acceptor_refuses_connector_addresses_no_peer_can_have
 tests backend \
   attacks_on_the_listen_comm_leave_it_serving_the_real_connector \

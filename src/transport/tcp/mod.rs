@@ -4,8 +4,8 @@
 //! numbers let the receiver apply control-memory writes and immediates in order. The receiving side
 //! treats the peer as untrusted: nothing is written outside a live registration. Host memory only.
 //!
-//! Files: [`config`] (sizing policy, options), [`frame`] (wire formats), `dial` (one stream's
-//! hello and acknowledgement), `setup` (listeners, connector, acceptor), `revive` (failover and
+//! Files: [`config`] (sizing policy, options), [`frame`] (wire formats), [`auth`] (every stream
+//! proves the connection secret), `dial` (one stream's challenge, hello and acknowledgement), `setup` (listeners, connector, acceptor), `revive` (failover and
 //! failback of a path), `state` (what the fabric shares with its I/O workers), `pool` (the
 //! process-wide I/O worker threads), `stream` (one stream's receive and send state machines) and,
 //! here, [`TcpFabric`]. Depends on `transport::{fabric, ctrl}` and `sys` (raw memory, sockets). The
@@ -30,6 +30,7 @@ use crate::transport::fabric::{
 use frame::{FLAG_IMM, FrameRepr, OP_WRITE};
 use state::{PathShared, Payload, Reg, RegMem, Shared, TxFrame, WrTrack};
 
+pub mod auth;
 pub mod config;
 mod dial;
 pub mod frame;

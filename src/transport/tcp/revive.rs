@@ -7,11 +7,15 @@
 //!   closes its streams, so nothing of its work lands after the comm moved that work elsewhere.
 //! * **Rebuild.** The side that opened the connection's streams (the connector) opens the path's
 //!   streams again to the acceptor's listener, which the acceptor keeps for the connection's
-//!   lifetime. Each new stream carries the same hello as at set-up (the connection's nonce from the
-//!   authenticated handshake, the path, the stream count; it must come from the path's peer
-//!   address) plus a generation above the path's current one; stale or foreign streams are closed.
-//!   The new streams get a fresh [`PathShared`] (sequence numbers from 0, nothing pending, an
-//!   empty completion queue), so no frame of the old streams is ever applied.
+//!   lifetime. Each new stream is authenticated as at set-up (`super::auth`: it must come from the
+//!   path's peer address and answer a fresh challenge with a hello tagged by the connection
+//!   secret) and names a generation above the path's current one, which the tag covers: a
+//!   generation is the peer's to choose, and the path's only goes up. Stale, unauthenticated or
+//!   foreign streams are closed and change nothing; a working path is cut only once a complete,
+//!   authenticated set of new streams is there. The connector counts a generation per attempt, so
+//!   an attempt that failed half-way never collides with the next. The new streams get a fresh
+//!   [`PathShared`] (sequence numbers from 0, nothing pending, an empty completion queue), so no
+//!   frame of the old streams is ever applied.
 //! * **Agreement.** The hello and its acknowledgement are the exchange. Each end returns
 //!   [`Revive::Rebuilt`] when the new streams are installed but not yet served (the comm then posts
 //!   its receives), and [`Revive::Ready`] at the next call, when the streams join the I/O pool.
@@ -26,11 +30,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::TcpFabric;
+use super::auth::StreamKey;
 use super::config::TcpConfig;
-use super::dial::{
-    MAX_PENDING_STREAMS, OutStream, PendingHello, TcpPathSpec, check_hello, start_stream,
-};
-use super::frame::{AckRepr, HelloRepr};
+use super::dial::{MAX_PENDING_STREAMS, OutStream, PendingHello, TcpPathSpec, start_stream};
+use super::frame::{ACK_LEN, HelloRepr, NONCE_LEN, TAG_LEN};
 use super::pool;
 use super::state::PathShared;
 use crate::error::{Error, Result};
@@ -52,7 +55,7 @@ const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What a connected [`TcpFabric`] keeps to rebuild its paths.
 pub(super) struct Redial {
-    nonce: u64,
+    key: StreamKey,
     cfg: TcpConfig,
     specs: Vec<TcpPathSpec>,
     /// Acceptor: the set-up's listeners, kept for the connection's lifetime. Connector: `None`.
@@ -70,13 +73,21 @@ struct Listening {
     drops: DropLog,
 }
 
+/// A stream of a newer generation that was authenticated, with the acknowledgement it gets once
+/// its path serves it.
+type Arrived = (TcpStream, [u8; ACK_LEN]);
+
 #[derive(Default)]
 struct PathRedial {
     /// Generation of the path's current streams (0: those of the set-up).
     generation: u32,
+    /// Connector: the last generation dialed (every attempt takes a new one).
+    dialed: u32,
     step: Step,
     /// Acceptor: the streams of a newer generation that have arrived, by stream index.
-    arriving: Option<(u32, Vec<Option<TcpStream>>)>,
+    arriving: Option<(u32, Vec<Option<Arrived>>)>,
+    /// Acceptor: the acknowledgements of the installed streams, sent when they are served.
+    acks: Vec<[u8; ACK_LEN]>,
     /// The last link reading and when it was taken.
     link: Option<(Instant, Option<String>)>,
 }
@@ -100,7 +111,7 @@ enum Step {
 impl Redial {
     /// For a connector (`listeners` empty) or an acceptor (one listener per path).
     pub(super) fn new(
-        nonce: u64,
+        key: StreamKey,
         cfg: &TcpConfig,
         specs: &[TcpPathSpec],
         listeners: Vec<TcpListener>,
@@ -112,7 +123,7 @@ impl Redial {
             drops: DropLog::default(),
         });
         Redial {
-            nonce,
+            key,
             cfg: cfg.clone(),
             specs: specs.to_vec(),
             listening,
@@ -167,7 +178,15 @@ impl Redial {
                     }
                     continue;
                 }
-                l.pending.push(PendingHello::new(sock, from, i, now));
+                match PendingHello::challenge(sock, from, i, now) {
+                    Ok(ph) => l.pending.push(ph),
+                    Err(e) => {
+                        let what = format!("TCP path {i}: reconnect from {from} dropped: {e}");
+                        if let Some(line) = l.drops.note(now, from.ip(), &what) {
+                            tracing::warn!("NET/switchless: {line}");
+                        }
+                    }
+                }
             }
         }
         let mut k = 0;
@@ -179,14 +198,14 @@ impl Redial {
             let ph = l.pending.swap_remove(k);
             let (i, from) = (ph.path, ph.from);
             let checked = verdict
-                .and_then(|()| check_hello(&ph.buf, i, self.specs.len(), self.nonce))
-                .and_then(|h| file(&mut self.paths[i], h).map(|()| h));
+                .and_then(|()| ph.check(&self.key, self.specs.len()))
+                .and_then(|(h, ack)| file(&mut self.paths[i], h).map(|()| (h, ack)));
             match checked {
-                Ok(h) => {
+                Ok((h, ack)) => {
                     if let Some((_, slots)) = self.paths[i].arriving.as_mut()
                         && let Some(slot) = slots.get_mut(usize::from(h.stream))
                     {
-                        *slot = Some(ph.sock);
+                        *slot = Some((ph.sock, ack));
                     }
                 }
                 Err(e) => {
@@ -199,8 +218,9 @@ impl Redial {
         }
     }
 
-    /// Acceptor: the generation and streams of path `p` once all have arrived.
-    fn arrived(&mut self, p: usize) -> Option<(u32, Vec<TcpStream>)> {
+    /// Acceptor: the generation and streams (with their acknowledgements) of path `p` once all
+    /// have arrived.
+    fn arrived(&mut self, p: usize) -> Option<(u32, Vec<Arrived>)> {
         let st = self.paths.get_mut(p)?;
         let complete = st
             .arriving
@@ -214,8 +234,9 @@ impl Redial {
     }
 }
 
-/// Checks a reconnect hello against path `st` and makes room for its stream: its generation must
-/// be above the path's current one; a newer generation than the one arriving replaces it.
+/// Checks an authenticated reconnect hello against path `st` and makes room for its stream: its
+/// generation must be above the path's current one; a newer generation than the one arriving
+/// replaces it (the peer gave that attempt up: only the peer can tag a hello).
 fn file(st: &mut PathRedial, h: HelloRepr) -> Result<()> {
     let (g, n, s) = (h.generation, usize::from(h.nstreams), usize::from(h.stream));
     if g <= st.generation {
@@ -343,16 +364,23 @@ impl TcpFabric {
         if r.listening.is_some() {
             r.accept();
             return match r.arrived(path) {
-                Some((g, socks)) => self.install(path, g, socks).map(|()| Revive::Rebuilt),
+                Some((g, arrived)) => {
+                    let (socks, acks) = arrived.into_iter().unzip();
+                    r.paths[path].acks = acks;
+                    self.install(path, g, socks).map(|()| Revive::Rebuilt)
+                }
                 // The connector dials when its link is up: look again soon.
                 None => Ok(Revive::Pending),
             };
         }
         let st = &mut r.paths[path];
         if matches!(st.step, Step::Idle) {
-            let generation = st.generation.checked_add(1).ok_or_else(|| {
+            // A new generation per attempt: streams of an attempt that failed half-way (some
+            // acknowledged, some not) never collide with the next one's at the acceptor.
+            let generation = st.generation.max(st.dialed).checked_add(1).ok_or_else(|| {
                 Error::Internal(format!("TCP path {path}: stream generations exhausted"))
             })?;
+            st.dialed = generation;
             let spec = &r.specs[path];
             let mut socks = Vec::with_capacity(n);
             for s in 0..n {
@@ -361,10 +389,12 @@ impl TcpFabric {
                     path: byte(path)?,
                     nstreams: byte(n)?,
                     stream: byte(s)?,
-                    nonce: r.nonce,
                     generation,
+                    conn: 0,
+                    nonce: [0; NONCE_LEN],
+                    tag: [0; TAG_LEN],
                 };
-                match start_stream(spec, &hello, &r.cfg) {
+                match start_stream(spec, &hello, &r.key, &r.cfg) {
                     Ok(o) => socks.push(o),
                     Err(e) => {
                         tracing::debug!("NET/switchless: TCP path {path}: rebuild: {e}");
@@ -446,13 +476,21 @@ impl TcpFabric {
     /// from now on), and they join the I/O pool.
     fn serve(&mut self, path: usize) -> Result<()> {
         let p = self.sh.path(path)?;
-        if self.redial.as_ref().is_some_and(|r| r.listening.is_some()) {
+        if let Some(r) = self.redial.as_mut()
+            && r.listening.is_some()
+        {
+            let acks = std::mem::take(&mut r.paths[path].acks);
             for (s, st) in p.streams.iter().enumerate() {
-                // 8 bytes into a fresh socket's empty buffer: never blocks.
+                let Some(ack) = acks.get(s) else {
+                    cut(&p, &format!("stream {s} has no acknowledgement"));
+                    continue;
+                };
+                // 24 bytes into a socket buffer that holds at most the 24-byte challenge: never
+                // blocks.
                 let sent = st
                     .sock
                     .set_nodelay(true)
-                    .and_then(|()| (&st.sock).write_all(&AckRepr.to_bytes()));
+                    .and_then(|()| (&st.sock).write_all(ack));
                 if let Err(e) = sent {
                     cut(&p, &format!("acknowledging stream {s}: {e}"));
                 }
@@ -498,8 +536,10 @@ mod tests {
             path: 0,
             nstreams,
             stream,
-            nonce: 9,
             generation,
+            conn: 9,
+            nonce: [0; NONCE_LEN],
+            tag: [0; TAG_LEN],
         }
     }
 
@@ -520,7 +560,7 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let sock = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         if let Some((_, slots)) = st.arriving.as_mut() {
-            slots[1] = Some(sock);
+            slots[1] = Some((sock, [0; ACK_LEN]));
         }
         // The same stream twice, or another count: refused.
         assert!(file(&mut st, hello(3, 1, 2)).is_err());
