@@ -22,8 +22,8 @@ use switchless::transport::tcp::frame::{
     ACK_LEN, CHALLENGE_LEN, ChallengeRepr, HELLO_LEN, HelloRepr, NONCE_LEN, TAG_LEN,
 };
 use switchless::transport::tcp::{
-    BufferPolicy, MAX_OUT_OF_ORDER, TcpAcceptor, TcpConfig, TcpConnector, TcpFabric, TcpPathSpec,
-    listen, loopback_pair,
+    BufferPolicy, MAX_OUT_OF_ORDER, MAX_PENDING_STREAMS, TcpAcceptor, TcpConfig, TcpConnector,
+    TcpFabric, TcpPathSpec, listen, loopback_pair,
 };
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -1337,6 +1337,41 @@ fn streams_from_another_source_are_refused() {
     assert!(acc.poll().unwrap().is_none());
     raw_hello(&mut real, 5, 1, 0, 1, 0);
     eventually("accept the real peer", || acc.poll().unwrap());
+}
+
+/// Security audit 2, finding 1 (TCP streams): silent connections from the path's peer address (a
+/// process on the peer's host) held every place of the acceptor (64) and the real streams were
+/// refused. Now the oldest silent one makes room; the real connector's streams get in.
+#[test]
+fn silent_streams_from_the_peers_address_cannot_keep_its_streams_out() {
+    let tcfg = cfg(2);
+    let (mut acc, addr) = lo_acceptor(9, &tcfg);
+    let silent: Vec<std::net::TcpStream> = (0..MAX_PENDING_STREAMS + 8)
+        .map(|_| std::net::TcpStream::connect(addr).unwrap())
+        .collect();
+    for _ in 0..8 {
+        assert!(acc.poll().unwrap().is_none());
+    }
+    let spec = TcpPathSpec {
+        local: lo(),
+        remote: addr,
+        speed_mbps: 10_000,
+        mtu: 0,
+        label: String::new(),
+    };
+    let mut c = TcpConnector::start(&[spec], &secret(9), &tcfg).unwrap();
+    let (mut fa, mut fc) = (None, None);
+    let t = Instant::now();
+    while fa.is_none() || fc.is_none() {
+        assert!(t.elapsed() < DEADLINE, "the real streams never got in");
+        if fa.is_none() {
+            fa = acc.poll().unwrap();
+        }
+        if fc.is_none() {
+            fc = c.poll().unwrap();
+        }
+    }
+    drop(silent);
 }
 
 /// Security review finding 5: the connector's streams connect without blocking. To a peer whose

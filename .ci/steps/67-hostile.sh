@@ -26,6 +26,13 @@ tests handshake \
   a_connection_without_a_hello_is_dropped_at_its_own_deadline \
   a_flood_of_silent_clients_does_not_lock_out_a_real_connector \
   a_flood_after_the_connector_connects_does_not_evict_it \
+  eight_sources_holding_every_place_cannot_keep_the_real_connector_out \
+  real_sockets_eight_sources_holding_every_place_cannot_keep_the_connector_out \
+  real_sockets_silent_connections_from_the_connectors_own_address_cannot_keep_it_out \
+  a_connector_dropped_before_its_hello_arrived_retries_and_gets_in \
+  retries_back_off_and_end_at_the_timeout \
+  the_process_wide_bound_holds_and_every_listener_keeps_its_reserve \
+  the_listener_binds_only_the_addresses_it_advertises \
   a_hello_must_come_from_its_claimed_address_with_its_own_gid \
   a_replayed_hello_is_refused \
   a_wrong_answer_to_the_hello_fails_the_connector
@@ -42,6 +49,7 @@ tests tcp \
   wrong_secret_is_rejected_by_the_acceptor \
   silent_and_garbage_peers_never_block_the_acceptor_or_touch_memory \
   streams_from_another_source_are_refused \
+  silent_streams_from_the_peers_address_cannot_keep_its_streams_out \
   writes_outside_a_registration_are_refused_and_fail_the_path \
   out_of_order_frames_past_the_bound_fail_the_path \
   a_close_frame_with_any_flags_ends_posted_receives \

@@ -28,7 +28,9 @@ mod io;
 mod listener;
 pub mod wire;
 
-pub use connector::{ConnectEvent, ConnectMachine, LAST_TARGET_WAIT, TARGET_BUDGET};
+pub use connector::{
+    ConnectEvent, ConnectMachine, LAST_TARGET_WAIT, RETRY_BACKOFF, RETRY_BACKOFF_MAX, TARGET_BUDGET,
+};
 pub use frames::Frames;
 pub use io::{
     ACCEPTS_PER_POLL, AcceptPoll, ConnectPoll, Connector, Established, Incoming,
@@ -36,6 +38,7 @@ pub use io::{
 };
 pub use listener::{
     AcceptEvent, AcceptMachine, AcceptedPath, AcceptorView, HELLO_TIMEOUT, ListenMachine,
-    MAX_PENDING, MAX_PENDING_PER_SOURCE, MAX_SEEN_NONCES, UNAUTHENTICATED, ipv4_mapped_gid,
+    MAX_PENDING, MAX_PENDING_PER_SOURCE, MAX_PENDING_PROCESS, MAX_SEEN_NONCES, PENDING_RESERVE,
+    PendingBudget, UNAUTHENTICATED, ipv4_mapped_gid,
 };
 pub use wire::{Hello, Message, PathParams, PathRequest, Reply, SideParams};

@@ -310,8 +310,34 @@ impl PendingHello {
     }
 }
 
-/// Connections whose hello has not fully arrived that an acceptor keeps at once; more are closed.
+/// Connections whose hello has not fully arrived that an acceptor keeps at once. A new one that
+/// finds them all taken takes the place of the oldest whose hello has not arrived (read first: a
+/// whole hello keeps its place).
 pub const MAX_PENDING_STREAMS: usize = 64;
+
+/// Makes room in `pending` for one more stream when it holds [`MAX_PENDING_STREAMS`]: reads what
+/// has arrived and drops the oldest connection whose hello is still incomplete (returned, to log).
+/// A connection whose hello is whole keeps its place (the caller checks it next). `Err(())` when
+/// every one has its hello: the newcomer is refused.
+pub(super) fn make_room(pending: &mut Vec<PendingHello>) -> Result<Option<PendingHello>, ()> {
+    if pending.len() < MAX_PENDING_STREAMS {
+        return Ok(None);
+    }
+    let mut order: Vec<(Instant, usize)> = pending
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.since, i))
+        .collect();
+    order.sort_unstable();
+    for (_, i) in order {
+        // Ends, errors and timeouts show at the next `read`; only a whole hello keeps its place.
+        let _ = pending[i].read();
+        if pending[i].got < HELLO_LEN {
+            return Ok(Some(pending.swap_remove(i)));
+        }
+    }
+    Err(())
+}
 /// Time a connection gets to deliver its hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 

@@ -32,7 +32,9 @@ use std::time::{Duration, Instant};
 use super::TcpFabric;
 use super::auth::StreamKey;
 use super::config::TcpConfig;
-use super::dial::{MAX_PENDING_STREAMS, OutStream, PendingHello, TcpPathSpec, start_stream};
+use super::dial::{
+    MAX_PENDING_STREAMS, OutStream, PendingHello, TcpPathSpec, make_room, start_stream,
+};
 use super::frame::{ACK_LEN, HelloRepr, NONCE_LEN, TAG_LEN};
 use super::pool;
 use super::state::PathShared;
@@ -164,12 +166,23 @@ impl Redial {
                 let want = self.specs[i].remote.ip();
                 let refused = if from.ip() != want {
                     Some(format!("the path's peer is {want}"))
-                } else if l.pending.len() >= MAX_PENDING_STREAMS {
-                    Some(format!(
-                        "{MAX_PENDING_STREAMS} connections already wait for their hello"
-                    ))
                 } else {
-                    None
+                    match make_room(&mut l.pending) {
+                        Ok(None) => None,
+                        Ok(Some(old)) => {
+                            let what = format!(
+                                "TCP path {}: dropped the oldest of {MAX_PENDING_STREAMS} reconnects that sent no whole hello, for a newer one",
+                                old.path
+                            );
+                            if let Some(line) = l.drops.note(now, old.from.ip(), &what) {
+                                tracing::warn!("NET/switchless: {line}");
+                            }
+                            None
+                        }
+                        Err(()) => Some(format!(
+                            "{MAX_PENDING_STREAMS} reconnects wait with their hello to check"
+                        )),
+                    }
                 };
                 if let Some(why) = refused {
                     let what = format!("TCP path {i}: reconnect from {from} refused: {why}");

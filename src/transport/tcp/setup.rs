@@ -15,7 +15,9 @@ use socket2::{Domain, Protocol, Socket, Type};
 use super::TcpFabric;
 use super::auth::{StreamKey, random_secret};
 use super::config::{TcpConfig, apply_options, streams_for_speed};
-use super::dial::{MAX_PENDING_STREAMS, OutStream, PendingHello, TcpPathSpec, start_stream};
+use super::dial::{
+    MAX_PENDING_STREAMS, OutStream, PendingHello, TcpPathSpec, make_room, start_stream,
+};
 use super::frame::{HelloRepr, NONCE_LEN, TAG_LEN};
 use super::pool;
 use super::revive::Redial;
@@ -483,12 +485,23 @@ impl TcpAcceptor {
                 let want = self.specs[i].remote.ip();
                 let refused = if from.ip() != want {
                     Some(format!("the path's peer is {want}"))
-                } else if self.pending.len() >= MAX_PENDING_STREAMS {
-                    Some(format!(
-                        "{MAX_PENDING_STREAMS} connections already wait for their hello"
-                    ))
                 } else {
-                    None
+                    match make_room(&mut self.pending) {
+                        Ok(None) => None,
+                        Ok(Some(old)) => {
+                            let what = format!(
+                                "TCP path {}: dropped the oldest of {MAX_PENDING_STREAMS} connections that sent no whole hello, for a newer one",
+                                old.path
+                            );
+                            if let Some(line) = self.drops.note(now, old.from.ip(), &what) {
+                                tracing::warn!("NET/switchless: {line}");
+                            }
+                            None
+                        }
+                        Err(()) => Some(format!(
+                            "{MAX_PENDING_STREAMS} connections wait with their hello to check"
+                        )),
+                    }
                 };
                 if let Some(why) = refused {
                     let what = format!("TCP path {i}: connection from {from} refused: {why}");
