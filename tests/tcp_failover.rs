@@ -17,6 +17,9 @@ use switchless::transport::comm::{
 use switchless::transport::fabric::MemKind;
 use switchless::transport::tcp::{LinkCheck, TcpConfig, TcpFabric, loopback_pair};
 
+#[path = "support/logs.rs"]
+mod logs;
+
 /// Bounds every loop: a hang fails here, not by a test timeout.
 const DEADLINE: Duration = Duration::from_secs(60);
 
@@ -456,4 +459,60 @@ fn a_recorded_stream_hello_replayed_at_a_higher_generation_takes_nothing_over() 
     until_back(&mut g);
     g.s.close().unwrap();
     g.r.close().unwrap();
+}
+
+/// Security audit 2, finding 3: each accepted connection kept its failback listeners with a drop
+/// log of its own (65 WARN lines per 10 s each), so 100 source addresses spraying 8 connections'
+/// listeners gave 1,040 lines in 15 s. One limit holds for the whole process now: 65 sources
+/// hitting two connections' listeners give at most `LINES_PER_INTERVAL` lines (130 before).
+#[test]
+fn a_spray_over_many_connections_listeners_logs_at_most_the_process_limit() {
+    use switchless::transport::droplog::LINES_PER_INTERVAL;
+    use switchless::transport::fabric::Fabric;
+    let tcfg = TcpConfig {
+        streams: Some(1),
+        ..TcpConfig::default()
+    };
+    let mut pairs: Vec<(TcpFabric, TcpFabric)> = (0..2)
+        .map(|_| loopback_pair(&[10_000], &tcfg).unwrap())
+        .collect();
+    let ports: Vec<u16> = pairs
+        .iter()
+        .flat_map(|(_, acc)| acc.rebuild_ports())
+        .collect();
+    assert_eq!(ports.len(), 2);
+    let ((), logs) = logs::Logs::capture(|| {
+        let mut conns = Vec::new();
+        for k in 0..65u8 {
+            for &p in &ports {
+                let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+                    .unwrap();
+                s.bind(&std::net::SocketAddr::from(([127, 0, 1, k + 1], 0)).into())
+                    .unwrap();
+                s.connect(&std::net::SocketAddr::from(([127, 0, 0, 1], p)).into())
+                    .unwrap();
+                let s: std::net::TcpStream = s.into();
+                s.set_read_timeout(Some(Duration::from_millis(1))).unwrap();
+                conns.push(s);
+            }
+        }
+        // The acceptors look at their listeners while they are asked about their paths.
+        let t = Instant::now();
+        let mut open = conns.len();
+        while open > 0 {
+            assert!(t.elapsed() < DEADLINE, "{open} strangers never refused");
+            for (_, acc) in pairs.iter_mut() {
+                acc.path_health(0).unwrap();
+            }
+            open = conns.iter().filter(|c| !ended(c)).count();
+            std::thread::sleep(Duration::from_millis(11));
+        }
+    });
+    let lines = logs.find(tracing::Level::WARN, "refused");
+    assert!(
+        lines.len() <= LINES_PER_INTERVAL as usize,
+        "{} WARN lines: {:#?}",
+        lines.len(),
+        lines
+    );
 }

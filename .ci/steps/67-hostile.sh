@@ -59,7 +59,8 @@ tests tcp \
   a_connect_to_a_peer_that_does_not_accept_never_blocks
 tests tcp_failover \
   a_recorded_stream_hello_replayed_at_a_higher_generation_takes_nothing_over \
-  a_foreign_reconnect_stream_is_closed_and_changes_nothing
+  a_foreign_reconnect_stream_is_closed_and_changes_nothing \
+  a_spray_over_many_connections_listeners_logs_at_most_the_process_limit
 tests route acceptor_refuses_connector_addresses_no_peer_can_have
 tests backend \
   attacks_on_the_listen_comm_leave_it_serving_the_real_connector \

@@ -20,7 +20,7 @@ use crate::route::handle::HandleRepr;
 use crate::route::select::PathChoice;
 use crate::route::types::LocalLink;
 use crate::sys::socket::{PeerState, peer_state, set_keepalive};
-use crate::transport::droplog::DropLog;
+use crate::transport::droplog;
 
 /// The established connection: the TCP socket (kept for out-of-band use) and its addresses.
 #[derive(Debug)]
@@ -306,8 +306,6 @@ pub struct Listener {
     /// The addresses bound (the handle advertises no other).
     bound: Vec<Ipv4Addr>,
     machine: ListenMachine<TcpStream>,
-    /// Warnings about `accept` itself failing for a while (out of fds or memory).
-    accept_errors: DropLog,
 }
 
 /// Ports tried by [`Listener::bind_advertised`] before it gives up: a port the kernel picked on the
@@ -333,7 +331,6 @@ impl Listener {
             sockets: vec![socket],
             bound: vec![*addr.ip()],
             machine: ListenMachine::new(port, nonce, view, timeout),
-            accept_errors: DropLog::default(),
         })
     }
 
@@ -413,7 +410,6 @@ impl Listener {
                     view,
                     timeout,
                 ),
-                accept_errors: DropLog::default(),
             });
         }
         Err(last.unwrap_or_else(|| {
@@ -506,11 +502,12 @@ impl Listener {
                             io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
                         ) => {}
                     Err(e) if transient_accept_error(&e) => {
-                        let what = format!(
-                            "accepting a connection failed for now, retried on the next accept call: {e}"
-                        );
                         let any = std::net::IpAddr::V4(Ipv4Addr::UNSPECIFIED);
-                        if let Some(line) = self.accept_errors.note(now, any, &what) {
+                        if let Some(line) = droplog::note(now, any, || {
+                            format!(
+                                "accepting a connection failed for now, retried on the next accept call: {e}"
+                            )
+                        }) {
                             tracing::warn!("handshake: {line}");
                         }
                         break;

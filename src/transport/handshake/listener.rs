@@ -26,7 +26,7 @@ use crate::error::{Error, Result};
 use crate::route::handle::HandleRepr;
 use crate::route::select::{Reach, check_incoming};
 use crate::route::types::{KernelRoute, LinkKind, LocalLink};
-use crate::transport::droplog::DropLog;
+use crate::transport::droplog::{self, DropLog};
 
 /// Incoming connections a listener keeps waiting for their hello at once. A new connection that
 /// finds it full takes the place of the oldest one that has no complete hello (its bytes are read
@@ -197,24 +197,32 @@ pub struct ListenMachine<C> {
     budget: Arc<PendingBudget>,
     /// Connector nonces of hellos that were authenticated, newest last.
     seen: VecDeque<u64>,
-    drops: DropLog,
+    /// Where drop warnings are rate-limited: the process's log, or a test's own.
+    drops: Arc<std::sync::Mutex<DropLog>>,
+    /// Drops this listener noted, and how many of them it logged.
+    dropped: u64,
+    warned: u64,
 }
 
 impl<C> ListenMachine<C> {
     /// A listener on `port` whose handle carries `nonce`; `timeout` (`None`: unlimited) bounds each
     /// step of an accepted connection. A listener itself never times out: it waits for its connector
     /// as long as NCCL keeps calling `accept`. Its connections waiting for their hello count
-    /// against the process's [`PendingBudget`].
+    /// against the process's [`PendingBudget`], its drop warnings against the process's rate
+    /// limit ([`droplog`]).
     pub fn new(
         port: u16,
         nonce: u64,
         view: AcceptorView,
         timeout: impl Into<Option<Duration>>,
     ) -> Self {
-        Self::with_budget(port, nonce, view, timeout, PendingBudget::process())
+        let mut m = Self::with_budget(port, nonce, view, timeout, PendingBudget::process());
+        m.drops = droplog::shared();
+        m
     }
 
-    /// [`ListenMachine::new`] counting against `budget` instead of the process's (tests).
+    /// [`ListenMachine::new`] counting against `budget` instead of the process's, with a drop log
+    /// of its own (tests: machines of other tests do not share its limits).
     pub fn with_budget(
         port: u16,
         nonce: u64,
@@ -231,7 +239,9 @@ impl<C> ListenMachine<C> {
             admitted: 0,
             budget,
             seen: VecDeque::new(),
-            drops: DropLog::default(),
+            drops: Arc::default(),
+            dropped: 0,
+            warned: 0,
         }
     }
 
@@ -262,7 +272,7 @@ impl<C> ListenMachine<C> {
 
     /// Drops counted but not logged (the rate limit of the drop warnings).
     pub fn unlogged_drops(&self) -> u64 {
-        self.drops.suppressed()
+        self.dropped - self.warned
     }
 
     fn hello_timeout(&self) -> Duration {
@@ -270,7 +280,9 @@ impl<C> ListenMachine<C> {
     }
 
     fn drop_warn(&mut self, now: Instant, peer: SocketAddr, what: &str) {
-        if let Some(line) = self.drops.note(now, peer.ip(), what) {
+        self.dropped += 1;
+        if let Some(line) = droplog::note_in(&self.drops, now, peer.ip(), || what.to_string()) {
+            self.warned += 1;
             tracing::warn!(%peer, "handshake: {line}");
         }
     }

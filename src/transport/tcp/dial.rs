@@ -310,6 +310,14 @@ impl PendingHello {
     }
 }
 
+/// A connection a TCP listener dropped or refused: one WARN line, within the process's rate limit
+/// (`droplog`; `what` is only formatted when it is logged).
+pub(super) fn drop_warn(now: Instant, src: IpAddr, what: impl FnOnce() -> String) {
+    if let Some(line) = crate::transport::droplog::note(now, src, what) {
+        tracing::warn!("NET/switchless: {line}");
+    }
+}
+
 /// Connections whose hello has not fully arrived that an acceptor keeps at once. A new one that
 /// finds them all taken takes the place of the oldest whose hello has not arrived (read first: a
 /// whole hello keeps its place).

@@ -33,13 +33,12 @@ use super::TcpFabric;
 use super::auth::StreamKey;
 use super::config::TcpConfig;
 use super::dial::{
-    MAX_PENDING_STREAMS, OutStream, PendingHello, TcpPathSpec, make_room, start_stream,
+    MAX_PENDING_STREAMS, OutStream, PendingHello, TcpPathSpec, drop_warn, make_room, start_stream,
 };
 use super::frame::{ACK_LEN, HelloRepr, NONCE_LEN, TAG_LEN};
 use super::pool;
 use super::state::PathShared;
 use crate::error::{Error, Result};
-use crate::transport::droplog::DropLog;
 use crate::transport::fabric::{Revive, WcStatus};
 
 /// What a path's local link reports, asked by `path_health` and before each rebuild. The plugin
@@ -72,7 +71,6 @@ struct Listening {
     looked: Option<Instant>,
     /// Accepted connections whose hello is still arriving (at most [`MAX_PENDING_STREAMS`]).
     pending: Vec<PendingHello>,
-    drops: DropLog,
 }
 
 /// A stream of a newer generation that was authenticated, with the acknowledgement it gets once
@@ -122,7 +120,6 @@ impl Redial {
             listeners,
             looked: None,
             pending: Vec::new(),
-            drops: DropLog::default(),
         });
         Redial {
             key,
@@ -170,13 +167,12 @@ impl Redial {
                     match make_room(&mut l.pending) {
                         Ok(None) => None,
                         Ok(Some(old)) => {
-                            let what = format!(
-                                "TCP path {}: dropped the oldest of {MAX_PENDING_STREAMS} reconnects that sent no whole hello, for a newer one",
-                                old.path
-                            );
-                            if let Some(line) = l.drops.note(now, old.from.ip(), &what) {
-                                tracing::warn!("NET/switchless: {line}");
-                            }
+                            drop_warn(now, old.from.ip(), || {
+                                format!(
+                                    "TCP path {}: dropped the oldest of {MAX_PENDING_STREAMS} reconnects that sent no whole hello, for a newer one",
+                                    old.path
+                                )
+                            });
                             None
                         }
                         Err(()) => Some(format!(
@@ -185,19 +181,17 @@ impl Redial {
                     }
                 };
                 if let Some(why) = refused {
-                    let what = format!("TCP path {i}: reconnect from {from} refused: {why}");
-                    if let Some(line) = l.drops.note(now, from.ip(), &what) {
-                        tracing::warn!("NET/switchless: {line}");
-                    }
+                    drop_warn(now, from.ip(), || {
+                        format!("TCP path {i}: reconnect from {from} refused: {why}")
+                    });
                     continue;
                 }
                 match PendingHello::challenge(sock, from, i, now) {
                     Ok(ph) => l.pending.push(ph),
                     Err(e) => {
-                        let what = format!("TCP path {i}: reconnect from {from} dropped: {e}");
-                        if let Some(line) = l.drops.note(now, from.ip(), &what) {
-                            tracing::warn!("NET/switchless: {line}");
-                        }
+                        drop_warn(now, from.ip(), || {
+                            format!("TCP path {i}: reconnect from {from} dropped: {e}")
+                        });
                     }
                 }
             }
@@ -222,10 +216,9 @@ impl Redial {
                     }
                 }
                 Err(e) => {
-                    let what = format!("TCP path {i}: reconnect from {from} rejected: {e}");
-                    if let Some(line) = l.drops.note(now, from.ip(), &what) {
-                        tracing::warn!("NET/switchless: {line}");
-                    }
+                    drop_warn(now, from.ip(), || {
+                        format!("TCP path {i}: reconnect from {from} rejected: {e}")
+                    });
                 }
             }
         }

@@ -16,14 +16,13 @@ use super::TcpFabric;
 use super::auth::{StreamKey, random_secret};
 use super::config::{TcpConfig, apply_options, streams_for_speed};
 use super::dial::{
-    MAX_PENDING_STREAMS, OutStream, PendingHello, TcpPathSpec, make_room, start_stream,
+    MAX_PENDING_STREAMS, OutStream, PendingHello, TcpPathSpec, drop_warn, make_room, start_stream,
 };
 use super::frame::{HelloRepr, NONCE_LEN, TAG_LEN};
 use super::pool;
 use super::revive::Redial;
 use super::state::{PathShared, Shared};
 use crate::error::{Error, Result};
-use crate::transport::droplog::DropLog;
 use crate::transport::fabric::{Fabric, PathInfo, PathRole};
 use crate::transport::handshake::auth::ConnSecret;
 
@@ -332,8 +331,6 @@ pub struct TcpAcceptor {
     pending: Vec<PendingHello>,
     deadline: Option<Instant>,
     pre: Option<TcpFabric>,
-    /// Warnings about refused connections, rate-limited per source.
-    drops: DropLog,
 }
 
 impl TcpAcceptor {
@@ -387,7 +384,6 @@ impl TcpAcceptor {
             pending: Vec::new(),
             deadline: cfg.connect_timeout.map(|t| Instant::now() + t),
             pre: None,
-            drops: DropLog::default(),
         })
     }
 
@@ -473,11 +469,9 @@ impl TcpAcceptor {
                         ) =>
                     {
                         let any = IpAddr::from([0, 0, 0, 0]);
-                        let what =
-                            format!("accepting on TCP path {i} failed for now, retried: {e}");
-                        if let Some(line) = self.drops.note(now, any, &what) {
-                            tracing::warn!("NET/switchless: {line}");
-                        }
+                        drop_warn(now, any, || {
+                            format!("accepting on TCP path {i} failed for now, retried: {e}")
+                        });
                         break;
                     }
                     Err(e) => return Err(Error::io(format!("accepting on TCP path {i}"), e)),
@@ -489,13 +483,12 @@ impl TcpAcceptor {
                     match make_room(&mut self.pending) {
                         Ok(None) => None,
                         Ok(Some(old)) => {
-                            let what = format!(
-                                "TCP path {}: dropped the oldest of {MAX_PENDING_STREAMS} connections that sent no whole hello, for a newer one",
-                                old.path
-                            );
-                            if let Some(line) = self.drops.note(now, old.from.ip(), &what) {
-                                tracing::warn!("NET/switchless: {line}");
-                            }
+                            drop_warn(now, old.from.ip(), || {
+                                format!(
+                                    "TCP path {}: dropped the oldest of {MAX_PENDING_STREAMS} connections that sent no whole hello, for a newer one",
+                                    old.path
+                                )
+                            });
                             None
                         }
                         Err(()) => Some(format!(
@@ -504,19 +497,17 @@ impl TcpAcceptor {
                     }
                 };
                 if let Some(why) = refused {
-                    let what = format!("TCP path {i}: connection from {from} refused: {why}");
-                    if let Some(line) = self.drops.note(now, from.ip(), &what) {
-                        tracing::warn!("NET/switchless: {line}");
-                    }
+                    drop_warn(now, from.ip(), || {
+                        format!("TCP path {i}: connection from {from} refused: {why}")
+                    });
                     continue;
                 }
                 match PendingHello::challenge(sock, from, i, now) {
                     Ok(ph) => self.pending.push(ph),
                     Err(e) => {
-                        let what = format!("TCP path {i}: connection from {from} dropped: {e}");
-                        if let Some(line) = self.drops.note(now, from.ip(), &what) {
-                            tracing::warn!("NET/switchless: {line}");
-                        }
+                        drop_warn(now, from.ip(), || {
+                            format!("TCP path {i}: connection from {from} dropped: {e}")
+                        });
                     }
                 }
             }
@@ -539,10 +530,9 @@ impl TcpAcceptor {
         let (s, n, ack) = match checked {
             Ok(x) => x,
             Err(e) => {
-                let what = format!("TCP path {i}: connection from {from} rejected: {e}");
-                if let Some(line) = self.drops.note(Instant::now(), from.ip(), &what) {
-                    tracing::warn!("NET/switchless: {line}");
-                }
+                drop_warn(Instant::now(), from.ip(), || {
+                    format!("TCP path {i}: connection from {from} rejected: {e}")
+                });
                 return;
             }
         };
@@ -551,12 +541,11 @@ impl TcpAcceptor {
             slot.resize_with(n, || None);
         }
         if slot.len() != n || slot[s].is_some() {
-            let what = format!(
-                "TCP path {i}: stream {s} of {n} from {from} conflicts with streams already accepted; closed"
-            );
-            if let Some(line) = self.drops.note(Instant::now(), from.ip(), &what) {
-                tracing::warn!("NET/switchless: {line}");
-            }
+            drop_warn(Instant::now(), from.ip(), || {
+                format!(
+                    "TCP path {i}: stream {s} of {n} from {from} conflicts with streams already accepted; closed"
+                )
+            });
             return;
         }
         let mut sock = ph.sock;
