@@ -16,7 +16,8 @@ use switchless::transport::handshake::{
     AcceptEvent, AcceptPoll, AcceptorView, ConnectEvent, ConnectMachine, ConnectPoll, Connector,
     Established, Frames, HELLO_TIMEOUT, Hello, Incoming, Listener, MAX_PENDING,
     MAX_PENDING_PER_SOURCE, Message, PENDING_RESERVE, PathParams, PathRequest, PendingBudget,
-    RETRY_BACKOFF, RETRY_BACKOFF_MAX, Reply, SideParams, TARGET_BUDGET, UNAUTHENTICATED, wire,
+    RETRY_BACKOFF, RETRY_BACKOFF_MAX, Reply, SideParams, TARGET_BUDGET, UNAUTHENTICATED,
+    UNAUTHENTICATED_GIVE_UP, wire,
 };
 
 #[path = "support/handshake_net.rs"]
@@ -391,6 +392,7 @@ fn garbage_clients_are_dropped_and_a_good_client_still_succeeds() {
             assert!(e.peer_closed());
             match Message::decode(&e.take()).unwrap() {
                 Message::Reject(r) => r,
+                Message::Refuse(f) => f.reason,
                 m => panic!("expected a reject, got {m:?}"),
             }
         })
@@ -442,11 +444,15 @@ fn rejected_connector_fails_with_the_acceptors_reason() {
         "{t}"
     );
 
-    // The acceptor's own refusal (e.g. QP creation failed) reaches the connector too.
+    // The acceptor's own refusal (e.g. QP creation failed) reaches the connector too, control
+    // characters escaped.
     let mut c = connector(&mut n, params(1, 1), T);
     let mut inc = next_incoming(&mut n, &mut [&mut c]);
     inc.m
-        .reject(n.now, "cannot create QPs on rxe_lo: out of memory")
+        .reject(
+            n.now,
+            "cannot create QPs on rxe_lo: out of memory\nNCCL WARN forged",
+        )
         .unwrap();
     let ie = rounds(|| match n.poll_incoming(&mut inc) {
         Ok(AcceptEvent::Pending) => None,
@@ -455,11 +461,65 @@ fn rejected_connector_fails_with_the_acceptors_reason() {
     });
     assert!(ie.to_string().contains("refused the connection"), "{ie}");
     let e = rounds(|| n.poll_connector(&mut c).err());
-    assert!(e.to_string().contains("out of memory"), "{e}");
+    assert!(e.to_string().contains("out of memory\\nNCCL WARN"), "{e}");
+    assert!(!e.to_string().contains('\n'), "{e}");
+}
+
+/// Security audit 2, finding 7: the connector took a reject from whatever answered on the dialed
+/// address, without authentication, and put its text (1 KiB, newlines kept) in its error. A reject
+/// without this connection's tag is not acted on now: the connector tries again, fails only after
+/// `UNAUTHENTICATED_GIVE_UP` of nothing else, and never shows the text.
+#[test]
+fn an_unauthenticated_reject_is_not_acted_on_and_its_text_is_not_shown() {
+    let mut n = net(T);
+    let (mut c, a) = raw_acceptor(&mut n, None);
+    let forged = "no such connection\nNCCL WARN NET/switchless: forged line";
+    a.write(&Message::Reject(forged.into()).encode().unwrap());
+    // A refuse with a tag no key made is no better.
+    let e = n.poll_connector(&mut c).unwrap();
+    assert_eq!(
+        e,
+        ConnectEvent::Pending,
+        "acted on an unauthenticated reject"
+    );
+    assert_eq!(c.m.retries(), 1);
+    drop(a);
+    let mut answers = 0;
+    let err = loop {
+        // Every new connection gets the same treatment (alternating the two kinds).
+        if let Some(a) = n.raw.pop_front() {
+            answers += 1;
+            let m = if answers % 2 == 0 {
+                Message::Reject(forged.into())
+            } else {
+                Message::Refuse(wire::Refuse {
+                    reason: forged.into(),
+                    tag: [7; wire::TAG_LEN],
+                })
+            };
+            a.write(&m.encode().unwrap());
+        }
+        match n.poll_connector(&mut c) {
+            Ok(ConnectEvent::Pending) => {}
+            Ok(e) => panic!("{e:?}"),
+            Err(e) => break e,
+        }
+        if n.raw.is_empty() {
+            n.jump(&[c.m.poll_timeout()]);
+        }
+    };
+    assert!(answers > 20, "{answers} rejects before it gave up");
+    let t = err.to_string();
+    assert!(t.contains("not authenticated"), "{t}");
+    assert!(!t.contains("forged") && !t.contains("no such"), "{t}");
+    assert!(
+        n.now >= c.opened[0].1 + UNAUTHENTICATED_GIVE_UP,
+        "gave up early"
+    );
 }
 
 /// A net whose handle points the connector at a raw acceptor the test plays.
-fn raw_acceptor(n: &mut Net, timeout: Duration) -> (Conn, End) {
+fn raw_acceptor(n: &mut Net, timeout: impl Into<Option<Duration>>) -> (Conn, End) {
     let raw = SocketAddrV4::new(LO, 6000);
     n.hosts.insert(raw, Host::Raw);
     let mut h = vhandle(n);
@@ -1490,6 +1550,7 @@ fn reject_reason(e: &End) -> String {
     assert!(e.peer_closed(), "the connection is still open");
     match Message::decode(&e.take()).unwrap() {
         Message::Reject(r) => r,
+        Message::Refuse(f) => f.reason,
         m => panic!("expected a reject, got {m:?}"),
     }
 }

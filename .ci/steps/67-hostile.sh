@@ -35,7 +35,9 @@ tests handshake \
   the_listener_binds_only_the_addresses_it_advertises \
   a_hello_must_come_from_its_claimed_address_with_its_own_gid \
   a_replayed_hello_is_refused \
-  a_wrong_answer_to_the_hello_fails_the_connector
+  a_wrong_answer_to_the_hello_fails_the_connector \
+  an_unauthenticated_reject_is_not_acted_on_and_its_text_is_not_shown \
+  rejected_connector_fails_with_the_acceptors_reason
 tests handshake_fuzz \
   mutated_frames_never_panic_and_reencode_exactly \
   specific_malformed_frames_name_the_problem \

@@ -31,6 +31,9 @@ pub const LAST_TARGET_WAIT: Duration = Duration::from_secs(180);
 pub const RETRY_BACKOFF: Duration = Duration::from_millis(20);
 /// The longest wait between retries.
 pub const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// How long a connector keeps trying while the only answers are rejects without its connection's
+/// tag (a stale handle, or something answering for the address) before it fails.
+pub const UNAUTHENTICATED_GIVE_UP: Duration = Duration::from_secs(60);
 
 /// What [`ConnectMachine::poll`] asks of the driver or reports.
 #[derive(Debug, PartialEq, Eq)]
@@ -97,6 +100,23 @@ pub struct ConnectMachine {
     listener_nonce: u64,
     /// Why the last connection was retried (named if the retry fails too).
     retried_because: Option<String>,
+    /// When the first reject without this connection's tag came ([`UNAUTHENTICATED_GIVE_UP`]).
+    unauthenticated_since: Option<Instant>,
+}
+
+/// Text of a peer's authenticated reject as logs show it: control characters escaped, so no line
+/// of it passes for one of ours.
+fn printable(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| {
+            let esc: Vec<char> = if c.is_control() {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            esc
+        })
+        .collect()
 }
 
 impl ConnectMachine {
@@ -193,6 +213,7 @@ impl ConnectMachine {
             retry_at: now,
             listener_nonce: nonce,
             retried_because: None,
+            unauthenticated_since: None,
         })
     }
 
@@ -368,12 +389,14 @@ impl ConnectMachine {
         let r = match self.frames.take_frame() {
             None => return Ok(Some(ConnectEvent::Pending)),
             Some(Message::Reply(r)) => r,
-            Some(Message::Reject(reason)) => {
+            Some(Message::Refuse(f)) if self.key.check_refuse(&self.hello_tag, &f) => {
                 return Err(Error::Remote(format!(
-                    "{} rejected the connection: {reason}",
-                    self.peer
+                    "{} rejected the connection: {}",
+                    self.peer,
+                    printable(&f.reason)
                 )));
             }
+            Some(Message::Reject(_) | Message::Refuse(_)) => return self.unauthenticated(now),
             Some(other) => {
                 return Err(Error::Remote(format!(
                     "{} sent {} while a reply was expected",
@@ -431,6 +454,32 @@ impl ConnectMachine {
         }
         let why = f.into_error(&self.peer, step);
         self.retry(now, &why.to_string())?;
+        Ok(None)
+    }
+
+    /// A reject without this connection's tag: it could come from anything that answers for the
+    /// address (or a listener on a reused port, which never knew the handle), so it is not acted on
+    /// and its text is not shown: a new connection is tried after a backoff. Only when nothing but
+    /// such rejects came for [`UNAUTHENTICATED_GIVE_UP`] does the connector fail, with a fixed text.
+    fn unauthenticated(&mut self, now: Instant) -> Result<Option<ConnectEvent>> {
+        let since = *self.unauthenticated_since.get_or_insert(now);
+        if now.saturating_duration_since(since) >= UNAUTHENTICATED_GIVE_UP {
+            return Err(Error::Remote(format!(
+                "{}: refused for {} s with rejects not authenticated by the handle's nonce: a \
+                 stale handle, or something other than the listener answering for its address \
+                 (their text is not shown)",
+                self.peer,
+                UNAUTHENTICATED_GIVE_UP.as_secs()
+            )));
+        }
+        self.retry(
+            now,
+            &format!(
+                "{}: a reject not authenticated by the handle's nonce (not acted on; its text is \
+                 not shown)",
+                self.peer
+            ),
+        )?;
         Ok(None)
     }
 

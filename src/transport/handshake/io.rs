@@ -162,6 +162,12 @@ impl Connector {
         Ok(c)
     }
 
+    /// Connections the acceptor closed (or answered with a reject not authenticated for this
+    /// connection) before its reply, each retried with a new one ([`ConnectMachine::retries`]).
+    pub fn retries(&self) -> u32 {
+        self.machine.retries()
+    }
+
     /// Advances the handshake as far as the sockets allow without blocking. An error ends it.
     pub fn poll(&mut self) -> Result<ConnectPoll> {
         let r = self.poll_at(Instant::now());

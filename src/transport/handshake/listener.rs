@@ -167,17 +167,21 @@ enum Advance {
     Hello(Box<Hello>, Vec<AcceptedPath>, ConnKey),
 }
 
-/// Why a hello was refused: what the client is told, and what this node logs.
+/// Why a hello was refused: what the client is told, and what this node logs. Once the hello's
+/// tag checked out, the answer is an authenticated reject (`key`).
 struct Refusal {
     public: String,
     local: String,
+    key: Option<ConnKey>,
 }
 
 impl Refusal {
-    fn both(s: String) -> Refusal {
+    /// A refusal of the authenticated hello whose connection key is `key`.
+    fn both(key: &ConnKey, s: String) -> Refusal {
         Refusal {
             public: s.clone(),
             local: s,
+            key: Some(key.clone()),
         }
     }
 }
@@ -485,7 +489,11 @@ impl<C> ListenMachine<C> {
             Err(r) => {
                 self.drop_warn(now, peer, &format!("rejected connection: {}", r.local));
                 let p = &mut self.pending[i];
-                if p.frames.queue(&Message::Reject(r.public)).is_err() {
+                let answer = match &r.key {
+                    Some(k) => Message::Refuse(k.refuse(&hello.tag, &r.public)),
+                    None => Message::Reject(r.public),
+                };
+                if p.frames.queue(&answer).is_err() {
                     return Advance::Drop;
                 }
                 p.rejecting = true;
@@ -518,13 +526,17 @@ fn check_hello(
                 "hello from {peer} is not authenticated by this listener's nonce (connector nonce {:#x}): a stale handle, another listener on a reused port, or a stranger",
                 hello.nonce
             ),
+            key: None,
         });
     }
     if seen.contains(&hello.nonce) {
-        return Err(Refusal::both(format!(
-            "connector nonce {:#x} was used before: a replayed hello",
-            hello.nonce
-        )));
+        return Err(Refusal::both(
+            &key,
+            format!(
+                "connector nonce {:#x} was used before: a replayed hello",
+                hello.nonce
+            ),
+        ));
     }
     let mut paths = Vec::with_capacity(hello.paths.len());
     for (n, (req, par)) in hello.paths.iter().zip(&hello.params.paths).enumerate() {
@@ -537,14 +549,17 @@ fn check_hello(
             req.kind,
             view.reach,
         )
-        .map_err(|reason| Refusal::both(format!("{}: {reason}", what())))?;
+        .map_err(|reason| Refusal::both(&key, format!("{}: {reason}", what())))?;
         if req.kind == LinkKind::Roce && par.gid != ipv4_mapped_gid(req.connector.addr()) {
-            return Err(Refusal::both(format!(
-                "{}: RoCE GID {} is not the connector address's IPv4-mapped GID ::ffff:{}",
-                what(),
-                std::net::Ipv6Addr::from(par.gid),
-                req.connector.addr()
-            )));
+            return Err(Refusal::both(
+                &key,
+                format!(
+                    "{}: RoCE GID {} is not the connector address's IPv4-mapped GID ::ffff:{}",
+                    what(),
+                    std::net::Ipv6Addr::from(par.gid),
+                    req.connector.addr()
+                ),
+            ));
         }
         paths.push(AcceptedPath {
             local: l.clone(),
@@ -552,7 +567,7 @@ fn check_hello(
             peer_params: par.clone(),
         });
     }
-    check_source(view, hello, peer).map_err(Refusal::both)?;
+    check_source(view, hello, peer).map_err(|s| Refusal::both(&key, s))?;
     Ok((paths, key))
 }
 
@@ -718,7 +733,8 @@ impl AcceptMachine {
                 "incoming connection used after it completed".into(),
             ));
         }
-        self.frames.queue(&Message::Reject(reason.to_string()))?;
+        let refuse = self.key.refuse(&self.hello.tag, reason);
+        self.frames.queue(&Message::Refuse(refuse))?;
         self.reject_reason = Some(reason.to_string());
         self.state = IState::SendReject;
         self.deadline = self.timeout.map(|t| now + t);
