@@ -1374,6 +1374,49 @@ fn silent_streams_from_the_peers_address_cannot_keep_its_streams_out() {
     drop(silent);
 }
 
+/// Security audit 2, finding 7: the set-up acceptor accepted until the kernel's queue was empty, so
+/// a flood kept one `poll` (NCCL's thread) busy for as long as it lasted. Each poll takes at most
+/// `MAX_PENDING_STREAMS` per listener; the rest wait for the next poll.
+#[test]
+fn the_set_up_acceptor_takes_a_bounded_number_of_connections_per_poll() {
+    let tcfg = cfg(1);
+    let (mut acc, addr) = lo_acceptor(4, &tcfg);
+    // Strangers (another source): each accepted one is closed at once. Fewer than the listener's
+    // backlog (128), so all of them wait in the kernel's queue.
+    let n = 120;
+    let socks: Vec<std::net::TcpStream> = (0..n)
+        .map(|_| {
+            let s =
+                socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+            s.bind(&SocketAddr::new(IpAddr::from([127, 0, 0, 2]), 0).into())
+                .unwrap();
+            s.connect(&addr.into()).unwrap();
+            let s: std::net::TcpStream = s.into();
+            s.set_nonblocking(true).unwrap();
+            s
+        })
+        .collect();
+    let closed = |socks: &[std::net::TcpStream]| {
+        std::thread::sleep(Duration::from_millis(50));
+        socks
+            .iter()
+            .filter(|s| {
+                let mut b = [0u8; 1];
+                let r = std::io::Read::read(&mut &**s, &mut b);
+                !matches!(r, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+            })
+            .count()
+    };
+    assert!(acc.poll().unwrap().is_none());
+    let first = closed(&socks);
+    assert!(
+        (1..=MAX_PENDING_STREAMS).contains(&first),
+        "one poll took {first} of {n} connections"
+    );
+    assert!(acc.poll().unwrap().is_none());
+    assert_eq!(closed(&socks), n, "the next poll takes the rest");
+}
+
 /// Security review finding 5: the connector's streams connect without blocking. To a peer whose
 /// listener does not accept (its accept queue is full, so its kernel drops our SYNs), `start`
 /// returns at once and each `poll` says "call again" at once: NCCL's service thread, which also

@@ -52,6 +52,7 @@ tests tcp \
   silent_and_garbage_peers_never_block_the_acceptor_or_touch_memory \
   streams_from_another_source_are_refused \
   silent_streams_from_the_peers_address_cannot_keep_its_streams_out \
+  the_set_up_acceptor_takes_a_bounded_number_of_connections_per_poll \
   writes_outside_a_registration_are_refused_and_fail_the_path \
   out_of_order_frames_past_the_bound_fail_the_path \
   a_close_frame_with_any_flags_ends_posted_receives \

@@ -452,12 +452,14 @@ impl TcpAcceptor {
         .map(Some)
     }
 
-    /// New connections: checks the peer address, then waits for the hello without blocking.
-    /// Running out of fds, buffers or memory on `accept` is logged and retried on the next poll.
+    /// New connections: checks the peer address, then waits for the hello without blocking. At
+    /// most [`MAX_PENDING_STREAMS`] per listener per call (a flood waits in the kernel's queue for
+    /// the next call). Running out of fds, buffers or memory on `accept` is logged and retried on
+    /// the next poll.
     fn accept_new(&mut self) -> Result<()> {
         let now = Instant::now();
         for (i, l) in self.listeners.iter().enumerate() {
-            loop {
+            for _ in 0..MAX_PENDING_STREAMS {
                 let (sock, from) = match l.accept() {
                     Ok(x) => x,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
