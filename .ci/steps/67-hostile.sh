@@ -20,6 +20,21 @@ tests() {
   echo "67-hostile: tests/$bin.rs: $# passed"
 }
 
+# libtests <name>...: the named unit tests of the library, exact names.
+libtests() {
+  local out
+  out=$(timeout 300 cargo test --locked --quiet --lib -- --exact "$@" 2>&1) || {
+    echo "$out"; echo "67-hostile: FAIL: library unit tests" >&2; exit 1; }
+  grep -q "test result: ok. $# passed" <<< "$out" || {
+    echo "$out"; echo "67-hostile: FAIL: the library ran other than the $# unit tests named" >&2; exit 1; }
+  echo "67-hostile: library: $# unit tests passed"
+}
+
+libtests \
+  ffi::loader::tests::a_warn_logged_on_another_thread_reaches_the_bench_output \
+  transport::droplog::tests::one_line_per_source_per_interval_with_the_count_in_the_next_line \
+  transport::droplog::tests::the_process_gets_at_most_its_lines_per_interval_whatever_the_sources \
+  transport::tcp::auth::tests::a_tag_binds_the_secret_the_challenge_and_every_field
 tests handshake \
   garbage_clients_are_dropped_and_a_good_client_still_succeeds \
   real_sockets_garbage_clients_are_closed_and_a_good_client_still_succeeds \
