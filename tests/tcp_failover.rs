@@ -516,3 +516,60 @@ fn a_spray_over_many_connections_listeners_logs_at_most_the_process_limit() {
         lines
     );
 }
+
+/// Security audit 2, finding 4: a peer could rebuild a path every 0.1 s without limit (each a
+/// failover here, a traffic stall and log lines): 40 of 40 accepted in 4 s. Rebuilds of a
+/// connection's paths now come at most one per `MIN_REBUILD_GAP`, the gap doubling up to
+/// `MAX_REBUILD_GAP`: a peer that breaks the path as soon as it is back gets 3 rebuilds in 3.5 s
+/// (at 0, 1 and 3 s), where it got one per probe (every 0.2 s here) before. The data stays exact.
+#[test]
+fn a_peer_that_rebuilds_a_path_again_and_again_is_held_to_the_rebuild_rate() {
+    use switchless::transport::tcp::{MAX_REBUILD_GAP, MIN_REBUILD_GAP};
+    assert_eq!(MIN_REBUILD_GAP, Duration::from_secs(1));
+    assert!(MAX_REBUILD_GAP >= MIN_REBUILD_GAP * 4);
+    let mut g = rig(None);
+    stream(&mut g, 8, 64 << 10, |_, _| {});
+    let t = Instant::now();
+    let window = Duration::from_millis(3500);
+    let mut breaks = 0;
+    let mut rebuilt_at = Vec::new();
+    let mut seen = 0;
+    while t.elapsed() < window {
+        // Break path 0 as soon as both ends carry on it again.
+        if g.s.paths_up() == [true, true] && g.r.paths_up() == [true, true] {
+            g.s.fabric_mut().break_path(0);
+            breaks += 1;
+        }
+        stream(&mut g, 4, 64 << 10, |_, _| {});
+        let generation = g.r.fabric().path_generation(0);
+        if generation != seen {
+            seen = generation;
+            rebuilt_at.push(t.elapsed());
+        }
+    }
+    assert!(
+        rebuilt_at.len() <= 3,
+        "{} rebuilds in {window:?} (at {rebuilt_at:?}), {breaks} breaks",
+        rebuilt_at.len()
+    );
+    assert!(!rebuilt_at.is_empty(), "the path was never rebuilt");
+    for w in rebuilt_at.windows(2) {
+        assert!(
+            w[1] - w[0] >= MIN_REBUILD_GAP - Duration::from_millis(50),
+            "rebuilds at {rebuilt_at:?}"
+        );
+    }
+    // The real peer's rebuild still comes: the path carries again.
+    until_back_any(&mut g);
+    g.s.close().unwrap();
+    g.r.close().unwrap();
+}
+
+/// Streams until both ends have path 0 up again, whatever its generation.
+fn until_back_any(g: &mut Rig) {
+    let t = Instant::now();
+    while g.s.paths_up() != [true, true] || g.r.paths_up() != [true, true] {
+        assert!(t.elapsed() < DEADLINE, "no failback");
+        stream(g, 8, 64 << 10, |_, _| {});
+    }
+}

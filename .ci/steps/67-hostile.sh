@@ -78,7 +78,8 @@ tests tcp \
 tests tcp_failover \
   a_recorded_stream_hello_replayed_at_a_higher_generation_takes_nothing_over \
   a_foreign_reconnect_stream_is_closed_and_changes_nothing \
-  a_spray_over_many_connections_listeners_logs_at_most_the_process_limit
+  a_spray_over_many_connections_listeners_logs_at_most_the_process_limit \
+  a_peer_that_rebuilds_a_path_again_and_again_is_held_to_the_rebuild_rate
 tests route acceptor_refuses_connector_addresses_no_peer_can_have
 tests backend \
   attacks_on_the_listen_comm_leave_it_serving_the_real_connector \

@@ -47,7 +47,7 @@ pub use config::{
 };
 pub use dial::{MAX_PENDING_STREAMS, TcpPathSpec};
 pub use pool::io_threads;
-pub use revive::LinkCheck;
+pub use revive::{LinkCheck, MAX_REBUILD_GAP, MIN_REBUILD_GAP};
 pub use setup::{TcpAcceptor, TcpConnector, listen, listen_at, loopback_pair};
 pub use stream::{MAX_BUFFERED_CTRL, MAX_OUT_OF_ORDER};
 

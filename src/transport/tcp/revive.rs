@@ -53,6 +53,39 @@ const LINK_CHECK_EVERY: Duration = Duration::from_millis(10);
 /// How long a connector waits for the acknowledgements of a rebuilt path's streams before it
 /// gives up this attempt (the comm's next probe starts another, one generation up).
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+/// The least time between two rebuilds of a connection's paths (either end): a peer that rebuilds
+/// a path again and again (each a failover, a traffic stall and log lines here) gets one per gap.
+/// The gap doubles with every rebuild that comes within 60 s of the one before, up to
+/// [`MAX_REBUILD_GAP`] (below the connector's 10 s dial timeout, so a real peer's rebuild held back
+/// still lands).
+pub const MIN_REBUILD_GAP: Duration = Duration::from_secs(1);
+/// The longest gap between two rebuilds of a connection's paths.
+pub const MAX_REBUILD_GAP: Duration = Duration::from_secs(8);
+/// A rebuild this long after the one before starts the gap at [`MIN_REBUILD_GAP`] again.
+const REBUILD_QUIET: Duration = Duration::from_secs(60);
+
+/// When a connection's paths may be rebuilt next ([`MIN_REBUILD_GAP`]).
+#[derive(Debug, Default)]
+struct RebuildRate {
+    /// The last rebuild, and the gap that follows it.
+    last: Option<(Instant, Duration)>,
+}
+
+impl RebuildRate {
+    fn allowed(&self, now: Instant) -> bool {
+        self.last.is_none_or(|(t, gap)| now >= t + gap)
+    }
+
+    fn rebuilt(&mut self, now: Instant) {
+        let gap = match self.last {
+            Some((t, gap)) if now.saturating_duration_since(t) < gap + REBUILD_QUIET => gap
+                .saturating_mul(2)
+                .clamp(MIN_REBUILD_GAP, MAX_REBUILD_GAP),
+            _ => MIN_REBUILD_GAP,
+        };
+        self.last = Some((now, gap));
+    }
+}
 
 /// What a connected [`TcpFabric`] keeps to rebuild its paths.
 pub(super) struct Redial {
@@ -63,6 +96,8 @@ pub(super) struct Redial {
     listening: Option<Listening>,
     paths: Vec<PathRedial>,
     link: Option<Arc<dyn LinkCheck>>,
+    /// Rebuilds of this connection's paths, rate-limited ([`MIN_REBUILD_GAP`]).
+    rebuilds: RebuildRate,
 }
 
 struct Listening {
@@ -128,6 +163,7 @@ impl Redial {
             listening,
             paths: specs.iter().map(|_| PathRedial::default()).collect(),
             link: None,
+            rebuilds: RebuildRate::default(),
         }
     }
 
@@ -325,10 +361,13 @@ impl TcpFabric {
                         l.looked = Some(now);
                         r.accept();
                     }
+                    // A complete, authenticated set of new streams replaces a working path, at the
+                    // connection's rebuild rate (until then the set waits).
                     r.paths[path]
                         .arriving
                         .as_ref()
                         .filter(|(_, s)| s.iter().all(Option::is_some))
+                        .filter(|_| r.rebuilds.allowed(now))
                         .map(|(g, _)| format!("the peer rebuilt it (stream generation {g})"))
                 }
             },
@@ -366,6 +405,21 @@ impl TcpFabric {
             r.paths[path].step = Step::Idle;
             r.paths[path].arriving = None;
             return Ok(Revive::Down);
+        }
+        if !r.rebuilds.allowed(Instant::now()) {
+            // The connection's rebuild rate: an acceptor keeps what arrived, a connector dials
+            // at a later probe.
+            if r.listening.is_some() {
+                r.accept();
+                return Ok(Revive::Pending);
+            }
+            if matches!(r.paths[path].step, Step::Idle) {
+                tracing::debug!(
+                    "NET/switchless: TCP path {path}: rebuild held back (at most one per {} s after the last)",
+                    MIN_REBUILD_GAP.as_secs()
+                );
+                return Ok(Revive::Down);
+            }
         }
         if r.listening.is_some() {
             r.accept();
@@ -470,6 +524,7 @@ impl TcpFabric {
         if let Some(r) = self.redial.as_mut() {
             r.paths[path].generation = g;
             r.paths[path].step = Step::Installed;
+            r.rebuilds.rebuilt(Instant::now());
         }
         tracing::info!(
             "NET/switchless: TCP path {}: new streams connected ({n} streams, generation {g})",
