@@ -1474,3 +1474,110 @@ fn a_connect_to_a_peer_that_does_not_accept_never_blocks() {
     }
     drop(fillers);
 }
+
+/// Plays the acceptor of one stream by hand on `l` for the connection of secret `n`: accepts,
+/// challenges, checks the hello and acknowledges it. Returns the stream.
+fn raw_acceptor_stream(l: &std::net::TcpListener, n: u8) -> std::net::TcpStream {
+    use std::io::{Read, Write};
+    use switchless::transport::tcp::frame::Hello;
+    let (mut s, _) = l.accept().unwrap();
+    let challenge = [0x33; NONCE_LEN];
+    s.write_all(&ChallengeRepr { nonce: challenge }.to_bytes())
+        .unwrap();
+    let mut b = [0u8; HELLO_LEN];
+    s.read_exact(&mut b).unwrap();
+    let h = HelloRepr::parse(&Hello::new_checked(&b[..]).unwrap()).unwrap();
+    let key = StreamKey::new(&secret(n));
+    key.check_hello(&h, &challenge).unwrap();
+    s.write_all(&key.ack(&h, &challenge).to_bytes()).unwrap();
+    s
+}
+
+/// Security audit 2, item 5: Linux applies `TCP_USER_TIMEOUT` to a peer whose receive window stays
+/// closed, even though it answers every window probe, so a healthy receiver that stopped reading
+/// for longer than the timeout (30 s by default; a loaded host) had its streams killed ("transport
+/// retry counter exceeded", status 12). A slow peer is not a dead one: with a 1 s user timeout, a
+/// receiver that reads nothing for 3 s still gets every byte and every write completes.
+#[test]
+fn a_receiver_that_stops_reading_longer_than_the_user_timeout_is_not_cut_off() {
+    use std::io::Read;
+    let tcfg = TcpConfig {
+        streams: Some(1),
+        user_timeout: Some(Duration::from_secs(1)),
+        buffers: BufferPolicy::Fixed(64 << 10),
+        connect_timeout: Some(Duration::from_secs(10)),
+        ..TcpConfig::default()
+    };
+    let l = listen(lo(), 10_000, &tcfg).unwrap();
+    let spec = TcpPathSpec {
+        local: lo(),
+        remote: l.local_addr().unwrap(),
+        speed_mbps: 10_000,
+        mtu: 0,
+        label: String::new(),
+    };
+    let c = tcfg.clone();
+    let t = std::thread::spawn(move || TcpFabric::connect(&[spec], &secret(3), &c));
+    let mut peer = raw_acceptor_stream(&l, 3);
+    let mut fab = t.join().unwrap().unwrap();
+    let (n, size) = (8usize, 1usize << 20);
+    let mut src = HostBuffer::new(n * size).unwrap();
+    src.write(0, &pattern(n * size, 5)).unwrap();
+    let reg = fab
+        .register(&src.lend_range(0, n * size).unwrap(), MemKind::Host)
+        .unwrap();
+    for k in 0..n {
+        let wr = write(
+            k as u64,
+            src.addr() + (k * size) as u64,
+            size as u32,
+            reg.keys[0].lkey,
+            0x1000_0000 + (k * size) as u64,
+            7,
+            None,
+        );
+        fab.post_write(0, &wr).unwrap();
+    }
+    // The receiver reads nothing for three user timeouts; nothing may fail meanwhile.
+    let stall = Instant::now();
+    let mut done = Vec::new();
+    while stall.elapsed() < Duration::from_secs(3) {
+        fab.poll(0, 16, &mut done).unwrap();
+        if let Some(bad) = done.iter().find(|c| c.status != WcStatus::SUCCESS) {
+            panic!(
+                "a write failed after {:?} of the receiver's stall: {bad:?}",
+                stall.elapsed()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        done.len() < n,
+        "every write completed with the receiver stalled"
+    );
+    // Then it reads everything: every write completes.
+    peer.set_read_timeout(Some(Duration::from_millis(5)))
+        .unwrap();
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 1 << 20];
+    let t = Instant::now();
+    while done.len() < n {
+        assert!(t.elapsed() < DEADLINE, "{} of {n} writes done", done.len());
+        match peer.read(&mut buf) {
+            Ok(0) => panic!("the sender closed the stream after {got} bytes"),
+            Ok(k) => got += k,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(e) => panic!("the stream failed after {got} bytes: {e}"),
+        }
+        fab.poll(0, 16, &mut done).unwrap();
+    }
+    assert!(
+        done.iter().all(|c| c.status == WcStatus::SUCCESS),
+        "{done:?}"
+    );
+    assert!(got >= n * size, "{got} bytes read");
+}

@@ -34,7 +34,8 @@ libtests \
   ffi::loader::tests::a_warn_logged_on_another_thread_reaches_the_bench_output \
   transport::droplog::tests::one_line_per_source_per_interval_with_the_count_in_the_next_line \
   transport::droplog::tests::the_process_gets_at_most_its_lines_per_interval_whatever_the_sources \
-  transport::tcp::auth::tests::a_tag_binds_the_secret_the_challenge_and_every_field
+  transport::tcp::auth::tests::a_tag_binds_the_secret_the_challenge_and_every_field \
+  transport::tcp::window::tests::a_closed_window_suspends_the_timeout_and_data_in_flight_restores_it
 tests handshake \
   garbage_clients_are_dropped_and_a_good_client_still_succeeds \
   real_sockets_garbage_clients_are_closed_and_a_good_client_still_succeeds \
@@ -68,6 +69,7 @@ tests tcp \
   streams_from_another_source_are_refused \
   silent_streams_from_the_peers_address_cannot_keep_its_streams_out \
   the_set_up_acceptor_takes_a_bounded_number_of_connections_per_poll \
+  a_receiver_that_stops_reading_longer_than_the_user_timeout_is_not_cut_off \
   writes_outside_a_registration_are_refused_and_fail_the_path \
   out_of_order_frames_past_the_bound_fail_the_path \
   a_close_frame_with_any_flags_ends_posted_receives \

@@ -7,8 +7,9 @@
 //! Files: [`config`] (sizing policy, options), [`frame`] (wire formats), [`auth`] (every stream
 //! proves the connection secret), `dial` (one stream's challenge, hello and acknowledgement), `setup` (listeners, connector, acceptor), `revive` (failover and
 //! failback of a path), `state` (what the fabric shares with its I/O workers), `pool` (the
-//! process-wide I/O worker threads), `stream` (one stream's receive and send state machines) and,
-//! here, [`TcpFabric`]. Depends on `transport::{fabric, ctrl}` and `sys` (raw memory, sockets). The
+//! process-wide I/O worker threads), `stream` (one stream's receive and send state machines),
+//! `window` (a slow peer is not a dead peer: the user timeout and a closed window) and, here,
+//! [`TcpFabric`]. Depends on `transport::{fabric, ctrl}` and `sys` (raw memory, sockets). The
 //! design and its rules: `docs/guide/tcp.md`.
 #![forbid(unsafe_code)]
 
@@ -39,6 +40,7 @@ mod revive;
 mod setup;
 mod state;
 mod stream;
+mod window;
 
 pub use config::{
     BufferPolicy, DEFAULT_MAX_IO_THREADS, MAX_FRAME_BYTES, MAX_IO_THREADS, MAX_STREAMS,

@@ -102,6 +102,7 @@ impl TcpFabric {
             paths: shared,
             regs: RwLock::new(HashMap::new()),
             peer_data_writes: AtomicBool::new(true),
+            user_timeout: cfg.user_timeout,
         });
         let mut fab = TcpFabric {
             sh: Arc::clone(&sh),
