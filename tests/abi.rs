@@ -140,7 +140,11 @@ fn exports_exactly_the_vtables_and_tuner_tables() {
         .output()
         .unwrap();
     let all = String::from_utf8_lossy(&all.stdout);
-    assert!(!all.contains("swl_test_logger") && !all.contains("swl_layout_rows"));
+    assert!(
+        !all.contains("swl_test_logger")
+            && !all.contains("swl_shared_logger")
+            && !all.contains("swl_layout_rows")
+    );
 }
 
 #[test]

@@ -408,8 +408,9 @@ variables! {
                   (`TCP_USER_TIMEOUT`): its path fails over to a standby or surviving path, or, on the \
                   last path, the connection fails naming it. Catches a peer host that froze and a link \
                   that drops frames while its carrier stays up, which TCP alone retransmits for about 15 \
-                  minutes. A peer that is alive but not reading still acknowledges (its window is \
-                  full), so a slow receiver is not cut off. `0`: the kernel's limit.",
+                  minutes. A peer that is alive but not reading (its receive window closed) is not \
+                  cut off: the stream suspends its user timeout while the peer answers its window \
+                  probes (docs/failover.md). `0`: the kernel's limit.",
         },
         tcp_fallback: bool {
             name: "NCCL_SWITCHLESS_TCP_FALLBACK",

@@ -165,19 +165,10 @@ impl HostNet {
         unsafe { &*self.vt }
     }
 
-    /// Prints the plugin's log lines captured on this thread (WARN always, the rest with NCCL_DEBUG=INFO).
+    /// Prints the plugin's log lines, from every thread (WARN always, the rest with NCCL_DEBUG=INFO).
     fn drain_log(&self) {
-        for l in crate::ffi::testsupport::take_log() {
-            if self.log || l.level <= 2 {
-                let level = match l.level {
-                    2 => "WARN",
-                    3 => "INFO",
-                    4 => "ABORT",
-                    5 => "TRACE",
-                    _ => "LOG",
-                };
-                eprintln!("NCCL {level} (plugin): {}", l.text.trim_end());
-            }
+        for l in plugin_log_lines(self.log) {
+            eprintln!("{l}");
         }
     }
 
@@ -210,6 +201,40 @@ impl HostNet {
             CommRef::Recv(r) => r.0,
         }
     }
+}
+
+/// The logger a [`HostNet`] hands to the plugin's `init`: one process-wide buffer, so the lines
+/// the plugin logs on its own threads (the TCP I/O workers: stream failures, a peer's protocol
+/// violations) are printed too, not only those of the thread that calls the plugin.
+pub fn logger() -> crate::ffi::log::LoggerFn {
+    crate::ffi::testsupport::shared_logger()
+}
+
+/// The plugin's log lines captured since the last call, from every thread, as the bench prints
+/// them: WARN (and ABORT) always, the rest when `all`; then one line naming how many were lost
+/// when the capture buffer filled.
+pub fn plugin_log_lines(all: bool) -> Vec<String> {
+    let (lines, dropped) = crate::ffi::testsupport::take_shared_log();
+    let mut out: Vec<String> = lines
+        .into_iter()
+        .filter(|l| all || l.level <= 2 || l.level == 4)
+        .map(|l| {
+            let level = match l.level {
+                2 => "WARN",
+                3 => "INFO",
+                4 => "ABORT",
+                5 => "TRACE",
+                _ => "LOG",
+            };
+            format!("NCCL {level} (plugin): {}", l.text.trim_end())
+        })
+        .collect();
+    if dropped > 0 {
+        out.push(format!(
+            "NCCL WARN (bench): {dropped} plugin log lines were lost: the capture buffer (1 MiB) was full"
+        ));
+    }
+    out
 }
 
 impl Drop for HostNet {
@@ -254,15 +279,7 @@ impl net::Net for HostNet {
         let mut ctx: *mut c_void = ptr::null_mut();
         // SAFETY: the arguments follow ncclNet_v12_t.init: an out pointer, a config that outlives
         // the call, a real C-variadic logger and no profiler.
-        let r = unsafe {
-            f(
-                &mut ctx,
-                comm_id,
-                &mut config,
-                Some(crate::ffi::testsupport::c_logger()),
-                None,
-            )
-        };
+        let r = unsafe { f(&mut ctx, comm_id, &mut config, Some(logger()), None) };
         self.check("init", r)?;
         self.ctx = ctx;
         self.inited = true;
@@ -488,5 +505,42 @@ impl net::Net for HostNet {
         self.inited = false;
         self.ctx = ptr::null_mut();
         self.check("finalize", r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Security audit 2, finding 6: the bench handed the plugin a logger that kept lines per thread
+    /// and printed only its own thread's, so every line the plugin's TCP I/O threads logged (a
+    /// peer's protocol violation ending a path, a stream failure) was lost. The logger it hands over
+    /// now keeps one buffer for the process: a WARN from another thread reaches the bench's output.
+    #[test]
+    #[cfg_attr(miri, ignore = "calls the C logger")]
+    fn a_warn_logged_on_another_thread_reaches_the_bench_output() {
+        let f = logger();
+        std::thread::spawn(move || {
+            // SAFETY: the logger is C-variadic with the ncclDebugLogger_t signature; "%s" takes
+            // the one NUL-terminated string passed, and every pointer lives for the call.
+            unsafe {
+                f(
+                    abi::ncclDebugLogLevel::NCCL_LOG_WARN,
+                    !0,
+                    c"stream.rs".as_ptr(),
+                    7,
+                    c"%s".as_ptr(),
+                    c"NET/switchless: TCP path 0: peer wrote outside the registration".as_ptr(),
+                )
+            }
+        })
+        .join()
+        .unwrap();
+        let lines = plugin_log_lines(false);
+        assert!(
+            lines.iter().any(|l| l
+                == "NCCL WARN (plugin): NET/switchless: TCP path 0: peer wrote outside the registration"),
+            "{lines:?}"
+        );
     }
 }

@@ -29,6 +29,7 @@ use crate::transport::fabric::{
     Completion, CtrlMem, Fabric, MemKind, PathInfo, ReadWr, Registration, WriteWr,
 };
 use crate::transport::handshake::PathParams;
+use crate::transport::handshake::auth::ConnSecret;
 use crate::transport::tcp::{
     self, TcpAcceptor, TcpConfig, TcpConnector, TcpFabric, TcpPathSpec, per_path_streams,
 };
@@ -302,7 +303,12 @@ impl PathFactory for NetFactory {
             return Err(Error::InvalidUsage(gpu_over_tcp(paths)));
         }
         let cfg = tcp_config(&self.config, paths.len());
-        Ok(NetConn::Tcp(TcpConn::create(paths, peer.is_some(), &cfg)?))
+        Ok(NetConn::Tcp(TcpConn::create(
+            paths,
+            peer.is_some(),
+            &opts.secret,
+            &cfg,
+        )?))
     }
 }
 
@@ -323,9 +329,11 @@ enum Setup {
 /// One connection over TCP paths: a [`TcpFabric`] whose streams connect after the handshake.
 ///
 /// The acceptor's `create` opens one listener per path on the path's local address (port 0) and
-/// sends the ports in its [`PathParams::addr`], its netdev MTU in `mtu`, and a random stream nonce in
-/// the first 8 bytes of `gid`. The connector, after the reply, opens the streams to those ports with
-/// that nonce ([`TcpConnector`]); both sides finish in [`Connectable::poll_ready`], never blocking
+/// sends the ports in its [`PathParams::addr`] and its netdev MTU in `mtu`. The connector, after the
+/// reply, opens the streams to those ports; each stream proves the connection's secret from the
+/// authenticated handshake ([`ConnOptions::secret`]; `tcp::auth`), which never travels, nor does
+/// anything a stranger could open a stream with ([`TcpConnector`]); both sides finish in
+/// [`Connectable::poll_ready`], never blocking
 /// NCCL's thread on anything but a TCP three-way handshake to a directly attached peer. Memory
 /// registered, control memory allocated and receives posted before the streams exist (the protocol
 /// does that before the handshake) are carried over ([`TcpFabric::unconnected`]).
@@ -337,7 +345,8 @@ pub struct TcpConn {
     setup: Setup,
     cfg: TcpConfig,
     local: Vec<PathParams>,
-    peer: Mutex<Option<Vec<PathParams>>>,
+    /// The connector's peer parameters and connection secret, from [`Connectable::connect_peer`].
+    peer: Mutex<Option<(Vec<PathParams>, ConnSecret)>>,
     /// Each path's local netdev, whose carrier tells a link that went down silently.
     netdevs: Vec<String>,
 }
@@ -365,8 +374,15 @@ impl std::fmt::Debug for TcpConn {
 
 impl TcpConn {
     /// The endpoint of one connection over `paths` (all TCP). `accepting`: open a listener per
-    /// path now (the ports go into [`Connectable::local_params`]).
-    pub fn create(paths: &[PathPlan], accepting: bool, cfg: &TcpConfig) -> Result<TcpConn> {
+    /// path now (the ports go into [`Connectable::local_params`]), whose streams must prove
+    /// `secret` (the connection's, from the handshake); a connector gets its secret with
+    /// [`Connectable::connect_peer`].
+    pub fn create(
+        paths: &[PathPlan],
+        accepting: bool,
+        secret: &ConnSecret,
+        cfg: &TcpConfig,
+    ) -> Result<TcpConn> {
         let specs: Vec<TcpPathSpec> = paths
             .iter()
             .map(|p| TcpPathSpec {
@@ -397,23 +413,19 @@ impl TcpConn {
             })
             .collect();
         let setup = if accepting {
+            check_secret(secret)?;
             let listeners = specs
                 .iter()
                 .map(|s| tcp::listen(s.local, s.speed_mbps, cfg))
                 .collect::<Result<Vec<TcpListener>>>()?;
-            let mut nb = [0u8; 8];
-            getrandom::fill(&mut nb)
-                .map_err(|e| Error::System(format!("reading random bytes for a nonce: {e}")))?;
-            let nonce = u64::from_le_bytes(nb) | 1;
             for (p, l) in local.iter_mut().zip(&listeners) {
                 let port = l
                     .local_addr()
                     .map_err(|e| Error::io("reading a TCP listener's port", e))?
                     .port();
                 p.addr = u64::from(port);
-                p.gid[..8].copy_from_slice(&nonce.to_le_bytes());
             }
-            Setup::Accepting(Some(TcpAcceptor::new(&listeners, &specs, nonce, cfg)?))
+            Setup::Accepting(Some(TcpAcceptor::new(&listeners, &specs, secret, cfg)?))
         } else {
             Setup::AwaitingPeer(specs)
         };
@@ -473,6 +485,16 @@ fn not_ready() -> Error {
     Error::Internal("the TCP streams of this connection are not connected yet".into())
 }
 
+/// The streams are keyed by the connection's secret: an unset (all-zero) one would let anyone in.
+fn check_secret(secret: &ConnSecret) -> Result<()> {
+    if *secret == ConnSecret::default() {
+        return Err(Error::Internal(
+            "TCP set-up without the connection's secret from the handshake".into(),
+        ));
+    }
+    Ok(())
+}
+
 impl Connectable for TcpConn {
     fn local_params(&self) -> Vec<PathParams> {
         self.local.clone()
@@ -484,7 +506,7 @@ impl Connectable for TcpConn {
         true
     }
 
-    fn connect_peer(&self, peer: &[PathParams], _opts: &ConnOptions) -> Result<()> {
+    fn connect_peer(&self, peer: &[PathParams], opts: &ConnOptions) -> Result<()> {
         if peer.len() != self.local.len() {
             return Err(Error::Remote(format!(
                 "the peer sent parameters for {} TCP paths; this connection has {}",
@@ -493,7 +515,7 @@ impl Connectable for TcpConn {
             )));
         }
         let mut g = lock(&self.peer, "TCP peer")?;
-        *g = Some(peer.to_vec());
+        *g = Some((peer.to_vec(), opts.secret));
         Ok(())
     }
 
@@ -529,7 +551,7 @@ impl Connectable for TcpConn {
                     }
                 }
                 Setup::AwaitingPeer(mut specs) => {
-                    let peer = self
+                    let (peer, secret) = self
                         .peer
                         .get_mut()
                         .map_err(|_| Error::Internal("TCP peer lock poisoned".into()))?
@@ -546,11 +568,9 @@ impl Connectable for TcpConn {
                         })?;
                         s.remote.set_port(port);
                     }
-                    let mut nb = [0u8; 8];
-                    nb.copy_from_slice(&peer.first().map_or([0; 16], |p| p.gid)[..8]);
-                    let nonce = u64::from_le_bytes(nb);
+                    check_secret(&secret)?;
                     let pre = self.take_pre()?;
-                    let c = TcpConnector::start(&specs, nonce, &self.cfg)?.adopting(pre);
+                    let c = TcpConnector::start(&specs, &secret, &self.cfg)?.adopting(pre);
                     self.setup = Setup::Connecting(Some(c));
                 }
                 Setup::Connecting(c) => {
@@ -860,10 +880,27 @@ mod tests {
         }
     }
 
+    fn secret() -> ConnSecret {
+        ConnSecret::from_bytes([0x5c; 32])
+    }
+
+    fn opts() -> ConnOptions {
+        ConnOptions {
+            secret: secret(),
+            ..ConnOptions::default()
+        }
+    }
+
     #[test]
     #[cfg_attr(miri, ignore = "opens a TCP socket; Miri isolates the host")]
     fn an_acceptor_whose_connector_never_comes_times_out() {
-        let mut c = TcpConn::create(&[plan("127.0.0.1/30", "127.0.0.2")], true, &short()).unwrap();
+        let mut c = TcpConn::create(
+            &[plan("127.0.0.1/30", "127.0.0.2")],
+            true,
+            &secret(),
+            &short(),
+        )
+        .unwrap();
         let p = c.local_params();
         assert_eq!(p.len(), 1);
         assert!(
@@ -872,7 +909,10 @@ mod tests {
             p[0].addr
         );
         assert_eq!(p[0].mtu, 9000);
-        assert_ne!(&p[0].gid[..8], &[0u8; 8], "nonce");
+        assert_eq!(
+            p[0].gid, [0u8; 16],
+            "nothing of the secret goes in the reply"
+        );
         // Memory and receives work before the streams exist; sending does not.
         let m = c.alloc_ctrl(4).unwrap();
         c.post_recv(0, 1).unwrap();
@@ -893,7 +933,13 @@ mod tests {
 
     #[test]
     fn a_connector_checks_the_acceptors_ports_and_sends_nothing_before_ready() {
-        let mut c = TcpConn::create(&[plan("127.0.0.1/30", "127.0.0.2")], false, &short()).unwrap();
+        let mut c = TcpConn::create(
+            &[plan("127.0.0.1/30", "127.0.0.2")],
+            false,
+            &ConnSecret::default(),
+            &short(),
+        )
+        .unwrap();
         assert_eq!(
             c.local_params()[0].addr,
             0,
@@ -903,7 +949,13 @@ mod tests {
             matches!(c.poll_ready(), Err(Error::Internal(_))),
             "before connect_peer"
         );
-        let mut c = TcpConn::create(&[plan("127.0.0.1/30", "127.0.0.2")], false, &short()).unwrap();
+        let mut c = TcpConn::create(
+            &[plan("127.0.0.1/30", "127.0.0.2")],
+            false,
+            &ConnSecret::default(),
+            &short(),
+        )
+        .unwrap();
         let wr = WriteWr {
             wr_id: 1,
             local: crate::transport::fabric::LocalSeg {
@@ -923,9 +975,32 @@ mod tests {
             "path count"
         );
         peer[0].addr = 70_000;
-        c.connect_peer(&peer, &ConnOptions::default()).unwrap();
+        c.connect_peer(&peer, &opts()).unwrap();
         let e = c.poll_ready().unwrap_err();
         assert!(e.to_string().contains("70000"), "{e}");
+        // Without the handshake's secret, no stream is opened.
+        let mut c = TcpConn::create(
+            &[plan("127.0.0.1/30", "127.0.0.2")],
+            false,
+            &ConnSecret::default(),
+            &short(),
+        )
+        .unwrap();
+        let mut peer = c.local_params();
+        peer[0].addr = 1000;
+        c.connect_peer(&peer, &ConnOptions::default()).unwrap();
+        let e = c.poll_ready().unwrap_err();
+        assert!(e.to_string().contains("secret"), "{e}");
+        assert!(
+            TcpConn::create(
+                &[plan("127.0.0.1/30", "127.0.0.2")],
+                true,
+                &ConnSecret::default(),
+                &short()
+            )
+            .is_err(),
+            "an acceptor without the secret"
+        );
     }
 
     #[test]
@@ -935,12 +1010,18 @@ mod tests {
             connect_timeout: Some(Duration::from_secs(10)),
             ..TcpConfig::default()
         };
-        let mut acc = TcpConn::create(&[plan("127.0.0.2/30", "127.0.0.1")], true, &cfg).unwrap();
-        let mut con = TcpConn::create(&[plan("127.0.0.1/30", "127.0.0.2")], false, &cfg).unwrap();
+        let mut acc =
+            TcpConn::create(&[plan("127.0.0.2/30", "127.0.0.1")], true, &secret(), &cfg).unwrap();
+        let mut con = TcpConn::create(
+            &[plan("127.0.0.1/30", "127.0.0.2")],
+            false,
+            &ConnSecret::default(),
+            &cfg,
+        )
+        .unwrap();
         let m = acc.alloc_ctrl(2).unwrap();
         acc.ctrl_store(m.addr, 42, Ordering::Release).unwrap();
-        con.connect_peer(&acc.local_params(), &ConnOptions::default())
-            .unwrap();
+        con.connect_peer(&acc.local_params(), &opts()).unwrap();
         let t = Instant::now();
         let (mut a, mut b) = (false, false);
         while !(a && b) {

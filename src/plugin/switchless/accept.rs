@@ -98,8 +98,9 @@ impl<P: PathFactory> Switchless<P> {
                 Reach::OnLink
             },
         };
-        let listener = Listener::bind_any(view, self.timeout())?;
-        let (repr, left_out) = listener.handle(self.control_addr())?;
+        let control = self.control_addr();
+        let listener = Listener::bind_advertised(view, control, self.timeout())?;
+        let (repr, left_out) = listener.handle(control)?;
         if repr.links.is_empty() {
             return Err(Error::System(
                 "listen: no local link is up; the listen handle would advertise no address".into(),

@@ -4,11 +4,12 @@
 //! numbers let the receiver apply control-memory writes and immediates in order. The receiving side
 //! treats the peer as untrusted: nothing is written outside a live registration. Host memory only.
 //!
-//! Files: [`config`] (sizing policy, options), [`frame`] (wire formats), `dial` (one stream's
-//! hello and acknowledgement), `setup` (listeners, connector, acceptor), `revive` (failover and
+//! Files: [`config`] (sizing policy, options), [`frame`] (wire formats), [`auth`] (every stream
+//! proves the connection secret), `dial` (one stream's challenge, hello and acknowledgement), `setup` (listeners, connector, acceptor), `revive` (failover and
 //! failback of a path), `state` (what the fabric shares with its I/O workers), `pool` (the
-//! process-wide I/O worker threads), `stream` (one stream's receive and send state machines) and,
-//! here, [`TcpFabric`]. Depends on `transport::{fabric, ctrl}` and `sys` (raw memory, sockets). The
+//! process-wide I/O worker threads), `stream` (one stream's receive and send state machines),
+//! `window` (a slow peer is not a dead peer: the user timeout and a closed window) and, here,
+//! [`TcpFabric`]. Depends on `transport::{fabric, ctrl}` and `sys` (raw memory, sockets). The
 //! design and its rules: `docs/guide/tcp.md`.
 #![forbid(unsafe_code)]
 
@@ -30,6 +31,7 @@ use crate::transport::fabric::{
 use frame::{FLAG_IMM, FrameRepr, OP_WRITE};
 use state::{PathShared, Payload, Reg, RegMem, Shared, TxFrame, WrTrack};
 
+pub mod auth;
 pub mod config;
 mod dial;
 pub mod frame;
@@ -38,6 +40,7 @@ mod revive;
 mod setup;
 mod state;
 mod stream;
+mod window;
 
 pub use config::{
     BufferPolicy, DEFAULT_MAX_IO_THREADS, MAX_FRAME_BYTES, MAX_IO_THREADS, MAX_STREAMS,
@@ -46,7 +49,7 @@ pub use config::{
 };
 pub use dial::{MAX_PENDING_STREAMS, TcpPathSpec};
 pub use pool::io_threads;
-pub use revive::LinkCheck;
+pub use revive::{LinkCheck, MAX_REBUILD_GAP, MIN_REBUILD_GAP};
 pub use setup::{TcpAcceptor, TcpConnector, listen, listen_at, loopback_pair};
 pub use stream::{MAX_BUFFERED_CTRL, MAX_OUT_OF_ORDER};
 

@@ -181,6 +181,9 @@ pub(super) struct Shared {
     /// clears it ([`super::TcpFabric::refuse_peer_data_writes`]): its data registrations are send
     /// buffers, and the peer writes only its control memory.
     pub(super) peer_data_writes: AtomicBool,
+    /// `TCP_USER_TIMEOUT` of the streams (`TcpConfig::user_timeout`), which a stream whose peer
+    /// stopped reading suspends (`super::stream`, the window guard).
+    pub(super) user_timeout: Option<std::time::Duration>,
 }
 
 impl Shared {
