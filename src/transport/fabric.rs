@@ -433,6 +433,23 @@ pub trait Fabric {
         Ok(())
     }
 
+    /// The comm marked data path `path` down (failover): this end sends nothing more on it, and
+    /// its work requests not yet complete complete with an error status (`WR_FLUSH_ERR`). A
+    /// success completion polled after this still means what it always means: the write landed
+    /// at the peer (or will, before the peer's end is sealed). A piece whose completion says
+    /// neither is settled by asking the peer (see `docs/failover.md`). Verbs: the queue pair to
+    /// the error state (which also seals it); TCP: the sending side fails (the streams stay open:
+    /// what the peer sent is still applied until [`Fabric::seal_path`]). Idempotent.
+    fn stop_path(&mut self, path: usize) -> Result<()>;
+
+    /// Makes sure that nothing the peer sent on data path `path` lands in this endpoint's memory
+    /// any more; `true` once so, with the completion of every write with immediate that did land
+    /// queued on the path (its posted receives flush after them). The comm calls it only after the
+    /// peer has stopped the path ([`Fabric::stop_path`] at the peer), so whatever the peer was
+    /// told completed has landed by then. Verbs: the queue pair in the error state; TCP: each
+    /// stream read to its end, then aborted. Idempotent; `false`: call again.
+    fn seal_path(&mut self, path: usize) -> Result<bool>;
+
     /// Tries to bring back data path `path` after it failed (failback): called at the comm's probe
     /// times, never on a usable path. [`Revive::Down`] while the port is still down;
     /// [`Revive::Rebuilt`] once this end has a fresh queue pair (the comm then posts its receives on
@@ -528,6 +545,12 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
     }
     fn revive_path(&mut self, path: usize) -> Result<Revive> {
         (**self).revive_path(path)
+    }
+    fn stop_path(&mut self, path: usize) -> Result<()> {
+        (**self).stop_path(path)
+    }
+    fn seal_path(&mut self, path: usize) -> Result<bool> {
+        (**self).seal_path(path)
     }
 }
 

@@ -923,6 +923,18 @@ impl Fabric for VerbsFabric {
         self.revive(path)
     }
 
+    /// The queue pair to the error state: it sends nothing more, and nothing more lands through
+    /// it (so this also seals it); its work and receives flush. The path is written off: its port
+    /// staying down no longer fails the connection.
+    fn stop_path(&mut self, path: usize) -> Result<()> {
+        self.write_off(path)
+    }
+
+    fn seal_path(&mut self, path: usize) -> Result<bool> {
+        self.write_off(path)?;
+        Ok(true)
+    }
+
     fn shutdown(&mut self) -> Result<()> {
         if self.shut {
             return Ok(());

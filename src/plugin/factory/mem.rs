@@ -294,4 +294,10 @@ impl Fabric for MemConn {
     fn revive_path(&mut self, path: usize) -> Result<crate::transport::fabric::Revive> {
         self.ep.revive_path(path)
     }
+    fn stop_path(&mut self, path: usize) -> Result<()> {
+        self.ep.stop_path(path)
+    }
+    fn seal_path(&mut self, path: usize) -> Result<bool> {
+        self.ep.seal_path(path)
+    }
 }

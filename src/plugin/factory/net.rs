@@ -614,6 +614,19 @@ impl Fabric for TcpConn {
             _ => Ok(crate::transport::fabric::Revive::Down),
         }
     }
+    fn stop_path(&mut self, path: usize) -> Result<()> {
+        match self.fab.as_mut() {
+            Some(f) if matches!(self.setup, Setup::Ready) => f.stop_path(path),
+            _ => Ok(()),
+        }
+    }
+    // Before its streams are connected nothing of the peer's can land.
+    fn seal_path(&mut self, path: usize) -> Result<bool> {
+        match self.fab.as_mut() {
+            Some(f) if matches!(self.setup, Setup::Ready) => f.seal_path(path),
+            _ => Ok(true),
+        }
+    }
     fn shutdown(&mut self) -> Result<()> {
         if !self.is_ready() {
             self.setup = Setup::Failed;
@@ -734,6 +747,12 @@ impl Fabric for NetConn {
     }
     fn revive_path(&mut self, path: usize) -> Result<crate::transport::fabric::Revive> {
         each!(self, f => f.revive_path(path))
+    }
+    fn stop_path(&mut self, path: usize) -> Result<()> {
+        each!(self, f => f.stop_path(path))
+    }
+    fn seal_path(&mut self, path: usize) -> Result<bool> {
+        each!(self, f => f.seal_path(path))
     }
 }
 

@@ -180,6 +180,12 @@ impl<F: Connectable> Fabric for Live<F> {
     fn revive_path(&mut self, path: usize) -> Result<crate::transport::fabric::Revive> {
         self.inner.revive_path(path)
     }
+    fn stop_path(&mut self, path: usize) -> Result<()> {
+        self.inner.stop_path(path)
+    }
+    fn seal_path(&mut self, path: usize) -> Result<bool> {
+        self.inner.seal_path(path)
+    }
 }
 
 #[cfg(test)]
@@ -245,6 +251,12 @@ mod tests {
         }
         fn shutdown(&mut self) -> Result<()> {
             Ok(())
+        }
+        fn stop_path(&mut self, _: usize) -> Result<()> {
+            nope()
+        }
+        fn seal_path(&mut self, _: usize) -> Result<bool> {
+            nope()
         }
     }
 

@@ -15,13 +15,13 @@
 //!    one write's length from its completion).
 //!
 //! Failover ([`FailoverConfig`], on by default): a data path that fails (an error completion, a
-//! failed post, its device reporting it dead) is marked down with one WARN; its pieces not known
-//! delivered are posted again on the surviving paths, its clear-to-send entries likewise. A piece
-//! whose write landed although its completion was lost arrives twice and counts once (the
-//! bitmap), also after its receive completed (a late copy of the slot's previous use is ignored).
-//! The last usable path is never marked down: its error fails the request as before. A down path is
-//! probed with [`Fabric::revive_path`] (bounded backoff, then a steady rate) and rejoins with an
-//! INFO line. Stripe weights follow each path's measured throughput ([`WeightConfig`]); `paths.rs`
+//! failed post, its device reporting it dead) is marked down with one WARN and stopped; its pieces
+//! and clear-to-send entries not known landed are parked until the peer, its end of the path
+//! sealed, says which it lacks; only those are posted again, on the surviving paths (the fence,
+//! `fence.rs`: exactly once, nothing lands in a buffer after its receive completed). The last
+//! usable path is never marked down: its error fails the request as before. A down path is probed
+//! with [`Fabric::revive_path`] (bounded backoff, then a steady rate) and rejoins with an INFO
+//! line. Stripe weights follow each path's measured throughput ([`WeightConfig`]); `paths.rs`
 //! has that bookkeeping.
 //!
 //! The comms read no clock: every call that may start or end a request timeout (`isend`, `irecv`,
@@ -122,6 +122,11 @@ macro_rules! registration_methods {
             Ok(())
         }
 
+        /// What the failover fence settled so far (see `docs/failover.md`, "Exactly once").
+        pub fn fence_stats(&self) -> $crate::transport::comm::FenceStats {
+            self.core.fence.stats
+        }
+
         /// Each data path's stripe weight now, Mb/s: its measured throughput (adaptive weights)
         /// or its nominal speed.
         pub fn path_weights(&self) -> Vec<u64> {
@@ -209,10 +214,12 @@ macro_rules! impl_registrar {
 }
 
 // Declared after the macros above, which both files use.
+mod fence;
 mod paths;
 mod recv;
 mod send;
 
+pub use fence::FenceStats;
 pub use paths::{FailoverConfig, WeightConfig};
 pub use recv::RecvComm;
 pub use send::SendComm;
@@ -406,6 +413,8 @@ struct Core<F: Fabric> {
     /// with registrations still live leaks nothing.
     regs: std::collections::HashMap<u64, Registration>,
     closed: bool,
+    /// Settles what failed paths had in flight (`fence.rs`).
+    fence: fence::Fence,
 }
 
 /// Registration as NCCL sees it (`regMr`, `regMrDmaBuf`, `deregMr`), the same on both comm types, so
@@ -462,6 +471,7 @@ impl<F: Fabric> Core<F> {
         for (k, &p) in data.iter().enumerate() {
             data_of[p] = Some(k);
         }
+        let ndata = data.len();
         Ok(Core {
             warned: vec![false; paths.len()],
             paths: paths::PathSet::new(&speeds, cfg.failover, cfg.weights),
@@ -477,6 +487,7 @@ impl<F: Fabric> Core<F> {
             ctrl: Vec::new(),
             regs: std::collections::HashMap::new(),
             closed: false,
+            fence: fence::Fence::new(ndata),
         })
     }
 
@@ -505,6 +516,7 @@ impl<F: Fabric> Core<F> {
         let before = self.paths.up_mbps();
         self.paths.set_down(k, now);
         self.newly_down.push(k);
+        self.fence_stop(k);
         let path = self.data[k];
         self.warned[path] = true;
         let survivors: Vec<String> = self
@@ -603,14 +615,18 @@ impl<F: Fabric> Core<F> {
         let mut due = [0usize; MAX_PATHS];
         let mut n = 0;
         for k in self.paths.due(now) {
-            due[n] = k;
-            n += 1;
+            // Not before the fence of this failure is through (`fence.rs`).
+            if self.may_revive(k) {
+                due[n] = k;
+                n += 1;
+            }
         }
         for &k in &due[..n] {
             let path = self.data[k];
             match self.fab.revive_path(path)? {
                 Revive::Down => self.paths.probe_failed(k, now),
                 Revive::Rebuilt => {
+                    self.fence_rebuilt(k);
                     rebuilt.push(k);
                     self.paths.rebuilt(k, now, true);
                 }
@@ -620,6 +636,7 @@ impl<F: Fabric> Core<F> {
                     self.refresh_labels();
                     let stood_in: Vec<usize> = self.paths.carrying().collect();
                     self.paths.set_up(k);
+                    self.fence_up(k);
                     self.warned[path] = false;
                     let back: Vec<String> = stood_in
                         .into_iter()

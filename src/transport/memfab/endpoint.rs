@@ -228,6 +228,7 @@ impl Fabric for MemEndpoint {
         }
         if q.error {
             q.error = false;
+            q.sealed = false;
             q.init = true;
             q.fault = None;
             q.queue.clear();
@@ -246,28 +247,27 @@ impl Fabric for MemEndpoint {
 
     fn shutdown(&mut self) -> Result<()> {
         let mut g = lock(&self.inner, LOCK)?;
-        let ep = &mut g.eps[self.id];
-        for q in ep.qps.iter_mut() {
-            q.error = true;
-            while let Some(op) = q.queue.pop_front() {
-                let (wr_id, opcode) = match op {
-                    Op::Write(w) => (w.wr_id, WcOpcode::RdmaWrite),
-                    Op::Read(r) => (r.wr_id, WcOpcode::RdmaRead),
-                };
-                q.cq.push_back(Completion::without_data(
-                    wr_id,
-                    WcStatus::WR_FLUSH_ERR,
-                    opcode,
-                ));
-            }
-            while let Some(wr_id) = q.recvs.pop_front() {
-                q.cq.push_back(Completion::without_data(
-                    wr_id,
-                    WcStatus::WR_FLUSH_ERR,
-                    WcOpcode::RecvRdmaWithImm,
-                ));
-            }
+        for path in 0..g.eps[self.id].qps.len() {
+            g.kill_qp(self.id, path);
         }
         Ok(())
+    }
+
+    /// Moves this end's queue pair of `path` to the error state (and seals it, as verbs does).
+    fn stop_path(&mut self, path: usize) -> Result<()> {
+        self.check_path(path)?;
+        lock(&self.inner, LOCK)?.kill_qp(self.id, path);
+        Ok(())
+    }
+
+    /// This end's queue pair of `path` in the error state: nothing lands any more, and every
+    /// completion of what did is queued (receives flushed after it).
+    fn seal_path(&mut self, path: usize) -> Result<bool> {
+        self.check_path(path)?;
+        let mut g = lock(&self.inner, LOCK)?;
+        if !g.eps[self.id].qps[path].sealed {
+            g.kill_qp(self.id, path);
+        }
+        Ok(true)
     }
 }

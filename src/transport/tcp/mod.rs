@@ -490,6 +490,14 @@ impl Fabric for TcpFabric {
         self.revive(path)
     }
 
+    fn stop_path(&mut self, path: usize) -> Result<()> {
+        self.stop(path)
+    }
+
+    fn seal_path(&mut self, path: usize) -> Result<bool> {
+        self.seal(path)
+    }
+
     fn shutdown(&mut self) -> Result<()> {
         if self.shut {
             return Ok(());

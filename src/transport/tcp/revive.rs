@@ -1,10 +1,13 @@
-//! Failover and failback of one TCP path: [`TcpFabric`]'s `path_health` and `revive_path`.
+//! Failover and failback of one TCP path: [`TcpFabric`]'s `path_health`, `stop_path`,
+//! `seal_path` and `revive_path`.
 //!
 //! * **Health.** A path is unusable when its streams failed, when its local link is down
 //!   ([`LinkCheck`]: carrier or operstate, read by the plugin from sysfs; a link that went down
 //!   silently is seen at once, where TCP would retransmit for minutes), or, on the accepting side,
-//!   when the peer opened a complete set of new streams for it (the peer rebuilds it). Reporting it
-//!   closes its streams, so nothing of its work lands after the comm moved that work elsewhere.
+//!   when the peer opened a complete set of new streams for it (the peer rebuilds it). Reporting
+//!   it changes nothing: the comm then stops the path (nothing more sent) and, once the peer has
+//!   stopped it too, seals it (the streams drain what arrived, then abort), so that nothing the
+//!   peer counted delivered is lost and nothing lands after the comm settled the path's work.
 //! * **Rebuild.** The side that opened the connection's streams (the connector) opens the path's
 //!   streams again to the acceptor's listener, which the acceptor keeps for the connection's
 //!   lifetime. Each new stream carries the same hello as at set-up (the connection's nonce from the
@@ -281,6 +284,20 @@ impl TcpFabric {
             .map_or(0, |p| p.generation)
     }
 
+    /// `Fabric::stop_path`: see [`PathShared::stop`].
+    pub(super) fn stop(&mut self, path: usize) -> Result<()> {
+        self.check_path(path)?.stop("failed over");
+        Ok(())
+    }
+
+    /// `Fabric::seal_path`: see [`PathShared::cut`].
+    pub(super) fn seal(&mut self, path: usize) -> Result<bool> {
+        let p = self.check_path(path)?;
+        p.stop("failed over");
+        cut(&p, "sealed after failover");
+        Ok(p.sealed())
+    }
+
     /// `Fabric::path_health`: see the module docs.
     pub(super) fn health_of(&mut self, path: usize) -> Result<()> {
         let p = self.check_path(path)?;
@@ -311,12 +328,11 @@ impl TcpFabric {
             let rx = p.rx().map_or(true, |r| r.error);
             (tx || rx).then(|| "its streams failed".to_string())
         });
+        // Reported only: the comm stops the path (`stop_path`), and seals it once the peer has
+        // stopped it too (`seal_path`), so what the peer counts delivered is applied here.
         match why {
             None => Ok(()),
-            Some(why) => {
-                cut(&p, &why);
-                Err(Error::Remote(format!("TCP path {}: {why}", p.label)))
-            }
+            Some(why) => Err(Error::Remote(format!("TCP path {}: {why}", p.label))),
         }
     }
 

@@ -358,6 +358,21 @@ impl VerbsFabric {
             .map_err(|e| context(e, &what))
     }
 
+    /// `stop_path` and `seal_path` of the verbs fabric: data path `path`'s QP to the error state
+    /// (idempotent), written off.
+    pub(super) fn write_off(&mut self, path: usize) -> Result<()> {
+        self.check_path(path)?;
+        if self.infos[path].role != PathRole::Data || path >= self.fb.data {
+            return Err(Error::InvalidArgument(format!(
+                "path {path} is a loopback path; only data paths are stopped"
+            )));
+        }
+        if let Some(w) = self.fb.written_off.get_mut(path) {
+            *w = true;
+        }
+        self.qps[path].to_error()
+    }
+
     /// [`crate::transport::fabric::Fabric::revive_path`] of the verbs fabric.
     pub(super) fn revive(&mut self, path: usize) -> Result<Revive> {
         self.check_path(path)?;
