@@ -38,7 +38,7 @@ use super::pool;
 use super::state::PathShared;
 use crate::error::{Error, Result};
 use crate::transport::droplog::DropLog;
-use crate::transport::fabric::{Revive, WcStatus};
+use crate::transport::fabric::{Completion, Revive, WcOpcode, WcStatus};
 
 /// What a path's local link reports, asked by `path_health` and before each rebuild. The plugin
 /// reads the netdev's `carrier` and `operstate` (`src/plugin/factory/net.rs`); tests inject one.
@@ -259,6 +259,38 @@ impl TcpFabric {
     pub fn break_path(&self, path: usize) {
         if let Ok(p) = self.sh.path(path) {
             p.close_streams();
+        }
+    }
+
+    /// Tests: the acknowledgements of data path `path` are lost. Its work requests outstanding
+    /// fail (the first with a retry error, the rest flushed), although their frames, queued or
+    /// with the kernel, still go out and land at the peer; what is posted later fails. Unknown
+    /// paths are ignored.
+    pub fn lose_completions(&self, path: usize) {
+        let Ok(p) = self.sh.path(path) else {
+            return;
+        };
+        let Ok(mut tx) = p.tx() else {
+            return;
+        };
+        tx.error = true;
+        let mut status = WcStatus::RETRY_EXC_ERR;
+        while let Some(w) = tx.wrs.pop_front() {
+            tx.first_wr += 1;
+            p.complete(Completion::without_data(
+                w.wr_id,
+                status,
+                WcOpcode::RdmaWrite,
+            ));
+            status = WcStatus::WR_FLUSH_ERR;
+        }
+    }
+
+    /// Tests: while `held`, nothing of data path `path` is read (what the peer sends waits in the
+    /// kernel's buffers, acknowledged by it, as on a slow receiver); released, it is read again.
+    pub fn hold_receiving(&self, path: usize, held: bool) {
+        if let Ok(p) = self.sh.path(path) {
+            p.rx_held.store(held, std::sync::atomic::Ordering::SeqCst);
         }
     }
 

@@ -170,6 +170,8 @@ pub(super) struct PathShared {
     /// Streams whose receiving direction ended (for any reason): none of them places a byte any
     /// more.
     pub(super) rx_ends: AtomicUsize,
+    /// Tests: the workers read nothing of this path (what the peer sends waits in the kernel).
+    pub(super) rx_held: AtomicBool,
 }
 
 /// Everything of one endpoint that its I/O workers touch.
@@ -250,6 +252,7 @@ impl PathShared {
             cut: AtomicBool::new(false),
             stopped: AtomicBool::new(false),
             rx_ends: AtomicUsize::new(0),
+            rx_held: AtomicBool::new(false),
         }
     }
 

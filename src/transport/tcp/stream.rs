@@ -191,7 +191,9 @@ impl StreamIo {
 
     /// One turn of each direction that is ready; keeps `WRITABLE` interest while a frame waits.
     pub(super) fn service(&mut self, poll: &Poll) {
-        if self.rx_ready {
+        if self.rx_ready && self.path.rx_held.load(Ordering::Relaxed) {
+            // Held (tests): looked at again on the next turn, read once released.
+        } else if self.rx_ready {
             let t = if self.rx_done || self.sh.stop.load(Ordering::Relaxed) {
                 Turn::Idle
             } else {
