@@ -669,3 +669,69 @@ fn a_health_error_about_one_path_fails_over_instead_of_failing_the_send() {
     let e = g.s.isend(g.now, src, 64, 0, &smh).unwrap_err();
     assert!(e.to_string().contains("has been down for 1.2 s"), "{e}");
 }
+
+/// `iflush` across failover (GB300, pre-Hopper GPUs, `NCCL_NET_FORCE_FLUSH`): a device whose data
+/// path died between the data and the flush is left out (or, found dead by its flush read, marked
+/// down), and the flush completes on the devices left; it fails only when none is.
+#[test]
+fn a_flush_goes_on_without_a_dead_device_and_fails_only_with_none_left() {
+    use switchless::transport::comm::FlushBuf;
+    let _p = shared();
+    let fab = MemFab::new(MemFabConfig::default());
+    // Data path i and loopback path 2 + i are device i.
+    let (a, b) = fab.pair(&[100_000, 100_000], 2);
+    let (sid, rid) = (a.id(), b.id());
+    let (mut s, mut r) = connect_pair(a, b, pcfg()).unwrap();
+    let len = 64 << 10;
+    let src = fab.alloc(len).unwrap();
+    fab.write(src, &pattern(len, 3)).unwrap();
+    let dst = fab.alloc(len).unwrap();
+    let smh = s.reg_mr(&Lent::simulated(src, len), MemKind::Host).unwrap();
+    let rmh = r.reg_mr(&Lent::simulated(dst, len), MemKind::Cuda).unwrap();
+    let now = Instant::now();
+    let b = RecvBuf {
+        addr: dst,
+        size: len as u64,
+        tag: 0,
+        mh: &rmh,
+    };
+    let rq = r.irecv(now, &[b]).unwrap().unwrap();
+    let sq = s.isend(now, src, len as u64, 0, &smh).unwrap().unwrap();
+    assert_eq!(s.test(now, sq).unwrap(), Some(len as u64));
+    assert!(r.test(now, rq).unwrap().is_some());
+    assert!(
+        fab.path_bytes(sid, 0) > 0 && fab.path_bytes(sid, 1) > 0,
+        "striped"
+    );
+    let flush = |r: &mut RecvComm<MemEndpoint>| {
+        let f = FlushBuf {
+            addr: dst,
+            size: len as u64,
+            mh: &rmh,
+        };
+        let q = r.iflush(now, &[f])?.expect("GPU data needs a flush");
+        loop {
+            if let Some(sz) = r.test(now, q)? {
+                return Ok::<_, Error>(sz);
+            }
+        }
+    };
+    // Cable 0 pulled and device 0's loopback dead, before the receiver noticed: its flush read
+    // fails, device 0's data path is marked down, the read on device 1 completes the flush.
+    fab.kill_path(sid, 0);
+    fab.kill_path(rid, 2);
+    let reads = fab.stats().reads;
+    assert!(flush(&mut r).unwrap().as_slice().is_empty());
+    assert_eq!(r.paths_up(), vec![false, true]);
+    assert_eq!(fab.stats().reads - reads, 1, "device 1's read");
+    // Device 0 left out from now on.
+    let reads = fab.stats().reads;
+    assert!(flush(&mut r).is_ok());
+    assert_eq!(fab.stats().reads - reads, 1);
+    // The last device's loopback dead too: the flush fails, naming it.
+    fab.kill_path(rid, 3);
+    let e = flush(&mut r).unwrap_err().to_string();
+    assert!(e.contains("loopback1") && e.contains("flush read"), "{e}");
+    s.dereg_mr(smh).unwrap();
+    r.dereg_mr(rmh).unwrap();
+}

@@ -401,6 +401,13 @@ pub trait Fabric {
         Ok(())
     }
 
+    /// The device `path` is on, as an index (verbs: the RDMA device, whose protection domain its
+    /// registrations use): a loopback path flushes the writes of the data paths on its device.
+    /// Default: every path on device 0.
+    fn path_device(&self, _path: usize) -> usize {
+        0
+    }
+
     /// Posts a receive (no scatter list) on `path`, consumed by a write with immediate from the peer.
     fn post_recv(&mut self, path: usize, wr_id: u64) -> Result<()>;
 
@@ -524,6 +531,9 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
     }
     fn prepare_flush(&mut self) -> Result<()> {
         (**self).prepare_flush()
+    }
+    fn path_device(&self, path: usize) -> usize {
+        (**self).path_device(path)
     }
     fn post_recv(&mut self, path: usize, wr_id: u64) -> Result<()> {
         (**self).post_recv(path, wr_id)

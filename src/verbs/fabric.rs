@@ -826,6 +826,11 @@ impl Fabric for VerbsFabric {
         Ok(())
     }
 
+    /// The protection domain's index: one per RDMA device of the connection.
+    fn path_device(&self, path: usize) -> usize {
+        self.path_pd.get(path).copied().unwrap_or(0)
+    }
+
     fn prepare_flush(&mut self) -> Result<()> {
         self.ensure_loops()
     }

@@ -273,6 +273,9 @@ impl Fabric for MemConn {
     fn prepare_flush(&mut self) -> Result<()> {
         self.ep.prepare_flush()
     }
+    fn path_device(&self, path: usize) -> usize {
+        self.ep.path_device(path)
+    }
     fn post_recv(&mut self, path: usize, wr_id: u64) -> Result<()> {
         self.ep.post_recv(path, wr_id)
     }

@@ -727,6 +727,9 @@ impl Fabric for NetConn {
     fn prepare_flush(&mut self) -> Result<()> {
         each!(self, f => f.prepare_flush())
     }
+    fn path_device(&self, path: usize) -> usize {
+        each!(self, f => f.path_device(path))
+    }
     fn post_recv(&mut self, path: usize, wr_id: u64) -> Result<()> {
         each!(self, f => f.post_recv(path, wr_id))
     }

@@ -151,6 +151,9 @@ impl<F: Connectable> Fabric for Live<F> {
     fn prepare_flush(&mut self) -> Result<()> {
         self.inner.prepare_flush()
     }
+    fn path_device(&self, path: usize) -> usize {
+        self.inner.path_device(path)
+    }
     fn post_recv(&mut self, path: usize, wr_id: u64) -> Result<()> {
         self.inner.post_recv(path, wr_id)
     }

@@ -663,6 +663,27 @@ impl<F: Fabric> Core<F> {
         Ok(())
     }
 
+    /// Whether loopback path `lp`'s device has a data path of this connection that is up.
+    fn device_up(&self, lp: usize) -> bool {
+        let dev = self.fab.path_device(lp);
+        (0..self.data.len())
+            .any(|k| self.paths.is_up(k) && self.fab.path_device(self.data[k]) == dev)
+    }
+
+    /// A flush read on loopback path `lp` failed: every data path of its device that is up is
+    /// marked down. `true` when none of them is up any more (the flush goes on without this
+    /// device); `false` when one could not be (the last usable path: the flush fails).
+    fn device_failed(&mut self, lp: usize, now: Instant, why: &str) -> bool {
+        let dev = self.fab.path_device(lp);
+        let why = format!("the flush read on its device failed: {why}");
+        for k in 0..self.data.len() {
+            if self.paths.is_up(k) && self.fab.path_device(self.data[k]) == dev {
+                self.mark_down(k, now, &why);
+            }
+        }
+        !self.device_up(lp)
+    }
+
     /// Data-path index of fabric path `path`.
     fn data_index(&self, path: usize) -> Option<usize> {
         self.data_of.get(path).copied().flatten()

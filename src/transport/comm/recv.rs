@@ -49,7 +49,12 @@ struct FlushReq {
     in_use: bool,
     generation: u32,
     pending: u32,
+    /// Reads that completed well (a flush needs one, on every device that still carries).
+    ok: u32,
     error: Option<Error>,
+    /// The error of a read on a device that is down now: the flush goes on without it, and
+    /// fails with this only when no read completed well.
+    lost: Option<Error>,
     posted: Option<Instant>,
 }
 
@@ -411,8 +416,15 @@ impl<F: Fabric> RecvComm<F> {
         let generation = self.flushes[idx].generation;
         let id = wire::wr_id(WrKind::Flush, idx, generation);
         let mut posted = 0;
-        let mut result = Ok(());
-        for &lp in &self.core.loops {
+        let mut lost = None;
+        let loops = self.core.loops.clone();
+        for lp in loops {
+            // Only devices that still have a usable data path of this connection: a dead
+            // device's loopback would fail (or hang for the RC retry budget), and failover moved
+            // its work to the others.
+            if !self.core.device_up(lp) {
+                continue;
+            }
             let wr = ReadWr {
                 wr_id: id,
                 local: LocalSeg {
@@ -425,21 +437,35 @@ impl<F: Fabric> RecvComm<F> {
                     rkey: target.mh.reg.keys[lp].rkey,
                 },
             };
-            result = self.core.fab.post_read(lp, &wr);
-            if result.is_err() {
-                break;
+            match self.core.fab.post_read(lp, &wr) {
+                Ok(()) => posted += 1,
+                Err(e) => {
+                    let why = format!("posting a flush read: {e}");
+                    if !self.core.device_failed(lp, now, &why) {
+                        self.flush_free.push(idx);
+                        return Err(e);
+                    }
+                    lost = Some(e);
+                }
             }
-            posted += 1;
+        }
+        if posted == 0 {
+            self.flush_free.push(idx);
+            return Err(lost.unwrap_or_else(|| {
+                Error::Internal(
+                    "flush: no device of this connection has both a usable data path and a \
+                     loopback path"
+                        .into(),
+                )
+            }));
         }
         let f = &mut self.flushes[idx];
         f.in_use = true;
         f.pending = posted;
+        f.ok = 0;
         f.error = None;
+        f.lost = lost;
         f.posted = self.core.cfg.request_timeout.map(|_| now);
-        if let Err(e) = result {
-            self.release_flush(idx);
-            return Err(e);
-        }
         Ok(Some(Request::new(ReqKind::Flush, idx, generation)))
     }
 
@@ -505,11 +531,18 @@ impl<F: Fabric> RecvComm<F> {
                     else {
                         return Ok(());
                     };
+                    f.pending = f.pending.saturating_sub(1);
                     if c.status.is_success() {
-                        f.pending = f.pending.saturating_sub(1);
+                        f.ok += 1;
                     } else {
+                        // A flush error on a dead device marks its data paths down (failover
+                        // moves its work); the flush completes on the other devices.
                         let err = core.completion_error(path, &c, "flush read");
-                        f.error.get_or_insert(err);
+                        if core.device_failed(path, now, &c.status.to_string()) {
+                            f.lost.get_or_insert(err);
+                        } else {
+                            f.error.get_or_insert(err);
+                        }
                     }
                 }
                 WrKind::Recv => {
@@ -678,8 +711,13 @@ impl<F: Fabric> RecvComm<F> {
                 return Err(e);
             }
             if f.pending == 0 {
+                let lost = f.lost.take();
+                let ok = f.ok > 0;
                 self.release_flush(idx);
-                return Ok(Some(Sizes::default()));
+                return match (ok, lost) {
+                    (false, Some(e)) => Err(e),
+                    _ => Ok(Some(Sizes::default())),
+                };
             }
             if let Some(w) = timed_out(f.posted, self.core.cfg.request_timeout, now) {
                 self.release_flush(idx);

@@ -155,6 +155,19 @@ impl Fabric for MemEndpoint {
         self.post(path, Op::Read(*wr))
     }
 
+    /// Loopback path `j` is device `j`; data path `i` is on device `i % loopbacks` (all on device
+    /// 0 without loopbacks).
+    fn path_device(&self, path: usize) -> usize {
+        let loops: Vec<usize> = (0..self.paths.len())
+            .filter(|&p| self.paths[p].role == PathRole::Loopback)
+            .collect();
+        match loops.iter().position(|&p| p == path) {
+            Some(j) => j,
+            None if loops.is_empty() => 0,
+            None => path % loops.len(),
+        }
+    }
+
     fn prepare_flush(&mut self) -> Result<()> {
         let loops = self.paths.iter().any(|p| p.role == PathRole::Loopback);
         if loops && !self.flush_ready {
