@@ -325,8 +325,8 @@ variables! {
                   When a connection cannot use the device NCCL chose, a device that registers GPU memory \
                   prefers links within this distance of that device (same PCIe root port up to `PXB` and \
                   `P2C`, the same NUMA node for `PHB`, anywhere for `SYS`) and warns once per peer when \
-                  only farther ones reach it; below `PIX` NCCL never uses GPU-direct, so TCP paths are \
-                  allowed for such a device. Unset: NCCL's default (`P2C`, which is `PXB` without C2C).",
+                  only farther ones reach it; below `PIX` NCCL never uses GPU-direct (the remedy a GPU \
+                  registration on a TCP connection names). Unset: NCCL's default (`P2C`, which is `PXB` without C2C).",
         },
         transport: TransportMode {
             name: "NCCL_SWITCHLESS_TRANSPORT",

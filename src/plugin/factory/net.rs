@@ -140,31 +140,6 @@ pub fn tcp_host(model: &HostModel) -> (Vec<LocalLink>, Vec<NcclDevice>) {
     (links, devices)
 }
 
-/// Why a connection of a device that registers GPU memory cannot use `paths` (all TCP): NCCL decides
-/// GPU-direct from the device's `ptrSupport` and then registers GPU buffers, which a TCP stream cannot
-/// read. Names both ends of each path.
-pub fn gpu_over_tcp(paths: &[PathPlan]) -> String {
-    let list: Vec<String> = paths
-        .iter()
-        .map(|p| {
-            format!(
-                "{} {} (subnet {}) <-> {}",
-                p.local.netdev,
-                p.local.addr,
-                p.local.addr.trunc(),
-                p.remote
-            )
-        })
-        .collect();
-    format!(
-        "GPU memory cannot go over TCP: this NCCL device advertises NCCL_PTR_CUDA or NCCL_PTR_DMABUF, so \
-         NCCL registers GPU buffers on its connections, but the only paths are TCP ({}); give both ends a \
-         RoCE port in a shared subnet, or set NCCL_NET_GDR_LEVEL=LOC on every rank (NCCL then keeps its \
-         buffers in host memory, which TCP carries)",
-        list.join(", ")
-    )
-}
-
 /// A stable 64-bit id from a netdev name, so NCCL sees distinct ports.
 fn name_guid(name: &str) -> u64 {
     crate::host::nccl::stable_guid(name)
@@ -269,9 +244,6 @@ impl PathFactory for NetFactory {
                 "a connection mixes {tcp} TCP and {} RoCE paths; one kind per connection is supported",
                 paths.len() - tcp
             )));
-        }
-        if opts.gpu {
-            return Err(Error::InvalidUsage(gpu_over_tcp(paths)));
         }
         let cfg = tcp_config(&self.config, paths.len());
         Ok(NetConn::Tcp(TcpConn::create(paths, peer.is_some(), &cfg)?))
