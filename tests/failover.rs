@@ -658,14 +658,17 @@ fn a_health_error_about_one_path_fails_over_instead_of_failing_the_send() {
     let smh =
         g.s.reg_mr(&Lent::simulated(src, 64), MemKind::Host)
             .unwrap();
-    // Waiting for a clear-to-send: the device reports trouble, and path 0's cable is out.
+    // Waiting for a clear-to-send: the device reports trouble, and path 0's cable is out. (The
+    // devices are asked at most once per millisecond of the caller's clock.)
     assert_eq!(g.s.isend(g.now, src, 64, 0, &smh).unwrap(), None);
     g.fab
         .set_health_error(g.sid, Some("rxe_eth2 port 1 has been down for 1.2 s"));
     g.fab.kill_path(g.sid, 0);
+    g.now += Duration::from_millis(1);
     assert_eq!(g.s.isend(g.now, src, 64, 0, &smh).unwrap(), None);
     assert_eq!(g.s.paths_up(), vec![false, true]);
     // With one path left the same report concerns the connection: the send fails as before.
+    g.now += Duration::from_millis(1);
     let e = g.s.isend(g.now, src, 64, 0, &smh).unwrap_err();
     assert!(e.to_string().contains("has been down for 1.2 s"), "{e}");
 }
@@ -734,4 +737,62 @@ fn a_flush_goes_on_without_a_dead_device_and_fails_only_with_none_left() {
     assert!(e.contains("loopback1") && e.contains("flush read"), "{e}");
     s.dereg_mr(smh).unwrap();
     r.dereg_mr(rmh).unwrap();
+}
+
+/// Review S1: what an idle poll costs. NCCL's progress thread calls `test` on a receive whose data
+/// has not come, and `isend` while no clear-to-send has, in a tight loop (here 1000 calls each,
+/// 1 µs apart). Each `Fabric::health` / `path_health` call was a `read(2)` of the verbs async event
+/// fd; they now run at most once per millisecond of the caller's clock.
+#[test]
+fn an_idle_poll_asks_about_path_health_at_a_bounded_rate() {
+    let _p = shared();
+    let fab = MemFab::new(MemFabConfig::default());
+    let (a, b) = fab.pair(&[100_000, 100_000], 0);
+    let (mut s, mut r) = connect_pair(a, b, pcfg()).unwrap();
+    let buf = fab.alloc(4096).unwrap();
+    let smh = s
+        .reg_mr(&Lent::simulated(buf, 4096), MemKind::Host)
+        .unwrap();
+    let rmh = r
+        .reg_mr(&Lent::simulated(buf, 4096), MemKind::Host)
+        .unwrap();
+    let mut now = Instant::now();
+    // An idle send: no clear-to-send.
+    let before = fab.stats();
+    for _ in 0..1000 {
+        assert_eq!(s.isend(now, buf, 64, 0, &smh).unwrap(), None);
+        now += Duration::from_micros(1);
+    }
+    let mid = fab.stats();
+    // An idle receive: its clear-to-send is out, no data comes (the tag matches no send).
+    let b = RecvBuf {
+        addr: buf,
+        size: 4096,
+        tag: 9,
+        mh: &rmh,
+    };
+    let q = r.irecv(now, &[b]).unwrap().unwrap();
+    let mid2 = fab.stats();
+    for _ in 0..1000 {
+        assert!(r.test(now, q).unwrap().is_none());
+        now += Duration::from_micros(1);
+    }
+    let after = fab.stats();
+    let send = (
+        mid.health_calls - before.health_calls,
+        mid.path_health_calls - before.path_health_calls,
+    );
+    let recv = (
+        after.health_calls - mid2.health_calls,
+        after.path_health_calls - mid2.path_health_calls,
+    );
+    eprintln!(
+        "per 1000 idle rounds over 2 paths (1 ms): isend without clear-to-send: {} health + {} \
+         path_health calls; test of a receive: {} + {}",
+        send.0, send.1, recv.0, recv.1
+    );
+    assert!(
+        send.0 + send.1 <= 4 && recv.0 + recv.1 <= 4,
+        "{send:?} {recv:?}"
+    );
 }

@@ -231,6 +231,9 @@ pub const MAX_MESSAGE_BYTES: u64 = wire::RECORD_SIZE_MASK;
 const POLL_BATCH: usize = 16;
 /// How often a comm whose polls keep finding completions still asks about each path's health.
 const PATH_CHECK_BUSY: Duration = Duration::from_millis(10);
+/// How often a comm whose polls find nothing asks about the devices' and paths' health (verbs:
+/// each ask read the async event fd, a system call per idle poll of NCCL's progress loop).
+const PATH_CHECK_IDLE: Duration = Duration::from_millis(1);
 
 /// Protocol knobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -562,9 +565,18 @@ impl<F: Fabric> Core<F> {
     }
 
     /// While waiting with nothing to poll: asks the devices what they saw ([`Fabric::health`]),
-    /// then about each usable data path, and fails over from those reported dead. A health error
+    /// then about each usable data path, and fails over from those reported dead; at most every
+    /// [`PATH_CHECK_IDLE`] of the caller's clock (`isend` is called in a loop while no
+    /// clear-to-send has come). A health error
     /// is returned only when no path it could be about was marked down (it concerns the connection).
     fn check_health(&mut self, now: Instant) -> Result<()> {
+        let due = self
+            .paths_checked
+            .is_none_or(|t| now.saturating_duration_since(t) >= PATH_CHECK_IDLE);
+        if !due {
+            return Ok(());
+        }
+        self.paths_checked = Some(now);
         let overall = self.fab.health();
         let marked = self.check_paths(now);
         match overall {
@@ -593,14 +605,20 @@ impl<F: Fabric> Core<F> {
         marked
     }
 
-    /// [`Core::check_paths`] from a comm's progress: when the poll found nothing, and at least
-    /// every [`PATH_CHECK_BUSY`] while completions keep coming on other paths (a path whose link
-    /// died silently completes nothing, while its survivors do).
+    /// [`Core::check_paths`] from a comm's progress: every [`PATH_CHECK_IDLE`] while polls find
+    /// nothing, and every [`PATH_CHECK_BUSY`] while completions keep coming on other paths (a path
+    /// whose link died silently completes nothing, while its survivors do). Not on every call:
+    /// NCCL's progress thread polls in a tight loop.
     fn check_paths_busy(&mut self, now: Instant, polled: usize) {
+        let period = if polled == 0 {
+            PATH_CHECK_IDLE
+        } else {
+            PATH_CHECK_BUSY
+        };
         let due = self
             .paths_checked
-            .is_none_or(|t| now.saturating_duration_since(t) >= PATH_CHECK_BUSY);
-        if polled == 0 || due {
+            .is_none_or(|t| now.saturating_duration_since(t) >= period);
+        if due {
             self.paths_checked = Some(now);
             self.check_paths(now);
         }

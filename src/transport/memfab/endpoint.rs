@@ -211,7 +211,8 @@ impl Fabric for MemEndpoint {
     }
 
     fn health(&mut self) -> Result<()> {
-        let g = lock(&self.inner, LOCK)?;
+        let mut g = lock(&self.inner, LOCK)?;
+        g.stats.health_calls += 1;
         match &g.eps[self.id].health_error {
             Some(e) => Err(Error::System(e.clone())),
             None => Ok(()),
@@ -219,7 +220,8 @@ impl Fabric for MemEndpoint {
     }
 
     fn path_health(&mut self, path: usize) -> Result<()> {
-        let g = lock(&self.inner, LOCK)?;
+        let mut g = lock(&self.inner, LOCK)?;
+        g.stats.path_health_calls += 1;
         match g.eps[self.id].qps.get(path) {
             Some(q) if q.carrier_down => Err(Error::System(format!(
                 "memfab ep{} path{path}: the cable is out",

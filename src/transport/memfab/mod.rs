@@ -117,6 +117,10 @@ pub struct Stats {
     pub late_dropped: u64,
     /// Writes that landed although their poster was told they failed ([`InFlight::LandLost`]).
     pub landed_lost: u64,
+    /// Calls of [`Fabric::health`] and [`Fabric::path_health`] (each a `read(2)` of the async
+    /// event fd on verbs before those were rate-limited: the cost of an idle poll).
+    pub health_calls: u64,
+    pub path_health_calls: u64,
 }
 
 struct Region {

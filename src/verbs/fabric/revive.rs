@@ -451,7 +451,8 @@ impl VerbsFabric {
             return Ok(());
         }
         let (ctx, port) = (self.cqs[path].context(), self.qps[path].port());
-        ctx.drain_events();
+        // The events of the last millisecond (any comm on this device may have read them).
+        ctx.drain_events_within(std::time::Duration::from_millis(1));
         let why = if ctx.port_down_since(port).is_some() {
             Some(format!(
                 "{} port {port} went down (IBV_EVENT_PORT_ERR)",
