@@ -305,6 +305,15 @@ impl Completion {
 pub trait Pinner: Send + Sync {
     /// As [`Fabric::register`].
     fn register(&self, mem: &Lent, kind: MemKind) -> Result<Registration>;
+    /// As [`Fabric::register_dmabuf`] (NCCL `regMrDmaBuf`, which registers GPU memory on every
+    /// device of the connection: milliseconds or more per device for a large buffer, so it runs
+    /// outside the connection's lock too). The default refuses, as the fabric's does.
+    fn register_dmabuf(&self, mem: &Lent, offset: u64, fd: BorrowedFd<'_>) -> Result<Registration> {
+        let _ = (mem, offset, fd);
+        Err(Error::InvalidUsage(
+            "this transport cannot register DMA-BUF memory; accepted: host or CUDA pointers via regMr".into(),
+        ))
+    }
     /// As [`Fabric::deregister`].
     fn deregister(&self, reg: &Registration) -> Result<()>;
 }

@@ -271,7 +271,9 @@ impl VerbsPinner {
         lock(&self.regs, "verbs registrations")?.insert(token, (pins, mem.clone()));
         Ok(Registration { keys, token })
     }
+}
 
+impl Pinner for VerbsPinner {
     fn register_dmabuf(&self, mem: &Lent, offset: u64, fd: BorrowedFd<'_>) -> Result<Registration> {
         let pins = self
             .doms
@@ -280,9 +282,7 @@ impl VerbsPinner {
             .collect::<Result<Vec<_>>>()?;
         self.file(pins, mem)
     }
-}
 
-impl Pinner for VerbsPinner {
     fn register(&self, mem: &Lent, kind: MemKind) -> Result<Registration> {
         mem.require_process("a verbs registration")?;
         let (addr, len) = (mem.addr(), mem.len());

@@ -448,6 +448,15 @@ impl Pinner for MemPinner {
     fn register(&self, mem: &Lent, kind: MemKind) -> Result<Registration> {
         self.pin(mem.addr(), mem.len(), kind)
     }
+    /// Memfab has no GPUs: checked like a registration of `mem` as GPU memory.
+    fn register_dmabuf(
+        &self,
+        mem: &Lent,
+        _offset: u64,
+        _fd: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<Registration> {
+        self.pin(mem.addr(), mem.len(), MemKind::Cuda)
+    }
     fn deregister(&self, reg: &Registration) -> Result<()> {
         self.unpin(reg)
     }

@@ -141,6 +141,20 @@ impl TcpPinner {
 }
 
 impl Pinner for TcpPinner {
+    fn register_dmabuf(
+        &self,
+        mem: &Lent,
+        _offset: u64,
+        _fd: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<Registration> {
+        Err(Error::InvalidUsage(gpu_refusal(
+            "GPU memory exported as DMA-BUF (regMrDmaBuf)",
+            mem.addr(),
+            mem.len(),
+            &self.labels,
+        )))
+    }
+
     fn register(&self, mem: &Lent, kind: MemKind) -> Result<Registration> {
         if kind == MemKind::Cuda {
             return Err(Error::InvalidUsage(gpu_refusal(
