@@ -796,3 +796,34 @@ fn an_idle_poll_asks_about_path_health_at_a_bounded_rate() {
         "{send:?} {recv:?}"
     );
 }
+
+/// Review C6: a standby path that carries nothing and fails costs no bandwidth; with hundreds of
+/// connections on a cable that is only standby, a WARN each would flood the log. It is an INFO
+/// line; the carrying path failing later still WARNs (and finds no standby to take over).
+#[test]
+fn a_standby_path_that_fails_while_standing_by_is_an_info_line() {
+    let _p = shared();
+    let logs = Logs::default();
+    let l2 = logs.clone();
+    tracing::subscriber::with_default(l2, || {
+        let mut g = rig_standby(3, &[2], MemFabConfig::default(), pcfg());
+        let sid = g.sid;
+        g.fab.kill_path(sid, 2);
+        let out = stream(&mut g, &[64 << 10; 8], 4, |_, _| {});
+        assert!(out.received.iter().all(|&c| c == 1));
+        assert_eq!(g.s.paths_up(), vec![true, true, false]);
+        assert_eq!(g.r.paths_up(), vec![true, true, false]);
+        close(g);
+    });
+    assert!(
+        logs.at(tracing::Level::WARN).is_empty(),
+        "{:?}",
+        logs.at(tracing::Level::WARN)
+    );
+    let info = logs.at(tracing::Level::INFO);
+    assert!(
+        info.iter()
+            .any(|l| l.contains("standby path [2] memfab ep") && l.contains("failed")),
+        "{info:?}"
+    );
+}

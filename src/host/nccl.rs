@@ -170,7 +170,10 @@ impl HostModel {
         let mut link_users: BTreeMap<String, BTreeSet<Cage>> = BTreeMap::new();
         for (cage, ports) in &groups {
             for (dev, port) in ports {
-                if let Some(bdf) = self.rdma_port(dev, *port).and_then(|(d, _)| d.pci.as_deref()) {
+                if let Some(bdf) = self
+                    .rdma_port(dev, *port)
+                    .and_then(|(d, _)| d.pci.as_deref())
+                {
                     link_users
                         .entry(pcie_link_of(bdf))
                         .or_default()
@@ -196,9 +199,9 @@ impl HostModel {
                     .as_deref()
                     .and_then(|b| link_users.get(&pcie_link_of(b)))
                     .map_or(1, |u| u.len().max(1)) as f64;
-                let pcie = f.and_then(|f| f.link.current_mbps()).map(|m| {
-                    (f64::from(m) * PCIE_PAYLOAD_EFFICIENCY / users) as u32
-                });
+                let pcie = f
+                    .and_then(|f| f.link.current_mbps())
+                    .map(|m| (f64::from(m) * PCIE_PAYLOAD_EFFICIENCY / users) as u32);
                 // Logical port on the adapter: the phys_port_name (multi-host functions share it).
                 let logical = nd
                     .and_then(|n| n.phys_port_name.clone())

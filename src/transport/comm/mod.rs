@@ -509,7 +509,8 @@ impl<F: Fabric> Core<F> {
     }
 
     /// Marks data path `k` down if failover allows it (it is up and another path is): one WARN
-    /// naming it, why, the survivors and the bandwidth to expect. `false`: the caller fails the
+    /// naming it, why, the survivors and the bandwidth to expect (INFO for a standby path that
+    /// was standing by). `false`: the caller fails the
     /// work as before failover.
     fn mark_down(&mut self, k: usize, now: Instant, why: &str) -> bool {
         if !self.paths.can_fail_over(k) {
@@ -517,6 +518,9 @@ impl<F: Fabric> Core<F> {
         }
         self.refresh_labels();
         let before = self.paths.up_mbps();
+        // A standby path standing by carries nothing: its loss changes no bandwidth, and a cable
+        // that is only standby would otherwise WARN once per connection on it (hundreds).
+        let idle_standby = self.paths.is_standby(k) && !self.paths.carries(k);
         self.paths.set_down(k, now);
         self.newly_down.push(k);
         self.fence_stop(k);
@@ -550,7 +554,11 @@ impl<F: Fabric> Core<F> {
         if let Some(n) = self.fab.path_note(path) {
             msg.push_str(&format!("; {n}"));
         }
-        tracing::warn!(path, label = %self.labels[path], "NET/switchless: {msg}");
+        if idle_standby {
+            tracing::info!(path, label = %self.labels[path], "NET/switchless: {msg}");
+        } else {
+            tracing::warn!(path, label = %self.labels[path], "NET/switchless: {msg}");
+        }
         true
     }
 
