@@ -9,7 +9,7 @@
 //! The two sides are two simulated hosts: the connecting side's endpoints of one set of RDMA
 //! devices (the paths' `rdma_dev` names) share one memfab device, the accepting side's another, so
 //! the same buffer registered on many connections of one side is pinned once (the registration
-//! cache, as over verbs; [`PathFactory::reg_is_global`]).
+//! cache, as over verbs).
 //!
 //! [`MemFactory::install`] sets the host view and fabric the next [`PathFactory::open`] uses, so tests
 //! can also go through `plugin::init` and the core functions the FFI layer calls.
@@ -110,10 +110,6 @@ impl PathFactory for MemFactory {
                 "the in-memory fabric is not installed (MemFactory::install before init)".into(),
             )
         })
-    }
-
-    fn reg_is_global(&self) -> bool {
-        true
     }
 
     fn create(
