@@ -168,7 +168,6 @@ pub trait PathFactory: Sized + Send + Sync + 'static {
         peer: Option<&[PathParams]>,
         opts: &ConnOptions,
     ) -> Result<Self::Fabric>;
-
 }
 
 // ---- The backend. ----
