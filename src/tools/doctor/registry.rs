@@ -228,11 +228,13 @@ pub const FINDINGS: &[Check] = &[
     ),
     doctor(
         check::NCCL_ENV,
-        "error",
+        "error; warning for a merge variable",
         "the variable",
         "an `NCCL_IB_*` / `NCCL_SWITCHLESS_*` variable has a value the plugin's `init` would refuse (one \
          finding per variable; the message is the plugin's own: variable, value, accepted forms), or two \
-         values contradict each other. The report still completes; the plugin would expose no device",
+         values contradict each other. The report still completes; the plugin would expose no device. \
+         Warning: `NCCL_NET_MERGE_LEVEL`, `NCCL_NET_FORCE_MERGE` or `NCCL_IB_MERGE_NICS` is set, which does \
+         nothing with this plugin (no virtual devices: `makeVDevice` is NULL; init WARNs the same)",
         "`unset VAR` (its default), or the `export VAR=...` of a near value that parses (`30` → `30s`)",
     ),
     doctor(
