@@ -72,12 +72,11 @@ pub fn tcp_host(model: &HostModel) -> (Vec<LocalLink>, Vec<NcclDevice>) {
     let mut links = Vec::new();
     let mut devices: Vec<NcclDevice> = Vec::new();
     for n in model.netdevs.iter().filter(|n| n.name != "lo") {
-        let pci_root = n
-            .pci
-            .as_deref()
-            .and_then(|b| model.pci(b))
-            .map(|f| f.root.clone())
-            .unwrap_or_default();
+        let func = n.pci.as_deref().and_then(|b| model.pci(b));
+        let pci_root = func.map(|f| f.root.clone()).unwrap_or_default();
+        // NCCL places a device in its topology by this path (as its socket transport does); without
+        // it NCCL attaches the device to the first CPU, losing NUMA locality on two-socket hosts.
+        let pci_path = func.map(|f| f.path.clone()).unwrap_or_default();
         for a in &n.addrs {
             let mut l = LocalLink {
                 id: links.len(),
@@ -107,7 +106,7 @@ pub fn tcp_host(model: &HostModel) -> (Vec<LocalLink>, Vec<NcclDevice>) {
                             index: devices.len(),
                             name: format!("sl_{}", n.name),
                             members: Vec::new(),
-                            pci_path: String::new(),
+                            pci_path: pci_path.clone(),
                             guid: name_guid(&n.name),
                             speed_mbps: speed,
                             port: 1,
@@ -769,6 +768,15 @@ mod tests {
         for d in &devices {
             assert!(d.name.starts_with("sl_"), "{}", d.name);
             assert_eq!(d.ptr_support, crate::host::nccl::PTR_HOST);
+            // The netdev's PCI function (review C3: it was empty, so NCCL put it on CPU 0).
+            let n = m.netdev(&d.name["sl_".len()..]).unwrap();
+            let bdf = n.pci.as_deref().unwrap();
+            assert!(
+                d.pci_path.starts_with("/sys/devices/pci") && d.pci_path.ends_with(bdf),
+                "{}: {}",
+                d.name,
+                d.pci_path
+            );
             assert!(d.speed_mbps > 0);
             assert!(!d.peers.is_empty(), "{} has its far end", d.name);
         }
