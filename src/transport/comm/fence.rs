@@ -212,6 +212,9 @@ impl<F: Fabric> Core<F> {
         }
         for (k, &v) in seen.iter().enumerate().take(n) {
             if v > self.fence.peer_seen[k] {
+                tracing::debug!(
+                    "NET/switchless: fence: the peer stopped path [{k}] (its epoch {v})"
+                );
                 self.fence.peer_seen[k] = v;
                 self.peer_stopped(k, now);
             }
@@ -226,6 +229,7 @@ impl<F: Fabric> Core<F> {
                 self.fence.sealed[k] = sealed && self.fence.recvs[k] == 0;
             }
             if self.fence.sealed[k] {
+                tracing::debug!("NET/switchless: fence: path [{k}] sealed");
                 self.fence.answer[k] = self.fence.peer_seen[k];
             }
         }
@@ -238,6 +242,10 @@ impl<F: Fabric> Core<F> {
                 let at = f.inbox + 8 * (lin.area(j) + FenceLayout::ACK + k) as u64;
                 // Acquire: the snapshot written before this word on the same path is visible.
                 if self.fab.ctrl_load(at, Ordering::Acquire)? >= self.fence.mine[k] {
+                    tracing::debug!(
+                        "NET/switchless: fence: the peer answered the stop of path [{k}] (epoch {}) over path [{j}]",
+                        self.fence.mine[k]
+                    );
                     self.fence.resolved[k] = true;
                     self.fence.acked.push((k, j));
                     break;
@@ -436,7 +444,7 @@ impl<F: Fabric> Core<F> {
             }
         }
         if !c.status.is_success() && self.paths.is_up(k) {
-            let why = c.status.to_string();
+            let why = format!("failover message write: {}", c.status);
             if !self.mark_down(k, now, &why) {
                 tracing::debug!(
                     "NET/switchless: a failover message on the last path failed: {why}"

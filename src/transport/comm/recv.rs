@@ -514,7 +514,7 @@ impl<F: Fabric> RecvComm<F> {
                         r.cts_parked = false;
                     } else if !core.paths.is_up(k) {
                         // The path is down: the fence settles its entries.
-                    } else if !core.mark_down(k, now, &c.status.to_string())
+                    } else if !core.mark_down(k, now, &format!("clear-to-send write: {}", c.status))
                         || c.status.blames_request()
                     {
                         let err = core.completion_error(path, &c, "clear-to-send write");
@@ -552,7 +552,8 @@ impl<F: Fabric> RecvComm<F> {
                     let up = k.is_some_and(|k| core.paths.is_up(k));
                     if !c.status.is_success() {
                         // A down path's receives are flushed: nothing to do.
-                        if up && !k.is_some_and(|k| core.mark_down(k, now, &c.status.to_string())) {
+                        let why = format!("receive of an immediate: {}", c.status);
+                        if up && !k.is_some_and(|k| core.mark_down(k, now, &why)) {
                             let err = core.completion_error(path, &c, "receive of an immediate");
                             fatal.get_or_insert(err);
                         }
