@@ -1120,3 +1120,68 @@ fn a_bare_number_in_a_duration_variable_is_said_to_be_milliseconds() {
     assert!(all_of(&v, "nccl-env-unit").is_empty());
     assert_eq!(all_of(&v, "nccl-env").len(), 1);
 }
+
+/// Review N4: a B300 with its 16 mesh cables plus 8 RoCE addresses on a storage /24 (here as
+/// secondary addresses of 8 mesh netdevs, with their RoCE v2 GIDs): 25 links are up, the listen
+/// handle keeps the 16 mesh cables and leaves out the storage RoCE links, which doctor names.
+#[test]
+fn more_roce_links_than_the_handle_holds_is_a_warning_naming_them() {
+    use switchless::host::model::{GidAddr, NetAddr};
+    let (mut m, f) = host::discover(&fixture("b300-2node"));
+    let mut added = Vec::new();
+    let mesh: Vec<(String, String, u8)> = m
+        .netdevs
+        .iter()
+        .filter_map(|n| n.rdma.first().map(|(d, p)| (n.name.clone(), d.clone(), *p)))
+        .take(8)
+        .collect();
+    assert_eq!(mesh.len(), 8);
+    for (i, (nd, dev, port)) in mesh.iter().enumerate() {
+        let addr: std::net::Ipv4Addr = format!("172.16.0.{}", 10 + i).parse().unwrap();
+        let n = m.netdevs.iter_mut().find(|n| &n.name == nd).unwrap();
+        n.addrs.push(NetAddr {
+            addr: format!("{addr}/24").parse().unwrap(),
+            source: "fib_trie".into(),
+            has_route: true,
+        });
+        let p = m
+            .rdma_devices
+            .iter_mut()
+            .find(|d| &d.name == dev)
+            .unwrap()
+            .ports
+            .iter_mut()
+            .find(|p| p.port == *port)
+            .unwrap();
+        let mut g = p.ipv4_v2_gids().next().unwrap().0.clone();
+        g.index = 100 + i as u32;
+        g.gid = addr.to_ipv6_mapped();
+        g.addr = GidAddr::Ipv4Mapped(addr);
+        p.gids.push(g);
+        added.push(format!("{nd} {addr}/24"));
+    }
+    let devs = m.nccl_devices(&|_, _| true, &|_| false);
+    let r = doctor::report(&m, &devs, f);
+    let hit: Vec<_> = r
+        .findings
+        .iter()
+        .filter(|f| f.check == "handle-links-over-limit")
+        .collect();
+    assert_eq!(hit.len(), 1, "{:?}", r.findings);
+    assert_eq!(hit[0].severity, Warning);
+    for a in &added {
+        assert!(
+            hit[0].message.contains(a),
+            "{a} not named: {}",
+            hit[0].message
+        );
+    }
+    assert!(
+        hit[0].message.contains("25 links are up"),
+        "{}",
+        hit[0].message
+    );
+    assert!(hit[0].remedy.contains("NCCL_IB_HCA"));
+    // (The shared /24 also makes a same-subnet finding: the exit status is at least a warning's.)
+    assert!(r.exit_status >= 1);
+}

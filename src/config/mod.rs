@@ -326,8 +326,8 @@ variables! {
                   When a connection cannot use the device NCCL chose, a device that registers GPU memory \
                   prefers links within this distance of that device (same PCIe root port up to `PXB` and \
                   `P2C`, the same NUMA node for `PHB`, anywhere for `SYS`) and warns once per peer when \
-                  only farther ones reach it; below `PIX` NCCL never uses GPU-direct, so TCP paths are \
-                  allowed for such a device. Unset: NCCL's default (`P2C`, which is `PXB` without C2C).",
+                  only farther ones reach it; below `PIX` NCCL never uses GPU-direct (the remedy a GPU \
+                  registration on a TCP connection names). Unset: NCCL's default (`P2C`, which is `PXB` without C2C).",
         },
         transport: TransportMode {
             name: "NCCL_SWITCHLESS_TRANSPORT",
@@ -520,10 +520,35 @@ variables! {
     }
 }
 
+/// NCCL's variables that merge physical devices into virtual ones: they act only through a
+/// plugin's `makeVDevice`, which this plugin leaves NULL, so NCCL ignores them (NCCL
+/// `src/graph/topo.cc`). Users copying NVIDIA's GB10 recipes set them.
+pub const NCCL_MERGE_VARS: &[&str] = &[
+    "NCCL_NET_MERGE_LEVEL",
+    "NCCL_NET_FORCE_MERGE",
+    "NCCL_IB_MERGE_NICS",
+];
+
+/// What a set merge variable (see [`NCCL_MERGE_VARS`]) does here: nothing, and why.
+pub fn merge_var_note(name: &str, value: &str) -> String {
+    format!(
+        "{name}={value} has no effect: the switchless plugin offers NCCL no virtual devices \
+         (makeVDevice is NULL), so NCCL uses its physical devices and ignores NCCL_NET_MERGE_LEVEL, \
+         NCCL_NET_FORCE_MERGE and NCCL_IB_MERGE_NICS; the plugin itself stripes each connection over \
+         every path to the peer (a GB10 port's two PCIe functions, a CX-8's two halves)"
+    )
+}
+
 impl Config {
     /// Reads the process environment. Also warns (through `tracing`) about set `NCCL_SWITCHLESS_*`
-    /// variables that this version does not know, which are usually typos.
+    /// variables that this version does not know, which are usually typos, and about NCCL's device
+    /// merge variables, which do nothing with this plugin ([`NCCL_MERGE_VARS`]).
     pub fn from_env() -> Result<Config> {
+        for name in NCCL_MERGE_VARS {
+            if let Ok(v) = std::env::var(name) {
+                tracing::warn!("NET/switchless: {}", merge_var_note(name, &v));
+            }
+        }
         let unknown =
             unknown_own_vars(std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()));
         for name in unknown {

@@ -73,12 +73,11 @@ pub fn tcp_host(model: &HostModel) -> (Vec<LocalLink>, Vec<NcclDevice>) {
     let mut links = Vec::new();
     let mut devices: Vec<NcclDevice> = Vec::new();
     for n in model.netdevs.iter().filter(|n| n.name != "lo") {
-        let pci_root = n
-            .pci
-            .as_deref()
-            .and_then(|b| model.pci(b))
-            .map(|f| f.root.clone())
-            .unwrap_or_default();
+        let func = n.pci.as_deref().and_then(|b| model.pci(b));
+        let pci_root = func.map(|f| f.root.clone()).unwrap_or_default();
+        // NCCL places a device in its topology by this path (as its socket transport does); without
+        // it NCCL attaches the device to the first CPU, losing NUMA locality on two-socket hosts.
+        let pci_path = func.map(|f| f.path.clone()).unwrap_or_default();
         for a in &n.addrs {
             let mut l = LocalLink {
                 id: links.len(),
@@ -108,7 +107,7 @@ pub fn tcp_host(model: &HostModel) -> (Vec<LocalLink>, Vec<NcclDevice>) {
                             index: devices.len(),
                             name: format!("sl_{}", n.name),
                             members: Vec::new(),
-                            pci_path: String::new(),
+                            pci_path: pci_path.clone(),
                             guid: name_guid(&n.name),
                             speed_mbps: speed,
                             port: 1,
@@ -168,31 +167,6 @@ fn tcp_devices(devices: &[&str]) -> String {
             "netdevs"
         },
         devices.join(", ")
-    )
-}
-
-/// Why a connection of a device that registers GPU memory cannot use `paths` (all TCP): NCCL decides
-/// GPU-direct from the device's `ptrSupport` and then registers GPU buffers, which a TCP stream cannot
-/// read. Names both ends of each path.
-pub fn gpu_over_tcp(paths: &[PathPlan]) -> String {
-    let list: Vec<String> = paths
-        .iter()
-        .map(|p| {
-            format!(
-                "{} {} (subnet {}) <-> {}",
-                p.local.netdev,
-                p.local.addr,
-                p.local.addr.trunc(),
-                p.remote
-            )
-        })
-        .collect();
-    format!(
-        "GPU memory cannot go over TCP: this NCCL device advertises NCCL_PTR_CUDA or NCCL_PTR_DMABUF, so \
-         NCCL registers GPU buffers on its connections, but the only paths are TCP ({}); give both ends a \
-         RoCE port in a shared subnet, or set NCCL_NET_GDR_LEVEL=LOC on every rank (NCCL then keeps its \
-         buffers in host memory, which TCP carries)",
-        list.join(", ")
     )
 }
 
@@ -298,9 +272,6 @@ impl PathFactory for NetFactory {
                 "a connection mixes {tcp} TCP and {} RoCE paths; one kind per connection is supported",
                 paths.len() - tcp
             )));
-        }
-        if opts.gpu {
-            return Err(Error::InvalidUsage(gpu_over_tcp(paths)));
         }
         let cfg = tcp_config(&self.config, paths.len());
         Ok(NetConn::Tcp(TcpConn::create(
@@ -662,6 +633,19 @@ impl Fabric for TcpConn {
             _ => Ok(crate::transport::fabric::Revive::Down),
         }
     }
+    fn stop_path(&mut self, path: usize) -> Result<()> {
+        match self.fab.as_mut() {
+            Some(f) if matches!(self.setup, Setup::Ready) => f.stop_path(path),
+            _ => Ok(()),
+        }
+    }
+    // Before its streams are connected nothing of the peer's can land.
+    fn seal_path(&mut self, path: usize) -> Result<bool> {
+        match self.fab.as_mut() {
+            Some(f) if matches!(self.setup, Setup::Ready) => f.seal_path(path),
+            _ => Ok(true),
+        }
+    }
     fn shutdown(&mut self) -> Result<()> {
         if !self.is_ready() {
             self.setup = Setup::Failed;
@@ -762,6 +746,9 @@ impl Fabric for NetConn {
     fn prepare_flush(&mut self) -> Result<()> {
         each!(self, f => f.prepare_flush())
     }
+    fn path_device(&self, path: usize) -> usize {
+        each!(self, f => f.path_device(path))
+    }
     fn post_recv(&mut self, path: usize, wr_id: u64) -> Result<()> {
         each!(self, f => f.post_recv(path, wr_id))
     }
@@ -782,6 +769,12 @@ impl Fabric for NetConn {
     }
     fn revive_path(&mut self, path: usize) -> Result<crate::transport::fabric::Revive> {
         each!(self, f => f.revive_path(path))
+    }
+    fn stop_path(&mut self, path: usize) -> Result<()> {
+        each!(self, f => f.stop_path(path))
+    }
+    fn seal_path(&mut self, path: usize) -> Result<bool> {
+        each!(self, f => f.seal_path(path))
     }
 }
 
@@ -823,6 +816,15 @@ mod tests {
         for d in &devices {
             assert!(d.name.starts_with("sl_"), "{}", d.name);
             assert_eq!(d.ptr_support, crate::host::nccl::PTR_HOST);
+            // The netdev's PCI function (review C3: it was empty, so NCCL put it on CPU 0).
+            let n = m.netdev(&d.name["sl_".len()..]).unwrap();
+            let bdf = n.pci.as_deref().unwrap();
+            assert!(
+                d.pci_path.starts_with("/sys/devices/pci") && d.pci_path.ends_with(bdf),
+                "{}: {}",
+                d.name,
+                d.pci_path
+            );
             assert!(d.speed_mbps > 0);
             assert!(!d.peers.is_empty(), "{} has its far end", d.name);
         }

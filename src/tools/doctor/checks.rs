@@ -120,10 +120,41 @@ fn address_remedy(netdev: &str, planned: &Planned) -> String {
     }
 }
 
+/// The listen handle advertises at most 16 links (`route::handle::MAX_LINKS`): the RoCE links a
+/// node with more would leave out, as the plugin ranks them (`route::handle::advert_rank`).
+fn handle_check(m: &HostModel, view: &NcclView) -> Option<Finding> {
+    let links = m.local_links(&view.devices);
+    let up = links.iter().filter(|l| l.up).count();
+    let (_, left) = crate::route::HandleRepr::from_local(&links, 1, None, 0);
+    let roce: Vec<String> = left
+        .iter()
+        .filter(|l| l.up && l.kind == crate::route::types::LinkKind::Roce)
+        .map(|l| format!("{} {}", l.netdev, l.addr))
+        .collect();
+    if roce.is_empty() {
+        return None;
+    }
+    let max = crate::route::handle::MAX_LINKS;
+    Some(Finding::new(
+        Severity::Warning,
+        check::HANDLE_LINKS_OVER_LIMIT,
+        "host",
+        format!(
+            "{up} links are up; the listen handle advertises {max} (point-to-point RoCE first, \
+             management last) and leaves out RoCE {}: a peer reached only through them fails to \
+             connect (\"no shared subnet\")",
+            roce.join(", ")
+        ),
+        "exclude storage and management NICs with NCCL_IB_HCA (export NCCL_IB_HCA=^<device>,...), or \
+         remove secondary addresses from the mesh netdevs",
+    ))
+}
+
 /// Every doctor check over the model, given what the plugin would expose (`view`) and the planned
 /// addresses (empty without `--plan`). Discovery's own findings (`kernel-file`) are not repeated here.
 pub fn checks(m: &HostModel, view: &NcclView, planned: &Planned) -> Vec<Finding> {
     let mut f = Vec::new();
+    f.extend(handle_check(m, view));
 
     if m.rdma_devices.is_empty() {
         let why = if m.rdma_class_present {

@@ -151,6 +151,19 @@ pub fn judge(env: &NcclEnv) -> EnvJudgement {
     };
     findings.extend(bare_durations(env));
     findings.extend(unknown_names(env));
+    for name in crate::config::NCCL_MERGE_VARS {
+        if let Some(v) = env.set(name) {
+            findings.push(Finding::new(
+                Severity::Warning,
+                check::NCCL_ENV,
+                *name,
+                crate::config::merge_var_note(name, v),
+                format!(
+                    "unset {name}   # nothing to merge: every path to the peer is used already"
+                ),
+            ));
+        }
+    }
     EnvJudgement { config, findings }
 }
 
@@ -649,6 +662,29 @@ mod tests {
 
     fn env(pairs: &[(&str, &str)]) -> NcclEnv {
         NcclEnv::from_pairs(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+    }
+
+    #[test]
+    fn merge_variables_are_said_to_do_nothing() {
+        let j = judge(&env(&[
+            ("NCCL_NET_MERGE_LEVEL", "PORT"),
+            ("NCCL_IB_MERGE_NICS", "1"),
+        ]));
+        assert!(j.config.is_some());
+        let objs: Vec<(&str, Severity)> = j
+            .findings
+            .iter()
+            .map(|f| (f.object.as_str(), f.severity))
+            .collect();
+        assert_eq!(
+            objs,
+            [
+                ("NCCL_NET_MERGE_LEVEL", Severity::Warning),
+                ("NCCL_IB_MERGE_NICS", Severity::Warning)
+            ]
+        );
+        assert!(j.findings[0].message.contains("makeVDevice is NULL"));
+        assert!(j.findings[1].remedy.starts_with("unset NCCL_IB_MERGE_NICS"));
     }
 
     #[test]

@@ -29,6 +29,7 @@ pub mod check {
     pub const IB_HCA_NO_MATCH: &str = "ib-hca-no-match";
     pub const IB_HCA_PREFIX_MATCH: &str = "ib-hca-prefix-match";
     pub const IB_HCA_SPLITS_PORT: &str = "ib-hca-splits-port";
+    pub const HANDLE_LINKS_OVER_LIMIT: &str = "handle-links-over-limit";
     pub const TCP_NO_LINKS: &str = "tcp-no-links";
     pub const TCP_MTU_BELOW_9000: &str = "tcp-mtu-below-9000";
     pub const TCP_OFFLOAD_OFF: &str = "tcp-offload-off";
@@ -259,11 +260,13 @@ pub const FINDINGS: &[Check] = &[
     ),
     doctor(
         check::NCCL_ENV,
-        "error",
+        "error; warning for a merge variable",
         "the variable",
         "an `NCCL_IB_*` / `NCCL_SWITCHLESS_*` variable has a value the plugin's `init` would refuse (one \
          finding per variable; the message is the plugin's own: variable, value, accepted forms), or two \
-         values contradict each other. The report still completes; the plugin would expose no device",
+         values contradict each other. The report still completes; the plugin would expose no device. \
+         Warning: `NCCL_NET_MERGE_LEVEL`, `NCCL_NET_FORCE_MERGE` or `NCCL_IB_MERGE_NICS` is set, which does \
+         nothing with this plugin (no virtual devices: `makeVDevice` is NULL; init WARNs the same)",
         "`unset VAR` (its default), or the `export VAR=...` of a near value that parses (`30` → `30s`)",
     ),
     doctor(
@@ -427,6 +430,15 @@ pub const FINDINGS: &[Check] = &[
         "the filter keeps some functions of a cable and drops others (one PCIe function of a GB10 port, one \
          half of a B300 CX-8 port), so that cable's NCCL device gets part of its bandwidth",
         "`export NCCL_IB_HCA==...` with both functions of every cable it uses",
+    ),
+    doctor(
+        check::HANDLE_LINKS_OVER_LIMIT,
+        "warning",
+        "`host`",
+        "more links are up than the listen handle's 16, and a RoCE link is among those left out (the \
+         handle keeps point-to-point RoCE first, management last): a peer reached only through it fails \
+         to connect with \"no shared subnet\"",
+        "exclude storage and management NICs with `NCCL_IB_HCA`, or remove secondary addresses",
     ),
     doctor(
         check::TCP_NO_LINKS,

@@ -53,6 +53,22 @@ pub use revive::{LinkCheck, MAX_REBUILD_GAP, MIN_REBUILD_GAP};
 pub use setup::{TcpAcceptor, TcpConnector, listen, listen_at, loopback_pair};
 pub use stream::{MAX_BUFFERED_CTRL, MAX_OUT_OF_ORDER};
 
+/// The refusal of GPU memory on a TCP connection, with what NCCL decided and the remedy. The
+/// plugin routes over TCP whatever the device advertises (a GB10's GPU has no GPU-direct RDMA, so
+/// NCCL never registers GPU memory there, although its NIC passes the DMA-BUF probe); a GPU
+/// registration is what shows that NCCL chose GPU-direct for this connection, and NCCL registers
+/// its connection buffers right after connecting, so this still fails at set-up.
+pub fn gpu_refusal(what: &str, addr: u64, len: usize, labels: &[String]) -> String {
+    format!(
+        "NCCL registered {what} at {addr:#x} ({len} bytes) on a connection whose paths are TCP \
+         ({}); TCP streams carry host memory only. NCCL chose GPU-direct RDMA for this connection \
+         (its device advertises NCCL_PTR_CUDA or NCCL_PTR_DMABUF, and NCCL judged the GPU close \
+         enough to the NIC). Set NCCL_NET_GDR_LEVEL=LOC on every rank (NCCL then keeps its network \
+         buffers in host memory, which TCP carries), or give both ends a RoCE port in a shared subnet",
+        labels.join(", ")
+    )
+}
+
 /// Writes up to this many bytes are copied when posted and sent as one frame.
 pub const COPY_AT_POST_BYTES: usize = 4096;
 /// How long `shutdown` tries to hand the close frames to the kernel.
@@ -80,6 +96,8 @@ pub struct TcpFabric {
 /// without the connection's lock.
 struct TcpPinner {
     sh: Arc<Shared>,
+    /// The paths' labels, for the refusal of GPU memory.
+    labels: Vec<String>,
     tokens: Arc<Mutex<HashMap<u64, u32>>>,
     next_token: Arc<AtomicU64>,
     npaths: usize,
@@ -126,13 +144,27 @@ impl TcpPinner {
 }
 
 impl Pinner for TcpPinner {
+    fn register_dmabuf(
+        &self,
+        mem: &Lent,
+        _offset: u64,
+        _fd: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<Registration> {
+        Err(Error::InvalidUsage(gpu_refusal(
+            "GPU memory exported as DMA-BUF (regMrDmaBuf)",
+            mem.addr(),
+            mem.len(),
+            &self.labels,
+        )))
+    }
+
     fn register(&self, mem: &Lent, kind: MemKind) -> Result<Registration> {
         if kind == MemKind::Cuda {
-            return Err(Error::InvalidArgument(format!(
-                "GPU memory at {:#x} ({} bytes) on a TCP path; TCP paths accept host memory only \
-                 (NCCL_PTR_HOST: NCCL stages GPU buffers through host memory)",
+            return Err(Error::InvalidUsage(gpu_refusal(
+                "GPU memory (NCCL_PTR_CUDA)",
                 mem.addr(),
-                mem.len()
+                mem.len(),
+                &self.labels,
             )));
         }
         // The region keeps `mem`: the memory stays lent while a copy in flight holds the `Reg`.
@@ -215,6 +247,7 @@ impl TcpFabric {
     fn pinner_of(&self) -> TcpPinner {
         TcpPinner {
             sh: Arc::clone(&self.sh),
+            labels: self.paths.iter().map(|p| p.label.clone()).collect(),
             tokens: Arc::clone(&self.tokens),
             next_token: Arc::clone(&self.next_token),
             npaths: self.paths.len(),
@@ -248,6 +281,24 @@ impl Fabric for TcpFabric {
 
     fn deregister(&mut self, reg: &Registration) -> Result<()> {
         self.pinner_of().deregister(reg)
+    }
+
+    fn register_dmabuf(
+        &mut self,
+        mem: &Lent,
+        _offset: u64,
+        _fd: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<Registration> {
+        Err(Error::InvalidUsage(gpu_refusal(
+            "GPU memory exported as DMA-BUF (regMrDmaBuf)",
+            mem.addr(),
+            mem.len(),
+            &self
+                .paths
+                .iter()
+                .map(|p| p.label.clone())
+                .collect::<Vec<_>>(),
+        )))
     }
 
     fn pinner(&self) -> Option<Arc<dyn Pinner>> {
@@ -491,6 +542,14 @@ impl Fabric for TcpFabric {
 
     fn revive_path(&mut self, path: usize) -> Result<Revive> {
         self.revive(path)
+    }
+
+    fn stop_path(&mut self, path: usize) -> Result<()> {
+        self.stop(path)
+    }
+
+    fn seal_path(&mut self, path: usize) -> Result<bool> {
+        self.seal(path)
     }
 
     fn shutdown(&mut self) -> Result<()> {

@@ -1,10 +1,13 @@
-//! Failover and failback of one TCP path: [`TcpFabric`]'s `path_health` and `revive_path`.
+//! Failover and failback of one TCP path: [`TcpFabric`]'s `path_health`, `stop_path`,
+//! `seal_path` and `revive_path`.
 //!
 //! * **Health.** A path is unusable when its streams failed, when its local link is down
 //!   ([`LinkCheck`]: carrier or operstate, read by the plugin from sysfs; a link that went down
 //!   silently is seen at once, where TCP would retransmit for minutes), or, on the accepting side,
-//!   when the peer opened a complete set of new streams for it (the peer rebuilds it). Reporting it
-//!   closes its streams, so nothing of its work lands after the comm moved that work elsewhere.
+//!   when the peer opened a complete set of new streams for it (the peer rebuilds it). Reporting
+//!   it changes nothing: the comm then stops the path (nothing more sent) and, once the peer has
+//!   stopped it too, seals it (the streams drain what arrived, then abort), so that nothing the
+//!   peer counted delivered is lost and nothing lands after the comm settled the path's work.
 //! * **Rebuild.** The side that opened the connection's streams (the connector) opens the path's
 //!   streams again to the acceptor's listener, which the acceptor keeps for the connection's
 //!   lifetime. Each new stream is authenticated as at set-up (`super::auth`: it must come from the
@@ -39,7 +42,7 @@ use super::frame::{ACK_LEN, HelloRepr, NONCE_LEN, TAG_LEN};
 use super::pool;
 use super::state::PathShared;
 use crate::error::{Error, Result};
-use crate::transport::fabric::{Revive, WcStatus};
+use crate::transport::fabric::{Completion, Revive, WcOpcode, WcStatus};
 
 /// What a path's local link reports, asked by `path_health` and before each rebuild. The plugin
 /// reads the netdev's `carrier` and `operstate` (`src/plugin/factory/net.rs`); tests inject one.
@@ -322,6 +325,38 @@ impl TcpFabric {
         }
     }
 
+    /// Tests: the acknowledgements of data path `path` are lost. Its work requests outstanding
+    /// fail (the first with a retry error, the rest flushed), although their frames, queued or
+    /// with the kernel, still go out and land at the peer; what is posted later fails. Unknown
+    /// paths are ignored.
+    pub fn lose_completions(&self, path: usize) {
+        let Ok(p) = self.sh.path(path) else {
+            return;
+        };
+        let Ok(mut tx) = p.tx() else {
+            return;
+        };
+        tx.error = true;
+        let mut status = WcStatus::RETRY_EXC_ERR;
+        while let Some(w) = tx.wrs.pop_front() {
+            tx.first_wr += 1;
+            p.complete(Completion::without_data(
+                w.wr_id,
+                status,
+                WcOpcode::RdmaWrite,
+            ));
+            status = WcStatus::WR_FLUSH_ERR;
+        }
+    }
+
+    /// Tests: while `held`, nothing of data path `path` is read (what the peer sends waits in the
+    /// kernel's buffers, acknowledged by it, as on a slow receiver); released, it is read again.
+    pub fn hold_receiving(&self, path: usize, held: bool) {
+        if let Ok(p) = self.sh.path(path) {
+            p.rx_held.store(held, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
     /// The ports of the listeners an accepting endpoint keeps for rebuilds, per path (empty for a
     /// connector, or before the streams are connected).
     pub fn rebuild_ports(&self) -> Vec<u16> {
@@ -342,6 +377,20 @@ impl TcpFabric {
             .as_ref()
             .and_then(|r| r.paths.get(path))
             .map_or(0, |p| p.generation)
+    }
+
+    /// `Fabric::stop_path`: see [`PathShared::stop`].
+    pub(super) fn stop(&mut self, path: usize) -> Result<()> {
+        self.check_path(path)?.stop("failed over");
+        Ok(())
+    }
+
+    /// `Fabric::seal_path`: see [`PathShared::cut`].
+    pub(super) fn seal(&mut self, path: usize) -> Result<bool> {
+        let p = self.check_path(path)?;
+        p.stop("failed over");
+        cut(&p, "sealed after failover");
+        Ok(p.sealed())
     }
 
     /// `Fabric::path_health`: see the module docs.
@@ -377,12 +426,11 @@ impl TcpFabric {
             let rx = p.rx().map_or(true, |r| r.error);
             (tx || rx).then(|| "its streams failed".to_string())
         });
+        // Reported only: the comm stops the path (`stop_path`), and seals it once the peer has
+        // stopped it too (`seal_path`), so what the peer counts delivered is applied here.
         match why {
             None => Ok(()),
-            Some(why) => {
-                cut(&p, &why);
-                Err(Error::Remote(format!("TCP path {}: {why}", p.label)))
-            }
+            Some(why) => Err(Error::Remote(format!("TCP path {}: {why}", p.label))),
         }
     }
 

@@ -260,7 +260,9 @@ impl StreamIo {
 
     /// One turn of each direction that is ready; keeps `WRITABLE` interest while a frame waits.
     pub(super) fn service(&mut self, poll: &Poll) {
-        if self.rx_ready {
+        if self.rx_ready && self.path.rx_held.load(Ordering::Relaxed) {
+            // Held (tests): looked at again on the next turn, read once released.
+        } else if self.rx_ready {
             let t = if self.rx_done || self.sh.stop.load(Ordering::Relaxed) {
                 Turn::Idle
             } else {
@@ -496,6 +498,8 @@ impl StreamIo {
         let path = &*self.path;
         let s = self.s;
         let stopping = self.sh.stop.load(Ordering::Relaxed);
+        // Counted before the path's fate below: a sealing comm waits for every stream's count.
+        path.rx_ends.fetch_add(1, Ordering::SeqCst);
         if path.cut.load(Ordering::SeqCst) && !stopping {
             // Failed over: this stream has delivered what was queued (see `PathShared::cut`).
             tracing::debug!(label = %path.label, "NET/switchless: TCP path {} stream {s} drained after failover: {}", path.label, e.text());
@@ -692,8 +696,9 @@ impl StreamIo {
 
     fn tx_failed(&self, status: WcStatus, wr: Option<u64>, why: &str) {
         let path = &*self.path;
-        if path.cut.load(Ordering::SeqCst) {
-            // Failed over already: sending ends; receiving drains (`PathShared::cut`).
+        if path.cut.load(Ordering::SeqCst) || path.stopped.load(Ordering::SeqCst) {
+            // Failed over already: sending ends; receiving goes on (`PathShared::stop`) and, once
+            // sealed, drains (`PathShared::cut`).
             return;
         }
         path.fail_tx(status, wr, why);
