@@ -268,6 +268,7 @@ fn run_plugin(a: &Args, o: &b::Options, boot: &mut b::Bootstrap) -> Result<b::Re
     let mut net = crate::ffi::loader::HostNet::load_default(a.plugin.as_deref())?;
     // one communicator id for the whole job, like NCCL's commHash
     b::Net::init(&mut net, 0x5357_4c42_0000_0000 | boot.nranks() as u64)?;
+    net.announce_network();
     let init_s = t0.elapsed().as_secs_f64();
     let r = b::run(&net, boot, o);
     let f = b::Net::finalize(&mut net);
