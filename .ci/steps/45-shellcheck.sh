@@ -90,6 +90,15 @@ for want in "-H a:1\\,b:1" "-x NCCL_NET=switchless" "-x NCCL_DEBUG=WARN" "sendre
   grep -qF -- "$want" <<< "$out" || fail "mpirun dry run lacks '$want':"$'\n'"$out"
 done
 
+# --bench-cmd: every rank runs CMD TEST ARGS instead of DIR/TEST_perf ARGS (both launchers).
+out=$(nccl-tests/srun-nccl-tests.sh -N 2 -g 1 -t all_reduce,sendrecv --no-container --bench-cmd /opt/x/bench -o "$tmp/b" --dry-run)
+for want in "rank.sh /opt/x/bench all_reduce -b 512M" "rank.sh /opt/x/bench sendrecv -b 512M"; do
+  grep -qF -- "$want" <<< "$out" || fail "srun --bench-cmd dry run lacks '$want':"$'\n'"$out"
+done
+if grep -q "_perf" <<< "$out"; then fail "srun --bench-cmd still runs a *_perf binary: $out"; fi
+out=$(nccl-tests/mpirun-nccl-tests.sh -H a,b -g 1 --bench-cmd bench -o "$tmp/mb" --dry-run)
+grep -qF -- "rank.sh bench all_reduce -b 512M" <<< "$out" || fail "mpirun --bench-cmd dry run: $out"
+
 # Bad input is refused with a message.
 if err=$(nccl-tests/srun-nccl-tests.sh -t all_reduce,nope --dry-run 2>&1); then fail "accepted an unknown test"; fi
 grep -q "unknown test 'nope'" <<< "$err" || fail "unclear error: $err"
