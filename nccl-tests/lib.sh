@@ -327,7 +327,7 @@ sl_preflight() {
   failed=$(grep -E 'switchless preflight: node=[^ ]+ FAIL' <<< "$out" | sed -E 's/.*switchless preflight: node=([^ ]+) FAIL: /\1: /' || true)
   if [ -n "$failed" ]; then
     echo "$(basename "$0"): preflight failed, no benchmark run:" >&2
-    printf '  %s\n' "$failed" | sort -u >&2
+    printf '%s\n' "$failed" | sort -u | sed 's/^/  /' >&2
     exit 2
   fi
   if [ "$rc" != 0 ]; then
