@@ -156,7 +156,8 @@ fi
 srun_cmd+=("${SL_SRUN_ARGS[@]}")
 
 [ "$SL_DRY" = 1 ] || echo "switchless nccl-tests: ${SL_NODES} node(s) x ${SL_GPUS} GPU(s), tests: ${SL_TESTS}, output: ${SL_OUT}"
-sl_preflight "${srun_cmd[@]}" --export="ALL,SWITCHLESS_TEST=preflight" bash -c "$SL_RANK_WORD" rank.sh --preflight "${SL_PREFLIGHT_ARGS[@]}"
+# --kill-on-bad-exit=0: every node finishes its preflight and reports, not only the first to fail.
+sl_preflight "${srun_cmd[@]}" --kill-on-bad-exit=0 --export="ALL,SWITCHLESS_TEST=preflight" bash -c "$SL_RANK_WORD" rank.sh --preflight "${SL_PREFLIGHT_ARGS[@]}"
 sl_test_args
 status=0
 for t in $SL_TESTS; do
