@@ -23,6 +23,7 @@ SL_PREFLIGHT=1
 SL_PREFLIGHT_ARGS=()
 SL_NCCL_TESTS_DIR="/opt/nccl-tests/build"
 SL_BENCH_CMD=""
+SL_CHECKED_NODES=""
 SL_PLUGIN_DIR=""
 SL_ORDER="given"
 SL_ORDERED=""
@@ -333,6 +334,8 @@ sl_preflight() {
   if [ "$rc" != 0 ]; then
     sl_die "preflight: the launcher exited with status $rc before every node reported (see $SL_OUT/preflight.out)"
   fi
+  # The nodes that passed, comma-separated (Slurm node names under srun: SLURMD_NODENAME).
+  SL_CHECKED_NODES=$(grep -oE 'switchless preflight: node=[^ ]+ ok$' <<< "$out" | sed -E 's/.*node=([^ ]+) ok$/\1/' | sort -u | paste -sd, -)
 }
 
 sl_find_cli() {
