@@ -106,7 +106,7 @@ check_run() {
 
 # The launcher's options shared by every run: no container, the plugin prefix, bootstrap on mgmt, small
 # sizes (debug build), the bench as the benchmark.
-common=(-g 1 --no-container --plugin-dir "$W/prefix" -i mgmt -b 1K -e 1M -f 32 -n 3 --bench-cmd "$bench_cmd")
+common=(-g 1 --no-container --plugin-dir "$W/prefix" -i mgmt -b 1K -e 256K -f 16 -n 3 --bench-cmd "$bench_cmd")
 
 # --- srun-nccl-tests.sh from the login node, 2 and 4 nodes ---------------------------------------------
 for nodes in 2 4; do
@@ -122,6 +122,22 @@ for nodes in 2 4; do
   check_run "$W/out/srun$nodes" "$nodes" ${tests//,/ }
   swl_log "srun-nccl-tests.sh -N $nodes ($tests): ok in $((($(date +%s%N) - t0) / 1000000)) ms"
 done
+
+# --- --order: ranks follow the given host list (srun -m arbitrary with SLURM_HOSTFILE) -----------------
+# The ring rotated to start at swl-n3: rank 0 must be on swl-n3 and each rank's neighbours cabled to it.
+t0=$(date +%s%N)
+rc=0
+NCCL_NET=switchless swl_login timeout 120 nccl-tests/srun-nccl-tests.sh -N 4 -t all_reduce "${common[@]}" \
+  --order swl-n3,swl-n4,swl-n1,swl-n2 -o "$W/out/order" > "$W/out/order.log" 2>&1 || rc=$?
+[ "$rc" = 0 ] || { tail -n 40 "$W/out/order.log"; fail "srun-nccl-tests.sh --order exited $rc"; }
+check_run "$W/out/order" 4 all_reduce
+r=0
+for h in swl-n3 swl-n4 swl-n1 swl-n2; do
+  grep -qx "SLURMD_NODENAME=$h" "$W/out/order/task.all_reduce.$r.env" ||
+    fail "--order: rank $r ran on $(sed -n 's/^SLURMD_NODENAME=//p' "$W/out/order/task.all_reduce.$r.env"), not $h"
+  r=$((r + 1))
+done
+swl_log "srun-nccl-tests.sh -N 4 --order swl-n3,swl-n4,swl-n1,swl-n2: ranks in that order, ok in $((($(date +%s%N) - t0) / 1000000)) ms"
 
 # --- nccl-tests.sbatch, submitted from the repository root, 2 and 4 nodes ----------------------------
 # sbatch exports the login shell's variables (--export=ALL, its default); --strict sets NCCL_NET.
