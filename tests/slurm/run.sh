@@ -12,6 +12,7 @@
 #     NCCL_NET, the user's exported NCCL_* / NCCL_SWITCHLESS_* variables and slurmd's memlock limit, the
 #     plugin applied the user's NCCL_SWITCHLESS_TCP_STREAMS, and `switchless nccl-tests summarize`
 #     names the plugin on every rank's host;
+#   * --order: the ranks follow a given host list (srun -m arbitrary, SLURM_HOSTFILE);
 #   * fleet-doctor.sh over srun inside salloc: every node captured and judged;
 #   * failures: a node whose doctor fails (its cables unaddressed) stops the job before any benchmark,
 #     naming the node and the finding; a broken variable names every node; a task killed mid-run ends
@@ -56,6 +57,10 @@ user_memlock=$((SWL_USER_MEMLOCK_KIB * 1024))
 export NCCL_SWITCHLESS_TRANSPORT=tcp NCCL_SWITCHLESS_TCP_STREAMS=2 NCCL_CROSS_NIC=1
 
 # --- the runbook's claims, against the daemons ------------------------------------------------------
+for want in "PropagateResourceLimitsExcept=MEMLOCK" "LimitMEMLOCK=infinity" "cgroup_allowed_devices_file" \
+  "/dev/infiniband" "ConstrainDevices" "--export=NONE" "libpmix-dev"; do
+  grep -qF -- "$want" docs/guide/slurm.md || fail "docs/guide/slurm.md does not mention $want"
+done
 lim=$(swl_login srun -N 2 -l grep '^Max locked memory' /proc/self/limits)
 [ "$(grep -c "Max locked memory *$slurmd_memlock " <<< "$lim")" = 2 ] ||
   fail "PropagateResourceLimitsExcept=MEMLOCK: tasks should get slurmd's memlock ($slurmd_memlock), got: $lim"
@@ -173,7 +178,7 @@ NCCL_NET=switchless swl_login timeout 120 nccl-tests/srun-nccl-tests.sh -N 4 -t 
   -o "$W/out/badnode" > "$W/out/badnode.log" 2>&1 || rc=$?
 [ "$rc" = 2 ] || { cat "$W/out/badnode.log"; fail "a failing node's preflight: exit $rc, expected 2"; }
 grep -q "preflight failed, no benchmark run" "$W/out/badnode.log" || fail "no preflight verdict: $(cat "$W/out/badnode.log")"
-grep -qE '^  swl-n3: switchless doctor .*\[tcp-no-links\]' "$W/out/badnode.log" ||
+grep -qE '^  swl-n3: switchless doctor.*\[tcp-no-links\]' "$W/out/badnode.log" ||
   fail "the failing node and its finding are not named: $(cat "$W/out/badnode.log")"
 if grep -qE '^  swl-n[124]:' "$W/out/badnode.log"; then fail "a healthy node was blamed: $(cat "$W/out/badnode.log")"; fi
 [ ! -e "$W/out/badnode/all_reduce.out" ] || fail "the benchmark ran after a failing preflight"
@@ -187,7 +192,7 @@ NCCL_SWITCHLESS_TCP_STREAMS=0 swl_login timeout 120 nccl-tests/srun-nccl-tests.s
   -o "$W/out/badvar" > "$W/out/badvar.log" 2>&1 || rc=$?
 [ "$rc" = 2 ] || { cat "$W/out/badvar.log"; fail "NCCL_SWITCHLESS_TCP_STREAMS=0: exit $rc, expected 2"; }
 for n in 1 2; do
-  grep -qE "^  swl-n$n: switchless doctor .*\[nccl-env\] NCCL_SWITCHLESS_TCP_STREAMS" "$W/out/badvar.log" ||
+  grep -qE "^  swl-n$n: switchless doctor.*\[nccl-env\] NCCL_SWITCHLESS_TCP_STREAMS" "$W/out/badvar.log" ||
     fail "NCCL_SWITCHLESS_TCP_STREAMS=0 not named on swl-n$n: $(cat "$W/out/badvar.log")"
 done
 swl_log "a broken variable stops the job on every node: $(grep -E '^  swl-n1:' "$W/out/badvar.log" | cut -c1-160)"
