@@ -22,6 +22,8 @@ SL_DRY=0
 SL_PREFLIGHT=1
 SL_PREFLIGHT_ARGS=()
 SL_NCCL_TESTS_DIR="/opt/nccl-tests/build"
+SL_BENCH_CMD=""
+SL_CHECKED_NODES=""
 SL_PLUGIN_DIR=""
 SL_ORDER="given"
 SL_ORDERED=""
@@ -46,6 +48,9 @@ Common options:
   -o, --out DIR            output directory (default ./nccl-tests-<job or time>); must be on a file system
                            every node sees, or NCCL's per-process logs stay on each node
       --nccl-tests-dir D   directory of the *_perf binaries (default /opt/nccl-tests/build)
+      --bench-cmd CMD      run CMD TEST ARGS... on every rank instead of DIR/TEST_perf ARGS... (TEST:
+                           all_reduce, ...; ARGS: the nccl-tests arguments), e.g. a wrapper that starts a
+                           profiler; one word, a path or a name on the nodes' PATH (inside the container)
       --plugin-dir DIR     install prefix of the plugin (DIR/lib/libnccl-net-switchless.so), e.g. the
                            PREFIX of `make install`; default: the plugin is already installed
       --expect-busbw BW    fail when busbw at the largest size is below BW (787, 787GB/s or 6300Gb/s)
@@ -99,6 +104,10 @@ sl_parse_common() {
     -i | --bootstrap-if) SL_BOOT_IF="$val" ;;
     -o | --out) SL_OUT="$val" ;;
     --nccl-tests-dir) SL_NCCL_TESTS_DIR="$val" ;;
+    --bench-cmd)
+      [ -n "$val" ] || sl_die "--bench-cmd needs a command (a path or a name on the nodes' PATH)"
+      SL_BENCH_CMD="$val"
+      ;;
     --plugin-dir) SL_PLUGIN_DIR="$val" ;;
     --expect-busbw) SL_EXPECT="$val" ;;
     --env)
@@ -259,6 +268,16 @@ sl_test_args() {
   SL_TEST_ARGS=(-b "$SL_MIN" -e "$SL_MAX" -f "$SL_FACTOR" -g "$SL_GPUS" -n "$SL_ITERS" "${SL_REST[@]}")
 }
 
+# The benchmark words for one test in SL_BENCH: DIR/TEST_perf ARGS..., or with --bench-cmd CMD TEST ARGS...
+sl_bench() {
+  sl_test_args
+  if [ -n "$SL_BENCH_CMD" ]; then
+    SL_BENCH=("$SL_BENCH_CMD" "$1" "${SL_TEST_ARGS[@]}")
+  else
+    SL_BENCH=("$SL_NCCL_TESTS_DIR/${1}_perf" "${SL_TEST_ARGS[@]}")
+  fi
+}
+
 # Stands for the rank script in a command; sl_run passes its text, sl_show prints how to get it.
 SL_RANK_WORD="@rank.sh@"
 
@@ -309,12 +328,14 @@ sl_preflight() {
   failed=$(grep -E 'switchless preflight: node=[^ ]+ FAIL' <<< "$out" | sed -E 's/.*switchless preflight: node=([^ ]+) FAIL: /\1: /' || true)
   if [ -n "$failed" ]; then
     echo "$(basename "$0"): preflight failed, no benchmark run:" >&2
-    printf '  %s\n' "$failed" | sort -u >&2
+    printf '%s\n' "$failed" | sort -u | sed 's/^/  /' >&2
     exit 2
   fi
   if [ "$rc" != 0 ]; then
     sl_die "preflight: the launcher exited with status $rc before every node reported (see $SL_OUT/preflight.out)"
   fi
+  # The nodes that passed, comma-separated (Slurm node names under srun: SLURMD_NODENAME).
+  SL_CHECKED_NODES=$(grep -oE 'switchless preflight: node=[^ ]+ ok$' <<< "$out" | sed -E 's/.*node=([^ ]+) ok$/\1/' | sort -u | paste -sd, -)
 }
 
 sl_find_cli() {

@@ -126,7 +126,8 @@ sl_preflight "${mpi[@]}" -x "SWITCHLESS_TEST=preflight" bash -c "$SL_RANK_WORD" 
 sl_test_args
 status=0
 for t in $SL_TESTS; do
-  cmd=("${mpi[@]}" -x "SWITCHLESS_TEST=$t" bash -c "$SL_RANK_WORD" rank.sh "$SL_NCCL_TESTS_DIR/${t}_perf" "${SL_TEST_ARGS[@]}")
+  sl_bench "$t"
+  cmd=("${mpi[@]}" -x "SWITCHLESS_TEST=$t" bash -c "$SL_RANK_WORD" rank.sh "${SL_BENCH[@]}")
   if [ "$SL_DRY" = 1 ]; then
     sl_show "${cmd[@]}"
     sl_show_summarize "$t"

@@ -156,11 +156,18 @@ fi
 srun_cmd+=("${SL_SRUN_ARGS[@]}")
 
 [ "$SL_DRY" = 1 ] || echo "switchless nccl-tests: ${SL_NODES} node(s) x ${SL_GPUS} GPU(s), tests: ${SL_TESTS}, output: ${SL_OUT}"
-sl_preflight "${srun_cmd[@]}" --export="ALL,SWITCHLESS_TEST=preflight" bash -c "$SL_RANK_WORD" rank.sh --preflight "${SL_PREFLIGHT_ARGS[@]}"
+# --kill-on-bad-exit=0: every node finishes its preflight and reports, not only the first to fail.
+sl_preflight "${srun_cmd[@]}" --kill-on-bad-exit=0 --export="ALL,SWITCHLESS_TEST=preflight" bash -c "$SL_RANK_WORD" rank.sh --preflight "${SL_PREFLIGHT_ARGS[@]}"
+# Outside an allocation every srun is a job of its own, which Slurm may place on other nodes: the tests
+# run on the nodes the preflight checked.
+if [ -z "${SLURM_JOB_ID:-}" ] && [ -z "$SL_ORDERED" ] && [ -n "$SL_CHECKED_NODES" ]; then
+  srun_cmd+=(-w "$SL_CHECKED_NODES")
+fi
 sl_test_args
 status=0
 for t in $SL_TESTS; do
-  cmd=("${srun_cmd[@]}" --export="ALL,SWITCHLESS_TEST=$t" bash -c "$SL_RANK_WORD" rank.sh "$SL_NCCL_TESTS_DIR/${t}_perf" "${SL_TEST_ARGS[@]}")
+  sl_bench "$t"
+  cmd=("${srun_cmd[@]}" --export="ALL,SWITCHLESS_TEST=$t" bash -c "$SL_RANK_WORD" rank.sh "${SL_BENCH[@]}")
   if [ "$SL_DRY" = 1 ]; then
     sl_show "${cmd[@]}"
     sl_show_summarize "$t"

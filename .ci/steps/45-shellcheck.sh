@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI: shellcheck every shell script (nccl-tests/, docker/, scripts/, lab/, .ci/), then smoke-test the
+# CI: shellcheck every shell script (nccl-tests/, docker/, scripts/, lab/, .ci/, tests/slurm/), then smoke-test the
 # nccl-tests launchers without a cluster (--dry-run, and rank.sh with `env` as the benchmark).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -11,7 +11,7 @@ command -v shellcheck > /dev/null || {
 
 mapfile -t files < <(
   {
-    for d in nccl-tests docker scripts lab .ci; do
+    for d in nccl-tests docker scripts lab .ci tests/slurm; do
       [ -d "$d" ] && find "$d" -type f \( -name '*.sh' -o -name '*.sbatch' \) -not -path '*/.cache/*'
     done
     [ -f .ci/run ] && echo .ci/run
@@ -89,6 +89,15 @@ out=$(nccl-tests/mpirun-nccl-tests.sh -H a,b -g 1 -t sendrecv --strict --quiet -
 for want in "-H a:1\\,b:1" "-x NCCL_NET=switchless" "-x NCCL_DEBUG=WARN" "sendrecv_perf" "--map-by ppr:1:node"; do
   grep -qF -- "$want" <<< "$out" || fail "mpirun dry run lacks '$want':"$'\n'"$out"
 done
+
+# --bench-cmd: every rank runs CMD TEST ARGS instead of DIR/TEST_perf ARGS (both launchers).
+out=$(nccl-tests/srun-nccl-tests.sh -N 2 -g 1 -t all_reduce,sendrecv --no-container --bench-cmd /opt/x/bench -o "$tmp/b" --dry-run)
+for want in "rank.sh /opt/x/bench all_reduce -b 512M" "rank.sh /opt/x/bench sendrecv -b 512M"; do
+  grep -qF -- "$want" <<< "$out" || fail "srun --bench-cmd dry run lacks '$want':"$'\n'"$out"
+done
+if grep -q "_perf" <<< "$out"; then fail "srun --bench-cmd still runs a *_perf binary: $out"; fi
+out=$(nccl-tests/mpirun-nccl-tests.sh -H a,b -g 1 --bench-cmd bench -o "$tmp/mb" --dry-run)
+grep -qF -- "rank.sh bench all_reduce -b 512M" <<< "$out" || fail "mpirun --bench-cmd dry run: $out"
 
 # Bad input is refused with a message.
 if err=$(nccl-tests/srun-nccl-tests.sh -t all_reduce,nope --dry-run 2>&1); then fail "accepted an unknown test"; fi

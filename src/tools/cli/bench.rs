@@ -76,11 +76,15 @@ pub struct Args {
     #[arg(long, default_value = "60s", value_parser = cli_seconds)]
     pub timeout: Duration,
     /// Print JSON instead of the table.
-    #[arg(long, conflicts_with = "csv")]
+    #[arg(long, conflicts_with_all = ["csv", "nccl_tests"])]
     pub json: bool,
     /// Print CSV instead of the table.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "nccl_tests")]
     pub csv: bool,
+    /// Print the table in nccl-tests' layout (size count type redop root time algbw busbw #wrong, then
+    /// its footer), test name `switchless bench MODE`: `switchless nccl-tests summarize` reads it.
+    #[arg(long)]
+    pub nccl_tests: bool,
     /// Also write the JSON report to this file (rank 0 writes the merged report; others their own).
     #[arg(long)]
     pub save_json: Option<PathBuf>,
@@ -206,6 +210,8 @@ fn emit(a: &Args, r: &b::Report) -> Result<()> {
             println!("{}", b::report::json(r)?);
         } else if a.csv {
             print!("{}", b::report::csv(r));
+        } else if a.nccl_tests {
+            print!("{}", b::report::nccl_tests(r));
         } else {
             print!("{}", b::report::table(r));
         }
@@ -262,6 +268,7 @@ fn run_plugin(a: &Args, o: &b::Options, boot: &mut b::Bootstrap) -> Result<b::Re
     let mut net = crate::ffi::loader::HostNet::load_default(a.plugin.as_deref())?;
     // one communicator id for the whole job, like NCCL's commHash
     b::Net::init(&mut net, 0x5357_4c42_0000_0000 | boot.nranks() as u64)?;
+    net.announce_network();
     let init_s = t0.elapsed().as_secs_f64();
     let r = b::run(&net, boot, o);
     let f = b::Net::finalize(&mut net);
