@@ -94,6 +94,8 @@ if [ "$(dpkg --print-architecture)" = amd64 ] && command -v aarch64-linux-gnu-gc
   expect arm64 no_v9 "does not export ncclNetPlugin_v9" arm64
   expect arm64 named "names the network 'Mesh'" arm64
   expect arm64 extralib "libswlextra.so.1" arm64
+elif [ "$(dpkg --print-architecture)" != amd64 ]; then
+  echo "check-selftest: the checks above are this $(dpkg --print-architecture) host's own (cross checks run on amd64 hosts)"
 else
   echo "check-selftest: the arm64 checks were not run: no arm64 cross toolchain here (scripts/cross.sh deps arm64)"
 fi
