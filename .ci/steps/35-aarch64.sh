@@ -3,7 +3,8 @@
 # and run them under qemu-user (scripts/cross.sh: packages, environment, runner):
 #   1. the runner check: qemu gives a program ld.so and libc.so.6 of one glibc build and threads run
 #      (the mixed pair of `-L /usr/aarch64-linux-gnu` hung every threaded program: shown to fail here);
-#   2. release build of the .so and the CLI (the same build `make deb ARCH=arm64` packages in 52-deb);
+#   2. release build of the .so and the CLI (the same build `make deb ARCH=arm64` packages in 52-deb),
+#      and clippy on every target for aarch64 (code under cfg(target_arch) and c_char = u8 there);
 #   3. under qemu: the unit tests and the memfab / modelfab / transport / failover test files (release
 #      profile: deps shared with 2, and the proptest-heavy failover file runs 6x faster than unoptimised);
 #   4. the ABI loader: tests/c/nccl_loader.c cross-compiled, dlopen()s the aarch64 .so as NCCL does;
@@ -68,6 +69,9 @@ for f in "$rel/libswitchless.so" "$rel/switchless"; do
 done
 "${run[@]}" "$rel/switchless" --version | head -n1
 phase build
+cargo clippy --quiet --locked --target "$T" --all-targets -- -D warnings
+echo "clippy for $T: clean"
+phase clippy
 
 # 3. Tests under qemu (cargo runs each test binary with the runner). Two tests re-run their own test
 # binary as a child process; the host kernel can execute that child only with a binfmt_misc entry for
