@@ -210,11 +210,7 @@ impl PortMap {
                     ));
                     continue;
                 };
-                let ifaces: Vec<String> = value
-                    .split(|c: char| c == ',' || c.is_whitespace())
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_string)
-                    .collect();
+                let ifaces = iface_list(value);
                 if ifaces.is_empty() {
                     errors.push(format!(
                         "{source}:{line}: server {server} port {port} lists no interface"
@@ -259,11 +255,7 @@ impl PortMap {
                     continue;
                 }
             };
-            let ifaces: Vec<String> = value
-                .split(|c: char| c == ',' || c.is_whitespace())
-                .filter(|s| !s.is_empty())
-                .map(str::to_string)
-                .collect();
+            let ifaces = iface_list(value);
             if ifaces.is_empty() {
                 errors.push(format!(
                     "{source}:{line}: port {port} lists no interface; expected `{port} = IFNAME [IFNAME...]`"
@@ -459,6 +451,15 @@ impl PortMap {
         }
         Ok(())
     }
+}
+
+/// The interfaces of a port line: names split at commas and white space.
+fn iface_list(value: &str) -> Vec<String> {
+    value
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
 }
 
 /// Interface names this tool accepts: 1 to 15 bytes (Linux's limit) of ASCII letters, digits, `.`, `_` and `-`,
