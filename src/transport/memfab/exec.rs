@@ -213,57 +213,51 @@ impl Inner {
             InFlight::LandLost => {
                 // Each end's queued work lands (both directions of the cable), its poster told
                 // it failed: the first with the transport's retry error, the rest flushed.
-                for &e in &ends {
-                    let mut first = true;
-                    while let Some(op) = self.eps[e].qps[path].queue.pop_front() {
-                        let (wr_id, opcode) = match op {
-                            Op::Write(w) => {
-                                if self.land(e, path, &w, "completion lost") {
-                                    self.stats.landed_lost += 1;
-                                }
-                                (w.wr_id, WcOpcode::RdmaWrite)
-                            }
-                            Op::Read(r) => (r.wr_id, WcOpcode::RdmaRead),
-                        };
-                        let st = if first {
-                            WcStatus::RETRY_EXC_ERR
-                        } else {
-                            WcStatus::WR_FLUSH_ERR
-                        };
-                        first = false;
-                        self.complete(e, path, Completion::without_data(wr_id, st, opcode));
+                self.fail_queued(&ends, path, |fab, e, w| {
+                    if fab.land(e, path, &w, "completion lost") {
+                        fab.stats.landed_lost += 1;
                     }
-                    self.eps[e].qps[path].error = true;
-                }
+                });
             }
             InFlight::Delay { ops } => {
                 let due = self.executed.saturating_add(ops);
-                for &e in &ends {
-                    let mut first = true;
-                    while let Some(op) = self.eps[e].qps[path].queue.pop_front() {
-                        let (wr_id, opcode) = match op {
-                            Op::Write(w) => {
-                                self.late.push_back(LateWrite {
-                                    ep: e,
-                                    path,
-                                    wr: w,
-                                    due,
-                                });
-                                (w.wr_id, WcOpcode::RdmaWrite)
-                            }
-                            Op::Read(r) => (r.wr_id, WcOpcode::RdmaRead),
-                        };
-                        let st = if first {
-                            WcStatus::RETRY_EXC_ERR
-                        } else {
-                            WcStatus::WR_FLUSH_ERR
-                        };
-                        first = false;
-                        self.complete(e, path, Completion::without_data(wr_id, st, opcode));
-                    }
-                    self.eps[e].qps[path].error = true;
-                }
+                self.fail_queued(&ends, path, |fab, ep, wr| {
+                    fab.late.push_back(LateWrite { ep, path, wr, due });
+                });
             }
+        }
+    }
+
+    /// Fails the work queued on `path` at each of `ends`: every write goes to `on_write` (which
+    /// lands it now or later), and its poster sees the transport's retry error on the first entry
+    /// and a flush on the rest, as a real queue pair reports a pulled cable; the queue pair is left
+    /// in error.
+    fn fail_queued(
+        &mut self,
+        ends: &[usize],
+        path: usize,
+        mut on_write: impl FnMut(&mut Self, usize, WriteWr),
+    ) {
+        for &e in ends {
+            let mut first = true;
+            while let Some(op) = self.eps[e].qps[path].queue.pop_front() {
+                let (wr_id, opcode) = match op {
+                    Op::Write(w) => {
+                        let wr_id = w.wr_id;
+                        on_write(self, e, w);
+                        (wr_id, WcOpcode::RdmaWrite)
+                    }
+                    Op::Read(r) => (r.wr_id, WcOpcode::RdmaRead),
+                };
+                let st = if first {
+                    WcStatus::RETRY_EXC_ERR
+                } else {
+                    WcStatus::WR_FLUSH_ERR
+                };
+                first = false;
+                self.complete(e, path, Completion::without_data(wr_id, st, opcode));
+            }
+            self.eps[e].qps[path].error = true;
         }
     }
 
