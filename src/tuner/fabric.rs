@@ -45,6 +45,28 @@ pub struct LocalView {
 }
 
 impl LocalView {
+    /// A point-to-point view of `n` cables of `gbps` with `paths` members; `shared_roots` (Mb/s) puts
+    /// every cable's members on the same two roots (GB10), else each cable has its own.
+    pub(crate) fn uniform(n: usize, gbps: f64, paths: usize, shared_roots: Option<u32>) -> Self {
+        Self {
+            ports: (0..n)
+                .map(|i| Port {
+                    name: format!("sl_c{i}"),
+                    gbps,
+                    paths,
+                    point_to_point: true,
+                    shared_subnet: false,
+                    roots: (0..paths)
+                        .map(|m| match shared_roots {
+                            Some(mbps) => (format!("pci000{m}:00"), Some(mbps)),
+                            None => (format!("pci00{i:02}:00"), Some(504_000)),
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+
     /// The view of the net plugin's device table and links.
     pub fn from_host(devices: &[NcclDevice], links: &[LocalLink]) -> LocalView {
         let ports = devices
@@ -243,31 +265,13 @@ pub fn classify(nodes: usize, ranks: usize, view: &LocalView, relay: Relay) -> C
 pub(crate) mod tests {
     use super::*;
 
-    /// A view of `n` cables of `gbps` with `paths` members; `shared_roots` puts every cable's members on
-    /// the same two roots (GB10), else each cable has its own.
     pub(crate) fn cables(
         n: usize,
         gbps: f64,
         paths: usize,
         shared_roots: Option<u32>,
     ) -> LocalView {
-        LocalView {
-            ports: (0..n)
-                .map(|i| Port {
-                    name: format!("sl_c{i}"),
-                    gbps,
-                    paths,
-                    point_to_point: true,
-                    shared_subnet: false,
-                    roots: (0..paths)
-                        .map(|m| match shared_roots {
-                            Some(mbps) => (format!("pci000{m}:00"), Some(mbps)),
-                            None => (format!("pci00{i:02}:00"), Some(504_000)),
-                        })
-                        .collect(),
-                })
-                .collect(),
-        }
+        LocalView::uniform(n, gbps, paths, shared_roots)
     }
 
     #[test]

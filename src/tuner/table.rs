@@ -10,7 +10,7 @@
 use std::fmt::Write as _;
 
 use super::decide::{COLL_ALLREDUCE, IGNORE, Plan, Table, cell_name};
-use super::fabric::{Class, LocalView, Port, Relay, classify};
+use super::fabric::{Class, LocalView, Relay, classify};
 use super::model::{
     self, ALGO_RING, ALGO_TREE, Constants, FRAMING, Family, Figure, Mesh, PCIE_EFFICIENCY,
     PROTO_LL128, PROTO_SIMPLE, Rates,
@@ -70,28 +70,9 @@ pub struct Fabric {
     pub ring: bool,
 }
 
+/// A fabric of `cables` equal cables; GB10's share the NIC's two Gen5 x4 functions.
 fn view(cables: usize, gbps: f64, paths: usize, gb10: bool) -> LocalView {
-    LocalView {
-        ports: (0..cables)
-            .map(|i| Port {
-                name: format!("sl_c{i}"),
-                gbps,
-                paths,
-                point_to_point: true,
-                shared_subnet: false,
-                roots: (0..paths)
-                    .map(|m| {
-                        if gb10 {
-                            // Both cages behind the same two Gen5 x4 functions.
-                            (format!("pci000{m}:00"), Some(126_000))
-                        } else {
-                            (format!("pci00{i:02}:00"), Some(504_000))
-                        }
-                    })
-                    .collect(),
-            })
-            .collect(),
-    }
+    LocalView::uniform(cables, gbps, paths, gb10.then_some(126_000))
 }
 
 /// The fabrics of the issue and the review.
