@@ -6,13 +6,14 @@
 //!   [`Topology`]. Every connection between the same two hosts shares the same cables (a second
 //!   channel adds no capacity); paths tagged with one PCIe root share that root's cap on each host.
 //! * Time: nothing happens while the callers run. Posted work requests wait until
-//!   [`ModelFab::advance`], which schedules them (in a fixed order: endpoint, path, post order), moves
+//!   [`ModelFab::advance`], which starts them (in a fixed order: endpoint, path, post order), moves
 //!   the clock to the next event and executes every event due then. A caller advances when it has
 //!   nothing else to do, so the protocol's own CPU time counts as zero.
-//! * A write of `len` bytes on path `p` crosses, first come first served, the sender's PCIe root
-//!   (if `p` is tagged with one: `len` at the cap), the wire (its wire bytes at the line rate) and
-//!   the receiver's root: each stage gives it its service time and it finishes no earlier than
-//!   upstream. Its data lands one latency after it leaves (the receive completion, the bytes in
+//! * A write of `len` bytes on a path crosses the sender's PCIe root (if the path has one: `len`
+//!   bytes against the cap), the wire (its wire bytes at the line rate) and the receiver's root at
+//!   once (cut through), after its queue pair's previous write. The writes in flight share every
+//!   stage max-min fairly (`fluid.rs`), as NIC ports and PCIe links interleave packets. A write's
+//!   data lands one latency after its last bit is through (the receive completion, the bytes in
 //!   memory); the sender's completion comes one more latency later (the RC acknowledgement, whose
 //!   own bytes are not modelled).
 //! * Memory is the fabric's, as in [`super::memfab`] (addresses `((region + 1) << 32) | offset`, keys
@@ -23,11 +24,12 @@
 //! * [`ModelFab::trace`] lists executed events (when tracing); [`ModelFab::trace_hash`] digests them
 //!   always, so two runs can be compared.
 //!
-//! The pure parts (rates, framing, the spec syntax) are in [`link`]; the endpoint's `Fabric` calls in
-//! `endpoint.rs`.
+//! The pure parts (rates, framing, the spec syntax) are in [`link`], the rate sharing in
+//! `fluid.rs`; the endpoint's `Fabric` calls in `endpoint.rs`.
 #![forbid(unsafe_code)]
 
 mod endpoint;
+mod fluid;
 pub mod link;
 
 use std::cmp::Reverse;
@@ -117,14 +119,47 @@ struct Key {
 
 #[derive(Default)]
 struct Qp {
-    /// Posted, not yet scheduled.
+    /// Posted, not yet started.
     pending: VecDeque<WriteWr>,
     cq: VecDeque<Completion>,
     recvs: VecDeque<u64>,
     error: bool,
-    /// Work requests scheduled so far (the next one's number).
+    /// Work requests started so far (the next one's number).
     seq: u64,
     bytes: u64,
+    /// A direct path's write on its way (its number): a queue pair sends its writes one after the
+    /// other.
+    active: Option<(u64, WriteWr)>,
+}
+
+/// One way across: the stages crossed at once, and the latency after.
+#[derive(Debug, Clone, Copy)]
+struct Hop {
+    tx_root: Option<Resource>,
+    wire: Resource,
+    rx_root: Option<Resource>,
+    latency_ps: u64,
+}
+
+/// A path of an endpoint, towards its peer.
+#[derive(Debug, Clone, Copy)]
+enum Route {
+    Direct(Hop),
+}
+
+impl Route {
+    /// From a write landing to the sender's completion.
+    fn ack_ps(&self) -> u64 {
+        match self {
+            Route::Direct(h) => h.latency_ps,
+        }
+    }
+}
+
+/// What a transfer of the fluid model is part of: (endpoint, path).
+#[derive(Debug, Clone, Copy)]
+enum Owner {
+    Direct(usize, usize),
 }
 
 struct Endpoint {
@@ -132,13 +167,14 @@ struct Endpoint {
     host: usize,
     peer: usize,
     qps: Vec<Qp>,
+    routes: Vec<Route>,
     regs: HashMap<u64, Vec<u32>>,
     gone: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Resource {
-    /// The wire from host to host on path index.
+    /// The wire from host to host on path index (uniform topology).
     Wire(usize, usize, usize),
     /// A host's PCIe root (index into the topology's caps), sending (DMA read) side.
     RootTx(usize, usize),
@@ -183,12 +219,17 @@ impl Ord for Event {
 
 struct Inner {
     topo: Topology,
+    framing: Framing,
     root_index: Vec<Option<usize>>,
+    /// Cap per root, b/s.
     cap_bps: Vec<u64>,
+    /// Line rate per topology path, b/s.
+    rates: Vec<u64>,
     copy_data: bool,
     now: u64,
     events: BinaryHeap<Reverse<Event>>,
-    busy: HashMap<Resource, u64>,
+    /// The transfers on their way and their rates.
+    fluid: fluid::Fluid<Resource, Owner>,
     regions: Vec<Region>,
     keys: HashMap<u32, Key>,
     next_key: u32,
@@ -234,6 +275,72 @@ fn split_addr(addr: u64) -> (usize, usize) {
 }
 
 impl Inner {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        topo: Topology,
+        root_index: Vec<Option<usize>>,
+        cap_bps: Vec<u64>,
+        rates: Vec<u64>,
+        copy_data: bool,
+        trace: bool,
+    ) -> Inner {
+        Inner {
+            framing: topo.framing,
+            topo,
+            root_index,
+            cap_bps,
+            rates,
+            copy_data,
+            now: 0,
+            events: BinaryHeap::new(),
+            fluid: fluid::Fluid::default(),
+            regions: Vec::new(),
+            keys: HashMap::new(),
+            next_key: 0x100,
+            next_token: 0,
+            eps: Vec::new(),
+            by_key: Vec::new(),
+            serials: HashMap::new(),
+            stats: Stats::default(),
+            trace: trace.then(Vec::new),
+            hash: 0xcbf2_9ce4_8422_2325,
+            touched: Vec::new(),
+            rate_changes: Vec::new(),
+        }
+    }
+
+    /// The paths of a connection from `a` to `b`, for each end (index by index the same cables),
+    /// with their labels and speeds.
+    #[allow(clippy::type_complexity)]
+    fn routes(&self, a: usize, b: usize) -> (Vec<(Route, PathInfo)>, Vec<(Route, PathInfo)>) {
+        let side = |from: usize, to: usize| -> Vec<(Route, PathInfo)> {
+            self.topo
+                .paths
+                .iter()
+                .enumerate()
+                .map(|(i, p)| {
+                    let hop = Hop {
+                        tx_root: self.root_index[i].map(|r| Resource::RootTx(from, r)),
+                        wire: Resource::Wire(from, to, i),
+                        rx_root: self.root_index[i].map(|r| Resource::RootRx(to, r)),
+                        latency_ps: p.latency_ps,
+                    };
+                    let info = PathInfo {
+                        label: format!(
+                            "model host{from} path{i} -> host{to} ({}, {})",
+                            link::rate_text(p.rate_bps),
+                            link::ps_text(p.latency_ps)
+                        ),
+                        speed_mbps: p.rate_bps / 1_000_000,
+                        role: PathRole::Data,
+                    };
+                    (Route::Direct(hop), info)
+                })
+                .collect()
+        };
+        (side(a, b), side(b, a))
+    }
+
     fn region_range(&self, addr: u64, len: usize) -> Result<(usize, usize)> {
         let (r, off) = split_addr(addr);
         match self.regions.get(r) {
@@ -312,57 +419,86 @@ impl Inner {
         }));
     }
 
-    /// Schedules every posted work request, in endpoint key, path, post order.
-    fn schedule_pending(&mut self) {
+    /// Starts what was posted on every queue pair that can take it, in endpoint key, path, post
+    /// order.
+    fn start_ready(&mut self) {
         for k in 0..self.by_key.len() {
             let ep = self.by_key[k];
             for path in 0..self.eps[ep].qps.len() {
-                while let Some(wr) = self.eps[ep].qps[path].pending.pop_front() {
-                    self.schedule(ep, path, wr);
+                self.start_path(ep, path);
+            }
+        }
+    }
+
+    /// Starts a queue pair's next posted write when none is on its way.
+    fn start_path(&mut self, ep: usize, path: usize) {
+        let now = self.now;
+        let route = self.eps[ep].routes[path];
+        loop {
+            let q = &mut self.eps[ep].qps[path];
+            if q.active.is_some() {
+                return;
+            }
+            let Some(wr) = q.pending.pop_front() else {
+                break;
+            };
+            let seq = q.seq;
+            q.seq += 1;
+            if q.error {
+                let c =
+                    Completion::without_data(wr.wr_id, WcStatus::WR_FLUSH_ERR, WcOpcode::RdmaWrite);
+                self.push(now, 1, ep, path, seq, Action::Complete(c));
+                continue;
+            }
+            let len = u64::from(wr.local.len);
+            match route {
+                Route::Direct(hop) => {
+                    q.active = Some((seq, wr));
+                    self.start_hop(hop, len, wr.imm.is_some(), Owner::Direct(ep, path));
+                    return;
                 }
             }
         }
     }
 
-    fn schedule(&mut self, ep: usize, path: usize, wr: WriteWr) {
-        let now = self.now;
-        let qp = &mut self.eps[ep].qps[path];
-        let seq = qp.seq;
-        qp.seq += 1;
-        if qp.error {
-            let c = Completion::without_data(wr.wr_id, WcStatus::WR_FLUSH_ERR, WcOpcode::RdmaWrite);
-            self.push(now, 1, ep, path, seq, Action::Complete(c));
-            return;
-        }
-        let (src, dst) = (self.eps[ep].host, self.eps[self.eps[ep].peer].host);
-        let pm = &self.topo.paths[path];
-        let len = u64::from(wr.local.len);
-        let wire = self.topo.framing.wire_bytes(len, wr.imm.is_some());
-        // Stages in the order the bytes cross them: the sender's root (DMA read), the wire, the
-        // receiver's root (DMA write). Each is a first-come first-served server: a write takes its
-        // own service time from the stage's timeline and finishes no earlier than upstream. (The
-        // receiver's root is timed as if the latency were zero; all its inputs are shifted alike.)
+    /// Starts a transfer of `len` payload bytes across `hop`'s stages.
+    fn start_hop(&mut self, hop: Hop, len: u64, imm: bool, owner: Owner) {
+        let bits = len * 8;
         let mut stages = Vec::with_capacity(3);
-        let root = self.root_index[path].map(|r| (r, link::serialize_ps(len, self.cap_bps[r])));
-        if let Some((r, t)) = root {
-            stages.push((Resource::RootTx(src, r), t));
+        if let Some(r) = hop.tx_root {
+            stages.push(fluid::Stage { res: r, bits });
         }
-        stages.push((
-            Resource::Wire(src, dst, path),
-            link::serialize_ps(wire, pm.rate_bps),
-        ));
-        if let Some((r, t)) = root {
-            stages.push((Resource::RootRx(dst, r), t));
+        stages.push(fluid::Stage {
+            res: hop.wire,
+            bits: self.framing.wire_bytes(len, imm) * 8,
+        });
+        if let Some(r) = hop.rx_root {
+            stages.push(fluid::Stage { res: r, bits });
         }
-        let (mut start, mut end) = (now, now);
-        for (res, t) in stages {
-            let free = self.busy.entry(res).or_insert(0);
-            start = start.max(*free);
-            *free = start.saturating_add(t);
-            end = end.max(*free);
+        let (rates, caps) = (&self.rates, &self.cap_bps);
+        self.fluid
+            .start(self.now, &stages, owner, &|r| cap_of(rates, caps, r));
+    }
+
+    /// A transfer is through its stages.
+    fn transfer_done(&mut self, owner: Owner) {
+        let now = self.now;
+        match owner {
+            Owner::Direct(ep, path) => {
+                let lat = self.eps[ep].routes[path].ack_ps();
+                if let Some((seq, wr)) = self.eps[ep].qps[path].active.take() {
+                    self.push(
+                        now.saturating_add(lat),
+                        0,
+                        ep,
+                        path,
+                        seq,
+                        Action::Deliver(wr),
+                    );
+                }
+                self.start_path(ep, path);
+            }
         }
-        let arrive = end.saturating_add(pm.latency_ps);
-        self.push(arrive, 0, ep, path, seq, Action::Deliver(wr));
     }
 
     /// Pulls the cable of `path` (every connection's): queue pairs to the error state, posted work
@@ -398,7 +534,7 @@ impl Inner {
 
     /// Executes a write's arrival: checks, bytes, the receive completion; schedules the sender's.
     fn deliver(&mut self, ep: usize, path: usize, seq: u64, w: WriteWr) {
-        let ack = self.now.saturating_add(self.topo.paths[path].latency_ps);
+        let ack = self.now.saturating_add(self.eps[ep].routes[path].ack_ps());
         let wr_id = w.wr_id;
         if self.eps[ep].qps[path].error {
             return self.fail(ep, path, seq, wr_id, WcStatus::WR_FLUSH_ERR, self.now);
@@ -439,7 +575,7 @@ impl Inner {
                 v.copy_within(so..so + len, doff);
             }
         }
-        let wire = self.topo.framing.wire_bytes(len as u64, w.imm.is_some());
+        let wire = self.framing.wire_bytes(len as u64, w.imm.is_some());
         self.stats.writes += 1;
         self.stats.bytes += len as u64;
         self.stats.wire_bytes += wire;
@@ -496,30 +632,70 @@ impl Inner {
         }
     }
 
+    /// Moves to the next time something visible happens (an event, a rate change) or nothing is
+    /// left; transfers on the way are worked through.
     fn advance(&mut self) -> Option<u64> {
         self.touched.clear();
-        self.schedule_pending();
-        let next_event = self.events.peek().map(|e| e.0.t.max(self.now));
-        let next_change = self.rate_changes.first().map(|c| c.0.max(self.now));
-        let t = match (next_event, next_change) {
-            (Some(e), Some(c)) => e.min(c),
-            (e, c) => e.or(c)?,
-        };
-        self.now = t;
-        while self.rate_changes.first().is_some_and(|c| c.0 <= t) {
-            let (_, path, rate) = self.rate_changes.remove(0);
-            if rate == 0 {
-                self.kill(path);
-            } else {
-                self.topo.paths[path].rate_bps = rate;
+        self.start_ready();
+        loop {
+            let now = self.now;
+            let t = [
+                self.events.peek().map(|e| e.0.t.max(now)),
+                self.fluid.next_end().map(|t| t.max(now)),
+                self.rate_changes.first().map(|c| c.0.max(now)),
+            ]
+            .into_iter()
+            .flatten()
+            .min()?;
+            self.now = t;
+            let mut seen = false;
+            while self.rate_changes.first().is_some_and(|c| c.0 <= t) {
+                seen = true;
+                let (_, path, rate) = self.rate_changes.remove(0);
+                if rate == 0 {
+                    self.kill(path);
+                } else {
+                    self.rates[path] = rate;
+                    self.topo.paths[path].rate_bps = rate;
+                    let on: Vec<Resource> = self
+                        .fluid
+                        .stages()
+                        .into_iter()
+                        .filter(|r| matches!(r, Resource::Wire(_, _, p) if *p == path))
+                        .collect();
+                    let (rates, caps) = (&self.rates, &self.cap_bps);
+                    self.fluid.recompute(t, &on, &|r| cap_of(rates, caps, r));
+                }
+            }
+            // Transfers due now, then the events.
+            loop {
+                if self.fluid.next_end().is_some_and(|e| e <= t) {
+                    let (rates, caps) = (&self.rates, &self.cap_bps);
+                    if let Some(owner) = self.fluid.pop_due(t, &|r| cap_of(rates, caps, r)) {
+                        self.transfer_done(owner);
+                    }
+                    continue;
+                }
+                break;
+            }
+            while self.events.peek().is_some_and(|e| e.0.t <= t) {
+                if let Some(Reverse(e)) = self.events.pop() {
+                    seen = true;
+                    self.execute(e);
+                }
+            }
+            if seen {
+                return Some(t);
             }
         }
-        while self.events.peek().is_some_and(|e| e.0.t <= t) {
-            if let Some(Reverse(e)) = self.events.pop() {
-                self.execute(e);
-            }
-        }
-        Some(t)
+    }
+}
+
+/// A stage's capacity, b/s.
+fn cap_of(rates: &[u64], caps: &[u64], r: &Resource) -> u64 {
+    match *r {
+        Resource::Wire(_, _, i) => rates.get(i).copied().unwrap_or(1),
+        Resource::RootTx(_, i) | Resource::RootRx(_, i) => caps.get(i).copied().unwrap_or(1),
     }
 }
 
@@ -572,62 +748,39 @@ impl ModelFab {
                     .and_then(|r| names.iter().position(|n| *n == r))
             })
             .collect();
-        Ok(ModelFab {
-            inner: Arc::new(Mutex::new(Inner {
-                root_index,
-                cap_bps,
-                topo: cfg.topology,
-                copy_data: cfg.copy_data,
-                now: 0,
-                events: BinaryHeap::new(),
-                busy: HashMap::new(),
-                regions: Vec::new(),
-                keys: HashMap::new(),
-                next_key: 0x100,
-                next_token: 0,
-                eps: Vec::new(),
-                by_key: Vec::new(),
-                serials: HashMap::new(),
-                stats: Stats::default(),
-                trace: cfg.trace.then(Vec::new),
-                hash: 0xcbf2_9ce4_8422_2325,
-                touched: Vec::new(),
-                rate_changes: Vec::new(),
-            })),
-        })
+        let rates = cfg.topology.paths.iter().map(|p| p.rate_bps).collect();
+        Ok(ModelFab::build(Inner::new(
+            cfg.topology,
+            root_index,
+            cap_bps,
+            rates,
+            cfg.copy_data,
+            cfg.trace,
+        )))
+    }
+
+    fn build(inner: Inner) -> ModelFab {
+        ModelFab {
+            inner: Arc::new(Mutex::new(inner)),
+        }
     }
 
     /// Two connected endpoints, on host `a` (first) and host `b`, with the topology's paths.
     pub fn pair(&self, a: usize, b: usize) -> Result<(ModelEndpoint, ModelEndpoint)> {
         let mut g = lock(&self.inner)?;
+        let serial = g.serials.get(&(a, b)).copied().unwrap_or(0);
+        // Both ends' paths, index by index the same cables taken the two ways.
+        let (ra, rb) = g.routes(a, b);
+        g.serials.insert((a, b), serial + 1);
         let (ia, ib) = (g.eps.len(), g.eps.len() + 1);
-        let serial = {
-            let s = g.serials.entry((a, b)).or_insert(0);
-            *s += 1;
-            *s - 1
-        };
-        let mut mk = |me: usize, host: usize, peer: usize, peer_host: usize| {
+        let mut mk = |me: usize, host: usize, peer: usize, routes: Vec<(Route, PathInfo)>| {
             let key = EpKey {
                 host: if me == ia { a } else { b },
                 peer: if me == ia { b } else { a },
                 serial,
                 side: u8::from(me != ia),
             };
-            let paths: Vec<PathInfo> = g
-                .topo
-                .paths
-                .iter()
-                .enumerate()
-                .map(|(i, p)| PathInfo {
-                    label: format!(
-                        "model host{host} path{i} -> host{peer_host} ({}, {})",
-                        link::rate_text(p.rate_bps),
-                        link::ps_text(p.latency_ps)
-                    ),
-                    speed_mbps: p.rate_bps / 1_000_000,
-                    role: PathRole::Data,
-                })
-                .collect();
+            let (routes, paths): (Vec<Route>, Vec<PathInfo>) = routes.into_iter().unzip();
             let mut qps = Vec::new();
             qps.resize_with(paths.len(), Qp::default);
             let at = g.by_key.partition_point(|&i| g.eps[i].key < key);
@@ -637,6 +790,7 @@ impl ModelFab {
                 host,
                 peer,
                 qps,
+                routes,
                 regs: HashMap::new(),
                 gone: false,
             });
@@ -646,8 +800,8 @@ impl ModelFab {
                 paths,
             }
         };
-        let ea = mk(ia, a, ib, b);
-        let eb = mk(ib, b, ia, a);
+        let ea = mk(ia, a, ib, ra);
+        let eb = mk(ib, b, ia, rb);
         Ok((ea, eb))
     }
 
@@ -656,9 +810,14 @@ impl ModelFab {
         Ok(lock(&self.inner)?.topo.clone())
     }
 
+    /// What to report as a device's speed, Mb/s: the topology's paths together.
+    pub fn nominal_mbps(&self) -> Result<u64> {
+        Ok(lock(&self.inner)?.topo.sum_rate_bps() / 1_000_000)
+    }
+
     /// From virtual time `t_ps` on, `path` runs at `rate_bps` (a congested cable, a link retrained
-    /// at a lower width): writes scheduled from then on cross its wire at the new rate; writes
-    /// already on it keep theirs. [`ModelFab::advance`] stops at `t_ps`. The paths' nominal speed
+    /// at a lower width): everything on its wire from then on, the rest of writes already on their
+    /// way included, moves at the new rate. [`ModelFab::advance`] stops at `t_ps`. The paths' nominal speed
     /// (what the comms are told) stays.
     pub fn set_rate_at(&self, path: usize, t_ps: u64, rate_bps: u64) -> Result<()> {
         let mut g = lock(&self.inner)?;
@@ -694,7 +853,7 @@ impl ModelFab {
         Ok(lock(&self.inner)?.now)
     }
 
-    /// Schedules what was posted, moves the clock to the next event and executes every event due
+    /// Starts what was posted, moves the clock to the next event and executes every event due
     /// then. Returns the new time, or `None` when nothing is in flight (the clock stays).
     pub fn advance(&self) -> Result<Option<u64>> {
         Ok(lock(&self.inner)?.advance())
@@ -715,6 +874,7 @@ impl ModelFab {
     pub fn busy(&self) -> Result<bool> {
         let g = lock(&self.inner)?;
         Ok(!g.events.is_empty()
+            || !g.fluid.is_empty()
             || g.eps
                 .iter()
                 .any(|e| e.qps.iter().any(|q| !q.pending.is_empty())))
