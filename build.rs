@@ -1,5 +1,5 @@
-//! Build script: Rust types for the ncclNet ABI (bindgen, from `include/nccl_net_switchless.h`) and the C
-//! test helpers (`tests/c/`: a C-variadic logger and the table of C `sizeof`/`offsetof` values).
+//! Build script: Rust types for the ncclNet and ncclTuner ABIs (bindgen, from `include/nccl_net_switchless.h`
+//! and `include/nccl_tuner_switchless.h`) and the C test helpers (`tests/c/`: a C-variadic logger and the table of C `sizeof`/`offsetof` values).
 //!
 //! The layout table is complete by construction: bindgen reports every struct field it generates
 //! (`ParseCallbacks::field_visibility`), and that one list is written out twice, as C (`layout_fields.inc`,
@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 const HEADER: &str = "include/nccl_net_switchless.h";
+const TUNER_HEADER: &str = "include/nccl_tuner_switchless.h";
 
 /// Collects (struct, field) pairs as bindgen emits them.
 #[derive(Debug, Default)]
@@ -34,6 +35,7 @@ impl bindgen::callbacks::ParseCallbacks for Fields {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out = PathBuf::from(env::var("OUT_DIR")?);
     println!("cargo:rerun-if-changed={HEADER}");
+    println!("cargo:rerun-if-changed={TUNER_HEADER}");
     println!("cargo:rerun-if-changed=tests/c/logger.c");
     println!("cargo:rerun-if-changed=tests/c/layout.c");
     println!("cargo:rerun-if-changed=tests/c/swl_test.h");
@@ -41,16 +43,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let fields = Arc::new(Mutex::new(BTreeSet::new()));
     let bindings = bindgen::Builder::default()
         .header(HEADER)
-        .allowlist_type("ncclNet.*|ncclResult_t|ncclDebug.*|ncclProfiler.*")
+        .header(TUNER_HEADER)
+        .clang_arg("-Iinclude")
+        .allowlist_type(
+            "ncclNet.*|ncclResult_t|ncclDebug.*|ncclProfiler.*|ncclTuner.*|ncclNvlDomainInfo.*|ncclFunc_t",
+        )
         .allowlist_var("NCCL_.*|MAX_NET_SIZE|MAX_COLLNET_SIZE|ncclProfilerNet.*")
         // Values that come from C are never trusted to be in range: newtypes, not Rust enums.
-        .newtype_enum("ncclResult_t|ncclDebugLogLevel|ncclNetDeviceType")
+        .newtype_enum("ncclResult_t|ncclDebugLogLevel|ncclNetDeviceType|ncclFunc_t")
         .derive_default(true)
         .derive_debug(true)
         .layout_tests(true)
         .parse_callbacks(Box::new(Fields(Arc::clone(&fields))))
         .generate()
-        .map_err(|e| format!("bindgen failed on {HEADER}: {e}"))?;
+        .map_err(|e| format!("bindgen failed on {HEADER}, {TUNER_HEADER}: {e}"))?;
     bindings.write_to_file(out.join("nccl_net.rs"))?;
 
     let fields = fields

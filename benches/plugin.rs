@@ -68,6 +68,7 @@ fn view() -> HostView {
             pci_bdf: None,
             pci_root: None,
             speed_mbps: 100_000,
+            pcie_mbps: None,
             numa_node: None,
         }],
         pci_path: String::new(),

@@ -194,8 +194,10 @@ fn serve(local: IpAddr, port: u16, peer: Option<IpAddr>, speed: u64, timeout: u6
         .map_err(io_err("control connection"))?;
     ctl.set_read_timeout(Some(timeout))
         .map_err(io_err("control connection"))?;
-    let nonce = u64::from(std::process::id()) << 32 | u64::from(port);
-    send_blob(&mut ctl, &nonce.to_le_bytes())?;
+    // A lab tool: the secret goes over its own control connection in clear (the plugin's secret
+    // comes from the authenticated handshake and never travels).
+    let secret = switchless::transport::tcp::auth::random_secret()?;
+    send_blob(&mut ctl, secret.bytes())?;
     let params = recv_blob(&mut ctl)?;
     if params.len() != 20 {
         return Err(Error::Remote("bad parameter blob".into()));
@@ -211,7 +213,7 @@ fn serve(local: IpAddr, port: u16, peer: Option<IpAddr>, speed: u64, timeout: u6
         mtu: 0,
         label: String::new(),
     };
-    let fab = TcpFabric::accept(&[fab_l], &[spec], nonce, &cfg)?;
+    let fab = TcpFabric::accept(&[fab_l], &[spec], &secret, &cfg)?;
     let streams = fab.streams(0);
     let mut r = RecvComm::new(fab, ProtocolConfig::default())?;
     send_blob(&mut ctl, &r.local_info().to_bytes())?;
@@ -344,19 +346,19 @@ fn connect(
     let mut ctl: TcpStream = ctl_sock.into();
     ctl.set_read_timeout(Some(timeout))
         .map_err(io_err("control connection"))?;
-    let nonce_b = recv_blob(&mut ctl)?;
-    let nonce = u64::from_le_bytes(
-        nonce_b
+    let secret_b = recv_blob(&mut ctl)?;
+    let secret = switchless::transport::handshake::auth::ConnSecret::from_bytes(
+        secret_b
             .as_slice()
             .try_into()
-            .map_err(|_| Error::Remote("bad nonce".into()))?,
+            .map_err(|_| Error::Remote("bad secret".into()))?,
     );
     let mut params = Vec::new();
     params.extend_from_slice(&(bytes as u64).to_le_bytes());
     params.extend_from_slice(&u64::from(iters).to_le_bytes());
     params.extend_from_slice(&((depth as u32) | (u32::from(verify_all) << 31)).to_le_bytes());
     send_blob(&mut ctl, &params)?;
-    let fab = TcpFabric::connect(&[spec], nonce, &cfg)?;
+    let fab = TcpFabric::connect(&[spec], &secret, &cfg)?;
     let nstreams = fab.streams(0);
     let mut s = SendComm::new(fab, ProtocolConfig::default())?;
     s.connect(CtrlInfo::from_bytes(&recv_blob(&mut ctl)?)?)?;
@@ -428,7 +430,9 @@ fn main() -> ExitCode {
                 mtu: 0,
                 label: String::new(),
             };
-            TcpFabric::connect(&[spec], 0, &cfg).map(|_| println!("tcp_pair: probe: connected"))
+            switchless::transport::tcp::auth::random_secret()
+                .and_then(|secret| TcpFabric::connect(&[spec], &secret, &cfg))
+                .map(|_| println!("tcp_pair: probe: connected"))
         }
         Cmd::Serve {
             local,

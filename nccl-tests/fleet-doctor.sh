@@ -6,6 +6,8 @@
 #   nccl-tests/fleet-doctor.sh -o /shared/fleet-$SLURM_JOB_ID
 #   # four GB10s over ssh, JSON report:
 #   nccl-tests/fleet-doctor.sh -H spark-1,spark-2,spark-3,spark-4 -- --json
+#   # three GB10s against the cables file, each far end pinged once: one line per planned cable
+#   nccl-tests/fleet-doctor.sh -H spark-a,spark-b,spark-c --plan plan.json --probe
 set -euo pipefail
 
 usage() {
@@ -23,6 +25,10 @@ Nodes:
                            temporary directory there and copied back with tar (DIR may be local)
 Options:
   -o, --out DIR            where the captures go (default ./fleet-<job id or time>); must not exist or be empty
+      --plan FILE          also judge the fabric against this plan (switchless plan --format json):
+                           one line per planned cable (OK, wrong port and where it goes, down, half)
+      --probe              each node pings every cable's far end once while capturing (doctor
+                           --probe), so a cable in the wrong port is named even before any traffic
       --bin PATH           the switchless binary on the nodes (default: switchless on their PATH)
       --local-bin PATH     the switchless binary here (default: $SWITCHLESS_BIN, else switchless on PATH)
       --srun-arg ARG       extra srun argument (repeatable), e.g. --srun-arg=--partition=b300
@@ -41,6 +47,8 @@ out=""
 bin="switchless"
 local_bin="${SWITCHLESS_BIN:-switchless}"
 dry=0
+plan=""
+probe=""
 srun_args=()
 rest=()
 while [ $# -gt 0 ]; do
@@ -70,6 +78,12 @@ while [ $# -gt 0 ]; do
       srun_args+=("${2:?--srun-arg needs an argument}")
       shift
       ;;
+    --plan)
+      plan="${2:?--plan needs a file}"
+      shift
+      ;;
+    --plan=*) plan="${1#--plan=}" ;;
+    --probe) probe="--probe" ;;
     --dry-run) dry=1 ;;
     --)
       shift
@@ -85,6 +99,9 @@ if [ -z "$hosts" ] && [ -z "${SLURM_JOB_NODELIST:-}" ]; then
   die "not inside a Slurm allocation (no SLURM_JOB_NODELIST): run it under salloc/sbatch, or give -H host1,host2"
 fi
 [ -n "$out" ] || out="./fleet-${SLURM_JOB_ID:-$(date +%Y%m%d-%H%M%S)}"
+if [ -n "$plan" ] && [ ! -r "$plan" ]; then
+  die "--plan $plan: cannot read it (expected the JSON of switchless plan --format json)"
+fi
 if [ -e "$out" ] && [ -n "$(ls -A "$out" 2> /dev/null)" ]; then
   die "$out exists and is not empty (expected a new or empty directory)"
 fi
@@ -108,7 +125,7 @@ if [ -n "$hosts" ]; then
     names+=("$h")
     # The capture's own exit status is the doctor's verdict (1/2 with findings): judged below by
     # whether the tree arrived, not by it.
-    remote="d=\$(mktemp -d) && { $(printf '%q' "$bin") doctor --capture \"\$d/c\" > /dev/null || true; } && tar -C \"\$d\" -c c; rm -rf \"\$d\""
+    remote="d=\$(mktemp -d) && { $(printf '%q' "$bin") doctor --capture \"\$d/c\" $probe > /dev/null || true; } && tar -C \"\$d\" -c c; rm -rf \"\$d\""
     run mkdir -p "$out/$h"
     if [ "$dry" = 1 ]; then
       run ssh "$h" "$remote"
@@ -123,7 +140,7 @@ else
   abs=$(cd "$out" 2> /dev/null && pwd || echo "$out")
   # shellcheck disable=SC2016  # expanded by the task's shell on each node
   run srun --ntasks-per-node=1 -N "$n" "${srun_args[@]}" bash -c \
-    '"$1" doctor --capture "$2/$(hostname -s)" > /dev/null || true' _ "$bin" "$abs"
+    '"$1" doctor --capture "$2/$(hostname -s)" $3 > /dev/null || true' _ "$bin" "$abs" "$probe"
   if [ "$dry" = 0 ]; then
     for d in "$out"/*/; do
       names+=("$(basename "$d")")
@@ -145,7 +162,9 @@ if [ "$dry" = 0 ] && [ "${#paths[@]}" -lt 2 ]; then
   die "fewer than two nodes captured (${#paths[@]}) under $out"
 fi
 rc=0
-run "$local_bin" doctor --fleet "${paths[@]}" "${rest[@]}" || rc=$?
+plan_args=()
+[ -z "$plan" ] || plan_args=(--plan "$plan")
+run "$local_bin" doctor --fleet "${paths[@]}" "${plan_args[@]}" "${rest[@]}" || rc=$?
 if [ "$missing" = 1 ] && [ "$rc" -lt 2 ]; then
   rc=2
 fi

@@ -22,7 +22,11 @@ SL_DRY=0
 SL_PREFLIGHT=1
 SL_PREFLIGHT_ARGS=()
 SL_NCCL_TESTS_DIR="/opt/nccl-tests/build"
+SL_BENCH_CMD=""
+SL_CHECKED_NODES=""
 SL_PLUGIN_DIR=""
+SL_ORDER="given"
+SL_ORDERED=""
 SL_ENV=()
 SL_TEST_ARGS=()
 SL_REST=()
@@ -31,7 +35,8 @@ sl_common_usage() {
   cat << 'EOF'
 Common options:
   -N, --nodes N            nodes (default 2)
-  -g, --gpus-per-node G    GPUs per node, one process per node drives them all (default 8; GB10: 1)
+  -g, --gpus-per-node G    GPUs per node, one process per node drives them all (default 8, a B300;
+                           GB10 and workstations: -g 1, and sizes such as -b 1M -e 8G)
   -t, --tests LIST         comma-separated: all_reduce,all_gather,reduce_scatter,alltoall,sendrecv,
                            broadcast, or "all" (default all_reduce)
   -b, --min-bytes SIZE     smallest message (default 512M)
@@ -43,16 +48,27 @@ Common options:
   -o, --out DIR            output directory (default ./nccl-tests-<job or time>); must be on a file system
                            every node sees, or NCCL's per-process logs stay on each node
       --nccl-tests-dir D   directory of the *_perf binaries (default /opt/nccl-tests/build)
+      --bench-cmd CMD      run CMD TEST ARGS... on every rank instead of DIR/TEST_perf ARGS... (TEST:
+                           all_reduce, ...; ARGS: the nccl-tests arguments), e.g. a wrapper that starts a
+                           profiler; one word, a path or a name on the nodes' PATH (inside the container)
       --plugin-dir DIR     install prefix of the plugin (DIR/lib/libnccl-net-switchless.so), e.g. the
                            PREFIX of `make install`; default: the plugin is already installed
       --expect-busbw BW    fail when busbw at the largest size is below BW (787, 787GB/s or 6300Gb/s)
       --strict             NCCL_NET=switchless: fail instead of falling back to NCCL's IB transport
       --debug              more NCCL logging (INIT,NET,GRAPH,ENV,TUNING) in the per-process logs
       --quiet              NCCL_DEBUG=WARN (no per-connection route log, plugin use not verifiable)
-      --env VAR=VALUE      extra environment for every rank (repeatable)
+      --order MODE         rank order of the hosts: given (default), auto (capture every node with
+                           fleet-doctor.sh into DIR/fleet and take `switchless doctor --fleet --order`;
+                           the nodes' CLI: $SWITCHLESS_NODE_BIN, --plugin-dir's, or their PATH's),
+                           or a comma-separated host list. NCCL's ring sends host n's bytes to host n+1
+                           in rank order, so on an unequal mesh or a ring of cables the order decides
+                           its busbw (docs/guide/tuner.md)
+      --env VAR=VALUE      extra environment for every rank (repeatable); every NCCL_* variable of
+                           this shell reaches every rank too (mpirun: -x; srun: --export=ALL)
       --no-preflight       skip the preflight (below)
       --preflight-arg ARG  argument for the preflight's `switchless doctor` (repeatable), e.g.
-                           --preflight-arg=--plan=/shared/plan.json (checks each node against the plan)
+                           --preflight-arg=--plan=plan.json (checks each node against the plan; the
+                           plan is copied into DIR, which every node and container sees)
       --dry-run            print the exported variables and the exact commands (pasteable), run and
                            create nothing
   -h, --help               this help
@@ -88,6 +104,10 @@ sl_parse_common() {
     -i | --bootstrap-if) SL_BOOT_IF="$val" ;;
     -o | --out) SL_OUT="$val" ;;
     --nccl-tests-dir) SL_NCCL_TESTS_DIR="$val" ;;
+    --bench-cmd)
+      [ -n "$val" ] || sl_die "--bench-cmd needs a command (a path or a name on the nodes' PATH)"
+      SL_BENCH_CMD="$val"
+      ;;
     --plugin-dir) SL_PLUGIN_DIR="$val" ;;
     --expect-busbw) SL_EXPECT="$val" ;;
     --env)
@@ -102,6 +122,7 @@ sl_parse_common() {
     --dry-run) SL_DRY=1 SL_SHIFT=1 ;;
     --no-preflight) SL_PREFLIGHT=0 SL_SHIFT=1 ;;
     --preflight-arg) SL_PREFLIGHT_ARGS+=("$val") ;;
+    --order) SL_ORDER="$val" ;;
     --)
       SL_SHIFT=1
       return 0
@@ -140,9 +161,14 @@ sl_validate() {
     /*) ;;
     *) SL_OUT="$PWD/$SL_OUT" ;;
   esac
-  # Checked in a dry run too: what it prints must work when pasted.
+  # A dry run rehearses on an admin box, which need not hold the plugin: it says so and goes on; a real
+  # run stops here.
   if [ -n "$SL_PLUGIN_DIR" ] && [ ! -e "$SL_PLUGIN_DIR/lib/libnccl-net-switchless.so" ]; then
-    sl_die "--plugin-dir $SL_PLUGIN_DIR has no lib/libnccl-net-switchless.so (run: make install PREFIX=$SL_PLUGIN_DIR)"
+    if [ "$SL_DRY" = 1 ]; then
+      echo "# note: --plugin-dir $SL_PLUGIN_DIR has no lib/libnccl-net-switchless.so here; the run itself stops on it (make install PREFIX=$SL_PLUGIN_DIR)"
+    else
+      sl_die "--plugin-dir $SL_PLUGIN_DIR has no lib/libnccl-net-switchless.so (run: make install PREFIX=$SL_PLUGIN_DIR)"
+    fi
   fi
 }
 
@@ -172,9 +198,84 @@ sl_rank_env() {
   SL_RANK_ENV+=("${SL_ENV[@]}")
 }
 
+# The caller's NCCL_* variables (NCCL_SWITCHLESS_* among them) that the launcher does not set itself,
+# as VAR=VALUE words in SL_CALLER_ENV: every rank gets them, as srun --export=ALL gives them (mpirun
+# forwards them with -x; the dry runs print them).
+sl_caller_env() {
+  local name kv set
+  SL_CALLER_ENV=()
+  for name in $(compgen -e | LC_ALL=C sort); do
+    [[ "$name" == NCCL_* ]] || continue
+    set=0
+    for kv in "${SL_RANK_ENV[@]}"; do
+      [ "${kv%%=*}" = "$name" ] && set=1
+    done
+    [ "$set" = 1 ] || SL_CALLER_ENV+=("$name=${!name}")
+  done
+}
+
+# Files the preflight's `switchless doctor` reads (--plan): each is copied into the output directory,
+# which every node (and container) sees at the same path, and its argument rewritten to the copy; a
+# dry run prints the copy. Sets SL_STAGE (SRC DST pairs).
+sl_stage_preflight_files() {
+  local i a src next=0 args=()
+  SL_STAGE=()
+  for ((i = 0; i < ${#SL_PREFLIGHT_ARGS[@]}; i++)); do
+    a="${SL_PREFLIGHT_ARGS[$i]}"
+    if [ "$next" = 1 ]; then
+      src="$a"
+      a=""
+    elif [[ "$a" == --plan=* ]]; then
+      src="${a#--plan=}"
+      a="--plan="
+    else
+      [ "$a" = --plan ] && next=1
+      args+=("$a")
+      continue
+    fi
+    next=0
+    case "$src" in
+      /*) ;;
+      *) src="$PWD/$src" ;;
+    esac
+    if [ ! -r "$src" ]; then
+      if [ "$SL_DRY" = 1 ]; then
+        echo "# note: the plan $src is not readable here; the run itself stops on it"
+      else
+        sl_die "--preflight-arg --plan: cannot read $src (the preflight copies it into $SL_OUT for every node)"
+      fi
+    fi
+    SL_STAGE+=("$src" "$SL_OUT/preflight-$(basename "$src")")
+    args+=("$a$SL_OUT/preflight-$(basename "$src")")
+  done
+  SL_PREFLIGHT_ARGS=("${args[@]}")
+}
+
+# Copies the staged files (sl_stage_preflight_files) into the output directory; a dry run prints it.
+sl_copy_staged() {
+  local i
+  for ((i = 0; i + 1 < ${#SL_STAGE[@]}; i += 2)); do
+    if [ "$SL_DRY" = 1 ]; then
+      sl_show cp -- "${SL_STAGE[$i]}" "${SL_STAGE[$((i + 1))]}"
+    else
+      cp -- "${SL_STAGE[$i]}" "${SL_STAGE[$((i + 1))]}"
+    fi
+  done
+}
+
 # nccl-tests arguments for one test.
 sl_test_args() {
   SL_TEST_ARGS=(-b "$SL_MIN" -e "$SL_MAX" -f "$SL_FACTOR" -g "$SL_GPUS" -n "$SL_ITERS" "${SL_REST[@]}")
+}
+
+# The benchmark words for one test in SL_BENCH: DIR/TEST_perf ARGS..., or with --bench-cmd CMD TEST ARGS...
+sl_bench() {
+  sl_test_args
+  if [ -n "$SL_BENCH_CMD" ]; then
+    SL_BENCH=("$SL_BENCH_CMD" "$1" "${SL_TEST_ARGS[@]}")
+  else
+    SL_BENCH=("$SL_NCCL_TESTS_DIR/${1}_perf" "${SL_TEST_ARGS[@]}")
+  fi
 }
 
 # Stands for the rank script in a command; sl_run passes its text, sl_show prints how to get it.
@@ -227,12 +328,14 @@ sl_preflight() {
   failed=$(grep -E 'switchless preflight: node=[^ ]+ FAIL' <<< "$out" | sed -E 's/.*switchless preflight: node=([^ ]+) FAIL: /\1: /' || true)
   if [ -n "$failed" ]; then
     echo "$(basename "$0"): preflight failed, no benchmark run:" >&2
-    printf '  %s\n' "$failed" | sort -u >&2
+    printf '%s\n' "$failed" | sort -u | sed 's/^/  /' >&2
     exit 2
   fi
   if [ "$rc" != 0 ]; then
     sl_die "preflight: the launcher exited with status $rc before every node reported (see $SL_OUT/preflight.out)"
   fi
+  # The nodes that passed, comma-separated (Slurm node names under srun: SLURMD_NODENAME).
+  SL_CHECKED_NODES=$(grep -oE 'switchless preflight: node=[^ ]+ ok$' <<< "$out" | sed -E 's/.*node=([^ ]+) ok$/\1/' | sort -u | paste -sd, -)
 }
 
 sl_find_cli() {
@@ -243,6 +346,14 @@ sl_find_cli() {
   elif command -v switchless > /dev/null 2>&1; then
     command -v switchless
   fi
+}
+
+# The summary command of one test, as a dry run shows it (the NCCL logs as a glob).
+sl_show_summarize() {
+  local test="$1" args=()
+  [ "$SL_DEBUG" -ge 1 ] && args+=(--require-plugin)
+  [ -z "$SL_EXPECT" ] || args+=(--expect-busbw "$SL_EXPECT")
+  echo "$(sl_show switchless nccl-tests summarize "$SL_OUT/$test.out") $(printf '%q' "$SL_OUT")/nccl.$test.*.log${args[*]:+ $(sl_show "${args[@]}")}"
 }
 
 # Summarizes one test's output (stdout file + NCCL logs). Returns the summary's status.
@@ -267,4 +378,51 @@ sl_summarize() {
   fi
   "$cli" nccl-tests summarize "${args[@]}" | tee "$SL_OUT/$test.summary.txt"
   return "${PIPESTATUS[0]}"
+}
+
+# Resolves --order for the hosts in $1 (comma-separated; empty: the nodes of the Slurm allocation) into
+# SL_ORDERED, the hosts in rank order, comma-separated; empty keeps the launcher's order. `auto` runs
+# fleet-doctor.sh (a capture on every node) and `switchless doctor --fleet --order` here; a dry run prints
+# that command and keeps the given order. A list must name each host once (with $1: exactly its hosts).
+sl_order() {
+  local hosts="$1" cli out h n=0
+  local fd=("$SL_DIR/fleet-doctor.sh" -o "$SL_OUT/fleet")
+  SL_ORDERED=""
+  case "$SL_ORDER" in
+    given) return 0 ;;
+    auto)
+      cli=$(sl_find_cli)
+      if [ -z "$cli" ]; then
+        [ "$SL_DRY" = 1 ] || sl_die "--order auto needs the switchless CLI here (set SWITCHLESS_BIN or --plugin-dir)"
+        cli=switchless
+      fi
+      # The CLI on the nodes: $SWITCHLESS_NODE_BIN, else --plugin-dir's, else switchless on their PATH.
+      local node_bin="${SWITCHLESS_NODE_BIN:-}"
+      if [ -z "$node_bin" ] && [ -n "$SL_PLUGIN_DIR" ]; then node_bin="$SL_PLUGIN_DIR/bin/switchless"; fi
+      fd+=(--local-bin "$cli" --bin "${node_bin:-switchless}")
+      [ -z "$hosts" ] || fd+=(-H "$hosts")
+      if [ "$SL_DRY" = 1 ]; then
+        echo "# --order auto: the rank order is taken from the cabling when run (the commands below keep the given order):"
+        sl_show "${fd[@]}" -- --order
+        return 0
+      fi
+      out=$("${fd[@]}" -- --order) ||
+        sl_die "--order auto: no rank order visits every host over cables, or a node was not captured (captures in $SL_OUT/fleet; see nccl-tests/fleet-doctor.sh)"
+      SL_ORDERED=$(tail -n 1 <<< "$out")
+      ;;
+    *) SL_ORDERED="$SL_ORDER" ;;
+  esac
+  local seen=","
+  IFS=, read -r -a list <<< "$SL_ORDERED"
+  for h in "${list[@]}"; do
+    [ -n "$h" ] || sl_die "--order $SL_ORDERED: an empty host name"
+    case "$seen" in *",$h,"*) sl_die "--order $SL_ORDERED: $h twice" ;; esac
+    seen+="$h,"
+    n=$((n + 1))
+    if [ -n "$hosts" ]; then
+      case ",$hosts," in *",$h,"*) ;; *) sl_die "--order $SL_ORDERED: $h is not one of the hosts ($hosts)" ;; esac
+    fi
+  done
+  [ "$n" = "$SL_NODES" ] || sl_die "--order $SL_ORDERED names $n host(s); the run has $SL_NODES"
+  [ "$SL_DRY" = 1 ] || echo "switchless nccl-tests: rank order of the hosts: $SL_ORDERED"
 }

@@ -27,6 +27,8 @@ Examples:
   mpirun-nccl-tests.sh -H spark-a,spark-b -g 1 -t all -b 1M -e 16G --nccl-tests-dir ~/nccl-tests/build -i enP7s7
   # what would run, as lines to paste (creates nothing):
   mpirun-nccl-tests.sh -H spark-a,spark-b -g 1 -i enP7s7 --dry-run
+  # four GB10s in a ring of cables, ranks in cable order (captures every host first):
+  mpirun-nccl-tests.sh -H spark-a,spark-b,spark-c,spark-d -g 1 --order auto
 
 mpirun options:
   -H, --hosts LIST         comma-separated host names (sets --nodes)
@@ -87,18 +89,23 @@ done
 IFS=, read -r -a hosts <<< "$SL_HOSTS"
 SL_NODES=${#hosts[@]}
 sl_validate
+sl_order "$SL_HOSTS"
+[ -z "$SL_ORDERED" ] || IFS=, read -r -a hosts <<< "$SL_ORDERED"
 sl_rank_env
 [ -z "$SL_PLUGIN_DIR" ] || SL_RANK_ENV+=("SWITCHLESS_PLUGIN_DIR=$SL_PLUGIN_DIR")
+sl_caller_env
 sl_make_out
+sl_stage_preflight_files
 
 host_list=""
 for h in "${hosts[@]}"; do
   host_list+="${host_list:+,}$h:1"
 done
 
-# Open MPI forwards an environment variable to the ranks only when named with -x.
+# Open MPI forwards an environment variable to the ranks only when named with -x: the launcher's own,
+# then every NCCL_* (and NCCL_SWITCHLESS_*) variable of this shell, as srun --export=ALL would.
 mpi=("$SL_MPIRUN" -np "$SL_NODES" -H "$host_list" --map-by ppr:1:node --bind-to none --tag-output)
-for kv in "${SL_RANK_ENV[@]}"; do
+for kv in "${SL_RANK_ENV[@]}" "${SL_CALLER_ENV[@]}"; do
   mpi+=(-x "$kv")
 done
 mpi+=(-x LD_LIBRARY_PATH -x PATH)
@@ -109,17 +116,21 @@ mpi+=(--mca btl "self,tcp" --mca pml ob1 "${SL_MPI_ARGS[@]}")
 
 if [ "$SL_DRY" = 1 ]; then
   echo "# switchless nccl-tests dry run: paste these lines into bash to run the same (-x passes each variable)"
+  [ ${#SL_CALLER_ENV[@]} = 0 ] || echo "# from this shell, passed to every rank with -x: ${SL_CALLER_ENV[*]%%=*}"
   sl_show mkdir -p "$SL_OUT"
 else
   echo "switchless nccl-tests: hosts ${SL_HOSTS}, ${SL_GPUS} GPU(s) each, tests: ${SL_TESTS}, output: ${SL_OUT}"
 fi
+sl_copy_staged
 sl_preflight "${mpi[@]}" -x "SWITCHLESS_TEST=preflight" bash -c "$SL_RANK_WORD" rank.sh --preflight "${SL_PREFLIGHT_ARGS[@]}"
 sl_test_args
 status=0
 for t in $SL_TESTS; do
-  cmd=("${mpi[@]}" -x "SWITCHLESS_TEST=$t" bash -c "$SL_RANK_WORD" rank.sh "$SL_NCCL_TESTS_DIR/${t}_perf" "${SL_TEST_ARGS[@]}")
+  sl_bench "$t"
+  cmd=("${mpi[@]}" -x "SWITCHLESS_TEST=$t" bash -c "$SL_RANK_WORD" rank.sh "${SL_BENCH[@]}")
   if [ "$SL_DRY" = 1 ]; then
     sl_show "${cmd[@]}"
+    sl_show_summarize "$t"
     continue
   fi
   echo "== ${t}_perf"

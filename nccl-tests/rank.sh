@@ -87,7 +87,7 @@ if [ "$1" = --preflight ]; then
     report=$("$cli" doctor "$@" 2>&1) || drc=$?
     if [ "$drc" -ge 2 ]; then
       # The verdict line is the report's first; the errors follow it.
-      why+=("switchless doctor $*: $(grep -m1 -E '^(verdict|[0-9]+ error)|error' <<< "$report" || echo "exit status $drc")")
+      why+=("switchless doctor${*:+ $*}: $(grep -m1 -E '^(verdict|[0-9]+ error)|error' <<< "$report" || echo "exit status $drc")")
       printf '%s\n' "$report" | sed "s/^/switchless preflight: node=${node}: doctor: /" >&2
     fi
   fi

@@ -29,7 +29,9 @@ Examples:
   srun-nccl-tests.sh -N 2 -g 8 -t all --plugin-dir /shared/switchless -i eno1 --preflight-arg=--plan=/shared/plan.json
   # 2x GB10, our image (plugin inside), fail below 185 Gb/s:
   srun-nccl-tests.sh -N 2 -g 1 -t all_gather -b 16G -e 16G --image ghcr.io#you/switchless-nccl-tests:latest --expect-busbw 185Gb/s
-  # what would run, as lines to paste (creates nothing):
+  # 3x GB10 in a full mesh (one GPU each), sizes for a 200G cable:
+  srun-nccl-tests.sh -N 3 -g 1 -t all -b 1M -e 8G --plugin-dir /shared/switchless -i enP7s7
+  # what would run, as lines to paste (creates nothing; the plugin need not be on this box):
   srun-nccl-tests.sh -N 4 -g 8 --plugin-dir /shared/switchless -i eno1 --dry-run
 
 Slurm options:
@@ -96,7 +98,10 @@ done
 
 sl_validate
 sl_rank_env
+sl_caller_env
 sl_make_out
+sl_order ""
+sl_stage_preflight_files
 
 plugin_in_container=""
 mounts="$SL_OUT:$SL_OUT"
@@ -119,28 +124,53 @@ if [ -n "$SL_BOOT_IF" ]; then
   exports+=("OMPI_MCA_oob_tcp_if_include=$SL_BOOT_IF" "OMPI_MCA_btl_tcp_if_include=$SL_BOOT_IF" "UCX_NET_DEVICES=$SL_BOOT_IF")
 fi
 [ -z "$plugin_in_container" ] || exports+=("SWITCHLESS_PLUGIN_DIR=$plugin_in_container")
+# --order: tasks laid out in the hostfile's order (srun -m arbitrary reads SLURM_HOSTFILE).
+if [ -n "$SL_ORDERED" ]; then
+  exports+=("SLURM_HOSTFILE=$SL_OUT/hostfile")
+  if [ "$SL_DRY" = 1 ]; then
+    echo "# $SL_OUT/hostfile, one host per line in rank order: ${SL_ORDERED//,/ }"
+  else
+    tr , '\n' <<< "$SL_ORDERED" > "$SL_OUT/hostfile"
+  fi
+fi
+# enroot's Mellanox hook passes /dev/infiniband into the container only for the devices this names.
+[ "$SL_CONTAINER" = 0 ] || exports+=("MELLANOX_VISIBLE_DEVICES=${MELLANOX_VISIBLE_DEVICES:-all}")
 if [ "$SL_DRY" = 1 ]; then
   echo "# switchless nccl-tests dry run: paste these lines into bash to run the same"
   sl_show mkdir -p "$SL_OUT"
   sl_show_exports "${exports[@]}"
+  if [ ${#SL_CALLER_ENV[@]} -gt 0 ]; then
+    echo "# from this shell (srun --export=ALL passes them to every rank):"
+    sl_show_exports "${SL_CALLER_ENV[@]}"
+  fi
 else
   export "${exports[@]}"
 fi
+sl_copy_staged
 
 srun_cmd=(srun -N "$SL_NODES" --ntasks-per-node=1 --gpus-per-node="$SL_GPUS" --mpi=pmix -u -l --kill-on-bad-exit=1)
 if [ "$SL_CONTAINER" = 1 ]; then
   srun_cmd+=(--container-image="$SL_IMAGE" --container-mounts="$mounts" --container-writable --no-container-mount-home)
 fi
+[ -z "$SL_ORDERED" ] || srun_cmd+=(-n "$SL_NODES" --distribution=arbitrary)
 srun_cmd+=("${SL_SRUN_ARGS[@]}")
 
 [ "$SL_DRY" = 1 ] || echo "switchless nccl-tests: ${SL_NODES} node(s) x ${SL_GPUS} GPU(s), tests: ${SL_TESTS}, output: ${SL_OUT}"
-sl_preflight "${srun_cmd[@]}" --export="ALL,SWITCHLESS_TEST=preflight" bash -c "$SL_RANK_WORD" rank.sh --preflight "${SL_PREFLIGHT_ARGS[@]}"
+# --kill-on-bad-exit=0: every node finishes its preflight and reports, not only the first to fail.
+sl_preflight "${srun_cmd[@]}" --kill-on-bad-exit=0 --export="ALL,SWITCHLESS_TEST=preflight" bash -c "$SL_RANK_WORD" rank.sh --preflight "${SL_PREFLIGHT_ARGS[@]}"
+# Outside an allocation every srun is a job of its own, which Slurm may place on other nodes: the tests
+# run on the nodes the preflight checked.
+if [ -z "${SLURM_JOB_ID:-}" ] && [ -z "$SL_ORDERED" ] && [ -n "$SL_CHECKED_NODES" ]; then
+  srun_cmd+=(-w "$SL_CHECKED_NODES")
+fi
 sl_test_args
 status=0
 for t in $SL_TESTS; do
-  cmd=("${srun_cmd[@]}" --export="ALL,SWITCHLESS_TEST=$t" bash -c "$SL_RANK_WORD" rank.sh "$SL_NCCL_TESTS_DIR/${t}_perf" "${SL_TEST_ARGS[@]}")
+  sl_bench "$t"
+  cmd=("${srun_cmd[@]}" --export="ALL,SWITCHLESS_TEST=$t" bash -c "$SL_RANK_WORD" rank.sh "${SL_BENCH[@]}")
   if [ "$SL_DRY" = 1 ]; then
     sl_show "${cmd[@]}"
+    sl_show_summarize "$t"
     continue
   fi
   echo "== ${t}_perf"

@@ -5,6 +5,8 @@
 //! * [`ffi`]: the exported `ncclNetPlugin_v6` … `ncclNetPlugin_v12` vtables, one thin adapter per ABI
 //!   version over one core, the panic guard and the bridge from `tracing` to NCCL's logger; apart from
 //!   them, [`ffi::loader`] loads a plugin by path for `switchless bench`.
+//! * [`tuner`]: beside [`plugin`], the tuner NCCL loads from the same library (`ncclTunerPlugin_v1` …
+//!   `v6`, exported by `ffi::tuner`): the cabling-aware choice of Ring or Tree, and host orders.
 //! * [`plugin`]: the core plugin, written once, in safe Rust; [`host`] describes the machine to it
 //!   (kernel files read through a root directory, the host model, NCCL devices).
 //! * [`route`]: pure functions: which local links and remote addresses carry a connection.
@@ -30,6 +32,7 @@ pub mod sync;
 pub mod sys;
 pub mod tools;
 pub mod transport;
+pub mod tuner;
 pub mod verbs;
 
 /// Plugin version (the crate version).
@@ -37,3 +40,6 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// The ncclNet ABI versions this library exports, newest first.
 pub const ABI_VERSIONS: &[u32] = &[12, 11, 10, 9, 8, 7, 6];
+
+/// The ncclTuner ABI versions this library exports, newest first.
+pub const TUNER_ABI_VERSIONS: &[u32] = &[6, 5, 4, 3, 2, 1];

@@ -31,6 +31,16 @@ const SYMBOLS: [&str; 7] = [
     "ncclNetPlugin_v12",
 ];
 
+/// The tuner tables NCCL looks up in the net plugin's library (`tests/tuner.rs` drives them).
+const TUNER_SYMBOLS: [&str; 6] = [
+    "ncclTunerPlugin_v1",
+    "ncclTunerPlugin_v2",
+    "ncclTunerPlugin_v3",
+    "ncclTunerPlugin_v4",
+    "ncclTunerPlugin_v5",
+    "ncclTunerPlugin_v6",
+];
+
 /// dlopen/dlclose counts are per process: tests that load the library run one at a time.
 fn serial() -> MutexGuard<'static, ()> {
     static M: Mutex<()> = Mutex::new(());
@@ -101,7 +111,7 @@ fn warns(lines: &[LogLine]) -> Vec<&LogLine> {
 }
 
 #[test]
-fn exports_exactly_the_vtables() {
+fn exports_exactly_the_vtables_and_tuner_tables() {
     let path = so_path();
     let out = std::process::Command::new("nm")
         .args(["-D", "--defined-only"])
@@ -117,7 +127,11 @@ fn exports_exactly_the_vtables() {
         .lines()
         .filter_map(|l| l.split_whitespace().nth(2).map(str::to_owned))
         .collect();
-    let want: BTreeSet<String> = SYMBOLS.iter().map(|s| s.to_string()).collect();
+    let want: BTreeSet<String> = SYMBOLS
+        .iter()
+        .chain(&TUNER_SYMBOLS)
+        .map(|s| s.to_string())
+        .collect();
     assert_eq!(names, want, "dynamic symbols of {}", path.display());
 
     // The C test helpers are linked into the rlib only, never into the plugin.
@@ -126,7 +140,11 @@ fn exports_exactly_the_vtables() {
         .output()
         .unwrap();
     let all = String::from_utf8_lossy(&all.stdout);
-    assert!(!all.contains("swl_test_logger") && !all.contains("swl_layout_rows"));
+    assert!(
+        !all.contains("swl_test_logger")
+            && !all.contains("swl_shared_logger")
+            && !all.contains("swl_layout_rows")
+    );
 }
 
 #[test]

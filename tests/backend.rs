@@ -73,6 +73,7 @@ fn device(index: usize, name: &str) -> NcclDevice {
             pci_root: None,
             numa_node: None,
             speed_mbps: 100_000,
+            pcie_mbps: None,
         }],
         pci_path: String::new(),
         guid: 0x1000 + index as u64,
@@ -556,16 +557,17 @@ fn bad_handles_and_unknown_retry_state_are_clear_errors() {
 #[test]
 fn a_peer_on_no_shared_subnet_fails_at_once() {
     let _shared = shared();
-    // The listener's node only has 10.9.9.1/30; this node only 127/8: no route.
+    // The listener's node only has 10.9.9.1/30; this node only 127/8: no route. (A listener binds
+    // the addresses it advertises, and this host has no 10.9.9.1: the handle is rewritten.)
     let b = backend(two_path_view(Config::default()));
-    let listener_side = {
-        let mut v = two_path_view(Config::default());
-        v.links = vec![link(0, "eth9", "10.9.9.1/30", Some(0), "pci0000:00")];
-        backend(v)
-    };
     let mut h: Handle = [0; HANDLE_SIZE];
-    let _l = listener_side
-        .listen(&CommInfo::default(), 0, &mut h)
+    let _l = b.listen(&CommInfo::default(), 0, &mut h).unwrap();
+    let mut repr = switchless::route::HandleRepr::from_bytes(&h).unwrap();
+    repr.links.truncate(1);
+    repr.links[0].addr = "10.9.9.1/30".parse().unwrap();
+    repr.control = None;
+    h = [0; HANDLE_SIZE];
+    repr.emit(&mut switchless::route::Handle::new_unchecked(&mut h[..]))
         .unwrap();
     // "At once": the first call fails (connect never returns "in progress" here), and it does not
     // wait for anything: routing finds no pair without I/O, while a connect that waited for the
@@ -1101,7 +1103,17 @@ fn attacks_on_the_listen_comm_leave_it_serving_the_real_connector() {
         .unwrap()
     };
     let deadline = Instant::now() + Duration::from_secs(20);
-    for nonce in [repr.nonce ^ 1, repr.nonce] {
+    // A hello the handle's nonce did not make gets the fixed reject, which a connector does not
+    // act on: it tries again (security audit 2, finding 7).
+    let mut c = hostile(repr.nonce ^ 1);
+    while c.retries() < 2 {
+        assert!(Instant::now() < deadline, "the stranger was never refused");
+        assert!(matches!(c.poll().unwrap(), ConnectPoll::Pending));
+        assert!(B::accept(&mut l).unwrap().is_none());
+    }
+    drop(c);
+    // An authenticated hello whose endpoint cannot be set up gets a reason.
+    for nonce in [repr.nonce] {
         let mut c = hostile(nonce);
         let e = loop {
             assert!(

@@ -69,6 +69,7 @@ fn device(index: usize, name: &str, root: &str, numa: Option<i32>, ptr: u32) -> 
             pci_root: Some(root.into()),
             numa_node: numa,
             speed_mbps: 100_000,
+            pcie_mbps: None,
         }],
         pci_path: String::new(),
         guid: 0x1000 + index as u64,

@@ -251,3 +251,71 @@ fn bandwidth_catches_corruption_of_any_message() {
         );
     }
 }
+
+/// `--nccl-tests`: the run in nccl-tests' layout reads back through `switchless nccl-tests summarize`'s
+/// parser with every size, busbw and #wrong as the bench measured them, named `switchless bench MODE`;
+/// a corrupted transfer makes the summary fail on wrong elements.
+#[test]
+fn the_nccl_tests_layout_reads_back_through_summarize() {
+    use switchless::tools::nccltests::{self, Options as SumOptions};
+    for (mode, dtype, redop) in [
+        (Mode::Allreduce, "float", "sum"),
+        (Mode::Alltoall, "uint8", "none"),
+        (Mode::Bandwidth, "uint8", "none"),
+    ] {
+        let r = run_ranks(&opts(mode), 3, LoopbackConfig::default()).unwrap();
+        let text = report::nccl_tests(&r);
+        let parsed = nccltests::parse_text("bench.out", &text).unwrap();
+        assert_eq!(parsed.runs.len(), 1, "{text}");
+        let run = &parsed.runs[0];
+        assert_eq!(
+            run.test.as_deref(),
+            Some(format!("switchless bench {}", mode.name()).as_str())
+        );
+        assert!(run.complete() && run.concluded, "{text}");
+        assert_eq!(run.out_of_bounds, Some(0));
+        assert_eq!(run.rows.len(), r.rows.len());
+        for (got, want) in run.rows.iter().zip(&r.rows) {
+            assert_eq!(got.size_bytes, want.size_bytes as u64);
+            assert_eq!(got.count, want.count as u64);
+            assert_eq!((got.dtype.as_str(), got.redop.as_str()), (dtype, redop));
+            let m = got.out_of_place.unwrap();
+            assert!(got.in_place.is_none());
+            assert!(
+                (m.busbw_gbyte_s - want.busbw_gbytes_s).abs() < 1e-4,
+                "{text}"
+            );
+            assert!(
+                (m.algbw_gbyte_s - want.algbw_gbytes_s).abs() < 1e-4,
+                "{text}"
+            );
+            assert_eq!(m.wrong, Some(0));
+        }
+        let mean = run.mean_busbw().unwrap();
+        assert!(
+            (run.avg_busbw_gbyte_s.unwrap() - mean).abs() < 1e-4,
+            "{text}"
+        );
+        let sum = nccltests::summarize(vec![parsed], &SumOptions::default()).unwrap();
+        assert!(sum.passed(), "{:?}", sum.problems);
+    }
+
+    let cfg = LoopbackConfig {
+        corrupt_message: Some(9),
+        ..LoopbackConfig::default()
+    };
+    let r = run_ranks(&opts(Mode::Bandwidth), 2, cfg).unwrap();
+    assert!(r.errors() >= 1);
+    let text = report::nccl_tests(&r);
+    assert!(text.contains("# Out of bounds values : 1 FAILED"), "{text}");
+    assert!(text.contains("# data checks: 1 FAILED; first: "), "{text}");
+    let parsed = nccltests::parse_text("bench.out", &text).unwrap();
+    assert_eq!(parsed.runs[0].wrong_total(), r.errors());
+    let sum = nccltests::summarize(vec![parsed], &SumOptions::default()).unwrap();
+    assert!(!sum.passed());
+    assert!(
+        sum.problems.iter().any(|p| p.contains("wrong")),
+        "{:?}",
+        sum.problems
+    );
+}

@@ -119,6 +119,33 @@ fn two_functions_in_one_subnet() {
 }
 
 #[test]
+fn overlapping_prefixes_blame_the_wider_netdev() {
+    // enP2p1s0f0np0 holds 192.168.100.12/23, over enp1s0f0np0's 192.168.100.0/24. Its GID names it
+    // as the holder (the narrower connected route does not make it enp1s0f0np0's too), and the
+    // overlap is an error even without a plan.
+    let (f, s) = findings("broken-overlap");
+    assert_eq!(
+        f,
+        gb10_with(&[("same-subnet", "netdev enP2p1s0f0np0", Error)])
+    );
+    assert_eq!(s, 2);
+    let (m, _) = host::discover(&fixture("broken-overlap"));
+    let addrs = |n: &str| -> Vec<String> {
+        m.netdev(n)
+            .unwrap()
+            .addrs
+            .iter()
+            .map(|a| a.addr.to_string())
+            .collect()
+    };
+    assert_eq!(addrs("enp1s0f0np0"), ["192.168.100.10/24"]);
+    assert_eq!(addrs("enP2p1s0f0np0"), ["192.168.100.12/23"]);
+    let live = switchless::tools::plan::LiveIface::from_model(&m);
+    let held = live.iter().find(|i| i.name == "enp1s0f0np0").unwrap();
+    assert_eq!(held.addrs.len(), 1, "{held:?}");
+}
+
+#[test]
 fn link_local_gids_only() {
     let (f, s) = findings("broken-link-local-gid");
     assert_eq!(
@@ -612,30 +639,35 @@ fn ib_hca_prefix_match_and_half_a_cable_are_warnings() {
     // B300: mlx5_1 also selects mlx5_10..17 and drops mlx5_0, the other half of its CX-8 port.
     let (rc, v) = doctor_env("b300-4node", &[("NCCL_IB_HCA", "mlx5_1")]);
     assert_eq!(rc, Some(1));
+    // One fault, one finding, one remedy: the device meant and the other half of its cable.
     let p = finding(&v, "ib-hca-prefix-match");
+    let msg = p["message"].as_str().unwrap();
     assert!(
-        p["message"]
-            .as_str()
-            .unwrap()
-            .contains("also selects mlx5_10, mlx5_11, mlx5_12"),
+        msg.contains("also selects mlx5_10, mlx5_11, mlx5_12"),
         "{p}"
     );
-    assert_eq!(p["remedy"], "export NCCL_IB_HCA==mlx5_1   # exact names");
-    let s = finding(&v, "ib-hca-splits-port");
     assert!(
-        s["message"]
-            .as_str()
-            .unwrap()
-            .contains("keeps mlx5_1 port 1 but drops mlx5_0 port 1"),
-        "{s}"
+        msg.contains("keeps mlx5_1 port 1 but drops mlx5_0 port 1"),
+        "{p}"
     );
     assert!(
-        s["remedy"]
+        p["remedy"]
             .as_str()
             .unwrap()
-            .starts_with("export NCCL_IB_HCA==mlx5_0,mlx5_1,"),
-        "{s}"
+            .starts_with("export NCCL_IB_HCA==mlx5_0,mlx5_1   # exact names"),
+        "{p}"
     );
+    assert!(
+        !v["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["check"] == "ib-hca-splits-port"),
+        "{v:#}"
+    );
+    // The remedy is clean: doctor says nothing more with it.
+    let (rc, v2) = doctor_env("b300-4node", &[("NCCL_IB_HCA", "=mlx5_0,mlx5_1")]);
+    assert_eq!(rc, Some(0), "{v2:#}");
     let sel: Vec<&str> = v["ib_hca"]["selected"]
         .as_array()
         .unwrap()
@@ -647,6 +679,10 @@ fn ib_hca_prefix_match_and_half_a_cable_are_warnings() {
     let (rc, v) = doctor_env("gb10-2cable", &[("NCCL_IB_HCA", "rocep1s0f0")]);
     assert_eq!(rc, Some(1));
     let s = finding(&v, "ib-hca-splits-port");
+    assert_eq!(
+        s["remedy"].as_str().unwrap().split("   #").next().unwrap(),
+        "export NCCL_IB_HCA==roceP2p1s0f0,rocep1s0f0"
+    );
     assert!(
         s["message"]
             .as_str()
@@ -787,4 +823,365 @@ fn transport_tcp_is_honoured() {
     // No empty RDMA table on a TCP-only host.
     assert!(text.contains("\nRDMA ports: none\n"), "{text}");
     assert!(!text.contains("PCIE ROOT"), "{text}");
+}
+
+/// The findings of `check` in a JSON report, as (object, severity, message, remedy).
+fn all_of(v: &serde_json::Value, check: &str) -> Vec<(String, String, String, String)> {
+    v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["check"] == check)
+        .map(|f| {
+            let s = |k: &str| f[k].as_str().unwrap_or_default().to_string();
+            (s("object"), s("severity"), s("message"), s("remedy"))
+        })
+        .collect()
+}
+
+#[test]
+fn nccl_socket_ifname_must_reach_every_node() {
+    // On a cable (a /30): NCCL's bootstrap would reach one peer only; the remedy names the default
+    // route's interface.
+    let (rc, v) = doctor_env("tcp-2link", &[("NCCL_SOCKET_IFNAME", "enp65s0f0")]);
+    assert_eq!(rc, Some(1));
+    let f = all_of(&v, "nccl-socket-ifname");
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].1, "warning");
+    assert!(
+        f[0].2
+            .contains("selects only cables: enp65s0f0 (10.10.0.1/30)"),
+        "{}",
+        f[0].2
+    );
+    assert_eq!(
+        f[0].3,
+        "export NCCL_SOCKET_IFNAME==eno1   # the default route's interface, which reaches every node"
+    );
+    // A prefix that takes the management NIC and the cables: still said.
+    let (_, v) = doctor_env("tcp-2link", &[("NCCL_SOCKET_IFNAME", "en")]);
+    assert!(
+        all_of(&v, "nccl-socket-ifname")[0]
+            .2
+            .contains("also selects cables")
+    );
+    // No such netdev: NCCL's init fails.
+    let (_, v) = doctor_env("gb10-2cable", &[("NCCL_SOCKET_IFNAME", "eth0")]);
+    let f = all_of(&v, "nccl-socket-ifname");
+    assert!(
+        f[0].2.contains("matches no netdev with an address"),
+        "{}",
+        f[0].2
+    );
+    assert!(f[0].3.contains("=enP7s7"), "{}", f[0].3);
+    // The management interface: nothing to say.
+    for ok in ["eno1", "=eno1", "^enp65"] {
+        let (_, v) = doctor_env("tcp-2link", &[("NCCL_SOCKET_IFNAME", ok)]);
+        assert!(all_of(&v, "nccl-socket-ifname").is_empty(), "{ok}");
+    }
+}
+
+#[test]
+fn nccl_net_and_the_plugin_library_are_judged() {
+    let (rc, v) = doctor_env("gb10-2cable", &[("NCCL_NET", "IB")]);
+    assert_eq!(rc, Some(1));
+    let f = all_of(&v, "nccl-net-other");
+    assert_eq!(f.len(), 1);
+    assert!(
+        f[0].2
+            .contains("NCCL_NET=IB makes NCCL use its network named \"IB\""),
+        "{}",
+        f[0].2
+    );
+    assert_eq!(f[0].3, "export NCCL_NET=switchless   # or unset NCCL_NET");
+    let (_, v) = doctor_env("gb10-2cable", &[("NCCL_NET", "Switchless")]);
+    assert!(all_of(&v, "nccl-net-other").is_empty());
+
+    // A plugin name NCCL finds nothing for: a warning; one it finds: an info naming the file.
+    let (rc, v) = doctor_env("gb10-2cable", &[("NCCL_NET_PLUGIN", "foo")]);
+    assert_eq!(rc, Some(1));
+    let f = all_of(&v, "nccl-net-plugin");
+    assert_eq!(f[0].1, "warning");
+    assert!(
+        f[0].2
+            .contains("names nothing loadable: no libnccl-net-foo.so"),
+        "{}",
+        f[0].2
+    );
+    let lib = tempfile::tempdir().unwrap();
+    let so = lib.path().join("libnccl-net-switchless.so");
+    std::fs::write(&so, "").unwrap();
+    let dir = lib.path().to_str().unwrap();
+    let (rc, v) = doctor_env(
+        "gb10-2cable",
+        &[("NCCL_NET_PLUGIN", "switchless"), ("LD_LIBRARY_PATH", dir)],
+    );
+    assert_eq!(rc, Some(0), "{v:#}");
+    let f = all_of(&v, "nccl-net-plugin");
+    assert_eq!(f[0].1, "info");
+    assert!(
+        f[0].2.contains(&format!("loads {}", so.display())),
+        "{}",
+        f[0].2
+    );
+    let (_, v) = doctor_env("gb10-2cable", &[("NCCL_NET_PLUGIN", "none")]);
+    assert_eq!(all_of(&v, "nccl-net-plugin")[0].1, "warning");
+}
+
+#[test]
+fn a_fixed_gid_index_must_be_every_ports_ipv4_gid() {
+    // GID 1 of every GB10 port is its link-local RoCE v2 GID: the plugin would use it everywhere.
+    let (rc, v) = doctor_env("gb10-2cable", &[("NCCL_IB_GID_INDEX", "1")]);
+    assert_eq!(rc, Some(2));
+    let f = all_of(&v, "ib-gid-index-wrong");
+    assert_eq!(f.len(), 1, "one finding for the variable");
+    assert!(
+        f[0].2.contains("rocep1s0f0 port 1: GID 1 is a link-local fe80:: GID, which NCCL treats as invalid; its IPv4 RoCE v2 GID is 3"),
+        "{}",
+        f[0].2
+    );
+    assert!(f[0].3.starts_with("unset NCCL_IB_GID_INDEX"), "{}", f[0].3);
+    let (_, v) = doctor_env("gb10-2cable", &[("NCCL_IB_GID_INDEX", "3")]);
+    assert!(all_of(&v, "ib-gid-index-wrong").is_empty());
+}
+
+#[test]
+fn did_you_mean_covers_every_variable_nccl_or_the_plugin_reads() {
+    let (rc, v) = doctor_env(
+        "gb10-2cable",
+        &[
+            ("NCCL_SWITCHLES_TCP_STREAMS", "4"), // the prefix misspelt: silent before
+            ("NCLL_IB_HCA", "=rocep1s0f0"),      // not even NCCL_*
+            ("NCCL_CROS_NIC", "1"),              // NCCL's own variable
+            ("NCCL_SOCKET_IFNAM", "enP7s7"),
+            ("NCCL_SOME_FUTURE_KNOB", "1"), // far from everything: a newer NCCL's, no finding
+            ("NCCL_CROSS_NIC", "0"),
+            ("HOME", "/root"),
+            ("TERM", "xterm"),
+        ],
+    );
+    assert_eq!(rc, Some(1), "{v:#}");
+    let f = all_of(&v, "nccl-env-unknown");
+    let got: Vec<(&str, &str)> = f.iter().map(|x| (x.0.as_str(), x.3.as_str())).collect();
+    assert_eq!(
+        got,
+        [
+            (
+                "NCCL_CROS_NIC",
+                "export NCCL_CROSS_NIC=1; unset NCCL_CROS_NIC"
+            ),
+            (
+                "NCCL_SOCKET_IFNAM",
+                "export NCCL_SOCKET_IFNAME=enP7s7; unset NCCL_SOCKET_IFNAM"
+            ),
+            (
+                "NCCL_SWITCHLES_TCP_STREAMS",
+                "export NCCL_SWITCHLESS_TCP_STREAMS=4; unset NCCL_SWITCHLES_TCP_STREAMS"
+            ),
+            (
+                "NCLL_IB_HCA",
+                "export NCCL_IB_HCA==rocep1s0f0; unset NCLL_IB_HCA"
+            ),
+        ]
+    );
+    let cros = &f[0].2;
+    assert!(
+        cros.contains("NCCL_CROSS_NIC (which NCCL reads) keeps its value (\"0\"): did you mean NCCL_CROSS_NIC?"),
+        "{cros}"
+    );
+    assert!(f[2].2.contains("(which the plugin reads)"), "{}", f[2].2);
+}
+
+#[test]
+fn a_capture_keeps_the_environment_it_was_judged_in() {
+    // Captured with NCCL_NET=IB set: the replay, in an empty environment, judges the same variables.
+    let dir = tempfile::tempdir().unwrap();
+    let cap = dir.path().join("cap");
+    let out = bin()
+        .env_clear()
+        .env("NCCL_NET", "IB")
+        .env("SECRET_TOKEN", "s3cr3t")
+        .args(["doctor", "--json", "--root"])
+        .arg(fixture("gb10-2cable"))
+        .arg("--capture")
+        .arg(&cap)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let saved = std::fs::read_to_string(cap.join("switchless/environment.json")).unwrap();
+    assert!(
+        saved.contains("NCCL_NET") && !saved.contains("SECRET"),
+        "{saved}"
+    );
+    let (rc, v) = doctor_env_at(&cap, &[]);
+    assert_eq!(rc, Some(1));
+    assert_eq!(all_of(&v, "nccl-net-other").len(), 1);
+}
+
+fn doctor_env_at(root: &Path, env: &[(&str, &str)]) -> (Option<i32>, serde_json::Value) {
+    let mut c = bin();
+    c.env_clear().args(["doctor", "--json", "--root"]).arg(root);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = c.output().unwrap();
+    (
+        out.status.code(),
+        serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+#[test]
+fn a_gb10_port_with_the_kernels_arp_defaults_risks_arp_flux() {
+    // Both PCIe functions of cage 0 are addressed and answer ARP for any local address.
+    let (rc, v) = doctor_env("broken-arp-flux", &[]);
+    assert_eq!(rc, Some(1));
+    let f = all_of(&v, "arp-flux-risk");
+    assert_eq!(f.len(), 1, "one finding per wire: {f:?}");
+    assert_eq!(f[0].0, "port enP2p1s0f0np0+enp1s0f0np0");
+    assert!(f[0].2.contains("share one wire"), "{}", f[0].2);
+    assert!(
+        f[0].3.starts_with(
+            "sysctl -w net.ipv4.conf.enP2p1s0f0np0.arp_ignore=1 net.ipv4.conf.enP2p1s0f0np0.arp_announce=2 \
+             net.ipv4.conf.enp1s0f0np0.arp_ignore=1 net.ipv4.conf.enp1s0f0np0.arp_announce=2"
+        ),
+        "{}",
+        f[0].3
+    );
+    assert!(
+        f[0].3.contains("--model gb10 --format sysctl"),
+        "{}",
+        f[0].3
+    );
+    // Trees without the files (older captures) say nothing; a capture keeps the files.
+    let (_, v) = doctor_env("gb10-1cable", &[]);
+    assert!(all_of(&v, "arp-flux-risk").is_empty());
+    let dir = tempfile::tempdir().unwrap();
+    let cap = dir.path().join("cap");
+    let out = bin()
+        .args(["doctor", "--root"])
+        .arg(fixture("broken-arp-flux"))
+        .arg("--capture")
+        .arg(&cap)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        cap.join("proc/sys/net/ipv4/conf/enp1s0f0np0/arp_ignore")
+            .is_file()
+    );
+    let (_, v) = doctor_env_at(&cap, &[]);
+    assert_eq!(all_of(&v, "arp-flux-risk").len(), 1);
+}
+
+#[test]
+fn an_infiniband_port_shows_no_derived_active_mtu() {
+    // The B300's storage CX-7 in IB mode (ibo4): its IPoIB MTU is no RoCE frame size.
+    let out = bin()
+        .env_clear()
+        .args(["doctor", "--root"])
+        .arg(fixture("b300-2node"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let row = text.lines().find(|l| l.contains(" ibo4 ")).unwrap();
+    assert!(row.contains("4092/IB"), "{row}");
+    assert!(!row.contains("4092/1024"), "{row}");
+    // A device's far-end group is its peer set; railId stays -1 (docs/guide/doctor.md).
+    assert!(
+        text.contains(", peer set 0, ") && !text.contains(", rail "),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_bare_number_in_a_duration_variable_is_said_to_be_milliseconds() {
+    // 300 means 300 ms in the environment (30 s would be "30s"): accepted, but said, since the
+    // command line reads a bare number as seconds (walkthrough 2, A13).
+    let (rc, v) = doctor_env(
+        "gb10-2cable",
+        &[("NCCL_SWITCHLESS_REQUEST_TIMEOUT", "3000")],
+    );
+    assert_eq!(rc, Some(1));
+    let f = all_of(&v, "nccl-env-unit");
+    assert_eq!(f.len(), 1);
+    assert!(f[0].2.contains("is read as 3000 ms"), "{}", f[0].2);
+    assert!(
+        f[0].3.starts_with("export NCCL_SWITCHLESS_REQUEST_TIMEOUT=3000ms   # or NCCL_SWITCHLESS_REQUEST_TIMEOUT=3000s"),
+        "{}",
+        f[0].3
+    );
+    for quiet in ["0", "30s", "500ms"] {
+        let (_, v) = doctor_env("gb10-2cable", &[("NCCL_SWITCHLESS_CONNECT_TIMEOUT", quiet)]);
+        assert!(all_of(&v, "nccl-env-unit").is_empty(), "{quiet}");
+    }
+    // Refused values are nccl-env errors (with the seconds hint), not also this.
+    let (_, v) = doctor_env("gb10-2cable", &[("NCCL_SWITCHLESS_CONNECT_TIMEOUT", "30")]);
+    assert!(all_of(&v, "nccl-env-unit").is_empty());
+    assert_eq!(all_of(&v, "nccl-env").len(), 1);
+}
+
+/// Review N4: a B300 with its 16 mesh cables plus 8 RoCE addresses on a storage /24 (here as
+/// secondary addresses of 8 mesh netdevs, with their RoCE v2 GIDs): 25 links are up, the listen
+/// handle keeps the 16 mesh cables and leaves out the storage RoCE links, which doctor names.
+#[test]
+fn more_roce_links_than_the_handle_holds_is_a_warning_naming_them() {
+    use switchless::host::model::{GidAddr, NetAddr};
+    let (mut m, f) = host::discover(&fixture("b300-2node"));
+    let mut added = Vec::new();
+    let mesh: Vec<(String, String, u8)> = m
+        .netdevs
+        .iter()
+        .filter_map(|n| n.rdma.first().map(|(d, p)| (n.name.clone(), d.clone(), *p)))
+        .take(8)
+        .collect();
+    assert_eq!(mesh.len(), 8);
+    for (i, (nd, dev, port)) in mesh.iter().enumerate() {
+        let addr: std::net::Ipv4Addr = format!("172.16.0.{}", 10 + i).parse().unwrap();
+        let n = m.netdevs.iter_mut().find(|n| &n.name == nd).unwrap();
+        n.addrs.push(NetAddr {
+            addr: format!("{addr}/24").parse().unwrap(),
+            source: "fib_trie".into(),
+            has_route: true,
+        });
+        let p = m
+            .rdma_devices
+            .iter_mut()
+            .find(|d| &d.name == dev)
+            .unwrap()
+            .ports
+            .iter_mut()
+            .find(|p| p.port == *port)
+            .unwrap();
+        let mut g = p.ipv4_v2_gids().next().unwrap().0.clone();
+        g.index = 100 + i as u32;
+        g.gid = addr.to_ipv6_mapped();
+        g.addr = GidAddr::Ipv4Mapped(addr);
+        p.gids.push(g);
+        added.push(format!("{nd} {addr}/24"));
+    }
+    let devs = m.nccl_devices(&|_, _| true, &|_| false);
+    let r = doctor::report(&m, &devs, f);
+    let hit: Vec<_> = r
+        .findings
+        .iter()
+        .filter(|f| f.check == "handle-links-over-limit")
+        .collect();
+    assert_eq!(hit.len(), 1, "{:?}", r.findings);
+    assert_eq!(hit[0].severity, Warning);
+    for a in &added {
+        assert!(
+            hit[0].message.contains(a),
+            "{a} not named: {}",
+            hit[0].message
+        );
+    }
+    assert!(
+        hit[0].message.contains("25 links are up"),
+        "{}",
+        hit[0].message
+    );
+    assert!(hit[0].remedy.contains("NCCL_IB_HCA"));
+    // (The shared /24 also makes a same-subnet finding: the exit status is at least a warning's.)
+    assert!(r.exit_status >= 1);
 }

@@ -95,8 +95,9 @@ fn plan_findings_join_the_report() {
     let remedy = head["remedy"].as_str().unwrap();
     assert!(
         remedy.starts_with("switchless plan ")
-            && remedy
-                .contains("b300-2node.cables --format ip --server 1 --out ip/ && ip/server1.sh"),
+            && remedy.contains(
+                "b300-2node.cables --model b300 --format ip --server 1 --out ip/ && ip/server1.sh"
+            ),
         "{remedy}"
     );
     assert_eq!(with_plan["plan_server"], "server 1");
@@ -207,4 +208,58 @@ fn server_requires_plan_and_bad_hca_is_a_finding() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("ERROR [nccl-env] NCCL_IB_HCA:"), "{text}");
     assert!(text.contains("DEVICE"), "{text}");
+}
+
+#[test]
+fn a_captured_probe_says_the_planned_peers_do_not_answer() {
+    // spark-a of the swapped mesh, captured with --probe: its planned far ends stay silent while
+    // other MACs answer on each wire. One finding per netdev (the empty neighbour table is the same
+    // fault), naming the planned peer.
+    let root = fixture("fabric/fleet-gb10-mesh3-swapped/spark-a");
+    let plan = fixture("plan/gb10-mesh3.plan.json");
+    let (rc, v) = doctor_json(&["--root", &root, "--plan", &plan]);
+    assert_eq!(rc, 2);
+    let f: Vec<&serde_json::Value> = v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["check"] == "probe-no-answer")
+        .collect();
+    assert_eq!(f.len(), 4, "{v:#}");
+    let one = f
+        .iter()
+        .find(|f| f["object"] == "netdev enp1s0f0np0")
+        .unwrap();
+    let msg = one["message"].as_str().unwrap();
+    assert!(
+        msg.contains(
+            "10.100.0.2 (server 2 (spark-b) port 1 enp1s0f0np0) did not answer a ping, but"
+        ),
+        "{msg}"
+    );
+    assert!(
+        one["remedy"]
+            .as_str()
+            .unwrap()
+            .starts_with("ethtool -p enp1s0f0np0 10")
+    );
+    assert!(
+        !v["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f["check"] == "no-neighbour"),
+        "{v:#}"
+    );
+    // --probe pings from the live host only.
+    let out = Command::new(BIN)
+        .args(["doctor", "--probe", "--root", &root])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--probe pings from this host"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -445,3 +445,46 @@ fn live_tool_output_is_captured_as_a_file() {
         "generic-receive-offload: off"
     );
 }
+
+#[test]
+fn default_memlock_is_no_error_on_a_host_carried_over_tcp() {
+    // Ubuntu's 8 MiB limit on a host without RDMA: the TCP transport registers nothing, so the
+    // report stays healthy (the preflight passes) and the limit is only an info.
+    let (f, s) = findings("tcp-memlock-8m");
+    assert_eq!(
+        f,
+        tcp_with(&[("memlock-low", "process RLIMIT_MEMLOCK", Info)])
+    );
+    assert_eq!(s, 0);
+    let out = bin()
+        .env_remove("NCCL_SWITCHLESS_TRANSPORT")
+        .args(["doctor", "--root"])
+        .arg(fixture("tcp-memlock-8m"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with("verdict: healthy"), "{text}");
+    assert!(
+        text.contains("8388608 bytes (8 MiB) soft")
+            && text.contains("registers no memory with RDMA"),
+        "{text}"
+    );
+
+    // With RoCE the limit stays an error.
+    let (m, f) = host::discover(&fixture("broken-memlock"));
+    let r = doctor::report(&m, &m.nccl_devices(&|_, _| true, &|_| false), f);
+    let ml = r
+        .findings
+        .iter()
+        .find(|f| f.check == "memlock-low")
+        .unwrap();
+    assert_eq!(ml.severity, Severity::Error);
+    // The remedy names the knobs a Slurm job's limit comes from.
+    assert!(
+        ml.remedy.contains("LimitMEMLOCK=infinity")
+            && ml.remedy.contains("PropagateResourceLimitsExcept=MEMLOCK"),
+        "{}",
+        ml.remedy
+    );
+}

@@ -658,14 +658,172 @@ fn a_health_error_about_one_path_fails_over_instead_of_failing_the_send() {
     let smh =
         g.s.reg_mr(&Lent::simulated(src, 64), MemKind::Host)
             .unwrap();
-    // Waiting for a clear-to-send: the device reports trouble, and path 0's cable is out.
+    // Waiting for a clear-to-send: the device reports trouble, and path 0's cable is out. (The
+    // devices are asked at most once per millisecond of the caller's clock.)
     assert_eq!(g.s.isend(g.now, src, 64, 0, &smh).unwrap(), None);
     g.fab
         .set_health_error(g.sid, Some("rxe_eth2 port 1 has been down for 1.2 s"));
     g.fab.kill_path(g.sid, 0);
+    g.now += Duration::from_millis(1);
     assert_eq!(g.s.isend(g.now, src, 64, 0, &smh).unwrap(), None);
     assert_eq!(g.s.paths_up(), vec![false, true]);
     // With one path left the same report concerns the connection: the send fails as before.
+    g.now += Duration::from_millis(1);
     let e = g.s.isend(g.now, src, 64, 0, &smh).unwrap_err();
     assert!(e.to_string().contains("has been down for 1.2 s"), "{e}");
+}
+
+/// `iflush` across failover (GB300, pre-Hopper GPUs, `NCCL_NET_FORCE_FLUSH`): a device whose data
+/// path died between the data and the flush is left out (or, found dead by its flush read, marked
+/// down), and the flush completes on the devices left; it fails only when none is.
+#[test]
+fn a_flush_goes_on_without_a_dead_device_and_fails_only_with_none_left() {
+    use switchless::transport::comm::FlushBuf;
+    let _p = shared();
+    let fab = MemFab::new(MemFabConfig::default());
+    // Data path i and loopback path 2 + i are device i.
+    let (a, b) = fab.pair(&[100_000, 100_000], 2);
+    let (sid, rid) = (a.id(), b.id());
+    let (mut s, mut r) = connect_pair(a, b, pcfg()).unwrap();
+    let len = 64 << 10;
+    let src = fab.alloc(len).unwrap();
+    fab.write(src, &pattern(len, 3)).unwrap();
+    let dst = fab.alloc(len).unwrap();
+    let smh = s.reg_mr(&Lent::simulated(src, len), MemKind::Host).unwrap();
+    let rmh = r.reg_mr(&Lent::simulated(dst, len), MemKind::Cuda).unwrap();
+    let now = Instant::now();
+    let b = RecvBuf {
+        addr: dst,
+        size: len as u64,
+        tag: 0,
+        mh: &rmh,
+    };
+    let rq = r.irecv(now, &[b]).unwrap().unwrap();
+    let sq = s.isend(now, src, len as u64, 0, &smh).unwrap().unwrap();
+    assert_eq!(s.test(now, sq).unwrap(), Some(len as u64));
+    assert!(r.test(now, rq).unwrap().is_some());
+    assert!(
+        fab.path_bytes(sid, 0) > 0 && fab.path_bytes(sid, 1) > 0,
+        "striped"
+    );
+    let flush = |r: &mut RecvComm<MemEndpoint>| {
+        let f = FlushBuf {
+            addr: dst,
+            size: len as u64,
+            mh: &rmh,
+        };
+        let q = r.iflush(now, &[f])?.expect("GPU data needs a flush");
+        loop {
+            if let Some(sz) = r.test(now, q)? {
+                return Ok::<_, Error>(sz);
+            }
+        }
+    };
+    // Cable 0 pulled and device 0's loopback dead, before the receiver noticed: its flush read
+    // fails, device 0's data path is marked down, the read on device 1 completes the flush.
+    fab.kill_path(sid, 0);
+    fab.kill_path(rid, 2);
+    let reads = fab.stats().reads;
+    assert!(flush(&mut r).unwrap().as_slice().is_empty());
+    assert_eq!(r.paths_up(), vec![false, true]);
+    assert_eq!(fab.stats().reads - reads, 1, "device 1's read");
+    // Device 0 left out from now on.
+    let reads = fab.stats().reads;
+    assert!(flush(&mut r).is_ok());
+    assert_eq!(fab.stats().reads - reads, 1);
+    // The last device's loopback dead too: the flush fails, naming it.
+    fab.kill_path(rid, 3);
+    let e = flush(&mut r).unwrap_err().to_string();
+    assert!(e.contains("loopback1") && e.contains("flush read"), "{e}");
+    s.dereg_mr(smh).unwrap();
+    r.dereg_mr(rmh).unwrap();
+}
+
+/// Review S1: what an idle poll costs. NCCL's progress thread calls `test` on a receive whose data
+/// has not come, and `isend` while no clear-to-send has, in a tight loop (here 1000 calls each,
+/// 1 µs apart). Each `Fabric::health` / `path_health` call was a `read(2)` of the verbs async event
+/// fd; they now run at most once per millisecond of the caller's clock.
+#[test]
+fn an_idle_poll_asks_about_path_health_at_a_bounded_rate() {
+    let _p = shared();
+    let fab = MemFab::new(MemFabConfig::default());
+    let (a, b) = fab.pair(&[100_000, 100_000], 0);
+    let (mut s, mut r) = connect_pair(a, b, pcfg()).unwrap();
+    let buf = fab.alloc(4096).unwrap();
+    let smh = s
+        .reg_mr(&Lent::simulated(buf, 4096), MemKind::Host)
+        .unwrap();
+    let rmh = r
+        .reg_mr(&Lent::simulated(buf, 4096), MemKind::Host)
+        .unwrap();
+    let mut now = Instant::now();
+    // An idle send: no clear-to-send.
+    let before = fab.stats();
+    for _ in 0..1000 {
+        assert_eq!(s.isend(now, buf, 64, 0, &smh).unwrap(), None);
+        now += Duration::from_micros(1);
+    }
+    let mid = fab.stats();
+    // An idle receive: its clear-to-send is out, no data comes (the tag matches no send).
+    let b = RecvBuf {
+        addr: buf,
+        size: 4096,
+        tag: 9,
+        mh: &rmh,
+    };
+    let q = r.irecv(now, &[b]).unwrap().unwrap();
+    let mid2 = fab.stats();
+    for _ in 0..1000 {
+        assert!(r.test(now, q).unwrap().is_none());
+        now += Duration::from_micros(1);
+    }
+    let after = fab.stats();
+    let send = (
+        mid.health_calls - before.health_calls,
+        mid.path_health_calls - before.path_health_calls,
+    );
+    let recv = (
+        after.health_calls - mid2.health_calls,
+        after.path_health_calls - mid2.path_health_calls,
+    );
+    eprintln!(
+        "per 1000 idle rounds over 2 paths (1 ms): isend without clear-to-send: {} health + {} \
+         path_health calls; test of a receive: {} + {}",
+        send.0, send.1, recv.0, recv.1
+    );
+    assert!(
+        send.0 + send.1 <= 4 && recv.0 + recv.1 <= 4,
+        "{send:?} {recv:?}"
+    );
+}
+
+/// Review C6: a standby path that carries nothing and fails costs no bandwidth; with hundreds of
+/// connections on a cable that is only standby, a WARN each would flood the log. It is an INFO
+/// line; the carrying path failing later still WARNs (and finds no standby to take over).
+#[test]
+fn a_standby_path_that_fails_while_standing_by_is_an_info_line() {
+    let _p = shared();
+    let logs = Logs::default();
+    let l2 = logs.clone();
+    tracing::subscriber::with_default(l2, || {
+        let mut g = rig_standby(3, &[2], MemFabConfig::default(), pcfg());
+        let sid = g.sid;
+        g.fab.kill_path(sid, 2);
+        let out = stream(&mut g, &[64 << 10; 8], 4, |_, _| {});
+        assert!(out.received.iter().all(|&c| c == 1));
+        assert_eq!(g.s.paths_up(), vec![true, true, false]);
+        assert_eq!(g.r.paths_up(), vec![true, true, false]);
+        close(g);
+    });
+    assert!(
+        logs.at(tracing::Level::WARN).is_empty(),
+        "{:?}",
+        logs.at(tracing::Level::WARN)
+    );
+    let info = logs.at(tracing::Level::INFO);
+    assert!(
+        info.iter()
+            .any(|l| l.contains("standby path [2] memfab ep") && l.contains("failed")),
+        "{info:?}"
+    );
 }

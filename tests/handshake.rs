@@ -14,8 +14,10 @@ use switchless::route::{HandleRepr, PathChoice};
 use switchless::transport::handshake::auth::{ConnKey, seal_hello};
 use switchless::transport::handshake::{
     AcceptEvent, AcceptPoll, AcceptorView, ConnectEvent, ConnectMachine, ConnectPoll, Connector,
-    Established, HELLO_TIMEOUT, Hello, Incoming, Listener, MAX_PENDING, MAX_PENDING_PER_SOURCE,
-    Message, PathParams, PathRequest, Reply, SideParams, TARGET_BUDGET, UNAUTHENTICATED, wire,
+    Established, Frames, HELLO_TIMEOUT, Hello, Incoming, Listener, MAX_PENDING,
+    MAX_PENDING_PER_SOURCE, Message, PENDING_RESERVE, PathParams, PathRequest, PendingBudget,
+    RETRY_BACKOFF, RETRY_BACKOFF_MAX, Reply, SideParams, TARGET_BUDGET, UNAUTHENTICATED,
+    UNAUTHENTICATED_GIVE_UP, wire,
 };
 
 #[path = "support/handshake_net.rs"]
@@ -390,6 +392,7 @@ fn garbage_clients_are_dropped_and_a_good_client_still_succeeds() {
             assert!(e.peer_closed());
             match Message::decode(&e.take()).unwrap() {
                 Message::Reject(r) => r,
+                Message::Refuse(f) => f.reason,
                 m => panic!("expected a reject, got {m:?}"),
             }
         })
@@ -441,11 +444,15 @@ fn rejected_connector_fails_with_the_acceptors_reason() {
         "{t}"
     );
 
-    // The acceptor's own refusal (e.g. QP creation failed) reaches the connector too.
+    // The acceptor's own refusal (e.g. QP creation failed) reaches the connector too, control
+    // characters escaped.
     let mut c = connector(&mut n, params(1, 1), T);
     let mut inc = next_incoming(&mut n, &mut [&mut c]);
     inc.m
-        .reject(n.now, "cannot create QPs on rxe_lo: out of memory")
+        .reject(
+            n.now,
+            "cannot create QPs on rxe_lo: out of memory\nNCCL WARN forged",
+        )
         .unwrap();
     let ie = rounds(|| match n.poll_incoming(&mut inc) {
         Ok(AcceptEvent::Pending) => None,
@@ -454,11 +461,65 @@ fn rejected_connector_fails_with_the_acceptors_reason() {
     });
     assert!(ie.to_string().contains("refused the connection"), "{ie}");
     let e = rounds(|| n.poll_connector(&mut c).err());
-    assert!(e.to_string().contains("out of memory"), "{e}");
+    assert!(e.to_string().contains("out of memory\\nNCCL WARN"), "{e}");
+    assert!(!e.to_string().contains('\n'), "{e}");
+}
+
+/// Security audit 2, finding 7: the connector took a reject from whatever answered on the dialed
+/// address, without authentication, and put its text (1 KiB, newlines kept) in its error. A reject
+/// without this connection's tag is not acted on now: the connector tries again, fails only after
+/// `UNAUTHENTICATED_GIVE_UP` of nothing else, and never shows the text.
+#[test]
+fn an_unauthenticated_reject_is_not_acted_on_and_its_text_is_not_shown() {
+    let mut n = net(T);
+    let (mut c, a) = raw_acceptor(&mut n, None);
+    let forged = "no such connection\nNCCL WARN NET/switchless: forged line";
+    a.write(&Message::Reject(forged.into()).encode().unwrap());
+    // A refuse with a tag no key made is no better.
+    let e = n.poll_connector(&mut c).unwrap();
+    assert_eq!(
+        e,
+        ConnectEvent::Pending,
+        "acted on an unauthenticated reject"
+    );
+    assert_eq!(c.m.retries(), 1);
+    drop(a);
+    let mut answers = 0;
+    let err = loop {
+        // Every new connection gets the same treatment (alternating the two kinds).
+        if let Some(a) = n.raw.pop_front() {
+            answers += 1;
+            let m = if answers % 2 == 0 {
+                Message::Reject(forged.into())
+            } else {
+                Message::Refuse(wire::Refuse {
+                    reason: forged.into(),
+                    tag: [7; wire::TAG_LEN],
+                })
+            };
+            a.write(&m.encode().unwrap());
+        }
+        match n.poll_connector(&mut c) {
+            Ok(ConnectEvent::Pending) => {}
+            Ok(e) => panic!("{e:?}"),
+            Err(e) => break e,
+        }
+        if n.raw.is_empty() {
+            n.jump(&[c.m.poll_timeout()]);
+        }
+    };
+    assert!(answers > 20, "{answers} rejects before it gave up");
+    let t = err.to_string();
+    assert!(t.contains("not authenticated"), "{t}");
+    assert!(!t.contains("forged") && !t.contains("no such"), "{t}");
+    assert!(
+        n.now >= c.opened[0].1 + UNAUTHENTICATED_GIVE_UP,
+        "gave up early"
+    );
 }
 
 /// A net whose handle points the connector at a raw acceptor the test plays.
-fn raw_acceptor(n: &mut Net, timeout: Duration) -> (Conn, End) {
+fn raw_acceptor(n: &mut Net, timeout: impl Into<Option<Duration>>) -> (Conn, End) {
     let raw = SocketAddrV4::new(LO, 6000);
     n.hosts.insert(raw, Host::Raw);
     let mut h = vhandle(n);
@@ -470,17 +531,27 @@ fn raw_acceptor(n: &mut Net, timeout: Duration) -> (Conn, End) {
     (c, a)
 }
 
+/// An acceptor whose process exits mid-handshake: its connection closes (the connector retries
+/// once: a listener making room closes connections too), then its port refuses (nothing listens
+/// any more), which fails the connector with both reasons.
 #[test]
 fn acceptor_that_vanishes_mid_handshake_fails_the_connector() {
     let mut n = net(T);
     let (mut c, a) = raw_acceptor(&mut n, T);
     assert_eq!(&a.take()[..4], b"SWHS");
     drop(a);
+    for h in n.hosts.values_mut() {
+        *h = Host::Refuses;
+    }
+    assert_eq!(n.poll_connector(&mut c).unwrap(), ConnectEvent::Pending);
+    assert_eq!(c.m.retries(), 1);
+    n.jump(&[c.m.poll_timeout()]);
     let e = n.poll_connector(&mut c).unwrap_err();
-    assert!(matches!(e, Error::Remote(_)), "{e}");
+    assert!(matches!(e, Error::System(_)), "{e}");
+    let e = e.to_string();
+    assert!(e.contains("refused"), "{e}");
     assert!(
-        e.to_string()
-            .contains("closed the connection while waiting for the acceptor's reply"),
+        e.contains("closed the connection while waiting for the acceptor's reply"),
         "{e}"
     );
 }
@@ -682,14 +753,17 @@ fn a_connection_without_a_hello_is_dropped_at_its_own_deadline() {
     assert!(n.poll_listener().unwrap().is_none());
 }
 
+/// Security audit 2, finding 1: 4 silent connections from the real peer's own address (another
+/// process on its host) filled the per-source places and the real connector was refused. Now a
+/// newcomer from an address with 4 waiting takes the place of that address's oldest.
 #[test]
 fn a_flood_of_silent_clients_does_not_lock_out_a_real_connector() {
     let mut n = net(T);
     let addr = n.listen_addr;
-    // From one host: only MAX_PENDING_PER_SOURCE are kept, every later one is refused at once.
+    // From the connector's own host: only MAX_PENDING_PER_SOURCE wait, the newest ones.
     let one_host: Vec<End> = (0..MAX_PENDING + 8)
         .map(|_| {
-            let e = n.dial_from(addr, src(0)).unwrap();
+            let e = n.dial_from(addr, LO).unwrap();
             assert!(n.poll_listener().unwrap().is_none());
             n.advance(MS);
             e
@@ -697,52 +771,190 @@ fn a_flood_of_silent_clients_does_not_lock_out_a_real_connector() {
         .collect();
     assert_eq!(n.listener.pending(), MAX_PENDING_PER_SOURCE);
     let closed = |s: &[End]| s.iter().map(End::peer_closed).collect::<Vec<_>>();
-    let mut want = vec![false; MAX_PENDING_PER_SOURCE];
-    want.resize(MAX_PENDING + 8, true);
-    assert_eq!(
-        closed(&one_host),
-        want,
-        "the newest are refused, none evicted"
-    );
-    // The real connector, from its own address, gets in.
+    let mut want = vec![true; MAX_PENDING + 8 - MAX_PENDING_PER_SOURCE];
+    want.resize(MAX_PENDING + 8, false);
+    assert_eq!(closed(&one_host), want, "the oldest are dropped first");
+    // The real connector, from that same address, gets in.
     let mut c = connector(&mut n, params(3, 1), T);
     let mut inc = next_incoming(&mut n, &mut [&mut c]);
-    assert_eq!(closed(&one_host), want, "its admission evicted nobody");
+    assert_eq!(c.m.retries(), 0, "it got in at once");
     inc.m.respond(n.now, params(4, 1)).unwrap();
     finish(&mut n, &mut c, &mut inc, &params(4, 1));
-    assert_eq!(n.listener.pending(), MAX_PENDING_PER_SOURCE);
-    // They go at their own hello deadline.
+    // Its admission dropped the oldest of the four.
+    want[MAX_PENDING + 8 - MAX_PENDING_PER_SOURCE] = true;
+    assert_eq!(closed(&one_host), want);
+    assert_eq!(n.listener.pending(), MAX_PENDING_PER_SOURCE - 1);
+    // The rest go at their own hello deadline.
     n.advance(HELLO_TIMEOUT);
     assert!(n.poll_listener().unwrap().is_none());
     assert_eq!(n.listener.pending(), 0);
 }
 
-/// Finding 4 of the security review: the real connector's connection is admitted, then a flood
-/// arrives before its hello does. Evicting the oldest when full closed it; now the newcomers are
-/// refused and the hello is served.
+/// Security audit 2, finding 1: 8 addresses × 4 silent connections held every place and the real
+/// connector was refused (its connect failed). Now the oldest stranger makes room.
+#[test]
+fn eight_sources_holding_every_place_cannot_keep_the_real_connector_out() {
+    let mut n = net(T);
+    let addr = n.listen_addr;
+    let flood: Vec<End> = (0..MAX_PENDING)
+        .map(|i| n.dial_from(addr, src(i / MAX_PENDING_PER_SOURCE)).unwrap())
+        .collect();
+    assert!(n.poll_listener().unwrap().is_none());
+    assert_eq!(n.listener.pending(), MAX_PENDING);
+    let mut c = connector(&mut n, params(3, 1), T);
+    let mut inc = next_incoming(&mut n, &mut [&mut c]);
+    assert_eq!(c.m.retries(), 0);
+    inc.m.respond(n.now, params(4, 1)).unwrap();
+    finish(&mut n, &mut c, &mut inc, &params(4, 1));
+    assert!(flood[0].peer_closed(), "the oldest stranger made room");
+    assert_eq!(flood.iter().filter(|e| e.peer_closed()).count(), 1);
+}
+
+/// Finding 4 of the first security review: the real connector's connection is admitted, then a
+/// flood arrives. Its hello has arrived (in the socket, not read yet): a connection is read before
+/// it is given up for a newer one, so the hello is kept and served.
 #[test]
 fn a_flood_after_the_connector_connects_does_not_evict_it() {
     let mut n = net(T);
     let addr = n.listen_addr;
     let real = n.dial(addr).unwrap();
-    assert!(n.poll_listener().unwrap().is_none());
     let flood: Vec<End> = (0..1000)
         .map(|i| n.dial_from(addr, src(i / MAX_PENDING_PER_SOURCE)).unwrap())
         .collect();
-    assert!(n.poll_listener().unwrap().is_none());
+    // Admitted by hand: the real connection first; its hello arrives before the flood's are
+    // admitted, so only a read made to choose whom to drop finds it.
+    let mut backlog = n.take_backlog().into_iter();
+    let first = backlog.next().unwrap();
+    let peer = first.peer;
+    let pump = |e: &mut End, f: &mut Frames| {
+        net::pump(e, f, usize::MAX);
+    };
+    assert!(n.listener.admit(n.now, first, peer, pump).is_none());
+    real.write(&hello_frame(NONCE, "127.0.0.1"));
+    for a in backlog {
+        let peer = a.peer;
+        drop(n.listener.admit(n.now, a, peer, pump));
+    }
+    assert!(!real.peer_closed(), "the real connector was dropped");
     assert_eq!(n.listener.pending(), MAX_PENDING);
-    assert!(!real.peer_closed(), "the real connector was evicted");
     assert_eq!(
         flood.iter().filter(|e| e.peer_closed()).count(),
         1000 - (MAX_PENDING - 1)
     );
-    real.write(&hello_frame(NONCE, "127.0.0.1"));
     let inc = rounds(|| n.poll_listener().unwrap());
     assert_eq!(inc.m.peer().ip(), std::net::IpAddr::V4(LO));
     assert!(
         n.listener.unlogged_drops() > 900,
         "drop warnings are rate-limited"
     );
+}
+
+/// The race finding 4 was about: the real connector's connection is admitted, and more strangers
+/// than there are places come before its hello does, so it is dropped. The connector opens a new
+/// connection after a backoff (a new nonce) and gets in.
+#[test]
+fn a_connector_dropped_before_its_hello_arrived_retries_and_gets_in() {
+    let mut n = net(T);
+    let addr = n.listen_addr;
+    let mut c = connector(&mut n, params(3, 1), T);
+    // Its connection is in the backlog; strangers follow before its hello is moved.
+    let flood: Vec<End> = (0..MAX_PENDING)
+        .map(|i| n.dial_from(addr, src(i / MAX_PENDING_PER_SOURCE)).unwrap())
+        .collect();
+    assert!(n.poll_listener().unwrap().is_none());
+    // The connector sends its hello now, finds the connection closed and backs off.
+    assert_eq!(n.poll_connector(&mut c).unwrap(), ConnectEvent::Pending);
+    assert_eq!(c.m.retries(), 1);
+    let first = c.opened.len();
+    let wait = c.m.poll_timeout().unwrap() - n.now;
+    assert_eq!(wait, RETRY_BACKOFF);
+    n.advance(wait);
+    let mut inc = next_incoming(&mut n, &mut [&mut c]);
+    assert_eq!(c.opened.len(), first + 1, "one new connection");
+    inc.m.respond(n.now, params(4, 1)).unwrap();
+    finish(&mut n, &mut c, &mut inc, &params(4, 1));
+    drop(flood);
+}
+
+/// With a connect timeout, a connector the acceptor keeps closing retries with a doubling backoff
+/// until the timeout, then fails naming the step.
+#[test]
+fn retries_back_off_and_end_at_the_timeout() {
+    let mut n = net(T);
+    n.hosts.insert(n.listen_addr, Host::Raw);
+    let mut c = connector(&mut n, params(3, 1), Duration::from_secs(3));
+    let mut waits = Vec::new();
+    let err = loop {
+        // The "acceptor" closes every connection as soon as it is open.
+        let polled = n.poll_connector(&mut c).and_then(|e| {
+            n.raw.clear();
+            assert_eq!(e, ConnectEvent::Pending);
+            n.poll_connector(&mut c)
+        });
+        match polled {
+            Ok(ConnectEvent::Pending) => {}
+            Ok(e) => panic!("{e:?}"),
+            Err(e) => break e,
+        }
+        let t = c.m.poll_timeout().unwrap();
+        if t > n.now {
+            waits.push(t - n.now);
+        }
+        n.now = t;
+    };
+    assert!(matches!(err, Error::Timeout(_)), "{err}");
+    assert_eq!(
+        &waits[..3],
+        &[RETRY_BACKOFF, RETRY_BACKOFF * 2, RETRY_BACKOFF * 4]
+    );
+    assert!(waits.iter().all(|w| *w <= RETRY_BACKOFF_MAX), "{waits:?}");
+    assert!(c.m.retries() >= 6, "{}", c.m.retries());
+}
+
+/// Security audit 2, finding 1 (side effect): nothing bounded the handshake sockets of a process
+/// (16 listen comms held 548 fds). Listeners share a process-wide count: past it, each makes room
+/// among its own, but keeps its reserve, so a real connector still gets into any of them.
+#[test]
+fn the_process_wide_bound_holds_and_every_listener_keeps_its_reserve() {
+    const CAP: usize = 64;
+    let budget = PendingBudget::new(CAP);
+    let listeners = 6;
+    let mut nets: Vec<Net> = (0..listeners)
+        .map(|k| {
+            Net::with_budget(
+                // The last one is at PORT, where `connector` dials.
+                SocketAddrV4::new(LO, PORT + (listeners - 1 - k) as u16),
+                NONCE,
+                view(),
+                T,
+                std::sync::Arc::clone(&budget),
+            )
+        })
+        .collect();
+    let mut held = Vec::new();
+    for n in nets.iter_mut() {
+        let addr = n.listen_addr;
+        for i in 0..MAX_PENDING {
+            held.push(n.dial_from(addr, src(i / MAX_PENDING_PER_SOURCE)).unwrap());
+            n.poll_listener().unwrap();
+        }
+    }
+    let total: usize = nets.iter().map(|n| n.listener.pending()).sum();
+    assert_eq!(total, budget.held());
+    assert!(
+        total <= CAP + PENDING_RESERVE * listeners,
+        "{total} sockets wait over {listeners} listeners"
+    );
+    assert!(nets.iter().all(|n| n.listener.pending() >= PENDING_RESERVE));
+    // The last listener (at its reserve) still serves its real connector.
+    let n = nets.last_mut().unwrap();
+    let mut c = connector(n, params(3, 1), T);
+    let mut inc = next_incoming(n, &mut [&mut c]);
+    inc.m.respond(n.now, params(4, 1)).unwrap();
+    finish(n, &mut c, &mut inc, &params(4, 1));
+    drop(held);
+    drop(nets);
+    assert_eq!(budget.held(), 0, "every place is given back");
 }
 
 #[test]
@@ -1137,6 +1349,107 @@ fn assert_closed_silently(mut s: TcpStream) {
     }
 }
 
+/// Security audit 2, finding 1, over real sockets: 8 addresses (127.0.0.2..9) × 4 silent
+/// connections hold every place of the listener; the real connector still completes. Before, it
+/// was refused ("waiting for the acceptor's reply: Connection reset by peer") and its connect
+/// failed.
+#[test]
+fn real_sockets_eight_sources_holding_every_place_cannot_keep_the_connector_out() {
+    let mut l = listener(T);
+    let std::net::SocketAddr::V4(addr) = l.local_addr().unwrap() else {
+        panic!("IPv4 listener");
+    };
+    let silent: Vec<TcpStream> = (2..=9)
+        .flat_map(|k| (0..MAX_PENDING_PER_SOURCE).map(move |_| (k, ())))
+        .map(|(k, ())| connect_from(addr, Ipv4Addr::new(127, 0, 0, k)))
+        .collect();
+    until(|| {
+        assert!(l.poll().unwrap().is_none());
+        (l.pending() == MAX_PENDING).then_some(())
+    });
+    let h = handle_of(&l);
+    let mut c = Connector::start(&h, &paths_to(&h), params(1, 1), T).unwrap();
+    let mut inc = real_next_incoming(&mut l, &mut c);
+    inc.respond(params(2, 1)).unwrap();
+    real_finish(&mut c, &mut inc, &params(2, 1));
+    drop(silent);
+}
+
+/// Security audit 2, finding 1: 4 silent connections from the connector's own address (another
+/// process on the peer's host) filled that address's places; the real connector still completes.
+#[test]
+fn real_sockets_silent_connections_from_the_connectors_own_address_cannot_keep_it_out() {
+    let mut l = listener(T);
+    let std::net::SocketAddr::V4(addr) = l.local_addr().unwrap() else {
+        panic!("IPv4 listener");
+    };
+    let silent: Vec<TcpStream> = (0..MAX_PENDING_PER_SOURCE)
+        .map(|_| connect_from(addr, LO))
+        .collect();
+    until(|| {
+        assert!(l.poll().unwrap().is_none());
+        (l.pending() == MAX_PENDING_PER_SOURCE).then_some(())
+    });
+    let h = handle_of(&l);
+    let mut c = Connector::start(&h, &paths_to(&h), params(1, 1), T).unwrap();
+    let mut inc = real_next_incoming(&mut l, &mut c);
+    inc.respond(params(2, 1)).unwrap();
+    real_finish(&mut c, &mut inc, &params(2, 1));
+    drop(silent);
+}
+
+/// Security audit 2, finding 1: the handshake listener bound 0.0.0.0, so every netdev of the host
+/// (a management LAN too) reached it. It binds the addresses its handle advertises, one port.
+#[test]
+fn the_listener_binds_only_the_addresses_it_advertises() {
+    let mut second = lo_link();
+    second.id = 1;
+    second.netdev = "lo:3".into();
+    second.addr = "127.0.0.3/8".parse().unwrap();
+    // Not configured on this host: left out of the handle.
+    let mut gone = lo_link();
+    gone.id = 2;
+    gone.netdev = "gone0".into();
+    gone.addr = "192.0.2.1/30".parse().unwrap();
+    let v = AcceptorView {
+        links: vec![lo_link(), second, gone],
+        ..view()
+    };
+    let control = Some(Ipv4Addr::new(127, 0, 0, 4));
+    let mut l = Listener::bind_advertised(v, control, T).unwrap();
+    let want: Vec<Ipv4Addr> = ["127.0.0.1", "127.0.0.3", "127.0.0.4"]
+        .iter()
+        .map(|a| a.parse().unwrap())
+        .collect();
+    assert_eq!(l.bound(), &want[..]);
+    let port = l.local_addr().unwrap().port();
+    let (h, _) = l.handle(control).unwrap();
+    assert_eq!(h.port, port);
+    assert_eq!(h.control, control);
+    let advertised: Vec<Ipv4Addr> = h.links.iter().map(|r| r.addr.addr()).collect();
+    assert_eq!(advertised, want[..2]);
+    // Every advertised address answers on the port; another address of this host does not.
+    for a in &want {
+        TcpStream::connect(SocketAddrV4::new(*a, port)).unwrap();
+    }
+    let e = TcpStream::connect(SocketAddrV4::new(Ipv4Addr::new(127, 0, 0, 2), port)).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::ConnectionRefused, "{e}");
+    l.poll().unwrap();
+    // Nothing to advertise that this host has: an error naming the addresses.
+    let mut only_gone = lo_link();
+    only_gone.addr = "192.0.2.1/30".parse().unwrap();
+    let e = Listener::bind_advertised(
+        AcceptorView {
+            links: vec![only_gone],
+            ..view()
+        },
+        None,
+        T,
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("192.0.2.1"), "{e}");
+}
+
 #[test]
 fn real_sockets_garbage_clients_are_closed_and_a_good_client_still_succeeds() {
     let mut l = listener(T);
@@ -1237,6 +1550,7 @@ fn reject_reason(e: &End) -> String {
     assert!(e.peer_closed(), "the connection is still open");
     match Message::decode(&e.take()).unwrap() {
         Message::Reject(r) => r,
+        Message::Refuse(f) => f.reason,
         m => panic!("expected a reject, got {m:?}"),
     }
 }

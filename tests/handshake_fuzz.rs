@@ -68,6 +68,14 @@ fn seeds() -> Vec<Vec<u8>> {
             .encode()
             .unwrap(),
     );
+    v.push(
+        Message::Refuse(wire::Refuse {
+            reason: "cannot create QPs: out of memory".into(),
+            tag: [9; wire::TAG_LEN],
+        })
+        .encode()
+        .unwrap(),
+    );
     v.push(Message::Ready.encode().unwrap());
     v
 }
@@ -130,7 +138,7 @@ fn mutated_frames_never_panic_and_reencode_exactly() {
                 // A frame decodes only behind a header that parses, of the message's type.
                 assert_eq!(header.map(|h| h.msg_type), Some(m.msg_type()));
                 let again = m.encode().unwrap();
-                if !matches!(m, Message::Reject(_)) {
+                if !matches!(m, Message::Reject(_) | Message::Refuse(_)) {
                     assert_eq!(again, b);
                 }
                 assert_eq!(Message::decode(&again).unwrap(), m);
@@ -190,7 +198,7 @@ fn header_fields_sit_where_the_layout_says() {
     .unwrap_err();
     assert!(matches!(e, switchless::error::Error::Internal(_)), "{e}");
     // Every parse error is the peer's fault.
-    for (i, v) in [(0usize, b'X'), (4, 1), (5, 0), (5, 5), (6, 1), (8, 1)] {
+    for (i, v) in [(0usize, b'X'), (4, 1), (5, 0), (5, 6), (6, 1), (8, 1)] {
         let mut c = b;
         c[i] = v;
         let e = HeaderRepr::parse(&Header::new_unchecked(&c[..])).unwrap_err();
@@ -270,6 +278,12 @@ proptest! {
     #[test]
     fn reject_round_trips(reason in ".{0,300}") {
         let m = Message::Reject(reason);
+        prop_assert_eq!(Message::decode(&m.encode().unwrap()).unwrap(), m);
+    }
+
+    #[test]
+    fn refuse_round_trips(reason in ".{0,300}", t in any::<u8>()) {
+        let m = Message::Refuse(wire::Refuse { reason, tag: [t; wire::TAG_LEN] });
         prop_assert_eq!(Message::decode(&m.encode().unwrap()).unwrap(), m);
     }
 }
@@ -459,5 +473,5 @@ fn fuzz_seed_files_decode() {
         assert_eq!(&h.to_bytes().unwrap()[..], &b[..]);
         n += 1;
     }
-    assert_eq!(n, 5);
+    assert_eq!(n, 6);
 }

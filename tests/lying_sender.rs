@@ -18,8 +18,8 @@ use switchless::transport::fabric::{
 };
 use switchless::transport::memfab::{MemEndpoint, MemFab, MemFabConfig};
 use switchless::transport::wire::{
-    self, CtrlInfo, CtsElem, ELEM_WORDS, FIFO_DEPTH, Imm, MAX_RECVS, SLOT_ELEMS, SLOT_HDR,
-    SLOT_IDX, SLOT_WORDS,
+    self, CtrlInfo, CtsElem, ELEM_WORDS, FIFO_DEPTH, FenceLayout, Imm, MAX_RECVS, RECV_SNAP_WORDS,
+    SLOT_ELEMS, SLOT_HDR, SLOT_IDX, SLOT_WORDS,
 };
 
 /// The receiver's posted buffer, in a registration twice its size (so a write past the posted size
@@ -56,7 +56,14 @@ fn liar(failover: bool) -> Liar {
     let fab = MemFab::new(MemFabConfig::default());
     let (mut ep, b) = fab.pair(&[100_000], 0);
     let mut r = RecvComm::new(b, protocol(failover)).unwrap();
-    let fifo = ep.alloc_ctrl(FIFO_DEPTH * SLOT_WORDS).unwrap();
+    // The FIFO, then the inbox the receiver writes its failover fence words into.
+    let inbox = FenceLayout {
+        npaths: 1,
+        snap: RECV_SNAP_WORDS,
+    };
+    let fifo = ep
+        .alloc_ctrl(FIFO_DEPTH * SLOT_WORDS + inbox.words())
+        .unwrap();
     r.connect(CtrlInfo {
         addr: fifo.addr,
         words: fifo.words as u32,

@@ -216,6 +216,17 @@ fn internal_ib_instead_of_switchless_is_detected() {
         "{:?}",
         s.problems
     );
+    // The remedy follows the cause NCCL logged ("Could not find"): a path, not NCCL_NET_PLUGIN.
+    assert!(
+        s.problems[0].contains("LD_LIBRARY_PATH") && s.problems[0].contains("full path"),
+        "{:?}",
+        s.problems
+    );
+    assert!(
+        !s.problems[0].contains("set NCCL_NET_PLUGIN=switchless"),
+        "{:?}",
+        s.problems
+    );
 }
 
 #[test]
@@ -256,6 +267,11 @@ fn garbage_row_names_the_line() {
         .to_string();
     assert!(e.contains("garbage-row.log:13:"), "{e}");
     assert!(e.contains("expected 13 columns"), "{e}");
+    // On the command line a damaged file is no "invalid configuration".
+    let (code, _, err) = cli(&["garbage-row.log"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("garbage-row.log:13: malformed"), "{err}");
+    assert!(!err.contains("invalid configuration"), "{err}");
 }
 
 #[test]

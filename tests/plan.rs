@@ -310,7 +310,7 @@ fn every_cables_error_names_file_and_line() {
         (
             "1-1 > 3-1",
             Some(2),
-            "cables.txt:1: server 3 in `1-1 > 3-1` is out of range: --servers 2 allows servers 1..=2",
+            "--servers 2 allows servers 1..=2, but the cables file names server 3:\n  cables.txt:1: `1-1 > 3-1` names server 3",
         ),
         (
             "1-9 > 2-1",
@@ -555,6 +555,7 @@ fn golden_outputs() {
         (Format::Ip, "ip.sh"),
         (Format::Netplan, "netplan.yaml"),
         (Format::Networkd, "networkd.txt"),
+        (Format::Sysctl, "sysctl.conf"),
     ];
     for (name, map) in cases {
         let p = plan_with(&read(&format!("{name}.cables")), &map, &Options::default());
@@ -1076,4 +1077,233 @@ fn ip_output_is_an_apply_script_and_a_check_script() {
     ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("names: b300-001, b300-002"));
+}
+
+/// `plan` without `--model`: the cables file's `model =` line, else what its ports and host names
+/// leave (a port above 2: B300; hosts named spark-*: GB10, said on stderr); otherwise it asks.
+#[test]
+fn cli_model_comes_from_the_file_or_is_asked_for() {
+    let d = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let p = d.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let json = |out: &std::process::Output| -> serde_json::Value {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    // Three Sparks by host name: GB10, and a note says why.
+    let mesh3 = write(
+        "mesh3.txt",
+        "spark-a-1 > spark-b-1\nspark-b-2 > spark-c-1\nspark-c-2 > spark-a-2\n",
+    );
+    let out = switchless(&["plan", &mesh3, "--format", "json"]);
+    assert_eq!(json(&out)["model"]["name"], "gb10");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("model gb10 (DGX Spark)") && err.contains("spark-a"),
+        "{err}"
+    );
+    // Port 8: only the B300 has it.
+    let b = write("b.txt", "1-8 > 2-8\n");
+    assert_eq!(
+        json(&switchless(&["plan", &b, "--format", "json"]))["model"]["name"],
+        "b300"
+    );
+    // Ports 1-2 and no hint: both models fit, so it asks (exit 2), naming the ways to answer.
+    let two = write("two.txt", "1-1 > 2-1\n");
+    let out = switchless(&["plan", &two]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for want in [
+        "--model gb10",
+        "--model b300",
+        "model = gb10",
+        "both built-in models",
+    ] {
+        assert!(err.contains(want), "{want}: {err}");
+    }
+    // A `model =` line answers for the file; --model still wins.
+    let named = write("named.txt", "model = gb10\n1-1 > 2-1\n");
+    assert_eq!(
+        json(&switchless(&["plan", &named, "--format", "json"]))["model"]["name"],
+        "gb10"
+    );
+    let out = switchless(&["plan", &named, "--model", "b300", "--format", "json"]);
+    assert_eq!(json(&out)["model"]["name"], "b300");
+    let bad = write("bad.txt", "model = nope\n1-1 > 2-1\n");
+    let out = switchless(&["plan", &bad]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("bad.txt:1: model = nope"));
+}
+
+/// Every planned interface gets arp_ignore=1 and arp_announce=2 (and no IPv6 temporary addresses):
+/// the sysctl.d output persists them, the apply script sets them, netplan and networkd point to it.
+#[test]
+fn arp_settings_for_every_planned_interface() {
+    let p = plan_with(
+        &read("gb10-3ring.cables"),
+        &PortMap::gb10(),
+        &Options::default(),
+    );
+    let conf = render::to_stdout(&render::render(&p, Format::Sysctl, Some(1)).unwrap());
+    let ip = render::to_stdout(&render::render(&p, Format::Ip, Some(1)).unwrap());
+    for (me, _) in p.links_of(1).filter_map(|l| l.side(1)) {
+        let i = &me.interface;
+        assert!(
+            conf.contains(&format!("net.ipv4.conf.{i}.arp_ignore = 1\n")),
+            "{conf}"
+        );
+        assert!(
+            conf.contains(&format!("net.ipv4.conf.{i}.arp_announce = 2\n")),
+            "{conf}"
+        );
+        assert!(
+            conf.contains(&format!("net.ipv6.conf.{i}.use_tempaddr = 0\n")),
+            "{conf}"
+        );
+        assert!(
+            ip.contains(&format!(
+                "sysctl -qw net.ipv4.conf.{i}.arp_ignore=1 net.ipv4.conf.{i}.arp_announce=2 net.ipv6.conf.{i}.use_tempaddr=0\n"
+            )),
+            "{ip}"
+        );
+    }
+    for f in [Format::Netplan, Format::Networkd] {
+        let text = render::to_stdout(&render::render(&p, f, Some(1)).unwrap());
+        assert!(text.contains("--format sysctl"), "{text}");
+    }
+}
+
+/// The plans the plan-built fixture fleets come from (`tests/fixtures/plan/*.plan.json`, read by
+/// gen.py) are what `switchless plan` makes of their cables files today.
+#[test]
+fn committed_fixture_plans_are_current() {
+    let dir = fixture("");
+    for name in ["gb10-mesh3", "b300-pair", "ws-pair"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_switchless"))
+            .args(["plan", &format!("{name}.cables"), "--format", "json"])
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let fresh = Plan::from_json(&String::from_utf8(out.stdout).unwrap()).unwrap();
+        let committed = Plan::from_json(
+            &std::fs::read_to_string(dir.join(format!("{name}.plan.json"))).unwrap(),
+        )
+        .unwrap();
+        assert!(
+            fresh == committed,
+            "tests/fixtures/plan/{name}.plan.json is stale: rerun `switchless plan {name}.cables --format json` \
+             there, then python3 tests/fixtures/fabric/gen.py"
+        );
+    }
+}
+
+/// One of a thing is singular everywhere (walkthrough 2, A8), and `--servers` below the file's
+/// highest server blames the option, quoting the file's own text.
+#[test]
+fn singulars_and_the_servers_option() {
+    let dir = fixture("");
+    let out = switchless(&[
+        "plan",
+        dir.join("ws-pair.cables").to_str().unwrap(),
+        "--format",
+        "ip",
+        "--server",
+        "1",
+    ]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("model ws10g (1 port, up to 1 interface each), 2 servers, 1 cable, 1 link"),
+        "{text}"
+    );
+    assert!(
+        text.contains("verified: 1 link in 1 distinct /30 subnet, 2 distinct addresses;"),
+        "{text}"
+    );
+    assert!(text.contains("ws-a.sh: 1 interface configured;"), "{text}");
+    let p =
+        Plan::from_json(&std::fs::read_to_string(dir.join("ws-pair.plan.json")).unwrap()).unwrap();
+    let live = vec![plan::LiveIface {
+        name: "enp5s0".into(),
+        addrs: vec!["10.100.0.1/30".parse().unwrap()],
+        mtu: 9000,
+        up: true,
+        rdma: false,
+    }];
+    let f = plan::check_host(&p, 1, &live);
+    assert_eq!(
+        f[0].message,
+        "the one planned interface of server 1 is up with MTU 9000 bytes and its planned /30 address"
+    );
+    let out = switchless(&[
+        "plan",
+        dir.join("gb10-mesh3.cables").to_str().unwrap(),
+        "--servers",
+        "2",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.contains("--servers 2 allows servers 1..=2, but the cables file names server 3:"),
+        "{err}"
+    );
+    assert!(
+        err.contains("`spark-b-2 > spark-c-1` names server 3 (spark-c)"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("invalid configuration") && !err.contains("errors in the cables file"),
+        "{err}"
+    );
+}
+
+/// A map line for one server (`server 2 port 1 = enp6s0`): two workstations whose NICs have
+/// different names (walkthrough 2, A4).
+#[test]
+fn one_server_names_its_ports_differently() {
+    let map = PortMap::parse(
+        "ws.map",
+        "name = ws10g\n1 = enp5s0\nserver 2 port 1 = enp6s0\n",
+    )
+    .unwrap();
+    assert_eq!(map.port_of(1, 1).unwrap(), ["enp5s0"]);
+    assert_eq!(map.port_of(2, 1).unwrap(), ["enp6s0"]);
+    assert_eq!(map.port_number_of(2, "enp6s0"), Some(1));
+    assert_eq!(map.port_number_of(2, "enp5s0"), None);
+    let p = plan_with("1-1 > 2-1\n", &map, &Options::default());
+    assert_eq!(p.links[0].ends[0].interface, "enp5s0");
+    assert_eq!(p.links[0].ends[1].interface, "enp6s0");
+    // The plan's JSON keeps the server's line, and reads back equal.
+    let back = Plan::from_json(&p.to_json().unwrap()).unwrap();
+    assert_eq!(back, p);
+    // Mistakes name the line and what is accepted.
+    let e = PortMap::parse("m.map", "1 = a\nserver x port 1 = b\nserver 2 port 1 =\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("m.map:2: `server x port 1` is not `server N port P`"),
+        "{e}"
+    );
+    assert!(
+        e.contains("m.map:3: server 2 port 1 lists no interface"),
+        "{e}"
+    );
+    let e = PortMap::parse("m.map", "1 = a\n2 = b\nserver 2 port 1 = b\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("server 2 would use interface b for two ports"),
+        "{e}"
+    );
 }

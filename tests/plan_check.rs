@@ -27,6 +27,7 @@ fn healthy(p: &Plan, server: u32) -> Vec<LiveIface> {
                 addrs: vec![me.address],
                 mtu: p.mtu,
                 up: true,
+                rdma: true,
             }
         })
         .collect();
@@ -35,6 +36,7 @@ fn healthy(p: &Plan, server: u32) -> Vec<LiveIface> {
         addrs: vec![net("192.168.1.10/24")],
         mtu: 1500,
         up: true,
+        rdma: false,
     });
     v
 }
@@ -134,10 +136,30 @@ fn wrong_mtu() {
         "{}",
         one.message
     );
+    assert!(
+        one.message.contains("RoCE runs at active_mtu 1024 bytes"),
+        "{}",
+        one.message
+    );
     let mut live = healthy(&p, 1);
     iface(&mut live, "eno6np0").mtu = 9216;
     let f = check_host(&p, 1, &live);
     only(&f, "plan-mtu-mismatch", "netdev eno6np0", Severity::Warning);
+}
+
+#[test]
+fn wrong_mtu_on_a_tcp_link_speaks_of_tcp() {
+    // A netdev without RDMA: TCP takes the smaller MTU per connection; nothing about RoCE or drops.
+    let p = plan_of(TWO_NODE, None);
+    let mut live = healthy(&p, 1);
+    let i = iface(&mut live, "eno6np0");
+    i.mtu = 1500;
+    i.rdma = false;
+    let f = check_host(&p, 1, &live);
+    let one = only(&f, "plan-mtu-mismatch", "netdev eno6np0", Severity::Error);
+    assert!(one.message.contains("no jumbo frames"), "{}", one.message);
+    assert!(!one.message.contains("RoCE"), "{}", one.message);
+    assert!(!one.message.contains("are dropped"), "{}", one.message);
 }
 
 #[test]
@@ -284,6 +306,7 @@ fn unplanned_address_in_the_range() {
         addrs: vec![net("10.100.9.1/30")],
         mtu: 9000,
         up: true,
+        rdma: false,
     });
     let f = check_host(&p, 1, &live);
     only(
@@ -319,6 +342,7 @@ fn planned_address_on_two_interfaces() {
         addrs: vec![net("10.100.0.1/30")],
         mtu: 9000,
         up: true,
+        rdma: false,
     });
     let f = check_host(&p, 1, &live);
     let one = only(
@@ -344,6 +368,7 @@ fn missing_interface_whose_address_moved() {
         addrs: vec![net("10.100.0.1/30")],
         mtu: 9000,
         up: true,
+        rdma: false,
     });
     let f = check_host(&p, 1, &live);
     assert_eq!(
@@ -427,6 +452,7 @@ fn another_model_is_one_headline() {
         addrs: vec![],
         mtu: 9000,
         up: true,
+        rdma: false,
     }];
     let f = check_host(&p, 1, &live);
     let one = only(&f, "plan-model-mismatch", "plan", Severity::Error);
@@ -435,6 +461,23 @@ fn another_model_is_one_headline() {
         "{}",
         one.message
     );
+    // A GB10 applied as server 1 of a plan made without --model gb10: its addresses are the plan's
+    // (both slot formulas agree on server 1), on interfaces the B300 plan does not name. That is
+    // the model, not four addresses on wrong interfaces: the headline stands alone.
+    let live: Vec<LiveIface> = ["enp1s0f0np0", "enP2p1s0f0np0"]
+        .iter()
+        .zip(["10.100.0.1/30", "10.100.0.5/30"])
+        .map(|(n, a)| LiveIface {
+            name: n.to_string(),
+            addrs: vec![net(a)],
+            mtu: 9000,
+            up: true,
+            rdma: true,
+        })
+        .collect();
+    let f = check_host(&p, 1, &live);
+    assert_eq!(f.len(), 1, "{f:#?}");
+    assert_eq!(f[0].check, "plan-model-mismatch");
 }
 
 // ---------- reading a host: `ip -j addr show`, captured from network namespaces set up by the plan's ip commands ----------
@@ -572,4 +615,35 @@ proptest! {
     fn ip_json_reader_never_panics(text in "\\PC{0,300}") {
         let _ = plan::live_from_ip_json(&text);
     }
+}
+
+#[test]
+fn a_wrong_address_in_place_of_the_planned_one_is_one_finding() {
+    // eno6np0 holds server 2's address instead of its own: one finding, whose remedy swaps them.
+    let p = plan_of(TWO_NODE, None);
+    let mut live = healthy(&p, 1);
+    iface(&mut live, "eno6np0").addrs = vec![net("10.100.0.2/29")];
+    let f = check_host(&p, 1, &live);
+    let on: Vec<&str> = f
+        .iter()
+        .filter(|x| x.object == "netdev eno6np0")
+        .map(|x| x.check.as_str())
+        .collect();
+    assert_eq!(on, ["plan-address-of-other-server"], "{f:#?}");
+    let one = only(
+        &f,
+        "plan-address-of-other-server",
+        "netdev eno6np0",
+        Severity::Error,
+    );
+    assert!(
+        one.message
+            .contains("its planned address 10.100.0.1/30 is missing"),
+        "{}",
+        one.message
+    );
+    assert_eq!(
+        one.remedy,
+        "ip addr del 10.100.0.2/29 dev eno6np0 && ip addr add 10.100.0.1/30 dev eno6np0   # the plan's address"
+    );
 }

@@ -31,15 +31,17 @@ fn gb10_one_cable_uses_both_pcie_functions() {
     ]);
     assert_eq!(rc, 0, "{err}");
     assert!(
-        out.starts_with("2 paths to the peer (192.168.100.11/24, 192.168.101.11/24):"),
+        out.starts_with(
+            "2 paths to the peer (192.168.100.11/24, 192.168.101.11/24), as the plugin chooses"
+        ),
         "{out}"
     );
     assert!(
-        out.contains("enP2p1s0f0np0 192.168.101.10/24") && out.contains("-> 192.168.101.11 (Roce)"),
+        out.contains("enP2p1s0f0np0 192.168.101.10/24") && out.contains("-> 192.168.101.11 (RoCE)"),
         "{out}"
     );
     assert!(
-        out.contains("enp1s0f0np0 192.168.100.10/24") && out.contains("-> 192.168.100.11 (Roce)"),
+        out.contains("enp1s0f0np0 192.168.100.10/24") && out.contains("-> 192.168.100.11 (RoCE)"),
         "{out}"
     );
     assert!(
@@ -150,11 +152,11 @@ fn routed_takes_the_default_route_only_when_asked() {
     let (rc, out, err) = route(&[&peer[..], &["--routed"]].concat());
     assert_eq!(rc, 0, "{err}");
     assert!(
-        out.starts_with("1 path to the peer (10.250.0.2/30):"),
+        out.starts_with("1 path to the peer (10.250.0.2/30), TCP pairs only (--kinds):"),
         "{out}"
     );
     assert!(
-        out.contains("eno1 ") && out.contains("-> 10.250.0.2 via 192.168.10.1 (Tcp)"),
+        out.contains("eno1 ") && out.contains("-> 10.250.0.2 via 192.168.10.1 (TCP)"),
         "{out}"
     );
     assert!(out.contains("0.0.0.0/0 via 192.168.10.1 dev eno1"), "{out}");
@@ -170,4 +172,81 @@ fn routed_takes_the_default_route_only_when_asked() {
     ]);
     assert_eq!(rc, 1);
     assert!(err.contains("RoCE needs a cable"), "{err}");
+}
+
+const TCP: &str = "tests/fixtures/fabric/tcp-2link";
+
+/// By default `route` shows what the plugin would do: a workstation's management /24 reaches the
+/// peer too, but it is no data path (listed under "not used" with the reason); `--kinds any` still
+/// shows every pair. TCP paths show the netdev MTU, not "MTU 0 B".
+#[test]
+fn the_default_is_the_plugins_choice() {
+    let peer = ["--root", TCP, "--peer", "192.168.10.22/24,10.10.0.2/30"];
+    let (rc, out, err) = route(&peer);
+    assert_eq!(rc, 0, "{err}");
+    assert!(out.starts_with("1 path to the peer"), "{out}");
+    assert!(
+        out.contains("path 0: enp65s0f0 10.10.0.1/30 (NCCL dev 0, PCIe root pci0000:40/0000:40:01.1, MTU 9000 bytes) -> 10.10.0.2 (TCP)"),
+        "{out}"
+    );
+    assert!(!out.contains("MTU 0"), "{out}");
+    assert!(
+        out.contains(
+            "not used:\n  eno1 192.168.10.11/24 -> 192.168.10.22: a /24 subnet is not a data path"
+        ),
+        "{out}"
+    );
+    let (rc, out, _) = route(&[&peer[..], &["--kinds", "any"]].concat());
+    assert_eq!(rc, 0);
+    assert!(out.starts_with("2 paths to the peer"), "{out}");
+    // With the fallback on (as the plugin with NCCL_SWITCHLESS_TCP_FALLBACK=1) the /24 is no longer
+    // said to be unused when no cable reaches the peer.
+    let out = Command::new(env!("CARGO_BIN_EXE_switchless"))
+        .args(["route", "--root", TCP, "--peer", "192.168.10.22/24"])
+        .env("NCCL_SWITCHLESS_TCP_FALLBACK", "1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("eno1 192.168.10.11/24") && text.contains("TCP fallback on"),
+        "{text}"
+    );
+    // An environment the plugin refuses is a usage error.
+    let out = Command::new(env!("CARGO_BIN_EXE_switchless"))
+        .args(["route", "--root", TCP, "--peer", "10.10.0.2/30"])
+        .env("NCCL_SWITCHLESS_TRANSPORT", "ib")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+/// `--dev` takes the device name doctor prints, or its index; a wrong one lists the devices.
+#[test]
+fn dev_by_name_or_index() {
+    let peer = ["--root", TCP, "--peer", "10.10.0.6/30"];
+    let (rc, by_name, err) = route(&[&peer[..], &["--dev", "sl_enp65s0f1"]].concat());
+    assert_eq!(rc, 0, "{err}");
+    let (_, by_index, _) = route(&[&peer[..], &["--dev", "1"]].concat());
+    assert_eq!(by_name, by_index);
+    let (rc, _, err) = route(&[&peer[..], &["--dev", "sl_eth9"]].concat());
+    assert_eq!(rc, 2);
+    assert!(
+        err.contains("--dev sl_eth9: no NCCL device")
+            && err.contains("0 sl_enp65s0f0, 1 sl_enp65s0f1"),
+        "{err}"
+    );
+}
+
+/// No path: the reason reads as a list, one local subnet per line.
+#[test]
+fn no_path_error_is_a_list() {
+    let (rc, _, err) = route(&["--root", B300, "--peer", "10.200.0.2/30"]);
+    assert_eq!(rc, 1);
+    assert!(err.lines().count() >= 17, "{err}");
+    assert!(err.lines().all(|l| l.len() < 200), "{err}");
+    assert!(
+        err.contains("\n      10.112.1.0/30 on eno6np0 (Roce, up)\n"),
+        "{err}"
+    );
 }

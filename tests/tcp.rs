@@ -16,9 +16,14 @@ use switchless::transport::comm::{
 use switchless::transport::fabric::{
     Completion, Fabric, LocalSeg, MemKind, ReadWr, RemoteSeg, WcOpcode, WcStatus, WriteWr,
 };
+use switchless::transport::handshake::auth::ConnSecret;
+use switchless::transport::tcp::auth::StreamKey;
+use switchless::transport::tcp::frame::{
+    ACK_LEN, CHALLENGE_LEN, ChallengeRepr, HELLO_LEN, HelloRepr, NONCE_LEN, TAG_LEN,
+};
 use switchless::transport::tcp::{
-    BufferPolicy, MAX_OUT_OF_ORDER, TcpAcceptor, TcpConfig, TcpConnector, TcpFabric, TcpPathSpec,
-    listen, loopback_pair,
+    BufferPolicy, MAX_OUT_OF_ORDER, MAX_PENDING_STREAMS, TcpAcceptor, TcpConfig, TcpConnector,
+    TcpFabric, TcpPathSpec, listen, loopback_pair,
 };
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -811,13 +816,18 @@ fn lo_any_peer(speed_mbps: u64) -> TcpPathSpec {
     }
 }
 
-/// A one-path acceptor on 127.0.0.1 expecting `nonce`, and the address its listener is on (tests that
-/// play the connecting peer by hand).
-fn lo_acceptor(nonce: u64, tcfg: &TcpConfig) -> (TcpAcceptor, SocketAddr) {
+/// A connection secret for tests (`n` tells connections apart).
+fn secret(n: u8) -> ConnSecret {
+    ConnSecret::from_bytes([n; 32])
+}
+
+/// A one-path acceptor on 127.0.0.1 for the connection of secret `n`, and the address its listener
+/// is on (tests that play the connecting peer by hand).
+fn lo_acceptor(n: u8, tcfg: &TcpConfig) -> (TcpAcceptor, SocketAddr) {
     let l = listen(lo(), 10_000, tcfg).unwrap();
     let addr = l.local_addr().unwrap();
     (
-        TcpAcceptor::new(&[l], &[lo_any_peer(10_000)], nonce, tcfg).unwrap(),
+        TcpAcceptor::new(&[l], &[lo_any_peer(10_000)], &secret(n), tcfg).unwrap(),
         addr,
     )
 }
@@ -841,15 +851,17 @@ fn connect_to_a_closed_port_fails_with_a_clear_error() {
         ..TcpConfig::default()
     };
     let t = Instant::now();
-    let err = TcpFabric::connect(&[spec], 1, &tcfg).unwrap_err();
+    let err = TcpFabric::connect(&[spec], &secret(1), &tcfg).unwrap_err();
     assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
     let msg = err.to_string();
     assert!(msg.contains("TCP path 0 stream 0"), "{msg}");
     assert!(msg.contains("nothing listens"), "{msg}");
 }
 
+/// A connector with another connection's secret is refused by the acceptor: its streams never get
+/// an acknowledgement, and the acceptor times out waiting for real ones.
 #[test]
-fn wrong_nonce_is_rejected_by_the_acceptor() {
+fn wrong_secret_is_rejected_by_the_acceptor() {
     let tcfg = TcpConfig {
         streams: Some(2),
         connect_timeout: Some(Duration::from_millis(800)),
@@ -865,14 +877,14 @@ fn wrong_nonce_is_rejected_by_the_acceptor() {
         label: String::new(),
     };
     let c2 = tcfg.clone();
-    let t = std::thread::spawn(move || TcpFabric::connect(&[spec], 111, &c2));
-    let err = TcpFabric::accept(&[l], &[lo_any_peer(10_000)], 222, &tcfg).unwrap_err();
+    let t = std::thread::spawn(move || TcpFabric::connect(&[spec], &secret(111), &c2));
+    let err = TcpFabric::accept(&[l], &[lo_any_peer(10_000)], &secret(222), &tcfg).unwrap_err();
     assert!(matches!(err, Error::Timeout(_)), "{err}");
     assert!(err.to_string().contains("path 0: 0 of"), "{err}");
     let cerr = t.join().unwrap().unwrap_err();
     assert!(
         cerr.to_string()
-            .contains("closed the stream before acknowledging"),
+            .contains("closed the stream before sending its acknowledgement"),
         "{cerr}"
     );
 }
@@ -906,10 +918,10 @@ fn set_up_is_driven_without_blocking_from_one_thread() {
             label: "veth".into(),
         })
         .collect();
-    let mut c = TcpConnector::start(&specs, 42, &tcfg).unwrap();
+    let mut c = TcpConnector::start(&specs, &secret(42), &tcfg).unwrap();
     // Nothing acknowledged before the acceptor runs: the connector says "call again".
     assert!(c.poll().unwrap().is_none());
-    let mut a = TcpAcceptor::new(&listeners, &specs, 42, &tcfg).unwrap();
+    let mut a = TcpAcceptor::new(&listeners, &specs, &secret(42), &tcfg).unwrap();
     let mut fa = None;
     let mut fc = None;
     let t = Instant::now();
@@ -963,17 +975,45 @@ fn set_up_is_driven_without_blocking_from_one_thread() {
     assert_eq!(rb.read(0, data.len()).unwrap(), data);
 }
 
-/// A hand-made stream hello (the format of `transport::tcp`).
-fn raw_hello(nonce: u64, npaths: u8, path: u8, nstreams: u8, stream: u8) -> [u8; 24] {
-    let mut h = [0u8; 24];
-    h[0..4].copy_from_slice(b"SWTS");
-    h[4] = 1;
-    h[5] = npaths;
-    h[6] = path;
-    h[7] = nstreams;
-    h[8] = stream;
-    h[16..24].copy_from_slice(&nonce.to_le_bytes());
-    h
+/// Plays a connector's stream by hand: reads the acceptor's challenge from `sock` and answers it
+/// with the hello of stream `stream` of `nstreams` on path `path` of `npaths`, tagged for the
+/// connection of secret `n`.
+fn raw_hello(
+    sock: &mut std::net::TcpStream,
+    n: u8,
+    npaths: u8,
+    path: u8,
+    nstreams: u8,
+    stream: u8,
+) {
+    use std::io::{Read, Write};
+    let mut c = [0u8; CHALLENGE_LEN];
+    sock.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    sock.read_exact(&mut c).unwrap();
+    let c = ChallengeRepr::parse(&c).unwrap();
+    let h = StreamKey::new(&secret(n)).seal(
+        HelloRepr {
+            npaths,
+            path,
+            nstreams,
+            stream,
+            generation: 0,
+            conn: 0,
+            nonce: [n; NONCE_LEN],
+            tag: [0; TAG_LEN],
+        },
+        &c.nonce,
+    );
+    sock.write_all(&h.to_bytes()).unwrap();
+}
+
+/// Reads the acknowledgement of a stream opened with [`raw_hello`].
+fn raw_ack(sock: &mut std::net::TcpStream) -> [u8; ACK_LEN] {
+    use std::io::Read;
+    let mut ack = [0u8; ACK_LEN];
+    sock.read_exact(&mut ack).unwrap();
+    ack
 }
 
 #[test]
@@ -995,15 +1035,15 @@ fn silent_and_garbage_peers_never_block_the_acceptor_or_touch_memory() {
         assert!(acc.poll().unwrap().is_none());
     }
     assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
-    // A connection with a wrong hello is closed.
+    // A connection whose hello another connection's secret tagged is closed.
     let mut bad = TcpStream::connect(addr).unwrap();
-    bad.write_all(&raw_hello(6, 1, 0, 1, 0)).unwrap();
     // The real peer: a good hello, then garbage frames.
     let mut peer = TcpStream::connect(addr).unwrap();
-    peer.write_all(&raw_hello(5, 1, 0, 1, 0)).unwrap();
+    assert!(acc.poll().unwrap().is_none());
+    raw_hello(&mut bad, 6, 1, 0, 1, 0);
+    raw_hello(&mut peer, 5, 1, 0, 1, 0);
     let mut fab = eventually("the acceptor completes", || acc.poll().unwrap());
-    let mut ack = [0u8; 8];
-    peer.read_exact(&mut ack).unwrap();
+    let ack = raw_ack(&mut peer);
     assert_eq!(&ack[0..4], b"SWTA");
     let mut b = [0u8; 1];
     bad.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -1048,8 +1088,10 @@ fn frames_arriving_a_few_bytes_at_a_time_are_reassembled() {
     let (mut acc, addr) = lo_acceptor(3, &tcfg);
     let mut peer = TcpStream::connect(addr).unwrap();
     peer.set_nodelay(true).unwrap();
-    peer.write_all(&raw_hello(3, 1, 0, 1, 0)).unwrap();
+    assert!(acc.poll().unwrap().is_none());
+    raw_hello(&mut peer, 3, 1, 0, 1, 0);
     let mut fab = eventually("accept", || acc.poll().unwrap());
+    raw_ack(&mut peer);
     let n = 3000;
     let target = HostBuffer::new(n).unwrap();
     let reg = fab
@@ -1110,8 +1152,10 @@ proptest! {
         let tcfg = TcpConfig { streams: Some(1), ..TcpConfig::default() };
         let (mut acc, addr) = lo_acceptor(1, &tcfg);
         let mut peer = TcpStream::connect(addr).unwrap();
-        peer.write_all(&raw_hello(1, 1, 0, 1, 0)).unwrap();
+        prop_assert!(acc.poll().unwrap().is_none());
+        raw_hello(&mut peer, 1, 1, 0, 1, 0);
         let mut fab = eventually("accept", || acc.poll().unwrap());
+        raw_ack(&mut peer);
         // 64 guard bytes on each side of the 256-byte registration.
         let mem = HostBuffer::new(384).unwrap();
         let reg = fab.register(&mem.lend_range(64, 256).unwrap(), MemKind::Host).unwrap();
@@ -1160,14 +1204,16 @@ fn raw_frame(op: u8, flags: u8, len: u32, seq: u64, addr: u64, rkey: u32) -> [u8
     h
 }
 
-/// A one-stream fabric accepted from a raw peer on 127.0.0.1, and the peer's socket.
-fn raw_peer(nonce: u64) -> (TcpFabric, std::net::TcpStream) {
-    use std::io::Write;
+/// A one-stream fabric accepted from a raw peer on 127.0.0.1 (the connection of secret `n`), and
+/// the peer's socket (its acknowledgement read).
+fn raw_peer(n: u8) -> (TcpFabric, std::net::TcpStream) {
     let tcfg = cfg(1);
-    let (mut acc, addr) = lo_acceptor(nonce, &tcfg);
+    let (mut acc, addr) = lo_acceptor(n, &tcfg);
     let mut peer = std::net::TcpStream::connect(addr).unwrap();
-    peer.write_all(&raw_hello(nonce, 1, 0, 1, 0)).unwrap();
+    assert!(acc.poll().unwrap().is_none());
+    raw_hello(&mut peer, n, 1, 0, 1, 0);
     let fab = eventually("accept", || acc.poll().unwrap());
+    raw_ack(&mut peer);
     (fab, peer)
 }
 
@@ -1278,21 +1324,23 @@ fn streams_from_another_source_are_refused() {
     let addr = l.local_addr().unwrap();
     let mut unspecified = lo_any_peer(10_000);
     unspecified.remote = SocketAddr::new(IpAddr::from([0, 0, 0, 0]), 0);
-    let Err(e) = TcpAcceptor::new(std::slice::from_ref(&l), &[unspecified], 5, &tcfg) else {
+    let Err(e) = TcpAcceptor::new(std::slice::from_ref(&l), &[unspecified], &secret(5), &tcfg)
+    else {
         panic!("an acceptor without a peer address was made");
     };
     assert!(
         e.to_string().contains("streams from any other source"),
         "{e}"
     );
-    let mut acc = TcpAcceptor::new(&[l], &[lo_any_peer(10_000)], 5, &tcfg).unwrap();
+    let mut acc = TcpAcceptor::new(&[l], &[lo_any_peer(10_000)], &secret(5), &tcfg).unwrap();
     // 127.0.0.2 is this host too, but not the path's peer.
     let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
     s.bind(&SocketAddr::new(IpAddr::from([127, 0, 0, 2]), 0).into())
         .unwrap();
     s.connect(&addr.into()).unwrap();
     let mut spoof: std::net::TcpStream = s.into();
-    spoof.write_all(&raw_hello(5, 1, 0, 1, 0)).unwrap();
+    // It never gets a challenge to answer: it sends what a recording would hold.
+    spoof.write_all(&[0x5a; HELLO_LEN]).unwrap();
     spoof
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
@@ -1318,8 +1366,87 @@ fn streams_from_another_source_are_refused() {
     }
     // The real peer still gets in.
     let mut real = std::net::TcpStream::connect(addr).unwrap();
-    real.write_all(&raw_hello(5, 1, 0, 1, 0)).unwrap();
+    assert!(acc.poll().unwrap().is_none());
+    raw_hello(&mut real, 5, 1, 0, 1, 0);
     eventually("accept the real peer", || acc.poll().unwrap());
+}
+
+/// Security audit 2, finding 1 (TCP streams): silent connections from the path's peer address (a
+/// process on the peer's host) held every place of the acceptor (64) and the real streams were
+/// refused. Now the oldest silent one makes room; the real connector's streams get in.
+#[test]
+fn silent_streams_from_the_peers_address_cannot_keep_its_streams_out() {
+    let tcfg = cfg(2);
+    let (mut acc, addr) = lo_acceptor(9, &tcfg);
+    let silent: Vec<std::net::TcpStream> = (0..MAX_PENDING_STREAMS + 8)
+        .map(|_| std::net::TcpStream::connect(addr).unwrap())
+        .collect();
+    for _ in 0..8 {
+        assert!(acc.poll().unwrap().is_none());
+    }
+    let spec = TcpPathSpec {
+        local: lo(),
+        remote: addr,
+        speed_mbps: 10_000,
+        mtu: 0,
+        label: String::new(),
+    };
+    let mut c = TcpConnector::start(&[spec], &secret(9), &tcfg).unwrap();
+    let (mut fa, mut fc) = (None, None);
+    let t = Instant::now();
+    while fa.is_none() || fc.is_none() {
+        assert!(t.elapsed() < DEADLINE, "the real streams never got in");
+        if fa.is_none() {
+            fa = acc.poll().unwrap();
+        }
+        if fc.is_none() {
+            fc = c.poll().unwrap();
+        }
+    }
+    drop(silent);
+}
+
+/// Security audit 2, finding 7: the set-up acceptor accepted until the kernel's queue was empty, so
+/// a flood kept one `poll` (NCCL's thread) busy for as long as it lasted. Each poll takes at most
+/// `MAX_PENDING_STREAMS` per listener; the rest wait for the next poll.
+#[test]
+fn the_set_up_acceptor_takes_a_bounded_number_of_connections_per_poll() {
+    let tcfg = cfg(1);
+    let (mut acc, addr) = lo_acceptor(4, &tcfg);
+    // Strangers (another source): each accepted one is closed at once. Fewer than the listener's
+    // backlog (128), so all of them wait in the kernel's queue.
+    let n = 120;
+    let socks: Vec<std::net::TcpStream> = (0..n)
+        .map(|_| {
+            let s =
+                socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+            s.bind(&SocketAddr::new(IpAddr::from([127, 0, 0, 2]), 0).into())
+                .unwrap();
+            s.connect(&addr.into()).unwrap();
+            let s: std::net::TcpStream = s.into();
+            s.set_nonblocking(true).unwrap();
+            s
+        })
+        .collect();
+    let closed = |socks: &[std::net::TcpStream]| {
+        std::thread::sleep(Duration::from_millis(50));
+        socks
+            .iter()
+            .filter(|s| {
+                let mut b = [0u8; 1];
+                let r = std::io::Read::read(&mut &**s, &mut b);
+                !matches!(r, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+            })
+            .count()
+    };
+    assert!(acc.poll().unwrap().is_none());
+    let first = closed(&socks);
+    assert!(
+        (1..=MAX_PENDING_STREAMS).contains(&first),
+        "one poll took {first} of {n} connections"
+    );
+    assert!(acc.poll().unwrap().is_none());
+    assert_eq!(closed(&socks), n, "the next poll takes the rest");
 }
 
 /// Security review finding 5: the connector's streams connect without blocking. To a peer whose
@@ -1360,7 +1487,7 @@ fn a_connect_to_a_peer_that_does_not_accept_never_blocks() {
         ..TcpConfig::default()
     };
     let t = Instant::now();
-    let mut c = TcpConnector::start(&[spec], 7, &tcfg).unwrap();
+    let mut c = TcpConnector::start(&[spec], &secret(7), &tcfg).unwrap();
     assert!(
         t.elapsed() < Duration::from_secs(1),
         "start waited {:?} for a peer that does not accept",
@@ -1378,4 +1505,111 @@ fn a_connect_to_a_peer_that_does_not_accept_never_blocks() {
         std::thread::sleep(Duration::from_millis(20));
     }
     drop(fillers);
+}
+
+/// Plays the acceptor of one stream by hand on `l` for the connection of secret `n`: accepts,
+/// challenges, checks the hello and acknowledges it. Returns the stream.
+fn raw_acceptor_stream(l: &std::net::TcpListener, n: u8) -> std::net::TcpStream {
+    use std::io::{Read, Write};
+    use switchless::transport::tcp::frame::Hello;
+    let (mut s, _) = l.accept().unwrap();
+    let challenge = [0x33; NONCE_LEN];
+    s.write_all(&ChallengeRepr { nonce: challenge }.to_bytes())
+        .unwrap();
+    let mut b = [0u8; HELLO_LEN];
+    s.read_exact(&mut b).unwrap();
+    let h = HelloRepr::parse(&Hello::new_checked(&b[..]).unwrap()).unwrap();
+    let key = StreamKey::new(&secret(n));
+    key.check_hello(&h, &challenge).unwrap();
+    s.write_all(&key.ack(&h, &challenge).to_bytes()).unwrap();
+    s
+}
+
+/// Security audit 2, item 5: Linux applies `TCP_USER_TIMEOUT` to a peer whose receive window stays
+/// closed, even though it answers every window probe, so a healthy receiver that stopped reading
+/// for longer than the timeout (30 s by default; a loaded host) had its streams killed ("transport
+/// retry counter exceeded", status 12). A slow peer is not a dead one: with a 1 s user timeout, a
+/// receiver that reads nothing for 3 s still gets every byte and every write completes.
+#[test]
+fn a_receiver_that_stops_reading_longer_than_the_user_timeout_is_not_cut_off() {
+    use std::io::Read;
+    let tcfg = TcpConfig {
+        streams: Some(1),
+        user_timeout: Some(Duration::from_secs(1)),
+        buffers: BufferPolicy::Fixed(64 << 10),
+        connect_timeout: Some(Duration::from_secs(10)),
+        ..TcpConfig::default()
+    };
+    let l = listen(lo(), 10_000, &tcfg).unwrap();
+    let spec = TcpPathSpec {
+        local: lo(),
+        remote: l.local_addr().unwrap(),
+        speed_mbps: 10_000,
+        mtu: 0,
+        label: String::new(),
+    };
+    let c = tcfg.clone();
+    let t = std::thread::spawn(move || TcpFabric::connect(&[spec], &secret(3), &c));
+    let mut peer = raw_acceptor_stream(&l, 3);
+    let mut fab = t.join().unwrap().unwrap();
+    let (n, size) = (8usize, 1usize << 20);
+    let mut src = HostBuffer::new(n * size).unwrap();
+    src.write(0, &pattern(n * size, 5)).unwrap();
+    let reg = fab
+        .register(&src.lend_range(0, n * size).unwrap(), MemKind::Host)
+        .unwrap();
+    for k in 0..n {
+        let wr = write(
+            k as u64,
+            src.addr() + (k * size) as u64,
+            size as u32,
+            reg.keys[0].lkey,
+            0x1000_0000 + (k * size) as u64,
+            7,
+            None,
+        );
+        fab.post_write(0, &wr).unwrap();
+    }
+    // The receiver reads nothing for three user timeouts; nothing may fail meanwhile.
+    let stall = Instant::now();
+    let mut done = Vec::new();
+    while stall.elapsed() < Duration::from_secs(3) {
+        fab.poll(0, 16, &mut done).unwrap();
+        if let Some(bad) = done.iter().find(|c| c.status != WcStatus::SUCCESS) {
+            panic!(
+                "a write failed after {:?} of the receiver's stall: {bad:?}",
+                stall.elapsed()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        done.len() < n,
+        "every write completed with the receiver stalled"
+    );
+    // Then it reads everything: every write completes.
+    peer.set_read_timeout(Some(Duration::from_millis(5)))
+        .unwrap();
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 1 << 20];
+    let t = Instant::now();
+    while done.len() < n {
+        assert!(t.elapsed() < DEADLINE, "{} of {n} writes done", done.len());
+        match peer.read(&mut buf) {
+            Ok(0) => panic!("the sender closed the stream after {got} bytes"),
+            Ok(k) => got += k,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(e) => panic!("the stream failed after {got} bytes: {e}"),
+        }
+        fab.poll(0, 16, &mut done).unwrap();
+    }
+    assert!(
+        done.iter().all(|c| c.status == WcStatus::SUCCESS),
+        "{done:?}"
+    );
+    assert!(got >= n * size, "{got} bytes read");
 }

@@ -1,5 +1,6 @@
-//! Stable, bounded fuzzing of the TCP fabric's stream decoders, the frame header and the stream
-//! hello (cargo-fuzz runs the same property unbounded: `fuzz/fuzz_targets/tcp_frame_decode.rs`):
+//! Stable, bounded fuzzing of the TCP fabric's stream decoders, the frame header, the stream hello,
+//! the challenge and the acknowledgement (cargo-fuzz runs the same property unbounded:
+//! `fuzz/fuzz_targets/tcp_frame_decode.rs`):
 //! seeded mutations of valid encodings; whatever decodes re-encodes to the same bytes (reserved
 //! bytes aside, which are ignored when parsed and zero when emitted); whatever does not is an
 //! `Error::Remote`.
@@ -7,8 +8,8 @@
 
 use switchless::error::Error;
 use switchless::transport::tcp::frame::{
-    FLAG_DIRTY, FLAG_IMM, Frame, FrameRepr, HEADER_LEN, HELLO_LEN, Hello, HelloRepr, OP_CLOSE,
-    OP_WRITE,
+    ACK_LEN, Ack, AckRepr, CHALLENGE_LEN, ChallengeRepr, FLAG_DIRTY, FLAG_IMM, Frame, FrameRepr,
+    HEADER_LEN, HELLO_LEN, Hello, HelloRepr, OP_CLOSE, OP_WRITE,
 };
 use switchless::transport::tcp::{MAX_FRAME_BYTES, MAX_STREAMS};
 
@@ -52,16 +53,20 @@ fn hellos() -> Vec<HelloRepr> {
             path: 0,
             nstreams: 1,
             stream: 0,
-            nonce: 5,
             generation: 0,
+            conn: 5,
+            nonce: [1; 16],
+            tag: [2; 16],
         },
         HelloRepr {
             npaths: 16,
             path: 15,
             nstreams: MAX_STREAMS as u8,
             stream: MAX_STREAMS as u8 - 1,
-            nonce: u64::MAX - 7,
             generation: u32::MAX,
+            conn: u64::MAX - 7,
+            nonce: [0xff; 16],
+            tag: [0; 16],
         },
     ]
 }
@@ -178,22 +183,91 @@ fn mutated_hellos_never_panic_and_reencode_exactly() {
     assert!(ok > 100 && err > 100, "ok {ok} err {err}");
 }
 
+/// The stream challenge and acknowledgement: whatever decodes re-encodes to the same bytes
+/// (reserved bytes aside); whatever does not is an `Error::Remote`.
+#[test]
+fn mutated_challenges_and_acks_never_panic_and_reencode_exactly() {
+    let seeds: Vec<Vec<u8>> = vec![
+        ChallengeRepr { nonce: [9; 16] }.to_bytes().to_vec(),
+        AckRepr { tag: [7; 16] }.to_bytes().to_vec(),
+    ];
+    let mut rng = Rng(0x5357_5443_0000_0002);
+    let (mut ok, mut err) = (0usize, 0usize);
+    for i in 0..iters() {
+        let mut b = if i % 10 == 0 {
+            (0..rng.below(32)).map(|_| rng.next() as u8).collect()
+        } else {
+            seeds[rng.below(seeds.len())].clone()
+        };
+        mutate(&mut rng, &mut b);
+        if b.len() >= 5 && rng.below(4) == 0 {
+            b[4] = [0, 1, 2, 3, 0xff][rng.below(5)];
+        }
+        match ChallengeRepr::parse(&b) {
+            Ok(c) => {
+                ok += 1;
+                let again = c.to_bytes();
+                assert_eq!(&again[..5], &b[..5]);
+                assert_eq!(&again[5..8], &[0; 3]);
+                assert_eq!(&again[8..], &b[8..CHALLENGE_LEN]);
+                assert_eq!(ChallengeRepr::parse(&again).unwrap(), c);
+            }
+            Err(e) => {
+                err += 1;
+                assert!(matches!(e, Error::Remote(_)), "{e}");
+            }
+        }
+        match Ack::new_checked(&b[..]).and_then(|a| AckRepr::parse(&a)) {
+            Ok(a) => {
+                ok += 1;
+                let again = a.to_bytes();
+                assert_eq!(&again[..4], &b[..4]);
+                assert_eq!(&again[4..8], &[0; 4]);
+                assert_eq!(&again[8..], &b[8..ACK_LEN]);
+                assert_eq!(
+                    AckRepr::parse(&Ack::new_checked(&again[..]).unwrap()).unwrap(),
+                    a
+                );
+            }
+            Err(e) => {
+                err += 1;
+                assert!(matches!(e, Error::Remote(_)), "{e}");
+            }
+        }
+    }
+    assert!(ok > 100 && err > 100, "ok {ok} err {err}");
+}
+
 /// The cargo-fuzz seed files stay valid as the formats evolve.
 #[test]
 fn fuzz_seed_files_decode() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/tcp_frame_decode");
-    let (mut frames, mut hellos) = (0, 0);
+    let (mut frames, mut hellos, mut challenges, mut acks) = (0, 0, 0, 0);
     for entry in std::fs::read_dir(dir).unwrap() {
         let b = std::fs::read(entry.unwrap().path()).unwrap();
-        if b.len() == HEADER_LEN {
-            let h = FrameRepr::parse(&Frame::new_checked(&b[..]).unwrap()).unwrap();
-            assert_eq!(&h.to_bytes()[..], &b[..]);
-            frames += 1;
-        } else {
-            let h = HelloRepr::parse(&Hello::new_checked(&b[..]).unwrap()).unwrap();
-            assert_eq!(&h.to_bytes()[..], &b[..]);
-            hellos += 1;
+        match &b[..4] {
+            b"SWTS" => {
+                let h = HelloRepr::parse(&Hello::new_checked(&b[..]).unwrap()).unwrap();
+                assert_eq!(&h.to_bytes()[..], &b[..]);
+                hellos += 1;
+            }
+            b"SWTC" => {
+                let c = ChallengeRepr::parse(&b).unwrap();
+                assert_eq!(&c.to_bytes()[..], &b[..]);
+                challenges += 1;
+            }
+            b"SWTA" => {
+                let a = AckRepr::parse(&Ack::new_checked(&b[..]).unwrap()).unwrap();
+                assert_eq!(&a.to_bytes()[..], &b[..]);
+                acks += 1;
+            }
+            _ => {
+                assert_eq!(b.len(), HEADER_LEN);
+                let h = FrameRepr::parse(&Frame::new_checked(&b[..]).unwrap()).unwrap();
+                assert_eq!(&h.to_bytes()[..], &b[..]);
+                frames += 1;
+            }
         }
     }
-    assert_eq!((frames, hellos), (3, 1));
+    assert_eq!((frames, hellos, challenges, acks), (3, 1, 1, 1));
 }

@@ -902,10 +902,14 @@ fn a_sender_waiting_for_clear_to_send_hears_what_the_devices_reported() {
     assert_eq!(g.s.isend(g.now(), sa, 64, 0, &smh).unwrap(), None);
     g.fab
         .set_health_error(g.sid, Some("rxe_eth2 port 1 has been down for 1.2 s"));
+    // Asked at most once per millisecond of the caller's clock: not yet.
+    assert_eq!(g.s.isend(g.now(), sa, 64, 0, &smh).unwrap(), None);
+    g.advance(Duration::from_millis(1));
     let e = g.s.isend(g.now(), sa, 64, 0, &smh).unwrap_err();
     assert!(matches!(e, Error::System(_)), "{e}");
     assert!(e.to_string().contains("has been down for 1.2 s"), "{e}");
     g.fab.set_health_error(g.sid, None);
+    g.advance(Duration::from_millis(1));
     assert_eq!(g.s.isend(g.now(), sa, 64, 0, &smh).unwrap(), None);
 }
 

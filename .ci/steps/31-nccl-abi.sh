@@ -5,7 +5,9 @@
 # v9..v12 rows come from NCCL's source only (layout.py --nccl-src): no registry package ships those
 # headers. The .deb is fetched with a private apt configuration (nothing is added to the host's
 # sources, nothing is installed) and cached; apt-get download verifies it against Debian's signed
-# release files. Needs apt-get, dpkg-deb, cc and python3.
+# release files. Needs apt-get, dpkg-deb, cc and python3. The tuner's rows (nccl-tuner.tsv, checked by
+# src/ffi/tuner.rs) come from NCCL's source only: libnccl-dev 2.22.3 ships nccl.h and nccl_net.h, no
+# nccl_tuner.h.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 cache=${SWL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/switchless}/nccl-abi

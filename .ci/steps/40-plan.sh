@@ -8,6 +8,10 @@
 #     server's check script (pings: plain, then 9000-byte frames with don't-fragment) passes; and a jumbo ping
 #     fails once one end's MTU is lowered (so the check can fail). A plan that names hosts refuses to run on
 #     another host (SWITCHLESS_PLAN_ANY_HOST=1 overrides it here, where namespaces share one host name).
+#  3. ARP flux: a GB10 port's two functions on one wire (a bridge); the apply script's ARP settings make
+#     each peer address resolve to the MAC of the function that holds it.
+#  4. A cable in the wrong port: `doctor --probe --capture` in each namespace and `doctor --fleet --plan`
+#     over the captures name the port each crossed cable reaches.
 # Needs root (namespaces), iproute2, iputils-ping, netplan.io, jq (scripts/deps.d/plan.txt). Bounded: about 100 s on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -131,9 +135,96 @@ check_case() {
   echo "40-plan: $tag: netplan + networkd agree with the plan; $pings pings over $(jq '.links | length' "$json") links passed"
 }
 
+# 3. ARP flux on a GB10 port: its two PCIe functions share one wire (here a bridge in a third namespace).
+# With the plan's apply script (arp_ignore=1, arp_announce=2 on every interface) each far end's
+# neighbour entry is the MAC of the function that holds the address, never the other one's; the
+# settings are the plan's too (sysctl in the namespace reads them back).
+arp_flux_case() {
+  local json ipdir ns wire s f ifn peer_if mac_want mac_got
+  json="$work/flux.json"
+  echo '1-1 > 2-1' | "$bin" plan - --model gb10 --format json >"$json" 2>/dev/null
+  ipdir="$work/flux-ip"
+  echo '1-1 > 2-1' | "$bin" plan - --model gb10 --format ip --out "$ipdir" 2>/dev/null
+  wire="swlflux$$-w"
+  ip netns add "$wire"
+  namespaces+=("$wire")
+  ip netns exec "$wire" ip link add br0 type bridge
+  ip netns exec "$wire" ip link set br0 up
+  for s in 1 2; do
+    ns[s]="swlflux$$-$s"
+    ip netns add "${ns[s]}"
+    namespaces+=("${ns[s]}")
+    for f in enp1s0f0np0 enP2p1s0f0np0; do
+      ip netns exec "${ns[s]}" ip link add name "$f" type veth peer name "w$s-${f:0:6}" netns "$wire"
+      ip netns exec "$wire" ip link set "w$s-${f:0:6}" master br0 up
+    done
+    SWITCHLESS_PLAN_ANY_HOST=1 ip netns exec "${ns[s]}" "$ipdir/server$s.sh" >/dev/null || fail "flux: server$s.sh failed"
+    for f in enp1s0f0np0 enP2p1s0f0np0; do
+      [ "$(ip netns exec "${ns[s]}" sysctl -n "net.ipv4.conf.$f.arp_ignore")" = 1 ] || fail "flux: arp_ignore not set on $f"
+      [ "$(ip netns exec "${ns[s]}" sysctl -n "net.ipv4.conf.$f.arp_announce")" = 2 ] || fail "flux: arp_announce not set on $f"
+    done
+  done
+  for i in 1 2 3; do
+    for ifn in enp1s0f0np0 enP2p1s0f0np0; do
+      peer=$(jq -r --arg i "$ifn" '.servers[0].interfaces[] | select(.interface == $i) | .peer.address' "$json")
+      ip netns exec "${ns[1]}" ip neigh flush dev "$ifn"
+      ip netns exec "${ns[1]}" ping -I "$ifn" -c 1 -W 1 "$peer" >/dev/null || fail "flux: $ifn cannot ping $peer"
+      peer_if=$(jq -r --arg i "$ifn" '.servers[0].interfaces[] | select(.interface == $i) | .peer.interface' "$json")
+      mac_want=$(ip netns exec "${ns[2]}" cat "/sys/class/net/$peer_if/address")
+      mac_got=$(ip netns exec "${ns[1]}" ip -j neigh show dev "$ifn" "$peer" | jq -r '.[0].lladdr')
+      [ "$mac_got" = "$mac_want" ] || fail "flux: try $i: $ifn learned $mac_got for $peer, the MAC of $peer_if is $mac_want"
+    done
+  done
+  for s in 1 2; do ip netns del "${ns[s]}"; done
+  ip netns del "$wire"
+  echo "40-plan: flux: two functions on one wire, each peer address resolves to its own function's MAC"
+}
+
+# 4. A cable in the wrong port, found from the live hosts: two GB10-named hosts with two cables,
+# plugged crosswise at server 2. Each namespace runs `switchless doctor --probe --capture` (ping the
+# planned far end, read what answered), and the fleet view of both captures against the plan names
+# where each cable goes; the single-host doctor says its planned peers do not answer.
+probe_case() {
+  local json s cap out rc
+  json="$work/probe.json"
+  printf '1-1 > 2-1\n1-2 > 2-2\n' | "$bin" plan - --model gb10 --format json >"$json" 2>/dev/null
+  for s in 1 2; do
+    ns[s]="swlprobe$$-$s"
+    ip netns add "${ns[s]}"
+    namespaces+=("${ns[s]}")
+  done
+  # Port 1 of server 1 reaches port 2 of server 2 and the other way round (one function per port).
+  ip netns exec "${ns[1]}" ip link add enp1s0f0np0 type veth peer name enp1s0f1np1 netns "${ns[2]}"
+  ip netns exec "${ns[1]}" ip link add enp1s0f1np1 type veth peer name enp1s0f0np0 netns "${ns[2]}"
+  for s in 1 2; do
+    jq -r --argjson s "$s" '.servers[] | select(.server == $s) | .interfaces[] | select(.interface | startswith("enp1s0")) | "\(.interface) \(.address)"' "$json" |
+      while read -r ifn addr; do
+        ip netns exec "${ns[s]}" ip link set dev "$ifn" up mtu 9000
+        ip netns exec "${ns[s]}" ip addr add "$addr" dev "$ifn"
+      done
+  done
+  for s in 1 2; do
+    cap="$work/probe-cap$s"
+    rc=0
+    out=$(ip netns exec "${ns[s]}" "$bin" doctor --plan "$json" --server "$s" --probe --capture "$cap") || rc=$?
+    [ "$rc" = 2 ] || fail "probe: doctor --probe on server $s exited $rc, expected 2:"$'\n'"$out"
+    grep -q "\[probe-no-answer\] netdev enp1s0f0np0: enp1s0f0np0: 10.100.0." <<<"$out" || fail "probe: no probe-no-answer on server $s:"$'\n'"$out"
+    [ -f "$cap/switchless/probe.json" ] || fail "probe: the capture of server $s lacks switchless/probe.json"
+  done
+  out=$("$bin" doctor --fleet "server1=$work/probe-cap1" "server2=$work/probe-cap2" --plan "$json") || true
+  grep -qE "line 1 .*WRONG PORT: +server 1 port 1 \(enp1s0f0np0\) faces server 2 port 2 \(enp1s0f1np1\)" <<<"$out" ||
+    fail "probe: the fleet does not name where cable 1 goes:"$'\n'"$out"
+  grep -qE "line 2 .*WRONG PORT: +server 1 port 2 \(enp1s0f1np1\) faces server 2 port 1 \(enp1s0f0np0\)" <<<"$out" ||
+    fail "probe: the fleet does not name where cable 2 goes:"$'\n'"$out"
+  for s in 1 2; do ip netns del "${ns[s]}"; done
+  echo "40-plan: probe: doctor --probe in each namespace and the fleet against the plan name both crossed cables"
+}
+
 check_case b300-2node.cables b300 b300x2
 check_case b300-4node.cables b300 b300x4
 check_case gb10-3ring.cables gb10 gb10x3
 check_case custom.cables "$fx/custom.map" custom
 check_case b300-4node-named.cables b300 named
+arp_flux_case
+probe_case
 echo "40-plan: ok"

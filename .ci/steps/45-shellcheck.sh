@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI: shellcheck every shell script (nccl-tests/, docker/, scripts/, lab/, .ci/), then smoke-test the
+# CI: shellcheck every shell script (nccl-tests/, docker/, scripts/, lab/, .ci/, tests/slurm/), then smoke-test the
 # nccl-tests launchers without a cluster (--dry-run, and rank.sh with `env` as the benchmark).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -11,7 +11,7 @@ command -v shellcheck > /dev/null || {
 
 mapfile -t files < <(
   {
-    for d in nccl-tests docker scripts lab .ci; do
+    for d in nccl-tests docker scripts lab .ci tests/slurm; do
       [ -d "$d" ] && find "$d" -type f \( -name '*.sh' -o -name '*.sbatch' \) -not -path '*/.cache/*'
     done
     [ -f .ci/run ] && echo .ci/run
@@ -45,10 +45,15 @@ for want in "--container-image=ghcr.io/coreweave/nccl-tests:13.2.0-devel-ubuntu2
   grep -qF -- "$want" <<< "$out" || fail "srun dry run lacks '$want':"$'\n'"$out"
 done
 [ "$(grep -c '^srun .*_perf ' <<< "$out")" = 6 ] || fail "srun dry run: expected 6 benchmark commands"
+[ "$(grep -c '^switchless nccl-tests summarize ' <<< "$out")" = 6 ] || fail "srun dry run: expected 6 summary commands"
 [ "$(grep -c '^srun .*rank.sh --preflight' <<< "$out")" = 1 ] || fail "srun dry run: expected one preflight"
 [ ! -e "$tmp/s" ] || fail "srun dry run created $tmp/s"
-if err=$(nccl-tests/srun-nccl-tests.sh --plugin-dir "$tmp/nonexistent" --dry-run 2>&1); then fail "dry run accepted a missing --plugin-dir"; fi
+# A dry run rehearses without the plugin here (it says so); a real run refuses a missing --plugin-dir.
+out=$(nccl-tests/srun-nccl-tests.sh --plugin-dir "$tmp/nonexistent" -o "$tmp/s" --dry-run 2>&1) || fail "dry run refused a missing --plugin-dir: $out"
+grep -qF "# note: --plugin-dir $tmp/nonexistent has no lib/libnccl-net-switchless.so" <<< "$out" || fail "dry run: no note on the missing plugin: $out"
+if err=$(nccl-tests/srun-nccl-tests.sh --plugin-dir "$tmp/nonexistent" -o "$tmp/s" 2>&1); then fail "a run accepted a missing --plugin-dir"; fi
 grep -qF "has no lib/libnccl-net-switchless.so" <<< "$err" || fail "unclear error: $err"
+[ ! -e "$tmp/s" ] || fail "a refused run created $tmp/s"
 # sbatch template: the same, from the allocation's variables; nothing created.
 out=$(cd "$tmp" && SWITCHLESS_REPO="$OLDPWD" SLURM_JOB_NUM_NODES=4 SLURM_GPUS_PER_NODE=b300:8 SLURM_JOB_ID=12345 \
   bash "$OLDPWD/nccl-tests/nccl-tests.sbatch" -t all_reduce --plugin-dir "$tmp/p" -i eno1 --dry-run)
@@ -71,7 +76,8 @@ SRUN
 chmod +x "$tmp/paste/bin/srun"
 out=$(nccl-tests/srun-nccl-tests.sh -N 2 -g 8 --no-container --no-preflight --plugin-dir "$tmp/p" -i eno1 \
   -o "$tmp/paste/out" --nccl-tests-dir /usr/bin --dry-run)
-pasted=$(cd "$tmp" && echo "${out//\/usr\/bin\/all_reduce_perf -b*/\/usr\/bin\/env}" | env -i PATH="$tmp/paste/bin:$PATH" bash 2>&1) ||
+# (the summary line, which the dry run shows too, needs the benchmark's output: left out here)
+pasted=$(cd "$tmp" && echo "${out//\/usr\/bin\/all_reduce_perf -b*/\/usr\/bin\/env}" | grep -v 'nccl-tests summarize' | env -i PATH="$tmp/paste/bin:$PATH" bash 2>&1) ||
   fail "the pasted dry run failed: $pasted"
 for want in "SWITCHLESS_PLUGIN_DIR=$tmp/p" "LD_LIBRARY_PATH=$tmp/p/lib" "OMPI_MCA_btl_tcp_if_include=eno1" "PMIX_MCA_gds=hash" \
   "SWITCHLESS_TEST=all_reduce" "plugin=$tmp/p/lib/libnccl-net-switchless.so"; do
@@ -83,6 +89,15 @@ out=$(nccl-tests/mpirun-nccl-tests.sh -H a,b -g 1 -t sendrecv --strict --quiet -
 for want in "-H a:1\\,b:1" "-x NCCL_NET=switchless" "-x NCCL_DEBUG=WARN" "sendrecv_perf" "--map-by ppr:1:node"; do
   grep -qF -- "$want" <<< "$out" || fail "mpirun dry run lacks '$want':"$'\n'"$out"
 done
+
+# --bench-cmd: every rank runs CMD TEST ARGS instead of DIR/TEST_perf ARGS (both launchers).
+out=$(nccl-tests/srun-nccl-tests.sh -N 2 -g 1 -t all_reduce,sendrecv --no-container --bench-cmd /opt/x/bench -o "$tmp/b" --dry-run)
+for want in "rank.sh /opt/x/bench all_reduce -b 512M" "rank.sh /opt/x/bench sendrecv -b 512M"; do
+  grep -qF -- "$want" <<< "$out" || fail "srun --bench-cmd dry run lacks '$want':"$'\n'"$out"
+done
+if grep -q "_perf" <<< "$out"; then fail "srun --bench-cmd still runs a *_perf binary: $out"; fi
+out=$(nccl-tests/mpirun-nccl-tests.sh -H a,b -g 1 --bench-cmd bench -o "$tmp/mb" --dry-run)
+grep -qF -- "rank.sh bench all_reduce -b 512M" <<< "$out" || fail "mpirun --bench-cmd dry run: $out"
 
 # Bad input is refused with a message.
 if err=$(nccl-tests/srun-nccl-tests.sh -t all_reduce,nope --dry-run 2>&1); then fail "accepted an unknown test"; fi

@@ -20,15 +20,40 @@ tests() {
   echo "67-hostile: tests/$bin.rs: $# passed"
 }
 
+# libtests <name>...: the named unit tests of the library, exact names.
+libtests() {
+  local out
+  out=$(timeout 300 cargo test --locked --quiet --lib -- --exact "$@" 2>&1) || {
+    echo "$out"; echo "67-hostile: FAIL: library unit tests" >&2; exit 1; }
+  grep -q "test result: ok. $# passed" <<< "$out" || {
+    echo "$out"; echo "67-hostile: FAIL: the library ran other than the $# unit tests named" >&2; exit 1; }
+  echo "67-hostile: library: $# unit tests passed"
+}
+
+libtests \
+  ffi::loader::tests::a_warn_logged_on_another_thread_reaches_the_bench_output \
+  transport::droplog::tests::one_line_per_source_per_interval_with_the_count_in_the_next_line \
+  transport::droplog::tests::the_process_gets_at_most_its_lines_per_interval_whatever_the_sources \
+  transport::tcp::auth::tests::a_tag_binds_the_secret_the_challenge_and_every_field \
+  transport::tcp::window::tests::a_closed_window_suspends_the_timeout_and_data_in_flight_restores_it
 tests handshake \
   garbage_clients_are_dropped_and_a_good_client_still_succeeds \
   real_sockets_garbage_clients_are_closed_and_a_good_client_still_succeeds \
   a_connection_without_a_hello_is_dropped_at_its_own_deadline \
   a_flood_of_silent_clients_does_not_lock_out_a_real_connector \
   a_flood_after_the_connector_connects_does_not_evict_it \
+  eight_sources_holding_every_place_cannot_keep_the_real_connector_out \
+  real_sockets_eight_sources_holding_every_place_cannot_keep_the_connector_out \
+  real_sockets_silent_connections_from_the_connectors_own_address_cannot_keep_it_out \
+  a_connector_dropped_before_its_hello_arrived_retries_and_gets_in \
+  retries_back_off_and_end_at_the_timeout \
+  the_process_wide_bound_holds_and_every_listener_keeps_its_reserve \
+  the_listener_binds_only_the_addresses_it_advertises \
   a_hello_must_come_from_its_claimed_address_with_its_own_gid \
   a_replayed_hello_is_refused \
-  a_wrong_answer_to_the_hello_fails_the_connector
+  a_wrong_answer_to_the_hello_fails_the_connector \
+  an_unauthenticated_reject_is_not_acted_on_and_its_text_is_not_shown \
+  rejected_connector_fails_with_the_acceptors_reason
 tests handshake_fuzz \
   mutated_frames_never_panic_and_reencode_exactly \
   specific_malformed_frames_name_the_problem \
@@ -36,11 +61,15 @@ tests handshake_fuzz \
 tests tcp_frame_fuzz \
   mutated_headers_never_panic_and_reencode_exactly \
   mutated_hellos_never_panic_and_reencode_exactly \
+  mutated_challenges_and_acks_never_panic_and_reencode_exactly \
   fuzz_seed_files_decode
 tests tcp \
-  wrong_nonce_is_rejected_by_the_acceptor \
+  wrong_secret_is_rejected_by_the_acceptor \
   silent_and_garbage_peers_never_block_the_acceptor_or_touch_memory \
   streams_from_another_source_are_refused \
+  silent_streams_from_the_peers_address_cannot_keep_its_streams_out \
+  the_set_up_acceptor_takes_a_bounded_number_of_connections_per_poll \
+  a_receiver_that_stops_reading_longer_than_the_user_timeout_is_not_cut_off \
   writes_outside_a_registration_are_refused_and_fail_the_path \
   out_of_order_frames_past_the_bound_fail_the_path \
   a_close_frame_with_any_flags_ends_posted_receives \
@@ -48,6 +77,11 @@ tests tcp \
   memory_keys_are_random_per_registration \
   random_frames_never_write_outside_a_registration \
   a_connect_to_a_peer_that_does_not_accept_never_blocks
+tests tcp_failover \
+  a_recorded_stream_hello_replayed_at_a_higher_generation_takes_nothing_over \
+  a_foreign_reconnect_stream_is_closed_and_changes_nothing \
+  a_spray_over_many_connections_listeners_logs_at_most_the_process_limit \
+  a_peer_that_rebuilds_a_path_again_and_again_is_held_to_the_rebuild_rate
 tests route acceptor_refuses_connector_addresses_no_peer_can_have
 tests backend \
   attacks_on_the_listen_comm_leave_it_serving_the_real_connector \

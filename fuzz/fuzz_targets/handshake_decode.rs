@@ -26,7 +26,11 @@ fuzz_target!(|data: &[u8]| {
         // A reject reason is repaired UTF-8 (a bad byte becomes 3) and re-encoding truncates it to
         // MAX_REASON bytes on a character boundary: what comes back is a prefix, the same reason
         // when it fits, and stable from then on.
-        (Message::Reject(r), Message::Reject(r2)) => {
+        (Message::Reject(r), Message::Reject(r2))
+        | (
+            Message::Refuse(wire::Refuse { reason: r, .. }),
+            Message::Refuse(wire::Refuse { reason: r2, .. }),
+        ) => {
             assert!(r.starts_with(r2.as_str()), "{r:?} -> {r2:?}");
             if r.len() <= wire::MAX_REASON {
                 assert_eq!(r, r2);

@@ -1,9 +1,12 @@
-//! Fuzz the TCP fabric's stream decoders: the frame header and the stream hello, untrusted bytes
-//! from whatever connects to a TCP path's listener.
+//! Fuzz the TCP fabric's stream decoders: the frame header, the stream hello, the challenge and the
+//! acknowledgement, untrusted bytes from whatever connects to a TCP path's listener (or answers a
+//! stream's connect).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use switchless::transport::tcp::frame::{Frame, FrameRepr, Hello, HelloRepr};
+use switchless::transport::tcp::frame::{
+    Ack, AckRepr, ChallengeRepr, Frame, FrameRepr, Hello, HelloRepr,
+};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(f) = Frame::new_checked(data)
@@ -24,8 +27,23 @@ fuzz_target!(|data: &[u8]| {
         let again = h.to_bytes();
         assert_eq!(&again[..13], &data[..13]);
         assert_eq!(&again[13..16], &[0; 3]);
-        assert_eq!(&again[16..24], &data[16..24]);
+        assert_eq!(&again[16..56], &data[16..56]);
         let v2 = Hello::new_checked(&again[..]).expect("an emitted hello has its length");
         assert_eq!(HelloRepr::parse(&v2).expect("an emitted hello parses"), h);
+    }
+    if let Ok(c) = ChallengeRepr::parse(data) {
+        // Reserved 5..8.
+        let again = c.to_bytes();
+        assert_eq!(&again[..5], &data[..5]);
+        assert_eq!(&again[8..], &data[8..24]);
+        assert_eq!(ChallengeRepr::parse(&again).expect("an emitted challenge parses"), c);
+    }
+    if let Ok(a) = Ack::new_checked(data)
+        && let Ok(r) = AckRepr::parse(&a)
+    {
+        // Reserved 4..8.
+        let again = r.to_bytes();
+        assert_eq!(&again[..4], &data[..4]);
+        assert_eq!(&again[8..], &data[8..24]);
     }
 });

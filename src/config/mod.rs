@@ -16,6 +16,7 @@
 #![forbid(unsafe_code)]
 
 mod hca;
+pub mod nccl;
 mod table;
 pub(crate) mod values;
 
@@ -325,8 +326,8 @@ variables! {
                   When a connection cannot use the device NCCL chose, a device that registers GPU memory \
                   prefers links within this distance of that device (same PCIe root port up to `PXB` and \
                   `P2C`, the same NUMA node for `PHB`, anywhere for `SYS`) and warns once per peer when \
-                  only farther ones reach it; below `PIX` NCCL never uses GPU-direct, so TCP paths are \
-                  allowed for such a device. Unset: NCCL's default (`P2C`, which is `PXB` without C2C).",
+                  only farther ones reach it; below `PIX` NCCL never uses GPU-direct (the remedy a GPU \
+                  registration on a TCP connection names). Unset: NCCL's default (`P2C`, which is `PXB` without C2C).",
         },
         transport: TransportMode {
             name: "NCCL_SWITCHLESS_TRANSPORT",
@@ -407,8 +408,9 @@ variables! {
                   (`TCP_USER_TIMEOUT`): its path fails over to a standby or surviving path, or, on the \
                   last path, the connection fails naming it. Catches a peer host that froze and a link \
                   that drops frames while its carrier stays up, which TCP alone retransmits for about 15 \
-                  minutes. A peer that is alive but not reading still acknowledges (its window is \
-                  full), so a slow receiver is not cut off. `0`: the kernel's limit.",
+                  minutes. A peer that is alive but not reading (its receive window closed) is not \
+                  cut off: the stream suspends its user timeout while the peer answers its window \
+                  probes (docs/failover.md). `0`: the kernel's limit.",
         },
         tcp_fallback: bool {
             name: "NCCL_SWITCHLESS_TCP_FALLBACK",
@@ -492,6 +494,19 @@ variables! {
             show: show_ms,
             doc: "Probe period of a failed path after the retries (the low steady probe rate).",
         },
+        tuner: bool {
+            name: "NCCL_SWITCHLESS_TUNER",
+            default: "1",
+            forms: FORM_BOOL,
+            parse: parse_bool,
+            show: show_bool,
+            doc: "`1`: the tuner in this library (`ncclTunerPlugin_v2`…`v6`, which NCCL loads from the net \
+                  plugin's library when `NCCL_TUNER_PLUGIN` is unset) adjusts NCCL's algorithm choice to the \
+                  cabling: Ring only where some hosts share no cable, the model's Ring or Tree for all-reduce \
+                  on meshes of 3+ hosts, nothing on 2 hosts or a switched network. `0`: it changes nothing. \
+                  A user's `NCCL_ALGO`, `NCCL_PROTO` or `NCCL_TUNER_PLUGIN` always wins. See \
+                  `docs/guide/tuner.md`.",
+        },
         adaptive_weights: bool {
             name: "NCCL_SWITCHLESS_ADAPTIVE_WEIGHTS",
             default: "1",
@@ -505,10 +520,35 @@ variables! {
     }
 }
 
+/// NCCL's variables that merge physical devices into virtual ones: they act only through a
+/// plugin's `makeVDevice`, which this plugin leaves NULL, so NCCL ignores them (NCCL
+/// `src/graph/topo.cc`). Users copying NVIDIA's GB10 recipes set them.
+pub const NCCL_MERGE_VARS: &[&str] = &[
+    "NCCL_NET_MERGE_LEVEL",
+    "NCCL_NET_FORCE_MERGE",
+    "NCCL_IB_MERGE_NICS",
+];
+
+/// What a set merge variable (see [`NCCL_MERGE_VARS`]) does here: nothing, and why.
+pub fn merge_var_note(name: &str, value: &str) -> String {
+    format!(
+        "{name}={value} has no effect: the switchless plugin offers NCCL no virtual devices \
+         (makeVDevice is NULL), so NCCL uses its physical devices and ignores NCCL_NET_MERGE_LEVEL, \
+         NCCL_NET_FORCE_MERGE and NCCL_IB_MERGE_NICS; the plugin itself stripes each connection over \
+         every path to the peer (a GB10 port's two PCIe functions, a CX-8's two halves)"
+    )
+}
+
 impl Config {
     /// Reads the process environment. Also warns (through `tracing`) about set `NCCL_SWITCHLESS_*`
-    /// variables that this version does not know, which are usually typos.
+    /// variables that this version does not know, which are usually typos, and about NCCL's device
+    /// merge variables, which do nothing with this plugin ([`NCCL_MERGE_VARS`]).
     pub fn from_env() -> Result<Config> {
+        for name in NCCL_MERGE_VARS {
+            if let Ok(v) = std::env::var(name) {
+                tracing::warn!("NET/switchless: {}", merge_var_note(name, &v));
+            }
+        }
         let unknown =
             unknown_own_vars(std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()));
         for name in unknown {
@@ -956,7 +996,7 @@ mod tests {
              NCCL_IB_RETRY_CNT=7 NCCL_IB_QPS_PER_CONNECTION=1 NCCL_IB_PCI_RELAXED_ORDERING=2 NCCL_NET_GDR_LEVEL=default transport=auto connect_timeout=off \
              request_timeout=off tcp_streams=auto tcp_threads=auto tcp_user_timeout=30000 ms tcp_fallback=0 min_chunk=131072 bytes \
              log_routes=0 failover=1 standby=1 failback_retries=5 failback_backoff=100 ms failback_interval=5000 ms \
-             adaptive_weights=1"
+             tuner=1 adaptive_weights=1"
         );
     }
 

@@ -7,7 +7,8 @@
 //!   `fe80::1%eth0`, `100%`) is never interpreted, and an interior NUL is escaped as `\0`, never dropped or
 //!   truncating.
 //! * Levels: ERROR/WARN → `NCCL_LOG_WARN` with flags `NCCL_ALL`; INFO → `NCCL_LOG_INFO` with `NCCL_NET`, or
-//!   `NCCL_INIT | NCCL_NET` for events with target [`TARGET_INIT`], `NCCL_ENV | NCCL_NET` for [`TARGET_ENV`];
+//!   `NCCL_INIT | NCCL_NET` for events with target [`TARGET_INIT`], `NCCL_ENV | NCCL_NET` for [`TARGET_ENV`],
+//!   `NCCL_INIT | NCCL_TUNING` for the tuner's [`TARGET_TUNING`];
 //!   DEBUG/TRACE → `NCCL_LOG_TRACE` with `NCCL_NET`.
 //! * With no logger set (before init, or in the CLI) events at or above the stderr level (default WARN) go
 //!   to stderr.
@@ -27,6 +28,7 @@ use tracing::{Event, Level, Metadata, Subscriber};
 use super::abi;
 
 pub use crate::plugin::{TARGET_ENV, TARGET_INIT};
+pub use crate::tuner::TARGET_TUNING;
 
 /// The C-variadic logger function NCCL passes to `init`.
 pub type LoggerFn = unsafe extern "C" fn(
@@ -207,6 +209,8 @@ pub fn nccl_level(meta: &Metadata<'_>) -> (abi::ncclDebugLogLevel, c_ulong) {
             let flags = match meta.target() {
                 TARGET_INIT => c_ulong::from(abi::NCCL_INIT) | net,
                 TARGET_ENV => c_ulong::from(abi::NCCL_ENV) | net,
+                // The tuner's lines: NCCL_DEBUG_SUBSYS=TUNING (or INIT) shows them, NET does not.
+                TARGET_TUNING => c_ulong::from(abi::NCCL_INIT) | c_ulong::from(abi::NCCL_TUNING),
                 _ => net,
             };
             (abi::ncclDebugLogLevel::NCCL_LOG_INFO, flags)
@@ -310,6 +314,7 @@ mod tests {
             tracing::info!("i");
             tracing::info!(target: TARGET_INIT, dev = 3, "init");
             tracing::info!(target: TARGET_ENV, "env");
+            tracing::info!(target: TARGET_TUNING, "tuning");
             tracing::debug!("d");
             tracing::trace!(x = "y\0", "t");
         });
@@ -324,6 +329,7 @@ mod tests {
                 (3, 0x10, "i"),
                 (3, 0x11, "init dev=3"),
                 (3, 0x90, "env"),
+                (3, 0x41, "tuning"),
                 (5, 0x10, "d"),
                 (5, 0x10, "t x=y\\0"),
             ]

@@ -29,6 +29,16 @@ unsafe extern "C" {
         ...
     );
     fn swl_test_log_take(out: *mut c_char, cap: usize) -> usize;
+    fn swl_shared_logger(
+        level: abi::ncclDebugLogLevel,
+        flags: std::ffi::c_ulong,
+        file: *const c_char,
+        line: std::ffi::c_int,
+        fmt: *const c_char,
+        ...
+    );
+    fn swl_shared_log_pending() -> usize;
+    fn swl_shared_log_take(out: *mut c_char, cap: usize, dropped: *mut usize) -> usize;
     fn swl_layout_count() -> usize;
     fn swl_layout_rows() -> *const RawRow;
 }
@@ -40,6 +50,36 @@ pub fn c_logger() -> LoggerFn {
     return swl_test_logger;
     #[cfg(miri)]
     return miri_log::logger;
+}
+
+/// The C logger with one process-wide buffer: lines from every thread (`switchless bench` hands
+/// it to the plugin, whose TCP I/O threads log too). Under Miri, the per-thread one.
+pub fn shared_logger() -> LoggerFn {
+    #[cfg(not(miri))]
+    return swl_shared_logger;
+    #[cfg(miri)]
+    return miri_log::logger;
+}
+
+/// Takes (and clears) the lines [`shared_logger`] captured on any thread, in order, and how many
+/// it had to drop since the last take (its 1 MiB buffer was full).
+pub fn take_shared_log() -> (Vec<LogLine>, u64) {
+    #[cfg(miri)]
+    return (take_log(), 0);
+    #[cfg(not(miri))]
+    {
+        // SAFETY: the helper only reads its locked length.
+        if unsafe { swl_shared_log_pending() } == 0 {
+            return (Vec::new(), 0);
+        }
+        let mut buf = vec![0u8; 1 << 20];
+        let mut dropped = 0usize;
+        // SAFETY: `buf` is writable for `buf.len()` bytes and `dropped` is a valid out pointer; the
+        // helper copies at most `buf.len()` bytes.
+        let n = unsafe { swl_shared_log_take(buf.as_mut_ptr().cast(), buf.len(), &mut dropped) };
+        buf.truncate(n.min(1 << 20));
+        (parse_lines(&buf), dropped as u64)
+    }
 }
 
 #[cfg(miri)]
@@ -118,7 +158,13 @@ fn take_c_log() -> Vec<LogLine> {
     // SAFETY: `buf` is writable for `buf.len()` bytes; the helper copies at most that many.
     let n = unsafe { swl_test_log_take(buf.as_mut_ptr().cast(), buf.len()) };
     buf.truncate(n.min(65536));
-    String::from_utf8_lossy(&buf)
+    parse_lines(&buf)
+}
+
+/// The logger's "level|flags|file|line|text" lines.
+#[cfg(not(miri))]
+fn parse_lines(buf: &[u8]) -> Vec<LogLine> {
+    String::from_utf8_lossy(buf)
         .lines()
         .filter_map(|l| {
             let mut it = l.splitn(5, '|');

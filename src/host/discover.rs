@@ -120,9 +120,13 @@ pub fn discover_with(reader: &Reader) -> (HostModel, Vec<Finding>) {
             }
         }
     }
+    // RoCE netdevs: IPv4 addresses from the IPv4-mapped GIDs whose ndev is this netdev. A GID
+    // names its netdev; the connected routes only guess (an address of one netdev lies inside a
+    // narrower subnet of another when prefixes overlap), so an address a GID places is nobody
+    // else's.
+    let mut gid_placed: BTreeSet<Ipv4Addr> = BTreeSet::new();
     for nd in &mut netdevs {
         let mut seen = BTreeSet::new();
-        // RoCE netdevs: IPv4 addresses from the IPv4-mapped GIDs whose ndev is this netdev.
         for d in &rdma_devices {
             for p in &d.ports {
                 for g in &p.gids {
@@ -136,10 +140,14 @@ pub fn discover_with(reader: &Reader) -> (HostModel, Vec<Finding>) {
                 }
             }
         }
+        gid_placed.extend(seen);
+    }
+    for nd in &mut netdevs {
+        let mut seen: BTreeSet<Ipv4Addr> = nd.addrs.iter().map(|a| a.addr.addr()).collect();
         // Addresses without a GID (netdevs without RDMA): local addresses of /proc/net/fib_trie
         // assigned to the netdev whose connected route holds them.
         for a in &fib_locals {
-            if seen.contains(a) {
+            if seen.contains(a) || gid_placed.contains(a) {
                 continue;
             }
             if connected_route_of(*a, &kernel_routes).map(|r| r.ifname.as_str())

@@ -9,7 +9,7 @@
 //! * Devices are ordered by the PCI path of their primary member (the member with the lowest PCI path),
 //!   as NCCL IB orders its devices with `NCCL_IB_DEVICE_PCI_ORDER=1`, so indices agree across nodes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 
 use serde::Serialize;
@@ -29,6 +29,16 @@ pub const MAX_P2P_BYTES: u64 = 1 << 40;
 pub const MAX_RECVS: i32 = 8;
 /// `maxComms` when verbs has not told `max_qp` (the plugin may replace it).
 pub const DEFAULT_MAX_COMMS: i32 = 65536;
+/// The share of a PCIe link's encoded rate that carries payload: transaction-layer headers and
+/// flow control at 256-byte payloads leave about 80 % (a GB10's Gen5 x4 function, 126 Gb/s
+/// encoded, moves 93–100 Gb/s of RDMA data).
+pub const PCIE_PAYLOAD_EFFICIENCY: f64 = 0.8;
+
+/// The physical PCIe link of function `bdf` (`0000:01:00.1` -> `0000:01:00`): the functions of
+/// one device share it.
+fn pcie_link_of(bdf: &str) -> String {
+    bdf.rsplit_once('.').map_or(bdf, |(dev, _)| dev).to_string()
+}
 
 /// One RDMA port inside an NCCL device.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -44,6 +54,10 @@ pub struct Member {
     pub numa_node: Option<i32>,
     /// This member's share of the device speed in Mb/s (see [`NcclDevice::speed_mbps`]).
     pub speed_mbps: u32,
+    /// Payload bandwidth of the function's current PCIe link in Mb/s (the tuner's node bound when
+    /// cables share PCIe roots); `None` when sysfs does not say.
+    #[serde(default)]
+    pub pcie_mbps: Option<u32>,
 }
 
 /// What the plugin reports to NCCL for one device (`getProperties`) plus its members.
@@ -60,9 +74,12 @@ pub struct NcclDevice {
     /// The adapter's `sys_image_guid`, or when that is 0 a hash of the PCI device (JSON: hex string).
     #[serde(serialize_with = "super::model::serialize_guid")]
     pub guid: u64,
-    /// Sum over the cage's logical ports of min(port rate, total PCIe bandwidth of the members on that
-    /// port), in Mb/s. A GB10 cage with both functions up: min(200 Gb/s, 2 × 126 Gb/s) = 200 Gb/s; with
-    /// one function: 126 Gb/s. A B300 CX-8 cage: 400 + 400 Gb/s.
+    /// Sum over the cage's logical ports of min(port rate, PCIe payload bandwidth of the members on
+    /// that port), in Mb/s. A member's share is its link's encoded rate × [`PCIE_PAYLOAD_EFFICIENCY`],
+    /// divided among the cages whose functions sit on that link. A GB10 cage with both functions,
+    /// the other port unused: min(200, 2 × 126 × 0.8) = 200 Gb/s; both ports used (they share the two
+    /// x4 links): 100.8 Gb/s each, about 200 for the NIC; one function alone: 100.8 Gb/s. A B300
+    /// CX-8 cage: 400 + 400 Gb/s.
     pub speed_mbps: u32,
     /// Cage number on the adapter + 1, unique per guid (NCCL treats equal guid + port as one
     /// physical port).
@@ -152,6 +169,22 @@ impl HostModel {
                 .push((d.name.clone(), p.port));
         }
         let base_ptr_support = PTR_HOST | if self.peer_memory { PTR_CUDA } else { 0 };
+        // The cages whose ports sit on each physical PCIe link (the functions of one PCIe device
+        // share its link: a GB10's two QSFP ports are functions 0 and 1 of the same two x4 links).
+        let mut link_users: BTreeMap<String, BTreeSet<Cage>> = BTreeMap::new();
+        for (cage, ports) in &groups {
+            for (dev, port) in ports {
+                if let Some(bdf) = self
+                    .rdma_port(dev, *port)
+                    .and_then(|(d, _)| d.pci.as_deref())
+                {
+                    link_users
+                        .entry(pcie_link_of(bdf))
+                        .or_default()
+                        .insert(cage.clone());
+                }
+            }
+        }
 
         let mut devs: Vec<NcclDevice> = Vec::new();
         for (cage, ports) in groups {
@@ -163,7 +196,16 @@ impl HostModel {
                 let f = d.pci.as_deref().and_then(|b| self.pci(b));
                 let nd = p.netdev.as_deref().and_then(|n| self.netdev(n));
                 let rate = p.rate_mbps.or(nd.and_then(|n| n.speed_mbps));
-                let pcie = f.and_then(|f| f.link.current_mbps());
+                // What the function's link carries for this cage: its payload rate, shared evenly
+                // among the cages on the link.
+                let users = d
+                    .pci
+                    .as_deref()
+                    .and_then(|b| link_users.get(&pcie_link_of(b)))
+                    .map_or(1, |u| u.len().max(1)) as f64;
+                let pcie = f
+                    .and_then(|f| f.link.current_mbps())
+                    .map(|m| (f64::from(m) * PCIE_PAYLOAD_EFFICIENCY / users) as u32);
                 // Logical port on the adapter: the phys_port_name (multi-host functions share it).
                 let logical = nd
                     .and_then(|n| n.phys_port_name.clone())
@@ -178,6 +220,7 @@ impl HostModel {
                         pci_root: f.map(|f| f.root.clone()),
                         numa_node: f.and_then(|f| f.numa_node).filter(|n| *n >= 0),
                         speed_mbps: 0,
+                        pcie_mbps: pcie,
                     },
                     rate,
                     pcie,
@@ -190,7 +233,7 @@ impl HostModel {
             members.sort_by(|a, b| {
                 (&a.0, &a.1.rdma_dev, a.1.port).cmp(&(&b.0, &b.1.rdma_dev, b.1.port))
             });
-            // Speed: per logical port, min(rate, Σ PCIe of its members); shares split evenly.
+            // Speed: per logical port, min(rate, Σ PCIe shares of its members); split evenly.
             let mut by_logical: BTreeMap<String, Vec<usize>> = BTreeMap::new();
             for (i, m) in members.iter().enumerate() {
                 by_logical.entry(m.4.clone()).or_default().push(i);

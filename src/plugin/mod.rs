@@ -504,6 +504,12 @@ fn same_devices(then: &[Properties], now: &[Properties]) -> Result<()> {
     )))
 }
 
+/// The open backend, if a context or comm holds it (the tuner reads the devices of the net plugin
+/// that carries the communicator; it never opens one).
+pub fn live_backend<B: Backend>() -> Result<Option<Arc<B>>> {
+    current::<B>()
+}
+
 /// The backend if a context or comm holds it.
 fn current<B: Backend>() -> Result<Option<Arc<B>>> {
     let live = lock(&B::slot().live, "backend slot")?;

@@ -373,9 +373,12 @@ impl HandleRepr {
         Ok(buf)
     }
 
-    /// Builds the handle a listener publishes: every link of the node that is up (at most
-    /// [`MAX_LINKS`]; RoCE links first, then in link order), with PCIe roots and physical ports
-    /// renumbered densely in order of first appearance. Returns the links left out (logged by the caller).
+    /// Builds the handle a listener publishes: the links of the node that are up, at most
+    /// [`MAX_LINKS`], ranked by use to a switchless mesh ([`advert_rank`]: RoCE on a point-to-point
+    /// /30 or /31 first, the cables that face peers; then other RoCE (storage, a second address);
+    /// then TCP on point-to-point links; management networks last), in link order within a rank,
+    /// with PCIe roots and physical ports renumbered densely in order of first appearance. Returns
+    /// the links left out (the caller warns about RoCE ones; doctor reports them).
     pub fn from_local(
         links: &[LocalLink],
         port: u16,
@@ -383,8 +386,8 @@ impl HandleRepr {
         nonce: u64,
     ) -> (Self, Vec<LocalLink>) {
         let mut up: Vec<&LocalLink> = links.iter().filter(|l| l.up).collect();
-        // Stable: RoCE before TCP, otherwise the host model's order.
-        up.sort_by_key(|l| l.kind != LinkKind::Roce);
+        // Stable: by rank, otherwise the host model's order.
+        up.sort_by_key(|l| advert_rank(l));
         let (kept, rest) = up.split_at(up.len().min(MAX_LINKS));
         let mut roots: Vec<&str> = Vec::new();
         let mut ports: Vec<u16> = Vec::new();
@@ -426,6 +429,18 @@ impl HandleRepr {
             left_out,
         )
     }
+}
+
+/// Where a link ranks for a place in the listen handle (lower first): RoCE before TCP, a
+/// point-to-point subnet (a cable to one peer, the switchless topology) before a wider one (a
+/// storage or management network, reachable otherwise), a link of an NCCL device before one NCCL
+/// does not use.
+pub fn advert_rank(l: &LocalLink) -> (bool, bool, bool) {
+    (
+        l.kind != LinkKind::Roce,
+        !crate::route::types::point_to_point(l.addr),
+        l.nccl_dev.is_none(),
+    )
 }
 
 /// What a node with `links` advertises to a connector, through the real encoding and decoding
@@ -520,6 +535,87 @@ mod tests {
         assert!(repr.links.iter().all(|l| l.kind == LinkKind::Roce));
         assert_eq!(left.len(), 3); // one RoCE over the limit, the TCP one, the down one
         assert!(left.iter().any(|l| !l.up));
+    }
+
+    /// A full DGX B300 (review N4): 16 mesh cables (8 CX-8, two 400G halves each, on /30s), 4
+    /// storage RoCE ports on a /24, 2 secondary addresses on mesh netdevs and 2 management TCP
+    /// links: 24 up links. The 16 mesh cables are advertised whatever the model's order; the
+    /// storage, secondary and management links are the ones left out.
+    #[test]
+    fn twenty_four_links_keep_the_sixteen_mesh_cables() {
+        let mut locals = Vec::new();
+        // The host model orders by netdev name: storage and management sort first.
+        for i in 0..2 {
+            locals.push(link(
+                &format!("192.168.0.{}/24", 10 + i),
+                "m",
+                90,
+                LinkKind::Tcp,
+                true,
+            ));
+        }
+        for i in 0..4 {
+            let mut l = link(
+                &format!("172.16.0.{}/24", 10 + i),
+                "s",
+                80 + i,
+                LinkKind::Roce,
+                true,
+            );
+            l.nccl_dev = Some(16 + i as usize);
+            locals.push(l);
+        }
+        for i in 0..16u16 {
+            let mut l = link(
+                &format!("10.0.{i}.1/30"),
+                &format!("pci{}", i / 2),
+                i / 2,
+                LinkKind::Roce,
+                true,
+            );
+            l.nccl_dev = Some(usize::from(i));
+            locals.push(l);
+        }
+        for i in 0..2 {
+            locals.push(link(
+                &format!("10.9.{i}.1/24"),
+                "pci0",
+                0,
+                LinkKind::Roce,
+                true,
+            ));
+        }
+        assert_eq!(locals.len(), 24);
+        let (repr, left) = HandleRepr::from_local(&locals, 1, None, 1);
+        let kept: Vec<String> = repr.links.iter().map(|l| l.addr.to_string()).collect();
+        let want: Vec<String> = (0..16).map(|i| format!("10.0.{i}.1/30")).collect();
+        assert_eq!(kept, want);
+        let mut dropped: Vec<String> = left.iter().map(|l| l.addr.to_string()).collect();
+        dropped.sort();
+        assert_eq!(
+            dropped,
+            [
+                "10.9.0.1/24",
+                "10.9.1.1/24",
+                "172.16.0.10/24",
+                "172.16.0.11/24",
+                "172.16.0.12/24",
+                "172.16.0.13/24",
+                "192.168.0.10/24",
+                "192.168.0.11/24"
+            ]
+        );
+        // Round trip: the 16 kept links with 8 PCIe roots and 8 ports.
+        let back = HandleRepr::from_bytes(&repr.to_bytes().unwrap()).unwrap();
+        assert_eq!(back, repr);
+        // 24 mesh cables: the first 16 in link order stay, the other 8 are named.
+        let mesh: Vec<LocalLink> = (0..24u16)
+            .map(|i| link(&format!("10.1.{i}.1/31"), "r", i, LinkKind::Roce, true))
+            .collect();
+        let (repr, left) = HandleRepr::from_local(&mesh, 1, None, 1);
+        assert_eq!(repr.links.len(), 16);
+        assert_eq!(left.len(), 8);
+        assert_eq!(left[0].addr.to_string(), "10.1.16.1/31");
     }
 
     #[test]

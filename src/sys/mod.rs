@@ -22,5 +22,5 @@ pub mod clock;
 pub mod rawmem;
 pub mod socket;
 
-pub use rawmem::{HostBuffer, Lent, RawRegion};
+pub use rawmem::{HostBuffer, Lent, RawRegion, page_size};
 pub use socket::{Ready, recv_slice, send_slice, wait_fd};

@@ -21,6 +21,20 @@ use std::sync::Arc;
 use super::socket::{RECV_FLAGS, send_flags};
 use crate::error::{Error, Result};
 
+/// The system's page size in bytes (`sysconf(_SC_PAGESIZE)`: 4 KiB on x86, 4 or 64 KiB on
+/// AArch64 kernels), read once; 4096 if the system cannot say.
+pub fn page_size() -> u64 {
+    static PAGE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *PAGE.get_or_init(|| {
+        // SAFETY: sysconf reads a constant of the running system; no pointer is passed.
+        let n = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        u64::try_from(n)
+            .ok()
+            .filter(|p| p.is_power_of_two() && *p >= 4096)
+            .unwrap_or(4096)
+    })
+}
+
 /// A byte range `[addr, addr+len)` of some address space: the one range check every fabric uses
 /// (registrations, control memory, memory handles). Pure arithmetic, nothing is dereferenced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

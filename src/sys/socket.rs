@@ -120,6 +120,42 @@ pub fn unacked_bytes(sock: &impl AsRawFd) -> io::Result<u64> {
     Ok(u64::try_from(n).unwrap_or(0))
 }
 
+/// What [`tcp_info`] reports of a TCP connection's send side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TcpInfo {
+    /// Segments sent and not acknowledged yet (`tcpi_unacked`).
+    pub unacked: u32,
+    /// Bytes queued that the peer's window has not let out yet (`tcpi_notsent_bytes`).
+    pub notsent_bytes: u32,
+    /// Window probes sent since the peer last answered (`tcpi_probes`: reset by every ACK).
+    pub probes: u8,
+    /// Milliseconds since the peer's last ACK (`tcpi_last_ack_recv`).
+    pub last_ack_recv_ms: u32,
+}
+
+/// `TCP_INFO` of a TCP socket (fields an older kernel does not fill read as 0).
+pub fn tcp_info(sock: &impl AsRawFd) -> io::Result<TcpInfo> {
+    // SAFETY: `tcp_info` is a plain C struct of integers: all-zero is a valid value.
+    let mut i: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: `i` is a live, writable `tcp_info` on the stack and `len` its size; the kernel
+    // writes at most `len` bytes and stores the length it wrote in `len`. The fd is borrowed from
+    // a live socket.
+    syscall!(getsockopt(
+        sock.as_raw_fd(),
+        libc::IPPROTO_TCP,
+        libc::TCP_INFO,
+        (&mut i as *mut libc::tcp_info).cast(),
+        &mut len
+    ))?;
+    Ok(TcpInfo {
+        unacked: i.tcpi_unacked,
+        notsent_bytes: i.tcpi_notsent_bytes,
+        probes: i.tcpi_probes,
+        last_ack_recv_ms: i.tcpi_last_ack_recv,
+    })
+}
+
 /// Aborts a TCP connection without closing the fd: `connect` to `AF_UNSPEC` dissolves it
 /// (`tcp_disconnect`: a reset to the peer, the send and receive queues purged), so nothing this
 /// end handed to the kernel is delivered later, even when the link comes back.

@@ -1,7 +1,7 @@
 //! The `switchless` command line and what only it uses: the CLI's subcommands ([`cli`]), the doctor's
 //! checks and report ([`doctor`]), the IP planner ([`plan`]), the nccl-tests parser ([`nccltests`]),
-//! the ABI driver's modes ([`bench`](mod@bench)) and the live counter view ([`watch`]). Nothing in the plugin's
-//! data path imports this module.
+//! the ABI driver's modes ([`bench`](mod@bench)), the live counter view ([`watch`]) and how they all
+//! write counts and units ([`units`]). Nothing in the plugin's data path imports this module.
 #![forbid(unsafe_code)]
 
 pub mod bench;
@@ -10,4 +10,5 @@ pub mod doctor;
 pub mod nccltests;
 pub mod plan;
 pub mod plot;
+pub mod units;
 pub mod watch;

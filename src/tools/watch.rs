@@ -430,7 +430,8 @@ pub fn render_text(r: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "interval {:.2} s; Gb/s = 10^9 bit/s sent (TX) and received (RX); OF = what it can carry",
+        "interval {:.2} s; Gb/s = 10^9 bit/s sent (TX) and received (RX); OF = its share of the device's rate \
+         (a GB10 function: 100 of its cable's 200 Gb/s; alone, its PCIe Gen5 x4 link carries up to 126)",
         r.interval_s
     );
     for row in &rows {

@@ -305,6 +305,15 @@ impl Completion {
 pub trait Pinner: Send + Sync {
     /// As [`Fabric::register`].
     fn register(&self, mem: &Lent, kind: MemKind) -> Result<Registration>;
+    /// As [`Fabric::register_dmabuf`] (NCCL `regMrDmaBuf`, which registers GPU memory on every
+    /// device of the connection: milliseconds or more per device for a large buffer, so it runs
+    /// outside the connection's lock too). The default refuses, as the fabric's does.
+    fn register_dmabuf(&self, mem: &Lent, offset: u64, fd: BorrowedFd<'_>) -> Result<Registration> {
+        let _ = (mem, offset, fd);
+        Err(Error::InvalidUsage(
+            "this transport cannot register DMA-BUF memory; accepted: host or CUDA pointers via regMr".into(),
+        ))
+    }
     /// As [`Fabric::deregister`].
     fn deregister(&self, reg: &Registration) -> Result<()>;
 }
@@ -401,6 +410,13 @@ pub trait Fabric {
         Ok(())
     }
 
+    /// The device `path` is on, as an index (verbs: the RDMA device, whose protection domain its
+    /// registrations use): a loopback path flushes the writes of the data paths on its device.
+    /// Default: every path on device 0.
+    fn path_device(&self, _path: usize) -> usize {
+        0
+    }
+
     /// Posts a receive (no scatter list) on `path`, consumed by a write with immediate from the peer.
     fn post_recv(&mut self, path: usize, wr_id: u64) -> Result<()>;
 
@@ -432,6 +448,23 @@ pub trait Fabric {
     fn path_health(&mut self, _path: usize) -> Result<()> {
         Ok(())
     }
+
+    /// The comm marked data path `path` down (failover): this end sends nothing more on it, and
+    /// its work requests not yet complete complete with an error status (`WR_FLUSH_ERR`). A
+    /// success completion polled after this still means what it always means: the write landed
+    /// at the peer (or will, before the peer's end is sealed). A piece whose completion says
+    /// neither is settled by asking the peer (see `docs/failover.md`). Verbs: the queue pair to
+    /// the error state (which also seals it); TCP: the sending side fails (the streams stay open:
+    /// what the peer sent is still applied until [`Fabric::seal_path`]). Idempotent.
+    fn stop_path(&mut self, path: usize) -> Result<()>;
+
+    /// Makes sure that nothing the peer sent on data path `path` lands in this endpoint's memory
+    /// any more; `true` once so, with the completion of every write with immediate that did land
+    /// queued on the path (its posted receives flush after them). The comm calls it only after the
+    /// peer has stopped the path ([`Fabric::stop_path`] at the peer), so whatever the peer was
+    /// told completed has landed by then. Verbs: the queue pair in the error state; TCP: each
+    /// stream read to its end, then aborted. Idempotent; `false`: call again.
+    fn seal_path(&mut self, path: usize) -> Result<bool>;
 
     /// Tries to bring back data path `path` after it failed (failback): called at the comm's probe
     /// times, never on a usable path. [`Revive::Down`] while the port is still down;
@@ -508,6 +541,9 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
     fn prepare_flush(&mut self) -> Result<()> {
         (**self).prepare_flush()
     }
+    fn path_device(&self, path: usize) -> usize {
+        (**self).path_device(path)
+    }
     fn post_recv(&mut self, path: usize, wr_id: u64) -> Result<()> {
         (**self).post_recv(path, wr_id)
     }
@@ -528,6 +564,12 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
     }
     fn revive_path(&mut self, path: usize) -> Result<Revive> {
         (**self).revive_path(path)
+    }
+    fn stop_path(&mut self, path: usize) -> Result<()> {
+        (**self).stop_path(path)
+    }
+    fn seal_path(&mut self, path: usize) -> Result<bool> {
+        (**self).seal_path(path)
     }
 }
 

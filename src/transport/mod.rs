@@ -10,7 +10,7 @@
 //! * [`stripe`]: pure arithmetic splitting a message over paths by link speed.
 //! * [`wire`]: layouts shared by both sides (CTS slot, size record, immediate, `wr_id`, control info).
 //! * [`revive`]: the reconnect exchange of failback (fresh queue pairs agreed over a surviving path).
-//! * [`droplog`]: rate-limited warnings for connections a listener drops.
+//! * [`droplog`]: warnings for connections the listeners drop, rate-limited per process.
 //! * [`ctrl`]: atomic words that software fabrics write for their peer, and the shared range check.
 //! * [`regcache`]: the ref-counted registration cache (one pin per device and page range).
 //! * [`memfab`]: an in-process fabric with fault injection for tests and benchmarks.

@@ -17,7 +17,8 @@ use std::collections::HashMap;
 
 use crate::error::{Error, Result};
 
-/// Granularity of pinning: the kernel pins whole pages, so two ranges in the same pages share a pin.
+/// Granularity of pinning on 4 KiB-page systems (tests); the cache uses the system's page size
+/// ([`crate::sys::page_size`]: 64 KiB on some AArch64 kernels).
 pub const PAGE: u64 = 4096;
 
 /// What kind of memory a cached pin covers (a host pin cannot serve a GPU registration).
@@ -36,9 +37,9 @@ pub enum RegKind {
 pub struct CacheKey {
     /// The device (verbs: the protection domain's device; memfab: the simulated device).
     pub dev: u64,
-    /// First byte, rounded down to [`PAGE`].
+    /// First byte, rounded down to a page ([`crate::sys::page_size`]).
     pub start: u64,
-    /// One past the last byte, rounded up to [`PAGE`].
+    /// One past the last byte, rounded up to a page.
     pub end: u64,
     /// Host, CUDA or DMA-BUF.
     pub kind: RegKind,
@@ -48,6 +49,11 @@ impl CacheKey {
     /// The key of `[addr, addr+len)` on `dev`: the range widened to whole pages. Fails for an empty
     /// range or one that wraps the address space.
     pub fn new(dev: u64, addr: u64, len: u64, kind: RegKind) -> Result<CacheKey> {
+        Self::with_page(dev, addr, len, kind, crate::sys::page_size())
+    }
+
+    /// [`CacheKey::new`] with pages of `page` bytes (a power of two).
+    pub fn with_page(dev: u64, addr: u64, len: u64, kind: RegKind, page: u64) -> Result<CacheKey> {
         let last = len
             .checked_sub(1)
             .and_then(|l| addr.checked_add(l))
@@ -56,8 +62,8 @@ impl CacheKey {
                     "registration {addr:#x}+{len} bytes is empty or wraps the address space"
                 ))
             })?;
-        let start = addr & !(PAGE - 1);
-        let end = (last | (PAGE - 1)).checked_add(1).ok_or_else(|| {
+        let start = addr & !(page - 1);
+        let end = (last | (page - 1)).checked_add(1).ok_or_else(|| {
             Error::InvalidArgument(format!(
                 "registration {addr:#x}+{len} bytes reaches the last page of the address space"
             ))
@@ -240,26 +246,46 @@ mod tests {
 
     #[test]
     fn keys_cover_whole_pages() {
-        let k = CacheKey::new(1, 0x1234, 10, RegKind::Host).unwrap();
+        let k = CacheKey::with_page(1, 0x1234, 10, RegKind::Host, PAGE).unwrap();
         assert_eq!((k.start, k.end, k.bytes()), (0x1000, 0x2000, 4096));
-        let k = CacheKey::new(1, 0x1ff8, 16, RegKind::Host).unwrap();
+        let k = CacheKey::with_page(1, 0x1ff8, 16, RegKind::Host, PAGE).unwrap();
         assert_eq!((k.start, k.end), (0x1000, 0x3000), "straddles two pages");
-        let k = CacheKey::new(1, 0x4000, 64 << 20, RegKind::Cuda).unwrap();
+        let k = CacheKey::with_page(1, 0x4000, 64 << 20, RegKind::Cuda, PAGE).unwrap();
         assert_eq!(k.bytes(), 64 << 20);
-        assert!(CacheKey::new(1, 0x1000, 0, RegKind::Host).is_err());
-        assert!(CacheKey::new(1, u64::MAX - 10, 100, RegKind::Host).is_err());
-        assert!(CacheKey::new(1, u64::MAX - 10, 5, RegKind::Host).is_err());
+        assert!(CacheKey::with_page(1, 0x1000, 0, RegKind::Host, PAGE).is_err());
+        assert!(CacheKey::with_page(1, u64::MAX - 10, 100, RegKind::Host, PAGE).is_err());
+        assert!(CacheKey::with_page(1, u64::MAX - 10, 5, RegKind::Host, PAGE).is_err());
         // Two buffers in the same pages share a key; another device or kind does not.
-        let a = CacheKey::new(1, 0x1000, 100, RegKind::Host).unwrap();
-        assert_eq!(a, CacheKey::new(1, 0x1800, 100, RegKind::Host).unwrap());
-        assert_ne!(a, CacheKey::new(2, 0x1000, 100, RegKind::Host).unwrap());
-        assert_ne!(a, CacheKey::new(1, 0x1000, 100, RegKind::Cuda).unwrap());
+        let a = CacheKey::with_page(1, 0x1000, 100, RegKind::Host, PAGE).unwrap();
+        assert_eq!(
+            a,
+            CacheKey::with_page(1, 0x1800, 100, RegKind::Host, PAGE).unwrap()
+        );
+        assert_ne!(
+            a,
+            CacheKey::with_page(2, 0x1000, 100, RegKind::Host, PAGE).unwrap()
+        );
+        assert_ne!(
+            a,
+            CacheKey::with_page(1, 0x1000, 100, RegKind::Cuda, PAGE).unwrap()
+        );
+    }
+
+    #[test]
+    fn keys_follow_the_systems_page_size() {
+        // 64 KiB pages (some AArch64 kernels): a range within one page is that whole page.
+        let k = CacheKey::with_page(1, 0x1_2345, 10, RegKind::Dmabuf, 64 << 10).unwrap();
+        assert_eq!((k.start, k.end), (0x1_0000, 0x2_0000));
+        let sys = crate::sys::page_size();
+        assert!(sys.is_power_of_two() && sys >= 4096, "{sys}");
+        let k = CacheKey::new(1, sys + 1, 1, RegKind::Host).unwrap();
+        assert_eq!((k.start, k.bytes()), (sys, sys));
     }
 
     #[test]
     fn eight_registrations_pin_once_and_the_last_release_frees() {
         let mut c: RegCache<u32> = RegCache::default();
-        let k = CacheKey::new(7, 0x10_0000, 64 << 20, RegKind::Host).unwrap();
+        let k = CacheKey::with_page(7, 0x10_0000, 64 << 20, RegKind::Host, PAGE).unwrap();
         assert_eq!(c.acquire(&k), None);
         assert_eq!(c.insert(k, 42), Inserted::Filed(42));
         for _ in 1..8 {
@@ -282,7 +308,7 @@ mod tests {
             max_entries: 2,
             max_bytes: 3 * PAGE,
         });
-        let k1 = CacheKey::new(1, 0, 10, RegKind::Host).unwrap();
+        let k1 = CacheKey::with_page(1, 0, 10, RegKind::Host, PAGE).unwrap();
         assert_eq!(c.insert(k1, 1), Inserted::Filed(1));
         assert_eq!(
             c.insert(k1, 2),
@@ -293,12 +319,12 @@ mod tests {
         );
         assert_eq!(c.refs(&k1), 2);
         // Bytes: 1 page + 4 pages > 3 pages.
-        let big = CacheKey::new(1, 0x10000, 4 * PAGE, RegKind::Host).unwrap();
+        let big = CacheKey::with_page(1, 0x10000, 4 * PAGE, RegKind::Host, PAGE).unwrap();
         assert_eq!(c.insert(big, 3), Inserted::Uncached(3));
-        let k2 = CacheKey::new(1, 0x20000, 10, RegKind::Host).unwrap();
+        let k2 = CacheKey::with_page(1, 0x20000, 10, RegKind::Host, PAGE).unwrap();
         assert_eq!(c.insert(k2, 4), Inserted::Filed(4));
         // Entries: 2 already.
-        let k3 = CacheKey::new(1, 0x30000, 10, RegKind::Host).unwrap();
+        let k3 = CacheKey::with_page(1, 0x30000, 10, RegKind::Host, PAGE).unwrap();
         assert_eq!(c.insert(k3, 5), Inserted::Uncached(5));
         assert_eq!(c.stats().refused, 2);
         assert_eq!(c.refs(&big), 0);

@@ -200,6 +200,8 @@ pub enum WrKind {
     Recv = 3,
     /// Flush reads.
     Flush = 4,
+    /// The failover fence's writes (a stop request or a publish, see [`FenceLayout`]).
+    Fence = 5,
 }
 
 /// Builds a `wr_id`: kind, request index, generation.
@@ -225,6 +227,7 @@ pub fn split_wr_id(id: u64) -> Option<(WrKind, usize, u32)> {
         2 => WrKind::Cts,
         3 => WrKind::Recv,
         4 => WrKind::Flush,
+        5 => WrKind::Fence,
         _ => return None,
     };
     Some((
@@ -232,6 +235,83 @@ pub fn split_wr_id(id: u64) -> Option<(WrKind, usize, u32)> {
         (id & 0xffff) as usize,
         ((id >> 16) & 0xffff_ffff) as u32,
     ))
+}
+
+/// Where the failover fence's words sit (see `docs/failover.md`, "Exactly once"). Each side's
+/// control block (the sender's CTS FIFO, the receiver's size records) ends with an **inbox** the
+/// peer writes, one area per data path the peer writes it over (writes on one path land in order,
+/// writes on different paths do not: an area is only ever written over its own path, so an older
+/// write can never land over a newer one). An area holds:
+///
+/// * `req` ([`MAX_PATHS`] words): word `k` is how many times the writer has stopped data path `k`
+///   (its "stop epoch": every later write of it is at least as large);
+/// * `ack` ([`MAX_PATHS`] words): word `k` is the reader's stop epoch of path `k` that the writer
+///   has answered: it had sealed its end of `k` (nothing more of it lands) before it took the
+///   snapshot that precedes this word on the same path;
+/// * the writer's snapshot: the sender's is the index word of each FIFO slot (which clear-to-send
+///   entries landed, [`FIFO_DEPTH`] words); the receiver's is one [`have_word`] per slot and buffer
+///   (which pieces landed, [`FIFO_DEPTH`] × [`MAX_RECVS`] words).
+///
+/// A side writes from an outbox of the same shape in its own control memory, one area per path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FenceLayout {
+    /// Data paths of the connection.
+    pub npaths: usize,
+    /// Words of the writer's snapshot.
+    pub snap: usize,
+}
+
+/// Words of the sender's fence snapshot: one FIFO index word per slot.
+pub const SEND_SNAP_WORDS: usize = FIFO_DEPTH;
+/// Words of the receiver's fence snapshot: one [`have_word`] per slot and buffer.
+pub const RECV_SNAP_WORDS: usize = FIFO_DEPTH * MAX_RECVS;
+
+impl FenceLayout {
+    /// Offset of `req` in an area.
+    pub const REQ: usize = 0;
+    /// Offset of `ack` in an area.
+    pub const ACK: usize = MAX_PATHS;
+    /// Offset of the snapshot in an area.
+    pub const SNAP: usize = 2 * MAX_PATHS;
+
+    /// Words of one area.
+    pub fn area_words(&self) -> usize {
+        Self::SNAP + self.snap
+    }
+
+    /// Words of the whole inbox (or outbox).
+    pub fn words(&self) -> usize {
+        self.npaths * self.area_words()
+    }
+
+    /// Offset of path `j`'s area.
+    pub fn area(&self, j: usize) -> usize {
+        j * self.area_words()
+    }
+}
+
+/// The receiver's snapshot word for one buffer of one FIFO slot: the slot's newest sequence
+/// number plus one (bits 8..64; 0: the slot was never used) and the pieces of this buffer that have
+/// landed (bits 0..8; all set once the buffer is complete, and for a slot whose receive completed).
+pub fn have_word(seq: u64, seen: u8) -> u64 {
+    ((seq + 1) << 8) | u64::from(seen)
+}
+
+/// Whether the receiver's snapshot word `w` (see [`have_word`]) says that piece `piece` of the
+/// message with sequence number `seq` has landed. A receiver that has moved past `seq` completed
+/// it (a receive is released only complete; a failed one ends the connection). A word from
+/// before `seq` cannot come from an honest peer: it posted the clear-to-send of `seq` first.
+pub fn piece_landed(w: u64, seq: u64, piece: usize) -> Result<bool> {
+    let have = w >> 8;
+    let want = seq + 1;
+    if have < want {
+        return Err(Error::Remote(format!(
+            "the receiver's failover snapshot shows sequence {} in the slot of message {seq}, whose \
+             clear-to-send it posted (corrupt or hostile write)",
+            have.wrapping_sub(1) as i64
+        )));
+    }
+    Ok(have > want || w & (1 << (piece & 7)) != 0)
 }
 
 /// What one side tells the other about its control memory, exchanged once by the handshake:
@@ -250,11 +330,13 @@ pub struct CtrlInfo {
 }
 
 const CTRL_MAGIC: u32 = 0x5357_4c43; // "SWLC"
-/// Version 3: a one-write message carries no size record (the immediate's bit 14 says its size is
+/// Version 4: each side's control block ends with a fence inbox ([`FenceLayout`]) that the peer
+/// writes when a path fails, and failover waits for it (a version-3 peer would neither write nor
+/// answer). Version 3: a one-write message carries no size record (the immediate's bit 14 says its size is
 /// the write's length), which a version-2 receiver rejects as a foreign immediate. Version 2:
 /// immediates name their piece (failover); a version-1 peer counts immediates per path and would
 /// misread them. Peers of different versions refuse each other here.
-const CTRL_VERSION: u8 = 3;
+const CTRL_VERSION: u8 = 4;
 
 impl CtrlInfo {
     /// Encoded size for `npaths` data paths: 20 + 4 × npaths bytes (52 bytes for 8 paths).
@@ -429,6 +511,26 @@ mod tests {
     }
 
     #[test]
+    fn the_snapshot_word_says_which_pieces_landed() {
+        let w = have_word(40, 0b101);
+        assert!(piece_landed(w, 40, 0).unwrap());
+        assert!(!piece_landed(w, 40, 1).unwrap());
+        assert!(piece_landed(w, 40, 2).unwrap());
+        // The receiver moved on: message 40 completed, every piece landed.
+        assert!(piece_landed(have_word(72, 0), 40, 1).unwrap());
+        // Behind the receive it posted: a lie.
+        assert!(piece_landed(have_word(8, 0xff), 40, 1).is_err());
+        assert!(piece_landed(0, 0, 0).is_err());
+        let l = FenceLayout {
+            npaths: 3,
+            snap: RECV_SNAP_WORDS,
+        };
+        assert_eq!(l.area_words(), 16 + 256);
+        assert_eq!(l.words(), 3 * 272);
+        assert_eq!(l.area(2), 544);
+    }
+
+    #[test]
     fn wr_id_roundtrip() {
         let id = wr_id(WrKind::Flush, 255, 0xdead_beef);
         assert_eq!(split_wr_id(id), Some((WrKind::Flush, 255, 0xdead_beef)));
@@ -466,11 +568,11 @@ mod tests {
                 .to_string()
                 .contains("version 9")
         );
-        // A version-2 peer (size records for every message) is refused by name.
+        // A version-3 peer (no failover fence) is refused by name.
         let mut old = b.clone();
-        old[4] = 2;
+        old[4] = 3;
         let e = CtrlInfo::from_bytes(&old).unwrap_err().to_string();
-        assert!(e.contains("version 2") && e.contains("version 3"), "{e}");
+        assert!(e.contains("version 3") && e.contains("version 4"), "{e}");
         let mut bad = b.clone();
         bad.push(0);
         assert!(CtrlInfo::from_bytes(&bad).is_err());

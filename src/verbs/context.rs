@@ -157,6 +157,10 @@ pub struct Context {
     events: Mutex<EventLog>,
     /// The event fd is non-blocking, so draining is safe from the progress path.
     events_readable: bool,
+    /// When the async fd was last read ([`Context::drain_events_within`]): nanoseconds after
+    /// `born`, 0 for never.
+    drained_ns: std::sync::atomic::AtomicU64,
+    born: std::time::Instant,
 }
 
 /// Sets `O_NONBLOCK` on `fd`.
@@ -220,6 +224,8 @@ impl Context {
                     name: name.to_string(),
                     events: Mutex::new(EventLog::default()),
                     events_readable: nonblocking,
+                    drained_ns: std::sync::atomic::AtomicU64::new(0),
+                    born: std::time::Instant::now(),
                 }));
             }
             names.push(n);
@@ -256,6 +262,23 @@ impl Context {
         // SAFETY: `self` keeps the context open for the call, and `events_readable` says its async
         // fd was made non-blocking at open.
         unsafe { super::events::drain(self.lib, self.as_ptr(), self.name(), &mut log) }
+    }
+
+    /// [`Context::drain_events`] unless the fd was read less than `fresh` ago (by any comm of this
+    /// device): a path's health then comes from the events already read, without a `read(2)` per
+    /// idle poll.
+    pub fn drain_events_within(&self, fresh: std::time::Duration) {
+        use std::sync::atomic::Ordering;
+        let now = u64::try_from(self.born.elapsed().as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let last = self.drained_ns.load(Ordering::Relaxed);
+        let fresh = u64::try_from(fresh.as_nanos()).unwrap_or(u64::MAX);
+        if last != 0 && now.saturating_sub(last) < fresh {
+            return;
+        }
+        self.drained_ns.store(now, Ordering::Relaxed);
+        drop(self.drain_events());
     }
 
     /// A fatal event for this device, or one since `since` for one of the QPs `qpns` or of the

@@ -271,7 +271,9 @@ impl VerbsPinner {
         lock(&self.regs, "verbs registrations")?.insert(token, (pins, mem.clone()));
         Ok(Registration { keys, token })
     }
+}
 
+impl Pinner for VerbsPinner {
     fn register_dmabuf(&self, mem: &Lent, offset: u64, fd: BorrowedFd<'_>) -> Result<Registration> {
         let pins = self
             .doms
@@ -280,9 +282,7 @@ impl VerbsPinner {
             .collect::<Result<Vec<_>>>()?;
         self.file(pins, mem)
     }
-}
 
-impl Pinner for VerbsPinner {
     fn register(&self, mem: &Lent, kind: MemKind) -> Result<Registration> {
         mem.require_process("a verbs registration")?;
         let (addr, len) = (mem.addr(), mem.len());
@@ -826,6 +826,11 @@ impl Fabric for VerbsFabric {
         Ok(())
     }
 
+    /// The protection domain's index: one per RDMA device of the connection.
+    fn path_device(&self, path: usize) -> usize {
+        self.path_pd.get(path).copied().unwrap_or(0)
+    }
+
     fn prepare_flush(&mut self) -> Result<()> {
         self.ensure_loops()
     }
@@ -921,6 +926,18 @@ impl Fabric for VerbsFabric {
 
     fn revive_path(&mut self, path: usize) -> Result<crate::transport::fabric::Revive> {
         self.revive(path)
+    }
+
+    /// The queue pair to the error state: it sends nothing more, and nothing more lands through
+    /// it (so this also seals it); its work and receives flush. The path is written off: its port
+    /// staying down no longer fails the connection.
+    fn stop_path(&mut self, path: usize) -> Result<()> {
+        self.write_off(path)
+    }
+
+    fn seal_path(&mut self, path: usize) -> Result<bool> {
+        self.write_off(path)?;
+        Ok(true)
     }
 
     fn shutdown(&mut self) -> Result<()> {

@@ -2,7 +2,7 @@
 """A hostile client for tests/netns/hostile.sh: from its own namespace it scans a port range of a
 rank's host and throws everything the security review lists at each port it finds listening (the
 plugin's handshake listener and its TCP data-stream listeners): malformed handshake hellos and
-frames, garbage, truncated and oversized headers, a stream hello with a guessed nonce, slow writers,
+frames, garbage, truncated and oversized headers, stream hellos with a guessed tag, slow writers,
 a flood of silent connections from several source addresses, and connects from a spoofed source (the
 real peer's address). It never knows the handle's nonce. It runs until --stop names a file that
 exists, then writes a JSON report (--report) with what it did.
@@ -35,11 +35,13 @@ def frames(rnd):
         hs(1, rnd(200), version=9),  # wrong version
         hs(2, rnd(48)),  # a Reply sent to a listener
         hs(3, b"x" * 2000),  # a Reject
-        # A TCP stream hello (magic SWTS, version 1, 1 path, path 0, 1 stream, stream 0) with a
-        # guessed nonce, then a random frame header.
-        b"SWTS" + bytes([1, 1, 0, 1, 0]) + bytes(7) + rnd(8) + rnd(40),
+        # A TCP stream hello (magic SWTS, version 2, 1 path, path 0, 1 stream, stream 0) with a
+        # guessed connection id, nonce and tag, then a random frame header.
+        b"SWTS" + bytes([2, 1, 0, 1, 0]) + bytes(7) + rnd(8) + rnd(32) + rnd(40),
         # The same with path and stream numbers past any count.
-        b"SWTS" + bytes([1, 255, 254, 255, 254]) + bytes(7) + rnd(8),
+        b"SWTS" + bytes([2, 255, 254, 255, 254]) + bytes(7) + rnd(8) + rnd(32),
+        # The old stream hello (version 1, a guessed nonce in clear).
+        b"SWTS" + bytes([1, 1, 0, 1, 0]) + bytes(7) + rnd(8) + rnd(40),
     ]
 
 

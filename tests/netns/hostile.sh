@@ -107,4 +107,12 @@ r = json.load(open(sys.argv[1]))
 sys.exit(0 if r["ports_hit"] and r["garbage_frames"] > 0 else 1)
 PY
 if grep -l "panicked" "$work"/*.0 "$work"/*.1 >/dev/null 2>&1; then fail "a rank panicked"; fi
+# Every connection the listeners drop, refuse or reject is logged within one process-wide limit (10
+# WARN lines per 10 s, transport/droplog.rs), whichever thread logged it: the bench prints the lines of
+# the plugin's TCP I/O threads too. A run lasts at most its 30 s timeout: 3 intervals.
+for f in "$work"/*.0 "$work"/*.1; do
+  n=$(grep "WARN" "$f" | grep -cE "refused|dropped|rejected" || true)
+  echo "hostile.sh: $(basename "$f"): $n drop WARN lines"
+  [ "$n" -le 30 ] || { grep "WARN" "$f" | head -40; fail "$(basename "$f"): $n drop WARN lines, over the process-wide limit"; }
+done
 echo "hostile.sh: ok"

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use switchless::error::Result;
 use switchless::transport::handshake::{
     AcceptEvent, AcceptMachine, AcceptorView, ConnectEvent, ConnectMachine, Frames, ListenMachine,
+    MAX_PENDING_PROCESS, PendingBudget,
 };
 
 #[derive(Debug, Default)]
@@ -167,13 +168,32 @@ impl Net {
         view: AcceptorView,
         timeout: impl Into<Option<Duration>>,
     ) -> Self {
+        // A budget of its own: tests run in parallel, and the process's would couple them.
+        Self::with_budget(
+            listen_addr,
+            nonce,
+            view,
+            timeout,
+            PendingBudget::new(MAX_PENDING_PROCESS),
+        )
+    }
+
+    /// [`Net::new`] whose listener counts against `budget` (several nets sharing one play the
+    /// listeners of one process).
+    pub fn with_budget(
+        listen_addr: SocketAddrV4,
+        nonce: u64,
+        view: AcceptorView,
+        timeout: impl Into<Option<Duration>>,
+        budget: std::sync::Arc<PendingBudget>,
+    ) -> Self {
         let mut hosts = HashMap::new();
         hosts.insert(listen_addr, Host::Listener);
         Net {
             now: Instant::now(),
             chunk: usize::MAX,
             hosts,
-            listener: ListenMachine::new(listen_addr.port(), nonce, view, timeout),
+            listener: ListenMachine::with_budget(listen_addr.port(), nonce, view, timeout, budget),
             listen_addr,
             backlog: Vec::new(),
             raw: VecDeque::new(),
@@ -215,6 +235,11 @@ impl Net {
             _ => return None,
         }
         Some(c)
+    }
+
+    /// The connections the listener has not admitted yet (tests that admit by hand).
+    pub fn take_backlog(&mut self) -> Vec<End> {
+        std::mem::take(&mut self.backlog)
     }
 
     /// A connector; its first connection is opened at once, as `Connector::start` does.
@@ -264,9 +289,12 @@ impl Net {
         if let Some(inc) = self.advance_listener()? {
             return Ok(Some(inc));
         }
+        let chunk = self.chunk;
         for a in std::mem::take(&mut self.backlog) {
             let peer = a.peer;
-            drop(self.listener.admit(self.now, a, peer));
+            drop(self.listener.admit(self.now, a, peer, |e, f| {
+                pump(e, f, chunk);
+            }));
         }
         self.advance_listener()
     }

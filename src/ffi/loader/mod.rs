@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::ptr;
 
 use crate::ffi::abi;
+pub mod debug_file;
 pub mod net;
 
 use crate::error::{Error, Result};
@@ -88,6 +89,7 @@ pub struct HostNet {
     ctx: *mut c_void,
     inited: bool,
     log: bool,
+    sink: debug_file::DebugSink,
 }
 
 /// A `listenComm`.
@@ -136,14 +138,22 @@ impl HostNet {
         let log = std::env::var("NCCL_DEBUG")
             .map(|v| matches!(v.to_ascii_uppercase().as_str(), "INFO" | "TRACE"))
             .unwrap_or(false);
-        Ok(HostNet {
+        let net = HostNet {
             lib,
             vt: sym.cast(),
             path: path.to_path_buf(),
             ctx: ptr::null_mut(),
             inited: false,
             log,
-        })
+            sink: debug_file::DebugSink::from_env(),
+        };
+        // NCCL's line for a plugin it loaded (src/plugin/net/net_v12.cc); to the debug file only,
+        // where the per-process logs of a job are read.
+        net.host_log(
+            3,
+            &format!("NET/Plugin: Loaded net plugin {} (v12)", net.network_name()),
+        );
+        Ok(net)
     }
 
     /// Loads `--plugin PATH` or the default.
@@ -165,18 +175,45 @@ impl HostNet {
         unsafe { &*self.vt }
     }
 
-    /// Prints the plugin's log lines captured on this thread (WARN always, the rest with NCCL_DEBUG=INFO).
+    /// The network name in the plugin's vtable (what NCCL prints as `Using network NAME`).
+    pub fn network_name(&self) -> String {
+        let n = self.vt().name;
+        if n.is_null() {
+            "(unnamed)".to_string()
+        } else {
+            // SAFETY: `name` is the plugin's static NUL-terminated name string.
+            unsafe { CStr::from_ptr(n) }.to_string_lossy().into_owned()
+        }
+    }
+
+    /// Writes a line of the host's own to `NCCL_DEBUG_FILE` at `ncclDebugLogLevel` `level` (2 WARN,
+    /// 3 INFO): WARN always, the rest with NCCL_DEBUG=INFO (or TRACE). Nothing without the file.
+    pub fn host_log(&self, level: i32, text: &str) {
+        if self.log || level <= 2 || level == 4 {
+            self.sink.line(level_name(level), text);
+        }
+    }
+
+    /// After a successful `init`: NCCL's line naming the network its communicators use
+    /// (`Using network NAME`, src/init.cc), to the debug file only (see `load`).
+    pub fn announce_network(&self) {
+        self.host_log(3, &format!("Using network {}", self.network_name()));
+    }
+
+    /// The plugin's log lines, from every thread (WARN always, the rest with NCCL_DEBUG=INFO): to
+    /// `NCCL_DEBUG_FILE` in NCCL's format when it is set, else to stderr.
     fn drain_log(&self) {
-        for l in crate::ffi::testsupport::take_log() {
-            if self.log || l.level <= 2 {
-                let level = match l.level {
-                    2 => "WARN",
-                    3 => "INFO",
-                    4 => "ABORT",
-                    5 => "TRACE",
-                    _ => "LOG",
-                };
-                eprintln!("NCCL {level} (plugin): {}", l.text.trim_end());
+        if self.sink.to_file() {
+            let (lines, dropped) = plugin_log_records(self.log);
+            for (level, text) in lines {
+                self.sink.line(level, &text);
+            }
+            if dropped > 0 {
+                self.sink.line("WARN", &dropped_line(dropped));
+            }
+        } else {
+            for l in plugin_log_lines(self.log) {
+                eprintln!("{l}");
             }
         }
     }
@@ -212,6 +249,55 @@ impl HostNet {
     }
 }
 
+/// The logger a [`HostNet`] hands to the plugin's `init`: one process-wide buffer, so the lines
+/// the plugin logs on its own threads (the TCP I/O workers: stream failures, a peer's protocol
+/// violations) are printed too, not only those of the thread that calls the plugin.
+pub fn logger() -> crate::ffi::log::LoggerFn {
+    crate::ffi::testsupport::shared_logger()
+}
+
+/// The plugin's log lines captured since the last call, from every thread, as the bench prints
+/// them: WARN (and ABORT) always, the rest when `all`; then one line naming how many were lost
+/// when the capture buffer filled.
+pub fn plugin_log_lines(all: bool) -> Vec<String> {
+    let (lines, dropped) = plugin_log_records(all);
+    let mut out: Vec<String> = lines
+        .into_iter()
+        .map(|(level, text)| format!("NCCL {level} (plugin): {text}"))
+        .collect();
+    if dropped > 0 {
+        out.push(format!("NCCL WARN (bench): {}", dropped_line(dropped)));
+    }
+    out
+}
+
+/// The captured lines as (level name, text), filtered as [`plugin_log_lines`] does, and how many
+/// were lost.
+fn plugin_log_records(all: bool) -> (Vec<(&'static str, String)>, u64) {
+    let (lines, dropped) = crate::ffi::testsupport::take_shared_log();
+    let out = lines
+        .into_iter()
+        .filter(|l| all || l.level <= 2 || l.level == 4)
+        .map(|l| (level_name(l.level), l.text.trim_end().to_string()))
+        .collect();
+    (out, dropped)
+}
+
+fn dropped_line(dropped: u64) -> String {
+    format!("{dropped} plugin log lines were lost: the capture buffer (1 MiB) was full")
+}
+
+/// `ncclDebugLogLevel` as NCCL prints it.
+fn level_name(level: i32) -> &'static str {
+    match level {
+        2 => "WARN",
+        3 => "INFO",
+        4 => "ABORT",
+        5 => "TRACE",
+        _ => "LOG",
+    }
+}
+
 impl Drop for HostNet {
     fn drop(&mut self) {
         if self.inited {
@@ -238,14 +324,7 @@ impl net::Net for HostNet {
     type Request = HostRequest;
 
     fn name(&self) -> String {
-        let n = self.vt().name;
-        let name = if n.is_null() {
-            "(unnamed)".to_string()
-        } else {
-            // SAFETY: `name` is the plugin's static NUL-terminated name string.
-            unsafe { CStr::from_ptr(n) }.to_string_lossy().into_owned()
-        };
-        format!("{name} ({})", self.path.display())
+        format!("{} ({})", self.network_name(), self.path.display())
     }
 
     fn init(&mut self, comm_id: u64) -> Result<()> {
@@ -254,15 +333,7 @@ impl net::Net for HostNet {
         let mut ctx: *mut c_void = ptr::null_mut();
         // SAFETY: the arguments follow ncclNet_v12_t.init: an out pointer, a config that outlives
         // the call, a real C-variadic logger and no profiler.
-        let r = unsafe {
-            f(
-                &mut ctx,
-                comm_id,
-                &mut config,
-                Some(crate::ffi::testsupport::c_logger()),
-                None,
-            )
-        };
+        let r = unsafe { f(&mut ctx, comm_id, &mut config, Some(logger()), None) };
         self.check("init", r)?;
         self.ctx = ctx;
         self.inited = true;
@@ -488,5 +559,42 @@ impl net::Net for HostNet {
         self.inited = false;
         self.ctx = ptr::null_mut();
         self.check("finalize", r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Security audit 2, finding 6: the bench handed the plugin a logger that kept lines per thread
+    /// and printed only its own thread's, so every line the plugin's TCP I/O threads logged (a
+    /// peer's protocol violation ending a path, a stream failure) was lost. The logger it hands over
+    /// now keeps one buffer for the process: a WARN from another thread reaches the bench's output.
+    #[test]
+    #[cfg_attr(miri, ignore = "calls the C logger")]
+    fn a_warn_logged_on_another_thread_reaches_the_bench_output() {
+        let f = logger();
+        std::thread::spawn(move || {
+            // SAFETY: the logger is C-variadic with the ncclDebugLogger_t signature; "%s" takes
+            // the one NUL-terminated string passed, and every pointer lives for the call.
+            unsafe {
+                f(
+                    abi::ncclDebugLogLevel::NCCL_LOG_WARN,
+                    !0,
+                    c"stream.rs".as_ptr(),
+                    7,
+                    c"%s".as_ptr(),
+                    c"NET/switchless: TCP path 0: peer wrote outside the registration".as_ptr(),
+                )
+            }
+        })
+        .join()
+        .unwrap();
+        let lines = plugin_log_lines(false);
+        assert!(
+            lines.iter().any(|l| l
+                == "NCCL WARN (plugin): NET/switchless: TCP path 0: peer wrote outside the registration"),
+            "{lines:?}"
+        );
     }
 }

@@ -9,7 +9,7 @@
 //! The two sides are two simulated hosts: the connecting side's endpoints of one set of RDMA
 //! devices (the paths' `rdma_dev` names) share one memfab device, the accepting side's another, so
 //! the same buffer registered on many connections of one side is pinned once (the registration
-//! cache, as over verbs; [`PathFactory::reg_is_global`]).
+//! cache, as over verbs).
 //!
 //! [`MemFactory::install`] sets the host view and fabric the next [`PathFactory::open`] uses, so tests
 //! can also go through `plugin::init` and the core functions the FFI layer calls.
@@ -110,10 +110,6 @@ impl PathFactory for MemFactory {
                 "the in-memory fabric is not installed (MemFactory::install before init)".into(),
             )
         })
-    }
-
-    fn reg_is_global(&self) -> bool {
-        true
     }
 
     fn create(
@@ -273,6 +269,9 @@ impl Fabric for MemConn {
     fn prepare_flush(&mut self) -> Result<()> {
         self.ep.prepare_flush()
     }
+    fn path_device(&self, path: usize) -> usize {
+        self.ep.path_device(path)
+    }
     fn post_recv(&mut self, path: usize, wr_id: u64) -> Result<()> {
         self.ep.post_recv(path, wr_id)
     }
@@ -293,5 +292,11 @@ impl Fabric for MemConn {
     }
     fn revive_path(&mut self, path: usize) -> Result<crate::transport::fabric::Revive> {
         self.ep.revive_path(path)
+    }
+    fn stop_path(&mut self, path: usize) -> Result<()> {
+        self.ep.stop_path(path)
+    }
+    fn seal_path(&mut self, path: usize) -> Result<bool> {
+        self.ep.seal_path(path)
     }
 }

@@ -29,6 +29,7 @@ use crate::transport::fabric::{
     Completion, CtrlMem, Fabric, MemKind, PathInfo, ReadWr, Registration, WriteWr,
 };
 use crate::transport::handshake::PathParams;
+use crate::transport::handshake::auth::ConnSecret;
 use crate::transport::tcp::{
     self, TcpAcceptor, TcpConfig, TcpConnector, TcpFabric, TcpPathSpec, per_path_streams,
 };
@@ -72,12 +73,11 @@ pub fn tcp_host(model: &HostModel) -> (Vec<LocalLink>, Vec<NcclDevice>) {
     let mut links = Vec::new();
     let mut devices: Vec<NcclDevice> = Vec::new();
     for n in model.netdevs.iter().filter(|n| n.name != "lo") {
-        let pci_root = n
-            .pci
-            .as_deref()
-            .and_then(|b| model.pci(b))
-            .map(|f| f.root.clone())
-            .unwrap_or_default();
+        let func = n.pci.as_deref().and_then(|b| model.pci(b));
+        let pci_root = func.map(|f| f.root.clone()).unwrap_or_default();
+        // NCCL places a device in its topology by this path (as its socket transport does); without
+        // it NCCL attaches the device to the first CPU, losing NUMA locality on two-socket hosts.
+        let pci_path = func.map(|f| f.path.clone()).unwrap_or_default();
         for a in &n.addrs {
             let mut l = LocalLink {
                 id: links.len(),
@@ -107,7 +107,7 @@ pub fn tcp_host(model: &HostModel) -> (Vec<LocalLink>, Vec<NcclDevice>) {
                             index: devices.len(),
                             name: format!("sl_{}", n.name),
                             members: Vec::new(),
-                            pci_path: String::new(),
+                            pci_path: pci_path.clone(),
                             guid: name_guid(&n.name),
                             speed_mbps: speed,
                             port: 1,
@@ -140,28 +140,33 @@ pub fn tcp_host(model: &HostModel) -> (Vec<LocalLink>, Vec<NcclDevice>) {
     (links, devices)
 }
 
-/// Why a connection of a device that registers GPU memory cannot use `paths` (all TCP): NCCL decides
-/// GPU-direct from the device's `ptrSupport` and then registers GPU buffers, which a TCP stream cannot
-/// read. Names both ends of each path.
-pub fn gpu_over_tcp(paths: &[PathPlan]) -> String {
-    let list: Vec<String> = paths
-        .iter()
-        .map(|p| {
-            format!(
-                "{} {} (subnet {}) <-> {}",
-                p.local.netdev,
-                p.local.addr,
-                p.local.addr.trunc(),
-                p.remote
-            )
-        })
-        .collect();
+/// The INFO line of a host the plugin carries over TCP because no RDMA device opened (`no_rdma`,
+/// the RDMA factory's error): what the plugin does, worded so that no one grepping NCCL's log for
+/// "system error" or "internal transports" takes it for the plugin failing.
+pub fn tcp_carry_note(no_rdma: &Error, devices: &[&str]) -> String {
+    let why = match no_rdma {
+        Error::System(m) => m.as_str(),
+        e => return format!("{e}: using TCP on {}", tcp_devices(devices)),
+    };
+    let why = why
+        .strip_suffix("; NCCL will use its internal transports")
+        .unwrap_or(why);
     format!(
-        "GPU memory cannot go over TCP: this NCCL device advertises NCCL_PTR_CUDA or NCCL_PTR_DMABUF, so \
-         NCCL registers GPU buffers on its connections, but the only paths are TCP ({}); give both ends a \
-         RoCE port in a shared subnet, or set NCCL_NET_GDR_LEVEL=LOC on every rank (NCCL then keeps its \
-         buffers in host memory, which TCP carries)",
-        list.join(", ")
+        "{why}; using TCP on {} (the plugin carries every connection)",
+        tcp_devices(devices)
+    )
+}
+
+fn tcp_devices(devices: &[&str]) -> String {
+    format!(
+        "{} point-to-point {} ({})",
+        devices.len(),
+        if devices.len() == 1 {
+            "netdev"
+        } else {
+            "netdevs"
+        },
+        devices.join(", ")
     )
 }
 
@@ -229,10 +234,8 @@ impl PathFactory for NetFactory {
         }
         crate::host::log_findings(&findings);
         if let Some(e) = no_rdma {
-            tracing::info!(
-                "NET/switchless: {e}; carrying connections over TCP on {} point-to-point netdev(s)",
-                devices.len()
-            );
+            let names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
+            tracing::info!("NET/switchless: {}", tcp_carry_note(&e, &names));
         }
         let routes = model.routes();
         Ok((
@@ -270,11 +273,13 @@ impl PathFactory for NetFactory {
                 paths.len() - tcp
             )));
         }
-        if opts.gpu {
-            return Err(Error::InvalidUsage(gpu_over_tcp(paths)));
-        }
         let cfg = tcp_config(&self.config, paths.len());
-        Ok(NetConn::Tcp(TcpConn::create(paths, peer.is_some(), &cfg)?))
+        Ok(NetConn::Tcp(TcpConn::create(
+            paths,
+            peer.is_some(),
+            &opts.secret,
+            &cfg,
+        )?))
     }
 }
 
@@ -295,9 +300,11 @@ enum Setup {
 /// One connection over TCP paths: a [`TcpFabric`] whose streams connect after the handshake.
 ///
 /// The acceptor's `create` opens one listener per path on the path's local address (port 0) and
-/// sends the ports in its [`PathParams::addr`], its netdev MTU in `mtu`, and a random stream nonce in
-/// the first 8 bytes of `gid`. The connector, after the reply, opens the streams to those ports with
-/// that nonce ([`TcpConnector`]); both sides finish in [`Connectable::poll_ready`], never blocking
+/// sends the ports in its [`PathParams::addr`] and its netdev MTU in `mtu`. The connector, after the
+/// reply, opens the streams to those ports; each stream proves the connection's secret from the
+/// authenticated handshake ([`ConnOptions::secret`]; `tcp::auth`), which never travels, nor does
+/// anything a stranger could open a stream with ([`TcpConnector`]); both sides finish in
+/// [`Connectable::poll_ready`], never blocking
 /// NCCL's thread on anything but a TCP three-way handshake to a directly attached peer. Memory
 /// registered, control memory allocated and receives posted before the streams exist (the protocol
 /// does that before the handshake) are carried over ([`TcpFabric::unconnected`]).
@@ -309,7 +316,8 @@ pub struct TcpConn {
     setup: Setup,
     cfg: TcpConfig,
     local: Vec<PathParams>,
-    peer: Mutex<Option<Vec<PathParams>>>,
+    /// The connector's peer parameters and connection secret, from [`Connectable::connect_peer`].
+    peer: Mutex<Option<(Vec<PathParams>, ConnSecret)>>,
     /// Each path's local netdev, whose carrier tells a link that went down silently.
     netdevs: Vec<String>,
 }
@@ -337,8 +345,15 @@ impl std::fmt::Debug for TcpConn {
 
 impl TcpConn {
     /// The endpoint of one connection over `paths` (all TCP). `accepting`: open a listener per
-    /// path now (the ports go into [`Connectable::local_params`]).
-    pub fn create(paths: &[PathPlan], accepting: bool, cfg: &TcpConfig) -> Result<TcpConn> {
+    /// path now (the ports go into [`Connectable::local_params`]), whose streams must prove
+    /// `secret` (the connection's, from the handshake); a connector gets its secret with
+    /// [`Connectable::connect_peer`].
+    pub fn create(
+        paths: &[PathPlan],
+        accepting: bool,
+        secret: &ConnSecret,
+        cfg: &TcpConfig,
+    ) -> Result<TcpConn> {
         let specs: Vec<TcpPathSpec> = paths
             .iter()
             .map(|p| TcpPathSpec {
@@ -369,23 +384,19 @@ impl TcpConn {
             })
             .collect();
         let setup = if accepting {
+            check_secret(secret)?;
             let listeners = specs
                 .iter()
                 .map(|s| tcp::listen(s.local, s.speed_mbps, cfg))
                 .collect::<Result<Vec<TcpListener>>>()?;
-            let mut nb = [0u8; 8];
-            getrandom::fill(&mut nb)
-                .map_err(|e| Error::System(format!("reading random bytes for a nonce: {e}")))?;
-            let nonce = u64::from_le_bytes(nb) | 1;
             for (p, l) in local.iter_mut().zip(&listeners) {
                 let port = l
                     .local_addr()
                     .map_err(|e| Error::io("reading a TCP listener's port", e))?
                     .port();
                 p.addr = u64::from(port);
-                p.gid[..8].copy_from_slice(&nonce.to_le_bytes());
             }
-            Setup::Accepting(Some(TcpAcceptor::new(&listeners, &specs, nonce, cfg)?))
+            Setup::Accepting(Some(TcpAcceptor::new(&listeners, &specs, secret, cfg)?))
         } else {
             Setup::AwaitingPeer(specs)
         };
@@ -445,6 +456,16 @@ fn not_ready() -> Error {
     Error::Internal("the TCP streams of this connection are not connected yet".into())
 }
 
+/// The streams are keyed by the connection's secret: an unset (all-zero) one would let anyone in.
+fn check_secret(secret: &ConnSecret) -> Result<()> {
+    if *secret == ConnSecret::default() {
+        return Err(Error::Internal(
+            "TCP set-up without the connection's secret from the handshake".into(),
+        ));
+    }
+    Ok(())
+}
+
 impl Connectable for TcpConn {
     fn local_params(&self) -> Vec<PathParams> {
         self.local.clone()
@@ -456,7 +477,7 @@ impl Connectable for TcpConn {
         true
     }
 
-    fn connect_peer(&self, peer: &[PathParams], _opts: &ConnOptions) -> Result<()> {
+    fn connect_peer(&self, peer: &[PathParams], opts: &ConnOptions) -> Result<()> {
         if peer.len() != self.local.len() {
             return Err(Error::Remote(format!(
                 "the peer sent parameters for {} TCP paths; this connection has {}",
@@ -465,7 +486,7 @@ impl Connectable for TcpConn {
             )));
         }
         let mut g = lock(&self.peer, "TCP peer")?;
-        *g = Some(peer.to_vec());
+        *g = Some((peer.to_vec(), opts.secret));
         Ok(())
     }
 
@@ -501,7 +522,7 @@ impl Connectable for TcpConn {
                     }
                 }
                 Setup::AwaitingPeer(mut specs) => {
-                    let peer = self
+                    let (peer, secret) = self
                         .peer
                         .get_mut()
                         .map_err(|_| Error::Internal("TCP peer lock poisoned".into()))?
@@ -518,11 +539,9 @@ impl Connectable for TcpConn {
                         })?;
                         s.remote.set_port(port);
                     }
-                    let mut nb = [0u8; 8];
-                    nb.copy_from_slice(&peer.first().map_or([0; 16], |p| p.gid)[..8]);
-                    let nonce = u64::from_le_bytes(nb);
+                    check_secret(&secret)?;
                     let pre = self.take_pre()?;
-                    let c = TcpConnector::start(&specs, nonce, &self.cfg)?.adopting(pre);
+                    let c = TcpConnector::start(&specs, &secret, &self.cfg)?.adopting(pre);
                     self.setup = Setup::Connecting(Some(c));
                 }
                 Setup::Connecting(c) => {
@@ -612,6 +631,19 @@ impl Fabric for TcpConn {
         match self.fab.as_mut() {
             Some(f) if matches!(self.setup, Setup::Ready) => f.revive_path(path),
             _ => Ok(crate::transport::fabric::Revive::Down),
+        }
+    }
+    fn stop_path(&mut self, path: usize) -> Result<()> {
+        match self.fab.as_mut() {
+            Some(f) if matches!(self.setup, Setup::Ready) => f.stop_path(path),
+            _ => Ok(()),
+        }
+    }
+    // Before its streams are connected nothing of the peer's can land.
+    fn seal_path(&mut self, path: usize) -> Result<bool> {
+        match self.fab.as_mut() {
+            Some(f) if matches!(self.setup, Setup::Ready) => f.seal_path(path),
+            _ => Ok(true),
         }
     }
     fn shutdown(&mut self) -> Result<()> {
@@ -714,6 +746,9 @@ impl Fabric for NetConn {
     fn prepare_flush(&mut self) -> Result<()> {
         each!(self, f => f.prepare_flush())
     }
+    fn path_device(&self, path: usize) -> usize {
+        each!(self, f => f.path_device(path))
+    }
     fn post_recv(&mut self, path: usize, wr_id: u64) -> Result<()> {
         each!(self, f => f.post_recv(path, wr_id))
     }
@@ -734,6 +769,12 @@ impl Fabric for NetConn {
     }
     fn revive_path(&mut self, path: usize) -> Result<crate::transport::fabric::Revive> {
         each!(self, f => f.revive_path(path))
+    }
+    fn stop_path(&mut self, path: usize) -> Result<()> {
+        each!(self, f => f.stop_path(path))
+    }
+    fn seal_path(&mut self, path: usize) -> Result<bool> {
+        each!(self, f => f.seal_path(path))
     }
 }
 
@@ -775,6 +816,15 @@ mod tests {
         for d in &devices {
             assert!(d.name.starts_with("sl_"), "{}", d.name);
             assert_eq!(d.ptr_support, crate::host::nccl::PTR_HOST);
+            // The netdev's PCI function (review C3: it was empty, so NCCL put it on CPU 0).
+            let n = m.netdev(&d.name["sl_".len()..]).unwrap();
+            let bdf = n.pci.as_deref().unwrap();
+            assert!(
+                d.pci_path.starts_with("/sys/devices/pci") && d.pci_path.ends_with(bdf),
+                "{}: {}",
+                d.name,
+                d.pci_path
+            );
             assert!(d.speed_mbps > 0);
             assert!(!d.peers.is_empty(), "{} has its far end", d.name);
         }
@@ -832,10 +882,27 @@ mod tests {
         }
     }
 
+    fn secret() -> ConnSecret {
+        ConnSecret::from_bytes([0x5c; 32])
+    }
+
+    fn opts() -> ConnOptions {
+        ConnOptions {
+            secret: secret(),
+            ..ConnOptions::default()
+        }
+    }
+
     #[test]
     #[cfg_attr(miri, ignore = "opens a TCP socket; Miri isolates the host")]
     fn an_acceptor_whose_connector_never_comes_times_out() {
-        let mut c = TcpConn::create(&[plan("127.0.0.1/30", "127.0.0.2")], true, &short()).unwrap();
+        let mut c = TcpConn::create(
+            &[plan("127.0.0.1/30", "127.0.0.2")],
+            true,
+            &secret(),
+            &short(),
+        )
+        .unwrap();
         let p = c.local_params();
         assert_eq!(p.len(), 1);
         assert!(
@@ -844,7 +911,10 @@ mod tests {
             p[0].addr
         );
         assert_eq!(p[0].mtu, 9000);
-        assert_ne!(&p[0].gid[..8], &[0u8; 8], "nonce");
+        assert_eq!(
+            p[0].gid, [0u8; 16],
+            "nothing of the secret goes in the reply"
+        );
         // Memory and receives work before the streams exist; sending does not.
         let m = c.alloc_ctrl(4).unwrap();
         c.post_recv(0, 1).unwrap();
@@ -865,7 +935,13 @@ mod tests {
 
     #[test]
     fn a_connector_checks_the_acceptors_ports_and_sends_nothing_before_ready() {
-        let mut c = TcpConn::create(&[plan("127.0.0.1/30", "127.0.0.2")], false, &short()).unwrap();
+        let mut c = TcpConn::create(
+            &[plan("127.0.0.1/30", "127.0.0.2")],
+            false,
+            &ConnSecret::default(),
+            &short(),
+        )
+        .unwrap();
         assert_eq!(
             c.local_params()[0].addr,
             0,
@@ -875,7 +951,13 @@ mod tests {
             matches!(c.poll_ready(), Err(Error::Internal(_))),
             "before connect_peer"
         );
-        let mut c = TcpConn::create(&[plan("127.0.0.1/30", "127.0.0.2")], false, &short()).unwrap();
+        let mut c = TcpConn::create(
+            &[plan("127.0.0.1/30", "127.0.0.2")],
+            false,
+            &ConnSecret::default(),
+            &short(),
+        )
+        .unwrap();
         let wr = WriteWr {
             wr_id: 1,
             local: crate::transport::fabric::LocalSeg {
@@ -895,9 +977,32 @@ mod tests {
             "path count"
         );
         peer[0].addr = 70_000;
-        c.connect_peer(&peer, &ConnOptions::default()).unwrap();
+        c.connect_peer(&peer, &opts()).unwrap();
         let e = c.poll_ready().unwrap_err();
         assert!(e.to_string().contains("70000"), "{e}");
+        // Without the handshake's secret, no stream is opened.
+        let mut c = TcpConn::create(
+            &[plan("127.0.0.1/30", "127.0.0.2")],
+            false,
+            &ConnSecret::default(),
+            &short(),
+        )
+        .unwrap();
+        let mut peer = c.local_params();
+        peer[0].addr = 1000;
+        c.connect_peer(&peer, &ConnOptions::default()).unwrap();
+        let e = c.poll_ready().unwrap_err();
+        assert!(e.to_string().contains("secret"), "{e}");
+        assert!(
+            TcpConn::create(
+                &[plan("127.0.0.1/30", "127.0.0.2")],
+                true,
+                &ConnSecret::default(),
+                &short()
+            )
+            .is_err(),
+            "an acceptor without the secret"
+        );
     }
 
     #[test]
@@ -907,12 +1012,18 @@ mod tests {
             connect_timeout: Some(Duration::from_secs(10)),
             ..TcpConfig::default()
         };
-        let mut acc = TcpConn::create(&[plan("127.0.0.2/30", "127.0.0.1")], true, &cfg).unwrap();
-        let mut con = TcpConn::create(&[plan("127.0.0.1/30", "127.0.0.2")], false, &cfg).unwrap();
+        let mut acc =
+            TcpConn::create(&[plan("127.0.0.2/30", "127.0.0.1")], true, &secret(), &cfg).unwrap();
+        let mut con = TcpConn::create(
+            &[plan("127.0.0.1/30", "127.0.0.2")],
+            false,
+            &ConnSecret::default(),
+            &cfg,
+        )
+        .unwrap();
         let m = acc.alloc_ctrl(2).unwrap();
         acc.ctrl_store(m.addr, 42, Ordering::Release).unwrap();
-        con.connect_peer(&acc.local_params(), &ConnOptions::default())
-            .unwrap();
+        con.connect_peer(&acc.local_params(), &opts()).unwrap();
         let t = Instant::now();
         let (mut a, mut b) = (false, false);
         while !(a && b) {
@@ -929,5 +1040,26 @@ mod tests {
         assert!(acc.paths()[0].label.contains("streams"));
         con.shutdown().unwrap();
         acc.shutdown().unwrap();
+    }
+
+    #[test]
+    fn the_tcp_carry_line_says_what_the_plugin_does() {
+        let e = Error::System(
+            "no RDMA device: ibv_get_device_list returned none (errno ENOSYS): the kernel has no RDMA \
+             support; NCCL will use its internal transports"
+                .into(),
+        );
+        let line = tcp_carry_note(&e, &["sl_enp5s0"]);
+        assert_eq!(
+            line,
+            "no RDMA device: ibv_get_device_list returned none (errno ENOSYS): the kernel has no RDMA \
+             support; using TCP on 1 point-to-point netdev (sl_enp5s0) (the plugin carries every connection)"
+        );
+        assert!(!line.contains("system error") && !line.contains("internal transports"));
+        let two = tcp_carry_note(&e, &["sl_a", "sl_b"]);
+        assert!(
+            two.contains("2 point-to-point netdevs (sl_a, sl_b)"),
+            "{two}"
+        );
     }
 }

@@ -156,10 +156,6 @@ impl PathFactory for VerbsFactory {
         ))
     }
 
-    fn reg_is_global(&self) -> bool {
-        true
-    }
-
     fn create(
         &self,
         paths: &[PathPlan],

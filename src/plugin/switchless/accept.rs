@@ -98,20 +98,15 @@ impl<P: PathFactory> Switchless<P> {
                 Reach::OnLink
             },
         };
-        let listener = Listener::bind_any(view, self.timeout())?;
-        let (repr, left_out) = listener.handle(self.control_addr())?;
+        let control = self.control_addr();
+        let listener = Listener::bind_advertised(view, control, self.timeout())?;
+        let (repr, left_out) = listener.handle(control)?;
         if repr.links.is_empty() {
             return Err(Error::System(
                 "listen: no local link is up; the listen handle would advertise no address".into(),
             ));
         }
-        for l in left_out.iter().filter(|l| l.up) {
-            tracing::info!(
-                "NET/switchless: listen handle has no room for {} {} (at most 16 links are advertised)",
-                l.netdev,
-                l.addr
-            );
-        }
+        report_left_out(&left_out);
         handle.fill(0);
         repr.emit(&mut HandleView::new_unchecked(&mut handle[..]))?;
         Ok(ListenEnd {
@@ -364,5 +359,49 @@ impl<F: Connectable> Responding<F> {
                 })))
             }
         })
+    }
+}
+
+/// Links the listen handle had no room for, said once per process (every listen would repeat it):
+/// a WARN naming each RoCE link left out (a peer reached only through it fails with "no shared
+/// subnet", which looks like a cabling error), an INFO for TCP ones. `switchless doctor` reports
+/// the same (`handle-links-over-limit`).
+fn report_left_out(left_out: &[crate::route::types::LocalLink]) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static SAID: AtomicBool = AtomicBool::new(false);
+    let up: Vec<&crate::route::types::LocalLink> = left_out.iter().filter(|l| l.up).collect();
+    if up.is_empty() || SAID.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    let name = |l: &&crate::route::types::LocalLink| format!("{} {}", l.netdev, l.addr);
+    let roce: Vec<String> = up
+        .iter()
+        .filter(|l| l.kind == crate::route::types::LinkKind::Roce)
+        .map(name)
+        .collect();
+    let tcp: Vec<String> = up
+        .iter()
+        .filter(|l| l.kind != crate::route::types::LinkKind::Roce)
+        .map(name)
+        .collect();
+    let max = crate::route::handle::MAX_LINKS;
+    if !roce.is_empty() {
+        tracing::warn!(
+            "NET/switchless: the listen handle advertises at most {max} links (point-to-point RoCE \
+             first); left out: RoCE {}{}. A peer reached only through those fails to connect \
+             (\"no shared subnet\"); exclude storage and management NICs with NCCL_IB_HCA, or remove \
+             secondary addresses (switchless doctor: handle-links-over-limit)",
+            roce.join(", "),
+            if tcp.is_empty() {
+                String::new()
+            } else {
+                format!("; TCP {}", tcp.join(", "))
+            }
+        );
+    } else {
+        tracing::info!(
+            "NET/switchless: the listen handle advertises at most {max} links; left out: TCP {}",
+            tcp.join(", ")
+        );
     }
 }

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use super::data::SendEnd;
 use super::live::Live;
 use super::report::{
-    ConnReport, SetupSteps, Step, fallback_warning, gdr_scope, gdr_warning, gpu_over_tcp,
-    level_name, routed_hint, same_host_note, step_error,
+    ConnReport, SetupSteps, Step, fallback_warning, gdr_scope, gdr_warning, level_name,
+    routed_hint, same_host_note, step_error,
 };
 use super::{ConnOptions, Connectable, PathFactory, PathPlan, Switchless};
 use crate::config::TransportMode;
@@ -117,22 +117,14 @@ impl<P: PathFactory> Switchless<P> {
     /// only, TCP over any shared subnet (a management LAN) or kernel route through a gateway (a
     /// forwarding neighbour, the default route: [`Reach::Routed`]), with one WARN per peer.
     ///
-    /// A device on which NCCL may register GPU memory never gets TCP paths: the connection fails here
-    /// with both sides' subnets ([`gpu_over_tcp`]), not later at NCCL's first GPU registration. Its
-    /// RoCE paths stay within `NCCL_NET_GDR_LEVEL` of NCCL's device when the device is overridden
-    /// ([`Self::select_roce`]).
+    /// TCP paths are chosen whatever the device advertises: NCCL decides GPU-direct per connection
+    /// from its own topology (a GB10's GPU has none, although its NIC passes the DMA-BUF probe), and
+    /// only a GPU registration on a TCP connection is refused, naming the remedy
+    /// ([`crate::transport::tcp::gpu_refusal`]; NCCL registers the connection's buffers right after
+    /// connecting). RoCE paths of a device that may register GPU memory stay within
+    /// `NCCL_NET_GDR_LEVEL` of NCCL's device when the device is overridden ([`Self::select_roce`]).
     fn route(&self, dev: usize, peer: &[RemoteLink], who: &str) -> Result<Selection> {
-        let sel = self.route_any(dev, peer, who)?;
-        if self.gpu_memory(dev) && sel.paths.iter().any(|p| p.kind == LinkKind::Tcp) {
-            return Err(Error::InvalidUsage(gpu_over_tcp(
-                dev,
-                &self.dev_name(dev),
-                &sel,
-                &self.view.links,
-                peer,
-            )));
-        }
-        Ok(sel)
+        self.route_any(dev, peer, who)
     }
 
     fn route_any(&self, dev: usize, peer: &[RemoteLink], who: &str) -> Result<Selection> {
@@ -217,10 +209,7 @@ impl<P: PathFactory> Switchless<P> {
             return Vec::new();
         }
         let roce = sel.paths.iter().all(|p| p.kind == LinkKind::Roce);
-        let gpu = self.gpu_memory(dev);
-        if gpu && !roce {
-            return Vec::new();
-        }
+        let gpu = self.gpu_memory(dev) && roce;
         let (mut links, peer) = if roce {
             (self.view.links.clone(), peer.to_vec())
         } else {

@@ -238,8 +238,20 @@ impl<P: PathFactory> Switchless<P> {
         offset: u64,
         fd: BorrowedFd<'_>,
     ) -> Result<MemHandle> {
+        let mem = &region.mem;
+        let Some(pinner) = with_registrar(comm, "regMrDmaBuf", |r| Ok(r.pinner()))? else {
+            return with_registrar(comm, "regMrDmaBuf", |r| r.reg_mr_dmabuf(mem, offset, fd));
+        };
+        // As `regMr`: the registration on every device (`ibv_reg_dmabuf_mr`, the slow part)
+        // runs without the comm's lock, which NCCL's progress thread needs on every call.
+        let (addr, len) = (mem.addr(), mem.len() as u64);
+        comm::check_range(addr, len)?;
+        let reg = pinner.register_dmabuf(mem, offset, fd)?;
         with_registrar(comm, "regMrDmaBuf", |r| {
-            r.reg_mr_dmabuf(&region.mem, offset, fd)
+            r.adopt(addr, len, MemKind::Cuda, reg.clone())
+        })
+        .inspect_err(|_| {
+            let _ = pinner.deregister(&reg);
         })
     }
 

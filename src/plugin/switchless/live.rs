@@ -151,6 +151,9 @@ impl<F: Connectable> Fabric for Live<F> {
     fn prepare_flush(&mut self) -> Result<()> {
         self.inner.prepare_flush()
     }
+    fn path_device(&self, path: usize) -> usize {
+        self.inner.path_device(path)
+    }
     fn post_recv(&mut self, path: usize, wr_id: u64) -> Result<()> {
         self.inner.post_recv(path, wr_id)
     }
@@ -179,6 +182,12 @@ impl<F: Connectable> Fabric for Live<F> {
     }
     fn revive_path(&mut self, path: usize) -> Result<crate::transport::fabric::Revive> {
         self.inner.revive_path(path)
+    }
+    fn stop_path(&mut self, path: usize) -> Result<()> {
+        self.inner.stop_path(path)
+    }
+    fn seal_path(&mut self, path: usize) -> Result<bool> {
+        self.inner.seal_path(path)
     }
 }
 
@@ -245,6 +254,12 @@ mod tests {
         }
         fn shutdown(&mut self) -> Result<()> {
             Ok(())
+        }
+        fn stop_path(&mut self, _: usize) -> Result<()> {
+            nope()
+        }
+        fn seal_path(&mut self, _: usize) -> Result<bool> {
+            nope()
         }
     }
 

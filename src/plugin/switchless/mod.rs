@@ -168,12 +168,6 @@ pub trait PathFactory: Sized + Send + Sync + 'static {
         peer: Option<&[PathParams]>,
         opts: &ConnOptions,
     ) -> Result<Self::Fabric>;
-
-    /// Whether a registration is cached per device rather than tied to the connection: the same
-    /// buffer registered on many connections is pinned once (NCCL's `regIsGlobal`).
-    fn reg_is_global(&self) -> bool {
-        false
-    }
 }
 
 // ---- The backend. ----
@@ -330,10 +324,11 @@ impl<P: PathFactory> Switchless<P> {
             .zip(kept)
             .map(|(d, k)| match k {
                 Some(p) => Ok(p),
-                None => properties_of(d, &view.config).map(|mut p| {
-                    p.reg_is_global = factory.reg_is_global();
-                    p
-                }),
+                // `regIsGlobal` stays 0: a handle holds this connection's keys in its path order
+                // and is released through this connection, so it must not be used with another
+                // (NCCL never does; 2.30.7 and 2.31 read the flag nowhere). Pins are shared per
+                // device all the same (the registration cache).
+                None => properties_of(d, &view.config),
             })
             .collect::<Result<Vec<_>>>()?;
         let proto = ProtocolConfig {

@@ -1,7 +1,7 @@
 //! The log and error text of a connection: its one INFO line (`ConnReport`, with the connections
 //! per physical cable so far: [`CableCounts`]), the small-MTU warning, the TCP fallback warning
 //! ([`fallback_warning`]), the same-host note ([`same_host_note`]), the GPU-direct distance warning
-//! ([`gdr_warning`]), the GPU-over-TCP refusal ([`gpu_over_tcp`]), the hint for routed paths
+//! ([`gdr_warning`]), the hint for routed paths
 //! ([`routed_hint`]) and the prefix of a failed step's error.
 #![forbid(unsafe_code)]
 
@@ -13,7 +13,7 @@ use super::{Connectable, PathFactory, PathPlan, Switchless};
 use crate::config::PathType;
 use crate::error::Error;
 use crate::route::select::{Closeness, PathChoice, Selection};
-use crate::route::types::{LinkKind, LocalLink, RemoteLink};
+use crate::route::types::LinkKind;
 use crate::sync::lock;
 use crate::transport::handshake::PathParams;
 
@@ -433,44 +433,6 @@ pub fn gdr_warning(
          the distance with NCCL_NET_GDR_LEVEL=PHB or SYS, or keep NCCL's buffers in host memory with \
          NCCL_NET_GDR_LEVEL=LOC",
         paths.join(", ")
-    )
-}
-
-/// The refusal of TCP paths for a device on which NCCL may register GPU memory, naming the device,
-/// both sides' subnets and the paths TCP would have used.
-pub fn gpu_over_tcp(
-    dev: usize,
-    name: &str,
-    sel: &Selection,
-    local: &[LocalLink],
-    peer: &[RemoteLink],
-) -> String {
-    let peer_list: Vec<String> = peer
-        .iter()
-        .map(|r| format!("{} ({:?})", r.addr, r.kind))
-        .collect();
-    let mut subnets: Vec<String> = Vec::new();
-    for l in local {
-        let s = format!("{} on {} ({:?})", l.addr.trunc(), l.netdev, l.kind);
-        if !subnets.contains(&s) {
-            subnets.push(s);
-        }
-    }
-    let tcp: Vec<String> = sel
-        .paths
-        .iter()
-        .filter(|p| p.kind == LinkKind::Tcp)
-        .map(|p| format!("{} {} -> {}", p.local.netdev, p.local.addr, p.remote.addr))
-        .collect();
-    format!(
-        "NCCL device {dev} ({name}) advertises GPU memory (NCCL_PTR_CUDA or NCCL_PTR_DMABUF), so NCCL registers \
-         GPU buffers on its connections, but only TCP paths reach the peer ({}), and TCP carries host memory \
-         only. The peer advertises {}; local subnets: {}. Give both ends a RoCE port in a shared subnet, or \
-         set NCCL_NET_GDR_LEVEL=LOC on every rank (NCCL then keeps its buffers in host memory), or \
-         NCCL_SWITCHLESS_TRANSPORT=tcp (every device host memory only)",
-        tcp.join(", "),
-        peer_list.join(", "),
-        subnets.join(", ")
     )
 }
 

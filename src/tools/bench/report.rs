@@ -130,6 +130,77 @@ pub fn table(r: &Report) -> String {
     s
 }
 
+/// The run as nccl-tests prints one (NVIDIA/nccl-tests `src/util.cu`, 2.18): a start line naming the
+/// test, the column header, one row per size (out-of-place only: the bench has no in-place
+/// variant), then the footer (`# Out of bounds values`, `# Avg bus bandwidth`, `# Collective test
+/// concluded`). `switchless nccl-tests summarize` and other nccl-tests tooling read a bench run
+/// like a run of nccl-tests; the test name says what ran (`switchless bench allreduce`), and the
+/// comment lines of [`table`] (plugin, devices, set-up) come first. `#wrong` is the row's failed
+/// data checks; the footer counts rows with any, and the average is over the rows, as nccl-tests
+/// computes it. Sizes are bytes; bandwidths GB/s (10^9 bytes per second), nccl-tests' unit.
+pub fn nccl_tests(r: &Report) -> String {
+    let mut s = String::new();
+    let full = table(r);
+    // The bench's own comment header (everything before its column header).
+    for line in full.lines().take_while(|l| !l.contains("size(B)")) {
+        let _ = writeln!(s, "{line}");
+    }
+    let name = format!("switchless bench {}", r.mode.name());
+    let (dtype, redop) = match r.mode {
+        super::modes::Mode::Allreduce => ("float", "sum"),
+        _ => ("uint8", "none"),
+    };
+    let _ = writeln!(s, "# Collective test starting: {name}");
+    let _ = writeln!(s, "#");
+    let _ = writeln!(
+        s,
+        "# {:>10} {:>12} {:>8} {:>6} {:>6} {:>10} {:>9} {:>9} {:>6}",
+        "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong"
+    );
+    let _ = writeln!(
+        s,
+        "# {:>10} {:>12} {:>8} {:>6} {:>6} {:>10} {:>9} {:>9} {:>6}",
+        "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", ""
+    );
+    let mut wrong_rows = 0usize;
+    for row in &r.rows {
+        if row.errors > 0 {
+            wrong_rows += 1;
+        }
+        let _ = writeln!(
+            s,
+            "  {:>10} {:>12} {:>8} {:>6} {:>6} {:>10.2} {:>9.4} {:>9.4} {:>6}",
+            row.size_bytes,
+            row.count,
+            dtype,
+            redop,
+            -1,
+            row.time_us,
+            row.algbw_gbytes_s,
+            row.busbw_gbytes_s,
+            row.errors
+        );
+    }
+    // The bench's verdict line, with the first failure's text (nccl-tests has no such line).
+    if let Some(line) = full.lines().find(|l| l.starts_with("# data checks:")) {
+        let _ = writeln!(s, "{line}");
+    }
+    let avg = if r.rows.is_empty() {
+        0.0
+    } else {
+        r.rows.iter().map(|x| x.busbw_gbytes_s).sum::<f64>() / r.rows.len() as f64
+    };
+    let _ = writeln!(
+        s,
+        "# Out of bounds values : {wrong_rows} {}",
+        if wrong_rows == 0 { "OK" } else { "FAILED" }
+    );
+    let _ = writeln!(s, "# Avg bus bandwidth    : {avg:.6} ");
+    let _ = writeln!(s, "#");
+    let _ = writeln!(s, "# Collective test concluded: {name}");
+    s
+}
+
 /// The whole report as JSON.
 pub fn json(r: &Report) -> Result<String> {
     serde_json::to_string_pretty(r).map_err(|e| Error::Internal(format!("JSON of the report: {e}")))

@@ -15,7 +15,8 @@ use crate::tools::bench as b;
 switchless bench bandwidth --loopback -b 1M -e 64M           # in one process: no network, no plugin\n  \
 switchless bench latency --rank 0 --bootstrap 0.0.0.0:29500  # on host A\n  \
 switchless bench latency --rank 1 --bootstrap hostA:29500    # on host B\n\
-Sizes: bytes or K/M/G (powers of 1024; 1M = 1048576 bytes). --timeout: 60, 10s, 2m or 1h (a bare number is seconds).\n\
+Sizes: bytes or K/M/G (powers of 1024; 1M = 1048576 bytes). --timeout: 60, 10s, 2m or 1h (a bare number is seconds here, \
+but milliseconds in the NCCL_SWITCHLESS_* variables: write the unit and it reads the same everywhere).\n\
 Exit status: 0 every data check passed; 1 a data check failed or the run failed (the message says which rank and why); \
 2 the report could not be written or a usage error.")]
 pub struct Args {
@@ -70,16 +71,20 @@ pub struct Args {
     /// Use this NCCL device for every connection (default: round-robin by peer and channel).
     #[arg(long)]
     pub dev: Option<usize>,
-    /// Time allowed for the bootstrap, connection set-up and each size: seconds, or with the unit
-    /// ms, s, m or h, e.g. 60 or 10s.
+    /// Time allowed for the bootstrap, connection set-up and each size, with the unit ms, s, m or h
+    /// (e.g. 10s); a bare number is seconds here (milliseconds in NCCL_SWITCHLESS_* variables).
     #[arg(long, default_value = "60s", value_parser = cli_seconds)]
     pub timeout: Duration,
     /// Print JSON instead of the table.
-    #[arg(long, conflicts_with = "csv")]
+    #[arg(long, conflicts_with_all = ["csv", "nccl_tests"])]
     pub json: bool,
     /// Print CSV instead of the table.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "nccl_tests")]
     pub csv: bool,
+    /// Print the table in nccl-tests' layout (size count type redop root time algbw busbw #wrong, then
+    /// its footer), test name `switchless bench MODE`: `switchless nccl-tests summarize` reads it.
+    #[arg(long)]
+    pub nccl_tests: bool,
     /// Also write the JSON report to this file (rank 0 writes the merged report; others their own).
     #[arg(long)]
     pub save_json: Option<PathBuf>,
@@ -205,6 +210,8 @@ fn emit(a: &Args, r: &b::Report) -> Result<()> {
             println!("{}", b::report::json(r)?);
         } else if a.csv {
             print!("{}", b::report::csv(r));
+        } else if a.nccl_tests {
+            print!("{}", b::report::nccl_tests(r));
         } else {
             print!("{}", b::report::table(r));
         }
@@ -261,6 +268,7 @@ fn run_plugin(a: &Args, o: &b::Options, boot: &mut b::Bootstrap) -> Result<b::Re
     let mut net = crate::ffi::loader::HostNet::load_default(a.plugin.as_deref())?;
     // one communicator id for the whole job, like NCCL's commHash
     b::Net::init(&mut net, 0x5357_4c42_0000_0000 | boot.nranks() as u64)?;
+    net.announce_network();
     let init_s = t0.elapsed().as_secs_f64();
     let r = b::run(&net, boot, o);
     let f = b::Net::finalize(&mut net);

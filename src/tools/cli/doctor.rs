@@ -18,7 +18,9 @@ Examples:\n  \
 switchless doctor                                            # this host, in this shell's environment\n  \
 switchless doctor --json > doctor-$(hostname).json\n  \
 switchless doctor --plan plan.json                           # also compare with the IP plan (--server auto)\n  \
-switchless doctor --capture /tmp/doctor-capture              # attach the tree to a bug report\n\
+switchless doctor --capture /tmp/doctor-capture              # attach the tree to a bug report\n  \
+switchless doctor --plan plan.json --probe                   # also ping each planned far end once\n  \
+switchless doctor --fleet a/ b/ c/ --plan plan.json          # captures of every host against the cables file\n\
 Exit status: 0 healthy (info findings only); 1 warnings; 2 errors, or --root/--plan/--capture unusable."
 )]
 pub struct Args {
@@ -47,8 +49,20 @@ pub struct Args {
     /// Judge the cables between hosts: each PATH a tree captured with --capture on one host (or a
     /// --root tree), one per host, optionally named NAME=PATH (default: the tree's
     /// /proc/sys/kernel/hostname, else the directory name).
-    #[arg(long, value_name = "PATH", num_args = 1.., conflicts_with_all = ["capture", "plan", "server"])]
+    /// With --plan: one line per planned cable (OK, wrong port and where it goes, down, half,
+    /// unverified) as well.
+    #[arg(long, value_name = "PATH", num_args = 1.., conflicts_with_all = ["capture", "server", "probe"])]
     pub fleet: Vec<PathBuf>,
+    /// With --fleet: print only the rank order of the hosts that puts NCCL's ring on the fattest cables,
+    /// comma-separated (what the nccl-tests launchers' --order auto uses). Exit status 1 when no order
+    /// visits every host over cables.
+    #[arg(long, requires = "fleet", conflicts_with = "json")]
+    pub order: bool,
+    /// Live host only: ping each cable's far end once (the plan's peer with --plan, else the other
+    /// host of each /30 or /31) and record what answers on each wire; --capture keeps it for
+    /// `doctor --fleet`, which then names the port behind each MAC.
+    #[arg(long)]
+    pub probe: bool,
 }
 
 /// Reads the plan file named by `--plan`.
@@ -85,6 +99,24 @@ fn which_server(
             }
         )
     })
+}
+
+/// Netdev → planned peer address of this host's server (as `--server` picks it on `m`).
+fn planned_peers(
+    plan: &crate::tools::plan::Plan,
+    server: &str,
+    m: &host::model::HostModel,
+) -> Result<BTreeMap<String, std::net::Ipv4Addr>, String> {
+    let live = crate::tools::plan::LiveIface::from_model(m);
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string());
+    let n = which_server(plan, server, &live, hostname.as_deref())?;
+    Ok(plan
+        .links_of(n)
+        .filter_map(|l| l.side(n))
+        .map(|(me, peer)| (me.interface.clone(), peer.address.addr()))
+        .collect())
 }
 
 /// `--root` is this host's own `/` (not a captured tree).
@@ -124,7 +156,37 @@ pub fn diagnose(args: &Args) -> Result<(doctor::Report, Option<usize>), String> 
         Some(p) => Some(load_plan(p)?),
         None => None,
     };
-    let env = doctor::NcclEnv::from_process();
+    // The environment judged: a captured tree's own (written by --capture), else this shell's.
+    let environment =
+        match doctor::environ::Environment::captured(&rd).filter(|_| !is_live_root(&args.root)) {
+            Some(e) => e?,
+            None => doctor::environ::Environment::from_process(),
+        };
+    let env = &environment.vars;
+    // --probe asks each far end once before discovery reads the neighbour table, so the table then
+    // holds what answered.
+    let probe = if args.probe {
+        if !is_live_root(&args.root) {
+            return Err(format!(
+                "--probe pings from this host: it needs the live host (--root /), not {}",
+                args.root.display()
+            ));
+        }
+        let (m0, _) = host::discover(Path::new("/"));
+        let peers = match &plan {
+            Some(p) => planned_peers(p, &args.server, &m0)?,
+            None => BTreeMap::new(),
+        };
+        Some(doctor::probe::run(
+            &m0,
+            &doctor::probe::targets(&m0, &peers),
+        ))
+    } else {
+        match doctor::probe::Probe::captured(&rd) {
+            Some(p) => Some(p?),
+            None => None,
+        }
+    };
     let (model, mut findings) = host::discover_with(&rd);
     // Recorded so that a capture names its host for `doctor --fleet`.
     if args.capture.is_some() {
@@ -132,7 +194,7 @@ pub fn diagnose(args: &Args) -> Result<(doctor::Report, Option<usize>), String> 
     }
     // The NCCL environment this shell would give the plugin: every value init would refuse is a
     // finding of its own, and so is a name nobody reads (a typo).
-    let judged = doctor::env::judge(&env);
+    let judged = doctor::env::judge(env);
     findings.extend(judged.findings);
     let config = judged.config;
     if let Some(cfg) = &config {
@@ -161,20 +223,19 @@ pub fn diagnose(args: &Args) -> Result<(doctor::Report, Option<usize>), String> 
             .flat_map(|d| &d.members)
             .all(|m| dmabuf.contains_key(&m.rdma_dev));
     let view = doctor::NcclView::decide(&model, config.as_ref(), rdma);
-    findings.extend(doctor::env::hca_checks(
-        &model,
-        &env,
-        config.as_ref(),
-        &view,
-    ));
+    findings.extend(doctor::env::hca_checks(&model, env, config.as_ref(), &view));
     findings.extend(doctor::env::transport_checks(config.as_ref(), &view));
+    findings.extend(doctor::nccl::checks(&model, &environment, config.as_ref()));
     if view.transport == "rdma" {
         findings.extend(doctor::gpu_direct_checks(&model, &view.devices, probed));
     }
+    let facts = doctor::facts::Facts::read(&rd, &model);
     let mut extras = doctor::Extras {
+        facts,
+        dmabuf_probed: !dmabuf.is_empty(),
         ib_hca: config
             .as_ref()
-            .and_then(|c| doctor::env::hca_selection(&model, &env, &c.ib_hca)),
+            .and_then(|c| doctor::env::hca_selection(&model, env, &c.ib_hca)),
         host: rd
             .read("/proc/sys/kernel/hostname")
             .ok()
@@ -201,6 +262,11 @@ pub fn diagnose(args: &Args) -> Result<(doctor::Report, Option<usize>), String> 
     };
     if let Some((plan, n)) = server {
         extras.server = Some(plan.label(n));
+        extras.persist_sysctl = Some(format!(
+            "switchless plan {} --model {} --format sysctl --server {n} > /etc/sysctl.d/90-switchless.conf",
+            plan.cables_file.as_deref().unwrap_or("CABLES"),
+            plan.model.name
+        ));
         for l in plan.links_of(n) {
             if let Some((me, _)) = l.side(n) {
                 extras.planned.insert(
@@ -214,6 +280,23 @@ pub fn diagnose(args: &Args) -> Result<(doctor::Report, Option<usize>), String> 
         }
         findings.extend(crate::tools::plan::check_host(plan, n, &live));
     }
+    if let Some(p) = &probe {
+        let label = |a: std::net::Ipv4Addr| -> Option<String> {
+            let (plan, n) = server?;
+            plan.links_of(n).find_map(|l| {
+                let (_, peer) = l.side(n)?;
+                (peer.address.addr() == a).then(|| {
+                    format!(
+                        "{} port {} {}",
+                        plan.label(peer.server),
+                        peer.port,
+                        peer.interface
+                    )
+                })
+            })
+        };
+        findings.extend(doctor::probe::findings(p, &label));
+    }
     let captured = match &args.capture {
         Some(dir) => {
             if dir.exists()
@@ -226,10 +309,14 @@ pub fn diagnose(args: &Args) -> Result<(doctor::Report, Option<usize>), String> 
                     dir.display()
                 ));
             }
-            Some(
-                reader::capture(&rd, dir)
-                    .map_err(|e| format!("--capture {}: {e}", dir.display()))?,
-            )
+            let n = reader::capture(&rd, dir)
+                .and_then(|n| environment.write_capture(dir).map(|()| n + 1))
+                .and_then(|n| match &probe {
+                    Some(p) => p.write_capture(dir).map(|()| n + 1),
+                    None => Ok(n),
+                })
+                .map_err(|e| format!("--capture {}: {e}", dir.display()))?;
+            Some(n)
         }
         None => None,
     };
@@ -276,10 +363,18 @@ pub fn fleet_hosts(paths: &[PathBuf]) -> Result<Vec<doctor::fleet::HostInput>, S
             k += 1;
         }
         let (model, discovery) = host::discover_with(&rd);
+        let facts = doctor::facts::Facts::read(&rd, &model);
+        let probe = match doctor::probe::Probe::captured(&rd) {
+            Some(Ok(p)) => Some(p),
+            Some(Err(e)) => return Err(format!("--fleet {}: {e}", dir.display())),
+            None => None,
+        };
         hosts.push(doctor::fleet::HostInput {
             name: unique,
             model,
             discovery,
+            facts,
+            probe,
         });
     }
     if hosts.len() < 2 {
@@ -296,9 +391,53 @@ fn run_fleet(args: &Args) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let report = doctor::fleet::diagnose(&hosts);
+    let mut report = doctor::fleet::diagnose(&hosts);
+    if args.order {
+        let o = doctor::fleet_order::order(&report);
+        println!("{}", o.names.join(","));
+        if o.ring.bottleneck <= 0.0 {
+            eprintln!(
+                "switchless doctor: no order of these hosts visits every host over cables (printed: the given order)"
+            );
+            return ExitCode::from(1);
+        }
+        return ExitCode::SUCCESS;
+    }
+    let planned = match &args.plan {
+        None => None,
+        Some(p) => match load_plan(p) {
+            Ok(plan) => {
+                let (cables, findings) = doctor::fleet_plan::judge(&hosts, &plan);
+                report.findings.extend(findings);
+                report
+                    .findings
+                    .sort_by_key(|f| std::cmp::Reverse(f.severity));
+                report.exit_status = report
+                    .exit_status
+                    .max(crate::findings::exit_status(&report.findings));
+                Some((p.display().to_string(), cables))
+            }
+            Err(msg) => {
+                eprintln!("switchless doctor: command line: {msg}");
+                return ExitCode::from(2);
+            }
+        },
+    };
     if args.json {
-        match serde_json::to_string_pretty(&report) {
+        let mut v = match serde_json::to_value(&report) {
+            Ok(v) => v,
+            Err(e) => {
+                eprintln!("switchless doctor: cannot encode the fleet report as JSON: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        if let (Some((_, cables)), Some(obj)) = (&planned, v.as_object_mut()) {
+            obj.insert(
+                "planned_cables".into(),
+                serde_json::to_value(cables).unwrap_or_default(),
+            );
+        }
+        match serde_json::to_string_pretty(&v) {
             Ok(s) => println!("{s}"),
             Err(e) => {
                 eprintln!("switchless doctor: cannot encode the fleet report as JSON: {e}");
@@ -306,7 +445,19 @@ fn run_fleet(args: &Args) -> ExitCode {
             }
         }
     } else {
-        print!("{}", doctor::fleet_render::render_text(&report));
+        let text = doctor::fleet_render::render_text(&report);
+        match &planned {
+            // The planned cables come before the findings' exit line.
+            Some((file, cables)) => {
+                let (body, tail) = text.rsplit_once("\nexit status").unwrap_or((&text, ""));
+                print!(
+                    "{body}{}\nexit status{tail}",
+                    doctor::fleet_render::render_planned(file, cables)
+                );
+            }
+            None => print!("{text}"),
+        }
+        print!("{}", doctor::fleet_order::render(&report, &hosts));
     }
     ExitCode::from(report.exit_status)
 }

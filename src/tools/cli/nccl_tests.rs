@@ -184,7 +184,13 @@ pub fn run(args: Args) -> ExitCode {
                 }
             }
             Err(e) => {
-                eprintln!("switchless nccl-tests summarize: {e}");
+                // A damaged input file is not a configuration problem: say what it is.
+                match e {
+                    crate::error::Error::InvalidUsage(m) => {
+                        eprintln!("switchless nccl-tests summarize: {m}")
+                    }
+                    e => eprintln!("switchless nccl-tests summarize: {e}"),
+                }
                 ExitCode::from(2)
             }
         },

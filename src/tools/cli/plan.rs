@@ -17,7 +17,8 @@ switchless plan cables.txt                                   # the table, every 
 switchless plan cables.txt --format json > plan.json         # for doctor --plan\n  \
 switchless plan cables.txt --model gb10 --format netplan --out netplan/\n\
 Cables file lines: `SERVER-PORT > SERVER-PORT` (e.g. `1-1 > 2-1`, or by host name `b300-001-1 > b300-002-1`), \
-`server N = HOSTNAME` to pin a name to a number, `#` comments, several per line with commas.\n\
+`server N = HOSTNAME` to pin a name to a number, `model = gb10` for the model, `#` comments, several per line \
+with commas.\n\
 Outputs are named by host when the file names hosts (b300-001.sh, b300-001-check.sh, b300-001.yaml).\n\
 Map file lines (custom --model FILE): `PORT = IFNAME [IFNAME...]`, optional `name = MODEL`.\n\
 Exit status: 0 the plan was written (warnings go to stderr); 2 an error in the cables file, the map or an option.")]
@@ -25,9 +26,10 @@ pub struct Args {
     /// The cables file (`-` reads standard input).
     pub cables: PathBuf,
     /// Server model: `b300` (DGX B300, 8 ports × 2 interfaces), `gb10` (DGX Spark, 2 ports × 2 functions),
-    /// or the path of a port map file.
-    #[arg(long, default_value = "b300")]
-    pub model: String,
+    /// or the path of a port map file. Default: the cables file's `model = NAME` line, else the only
+    /// built-in model with the ports it uses, else GB10 for hosts named like `spark*`; otherwise it asks.
+    #[arg(long)]
+    pub model: Option<String>,
     /// Number of servers (default: the highest server the cables file names).
     #[arg(long)]
     pub servers: Option<u32>,
@@ -70,14 +72,79 @@ pub fn run(args: Args) -> ExitCode {
     match execute(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("switchless plan: {e}");
+            // A mistake in the cables file, the map or an option is no "invalid configuration".
+            match e {
+                Error::InvalidUsage(m) => eprintln!("switchless plan: {m}"),
+                e => eprintln!("switchless plan: {e}"),
+            }
             ExitCode::from(2)
         }
     }
 }
 
+/// The model of a plan: `--model`, else the cables file's `model =` line, else what the file's ports
+/// and host names leave: a port above 2 fits only the B300, hosts named `spark*`/`gb10*` are GB10s.
+/// Anything else is ambiguous (both built-in models have ports 1 and 2): an error asking for it.
+/// Returns the model and, when inferred, a note saying why.
+fn resolve_model(arg: Option<&str>, source: &str, text: &str) -> Result<(PortMap, Option<String>)> {
+    if let Some(m) = arg {
+        return Ok((PortMap::load(m)?, None));
+    }
+    if let Some((line, m)) = cables::declared_model(text) {
+        // A map file named in the cables file is found next to it.
+        let dir = std::path::Path::new(source)
+            .parent()
+            .filter(|_| source != "<stdin>");
+        let path = match dir {
+            Some(d)
+                if PortMap::builtin(&m).is_none() && !std::path::Path::new(&m).is_absolute() =>
+            {
+                d.join(&m).display().to_string()
+            }
+            _ => m.clone(),
+        };
+        let map = PortMap::load(&path)
+            .map_err(|e| Error::InvalidUsage(format!("{source}:{line}: model = {m}: {e}")))?;
+        return Ok((map, None));
+    }
+    let (max_port, names) = cables::hardware_hints(text);
+    let b300_ports = PortMap::b300().max_port();
+    let gb10_ports = PortMap::gb10().max_port();
+    if max_port > gb10_ports && max_port <= b300_ports {
+        return Ok((
+            PortMap::b300(),
+            Some(format!(
+                "model b300 (DGX B300): the cables file uses port {max_port}, which only the b300 map has; \
+                 --model chooses another"
+            )),
+        ));
+    }
+    let spark = names.iter().find(|n| {
+        let n = n.to_ascii_lowercase();
+        n.contains("spark") || n.contains("gb10")
+    });
+    if let (Some(n), true) = (spark, max_port <= gb10_ports) {
+        return Ok((
+            PortMap::gb10(),
+            Some(format!(
+                "model gb10 (DGX Spark): the cables file names host {n} and uses ports 1-{gb10_ports} only; \
+                 --model chooses another"
+            )),
+        ));
+    }
+    Err(Error::InvalidUsage(format!(
+        "{source}: which server model? The file uses ports up to {max_port}, which {}; give --model gb10 \
+         (DGX Spark / GB10: 2 QSFP ports, 2 PCIe functions each), --model b300 (DGX B300: 8 OSFP ports, 2 \
+         halves each) or --model FILE (a port map), or add a line `model = gb10` to the cables file",
+        if max_port > b300_ports {
+            "no built-in model has"
+        } else {
+            "both built-in models have"
+        }
+    )))
+}
+
 fn execute(args: &Args) -> Result<()> {
-    let map = PortMap::load(&args.model)?;
     let (name, text) = if args.cables.as_os_str() == "-" {
         let mut s = String::new();
         std::io::stdin()
@@ -90,6 +157,17 @@ fn execute(args: &Args) -> Result<()> {
             .map_err(|e| Error::InvalidUsage(format!("cannot read the cables file {name}: {e}")))?;
         (name, text)
     };
+    let (map, note) = match resolve_model(args.model.as_deref(), &name, &text) {
+        Ok(m) => m,
+        Err(ask) => {
+            // The file's own mistakes come first (checked against the map with the most ports).
+            cables::parse(&name, &text, &PortMap::b300(), args.servers)?;
+            return Err(ask);
+        }
+    };
+    if let Some(n) = note {
+        eprintln!("switchless plan: {n}");
+    }
     if let Some(n) = args.servers
         && n < 2
     {

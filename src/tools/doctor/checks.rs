@@ -13,6 +13,14 @@ use crate::host::nccl::{NcclDevice, PTR_CUDA, PTR_DMABUF};
 /// Below this RLIMIT_MEMLOCK (bytes) registration of NCCL's buffers fails: an error.
 pub const MEMLOCK_ERROR_BELOW: u64 = 64 << 20;
 
+/// How to lift the memlock limit, for a shell, PAM logins, systemd services, Slurm jobs and docker.
+/// Under srun a job inherits slurmd's own limit (its unit's `LimitMEMLOCK`) unless slurm.conf
+/// propagates the submitting shell's limit, which is usually the 8 MiB default.
+pub const MEMLOCK_REMEDY: &str = "set memlock unlimited: ulimit -l unlimited (this shell); \
+'* - memlock unlimited' in /etc/security/limits.conf (logins); LimitMEMLOCK=infinity (systemd units, and \
+slurmd's: systemctl edit slurmd); PropagateResourceLimitsExcept=MEMLOCK in slurm.conf (Slurm jobs keep \
+slurmd's limit instead of the login shell's); --ulimit memlock=-1 (docker)";
+
 fn port_obj(dev: &str, port: u8) -> String {
     format!("{dev} port {port}")
 }
@@ -112,10 +120,41 @@ fn address_remedy(netdev: &str, planned: &Planned) -> String {
     }
 }
 
+/// The listen handle advertises at most 16 links (`route::handle::MAX_LINKS`): the RoCE links a
+/// node with more would leave out, as the plugin ranks them (`route::handle::advert_rank`).
+fn handle_check(m: &HostModel, view: &NcclView) -> Option<Finding> {
+    let links = m.local_links(&view.devices);
+    let up = links.iter().filter(|l| l.up).count();
+    let (_, left) = crate::route::HandleRepr::from_local(&links, 1, None, 0);
+    let roce: Vec<String> = left
+        .iter()
+        .filter(|l| l.up && l.kind == crate::route::types::LinkKind::Roce)
+        .map(|l| format!("{} {}", l.netdev, l.addr))
+        .collect();
+    if roce.is_empty() {
+        return None;
+    }
+    let max = crate::route::handle::MAX_LINKS;
+    Some(Finding::new(
+        Severity::Warning,
+        check::HANDLE_LINKS_OVER_LIMIT,
+        "host",
+        format!(
+            "{up} links are up; the listen handle advertises {max} (point-to-point RoCE first, \
+             management last) and leaves out RoCE {}: a peer reached only through them fails to \
+             connect (\"no shared subnet\")",
+            roce.join(", ")
+        ),
+        "exclude storage and management NICs with NCCL_IB_HCA (export NCCL_IB_HCA=^<device>,...), or \
+         remove secondary addresses from the mesh netdevs",
+    ))
+}
+
 /// Every doctor check over the model, given what the plugin would expose (`view`) and the planned
 /// addresses (empty without `--plan`). Discovery's own findings (`kernel-file`) are not repeated here.
 pub fn checks(m: &HostModel, view: &NcclView, planned: &Planned) -> Vec<Finding> {
     let mut f = Vec::new();
+    f.extend(handle_check(m, view));
 
     if m.rdma_devices.is_empty() {
         let why = if m.rdma_class_present {
@@ -429,6 +468,43 @@ pub fn checks(m: &HostModel, view: &NcclView, planned: &Planned) -> Vec<Finding>
             }
         }
     }
+    // Overlapping prefixes on two netdevs (a typo'd /29 over a cable's /30): the kernel sends the
+    // narrower range through the netdev with the longer prefix only. The wider one is the odd one.
+    for (wide, wide_names) in &subnets {
+        for (narrow, narrow_names) in &subnets {
+            if wide == narrow || !wide.contains(narrow) {
+                continue;
+            }
+            for w in wide_names.iter().filter(|w| !narrow_names.contains(w)) {
+                let held = m
+                    .netdev(w)
+                    .and_then(|n| n.addrs.iter().find(|a| a.addr.trunc() == *wide))
+                    .map_or_else(|| wide.to_string(), |a| a.addr.to_string());
+                f.push(Finding::new(
+                    Severity::Error,
+                    check::SAME_SUBNET,
+                    format!("netdev {w}"),
+                    format!(
+                        "{w} holds {held}, whose subnet {wide} overlaps {narrow} of {}: the kernel routes {narrow} \
+                         through {} only (the longer prefix), so {w}'s traffic to that range leaves by the \
+                         wrong port and RoCE connections on it fail",
+                        narrow_names.join(", "),
+                        narrow_names.join(", ")
+                    ),
+                    match planned.get(w.as_str()) {
+                        Some(p) => format!(
+                            "ip addr del {held} dev {w} && ip addr add {} dev {w}   # the plan's address",
+                            p.address
+                        ),
+                        None => format!(
+                            "ip addr del {held} dev {w}, then give {w} its own /30 (switchless doctor --plan \
+                             plan.json names the planned one; switchless plan CABLES{model_arg} --format ip plans it)"
+                        ),
+                    },
+                ));
+            }
+        }
+    }
     for (net, names) in &subnets {
         if names.len() > 1 {
             f.push(Finding::new(
@@ -485,9 +561,29 @@ pub fn checks(m: &HostModel, view: &NcclView, planned: &Planned) -> Vec<Finding>
         }
     }
 
-    // Locked memory.
-    if let Some(ml) = m.memlock {
-        if let Some(soft) = ml.soft {
+    // Locked memory: only what RDMA registers is locked. A host the plugin carries over TCP (no RDMA
+    // device, or NCCL_SWITCHLESS_TRANSPORT=tcp) registers nothing with verbs, so the limit is only
+    // said; where RDMA devices will be opened (or would be, once their ports work) it decides.
+    if let Some((ml, soft)) = m.memlock.and_then(|ml| ml.soft.map(|s| (ml, s))) {
+        let hard = ml
+            .hard
+            .map(|h| format!("{h} bytes"))
+            .unwrap_or_else(|| "unlimited".into());
+        let limit = format!(
+            "max locked memory is {soft} bytes ({}) soft, {hard} hard",
+            crate::tools::units::bytes(soft)
+        );
+        if view.transport == "tcp" {
+            f.push(Finding::new(
+                Severity::Info,
+                check::MEMLOCK_LOW,
+                "process RLIMIT_MEMLOCK",
+                format!(
+                    "{limit}: no matter here, the plugin carries this host over TCP and registers no memory with RDMA"
+                ),
+                format!("nothing for TCP; before using RoCE: {MEMLOCK_REMEDY}"),
+            ));
+        } else {
             let (sev, what) = if soft < MEMLOCK_ERROR_BELOW {
                 (
                     Severity::Error,
@@ -500,12 +596,8 @@ pub fn checks(m: &HostModel, view: &NcclView, planned: &Planned) -> Vec<Finding>
                 sev,
                 check::MEMLOCK_LOW,
                 "process RLIMIT_MEMLOCK",
-                format!(
-                    "max locked memory is {soft} bytes ({} MiB) soft, {} hard: {what}",
-                    soft >> 20,
-                    ml.hard.map(|h| format!("{h} bytes")).unwrap_or_else(|| "unlimited".into())
-                ),
-                "set memlock unlimited: ulimit -l unlimited, '* - memlock unlimited' in /etc/security/limits.conf, LimitMEMLOCK=infinity for systemd, --ulimit memlock=-1 for docker",
+                format!("{limit}: {what}"),
+                MEMLOCK_REMEDY,
             ));
         }
     }

@@ -15,47 +15,32 @@ use crate::findings::{Finding, Severity};
 use crate::host::model::HostModel;
 use crate::host::nccl::NcclDevice;
 
-/// Prefix of NCCL's IB variables, some of which the plugin reads.
-const IB_PREFIX: &str = "NCCL_IB_";
-
-/// NCCL's own `NCCL_IB_*` variables that the plugin does not read (NCCL's IB transport does): set,
-/// they are not typos.
-const NCCL_IB_OTHERS: &[&str] = &[
-    "NCCL_IB_ADAPTIVE_ROUTING",
-    "NCCL_IB_ADDR_FAMILY",
-    "NCCL_IB_ADDR_RANGE",
-    "NCCL_IB_AR_THRESHOLD",
-    "NCCL_IB_CUDA_SUPPORT",
-    "NCCL_IB_DATA_DIRECT",
-    "NCCL_IB_DEVICE_PCI_ORDER",
-    "NCCL_IB_DISABLE",
-    "NCCL_IB_ECE_ENABLE",
-    "NCCL_IB_FIFO_TC",
-    "NCCL_IB_GDR_LEVEL",
-    "NCCL_IB_MERGE_NICS",
-    "NCCL_IB_MERGE_VFS",
-    "NCCL_IB_MQP_RETRY_CNT",
-    "NCCL_IB_OOO_RQ",
-    "NCCL_IB_PKEY",
-    "NCCL_IB_PREPOST_RECEIVE_WORK_REQUESTS",
-    "NCCL_IB_PRESERVE_PCI_DOMAIN",
-    "NCCL_IB_RECEIVER_SIDE_MATCHING_SCHEME",
-    "NCCL_IB_RESILIENCY_PORT_FAILOVER",
-    "NCCL_IB_RESILIENCY_PORT_RECOVERY",
-    "NCCL_IB_RETURN_ASYNC_EVENTS",
-    "NCCL_IB_ROCE_VERSION_NUM",
-    "NCCL_IB_ROUTABLE_FLID_GID_INDEX",
-    "NCCL_IB_SPLIT_DATA_ON_QPS",
-    "NCCL_IB_SUBNET_AWARE_ROUTING",
-    "NCCL_IB_SUBNET_PREFIX_LEN",
-    "NCCL_IB_USE_INLINE",
-    "NCCL_IB_WARN_RAIL_LOCAL",
-];
-
-/// The `NCCL_*` variables of an environment (the shell the doctor runs in, or a test's list).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// The variables of an environment the doctor judges (the shell it runs in, a captured tree's, or a
+/// test's list): every `NCCL_*` one, any other name within a typo of one NCCL or the plugin reads
+/// (`NCLL_IB_HCA`), and the dynamic loader's `LD_PRELOAD` and `LD_LIBRARY_PATH` (which NCCL a
+/// process gets). Nothing else is kept, so a capture of it holds no unrelated (secret) variable.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(transparent)]
 pub struct NcclEnv {
     vars: BTreeMap<String, String>,
+}
+
+/// The dynamic loader's variables the doctor reads.
+pub const LOADER_VARS: [&str; 2] = ["LD_PRELOAD", "LD_LIBRARY_PATH"];
+
+/// How many edits a name may be away from a known one to be taken for a typo of it: 1 up to 12
+/// characters, 2 up to 24, 3 beyond (`NCCL_SWITCHLES_TCP_STREAMS` is 1 from the real name).
+fn typo_budget(name: &str) -> usize {
+    match name.len() {
+        0..=12 => 1,
+        13..=24 => 2,
+        _ => 3,
+    }
+}
+
+/// The known name `name` is a typo of, if any.
+fn meant(name: &str) -> Option<&'static str> {
+    nearest(name, crate::config::nccl::known_names(), typo_budget(name))
 }
 
 impl NcclEnv {
@@ -68,12 +53,16 @@ impl NcclEnv {
         }))
     }
 
-    /// The `NCCL_*` entries of `pairs`.
+    /// The entries of `pairs` the doctor judges (see [`NcclEnv`]).
     pub fn from_pairs(pairs: impl IntoIterator<Item = (String, String)>) -> NcclEnv {
         NcclEnv {
             vars: pairs
                 .into_iter()
-                .filter(|(k, _)| k.starts_with("NCCL_"))
+                .filter(|(k, _)| {
+                    k.starts_with("NCCL_")
+                        || LOADER_VARS.contains(&k.as_str())
+                        || (k.len() >= 6 && meant(k).is_some())
+                })
                 .collect(),
         }
     }
@@ -160,8 +149,58 @@ pub fn judge(env: &NcclEnv) -> EnvJudgement {
             None
         }
     };
+    findings.extend(bare_durations(env));
     findings.extend(unknown_names(env));
+    for name in crate::config::NCCL_MERGE_VARS {
+        if let Some(v) = env.set(name) {
+            findings.push(Finding::new(
+                Severity::Warning,
+                check::NCCL_ENV,
+                *name,
+                crate::config::merge_var_note(name, v),
+                format!(
+                    "unset {name}   # nothing to merge: every path to the peer is used already"
+                ),
+            ));
+        }
+    }
     EnvJudgement { config, findings }
+}
+
+/// A duration variable set to a bare number (not 0) that parses: read as milliseconds, while the
+/// command line reads a bare number as seconds. Said, so that `300` meant as seconds is caught.
+fn bare_durations(env: &NcclEnv) -> Vec<Finding> {
+    let mut out = Vec::new();
+    for var in Config::TABLE
+        .iter()
+        .filter(|v| v.forms.contains("a number of milliseconds"))
+    {
+        let Some(value) = env.set(var.name) else {
+            continue;
+        };
+        let v = value.trim();
+        if v == "0" || !v.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        if Config::from_vars(|n| (n == var.name).then(|| v.to_string())).is_err() {
+            continue; // refused: the nccl-env finding says so, with the same hint
+        }
+        out.push(Finding::new(
+            Severity::Warning,
+            check::NCCL_ENV_UNIT,
+            var.name,
+            format!(
+                "{}={v} is read as {v} ms: in the environment a bare number is milliseconds (on the switchless \
+                 command line, seconds), so a value meant as seconds is 1000 times too short",
+                var.name
+            ),
+            format!(
+                "export {0}={v}ms   # or {0}={v}s if seconds were meant: with a unit it reads the same everywhere",
+                var.name
+            ),
+        ));
+    }
+    out
 }
 
 /// A value close to a refused one that parses, when the slip is a common one: a bare number meant
@@ -206,33 +245,51 @@ fn distance(a: &str, b: &str) -> usize {
 /// The known name nearest to `name` among `known`, when it is within `max` edits.
 fn nearest<'a>(name: &str, known: impl Iterator<Item = &'a str>, max: usize) -> Option<&'a str> {
     known
+        // The distance is at least the difference in length: skip those without computing it.
+        .filter(|k| k.len().abs_diff(name.len()) <= max)
         .map(|k| (distance(name, k), k))
         .filter(|(d, _)| *d <= max)
         .min()
         .map(|(_, k)| k)
 }
 
-/// Set names that look like the plugin's variables but are not: any unknown `NCCL_SWITCHLESS_*`,
-/// and an `NCCL_IB_*` that neither the plugin nor NCCL reads but is close to one the plugin reads.
+/// Set names nobody reads: any unknown `NCCL_SWITCHLESS_*` (with the nearest of the plugin's names,
+/// or the list of them), and any other name within a typo of a variable NCCL or the plugin reads,
+/// whatever part the typo is in (`NCCL_SWITCHLES_TCP_STREAMS`, `NCLL_IB_HCA`, `NCCL_CROS_NIC`). An
+/// `NCCL_*` name far from every known one may be a newer NCCL's variable: no finding.
 fn unknown_names(env: &NcclEnv) -> Vec<Finding> {
     let mut out = Vec::new();
+    let known = |n: &str| crate::config::nccl::known_names().any(|k| k == n);
     for (name, value) in &env.vars {
-        if VARIABLES.contains(&name.as_str()) {
+        if known(name) || LOADER_VARS.contains(&name.as_str()) {
             continue;
         }
         let own = name.starts_with(OWN_PREFIX);
-        let ib = name.starts_with(IB_PREFIX) && !NCCL_IB_OTHERS.contains(&name.as_str());
-        if !own && !ib {
-            continue;
-        }
-        let family = if own { OWN_PREFIX } else { IB_PREFIX };
-        let candidates = VARIABLES.iter().copied().filter(|v| v.starts_with(family));
-        let meant = nearest(name, candidates, if own { 4 } else { 2 });
-        let (message, remedy) = match meant {
+        let m = if own {
+            nearest(
+                name,
+                VARIABLES
+                    .iter()
+                    .copied()
+                    .filter(|v| v.starts_with(OWN_PREFIX)),
+                4,
+            )
+        } else {
+            meant(name)
+        };
+        let reader = |m: &str| {
+            if VARIABLES.contains(&m) {
+                "the plugin reads"
+            } else {
+                "NCCL reads"
+            }
+        };
+        let (message, remedy) = match m {
             Some(m) => (
                 format!(
-                    "{name} is set but no switchless variable has that name, so the plugin ignores it \
-                     and {m} keeps its value{}: did you mean {m}?",
+                    "{name} is set but neither NCCL nor the plugin reads that name, so it is ignored and {m} \
+                     (which {}) keeps its value{}: did you mean {m}?",
+                    reader(m),
                     env.get(m)
                         .map_or(" (unset: the default)".to_string(), |v| format!(" ({v:?})"))
                 ),
@@ -251,7 +308,6 @@ fn unknown_names(env: &NcclEnv) -> Vec<Finding> {
                 ),
                 format!("unset {name}"),
             ),
-            // An NCCL_IB_* far from every name the plugin reads may be a newer NCCL's variable.
             None => continue,
         };
         out.push(Finding::new(
@@ -467,6 +523,7 @@ pub fn hca_checks(
     }
 
     // Prefix matching: an entry that is a device name and also selects longer names.
+    let mut prefix = Vec::new();
     if !f.is_exact() {
         for e in f.entries() {
             if !names.contains(&e.name.as_str()) {
@@ -477,26 +534,14 @@ pub fn hca_checks(
                 .copied()
                 .filter(|n| *n != e.name && n.starts_with(e.name.as_str()))
                 .collect();
-            if more.is_empty() {
-                continue;
-            }
-            let exact = if f.is_exclude() {
-                format!("^={}", value.trim().trim_start_matches('^').trim_start())
-            } else {
-                format!("={}", value.trim())
-            };
-            out.push(Finding::new(
-                Severity::Warning,
-                check::IB_HCA_PREFIX_MATCH,
-                obj,
-                format!(
-                    "NCCL_IB_HCA entry {} also {} {} (NCCL matches names by prefix unless the list starts with =)",
+            if !more.is_empty() {
+                prefix.push(format!(
+                    "entry {} also {} {} (NCCL matches names by prefix unless the list starts with =)",
                     e.name,
                     if f.is_exclude() { "excludes" } else { "selects" },
                     more.join(", ")
-                ),
-                format!("export NCCL_IB_HCA={}   # exact names", shell_word(&exact)),
-            ));
+                ));
+            }
         }
     }
 
@@ -510,41 +555,82 @@ pub fn hca_checks(
                 .push((d.name.as_str(), p.port));
         }
     }
-    let mut wanted: Vec<String> = kept.iter().map(|(d, _)| d.to_string()).collect();
     let mut split = Vec::new();
     for members in cages.values() {
         let (k, dropped): (Vec<_>, Vec<_>) = members.iter().partition(|(d, p)| f.matches(d, *p));
         if !k.is_empty() && !dropped.is_empty() {
-            split.push(format!(
-                "keeps {} but drops {}",
-                k.iter()
-                    .map(|(d, p)| format!("{d} port {p}"))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                dropped
-                    .iter()
-                    .map(|(d, p)| format!("{d} port {p}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
-            wanted.extend(dropped.iter().map(|(d, _)| d.to_string()));
+            split.push((k, dropped));
         }
     }
-    if !split.is_empty() {
+    if prefix.is_empty() && split.is_empty() {
+        return out;
+    }
+    let port_list = |v: &[&(&str, u8)]| {
+        v.iter()
+            .map(|(d, p)| format!("{d} port {p}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let split_text: Vec<String> = split
+        .iter()
+        .map(|(k, d)| format!("keeps {} but drops {}", port_list(k), port_list(d)))
+        .collect();
+    // One fault, one remedy: the devices the entries name exactly, with the other functions of
+    // their cables, as an exact list (or, for an exclude list, the exact names it meant).
+    let remedy = if f.is_exclude() {
+        let named: Vec<&str> = f
+            .entries()
+            .iter()
+            .map(|e| e.name.as_str())
+            .filter(|n| names.contains(n))
+            .collect();
+        format!(
+            "export NCCL_IB_HCA={}   # exact names; or unset NCCL_IB_HCA (every port)",
+            shell_word(&format!("^={}", named.join(",")))
+        )
+    } else {
+        let mut wanted: Vec<String> = f
+            .entries()
+            .iter()
+            .map(|e| e.name.clone())
+            .filter(|n| names.contains(&n.as_str()))
+            .collect();
+        if f.is_exact() || wanted.is_empty() {
+            wanted = kept.iter().map(|(d, _)| d.to_string()).collect();
+        }
+        for (k, dropped) in &split {
+            if k.iter().any(|(d, _)| wanted.iter().any(|w| w == d)) {
+                wanted.extend(dropped.iter().map(|(d, _)| d.to_string()));
+            }
+        }
         let mut wanted = dedup(wanted);
         wanted.sort_by_key(|n| names.iter().position(|x| x == n));
-        out.push(Finding::new(
-            Severity::Warning,
-            check::IB_HCA_SPLITS_PORT,
-            obj,
-            format!(
-                "NCCL_IB_HCA={quoted} {}: those functions serve the same cable, so its NCCL device gets only \
-                 part of the cable's bandwidth",
-                split.join("; ")
-            ),
-            format!("export NCCL_IB_HCA={}   # both functions of every cable it uses", shell_word(&format!("={}", wanted.join(",")))),
+        format!(
+            "export NCCL_IB_HCA={}   # exact names, both functions of each cable; or unset NCCL_IB_HCA (every port)",
+            shell_word(&format!("={}", wanted.join(",")))
+        )
+    };
+    // Named after the first problem: a prefix match (whose exact list also fixes a split) first.
+    let id = if prefix.is_empty() {
+        check::IB_HCA_SPLITS_PORT
+    } else {
+        check::IB_HCA_PREFIX_MATCH
+    };
+    let mut what = prefix;
+    if !split_text.is_empty() {
+        what.push(format!(
+            "it {}: those functions serve the same cable, so its NCCL device gets only part of the cable's \
+             bandwidth",
+            split_text.join("; ")
         ));
     }
+    out.push(Finding::new(
+        Severity::Warning,
+        id,
+        obj,
+        format!("NCCL_IB_HCA={quoted}: {}", what.join("; ")),
+        remedy,
+    ));
     out
 }
 
@@ -576,6 +662,29 @@ mod tests {
 
     fn env(pairs: &[(&str, &str)]) -> NcclEnv {
         NcclEnv::from_pairs(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+    }
+
+    #[test]
+    fn merge_variables_are_said_to_do_nothing() {
+        let j = judge(&env(&[
+            ("NCCL_NET_MERGE_LEVEL", "PORT"),
+            ("NCCL_IB_MERGE_NICS", "1"),
+        ]));
+        assert!(j.config.is_some());
+        let objs: Vec<(&str, Severity)> = j
+            .findings
+            .iter()
+            .map(|f| (f.object.as_str(), f.severity))
+            .collect();
+        assert_eq!(
+            objs,
+            [
+                ("NCCL_NET_MERGE_LEVEL", Severity::Warning),
+                ("NCCL_IB_MERGE_NICS", Severity::Warning)
+            ]
+        );
+        assert!(j.findings[0].message.contains("makeVDevice is NULL"));
+        assert!(j.findings[1].remedy.starts_with("unset NCCL_IB_MERGE_NICS"));
     }
 
     #[test]

@@ -15,30 +15,16 @@ use crate::findings::{Finding, Severity, exit_status};
 use crate::host::model::HostModel;
 use crate::route::types::LinkKind;
 
-/// Stable check ids of the cross-host findings (documented in docs/guide/fleet.md and docs/reference/doctor-findings.md).
-pub mod check {
-    pub const NO_FAR_END: &str = "no-far-end";
-    pub const PREFIX_MISMATCH: &str = "prefix-mismatch";
-    pub const MTU_MISMATCH: &str = "mtu-mismatch";
-    pub const END_DOWN: &str = "end-down";
-    pub const DUPLICATE_ADDRESS: &str = "duplicate-address";
-    pub const HALF_ADDRESSED: &str = "half-addressed";
-    pub const GID_MISSING_ONE_END: &str = "gid-missing-one-end";
-    pub const NON_NEIGHBOURS: &str = "non-neighbours";
-    pub const FAILOVER_PATHS: &str = "failover-paths";
-}
+/// Stable check ids of the cross-host findings: in the registry with the single-host ones, so that
+/// the registry depends on no check module (documented in docs/guide/fleet.md and
+/// docs/reference/doctor-findings.md).
+pub use super::registry::check;
 
 /// Schema version of the `--fleet --json` document.
 pub const SCHEMA: &str = "switchless-fleet/1";
 
-/// One host of the fleet: its name, where it was read from, and what discovery made of it.
-#[derive(Debug, Clone)]
-pub struct HostInput {
-    pub name: String,
-    pub model: HostModel,
-    /// Discovery's own findings (`kernel-file`), passed to the single-host report.
-    pub discovery: Vec<Finding>,
-}
+pub use super::wiring::HostInput;
+use super::wiring::{Owners, Seen};
 
 /// What one cable end carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -125,10 +111,16 @@ pub struct Cable {
 pub struct Cell {
     pub a: String,
     pub b: String,
+    /// Physical cables: one per pair of cages the paths join, plus cables whose ends the MAC
+    /// evidence shows but whose addresses pair them elsewhere (no path on them).
     pub cables: usize,
     pub paths: usize,
     pub usable_paths: usize,
+    /// Capped at what the cages at either end carry.
     pub speed_mbps: u64,
+    /// A cage of one host faces two cages of the other by address only (a copied address, no MAC
+    /// evidence either way): the cable count and rate are what the addresses claim, capped.
+    pub as_addressed: bool,
 }
 
 /// One host in the report: its single-host doctor verdict.
@@ -213,10 +205,14 @@ fn ends_of(host_idx: usize, h: &HostInput) -> Vec<End> {
             mtu: n.mtu,
             active_mtu: port.map(|(_, p)| p.active_mtu),
             cage,
-            nccl_device: l
-                .nccl_dev
-                .and_then(|i| devices.get(i))
-                .map(|d| d.name.clone()),
+            nccl_device: match kind {
+                // A TCP link's device is the plugin's TCP device of its netdev.
+                EndKind::Tcp => Some(format!("sl_{}", l.netdev)),
+                _ => l
+                    .nccl_dev
+                    .and_then(|i| devices.get(i))
+                    .map(|d| d.name.clone()),
+            },
             host_idx,
             rate_mbps: any_port
                 .and_then(|(_, p)| p.rate_mbps)
@@ -255,12 +251,7 @@ fn side_capacity(ends: &[&End]) -> u64 {
 }
 
 fn gbps(mbps: u64) -> String {
-    let g = mbps as f64 / 1000.0;
-    if g.fract() == 0.0 {
-        format!("{g:.0} Gb/s")
-    } else {
-        format!("{g:.1} Gb/s")
-    }
+    crate::tools::units::gbps(mbps)
 }
 
 fn mtu_text(v: Option<u32>) -> String {
@@ -333,13 +324,26 @@ fn path_checks(p: &Path, f: &mut Vec<Finding>) {
                 a.label()
             ),
         };
+        let down: Vec<String> = [a, b]
+            .into_iter()
+            .filter(|e| !e.up)
+            .map(|e| {
+                format!(
+                    "on {}: ip link set dev {1} up; ethtool {1}",
+                    e.host, e.netdev
+                )
+            })
+            .collect();
         f.push(Finding::new(
             Severity::Warning,
             check::END_DOWN,
             obj.clone(),
             msg,
-            "reseat or replace the cable / transceiver, `ip link set <netdev> up` on the down end, then check \
-             `ethtool <netdev>` for the link mode both ends agree on",
+            format!(
+                "{}   # 'Link detected: no': reseat or replace the cable / transceiver, then check the link \
+                 mode both ends agree on",
+                down.join("; ")
+            ),
         ));
     }
     let amtu_differs = roce(a) && roce(b) && a.active_mtu != b.active_mtu;
@@ -352,18 +356,34 @@ fn path_checks(p: &Path, f: &mut Vec<Finding>) {
                 mtu_text(b.active_mtu)
             ));
         }
+        let why = if roce(a) && roce(b) {
+            "RoCE runs at the smaller active MTU of the two ends (4096-byte frames need an MTU of 4200 \
+             bytes or more on both)"
+        } else {
+            "TCP agrees on the smaller MTU per connection, so the cable carries no jumbo frames: more \
+             packets and CPU per byte (nothing is dropped)"
+        };
+        // Raise the lower end to the higher one (9000 when neither is known).
+        let target = a.mtu.max(b.mtu).filter(|m| *m >= 4200).unwrap_or(9000);
+        let low: Vec<String> = [a, b]
+            .into_iter()
+            .filter(|e| e.mtu.is_none_or(|m| m < target))
+            .map(|e| format!("on {}: ip link set dev {} mtu {target}", e.host, e.netdev))
+            .collect();
         f.push(Finding::new(
             Severity::Warning,
             check::MTU_MISMATCH,
             obj,
             format!(
-                "the ends of one cable differ: {} ({} / {}); RoCE runs at the smaller active MTU and TCP \
-                 frames above the smaller MTU are dropped at the receiver",
+                "the ends of one cable differ: {} ({} / {}); {why}",
                 what.join(", "),
                 a.host,
                 b.host
             ),
-            "set the same MTU on both ends (9000 for RoCE: active_mtu 4096), e.g. `ip link set <netdev> mtu 9000`",
+            format!(
+                "{}   # persist it: the MTU of the plan's netplan or networkd output",
+                low.join("; ")
+            ),
         ));
     }
 }
@@ -398,11 +418,13 @@ pub fn diagnose(hosts: &[HostInput]) -> FleetReport {
             }
         }
     }
+    let mut duplicated: BTreeSet<Ipv4Addr> = BTreeSet::new();
     for (addr, holders) in &by_addr {
         let hs: BTreeSet<usize> = holders.iter().map(|(i, _)| *i).collect();
         if hs.len() < 2 {
             continue;
         }
+        duplicated.insert(*addr);
         let who: Vec<String> = holders
             .iter()
             .map(|(i, n)| format!("{}:{n}", hosts[*i].name))
@@ -429,6 +451,7 @@ pub fn diagnose(hosts: &[HostInput]) -> FleetReport {
 
     // Paths: every pair of ends on different hosts that face each other.
     let mut paths: Vec<(usize, usize)> = Vec::new();
+    #[allow(clippy::needless_range_loop)]
     for i in 0..ends.len() {
         for j in i + 1..ends.len() {
             let (a, b) = (&ends[i], &ends[j]);
@@ -441,7 +464,88 @@ pub fn diagnose(hosts: &[HostInput]) -> FleetReport {
             }
         }
     }
-    let faced: BTreeSet<usize> = paths.iter().flat_map(|(a, b)| [*a, *b]).collect();
+    // What the far ends' MACs say (neighbour entries, --probe): a path the evidence contradicts
+    // is no cable (its ends face other ports: a swapped cable, a copied address); a path whose far
+    // MAC is the other function on the holder's wire is ARP flux.
+    let owners = Owners::of(hosts);
+    let mut miswired: BTreeMap<(usize, usize), (usize, String, &'static str)> = BTreeMap::new();
+    let mut flux: Vec<(usize, usize, String)> = Vec::new();
+    paths.retain(|&(i, j)| {
+        let (a, b) = (&ends[i], &ends[j]);
+        let ab = super::wiring::seen(
+            hosts,
+            &owners,
+            a.host_idx,
+            &a.netdev,
+            b.addr.addr(),
+            b.host_idx,
+            &b.netdev,
+        );
+        let ba = super::wiring::seen(
+            hosts,
+            &owners,
+            b.host_idx,
+            &b.netdev,
+            a.addr.addr(),
+            a.host_idx,
+            &a.netdev,
+        );
+        let by = |e: &End| {
+            if hosts[e.host_idx]
+                .model
+                .neighbours
+                .iter()
+                .any(|n| n.complete && n.ifname == e.netdev)
+            {
+                "the MAC that answered"
+            } else {
+                "--probe"
+            }
+        };
+        let mut keep = true;
+        for (me, far, s) in [(i, j, &ab), (j, i, &ba)] {
+            match s {
+                Seen::Elsewhere((h, n)) => {
+                    // A far address held twice explains itself (duplicate-address): no cable fault.
+                    if !duplicated.contains(&ends[far].addr.addr()) {
+                        miswired
+                            .entry((me, far))
+                            .or_insert((*h, n.clone(), by(&ends[me])));
+                    }
+                    keep = false;
+                }
+                Seen::OtherFunction(n) => flux.push((me, far, n.clone())),
+                _ => {}
+            }
+        }
+        keep
+    });
+    let faced: BTreeSet<usize> = paths
+        .iter()
+        .flat_map(|(a, b)| [*a, *b])
+        .chain(miswired.keys().map(|(me, _)| *me))
+        .collect();
+    // Cables the evidence shows whose addresses pair their ends elsewhere: (host, wire) pairs.
+    let seen_cables: BTreeSet<((usize, String), (usize, String))> = miswired
+        .iter()
+        .filter_map(|(&(me, _), (h, n, _))| {
+            let e = &ends[me];
+            let x = (
+                e.host_idx,
+                format!(
+                    "{:?}",
+                    super::wiring::cage_of(&hosts[e.host_idx].model, &e.netdev)?
+                ),
+            );
+            let y = (
+                *h,
+                format!("{:?}", super::wiring::cage_of(&hosts[*h].model, n)?),
+            );
+            Some(if x <= y { (x, y) } else { (y, x) })
+        })
+        .collect();
+    findings.extend(miswired_findings(hosts, &ends, &miswired));
+    findings.extend(flux_findings(&ends, &flux));
 
     // Cables: paths grouped by (host, cage) at each end.
     type Key = (usize, String, usize, String);
@@ -558,11 +662,7 @@ pub fn diagnose(hosts: &[HostInput]) -> FleetReport {
                     },
                     gbps(c.speed_mbps)
                 ),
-                format!(
-                    "on {}: address every function of the cage in the subnet its far end uses (a GB10 cage \
-                     has two functions, a CX-8 cage two halves: one subnet each)",
-                    other.host
-                ),
+                half_remedy(&other.host, &idle, &lonely.iter().map(|k| &ends[*k]).collect::<Vec<_>>()),
             ));
             explained.extend(lonely);
         }
@@ -606,18 +706,40 @@ pub fn diagnose(hosts: &[HostInput]) -> FleetReport {
                         || (c.a.host == hosts[j].name && c.b.host == hosts[i].name)
                 })
                 .collect();
+            // A cage holds one cable: two "cables" sharing a cage at one end are addresses, not
+            // cables; count the cages and never rate them above what the cages carry.
+            let cages = |side: &dyn Fn(&Cable) -> (&str, &str)| -> BTreeMap<(String, String), u64> {
+                let mut m: BTreeMap<(String, String), u64> = BTreeMap::new();
+                for c in &cs {
+                    let (h, g) = side(c);
+                    let e = m.entry((h.to_string(), g.to_string())).or_default();
+                    *e = (*e).max(c.speed_mbps);
+                }
+                m
+            };
+            let (ca, cb) = (
+                cages(&|c: &Cable| (c.a.host.as_str(), c.a.cage.as_str())),
+                cages(&|c: &Cable| (c.b.host.as_str(), c.b.cage.as_str())),
+            );
+            let as_addressed = ca.len() != cs.len() || cb.len() != cs.len();
+            let sum: u64 = cs.iter().map(|c| c.speed_mbps).sum();
+            let seen_only = seen_cables
+                .iter()
+                .filter(|((x, _), (y, _))| (*x, *y) == (i, j) || (*x, *y) == (j, i))
+                .count();
             let cell = Cell {
                 a: hosts[i].name.clone(),
                 b: hosts[j].name.clone(),
-                cables: cs.len(),
+                cables: ca.len().min(cb.len()) + seen_only,
                 paths: cs.iter().map(|c| c.paths.len()).sum(),
                 usable_paths: cs
                     .iter()
                     .map(|c| c.paths.iter().filter(|p| p.usable).count())
                     .sum(),
-                speed_mbps: cs.iter().map(|c| c.speed_mbps).sum(),
+                speed_mbps: sum.min(ca.values().sum()).min(cb.values().sum()),
+                as_addressed,
             };
-            if cell.paths == 0 {
+            if cell.cables == 0 {
                 non_neighbours.push((cell.a.clone(), cell.b.clone()));
             }
             if cell.usable_paths > 0 {
@@ -634,11 +756,22 @@ pub fn diagnose(hosts: &[HostInput]) -> FleetReport {
     let mut summaries = Vec::new();
     for (i, h) in hosts.iter().enumerate() {
         let devices = h.model.nccl_devices(&|_, _| true, &|_| false);
-        let r = super::report(&h.model, &devices, h.discovery.clone());
+        let view = super::NcclView::decide(
+            &h.model,
+            Some(&crate::config::Config::default()),
+            devices.clone(),
+        );
+        let extras = super::Extras {
+            facts: h.facts.clone(),
+            ..Default::default()
+        };
+        // The devices the plugin would expose: RoCE, or TCP on a host without a usable RoCE port.
+        let n_devices = view.devices.len();
+        let r = super::build(&h.model, view, extras, h.discovery.clone());
         summaries.push(HostSummary {
             name: h.name.clone(),
             root: h.model.root.clone(),
-            nccl_devices: devices.len(),
+            nccl_devices: n_devices,
             ends: ends.iter().filter(|e| e.host_idx == i).count(),
             findings: r.findings,
             exit_status: r.exit_status,
@@ -662,6 +795,45 @@ pub fn diagnose(hosts: &[HostInput]) -> FleetReport {
     }
 }
 
+/// How to address the idle functions of a half-addressed cable on `host`: each lonely far end's
+/// subnet gets its other address on the idle function of the same rank (the functions sorted by
+/// name at both ends: a GB10's `enP2…` pairs with `enP2…`), with the far end's MTU. Exact for a /30
+/// or /31; for a wider subnet the remedy names the subnet.
+fn half_remedy(host: &str, idle: &[String], lonely: &[&End]) -> String {
+    let mut lonely = lonely.to_vec();
+    lonely.sort_by(|a, b| a.netdev.cmp(&b.netdev));
+    if idle.is_empty() {
+        return format!(
+            "on {host}: address every function of the cage in the subnet its far end uses ({})",
+            lonely
+                .iter()
+                .map(|e| e.addr.trunc().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let steps: Vec<String> = lonely
+        .iter()
+        .zip(idle.iter())
+        .map(|(far, nd)| {
+            let mtu = far.mtu.unwrap_or(9000);
+            match crate::route::point_to_point_peers(far.addr).as_deref() {
+                Some([peer]) => format!(
+                    "ip link set dev {nd} up mtu {mtu} && ip addr add {peer}/{} dev {nd}",
+                    far.addr.prefix_len()
+                ),
+                _ => format!(
+                    "ip link set dev {nd} up mtu {mtu} && ip addr add ADDR/{} dev {nd}   # ADDR: a free address of {} (the far end holds {})",
+                    far.addr.prefix_len(),
+                    far.addr.trunc(),
+                    far.addr.addr()
+                ),
+            }
+        })
+        .collect();
+    format!("on {host}: {}", steps.join("; "))
+}
+
 /// Netdevs of the RDMA ports in `cage` (text form) that hold no address.
 fn unaddressed_in_cage(m: &HostModel, cage: &str) -> Vec<String> {
     let mut v: Vec<String> = m
@@ -673,6 +845,112 @@ fn unaddressed_in_cage(m: &HostModel, cage: &str) -> Vec<String> {
     v.sort();
     v.dedup();
     v
+}
+
+/// The addressed netdevs of one cage (a GB10 port's two functions, a CX-8 cage's two halves), joined
+/// with `+`.
+fn wire_names(h: &HostInput, netdev: &str) -> String {
+    let w = super::wiring::cage_of(&h.model, netdev);
+    let mut v: Vec<&str> = h
+        .model
+        .netdevs
+        .iter()
+        .filter(|n| {
+            n.name == netdev || (w.is_some() && super::wiring::cage_of(&h.model, &n.name) == w)
+        })
+        .filter(|n| n.name == netdev || !n.addrs.is_empty())
+        .map(|n| n.name.as_str())
+        .collect();
+    v.sort_unstable();
+    v.join("+")
+}
+
+/// One `cable-miswired` per physical cable the evidence shows: an end whose far MAC (or probed wire)
+/// is another port than its address pairs it with. Both ends of such a cable make one finding.
+fn miswired_findings(
+    hosts: &[HostInput],
+    ends: &[End],
+    mis: &BTreeMap<(usize, usize), (usize, String, &'static str)>,
+) -> Vec<Finding> {
+    // Physical cable: the (host, wire) of the end and of what it faces, in order.
+    let mut cables: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    for (&(me, far), (h, n, by)) in mis {
+        let e = &ends[me];
+        let here = format!("{}:{}", e.host, wire_names(&hosts[e.host_idx], &e.netdev));
+        let there = format!("{}:{}", hosts[*h].name, wire_names(&hosts[*h], n));
+        let key = if here <= there {
+            (here.clone(), there.clone())
+        } else {
+            (there.clone(), here.clone())
+        };
+        cables.entry(key).or_default().push(format!(
+            "{} ({}) is addressed to face {}:{} ({}), but {by} shows {}:{n} on its wire",
+            e.label(),
+            e.addr.trunc(),
+            ends[far].host,
+            ends[far].netdev,
+            ends[far].addr.addr(),
+            hosts[*h].name
+        ));
+    }
+    cables
+        .into_iter()
+        .map(|((x, y), why)| {
+            let blink: Vec<String> = [&x, &y]
+                .iter()
+                .filter_map(|s| s.split_once(':'))
+                .map(|(h, n)| format!("on {h}: ethtool -p {} 10", n.split('+').next().unwrap_or(n)))
+                .collect();
+            Finding::new(
+                Severity::Error,
+                check::CABLE_MISWIRED,
+                format!("cable {x} — {y}"),
+                format!(
+                    "this cable joins ports whose addresses pair them with other ports: {}; a cable in the \
+                     wrong port (or addresses set for another cabling), so the connections the addresses \
+                     promise fail with \"No route to host\" or time out",
+                    why.join("; ")
+                ),
+                format!(
+                    "{}   # blinks each end's port LED for 10 s; move the cable to the ports its addresses are \
+                     for (doctor --fleet --plan names them), or re-address both ends for this cabling",
+                    blink.join("; ")
+                ),
+            )
+        })
+        .collect()
+}
+
+/// One `arp-flux` per path whose far MAC is the other PCIe function on the holder's wire.
+fn flux_findings(ends: &[End], flux: &[(usize, usize, String)]) -> Vec<Finding> {
+    flux.iter()
+        .map(|(me, far, other)| {
+            let (e, f) = (&ends[*me], &ends[*far]);
+            Finding::new(
+                Severity::Warning,
+                check::ARP_FLUX,
+                format!("cable {} — {}", e.label(), f.label()),
+                format!(
+                    "{}:{} reaches {} ({}:{}) through the MAC of {}:{other}, the other PCIe function on that \
+                     wire: ARP flux, so RoCE frames for {} land on {other} (the stripe over the cable breaks or \
+                     halves)",
+                    e.host,
+                    e.netdev,
+                    f.addr.addr(),
+                    f.host,
+                    f.netdev,
+                    f.host,
+                    f.netdev
+                ),
+                format!(
+                    "on {0}: sysctl -w net.ipv4.conf.{1}.arp_ignore=1 net.ipv4.conf.{1}.arp_announce=2 \
+                     net.ipv4.conf.{other}.arp_ignore=1 net.ipv4.conf.{other}.arp_announce=2; then on {2}: ip neigh \
+                     flush dev {3}   # persist with switchless plan CABLES --format sysctl",
+                    f.host, f.netdev, e.host, e.netdev
+                ),
+            )
+        })
+        .collect()
 }
 
 /// A subnet both hosts have an address in (a management LAN), with the slower netdev speed.
@@ -738,8 +1016,8 @@ fn failover_finding(a: &str, b: &str, cables: &[&Cable]) -> Finding {
         check::FAILOVER_PATHS,
         format!("hosts {a} — {b}"),
         format!(
-            "{a} to {b}, {} usable path(s); a connection {}: {}",
-            paths.len(),
+            "{a} to {b}, {}; a connection {}: {}",
+            crate::tools::units::count(paths.len(), "usable path"),
             if single {
                 "has nothing to fail over to (a lost cable fails it)"
             } else {

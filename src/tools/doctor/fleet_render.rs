@@ -7,12 +7,7 @@ use super::fleet::{End, FleetReport};
 use crate::findings::Severity;
 
 fn gbps(mbps: u64) -> String {
-    let g = mbps as f64 / 1000.0;
-    if g.fract() == 0.0 {
-        format!("{g:.0}")
-    } else {
-        format!("{g:.1}")
-    }
+    crate::tools::units::gbps_number(mbps)
 }
 
 fn end_text(e: &End) -> String {
@@ -68,8 +63,8 @@ pub fn render_text(r: &FleetReport) -> String {
         .map(|h| {
             vec![
                 h.name.clone(),
-                format!("{} NCCL devices", h.nccl_devices),
-                format!("{} cable ends", h.ends),
+                crate::tools::units::count(h.nccl_devices, "NCCL device"),
+                crate::tools::units::count(h.ends, "cable end"),
                 format!("single-host doctor exit {}", h.exit_status),
                 h.root.clone(),
             ]
@@ -100,15 +95,26 @@ pub fn render_text(r: &FleetReport) -> String {
                 .iter()
                 .find(|c| (c.a == *a && c.b == *b) || (c.a == *b && c.b == *a));
             row.push(match cell {
-                Some(c) if c.paths > 0 => {
-                    format!("{} / {} / {}", c.cables, c.usable_paths, gbps(c.speed_mbps))
-                }
+                Some(c) if c.cables > 0 => format!(
+                    "{} / {} / {}{}",
+                    c.cables,
+                    c.usable_paths,
+                    gbps(c.speed_mbps),
+                    if c.as_addressed { " *" } else { "" }
+                ),
                 _ => "-".to_string(),
             });
         }
         rows.push(row);
     }
     table(&rows, "  ", &mut out);
+    if r.matrix.iter().any(|c| c.as_addressed) {
+        let _ = writeln!(
+            out,
+            "  * as addressed: a cage faces two cages by address only (a copied address?); counted and rated \
+             by what the cages carry"
+        );
+    }
 
     let _ = writeln!(out);
     if r.cables.is_empty() {
@@ -120,12 +126,12 @@ pub fn render_text(r: &FleetReport) -> String {
         let usable = c.paths.iter().filter(|p| p.usable).count();
         let _ = writeln!(
             out,
-            "  {}:{} — {}:{}: {} paths ({usable} usable), {} Gb/s",
+            "  {}:{} — {}:{}: {} ({usable} usable), {} Gb/s",
             c.a.host,
             c.a.netdevs.join("+"),
             c.b.host,
             c.b.netdevs.join("+"),
-            c.paths.len(),
+            crate::tools::units::count(c.paths.len(), "path"),
             gbps(c.speed_mbps)
         );
         let rows: Vec<Vec<String>> = c
@@ -174,5 +180,29 @@ pub fn render_text(r: &FleetReport) -> String {
         "\nexit status {} (worst of the cross-host findings and each host's single-host doctor)",
         r.exit_status
     );
+    out
+}
+
+/// The planned-cables table of `--fleet --plan`: one line per cable of the cables file.
+pub fn render_planned(plan_file: &str, cables: &[super::fleet_plan::PlannedCable]) -> String {
+    let mut out = String::new();
+    let ok = cables.iter().filter(|c| c.status == "ok").count();
+    let _ = writeln!(
+        out,
+        "\nPlanned cables ({plan_file}: {}, {ok} OK):",
+        crate::tools::units::count(cables.len(), "cable")
+    );
+    let rows: Vec<Vec<String>> = cables
+        .iter()
+        .map(|c| {
+            vec![
+                format!("line {}", c.line),
+                format!("{} — {}", c.a, c.b),
+                format!("{}:", c.status.to_ascii_uppercase().replace('-', " ")),
+                c.detail.clone(),
+            ]
+        })
+        .collect();
+    table(&rows, "  ", &mut out);
     out
 }

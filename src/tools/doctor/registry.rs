@@ -3,8 +3,8 @@
 //! of the check tables in `docs/guide/doctor.md` and `docs/guide/plan.md` (generated, checked by a
 //! test) and of any reference page of checks. Ids are stable: a check may change its text, never its id.
 //!
-//! Depends on nothing; the checks (`checks.rs`, `tcp.rs`, `env.rs`, `plan::check`) name their ids
-//! through [`check`].
+//! Depends on nothing; the checks (`checks.rs`, `tcp.rs`, `env.rs`, `fleet.rs`, `plan::check`) name
+//! their ids through [`check`].
 #![forbid(unsafe_code)]
 
 /// Stable check ids.
@@ -25,15 +25,43 @@ pub mod check {
     pub const GPU_DIRECT_OFF: &str = "gpu-direct-off";
     pub const NCCL_ENV: &str = "nccl-env";
     pub const NCCL_ENV_UNKNOWN: &str = "nccl-env-unknown";
+    pub const NCCL_ENV_UNIT: &str = "nccl-env-unit";
     pub const IB_HCA_NO_MATCH: &str = "ib-hca-no-match";
     pub const IB_HCA_PREFIX_MATCH: &str = "ib-hca-prefix-match";
     pub const IB_HCA_SPLITS_PORT: &str = "ib-hca-splits-port";
+    pub const HANDLE_LINKS_OVER_LIMIT: &str = "handle-links-over-limit";
     pub const TCP_NO_LINKS: &str = "tcp-no-links";
     pub const TCP_MTU_BELOW_9000: &str = "tcp-mtu-below-9000";
     pub const TCP_OFFLOAD_OFF: &str = "tcp-offload-off";
     pub const TCP_RX_QUEUES_LOW: &str = "tcp-rx-queues-low";
     pub const TCP_SOCKET_BUFFERS_LOW: &str = "tcp-socket-buffers-low";
+    pub const NCCL_SOCKET_IFNAME: &str = "nccl-socket-ifname";
+    pub const NCCL_NET_OTHER: &str = "nccl-net-other";
+    pub const NCCL_NET_PLUGIN: &str = "nccl-net-plugin";
+    pub const IB_GID_INDEX_WRONG: &str = "ib-gid-index-wrong";
+    pub const GID_INDEX_DIFFERS: &str = "gid-index-differs";
+    pub const NCCL_SHIM: &str = "nccl-shim";
+    pub const ARP_FLUX_RISK: &str = "arp-flux-risk";
+    pub const IPV6_TEMPORARY_ADDRESS: &str = "ipv6-temporary-address";
+    pub const PCIE_SLOT_POWER: &str = "pcie-slot-power";
+    pub const PCIE_GEN1_X1: &str = "pcie-gen1-x1";
+    pub const NM_MANAGES_FABRIC_PORT: &str = "nm-manages-fabric-port";
+    pub const PEERMEM_MISSING: &str = "peermem-missing";
     pub const KERNEL_FILE: &str = crate::findings::CHECK_KERNEL_FILE;
+    // `switchless doctor --fleet`: the cross-host checks.
+    pub const NO_FAR_END: &str = "no-far-end";
+    pub const PREFIX_MISMATCH: &str = "prefix-mismatch";
+    pub const MTU_MISMATCH: &str = "mtu-mismatch";
+    pub const END_DOWN: &str = "end-down";
+    pub const DUPLICATE_ADDRESS: &str = "duplicate-address";
+    pub const HALF_ADDRESSED: &str = "half-addressed";
+    pub const GID_MISSING_ONE_END: &str = "gid-missing-one-end";
+    pub const NON_NEIGHBOURS: &str = "non-neighbours";
+    pub const FAILOVER_PATHS: &str = "failover-paths";
+    pub const CABLE_MISWIRED: &str = "cable-miswired";
+    pub const ARP_FLUX: &str = "arp-flux";
+    pub const PROBE_NO_ANSWER: &str = "probe-no-answer";
+    pub const PLANNED_CABLE: &str = "planned-cable";
 }
 
 /// Which command reports a check.
@@ -134,9 +162,12 @@ pub const FINDINGS: &[Check] = &[
     doctor(
         check::SAME_SUBNET,
         "error",
-        "`subnet N/len`",
-        "two netdevs have addresses in one subnet: the kernel routes it through one of them only",
-        "give each its own /30 or /31 (`switchless plan` plans one per cable and function)",
+        "`subnet N/len`, or `netdev X` for an overlap",
+        "two netdevs have addresses in one subnet: the kernel routes it through one of them only. Also \
+         overlapping subnets (a typo'd /29 over another netdev's /30): the netdev with the wider prefix is \
+         named. Under `--plan`, a plan finding about that netdev's address replaces it",
+        "give each its own /30 or /31 (`switchless plan` plans one per cable and function); for an overlap \
+         `ip addr del A dev X` and its own /30 (the planned one under `--plan`)",
     ),
     doctor(
         check::NO_IPV4_ROCE_V2_GID,
@@ -174,10 +205,12 @@ pub const FINDINGS: &[Check] = &[
     ),
     doctor(
         check::MEMLOCK_LOW,
-        "error below 64 MiB, warning otherwise",
+        "error below 64 MiB, warning otherwise; info on a host the plugin carries over TCP",
         "`process RLIMIT_MEMLOCK`",
-        "the soft RLIMIT_MEMLOCK is not unlimited",
-        "`ulimit -l unlimited`; `* - memlock unlimited` in limits.conf, `LimitMEMLOCK=infinity` (systemd), \
+        "the soft RLIMIT_MEMLOCK is not unlimited. Only RDMA registers (locks) memory: on a host without \
+         RDMA devices, or with `NCCL_SWITCHLESS_TRANSPORT=tcp`, the limit does not matter and is only said",
+        "`ulimit -l unlimited`; `* - memlock unlimited` in limits.conf, `LimitMEMLOCK=infinity` (systemd, \
+         and slurmd's unit), `PropagateResourceLimitsExcept=MEMLOCK` (slurm.conf: jobs keep slurmd's limit), \
          `--ulimit memlock=-1` (docker)",
     ),
     doctor(
@@ -227,21 +260,151 @@ pub const FINDINGS: &[Check] = &[
     ),
     doctor(
         check::NCCL_ENV,
-        "error",
+        "error; warning for a merge variable",
         "the variable",
         "an `NCCL_IB_*` / `NCCL_SWITCHLESS_*` variable has a value the plugin's `init` would refuse (one \
          finding per variable; the message is the plugin's own: variable, value, accepted forms), or two \
-         values contradict each other. The report still completes; the plugin would expose no device",
+         values contradict each other. The report still completes; the plugin would expose no device. \
+         Warning: `NCCL_NET_MERGE_LEVEL`, `NCCL_NET_FORCE_MERGE` or `NCCL_IB_MERGE_NICS` is set, which does \
+         nothing with this plugin (no virtual devices: `makeVDevice` is NULL; init WARNs the same)",
         "`unset VAR` (its default), or the `export VAR=...` of a near value that parses (`30` → `30s`)",
+    ),
+    doctor(
+        check::NCCL_ENV_UNIT,
+        "warning",
+        "the variable",
+        "a duration variable (`NCCL_SWITCHLESS_*_TIMEOUT`, `FAILBACK_*`) is a bare number other than 0: it is read \
+         as milliseconds, while the command line (`bench --timeout`) reads a bare number as seconds",
+        "`export VAR=Nms`, or `Ns` if seconds were meant: a unit reads the same everywhere",
     ),
     doctor(
         check::NCCL_ENV_UNKNOWN,
         "warning",
         "the variable",
-        "a set `NCCL_SWITCHLESS_*` name no switchless version reads, or an `NCCL_IB_*` name that neither \
-         NCCL nor the plugin reads and that is within two edits of one the plugin reads: a typo, so the \
-         setting meant is silently at its default. The message asks \"did you mean\"",
+        "a set `NCCL_SWITCHLESS_*` name no switchless version reads, or any set name (whatever part the typo \
+         is in: `NCCL_SWITCHLES_TCP_STREAMS`, `NCLL_IB_HCA`) that neither NCCL nor the plugin reads and that \
+         is within 1 to 3 edits (by its length) of one they read: a typo, so the setting meant is silently \
+         at its default. The message asks \"did you mean\". An `NCCL_*` name far from every known one may be \
+         a newer NCCL's: no finding",
         "`export MEANT=VALUE; unset TYPO`",
+    ),
+    doctor(
+        check::NCCL_SOCKET_IFNAME,
+        "warning",
+        "`NCCL_SOCKET_IFNAME`",
+        "`NCCL_SOCKET_IFNAME` (NCCL's bootstrap interface, which must reach every node) matches no netdev with \
+         an address here, or selects cables (/30, /31 netdevs reach one peer each: beyond a pair NCCL's \
+         init hangs)",
+        "`export NCCL_SOCKET_IFNAME==IF` with IF the default route's interface (named in the remedy)",
+    ),
+    doctor(
+        check::NCCL_NET_OTHER,
+        "warning",
+        "`NCCL_NET`",
+        "`NCCL_NET` names another network than `switchless` (`IB`, `Socket`): NCCL then never uses the plugin",
+        "`export NCCL_NET=switchless`, or unset it",
+    ),
+    doctor(
+        check::NCCL_NET_PLUGIN,
+        "info when it resolves (naming the library NCCL loads), warning when it names nothing loadable or `none`",
+        "`NCCL_NET_PLUGIN`",
+        "`NCCL_NET_PLUGIN` is set: the file NCCL would load for it (`libnccl-net-NAME.so`, then NAME, in \
+         `LD_LIBRARY_PATH`, the loader's cache and the system library directories)",
+        "`export NCCL_NET_PLUGIN=switchless` with the library installed (`make install`, `ldconfig`), or its \
+         full path",
+    ),
+    doctor(
+        check::IB_GID_INDEX_WRONG,
+        "error",
+        "`NCCL_IB_GID_INDEX`",
+        "`NCCL_IB_GID_INDEX=N` is set and GID N of some usable RoCE port is not its IPv4 RoCE v2 GID \
+         (link-local, an IPv6 address, RoCE v1, or empty): the message names each such port and where its \
+         IPv4 GID is",
+        "`unset NCCL_IB_GID_INDEX` (the plugin picks each port's GID per connection)",
+    ),
+    doctor(
+        check::GID_INDEX_DIFFERS,
+        "info",
+        "`host`",
+        "the IPv4 RoCE v2 GID is at different indices on different ports (3 on one CX-7 function, 5 on the \
+         other, e.g. after IPv6 addresses came first): harmless unset, fatal for a global `NCCL_IB_GID_INDEX`",
+        "leave `NCCL_IB_GID_INDEX` unset",
+    ),
+    doctor(
+        check::NCCL_SHIM,
+        "warning for `LD_PRELOAD` and `/etc/ld.so.preload`, info for `LD_LIBRARY_PATH`",
+        "`LD_PRELOAD` or `LD_LIBRARY_PATH`",
+        "the loader would load a `libnccl.so*` ahead of a program's own: preloaded (every process gets that \
+         NCCL; a program that loads its own too aborts with \"Duplicate NCCL runtime found\"), or found in an \
+         `LD_LIBRARY_PATH` directory",
+        "drop the libnccl entry from `LD_PRELOAD` (`/etc/ld.so.preload`); run a patched NCCL by putting it \
+         in place of the framework's copy instead",
+    ),
+    doctor(
+        check::ARP_FLUX_RISK,
+        "warning",
+        "`port X+Y`",
+        "two addressed PCIe functions share one wire (a GB10 QSFP port) and the ARP settings of either are \
+         below `arp_ignore=1` / `arp_announce=2` (read from `/proc/sys/net/ipv4/conf/{all,X}`): each may \
+         answer ARP for the other's address, so the peer learns the wrong MAC",
+        "`sysctl -w net.ipv4.conf.X.arp_ignore=1 net.ipv4.conf.X.arp_announce=2 …`; persist with \
+         `switchless plan CABLES --format sysctl` in `/etc/sysctl.d/`",
+    ),
+    doctor(
+        check::IPV6_TEMPORARY_ADDRESS,
+        "warning",
+        "`netdev X`",
+        "a RoCE netdev has IPv6 privacy (temporary) addresses (`/proc/net/if_inet6` flag 0x01): they take GID \
+         slots and rotate, so the IPv4 RoCE v2 GID's index moves (a global `NCCL_IB_GID_INDEX` breaks, a cached \
+         GID goes stale)",
+        "`sysctl -w net.ipv6.conf.X.use_tempaddr=0` and flush them; persist with `switchless plan --format \
+         sysctl` (or `disable_ipv6=1` on fabric ports)",
+    ),
+    doctor(
+        check::PCIE_SLOT_POWER,
+        "warning",
+        "`pci BDF`",
+        "a Mellanox function's captured Slot Power Limit is 0 W (`lspci -vv`, root only; `/lspci-vv/BDF` in a \
+         capture) or the kernel logged \"insufficient power on the PCIe slot\" for it (`/dmesg`): a ConnectX-7 \
+         then throttles (about 13 Gb/s reported)",
+        "power off and unplug for 30 s (a warm reboot does not clear it); update the BIOS and NIC firmware",
+    ),
+    doctor(
+        check::PCIE_GEN1_X1,
+        "warning",
+        "`pci BDF`",
+        "a Mellanox function reports its PCIe link as Gen1 x1 (old OEM ConnectX-7 firmware): NCCL's topology costs \
+         the NIC at a fraction of a GB/s. Replaces `pcie-link-degraded` for that function",
+        "update the ConnectX-7 firmware; meanwhile an `NCCL_TOPO_FILE` with the real speed",
+    ),
+    doctor(
+        check::NM_MANAGES_FABRIC_PORT,
+        "warning",
+        "`netdev X+Y`",
+        "NetworkManager (`nmcli -t device`, `/nmcli-device` in a capture) runs an automatic profile (\"Wired \
+         connection N\", connecting, or unconfigured) on a cabled fabric port: DHCP on a cable loops every \
+         ~45 s and resets the port's addresses",
+        "`nmcli device set X managed no`; persist with the plan's netplan output or NetworkManager's \
+         `unmanaged-devices`",
+    ),
+    doctor(
+        check::PEERMEM_MISSING,
+        "warning when the kernel files rule DMA-BUF out, info otherwise",
+        "`host`",
+        "the NVIDIA driver is loaded, RDMA devices exist, `nvidia-peermem` is not loaded, and DMA-BUF is not known \
+         to work (judged from `/proc/driver/nvidia/version` and the kernel release when the live host's drivers \
+         were not asked; a GB10, whose GPU shares host memory, is left out)",
+        "`modprobe nvidia-peermem`; or NVIDIA's open kernel modules on Linux ≥ 5.12 for DMA-BUF",
+    ),
+    doctor(
+        check::PROBE_NO_ANSWER,
+        "error",
+        "`netdev X`",
+        "only with `--probe` (live host): a far address of the netdev's /30 or /31 (the planned peer under \
+         `--plan`) did not answer a ping; the message says whether anything else answered on that wire (its \
+         MACs: the cable reaches another port) or nothing did",
+        "`ethtool -p X 10` blinks the port: follow the cable; `fleet-doctor.sh --plan PLAN --probe` names \
+         the port it reaches",
     ),
     doctor(
         check::IB_HCA_NO_MATCH,
@@ -256,8 +419,9 @@ pub const FINDINGS: &[Check] = &[
         "warning",
         "`NCCL_IB_HCA`",
         "an entry that is a device name also selects (or excludes) longer names by prefix: `mlx5_1` takes \
-         `mlx5_10` … `mlx5_17` too",
-        "`export NCCL_IB_HCA==...` (exact names)",
+         `mlx5_10` … `mlx5_17` too. One finding for the variable: a split cable it also causes is said in it",
+        "`export NCCL_IB_HCA==...`: the devices named, with the other functions of their cables (one remedy \
+         for both problems)",
     ),
     doctor(
         check::IB_HCA_SPLITS_PORT,
@@ -266,6 +430,15 @@ pub const FINDINGS: &[Check] = &[
         "the filter keeps some functions of a cable and drops others (one PCIe function of a GB10 port, one \
          half of a B300 CX-8 port), so that cable's NCCL device gets part of its bandwidth",
         "`export NCCL_IB_HCA==...` with both functions of every cable it uses",
+    ),
+    doctor(
+        check::HANDLE_LINKS_OVER_LIMIT,
+        "warning",
+        "`host`",
+        "more links are up than the listen handle's 16, and a RoCE link is among those left out (the \
+         handle keeps point-to-point RoCE first, management last): a peer reached only through it fails \
+         to connect with \"no shared subnet\"",
+        "exclude storage and management NICs with `NCCL_IB_HCA`, or remove secondary addresses",
     ),
     doctor(
         check::TCP_NO_LINKS,
@@ -329,7 +502,8 @@ pub const FINDINGS: &[Check] = &[
         "error",
         "`plan`",
         "none of the interfaces the plan gives this server exists here: the plan is for another model \
-         (the message names the model the host looks like)",
+         (the message names the model the host looks like). The only plan finding then: the others \
+         follow from it",
         "regenerate the plan with `--model` of this host",
     ),
     plan(
@@ -350,7 +524,8 @@ pub const FINDINGS: &[Check] = &[
         "plan-mtu-mismatch",
         "error if lower, warning if higher",
         "`netdev X`",
-        "the MTU differs from the plan",
+        "the MTU differs from the plan (the message says what it costs: RoCE's active MTU, or a TCP \
+         link's jumbo frames); replaces `mtu-below-4200` and `tcp-mtu-below-9000` for that netdev",
         "`ip link set dev X mtu M`",
     ),
     plan(
@@ -426,7 +601,7 @@ pub const FINDINGS: &[Check] = &[
         "nothing",
     ),
     fleet(
-        super::fleet::check::NO_FAR_END,
+        check::NO_FAR_END,
         "warning; info when the end is down",
         "`netdev host:X`",
         "A fabric address whose subnet no other host of the fleet holds an address in: the far end is \
@@ -434,29 +609,30 @@ pub const FINDINGS: &[Check] = &[
         "capture the far host too, or address its end of the cable in the same /30 (`switchless plan`)",
     ),
     fleet(
-        super::fleet::check::PREFIX_MISMATCH,
+        check::PREFIX_MISMATCH,
         "error",
         "`cable A — B`",
         "The two ends of one cable hold addresses with different prefix lengths (e.g. /24 and /30)",
         "give both ends the same /30 or /31 (`switchless plan --format ip`)",
     ),
     fleet(
-        super::fleet::check::MTU_MISMATCH,
+        check::MTU_MISMATCH,
         "warning",
         "`cable A — B`",
-        "The ends of one cable differ in MTU, or in RoCE active MTU",
-        "`ip link set X mtu 9000` on both ends",
+        "The ends of one cable differ in MTU, or in RoCE active MTU. RoCE runs at the smaller active MTU; \
+         a TCP cable carries no jumbo frames (TCP takes the smaller MTU per connection: more CPU per byte)",
+        "`ip link set dev X mtu M` on the lower end (the finding names the host, the netdev and the value)",
     ),
     fleet(
-        super::fleet::check::END_DOWN,
+        check::END_DOWN,
         "warning",
         "`cable A — B`",
         "One end of a cable is down while the other is up",
-        "reseat or replace the cable / transceiver, `ip link set X up` on the down end, then check \
-         `ethtool X` for the link mode both ends agree on",
+        "`ip link set dev X up; ethtool X` on the down end (named in the finding); no link detected: reseat \
+         or replace the cable / transceiver",
     ),
     fleet(
-        super::fleet::check::DUPLICATE_ADDRESS,
+        check::DUPLICATE_ADDRESS,
         "error",
         "`address A`",
         "One address is assigned on two or more hosts (host-local bridges and link-local addresses \
@@ -464,22 +640,23 @@ pub const FINDINGS: &[Check] = &[
         "give every host its own address (on a cable: one end .1, the other .2 of the /30)",
     ),
     fleet(
-        super::fleet::check::HALF_ADDRESSED,
+        check::HALF_ADDRESSED,
         "warning",
         "`cable A:fns — B:fns`",
         "A GB10 port or CX-8 port has both PCIe functions / halves addressed at one end and only one \
          at the other: half the cable's bandwidth is idle",
-        "address the missing function at the other end in its own /30 (`switchless plan`)",
+        "`ip link set dev X up mtu M && ip addr add A/P dev X` on the other end's idle function (the finding \
+         names it, the address and the MTU; for a subnet wider than /30 or /31 it names the subnet)",
     ),
     fleet(
-        super::fleet::check::GID_MISSING_ONE_END,
+        check::GID_MISSING_ONE_END,
         "error",
         "`cable A — B`",
         "One end of a RoCE cable has the RoCE v2 IPv4 GID, the other has none for its address",
         "bring the netdev up with its address so the kernel adds the GID; check `show_gids` on that end",
     ),
     fleet(
-        super::fleet::check::NON_NEIGHBOURS,
+        check::NON_NEIGHBOURS,
         "warning",
         "`fleet`",
         "Some host pairs have no cable between them: all-to-all connections between them fail with \
@@ -488,7 +665,36 @@ pub const FINDINGS: &[Check] = &[
          shared subnet's speed for those pairs",
     ),
     fleet(
-        super::fleet::check::FAILOVER_PATHS,
+        check::CABLE_MISWIRED,
+        "error",
+        "`cable A:X — B:Y`",
+        "the MAC that answered for a far address (the neighbour table), or what `--probe` saw on the wire, \
+         is another port than the one the addresses pair this end with: a cable in the wrong port, or \
+         addresses set for another cabling. One finding per physical cable, naming both ends",
+        "`ethtool -p X 10` blinks the port; move the cable to the port its addresses are for (`--fleet \
+         --plan` names the planned ports), or re-address both ends",
+    ),
+    fleet(
+        check::ARP_FLUX,
+        "warning",
+        "`cable A — B`",
+        "the MAC an end has for its far address belongs to the other PCIe function on the far end's wire: ARP \
+         flux (a GB10 port's two functions with the kernel's ARP defaults)",
+        "`arp_ignore=1`, `arp_announce=2` on the far end's functions (`switchless plan --format sysctl`), then \
+         `ip neigh flush dev X` on this end",
+    ),
+    fleet(
+        check::PLANNED_CABLE,
+        "error",
+        "`planned cable A port P — B port Q`",
+        "only with `--fleet --plan`: a planned cable of which no function shows: a host is not among the \
+         captures, a planned interface does not exist, or it lacks its planned address (the other states, \
+         `ok`, `wrong-port`, `down`, `half`, `unverified`, are in the planned-cables table; a wrong port is \
+         also `cable-miswired`)",
+        "`switchless doctor --plan plan.json` on that host names what to change; capture a missing host",
+    ),
+    fleet(
+        check::FAILOVER_PATHS,
         "info",
         "`hosts A — B`",
         "Always, per host pair with a usable path, in its own section (not a problem: no effect on \
@@ -589,20 +795,12 @@ mod tests {
         }
         assert!(n >= 24, "{n}");
         assert!(find(check::KERNEL_FILE).is_some());
-        // ... the fleet's cross-host checks ...
-        let fl = include_str!("fleet.rs");
-        let fl = &fl[fl.find("pub mod check {").unwrap()..];
-        let fl = &fl[..fl.find('}').unwrap()];
-        let mut k = 0;
-        for line in fl.lines().filter(|l| l.contains("&str = \"")) {
-            let id = line.split('"').nth(1).unwrap();
-            assert!(
-                find(id).is_some_and(|c| c.source == Source::Fleet),
-                "{id} is a fleet check id but not registered as one"
-            );
-            k += 1;
-        }
-        assert!(k >= 8, "{k}");
+        // ... the fleet's cross-host checks among them ...
+        let fleet = FINDINGS
+            .iter()
+            .filter(|c| c.source == Source::Fleet)
+            .count();
+        assert!(fleet >= 8, "{fleet}");
         // ... and the plan checks, which name theirs as string literals.
         let text = include_str!("../plan/check.rs");
         for (i, _) in text.match_indices("\"plan-") {

@@ -94,7 +94,13 @@ pub fn render_text(r: &Report) -> String {
             format!(
                 "{}/{}",
                 p.mtu.map(|m| m.to_string()).unwrap_or_else(|| "?".into()),
-                p.active_mtu
+                // An InfiniBand port's active MTU is not derived from its IPoIB netdev's MTU, and
+                // NCCL's IB transport, not the plugin, uses it.
+                if p.link_layer == "InfiniBand" {
+                    "IB".to_string()
+                } else {
+                    p.active_mtu.to_string()
+                }
             ),
             p.pci_root.clone().unwrap_or_else(|| "-".into()),
             link,
@@ -167,7 +173,7 @@ pub fn render_text(r: &Report) -> String {
                 .collect();
             let _ = writeln!(
                 out,
-                "  {} {}: {} Gb/s, guid 0x{:016x} port {}, rail {}, ptr {}, members {}",
+                "  {} {}: {} Gb/s, guid 0x{:016x} port {}, peer set {}, ptr {}, members {}",
                 d.index,
                 d.name,
                 d.speed_mbps / 1000,

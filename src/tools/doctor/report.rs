@@ -6,6 +6,7 @@ use serde::Serialize;
 use super::checks::Planned;
 use super::checks::checks;
 use super::env::{HcaSelection, NcclView};
+use super::registry::check;
 use crate::config::Config;
 use crate::findings::{Finding, Severity, exit_status};
 use crate::host::model::{HostModel, PcieLink};
@@ -103,6 +104,13 @@ pub struct Extras {
     pub host: Option<String>,
     /// Which server of the plan this host was checked as (`--plan`), e.g. `server 2 (b300-002)`.
     pub server: Option<String>,
+    /// Facts beyond the model (ARP settings, …) for the trap checks; empty: those checks are silent.
+    pub facts: super::facts::Facts,
+    /// The live host's RDMA drivers were asked about DMA-BUF (`gpu-direct-off` judges GPU-direct).
+    pub dmabuf_probed: bool,
+    /// How to persist the plan's sysctl settings on this host (`--plan`: the exact `switchless plan`
+    /// command), for remedies; `None`: a generic one.
+    pub persist_sysctl: Option<String>,
 }
 
 /// The whole report (`--json`).
@@ -147,7 +155,21 @@ pub fn report(m: &HostModel, devices: &[NcclDevice], findings: Vec<Finding>) -> 
 /// environment's first, then every check over the model).
 pub fn build(m: &HostModel, view: NcclView, extras: Extras, mut findings: Vec<Finding>) -> Report {
     findings.extend(checks(m, &view, &extras.planned));
-    let mut findings = merge_duplicates(findings);
+    let persist = extras.persist_sysctl.clone().unwrap_or_else(|| {
+        let names: Vec<&str> = m.netdevs.iter().map(|n| n.name.as_str()).collect();
+        let model_arg = crate::tools::plan::PortMap::builtin_like(&names)
+            .map_or(String::new(), |p| format!(" --model {}", p.name));
+        format!(
+            "switchless plan CABLES{model_arg} --format sysctl --server N > /etc/sysctl.d/90-switchless.conf"
+        )
+    });
+    findings.extend(super::traps::checks(
+        m,
+        &extras.facts,
+        &persist,
+        extras.dmabuf_probed,
+    ));
+    let mut findings = merge_duplicates(one_per_fault(findings));
     let devices = &view.devices;
     // Worst first; stable within a severity.
     findings.sort_by_key(|f| std::cmp::Reverse(f.severity));
@@ -217,6 +239,43 @@ pub fn build(m: &HostModel, view: NcclView, extras: Extras, mut findings: Vec<Fi
     }
 }
 
+/// A netdev whose MTU differs from the plan is one fault: `plan-mtu-mismatch` (which says what the
+/// MTU costs, RoCE or TCP) stands for it, and the generic MTU findings of that netdev go. So does an
+/// overlapping prefix (`same-subnet` on a netdev) that a plan finding about its address explains,
+/// and an empty neighbour table (`no-neighbour`) where `--probe` found the far end silent.
+fn one_per_fault(findings: Vec<Finding>) -> Vec<Finding> {
+    let planned_mtu: Vec<String> = findings
+        .iter()
+        .filter(|f| f.check == "plan-mtu-mismatch")
+        .map(|f| f.object.clone())
+        .collect();
+    let gen1: Vec<String> = findings
+        .iter()
+        .filter(|f| f.check == check::PCIE_GEN1_X1)
+        .map(|f| f.object.clone())
+        .collect();
+    let probed: Vec<String> = findings
+        .iter()
+        .filter(|f| f.check == check::PROBE_NO_ANSWER)
+        .map(|f| f.object.clone())
+        .collect();
+    let planned_addr: Vec<String> = findings
+        .iter()
+        .filter(|f| f.check.starts_with("plan-address") || f.check == "plan-prefix-mismatch")
+        .map(|f| f.object.clone())
+        .collect();
+    findings
+        .into_iter()
+        .filter(|f| {
+            !((f.check == check::MTU_BELOW_4200 || f.check == check::TCP_MTU_BELOW_9000)
+                && planned_mtu.contains(&f.object))
+                && !(f.check == check::SAME_SUBNET && planned_addr.contains(&f.object))
+                && !(f.check == check::NO_NEIGHBOUR && probed.contains(&f.object))
+                && !(f.check == check::PCIE_LINK_DEGRADED && gen1.contains(&f.object))
+        })
+        .collect()
+}
+
 /// One finding per (check, object): a second one about the same thing adds its message to the
 /// first (a netdev with two addresses in the same trouble), and an exact repeat goes.
 fn merge_duplicates(findings: Vec<Finding>) -> Vec<Finding> {
@@ -239,4 +298,31 @@ fn merge_duplicates(findings: Vec<Finding>) -> Vec<Finding> {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_planned_mtu_fault_is_one_finding_per_netdev() {
+        let f = |c: &str, o: &str| Finding::new(Severity::Warning, c, o, "m", "r");
+        let kept = one_per_fault(vec![
+            f("plan-mtu-mismatch", "netdev a"),
+            f(check::MTU_BELOW_4200, "netdev a"),
+            f(check::TCP_MTU_BELOW_9000, "netdev a"),
+            f(check::MTU_BELOW_4200, "netdev b"),
+        ]);
+        let ids: Vec<(&str, &str)> = kept
+            .iter()
+            .map(|f| (f.check.as_str(), f.object.as_str()))
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                ("plan-mtu-mismatch", "netdev a"),
+                (check::MTU_BELOW_4200, "netdev b")
+            ]
+        );
+    }
 }

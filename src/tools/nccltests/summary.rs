@@ -286,10 +286,29 @@ pub fn summarize(files: Vec<ParsedFile>, opts: &Options) -> Result<Summary> {
                 .filter(|n| !n.eq_ignore_ascii_case(&opts.plugin_name))
                 .map(String::as_str)
                 .collect();
+            // The remedy follows the cause NCCL logged: a library it could not find is a path
+            // problem, not a missing NCCL_NET_PLUGIN.
+            let not_found = nccl
+                .plugin_failures
+                .iter()
+                .any(|f| f.starts_with("NET/Plugin: Could not find:"));
+            let fix = if not_found {
+                format!(
+                    "NCCL could not find libnccl-net-{0}.so: put its directory on LD_LIBRARY_PATH of every rank, \
+                     run ldconfig after make install, or set NCCL_NET_PLUGIN to its full path",
+                    opts.plugin_name
+                )
+            } else if nccl.plugin_failures.is_empty() && nccl.net_plugin_env.is_empty() {
+                format!(
+                    "set NCCL_NET_PLUGIN={} for every rank (no plugin was asked for) and check the plugin load lines",
+                    opts.plugin_name
+                )
+            } else {
+                "the plugin load lines below say why it was not used".to_string()
+            };
             let msg = format!(
-                "NCCL used network {} instead of the '{}' plugin (set NCCL_NET_PLUGIN={} and check the plugin load lines; NCCL_NET={} makes a fallback a hard error)",
+                "NCCL used network {} instead of the '{}' plugin ({fix}; NCCL_NET={} makes a fallback a hard error)",
                 others.join(", "),
-                opts.plugin_name,
                 opts.plugin_name,
                 opts.plugin_name
             );

@@ -177,11 +177,9 @@ fn parse_row(layout: &Layout, line_no: usize, body: &str) -> std::result::Result
     }
     for g in 0..layout.groups {
         let base = layout.lead.len() + g * layout.group_len;
-        let what = if g == 0 && layout.groups == 2 {
-            "out-of-place"
-        } else {
-            "in-place"
-        };
+        // nccl-tests prints out-of-place first; a table with one group (`switchless bench
+        // --nccl-tests`, which has no in-place variant) has only that one.
+        let what = if g == 0 { "out-of-place" } else { "in-place" };
         let time_us = float(tokens[base + layout.time], "time", what)?;
         let algbw = float(tokens[base + layout.algbw], "algbw", what)?;
         let busbw = float(tokens[base + layout.busbw], "busbw", what)?;

@@ -13,7 +13,8 @@
 //!
 //! Servers may be named by host name instead of number (`b300-001-1 > b300-002-1`: the port follows the
 //! last `-`). `server N = NAME` lines pin a name to a number; without them, names are numbered 1.. in
-//! natural order (`gpu2` before `gpu10`). Numbers and undeclared names do not mix.
+//! natural order (`gpu2` before `gpu10`). Numbers and undeclared names do not mix. A `model = NAME`
+//! line names the server model (as `--model` does).
 #![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
@@ -64,6 +65,8 @@ pub fn parse(source: &str, text: &str, map: &PortMap, servers: Option<u32>) -> R
     // (line, message); sorted by line before reporting, so syntax and semantic errors interleave in file order.
     let mut errors: Vec<(usize, String)> = Vec::new();
     let mut named: Vec<(usize, RawEnd, RawEnd)> = Vec::new();
+    // The text of each cable as the file writes it, for messages (`spark-b-2 > spark-c-1`).
+    let mut written: Vec<String> = Vec::new();
     let mut decls: BTreeMap<u32, (String, usize)> = BTreeMap::new();
     // A byte-order mark (some Windows editors write one) is not part of the first line.
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
@@ -74,6 +77,9 @@ pub fn parse(source: &str, text: &str, map: &PortMap, servers: Option<u32>) -> R
             let item = item.trim();
             if item.is_empty() {
                 continue;
+            }
+            if model_line(item).is_some() {
+                continue; // read by `declared_model`
             }
             if let Some(decl) = declaration(item) {
                 match decl {
@@ -97,7 +103,10 @@ pub fn parse(source: &str, text: &str, map: &PortMap, servers: Option<u32>) -> R
                 continue;
             }
             match parse_item(item) {
-                Ok((x, y)) => named.push((line, x, y)),
+                Ok((x, y)) => {
+                    named.push((line, x, y));
+                    written.push(item.to_string());
+                }
                 Err(why) => errors.push((line, format!("{source}:{line}: {why}"))),
             }
         }
@@ -107,39 +116,44 @@ pub fn parse(source: &str, text: &str, map: &PortMap, servers: Option<u32>) -> R
         Host::Num(n) => Some(*n),
         Host::Name(h) => names.iter().find(|(_, v)| *v == h).map(|(k, _)| *k),
     };
-    let mut raw: Vec<Cable> = Vec::new();
-    for (line, x, y) in &named {
+    let mut raw: Vec<(Cable, &str)> = Vec::new();
+    for ((line, x, y), text) in named.iter().zip(&written) {
         if let (Some(a), Some(b)) = (number(x), number(y)) {
-            raw.push(Cable {
-                line: *line,
-                a: Endpoint {
-                    server: a,
-                    port: x.port,
+            raw.push((
+                Cable {
+                    line: *line,
+                    a: Endpoint {
+                        server: a,
+                        port: x.port,
+                    },
+                    b: Endpoint {
+                        server: b,
+                        port: y.port,
+                    },
                 },
-                b: Endpoint {
-                    server: b,
-                    port: y.port,
-                },
-            });
+                text.as_str(),
+            ));
         }
     }
     let max_seen = raw
         .iter()
-        .map(|c| c.a.server.max(c.b.server))
+        .map(|(c, _)| c.a.server.max(c.b.server))
         .max()
         .unwrap_or(0);
     let n = servers.unwrap_or(max_seen);
     let mut used: BTreeMap<Endpoint, usize> = BTreeMap::new();
     let mut pairs: BTreeMap<(Endpoint, Endpoint), usize> = BTreeMap::new();
     let mut cables = Vec::new();
-    for c in raw {
+    // Servers beyond --servers are the option's fault, not the file's: reported apart.
+    let mut beyond: Vec<(usize, String)> = Vec::new();
+    for (c, written) in raw {
         let line = c.line;
         let (a, b) = if c.a.server <= c.b.server {
             (c.a, c.b)
         } else {
             (c.b, c.a)
         };
-        let text = format!("`{} > {}`", c.a, c.b);
+        let text = format!("`{written}`");
         let mut ok = true;
         if a.server == b.server {
             errors.push((line, format!(
@@ -152,13 +166,19 @@ pub fn parse(source: &str, text: &str, map: &PortMap, servers: Option<u32>) -> R
             if let Some(limit) = servers
                 && e.server > limit
             {
-                errors.push((line, format!(
-                    "{source}:{line}: server {} in {text} is out of range: --servers {limit} allows servers 1..={limit}",
-                    e.server
-                )));
+                beyond.push((
+                    line,
+                    format!(
+                        "{source}:{line}: {text} names server {}{}",
+                        e.server,
+                        names
+                            .get(&e.server)
+                            .map_or(String::new(), |n| format!(" ({n})"))
+                    ),
+                ));
                 ok = false;
             }
-            if map.port(e.port).is_none() {
+            if map.port_of(e.server, e.port).is_none() {
                 errors.push((line, format!(
                     "{source}:{line}: port {} (server {}) in {text} is not in the {} (ports {})",
                     e.port,
@@ -194,6 +214,27 @@ pub fn parse(source: &str, text: &str, map: &PortMap, servers: Option<u32>) -> R
         if ok {
             cables.push(Cable { line, a, b });
         }
+    }
+    if errors.is_empty()
+        && let Some(limit) = servers
+        && !beyond.is_empty()
+    {
+        return Err(crate::error::Error::InvalidUsage(format!(
+            "--servers {limit} allows servers 1..={limit}, but the cables file names server {max_seen}:\n  {}\n\
+             give --servers {max_seen} or more, or leave --servers out (the highest server the file names)",
+            beyond
+                .iter()
+                .map(|(_, m)| m.as_str())
+                .collect::<Vec<_>>()
+                .join("\n  ")
+        )));
+    }
+    if !beyond.is_empty() {
+        errors.extend(
+            beyond
+                .into_iter()
+                .map(|(l, m)| (l, format!("{m}, beyond --servers"))),
+        );
     }
     if errors.is_empty() && cables.is_empty() {
         errors.push((
@@ -231,6 +272,50 @@ enum Host {
 struct RawEnd {
     host: Host,
     port: u32,
+}
+
+/// `model = NAME` (a built-in model or a map file): the name, when `item` is such a line.
+fn model_line(item: &str) -> Option<&str> {
+    let (head, name) = item.split_once('=')?;
+    head.trim()
+        .eq_ignore_ascii_case("model")
+        .then(|| name.trim())
+}
+
+/// The model a cables file names in a `model = NAME` line, with its line number.
+pub fn declared_model(text: &str) -> Option<(usize, String)> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    text.lines().enumerate().find_map(|(i, l)| {
+        let content = l.split('#').next().unwrap_or("");
+        content
+            .split(',')
+            .find_map(|item| model_line(item.trim()))
+            .map(|m| (i + 1, m.to_string()))
+    })
+}
+
+/// What a cables file says about the hardware before any model is known: the highest port it uses
+/// and the host names it gives (well-formed cables and declarations only; `parse` reports the rest).
+pub fn hardware_hints(text: &str) -> (u32, Vec<String>) {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let mut max_port = 0;
+    let mut names = Vec::new();
+    for l in text.lines() {
+        let content = l.split('#').next().unwrap_or("");
+        for item in content.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            if let Some(Ok((_, name))) = declaration(item) {
+                names.push(name);
+            } else if let Ok((a, b)) = parse_item(item) {
+                for e in [a, b] {
+                    max_port = max_port.max(e.port);
+                    if let Host::Name(n) = e.host {
+                        names.push(n);
+                    }
+                }
+            }
+        }
+    }
+    (max_port, names)
 }
 
 /// `server N = NAME`: `None` when `item` is not a declaration, else the number and name (or why not).
@@ -478,9 +563,7 @@ mod tests {
             "{e}"
         );
         assert!(
-            e.contains(
-                "c.txt:9: server 5 in `1-4 > 5-4` is out of range: --servers 4 allows servers 1..=4"
-            ),
+            e.contains("c.txt:9: `1-4 > 5-4` names server 5, beyond --servers"),
             "{e}"
         );
     }

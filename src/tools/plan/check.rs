@@ -26,6 +26,9 @@ pub struct LiveIface {
     pub mtu: u32,
     /// Operationally up (carrier present).
     pub up: bool,
+    /// The netdev has an RDMA port (RoCE), so its MTU also sets RoCE's active MTU; false for a
+    /// TCP link (and for `ip -j addr show` input, which cannot tell).
+    pub rdma: bool,
 }
 
 impl LiveIface {
@@ -40,6 +43,7 @@ impl LiveIface {
                 addrs: n.addrs.iter().map(|a| a.addr).collect(),
                 mtu: n.mtu.unwrap_or(0),
                 up: n.is_up(),
+                rdma: !n.rdma.is_empty(),
             })
             .collect()
     }
@@ -104,6 +108,7 @@ pub fn live_from_ip_json(text: &str) -> Result<Vec<LiveIface>> {
             addrs,
             mtu: l.mtu,
             up,
+            rdma: false,
         });
     }
     Ok(out)
@@ -206,8 +211,11 @@ pub fn check_host(plan: &Plan, server: u32, live: &[LiveIface]) -> Vec<Finding> 
                         "plan-mtu-mismatch",
                         netdev(&i.name),
                         format!(
-                            "{} has MTU {} bytes; the plan says {} bytes (both ends of a link must agree; RoCE needs 4200 bytes or more for active_mtu 4096)",
-                            i.name, i.mtu, plan.mtu
+                            "{} has MTU {} bytes; the plan says {} bytes ({})",
+                            i.name,
+                            i.mtu,
+                            plan.mtu,
+                            mtu_consequence(i)
                         ),
                         format!(
                             "ip link set dev {} mtu {}   # and on the peer; persist it: {}",
@@ -379,17 +387,27 @@ pub fn check_host(plan: &Plan, server: u32, live: &[LiveIface]) -> Vec<Finding> 
     }
 
     let out = headlines(plan, server, live, &mine, out);
-    let mut out = out;
+    let mut out = one_per_netdev(&mine, out);
     if !out.iter().any(|f| f.severity > Severity::Info) {
         out.push(Finding::new(
             Severity::Info,
             "plan-host-matches",
             "plan",
             format!(
-                "all {} planned interfaces of server {server} are up with MTU {} bytes and their planned /{} addresses",
-                mine.len(),
+                "{} of server {server} {} up with MTU {} bytes and {} planned /{} {}",
+                match mine.len() {
+                    1 => "the one planned interface".to_string(),
+                    n => format!("all {n} planned interfaces"),
+                },
+                if mine.len() == 1 { "is" } else { "are" },
                 plan.mtu,
-                plan.prefix
+                if mine.len() == 1 { "its" } else { "their" },
+                plan.prefix,
+                if mine.len() == 1 {
+                    "address"
+                } else {
+                    "addresses"
+                }
             ),
             "nothing to do",
         ));
@@ -397,13 +415,74 @@ pub fn check_host(plan: &Plan, server: u32, live: &[LiveIface]) -> Vec<Finding> 
     out
 }
 
+/// A planned interface that holds a wrong address instead of its planned one is one fault: the
+/// finding about the wrong address (another server's, a stray, an unplanned or an extra one) says
+/// the planned one is missing too, and its remedy swaps them (`ip addr del X && ip addr add Y`).
+fn one_per_netdev(mine: &[(&End, &End, &Link)], out: Vec<Finding>) -> Vec<Finding> {
+    const WRONG: [&str; 4] = [
+        "plan-address-of-other-server",
+        "plan-address-stray",
+        "plan-address-unplanned",
+        "plan-extra-address",
+    ];
+    let missing: Vec<String> = out
+        .iter()
+        .filter(|f| f.check == "plan-address-missing")
+        .map(|f| f.object.clone())
+        .collect();
+    let mut swapped: BTreeSet<String> = BTreeSet::new();
+    let mut kept = Vec::with_capacity(out.len());
+    for mut f in out {
+        if WRONG.contains(&f.check.as_str())
+            && missing.contains(&f.object)
+            && !swapped.contains(&f.object)
+        {
+            let name = f.object.trim_start_matches("netdev ").to_string();
+            let del = f
+                .remedy
+                .split("   #")
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_string();
+            if let Some((me, _, _)) = mine.iter().find(|(me, _, _)| me.interface == name) {
+                f.message = format!(
+                    "{}; its planned address {} is missing",
+                    f.message, me.address
+                );
+                f.remedy = format!(
+                    "{del} && ip addr add {} dev {name}   # the plan's address",
+                    me.address
+                );
+                swapped.insert(f.object.clone());
+            }
+        }
+        kept.push(f);
+    }
+    kept.retain(|f| !(f.check == "plan-address-missing" && swapped.contains(&f.object)));
+    kept
+}
+
+/// What a wrong MTU costs on `i`: RoCE negotiates its frame size from it; TCP takes the smaller
+/// MTU of the two ends per connection and only loses jumbo frames.
+fn mtu_consequence(i: &LiveIface) -> String {
+    if i.rdma {
+        let active = crate::host::model::roce_active_mtu(i.mtu);
+        format!(
+            "RoCE runs at active_mtu {active} bytes here, and at the smaller of the two ends' values; \
+             4096-byte RoCE frames need an MTU of 4200 bytes or more on both ends"
+        )
+    } else {
+        "a TCP link: TCP agrees on the smaller MTU of the two ends per connection, so the cable carries \
+         no jumbo frames: more packets and CPU per byte, nothing is dropped"
+            .to_string()
+    }
+}
+
 /// The command that writes and applies this server's part of the plan.
 fn apply(plan: &Plan, server: u32) -> String {
     let cables = plan.cables_file.as_deref().unwrap_or("CABLES");
-    let model = match plan.model.name.as_str() {
-        "b300" => String::new(),
-        m => format!(" --model {m}"),
-    };
+    let model = format!(" --model {}", plan.model.name);
     let stem = plan.file_stem(server);
     format!(
         "switchless plan {cables}{model} --format ip --server {server} --out ip/ && ip/{stem}.sh"
@@ -413,10 +492,7 @@ fn apply(plan: &Plan, server: u32) -> String {
 /// The command that writes this server's persistent configuration.
 fn persist(plan: &Plan, server: u32) -> String {
     let cables = plan.cables_file.as_deref().unwrap_or("CABLES");
-    let model = match plan.model.name.as_str() {
-        "b300" => String::new(),
-        m => format!(" --model {m}"),
-    };
+    let model = format!(" --model {}", plan.model.name);
     format!("switchless plan {cables}{model} --format netplan --server {server} --out netplan/")
 }
 
@@ -440,36 +516,33 @@ fn headlines(
             .take(3)
             .map(|(me, _, _)| me.interface.as_str())
             .collect();
-        let mut rest: Vec<Finding> = out
-            .into_iter()
-            .filter(|f| f.check != "plan-interface-missing")
-            .collect();
-        rest.insert(
-            0,
-            Finding::new(
-                Severity::Error,
-                "plan-model-mismatch",
-                "plan",
-                format!(
-                    "none of the {n} interfaces the plan (model {}) gives server {server} exists on this host (e.g. {}){}",
-                    plan.model.name,
-                    planned.join(", "),
-                    match &guess {
-                        Some(g) => format!(": this host looks like model {}", g.name),
-                        None => String::new(),
-                    }
-                ),
+        // Every other plan finding follows from the wrong model (an address of the plan found on
+        // this host's own interface is no fault of the interface): the headline stands alone.
+        drop(out);
+        return vec![Finding::new(
+            Severity::Error,
+            "plan-model-mismatch",
+            "plan",
+            format!(
+                "none of the {n} interfaces the plan (model {}) gives server {server} exists on this host (e.g. {}){}",
+                plan.model.name,
+                planned.join(", "),
                 match &guess {
-                    Some(g) => format!(
-                        "switchless plan {} --model {} --format json > plan.json   # a plan for this model",
-                        plan.cables_file.as_deref().unwrap_or("CABLES"),
-                        g.name
-                    ),
-                    None => "regenerate the plan with --model FILE, a map of this host's ports".to_string(),
-                },
+                    Some(g) => format!(": this host looks like model {}", g.name),
+                    None => String::new(),
+                }
             ),
-        );
-        return rest;
+            match &guess {
+                Some(g) => format!(
+                    "switchless plan {} --model {} --format json > plan.json   # a plan for this model",
+                    plan.cables_file.as_deref().unwrap_or("CABLES"),
+                    g.name
+                ),
+                None => {
+                    "regenerate the plan with --model FILE, a map of this host's ports".to_string()
+                }
+            },
+        )];
     }
     let present = n - count("plan-interface-missing");
     let missing = count("plan-address-missing");

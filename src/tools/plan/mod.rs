@@ -125,9 +125,13 @@ pub struct Verified {
 impl Verified {
     /// The guarantee in one sentence, for the outputs.
     pub fn sentence(&self, prefix: u8) -> String {
+        use crate::tools::units::count;
         format!(
-            "verified: {} links in {} distinct /{prefix} subnets, {} distinct addresses; no two links share a subnet, no address is used twice, both ends of every link are in its subnet",
-            self.links, self.distinct_subnets, self.distinct_addresses
+            "verified: {} in {} distinct /{prefix} {}, {}; no two links share a subnet, no address is used twice, both ends of every link are in its subnet",
+            count(self.links, "link"),
+            self.distinct_subnets,
+            crate::tools::units::plural(self.distinct_subnets, "subnet"),
+            count(self.distinct_addresses, "distinct address")
         )
     }
 }
@@ -154,7 +158,10 @@ pub fn build(cables: &Cables, map: &PortMap, opts: &Options) -> Result<Built> {
     let mut warnings = Vec::new();
     let mut pending = Vec::new();
     for c in &cables.cables {
-        let (Some(ia), Some(ib)) = (map.port(c.a.port), map.port(c.b.port)) else {
+        let (Some(ia), Some(ib)) = (
+            map.port_of(c.a.server, c.a.port),
+            map.port_of(c.b.server, c.b.port),
+        ) else {
             return Err(Error::Internal(format!(
                 "cable at line {} names a port the map lacks after validation",
                 c.line

@@ -34,6 +34,10 @@ pub struct PortMap {
     pub name: String,
     /// Ports sorted by number, each with at least one interface.
     pub ports: Vec<PortEntry>,
+    /// Ports one server names differently (`server 2 port 1 = enp6s0` in a map file): by server,
+    /// sorted by port; a port not listed there is the model's.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub servers: BTreeMap<u32, Vec<PortEntry>>,
     /// Where the map came from, for error messages (`built-in map b300`, `port map FILE`).
     #[serde(skip)]
     pub origin: String,
@@ -42,7 +46,7 @@ pub struct PortMap {
 impl PartialEq for PortMap {
     /// Two maps are equal when they name the same ports and interfaces; where they came from does not matter.
     fn eq(&self, other: &Self) -> bool {
-        self.name == other.name && self.ports == other.ports
+        self.name == other.name && self.ports == other.ports && self.servers == other.servers
     }
 }
 impl Eq for PortMap {}
@@ -88,6 +92,7 @@ impl PortMap {
         PortMap {
             name: "b300".into(),
             ports,
+            servers: BTreeMap::new(),
             origin: "built-in map b300".into(),
         }
     }
@@ -105,6 +110,7 @@ impl PortMap {
         PortMap {
             name: "gb10".into(),
             ports,
+            servers: BTreeMap::new(),
             origin: "built-in map gb10".into(),
         }
     }
@@ -159,6 +165,7 @@ impl PortMap {
     /// name = my-server          # optional; the model name shown in plans
     /// 1 = ens1f0np0 ens1f1np1   # port 1: function 0, function 1
     /// 2 = ens2f0np0             # port 2: one interface
+    /// server 2 port 1 = enp6s0  # server 2 names its port 1 differently
     /// ```
     ///
     /// Ports are whole numbers 1..=65535; each lists one or more interface names (1..15 bytes of ASCII letters,
@@ -168,6 +175,7 @@ impl PortMap {
         let mut name: Option<String> = None;
         let mut ports: BTreeMap<u32, (usize, Vec<String>)> = BTreeMap::new();
         let mut seen_if: BTreeMap<String, usize> = BTreeMap::new();
+        let mut per_server: BTreeMap<u32, Vec<(u32, Vec<String>)>> = BTreeMap::new();
         let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         for (idx, raw) in text.lines().enumerate() {
             let line = idx + 1;
@@ -183,6 +191,53 @@ impl PortMap {
             };
             let key = key.trim();
             let value = value.trim();
+            // `server N port P = IF...`: a port one server names differently.
+            let words: Vec<&str> = key.split_whitespace().collect();
+            if words
+                .first()
+                .is_some_and(|w| w.eq_ignore_ascii_case("server"))
+            {
+                let (server, port) = match words.as_slice() {
+                    [_, n, p, q] if p.eq_ignore_ascii_case("port") => (
+                        n.parse::<u32>().ok().filter(|n| *n >= 1),
+                        q.parse::<u32>().ok().filter(|q| (1..=65535).contains(q)),
+                    ),
+                    _ => (None, None),
+                };
+                let (Some(server), Some(port)) = (server, port) else {
+                    errors.push(format!(
+                        "{source}:{line}: `{key}` is not `server N port P` (N a server number from 1, P a port 1..=65535)"
+                    ));
+                    continue;
+                };
+                let ifaces: Vec<String> = value
+                    .split(|c: char| c == ',' || c.is_whitespace())
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string)
+                    .collect();
+                if ifaces.is_empty() {
+                    errors.push(format!(
+                        "{source}:{line}: server {server} port {port} lists no interface"
+                    ));
+                    continue;
+                }
+                let mut ok = true;
+                for ifname in &ifaces {
+                    if let Err(why) = check_ifname(ifname) {
+                        errors.push(format!("{source}:{line}: {why}"));
+                        ok = false;
+                    }
+                }
+                let e = per_server.entry(server).or_default();
+                if e.iter().any(|(p, _): &(u32, Vec<String>)| *p == port) {
+                    errors.push(format!(
+                        "{source}:{line}: server {server} port {port} is already defined"
+                    ));
+                } else if ok {
+                    e.push((port, ifaces));
+                }
+                continue;
+            }
             if key.eq_ignore_ascii_case("name") {
                 if value.is_empty() || value.split_whitespace().count() != 1 {
                     errors.push(format!(
@@ -251,14 +306,52 @@ impl PortMap {
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "custom".into());
-        Ok(PortMap {
+        let map = PortMap {
             name: name.unwrap_or(default_name),
             ports: ports
                 .into_iter()
                 .map(|(port, (_, interfaces))| PortEntry { port, interfaces })
                 .collect(),
+            servers: per_server
+                .into_iter()
+                .map(|(s, mut v)| {
+                    v.sort_by_key(|(p, _)| *p);
+                    (
+                        s,
+                        v.into_iter()
+                            .map(|(port, interfaces)| PortEntry { port, interfaces })
+                            .collect(),
+                    )
+                })
+                .collect(),
             origin: format!("port map {source}"),
-        })
+        };
+        map.validate()
+            .map_err(|why| collected(source, "port map", vec![format!("{source}: {why}")]))?;
+        Ok(map)
+    }
+
+    /// The interfaces behind `port` of `server`: its own line (`server N port P = …`) when the map
+    /// has one, else the model's.
+    pub fn port_of(&self, server: u32, port: u32) -> Option<&[String]> {
+        self.servers
+            .get(&server)
+            .and_then(|v| v.iter().find(|p| p.port == port))
+            .map(|p| p.interfaces.as_slice())
+            .or_else(|| self.port(port))
+    }
+
+    /// The port `ifname` is behind on `server` (its own lines first).
+    pub fn port_number_of(&self, server: u32, ifname: &str) -> Option<u32> {
+        let own = self.servers.get(&server);
+        own.and_then(|v| v.iter().find(|p| p.interfaces.iter().any(|i| i == ifname)))
+            .or_else(|| {
+                self.ports.iter().find(|p| {
+                    p.interfaces.iter().any(|i| i == ifname)
+                        && !own.is_some_and(|v| v.iter().any(|o| o.port == p.port))
+                })
+            })
+            .map(|p| p.port)
     }
 
     /// The interfaces behind `port`, or `None` when the map has no such port.
@@ -269,15 +362,19 @@ impl PortMap {
             .map(|p| p.interfaces.as_slice())
     }
 
+    /// Every port entry of the model and of its servers' own lines.
+    fn all_entries(&self) -> impl Iterator<Item = &PortEntry> {
+        self.ports.iter().chain(self.servers.values().flatten())
+    }
+
     /// The highest port number (the address stride; see `address`).
     pub fn max_port(&self) -> u32 {
-        self.ports.iter().map(|p| p.port).max().unwrap_or(0)
+        self.all_entries().map(|p| p.port).max().unwrap_or(0)
     }
 
     /// The most interfaces any port has.
     pub fn max_functions(&self) -> u32 {
-        self.ports
-            .iter()
+        self.all_entries()
             .map(|p| p.interfaces.len() as u32)
             .max()
             .unwrap_or(0)
@@ -305,8 +402,38 @@ impl PortMap {
         out.join(", ")
     }
 
-    /// Checks a map read back from JSON: ports sorted and unique, interfaces valid and unique.
+    /// Checks a map read back from JSON: ports sorted and unique, interfaces valid and unique (on each
+    /// server, its own lines with the model's ports they leave).
     pub fn validate(&self) -> std::result::Result<(), String> {
+        for (s, own) in &self.servers {
+            let mut names = BTreeSet::new();
+            let mut last = 0;
+            for p in own {
+                if p.port <= last {
+                    return Err(format!(
+                        "server {s}'s ports must be unique and sorted; port {} follows {last}",
+                        p.port
+                    ));
+                }
+                last = p.port;
+                if p.interfaces.is_empty() {
+                    return Err(format!("server {s} port {} lists no interface", p.port));
+                }
+            }
+            let effective = own.iter().chain(
+                self.ports
+                    .iter()
+                    .filter(|p| !own.iter().any(|o| o.port == p.port)),
+            );
+            for p in effective {
+                for i in &p.interfaces {
+                    check_ifname(i)?;
+                    if !names.insert(i.as_str()) {
+                        return Err(format!("server {s} would use interface {i} for two ports"));
+                    }
+                }
+            }
+        }
         let mut last = 0;
         let mut names = BTreeSet::new();
         if self.ports.is_empty() {

@@ -7,6 +7,7 @@ use std::fmt::Write as _;
 
 use super::{Link, Plan, Verified};
 use crate::error::{Error, Result};
+use crate::tools::units::count;
 
 /// `--format`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -22,6 +23,14 @@ pub enum Format {
     Netplan,
     /// systemd-networkd `.network` files, one per interface, per server.
     Networkd,
+    /// The rank order of the servers that puts NCCL's ring on the most cables per step: one line,
+    /// comma-separated (names when the cables file names them), then `#` lines saying why.
+    Order,
+    /// One sysctl.d file per server, for `/etc/sysctl.d/90-switchless.conf`: on every planned
+    /// interface `arp_ignore=1` and `arp_announce=2` (a GB10 port's two PCIe functions share one
+    /// wire: without them each answers ARP for the other's address) and no IPv6 temporary addresses
+    /// (they shift the RoCE GID table). netplan and networkd have no key for these.
+    Sysctl,
 }
 
 /// One output file: a path relative to `--out DIR` and its text.
@@ -95,6 +104,17 @@ pub fn render(plan: &Plan, format: Format, server: Option<u32>) -> Result<Vec<Ou
             .iter()
             .flat_map(|&s| networkd(plan, s, &verified))
             .collect(),
+        Format::Order => vec![OutFile {
+            path: "order.txt".into(),
+            text: order(plan),
+        }],
+        Format::Sysctl => servers
+            .iter()
+            .map(|&s| OutFile {
+                path: format!("{}.conf", plan.file_stem(s)),
+                text: sysctl(plan, s, &verified),
+            })
+            .collect(),
     };
     Ok(files)
 }
@@ -125,11 +145,6 @@ fn sorted_links(plan: &Plan, server: u32) -> Vec<&Link> {
     v
 }
 
-/// `1 cable`, `2 cables`.
-fn count(n: usize, what: &str) -> String {
-    format!("{n} {what}{}", if n == 1 { "" } else { "s" })
-}
-
 fn header_lines(plan: &Plan, verified: &Verified) -> Vec<String> {
     let cables: std::collections::BTreeSet<(u32, u32)> = plan
         .links
@@ -138,10 +153,10 @@ fn header_lines(plan: &Plan, verified: &Verified) -> Vec<String> {
         .collect();
     vec![
         format!(
-            "switchless plan: model {} ({} ports, up to {} interfaces each), {}, {}, {}",
+            "switchless plan: model {} ({}, up to {} each), {}, {}, {}",
             plan.model.name,
-            plan.model.ports.len(),
-            plan.model.max_functions(),
+            count(plan.model.ports.len(), "port"),
+            count(plan.model.max_functions() as usize, "interface"),
             count(plan.servers as usize, "server"),
             count(cables.len(), "cable"),
             count(plan.links.len(), "link")
@@ -296,6 +311,17 @@ fn ip_apply(plan: &Plan, s: u32, verified: &Verified) -> String {
     for (me, _) in &sides {
         let _ = writeln!(out, "ip link set dev {} up mtu {}", me.interface, plan.mtu);
     }
+    let _ = writeln!(
+        out,
+        "# --- ARP: each interface answers only for its own address (a GB10 port's two functions share a wire); no IPv6 temporary addresses ---"
+    );
+    for (me, _) in &sides {
+        let _ = writeln!(
+            out,
+            "sysctl -qw {}",
+            sysctl_settings(&me.interface).join(" ")
+        );
+    }
     let _ = writeln!(out, "# --- addresses ---");
     for (me, peer) in &sides {
         let _ = writeln!(
@@ -311,8 +337,8 @@ fn ip_apply(plan: &Plan, s: u32, verified: &Verified) -> String {
     }
     let _ = writeln!(
         out,
-        "echo \"{stem}.sh: {} interfaces configured; run {stem}-check.sh once every server is done\"",
-        sides.len()
+        "echo \"{stem}.sh: {} configured; run {stem}-check.sh once every server is done\"",
+        count(sides.len(), "interface")
     );
     out
 }
@@ -392,6 +418,10 @@ fn netplan(plan: &Plan, s: u32, verified: &Verified) -> String {
         out,
         "# 99- sorts after the distribution's files (00-installer-config, 01-network-manager-all, 50-cloud-init, 90-NM-*)."
     );
+    let _ = writeln!(
+        out,
+        "# ARP and IPv6 settings (netplan has no key for them): also install `switchless plan ... --format sysctl`."
+    );
     for l in header_lines(plan, verified) {
         let _ = writeln!(out, "# {l}");
     }
@@ -425,6 +455,47 @@ fn netplan(plan: &Plan, s: u32, verified: &Verified) -> String {
         let _ = writeln!(out, "      mtu: {}", plan.mtu);
         let _ = writeln!(out, "      addresses:");
         let _ = writeln!(out, "        - {}", me.address);
+    }
+    out
+}
+
+/// The sysctl settings of one planned interface: ARP answered and announced only for its own
+/// address, and no IPv6 temporary (privacy) addresses, which come and go and shift the RoCE GID
+/// table's indices.
+fn sysctl_settings(ifname: &str) -> [String; 3] {
+    [
+        format!("net.ipv4.conf.{ifname}.arp_ignore=1"),
+        format!("net.ipv4.conf.{ifname}.arp_announce=2"),
+        format!("net.ipv6.conf.{ifname}.use_tempaddr=0"),
+    ]
+}
+
+/// The sysctl.d file of server `s` (applied at boot, and by systemd for each interface as it
+/// appears).
+fn sysctl(plan: &Plan, s: u32, verified: &Verified) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# switchless plan for {}: install as /etc/sysctl.d/90-switchless.conf (mode 644), then `sysctl --system`.",
+        plan.label(s)
+    );
+    let _ = writeln!(
+        out,
+        "# arp_ignore=1, arp_announce=2: an interface answers ARP only for its own address, so a peer never learns"
+    );
+    let _ = writeln!(
+        out,
+        "# the MAC of the other PCIe function on the same wire; use_tempaddr=0: no IPv6 privacy addresses in the GID table."
+    );
+    for l in header_lines(plan, verified) {
+        let _ = writeln!(out, "# {l}");
+    }
+    for l in sorted_links(plan, s) {
+        let Some((me, _)) = l.side(s) else { continue };
+        for kv in sysctl_settings(&me.interface) {
+            let (k, v) = kv.split_once('=').unwrap_or((&kv, ""));
+            let _ = writeln!(out, "{k} = {v}");
+        }
     }
     out
 }
@@ -465,6 +536,19 @@ fn networkd(plan: &Plan, s: u32, verified: &Verified) -> Vec<OutFile> {
                 "# and the distribution's catch-alls (80-*, 89-*, 99-*), so this one wins, for {} only.",
                 me.interface
             );
+            let _ = writeln!(
+                t,
+                "# networkd only runs when enabled (systemctl enable --now systemd-networkd), and NetworkManager must leave"
+            );
+            let _ = writeln!(
+                t,
+                "# this interface alone (nmcli device set {} managed no; persist it in NetworkManager.conf); see --format netplan.",
+                me.interface
+            );
+            let _ = writeln!(
+                t,
+                "# ARP and IPv6 settings (networkd has no key for them): also install `switchless plan ... --format sysctl`."
+            );
             for h in header_lines(plan, verified) {
                 let _ = writeln!(t, "# {h}");
             }
@@ -488,4 +572,66 @@ fn networkd(plan: &Plan, s: u32, verified: &Verified) -> Vec<OutFile> {
             })
         })
         .collect()
+}
+
+/// Cables between each pair of servers (index = server − 1): a cable is one port pair, whatever the
+/// number of its functions.
+pub fn cable_matrix(plan: &Plan) -> Vec<Vec<f64>> {
+    let n = plan.servers as usize;
+    let mut m = vec![vec![0.0; n]; n];
+    let mut seen = std::collections::BTreeSet::new();
+    for l in &plan.links {
+        let [a, b] = &l.ends;
+        if !seen.insert((a.server, a.port, b.server, b.port)) {
+            continue;
+        }
+        let (i, j) = (a.server as usize - 1, b.server as usize - 1);
+        if i < n && j < n && i != j {
+            m[i][j] += 1.0;
+            m[j][i] += 1.0;
+        }
+    }
+    m
+}
+
+/// `--format order`: the host order for NCCL's ring (`crate::tuner::order`).
+fn order(plan: &Plan) -> String {
+    let r = crate::tuner::order::best_ring(&cable_matrix(plan));
+    // Host names where the cables file names them (what launchers take), else server numbers.
+    let label = |i: &usize| {
+        let n = *i as u32 + 1;
+        plan.name_of(n).map_or_else(|| n.to_string(), str::to_owned)
+    };
+    let names: Vec<String> = r.order.iter().map(label).collect();
+    let mut s = format!("{}\n", names.join(","));
+    s.push_str(
+        "# NCCL numbers hosts by their first rank and its ring sends host n's bytes to host n+1 only, so the\n\
+         # thinnest cable bundle between consecutive hosts is the ring's busbw: launch the ranks in this order.\n",
+    );
+    if r.bottleneck <= 0.0 {
+        s.push_str(
+            "# no order visits every server over cables: the ring needs a relay or TCP fallback\n",
+        );
+    } else if r.all_equal() {
+        s.push_str(&format!(
+            "# every order gives the ring {} cable(s) per step: any order is as good (given order kept)\n",
+            r.bottleneck
+        ));
+    } else {
+        let given = if r.given > 0.0 {
+            format!("{} cable(s), ×{:.2}", r.given, r.gain())
+        } else {
+            "a step with no cable".to_owned()
+        };
+        s.push_str(&format!(
+            "# thinnest step: {} cable(s) (servers in file order: {given}){}\n",
+            r.bottleneck,
+            if r.exhaustive {
+                ""
+            } else {
+                "; found by local search"
+            }
+        ));
+    }
+    s
 }

@@ -15,13 +15,13 @@
 //!    one write's length from its completion).
 //!
 //! Failover ([`FailoverConfig`], on by default): a data path that fails (an error completion, a
-//! failed post, its device reporting it dead) is marked down with one WARN; its pieces not known
-//! delivered are posted again on the surviving paths, its clear-to-send entries likewise. A piece
-//! whose write landed although its completion was lost arrives twice and counts once (the
-//! bitmap), also after its receive completed (a late copy of the slot's previous use is ignored).
-//! The last usable path is never marked down: its error fails the request as before. A down path is
-//! probed with [`Fabric::revive_path`] (bounded backoff, then a steady rate) and rejoins with an
-//! INFO line. Stripe weights follow each path's measured throughput ([`WeightConfig`]); `paths.rs`
+//! failed post, its device reporting it dead) is marked down with one WARN and stopped; its pieces
+//! and clear-to-send entries not known landed are parked until the peer, its end of the path
+//! sealed, says which it lacks; only those are posted again, on the surviving paths (the fence,
+//! `fence.rs`: exactly once, nothing lands in a buffer after its receive completed). The last
+//! usable path is never marked down: its error fails the request as before. A down path is probed
+//! with [`Fabric::revive_path`] (bounded backoff, then a steady rate) and rejoins with an INFO
+//! line. Stripe weights follow each path's measured throughput ([`WeightConfig`]); `paths.rs`
 //! has that bookkeeping.
 //!
 //! The comms read no clock: every call that may start or end a request timeout (`isend`, `irecv`,
@@ -122,6 +122,11 @@ macro_rules! registration_methods {
             Ok(())
         }
 
+        /// What the failover fence settled so far (see `docs/failover.md`, "Exactly once").
+        pub fn fence_stats(&self) -> $crate::transport::comm::FenceStats {
+            self.core.fence.stats
+        }
+
         /// Each data path's stripe weight now, Mb/s: its measured throughput (adaptive weights)
         /// or its nominal speed.
         pub fn path_weights(&self) -> Vec<u64> {
@@ -209,10 +214,12 @@ macro_rules! impl_registrar {
 }
 
 // Declared after the macros above, which both files use.
+mod fence;
 mod paths;
 mod recv;
 mod send;
 
+pub use fence::FenceStats;
 pub use paths::{FailoverConfig, WeightConfig};
 pub use recv::RecvComm;
 pub use send::SendComm;
@@ -224,6 +231,9 @@ pub const MAX_MESSAGE_BYTES: u64 = wire::RECORD_SIZE_MASK;
 const POLL_BATCH: usize = 16;
 /// How often a comm whose polls keep finding completions still asks about each path's health.
 const PATH_CHECK_BUSY: Duration = Duration::from_millis(10);
+/// How often a comm whose polls find nothing asks about the devices' and paths' health (verbs:
+/// each ask read the async event fd, a system call per idle poll of NCCL's progress loop).
+const PATH_CHECK_IDLE: Duration = Duration::from_millis(1);
 
 /// Protocol knobs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -406,6 +416,8 @@ struct Core<F: Fabric> {
     /// with registrations still live leaks nothing.
     regs: std::collections::HashMap<u64, Registration>,
     closed: bool,
+    /// Settles what failed paths had in flight (`fence.rs`).
+    fence: fence::Fence,
 }
 
 /// Registration as NCCL sees it (`regMr`, `regMrDmaBuf`, `deregMr`), the same on both comm types, so
@@ -462,6 +474,7 @@ impl<F: Fabric> Core<F> {
         for (k, &p) in data.iter().enumerate() {
             data_of[p] = Some(k);
         }
+        let ndata = data.len();
         Ok(Core {
             warned: vec![false; paths.len()],
             paths: paths::PathSet::new(&speeds, cfg.failover, cfg.weights),
@@ -477,6 +490,7 @@ impl<F: Fabric> Core<F> {
             ctrl: Vec::new(),
             regs: std::collections::HashMap::new(),
             closed: false,
+            fence: fence::Fence::new(ndata),
         })
     }
 
@@ -495,7 +509,8 @@ impl<F: Fabric> Core<F> {
     }
 
     /// Marks data path `k` down if failover allows it (it is up and another path is): one WARN
-    /// naming it, why, the survivors and the bandwidth to expect. `false`: the caller fails the
+    /// naming it, why, the survivors and the bandwidth to expect (INFO for a standby path that
+    /// was standing by). `false`: the caller fails the
     /// work as before failover.
     fn mark_down(&mut self, k: usize, now: Instant, why: &str) -> bool {
         if !self.paths.can_fail_over(k) {
@@ -503,8 +518,12 @@ impl<F: Fabric> Core<F> {
         }
         self.refresh_labels();
         let before = self.paths.up_mbps();
+        // A standby path standing by carries nothing: its loss changes no bandwidth, and a cable
+        // that is only standby would otherwise WARN once per connection on it (hundreds).
+        let idle_standby = self.paths.is_standby(k) && !self.paths.carries(k);
         self.paths.set_down(k, now);
         self.newly_down.push(k);
+        self.fence_stop(k);
         let path = self.data[k];
         self.warned[path] = true;
         let survivors: Vec<String> = self
@@ -535,7 +554,11 @@ impl<F: Fabric> Core<F> {
         if let Some(n) = self.fab.path_note(path) {
             msg.push_str(&format!("; {n}"));
         }
-        tracing::warn!(path, label = %self.labels[path], "NET/switchless: {msg}");
+        if idle_standby {
+            tracing::info!(path, label = %self.labels[path], "NET/switchless: {msg}");
+        } else {
+            tracing::warn!(path, label = %self.labels[path], "NET/switchless: {msg}");
+        }
         true
     }
 
@@ -550,9 +573,18 @@ impl<F: Fabric> Core<F> {
     }
 
     /// While waiting with nothing to poll: asks the devices what they saw ([`Fabric::health`]),
-    /// then about each usable data path, and fails over from those reported dead. A health error
+    /// then about each usable data path, and fails over from those reported dead; at most every
+    /// [`PATH_CHECK_IDLE`] of the caller's clock (`isend` is called in a loop while no
+    /// clear-to-send has come). A health error
     /// is returned only when no path it could be about was marked down (it concerns the connection).
     fn check_health(&mut self, now: Instant) -> Result<()> {
+        let due = self
+            .paths_checked
+            .is_none_or(|t| now.saturating_duration_since(t) >= PATH_CHECK_IDLE);
+        if !due {
+            return Ok(());
+        }
+        self.paths_checked = Some(now);
         let overall = self.fab.health();
         let marked = self.check_paths(now);
         match overall {
@@ -581,14 +613,20 @@ impl<F: Fabric> Core<F> {
         marked
     }
 
-    /// [`Core::check_paths`] from a comm's progress: when the poll found nothing, and at least
-    /// every [`PATH_CHECK_BUSY`] while completions keep coming on other paths (a path whose link
-    /// died silently completes nothing, while its survivors do).
+    /// [`Core::check_paths`] from a comm's progress: every [`PATH_CHECK_IDLE`] while polls find
+    /// nothing, and every [`PATH_CHECK_BUSY`] while completions keep coming on other paths (a path
+    /// whose link died silently completes nothing, while its survivors do). Not on every call:
+    /// NCCL's progress thread polls in a tight loop.
     fn check_paths_busy(&mut self, now: Instant, polled: usize) {
+        let period = if polled == 0 {
+            PATH_CHECK_IDLE
+        } else {
+            PATH_CHECK_BUSY
+        };
         let due = self
             .paths_checked
-            .is_none_or(|t| now.saturating_duration_since(t) >= PATH_CHECK_BUSY);
-        if polled == 0 || due {
+            .is_none_or(|t| now.saturating_duration_since(t) >= period);
+        if due {
             self.paths_checked = Some(now);
             self.check_paths(now);
         }
@@ -603,14 +641,18 @@ impl<F: Fabric> Core<F> {
         let mut due = [0usize; MAX_PATHS];
         let mut n = 0;
         for k in self.paths.due(now) {
-            due[n] = k;
-            n += 1;
+            // Not before the fence of this failure is through (`fence.rs`).
+            if self.may_revive(k) {
+                due[n] = k;
+                n += 1;
+            }
         }
         for &k in &due[..n] {
             let path = self.data[k];
             match self.fab.revive_path(path)? {
                 Revive::Down => self.paths.probe_failed(k, now),
                 Revive::Rebuilt => {
+                    self.fence_rebuilt(k);
                     rebuilt.push(k);
                     self.paths.rebuilt(k, now, true);
                 }
@@ -620,6 +662,7 @@ impl<F: Fabric> Core<F> {
                     self.refresh_labels();
                     let stood_in: Vec<usize> = self.paths.carrying().collect();
                     self.paths.set_up(k);
+                    self.fence_up(k);
                     self.warned[path] = false;
                     let back: Vec<String> = stood_in
                         .into_iter()
@@ -644,6 +687,27 @@ impl<F: Fabric> Core<F> {
             }
         }
         Ok(())
+    }
+
+    /// Whether loopback path `lp`'s device has a data path of this connection that is up.
+    fn device_up(&self, lp: usize) -> bool {
+        let dev = self.fab.path_device(lp);
+        (0..self.data.len())
+            .any(|k| self.paths.is_up(k) && self.fab.path_device(self.data[k]) == dev)
+    }
+
+    /// A flush read on loopback path `lp` failed: every data path of its device that is up is
+    /// marked down. `true` when none of them is up any more (the flush goes on without this
+    /// device); `false` when one could not be (the last usable path: the flush fails).
+    fn device_failed(&mut self, lp: usize, now: Instant, why: &str) -> bool {
+        let dev = self.fab.path_device(lp);
+        let why = format!("the flush read on its device failed: {why}");
+        for k in 0..self.data.len() {
+            if self.paths.is_up(k) && self.fab.path_device(self.data[k]) == dev {
+                self.mark_down(k, now, &why);
+            }
+        }
+        !self.device_up(lp)
     }
 
     /// Data-path index of fabric path `path`.

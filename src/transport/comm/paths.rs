@@ -146,6 +146,11 @@ impl PathSet {
         self.state.get(k) == Some(&State::Up)
     }
 
+    /// Whether `k` is down and not being rebuilt.
+    pub(super) fn is_down(&self, k: usize) -> bool {
+        matches!(self.state.get(k), Some(State::Down { .. }))
+    }
+
     pub(super) fn up_count(&self) -> usize {
         self.state.iter().filter(|s| **s == State::Up).count()
     }

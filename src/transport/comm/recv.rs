@@ -12,8 +12,8 @@ use crate::transport::fabric::{
     Completion, CtrlMem, Fabric, LocalSeg, MemKind, RECV_DEPTH, ReadWr, RemoteSeg, WriteWr,
 };
 use crate::transport::wire::{
-    self, CtrlInfo, CtsElem, FIFO_DEPTH, Imm, MAX_RECVS, MAX_REQUESTS, SLOT_HDR, SLOT_IDX,
-    SLOT_WORDS, WrKind,
+    self, CtrlInfo, CtsElem, FIFO_DEPTH, FenceLayout, Imm, MAX_RECVS, MAX_REQUESTS,
+    RECV_SNAP_WORDS, SEND_SNAP_WORDS, SLOT_HDR, SLOT_IDX, SLOT_WORDS, WrKind,
 };
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -37,6 +37,9 @@ struct RecvReq {
     cts_pending: u8,
     /// Data path the clear-to-send was (last) posted on.
     cts_path: usize,
+    /// The clear-to-send is on a path marked down, not known landed: posted again only once the
+    /// sender says it lacks it (the failover fence, `fence.rs`).
+    cts_parked: bool,
     error: Option<Error>,
     posted: Option<Instant>,
 }
@@ -46,7 +49,12 @@ struct FlushReq {
     in_use: bool,
     generation: u32,
     pending: u32,
+    /// Reads that completed well (a flush needs one, on every device that still carries).
+    ok: u32,
     error: Option<Error>,
+    /// The error of a read on a device that is down now: the flush goes on without it, and
+    /// fails with this only when no read completed well.
+    lost: Option<Error>,
     posted: Option<Instant>,
 }
 
@@ -71,15 +79,27 @@ impl<F: Fabric> RecvComm<F> {
     /// [`RECV_DEPTH`] receives on every data path.
     pub fn new(fab: F, cfg: ProtocolConfig) -> Result<RecvComm<F>> {
         let mut core = Core::new(fab, cfg)?;
+        let npaths = core.data.len();
         let shadow = core.alloc(FIFO_DEPTH * SLOT_WORDS)?;
-        let records = core.alloc(FIFO_DEPTH * MAX_RECVS)?;
+        // The sender writes its fence words after the records (its snapshot: the FIFO's state).
+        let lin = FenceLayout {
+            npaths,
+            snap: SEND_SNAP_WORDS,
+        };
+        let records = core.alloc(FIFO_DEPTH * MAX_RECVS + lin.words())?;
+        let lout = FenceLayout {
+            npaths,
+            snap: RECV_SNAP_WORDS,
+        };
+        core.fence_init(records.word(FIFO_DEPTH * MAX_RECVS), lin, lout)?;
         let scratch = core.alloc(MAX_REQUESTS)?;
-        for k in 0..core.data.len() {
+        for k in 0..npaths {
             let path = core.data[k];
             for _ in 0..RECV_DEPTH {
                 core.fab
                     .post_recv(path, wire::wr_id(WrKind::Recv, path, 0))?;
             }
+            core.fence.recvs[k] = RECV_DEPTH;
         }
         let mut slots = Vec::with_capacity(FIFO_DEPTH);
         slots.resize_with(FIFO_DEPTH, || RecvReq {
@@ -115,8 +135,17 @@ impl<F: Fabric> RecvComm<F> {
     ///
     /// [`SendComm::local_info`]: super::SendComm::local_info
     pub fn connect(&mut self, peer: CtrlInfo) -> Result<()> {
+        // The FIFO, then the fence inbox for this side's words.
+        let inbox = FenceLayout {
+            npaths: self.core.data.len(),
+            snap: RECV_SNAP_WORDS,
+        };
         self.core
-            .check_peer(&peer, FIFO_DEPTH * SLOT_WORDS, "CTS FIFO")?;
+            .check_peer(&peer, FIFO_DEPTH * SLOT_WORDS + inbox.words(), "CTS FIFO")?;
+        self.core.fence_connect(
+            peer.addr + 8 * (FIFO_DEPTH * SLOT_WORDS) as u64,
+            peer.rkeys.clone(),
+        );
         self.peer = Some(peer);
         Ok(())
     }
@@ -176,21 +205,7 @@ impl<F: Fabric> RecvComm<F> {
             Ordering::Release,
         )?;
 
-        let r = &mut self.slots[slot];
-        r.n = n;
-        let mut k = self.core.paths.nth_up(seq).unwrap_or(0);
-        loop {
-            match self.post_cts(slot, k) {
-                Ok(()) => break,
-                Err(err) => {
-                    if !self.core.mark_down(k, now, &err.to_string()) {
-                        return Err(err);
-                    }
-                    k = self.core.paths.nth_up(seq).unwrap_or(0);
-                }
-            }
-        }
-        self.fail_over(now);
+        let k = self.core.paths.nth_up(seq).unwrap_or(0);
         let r = &mut self.slots[slot];
         r.cts_path = k;
         r.in_use = true;
@@ -203,10 +218,23 @@ impl<F: Fabric> RecvComm<F> {
             };
         }
         r.cts_pending = 1;
+        r.cts_parked = false;
         r.error = None;
         r.posted = self.core.cfg.request_timeout.map(|_| now);
         self.head += 1;
-        Ok(Some(Request::new(ReqKind::Recv, slot, r.generation)))
+        let generation = r.generation;
+        if let Err(err) = self.post_cts(slot, k) {
+            // A failed batch may have been posted in part: the entry is settled with the rest of
+            // the path's work (parked below, posted again once the sender says it lacks it).
+            if !self.core.mark_down(k, now, &err.to_string()) {
+                // The entry's state at the sender is unknown: this comm can take no more.
+                self.fatal.get_or_insert(err.clone());
+                self.release_slot(slot);
+                return Err(err);
+            }
+        }
+        self.fail_over();
+        Ok(Some(Request::new(ReqKind::Recv, slot, generation)))
     }
 
     /// Posts slot `slot`'s clear-to-send (already in the shadow) on data path `k`: the body, then the
@@ -261,29 +289,101 @@ impl<F: Fabric> RecvComm<F> {
         )
     }
 
-    /// Moves every clear-to-send not known delivered off the paths marked down.
-    fn fail_over(&mut self, now: Instant) {
+    /// Parks every clear-to-send on a path marked down and not known landed: it is posted again
+    /// only once the sender, its end of that path sealed, says it lacks it ([`Self::resolve`]).
+    fn fail_over(&mut self) {
         while let Some(k) = self.core.newly_down.pop() {
-            for slot in 0..self.slots.len() {
-                let r = &self.slots[slot];
-                if !r.in_use || r.cts_pending == 0 || r.cts_path != k || r.error.is_some() {
-                    continue;
+            for r in self.slots.iter_mut() {
+                if r.in_use && r.cts_pending > 0 && r.cts_path == k && r.error.is_none() {
+                    r.cts_parked = true;
                 }
+            }
+        }
+    }
+
+    /// The sender acknowledged this end's stop of data path `k` with the snapshot in inbox area
+    /// `j` (its FIFO's index words, taken after it sealed `k`): each clear-to-send parked on `k`
+    /// either landed (done) or never will (posted again, on a survivor).
+    fn resolve(&mut self, k: usize, j: usize, now: Instant) -> Result<()> {
+        let Some((at, words)) = self.core.fence.snapshot(j) else {
+            return Ok(());
+        };
+        let mut snap = vec![0u64; words];
+        self.core.fab.ctrl_read(at, &mut snap)?;
+        for (slot, &idx) in snap.iter().enumerate().take(self.slots.len()) {
+            let r = &mut self.slots[slot];
+            if !r.in_use || !r.cts_parked || r.cts_path != k || r.error.is_some() {
+                continue;
+            }
+            r.cts_parked = false;
+            let want = r.seq + 1;
+            if idx == want {
+                r.cts_pending = 0;
+                self.core.fence.stats.landed += 1;
+            } else if idx > want {
+                let err = Error::Remote(format!(
+                    "the sender's failover snapshot shows FIFO slot {slot} at sequence {}, ahead \
+                     of the receive posted there ({}) (corrupt or hostile write)",
+                    idx - 1,
+                    r.seq
+                ));
+                r.error.get_or_insert(err);
+            } else {
+                self.core.fence.stats.resent += 1;
                 let seq = r.seq;
-                while let Some(j) = self.core.paths.nth_up(seq) {
-                    self.slots[slot].cts_path = j;
-                    match self.post_cts(slot, j) {
-                        Ok(()) => break,
-                        Err(err) => {
-                            if !self.core.mark_down(j, now, &err.to_string()) {
-                                self.slots[slot].error.get_or_insert(err);
-                                break;
-                            }
-                        }
+                let Some(j2) = self.core.paths.nth_up(seq) else {
+                    let err = Error::Internal("no usable path left to fail over to".into());
+                    self.slots[slot].error.get_or_insert(err);
+                    continue;
+                };
+                self.slots[slot].cts_path = j2;
+                if let Err(err) = self.post_cts(slot, j2) {
+                    if !self.core.mark_down(j2, now, &err.to_string()) {
+                        self.slots[slot].error.get_or_insert(err);
                     }
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Failover's part of progress: the fence's words read and written, parked work settled.
+    fn settle(&mut self, now: Instant) -> Result<()> {
+        self.core.fence_poll(now)?;
+        self.fail_over();
+        while let Some((k, j)) = self.core.fence.acked.pop() {
+            self.resolve(k, j, now)?;
+            self.fail_over();
+        }
+        if self.fatal.is_some() {
+            // A slot released on an error would read as a completed receive: answer nothing.
+            return Ok(());
+        }
+        // This end's snapshot: per slot and buffer, the newest sequence and the pieces landed.
+        let slots = &self.slots;
+        self.core.fence_flush(|_, snap| {
+            for (s, r) in slots.iter().enumerate() {
+                for e in 0..MAX_RECVS {
+                    snap[s * MAX_RECVS + e] = if r.in_use {
+                        let st = &r.elems[e];
+                        let seen = if e >= r.n {
+                            0
+                        } else if st.done {
+                            0xff
+                        } else {
+                            st.seen
+                        };
+                        wire::have_word(r.seq, seen)
+                    } else if r.generation > 1 {
+                        // Released: its last receive completed (a failed one ends the comm).
+                        wire::have_word(r.seq, 0xff)
+                    } else {
+                        0
+                    };
+                }
+            }
+            Ok(())
+        })
     }
 
     /// Flushes GPU-direct receives (NCCL `iflush`): one RDMA read per loopback path from the last
@@ -316,8 +416,15 @@ impl<F: Fabric> RecvComm<F> {
         let generation = self.flushes[idx].generation;
         let id = wire::wr_id(WrKind::Flush, idx, generation);
         let mut posted = 0;
-        let mut result = Ok(());
-        for &lp in &self.core.loops {
+        let mut lost = None;
+        let loops = self.core.loops.clone();
+        for lp in loops {
+            // Only devices that still have a usable data path of this connection: a dead
+            // device's loopback would fail (or hang for the RC retry budget), and failover moved
+            // its work to the others.
+            if !self.core.device_up(lp) {
+                continue;
+            }
             let wr = ReadWr {
                 wr_id: id,
                 local: LocalSeg {
@@ -330,21 +437,35 @@ impl<F: Fabric> RecvComm<F> {
                     rkey: target.mh.reg.keys[lp].rkey,
                 },
             };
-            result = self.core.fab.post_read(lp, &wr);
-            if result.is_err() {
-                break;
+            match self.core.fab.post_read(lp, &wr) {
+                Ok(()) => posted += 1,
+                Err(e) => {
+                    let why = format!("posting a flush read: {e}");
+                    if !self.core.device_failed(lp, now, &why) {
+                        self.flush_free.push(idx);
+                        return Err(e);
+                    }
+                    lost = Some(e);
+                }
             }
-            posted += 1;
+        }
+        if posted == 0 {
+            self.flush_free.push(idx);
+            return Err(lost.unwrap_or_else(|| {
+                Error::Internal(
+                    "flush: no device of this connection has both a usable data path and a \
+                     loopback path"
+                        .into(),
+                )
+            }));
         }
         let f = &mut self.flushes[idx];
         f.in_use = true;
         f.pending = posted;
+        f.ok = 0;
         f.error = None;
+        f.lost = lost;
         f.posted = self.core.cfg.request_timeout.map(|_| now);
-        if let Err(e) = result {
-            self.release_flush(idx);
-            return Err(e);
-        }
         Ok(Some(Request::new(ReqKind::Flush, idx, generation)))
     }
 
@@ -384,17 +505,24 @@ impl<F: Fabric> RecvComm<F> {
                     else {
                         return Ok(());
                     };
-                    let Some(k) = k.filter(|&k| k == r.cts_path && core.paths.is_up(k)) else {
-                        return Ok(()); // the clear-to-send moved off a failed path
+                    let Some(k) = k.filter(|&k| k == r.cts_path) else {
+                        return Ok(()); // the clear-to-send was posted again on another path
                     };
                     if c.status.is_success() {
+                        // Landed, whatever became of the path since.
                         r.cts_pending = r.cts_pending.saturating_sub(1);
-                    } else if !core.mark_down(k, now, &c.status.to_string())
+                        r.cts_parked = false;
+                    } else if !core.paths.is_up(k) {
+                        // The path is down: the fence settles its entries.
+                    } else if !core.mark_down(k, now, &format!("clear-to-send write: {}", c.status))
                         || c.status.blames_request()
                     {
                         let err = core.completion_error(path, &c, "clear-to-send write");
                         r.error.get_or_insert(err);
                     }
+                }
+                WrKind::Fence => {
+                    core.fence_completion(path, &c, idx, now);
                 }
                 WrKind::Flush => {
                     let Some(f) = flushes
@@ -403,18 +531,29 @@ impl<F: Fabric> RecvComm<F> {
                     else {
                         return Ok(());
                     };
+                    f.pending = f.pending.saturating_sub(1);
                     if c.status.is_success() {
-                        f.pending = f.pending.saturating_sub(1);
+                        f.ok += 1;
                     } else {
+                        // A flush error on a dead device marks its data paths down (failover
+                        // moves its work); the flush completes on the other devices.
                         let err = core.completion_error(path, &c, "flush read");
-                        f.error.get_or_insert(err);
+                        if core.device_failed(path, now, &c.status.to_string()) {
+                            f.lost.get_or_insert(err);
+                        } else {
+                            f.error.get_or_insert(err);
+                        }
                     }
                 }
                 WrKind::Recv => {
+                    if let Some(n) = k.and_then(|k| core.fence.recvs.get_mut(k)) {
+                        *n = n.saturating_sub(1);
+                    }
                     let up = k.is_some_and(|k| core.paths.is_up(k));
                     if !c.status.is_success() {
                         // A down path's receives are flushed: nothing to do.
-                        if up && !k.is_some_and(|k| core.mark_down(k, now, &c.status.to_string())) {
+                        let why = format!("receive of an immediate: {}", c.status);
+                        if up && !k.is_some_and(|k| core.mark_down(k, now, &why)) {
                             let err = core.completion_error(path, &c, "receive of an immediate");
                             fatal.get_or_insert(err);
                         }
@@ -422,6 +561,9 @@ impl<F: Fabric> RecvComm<F> {
                     }
                     if !core.closed && up {
                         core.fab.post_recv(path, c.wr_id)?;
+                        if let Some(n) = k.and_then(|k| core.fence.recvs.get_mut(k)) {
+                            *n += 1;
+                        }
                     }
                     // Data that landed counts whatever became of the path since.
                     let dedupe = core.cfg.failover.enabled;
@@ -441,7 +583,7 @@ impl<F: Fabric> RecvComm<F> {
         })?;
         // A path whose link died silently shows up here, not in a completion.
         self.core.check_paths_busy(now, polled);
-        self.fail_over(now);
+        self.settle(now)?;
         let mut rebuilt = Vec::new();
         self.core.probe(now, &mut rebuilt)?;
         for k in rebuilt {
@@ -452,6 +594,7 @@ impl<F: Fabric> RecvComm<F> {
                     .fab
                     .post_recv(path, wire::wr_id(WrKind::Recv, path, 0))?;
             }
+            self.core.fence.recvs[k] = RECV_DEPTH;
         }
         Ok(())
     }
@@ -569,8 +712,13 @@ impl<F: Fabric> RecvComm<F> {
                 return Err(e);
             }
             if f.pending == 0 {
+                let lost = f.lost.take();
+                let ok = f.ok > 0;
                 self.release_flush(idx);
-                return Ok(Some(Sizes::default()));
+                return match (ok, lost) {
+                    (false, Some(e)) => Err(e),
+                    _ => Ok(Some(Sizes::default())),
+                };
             }
             if let Some(w) = timed_out(f.posted, self.core.cfg.request_timeout, now) {
                 self.release_flush(idx);
@@ -583,6 +731,9 @@ impl<F: Fabric> RecvComm<F> {
         }
         let r = &mut self.slots[idx];
         if let Some(e) = r.error.take().or_else(|| self.fatal.clone()) {
+            // A released slot tells a failing-over sender that its receive completed (the fence's
+            // snapshot): after a failure nothing is released as if it had, the comm is done.
+            self.fatal.get_or_insert(e.clone());
             self.release_slot(idx);
             return Err(e);
         }

@@ -12,8 +12,8 @@ use crate::error::{Error, Result};
 use crate::transport::fabric::{CtrlMem, Fabric, LocalSeg, RemoteSeg, WcOpcode, WriteWr};
 use crate::transport::stripe::{Chunk, MAX_PATHS, stripe};
 use crate::transport::wire::{
-    self, CtrlInfo, CtsElem, FIFO_DEPTH, Imm, MAX_RECVS, MAX_SEND_REQUESTS, SLOT_HDR, SLOT_IDX,
-    SLOT_WORDS, WrKind,
+    self, CtrlInfo, CtsElem, FIFO_DEPTH, FenceLayout, Imm, MAX_RECVS, MAX_SEND_REQUESTS,
+    RECV_SNAP_WORDS, SEND_SNAP_WORDS, SLOT_HDR, SLOT_IDX, SLOT_WORDS, WrKind,
 };
 
 /// One chunk of a send's stripe, and the data path it is (now) posted on.
@@ -41,8 +41,14 @@ struct SendReq {
     imm: Imm,
     npieces: usize,
     pieces: [Piece; MAX_PATHS],
-    /// Pieces whose signaled completion arrived (bit per piece).
+    /// Pieces whose signaled completion arrived, or which the receiver reported landed (bit per
+    /// piece).
     done: u8,
+    /// Pieces on a path marked down, not known landed: sent again only once the receiver has
+    /// said it lacks them (the failover fence, `fence.rs`).
+    parked: u8,
+    /// The message's FIFO sequence number.
+    seq: u64,
 }
 
 impl SendReq {
@@ -82,7 +88,18 @@ impl<F: Fabric> SendComm<F> {
     /// [`SendComm::connect`].
     pub fn new(fab: F, cfg: ProtocolConfig) -> Result<SendComm<F>> {
         let mut core = Core::new(fab, cfg)?;
-        let fifo = core.alloc(FIFO_DEPTH * SLOT_WORDS)?;
+        let npaths = core.data.len();
+        // The receiver writes its fence words after the FIFO (its snapshot: the pieces it has).
+        let lin = FenceLayout {
+            npaths,
+            snap: RECV_SNAP_WORDS,
+        };
+        let fifo = core.alloc(FIFO_DEPTH * SLOT_WORDS + lin.words())?;
+        let lout = FenceLayout {
+            npaths,
+            snap: SEND_SNAP_WORDS,
+        };
+        core.fence_init(fifo.word(FIFO_DEPTH * SLOT_WORDS), lin, lout)?;
         let rec_src = core.alloc(FIFO_DEPTH * MAX_RECVS)?;
         let mut reqs = Vec::with_capacity(MAX_SEND_REQUESTS);
         reqs.resize_with(MAX_SEND_REQUESTS, || SendReq {
@@ -115,8 +132,20 @@ impl<F: Fabric> SendComm<F> {
     ///
     /// [`RecvComm::local_info`]: super::RecvComm::local_info
     pub fn connect(&mut self, peer: CtrlInfo) -> Result<()> {
-        self.core
-            .check_peer(&peer, FIFO_DEPTH * MAX_RECVS, "size-record array")?;
+        // The records, then the fence inbox for this side's words.
+        let inbox = FenceLayout {
+            npaths: self.core.data.len(),
+            snap: SEND_SNAP_WORDS,
+        };
+        self.core.check_peer(
+            &peer,
+            FIFO_DEPTH * MAX_RECVS + inbox.words(),
+            "size-record array",
+        )?;
+        self.core.fence_connect(
+            peer.addr + 8 * (FIFO_DEPTH * MAX_RECVS) as u64,
+            peer.rkeys.clone(),
+        );
         self.peer = Some(peer);
         Ok(())
     }
@@ -193,9 +222,10 @@ impl<F: Fabric> SendComm<F> {
             return Ok(None);
         };
         if self.cur.is_none() && !self.load_slot()? {
-            // Nothing to poll for while no clear-to-send arrives: ask the devices what they saw.
+            // Nothing to poll for while no clear-to-send arrives: ask the devices what they saw,
+            // and settle what failed paths had in flight (the receiver's answer may be waiting).
             self.core.check_health(now)?;
-            self.fail_over(now);
+            self.settle(now)?;
             let mut rebuilt = Vec::new();
             self.core.probe(now, &mut rebuilt)?;
             let since = *self.stalled_since.get_or_insert(now);
@@ -289,6 +319,8 @@ impl<F: Fabric> SendComm<F> {
             len_is_size,
         };
         r.done = 0;
+        r.parked = 0;
+        r.seq = seq;
         for (p, c) in r.pieces.iter_mut().zip(&self.chunks) {
             *p = Piece {
                 offset: c.offset,
@@ -308,14 +340,15 @@ impl<F: Fabric> SendComm<F> {
         for pi in 0..self.reqs[idx].npieces {
             if let Err(err) = self.post_piece(idx, pi) {
                 let k = self.reqs[idx].pieces[pi].path;
-                // Failover: the piece moves with the rest of the path's work (below).
+                // Failover: the piece is settled with the rest of the path's work (below): a
+                // failed batch may have been posted in part.
                 if !self.core.mark_down(k, now, &err.to_string()) {
                     self.release(idx);
                     return Err(err);
                 }
             }
         }
-        self.fail_over(now);
+        self.fail_over();
         if let Some(err) = self.reqs[idx].error.take() {
             self.release(idx);
             return Err(err);
@@ -421,47 +454,94 @@ impl<F: Fabric> SendComm<F> {
         Ok(())
     }
 
-    /// Moves every piece in flight on a path marked down, and not known delivered, to the
-    /// surviving paths. The receiver counts a piece once however often it arrives.
-    fn fail_over(&mut self, now: Instant) {
+    /// Parks every piece in flight on a path marked down and not known landed: it is sent again
+    /// only once the receiver, its end of that path sealed, says it lacks it ([`Self::resolve`]).
+    fn fail_over(&mut self) {
         while let Some(k) = self.core.newly_down.pop() {
-            for idx in 0..self.reqs.len() {
-                let r = &self.reqs[idx];
+            for r in self.reqs.iter_mut() {
                 if !r.in_use || r.error.is_some() {
                     continue;
                 }
                 for pi in 0..r.npieces {
-                    let r = &self.reqs[idx];
-                    if r.done & (1 << pi) != 0 || r.pieces[pi].path != k {
+                    let bit = 1u8 << pi;
+                    if r.done & bit != 0 || r.parked & bit != 0 || r.pieces[pi].path != k {
                         continue;
                     }
-                    self.move_piece(idx, pi, now);
+                    r.parked |= bit;
+                    self.core.paths.abandoned(k, r.pieces[pi].len);
                 }
             }
         }
     }
 
-    fn move_piece(&mut self, idx: usize, pi: usize, now: Instant) {
-        let old = self.reqs[idx].pieces[pi].path;
-        self.core
-            .paths
-            .abandoned(old, self.reqs[idx].pieces[pi].len);
-        loop {
-            self.spread = self.spread.wrapping_add(1);
-            let Some(j) = self.core.paths.nth_up(self.spread) else {
-                let err = Error::Internal("no usable path left to fail over to".into());
-                self.reqs[idx].error.get_or_insert(err);
-                return;
-            };
-            self.reqs[idx].pieces[pi].path = j;
-            match self.post_piece(idx, pi) {
-                Ok(()) => return,
-                Err(err) => {
-                    if !self.core.mark_down(j, now, &err.to_string()) {
-                        self.reqs[idx].error.get_or_insert(err);
-                        return;
+    /// The receiver acknowledged this end's stop of data path `k` with the snapshot in inbox area
+    /// `j` (taken after it sealed `k`): each piece parked on `k` either landed (done) or never
+    /// will (sent again, on a survivor).
+    fn resolve(&mut self, k: usize, j: usize, now: Instant) -> Result<()> {
+        let Some((at, words)) = self.core.fence.snapshot(j) else {
+            return Ok(());
+        };
+        let mut snap = vec![0u64; words];
+        self.core.fab.ctrl_read(at, &mut snap)?;
+        for idx in 0..self.reqs.len() {
+            for pi in 0..MAX_PATHS {
+                let r = &mut self.reqs[idx];
+                let bit = 1u8 << pi;
+                if !r.in_use || r.error.is_some() || r.parked & bit == 0 || r.pieces[pi].path != k {
+                    continue;
+                }
+                r.parked &= !bit;
+                let w = snap[r.imm.slot * MAX_RECVS + r.imm.elem];
+                match wire::piece_landed(w, r.seq, pi) {
+                    Ok(true) => {
+                        r.done |= bit;
+                        self.core.fence.stats.landed += 1;
+                    }
+                    Ok(false) => {
+                        self.core.fence.stats.resent += 1;
+                        self.move_piece(idx, pi, now);
+                    }
+                    Err(e) => {
+                        r.error.get_or_insert(e);
                     }
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// Failover's part of progress: the fence's words read and written, parked work settled.
+    fn settle(&mut self, now: Instant) -> Result<()> {
+        self.core.fence_poll(now)?;
+        self.fail_over();
+        while let Some((k, j)) = self.core.fence.acked.pop() {
+            self.resolve(k, j, now)?;
+            // A piece sent again may have failed on its new path: parked there.
+            self.fail_over();
+        }
+        // This end's snapshot: which clear-to-send entries landed (each FIFO slot's index word).
+        let fifo = &self.fifo;
+        self.core.fence_flush(|fab, snap| {
+            for (s, w) in snap.iter_mut().enumerate() {
+                *w = fab.ctrl_load(fifo.word(s * SLOT_WORDS + SLOT_IDX), Ordering::Acquire)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Posts piece `pi` of request `idx` again on a path that carries (after the receiver said it
+    /// lacks it). A failed post parks it on that path in turn.
+    fn move_piece(&mut self, idx: usize, pi: usize, now: Instant) {
+        self.spread = self.spread.wrapping_add(1);
+        let Some(j) = self.core.paths.nth_up(self.spread) else {
+            let err = Error::Internal("no usable path left to fail over to".into());
+            self.reqs[idx].error.get_or_insert(err);
+            return;
+        };
+        self.reqs[idx].pieces[pi].path = j;
+        if let Err(err) = self.post_piece(idx, pi) {
+            if !self.core.mark_down(j, now, &err.to_string()) {
+                self.reqs[idx].error.get_or_insert(err);
             }
         }
     }
@@ -477,12 +557,25 @@ impl<F: Fabric> SendComm<F> {
     fn progress(&mut self, now: Instant) -> Result<()> {
         let reqs = &mut self.reqs;
         let polled = self.core.poll_all(|core, path, c| {
-            let Some((WrKind::Send, idx, generation)) = wire::split_wr_id(c.wr_id) else {
+            let Some((kind, idx, generation)) = wire::split_wr_id(c.wr_id) else {
                 return Err(Error::Internal(format!(
                     "send comm got a completion with foreign wr_id {:#x} on path {path}",
                     c.wr_id
                 )));
             };
+            match kind {
+                WrKind::Send => {}
+                WrKind::Fence => {
+                    core.fence_completion(path, &c, idx, now);
+                    return Ok(());
+                }
+                _ => {
+                    return Err(Error::Internal(format!(
+                        "send comm got a completion with foreign wr_id {:#x} on path {path}",
+                        c.wr_id
+                    )));
+                }
+            }
             let pi = wire::wr_piece(c.wr_id);
             let Some(r) = reqs
                 .get_mut(idx)
@@ -490,29 +583,38 @@ impl<F: Fabric> SendComm<F> {
             else {
                 return Ok(()); // a request already failed and released
             };
-            let k = core.data_index(path);
-            if k != Some(r.pieces[pi].path) || r.done & (1 << pi) != 0 {
-                return Ok(()); // the piece has moved to another path, or is done
-            }
-            let Some(k) = k.filter(|&k| core.paths.is_up(k)) else {
-                return Ok(()); // the path is down: its pieces have moved or will
+            let bit = 1u8 << pi;
+            let Some(k) = core.data_index(path).filter(|&k| k == r.pieces[pi].path) else {
+                return Ok(()); // the piece was sent again on another path
             };
-            if !c.status.is_success() {
-                let why = c.status.to_string();
-                if !core.mark_down(k, now, &why) || c.status.blames_request() {
-                    let what = format!("send of {} bytes (tag {})", r.size, r.tag);
-                    let err = core.completion_error(path, &c, &what);
-                    r.error.get_or_insert(err);
+            if r.done & bit != 0 {
+                return Ok(());
+            }
+            if c.status.is_success() {
+                // Landed, whatever became of the path since: a parked piece needs no answer.
+                if c.opcode == WcOpcode::RdmaWrite {
+                    r.done |= bit;
+                    r.parked &= !bit;
+                    if core.paths.is_up(k) {
+                        core.paths.completed(k, r.pieces[pi].len);
+                    }
                 }
-            } else if c.opcode == WcOpcode::RdmaWrite {
-                r.done |= 1 << pi;
-                core.paths.completed(k, r.pieces[pi].len);
+                return Ok(());
+            }
+            if !core.paths.is_up(k) {
+                return Ok(()); // the path is down: the fence settles its pieces
+            }
+            let why = c.status.to_string();
+            if !core.mark_down(k, now, &why) || c.status.blames_request() {
+                let what = format!("send of {} bytes (tag {})", r.size, r.tag);
+                let err = core.completion_error(path, &c, &what);
+                r.error.get_or_insert(err);
             }
             Ok(())
         })?;
         // A path whose link died silently completes nothing: its work would wait for ever.
         self.core.check_paths_busy(now, polled);
-        self.fail_over(now);
+        self.settle(now)?;
         self.core.paths.tick(now);
         let mut rebuilt = Vec::new();
         self.core.probe(now, &mut rebuilt)

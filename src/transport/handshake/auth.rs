@@ -8,11 +8,12 @@
 //! [`TAG_LEN`] bytes and compared in constant time (`subtle`). So a client without the handle cannot
 //! make a hello the listener takes, an answer from any other listener fails at the connector, and a
 //! hello replayed to another listener (another secret) or to the same one again (the listener keeps
-//! the nonces it has seen) is refused.
+//! the nonces it has seen) is refused. An acceptor that refuses an authenticated hello tags its
+//! reject the same way; the connector acts on no other.
 
 use subtle::ConstantTimeEq;
 
-use super::wire::{Hello, Reply, TAG_LEN, Tag};
+use super::wire::{Hello, Refuse, Reply, TAG_LEN, Tag, truncate_reason};
 use crate::error::Result;
 
 /// BLAKE3 `derive_key` context: names what the key is for, so no other use of the nonce collides.
@@ -90,6 +91,25 @@ impl ConnKey {
     /// The tag a reply to the hello tagged `hello_tag` carries.
     pub fn reply_tag(&self, hello_tag: &Tag, r: &Reply) -> Result<Tag> {
         Ok(self.tag(b"reply", &[hello_tag, &r.body()?]))
+    }
+
+    /// The tag of an authenticated reject (`reason` as it goes on the wire, [`truncate_reason`])
+    /// of the hello tagged `hello_tag`.
+    pub fn refuse_tag(&self, hello_tag: &Tag, reason: &str) -> Tag {
+        self.tag(b"refuse", &[hello_tag, truncate_reason(reason).as_bytes()])
+    }
+
+    /// An authenticated reject of the hello tagged `hello_tag`.
+    pub fn refuse(&self, hello_tag: &Tag, reason: &str) -> Refuse {
+        Refuse {
+            reason: truncate_reason(reason).to_string(),
+            tag: self.refuse_tag(hello_tag, reason),
+        }
+    }
+
+    /// Whether `f` is an authenticated reject of the hello tagged `hello_tag` (constant time).
+    pub fn check_refuse(&self, hello_tag: &Tag, f: &Refuse) -> bool {
+        bool::from(self.refuse_tag(hello_tag, &f.reason).ct_eq(&f.tag))
     }
 
     /// Whether `h` carries the right tag (constant time in the tag's bytes).

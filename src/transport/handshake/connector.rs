@@ -9,7 +9,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
 use super::auth::{ConnKey, conn_nonce};
-use super::frames::Frames;
+use super::frames::{Fault, Frames};
 use super::listener::ipv4_mapped_gid;
 use super::wire::{Hello, Message, PathRequest, SideParams, TAG_LEN, Tag};
 use crate::error::{Error, Result};
@@ -24,6 +24,16 @@ pub const TARGET_BUDGET: Duration = Duration::from_secs(5);
 /// With no connect timeout, how long the last target may take to answer a TCP connection (Linux
 /// gives up a SYN after about 127 s with its default `tcp_syn_retries`, so this is only a backstop).
 pub const LAST_TARGET_WAIT: Duration = Duration::from_secs(180);
+/// The first wait before a connector opens a new connection after the acceptor closed or reset one
+/// before its reply (a listener full of strangers' connections makes room that way); it doubles
+/// with every retry up to [`RETRY_BACKOFF_MAX`]. Retries go on until the connect timeout, or, with
+/// none, as long as NCCL calls `connect` (NCCL has no deadline).
+pub const RETRY_BACKOFF: Duration = Duration::from_millis(20);
+/// The longest wait between retries.
+pub const RETRY_BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// How long a connector keeps trying while the only answers are rejects without its connection's
+/// tag (a stale handle, or something answering for the address) before it fails.
+pub const UNAUTHENTICATED_GIVE_UP: Duration = Duration::from_secs(60);
 
 /// What [`ConnectMachine::poll`] asks of the driver or reports.
 #[derive(Debug, PartialEq, Eq)]
@@ -48,6 +58,8 @@ enum State {
     Open,
     /// The driver is connecting to the current target.
     Connecting,
+    /// The acceptor closed the connection before replying: a new one is opened at `retry_at`.
+    Backoff,
     SendHello,
     AwaitReply,
     AwaitCaller,
@@ -80,6 +92,31 @@ pub struct ConnectMachine {
     timeout: Option<Duration>,
     peer: String,
     frames: Frames,
+    /// Connections the acceptor closed before its reply so far (the backoff doubles each).
+    retries: u32,
+    /// When the next connection is opened ([`State::Backoff`]).
+    retry_at: Instant,
+    /// The listener's nonce (a retry derives a new connection key).
+    listener_nonce: u64,
+    /// Why the last connection was retried (named if the retry fails too).
+    retried_because: Option<String>,
+    /// When the first reject without this connection's tag came ([`UNAUTHENTICATED_GIVE_UP`]).
+    unauthenticated_since: Option<Instant>,
+}
+
+/// Text of a peer's authenticated reject as logs show it: control characters escaped, so no line
+/// of it passes for one of ours.
+fn printable(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| {
+            let esc: Vec<char> = if c.is_control() {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            esc
+        })
+        .collect()
 }
 
 impl ConnectMachine {
@@ -172,7 +209,17 @@ impl ConnectMachine {
             timeout,
             peer,
             frames: Frames::default(),
+            retries: 0,
+            retry_at: now,
+            listener_nonce: nonce,
+            retried_because: None,
+            unauthenticated_since: None,
         })
+    }
+
+    /// Connections the acceptor closed before its reply, each retried with a new one.
+    pub fn retries(&self) -> u32 {
+        self.retries
     }
 
     /// The secret the connection's fabrics get (derived from this connection's key).
@@ -225,6 +272,10 @@ impl ConnectMachine {
                 self.deadline
                     .map_or(self.target_deadline, |d| self.target_deadline.min(d)),
             ),
+            State::Backoff => Some(
+                self.deadline
+                    .map_or(self.retry_at, |d| self.retry_at.min(d)),
+            ),
             State::Open | State::SendHello | State::AwaitReply | State::SendReady => self.deadline,
             State::AwaitCaller | State::Finished => None,
         }
@@ -256,8 +307,13 @@ impl ConnectMachine {
             let event = match self.state {
                 State::Open => Some(self.open_next(now)?),
                 State::Connecting => self.connecting(now),
-                State::SendHello => self.send_hello()?,
-                State::AwaitReply => self.await_reply()?,
+                State::Backoff if now < self.retry_at => Some(ConnectEvent::Pending),
+                State::Backoff => {
+                    self.state = State::Open;
+                    None
+                }
+                State::SendHello => self.send_hello(now)?,
+                State::AwaitReply => self.await_reply(now)?,
                 State::AwaitCaller => Some(ConnectEvent::Pending),
                 State::SendReady => self.send_ready()?,
                 State::Finished => {
@@ -274,8 +330,13 @@ impl ConnectMachine {
 
     fn open_next(&mut self, now: Instant) -> Result<ConnectEvent> {
         let Some(&(addr, bind)) = self.targets.get(self.target) else {
+            let earlier = self
+                .retried_because
+                .as_ref()
+                .map(|w| format!(" (before that: {w})"))
+                .unwrap_or_default();
             return Err(Error::System(format!(
-                "cannot open a TCP connection to {}: {}",
+                "cannot open a TCP connection to {}: {}{earlier}",
                 self.peer,
                 self.failures.join("; ")
             )));
@@ -309,9 +370,9 @@ impl ConnectMachine {
         None
     }
 
-    fn send_hello(&mut self) -> Result<Option<ConnectEvent>> {
+    fn send_hello(&mut self, now: Instant) -> Result<Option<ConnectEvent>> {
         if let Some(f) = self.frames.take_fault() {
-            return Err(f.into_error(&self.peer, "sending the hello"));
+            return self.closed_early(now, f, "sending the hello");
         }
         if !self.frames.flushed() {
             return Ok(Some(ConnectEvent::Pending));
@@ -321,19 +382,21 @@ impl ConnectMachine {
         Ok(None)
     }
 
-    fn await_reply(&mut self) -> Result<Option<ConnectEvent>> {
+    fn await_reply(&mut self, now: Instant) -> Result<Option<ConnectEvent>> {
         if let Some(f) = self.frames.take_fault() {
-            return Err(f.into_error(&self.peer, "waiting for the acceptor's reply"));
+            return self.closed_early(now, f, "waiting for the acceptor's reply");
         }
         let r = match self.frames.take_frame() {
             None => return Ok(Some(ConnectEvent::Pending)),
             Some(Message::Reply(r)) => r,
-            Some(Message::Reject(reason)) => {
+            Some(Message::Refuse(f)) if self.key.check_refuse(&self.hello_tag, &f) => {
                 return Err(Error::Remote(format!(
-                    "{} rejected the connection: {reason}",
-                    self.peer
+                    "{} rejected the connection: {}",
+                    self.peer,
+                    printable(&f.reason)
                 )));
             }
+            Some(Message::Reject(_) | Message::Refuse(_)) => return self.unauthenticated(now),
             Some(other) => {
                 return Err(Error::Remote(format!(
                     "{} sent {} while a reply was expected",
@@ -368,6 +431,94 @@ impl ConnectMachine {
         }
         self.state = State::AwaitCaller;
         Ok(Some(ConnectEvent::Reply(r.params)))
+    }
+
+    /// The connection failed before the acceptor's reply. Closed or reset, it was the acceptor's
+    /// doing (a listener that makes room for newer connections, or one out of descriptors): a new
+    /// connection, with a new connector nonce, is opened after a backoff, from the first target.
+    /// Anything else (a malformed frame) fails the handshake.
+    fn closed_early(&mut self, now: Instant, f: Fault, step: &str) -> Result<Option<ConnectEvent>> {
+        let closed = match &f {
+            Fault::Closed => true,
+            Fault::Io(e) => matches!(
+                e.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::UnexpectedEof
+            ),
+            Fault::Malformed(_) => false,
+        };
+        if !closed {
+            return Err(f.into_error(&self.peer, step));
+        }
+        let why = f.into_error(&self.peer, step);
+        self.retry(now, &why.to_string())?;
+        Ok(None)
+    }
+
+    /// A reject without this connection's tag: it could come from anything that answers for the
+    /// address (or a listener on a reused port, which never knew the handle), so it is not acted on
+    /// and its text is not shown: a new connection is tried after a backoff. Only when nothing but
+    /// such rejects came for [`UNAUTHENTICATED_GIVE_UP`] does the connector fail, with a fixed text.
+    fn unauthenticated(&mut self, now: Instant) -> Result<Option<ConnectEvent>> {
+        let since = *self.unauthenticated_since.get_or_insert(now);
+        if now.saturating_duration_since(since) >= UNAUTHENTICATED_GIVE_UP {
+            return Err(Error::Remote(format!(
+                "{}: refused for {} s with rejects not authenticated by the handle's nonce: a \
+                 stale handle, or something other than the listener answering for its address \
+                 (their text is not shown)",
+                self.peer,
+                UNAUTHENTICATED_GIVE_UP.as_secs()
+            )));
+        }
+        self.retry(
+            now,
+            &format!(
+                "{}: a reject not authenticated by the handle's nonce (not acted on; its text is \
+                 not shown)",
+                self.peer
+            ),
+        )?;
+        Ok(None)
+    }
+
+    /// Starts over after `backoff`: a fresh connection nonce, key and hello, the targets in order.
+    fn retry(&mut self, now: Instant, why: &str) -> Result<()> {
+        let wait = RETRY_BACKOFF
+            .saturating_mul(1u32 << self.retries.min(16))
+            .min(RETRY_BACKOFF_MAX);
+        self.retries = self.retries.saturating_add(1);
+        let Message::Hello(mut hello) = self.hello.clone() else {
+            return Err(Error::Internal("connector without a hello".into()));
+        };
+        self.conn_nonce = conn_nonce()?;
+        self.key = ConnKey::derive(self.listener_nonce, self.conn_nonce);
+        hello.nonce = self.conn_nonce;
+        hello.tag = self.key.hello_tag(&hello)?;
+        self.hello_tag = hello.tag;
+        self.hello = Message::Hello(hello);
+        self.frames = Frames::default();
+        self.target = 0;
+        self.failures.clear();
+        self.retry_at = now + wait;
+        self.state = State::Backoff;
+        self.retried_because = Some(why.to_string());
+        if self.retries == 1 {
+            tracing::warn!(
+                "NET/switchless: {why}; connecting again in {} ms with a new connection (retried \
+                 until it gets in: a listener makes room for newer connections when strangers hold \
+                 its places)",
+                wait.as_millis()
+            );
+        } else {
+            tracing::debug!(
+                "NET/switchless: {why}; retry {} in {} ms",
+                self.retries,
+                wait.as_millis()
+            );
+        }
+        Ok(())
     }
 
     fn send_ready(&mut self) -> Result<Option<ConnectEvent>> {
@@ -415,7 +566,7 @@ impl ConnectMachine {
 
     fn step_name(&self) -> &'static str {
         match self.state {
-            State::Open | State::Connecting => "opening the TCP connection",
+            State::Open | State::Connecting | State::Backoff => "opening the TCP connection",
             State::SendHello => "sending the hello",
             State::AwaitReply => "waiting for the acceptor's reply",
             State::AwaitCaller => "waiting for the local QPs",

@@ -154,6 +154,16 @@ impl Frames {
     pub(super) fn take_fault(&mut self) -> Option<Fault> {
         self.fault.take()
     }
+
+    /// Whether a whole frame waits to be taken.
+    pub(super) fn frame_ready(&self) -> bool {
+        self.frame.is_some()
+    }
+
+    /// Whether the connection failed (and the fault is not taken yet).
+    pub(super) fn faulted(&self) -> bool {
+        self.fault.is_some()
+    }
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use crate::route::handle::HandleRepr;
 use crate::route::select::PathChoice;
 use crate::route::types::LocalLink;
 use crate::sys::socket::{PeerState, peer_state, set_keepalive};
-use crate::transport::droplog::DropLog;
+use crate::transport::droplog;
 
 /// The established connection: the TCP socket (kept for out-of-band use) and its addresses.
 #[derive(Debug)]
@@ -162,6 +162,12 @@ impl Connector {
         Ok(c)
     }
 
+    /// Connections the acceptor closed (or answered with a reject not authenticated for this
+    /// connection) before its reply, each retried with a new one ([`ConnectMachine::retries`]).
+    pub fn retries(&self) -> u32 {
+        self.machine.retries()
+    }
+
     /// Advances the handshake as far as the sockets allow without blocking. An error ends it.
     pub fn poll(&mut self) -> Result<ConnectPoll> {
         let r = self.poll_at(Instant::now());
@@ -296,62 +302,165 @@ fn connect_status(s: &Socket) -> io::Result<bool> {
 /// one call busy (the rest wait in the queue for the next call).
 pub const ACCEPTS_PER_POLL: usize = 64;
 
-/// A listening socket serving any number of incoming handshakes, in any order: [`ListenMachine`]
-/// over the accepted sockets.
+/// The listening sockets of one handle serving any number of incoming handshakes, in any order:
+/// [`ListenMachine`] over the accepted sockets. The plugin binds one socket per address its handle
+/// advertises, all on one port ([`Listener::bind_advertised`]), so no other address of the host
+/// reaches it.
 #[derive(Debug)]
 pub struct Listener {
-    socket: TcpListener,
+    sockets: Vec<TcpListener>,
+    /// The addresses bound (the handle advertises no other).
+    bound: Vec<Ipv4Addr>,
     machine: ListenMachine<TcpStream>,
-    /// Warnings about `accept` itself failing for a while (out of fds or memory).
-    accept_errors: DropLog,
 }
 
+/// Ports tried by [`Listener::bind_advertised`] before it gives up: a port the kernel picked on the
+/// first address can be taken on another one.
+const BIND_TRIES: usize = 16;
+
 impl Listener {
-    /// Binds a non-blocking listening socket (use `0.0.0.0:0` in the plugin so every link address
-    /// reaches it). `nonce` goes into the handle; `timeout` (`None`: unlimited) bounds each step of an
-    /// accepted connection; the listener itself never times out.
+    /// Binds a non-blocking listening socket on one address (tests; the plugin uses
+    /// [`Listener::bind_advertised`]). `nonce` goes into the handle; `timeout` (`None`: unlimited)
+    /// bounds each step of an accepted connection; the listener itself never times out.
     pub fn bind(
         addr: SocketAddrV4,
         nonce: u64,
         view: AcceptorView,
         timeout: impl Into<Option<Duration>>,
     ) -> Result<Self> {
-        let socket = TcpListener::bind(addr)
-            .map_err(|e| Error::io(format!("binding the listening socket {addr}"), e))?;
-        socket
-            .set_nonblocking(true)
-            .map_err(|e| Error::io("making the listening socket non-blocking", e))?;
+        let socket = listen_on(addr).map_err(|e| bind_error(addr, e))?;
         let port = socket
             .local_addr()
             .map_err(|e| Error::io("listening socket address", e))?
             .port();
         Ok(Listener {
-            socket,
+            sockets: vec![socket],
+            bound: vec![*addr.ip()],
             machine: ListenMachine::new(port, nonce, view, timeout),
-            accept_errors: DropLog::default(),
         })
     }
 
-    /// Binds `0.0.0.0:0` with a fresh random nonce: what the plugin's `listen` does.
-    pub fn bind_any(view: AcceptorView, timeout: impl Into<Option<Duration>>) -> Result<Self> {
-        Self::bind(
-            SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
-            crate::route::handle::random_nonce()?,
-            view,
-            timeout,
-        )
+    /// What the plugin's `listen` does: a fresh random nonce, and one listening socket per address
+    /// the handle advertises (every up link of `view` that fits the handle, and `control`), all on
+    /// one port the kernel picks; never the wildcard address. An address that is not configured
+    /// on this host any more is left out of the handle (logged); none bound is an error.
+    pub fn bind_advertised(
+        view: AcceptorView,
+        control: Option<Ipv4Addr>,
+        timeout: impl Into<Option<Duration>>,
+    ) -> Result<Self> {
+        let (repr, _) = HandleRepr::from_local(&view.links, 0, control, 0);
+        let mut addrs: Vec<Ipv4Addr> = repr.links.iter().map(|l| l.addr.addr()).collect();
+        if let Some(c) = control
+            && !addrs.contains(&c)
+        {
+            addrs.push(c);
+        }
+        if addrs.is_empty() {
+            return Err(Error::System(
+                "listen: no local link is up; the listen handle would advertise no address".into(),
+            ));
+        }
+        let mut last = None;
+        for _ in 0..BIND_TRIES {
+            let mut sockets = Vec::with_capacity(addrs.len());
+            let mut bound = Vec::with_capacity(addrs.len());
+            let mut port = 0;
+            let mut clash = None;
+            for &a in &addrs {
+                let at = SocketAddrV4::new(a, port);
+                match listen_on(at) {
+                    Ok(l) => {
+                        if port == 0 {
+                            port = l
+                                .local_addr()
+                                .map_err(|e| Error::io("listening socket address", e))?
+                                .port();
+                        }
+                        sockets.push(l);
+                        bound.push(a);
+                    }
+                    Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) && port != 0 => {
+                        clash = Some(bind_error(at, e));
+                        break;
+                    }
+                    Err(e) if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => {
+                        tracing::info!(
+                            "NET/switchless: listen: {a} is not configured on this host any more; the handle leaves it out"
+                        );
+                    }
+                    Err(e) => return Err(bind_error(at, e)),
+                }
+            }
+            if let Some(e) = clash {
+                // The port is taken on another address: try another one.
+                last = Some(e);
+                continue;
+            }
+            if sockets.is_empty() {
+                return Err(Error::System(format!(
+                    "listen: none of the addresses to advertise ({}) is configured on this host",
+                    addrs
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+            return Ok(Listener {
+                sockets,
+                bound,
+                machine: ListenMachine::new(
+                    port,
+                    crate::route::handle::random_nonce()?,
+                    view,
+                    timeout,
+                ),
+            });
+        }
+        Err(last.unwrap_or_else(|| {
+            Error::System(format!(
+                "listen: no port free on every advertised address after {BIND_TRIES} tries"
+            ))
+        }))
     }
 
-    /// The handle to publish for this listener; see [`ListenMachine::handle`].
+    /// The handle to publish for this listener; see [`ListenMachine::handle`]: only addresses a
+    /// socket of this listener is bound to (`control` too).
     pub fn handle(&self, control: Option<Ipv4Addr>) -> Result<(HandleRepr, Vec<LocalLink>)> {
-        Ok(self.machine.handle(control))
+        let links: Vec<LocalLink> = self
+            .machine
+            .view()
+            .links
+            .iter()
+            .filter(|l| self.bound.contains(&l.addr.addr()) || self.wildcard())
+            .cloned()
+            .collect();
+        let control = control.filter(|c| self.bound.contains(c) || self.wildcard());
+        Ok(HandleRepr::from_local(
+            &links,
+            self.machine.port(),
+            control,
+            self.machine.nonce(),
+        ))
     }
 
-    /// The bound address (its port goes into the handle).
+    fn wildcard(&self) -> bool {
+        self.bound.iter().any(Ipv4Addr::is_unspecified)
+    }
+
+    /// The bound address of the first socket (its port goes into the handle).
     pub fn local_addr(&self) -> Result<SocketAddr> {
-        self.socket
+        self.sockets
+            .first()
+            .ok_or_else(|| Error::Internal("listener without a socket".into()))?
             .local_addr()
             .map_err(|e| Error::io("listening socket address", e))
+    }
+
+    /// Every address a socket of this listener is bound to (one port).
+    pub fn bound(&self) -> &[Ipv4Addr] {
+        &self.bound
     }
 
     pub fn nonce(&self) -> u64 {
@@ -369,45 +478,52 @@ impl Listener {
     }
 
     /// Advances the connections in progress first (a hello already on its way is read before any
-    /// newcomer is admitted), then takes up to [`ACCEPTS_PER_POLL`] new ones, without blocking; see
-    /// [`ListenMachine::poll`]. Errors only when the listening socket itself fails: running out of
-    /// file descriptors, buffers or memory (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM`) is logged and
-    /// retried on the next call.
+    /// newcomer is admitted), then takes up to [`ACCEPTS_PER_POLL`] new ones over its sockets,
+    /// without blocking; see [`ListenMachine::poll`] and [`ListenMachine::admit`]. Errors only when
+    /// a listening socket itself fails: running out of file descriptors, buffers or memory
+    /// (`EMFILE`, `ENFILE`, `ENOBUFS`, `ENOMEM`) is logged and retried on the next call.
     pub fn poll(&mut self) -> Result<Option<Incoming>> {
         let now = Instant::now();
         if let Some(inc) = self.advance(now)? {
             return Ok(Some(inc));
         }
-        for _ in 0..ACCEPTS_PER_POLL {
-            match self.socket.accept() {
-                Ok((stream, peer)) => match configure(&stream) {
-                    // A refused connection is closed by dropping it.
-                    Ok(()) => drop(self.machine.admit(now, stream, peer)),
+        let mut budget = ACCEPTS_PER_POLL;
+        for socket in &self.sockets {
+            while budget > 0 {
+                budget -= 1;
+                match socket.accept() {
+                    Ok((stream, peer)) => match configure(&stream) {
+                        // A refused connection is closed by dropping it.
+                        Ok(()) => drop(self.machine.admit(now, stream, peer, |s, f| {
+                            pump(s, f);
+                        })),
+                        Err(e) => {
+                            tracing::warn!(%peer, "handshake: cannot configure accepted socket: {e}")
+                        }
+                    },
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
+                        ) => {}
+                    Err(e) if transient_accept_error(&e) => {
+                        let any = std::net::IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+                        if let Some(line) = droplog::note(now, any, || {
+                            format!(
+                                "accepting a connection failed for now, retried on the next accept call: {e}"
+                            )
+                        }) {
+                            tracing::warn!("handshake: {line}");
+                        }
+                        break;
+                    }
                     Err(e) => {
-                        tracing::warn!(%peer, "handshake: cannot configure accepted socket: {e}")
+                        return Err(Error::io(
+                            "accepting a connection on the listening socket",
+                            e,
+                        ));
                     }
-                },
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted
-                    ) => {}
-                Err(e) if transient_accept_error(&e) => {
-                    let what = format!(
-                        "accepting a connection failed for now, retried on the next accept call: {e}"
-                    );
-                    let any = std::net::IpAddr::V4(Ipv4Addr::UNSPECIFIED);
-                    if let Some(line) = self.accept_errors.note(now, any, &what) {
-                        tracing::warn!("handshake: {line}");
-                    }
-                    break;
-                }
-                Err(e) => {
-                    return Err(Error::io(
-                        "accepting a connection on the listening socket",
-                        e,
-                    ));
                 }
             }
         }
@@ -435,6 +551,17 @@ impl Listener {
             }
         }
     }
+}
+
+/// A non-blocking listening socket on `addr`.
+fn listen_on(addr: SocketAddrV4) -> io::Result<TcpListener> {
+    let socket = TcpListener::bind(addr)?;
+    socket.set_nonblocking(true)?;
+    Ok(socket)
+}
+
+fn bind_error(addr: SocketAddrV4, e: io::Error) -> Error {
+    Error::io(format!("binding the listening socket {addr}"), e)
 }
 
 /// `accept` errors that are about this process or host running short, not about the listener.

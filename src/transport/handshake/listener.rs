@@ -7,11 +7,16 @@
 //! of which connections to keep lives here: [`ListenMachine::admit`] for each new connection,
 //! `check_hello` for each hello. Every client is a stranger until its hello carries the tag of the
 //! listener's nonce (`auth.rs`): before that it learns nothing about this node (a fixed reject), and
-//! what it costs is bounded ([`MAX_PENDING`], [`MAX_PENDING_PER_SOURCE`], [`HELLO_TIMEOUT`], at most
-//! [`super::wire::MAX_PAYLOAD`] bytes buffered each). Limits are stated in docs/security.md.
+//! what it costs is bounded ([`MAX_PENDING`], [`MAX_PENDING_PER_SOURCE`], [`MAX_PENDING_PROCESS`],
+//! [`HELLO_TIMEOUT`], at most [`super::wire::MAX_PAYLOAD`] bytes buffered each). When room is
+//! needed, the oldest stranger goes, never a connection whose hello is there to be checked: a real
+//! connector sends its hello the moment its connection is up, so strangers cannot keep it out by
+//! holding every place. Limits are stated in docs/security.md.
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use super::auth::ConnKey;
@@ -21,16 +26,26 @@ use crate::error::{Error, Result};
 use crate::route::handle::HandleRepr;
 use crate::route::select::{Reach, check_incoming};
 use crate::route::types::{KernelRoute, LinkKind, LocalLink};
-use crate::transport::droplog::DropLog;
+use crate::transport::droplog::{self, DropLog};
 
-/// Incoming connections a listener keeps in progress at once. When full, a NEW connection is
-/// refused (closed at once): one already admitted, a real connector whose hello is on its way among
-/// them, is never evicted by later ones. Each waits at most [`HELLO_TIMEOUT`].
+/// Incoming connections a listener keeps waiting for their hello at once. A new connection that
+/// finds it full takes the place of the oldest one that has no complete hello (its bytes are read
+/// first: a hello that has arrived is checked, never dropped); only when every one has a hello to
+/// check is the newcomer refused. Each waits at most [`HELLO_TIMEOUT`].
 pub const MAX_PENDING: usize = 32;
-/// Incoming connections in progress from one source IP address: a flood from one host cannot use
-/// up [`MAX_PENDING`]. A real peer has one connection per listener (NCCL accepts one per listen
-/// comm), a retry at most a second.
+/// Incoming connections waiting for their hello from one source IP address: a new one from an
+/// address that has this many takes the place of that address's oldest (so another process on the
+/// peer's host cannot lock the real connector out). A real peer has one connection per listener
+/// (NCCL accepts one per listen comm), a retry at most a second.
 pub const MAX_PENDING_PER_SOURCE: usize = 4;
+/// Incoming connections waiting for their hello over every listener of the process
+/// ([`PendingBudget::process`]). Past it, a listener makes room among its own (as when full), but
+/// may always keep [`PENDING_RESERVE`]: so the process holds at most `MAX_PENDING_PROCESS +
+/// PENDING_RESERVE × listeners` such sockets, and a stranger holding every other listener's places
+/// still cannot keep a real connector out of this one.
+pub const MAX_PENDING_PROCESS: usize = 256;
+/// Places every listener keeps whatever the process-wide count ([`MAX_PENDING_PROCESS`]).
+pub const PENDING_RESERVE: usize = 2;
 /// Longest a connection may take to deliver a valid hello (a real connector sends it as soon as its
 /// TCP connection is up): shorter when `NCCL_SWITCHLESS_CONNECT_TIMEOUT` is.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -62,6 +77,56 @@ pub struct AcceptedPath {
     pub peer_params: PathParams,
 }
 
+/// The count of connections waiting for their hello, shared by listeners: the process's
+/// ([`PendingBudget::process`], [`MAX_PENDING_PROCESS`]) or a test's.
+#[derive(Debug)]
+pub struct PendingBudget {
+    held: AtomicUsize,
+    cap: usize,
+}
+
+impl PendingBudget {
+    /// A budget of `cap` connections (tests; the plugin uses [`PendingBudget::process`]).
+    pub fn new(cap: usize) -> Arc<PendingBudget> {
+        Arc::new(PendingBudget {
+            held: AtomicUsize::new(0),
+            cap,
+        })
+    }
+
+    /// The process-wide budget every [`ListenMachine::new`] shares.
+    pub fn process() -> Arc<PendingBudget> {
+        static PROCESS: OnceLock<Arc<PendingBudget>> = OnceLock::new();
+        Arc::clone(PROCESS.get_or_init(|| PendingBudget::new(MAX_PENDING_PROCESS)))
+    }
+
+    /// Connections waiting for their hello now, over every listener sharing this budget.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    fn full(&self) -> bool {
+        self.held() >= self.cap
+    }
+}
+
+/// One place of a [`PendingBudget`], given back when the connection leaves the table.
+#[derive(Debug)]
+struct Place(Arc<PendingBudget>);
+
+impl Place {
+    fn take(b: &Arc<PendingBudget>) -> Place {
+        b.held.fetch_add(1, Ordering::Relaxed);
+        Place(Arc::clone(b))
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.0.held.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// A connection that has not sent a valid hello yet.
 #[derive(Debug)]
 struct Pending<C> {
@@ -69,8 +134,31 @@ struct Pending<C> {
     peer: SocketAddr,
     frames: Frames,
     deadline: Instant,
+    /// Admission order (oldest first when room is needed).
+    order: u64,
     /// Set when a reject is queued: send it, then drop the connection.
     rejecting: bool,
+    _place: Place,
+}
+
+impl<C> Pending<C> {
+    /// Whether it must keep its place: its hello is complete and waits to be checked.
+    fn has_hello(&self) -> bool {
+        !self.rejecting && self.frames.frame_ready()
+    }
+
+    /// Whether it can go first: a reject is on its way, or the connection failed.
+    fn done(&self) -> bool {
+        self.rejecting || self.frames.faulted()
+    }
+}
+
+/// Which constraint a newcomer hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Room {
+    Source,
+    Listener,
+    Process,
 }
 
 enum Advance {
@@ -79,17 +167,21 @@ enum Advance {
     Hello(Box<Hello>, Vec<AcceptedPath>, ConnKey),
 }
 
-/// Why a hello was refused: what the client is told, and what this node logs.
+/// Why a hello was refused: what the client is told, and what this node logs. Once the hello's
+/// tag checked out, the answer is an authenticated reject (`key`).
 struct Refusal {
     public: String,
     local: String,
+    key: Option<ConnKey>,
 }
 
 impl Refusal {
-    fn both(s: String) -> Refusal {
+    /// A refusal of the authenticated hello whose connection key is `key`.
+    fn both(key: &ConnKey, s: String) -> Refusal {
         Refusal {
             public: s.clone(),
             local: s,
+            key: Some(key.clone()),
         }
     }
 }
@@ -104,20 +196,43 @@ pub struct ListenMachine<C> {
     /// `None`: no deadline on an accepted connection's steps (NCCL has none).
     timeout: Option<Duration>,
     pending: Vec<Pending<C>>,
+    /// The next admission's order number.
+    admitted: u64,
+    budget: Arc<PendingBudget>,
     /// Connector nonces of hellos that were authenticated, newest last.
     seen: VecDeque<u64>,
-    drops: DropLog,
+    /// Where drop warnings are rate-limited: the process's log, or a test's own.
+    drops: Arc<std::sync::Mutex<DropLog>>,
+    /// Drops this listener noted, and how many of them it logged.
+    dropped: u64,
+    warned: u64,
 }
 
 impl<C> ListenMachine<C> {
     /// A listener on `port` whose handle carries `nonce`; `timeout` (`None`: unlimited) bounds each
     /// step of an accepted connection. A listener itself never times out: it waits for its connector
-    /// as long as NCCL keeps calling `accept`.
+    /// as long as NCCL keeps calling `accept`. Its connections waiting for their hello count
+    /// against the process's [`PendingBudget`], its drop warnings against the process's rate
+    /// limit ([`droplog`]).
     pub fn new(
         port: u16,
         nonce: u64,
         view: AcceptorView,
         timeout: impl Into<Option<Duration>>,
+    ) -> Self {
+        let mut m = Self::with_budget(port, nonce, view, timeout, PendingBudget::process());
+        m.drops = droplog::shared();
+        m
+    }
+
+    /// [`ListenMachine::new`] counting against `budget` instead of the process's, with a drop log
+    /// of its own (tests: machines of other tests do not share its limits).
+    pub fn with_budget(
+        port: u16,
+        nonce: u64,
+        view: AcceptorView,
+        timeout: impl Into<Option<Duration>>,
+        budget: Arc<PendingBudget>,
     ) -> Self {
         ListenMachine {
             port,
@@ -125,9 +240,18 @@ impl<C> ListenMachine<C> {
             view,
             timeout: timeout.into(),
             pending: Vec::new(),
+            admitted: 0,
+            budget,
             seen: VecDeque::new(),
-            drops: DropLog::default(),
+            drops: Arc::default(),
+            dropped: 0,
+            warned: 0,
         }
+    }
+
+    /// The links this listener advertises and checks paths against.
+    pub fn view(&self) -> &AcceptorView {
+        &self.view
     }
 
     /// The handle to publish: the port and nonce, every link of the view that is up, and `control`
@@ -140,6 +264,11 @@ impl<C> ListenMachine<C> {
         self.nonce
     }
 
+    /// The listening port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// Incoming connections in progress.
     pub fn pending(&self) -> usize {
         self.pending.len()
@@ -147,7 +276,7 @@ impl<C> ListenMachine<C> {
 
     /// Drops counted but not logged (the rate limit of the drop warnings).
     pub fn unlogged_drops(&self) -> u64 {
-        self.drops.suppressed()
+        self.dropped - self.warned
     }
 
     fn hello_timeout(&self) -> Duration {
@@ -155,47 +284,120 @@ impl<C> ListenMachine<C> {
     }
 
     fn drop_warn(&mut self, now: Instant, peer: SocketAddr, what: &str) {
-        if let Some(line) = self.drops.note(now, peer.ip(), what) {
+        self.dropped += 1;
+        if let Some(line) = droplog::note_in(&self.drops, now, peer.ip(), || what.to_string()) {
+            self.warned += 1;
             tracing::warn!(%peer, "handshake: {line}");
         }
     }
 
     /// A new connection from `peer`; `io` is the driver's handle for it. Every connection comes in
-    /// here, so the admission rule lives here: with [`MAX_PENDING`] in progress, or
-    /// [`MAX_PENDING_PER_SOURCE`] from `peer`'s address, the new connection is refused and returned
-    /// for the driver to close (the ones in progress keep their place).
+    /// here, so the admission rule lives here. When `peer`'s address has
+    /// [`MAX_PENDING_PER_SOURCE`] waiting, the listener [`MAX_PENDING`], or the process
+    /// [`MAX_PENDING_PROCESS`] (and this listener more than [`PENDING_RESERVE`]), room is made:
+    /// connections whose reject is on its way or that failed go first, then the oldest waiting
+    /// one, from that address when the address is the limit. `pump` moves a candidate's bytes
+    /// first (the driver's, as in its poll): a candidate whose hello has arrived keeps its place.
+    /// Only when no connection can go is the new one refused and returned for the driver to close.
     #[must_use = "a refused connection is to be closed"]
-    pub fn admit(&mut self, now: Instant, io: C, peer: SocketAddr) -> Option<C> {
-        let from_source = self
-            .pending
-            .iter()
-            .filter(|p| p.peer.ip() == peer.ip())
-            .count();
-        let full = if self.pending.len() >= MAX_PENDING {
-            Some(format!(
-                "refused a connection: {MAX_PENDING} connections already wait for their hello"
-            ))
-        } else if from_source >= MAX_PENDING_PER_SOURCE {
-            Some(format!(
-                "refused a connection: {MAX_PENDING_PER_SOURCE} connections from this address already wait for their hello"
-            ))
-        } else {
-            None
-        };
-        if let Some(why) = full {
-            self.drop_warn(now, peer, &why);
-            return Some(io);
+    pub fn admit(
+        &mut self,
+        now: Instant,
+        io: C,
+        peer: SocketAddr,
+        mut pump: impl FnMut(&mut C, &mut Frames),
+    ) -> Option<C> {
+        while let Some(room) = self.room_needed(peer) {
+            let Some(i) = self.victim(room, peer, &mut pump) else {
+                let why = match room {
+                    Room::Source => format!(
+                        "refused a connection: {MAX_PENDING_PER_SOURCE} connections from this address wait with their hello to check"
+                    ),
+                    Room::Listener | Room::Process => format!(
+                        "refused a connection: {} connections wait with their hello to check",
+                        self.pending.len()
+                    ),
+                };
+                self.drop_warn(now, peer, &why);
+                return Some(io);
+            };
+            let gone = self.pending.swap_remove(i);
+            if !gone.done() {
+                let why = match room {
+                    Room::Source => format!(
+                        "dropped the oldest of {MAX_PENDING_PER_SOURCE} connections from this address that sent no hello, for a newer one"
+                    ),
+                    Room::Listener => format!(
+                        "dropped the oldest of {MAX_PENDING} connections that sent no hello, for a newer one"
+                    ),
+                    Room::Process => format!(
+                        "dropped the oldest connection that sent no hello, for a newer one ({MAX_PENDING_PROCESS} wait over the process's listeners)"
+                    ),
+                };
+                self.drop_warn(now, gone.peer, &why);
+            }
         }
         let mut frames = Frames::default();
         frames.expect_frame();
         let deadline = now + self.hello_timeout();
+        self.admitted += 1;
         self.pending.push(Pending {
             io,
             peer,
             frames,
             deadline,
+            order: self.admitted,
             rejecting: false,
+            _place: Place::take(&self.budget),
         });
+        None
+    }
+
+    /// The limit a new connection from `peer` hits, if any.
+    fn room_needed(&self, peer: SocketAddr) -> Option<Room> {
+        let from_source = self
+            .pending
+            .iter()
+            .filter(|p| p.peer.ip() == peer.ip())
+            .count();
+        if from_source >= MAX_PENDING_PER_SOURCE {
+            Some(Room::Source)
+        } else if self.pending.len() >= MAX_PENDING {
+            Some(Room::Listener)
+        } else if self.budget.full() && self.pending.len() >= PENDING_RESERVE {
+            Some(Room::Process)
+        } else {
+            None
+        }
+    }
+
+    /// The connection to drop to make `room`: a finished one, else the oldest that still has no
+    /// hello once its bytes are moved (`pump`); `None` when every candidate has a hello to check.
+    fn victim(
+        &mut self,
+        room: Room,
+        peer: SocketAddr,
+        pump: &mut impl FnMut(&mut C, &mut Frames),
+    ) -> Option<usize> {
+        let candidate = |p: &Pending<C>| room != Room::Source || p.peer.ip() == peer.ip();
+        if let Some(i) = self.pending.iter().position(|p| candidate(p) && p.done()) {
+            return Some(i);
+        }
+        let mut order: Vec<(u64, usize)> = self
+            .pending
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| candidate(p) && !p.has_hello())
+            .map(|(i, p)| (p.order, i))
+            .collect();
+        order.sort_unstable();
+        for (_, i) in order {
+            let p = &mut self.pending[i];
+            pump(&mut p.io, &mut p.frames);
+            if !p.has_hello() {
+                return Some(i);
+            }
+        }
         None
     }
 
@@ -287,7 +489,11 @@ impl<C> ListenMachine<C> {
             Err(r) => {
                 self.drop_warn(now, peer, &format!("rejected connection: {}", r.local));
                 let p = &mut self.pending[i];
-                if p.frames.queue(&Message::Reject(r.public)).is_err() {
+                let answer = match &r.key {
+                    Some(k) => Message::Refuse(k.refuse(&hello.tag, &r.public)),
+                    None => Message::Reject(r.public),
+                };
+                if p.frames.queue(&answer).is_err() {
                     return Advance::Drop;
                 }
                 p.rejecting = true;
@@ -320,13 +526,17 @@ fn check_hello(
                 "hello from {peer} is not authenticated by this listener's nonce (connector nonce {:#x}): a stale handle, another listener on a reused port, or a stranger",
                 hello.nonce
             ),
+            key: None,
         });
     }
     if seen.contains(&hello.nonce) {
-        return Err(Refusal::both(format!(
-            "connector nonce {:#x} was used before: a replayed hello",
-            hello.nonce
-        )));
+        return Err(Refusal::both(
+            &key,
+            format!(
+                "connector nonce {:#x} was used before: a replayed hello",
+                hello.nonce
+            ),
+        ));
     }
     let mut paths = Vec::with_capacity(hello.paths.len());
     for (n, (req, par)) in hello.paths.iter().zip(&hello.params.paths).enumerate() {
@@ -339,14 +549,17 @@ fn check_hello(
             req.kind,
             view.reach,
         )
-        .map_err(|reason| Refusal::both(format!("{}: {reason}", what())))?;
+        .map_err(|reason| Refusal::both(&key, format!("{}: {reason}", what())))?;
         if req.kind == LinkKind::Roce && par.gid != ipv4_mapped_gid(req.connector.addr()) {
-            return Err(Refusal::both(format!(
-                "{}: RoCE GID {} is not the connector address's IPv4-mapped GID ::ffff:{}",
-                what(),
-                std::net::Ipv6Addr::from(par.gid),
-                req.connector.addr()
-            )));
+            return Err(Refusal::both(
+                &key,
+                format!(
+                    "{}: RoCE GID {} is not the connector address's IPv4-mapped GID ::ffff:{}",
+                    what(),
+                    std::net::Ipv6Addr::from(par.gid),
+                    req.connector.addr()
+                ),
+            ));
         }
         paths.push(AcceptedPath {
             local: l.clone(),
@@ -354,7 +567,7 @@ fn check_hello(
             peer_params: par.clone(),
         });
     }
-    check_source(view, hello, peer).map_err(Refusal::both)?;
+    check_source(view, hello, peer).map_err(|s| Refusal::both(&key, s))?;
     Ok((paths, key))
 }
 
@@ -520,7 +733,8 @@ impl AcceptMachine {
                 "incoming connection used after it completed".into(),
             ));
         }
-        self.frames.queue(&Message::Reject(reason.to_string()))?;
+        let refuse = self.key.refuse(&self.hello.tag, reason);
+        self.frames.queue(&Message::Refuse(refuse))?;
         self.reject_reason = Some(reason.to_string());
         self.state = IState::SendReject;
         self.deadline = self.timeout.map(|t| now + t);

@@ -6,8 +6,9 @@
 //!    acceptor's address, kind) and its per-path [`PathParams`] plus opaque `extra` bytes, tagged
 //!    with a key derived from the listener's nonce and the connector's (`auth.rs`; the listener's
 //!    nonce itself never travels);
-//! 2. acceptor → connector `Reply` with its params for the same paths (tagged too), or `Reject` with
-//!    a reason (a fixed one to a client whose hello is not authenticated);
+//! 2. acceptor → connector `Reply` with its params for the same paths (tagged too), or `Refuse` with
+//!    a reason (tagged too); a client whose hello is not authenticated gets a fixed `Reject`, which a
+//!    connector does not act on (it tries again, and names no text a peer sent);
 //! 3. connector → acceptor `Ready` once the connector's QPs are ready to receive (NCCL IB does the same).
 //!
 //! The connector knows its params up front ([`Connector::start`]); the acceptor creates its QPs after
@@ -28,7 +29,10 @@ mod io;
 mod listener;
 pub mod wire;
 
-pub use connector::{ConnectEvent, ConnectMachine, LAST_TARGET_WAIT, TARGET_BUDGET};
+pub use connector::{
+    ConnectEvent, ConnectMachine, LAST_TARGET_WAIT, RETRY_BACKOFF, RETRY_BACKOFF_MAX,
+    TARGET_BUDGET, UNAUTHENTICATED_GIVE_UP,
+};
 pub use frames::Frames;
 pub use io::{
     ACCEPTS_PER_POLL, AcceptPoll, ConnectPoll, Connector, Established, Incoming,
@@ -36,6 +40,7 @@ pub use io::{
 };
 pub use listener::{
     AcceptEvent, AcceptMachine, AcceptedPath, AcceptorView, HELLO_TIMEOUT, ListenMachine,
-    MAX_PENDING, MAX_PENDING_PER_SOURCE, MAX_SEEN_NONCES, UNAUTHENTICATED, ipv4_mapped_gid,
+    MAX_PENDING, MAX_PENDING_PER_SOURCE, MAX_PENDING_PROCESS, MAX_SEEN_NONCES, PENDING_RESERVE,
+    PendingBudget, UNAUTHENTICATED, ipv4_mapped_gid,
 };
-pub use wire::{Hello, Message, PathParams, PathRequest, Reply, SideParams};
+pub use wire::{Hello, Message, PathParams, PathRequest, Refuse, Reply, SideParams};

@@ -7,7 +7,8 @@
 //! [`Message::decode`]. Every parse error is an [`Error::Remote`] naming the field and what is accepted.
 //!
 //! Header (all multi-byte integers big-endian): bytes 0..4 magic `SWHS`, 4 version (2), 5 message type
-//! (1 hello, 2 reply, 3 reject, 4 ready), 6..8 reserved (zero), 8..12 payload length (at most
+//! (1 hello, 2 reply, 3 reject, 4 ready, 5 refuse: an authenticated reject), 6..8 reserved (zero),
+//! 8..12 payload length (at most
 //! [`MAX_PAYLOAD`]). The payloads are in docs/guide/routing.md.
 
 use std::net::Ipv4Addr;
@@ -57,6 +58,7 @@ pub enum MsgType {
     Reply = 2,
     Reject = 3,
     Ready = 4,
+    Refuse = 5,
 }
 
 impl MsgType {
@@ -67,9 +69,10 @@ impl MsgType {
             2 => MsgType::Reply,
             3 => MsgType::Reject,
             4 => MsgType::Ready,
+            5 => MsgType::Refuse,
             _ => {
                 return Err(bad(format!(
-                    "message type {b}, accepted 1 (hello), 2 (reply), 3 (reject), 4 (ready)"
+                    "message type {b}, accepted 1 (hello), 2 (reply), 3 (reject), 4 (ready), 5 (refuse)"
                 )));
             }
         })
@@ -134,13 +137,36 @@ pub struct Reply {
     pub tag: Tag,
 }
 
+/// Acceptor → connector: an authenticated reject (the acceptor checked the hello and refuses the
+/// connection for a reason of its own). The connector acts on no other reject.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refuse {
+    /// At most [`MAX_REASON`] bytes of UTF-8 ([`truncate_reason`]).
+    pub reason: String,
+    /// Keyed hash of the hello's tag and the reason under the connection's key.
+    pub tag: Tag,
+}
+
 /// A handshake message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
     Hello(Hello),
     Reply(Reply),
+    /// A reject without authentication: what a client whose hello is not authenticated gets (a
+    /// fixed text). A connector does not act on it.
     Reject(String),
     Ready,
+    Refuse(Refuse),
+}
+
+/// `reason` cut to at most [`MAX_REASON`] bytes on a character boundary: what a reject carries
+/// (and what a refuse's tag covers).
+pub fn truncate_reason(reason: &str) -> &str {
+    let mut end = reason.len().min(MAX_REASON);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    &reason[..end]
 }
 
 fn bad(what: impl std::fmt::Display) -> Error {
@@ -511,6 +537,7 @@ impl Message {
             Message::Reply(_) => "a reply",
             Message::Reject(_) => "a reject",
             Message::Ready => "ready",
+            Message::Refuse(_) => "an authenticated reject",
         }
     }
 
@@ -521,6 +548,7 @@ impl Message {
             Message::Reply(_) => MsgType::Reply,
             Message::Reject(_) => MsgType::Reject,
             Message::Ready => MsgType::Ready,
+            Message::Refuse(_) => MsgType::Refuse,
         }
     }
 
@@ -540,13 +568,15 @@ impl Message {
             }
             Message::Reject(reason) => {
                 // Truncate on a character boundary rather than fail: the reason is for humans.
-                let mut end = reason.len().min(MAX_REASON);
-                while !reason.is_char_boundary(end) {
-                    end -= 1;
-                }
-                write_bytes16(p, &reason.as_bytes()[..end], MAX_REASON, "reason")?;
+                let r = truncate_reason(reason);
+                write_bytes16(p, r.as_bytes(), MAX_REASON, "reason")?;
             }
             Message::Ready => {}
+            Message::Refuse(f) => {
+                let r = truncate_reason(&f.reason);
+                write_bytes16(p, r.as_bytes(), MAX_REASON, "reason")?;
+                p.extend_from_slice(&f.tag);
+            }
         }
         let payload_len = out.len() - HEADER_LEN;
         if payload_len > MAX_PAYLOAD {
@@ -647,6 +677,12 @@ impl Message {
                 Message::Reject(String::from_utf8_lossy(b).into_owned())
             }
             MsgType::Ready => Message::Ready,
+            MsgType::Refuse => {
+                let b = r.bytes16("reason length", MAX_REASON)?;
+                let reason = String::from_utf8_lossy(b).into_owned();
+                let tag = r.tag()?;
+                Message::Refuse(Refuse { reason, tag })
+            }
         };
         r.finish()?;
         Ok(m)

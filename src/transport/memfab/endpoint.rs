@@ -155,6 +155,19 @@ impl Fabric for MemEndpoint {
         self.post(path, Op::Read(*wr))
     }
 
+    /// Loopback path `j` is device `j`; data path `i` is on device `i % loopbacks` (all on device
+    /// 0 without loopbacks).
+    fn path_device(&self, path: usize) -> usize {
+        let loops: Vec<usize> = (0..self.paths.len())
+            .filter(|&p| self.paths[p].role == PathRole::Loopback)
+            .collect();
+        match loops.iter().position(|&p| p == path) {
+            Some(j) => j,
+            None if loops.is_empty() => 0,
+            None => path % loops.len(),
+        }
+    }
+
     fn prepare_flush(&mut self) -> Result<()> {
         let loops = self.paths.iter().any(|p| p.role == PathRole::Loopback);
         if loops && !self.flush_ready {
@@ -198,7 +211,8 @@ impl Fabric for MemEndpoint {
     }
 
     fn health(&mut self) -> Result<()> {
-        let g = lock(&self.inner, LOCK)?;
+        let mut g = lock(&self.inner, LOCK)?;
+        g.stats.health_calls += 1;
         match &g.eps[self.id].health_error {
             Some(e) => Err(Error::System(e.clone())),
             None => Ok(()),
@@ -206,7 +220,8 @@ impl Fabric for MemEndpoint {
     }
 
     fn path_health(&mut self, path: usize) -> Result<()> {
-        let g = lock(&self.inner, LOCK)?;
+        let mut g = lock(&self.inner, LOCK)?;
+        g.stats.path_health_calls += 1;
         match g.eps[self.id].qps.get(path) {
             Some(q) if q.carrier_down => Err(Error::System(format!(
                 "memfab ep{} path{path}: the cable is out",
@@ -228,6 +243,7 @@ impl Fabric for MemEndpoint {
         }
         if q.error {
             q.error = false;
+            q.sealed = false;
             q.init = true;
             q.fault = None;
             q.queue.clear();
@@ -246,28 +262,27 @@ impl Fabric for MemEndpoint {
 
     fn shutdown(&mut self) -> Result<()> {
         let mut g = lock(&self.inner, LOCK)?;
-        let ep = &mut g.eps[self.id];
-        for q in ep.qps.iter_mut() {
-            q.error = true;
-            while let Some(op) = q.queue.pop_front() {
-                let (wr_id, opcode) = match op {
-                    Op::Write(w) => (w.wr_id, WcOpcode::RdmaWrite),
-                    Op::Read(r) => (r.wr_id, WcOpcode::RdmaRead),
-                };
-                q.cq.push_back(Completion::without_data(
-                    wr_id,
-                    WcStatus::WR_FLUSH_ERR,
-                    opcode,
-                ));
-            }
-            while let Some(wr_id) = q.recvs.pop_front() {
-                q.cq.push_back(Completion::without_data(
-                    wr_id,
-                    WcStatus::WR_FLUSH_ERR,
-                    WcOpcode::RecvRdmaWithImm,
-                ));
-            }
+        for path in 0..g.eps[self.id].qps.len() {
+            g.kill_qp(self.id, path);
         }
         Ok(())
+    }
+
+    /// Moves this end's queue pair of `path` to the error state (and seals it, as verbs does).
+    fn stop_path(&mut self, path: usize) -> Result<()> {
+        self.check_path(path)?;
+        lock(&self.inner, LOCK)?.kill_qp(self.id, path);
+        Ok(())
+    }
+
+    /// This end's queue pair of `path` in the error state: nothing lands any more, and every
+    /// completion of what did is queued (receives flushed after it).
+    fn seal_path(&mut self, path: usize) -> Result<bool> {
+        self.check_path(path)?;
+        let mut g = lock(&self.inner, LOCK)?;
+        if !g.eps[self.id].qps[path].sealed {
+            g.kill_qp(self.id, path);
+        }
+        Ok(true)
     }
 }

@@ -146,11 +146,13 @@ impl Inner {
         self.complete(ep, path, Completion::without_data(wr_id, status, opcode));
     }
 
-    /// Puts one end's queue pair in the error state: queued work and posted receives complete with
-    /// `WR_FLUSH_ERR`.
+    /// Puts one end's queue pair in the error state and seals it: queued work and posted receives
+    /// complete with `WR_FLUSH_ERR`, and nothing lands at this end any more (writes held on the
+    /// wire for it are dropped).
     pub(super) fn kill_qp(&mut self, ep: usize, path: usize) {
         let q = &mut self.eps[ep].qps[path];
         q.error = true;
+        q.sealed = true;
         q.init = false;
         while let Some(op) = q.queue.pop_front() {
             let (wr_id, opcode) = match op {
@@ -170,10 +172,22 @@ impl Inner {
                 WcOpcode::RecvRdmaWithImm,
             ));
         }
+        let before = self.late.len();
+        let late = std::mem::take(&mut self.late);
+        self.late = late
+            .into_iter()
+            .filter(|l| !(l.path == path && self.target_of(l.ep, l.path) == ep))
+            .collect();
+        self.stats.late_dropped += (before - self.late.len()) as u64;
     }
 
-    /// Pulls the cable of `path` of `ep`: both ends fail.
+    /// Pulls the cable of `path` of `ep`: both ends fail; `mode` says what becomes of the work
+    /// queued at either end (see [`InFlight`]).
     pub(super) fn kill(&mut self, ep: usize, path: usize) {
+        self.fault(ep, path, InFlight::Drop);
+    }
+
+    pub(super) fn fault(&mut self, ep: usize, path: usize, mode: InFlight) {
         let Some(role) = self.eps.get(ep).and_then(|e| e.roles.get(path)).copied() else {
             return;
         };
@@ -183,19 +197,171 @@ impl Inner {
         } else {
             vec![ep]
         };
-        for e in ends {
+        for &e in &ends {
             if let Some(q) = self.eps.get_mut(e).and_then(|x| x.qps.get_mut(path)) {
                 q.carrier_down = true;
             }
-            if self.eps.get(e).is_some_and(|x| path < x.qps.len()) {
-                self.kill_qp(e, path);
+        }
+        match mode {
+            InFlight::Drop => {
+                for &e in &ends {
+                    if self.eps.get(e).is_some_and(|x| path < x.qps.len()) {
+                        self.kill_qp(e, path);
+                    }
+                }
+            }
+            InFlight::LandLost => {
+                // Each end's queued work lands (both directions of the cable), its poster told
+                // it failed: the first with the transport's retry error, the rest flushed.
+                for &e in &ends {
+                    let mut first = true;
+                    while let Some(op) = self.eps[e].qps[path].queue.pop_front() {
+                        let (wr_id, opcode) = match op {
+                            Op::Write(w) => {
+                                if self.land(e, path, &w, "completion lost") {
+                                    self.stats.landed_lost += 1;
+                                }
+                                (w.wr_id, WcOpcode::RdmaWrite)
+                            }
+                            Op::Read(r) => (r.wr_id, WcOpcode::RdmaRead),
+                        };
+                        let st = if first {
+                            WcStatus::RETRY_EXC_ERR
+                        } else {
+                            WcStatus::WR_FLUSH_ERR
+                        };
+                        first = false;
+                        self.complete(e, path, Completion::without_data(wr_id, st, opcode));
+                    }
+                    self.eps[e].qps[path].error = true;
+                }
+            }
+            InFlight::Delay { ops } => {
+                let due = self.executed.saturating_add(ops);
+                for &e in &ends {
+                    let mut first = true;
+                    while let Some(op) = self.eps[e].qps[path].queue.pop_front() {
+                        let (wr_id, opcode) = match op {
+                            Op::Write(w) => {
+                                self.late.push_back(LateWrite {
+                                    ep: e,
+                                    path,
+                                    wr: w,
+                                    due,
+                                });
+                                (w.wr_id, WcOpcode::RdmaWrite)
+                            }
+                            Op::Read(r) => (r.wr_id, WcOpcode::RdmaRead),
+                        };
+                        let st = if first {
+                            WcStatus::RETRY_EXC_ERR
+                        } else {
+                            WcStatus::WR_FLUSH_ERR
+                        };
+                        first = false;
+                        self.complete(e, path, Completion::without_data(wr_id, st, opcode));
+                    }
+                    self.eps[e].qps[path].error = true;
+                }
             }
         }
+    }
+
+    /// Lands write `w` posted by `ep` on `path` outside the normal execution (a fault's): keys
+    /// checked, bytes copied, a receive consumed for its immediate; nothing completes at the
+    /// poster. `false` (nothing lands) when the target's end is sealed, a key does not match, or
+    /// a write with an immediate finds no receive.
+    pub(super) fn land(&mut self, ep: usize, path: usize, w: &WriteWr, why: &str) -> bool {
+        let t = self.target_of(ep, path);
+        if self.eps[t].qps[path].sealed {
+            return false;
+        }
+        let len = w.local.len as usize;
+        let (Some((sr, so)), Some((dr, doff))) = (
+            self.check_key(w.local.lkey, ep, path, w.local.addr, len),
+            self.check_key(w.remote.rkey, t, path, w.remote.addr, len),
+        ) else {
+            return false;
+        };
+        let recv = match w.imm {
+            Some(_) => match self.eps[t].qps[path].recvs.pop_front() {
+                Some(r) => Some(r),
+                None => return false,
+            },
+            None => None,
+        };
+        self.watch(dr, doff, len, ep, path, w, why);
+        if len > 0 && (self.copy_data || self.regions[dr].ctrl || self.regions[sr].ctrl) {
+            // Checked keys: an error here is a region that shrank, which the fault ignores.
+            let _ = self.copy(sr, so, dr, doff, len);
+        }
+        self.stats.bytes += len as u64;
+        if let (Some(recv_id), Some(imm)) = (recv, w.imm) {
+            self.complete(
+                t,
+                path,
+                Completion {
+                    wr_id: recv_id,
+                    status: WcStatus::SUCCESS,
+                    opcode: WcOpcode::RecvRdmaWithImm,
+                    byte_len: w.local.len,
+                    imm: Some(imm),
+                },
+            );
+        }
+        true
+    }
+
+    /// Lands the held writes that are due (all of them with `all`), in order.
+    pub(super) fn land_late(&mut self, all: bool) {
+        while let Some(l) = self.late.front().copied() {
+            if !all && l.due > self.executed {
+                return;
+            }
+            self.late.pop_front();
+            if self.land(l.ep, l.path, &l.wr, "held on the wire, landed late") {
+                self.stats.late_landed += 1;
+            } else {
+                self.stats.late_dropped += 1;
+            }
+        }
+    }
+
+    /// Records a write landing in a guarded range ([`MemFab::guard`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn watch(
+        &mut self,
+        region: usize,
+        off: usize,
+        len: usize,
+        ep: usize,
+        path: usize,
+        w: &WriteWr,
+        why: &str,
+    ) {
+        if self.guards.is_empty() || len == 0 {
+            return;
+        }
+        let hits: Vec<String> = self
+            .guards
+            .iter()
+            .filter(|g| g.region == region && off < g.start + g.len && g.start < off + len)
+            .map(|g| {
+                format!(
+                    "a write of {len} bytes by ep{ep} path {path} (wr_id {:#x}, {why}) landed at offset {} of {}",
+                    w.wr_id,
+                    off.max(g.start) - g.start,
+                    g.what
+                )
+            })
+            .collect();
+        self.violations.extend(hits);
     }
 
     /// A kill due before the next work request: lands half of `op` first when asked and `op` is a
     /// write on the killed path.
     pub(super) fn kill_due(&mut self, ep: usize, path: usize, op: &Op) {
+        self.land_late(false);
         let Some(k) = self.kill_at.filter(|k| self.executed >= k.at) else {
             return;
         };
@@ -207,21 +373,26 @@ impl Inner {
             let src = self.check_key(w.local.lkey, ep, path, w.local.addr, half);
             let dst = self.check_key(w.remote.rkey, t, path, w.remote.addr, half);
             if let (Some((sr, so)), Some((dr, doff)), true) = (src, dst, half > 0) {
+                self.watch(dr, doff, half, ep, path, w, "cut mid-way");
                 if self.copy_data || self.regions[dr].ctrl {
                     // Checked keys: an error here is a region that shrank, which the kill ignores.
                     let _ = self.copy(sr, so, dr, doff, half);
                 }
             }
         }
-        self.kill(k.ep, k.path);
+        self.fault(k.ep, k.path, k.mode);
     }
 
     /// Executes one queued op of (ep, path).
     pub(super) fn execute(&mut self, ep: usize, path: usize) {
-        let Some(op) = self.eps[ep].qps[path].queue.pop_front() else {
+        let Some(op) = self.eps[ep].qps[path].queue.front().copied() else {
             return;
         };
+        // A fault due now takes the op under way with the rest of its queue.
         self.kill_due(ep, path, &op);
+        if self.eps[ep].qps[path].queue.pop_front().is_none() {
+            return;
+        }
         self.executed += 1;
         let (wr_id, opcode) = match op {
             Op::Write(w) => (w.wr_id, WcOpcode::RdmaWrite),
@@ -264,6 +435,7 @@ impl Inner {
                 } else {
                     None
                 };
+                self.watch(dr, doff, len, ep, path, &w, "executed");
                 if len > 0
                     && (self.copy_data || self.regions[dr].ctrl || self.regions[sr].ctrl)
                     && self.copy(sr, so, dr, doff, len).is_err()

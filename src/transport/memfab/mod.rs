@@ -18,8 +18,17 @@
 //!   [`MemFab::stall`] (an endpoint's work requests stop executing: a peer that stops answering),
 //!   [`MemFab::kill_path`] / [`MemFab::kill_after`] (a cable pulled: both ends of a path fail, now or
 //!   when a given number of further work requests has executed, optionally with the write under way
-//!   half landed) and [`MemFab::restore_path`] (the cable is back; each end then rebuilds its queue
-//!   pair through [`Fabric::revive_path`]).
+//!   half landed), [`MemFab::fault_after`] (the same with a choice of what becomes of the work in
+//!   flight on the path, [`InFlight`]: dropped, landed with its completion lost, or held on the
+//!   wire and landed later, unless the target's end was sealed first) and
+//!   [`MemFab::restore_path`] (the cable is back; each end then rebuilds its queue pair through
+//!   [`Fabric::revive_path`]).
+//! * Queue pair ends: an end in error fails what it posts; a **sealed** end (its QP moved to the
+//!   error state by the comm: [`Fabric::stop_path`], [`Fabric::seal_path`], `shutdown`, or a cable
+//!   pulled with [`InFlight::Drop`]) also takes nothing more from the wire, as a verbs QP in the
+//!   error state drops what arrives for it; its posted receives flush.
+//! * Oracle: [`MemFab::guard`] marks a range (a completed receive's buffer) and records every write
+//!   that lands in it until [`MemFab::unguard`] ([`MemFab::violations`]).
 //!
 //! * Devices: by default every endpoint is its own device (its keys serve only its own paths). An
 //!   endpoint made by [`MemFab::pair_on`] with a device id shares that device with every other
@@ -101,6 +110,17 @@ pub struct Stats {
     /// Endpoints whose loopback flush paths were made ready (verbs creates their QPs then): at the
     /// first GPU registration (`prepare_flush`) or the first read on a loopback path.
     pub flush_preps: u64,
+    /// Writes held by an [`InFlight::Delay`] fault that landed later.
+    pub late_landed: u64,
+    /// Writes held by an [`InFlight::Delay`] fault that were dropped (the target's end sealed,
+    /// or a write with an immediate finding no receive).
+    pub late_dropped: u64,
+    /// Writes that landed although their poster was told they failed ([`InFlight::LandLost`]).
+    pub landed_lost: u64,
+    /// Calls of [`Fabric::health`] and [`Fabric::path_health`] (each a `read(2)` of the async
+    /// event fd on verbs before those were rate-limited: the cost of an idle poll).
+    pub health_calls: u64,
+    pub path_health_calls: u64,
 }
 
 struct Region {
@@ -138,6 +158,8 @@ struct Qp {
     bytes: u64,
     /// The cable is out ([`MemFab::kill_path`]): the queue pair cannot be rebuilt.
     carrier_down: bool,
+    /// Sealed: nothing lands at this end any more (see the module docs).
+    sealed: bool,
     /// Rebuilt by [`Fabric::revive_path`], not yet ready to send (verbs: INIT, receives may be
     /// posted).
     init: bool,
@@ -150,6 +172,46 @@ struct KillAt {
     ep: usize,
     path: usize,
     partial: bool,
+    mode: InFlight,
+}
+
+/// What becomes of the work requests queued on a path (in flight on the cable) when its fault
+/// strikes ([`MemFab::fault_after`]). Either way both ends' queue pairs are in the error state
+/// afterwards (what they post fails) and the cable stays out until [`MemFab::restore_path`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InFlight {
+    /// Never executes: completes with an error at its poster (a cable pulled before it went out).
+    /// Both ends are sealed: nothing lands any more.
+    Drop,
+    /// Lands in the target's memory (writes with an immediate complete its receives), but the
+    /// poster's completions are errors: the acknowledgements were lost. The ends are not sealed.
+    LandLost,
+    /// Held on the wire: completes with an error at its poster now, and lands later, in order,
+    /// once `ops` more work requests have executed anywhere or at [`MemFab::deliver_late`],
+    /// unless the target's end was sealed first (then it is dropped). The ends are not sealed.
+    Delay {
+        /// Work requests executed (anywhere) before the held ones land.
+        ops: u64,
+    },
+}
+
+/// A write held on the wire by an [`InFlight::Delay`] fault.
+#[derive(Debug, Clone, Copy)]
+struct LateWrite {
+    ep: usize,
+    path: usize,
+    wr: WriteWr,
+    /// Lands once `executed` reaches this.
+    due: u64,
+}
+
+/// A range guarded by [`MemFab::guard`].
+#[derive(Debug, Clone)]
+struct Guard {
+    region: usize,
+    start: usize,
+    len: usize,
+    what: String,
 }
 
 struct Endpoint {
@@ -184,6 +246,10 @@ struct Inner {
     /// Work requests executed so far (for [`MemFab::kill_after`]).
     executed: u64,
     kill_at: Option<KillAt>,
+    /// Writes held on the wire ([`InFlight::Delay`]), in the order they land.
+    late: VecDeque<LateWrite>,
+    guards: Vec<Guard>,
+    violations: Vec<String>,
 }
 
 /// The fabric: memory, keys and every endpoint's queues. Cheap to clone (shared).
@@ -207,10 +273,17 @@ impl Drop for MemEndpoint {
         let cached = std::mem::take(&mut ep.cached);
         for q in ep.qps.iter_mut() {
             q.error = true;
+            q.sealed = true;
             q.queue = VecDeque::new();
             q.cq = VecDeque::new();
             q.recvs = VecDeque::new();
         }
+        let id = self.id;
+        let late = std::mem::take(&mut g.late);
+        g.late = late
+            .into_iter()
+            .filter(|l| l.ep != id && g.target_of(l.ep, l.path) != id)
+            .collect();
         for key in regs.into_values().flatten() {
             g.keys.remove(&key);
         }
@@ -375,6 +448,15 @@ impl Pinner for MemPinner {
     fn register(&self, mem: &Lent, kind: MemKind) -> Result<Registration> {
         self.pin(mem.addr(), mem.len(), kind)
     }
+    /// Memfab has no GPUs: checked like a registration of `mem` as GPU memory.
+    fn register_dmabuf(
+        &self,
+        mem: &Lent,
+        _offset: u64,
+        _fd: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<Registration> {
+        self.pin(mem.addr(), mem.len(), MemKind::Cuda)
+    }
     fn deregister(&self, reg: &Registration) -> Result<()> {
         self.unpin(reg)
     }
@@ -408,6 +490,9 @@ impl MemFab {
                 cache: RegCache::default(),
                 executed: 0,
                 kill_at: None,
+                late: VecDeque::new(),
+                guards: Vec::new(),
+                violations: Vec::new(),
             })),
         }
     }
@@ -531,6 +616,12 @@ impl MemFab {
     /// `ops`-th work request from now, on any path; with `partial`, when that work request is a
     /// write on the killed path, half its bytes land first (a write cut mid-way).
     pub fn kill_after(&self, ep: EpId, path: usize, ops: u64, partial: bool) {
+        self.fault_after(ep, path, ops, partial, InFlight::Drop);
+    }
+
+    /// [`MemFab::kill_after`] with a choice of what becomes of the work in flight on the path
+    /// (queued at either end when the fault strikes): see [`InFlight`].
+    pub fn fault_after(&self, ep: EpId, path: usize, ops: u64, partial: bool, mode: InFlight) {
         let Ok(mut g) = lock(&self.inner, LOCK) else {
             return;
         };
@@ -540,7 +631,50 @@ impl MemFab {
             ep: ep.0,
             path,
             partial,
+            mode,
         });
+    }
+
+    /// Lands every write an [`InFlight::Delay`] fault still holds, now (those whose target's end
+    /// was sealed are dropped).
+    pub fn deliver_late(&self) {
+        if let Ok(mut g) = lock(&self.inner, LOCK) {
+            g.land_late(true);
+        }
+    }
+
+    /// Writes an [`InFlight::Delay`] fault still holds.
+    pub fn late_pending(&self) -> usize {
+        lock(&self.inner, LOCK).map_or(0, |g| g.late.len())
+    }
+
+    /// Guards `[addr, addr+len)` (a completed receive's buffer, `what` names it): every write that
+    /// lands in it from now until [`MemFab::unguard`] is recorded ([`MemFab::violations`]).
+    pub fn guard(&self, addr: u64, len: usize, what: &str) {
+        let Ok(mut g) = lock(&self.inner, LOCK) else {
+            return;
+        };
+        let (region, start) = split_addr(addr);
+        g.guards.push(Guard {
+            region,
+            start,
+            len,
+            what: what.to_string(),
+        });
+    }
+
+    /// Ends the guards that start at `addr` (the buffer is posted again).
+    pub fn unguard(&self, addr: u64) {
+        let Ok(mut g) = lock(&self.inner, LOCK) else {
+            return;
+        };
+        let (region, start) = split_addr(addr);
+        g.guards.retain(|x| x.region != region || x.start != start);
+    }
+
+    /// Every write that landed in a guarded range, described.
+    pub fn violations(&self) -> Vec<String> {
+        lock(&self.inner, LOCK).map_or_else(|_| Vec::new(), |g| g.violations.clone())
     }
 
     /// Whether a kill from [`MemFab::kill_after`] is still to come.
@@ -562,6 +696,16 @@ impl MemFab {
                 q.carrier_down = false;
             }
         }
+    }
+
+    /// Whether `path` of `ep` is sealed (nothing lands at that end any more).
+    pub fn sealed(&self, ep: EpId, path: usize) -> bool {
+        lock(&self.inner, LOCK).is_ok_and(|g| {
+            g.eps
+                .get(ep.0)
+                .and_then(|e| e.qps.get(path))
+                .is_some_and(|q| q.sealed)
+        })
     }
 
     /// The two endpoints the latest [`MemFab::pair`] made (a test that did not make them itself,

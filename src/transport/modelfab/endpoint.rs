@@ -186,6 +186,20 @@ impl Fabric for ModelEndpoint {
         Ok(n)
     }
 
+    /// The queue pair to the error state: queued work and posted receives flush, and what
+    /// arrives for it later fails (a verbs QP in the error state; this also seals it).
+    fn stop_path(&mut self, path: usize) -> Result<()> {
+        self.check_path(path)?;
+        let mut g = lock(&self.inner)?;
+        g.kill_end(self.id, path);
+        Ok(())
+    }
+
+    fn seal_path(&mut self, path: usize) -> Result<bool> {
+        self.stop_path(path)?;
+        Ok(true)
+    }
+
     fn shutdown(&mut self) -> Result<()> {
         let mut g = lock(&self.inner)?;
         let ep = &mut g.eps[self.id];

@@ -739,9 +739,18 @@ impl Inner {
     /// Pulls the cable of `path` (every connection's): queue pairs to the error state, posted work
     /// and receives flushed; writes on the wire fail when they would have landed.
     fn kill(&mut self, path: usize) {
-        for ep in self.eps.iter_mut().filter(|e| !e.gone) {
-            let Some(q) = ep.qps.get_mut(path) else {
-                continue;
+        for ep in 0..self.eps.len() {
+            if !self.eps[ep].gone {
+                self.kill_end(ep, path);
+            }
+        }
+    }
+
+    /// One end of `path` to the error state: posted work and receives flushed.
+    fn kill_end(&mut self, ep: usize, path: usize) {
+        {
+            let Some(q) = self.eps.get_mut(ep).and_then(|e| e.qps.get_mut(path)) else {
+                return;
             };
             q.error = true;
             while let Some(w) = q.pending.pop_front() {

@@ -86,8 +86,9 @@ pub struct TcpConfig {
     pub io_threads: Option<usize>,
     /// A stream whose sent data stays unacknowledged this long fails (`TCP_USER_TIMEOUT`), so its
     /// path fails over; `None`: the kernel's limit (about 15 minutes of retransmissions). Catches a
-    /// peer host that froze or a link that drops frames while its carrier stays up. The config
-    /// layer maps `NCCL_SWITCHLESS_TCP_USER_TIMEOUT` here.
+    /// peer host that froze or a link that drops frames while its carrier stays up. A peer that
+    /// stopped reading but answers its window probes keeps its streams (`super::window`). The
+    /// config layer maps `NCCL_SWITCHLESS_TCP_USER_TIMEOUT` here.
     pub user_timeout: Option<Duration>,
 }
 

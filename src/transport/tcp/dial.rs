@@ -1,6 +1,7 @@
 //! One stream's set-up, shared by the connection set-up (`super::setup`) and the rebuild of a
-//! failed path (`super::revive`): the connector's side of a stream (connect, hello, wait for the
-//! acknowledgement) and the acceptor's (read and check the hello).
+//! failed path (`super::revive`): the connector's side of a stream (connect, read the challenge,
+//! answer it with the hello, check the acknowledgement) and the acceptor's (send the challenge,
+//! read and check the hello). The tags are `super::auth`'s.
 #![forbid(unsafe_code)]
 
 use std::io;
@@ -9,8 +10,11 @@ use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, Socket, Type};
 
+use super::auth::{StreamKey, StreamNonce, random_nonce};
 use super::config::{TcpConfig, apply_options};
-use super::frame::{ACK_LEN, Ack, AckRepr, HELLO_LEN, Hello, HelloRepr};
+use super::frame::{
+    ACK_LEN, Ack, AckRepr, CHALLENGE_LEN, ChallengeRepr, HELLO_LEN, Hello, HelloRepr,
+};
 use crate::error::{Error, Result};
 use crate::sys::socket as rawmem;
 
@@ -36,18 +40,32 @@ pub(super) struct OutStream {
     what: String,
     /// `TCP path P stream S to R`, for errors after the connect.
     ctx: String,
-    hello: [u8; HELLO_LEN],
+    key: StreamKey,
+    /// The hello without its tag (the tag answers the acceptor's challenge).
+    hello: HelloRepr,
     state: OutState,
 }
 
 enum OutState {
     /// The TCP handshake is under way.
     Connecting(Socket),
-    /// Connected; `sent` bytes of the hello are out.
-    Hello { sock: TcpStream, sent: usize },
+    /// Connected; `got` bytes of the acceptor's challenge are in.
+    Challenge {
+        sock: TcpStream,
+        buf: [u8; CHALLENGE_LEN],
+        got: usize,
+    },
+    /// The hello answers `challenge`; `sent` bytes of it are out.
+    Hello {
+        sock: TcpStream,
+        challenge: StreamNonce,
+        bytes: [u8; HELLO_LEN],
+        sent: usize,
+    },
     /// The hello is out; `got` bytes of the acknowledgement are in.
     Ack {
         sock: TcpStream,
+        challenge: StreamNonce,
         ack: [u8; ACK_LEN],
         got: usize,
     },
@@ -56,7 +74,8 @@ enum OutState {
 }
 
 impl OutStream {
-    /// Advances without blocking; `Ok(true)` once acknowledged.
+    /// Advances without blocking; `Ok(true)` once acknowledged by the peer (its acknowledgement
+    /// proves the connection secret too).
     pub(super) fn poll(&mut self) -> Result<bool> {
         loop {
             match std::mem::replace(&mut self.state, OutState::Gone) {
@@ -66,19 +85,51 @@ impl OutStream {
                         return Ok(false);
                     }
                     Ok(true) => {
-                        self.state = OutState::Hello {
+                        self.state = OutState::Challenge {
                             sock: sock.into(),
-                            sent: 0,
+                            buf: [0; CHALLENGE_LEN],
+                            got: 0,
                         }
                     }
                     Err(e) => return Err(connect_error(&self.what, &e)),
                 },
-                OutState::Hello { sock, mut sent } => {
+                OutState::Challenge {
+                    sock,
+                    mut buf,
+                    mut got,
+                } => {
+                    let done = read_exact_nb(&sock, &mut buf, &mut got, "its challenge")
+                        .map_err(|e| e.context(&self.ctx))?;
+                    if !done {
+                        self.state = OutState::Challenge { sock, buf, got };
+                        return Ok(false);
+                    }
+                    let c = ChallengeRepr::parse(&buf).map_err(|e| e.context(&self.ctx))?;
+                    let hello = self.key.seal(self.hello, &c.nonce);
+                    self.hello = hello;
+                    self.state = OutState::Hello {
+                        sock,
+                        challenge: c.nonce,
+                        bytes: hello.to_bytes(),
+                        sent: 0,
+                    };
+                }
+                OutState::Hello {
+                    sock,
+                    challenge,
+                    bytes,
+                    mut sent,
+                } => {
                     while sent < HELLO_LEN {
-                        match rawmem::send_slice(&sock, &self.hello[sent..], false) {
+                        match rawmem::send_slice(&sock, &bytes[sent..], false) {
                             Ok(n) => sent += n,
                             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                                self.state = OutState::Hello { sock, sent };
+                                self.state = OutState::Hello {
+                                    sock,
+                                    challenge,
+                                    bytes,
+                                    sent,
+                                };
                                 return Ok(false);
                             }
                             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -92,23 +143,37 @@ impl OutStream {
                     }
                     self.state = OutState::Ack {
                         sock,
+                        challenge,
                         ack: [0; ACK_LEN],
                         got: 0,
                     };
                 }
                 OutState::Ack {
                     sock,
+                    challenge,
                     mut ack,
                     mut got,
                 } => {
-                    let done =
-                        read_ack(&sock, &mut ack, &mut got).map_err(|e| e.context(&self.ctx))?;
+                    let done = read_exact_nb(&sock, &mut ack, &mut got, "its acknowledgement")
+                        .map_err(|e| e.context(&self.ctx))?;
                     if done {
-                        Ack::new_checked(&ack[..])
+                        let a = Ack::new_checked(&ack[..])
                             .and_then(|a| AckRepr::parse(&a))
                             .map_err(|e| e.context(&self.ctx))?;
+                        if !self.key.check_ack(&a, &self.hello, &challenge) {
+                            return Err(Error::Remote(format!(
+                                "{}: the acknowledgement is not authenticated by the connection \
+                                 secret (something other than the peer answered)",
+                                self.ctx
+                            )));
+                        }
                     }
-                    self.state = OutState::Ack { sock, ack, got };
+                    self.state = OutState::Ack {
+                        sock,
+                        challenge,
+                        ack,
+                        got,
+                    };
                     return Ok(done);
                 }
                 OutState::Gone => {
@@ -129,24 +194,23 @@ impl OutStream {
     }
 }
 
-/// Reads what has arrived of a stream's acknowledgement into `ack[*got..]`; `Ok(true)` once it is
-/// complete.
-fn read_ack(sock: &TcpStream, ack: &mut [u8; ACK_LEN], got: &mut usize) -> Result<bool> {
-    while *got < ack.len() {
-        match rawmem::recv_slice(sock, &mut ack[*got..]) {
+/// Reads what has arrived of a fixed-size message from the acceptor into `buf[*got..]`;
+/// `Ok(true)` once it is complete. `what` names the message in errors.
+fn read_exact_nb(sock: &TcpStream, buf: &mut [u8], got: &mut usize, what: &str) -> Result<bool> {
+    while *got < buf.len() {
+        match rawmem::recv_slice(sock, &mut buf[*got..]) {
             Ok(0) => {
-                return Err(Error::Remote(
-                    "the acceptor closed the stream before acknowledging it (it did not accept our \
-                     nonce, path index or count; see its log)"
-                        .into(),
-                ));
+                return Err(Error::Remote(format!(
+                    "the acceptor closed the stream before sending {what} (it did not accept the \
+                     stream's source, connection, path or tag; see its log)"
+                )));
             }
             Ok(n) => *got += n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => {
                 return Err(Error::Remote(format!(
-                    "the acceptor did not acknowledge the stream: {e}"
+                    "the acceptor did not send {what}: {e}"
                 )));
             }
         }
@@ -159,26 +223,43 @@ pub(super) struct PendingHello {
     pub(super) sock: TcpStream,
     pub(super) from: SocketAddr,
     pub(super) path: usize,
+    /// The challenge sent on it: its hello must answer this.
+    pub(super) challenge: StreamNonce,
     pub(super) buf: [u8; HELLO_LEN],
     got: usize,
-    since: Instant,
+    pub(super) since: Instant,
 }
 
 impl PendingHello {
-    pub(super) fn new(
+    /// Sends a fresh challenge on `sock`, accepted from `from` for path `path` (the caller checked
+    /// the source): a connection that cannot take 24 bytes at once is refused.
+    pub(super) fn challenge(
         sock: TcpStream,
         from: SocketAddr,
         path: usize,
         now: Instant,
-    ) -> PendingHello {
-        PendingHello {
+    ) -> Result<PendingHello> {
+        let challenge = random_nonce()?;
+        let bytes = ChallengeRepr { nonce: challenge }.to_bytes();
+        // 24 bytes into a fresh socket's empty buffer: all or nothing, never blocks.
+        match rawmem::send_slice(&sock, &bytes, false) {
+            Ok(n) if n == bytes.len() => {}
+            Ok(n) => {
+                return Err(Error::Remote(format!(
+                    "the connection took {n} of {CHALLENGE_LEN} challenge bytes"
+                )));
+            }
+            Err(e) => return Err(Error::io("sending the stream challenge", e)),
+        }
+        Ok(PendingHello {
             sock,
             from,
             path,
+            challenge,
             buf: [0; HELLO_LEN],
             got: 0,
             since: now,
-        }
+        })
     }
 
     /// Reads what has arrived of the hello: `None` while it is still coming (for at most
@@ -208,18 +289,73 @@ impl PendingHello {
             None
         }
     }
+
+    /// Checks the complete hello against this listener's connection (`key`), path `path` of
+    /// `npaths_want`; returns it with the acknowledgement to send once the stream is taken.
+    pub(super) fn check(
+        &self,
+        key: &StreamKey,
+        npaths_want: usize,
+    ) -> Result<(HelloRepr, [u8; ACK_LEN])> {
+        let h = HelloRepr::parse(&Hello::new_checked(&self.buf[..])?)?;
+        key.check_hello(&h, &self.challenge)?;
+        let (npaths, p) = (usize::from(h.npaths), usize::from(h.path));
+        if npaths != npaths_want || p != self.path {
+            return Err(Error::Remote(format!(
+                "hello names path {p} of {npaths}; this listener serves path {} of {npaths_want}",
+                self.path
+            )));
+        }
+        Ok((h, key.ack(&h, &self.challenge).to_bytes()))
+    }
 }
 
-/// Connections whose hello has not fully arrived that an acceptor keeps at once; more are closed.
+/// A connection a TCP listener dropped or refused: one WARN line, within the process's rate limit
+/// (`droplog`; `what` is only formatted when it is logged).
+pub(super) fn drop_warn(now: Instant, src: IpAddr, what: impl FnOnce() -> String) {
+    if let Some(line) = crate::transport::droplog::note(now, src, what) {
+        tracing::warn!("NET/switchless: {line}");
+    }
+}
+
+/// Connections whose hello has not fully arrived that an acceptor keeps at once. A new one that
+/// finds them all taken takes the place of the oldest whose hello has not arrived (read first: a
+/// whole hello keeps its place).
 pub const MAX_PENDING_STREAMS: usize = 64;
+
+/// Makes room in `pending` for one more stream when it holds [`MAX_PENDING_STREAMS`]: reads what
+/// has arrived and drops the oldest connection whose hello is still incomplete (returned, to log).
+/// A connection whose hello is whole keeps its place (the caller checks it next). `Err(())` when
+/// every one has its hello: the newcomer is refused.
+pub(super) fn make_room(pending: &mut Vec<PendingHello>) -> Result<Option<PendingHello>, ()> {
+    if pending.len() < MAX_PENDING_STREAMS {
+        return Ok(None);
+    }
+    let mut order: Vec<(Instant, usize)> = pending
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.since, i))
+        .collect();
+    order.sort_unstable();
+    for (_, i) in order {
+        // Ends, errors and timeouts show at the next `read`; only a whole hello keeps its place.
+        let _ = pending[i].read();
+        if pending[i].got < HELLO_LEN {
+            return Ok(Some(pending.swap_remove(i)));
+        }
+    }
+    Err(())
+}
 /// Time a connection gets to deliver its hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Starts one stream of a path: binds `spec.local` and starts a non-blocking connect to
-/// `spec.remote`; the hello is sent once it is connected ([`OutStream::poll`]).
+/// `spec.remote`; once connected, the acceptor's challenge is answered with `hello` (which gets a
+/// fresh connector nonce here, and its connection id and tag from `key`; [`OutStream::poll`]).
 pub(super) fn start_stream(
     spec: &TcpPathSpec,
     hello: &HelloRepr,
+    key: &StreamKey,
     cfg: &TcpConfig,
 ) -> Result<OutStream> {
     let what = format!(
@@ -252,10 +388,13 @@ pub(super) fn start_stream(
         })?;
     sock.set_nonblocking(true)
         .map_err(|e| Error::io(format!("{what}: making the socket non-blocking"), e))?;
+    let mut hello = *hello;
+    hello.nonce = random_nonce()?;
     let state = match sock.connect(&spec.remote.into()) {
-        Ok(()) => OutState::Hello {
+        Ok(()) => OutState::Challenge {
             sock: sock.into(),
-            sent: 0,
+            buf: [0; CHALLENGE_LEN],
+            got: 0,
         },
         Err(e)
             if e.raw_os_error() == Some(libc::EINPROGRESS)
@@ -268,7 +407,8 @@ pub(super) fn start_stream(
     Ok(OutStream {
         what,
         ctx,
-        hello: hello.to_bytes(),
+        key: key.clone(),
+        hello,
         state,
     })
 }
@@ -300,27 +440,4 @@ fn connect_error(what: &str, e: &io::Error) -> Error {
     } else {
         Error::System(format!("{what} failed: {e}{hint}"))
     }
-}
-
-/// Checks a complete stream hello against this listener (path `path` of `npaths_want`, the
-/// connection's `nonce`); returns the hello.
-pub(super) fn check_hello(
-    buf: &[u8; HELLO_LEN],
-    path: usize,
-    npaths_want: usize,
-    nonce: u64,
-) -> Result<HelloRepr> {
-    let h = HelloRepr::parse(&Hello::new_checked(&buf[..])?)?;
-    if h.nonce != nonce {
-        return Err(Error::Remote(
-            "hello nonce does not match this connection".into(),
-        ));
-    }
-    let (npaths, p) = (usize::from(h.npaths), usize::from(h.path));
-    if npaths != npaths_want || p != path {
-        return Err(Error::Remote(format!(
-            "hello names path {p} of {npaths}; this listener serves path {path} of {npaths_want}"
-        )));
-    }
-    Ok(h)
 }

@@ -1,6 +1,7 @@
 //! The TCP fabric's wire formats, all little endian: the 40-byte frame header that precedes every
-//! payload ([`Frame`], [`FrameRepr`]), and the hello a connector opens each stream with and the
-//! acceptor's acknowledgement ([`Hello`], [`HelloRepr`], [`Ack`], [`AckRepr`]).
+//! payload ([`Frame`], [`FrameRepr`]), and a stream's opening: the acceptor's challenge
+//! ([`ChallengeRepr`]), the hello the connector answers it with ([`Hello`], [`HelloRepr`]) and the
+//! acceptor's acknowledgement ([`Ack`], [`AckRepr`]); their tags are `super::auth`'s.
 //!
 //! Each view names the bytes of a field once (`mod field`); its `Repr` parses (validating) and
 //! emits. If `new_checked` returned `Ok`, no accessor or setter panics. Parse errors are
@@ -282,16 +283,25 @@ mod hello_field {
     /// The path's stream generation: 0 at set-up, counting up with every rebuild (failback).
     pub const GENERATION: Field = 9..13;
     pub const RESERVED: Field = 13..16;
-    /// The connection's nonce from the handshake: the acceptor's proof that the stream is its peer's.
-    pub const NONCE: Field = 16..24;
+    /// The connection id (a one-way value of the connection secret: public, it lets nobody in).
+    pub const CONN: Field = 16..24;
+    /// The connector's random nonce for this stream.
+    pub const NONCE: Field = 24..40;
+    /// The tag over all of the above and the acceptor's challenge (`super::auth`).
+    pub const TAG: Field = 40..56;
 }
 
 /// Bytes of a stream hello.
-pub const HELLO_LEN: usize = hello_field::NONCE.end;
+pub const HELLO_LEN: usize = hello_field::TAG.end;
 /// The first four bytes of a stream hello.
 pub const HELLO_MAGIC: [u8; 4] = *b"SWTS";
-/// The hello format this build speaks.
-pub const HELLO_VERSION: u8 = 1;
+/// The stream format this build speaks (2: streams answer a challenge with a tag keyed by the
+/// connection secret; 1 carried the connection's nonce in clear).
+pub const HELLO_VERSION: u8 = 2;
+/// Bytes of a challenge or connector nonce.
+pub const NONCE_LEN: usize = 16;
+/// Bytes of a stream tag.
+pub const TAG_LEN: usize = 16;
 
 /// A stream hello over a byte buffer.
 #[derive(Debug, Clone)]
@@ -341,21 +351,22 @@ impl<T: AsRef<[u8]>> Hello<T> {
     pub fn stream(&self) -> u8 {
         self.buffer.as_ref()[hello_field::STREAM]
     }
-    pub fn nonce(&self) -> u64 {
-        u64::from_le_bytes(get(self.buffer.as_ref(), hello_field::NONCE))
-    }
     pub fn generation(&self) -> u32 {
         u32::from_le_bytes(get(self.buffer.as_ref(), hello_field::GENERATION))
     }
-}
-
-impl<T: AsRef<[u8]> + AsMut<[u8]>> Hello<T> {
-    fn set(&mut self, at: usize, v: u8) {
-        self.buffer.as_mut()[at] = v;
+    pub fn conn(&self) -> u64 {
+        u64::from_le_bytes(get(self.buffer.as_ref(), hello_field::CONN))
+    }
+    pub fn nonce(&self) -> [u8; NONCE_LEN] {
+        get(self.buffer.as_ref(), hello_field::NONCE)
+    }
+    pub fn tag(&self) -> [u8; TAG_LEN] {
+        get(self.buffer.as_ref(), hello_field::TAG)
     }
 }
 
-/// A stream hello's meaning: which stream of which path of which connection this is.
+/// A stream hello's meaning: which stream of which path of which connection this is, and the
+/// proof that its sender holds the connection secret.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HelloRepr {
     pub npaths: u8,
@@ -364,15 +375,20 @@ pub struct HelloRepr {
     pub nstreams: u8,
     /// Below `nstreams`.
     pub stream: u8,
-    pub nonce: u64,
-    /// 0: the streams set up with the connection; `g` > 0: the path's `g`-th rebuild (its acceptor
+    /// 0: the streams set up with the connection; `g` > 0: a rebuild of the path (its acceptor
     /// takes only a generation above the path's current one).
     pub generation: u32,
+    /// The connection id (`super::auth::StreamKey::conn_id`).
+    pub conn: u64,
+    /// The connector's random nonce for this stream.
+    pub nonce: [u8; NONCE_LEN],
+    /// Keyed by the connection secret over every field above and the acceptor's challenge.
+    pub tag: [u8; TAG_LEN],
 }
 
 impl HelloRepr {
     /// Checks a received hello on its own: magic, version and a stream index inside an accepted
-    /// count. Whether it belongs to this connection (nonce, path) is the acceptor's check.
+    /// count. Whether it belongs to this connection (id, tag, path) is the acceptor's check.
     pub fn parse<T: AsRef<[u8]>>(hello: &Hello<T>) -> Result<HelloRepr> {
         hello.check_len()?;
         if hello.magic() != HELLO_MAGIC {
@@ -398,29 +414,85 @@ impl HelloRepr {
             path: hello.path(),
             nstreams: n,
             stream: s,
-            nonce: hello.nonce(),
             generation: hello.generation(),
+            conn: hello.conn(),
+            nonce: hello.nonce(),
+            tag: hello.tag(),
         })
-    }
-
-    /// Writes the hello into `hello` (a buffer of at least [`HELLO_LEN`] bytes).
-    pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, hello: &mut Hello<T>) {
-        hello.buffer.as_mut()[hello_field::MAGIC].copy_from_slice(&HELLO_MAGIC);
-        hello.set(hello_field::VERSION, HELLO_VERSION);
-        hello.set(hello_field::NPATHS, self.npaths);
-        hello.set(hello_field::PATH, self.path);
-        hello.set(hello_field::NSTREAMS, self.nstreams);
-        hello.set(hello_field::STREAM, self.stream);
-        hello.buffer.as_mut()[hello_field::GENERATION]
-            .copy_from_slice(&self.generation.to_le_bytes());
-        hello.buffer.as_mut()[hello_field::RESERVED].fill(0);
-        hello.buffer.as_mut()[hello_field::NONCE].copy_from_slice(&self.nonce.to_le_bytes());
     }
 
     /// The hello's bytes.
     pub fn to_bytes(&self) -> [u8; HELLO_LEN] {
         let mut b = [0u8; HELLO_LEN];
-        self.emit(&mut Hello::new_unchecked(&mut b[..]));
+        b[hello_field::MAGIC].copy_from_slice(&HELLO_MAGIC);
+        b[hello_field::VERSION] = HELLO_VERSION;
+        b[hello_field::NPATHS] = self.npaths;
+        b[hello_field::PATH] = self.path;
+        b[hello_field::NSTREAMS] = self.nstreams;
+        b[hello_field::STREAM] = self.stream;
+        b[hello_field::GENERATION].copy_from_slice(&self.generation.to_le_bytes());
+        b[hello_field::RESERVED].fill(0);
+        b[hello_field::CONN].copy_from_slice(&self.conn.to_le_bytes());
+        b[hello_field::NONCE].copy_from_slice(&self.nonce);
+        b[hello_field::TAG].copy_from_slice(&self.tag);
+        b
+    }
+}
+
+mod challenge_field {
+    use super::Field;
+    pub const MAGIC: Field = 0..4;
+    pub const VERSION: usize = 4;
+    pub const RESERVED: Field = 5..8;
+    pub const NONCE: Field = 8..24;
+}
+
+/// Bytes of a challenge.
+pub const CHALLENGE_LEN: usize = challenge_field::NONCE.end;
+/// The first four bytes of a challenge.
+pub const CHALLENGE_MAGIC: [u8; 4] = *b"SWTC";
+
+/// What the acceptor sends first on every stream it accepts from the path's peer: a fresh random
+/// value the connector's hello must answer (so a recorded hello answers nothing).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChallengeRepr {
+    pub nonce: [u8; NONCE_LEN],
+}
+
+impl ChallengeRepr {
+    /// Checks a received challenge: length, magic and version.
+    pub fn parse(b: &[u8]) -> Result<ChallengeRepr> {
+        if b.len() < CHALLENGE_LEN {
+            return Err(Error::Remote(format!(
+                "stream challenge of {} bytes; {CHALLENGE_LEN} bytes expected",
+                b.len()
+            )));
+        }
+        let magic: [u8; 4] = get(b, challenge_field::MAGIC);
+        if magic != CHALLENGE_MAGIC {
+            return Err(Error::Remote(format!(
+                "stream challenge {magic:02x?}, expected \"SWTC\" (the acceptor speaks another \
+                 stream version, or is not a switchless listener)"
+            )));
+        }
+        if b[challenge_field::VERSION] != HELLO_VERSION {
+            return Err(Error::Remote(format!(
+                "stream challenge version {}, this plugin speaks {HELLO_VERSION}",
+                b[challenge_field::VERSION]
+            )));
+        }
+        Ok(ChallengeRepr {
+            nonce: get(b, challenge_field::NONCE),
+        })
+    }
+
+    /// The challenge's bytes (reserved bytes zero).
+    pub fn to_bytes(&self) -> [u8; CHALLENGE_LEN] {
+        let mut b = [0u8; CHALLENGE_LEN];
+        b[challenge_field::MAGIC].copy_from_slice(&CHALLENGE_MAGIC);
+        b[challenge_field::VERSION] = HELLO_VERSION;
+        b[challenge_field::RESERVED].fill(0);
+        b[challenge_field::NONCE].copy_from_slice(&self.nonce);
         b
     }
 }
@@ -429,10 +501,11 @@ mod ack_field {
     use super::Field;
     pub const MAGIC: Field = 0..4;
     pub const RESERVED: Field = 4..8;
+    pub const TAG: Field = 8..24;
 }
 
 /// Bytes of an acknowledgement.
-pub const ACK_LEN: usize = ack_field::RESERVED.end;
+pub const ACK_LEN: usize = ack_field::TAG.end;
 /// The first four bytes of an acknowledgement.
 pub const ACK_MAGIC: [u8; 4] = *b"SWTA";
 
@@ -457,11 +530,18 @@ impl<T: AsRef<[u8]>> Ack<T> {
     pub fn magic(&self) -> [u8; 4] {
         get(self.buffer.as_ref(), ack_field::MAGIC)
     }
+
+    pub fn tag(&self) -> [u8; TAG_LEN] {
+        get(self.buffer.as_ref(), ack_field::TAG)
+    }
 }
 
-/// An acknowledgement's meaning: the stream was accepted.
+/// An acknowledgement's meaning: the stream was accepted, and the acceptor holds the connection
+/// secret (the tag, `super::auth::StreamKey::ack`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AckRepr;
+pub struct AckRepr {
+    pub tag: [u8; TAG_LEN],
+}
 
 impl AckRepr {
     /// Checks the magic.
@@ -472,13 +552,15 @@ impl AckRepr {
                 ack.magic()
             )));
         }
-        Ok(AckRepr)
+        Ok(AckRepr { tag: ack.tag() })
     }
 
-    /// The acknowledgement's bytes.
+    /// The acknowledgement's bytes (reserved bytes zero).
     pub fn to_bytes(self) -> [u8; ACK_LEN] {
         let mut b = [0u8; ACK_LEN];
         b[ack_field::MAGIC].copy_from_slice(&ACK_MAGIC);
+        b[ack_field::RESERVED].fill(0);
+        b[ack_field::TAG].copy_from_slice(&self.tag);
         b
     }
 }
@@ -565,7 +647,7 @@ mod tests {
         assert!(matches!(parse(&[0; 39]), Err(Error::Remote(_))));
         assert!(matches!(parse(&[0; 40]), Err(Error::Remote(_))));
         assert!(matches!(
-            HelloRepr::parse(&Hello::new_unchecked(&[0u8; 23][..])),
+            HelloRepr::parse(&Hello::new_unchecked(&[0u8; 55][..])),
             Err(Error::Remote(_))
         ));
         assert!(Ack::new_checked(&[0u8; 7][..]).is_err());
@@ -576,23 +658,26 @@ mod tests {
     }
 
     #[test]
-    fn hellos_round_trip_and_are_checked() {
+    fn hellos_challenges_and_acks_round_trip_and_are_checked() {
         let h = HelloRepr {
             npaths: 3,
             path: 2,
             nstreams: 4,
             stream: 3,
-            nonce: 0x0102_0304_0506_0708,
             generation: 0x0a0b_0c0d,
+            conn: 0x0102_0304_0506_0708,
+            nonce: [0x11; NONCE_LEN],
+            tag: [0x22; TAG_LEN],
         };
         let b = h.to_bytes();
-        assert_eq!(
-            b,
-            [
-                b'S', b'W', b'T', b'S', 1, 3, 2, 4, 3, 0x0d, 0x0c, 0x0b, 0x0a, 0, 0, 0, 8, 7, 6, 5,
-                4, 3, 2, 1
-            ]
-        );
+        // The layout every build on the wire speaks.
+        let mut want = vec![
+            b'S', b'W', b'T', b'S', 2, 3, 2, 4, 3, 0x0d, 0x0c, 0x0b, 0x0a, 0, 0, 0, 8, 7, 6, 5, 4,
+            3, 2, 1,
+        ];
+        want.extend_from_slice(&[0x11; 16]);
+        want.extend_from_slice(&[0x22; 16]);
+        assert_eq!(b.to_vec(), want);
         let parse = |b: &[u8]| HelloRepr::parse(&Hello::new_checked(b)?);
         assert_eq!(parse(&b).unwrap(), h);
         let e = |b: &[u8]| parse(b).unwrap_err().to_string();
@@ -600,21 +685,49 @@ mod tests {
         bad[0] = b'X';
         assert!(e(&bad).contains("not a switchless TCP stream"));
         let mut bad = b;
-        bad[4] = 2;
-        assert!(e(&bad).contains("version 2"));
+        bad[4] = 1;
+        assert!(e(&bad).contains("version 1"));
         let mut bad = b;
         bad[8] = 4;
         assert!(e(&bad).contains("stream 4 of 4"));
         let mut bad = b;
         bad[7] = 17;
         assert!(e(&bad).contains("1..=16"));
-        let ack = AckRepr.to_bytes();
-        assert_eq!(ack, *b"SWTA\0\0\0\0");
-        assert_eq!(
-            AckRepr::parse(&Ack::new_checked(&ack[..]).unwrap()),
-            Ok(AckRepr)
+        assert!(e(&b[..HELLO_LEN - 1]).contains("56 bytes expected"));
+
+        let c = ChallengeRepr { nonce: [7; 16] };
+        let cb = c.to_bytes();
+        assert_eq!(&cb[..8], b"SWTC\x02\0\0\0");
+        assert_eq!(ChallengeRepr::parse(&cb), Ok(c));
+        let mut bad = cb;
+        bad[3] = b'X';
+        assert!(ChallengeRepr::parse(&bad).is_err());
+        let mut bad = cb;
+        bad[4] = 1;
+        assert!(
+            ChallengeRepr::parse(&bad)
+                .unwrap_err()
+                .to_string()
+                .contains("version 1")
         );
-        let e = AckRepr::parse(&Ack::new_checked(&b"SWTB\0\0\0\0"[..]).unwrap()).unwrap_err();
+        assert!(ChallengeRepr::parse(&cb[..23]).is_err());
+        let mut reserved = cb;
+        reserved[5] = 0xff;
+        assert_eq!(
+            ChallengeRepr::parse(&reserved),
+            Ok(c),
+            "reserved bytes are ignored"
+        );
+
+        let ack = AckRepr { tag: [3; TAG_LEN] };
+        let ab = ack.to_bytes();
+        assert_eq!(&ab[..8], b"SWTA\0\0\0\0");
+        assert_eq!(&ab[8..], &[3; 16]);
+        assert_eq!(AckRepr::parse(&Ack::new_checked(&ab[..]).unwrap()), Ok(ack));
+        let mut bad = ab;
+        bad[3] = b'B';
+        let e = AckRepr::parse(&Ack::new_checked(&bad[..]).unwrap()).unwrap_err();
         assert!(matches!(e, Error::Remote(_)) && e.to_string().contains("SWTA"));
+        assert!(Ack::new_checked(&ab[..23]).is_err());
     }
 }

@@ -4,11 +4,12 @@
 //! numbers let the receiver apply control-memory writes and immediates in order. The receiving side
 //! treats the peer as untrusted: nothing is written outside a live registration. Host memory only.
 //!
-//! Files: [`config`] (sizing policy, options), [`frame`] (wire formats), `dial` (one stream's
-//! hello and acknowledgement), `setup` (listeners, connector, acceptor), `revive` (failover and
+//! Files: [`config`] (sizing policy, options), [`frame`] (wire formats), [`auth`] (every stream
+//! proves the connection secret), `dial` (one stream's challenge, hello and acknowledgement), `setup` (listeners, connector, acceptor), `revive` (failover and
 //! failback of a path), `state` (what the fabric shares with its I/O workers), `pool` (the
-//! process-wide I/O worker threads), `stream` (one stream's receive and send state machines) and,
-//! here, [`TcpFabric`]. Depends on `transport::{fabric, ctrl}` and `sys` (raw memory, sockets). The
+//! process-wide I/O worker threads), `stream` (one stream's receive and send state machines),
+//! `window` (a slow peer is not a dead peer: the user timeout and a closed window) and, here,
+//! [`TcpFabric`]. Depends on `transport::{fabric, ctrl}` and `sys` (raw memory, sockets). The
 //! design and its rules: `docs/guide/tcp.md`.
 #![forbid(unsafe_code)]
 
@@ -30,6 +31,7 @@ use crate::transport::fabric::{
 use frame::{FLAG_IMM, FrameRepr, OP_WRITE};
 use state::{PathShared, Payload, Reg, RegMem, Shared, TxFrame, WrTrack};
 
+pub mod auth;
 pub mod config;
 mod dial;
 pub mod frame;
@@ -38,6 +40,7 @@ mod revive;
 mod setup;
 mod state;
 mod stream;
+mod window;
 
 pub use config::{
     BufferPolicy, DEFAULT_MAX_IO_THREADS, MAX_FRAME_BYTES, MAX_IO_THREADS, MAX_STREAMS,
@@ -46,9 +49,25 @@ pub use config::{
 };
 pub use dial::{MAX_PENDING_STREAMS, TcpPathSpec};
 pub use pool::io_threads;
-pub use revive::LinkCheck;
+pub use revive::{LinkCheck, MAX_REBUILD_GAP, MIN_REBUILD_GAP};
 pub use setup::{TcpAcceptor, TcpConnector, listen, listen_at, loopback_pair};
 pub use stream::{MAX_BUFFERED_CTRL, MAX_OUT_OF_ORDER};
+
+/// The refusal of GPU memory on a TCP connection, with what NCCL decided and the remedy. The
+/// plugin routes over TCP whatever the device advertises (a GB10's GPU has no GPU-direct RDMA, so
+/// NCCL never registers GPU memory there, although its NIC passes the DMA-BUF probe); a GPU
+/// registration is what shows that NCCL chose GPU-direct for this connection, and NCCL registers
+/// its connection buffers right after connecting, so this still fails at set-up.
+pub fn gpu_refusal(what: &str, addr: u64, len: usize, labels: &[String]) -> String {
+    format!(
+        "NCCL registered {what} at {addr:#x} ({len} bytes) on a connection whose paths are TCP \
+         ({}); TCP streams carry host memory only. NCCL chose GPU-direct RDMA for this connection \
+         (its device advertises NCCL_PTR_CUDA or NCCL_PTR_DMABUF, and NCCL judged the GPU close \
+         enough to the NIC). Set NCCL_NET_GDR_LEVEL=LOC on every rank (NCCL then keeps its network \
+         buffers in host memory, which TCP carries), or give both ends a RoCE port in a shared subnet",
+        labels.join(", ")
+    )
+}
 
 /// Writes up to this many bytes are copied when posted and sent as one frame.
 pub const COPY_AT_POST_BYTES: usize = 4096;
@@ -77,6 +96,8 @@ pub struct TcpFabric {
 /// without the connection's lock.
 struct TcpPinner {
     sh: Arc<Shared>,
+    /// The paths' labels, for the refusal of GPU memory.
+    labels: Vec<String>,
     tokens: Arc<Mutex<HashMap<u64, u32>>>,
     next_token: Arc<AtomicU64>,
     npaths: usize,
@@ -123,13 +144,27 @@ impl TcpPinner {
 }
 
 impl Pinner for TcpPinner {
+    fn register_dmabuf(
+        &self,
+        mem: &Lent,
+        _offset: u64,
+        _fd: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<Registration> {
+        Err(Error::InvalidUsage(gpu_refusal(
+            "GPU memory exported as DMA-BUF (regMrDmaBuf)",
+            mem.addr(),
+            mem.len(),
+            &self.labels,
+        )))
+    }
+
     fn register(&self, mem: &Lent, kind: MemKind) -> Result<Registration> {
         if kind == MemKind::Cuda {
-            return Err(Error::InvalidArgument(format!(
-                "GPU memory at {:#x} ({} bytes) on a TCP path; TCP paths accept host memory only \
-                 (NCCL_PTR_HOST: NCCL stages GPU buffers through host memory)",
+            return Err(Error::InvalidUsage(gpu_refusal(
+                "GPU memory (NCCL_PTR_CUDA)",
                 mem.addr(),
-                mem.len()
+                mem.len(),
+                &self.labels,
             )));
         }
         // The region keeps `mem`: the memory stays lent while a copy in flight holds the `Reg`.
@@ -212,6 +247,7 @@ impl TcpFabric {
     fn pinner_of(&self) -> TcpPinner {
         TcpPinner {
             sh: Arc::clone(&self.sh),
+            labels: self.paths.iter().map(|p| p.label.clone()).collect(),
             tokens: Arc::clone(&self.tokens),
             next_token: Arc::clone(&self.next_token),
             npaths: self.paths.len(),
@@ -245,6 +281,24 @@ impl Fabric for TcpFabric {
 
     fn deregister(&mut self, reg: &Registration) -> Result<()> {
         self.pinner_of().deregister(reg)
+    }
+
+    fn register_dmabuf(
+        &mut self,
+        mem: &Lent,
+        _offset: u64,
+        _fd: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<Registration> {
+        Err(Error::InvalidUsage(gpu_refusal(
+            "GPU memory exported as DMA-BUF (regMrDmaBuf)",
+            mem.addr(),
+            mem.len(),
+            &self
+                .paths
+                .iter()
+                .map(|p| p.label.clone())
+                .collect::<Vec<_>>(),
+        )))
     }
 
     fn pinner(&self) -> Option<Arc<dyn Pinner>> {
@@ -488,6 +542,14 @@ impl Fabric for TcpFabric {
 
     fn revive_path(&mut self, path: usize) -> Result<Revive> {
         self.revive(path)
+    }
+
+    fn stop_path(&mut self, path: usize) -> Result<()> {
+        self.stop(path)
+    }
+
+    fn seal_path(&mut self, path: usize) -> Result<bool> {
+        self.seal(path)
     }
 
     fn shutdown(&mut self) -> Result<()> {

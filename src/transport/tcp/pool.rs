@@ -27,7 +27,7 @@ use std::io;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
@@ -343,12 +343,15 @@ struct Worker {
     streams: HashMap<usize, StreamIo>,
     /// Streams with work left (ready and not yet blocked); the next wait does not block.
     run: Vec<usize>,
+    /// The earliest window guard due over its streams (`super::window`): the wait ends then.
+    guard_at: Option<Instant>,
 }
 
 fn worker_main(link: Arc<WorkerLink>, mut poll: Poll) {
     let mut w = Worker {
         streams: HashMap::new(),
         run: Vec::new(),
+        guard_at: None,
     };
     let what =
         match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.run(&link, &mut poll))) {
@@ -389,7 +392,8 @@ impl Worker {
         let mut events = Events::with_capacity(256);
         loop {
             let timeout = if self.run.is_empty() {
-                None
+                self.guard_at
+                    .map(|t| t.saturating_duration_since(Instant::now()))
             } else {
                 Some(Duration::ZERO)
             };
@@ -454,6 +458,27 @@ impl Worker {
                     st.queued_to_run = true;
                     self.run.push(id);
                 }
+                if let Some(t) = st.next_guard {
+                    self.guard_at = Some(self.guard_at.map_or(t, |g| g.min(t)));
+                }
+            }
+            self.guards();
+        }
+    }
+
+    /// Runs the window guards that are due and finds the next one.
+    fn guards(&mut self) {
+        let now = Instant::now();
+        if self.guard_at.is_none_or(|t| t > now) {
+            return;
+        }
+        self.guard_at = None;
+        for st in self.streams.values_mut() {
+            if st.next_guard.is_some_and(|t| t <= now) {
+                st.guard(now);
+            }
+            if let Some(t) = st.next_guard {
+                self.guard_at = Some(self.guard_at.map_or(t, |g| g.min(t)));
             }
         }
     }

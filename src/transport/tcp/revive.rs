@@ -1,17 +1,24 @@
-//! Failover and failback of one TCP path: [`TcpFabric`]'s `path_health` and `revive_path`.
+//! Failover and failback of one TCP path: [`TcpFabric`]'s `path_health`, `stop_path`,
+//! `seal_path` and `revive_path`.
 //!
 //! * **Health.** A path is unusable when its streams failed, when its local link is down
 //!   ([`LinkCheck`]: carrier or operstate, read by the plugin from sysfs; a link that went down
 //!   silently is seen at once, where TCP would retransmit for minutes), or, on the accepting side,
-//!   when the peer opened a complete set of new streams for it (the peer rebuilds it). Reporting it
-//!   closes its streams, so nothing of its work lands after the comm moved that work elsewhere.
+//!   when the peer opened a complete set of new streams for it (the peer rebuilds it). Reporting
+//!   it changes nothing: the comm then stops the path (nothing more sent) and, once the peer has
+//!   stopped it too, seals it (the streams drain what arrived, then abort), so that nothing the
+//!   peer counted delivered is lost and nothing lands after the comm settled the path's work.
 //! * **Rebuild.** The side that opened the connection's streams (the connector) opens the path's
 //!   streams again to the acceptor's listener, which the acceptor keeps for the connection's
-//!   lifetime. Each new stream carries the same hello as at set-up (the connection's nonce from the
-//!   authenticated handshake, the path, the stream count; it must come from the path's peer
-//!   address) plus a generation above the path's current one; stale or foreign streams are closed.
-//!   The new streams get a fresh [`PathShared`] (sequence numbers from 0, nothing pending, an
-//!   empty completion queue), so no frame of the old streams is ever applied.
+//!   lifetime. Each new stream is authenticated as at set-up (`super::auth`: it must come from the
+//!   path's peer address and answer a fresh challenge with a hello tagged by the connection
+//!   secret) and names a generation above the path's current one, which the tag covers: a
+//!   generation is the peer's to choose, and the path's only goes up. Stale, unauthenticated or
+//!   foreign streams are closed and change nothing; a working path is cut only once a complete,
+//!   authenticated set of new streams is there. The connector counts a generation per attempt, so
+//!   an attempt that failed half-way never collides with the next. The new streams get a fresh
+//!   [`PathShared`] (sequence numbers from 0, nothing pending, an empty completion queue), so no
+//!   frame of the old streams is ever applied.
 //! * **Agreement.** The hello and its acknowledgement are the exchange. Each end returns
 //!   [`Revive::Rebuilt`] when the new streams are installed but not yet served (the comm then posts
 //!   its receives), and [`Revive::Ready`] at the next call, when the streams join the I/O pool.
@@ -26,16 +33,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::TcpFabric;
+use super::auth::StreamKey;
 use super::config::TcpConfig;
 use super::dial::{
-    MAX_PENDING_STREAMS, OutStream, PendingHello, TcpPathSpec, check_hello, start_stream,
+    MAX_PENDING_STREAMS, OutStream, PendingHello, TcpPathSpec, drop_warn, make_room, start_stream,
 };
-use super::frame::{AckRepr, HelloRepr};
+use super::frame::{ACK_LEN, HelloRepr, NONCE_LEN, TAG_LEN};
 use super::pool;
 use super::state::PathShared;
 use crate::error::{Error, Result};
-use crate::transport::droplog::DropLog;
-use crate::transport::fabric::{Revive, WcStatus};
+use crate::transport::fabric::{Completion, Revive, WcOpcode, WcStatus};
 
 /// What a path's local link reports, asked by `path_health` and before each rebuild. The plugin
 /// reads the netdev's `carrier` and `operstate` (`src/plugin/factory/net.rs`); tests inject one.
@@ -49,16 +56,51 @@ const LINK_CHECK_EVERY: Duration = Duration::from_millis(10);
 /// How long a connector waits for the acknowledgements of a rebuilt path's streams before it
 /// gives up this attempt (the comm's next probe starts another, one generation up).
 const DIAL_TIMEOUT: Duration = Duration::from_secs(10);
+/// The least time between two rebuilds of a connection's paths (either end): a peer that rebuilds
+/// a path again and again (each a failover, a traffic stall and log lines here) gets one per gap.
+/// The gap doubles with every rebuild that comes within 60 s of the one before, up to
+/// [`MAX_REBUILD_GAP`] (below the connector's 10 s dial timeout, so a real peer's rebuild held back
+/// still lands).
+pub const MIN_REBUILD_GAP: Duration = Duration::from_secs(1);
+/// The longest gap between two rebuilds of a connection's paths.
+pub const MAX_REBUILD_GAP: Duration = Duration::from_secs(8);
+/// A rebuild this long after the one before starts the gap at [`MIN_REBUILD_GAP`] again.
+const REBUILD_QUIET: Duration = Duration::from_secs(60);
+
+/// When a connection's paths may be rebuilt next ([`MIN_REBUILD_GAP`]).
+#[derive(Debug, Default)]
+struct RebuildRate {
+    /// The last rebuild, and the gap that follows it.
+    last: Option<(Instant, Duration)>,
+}
+
+impl RebuildRate {
+    fn allowed(&self, now: Instant) -> bool {
+        self.last.is_none_or(|(t, gap)| now >= t + gap)
+    }
+
+    fn rebuilt(&mut self, now: Instant) {
+        let gap = match self.last {
+            Some((t, gap)) if now.saturating_duration_since(t) < gap + REBUILD_QUIET => gap
+                .saturating_mul(2)
+                .clamp(MIN_REBUILD_GAP, MAX_REBUILD_GAP),
+            _ => MIN_REBUILD_GAP,
+        };
+        self.last = Some((now, gap));
+    }
+}
 
 /// What a connected [`TcpFabric`] keeps to rebuild its paths.
 pub(super) struct Redial {
-    nonce: u64,
+    key: StreamKey,
     cfg: TcpConfig,
     specs: Vec<TcpPathSpec>,
     /// Acceptor: the set-up's listeners, kept for the connection's lifetime. Connector: `None`.
     listening: Option<Listening>,
     paths: Vec<PathRedial>,
     link: Option<Arc<dyn LinkCheck>>,
+    /// Rebuilds of this connection's paths, rate-limited ([`MIN_REBUILD_GAP`]).
+    rebuilds: RebuildRate,
 }
 
 struct Listening {
@@ -67,16 +109,23 @@ struct Listening {
     looked: Option<Instant>,
     /// Accepted connections whose hello is still arriving (at most [`MAX_PENDING_STREAMS`]).
     pending: Vec<PendingHello>,
-    drops: DropLog,
 }
+
+/// A stream of a newer generation that was authenticated, with the acknowledgement it gets once
+/// its path serves it.
+type Arrived = (TcpStream, [u8; ACK_LEN]);
 
 #[derive(Default)]
 struct PathRedial {
     /// Generation of the path's current streams (0: those of the set-up).
     generation: u32,
+    /// Connector: the last generation dialed (every attempt takes a new one).
+    dialed: u32,
     step: Step,
     /// Acceptor: the streams of a newer generation that have arrived, by stream index.
-    arriving: Option<(u32, Vec<Option<TcpStream>>)>,
+    arriving: Option<(u32, Vec<Option<Arrived>>)>,
+    /// Acceptor: the acknowledgements of the installed streams, sent when they are served.
+    acks: Vec<[u8; ACK_LEN]>,
     /// The last link reading and when it was taken.
     link: Option<(Instant, Option<String>)>,
 }
@@ -100,7 +149,7 @@ enum Step {
 impl Redial {
     /// For a connector (`listeners` empty) or an acceptor (one listener per path).
     pub(super) fn new(
-        nonce: u64,
+        key: StreamKey,
         cfg: &TcpConfig,
         specs: &[TcpPathSpec],
         listeners: Vec<TcpListener>,
@@ -109,15 +158,15 @@ impl Redial {
             listeners,
             looked: None,
             pending: Vec::new(),
-            drops: DropLog::default(),
         });
         Redial {
-            nonce,
+            key,
             cfg: cfg.clone(),
             specs: specs.to_vec(),
             listening,
             paths: specs.iter().map(|_| PathRedial::default()).collect(),
             link: None,
+            rebuilds: RebuildRate::default(),
         }
     }
 
@@ -153,21 +202,37 @@ impl Redial {
                 let want = self.specs[i].remote.ip();
                 let refused = if from.ip() != want {
                     Some(format!("the path's peer is {want}"))
-                } else if l.pending.len() >= MAX_PENDING_STREAMS {
-                    Some(format!(
-                        "{MAX_PENDING_STREAMS} connections already wait for their hello"
-                    ))
                 } else {
-                    None
+                    match make_room(&mut l.pending) {
+                        Ok(None) => None,
+                        Ok(Some(old)) => {
+                            drop_warn(now, old.from.ip(), || {
+                                format!(
+                                    "TCP path {}: dropped the oldest of {MAX_PENDING_STREAMS} reconnects that sent no whole hello, for a newer one",
+                                    old.path
+                                )
+                            });
+                            None
+                        }
+                        Err(()) => Some(format!(
+                            "{MAX_PENDING_STREAMS} reconnects wait with their hello to check"
+                        )),
+                    }
                 };
                 if let Some(why) = refused {
-                    let what = format!("TCP path {i}: reconnect from {from} refused: {why}");
-                    if let Some(line) = l.drops.note(now, from.ip(), &what) {
-                        tracing::warn!("NET/switchless: {line}");
-                    }
+                    drop_warn(now, from.ip(), || {
+                        format!("TCP path {i}: reconnect from {from} refused: {why}")
+                    });
                     continue;
                 }
-                l.pending.push(PendingHello::new(sock, from, i, now));
+                match PendingHello::challenge(sock, from, i, now) {
+                    Ok(ph) => l.pending.push(ph),
+                    Err(e) => {
+                        drop_warn(now, from.ip(), || {
+                            format!("TCP path {i}: reconnect from {from} dropped: {e}")
+                        });
+                    }
+                }
             }
         }
         let mut k = 0;
@@ -179,28 +244,28 @@ impl Redial {
             let ph = l.pending.swap_remove(k);
             let (i, from) = (ph.path, ph.from);
             let checked = verdict
-                .and_then(|()| check_hello(&ph.buf, i, self.specs.len(), self.nonce))
-                .and_then(|h| file(&mut self.paths[i], h).map(|()| h));
+                .and_then(|()| ph.check(&self.key, self.specs.len()))
+                .and_then(|(h, ack)| file(&mut self.paths[i], h).map(|()| (h, ack)));
             match checked {
-                Ok(h) => {
+                Ok((h, ack)) => {
                     if let Some((_, slots)) = self.paths[i].arriving.as_mut()
                         && let Some(slot) = slots.get_mut(usize::from(h.stream))
                     {
-                        *slot = Some(ph.sock);
+                        *slot = Some((ph.sock, ack));
                     }
                 }
                 Err(e) => {
-                    let what = format!("TCP path {i}: reconnect from {from} rejected: {e}");
-                    if let Some(line) = l.drops.note(now, from.ip(), &what) {
-                        tracing::warn!("NET/switchless: {line}");
-                    }
+                    drop_warn(now, from.ip(), || {
+                        format!("TCP path {i}: reconnect from {from} rejected: {e}")
+                    });
                 }
             }
         }
     }
 
-    /// Acceptor: the generation and streams of path `p` once all have arrived.
-    fn arrived(&mut self, p: usize) -> Option<(u32, Vec<TcpStream>)> {
+    /// Acceptor: the generation and streams (with their acknowledgements) of path `p` once all
+    /// have arrived.
+    fn arrived(&mut self, p: usize) -> Option<(u32, Vec<Arrived>)> {
         let st = self.paths.get_mut(p)?;
         let complete = st
             .arriving
@@ -214,8 +279,9 @@ impl Redial {
     }
 }
 
-/// Checks a reconnect hello against path `st` and makes room for its stream: its generation must
-/// be above the path's current one; a newer generation than the one arriving replaces it.
+/// Checks an authenticated reconnect hello against path `st` and makes room for its stream: its
+/// generation must be above the path's current one; a newer generation than the one arriving
+/// replaces it (the peer gave that attempt up: only the peer can tag a hello).
 fn file(st: &mut PathRedial, h: HelloRepr) -> Result<()> {
     let (g, n, s) = (h.generation, usize::from(h.nstreams), usize::from(h.stream));
     if g <= st.generation {
@@ -259,6 +325,38 @@ impl TcpFabric {
         }
     }
 
+    /// Tests: the acknowledgements of data path `path` are lost. Its work requests outstanding
+    /// fail (the first with a retry error, the rest flushed), although their frames, queued or
+    /// with the kernel, still go out and land at the peer; what is posted later fails. Unknown
+    /// paths are ignored.
+    pub fn lose_completions(&self, path: usize) {
+        let Ok(p) = self.sh.path(path) else {
+            return;
+        };
+        let Ok(mut tx) = p.tx() else {
+            return;
+        };
+        tx.error = true;
+        let mut status = WcStatus::RETRY_EXC_ERR;
+        while let Some(w) = tx.wrs.pop_front() {
+            tx.first_wr += 1;
+            p.complete(Completion::without_data(
+                w.wr_id,
+                status,
+                WcOpcode::RdmaWrite,
+            ));
+            status = WcStatus::WR_FLUSH_ERR;
+        }
+    }
+
+    /// Tests: while `held`, nothing of data path `path` is read (what the peer sends waits in the
+    /// kernel's buffers, acknowledged by it, as on a slow receiver); released, it is read again.
+    pub fn hold_receiving(&self, path: usize, held: bool) {
+        if let Ok(p) = self.sh.path(path) {
+            p.rx_held.store(held, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
     /// The ports of the listeners an accepting endpoint keeps for rebuilds, per path (empty for a
     /// connector, or before the streams are connected).
     pub fn rebuild_ports(&self) -> Vec<u16> {
@@ -281,6 +379,20 @@ impl TcpFabric {
             .map_or(0, |p| p.generation)
     }
 
+    /// `Fabric::stop_path`: see [`PathShared::stop`].
+    pub(super) fn stop(&mut self, path: usize) -> Result<()> {
+        self.check_path(path)?.stop("failed over");
+        Ok(())
+    }
+
+    /// `Fabric::seal_path`: see [`PathShared::cut`].
+    pub(super) fn seal(&mut self, path: usize) -> Result<bool> {
+        let p = self.check_path(path)?;
+        p.stop("failed over");
+        cut(&p, "sealed after failover");
+        Ok(p.sealed())
+    }
+
     /// `Fabric::path_health`: see the module docs.
     pub(super) fn health_of(&mut self, path: usize) -> Result<()> {
         let p = self.check_path(path)?;
@@ -298,10 +410,13 @@ impl TcpFabric {
                         l.looked = Some(now);
                         r.accept();
                     }
+                    // A complete, authenticated set of new streams replaces a working path, at the
+                    // connection's rebuild rate (until then the set waits).
                     r.paths[path]
                         .arriving
                         .as_ref()
                         .filter(|(_, s)| s.iter().all(Option::is_some))
+                        .filter(|_| r.rebuilds.allowed(now))
                         .map(|(g, _)| format!("the peer rebuilt it (stream generation {g})"))
                 }
             },
@@ -311,12 +426,11 @@ impl TcpFabric {
             let rx = p.rx().map_or(true, |r| r.error);
             (tx || rx).then(|| "its streams failed".to_string())
         });
+        // Reported only: the comm stops the path (`stop_path`), and seals it once the peer has
+        // stopped it too (`seal_path`), so what the peer counts delivered is applied here.
         match why {
             None => Ok(()),
-            Some(why) => {
-                cut(&p, &why);
-                Err(Error::Remote(format!("TCP path {}: {why}", p.label)))
-            }
+            Some(why) => Err(Error::Remote(format!("TCP path {}: {why}", p.label))),
         }
     }
 
@@ -340,19 +454,41 @@ impl TcpFabric {
             r.paths[path].arriving = None;
             return Ok(Revive::Down);
         }
+        if !r.rebuilds.allowed(Instant::now()) {
+            // The connection's rebuild rate: an acceptor keeps what arrived, a connector dials
+            // at a later probe.
+            if r.listening.is_some() {
+                r.accept();
+                return Ok(Revive::Pending);
+            }
+            if matches!(r.paths[path].step, Step::Idle) {
+                tracing::debug!(
+                    "NET/switchless: TCP path {path}: rebuild held back (at most one per {} s after the last)",
+                    MIN_REBUILD_GAP.as_secs()
+                );
+                return Ok(Revive::Down);
+            }
+        }
         if r.listening.is_some() {
             r.accept();
             return match r.arrived(path) {
-                Some((g, socks)) => self.install(path, g, socks).map(|()| Revive::Rebuilt),
+                Some((g, arrived)) => {
+                    let (socks, acks) = arrived.into_iter().unzip();
+                    r.paths[path].acks = acks;
+                    self.install(path, g, socks).map(|()| Revive::Rebuilt)
+                }
                 // The connector dials when its link is up: look again soon.
                 None => Ok(Revive::Pending),
             };
         }
         let st = &mut r.paths[path];
         if matches!(st.step, Step::Idle) {
-            let generation = st.generation.checked_add(1).ok_or_else(|| {
+            // A new generation per attempt: streams of an attempt that failed half-way (some
+            // acknowledged, some not) never collide with the next one's at the acceptor.
+            let generation = st.generation.max(st.dialed).checked_add(1).ok_or_else(|| {
                 Error::Internal(format!("TCP path {path}: stream generations exhausted"))
             })?;
+            st.dialed = generation;
             let spec = &r.specs[path];
             let mut socks = Vec::with_capacity(n);
             for s in 0..n {
@@ -361,10 +497,12 @@ impl TcpFabric {
                     path: byte(path)?,
                     nstreams: byte(n)?,
                     stream: byte(s)?,
-                    nonce: r.nonce,
                     generation,
+                    conn: 0,
+                    nonce: [0; NONCE_LEN],
+                    tag: [0; TAG_LEN],
                 };
-                match start_stream(spec, &hello, &r.cfg) {
+                match start_stream(spec, &hello, &r.key, &r.cfg) {
                     Ok(o) => socks.push(o),
                     Err(e) => {
                         tracing::debug!("NET/switchless: TCP path {path}: rebuild: {e}");
@@ -434,6 +572,7 @@ impl TcpFabric {
         if let Some(r) = self.redial.as_mut() {
             r.paths[path].generation = g;
             r.paths[path].step = Step::Installed;
+            r.rebuilds.rebuilt(Instant::now());
         }
         tracing::info!(
             "NET/switchless: TCP path {}: new streams connected ({n} streams, generation {g})",
@@ -446,13 +585,21 @@ impl TcpFabric {
     /// from now on), and they join the I/O pool.
     fn serve(&mut self, path: usize) -> Result<()> {
         let p = self.sh.path(path)?;
-        if self.redial.as_ref().is_some_and(|r| r.listening.is_some()) {
+        if let Some(r) = self.redial.as_mut()
+            && r.listening.is_some()
+        {
+            let acks = std::mem::take(&mut r.paths[path].acks);
             for (s, st) in p.streams.iter().enumerate() {
-                // 8 bytes into a fresh socket's empty buffer: never blocks.
+                let Some(ack) = acks.get(s) else {
+                    cut(&p, &format!("stream {s} has no acknowledgement"));
+                    continue;
+                };
+                // 24 bytes into a socket buffer that holds at most the 24-byte challenge: never
+                // blocks.
                 let sent = st
                     .sock
                     .set_nodelay(true)
-                    .and_then(|()| (&st.sock).write_all(&AckRepr.to_bytes()));
+                    .and_then(|()| (&st.sock).write_all(ack));
                 if let Err(e) = sent {
                     cut(&p, &format!("acknowledging stream {s}: {e}"));
                 }
@@ -498,8 +645,10 @@ mod tests {
             path: 0,
             nstreams,
             stream,
-            nonce: 9,
             generation,
+            conn: 9,
+            nonce: [0; NONCE_LEN],
+            tag: [0; TAG_LEN],
         }
     }
 
@@ -520,7 +669,7 @@ mod tests {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let sock = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         if let Some((_, slots)) = st.arriving.as_mut() {
-            slots[1] = Some(sock);
+            slots[1] = Some((sock, [0; ACK_LEN]));
         }
         // The same stream twice, or another count: refused.
         assert!(file(&mut st, hello(3, 1, 2)).is_err());

@@ -13,17 +13,18 @@ use std::time::{Duration, Instant};
 use socket2::{Domain, Protocol, Socket, Type};
 
 use super::TcpFabric;
+use super::auth::{StreamKey, random_secret};
 use super::config::{TcpConfig, apply_options, streams_for_speed};
 use super::dial::{
-    MAX_PENDING_STREAMS, OutStream, PendingHello, TcpPathSpec, check_hello, start_stream,
+    MAX_PENDING_STREAMS, OutStream, PendingHello, TcpPathSpec, drop_warn, make_room, start_stream,
 };
-use super::frame::{AckRepr, HelloRepr};
+use super::frame::{HelloRepr, NONCE_LEN, TAG_LEN};
 use super::pool;
 use super::revive::Redial;
 use super::state::{PathShared, Shared};
 use crate::error::{Error, Result};
-use crate::transport::droplog::DropLog;
 use crate::transport::fabric::{Fabric, PathInfo, PathRole};
+use crate::transport::handshake::auth::ConnSecret;
 
 /// Binds a listener for one path on `local` (port chosen by the kernel), with the socket buffers of
 /// `cfg` already applied (accepted sockets inherit them, which the TCP window scale needs).
@@ -101,6 +102,7 @@ impl TcpFabric {
             paths: shared,
             regs: RwLock::new(HashMap::new()),
             peer_data_writes: AtomicBool::new(true),
+            user_timeout: cfg.user_timeout,
         });
         let mut fab = TcpFabric {
             sh: Arc::clone(&sh),
@@ -174,8 +176,12 @@ impl TcpFabric {
 
     /// Connects every path and waits for the acceptor: [`TcpConnector::start`] then
     /// [`TcpConnector::poll`] until done (bounded by [`TcpConfig::connect_timeout`] when set).
-    pub fn connect(specs: &[TcpPathSpec], nonce: u64, cfg: &TcpConfig) -> Result<TcpFabric> {
-        let mut c = TcpConnector::start(specs, nonce, cfg)?;
+    pub fn connect(
+        specs: &[TcpPathSpec],
+        secret: &ConnSecret,
+        cfg: &TcpConfig,
+    ) -> Result<TcpFabric> {
+        let mut c = TcpConnector::start(specs, secret, cfg)?;
         loop {
             if let Some(f) = c.poll()? {
                 return Ok(f);
@@ -189,10 +195,10 @@ impl TcpFabric {
     pub fn accept(
         listeners: &[TcpListener],
         specs: &[TcpPathSpec],
-        nonce: u64,
+        secret: &ConnSecret,
         cfg: &TcpConfig,
     ) -> Result<TcpFabric> {
-        let mut a = TcpAcceptor::new(listeners, specs, nonce, cfg)?;
+        let mut a = TcpAcceptor::new(listeners, specs, secret, cfg)?;
         loop {
             if let Some(f) = a.poll()? {
                 return Ok(f);
@@ -215,17 +221,23 @@ pub struct TcpConnector {
     socks: Vec<Vec<OutStream>>,
     deadline: Option<Instant>,
     pre: Option<TcpFabric>,
-    nonce: u64,
+    key: StreamKey,
 }
 
 impl TcpConnector {
     /// Starts `streams` TCP connections per path (from [`TcpConfig::streams`] or
     /// [`streams_for_speed`]), each bound to `spec.local` and connecting to `spec.remote` without
-    /// waiting; each is announced with `nonce` (the value the acceptor expects, from the handshake),
-    /// the path index and the stream count once connected.
-    pub fn start(specs: &[TcpPathSpec], nonce: u64, cfg: &TcpConfig) -> Result<TcpConnector> {
+    /// waiting; each answers the acceptor's challenge with a hello (the path index, the stream
+    /// count) tagged with a key derived from `secret`, the connection's secret from the
+    /// authenticated handshake (`super::auth`).
+    pub fn start(
+        specs: &[TcpPathSpec],
+        secret: &ConnSecret,
+        cfg: &TcpConfig,
+    ) -> Result<TcpConnector> {
         cfg.check()?;
         check_specs(specs)?;
+        let key = StreamKey::new(secret);
         let deadline = cfg.connect_timeout.map(|t| Instant::now() + t);
         let mut all = Vec::with_capacity(specs.len());
         for (i, spec) in specs.iter().enumerate() {
@@ -245,10 +257,12 @@ impl TcpConnector {
                     path: byte(i)?,
                     nstreams: byte(n)?,
                     stream: byte(s)?,
-                    nonce,
                     generation: 0,
+                    conn: 0,
+                    nonce: [0; NONCE_LEN],
+                    tag: [0; TAG_LEN],
                 };
-                socks.push(start_stream(spec, &hello, cfg)?);
+                socks.push(start_stream(spec, &hello, &key, cfg)?);
             }
             all.push(socks);
         }
@@ -258,7 +272,7 @@ impl TcpConnector {
             socks: all,
             deadline,
             pre: None,
-            nonce,
+            key,
         })
     }
 
@@ -291,7 +305,7 @@ impl TcpConnector {
             .into_iter()
             .map(|v| v.into_iter().filter_map(OutStream::into_stream).collect())
             .collect();
-        let redial = Redial::new(self.nonce, &self.cfg, &self.specs, Vec::new());
+        let redial = Redial::new(self.key.clone(), &self.cfg, &self.specs, Vec::new());
         TcpFabric::from_streams(
             &self.specs,
             socks,
@@ -312,25 +326,24 @@ pub struct TcpAcceptor {
     listeners: Vec<TcpListener>,
     specs: Vec<TcpPathSpec>,
     cfg: TcpConfig,
-    nonce: u64,
+    key: StreamKey,
     slots: Vec<Vec<Option<TcpStream>>>,
     /// Accepted connections whose hello is still arriving.
     pending: Vec<PendingHello>,
     deadline: Option<Instant>,
     pre: Option<TcpFabric>,
-    /// Warnings about refused connections, rate-limited per source.
-    drops: DropLog,
 }
 
 impl TcpAcceptor {
     /// Takes one listener per path (from [`listen`]; `listeners[i]` serves path `i`). Streams must
-    /// come from the path's peer address `specs[path].remote` (which must be set) and carry `nonce`
-    /// and the right path index and count; anything else is closed and logged (rate-limited), not
-    /// fatal.
+    /// come from the path's peer address `specs[path].remote` (which must be set), answer the
+    /// challenge sent on them with a hello tagged with a key derived from `secret` (the
+    /// connection's secret from the authenticated handshake) and carry the right path index and
+    /// count; anything else is closed and logged (rate-limited), not fatal.
     pub fn new(
         listeners: &[TcpListener],
         specs: &[TcpPathSpec],
-        nonce: u64,
+        secret: &ConnSecret,
         cfg: &TcpConfig,
     ) -> Result<TcpAcceptor> {
         cfg.check()?;
@@ -367,12 +380,11 @@ impl TcpAcceptor {
             listeners,
             specs: specs.to_vec(),
             cfg: cfg.clone(),
-            nonce,
+            key: StreamKey::new(secret),
             slots: (0..specs.len()).map(|_| Vec::new()).collect(),
             pending: Vec::new(),
             deadline: cfg.connect_timeout.map(|t| Instant::now() + t),
             pre: None,
-            drops: DropLog::default(),
         })
     }
 
@@ -429,7 +441,7 @@ impl TcpAcceptor {
         // The listeners stay open for the connection's lifetime: a failed path is rebuilt through
         // them (failback).
         let listeners = std::mem::take(&mut self.listeners);
-        let redial = Redial::new(self.nonce, &self.cfg, &self.specs, listeners);
+        let redial = Redial::new(self.key.clone(), &self.cfg, &self.specs, listeners);
         TcpFabric::from_streams(
             &self.specs,
             streams,
@@ -441,12 +453,14 @@ impl TcpAcceptor {
         .map(Some)
     }
 
-    /// New connections: checks the peer address, then waits for the hello without blocking.
-    /// Running out of fds, buffers or memory on `accept` is logged and retried on the next poll.
+    /// New connections: checks the peer address, then waits for the hello without blocking. At
+    /// most [`MAX_PENDING_STREAMS`] per listener per call (a flood waits in the kernel's queue for
+    /// the next call). Running out of fds, buffers or memory on `accept` is logged and retried on
+    /// the next poll.
     fn accept_new(&mut self) -> Result<()> {
         let now = Instant::now();
         for (i, l) in self.listeners.iter().enumerate() {
-            loop {
+            for _ in 0..MAX_PENDING_STREAMS {
                 let (sock, from) = match l.accept() {
                     Ok(x) => x,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -458,11 +472,9 @@ impl TcpAcceptor {
                         ) =>
                     {
                         let any = IpAddr::from([0, 0, 0, 0]);
-                        let what =
-                            format!("accepting on TCP path {i} failed for now, retried: {e}");
-                        if let Some(line) = self.drops.note(now, any, &what) {
-                            tracing::warn!("NET/switchless: {line}");
-                        }
+                        drop_warn(now, any, || {
+                            format!("accepting on TCP path {i} failed for now, retried: {e}")
+                        });
                         break;
                     }
                     Err(e) => return Err(Error::io(format!("accepting on TCP path {i}"), e)),
@@ -470,21 +482,37 @@ impl TcpAcceptor {
                 let want = self.specs[i].remote.ip();
                 let refused = if from.ip() != want {
                     Some(format!("the path's peer is {want}"))
-                } else if self.pending.len() >= MAX_PENDING_STREAMS {
-                    Some(format!(
-                        "{MAX_PENDING_STREAMS} connections already wait for their hello"
-                    ))
                 } else {
-                    None
+                    match make_room(&mut self.pending) {
+                        Ok(None) => None,
+                        Ok(Some(old)) => {
+                            drop_warn(now, old.from.ip(), || {
+                                format!(
+                                    "TCP path {}: dropped the oldest of {MAX_PENDING_STREAMS} connections that sent no whole hello, for a newer one",
+                                    old.path
+                                )
+                            });
+                            None
+                        }
+                        Err(()) => Some(format!(
+                            "{MAX_PENDING_STREAMS} connections wait with their hello to check"
+                        )),
+                    }
                 };
                 if let Some(why) = refused {
-                    let what = format!("TCP path {i}: connection from {from} refused: {why}");
-                    if let Some(line) = self.drops.note(now, from.ip(), &what) {
-                        tracing::warn!("NET/switchless: {line}");
-                    }
+                    drop_warn(now, from.ip(), || {
+                        format!("TCP path {i}: connection from {from} refused: {why}")
+                    });
                     continue;
                 }
-                self.pending.push(PendingHello::new(sock, from, i, now));
+                match PendingHello::challenge(sock, from, i, now) {
+                    Ok(ph) => self.pending.push(ph),
+                    Err(e) => {
+                        drop_warn(now, from.ip(), || {
+                            format!("TCP path {i}: connection from {from} dropped: {e}")
+                        });
+                    }
+                }
             }
         }
         Ok(())
@@ -495,20 +523,19 @@ impl TcpAcceptor {
     fn file(&mut self, ph: PendingHello, verdict: Result<()>) {
         let (i, from) = (ph.path, ph.from);
         let checked = verdict
-            .and_then(|()| check_hello(&ph.buf, i, self.specs.len(), self.nonce))
-            .and_then(|h| match h.generation {
-                0 => Ok((usize::from(h.stream), usize::from(h.nstreams))),
+            .and_then(|()| ph.check(&self.key, self.specs.len()))
+            .and_then(|(h, ack)| match h.generation {
+                0 => Ok((usize::from(h.stream), usize::from(h.nstreams), ack)),
                 g => Err(Error::Remote(format!(
                     "stream generation {g} while the connection is being set up (generation 0)"
                 ))),
             });
-        let (s, n) = match checked {
+        let (s, n, ack) = match checked {
             Ok(x) => x,
             Err(e) => {
-                let what = format!("TCP path {i}: connection from {from} rejected: {e}");
-                if let Some(line) = self.drops.note(Instant::now(), from.ip(), &what) {
-                    tracing::warn!("NET/switchless: {line}");
-                }
+                drop_warn(Instant::now(), from.ip(), || {
+                    format!("TCP path {i}: connection from {from} rejected: {e}")
+                });
                 return;
             }
         };
@@ -517,19 +544,16 @@ impl TcpAcceptor {
             slot.resize_with(n, || None);
         }
         if slot.len() != n || slot[s].is_some() {
-            let what = format!(
-                "TCP path {i}: stream {s} of {n} from {from} conflicts with streams already accepted; closed"
-            );
-            if let Some(line) = self.drops.note(Instant::now(), from.ip(), &what) {
-                tracing::warn!("NET/switchless: {line}");
-            }
+            drop_warn(Instant::now(), from.ip(), || {
+                format!(
+                    "TCP path {i}: stream {s} of {n} from {from} conflicts with streams already accepted; closed"
+                )
+            });
             return;
         }
         let mut sock = ph.sock;
-        // 8 bytes into an empty socket buffer: never blocks.
-        let sent = sock
-            .set_nodelay(true)
-            .and_then(|()| sock.write_all(&AckRepr.to_bytes()));
+        // 24 bytes into a socket buffer that holds at most the 24-byte challenge: never blocks.
+        let sent = sock.set_nodelay(true).and_then(|()| sock.write_all(&ack));
         if let Err(e) = sent {
             tracing::warn!("NET/switchless: TCP path {i}: acknowledging stream {s} to {from}: {e}");
             return;
@@ -579,12 +603,10 @@ pub fn loopback_pair(speeds_mbps: &[u64], cfg: &TcpConfig) -> Result<(TcpFabric,
             label: String::new(),
         });
     }
-    let nonce = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(7, |d| d.as_nanos() as u64);
+    let secret = random_secret()?;
     let c = cfg.clone();
-    let t = std::thread::spawn(move || TcpFabric::connect(&conn_specs, nonce, &c));
-    let acc = TcpFabric::accept(&listeners, &acc_specs, nonce, cfg);
+    let t = std::thread::spawn(move || TcpFabric::connect(&conn_specs, &secret, &c));
+    let acc = TcpFabric::accept(&listeners, &acc_specs, &secret, cfg);
     let con = t
         .join()
         .map_err(|_| Error::Internal("TCP connect thread panicked".into()))?;

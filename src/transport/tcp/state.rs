@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::frame::HEADER_LEN;
@@ -162,9 +162,16 @@ pub(super) struct PathShared {
     pub(super) tx: Mutex<TxState>,
     pub(super) rx: Mutex<RxState>,
     pub(super) cq: Mutex<VecDeque<Completion>>,
-    /// Failed over ([`PathShared::cut`]): the streams drain what the peer's kernel acknowledged,
+    /// Sealed ([`PathShared::cut`]): the streams drain what the peer's kernel acknowledged,
     /// then abort.
     pub(super) cut: AtomicBool,
+    /// Stopped ([`PathShared::stop`]): nothing more is sent; receiving goes on.
+    pub(super) stopped: AtomicBool,
+    /// Streams whose receiving direction ended (for any reason): none of them places a byte any
+    /// more.
+    pub(super) rx_ends: AtomicUsize,
+    /// Tests: the workers read nothing of this path (what the peer sends waits in the kernel).
+    pub(super) rx_held: AtomicBool,
 }
 
 /// Everything of one endpoint that its I/O workers touch.
@@ -181,6 +188,9 @@ pub(super) struct Shared {
     /// clears it ([`super::TcpFabric::refuse_peer_data_writes`]): its data registrations are send
     /// buffers, and the peer writes only its control memory.
     pub(super) peer_data_writes: AtomicBool,
+    /// `TCP_USER_TIMEOUT` of the streams (`TcpConfig::user_timeout`), which a stream whose peer
+    /// stopped reading suspends (`super::stream`, the window guard).
+    pub(super) user_timeout: Option<std::time::Duration>,
 }
 
 impl Shared {
@@ -243,15 +253,32 @@ impl PathShared {
             rx: Mutex::new(RxState::default()),
             cq: Mutex::new(VecDeque::new()),
             cut: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
+            rx_ends: AtomicUsize::new(0),
+            rx_held: AtomicBool::new(false),
         }
     }
 
-    /// Takes the path out of service after the comm failed over from it (its link is down, or the
-    /// peer rebuilds it). Outstanding work requests flush at once (the comm moves them). Receiving
-    /// goes on until each stream's kernel queue is empty: what the peer's kernel acknowledged is
-    /// complete at the peer, which will not send it again, so it is applied here; then each stream
-    /// aborts (`sys::socket::abort`: our unacknowledged bytes are purged, never delivered late)
-    /// and, once all have, posted receives flush.
+    /// The comm failed over from this path (`Fabric::stop_path`): outstanding work requests flush
+    /// at once and nothing more is sent; what the peer sends is still received and applied (the
+    /// peer may count it complete: its kernel has our acknowledgement) until [`PathShared::cut`].
+    pub(super) fn stop(&self, why: &str) {
+        self.stopped.store(true, Ordering::SeqCst);
+        self.fail_tx(WcStatus::WR_FLUSH_ERR, None, why);
+    }
+
+    /// Whether nothing the peer sent lands any more: cut, and every stream's receiving direction
+    /// has ended (what arrived before is applied, its completions queued).
+    pub(super) fn sealed(&self) -> bool {
+        self.cut.load(Ordering::SeqCst) && self.rx_ends.load(Ordering::SeqCst) >= self.streams.len()
+    }
+
+    /// Seals the path (`Fabric::seal_path`, once the peer has stopped it; or a path set up anew
+    /// that failed). Outstanding work requests flush at once. Receiving goes on until each
+    /// stream's kernel queue is empty: what the peer's kernel acknowledged, the peer may have
+    /// counted complete, so it is applied here; then each stream aborts (`sys::socket::abort`:
+    /// our unacknowledged bytes are purged, never delivered late) and, once all have, posted
+    /// receives flush.
     pub(super) fn cut(&self, why: &str) {
         if self.cut.swap(true, Ordering::SeqCst) {
             return;

@@ -11,12 +11,14 @@ use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use mio::unix::SourceFd;
 use mio::{Interest, Poll, Token};
 
 use super::frame::{Frame, FrameRepr, HEADER_LEN};
 use super::state::{Effect, PathShared, Payload, Reg, RegMem, Shared, StreamShared, TxFrame};
+use super::window::{self, Verdict};
 use crate::error::Error;
 use crate::sys::socket as rawmem;
 use crate::transport::fabric::{Completion, WcOpcode, WcStatus};
@@ -169,6 +171,11 @@ pub(super) struct StreamIo {
     /// `WRITABLE` is part of the registered interest.
     want_write: bool,
     pub(super) queued_to_run: bool,
+    /// When the window guard looks at this stream next (`super::window`): set while bytes the
+    /// peer has not acknowledged may be in the kernel.
+    pub(super) next_guard: Option<Instant>,
+    /// The stream's user timeout is suspended: the peer's window is closed, the peer alive.
+    suspended: bool,
 }
 
 impl StreamIo {
@@ -189,12 +196,73 @@ impl StreamIo {
             tx_done: false,
             want_write: false,
             queued_to_run: false,
+            next_guard: None,
+            suspended: false,
+        }
+    }
+
+    /// The window guard (`super::window`): a peer that stopped reading, but answers, keeps its
+    /// stream; one that answers no window probe loses it. Called when [`StreamIo::next_guard`] is
+    /// due; sets the next time, or none once nothing is outstanding.
+    pub(super) fn guard(&mut self, now: Instant) {
+        self.next_guard = None;
+        let Some(timeout) = self.sh.user_timeout else {
+            return;
+        };
+        if self.tx_done || self.sh.stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let path = Arc::clone(&self.path);
+        let sock = &path.streams[self.s].sock;
+        let Ok(info) = rawmem::tcp_info(sock) else {
+            return;
+        };
+        match window::verdict(&info, self.suspended, timeout) {
+            Verdict::Nothing => {}
+            Verdict::Suspend => {
+                if rawmem::set_user_timeout(sock, 0).is_ok() {
+                    self.suspended = true;
+                    tracing::debug!(
+                        "NET/switchless: TCP path {} stream {}: the peer's receive window is closed \
+                         and it answers: its user timeout is suspended (a slow peer is not a dead one)",
+                        path.label,
+                        self.s
+                    );
+                }
+            }
+            Verdict::Restore => self.restore_timeout(),
+            Verdict::Dead(why) => {
+                self.tx_done = true;
+                self.tx_failed(
+                    WcStatus::RETRY_EXC_ERR,
+                    self.tx.frame().map(|f| f.wr),
+                    &format!("stream {}: {why}", self.s),
+                );
+                return;
+            }
+        }
+        let outstanding = info.unacked > 0 || info.notsent_bytes > 0;
+        if outstanding || self.suspended {
+            self.next_guard = Some(now + window::guard_every(timeout));
+        }
+    }
+
+    /// Puts the stream's user timeout back after [`StreamIo::guard`] suspended it.
+    fn restore_timeout(&mut self) {
+        if !self.suspended {
+            return;
+        }
+        let ms = window::timeout_ms(self.sh.user_timeout);
+        if rawmem::set_user_timeout(&self.path.streams[self.s].sock, ms).is_ok() {
+            self.suspended = false;
         }
     }
 
     /// One turn of each direction that is ready; keeps `WRITABLE` interest while a frame waits.
     pub(super) fn service(&mut self, poll: &Poll) {
-        if self.rx_ready {
+        if self.rx_ready && self.path.rx_held.load(Ordering::Relaxed) {
+            // Held (tests): looked at again on the next turn, read once released.
+        } else if self.rx_ready {
             let t = if self.rx_done || self.sh.stop.load(Ordering::Relaxed) {
                 Turn::Idle
             } else {
@@ -210,12 +278,24 @@ impl StreamIo {
             self.rx_ready = t == Turn::More;
         }
         if self.tx_ready {
+            let written = self.path.streams[self.s].written.load(Ordering::Relaxed);
             let t = if self.tx_done || self.sh.stop.load(Ordering::Relaxed) {
                 Turn::Idle
             } else {
                 self.tx_turn()
             };
             self.tx_ready = t == Turn::More;
+            let wrote = self.path.streams[self.s].written.load(Ordering::Relaxed) != written;
+            if wrote {
+                // Bytes went to the kernel: the window opened (or was open).
+                self.restore_timeout();
+            }
+            if (wrote || t == Turn::Blocked)
+                && self.next_guard.is_none()
+                && let Some(timeout) = self.sh.user_timeout
+            {
+                self.next_guard = Some(Instant::now() + window::guard_every(timeout));
+            }
             // WRITABLE interest only while a frame waits for room.
             let want = match t {
                 Turn::Blocked => true,
@@ -418,6 +498,8 @@ impl StreamIo {
         let path = &*self.path;
         let s = self.s;
         let stopping = self.sh.stop.load(Ordering::Relaxed);
+        // Counted before the path's fate below: a sealing comm waits for every stream's count.
+        path.rx_ends.fetch_add(1, Ordering::SeqCst);
         if path.cut.load(Ordering::SeqCst) && !stopping {
             // Failed over: this stream has delivered what was queued (see `PathShared::cut`).
             tracing::debug!(label = %path.label, "NET/switchless: TCP path {} stream {s} drained after failover: {}", path.label, e.text());
@@ -614,8 +696,9 @@ impl StreamIo {
 
     fn tx_failed(&self, status: WcStatus, wr: Option<u64>, why: &str) {
         let path = &*self.path;
-        if path.cut.load(Ordering::SeqCst) {
-            // Failed over already: sending ends; receiving drains (`PathShared::cut`).
+        if path.cut.load(Ordering::SeqCst) || path.stopped.load(Ordering::SeqCst) {
+            // Failed over already: sending ends; receiving goes on (`PathShared::stop`) and, once
+            // sealed, drains (`PathShared::cut`).
             return;
         }
         path.fail_tx(status, wr, why);

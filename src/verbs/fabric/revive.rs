@@ -358,6 +358,21 @@ impl VerbsFabric {
             .map_err(|e| context(e, &what))
     }
 
+    /// `stop_path` and `seal_path` of the verbs fabric: data path `path`'s QP to the error state
+    /// (idempotent), written off.
+    pub(super) fn write_off(&mut self, path: usize) -> Result<()> {
+        self.check_path(path)?;
+        if self.infos[path].role != PathRole::Data || path >= self.fb.data {
+            return Err(Error::InvalidArgument(format!(
+                "path {path} is a loopback path; only data paths are stopped"
+            )));
+        }
+        if let Some(w) = self.fb.written_off.get_mut(path) {
+            *w = true;
+        }
+        self.qps[path].to_error()
+    }
+
     /// [`crate::transport::fabric::Fabric::revive_path`] of the verbs fabric.
     pub(super) fn revive(&mut self, path: usize) -> Result<Revive> {
         self.check_path(path)?;
@@ -436,7 +451,8 @@ impl VerbsFabric {
             return Ok(());
         }
         let (ctx, port) = (self.cqs[path].context(), self.qps[path].port());
-        ctx.drain_events();
+        // The events of the last millisecond (any comm on this device may have read them).
+        ctx.drain_events_within(std::time::Duration::from_millis(1));
         let why = if ctx.port_down_since(port).is_some() {
             Some(format!(
                 "{} port {port} went down (IBV_EVENT_PORT_ERR)",
