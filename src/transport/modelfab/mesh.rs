@@ -54,6 +54,11 @@ pub enum RelayRule {
     Off,
     /// Only pairs with no wire between them.
     Unreachable,
+    /// Pairs with no wire between them, and pairs whose wires carry less than either host can
+    /// move through its NIC ([`Mesh::inject_bps`]): where the host's own PCIe, not the cables to
+    /// the peer, is the limit (a GB10's two x4 links), a relayed byte, which crosses the relay
+    /// host's PCIe twice, can only take room from direct ones.
+    Needed,
     /// Every pair, through every host cabled to both (at most [`MAX_PATHS`] paths in all).
     All,
 }
@@ -191,6 +196,116 @@ impl Mesh {
             .collect()
     }
 
+    /// Whether the rule gives the pair relay paths (if any host is cabled to both).
+    pub fn relays_for(&self, a: usize, b: usize) -> bool {
+        let direct = self.paths_between(a, b);
+        match self.relay {
+            RelayRule::Off => false,
+            RelayRule::Unreachable => direct.is_empty(),
+            RelayRule::Needed => {
+                direct.is_empty()
+                    || self.carry_bps(&direct) < self.inject_bps(a).min(self.inject_bps(b))
+            }
+            RelayRule::All => true,
+        }
+    }
+
+    /// What `paths` can carry together one way, b/s: each wire's rate or its paths' speeds,
+    /// whichever is less, summed; at most the caps of the roots every path crosses, where every
+    /// path crosses one (per end: a host's paths all behind PCIe roots move at most their caps).
+    fn carry_bps(&self, paths: &[usize]) -> u64 {
+        let mut wires: Vec<usize> = paths.iter().map(|&p| self.paths[p].wire).collect();
+        wires.sort_unstable();
+        wires.dedup();
+        let on_wires: u64 = wires
+            .iter()
+            .map(|&w| {
+                let speeds: u64 = paths
+                    .iter()
+                    .filter(|&&p| self.paths[p].wire == w)
+                    .map(|&p| self.path_bps(p))
+                    .sum();
+                speeds.min(self.wires[w].rate_bps)
+            })
+            .sum();
+        let mut limit = on_wires;
+        for end_host in self.hosts_of(paths) {
+            let mut roots = Vec::new();
+            let mut all = true;
+            for &p in paths {
+                let w = &self.wires[self.paths[p].wire];
+                for e in 0..2 {
+                    if w.hosts[e] == end_host {
+                        match self.paths[p].root[e] {
+                            Some(r) => roots.push(r),
+                            None => all = false,
+                        }
+                    }
+                }
+            }
+            if all && !roots.is_empty() {
+                roots.sort_unstable();
+                roots.dedup();
+                limit = limit.min(roots.iter().map(|&r| self.roots[r].cap_bps).sum());
+            }
+        }
+        limit
+    }
+
+    fn hosts_of(&self, paths: &[usize]) -> Vec<usize> {
+        let mut h: Vec<usize> = paths
+            .iter()
+            .flat_map(|&p| self.wires[self.paths[p].wire].hosts)
+            .collect();
+        h.sort_unstable();
+        h.dedup();
+        h
+    }
+
+    /// A path's own limit: its wire, or a root at either end if slower.
+    fn path_bps(&self, p: usize) -> u64 {
+        let path = &self.paths[p];
+        let mut r = self.wires[path.wire].rate_bps;
+        for root in path.root.iter().flatten() {
+            r = r.min(self.roots[*root].cap_bps);
+        }
+        r
+    }
+
+    /// What host `h` can move one way through its NIC to all its peers together, b/s.
+    pub fn inject_bps(&self, h: usize) -> u64 {
+        let mine: Vec<usize> = (0..self.paths.len())
+            .filter(|&p| self.wires[self.paths[p].wire].hosts.contains(&h))
+            .collect();
+        // only this host's end counts: the peers' roots are theirs
+        let mut wires: Vec<usize> = mine.iter().map(|&p| self.paths[p].wire).collect();
+        wires.sort_unstable();
+        wires.dedup();
+        let on_wires: u64 = wires
+            .iter()
+            .map(|&w| {
+                let speeds: u64 = mine
+                    .iter()
+                    .filter(|&&p| self.paths[p].wire == w)
+                    .map(|&p| self.path_bps(p))
+                    .sum();
+                speeds.min(self.wires[w].rate_bps)
+            })
+            .sum();
+        let mut roots = Vec::new();
+        for &p in &mine {
+            let w = &self.wires[self.paths[p].wire];
+            let e = usize::from(w.hosts[1] == h);
+            match self.paths[p].root[e] {
+                Some(r) => roots.push(r),
+                None => return on_wires,
+            }
+        }
+        roots.sort_unstable();
+        roots.dedup();
+        on_wires.min(roots.iter().map(|&r| self.roots[r].cap_bps).sum())
+    }
+
     /// Path `p` crossed from host `from`, charging `stage` roots at the ends named.
     fn leg(&self, p: usize, from: usize, stage_from: bool, stage_to: bool) -> Leg {
         let path = &self.paths[p];
@@ -232,11 +347,7 @@ impl Mesh {
             .iter()
             .map(|&p| MeshRoute::Direct(self.leg(p, a, false, false)))
             .collect();
-        let want = match self.relay {
-            RelayRule::Off => false,
-            RelayRule::Unreachable => direct.is_empty(),
-            RelayRule::All => true,
-        };
+        let want = self.relays_for(a, b);
         if want {
             for k in self.relay_hosts(a, b) {
                 if out.len() == MAX_PATHS {
@@ -396,6 +507,69 @@ mod tests {
         let d = m.describe(&r);
         assert!(d[0].0.contains("via host1"), "{d:?}");
         assert_eq!(d[0].1, 50_000);
+    }
+
+    /// Three hosts in a triangle, one 100 G wire per pair, each host's paths behind one root of
+    /// `cap` b/s (`None`: no roots).
+    fn triangle(cap: Option<u64>) -> Mesh {
+        let wires = [[0, 1], [1, 2], [0, 2]]
+            .into_iter()
+            .map(|hosts| MeshWire {
+                hosts,
+                rate_bps: 100_000_000_000,
+                latency_ps: 1_000_000,
+            })
+            .collect::<Vec<_>>();
+        let roots: Vec<MeshRoot> = match cap {
+            Some(c) => (0..3)
+                .map(|h| MeshRoot {
+                    host: h,
+                    name: "x4".into(),
+                    cap_bps: c,
+                })
+                .collect(),
+            None => vec![],
+        };
+        let paths = wires
+            .iter()
+            .enumerate()
+            .map(|(i, w)| {
+                let r = |e: usize| cap.map(|_| w.hosts[e]);
+                MeshPath {
+                    wire: i,
+                    root: [r(0), r(1)],
+                    stage_root: [r(0), r(1)],
+                    label: format!("w{i}"),
+                }
+            })
+            .collect();
+        Mesh {
+            hosts: 3,
+            wires,
+            paths,
+            roots,
+            framing: Framing::Ideal,
+            relay: RelayRule::Needed,
+            staging: Staging::default(),
+        }
+    }
+
+    #[test]
+    fn relays_are_needed_where_the_cables_not_the_nic_bind() {
+        // no roots: a host moves 200 G over its two wires, a pair's wire 100 G: relay
+        let m = triangle(None);
+        assert_eq!(m.inject_bps(0), 200_000_000_000);
+        assert!(m.relays_for(0, 1));
+        assert_eq!(m.routes(0, 1, 0).unwrap().len(), 2);
+        // every path behind one 100 G root per host (a GB10's NIC, full with one peer's wire)
+        let m = triangle(Some(100_000_000_000));
+        assert_eq!(m.inject_bps(0), 100_000_000_000);
+        assert!(!m.relays_for(0, 1));
+        assert_eq!(m.routes(0, 1, 0).unwrap().len(), 1);
+        // a roomier root: the cables bind again
+        assert!(triangle(Some(150_000_000_000)).relays_for(0, 1));
+        // the pairs no cable joins always get them
+        assert!(ring4(RelayRule::Needed).relays_for(0, 2));
     }
 
     #[test]
