@@ -14,6 +14,7 @@ mod latency;
 pub mod loopback;
 pub mod model;
 pub mod modes;
+pub mod nccl;
 pub mod pattern;
 pub mod report;
 mod stream;
