@@ -10,6 +10,12 @@ use crate::config::values::{cli_bytes_usize, cli_seconds};
 use crate::error::{Error, Result};
 use crate::tools::bench as b;
 
+/// `--timeout` when not given.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+/// `--timeout` with `--model-mesh` when not given: a relay run at 256 MiB on 8 B300 hosts takes
+/// minutes of real time (every relayed chunk is an event).
+const MESH_TIMEOUT: Duration = Duration::from_secs(3600);
+
 #[derive(Debug, clap::Args)]
 #[command(group(clap::ArgGroup::new("modelled").args(["model", "model_mesh"])))]
 #[command(after_help = "Examples:\n  \
@@ -76,8 +82,10 @@ pub struct Args {
     pub dev: Option<usize>,
     /// Time allowed for the bootstrap, connection set-up and each size, with the unit ms, s, m or h
     /// (e.g. 10s); a bare number is seconds here (milliseconds in NCCL_SWITCHLESS_* variables).
-    #[arg(long, default_value = "60s", value_parser = cli_seconds)]
-    pub timeout: Duration,
+    /// Default 60s; 1h with --model-mesh, whose runs with relays take minutes of real time at
+    /// 256 MiB.
+    #[arg(long, value_parser = cli_seconds)]
+    pub timeout: Option<Duration>,
     /// Print JSON instead of the table.
     #[arg(long, conflicts_with_all = ["csv", "nccl_tests"])]
     pub json: bool,
@@ -219,7 +227,7 @@ fn options(a: &Args) -> b::Options {
         channels: a.channels.unwrap_or(2),
         chunk_bytes: a.chunk_bytes,
         dev: a.dev,
-        timeout: a.timeout,
+        timeout: a.timeout.unwrap_or(DEFAULT_TIMEOUT),
         progress: !a.no_progress,
         breakdown: a.breakdown,
         ahead: usize::from(a.ahead),
@@ -345,7 +353,7 @@ fn cpu(a: &Args, spec: &str) -> Result<()> {
         step,
         a.window,
         a.cpu_bytes,
-        a.timeout,
+        a.timeout.unwrap_or(DEFAULT_TIMEOUT),
     )?;
     if let Some(p) = &a.save_json {
         let j = serde_json::to_string_pretty(&r)
@@ -481,7 +489,11 @@ fn mesh(a: &Args, cables: &std::path::Path) -> Result<b::mesh::MeshReport> {
             Verify::Off => Some(false),
         },
     };
-    let r = b::mesh::run(&options(a), &model, &mo)?;
+    let o = b::Options {
+        timeout: a.timeout.unwrap_or(MESH_TIMEOUT),
+        ..options(a)
+    };
+    let r = b::mesh::run(&o, &model, &mo)?;
     let j = || {
         serde_json::to_string_pretty(&r)
             .map_err(|e| Error::Internal(format!("JSON of the report: {e}")))
