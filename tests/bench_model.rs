@@ -195,3 +195,26 @@ fn bad_specs_name_what_is_accepted() {
     m.mtu = 9000;
     assert!(run(&o, 2, &m).unwrap_err().to_string().contains("4096"));
 }
+
+#[test]
+fn per_host_roots_far_above_the_load_leave_alltoall_as_fast_as_without_them() {
+    // Roots shared by every peer of a host, at 10× what one path carries (5× the load on 3
+    // ranks, where each root serves two peers): alltoall on 3 and 4 ranks must run as fast as
+    // without roots, above 0.9 at this size (0.995 at 48 MiB; mesh-collectives.md section 5: it
+    // once ran at 0.466 and 0.451, serialised behind the shared stage's future bookings).
+    let o = opts(Mode::Alltoall, 3 << 20, 3 << 20);
+    for n in [3, 4] {
+        let mut free = model("92.57G/1.2us,97.28G/1.2us", "");
+        let mut rooted = model("92.57G/1.2us@fa,97.28G/1.2us@fb", "fa=1000G,fb=1000G");
+        free.mtu = 0;
+        rooted.mtu = 0;
+        let ef = run(&o, n, &free).unwrap().efficiency.unwrap();
+        let er = run(&o, n, &rooted).unwrap().efficiency.unwrap();
+        assert!(ef > 0.9, "{n} ranks without roots: {ef}");
+        assert!(er > 0.9, "{n} ranks with roots: {er}");
+        assert!(
+            (er / ef - 1.0).abs() < 0.01,
+            "{n} ranks: {er} with roots, {ef} without"
+        );
+    }
+}

@@ -379,3 +379,64 @@ fn without_copies_only_control_memory_is_written() {
     // Per message: the data (one write, no size record) and its clear-to-send (body + index).
     assert_eq!(f.stats().unwrap().bytes, 4 * size as u64 + 4 * (64 + 8));
 }
+
+/// Posts one write of `len` bytes from `from` to `to` on path 0, with an immediate when `imm`.
+fn post(f: &ModelFab, from: &mut ModelEndpoint, to: &mut ModelEndpoint, len: usize, imm: bool) {
+    let src = f.alloc(len).unwrap();
+    let dst = f.alloc(len).unwrap();
+    let rs = from
+        .register(&Lent::simulated(src, len), MemKind::Host)
+        .unwrap();
+    let rd = to
+        .register(&Lent::simulated(dst, len), MemKind::Host)
+        .unwrap();
+    if imm {
+        to.post_recv(0, 1).unwrap();
+    }
+    from.post_write(
+        0,
+        &WriteWr {
+            wr_id: 1,
+            local: LocalSeg {
+                addr: src,
+                len: len as u32,
+                lkey: rs.keys[0].lkey,
+            },
+            remote: RemoteSeg {
+                addr: dst,
+                rkey: rd.keys[0].rkey,
+            },
+            imm: imm.then_some(7),
+            signaled: false,
+            inline: false,
+        },
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_write_is_not_queued_behind_later_reservations_of_a_shared_root() {
+    // Host 0 queues eight 1 MiB writes to host 1: its wire is busy for eight wire times, and each
+    // write needs host 1's root (10× the wire's rate) only for a tenth of its wire time. A write
+    // from host 2 to host 1 on its own idle wire then lands after its own wire time: the root has
+    // room between host 0's writes. (The model once booked a shared stage as one "busy until"
+    // time, so host 2 waited for all eight: alltoall on 3+ ranks ran at half speed.)
+    let f = fab("100G/1us@r", "r=1000G", Framing::default(), false);
+    let (mut a01, mut b01) = f.pair(0, 1).unwrap();
+    let (mut a21, mut b21) = f.pair(2, 1).unwrap();
+    let len = 1 << 20;
+    for _ in 0..8 {
+        post(&f, &mut a01, &mut b01, len, false);
+    }
+    post(&f, &mut a21, &mut b21, len, true);
+    let wire = Framing::default().wire_bytes(len as u64, true);
+    let land = 1_000_000 + serialize_ps(wire, 100_000_000_000);
+    let mut out = Vec::new();
+    while out.is_empty() {
+        let t = f.advance().unwrap().expect("host 2's write never landed");
+        b21.poll(0, 4, &mut out).unwrap();
+        if !out.is_empty() {
+            assert_eq!(t, land, "host 2's write waited for host 0's");
+        }
+    }
+}

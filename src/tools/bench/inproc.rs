@@ -59,9 +59,7 @@ impl InProcFabric for ModelFab {
         ModelFab::read_into(self, addr, out)
     }
     fn speed_mbps(&self) -> u64 {
-        self.topology()
-            .map(|t| t.sum_rate_bps() / 1_000_000)
-            .unwrap_or(0)
+        self.nominal_mbps().unwrap_or(0)
     }
 }
 

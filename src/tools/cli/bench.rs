@@ -10,11 +10,19 @@ use crate::config::values::{cli_bytes_usize, cli_seconds};
 use crate::error::{Error, Result};
 use crate::tools::bench as b;
 
+/// `--timeout` when not given.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+/// `--timeout` with `--model-mesh` when not given: a relay run at 256 MiB on 8 B300 hosts takes
+/// minutes of real time (every relayed chunk is an event).
+const MESH_TIMEOUT: Duration = Duration::from_secs(3600);
+
 #[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("modelled").args(["model", "model_mesh"])))]
 #[command(after_help = "Examples:\n  \
 switchless bench bandwidth --loopback -b 1M -e 64M           # in one process: no network, no plugin\n  \
 switchless bench latency --rank 0 --bootstrap 0.0.0.0:29500  # on host A\n  \
-switchless bench latency --rank 1 --bootstrap hostA:29500    # on host B\n\
+switchless bench latency --rank 1 --bootstrap hostA:29500    # on host B\n  \
+switchless bench allreduce --model-mesh cables.txt --model-kind b300 --algo tree -b 256M -e 256M --json\n\
 Sizes: bytes or K/M/G (powers of 1024; 1M = 1048576 bytes). --timeout: 60, 10s, 2m or 1h (a bare number is seconds here, \
 but milliseconds in the NCCL_SWITCHLESS_* variables: write the unit and it reads the same everywhere).\n\
 Exit status: 0 every data check passed; 1 a data check failed or the run failed (the message says which rank and why); \
@@ -63,9 +71,10 @@ pub struct Args {
     /// Bandwidth: messages in flight.
     #[arg(long, default_value_t = 8)]
     pub window: usize,
-    /// Allreduce: ring channels.
-    #[arg(long, default_value_t = 2)]
-    pub channels: usize,
+    /// Allreduce: ring channels (default 2; with --model-mesh: 16 on B300, 4 on GB10, and for
+    /// alltoall connections per peer, 2).
+    #[arg(long)]
+    pub channels: Option<usize>,
     /// Allreduce: largest single message, in the forms of -b.
     #[arg(long, default_value = "128K", value_parser = cli_bytes_usize)]
     pub chunk_bytes: usize,
@@ -74,8 +83,10 @@ pub struct Args {
     pub dev: Option<usize>,
     /// Time allowed for the bootstrap, connection set-up and each size, with the unit ms, s, m or h
     /// (e.g. 10s); a bare number is seconds here (milliseconds in NCCL_SWITCHLESS_* variables).
-    #[arg(long, default_value = "60s", value_parser = cli_seconds)]
-    pub timeout: Duration,
+    /// Default 60s; 1h with --model-mesh, whose runs with relays take minutes of real time at
+    /// 256 MiB.
+    #[arg(long, value_parser = cli_seconds)]
+    pub timeout: Option<Duration>,
     /// Print JSON instead of the table.
     #[arg(long, conflicts_with_all = ["csv", "nccl_tests"])]
     pub json: bool,
@@ -118,8 +129,9 @@ pub struct Args {
     /// With --model: largest send of the pattern, bytes (overrides --pattern's step).
     #[arg(long, requires = "model")]
     pub step_bytes: Option<usize>,
-    /// With --model: copy and check payloads (auto: on when the largest size is at most 16 MiB).
-    #[arg(long, value_enum, default_value_t = Verify::Auto, requires = "model")]
+    /// With --model or --model-mesh: copy and check payloads (auto: on when the largest size is at
+    /// most 16 MiB).
+    #[arg(long, value_enum, default_value_t = Verify::Auto, requires = "modelled")]
     pub verify: Verify,
     /// With --model: message size of the latency probe, bytes.
     #[arg(long, default_value_t = 8, requires = "model")]
@@ -131,6 +143,28 @@ pub struct Args {
     /// With --cpu: bytes moved per size.
     #[arg(long, default_value_t = 1 << 30, requires = "cpu")]
     pub cpu_bytes: u64,
+    /// Run NCCL's own patterns (allreduce: the rank-order ring over every channel or the double
+    /// binary tree; alltoall: the p2p schedule) with the real comms over a rate-modelled mesh built
+    /// from a cables file (`switchless plan`'s format), one rank per host, in virtual time; reports
+    /// busbw against the host's capacity (see docs/performance.md).
+    #[arg(long, value_name = "CABLES", conflicts_with_all = ["model", "loopback", "plugin", "bootstrap", "hosts", "csv", "plot"])]
+    pub model_mesh: Option<PathBuf>,
+    /// With --model-mesh: the server model of every host (b300: 8 CX-8 ports of two 400 Gb/s
+    /// halves, 8 ranks; gb10: 2 QSFP ports behind two PCIe Gen5 x4 links).
+    #[arg(long, value_enum, requires = "model_mesh")]
+    pub model_kind: Option<b::mesh::Kind>,
+    /// With --model-mesh: relay paths through a third host (auto: ring and tree connections get
+    /// one through every host cabled to both ends, alltoall only where no cable joins the pair;
+    /// off: none, as today).
+    #[arg(long, value_enum, default_value_t = b::mesh::Relay::Auto, requires = "model_mesh")]
+    pub relay: b::mesh::Relay,
+    /// With --model-mesh: the comms' stripe weights (adaptive: each path's measured throughput, the
+    /// plugin's default; nominal: each path's nominal speed, a relay path the policy's split).
+    #[arg(long, value_enum, default_value_t = b::mesh::Weights::Adaptive, requires = "model_mesh")]
+    pub weights: b::mesh::Weights,
+    /// With --model-mesh and allreduce: NCCL's algorithm.
+    #[arg(long, value_enum, default_value_t = b::mesh::Algo::Ring, requires = "model_mesh")]
+    pub algo: b::mesh::Algo,
     /// Also draw Gb/s against message size into this SVG file (rank 0).
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
@@ -191,10 +225,10 @@ fn options(a: &Args) -> b::Options {
         iters: a.iters,
         warmup: a.warmup,
         window: a.window,
-        channels: a.channels,
+        channels: a.channels.unwrap_or(2),
         chunk_bytes: a.chunk_bytes,
         dev: a.dev,
-        timeout: a.timeout,
+        timeout: a.timeout.unwrap_or(DEFAULT_TIMEOUT),
         progress: !a.no_progress,
         breakdown: a.breakdown,
         ahead: usize::from(a.ahead),
@@ -320,7 +354,7 @@ fn cpu(a: &Args, spec: &str) -> Result<()> {
         step,
         a.window,
         a.cpu_bytes,
-        a.timeout,
+        a.timeout.unwrap_or(DEFAULT_TIMEOUT),
     )?;
     if let Some(p) = &a.save_json {
         let j = serde_json::to_string_pretty(&r)
@@ -418,7 +452,82 @@ fn go(a: &Args) -> Result<b::Report> {
     }
 }
 
+/// `--model-mesh CABLES`: the mesh report (or JSON).
+fn mesh(a: &Args, cables: &std::path::Path) -> Result<b::mesh::MeshReport> {
+    let collective = match a.mode {
+        b::Mode::Allreduce => b::mesh::Collective::AllReduce,
+        b::Mode::Alltoall => b::mesh::Collective::AllToAll,
+        m => {
+            return Err(Error::InvalidUsage(format!(
+                "--model-mesh runs collectives; accepted: switchless bench allreduce|alltoall --model-mesh CABLES (got {})",
+                m.name()
+            )));
+        }
+    };
+    let Some(kind) = a.model_kind else {
+        return Err(Error::InvalidUsage(
+            "--model-mesh needs --model-kind b300|gb10 (the server model of every host)".into(),
+        ));
+    };
+    let model = b::mesh::MeshModel::load(kind, cables)?;
+    if let Some(n) = a.nranks.filter(|&n| n != model.hosts) {
+        return Err(Error::InvalidUsage(format!(
+            "--nranks {n} but {} cables {} hosts (accepted: leave --nranks out, or give the number of hosts)",
+            cables.display(),
+            model.hosts
+        )));
+    }
+    let mo = b::mesh::MeshOptions {
+        collective,
+        algo: a.algo,
+        relay: a.relay,
+        channels: a.channels,
+        weights: a.weights,
+        settle: true,
+        verify: match a.verify {
+            Verify::Auto => None,
+            Verify::On => Some(true),
+            Verify::Off => Some(false),
+        },
+    };
+    let o = b::Options {
+        timeout: a.timeout.unwrap_or(MESH_TIMEOUT),
+        ..options(a)
+    };
+    let r = b::mesh::run(&o, &model, &mo)?;
+    let j = || {
+        serde_json::to_string_pretty(&r)
+            .map_err(|e| Error::Internal(format!("JSON of the report: {e}")))
+    };
+    if let Some(p) = &a.save_json {
+        std::fs::write(p, j()?).map_err(|e| Error::io(format!("writing {}", p.display()), e))?;
+    }
+    if a.json {
+        println!("{}", j()?);
+    } else {
+        print!("{}", b::mesh::table(&r));
+    }
+    Ok(r)
+}
+
 pub fn run(args: Args) -> ExitCode {
+    if let Some(cables) = &args.model_mesh {
+        return match mesh(&args, cables) {
+            Ok(r) if r.errors() > 0 => {
+                eprintln!(
+                    "switchless bench: {} data checks FAILED ({})",
+                    r.errors(),
+                    r.first_error.as_deref().unwrap_or("see the table")
+                );
+                ExitCode::from(1)
+            }
+            Ok(_) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("switchless bench {} --model-mesh: {e}", args.mode.name());
+                ExitCode::from(1)
+            }
+        };
+    }
     if let (Some(spec), true) = (&args.model, args.cpu) {
         return match cpu(&args, spec) {
             Ok(()) => ExitCode::SUCCESS,

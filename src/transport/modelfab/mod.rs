@@ -3,32 +3,42 @@
 //! discrete-event clock. Runs are deterministic and identical on any machine.
 //!
 //! * Hosts and connections: [`ModelFab::pair`] connects host `a` to host `b` with the paths of the
-//!   [`Topology`]. Every connection between the same two hosts shares the same cables (a second
-//!   channel adds no capacity); paths tagged with one PCIe root share that root's cap on each host.
+//!   [`Topology`] (every pair of hosts alike), or of the [`Mesh`] ([`ModelFab::mesh`]: wires per
+//!   host pair, PCIe roots per host, relay paths through a third host). Every connection between
+//!   the same two hosts shares the same cables (a second channel adds no capacity); paths tagged
+//!   with one PCIe root share that root's cap on each host.
 //! * Time: nothing happens while the callers run. Posted work requests wait until
-//!   [`ModelFab::advance`], which schedules them (in a fixed order: endpoint, path, post order), moves
+//!   [`ModelFab::advance`], which starts them (in a fixed order: endpoint, path, post order), moves
 //!   the clock to the next event and executes every event due then. A caller advances when it has
 //!   nothing else to do, so the protocol's own CPU time counts as zero.
-//! * A write of `len` bytes on path `p` crosses, first come first served, the sender's PCIe root
-//!   (if `p` is tagged with one: `len` at the cap), the wire (its wire bytes at the line rate) and
-//!   the receiver's root: each stage gives it its service time and it finishes no earlier than
-//!   upstream. Its data lands one latency after it leaves (the receive completion, the bytes in
+//! * A write of `len` bytes on a path crosses the sender's PCIe root (if the path has one: `len`
+//!   bytes against the cap), the wire (its wire bytes at the line rate) and the receiver's root at
+//!   once (cut through), after its queue pair's previous write. The writes in flight share every
+//!   stage max-min fairly (`fluid.rs`), as NIC ports and PCIe links interleave packets. A write's
+//!   data lands one latency after its last bit is through (the receive completion, the bytes in
 //!   memory); the sender's completion comes one more latency later (the RC acknowledgement, whose
 //!   own bytes are not modelled).
+//! * A relay path ([`mesh`]) forwards a write in chunks of at most one staging slot: each chunk
+//!   crosses the first leg into the relay host's staging memory (its staging root), waits there
+//!   until it has all arrived, then crosses the second leg; a slot is free again when the second
+//!   leg's write is acknowledged. The write lands when its last chunk does; the sender's
+//!   completion comes both legs' latencies later (acknowledged end to end).
 //! * Memory is the fabric's, as in [`super::memfab`] (addresses `((region + 1) << 32) | offset`, keys
 //!   per path, checked like a NIC would); with [`ModelFabConfig::copy_data`] off, data buffers have no
 //!   backing store and only control memory is written.
 //! * [`ModelFab::set_rate_at`] changes a path's rate at a virtual time (its nominal speed stays);
-//!   [`ModelFab::kill_path_at`] pulls its cable then.
+//!   [`ModelFab::kill_path_at`] pulls its cable then (uniform topologies).
 //! * [`ModelFab::trace`] lists executed events (when tracing); [`ModelFab::trace_hash`] digests them
 //!   always, so two runs can be compared.
 //!
-//! The pure parts (rates, framing, the spec syntax) are in [`link`]; the endpoint's `Fabric` calls in
-//! `endpoint.rs`.
+//! The pure parts (rates, framing, the spec syntax) are in [`link`], the mesh description in
+//! [`mesh`], the rate sharing in `fluid.rs`; the endpoint's `Fabric` calls in `endpoint.rs`.
 #![forbid(unsafe_code)]
 
 mod endpoint;
+mod fluid;
 pub mod link;
+pub mod mesh;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -39,6 +49,7 @@ use crate::transport::fabric::{
     Completion, PathInfo, PathKeys, PathRole, Registration, WcOpcode, WcStatus, WriteWr,
 };
 pub use link::{Framing, PathModel, Topology};
+pub use mesh::{Mesh, MeshPath, MeshRoot, MeshWire, RelayRule, Staging};
 
 /// Options.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,6 +108,8 @@ pub struct Stats {
     pub wire_bytes: u64,
     /// Events executed.
     pub events: u64,
+    /// Payload bytes relay hosts forwarded (second legs done).
+    pub relayed_bytes: u64,
 }
 
 struct Region {
@@ -117,14 +130,92 @@ struct Key {
 
 #[derive(Default)]
 struct Qp {
-    /// Posted, not yet scheduled.
+    /// Posted, not yet started.
     pending: VecDeque<WriteWr>,
     cq: VecDeque<Completion>,
     recvs: VecDeque<u64>,
     error: bool,
-    /// Work requests scheduled so far (the next one's number).
+    /// Work requests started so far (the next one's number).
     seq: u64,
     bytes: u64,
+    /// A direct path's write on its way (its number): a queue pair sends its writes one after the
+    /// other.
+    active: Option<(u64, WriteWr)>,
+    relay: RelayQp,
+}
+
+/// A relay path's writes on their way, in chunks.
+#[derive(Default)]
+struct RelayQp {
+    /// Writes whose last chunk has not crossed the second leg, oldest first, with their numbers.
+    writes: VecDeque<(u64, WriteWr)>,
+    /// Chunks not yet on the first leg.
+    queued: VecDeque<Chunk>,
+    /// On the first leg.
+    first: Option<Chunk>,
+    /// Through the first leg, within its latency.
+    landing: VecDeque<Chunk>,
+    /// In the relay host's staging memory, waiting for the second leg.
+    staged: VecDeque<Chunk>,
+    /// On the second leg.
+    second: Option<Chunk>,
+    /// Staging slots free.
+    free: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Chunk {
+    len: u64,
+    /// The last chunk of its write (it carries the write's immediate).
+    last: bool,
+    imm: bool,
+}
+
+/// One way across: the stages crossed at once, and the latency after.
+#[derive(Debug, Clone, Copy)]
+struct Hop {
+    tx_root: Option<Resource>,
+    wire: Resource,
+    rx_root: Option<Resource>,
+    latency_ps: u64,
+}
+
+/// A path of an endpoint, towards its peer.
+#[derive(Debug, Clone, Copy)]
+enum Route {
+    Direct(Hop),
+    /// Through relay host `via`, whose staging memory is the end of `first` and the start of
+    /// `second`.
+    Relay {
+        via: usize,
+        first: Hop,
+        second: Hop,
+    },
+}
+
+impl Route {
+    /// From a write landing to the sender's completion.
+    fn ack_ps(&self) -> u64 {
+        match self {
+            Route::Direct(h) => h.latency_ps,
+            Route::Relay { first, second, .. } => first.latency_ps + second.latency_ps,
+        }
+    }
+}
+
+/// What a transfer of the fluid model is part of: (endpoint, path).
+#[derive(Debug, Clone, Copy)]
+enum Owner {
+    Direct(usize, usize),
+    First(usize, usize),
+    Second(usize, usize),
+}
+
+/// Relay steps due at a time: a chunk reaches the staging memory; a slot is free again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Timer {
+    AtRelay(usize, usize),
+    SlotFree(usize, usize),
 }
 
 struct Endpoint {
@@ -132,14 +223,17 @@ struct Endpoint {
     host: usize,
     peer: usize,
     qps: Vec<Qp>,
+    routes: Vec<Route>,
     regs: HashMap<u64, Vec<u32>>,
     gone: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Resource {
-    /// The wire from host to host on path index.
+    /// The wire from host to host on path index (uniform topology).
     Wire(usize, usize, usize),
+    /// Mesh wire, from its end 0 or 1.
+    Cable(usize, usize),
     /// A host's PCIe root (index into the topology's caps), sending (DMA read) side.
     RootTx(usize, usize),
     /// A host's PCIe root, receiving (DMA write) side.
@@ -183,12 +277,24 @@ impl Ord for Event {
 
 struct Inner {
     topo: Topology,
+    /// The mesh, for a fabric made by [`ModelFab::mesh`].
+    mesh: Option<Mesh>,
+    framing: Framing,
     root_index: Vec<Option<usize>>,
+    /// Cap per root (topology or mesh root index), b/s.
     cap_bps: Vec<u64>,
+    /// Line rate per topology path or mesh wire, b/s.
+    rates: Vec<u64>,
     copy_data: bool,
     now: u64,
     events: BinaryHeap<Reverse<Event>>,
-    busy: HashMap<Resource, u64>,
+    /// The transfers on their way and their rates.
+    fluid: fluid::Fluid<Resource, Owner>,
+    /// Relay steps due: (time, order of creation, what).
+    timers: BinaryHeap<Reverse<(u64, u64, Timer)>>,
+    next_timer: u64,
+    /// Payload bytes each host forwarded as a relay.
+    relayed: Vec<u64>,
     regions: Vec<Region>,
     keys: HashMap<u32, Key>,
     next_key: u32,
@@ -234,6 +340,133 @@ fn split_addr(addr: u64) -> (usize, usize) {
 }
 
 impl Inner {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        topo: Topology,
+        mesh: Option<Mesh>,
+        root_index: Vec<Option<usize>>,
+        cap_bps: Vec<u64>,
+        rates: Vec<u64>,
+        copy_data: bool,
+        trace: bool,
+    ) -> Inner {
+        let hosts = mesh.as_ref().map_or(0, |m| m.hosts);
+        Inner {
+            framing: topo.framing,
+            topo,
+            mesh,
+            root_index,
+            cap_bps,
+            rates,
+            copy_data,
+            now: 0,
+            events: BinaryHeap::new(),
+            fluid: fluid::Fluid::default(),
+            timers: BinaryHeap::new(),
+            next_timer: 0,
+            relayed: vec![0; hosts],
+            regions: Vec::new(),
+            keys: HashMap::new(),
+            next_key: 0x100,
+            next_token: 0,
+            eps: Vec::new(),
+            by_key: Vec::new(),
+            serials: HashMap::new(),
+            stats: Stats::default(),
+            trace: trace.then(Vec::new),
+            hash: 0xcbf2_9ce4_8422_2325,
+            touched: Vec::new(),
+            rate_changes: Vec::new(),
+        }
+    }
+
+    fn uniform_only(&self, what: &str) -> Result<()> {
+        match self.mesh {
+            Some(_) => Err(Error::InvalidUsage(format!(
+                "{what} names a path of every connection; a mesh fabric's connections have paths of their own"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// The paths of the `serial`-th connection from `a` to `b`, for each end (index by index the
+    /// same cables), with their labels and speeds.
+    #[allow(clippy::type_complexity)]
+    fn routes(
+        &self,
+        a: usize,
+        b: usize,
+        serial: u64,
+    ) -> Result<(Vec<(Route, PathInfo)>, Vec<(Route, PathInfo)>)> {
+        let Some(m) = &self.mesh else {
+            let side = |from: usize, to: usize| -> Vec<(Route, PathInfo)> {
+                self.topo
+                    .paths
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| {
+                        let hop = Hop {
+                            tx_root: self.root_index[i].map(|r| Resource::RootTx(from, r)),
+                            wire: Resource::Wire(from, to, i),
+                            rx_root: self.root_index[i].map(|r| Resource::RootRx(to, r)),
+                            latency_ps: p.latency_ps,
+                        };
+                        let info = PathInfo {
+                            label: format!(
+                                "model host{from} path{i} -> host{to} ({}, {})",
+                                link::rate_text(p.rate_bps),
+                                link::ps_text(p.latency_ps)
+                            ),
+                            speed_mbps: p.rate_bps / 1_000_000,
+                            role: PathRole::Data,
+                        };
+                        (Route::Direct(hop), info)
+                    })
+                    .collect()
+            };
+            return Ok((side(a, b), side(b, a)));
+        };
+        if a >= m.hosts || b >= m.hosts || a == b {
+            return Err(Error::InvalidArgument(format!(
+                "model mesh: a connection from host {a} to host {b}; two different hosts of 0..{} accepted",
+                m.hosts
+            )));
+        }
+        let hop = |l: &mesh::Leg| Hop {
+            tx_root: l.tx_root.map(|r| Resource::RootTx(l.from, r)),
+            wire: Resource::Cable(l.wire, l.end),
+            rx_root: l.rx_root.map(|r| Resource::RootRx(l.to, r)),
+            latency_ps: l.latency_ps,
+        };
+        let side = |from: usize, to: usize| -> Result<Vec<(Route, PathInfo)>> {
+            let rs = m.routes(from, to, serial)?;
+            let infos = m.describe(&rs);
+            Ok(rs
+                .iter()
+                .zip(infos)
+                .map(|(r, (label, speed_mbps))| {
+                    let route = match r {
+                        mesh::MeshRoute::Direct(l) => Route::Direct(hop(l)),
+                        mesh::MeshRoute::Relay { via, first, second } => Route::Relay {
+                            via: *via,
+                            first: hop(first),
+                            second: hop(second),
+                        },
+                    };
+                    (
+                        route,
+                        PathInfo {
+                            label,
+                            speed_mbps,
+                            role: PathRole::Data,
+                        },
+                    )
+                })
+                .collect())
+        };
+        Ok((side(a, b)?, side(b, a)?))
+    }
+
     fn region_range(&self, addr: u64, len: usize) -> Result<(usize, usize)> {
         let (r, off) = split_addr(addr);
         match self.regions.get(r) {
@@ -312,57 +545,195 @@ impl Inner {
         }));
     }
 
-    /// Schedules every posted work request, in endpoint key, path, post order.
-    fn schedule_pending(&mut self) {
+    /// Starts what was posted on every queue pair that can take it, in endpoint key, path, post
+    /// order.
+    fn start_ready(&mut self) {
         for k in 0..self.by_key.len() {
             let ep = self.by_key[k];
             for path in 0..self.eps[ep].qps.len() {
-                while let Some(wr) = self.eps[ep].qps[path].pending.pop_front() {
-                    self.schedule(ep, path, wr);
-                }
+                self.start_path(ep, path);
             }
         }
     }
 
-    fn schedule(&mut self, ep: usize, path: usize, wr: WriteWr) {
+    /// Starts posted writes of one queue pair: a direct path's next one when none is on its way;
+    /// every one on a relay path (as chunks queued for the first leg).
+    fn start_path(&mut self, ep: usize, path: usize) {
         let now = self.now;
-        let qp = &mut self.eps[ep].qps[path];
-        let seq = qp.seq;
-        qp.seq += 1;
-        if qp.error {
-            let c = Completion::without_data(wr.wr_id, WcStatus::WR_FLUSH_ERR, WcOpcode::RdmaWrite);
-            self.push(now, 1, ep, path, seq, Action::Complete(c));
+        let route = self.eps[ep].routes[path];
+        loop {
+            let slot = self
+                .mesh
+                .as_ref()
+                .map_or(u64::MAX, |m| m.staging.slot_bytes);
+            let q = &mut self.eps[ep].qps[path];
+            if matches!(route, Route::Direct(_)) && q.active.is_some() {
+                return;
+            }
+            let Some(wr) = q.pending.pop_front() else {
+                break;
+            };
+            let seq = q.seq;
+            q.seq += 1;
+            if q.error {
+                let c =
+                    Completion::without_data(wr.wr_id, WcStatus::WR_FLUSH_ERR, WcOpcode::RdmaWrite);
+                self.push(now, 1, ep, path, seq, Action::Complete(c));
+                continue;
+            }
+            let len = u64::from(wr.local.len);
+            match route {
+                Route::Direct(hop) => {
+                    q.active = Some((seq, wr));
+                    self.start_hop(hop, len, wr.imm.is_some(), Owner::Direct(ep, path));
+                    return;
+                }
+                Route::Relay { .. } => {
+                    let n = len.div_ceil(slot).max(1);
+                    for i in 0..n {
+                        let last = i + 1 == n;
+                        q.relay.queued.push_back(Chunk {
+                            len: if last { len - slot * (n - 1) } else { slot },
+                            last,
+                            imm: last && wr.imm.is_some(),
+                        });
+                    }
+                    q.relay.writes.push_back((seq, wr));
+                }
+            }
+        }
+        self.relay_first(ep, path);
+    }
+
+    /// Starts a transfer of `len` payload bytes across `hop`'s stages.
+    fn start_hop(&mut self, hop: Hop, len: u64, imm: bool, owner: Owner) {
+        let bits = len * 8;
+        let mut stages = Vec::with_capacity(3);
+        if let Some(r) = hop.tx_root {
+            stages.push(fluid::Stage { res: r, bits });
+        }
+        stages.push(fluid::Stage {
+            res: hop.wire,
+            bits: self.framing.wire_bytes(len, imm) * 8,
+        });
+        if let Some(r) = hop.rx_root {
+            stages.push(fluid::Stage { res: r, bits });
+        }
+        let (rates, caps) = (&self.rates, &self.cap_bps);
+        self.fluid
+            .start(self.now, &stages, owner, &|r| cap_of(rates, caps, r));
+    }
+
+    /// Sends a relay path's next chunk on its first leg if the leg is free and the relay host has
+    /// a staging slot for it. The first leg also carries the chunk's descriptor for the relay (the
+    /// receiver's address, key and immediate): counted as an immediate's bytes.
+    fn relay_first(&mut self, ep: usize, path: usize) {
+        let Route::Relay { first, .. } = self.eps[ep].routes[path] else {
+            return;
+        };
+        let r = &mut self.eps[ep].qps[path].relay;
+        if r.first.is_some() || r.free == 0 {
             return;
         }
-        let (src, dst) = (self.eps[ep].host, self.eps[self.eps[ep].peer].host);
-        let pm = &self.topo.paths[path];
-        let len = u64::from(wr.local.len);
-        let wire = self.topo.framing.wire_bytes(len, wr.imm.is_some());
-        // Stages in the order the bytes cross them: the sender's root (DMA read), the wire, the
-        // receiver's root (DMA write). Each is a first-come first-served server: a write takes its
-        // own service time from the stage's timeline and finishes no earlier than upstream. (The
-        // receiver's root is timed as if the latency were zero; all its inputs are shifted alike.)
-        let mut stages = Vec::with_capacity(3);
-        let root = self.root_index[path].map(|r| (r, link::serialize_ps(len, self.cap_bps[r])));
-        if let Some((r, t)) = root {
-            stages.push((Resource::RootTx(src, r), t));
+        let Some(c) = r.queued.pop_front() else {
+            return;
+        };
+        r.free -= 1;
+        r.first = Some(c);
+        self.start_hop(first, c.len, true, Owner::First(ep, path));
+    }
+
+    /// Sends the next staged chunk on the second leg if the leg is free.
+    fn relay_second(&mut self, ep: usize, path: usize) {
+        let Route::Relay { second, .. } = self.eps[ep].routes[path] else {
+            return;
+        };
+        let r = &mut self.eps[ep].qps[path].relay;
+        if r.second.is_some() {
+            return;
         }
-        stages.push((
-            Resource::Wire(src, dst, path),
-            link::serialize_ps(wire, pm.rate_bps),
-        ));
-        if let Some((r, t)) = root {
-            stages.push((Resource::RootRx(dst, r), t));
+        let Some(c) = r.staged.pop_front() else {
+            return;
+        };
+        r.second = Some(c);
+        self.start_hop(second, c.len, c.imm, Owner::Second(ep, path));
+    }
+
+    fn timer(&mut self, at: u64, what: Timer) {
+        self.next_timer += 1;
+        self.timers.push(Reverse((at, self.next_timer, what)));
+    }
+
+    /// A transfer is through its stages.
+    fn transfer_done(&mut self, owner: Owner) {
+        let now = self.now;
+        match owner {
+            Owner::Direct(ep, path) => {
+                let lat = self.eps[ep].routes[path].ack_ps();
+                if let Some((seq, wr)) = self.eps[ep].qps[path].active.take() {
+                    self.push(
+                        now.saturating_add(lat),
+                        0,
+                        ep,
+                        path,
+                        seq,
+                        Action::Deliver(wr),
+                    );
+                }
+                self.start_path(ep, path);
+            }
+            Owner::First(ep, path) => {
+                let Route::Relay { first, .. } = self.eps[ep].routes[path] else {
+                    return;
+                };
+                let r = &mut self.eps[ep].qps[path].relay;
+                if let Some(c) = r.first.take() {
+                    r.landing.push_back(c);
+                    self.timer(
+                        now.saturating_add(first.latency_ps),
+                        Timer::AtRelay(ep, path),
+                    );
+                }
+                self.relay_first(ep, path);
+            }
+            Owner::Second(ep, path) => {
+                let Route::Relay { via, second, .. } = self.eps[ep].routes[path] else {
+                    return;
+                };
+                let r = &mut self.eps[ep].qps[path].relay;
+                if let Some(c) = r.second.take() {
+                    let land = if c.last { r.writes.pop_front() } else { None };
+                    self.stats.relayed_bytes += c.len;
+                    if let Some(x) = self.relayed.get_mut(via) {
+                        *x += c.len;
+                    }
+                    if let Some((seq, wr)) = land {
+                        let at = now.saturating_add(second.latency_ps);
+                        self.push(at, 0, ep, path, seq, Action::Deliver(wr));
+                    }
+                    // the slot is free once the relay host has the second leg's acknowledgement
+                    let ack = now.saturating_add(2 * second.latency_ps);
+                    self.timer(ack, Timer::SlotFree(ep, path));
+                }
+                self.relay_second(ep, path);
+            }
         }
-        let (mut start, mut end) = (now, now);
-        for (res, t) in stages {
-            let free = self.busy.entry(res).or_insert(0);
-            start = start.max(*free);
-            *free = start.saturating_add(t);
-            end = end.max(*free);
+    }
+
+    fn timer_due(&mut self, what: Timer) {
+        match what {
+            Timer::AtRelay(ep, path) => {
+                let r = &mut self.eps[ep].qps[path].relay;
+                if let Some(c) = r.landing.pop_front() {
+                    r.staged.push_back(c);
+                }
+                self.relay_second(ep, path);
+            }
+            Timer::SlotFree(ep, path) => {
+                self.eps[ep].qps[path].relay.free += 1;
+                self.relay_first(ep, path);
+            }
         }
-        let arrive = end.saturating_add(pm.latency_ps);
-        self.push(arrive, 0, ep, path, seq, Action::Deliver(wr));
     }
 
     /// Pulls the cable of `path` (every connection's): queue pairs to the error state, posted work
@@ -407,7 +778,7 @@ impl Inner {
 
     /// Executes a write's arrival: checks, bytes, the receive completion; schedules the sender's.
     fn deliver(&mut self, ep: usize, path: usize, seq: u64, w: WriteWr) {
-        let ack = self.now.saturating_add(self.topo.paths[path].latency_ps);
+        let ack = self.now.saturating_add(self.eps[ep].routes[path].ack_ps());
         let wr_id = w.wr_id;
         if self.eps[ep].qps[path].error {
             return self.fail(ep, path, seq, wr_id, WcStatus::WR_FLUSH_ERR, self.now);
@@ -448,7 +819,7 @@ impl Inner {
                 v.copy_within(so..so + len, doff);
             }
         }
-        let wire = self.topo.framing.wire_bytes(len as u64, w.imm.is_some());
+        let wire = self.framing.wire_bytes(len as u64, w.imm.is_some());
         self.stats.writes += 1;
         self.stats.bytes += len as u64;
         self.stats.wire_bytes += wire;
@@ -505,30 +876,77 @@ impl Inner {
         }
     }
 
+    /// Moves to the next time something visible happens (an event, a rate change) or nothing is
+    /// left; transfers and relay steps on the way are worked through.
     fn advance(&mut self) -> Option<u64> {
         self.touched.clear();
-        self.schedule_pending();
-        let next_event = self.events.peek().map(|e| e.0.t.max(self.now));
-        let next_change = self.rate_changes.first().map(|c| c.0.max(self.now));
-        let t = match (next_event, next_change) {
-            (Some(e), Some(c)) => e.min(c),
-            (e, c) => e.or(c)?,
-        };
-        self.now = t;
-        while self.rate_changes.first().is_some_and(|c| c.0 <= t) {
-            let (_, path, rate) = self.rate_changes.remove(0);
-            if rate == 0 {
-                self.kill(path);
-            } else {
-                self.topo.paths[path].rate_bps = rate;
+        self.start_ready();
+        loop {
+            let now = self.now;
+            let t = [
+                self.events.peek().map(|e| e.0.t.max(now)),
+                self.fluid.next_end().map(|t| t.max(now)),
+                self.timers.peek().map(|e| e.0.0.max(now)),
+                self.rate_changes.first().map(|c| c.0.max(now)),
+            ]
+            .into_iter()
+            .flatten()
+            .min()?;
+            self.now = t;
+            let mut seen = false;
+            while self.rate_changes.first().is_some_and(|c| c.0 <= t) {
+                seen = true;
+                let (_, path, rate) = self.rate_changes.remove(0);
+                if rate == 0 {
+                    self.kill(path);
+                } else {
+                    self.rates[path] = rate;
+                    self.topo.paths[path].rate_bps = rate;
+                    let on: Vec<Resource> = self
+                        .fluid
+                        .stages()
+                        .into_iter()
+                        .filter(|r| matches!(r, Resource::Wire(_, _, p) if *p == path))
+                        .collect();
+                    let (rates, caps) = (&self.rates, &self.cap_bps);
+                    self.fluid.recompute(t, &on, &|r| cap_of(rates, caps, r));
+                }
+            }
+            // Transfers and relay steps due now (transfers first), then the events.
+            loop {
+                if self.fluid.next_end().is_some_and(|e| e <= t) {
+                    let (rates, caps) = (&self.rates, &self.cap_bps);
+                    if let Some(owner) = self.fluid.pop_due(t, &|r| cap_of(rates, caps, r)) {
+                        self.transfer_done(owner);
+                    }
+                    continue;
+                }
+                if self.timers.peek().is_some_and(|e| e.0.0 <= t) {
+                    if let Some(Reverse((_, _, what))) = self.timers.pop() {
+                        self.timer_due(what);
+                    }
+                    continue;
+                }
+                break;
+            }
+            while self.events.peek().is_some_and(|e| e.0.t <= t) {
+                if let Some(Reverse(e)) = self.events.pop() {
+                    seen = true;
+                    self.execute(e);
+                }
+            }
+            if seen {
+                return Some(t);
             }
         }
-        while self.events.peek().is_some_and(|e| e.0.t <= t) {
-            if let Some(Reverse(e)) = self.events.pop() {
-                self.execute(e);
-            }
-        }
-        Some(t)
+    }
+}
+
+/// A stage's capacity, b/s.
+fn cap_of(rates: &[u64], caps: &[u64], r: &Resource) -> u64 {
+    match *r {
+        Resource::Wire(_, _, i) | Resource::Cable(i, _) => rates.get(i).copied().unwrap_or(1),
+        Resource::RootTx(_, i) | Resource::RootRx(_, i) => caps.get(i).copied().unwrap_or(1),
     }
 }
 
@@ -581,64 +999,67 @@ impl ModelFab {
                     .and_then(|r| names.iter().position(|n| *n == r))
             })
             .collect();
-        Ok(ModelFab {
-            inner: Arc::new(Mutex::new(Inner {
-                root_index,
-                cap_bps,
-                topo: cfg.topology,
-                copy_data: cfg.copy_data,
-                now: 0,
-                events: BinaryHeap::new(),
-                busy: HashMap::new(),
-                regions: Vec::new(),
-                keys: HashMap::new(),
-                next_key: 0x100,
-                next_token: 0,
-                eps: Vec::new(),
-                by_key: Vec::new(),
-                serials: HashMap::new(),
-                stats: Stats::default(),
-                trace: cfg.trace.then(Vec::new),
-                hash: 0xcbf2_9ce4_8422_2325,
-                touched: Vec::new(),
-                rate_changes: Vec::new(),
-            })),
-        })
+        let rates = cfg.topology.paths.iter().map(|p| p.rate_bps).collect();
+        Ok(ModelFab::build(Inner::new(
+            cfg.topology,
+            None,
+            root_index,
+            cap_bps,
+            rates,
+            cfg.copy_data,
+            cfg.trace,
+        )))
     }
 
-    /// Two connected endpoints, on host `a` (first) and host `b`, with the topology's paths.
+    /// A new fabric at virtual time 0 over `mesh` (checked first).
+    pub fn mesh(mesh: Mesh, copy_data: bool, trace: bool) -> Result<ModelFab> {
+        mesh.validate()?;
+        let cap_bps = mesh.roots.iter().map(|r| r.cap_bps).collect();
+        let rates = mesh.wires.iter().map(|w| w.rate_bps).collect();
+        let topo = Topology {
+            framing: mesh.framing,
+            ..Topology::default()
+        };
+        Ok(ModelFab::build(Inner::new(
+            topo,
+            Some(mesh),
+            Vec::new(),
+            cap_bps,
+            rates,
+            copy_data,
+            trace,
+        )))
+    }
+
+    fn build(inner: Inner) -> ModelFab {
+        ModelFab {
+            inner: Arc::new(Mutex::new(inner)),
+        }
+    }
+
+    /// Two connected endpoints, on host `a` (first) and host `b`, with the topology's paths, or
+    /// the mesh's paths between them (the error says why there are none).
     pub fn pair(&self, a: usize, b: usize) -> Result<(ModelEndpoint, ModelEndpoint)> {
         let mut g = lock(&self.inner)?;
+        let serial = g.serials.get(&(a, b)).copied().unwrap_or(0);
+        // Both ends' paths, index by index the same cables taken the two ways.
+        let (ra, rb) = g.routes(a, b, serial)?;
+        g.serials.insert((a, b), serial + 1);
         let (ia, ib) = (g.eps.len(), g.eps.len() + 1);
-        let serial = {
-            let s = g.serials.entry((a, b)).or_insert(0);
-            *s += 1;
-            *s - 1
-        };
-        let mut mk = |me: usize, host: usize, peer: usize, peer_host: usize| {
+        let slots = g.mesh.as_ref().map_or(0, |m| m.staging.slots);
+        let mut mk = |me: usize, host: usize, peer: usize, routes: Vec<(Route, PathInfo)>| {
             let key = EpKey {
                 host: if me == ia { a } else { b },
                 peer: if me == ia { b } else { a },
                 serial,
                 side: u8::from(me != ia),
             };
-            let paths: Vec<PathInfo> = g
-                .topo
-                .paths
-                .iter()
-                .enumerate()
-                .map(|(i, p)| PathInfo {
-                    label: format!(
-                        "model host{host} path{i} -> host{peer_host} ({}, {})",
-                        link::rate_text(p.rate_bps),
-                        link::ps_text(p.latency_ps)
-                    ),
-                    speed_mbps: p.rate_bps / 1_000_000,
-                    role: PathRole::Data,
-                })
-                .collect();
+            let (routes, paths): (Vec<Route>, Vec<PathInfo>) = routes.into_iter().unzip();
             let mut qps = Vec::new();
             qps.resize_with(paths.len(), Qp::default);
+            for q in qps.iter_mut() {
+                q.relay.free = slots;
+            }
             let at = g.by_key.partition_point(|&i| g.eps[i].key < key);
             g.by_key.insert(at, me);
             g.eps.push(Endpoint {
@@ -646,6 +1067,7 @@ impl ModelFab {
                 host,
                 peer,
                 qps,
+                routes,
                 regs: HashMap::new(),
                 gone: false,
             });
@@ -655,22 +1077,63 @@ impl ModelFab {
                 paths,
             }
         };
-        let ea = mk(ia, a, ib, b);
-        let eb = mk(ib, b, ia, a);
+        let ea = mk(ia, a, ib, ra);
+        let eb = mk(ib, b, ia, rb);
         Ok((ea, eb))
     }
 
-    /// The topology every connection uses.
+    /// The topology every connection uses (not for a mesh).
     pub fn topology(&self) -> Result<Topology> {
-        Ok(lock(&self.inner)?.topo.clone())
+        let g = lock(&self.inner)?;
+        if g.mesh.is_some() {
+            return Err(Error::InvalidUsage(
+                "a mesh fabric has paths per host pair, not one topology".into(),
+            ));
+        }
+        Ok(g.topo.clone())
+    }
+
+    /// The mesh, for a fabric made by [`ModelFab::mesh`].
+    pub fn mesh_description(&self) -> Result<Option<Mesh>> {
+        Ok(lock(&self.inner)?.mesh.clone())
+    }
+
+    /// What to report as a device's speed, Mb/s: the topology's paths together, or the most a
+    /// mesh host pair's wires carry.
+    pub fn nominal_mbps(&self) -> Result<u64> {
+        let g = lock(&self.inner)?;
+        Ok(match &g.mesh {
+            None => g.topo.sum_rate_bps() / 1_000_000,
+            Some(m) => {
+                let mut best = 0;
+                for a in 0..m.hosts {
+                    for b in a + 1..m.hosts {
+                        let mut wires: Vec<usize> = m
+                            .paths_between(a, b)
+                            .into_iter()
+                            .map(|p| m.paths[p].wire)
+                            .collect();
+                        wires.dedup();
+                        best = best.max(wires.iter().map(|&w| m.wires[w].rate_bps).sum::<u64>());
+                    }
+                }
+                best / 1_000_000
+            }
+        })
+    }
+
+    /// Payload bytes each host forwarded as a relay so far (a mesh's hosts; empty otherwise).
+    pub fn relayed_bytes(&self) -> Result<Vec<u64>> {
+        Ok(lock(&self.inner)?.relayed.clone())
     }
 
     /// From virtual time `t_ps` on, `path` runs at `rate_bps` (a congested cable, a link retrained
-    /// at a lower width): writes scheduled from then on cross its wire at the new rate; writes
-    /// already on it keep theirs. [`ModelFab::advance`] stops at `t_ps`. The paths' nominal speed
+    /// at a lower width): everything on its wire from then on, the rest of writes already on their
+    /// way included, moves at the new rate. [`ModelFab::advance`] stops at `t_ps`. The paths' nominal speed
     /// (what the comms are told) stays.
     pub fn set_rate_at(&self, path: usize, t_ps: u64, rate_bps: u64) -> Result<()> {
         let mut g = lock(&self.inner)?;
+        g.uniform_only("a rate change")?;
         if path >= g.topo.paths.len() || rate_bps == 0 {
             return Err(Error::InvalidArgument(format!(
                 "rate change of path {path} to {rate_bps} b/s; accepted: paths 0..{}, a rate above 0",
@@ -687,6 +1150,7 @@ impl ModelFab {
     /// when they would have landed). [`ModelFab::advance`] stops at `t_ps`.
     pub fn kill_path_at(&self, path: usize, t_ps: u64) -> Result<()> {
         let mut g = lock(&self.inner)?;
+        g.uniform_only("a pulled cable")?;
         if path >= g.topo.paths.len() {
             return Err(Error::InvalidArgument(format!(
                 "kill of path {path}; accepted: paths 0..{}",
@@ -703,7 +1167,7 @@ impl ModelFab {
         Ok(lock(&self.inner)?.now)
     }
 
-    /// Schedules what was posted, moves the clock to the next event and executes every event due
+    /// Starts what was posted, moves the clock to the next event and executes every event due
     /// then. Returns the new time, or `None` when nothing is in flight (the clock stays).
     pub fn advance(&self) -> Result<Option<u64>> {
         Ok(lock(&self.inner)?.advance())
@@ -724,9 +1188,13 @@ impl ModelFab {
     pub fn busy(&self) -> Result<bool> {
         let g = lock(&self.inner)?;
         Ok(!g.events.is_empty()
-            || g.eps
-                .iter()
-                .any(|e| e.qps.iter().any(|q| !q.pending.is_empty())))
+            || !g.fluid.is_empty()
+            || !g.timers.is_empty()
+            || g.eps.iter().any(|e| {
+                e.qps
+                    .iter()
+                    .any(|q| !q.pending.is_empty() || !q.relay.queued.is_empty())
+            }))
     }
 
     /// Allocates `len` zeroed bytes of data memory (no backing store with copies off).
