@@ -4,8 +4,14 @@ LIBDIR ?= $(PREFIX)/lib
 BINDIR ?= $(PREFIX)/bin
 CARGO ?= cargo
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
+# Debian architecture of `make deb`: this host's by default; another one (ARCH=arm64 on an amd64 host)
+# is cross-built (scripts/cross.sh: toolchain, cargo --target, qemu-user for the man pages).
+HOST_ARCH := $(shell dpkg --print-architecture 2>/dev/null)
+ARCH ?= $(HOST_ARCH)
+# uname -m spellings of the same architectures.
+override ARCH := $(patsubst x86_64,amd64,$(patsubst aarch64,arm64,$(ARCH)))
 
-.PHONY: all build deps install uninstall deb test demo lab perf docs gpu-selftest gpu-selftest-stage
+.PHONY: all build cross-build deps install uninstall deb test demo lab perf docs gpu-selftest gpu-selftest-stage
 
 all: build
 
@@ -23,10 +29,17 @@ install: build
 uninstall:
 	rm -f $(DESTDIR)$(LIBDIR)/libnccl-net-switchless.so $(DESTDIR)$(BINDIR)/switchless
 
+# The release build for ARCH on a host of another architecture: the cross toolchain and Rust target
+# (installed when missing), then cargo build --release --target (into $(TARGET_DIR)/<rust target>/release).
+cross-build:
+	scripts/cross.sh deps $(ARCH)
+	scripts/cross.sh build $(ARCH)
+
 # The Debian package (scripts/deb.sh, dpkg-deb): the plugin in /usr/lib/<multiarch> (NCCL finds it with
 # no LD_LIBRARY_PATH), the CLI, man pages and shell completions. Prints the .deb's path.
-deb: build
-	TARGET_DIR=$(TARGET_DIR) scripts/deb.sh $(DEBDIR)
+# ARCH=arm64 on an amd64 host: the same package for aarch64 (GB10 / DGX Spark), cross-built.
+deb: $(if $(filter $(HOST_ARCH),$(ARCH)),build,cross-build)
+	TARGET_DIR=$(TARGET_DIR) DEB_ARCH=$(ARCH) scripts/deb.sh $(DEBDIR)
 
 # Every test: unit and integration tests, then each end-to-end step in .ci/steps/ in order.
 test: deps

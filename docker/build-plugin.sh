@@ -2,13 +2,23 @@
 # The plugin's build-and-install steps, shared by docker/Dockerfile (its RUN lines call this script) and
 # docker/install-check.sh (which runs them on this machine), so the two cannot drift.
 #
-#   docker/build-plugin.sh deps            install the build packages (scripts/deps.d/build.txt) and the
-#                                          tools `check` uses (binutils, python3); skips what is present
+#   docker/build-plugin.sh deps [ARCH]     install the build packages (scripts/deps.d/build.txt) and the
+#                                          tools `check` uses (binutils, python3); skips what is present.
+#                                          ARCH (a Debian architecture, e.g. arm64) other than this host's:
+#                                          also the cross toolchain and qemu-user (scripts/cross.sh deps)
 #   docker/build-plugin.sh install PREFIX  cargo build --release, then `make install PREFIX=PREFIX`
 #                                          (PREFIX/lib/libnccl-net-switchless.so, PREFIX/bin/switchless)
-#   docker/build-plugin.sh check PREFIX    verify the installed plugin (exports, dlopen, CLI)
-#   docker/build-plugin.sh deb OUTDIR      cargo build --release, then `make deb` (the Debian package the
-#                                          runtime image installs: scripts/deb.sh) into OUTDIR
+#   docker/build-plugin.sh check PREFIX [ARCH]
+#                                          verify the installed plugin (exports, dlopen, CLI); for another
+#                                          ARCH with its cross binutils, dlopen by the C stand-in for NCCL's
+#                                          loader and the CLI under qemu-user (PREFIX/lib or lib/<multiarch>)
+#   docker/build-plugin.sh deb OUTDIR [ARCH]
+#                                          cargo build --release, then `make deb` (the Debian package the
+#                                          runtime image installs: scripts/deb.sh) into OUTDIR; another ARCH
+#                                          is cross-built (`make deb ARCH=arm64`, what CI's 52-deb checks)
+#   docker/build-plugin.sh package OUTDIR [ARCH]
+#                                          the Dockerfile's build stage: this host's ARCH: install, check and
+#                                          deb; another ARCH: deb, then check on the package unpacked
 #   docker/build-plugin.sh runtime-check PREFIX
 #                                          in the runtime image: every library the plugin needs resolves,
 #                                          NCCL's name lookup finds it, and the CLI runs (the plugin in
@@ -31,19 +41,32 @@ die() {
   exit 1
 }
 
+host_arch() {
+  dpkg --print-architecture
+}
+
+# Whether $1 names an architecture other than this host's (empty: this host's).
+foreign() {
+  [ -n "${1:-}" ] && [ "$1" != "$(host_arch)" ]
+}
+
 deps() {
-  local pkgs=() missing=() p
+  local arch="${1:-}" pkgs=() missing=() p
   mapfile -t pkgs < <(sed 's/#.*//' "$repo/scripts/deps.d/build.txt" | tr -s ' \t' '\n' | sed '/^$/d')
   pkgs+=(binutils python3 make)
   for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2> /dev/null | grep -q 'install ok installed' || missing+=("$p")
   done
-  [ ${#missing[@]} -eq 0 ] && return 0
-  [ "$(id -u)" -eq 0 ] || die "missing packages (${missing[*]}); run as root or install them"
-  echo "installing: ${missing[*]}"
-  apt-get update -q
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
-  rm -rf /var/lib/apt/lists/*
+  if [ ${#missing[@]} -gt 0 ]; then
+    [ "$(id -u)" -eq 0 ] || die "missing packages (${missing[*]}); run as root or install them"
+    echo "installing: ${missing[*]}"
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+    rm -rf /var/lib/apt/lists/*
+  fi
+  if foreign "$arch"; then
+    "$repo/scripts/cross.sh" deps "$arch"
+  fi
 }
 
 install_prefix() {
@@ -57,7 +80,7 @@ install_prefix() {
 
 # Highest GLIBC_x.y version a file needs.
 glibc_needed() {
-  { objdump -T "$1" | grep -o 'GLIBC_[0-9][0-9.]*' || true; } | sed 's/GLIBC_//' | sort -t. -k1,1n -k2,2n -k3,3n | tail -n1
+  { "${2:-objdump}" -T "$1" | grep -o 'GLIBC_[0-9][0-9.]*' || true; } | sed 's/GLIBC_//' | sort -t. -k1,1n -k2,2n -k3,3n | tail -n1
 }
 
 version_le() {
@@ -65,32 +88,54 @@ version_le() {
 }
 
 check() {
-  local prefix="$1" so bin v syms needed bad glibc out
+  local prefix="$1" arch="${2:-}" so bin v syms needed bad glibc out d tools="" run=()
+  if foreign "$arch"; then
+    eval "$("$repo/scripts/cross.sh" env "$arch")"
+    tools="$SWL_CROSS_TRIPLET-"
+    read -ra run <<< "$SWL_CROSS_RUNNER"
+  fi
   so="$prefix/lib/libnccl-net-switchless.so"
+  for d in "$prefix"/lib/*-linux-gnu*; do
+    [ -f "$d/libnccl-net-switchless.so" ] && so="$d/libnccl-net-switchless.so"
+  done
   bin="$prefix/bin/switchless"
   [ -f "$so" ] || die "$so was not installed"
   [ -x "$bin" ] || die "$bin was not installed (or is not executable)"
 
-  syms=$(nm -D --defined-only "$so")
+  syms=$("${tools}nm" -D --defined-only "$so")
   for v in $(seq "$ABI_MIN" "$ABI_MAX"); do
     grep -qE "[[:space:]]ncclNetPlugin_v${v}\$" <<< "$syms" ||
       die "$so does not export ncclNetPlugin_v${v} (nm -D --defined-only); NCCL looks up ncclNetPlugin_v${ABI_MAX} … v${ABI_MIN}"
   done
   echo "ok: exports ncclNetPlugin_v${ABI_MIN} … v${ABI_MAX}"
 
-  needed=$(readelf -d "$so" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
+  needed=$("${tools}readelf" -d "$so" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
   bad=$(grep -vE "$ALLOWED_NEEDED" <<< "$needed" || true)
   [ -z "$bad" ] || die "$so needs libraries a runtime image may lack: $(echo "$bad" | tr '\n' ' ')(allowed: libc, libm, libgcc_s, libdl, libpthread, librt, libibverbs, librdmacm)"
   echo "ok: needs only: $(echo "$needed" | tr '\n' ' ')"
 
-  glibc=$(glibc_needed "$so")
+  glibc=$(glibc_needed "$so" "${tools}objdump")
   if [ -n "$glibc" ]; then
     version_le "$glibc" "$MAX_GLIBC" || die "$so needs glibc $glibc, newer than the runtime's $MAX_GLIBC (build on an older distribution)"
     echo "ok: needs glibc >= $glibc (its newest GLIBC_ symbol version); the runtime image has $MAX_GLIBC"
   fi
 
-  # dlopen the way NCCL does (RTLD_NOW|RTLD_LOCAL, by the name NCCL_NET_PLUGIN=switchless resolves to),
-  # resolve every vtable and read its name field (the first member of ncclNet_vN_t).
+  if foreign "$arch"; then
+    check_foreign_load "$so" "$arch"
+  else
+    check_load "$so" "$prefix"
+  fi
+
+  out=$("${run[@]}" "$bin" --version) || die "$bin --version failed"
+  grep -q "v${ABI_MAX}" <<< "$out" || die "'$bin --version' does not list ABI v${ABI_MAX}: $out"
+  echo "ok: $out"
+}
+
+# $1 = the .so, $2 = the prefix: dlopen the way NCCL does (RTLD_NOW|RTLD_LOCAL, by the name
+# NCCL_NET_PLUGIN=switchless resolves to), resolve every vtable and read its name field (the first member
+# of ncclNet_vN_t).
+check_load() {
+  local so="$1" prefix="$2" out
   out=$(LD_LIBRARY_PATH="$prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" python3 - "$so" "$ABI_MIN" "$ABI_MAX" << 'PY'
 import ctypes, os, sys
 path, lo, hi = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -110,17 +155,51 @@ PY
   [ "$(tr '[:upper:]' '[:lower:]' <<< "$out")" = "$PLUGIN_NAME" ] ||
     die "the vtables name the network '$out'; expected '$PLUGIN_NAME' (NCCL_NET=$PLUGIN_NAME and 'Using network' depend on it)"
   echo "ok: dlopen(\"libnccl-net-switchless.so\", RTLD_NOW|RTLD_LOCAL) resolves ncclNetPlugin_v${ABI_MAX} … v${ABI_MIN}, network name '$out'"
+}
 
-  out=$("$bin" --version) || die "$bin --version failed"
-  grep -q "v${ABI_MAX}" <<< "$out" || die "'$bin --version' does not list ABI v${ABI_MAX}: $out"
-  echo "ok: $out"
+# $1 = the .so, $2 = its architecture (another than this host's): the C stand-in for NCCL's loader
+# (tests/c/nccl_loader.c), cross-compiled, run under qemu-user: dlopen by NCCL's name lookup
+# (RTLD_NOW|RTLD_LOCAL), the newest vtable, its name, init and devices.
+check_foreign_load() {
+  local so="$1" arch="$2" tmp out name
+  [ -f "$repo/tests/c/nccl_loader.c" ] || die "tests/c/nccl_loader.c missing: run from a source tree"
+  tmp=$(mktemp -d)
+  "$SWL_CROSS_TRIPLET-gcc" -std=c11 -Wall -Wextra -Werror -I"$repo/include" "$repo/tests/c/nccl_loader.c" -o "$tmp/loader" -ldl
+  out=$(LD_LIBRARY_PATH="$(dirname "$so")" NCCL_NET_PLUGIN=switchless timeout 60 "${run[@]}" "$tmp/loader") || true
+  rm -rf "$tmp"
+  grep -q "^result .*symbol=ncclNetPlugin_v${ABI_MAX} " <<< "$out" ||
+    die "the $arch loader did not resolve ncclNetPlugin_v${ABI_MAX} in $so: $out"
+  name=$(sed -n 's/^result .* name=\([^ ]*\) .*/\1/p' <<< "$out")
+  [ "$(tr '[:upper:]' '[:lower:]' <<< "$name")" = "$PLUGIN_NAME" ] ||
+    die "the vtable names the network '$name'; expected '$PLUGIN_NAME': $out"
+  echo "ok: $arch: dlopen(\"libnccl-net-switchless.so\", RTLD_NOW|RTLD_LOCAL) under $SWL_CROSS_RUNNER resolves ncclNetPlugin_v${ABI_MAX}, network name '$name'"
 }
 
 build_deb() {
-  local out="$1"
+  local out="$1" arch="${2:-}"
   command -v cargo > /dev/null || die "cargo not found (use a rust image, or install rustup)"
   cd "$repo"
-  env -u CARGO_TARGET_DIR make -o deps deb DEBDIR="$out"
+  if foreign "$arch"; then
+    # The cross build lands in $CARGO_TARGET_DIR (or ./target) as make deb ARCH=... builds it in CI.
+    make -o deps deb ARCH="$arch" DEBDIR="$out"
+  else
+    env -u CARGO_TARGET_DIR make -o deps deb DEBDIR="$out"
+  fi
+}
+
+package() {
+  local out="$1" arch="${2:-}" root
+  if foreign "$arch"; then
+    build_deb "$out" "$arch"
+    root=$(mktemp -d)
+    dpkg -x "$out"/nccl-net-switchless_*_"$arch".deb "$root"
+    check "$root/usr" "$arch"
+    rm -rf "$root"
+  else
+    install_prefix /tmp/prefix
+    check /tmp/prefix
+    build_deb "$out"
+  fi
 }
 
 runtime_check() {
@@ -143,22 +222,26 @@ runtime_check() {
 }
 
 case "${1:-}" in
-  deps) deps ;;
+  deps) deps "${2:-}" ;;
   install)
     [ $# -eq 2 ] || die "usage: build-plugin.sh install PREFIX"
     install_prefix "$2"
     ;;
   check)
-    [ $# -eq 2 ] || die "usage: build-plugin.sh check PREFIX"
-    check "$2"
+    [ $# -eq 2 ] || [ $# -eq 3 ] || die "usage: build-plugin.sh check PREFIX [ARCH]"
+    check "$2" "${3:-}"
     ;;
   deb)
-    [ $# -eq 2 ] || die "usage: build-plugin.sh deb OUTDIR"
-    build_deb "$2"
+    [ $# -eq 2 ] || [ $# -eq 3 ] || die "usage: build-plugin.sh deb OUTDIR [ARCH]"
+    build_deb "$2" "${3:-}"
+    ;;
+  package)
+    [ $# -eq 2 ] || [ $# -eq 3 ] || die "usage: build-plugin.sh package OUTDIR [ARCH]"
+    package "$2" "${3:-}"
     ;;
   runtime-check)
     [ $# -eq 2 ] || die "usage: build-plugin.sh runtime-check PREFIX"
     runtime_check "$2"
     ;;
-  *) die "usage: build-plugin.sh deps | install PREFIX | check PREFIX | deb OUTDIR | runtime-check PREFIX" ;;
+  *) die "usage: build-plugin.sh deps [ARCH] | install PREFIX | check PREFIX [ARCH] | deb OUTDIR [ARCH] | package OUTDIR [ARCH] | runtime-check PREFIX" ;;
 esac

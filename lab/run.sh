@@ -201,6 +201,9 @@ if [ -n "$PAYLOAD" ]; then
 fi
 log "topology $TOPO_NAME: $NODES nodes, $NLINKS links; mtu $MTU; checks: ${CHECKS_LIST:-none}"
 
+# The guests are x86-64 (an amd64 kernel, this host's x86-64 rdma-core and binaries copied in).
+[ "$(uname -m)" = x86_64 ] || die "the lab's VMs are x86-64 guests built from this host's files; this host is $(uname -m) (on a GB10, test on the hardware: docs/guide/aarch64.md)"
+
 # ---------------------------------------------------------------- packages
 PKGS=$(sed 's/#.*//' "$REPO/scripts/deps.d/lab.txt" | tr -s ' \t' '\n' | sed '/^$/d')
 if [ -z "${NO_INSTALL:-}" ]; then

@@ -445,6 +445,8 @@ fn cli_json_schema_and_exit_status() {
     assert!(text.contains("NCCL DEVICE"), "{text}");
     assert!(text.contains("roceP2p1s0f1"), "{text}");
     assert!(text.contains("Gen5 x4"), "{text}");
+    let cpu = format!("cpu {} (this build); ", std::env::consts::ARCH);
+    assert!(text.lines().any(|l| l.starts_with(&cpu)), "{text}");
 
     let out = bin()
         .args(["doctor", "--root"])

@@ -12,6 +12,8 @@
 # injects a WARNING and a failure (LAB_INJECT_FAULT=warn), which must fail with no retry.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=lab/x86-only.sh
+source lab/x86-only.sh
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 # The debug binaries, built now (a no-op when fresh): never those of older sources.
 cargo build --quiet --locked --bin switchless --lib

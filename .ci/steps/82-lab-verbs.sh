@@ -15,6 +15,8 @@
 # root, like 80-lab.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=lab/x86-only.sh
+source lab/x86-only.sh
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 fail() { echo "82-lab-verbs: FAIL: $*" >&2; exit 1; }
 tmp=$(mktemp -d)

@@ -6,6 +6,8 @@
 # release build; then the stripe3 topology (~30 s). Needs root (apt-get, ip netns, 9p), like 80-lab.sh.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=lab/x86-only.sh
+source lab/x86-only.sh
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 # The release binaries lab/run.sh uses, built now (a no-op when fresh): never those of older sources.
 cargo build --quiet --locked --release --bin switchless --lib

@@ -33,6 +33,8 @@
 # binaries are the debug build (`cargo build` first: a no-op after `cargo test --all-targets`).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# shellcheck source=lab/x86-only.sh
+source lab/x86-only.sh
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$PWD/target}
 # The debug binaries, built now (a no-op when fresh): never those of older sources.
 cargo build --quiet --locked --bin switchless --lib

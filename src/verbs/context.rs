@@ -321,8 +321,9 @@ impl Context {
         // SAFETY: live context; `a` is a valid out-pointer of the right type.
         unsafe { verbs_call!(rc v.query_device(self.as_ptr(), &mut a), "{}", self.name) }?;
         let u = |v: c_int| u32::try_from(v).unwrap_or(0);
-        // fw_ver is a fixed C array; read it bounded to its length.
-        let fw: Vec<u8> = a.fw_ver.iter().map(|&c| c as u8).collect();
+        // fw_ver is a fixed C array; read it bounded to its length. Its c_char is i8 on x86-64 and u8
+        // on aarch64: the byte, not a cast, is what both mean.
+        let fw: Vec<u8> = a.fw_ver.iter().map(|&c| c.to_ne_bytes()[0]).collect();
         let fw_ver = CStr::from_bytes_until_nul(&fw)
             .map(|c| c.to_string_lossy().into_owned())
             .unwrap_or_else(|_| String::from_utf8_lossy(&fw).into_owned());

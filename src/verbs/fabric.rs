@@ -682,6 +682,14 @@ fn context(e: Error, what: &str) -> Error {
     }
 }
 
+/// What [`from_device_barrier`] is in this build, for people (`switchless doctor`).
+#[cfg(target_arch = "aarch64")]
+pub const FROM_DEVICE_BARRIER: &str =
+    "Acquire load + dmb oshld (rdma-core's udma_from_device_barrier)";
+/// What [`from_device_barrier`] is in this build, for people (`switchless doctor`).
+#[cfg(not(target_arch = "aarch64"))]
+pub const FROM_DEVICE_BARRIER: &str = "Acquire load + compiler fence (x86-64 keeps loads in order)";
+
 /// rdma-core's `udma_from_device_barrier`: orders a load of memory a device wrote (DMA) before the
 /// loads that follow it. The `Acquire` of an atomic load orders CPU against CPU only; on AArch64 a
 /// device's writes need the outer-shareable load barrier too.

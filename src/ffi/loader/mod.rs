@@ -26,7 +26,8 @@ pub const PLUGIN_FILE: &str = "libnccl-net-switchless.so";
 const MAX_SUBS: usize = 64;
 
 /// Where `switchless bench` looks for our plugin when no path is given: next to the running binary,
-/// in `../lib`, or cargo's output name next to the binary.
+/// in `../lib` (`make install`), in `../lib/<multiarch>` (the Debian package: `/usr/bin/switchless`
+/// and `/usr/lib/aarch64-linux-gnu/`), or cargo's output name next to the binary.
 pub fn default_plugin_candidates() -> Vec<PathBuf> {
     let Some(dir) = std::env::current_exe()
         .ok()
@@ -34,9 +35,18 @@ pub fn default_plugin_candidates() -> Vec<PathBuf> {
     else {
         return vec![PathBuf::from(PLUGIN_FILE)];
     };
+    plugin_candidates_in(&dir)
+}
+
+/// The candidates for a binary in `dir`. Debian's multiarch directory is `<arch>-linux-gnu` for both
+/// architectures the plugin is packaged for (x86_64, aarch64).
+fn plugin_candidates_in(dir: &Path) -> Vec<PathBuf> {
+    let lib = dir.join("../lib");
     vec![
         dir.join(PLUGIN_FILE),
-        dir.join("../lib").join(PLUGIN_FILE),
+        lib.join(PLUGIN_FILE),
+        lib.join(format!("{}-linux-gnu", std::env::consts::ARCH))
+            .join(PLUGIN_FILE),
         dir.join("libswitchless.so"),
     ]
 }
@@ -595,6 +605,30 @@ mod tests {
             lines.iter().any(|l| l
                 == "NCCL WARN (plugin): NET/switchless: TCP path 0: peer wrote outside the registration"),
             "{lines:?}"
+        );
+    }
+
+    /// The Debian package's layout: `/usr/bin/switchless` finds
+    /// `/usr/lib/<multiarch>/libnccl-net-switchless.so` with no `--plugin`.
+    #[test]
+    fn a_packaged_cli_finds_the_plugin_in_the_multiarch_directory() {
+        let root = tempfile::tempdir().unwrap();
+        let bin = root.path().join("usr/bin");
+        let lib = root
+            .path()
+            .join("usr/lib")
+            .join(format!("{}-linux-gnu", std::env::consts::ARCH));
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::create_dir_all(&lib).unwrap();
+        std::fs::write(lib.join(PLUGIN_FILE), b"").unwrap();
+        let found: Vec<PathBuf> = plugin_candidates_in(&bin)
+            .into_iter()
+            .filter(|p| p.exists())
+            .collect();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(
+            found[0].canonicalize().unwrap(),
+            lib.join(PLUGIN_FILE).canonicalize().unwrap()
         );
     }
 }

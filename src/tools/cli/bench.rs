@@ -38,7 +38,8 @@ pub struct Args {
     /// Bootstrap TCP port with --hosts.
     #[arg(long, default_value_t = 29500)]
     pub port: u16,
-    /// ncclNet plugin to load (default: libnccl-net-switchless.so next to this binary, or in ../lib).
+    /// ncclNet plugin to load (default: libnccl-net-switchless.so next to this binary, in ../lib, or in
+    /// ../lib/<multiarch> where the Debian package puts it).
     #[arg(long)]
     pub plugin: Option<PathBuf>,
     /// Run every rank in this process over the in-process loopback Net (no plugin, no network).

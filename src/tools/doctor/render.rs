@@ -17,6 +17,16 @@ fn fmt_short(speed: Option<f32>, width: Option<u32>) -> String {
     format!("{g} {w}")
 }
 
+/// The CPU architecture of this build and how it reads memory the NIC wrote (AArch64: a barrier
+/// instruction; the verbs data path is the same code on every architecture otherwise).
+pub fn cpu_line() -> String {
+    format!(
+        "cpu {} (this build); NIC writes are read with: {}",
+        std::env::consts::ARCH,
+        crate::verbs::fabric::FROM_DEVICE_BARRIER
+    )
+}
+
 /// The human-readable report.
 pub fn render_text(r: &Report) -> String {
     let mut out = String::new();
@@ -31,6 +41,7 @@ pub fn render_text(r: &Report) -> String {
             ", checked against the plan as {s}"
         ))
     );
+    let _ = writeln!(out, "{}", cpu_line());
     let _ = writeln!(out);
     let header = [
         "DEVICE",
@@ -246,4 +257,30 @@ pub fn render_text(r: &Report) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The line names the architecture the binary was built for and that architecture's barrier:
+    /// on AArch64 (run under qemu-user in CI, natively on a GB10) the `dmb oshld`.
+    #[test]
+    fn the_report_names_the_cpu_architecture_and_its_barrier() {
+        let line = cpu_line();
+        if cfg!(target_arch = "aarch64") {
+            assert!(line.starts_with("cpu aarch64 "), "{line}");
+            assert!(line.contains("dmb oshld"), "{line}");
+        } else if cfg!(target_arch = "x86_64") {
+            assert!(line.starts_with("cpu x86_64 "), "{line}");
+            assert!(line.contains("compiler fence"), "{line}");
+            assert!(!line.contains("dmb"), "{line}");
+        }
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/fabric/gb10-2cable");
+        let (m, f) = crate::host::discover(&root);
+        let devs = m.nccl_devices(&|_, _| true, &|_| false);
+        let text = render_text(&crate::tools::doctor::report(&m, &devs, f));
+        assert_eq!(text.lines().nth(2), Some(line.as_str()), "{text}");
+    }
 }
