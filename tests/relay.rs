@@ -1,0 +1,795 @@
+//! Relay paths over real sockets on 127/8 (every address of it is this host's): a connector A on
+//! 127.0.1.1/30, a relay host K on 127.0.1.2/30 and 127.0.2.1/30, a peer B on 127.0.2.2/30, and a
+//! direct cable A–B on 127.0.3.0/30 where a test wants one. K runs the relay service
+//! (`transport::relay`); A probes it, then opens the path's streams through it; B accepts them
+//! from K's address as any path's. The data is verified byte for byte; a relayed write completes
+//! only on B's acknowledgement; a relay that dies costs its path, not a message, and no write lands
+//! in a receive buffer after its receive completed (two peers sharing one receive pool).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use switchless::sys::HostBuffer;
+use switchless::transport::comm::{
+    FailoverConfig, ProtocolConfig, RecvBuf, RecvComm, Request, SendComm, WeightConfig,
+    connect_pair,
+};
+use switchless::transport::fabric::{Fabric, MemKind};
+use switchless::transport::handshake::auth::ConnSecret;
+use switchless::transport::relay::{
+    Bounds, CommKey, Probe, ProbeState, RelayDialer, RelayLink, RelayService, ServiceConfig,
+};
+use switchless::transport::tcp::{
+    RelayVia, TcpAcceptor, TcpConfig, TcpConnector, TcpFabric, TcpPathSpec, listen,
+};
+
+/// Bounds every loop: a hang fails here, not by a test timeout.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn ip(s: &str) -> Ipv4Addr {
+    s.parse().unwrap()
+}
+
+fn link(addr: &str) -> RelayLink {
+    RelayLink {
+        addr: addr.parse().unwrap(),
+        netdev: "lo".into(),
+        speed_mbps: 10_000,
+    }
+}
+
+/// A relay host with links `addrs` serving communicator `comm` on `port`.
+fn relay_host(port: u16, addrs: &[&str], comm: u64, bounds: Bounds) -> RelayService {
+    let cfg = ServiceConfig {
+        links: addrs.iter().map(|a| link(a)).collect(),
+        bounds,
+        tcp: TcpConfig::default(),
+        host: "k".into(),
+        link_down: None,
+    };
+    let s = RelayService::start(port, cfg)
+        .unwrap()
+        .expect("the port is free");
+    s.add_comm(comm).unwrap();
+    s
+}
+
+/// Asks the relay at `relay` (from `local`) which of `targets` it reaches.
+fn probe(local: &str, relay: SocketAddr, comm: u64, targets: &[&str]) -> ProbeState {
+    let mut p = Probe::start(
+        ip(local),
+        relay,
+        CommKey::new(comm),
+        targets.iter().map(|t| ip(t)).collect(),
+    );
+    let t = Instant::now();
+    loop {
+        match p.poll() {
+            ProbeState::Pending => assert!(t.elapsed() < DEADLINE, "the probe never ended"),
+            s => return s.clone(),
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn pcfg() -> ProtocolConfig {
+    ProtocolConfig {
+        failover: FailoverConfig {
+            backoff: Duration::from_millis(20),
+            probe_interval: Duration::from_millis(200),
+            ..FailoverConfig::default()
+        },
+        weights: WeightConfig {
+            adaptive: false,
+            ..WeightConfig::default()
+        },
+        ..ProtocolConfig::default()
+    }
+}
+
+/// One path of a test connection: A's and B's addresses, and the relay it goes through.
+struct PathDef {
+    a: &'static str,
+    b: &'static str,
+    /// The relay's door and its address on B's link.
+    via: Option<(SocketAddr, &'static str)>,
+}
+
+/// Connects A to B over `paths` (the relayed ones through their relays, as communicator `comm`);
+/// returns (connector, acceptor).
+fn connect(paths: &[PathDef], comm: u64, streams: usize) -> (TcpFabric, TcpFabric) {
+    let tcfg = TcpConfig {
+        streams: Some(streams),
+        connect_timeout: Some(Duration::from_secs(20)),
+        ..TcpConfig::default()
+    };
+    let b_ip = |p: &PathDef| IpAddr::V4(ip(p.b));
+    let listeners: Vec<_> = paths
+        .iter()
+        .map(|p| listen(b_ip(p), 10_000, &tcfg).unwrap())
+        .collect();
+    let mut cs = Vec::new();
+    let mut acs = Vec::new();
+    for (p, l) in paths.iter().zip(&listeners) {
+        let (relay_c, relay_a, from) = match p.via {
+            Some((door, k_on_b)) => {
+                let found = switchless::transport::relay::Found {
+                    local: ip(p.a),
+                    relay: door,
+                    target: ip(p.b),
+                    via: ip(k_on_b),
+                    speed_mbps: 10_000,
+                    host: "k".into(),
+                };
+                let d = Arc::new(RelayDialer::new(&found, CommKey::new(comm)));
+                (
+                    Some(RelayVia {
+                        name: found.name(),
+                        dialer: Some(d),
+                    }),
+                    Some(RelayVia {
+                        name: found.name(),
+                        dialer: None,
+                    }),
+                    k_on_b,
+                )
+            }
+            None => (None, None, p.a),
+        };
+        cs.push(TcpPathSpec {
+            local: IpAddr::V4(ip(p.a)),
+            remote: l.local_addr().unwrap(),
+            speed_mbps: 10_000,
+            mtu: 0,
+            label: String::new(),
+            relay: relay_c,
+        });
+        acs.push(TcpPathSpec {
+            local: b_ip(p),
+            remote: SocketAddr::new(IpAddr::V4(ip(from)), 0),
+            speed_mbps: 10_000,
+            mtu: 0,
+            label: String::new(),
+            relay: relay_a,
+        });
+    }
+    let secret = ConnSecret::from_bytes([0x42; 32]);
+    let mut c = TcpConnector::start(&cs, &secret, &tcfg).unwrap();
+    let mut a = TcpAcceptor::new(&listeners, &acs, &secret, &tcfg).unwrap();
+    let (mut fc, mut fa) = (None, None);
+    let t = Instant::now();
+    while fc.is_none() || fa.is_none() {
+        assert!(t.elapsed() < DEADLINE, "set-up never finished");
+        if fc.is_none() {
+            fc = c.poll().unwrap();
+        }
+        if fa.is_none() {
+            fa = a.poll().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    (fc.unwrap(), fa.unwrap())
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 9) as u8)
+        .collect()
+}
+
+/// Sends `sizes` one after another, `window` in flight, checking every byte; `at(m)` runs before
+/// message `m` is posted.
+fn stream(
+    s: &mut SendComm<TcpFabric>,
+    r: &mut RecvComm<TcpFabric>,
+    sizes: &[usize],
+    mut at: impl FnMut(usize),
+) {
+    let window = 4;
+    let max = sizes.iter().copied().max().unwrap_or(1).max(1);
+    let n = sizes.len();
+    let mut src = HostBuffer::new(max * n).unwrap();
+    for (m, &sz) in sizes.iter().enumerate() {
+        src.write(m * max, &pattern(sz, m as u8)).unwrap();
+    }
+    let smh = s.reg_mr(&src.lend(), MemKind::Host).unwrap();
+    let mut dst = HostBuffer::new(max * n).unwrap();
+    dst.write(0, &vec![0xEE; max * n]).unwrap();
+    let rmh = r.reg_mr(&dst.lend(), MemKind::Host).unwrap();
+    let (mut rnext, mut snext, mut sent, mut got) = (0, 0, 0, 0);
+    let mut rq: Vec<(usize, Request)> = Vec::new();
+    let mut sq: Vec<Request> = Vec::new();
+    let t = Instant::now();
+    while sent < n || got < n {
+        assert!(
+            t.elapsed() < DEADLINE,
+            "hang: {sent} of {n} sent, {got} received; paths up {:?} / {:?}",
+            s.paths_up(),
+            r.paths_up()
+        );
+        let now = Instant::now();
+        while rnext < n && rq.len() < window {
+            let b = RecvBuf {
+                addr: dst.addr() + (rnext * max) as u64,
+                size: max as u64,
+                tag: 0,
+                mh: &rmh,
+            };
+            match r.irecv(now, &[b]).unwrap() {
+                Some(q) => {
+                    rq.push((rnext, q));
+                    rnext += 1;
+                }
+                None => break,
+            }
+        }
+        while snext < n && sq.len() < window {
+            at(snext);
+            let addr = src.addr() + (snext * max) as u64;
+            match s.isend(now, addr, sizes[snext] as u64, 0, &smh).unwrap() {
+                Some(q) => {
+                    sq.push(q);
+                    snext += 1;
+                }
+                None => break,
+            }
+        }
+        let mut k = 0;
+        while k < rq.len() {
+            if let Some(sz) = r.test(now, rq[k].1).unwrap() {
+                assert_eq!(sz.as_slice(), &[sizes[rq[k].0] as u64]);
+                rq.remove(k);
+                got += 1;
+            } else {
+                k += 1;
+            }
+        }
+        let mut k = 0;
+        while k < sq.len() {
+            if s.test(now, sq[k]).unwrap().is_some() {
+                sq.remove(k);
+                sent += 1;
+            } else {
+                k += 1;
+            }
+        }
+        std::thread::yield_now();
+    }
+    for (m, &sz) in sizes.iter().enumerate() {
+        assert!(
+            dst.read(m * max, sz).unwrap() == pattern(sz, m as u8),
+            "message {m} of {sz} bytes differs"
+        );
+    }
+    s.dereg_mr(smh).unwrap();
+    r.dereg_mr(rmh).unwrap();
+}
+
+const COMM: u64 = 0x5357_4c42_0000_0004;
+
+#[test]
+fn a_probe_finds_the_relay_that_reaches_the_peer_and_only_that() {
+    let port = 24001;
+    let k = relay_host(
+        port,
+        &["127.0.11.2/30", "127.0.12.1/30"],
+        COMM,
+        Bounds::default(),
+    );
+    let door = SocketAddr::from(([127, 0, 11, 2], port));
+    // B advertises two addresses; the relay is cabled to one of them.
+    match probe("127.0.11.1", door, COMM, &["127.0.13.2", "127.0.12.2"]) {
+        ProbeState::Found(f) => {
+            assert_eq!((f.target, f.via), (ip("127.0.12.2"), ip("127.0.12.1")));
+            assert_eq!(f.local, ip("127.0.11.1"));
+            assert_eq!(f.name(), "k (127.0.11.2)");
+        }
+        s => panic!("{s:?}"),
+    }
+    // A peer the relay is not cabled to, and a communicator it does not serve.
+    let e = probe("127.0.11.1", door, COMM, &["127.0.13.2"]);
+    assert!(
+        matches!(&e, ProbeState::Failed(w) if w.contains("not at the far end")),
+        "{e:?}"
+    );
+    let e = probe("127.0.11.1", door, 77, &["127.0.12.2"]);
+    assert!(
+        matches!(&e, ProbeState::Failed(w) if w.contains("serves no such communicator")),
+        "{e:?}"
+    );
+    // Nothing listens: the probe retries, then gives up naming the relay.
+    drop(k);
+    let t = Instant::now();
+    let e = probe("127.0.11.1", door, COMM, &["127.0.12.2"]);
+    assert!(
+        matches!(&e, ProbeState::Failed(w) if w.contains("nothing listens")),
+        "{e:?}"
+    );
+    assert!(t.elapsed() >= Duration::from_secs(5), "{:?}", t.elapsed());
+}
+
+#[test]
+fn a_relayed_path_carries_verified_data_end_to_end() {
+    let port = 24002;
+    let k = relay_host(
+        port,
+        &["127.0.21.2/30", "127.0.22.1/30"],
+        COMM,
+        Bounds::default(),
+    );
+    let door = SocketAddr::from(([127, 0, 21, 2], port));
+    let (a, b) = connect(
+        &[PathDef {
+            a: "127.0.21.1",
+            b: "127.0.22.2",
+            via: Some((door, "127.0.22.1")),
+        }],
+        COMM,
+        3,
+    );
+    let label = a.paths()[0].label.clone();
+    assert!(
+        label.contains("127.0.22.2 via relay k (127.0.21.2)"),
+        "{label}"
+    );
+    assert!(
+        b.paths()[0].label.contains("relay k"),
+        "{}",
+        b.paths()[0].label
+    );
+    let (mut s, mut r) = connect_pair(a, b, pcfg()).unwrap();
+    let sizes = [0, 1, 4096, 65_537, 1 << 20, (3 << 20) + 77, 9 << 20];
+    stream(&mut s, &mut r, &sizes, |_| {});
+    let st = k.stats();
+    assert_eq!(st.opened, 3, "{st:?}");
+    s.close().unwrap();
+    r.close().unwrap();
+    let t = Instant::now();
+    loop {
+        let st = k.stats();
+        if st.legs == 0 {
+            // Every frame passed the relay; its staging is free again.
+            let payload: usize = sizes.iter().sum();
+            assert!(st.bytes as usize > payload, "{st:?}");
+            assert_eq!(st.staging, 0, "{st:?}");
+            assert!(
+                st.staging_peak > 0 && st.staging_peak <= 3 * (512 << 10),
+                "{st:?}"
+            );
+            assert_eq!(st.refusals(), 0, "{st:?}");
+            break;
+        }
+        assert!(
+            t.elapsed() < DEADLINE,
+            "the relay's streams never ended: {st:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A relayed write completes when the peer has it, not when the relay host's kernel does: with
+/// B not reading, a small send stays incomplete although every byte left A and the relay;
+/// once B reads, it completes. (Completed on the relay's TCP acknowledgement, as a direct path's
+/// write does on its peer's, the sender would count it landed while it sat at the relay: a relay
+/// that died then would lose it, and failover would not send it again.)
+#[test]
+fn a_relayed_write_completes_on_the_peers_acknowledgement_not_the_relays() {
+    let port = 24003;
+    let _k = relay_host(
+        port,
+        &["127.0.31.2/30", "127.0.32.1/30"],
+        COMM,
+        Bounds::default(),
+    );
+    let door = SocketAddr::from(([127, 0, 31, 2], port));
+    let (mut a, mut b) = connect(
+        &[PathDef {
+            a: "127.0.31.1",
+            b: "127.0.32.2",
+            via: Some((door, "127.0.32.1")),
+        }],
+        COMM,
+        1,
+    );
+    let mut src = HostBuffer::new(4096).unwrap();
+    src.write(0, &pattern(4096, 3)).unwrap();
+    let dst = HostBuffer::new(4096).unwrap();
+    let sreg = a.register(&src.lend(), MemKind::Host).unwrap();
+    let rreg = b.register(&dst.lend(), MemKind::Host).unwrap();
+    b.hold_receiving(0, true);
+    b.post_recv(0, 7).unwrap();
+    let wr = switchless::transport::fabric::WriteWr {
+        wr_id: 1,
+        local: switchless::transport::fabric::LocalSeg {
+            addr: src.addr(),
+            len: 4096,
+            lkey: sreg.keys[0].lkey,
+        },
+        remote: switchless::transport::fabric::RemoteSeg {
+            addr: dst.addr(),
+            rkey: rreg.keys[0].rkey,
+        },
+        imm: Some(9),
+        signaled: true,
+        inline: false,
+    };
+    a.post_write(0, &wr).unwrap();
+    let mut out = Vec::new();
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(400) {
+        a.poll(0, 4, &mut out).unwrap();
+        assert!(out.is_empty(), "completed before the peer read it: {out:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    b.hold_receiving(0, false);
+    let t = Instant::now();
+    while out.is_empty() {
+        assert!(t.elapsed() < DEADLINE, "never completed");
+        a.poll(0, 4, &mut out).unwrap();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(out[0].status.is_success() && out[0].wr_id == 1, "{out:?}");
+    let mut got = Vec::new();
+    while got.is_empty() {
+        b.poll(0, 4, &mut got).unwrap();
+    }
+    assert_eq!(
+        (got[0].wr_id, got[0].imm, got[0].byte_len),
+        (7, Some(9), 4096)
+    );
+    assert!(dst.read(0, 4096).unwrap() == pattern(4096, 3));
+}
+
+/// A GB10 ring's diagonal: A and B share no cable; two neighbours relay. The relay host of one
+/// path dies mid-transfer: the connection fails over to the other relay, every message arrives
+/// with its bytes. Then the other relay dies too: the connection fails, naming it.
+#[test]
+fn a_dead_relay_costs_its_path_and_the_last_one_fails_naming_the_relay() {
+    let port = 24004;
+    let k1 = relay_host(
+        port,
+        &["127.0.41.2/30", "127.0.42.1/30"],
+        COMM,
+        Bounds::default(),
+    );
+    let k3 = relay_host(
+        port,
+        &["127.0.43.2/30", "127.0.44.1/30"],
+        COMM,
+        Bounds::default(),
+    );
+    let (a, b) = connect(
+        &[
+            PathDef {
+                a: "127.0.41.1",
+                b: "127.0.42.2",
+                via: Some((SocketAddr::from(([127, 0, 41, 2], port)), "127.0.42.1")),
+            },
+            PathDef {
+                a: "127.0.43.1",
+                b: "127.0.44.2",
+                via: Some((SocketAddr::from(([127, 0, 43, 2], port)), "127.0.44.1")),
+            },
+        ],
+        COMM,
+        2,
+    );
+    let cfg = ProtocolConfig {
+        request_timeout: Some(Duration::from_secs(3)),
+        ..pcfg()
+    };
+    let (mut s, mut r) = connect_pair(a, b, cfg).unwrap();
+    let mut k1 = Some(k1);
+    let sizes = vec![512 << 10; 48];
+    stream(&mut s, &mut r, &sizes, |m| {
+        if m == 16 {
+            drop(k1.take());
+        }
+    });
+    assert_eq!(s.paths_up(), vec![false, true]);
+    // The path through k3 alone carries on.
+    stream(&mut s, &mut r, &[1 << 20; 8], |_| {});
+    drop(k3);
+    let now = Instant::now();
+    let src = HostBuffer::new(1 << 20).unwrap();
+    let dst = HostBuffer::new(1 << 20).unwrap();
+    let smh = s.reg_mr(&src.lend(), MemKind::Host).unwrap();
+    let rmh = r.reg_mr(&dst.lend(), MemKind::Host).unwrap();
+    let rq = r
+        .irecv(
+            now,
+            &[RecvBuf {
+                addr: dst.addr(),
+                size: 1 << 20,
+                tag: 0,
+                mh: &rmh,
+            }],
+        )
+        .unwrap()
+        .unwrap();
+    // The receiver's clear-to-send goes out on the dead path: its receive fails, naming the
+    // relay. The sender, which gets no clear-to-send, fails at the request timeout (as over a
+    // direct path whose peer is gone), naming the relay among its paths.
+    let t = Instant::now();
+    let (mut sq, mut rerr, mut serr) = (None, None, None);
+    while rerr.is_none() || serr.is_none() {
+        assert!(
+            t.elapsed() < DEADLINE,
+            "the connection never failed: receiver {rerr:?}, sender {serr:?}"
+        );
+        let now = Instant::now();
+        if rerr.is_none() {
+            match r.test(now, rq) {
+                Ok(None) => {}
+                Ok(Some(_)) => panic!("a receive completed with every relay dead"),
+                Err(e) => rerr = Some(e.to_string()),
+            }
+        }
+        if serr.is_none() {
+            match sq {
+                None => match s.isend(now, src.addr(), 1 << 20, 0, &smh) {
+                    Ok(q) => sq = q,
+                    Err(e) => serr = Some(e.to_string()),
+                },
+                Some(q) => match s.test(now, q) {
+                    Ok(None) => {}
+                    Ok(Some(_)) => panic!("a send completed with every relay dead"),
+                    Err(e) => serr = Some(e.to_string()),
+                },
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    for e in [rerr.unwrap(), serr.unwrap()] {
+        assert!(e.contains("relay k (127.0.43.2)"), "{e}");
+    }
+    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+}
+
+/// Peer of the shared-pool run: its connection and its own relay.
+struct Peer {
+    s: SendComm<TcpFabric>,
+    r: RecvComm<TcpFabric>,
+}
+
+/// Message `m`'s bytes: distinct per message.
+fn content(m: usize, len: usize) -> Vec<u8> {
+    let mut x = (m as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+/// NCCL's p2p pool through a relay: two peers send 256 KiB messages (striped over a direct path
+/// and a relayed one) to one host, whose receives share 3 buffers, each posted again for either
+/// peer as soon as its receive completed. At message `kill_at` the relay of peer 0's connection
+/// dies (what it held in staging is lost, both its legs cut). Every message arrives once with
+/// exactly its bytes, and no completed buffer changes before it is posted again.
+fn shared_pool_through_a_dying_relay(kill_at: usize, port: u16, net: u8) {
+    const SIZE: usize = 256 << 10;
+    const N: usize = 40;
+    const RING: usize = 4;
+    const POOL: usize = 3;
+    let o =
+        |x: u8, h: u8| -> &'static str { Box::leak(format!("127.{net}.{x}.{h}").into_boxed_str()) };
+    let mut relays: Vec<Option<RelayService>> = (0..2u8)
+        .map(|p| {
+            Some(relay_host(
+                port + u16::from(p),
+                &[
+                    &format!("127.{net}.{}.2/30", 10 * p + 1),
+                    &format!("127.{net}.{}.1/30", 10 * p + 2),
+                ],
+                COMM,
+                Bounds::default(),
+            ))
+        })
+        .collect();
+    let mut peers: Vec<Peer> = (0..2u8)
+        .map(|p| {
+            let (a, b) = connect(
+                &[
+                    PathDef {
+                        a: o(10 * p + 3, 1),
+                        b: o(10 * p + 3, 2),
+                        via: None,
+                    },
+                    PathDef {
+                        a: o(10 * p + 1, 1),
+                        b: o(10 * p + 2, 2),
+                        via: Some((
+                            SocketAddr::new(IpAddr::V4(ip(o(10 * p + 1, 2))), port + u16::from(p)),
+                            o(10 * p + 2, 1),
+                        )),
+                    },
+                ],
+                COMM,
+                2,
+            );
+            let (s, r) = connect_pair(a, b, pcfg()).unwrap();
+            Peer { s, r }
+        })
+        .collect();
+    let pool = HostBuffer::new(POOL * SIZE).unwrap();
+    let rmh: Vec<_> = peers
+        .iter_mut()
+        .map(|g| g.r.reg_mr(&pool.lend(), MemKind::Host).unwrap())
+        .collect();
+    let mut src: Vec<HostBuffer> = (0..2)
+        .map(|_| HostBuffer::new(RING * SIZE).unwrap())
+        .collect();
+    let smh: Vec<_> = peers
+        .iter_mut()
+        .zip(&src)
+        .map(|(g, b)| g.s.reg_mr(&b.lend(), MemKind::Host).unwrap())
+        .collect();
+    let spare: Vec<HostBuffer> = (0..2).map(|_| HostBuffer::new(SIZE).unwrap()).collect();
+    let spare_mh: Vec<_> = peers
+        .iter_mut()
+        .zip(&spare)
+        .map(|(g, b)| g.r.reg_mr(&b.lend(), MemKind::Host).unwrap())
+        .collect();
+    let mut next_op: [Option<Request>; 2] = [None, None];
+    let msgs: Vec<Vec<usize>> = (0..2).map(|p| (p..N).step_by(2).collect()).collect();
+    let mut next_send = [0usize; 2];
+    let mut staged: [Option<usize>; 2] = [None, None];
+    let mut ring_free = [[true; RING]; 2];
+    let mut sq: [Vec<(usize, Request, usize)>; 2] = [Vec::new(), Vec::new()];
+    let mut rq: [Vec<(usize, Request, usize)>; 2] = [Vec::new(), Vec::new()];
+    let mut slot_free = [true; POOL];
+    let mut last: [Option<usize>; POOL] = [None; POOL];
+    let (mut received, mut sent) = (vec![0u32; N], vec![0u32; N]);
+    let mut next_post = 0;
+    let t = Instant::now();
+    while received.iter().any(|&x| x != 1) || sent.iter().any(|&x| x != 1) {
+        assert!(
+            t.elapsed() < DEADLINE,
+            "hang: received {received:?}, sent {sent:?}; paths up {:?} {:?}",
+            peers.iter().map(|g| g.s.paths_up()).collect::<Vec<_>>(),
+            peers.iter().map(|g| g.r.paths_up()).collect::<Vec<_>>()
+        );
+        let now = Instant::now();
+        while next_post < N {
+            let Some(k) = slot_free.iter().position(|&f| f) else {
+                break;
+            };
+            if let Some(m) = last[k] {
+                assert!(
+                    pool.read(k * SIZE, SIZE).unwrap() == content(m, SIZE),
+                    "pool buffer {k} changed after its receive of message {m} completed"
+                );
+            }
+            let p = next_post % 2;
+            let b = RecvBuf {
+                addr: pool.addr() + (k * SIZE) as u64,
+                size: SIZE as u64,
+                tag: 0,
+                mh: &rmh[p],
+            };
+            match peers[p].r.irecv(now, &[b]).unwrap() {
+                Some(q) => {
+                    rq[p].push((next_post, q, k));
+                    slot_free[k] = false;
+                    next_post += 1;
+                }
+                None => break,
+            }
+        }
+        for p in 0..2 {
+            while next_send[p] < msgs[p].len() {
+                let m = msgs[p][next_send[p]];
+                let e = match staged[p] {
+                    Some(e) => e,
+                    None => {
+                        let Some(e) = ring_free[p].iter().position(|&f| f) else {
+                            break;
+                        };
+                        src[p].write(e * SIZE, &content(m, SIZE)).unwrap();
+                        ring_free[p][e] = false;
+                        staged[p] = Some(e);
+                        e
+                    }
+                };
+                let addr = src[p].addr() + (e * SIZE) as u64;
+                match peers[p]
+                    .s
+                    .isend(now, addr, SIZE as u64, 0, &smh[p])
+                    .unwrap()
+                {
+                    Some(q) => {
+                        sq[p].push((m, q, e));
+                        staged[p] = None;
+                        next_send[p] += 1;
+                    }
+                    None => break,
+                }
+                if p == 0 && m == kill_at {
+                    // The relay host dies: its staging and both legs of every stream go.
+                    drop(relays[0].take());
+                }
+            }
+            let mut i = 0;
+            while i < rq[p].len() {
+                let (m, q, k) = rq[p][i];
+                if let Some(sz) = peers[p].r.test(now, q).unwrap() {
+                    assert_eq!(sz.as_slice(), &[SIZE as u64], "message {m}");
+                    assert!(
+                        pool.read(k * SIZE, SIZE).unwrap() == content(m, SIZE),
+                        "message {m} (peer {p}) in pool buffer {k} is not the sender's"
+                    );
+                    received[m] += 1;
+                    last[k] = Some(m);
+                    slot_free[k] = true;
+                    rq[p].remove(i);
+                } else {
+                    i += 1;
+                }
+            }
+            let mut i = 0;
+            while i < sq[p].len() {
+                let (m, q, e) = sq[p][i];
+                if peers[p].s.test(now, q).unwrap().is_some() {
+                    sent[m] += 1;
+                    ring_free[p][e] = true;
+                    sq[p].remove(i);
+                } else {
+                    i += 1;
+                }
+            }
+            let all_in = msgs[p].iter().all(|&m| received[m] > 0);
+            if all_in && !sq[p].is_empty() && next_op[p].is_none() {
+                let b = RecvBuf {
+                    addr: spare[p].addr(),
+                    size: SIZE as u64,
+                    tag: 0,
+                    mh: &spare_mh[p],
+                };
+                next_op[p] = peers[p].r.irecv(now, &[b]).unwrap();
+            }
+            if let Some(q) = next_op[p] {
+                assert!(peers[p].r.test(now, q).unwrap().is_none());
+            }
+        }
+        std::thread::yield_now();
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    for (k, m) in last.iter().enumerate() {
+        if let Some(m) = *m {
+            assert!(
+                pool.read(k * SIZE, SIZE).unwrap() == content(m, SIZE),
+                "pool buffer {k} changed after its receive of message {m} completed"
+            );
+        }
+    }
+    let st = peers[0].s.fence_stats();
+    assert!(st.stops > 0, "the relayed path never failed over: {st:?}");
+    assert_eq!(peers[1].s.fence_stats().stops, 0, "peer 1's relay lived");
+    for ((mut g, (s, r)), x) in peers
+        .into_iter()
+        .zip(smh.into_iter().zip(rmh))
+        .zip(spare_mh)
+    {
+        g.s.dereg_mr(s).unwrap();
+        g.r.dereg_mr(r).unwrap();
+        g.r.dereg_mr(x).unwrap();
+        g.s.close().unwrap();
+        g.r.close().unwrap();
+    }
+}
+
+#[test]
+fn a_shared_receive_pool_gets_each_message_once_when_a_relay_dies_early() {
+    shared_pool_through_a_dying_relay(4, 24010, 50);
+}
+
+#[test]
+fn a_shared_receive_pool_gets_each_message_once_when_a_relay_dies_mid_run() {
+    shared_pool_through_a_dying_relay(20, 24012, 60);
+}
