@@ -793,3 +793,303 @@ fn a_shared_receive_pool_gets_each_message_once_when_a_relay_dies_early() {
 fn a_shared_receive_pool_gets_each_message_once_when_a_relay_dies_mid_run() {
     shared_pool_through_a_dying_relay(20, 24012, 60);
 }
+
+// ---------------------------------------------------------------------------------------------------
+// The relay door under a hostile neighbour
+// ---------------------------------------------------------------------------------------------------
+
+#[path = "support/logs.rs"]
+mod logs;
+
+/// Every thread's events (the relay service logs from its own thread), for the WARN limit.
+fn global_logs() -> &'static logs::Logs {
+    static LOGS: std::sync::OnceLock<logs::Logs> = std::sync::OnceLock::new();
+    LOGS.get_or_init(|| {
+        let l = logs::Logs::default();
+        tracing::subscriber::set_global_default(l.clone()).expect("one global subscriber");
+        l
+    })
+}
+
+use std::io::{Read, Write};
+use switchless::transport::relay::wire::{
+    CHALLENGE_LEN as DOOR_CHALLENGE_LEN, ChallengeRepr, Code, Op, RequestRepr, VERDICT_LEN,
+    VerdictRepr,
+};
+use switchless::transport::tcp::RELAY_FRAME_BYTES;
+use switchless::transport::tcp::frame::{FrameRepr, HELLO_LEN, OP_WRITE};
+
+/// A raw TCP connection from `from` to `to` (reads time out after 5 s).
+fn raw(from: &str, to: SocketAddr) -> std::net::TcpStream {
+    let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    s.bind(&SocketAddr::new(IpAddr::V4(ip(from)), 0).into())
+        .unwrap();
+    s.connect(&to.into()).unwrap();
+    let s: std::net::TcpStream = s.into();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s
+}
+
+/// Reads the door's challenge.
+fn challenge(s: &mut std::net::TcpStream) -> [u8; 16] {
+    let mut b = [0u8; DOOR_CHALLENGE_LEN];
+    s.read_exact(&mut b).unwrap();
+    ChallengeRepr::parse(&b).unwrap().nonce
+}
+
+/// Reads the door's verdict.
+fn verdict(s: &mut std::net::TcpStream) -> VerdictRepr {
+    let mut b = [0u8; VERDICT_LEN];
+    s.read_exact(&mut b).unwrap();
+    VerdictRepr::parse(&b).unwrap()
+}
+
+/// Whether the other end closed or reset the connection (reads what is left first).
+fn cut(s: &mut std::net::TcpStream) -> bool {
+    let mut b = [0u8; 4096];
+    loop {
+        match s.read(&mut b) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => return false,
+            Err(_) => return true,
+        }
+    }
+}
+
+/// An open of `target` sealed by communicator `comm` for `challenge`.
+fn open_req(comm: u64, challenge: &[u8; 16], target: SocketAddr) -> RequestRepr {
+    let IpAddr::V4(t) = target.ip() else {
+        unreachable!()
+    };
+    CommKey::new(comm).seal(
+        RequestRepr {
+            op: Op::Open,
+            comm: 0,
+            port: target.port(),
+            targets: vec![t],
+            nonce: [5; 16],
+            tag: [0; 16],
+        },
+        challenge,
+    )
+}
+
+/// Opens a relayed stream from `from` to `target` through `door`; the verdict must be `OK`.
+fn opened(from: &str, door: SocketAddr, target: SocketAddr) -> std::net::TcpStream {
+    let mut s = raw(from, door);
+    let c = challenge(&mut s);
+    s.write_all(&open_req(COMM, &c, target).to_bytes()).unwrap();
+    let v = verdict(&mut s);
+    assert_eq!(v.code, Code::Ok, "{v:?}");
+    s
+}
+
+/// A hostile neighbour H (on its own link to K, 127.0.73.1) and a stranger on no link of K
+/// (127.0.75.1) throw every bad input of issue 30 at K's relay door while A's relayed connection
+/// through K moves verified data: each is refused (a verdict naming why, or the connection cut),
+/// counted by reason, logged within the process's WARN limit; nothing past a bad frame reaches the
+/// target; A's connection never notices.
+#[test]
+fn hostile_clients_at_the_relay_door_are_refused_counted_and_cost_nobody_else() {
+    use switchless::transport::droplog::LINES_PER_INTERVAL;
+    let logs = global_logs();
+    let port = 24020;
+    let bounds = Bounds {
+        legs_per_source: 4,
+        pending_per_source: 8,
+        ..Bounds::default()
+    };
+    let k = relay_host(
+        port,
+        &["127.0.71.2/30", "127.0.72.1/30", "127.0.73.2/30"],
+        COMM,
+        bounds,
+    );
+    let door_a = SocketAddr::from(([127, 0, 71, 2], port));
+    let door_h = SocketAddr::from(([127, 0, 73, 2], port));
+    // A target on B's address that records what reaches it (a port H may name).
+    let sink = std::net::TcpListener::bind("127.0.72.2:0").unwrap();
+    let sink_at = sink.local_addr().unwrap();
+    let got: Arc<std::sync::Mutex<Vec<Vec<u8>>>> = Arc::default();
+    let g = Arc::clone(&got);
+    std::thread::spawn(move || {
+        for s in sink.incoming() {
+            let Ok(mut s) = s else { return };
+            let g = Arc::clone(&g);
+            std::thread::spawn(move || {
+                let mut v = Vec::new();
+                let _ = s.read_to_end(&mut v);
+                g.lock().unwrap().push(v);
+            });
+        }
+    });
+    let (a, b) = connect(
+        &[PathDef {
+            a: "127.0.71.1",
+            b: "127.0.72.2",
+            via: Some((door_a, "127.0.72.1")),
+        }],
+        COMM,
+        3,
+    );
+    let (mut s, mut r) = connect_pair(a, b, pcfg()).unwrap();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let d = Arc::clone(&done);
+    let hostile = std::thread::spawn(move || {
+        let h = "127.0.73.1";
+        // A host on none of K's links: cut before it is sent anything.
+        let mut x = raw("127.0.75.1", door_h);
+        assert!(cut(&mut x), "a stranger got an answer");
+        // A communicator K does not serve.
+        let mut x = raw(h, door_h);
+        let c = challenge(&mut x);
+        x.write_all(&open_req(999, &c, sink_at).to_bytes()).unwrap();
+        assert_eq!(verdict(&mut x).code, Code::UnknownComm);
+        // A wrong tag (a recorded request answers no other challenge).
+        let mut x = raw(h, door_h);
+        let c = challenge(&mut x);
+        let mut req = open_req(COMM, &c, sink_at);
+        req.tag[0] ^= 1;
+        x.write_all(&req.to_bytes()).unwrap();
+        assert_eq!(verdict(&mut x).code, Code::BadTag);
+        // Garbage.
+        let mut x = raw(h, door_h);
+        challenge(&mut x);
+        x.write_all(&[0xA5; 116]).unwrap();
+        assert_eq!(verdict(&mut x).code, Code::Malformed);
+        // A target on none of K's links, and a system port of one on a link.
+        let mut x = raw(h, door_h);
+        let c = challenge(&mut x);
+        x.write_all(&open_req(COMM, &c, "127.0.99.2:5000".parse().unwrap()).to_bytes())
+            .unwrap();
+        assert_eq!(verdict(&mut x).code, Code::NotALink);
+        let mut x = raw(h, door_h);
+        let c = challenge(&mut x);
+        let mut req = open_req(COMM, &c, "127.0.72.2:1024".parse().unwrap());
+        req.port = 22;
+        x.write_all(&req.to_bytes()).unwrap();
+        assert_eq!(verdict(&mut x).code, Code::Malformed);
+        // Out of order: bytes before the verdict.
+        let mut x = raw(h, door_h);
+        let c = challenge(&mut x);
+        let mut bytes = open_req(COMM, &c, sink_at).to_bytes().to_vec();
+        bytes.extend_from_slice(&[1; 64]);
+        x.write_all(&bytes).unwrap();
+        assert_eq!(verdict(&mut x).code, Code::Malformed);
+        // Oversized, after close, and not a frame: the stream is cut at the bad header, which never
+        // reaches the target (the stream's opening, a hello's worth of bytes, passes first).
+        let write = |len: u32| FrameRepr {
+            op: OP_WRITE,
+            flags: 0,
+            len,
+            seq: 0,
+            addr: 0x1000,
+            rkey: 1,
+            imm: 0,
+            wr_len: len,
+        };
+        let bad: Vec<Vec<u8>> = vec![
+            write(RELAY_FRAME_BYTES as u32 + 1).to_bytes().to_vec(),
+            [FrameRepr::close(false).to_bytes(), write(8).to_bytes()].concat(),
+            vec![0x77; 40],
+        ];
+        for frames in &bad {
+            let mut x = opened(h, door_h, sink_at);
+            x.write_all(&[0; HELLO_LEN]).unwrap();
+            x.write_all(frames).unwrap();
+            assert!(cut(&mut x), "a bad frame did not cut the stream");
+        }
+        // Bounds: 4 relayed streams per client, the fifth is refused; 12 silent connections from
+        // one address keep at most 8 waiting (the oldest go).
+        let held: Vec<_> = (0..4).map(|_| opened(h, door_h, sink_at)).collect();
+        let mut x = raw(h, door_h);
+        let c = challenge(&mut x);
+        x.write_all(&open_req(COMM, &c, sink_at).to_bytes())
+            .unwrap();
+        assert_eq!(verdict(&mut x).code, Code::Busy);
+        drop(held);
+        let mut silent: Vec<_> = (0..12).map(|_| raw(h, door_h)).collect();
+        for x in &silent {
+            x.set_read_timeout(Some(Duration::from_millis(10))).unwrap();
+        }
+        let (t, mut evicted) = (Instant::now(), 0);
+        while evicted < 4 {
+            assert!(t.elapsed() < DEADLINE, "silent connections never evicted");
+            silent.retain_mut(|x| {
+                let c = cut(x);
+                evicted += usize::from(c);
+                !c
+            });
+        }
+        d.store(true, std::sync::atomic::Ordering::SeqCst);
+    });
+    // A's connection through K moves verified data all along, and after.
+    let mut rounds = 0;
+    while !hostile.is_finished() || rounds < 2 {
+        stream(&mut s, &mut r, &[1 << 20, 300_001, 4096, 2 << 20], |_| {});
+        rounds += 1;
+    }
+    hostile.join().expect("the hostile client's expectations");
+    assert!(done.load(std::sync::atomic::Ordering::SeqCst));
+    stream(&mut s, &mut r, &[3 << 20; 4], |_| {});
+    assert_eq!(s.paths_up(), vec![true]);
+    // Nothing past a bad header reached the target: at most the opening and one close frame.
+    let t = Instant::now();
+    while got.lock().unwrap().len() < 3 {
+        assert!(t.elapsed() < DEADLINE, "the target's streams never ended");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for v in got.lock().unwrap().iter() {
+        assert!(
+            v.len() <= HELLO_LEN + 40,
+            "{} bytes reached the target",
+            v.len()
+        );
+        assert!(
+            v.iter().all(|&b| b == 0 || b == 0x54 || b == 0x57 || b < 3),
+            "{v:?}"
+        );
+    }
+    // Counted by reason.
+    let t = Instant::now();
+    let st = loop {
+        let st = k.stats();
+        if st.refused.get("evicted").copied().unwrap_or(0) >= 4 {
+            break st;
+        }
+        assert!(t.elapsed() < DEADLINE, "{st:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    for (why, n) in [
+        ("not a link", 1),
+        ("unknown communicator", 1),
+        ("bad tag", 1),
+        ("target not on a link", 1),
+        ("out of order", 1),
+        ("oversized frame", 1),
+        ("after close", 1),
+        ("bad frame", 1),
+        ("busy", 1),
+    ] {
+        assert_eq!(st.refused.get(why).copied(), Some(n), "{why}: {st:?}");
+    }
+    // Garbage and the system port, and the silent connections that hung up before a request.
+    assert!(
+        st.refused.get("malformed").copied().unwrap_or(0) >= 2,
+        "{st:?}"
+    );
+    // A's three streams were joined and none of them refused or dropped.
+    assert!(st.opened >= 3 + 3 + 4, "{st:?}");
+    // WARN lines: some, within the process's limit, although there were far more refusals.
+    let lines: Vec<String> = logs
+        .find(tracing::Level::WARN, &format!("relay on port {port}"))
+        .into_iter()
+        .collect();
+    assert!(!lines.is_empty(), "no WARN line");
+    assert!(lines.len() <= LINES_PER_INTERVAL as usize, "{lines:#?}");
+    assert!(st.refusals() > lines.len() as u64, "{st:?} {lines:#?}");
+    s.close().unwrap();
+    r.close().unwrap();
+}
