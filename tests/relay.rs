@@ -548,6 +548,61 @@ fn a_dead_relay_costs_its_path_and_the_last_one_fails_naming_the_relay() {
     assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
 }
 
+/// A relay path fails over and back like any path: a direct cable and a relayed path carry a
+/// connection; the relay host goes away (its rank exits) and the direct path carries on; a relay
+/// comes back on the same port and failback rebuilds the relayed path through it (a new stream
+/// generation, opened at the relay's door again), which then carries data again, byte-exact.
+#[test]
+fn a_relayed_path_fails_over_and_back_when_its_relay_returns() {
+    let port = 24005;
+    let addrs = ["127.0.91.2/30", "127.0.92.1/30"];
+    let k = relay_host(port, &addrs, COMM, Bounds::default());
+    let (a, b) = connect(
+        &[
+            PathDef {
+                a: "127.0.93.1",
+                b: "127.0.93.2",
+                via: None,
+            },
+            PathDef {
+                a: "127.0.91.1",
+                b: "127.0.92.2",
+                via: Some((SocketAddr::from(([127, 0, 91, 2], port)), "127.0.92.1")),
+            },
+        ],
+        COMM,
+        2,
+    );
+    let (mut s, mut r) = connect_pair(a, b, pcfg()).unwrap();
+    stream(&mut s, &mut r, &[1 << 20; 8], |_| {});
+    assert!(k.stats().frames > 0, "the relayed path carried nothing");
+    drop(k);
+    stream(&mut s, &mut r, &[1 << 20; 16], |_| {});
+    assert_eq!(s.paths_up(), vec![true, false]);
+    let k = relay_host(port, &addrs, COMM, Bounds::default());
+    let t = Instant::now();
+    while s.paths_up() != [true, true] || r.paths_up() != [true, true] {
+        assert!(
+            t.elapsed() < DEADLINE,
+            "no failback: paths up {:?} / {:?}; relay {:?}",
+            s.paths_up(),
+            r.paths_up(),
+            k.stats()
+        );
+        stream(&mut s, &mut r, &[64 << 10; 16], |_| {});
+    }
+    assert!(s.fabric().path_generation(1) >= 1);
+    assert_eq!(k.stats().opened, 2, "{:?}", k.stats());
+    let before: u64 = s.fabric().stream_bytes(1).iter().sum();
+    stream(&mut s, &mut r, &[256 << 10; 64], |_| {});
+    let after: u64 = s.fabric().stream_bytes(1).iter().sum();
+    assert!(
+        after > before + (1 << 20),
+        "the relayed path carries data again ({before} -> {after} bytes)"
+    );
+    assert!(k.stats().frames > 0);
+}
+
 /// Peer of the shared-pool run: its connection and its own relay.
 struct Peer {
     s: SendComm<TcpFabric>,
@@ -1092,4 +1147,65 @@ fn hostile_clients_at_the_relay_door_are_refused_counted_and_cost_nobody_else() 
     assert!(st.refusals() > lines.len() as u64, "{st:?} {lines:#?}");
     s.close().unwrap();
     r.close().unwrap();
+}
+
+/// Not a test: the relay's cost, for docs/guide/relay.md. One connection of one path (4 streams)
+/// moves 1 GiB in 4 MiB messages directly, then through a relay on the same host: the ratio of the
+/// two rates, the relay thread's CPU per 100 Gb/s forwarded, and its peak staging memory.
+/// `cargo test --release --test relay -- --ignored --nocapture relay_cost`
+#[test]
+#[ignore = "a benchmark: run it by name in release mode"]
+fn relay_cost() {
+    const MSG: usize = 4 << 20;
+    const N: usize = 256;
+    let port = 24030;
+    let k = relay_host(
+        port,
+        &["127.0.81.2/30", "127.0.82.1/30"],
+        COMM,
+        Bounds::default(),
+    );
+    let mut rate = Vec::new();
+    for via in [
+        None,
+        Some((SocketAddr::from(([127, 0, 81, 2], port)), "127.0.82.1")),
+    ] {
+        let (a, b) = connect(
+            &[PathDef {
+                a: "127.0.81.1",
+                b: if via.is_some() {
+                    "127.0.82.2"
+                } else {
+                    "127.0.81.1"
+                },
+                via,
+            }],
+            COMM,
+            4,
+        );
+        let (mut s, mut r) = connect_pair(a, b, pcfg()).unwrap();
+        stream(&mut s, &mut r, &[MSG; 8], |_| {});
+        let cpu0 = k.stats().cpu_ns;
+        let t = Instant::now();
+        stream(&mut s, &mut r, &[MSG; N], |_| {});
+        let secs = t.elapsed().as_secs_f64();
+        let gbps = (MSG * N) as f64 * 8.0 / secs / 1e9;
+        rate.push(gbps);
+        if via.is_some() {
+            let st = k.stats();
+            let cpu = (st.cpu_ns - cpu0) as f64 / 1e9 / secs;
+            println!(
+                "relayed: {gbps:.1} Gb/s; relay thread {:.2} cores busy = {:.2} cores per 100 Gb/s; \
+                 peak staging {} KiB",
+                cpu,
+                cpu / gbps * 100.0,
+                st.staging_peak >> 10
+            );
+        } else {
+            println!("direct: {gbps:.1} Gb/s");
+        }
+        s.close().unwrap();
+        r.close().unwrap();
+    }
+    println!("relayed / direct: {:.2}", rate[1] / rate[0]);
 }
