@@ -603,6 +603,74 @@ fn a_relayed_path_fails_over_and_back_when_its_relay_returns() {
     assert!(k.stats().frames > 0);
 }
 
+/// The registry of relay services: one service per port per host (a second plugin instance on the
+/// host finds the port taken and leaves it to the first), serving each communicator while one of
+/// its registrations lives; a communicator that left is refused at the door while the others are
+/// still served; the last registration stops the service.
+#[test]
+fn relay_services_live_and_die_with_their_communicators() {
+    use switchless::transport::relay::{Relays, port_for};
+    let cfg = ServiceConfig {
+        links: vec![link("127.0.101.2/30"), link("127.0.102.1/30")],
+        bounds: Bounds::default(),
+        tcp: TcpConfig::default(),
+        host: "k".into(),
+        link_down: None,
+    };
+    // Two communicators whose ports are the same: one service serves both.
+    let c1 = 0x1000u64;
+    let c2 = (0x1001u64..)
+        .find(|c| port_for(*c) == port_for(c1))
+        .unwrap();
+    let port = port_for(c1);
+    let door = SocketAddr::from(([127, 0, 101, 2], port));
+    let first = Relays::new(cfg.clone());
+    let second = Relays::new(cfg);
+    let t1 = first.register(c1).unwrap();
+    let t1b = first.register(c1).unwrap();
+    let t2 = first.register(c2).unwrap();
+    assert!(t1.serving && t1b.serving && t2.serving);
+    // Another rank of the host: the port is taken, it serves nothing.
+    let other = second.register(c1).unwrap();
+    assert!(!other.serving);
+    assert!(second.stats().is_empty());
+    let found = |c| {
+        matches!(
+            probe("127.0.101.1", door, c, &["127.0.102.2"]),
+            ProbeState::Found(_)
+        )
+    };
+    assert!(found(c1) && found(c2));
+    drop(t1);
+    assert!(found(c1), "c1 still has a registration");
+    drop(t1b);
+    let e = probe("127.0.101.1", door, c1, &["127.0.102.2"]);
+    assert!(
+        matches!(&e, ProbeState::Failed(w) if w.contains("serves no such communicator")),
+        "{e:?}"
+    );
+    assert!(found(c2));
+    // Counted (the shared statistics are refreshed every 50 ms).
+    let t = Instant::now();
+    loop {
+        let st = &first.stats()[0];
+        assert_eq!(st.0, port);
+        if st.1.refused.get("unknown communicator") == Some(&1) {
+            break;
+        }
+        assert!(t.elapsed() < DEADLINE, "{st:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(t2);
+    assert!(
+        first.stats().is_empty(),
+        "the last registration stops the service"
+    );
+    drop(other);
+    let t = std::net::TcpListener::bind(door);
+    assert!(t.is_ok(), "the port is free again: {t:?}");
+}
+
 /// Peer of the shared-pool run: its connection and its own relay.
 struct Peer {
     s: SendComm<TcpFabric>,
