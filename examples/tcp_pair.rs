@@ -212,6 +212,7 @@ fn serve(local: IpAddr, port: u16, peer: Option<IpAddr>, speed: u64, timeout: u6
         speed_mbps: speed,
         mtu: 0,
         label: String::new(),
+        relay: None,
     };
     let fab = TcpFabric::accept(&[fab_l], &[spec], &secret, &cfg)?;
     let streams = fab.streams(0);
@@ -316,6 +317,7 @@ fn connect(
         speed_mbps: speed,
         mtu: 0,
         label: String::new(),
+        relay: None,
     };
     let ctl_sock = socket2::Socket::new(
         socket2::Domain::for_address(spec.remote),
@@ -429,6 +431,7 @@ fn main() -> ExitCode {
                 speed_mbps: 10_000,
                 mtu: 0,
                 label: String::new(),
+                relay: None,
             };
             switchless::transport::tcp::auth::random_secret()
                 .and_then(|secret| TcpFabric::connect(&[spec], &secret, &cfg))

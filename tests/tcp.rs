@@ -813,6 +813,7 @@ fn lo_any_peer(speed_mbps: u64) -> TcpPathSpec {
         speed_mbps,
         mtu: 0,
         label: String::new(),
+        relay: None,
     }
 }
 
@@ -843,6 +844,7 @@ fn connect_to_a_closed_port_fails_with_a_clear_error() {
         speed_mbps: 10_000,
         mtu: 9000,
         label: "veth0".into(),
+        relay: None,
     };
     // A refused connection fails at once instead of being retried until the connect timeout: with
     // a 60 s timeout, a retry loop would take 60 s; 30 s bounds the immediate failure on any host.
@@ -875,6 +877,7 @@ fn wrong_secret_is_rejected_by_the_acceptor() {
         speed_mbps: 10_000,
         mtu: 0,
         label: String::new(),
+        relay: None,
     };
     let c2 = tcfg.clone();
     let t = std::thread::spawn(move || TcpFabric::connect(&[spec], &secret(111), &c2));
@@ -916,6 +919,7 @@ fn set_up_is_driven_without_blocking_from_one_thread() {
             speed_mbps: 10_000,
             mtu: 1500,
             label: "veth".into(),
+            relay: None,
         })
         .collect();
     let mut c = TcpConnector::start(&specs, &secret(42), &tcfg).unwrap();
@@ -1390,6 +1394,7 @@ fn silent_streams_from_the_peers_address_cannot_keep_its_streams_out() {
         speed_mbps: 10_000,
         mtu: 0,
         label: String::new(),
+        relay: None,
     };
     let mut c = TcpConnector::start(&[spec], &secret(9), &tcfg).unwrap();
     let (mut fa, mut fc) = (None, None);
@@ -1480,6 +1485,7 @@ fn a_connect_to_a_peer_that_does_not_accept_never_blocks() {
         speed_mbps: 10_000,
         mtu: 0,
         label: String::new(),
+        relay: None,
     };
     let tcfg = TcpConfig {
         streams: Some(2),
@@ -1547,6 +1553,7 @@ fn a_receiver_that_stops_reading_longer_than_the_user_timeout_is_not_cut_off() {
         speed_mbps: 10_000,
         mtu: 0,
         label: String::new(),
+        relay: None,
     };
     let c = tcfg.clone();
     let t = std::thread::spawn(move || TcpFabric::connect(&[spec], &secret(3), &c));

@@ -361,6 +361,7 @@ fn tapped_rig() -> (Rig, Vec<Tap>) {
         speed_mbps: 10_000,
         mtu: 0,
         label: String::new(),
+        relay: None,
     };
     let conn: Vec<_> = taps.iter().map(|t| spec(t.port)).collect();
     let acc: Vec<_> = taps.iter().map(|_| spec(0)).collect();

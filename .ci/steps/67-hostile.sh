@@ -35,6 +35,9 @@ libtests \
   transport::droplog::tests::one_line_per_source_per_interval_with_the_count_in_the_next_line \
   transport::droplog::tests::the_process_gets_at_most_its_lines_per_interval_whatever_the_sources \
   transport::tcp::auth::tests::a_tag_binds_the_secret_the_challenge_and_every_field \
+  transport::relay::wire::tests::requests_round_trip_and_tags_bind_the_challenge_and_every_field \
+  transport::relay::wire::tests::malformed_requests_are_refused_naming_the_field \
+  transport::relay::leg::tests::only_the_framing_is_checked \
   transport::tcp::window::tests::a_closed_window_suspends_the_timeout_and_data_in_flight_restores_it
 tests handshake \
   garbage_clients_are_dropped_and_a_good_client_still_succeeds \
@@ -97,6 +100,10 @@ tests lying_sender \
   a_clear_to_send_that_wraps_the_address_space_fails_the_send \
   control_memory_that_wraps_is_refused_at_connect
 tests transport a_timed_out_receive_ends_the_comm_instead_of_reusing_its_slot
+tests relay hostile_clients_at_the_relay_door_are_refused_counted_and_cost_nobody_else
+tests relay_fuzz \
+  mutated_requests_never_panic_and_reencode_exactly \
+  mutated_verdicts_and_challenges_never_panic_and_reencode_exactly
 
 timeout 600 tests/netns/hostile.sh
 echo "67-hostile: ok"

@@ -16,6 +16,8 @@
 //! * [`memfab`]: an in-process fabric with fault injection for tests and benchmarks.
 //! * [`modelfab`]: an in-process fabric with modelled rates and latencies, in virtual time.
 //! * [`tcp`]: a fabric over TCP streams (Ethernet paths without RDMA), same protocol.
+//! * [`relay`]: relay paths through a neighbour cabled to both ends (the relay door, the relay
+//!   service thread, the client's probe and dialer).
 
 pub mod comm;
 pub mod ctrl;
@@ -25,6 +27,7 @@ pub mod handshake;
 pub mod memfab;
 pub mod modelfab;
 pub mod regcache;
+pub mod relay;
 pub mod revive;
 pub mod stripe;
 pub mod tcp;

@@ -362,6 +362,7 @@ impl TcpConn {
                 speed_mbps: u64::from(p.local.speed_mbps),
                 mtu: p.local.mtu,
                 label: p.local.netdev.clone(),
+                relay: None,
             })
             .collect();
         let pre = TcpFabric::unconnected(&specs, cfg)?;

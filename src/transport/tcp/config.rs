@@ -20,6 +20,10 @@ pub const MBPS_PER_STREAM: u64 = 2500;
 pub const MIN_FRAME_BYTES: usize = 64 * 1024;
 /// Largest frame payload a receiver accepts, bytes.
 pub const MAX_FRAME_BYTES: usize = 16 << 20;
+/// Largest frame payload on a relayed path: one slot of the relay host's staging memory, which
+/// holds a whole frame before forwarding it (store and forward, `transport::relay`); a relay
+/// refuses a larger frame.
+pub const RELAY_FRAME_BYTES: usize = 512 << 10;
 /// Largest pool size accepted (`NCCL_SWITCHLESS_TCP_THREADS`).
 pub const MAX_IO_THREADS: usize = 64;
 /// Default pool size at most this many threads.
@@ -191,7 +195,7 @@ fn apply_buffers(sock: &Socket, speed_mbps: u64, streams: usize, cfg: &TcpConfig
 
 /// Sets the stream options of `sock` (a stream, or the listener its streams are accepted from):
 /// socket buffers ([`apply_buffers`]) and [`TcpConfig::user_timeout`].
-pub(super) fn apply_options(
+pub fn apply_options(
     sock: &Socket,
     speed_mbps: u64,
     streams: usize,

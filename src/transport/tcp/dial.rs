@@ -18,6 +18,55 @@ use super::frame::{
 use crate::error::{Error, Result};
 use crate::sys::socket as rawmem;
 
+/// Opens the TCP connection of a stream that does not go straight to its peer: a relayed path's
+/// stream reaches a relay host, which joins it to the peer (`transport::relay`). Once joined, the
+/// stream opens as any other: the peer's challenge, the hello, its acknowledgement, end to end.
+pub trait StreamDialer: Send + Sync {
+    /// Starts joining `sock` (bound to the path's local address, non-blocking, options applied)
+    /// to the peer's listener `remote`.
+    fn dial(&self, sock: Socket, remote: SocketAddr) -> Result<Box<dyn DialStep>>;
+}
+
+/// One stream's connection through a [`StreamDialer`], advanced without blocking.
+pub trait DialStep: Send + Sync {
+    /// `Ok(Some(stream))` once the stream reaches the peer (its challenge comes next on it),
+    /// `Ok(None)` to call again. The error names the relay and what it said.
+    fn poll(&mut self) -> Result<Option<TcpStream>>;
+}
+
+/// A relayed path: its streams go through a relay host (`transport::relay`), and its writes
+/// complete on the peer's acknowledgement frames, end to end.
+#[derive(Clone)]
+pub struct RelayVia {
+    /// The relay host as labels and errors name it (its name and address on this link).
+    pub name: String,
+    /// Connector: opens each stream through the relay. Acceptor: `None` (the relay connects to
+    /// this end's listener from its address on the link, which is the path's peer address).
+    pub dialer: Option<std::sync::Arc<dyn StreamDialer>>,
+}
+
+impl std::fmt::Debug for RelayVia {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RelayVia")
+            .field("name", &self.name)
+            .field("dials", &self.dialer.is_some())
+            .finish()
+    }
+}
+
+impl PartialEq for RelayVia {
+    fn eq(&self, o: &RelayVia) -> bool {
+        let same = match (&self.dialer, &o.dialer) {
+            (Some(a), Some(b)) => std::sync::Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
+        self.name == o.name && same
+    }
+}
+
+impl Eq for RelayVia {}
+
 /// One TCP path as the route layer chose it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TcpPathSpec {
@@ -32,6 +81,9 @@ pub struct TcpPathSpec {
     pub mtu: u32,
     /// Netdev names etc. for logs (may be empty).
     pub label: String,
+    /// `Some`: a relayed path (the connector's `remote` is the peer's listener, reached through
+    /// the relay; the acceptor's `remote` is the relay's address on this end's link).
+    pub relay: Option<RelayVia>,
 }
 
 /// One stream of a [`TcpConnector`] (or of a path being rebuilt).
@@ -49,6 +101,8 @@ pub(super) struct OutStream {
 enum OutState {
     /// The TCP handshake is under way.
     Connecting(Socket),
+    /// Joining the peer through a relay host ([`StreamDialer`]).
+    Relaying(Box<dyn DialStep>),
     /// Connected; `got` bytes of the acceptor's challenge are in.
     Challenge {
         sock: TcpStream,
@@ -92,6 +146,20 @@ impl OutStream {
                         }
                     }
                     Err(e) => return Err(connect_error(&self.what, &e)),
+                },
+                OutState::Relaying(mut step) => match step.poll() {
+                    Ok(None) => {
+                        self.state = OutState::Relaying(step);
+                        return Ok(false);
+                    }
+                    Ok(Some(sock)) => {
+                        self.state = OutState::Challenge {
+                            sock,
+                            buf: [0; CHALLENGE_LEN],
+                            got: 0,
+                        }
+                    }
+                    Err(e) => return Err(e.context(&self.what)),
                 },
                 OutState::Challenge {
                     sock,
@@ -390,6 +458,16 @@ pub(super) fn start_stream(
         .map_err(|e| Error::io(format!("{what}: making the socket non-blocking"), e))?;
     let mut hello = *hello;
     hello.nonce = random_nonce()?;
+    if let Some(d) = spec.relay.as_ref().and_then(|r| r.dialer.as_ref()) {
+        let step = d.dial(sock, spec.remote).map_err(|e| e.context(&what))?;
+        return Ok(OutStream {
+            what,
+            ctx,
+            key: key.clone(),
+            hello,
+            state: OutState::Relaying(step),
+        });
+    }
     let state = match sock.connect(&spec.remote.into()) {
         Ok(()) => OutState::Challenge {
             sock: sock.into(),

@@ -49,6 +49,11 @@ pub const FRAME_MAGIC: u16 = 0x5754;
 pub const OP_WRITE: u8 = 1;
 /// Last frame of a stream, sent by `shutdown`: the sender is going away.
 pub const OP_CLOSE: u8 = 2;
+/// Relayed paths only (`transport::relay`): how many [`OP_WRITE`] frames of this stream have
+/// landed at the sender of the acknowledgement, in `seq` (cumulative; no payload, no flags). A
+/// write on a relayed path completes on its peer's acknowledgement of its frames, end to end: the
+/// relay host's kernel acknowledging them says nothing about the peer.
+pub const OP_ACK: u8 = 3;
 /// On [`OP_WRITE`]: the last frame of a write with immediate; `imm` completes a posted receive.
 pub const FLAG_IMM: u8 = 1;
 /// On [`OP_CLOSE`]: work requests were still outstanding (dropped), the close is not orderly.
@@ -201,9 +206,11 @@ impl FrameRepr {
         let allowed = match op {
             OP_WRITE => FLAG_IMM,
             OP_CLOSE => FLAG_DIRTY,
+            OP_ACK => 0,
             _ => {
                 return bad(format!(
-                    "frame operation {op}, accepted: {OP_WRITE} (write) or {OP_CLOSE} (close)"
+                    "frame operation {op}, accepted: {OP_WRITE} (write), {OP_CLOSE} (close) or \
+                     {OP_ACK} (acknowledgement)"
                 ));
             }
         };
@@ -213,8 +220,15 @@ impl FrameRepr {
             ));
         }
         let len = frame.payload_len();
-        if op == OP_CLOSE && len != 0 {
-            return bad(format!("close frame with {len} payload bytes"));
+        if op != OP_WRITE && len != 0 {
+            return bad(format!(
+                "{} frame with {len} payload bytes",
+                if op == OP_CLOSE {
+                    "close"
+                } else {
+                    "acknowledgement"
+                }
+            ));
         }
         if len as usize > MAX_FRAME_BYTES {
             return bad(format!(
@@ -257,6 +271,25 @@ impl FrameRepr {
     /// A close frame.
     pub fn is_close(&self) -> bool {
         self.op == OP_CLOSE
+    }
+
+    /// The acknowledgement of a relayed path's stream: its `seq` counts the write frames landed.
+    pub fn ack(landed: u64) -> FrameRepr {
+        FrameRepr {
+            op: OP_ACK,
+            flags: 0,
+            len: 0,
+            seq: landed,
+            addr: 0,
+            rkey: 0,
+            imm: 0,
+            wr_len: 0,
+        }
+    }
+
+    /// An acknowledgement frame ([`OP_ACK`]).
+    pub fn is_ack(&self) -> bool {
+        self.op == OP_ACK
     }
 
     /// A close frame sent with work requests outstanding.
@@ -627,6 +660,16 @@ mod tests {
         let mut bad = h.to_bytes();
         bad[4..8].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(err(&bad).contains("at most"));
+        // A relayed path's acknowledgement: a count in `seq`, nothing else.
+        let ack = FrameRepr::ack(77);
+        assert!(ack.is_ack() && !ack.is_close() && ack.completion().is_none());
+        assert_eq!(parse(&ack.to_bytes()).unwrap(), ack);
+        let mut bad = ack.to_bytes();
+        bad[4] = 1;
+        assert!(err(&bad).contains("acknowledgement frame with 1 payload"));
+        let mut bad = ack.to_bytes();
+        bad[3] = FLAG_IMM;
+        assert!(err(&bad).contains("flags"));
     }
 
     #[test]

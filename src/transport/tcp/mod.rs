@@ -44,10 +44,10 @@ mod window;
 
 pub use config::{
     BufferPolicy, DEFAULT_MAX_IO_THREADS, MAX_FRAME_BYTES, MAX_IO_THREADS, MAX_STREAMS,
-    MBPS_PER_STREAM, MIN_FRAME_BYTES, MIN_STREAMS, TcpConfig, default_io_threads, per_path_streams,
-    socket_buffer_bytes, streams_for_speed,
+    MBPS_PER_STREAM, MIN_FRAME_BYTES, MIN_STREAMS, RELAY_FRAME_BYTES, TcpConfig,
+    default_io_threads, per_path_streams, socket_buffer_bytes, streams_for_speed,
 };
-pub use dial::{MAX_PENDING_STREAMS, TcpPathSpec};
+pub use dial::{DialStep, MAX_PENDING_STREAMS, RelayVia, StreamDialer, TcpPathSpec};
 pub use pool::io_threads;
 pub use revive::{LinkCheck, MAX_REBUILD_GAP, MIN_REBUILD_GAP};
 pub use setup::{TcpAcceptor, TcpConnector, listen, listen_at, loopback_pair};
@@ -412,8 +412,14 @@ impl Fabric for TcpFabric {
             )));
         }
         let nstreams = p.streams.len();
+        // A relayed path's frames fit a slot of the relay's staging memory.
+        let frame_bytes = if p.relayed {
+            frame_bytes.min(config::RELAY_FRAME_BYTES)
+        } else {
+            frame_bytes
+        };
         let frame = if copied.is_some() || len == 0 {
-            len.max(1)
+            len.clamp(1, if p.relayed { frame_bytes } else { usize::MAX })
         } else {
             (len.div_ceil(nstreams).div_ceil(4096) * 4096).clamp(MIN_FRAME_BYTES, frame_bytes)
         };
@@ -450,8 +456,10 @@ impl Fabric for TcpFabric {
                 wr_len: wr.local.len,
             }
             .to_bytes();
-            let payload = match copied.take() {
-                Some(v) => Payload::Bytes(v),
+            let payload = match copied.as_mut() {
+                // One frame takes the whole copy; a relayed path's may take it in slices.
+                Some(v) if nframes == 1 => Payload::Bytes(std::mem::take(v)),
+                Some(v) => Payload::Bytes(v[off..off + flen].to_vec()),
                 None => Payload::Raw {
                     reg: Arc::clone(&reg),
                     addr: wr.local.addr + off as u64,
@@ -645,6 +653,7 @@ mod tests {
             speed_mbps: 10_000,
             mtu: 0,
             label: String::new(),
+            relay: None,
         };
         let mut f = TcpFabric::unconnected(&[spec], &TcpConfig::default()).unwrap();
         assert_eq!(f.helper_threads(), 0);

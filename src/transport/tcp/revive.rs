@@ -567,7 +567,7 @@ impl TcpFabric {
         let old = self.sh.path(path)?;
         retire(&old, "rebuilt");
         let n = socks.len();
-        let fresh = Arc::new(PathShared::new(old.label.clone(), socks));
+        let fresh = Arc::new(PathShared::new(old.label.clone(), socks, old.relayed));
         self.sh.replace_path(path, fresh)?;
         if let Some(r) = self.redial.as_mut() {
             r.paths[path].generation = g;

@@ -66,6 +66,15 @@ impl TcpFabric {
                 .first()
                 .and_then(|s| s.peer_addr().ok())
                 .map_or_else(|| spec.remote.to_string(), |a| a.ip().to_string());
+            // A relayed path names its relay host; the connector's streams reach the relay, so
+            // the peer is the address it asked the relay for.
+            let peer = match &spec.relay {
+                Some(r) if r.dialer.is_some() => {
+                    format!("{} via relay {}", spec.remote.ip(), r.name)
+                }
+                Some(r) => format!("relay {}", r.name),
+                None => peer,
+            };
             let label = format!(
                 "tcp{i} {}{}{} -> {peer} ({} streams, MTU {} bytes)",
                 spec.label,
@@ -87,7 +96,7 @@ impl TcpFabric {
                 tracing::info!(
                     "NET/switchless: TCP path {label} ({role}): speed {} Mb/s, frame {} bytes",
                     spec.speed_mbps,
-                    cfg.frame_bytes
+                    frame_bytes(cfg, spec)
                 );
             }
             paths.push(PathInfo {
@@ -95,7 +104,11 @@ impl TcpFabric {
                 speed_mbps: spec.speed_mbps,
                 role: PathRole::Data,
             });
-            shared.push(RwLock::new(Arc::new(PathShared::new(label, socks))));
+            shared.push(RwLock::new(Arc::new(PathShared::new(
+                label,
+                socks,
+                spec.relay.is_some(),
+            ))));
         }
         let sh = Arc::new(Shared {
             stop: AtomicBool::new(false),
@@ -562,6 +575,16 @@ impl TcpAcceptor {
     }
 }
 
+/// The largest frame a path's writes are cut into: a relayed path's fit one slot of the relay's
+/// staging memory ([`super::config::RELAY_FRAME_BYTES`]).
+pub(super) fn frame_bytes(cfg: &TcpConfig, spec: &TcpPathSpec) -> usize {
+    if spec.relay.is_some() {
+        cfg.frame_bytes.min(super::config::RELAY_FRAME_BYTES)
+    } else {
+        cfg.frame_bytes
+    }
+}
+
 fn check_specs(specs: &[TcpPathSpec]) -> Result<()> {
     if specs.is_empty() || specs.len() > crate::transport::stripe::MAX_PATHS {
         return Err(Error::InvalidArgument(format!(
@@ -593,6 +616,7 @@ pub fn loopback_pair(speeds_mbps: &[u64], cfg: &TcpConfig) -> Result<(TcpFabric,
             speed_mbps: speed,
             mtu: 0,
             label: String::new(),
+            relay: None,
         });
         acc_specs.push(TcpPathSpec {
             local: lo,
@@ -601,6 +625,7 @@ pub fn loopback_pair(speeds_mbps: &[u64], cfg: &TcpConfig) -> Result<(TcpFabric,
             speed_mbps: speed,
             mtu: 0,
             label: String::new(),
+            relay: None,
         });
     }
     let secret = random_secret()?;

@@ -65,9 +65,13 @@ pub(super) enum Payload {
 pub(super) struct TxFrame {
     pub(super) hdr: [u8; HEADER_LEN],
     pub(super) payload: Payload,
-    /// Index of the work request on its path (completion ordering).
+    /// Index of the work request on its path (completion ordering); [`NO_WR`] for a frame of the
+    /// stream's own (a relayed path's acknowledgement).
     pub(super) wr: u64,
 }
+
+/// [`TxFrame::wr`] of a frame that belongs to no work request.
+pub(super) const NO_WR: u64 = u64::MAX;
 
 impl TxFrame {
     pub(super) fn len(&self) -> usize {
@@ -84,8 +88,9 @@ pub(super) struct WrTrack {
     pub(super) remaining: u32,
     pub(super) signaled: bool,
     /// Per stream that carried a frame of it: the stream's byte count (`StreamShared::written`)
-    /// at the frame's end. The work request completes once the peer acknowledged up to there
-    /// on each (see [`PathShared::complete_acked`]).
+    /// at the frame's end, or on a relayed path its count of write frames
+    /// (`StreamShared::frames_out`). The work request completes once the peer acknowledged up to
+    /// there on each (see [`PathShared::complete_acked`]).
     pub(super) ends: Vec<(u8, u64)>,
 }
 
@@ -137,12 +142,24 @@ pub(super) struct StreamShared {
     pub(super) mid_frame: AtomicBool,
     /// Bytes (headers and payload) handed to the kernel so far.
     pub(super) written: AtomicU64,
+    /// Relayed paths: write frames handed to the kernel so far.
+    pub(super) frames_out: AtomicU64,
+    /// Relayed paths: write frames of this stream the peer says have landed (its [`OP_ACK`]
+    /// frames; never above `frames_out`).
+    ///
+    /// [`OP_ACK`]: super::frame::OP_ACK
+    pub(super) peer_landed: AtomicU64,
 }
 
 impl StreamShared {
-    /// Bytes of this stream the peer's kernel has acknowledged (a lower bound: `written` is read
-    /// before the kernel's count); `None` when the socket cannot tell.
-    fn acked(&self) -> Option<u64> {
+    /// How far the peer has this stream: on a direct path the bytes its kernel has acknowledged
+    /// (a lower bound: `written` is read before the kernel's count; `None` when the socket cannot
+    /// tell), on a relayed path the write frames the peer says landed (the relay host's kernel
+    /// acknowledging them says nothing about the peer).
+    fn acked(&self, relayed: bool) -> Option<u64> {
+        if relayed {
+            return Some(self.peer_landed.load(Ordering::Acquire));
+        }
         let written = self.written.load(Ordering::Acquire);
         let unacked = crate::sys::socket::unacked_bytes(&self.sock).ok()?;
         Some(written.saturating_sub(unacked))
@@ -158,6 +175,9 @@ impl StreamShared {
 /// One path: its streams, the bookkeeping of both directions and the completion queue.
 pub(super) struct PathShared {
     pub(super) label: String,
+    /// The streams go through a relay host (`transport::relay`): writes complete on the peer's
+    /// acknowledgement frames, and this end acknowledges what lands.
+    pub(super) relayed: bool,
     pub(super) streams: Vec<StreamShared>,
     pub(super) tx: Mutex<TxState>,
     pub(super) rx: Mutex<RxState>,
@@ -235,9 +255,10 @@ impl Shared {
 // ends see their requests fail and NCCL's next call on this endpoint gets the error.
 impl PathShared {
     /// A path's state over freshly connected streams: sequence numbers from 0, nothing pending.
-    pub(super) fn new(label: String, socks: Vec<TcpStream>) -> PathShared {
+    pub(super) fn new(label: String, socks: Vec<TcpStream>, relayed: bool) -> PathShared {
         PathShared {
             label,
+            relayed,
             streams: socks
                 .into_iter()
                 .map(|sock| StreamShared {
@@ -247,6 +268,8 @@ impl PathShared {
                     sent_bytes: AtomicU64::new(0),
                     mid_frame: AtomicBool::new(false),
                     written: AtomicU64::new(0),
+                    frames_out: AtomicU64::new(0),
+                    peer_landed: AtomicU64::new(0),
                 })
                 .collect(),
             tx: Mutex::new(TxState::default()),
@@ -399,7 +422,7 @@ impl PathShared {
     }
 
     /// A frame of work request `wr` was handed to the kernel on stream `s`, ending at byte `end`
-    /// of that stream.
+    /// of that stream (on a relayed path: it is the stream's `end`-th write frame).
     pub(super) fn frame_sent(&self, wr: u64, s: usize, end: u64) {
         let mut tx = match self.tx() {
             Ok(tx) => tx,
@@ -446,7 +469,7 @@ impl PathShared {
                 let got = match acked.get(s).copied().flatten() {
                     Some(a) => Some(a),
                     None => {
-                        let a = self.streams.get(s).and_then(StreamShared::acked);
+                        let a = self.streams.get(s).and_then(|st| st.acked(self.relayed));
                         if let Some(slot) = acked.get_mut(s) {
                             *slot = a;
                         }

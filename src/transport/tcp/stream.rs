@@ -17,7 +17,9 @@ use mio::unix::SourceFd;
 use mio::{Interest, Poll, Token};
 
 use super::frame::{Frame, FrameRepr, HEADER_LEN};
-use super::state::{Effect, PathShared, Payload, Reg, RegMem, Shared, StreamShared, TxFrame};
+use super::state::{
+    Effect, NO_WR, PathShared, Payload, Reg, RegMem, Shared, StreamShared, TxFrame,
+};
 use super::window::{self, Verdict};
 use crate::error::Error;
 use crate::sys::socket as rawmem;
@@ -165,6 +167,10 @@ pub(super) struct StreamIo {
     pub(super) rx_done: bool,
     /// Bytes were read since the last quick ACK (see `rx_turn`).
     rx_unacked: bool,
+    /// Relayed paths: the peer's write frames that landed on this stream, and the count the last
+    /// acknowledgement frame carried (see [`StreamIo::acknowledge`]).
+    landed: u64,
+    acked: u64,
     tx: TxPhase,
     pub(super) tx_ready: bool,
     pub(super) tx_done: bool,
@@ -191,6 +197,8 @@ impl StreamIo {
             rx_ready: false,
             rx_done: false,
             rx_unacked: false,
+            landed: 0,
+            acked: 0,
             tx: TxPhase::Idle,
             tx_ready: false,
             tx_done: false,
@@ -235,7 +243,7 @@ impl StreamIo {
                 self.tx_done = true;
                 self.tx_failed(
                     WcStatus::RETRY_EXC_ERR,
-                    self.tx.frame().map(|f| f.wr),
+                    self.tx.frame().map(|f| f.wr).filter(|&w| w != NO_WR),
                     &format!("stream {}: {why}", self.s),
                 );
                 return;
@@ -317,7 +325,7 @@ impl StreamIo {
                         self.tx_done = true;
                         self.tx_failed(
                             WcStatus::RETRY_EXC_ERR,
-                            self.tx.frame().map(|f| f.wr),
+                            self.tx.frame().map(|f| f.wr).filter(|&w| w != NO_WR),
                             &format!("stream {}: changing the I/O poller interest: {e}", self.s),
                         );
                     }
@@ -359,6 +367,7 @@ impl StreamIo {
                         // Only a cost if it fails: the kernel still acknowledges, later.
                         let _ = crate::sys::socket::quickack(sock);
                     }
+                    self.acknowledge();
                     return Ok(Turn::Blocked);
                 }
                 Err(RxErr::Io(e)) if e.kind() == io::ErrorKind::Interrupted => 0,
@@ -367,13 +376,45 @@ impl StreamIo {
             self.rx_unacked |= n > 0;
             budget = budget.saturating_sub(n);
         }
+        self.acknowledge();
         Ok(Turn::More)
+    }
+
+    /// Relayed paths: tells the peer how many of its write frames landed on this stream (one
+    /// acknowledgement frame per receive turn at most, ahead of the frames queued for sending; one
+    /// still queued is updated instead). Its writes complete on it, end to end. Nothing is sent on
+    /// a path the comm stopped.
+    fn acknowledge(&mut self) {
+        let path = Arc::clone(&self.path);
+        if !path.relayed || self.landed == self.acked || path.stopped.load(Ordering::SeqCst) {
+            return;
+        }
+        let st = &path.streams[self.s];
+        let Ok(mut q) = st.queue() else {
+            return; // Poisoned: the sender finds it so too and fails the path.
+        };
+        let hdr = FrameRepr::ack(self.landed).to_bytes();
+        match q.frames.front_mut() {
+            Some(f) if f.wr == NO_WR => f.hdr = hdr,
+            _ => q.frames.push_front(TxFrame {
+                hdr,
+                payload: Payload::Bytes(Vec::new()),
+                wr: NO_WR,
+            }),
+        }
+        q.idle = false;
+        self.acked = self.landed;
+        // This worker serves the stream's sending side too: in this turn.
+        self.tx_ready = true;
     }
 
     /// A complete header: checks it against this endpoint's registrations and sets up the payload.
     fn start_frame(&mut self, h: FrameRepr) -> std::result::Result<(), RxErr> {
         if h.is_close() {
             return Err(RxErr::Goodbye(h.is_dirty()));
+        }
+        if h.is_ack() {
+            return self.peer_acknowledged(h.seq);
         }
         let len = h.len as usize;
         let reg = self.sh.regs().map_err(RxErr::Internal)?.get(&h.rkey).cloned().ok_or_else(|| {
@@ -419,10 +460,34 @@ impl StreamIo {
         }
     }
 
+    /// The peer's acknowledgement frame: `landed` of this stream's write frames are in place
+    /// there. Only on a relayed path, never more than were sent, never going back.
+    fn peer_acknowledged(&mut self, landed: u64) -> std::result::Result<(), RxErr> {
+        let path = Arc::clone(&self.path);
+        if !path.relayed {
+            return Err(RxErr::Violation(
+                "acknowledgement frame on a direct path (only relayed paths carry them)".into(),
+            ));
+        }
+        let st = &path.streams[self.s];
+        let sent = st.frames_out.load(Ordering::Acquire);
+        let before = st.peer_landed.load(Ordering::Relaxed);
+        if landed > sent || landed < before {
+            return Err(RxErr::Violation(format!(
+                "acknowledgement of {landed} write frames on stream {}; {sent} were sent and {before} \
+                 acknowledged before",
+                self.s
+            )));
+        }
+        st.peer_landed.store(landed, Ordering::Release);
+        self.rx = RxPhase::header();
+        Ok(())
+    }
+
     /// A frame has landed: files its ordered effects and applies every effect up to the first gap
     /// in the path's sequence.
     fn finish_frame(
-        &self,
+        &mut self,
         h: FrameRepr,
         ctrl: Option<CtrlWrite>,
     ) -> std::result::Result<(), RxErr> {
@@ -456,6 +521,10 @@ impl StreamIo {
             )));
         }
         rx.pending.insert(h.seq, Effect { ctrl, imm });
+        // Landed (its payload in place, its effect filed): counted for the acknowledgement of a
+        // relayed path. The peer completes writes in posting order, so a write counted complete
+        // there has every earlier frame of the path landed here too.
+        self.landed += 1;
         loop {
             let next = rx.next_apply;
             let Some(eff) = rx.pending.remove(&next) else {
@@ -659,18 +728,30 @@ impl StreamIo {
         st.queued.fetch_sub(len, Ordering::Relaxed);
         st.mid_frame.store(false, Ordering::Relaxed);
         st.sent_bytes.fetch_add(len, Ordering::Relaxed);
-        self.path
-            .frame_sent(frame.wr, self.s, st.written.load(Ordering::Relaxed));
+        if frame.wr == NO_WR {
+            return TxPhase::Idle; // An acknowledgement: no work request of ours.
+        }
+        let end = if self.path.relayed {
+            // Release: the peer's acknowledgement is checked against it (`peer_acknowledged`).
+            st.frames_out.fetch_add(1, Ordering::Release) + 1
+        } else {
+            st.written.load(Ordering::Relaxed)
+        };
+        self.path.frame_sent(frame.wr, self.s, end);
         TxPhase::Idle
     }
 
     /// A send failed: the frame's work request fails (see [`TxErr`] for the status) and this
     /// direction ends.
     fn tx_abort(&mut self, st: &StreamShared, e: TxErr) {
-        let wr = self.tx.frame().map(|f| {
-            st.queued.fetch_sub(f.len() as u64, Ordering::Relaxed);
-            f.wr
-        });
+        let wr = self
+            .tx
+            .frame()
+            .map(|f| {
+                st.queued.fetch_sub(f.len() as u64, Ordering::Relaxed);
+                f.wr
+            })
+            .filter(|&w| w != NO_WR);
         self.tx = TxPhase::Idle;
         self.tx_done = true;
         let path = &*self.path;
