@@ -67,11 +67,13 @@ fail() {
   done >"$work/sockets.txt"
   for f in "$work"/rank.*; do echo "--- $f"; grep -v "^\s*$" "$f" | tail -n 25; done
   echo "failover.sh: FAIL: $*" >&2
-  kept="${SWL_FAILOVER_KEEP:-/tmp}/failover-$fault-$(date +%Y%m%d-%H%M%S)-$$"
+  keep
   exit 1
 }
-
+keep() { kept="${SWL_FAILOVER_KEEP:-/tmp}/failover-$fault-$(date +%Y%m%d-%H%M%S)-$$"; }
 fault="${SWL_FAILOVER_FAULT:-down}"
+# A command that fails outside the checks (errexit) says where, and the logs are kept.
+trap 'echo "failover.sh: FAIL: line $LINENO: a command failed (status $?)" >&2; keep' ERR
 ip netns add "$a"
 ip netns add "$b"
 for ns in "$a" "$b"; do ip -n "$ns" link set lo up; done
@@ -144,10 +146,12 @@ back0=$(wait_for "is back and carries traffic again" "$work/rank.0" 20000) || fa
 back1=$(wait_for "is back and carries traffic again" "$work/rank.1" 20000) || fail "no failback INFO on rank 1 within 20 s"
 
 # Bytes the receiving namespace's TCP sockets have taken in (streams replaced at failover and
-# failback drop out of the sum: any change is progress).
+# failback drop out of the sum: any change is progress). Never fails (errexit, pipefail): once the
+# ranks close their sockets there is nothing to sum.
 rx_bytes() {
-  ss -N "$b" -tinH 2>/dev/null | grep -o 'bytes_received:[0-9]*' | cut -d: -f2 |
-    awk '{ s += $1 } END { print s + 0 }'
+  { ss -N "$b" -tinH 2>/dev/null || true; } |
+    awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^bytes_received:/) { split($i, kv, ":"); s += kv[2] } }
+      END { print s + 0 }'
 }
 stall_s="${SWL_FAILOVER_STALL_S:-20}"
 seen=$(rx_bytes)
