@@ -3,7 +3,7 @@
 //! steps) and the data checks, including that a corrupted transfer is detected.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use switchless::tools::bench::loopback::{LoopbackConfig, run_ranks};
 use switchless::tools::bench::{Mode, Options, report};
@@ -135,6 +135,55 @@ fn corrupted(mode: Mode, nranks: usize) {
     );
     let t = report::table(&r);
     assert!(t.contains("FAILED"), "{t}");
+}
+
+/// A bandwidth run on a slow wire that keeps moving outlasts `--timeout` and still completes: the
+/// timeout bounds each window of messages, not the whole size. (CI step 66 failed this way: the
+/// debug build checks every byte of 1500 MiB-sized messages, tens of ms each on a starved CPU, and
+/// the deadline for the whole size cut off a run that never stopped moving.) A wire that moves
+/// nothing within the timeout still fails the run.
+#[test]
+fn a_slow_bandwidth_run_that_keeps_moving_outlasts_the_timeout() {
+    let o = Options {
+        min_bytes: 4096,
+        max_bytes: 4096,
+        iters: 40,
+        warmup: 0,
+        window: 2,
+        timeout: Duration::from_secs(1),
+        ..opts(Mode::Bandwidth)
+    };
+    // 100 ms per message: a window (the ready token, then its 2 messages, all sent at once) takes
+    // about 100 ms, the 20 windows about 2 s.
+    let slow = LoopbackConfig {
+        latency: Duration::from_millis(100),
+        isend_null_every: 0,
+        ..LoopbackConfig::default()
+    };
+    let t = Instant::now();
+    let r = run_ranks(&o, 2, slow.clone()).unwrap();
+    let took = t.elapsed();
+    assert!(
+        took > o.timeout,
+        "the run must outlast the timeout to test it ({took:?})"
+    );
+    assert_eq!(r.errors(), 0, "{:?}", r.first_error);
+    assert_eq!(r.rows.len(), 1);
+    assert_eq!(r.rows[0].iters, 40);
+
+    // A window that waits longer than the timeout is a stall: the run fails, and soon.
+    let stalled = LoopbackConfig {
+        latency: Duration::from_secs(3),
+        ..slow
+    };
+    let t = Instant::now();
+    let e = run_ranks(&o, 2, stalled).unwrap_err().to_string();
+    assert!(e.contains("transfers still pending"), "{e}");
+    assert!(
+        t.elapsed() < Duration::from_millis(2900),
+        "the stall was not caught before the first message would have landed ({:?})",
+        t.elapsed()
+    );
 }
 
 #[test]

@@ -13,7 +13,15 @@
 #     sender) and the failback INFO line ("is back and carries traffic again") on both ranks.
 #
 # Prints the time from `link set down` to the failover WARN and from `link set up` to the failback
-# INFO line (the log files are polled every 10 ms: the figures are upper bounds, ±10 ms).
+# INFO line (the log files are polled every 10 ms: the figures are upper bounds, ±10 ms), and how
+# long the bench ran.
+#
+# Slow is not stalled: the debug build checks every byte, tens of ms per 1 MiB message on a starved
+# CPU, so a run may take minutes; the bench's --timeout bounds each window of messages, not the
+# run. A stall is caught here instead: once the link is back, the run fails as soon as the
+# receiving namespace's TCP sockets take in no byte for SWL_FAILOVER_STALL_S seconds (default 20).
+# On any failure the logs (both ranks, and both namespaces' sockets at that moment) are kept in a
+# directory the last line names (under SWL_FAILOVER_KEEP, default /tmp).
 # Usage: tests/netns/failover.sh [--release] (SWL_FAILOVER_ITERS: messages, default 1500;
 # SWL_FAILOVER_DOWN_S: seconds the link stays down, default 2). Needs root and iproute2; removes what it creates.
 set -euo pipefail
@@ -39,19 +47,33 @@ tag="swf$$"
 a="$tag-a"
 b="$tag-b"
 pids=()
+kept=""
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   ip netns del "$a" 2>/dev/null || true
   ip netns del "$b" 2>/dev/null || true
-  rm -rf "$work"
+  rm -f "$so"
+  if [ -n "$kept" ]; then
+    mv "$work" "$kept" && echo "failover.sh: logs kept in $kept" >&2
+  else
+    rm -rf "$work"
+  fi
 }
 trap cleanup EXIT INT TERM
 fail() {
+  for ns in "$a" "$b"; do
+    echo "=== $ns"
+    ss -N "$ns" -tinmoe 2>/dev/null || true
+  done >"$work/sockets.txt"
   for f in "$work"/rank.*; do echo "--- $f"; grep -v "^\s*$" "$f" | tail -n 25; done
   echo "failover.sh: FAIL: $*" >&2
+  keep
   exit 1
 }
-
+keep() { kept="${SWL_FAILOVER_KEEP:-/tmp}/failover-$fault-$(date +%Y%m%d-%H%M%S)-$$"; }
+fault="${SWL_FAILOVER_FAULT:-down}"
+# A command that fails outside the checks (errexit) says where, and the logs are kept.
+trap 'echo "failover.sh: FAIL: line $LINENO: a command failed (status $?)" >&2; keep' ERR
 ip netns add "$a"
 ip netns add "$b"
 for ns in "$a" "$b"; do ip -n "$ns" link set lo up; done
@@ -73,7 +95,6 @@ pair d1 d1 10.202.2.1/30 10.202.2.2/30 9000
 
 # Failback probes: 100 ms doubling for 5 tries, then every 1 s (the default is 5 s).
 env_common="NCCL_DEBUG=INFO NCCL_SWITCHLESS_TRANSPORT=tcp NCCL_SWITCHLESS_FAILBACK_INTERVAL=1s"
-fault="${SWL_FAILOVER_FAULT:-down}"
 case "$fault" in
   down) ;;
   blackhole) env_common="$env_common NCCL_SWITCHLESS_TCP_USER_TIMEOUT=2s" ;;
@@ -81,9 +102,10 @@ case "$fault" in
 esac
 iters="${SWL_FAILOVER_ITERS:-1500}"
 r=0
+started=$(date +%s%N)
 for ns in "$a" "$b"; do
   # shellcheck disable=SC2086
-  timeout 100 ip netns exec "$ns" env $env_common "$bin" bench bandwidth --rank "$r" --nranks 2 \
+  timeout 270 ip netns exec "$ns" env $env_common "$bin" bench bandwidth --rank "$r" --nranks 2 \
     --bootstrap 192.168.202.1:29710 --plugin "$so" --timeout 60 --no-progress --dev 0 \
     -b 1M -e 1M -n "$iters" -w 50 >"$work/rank.$r" 2>&1 &
   pids+=($!)
@@ -123,9 +145,34 @@ fi
 back0=$(wait_for "is back and carries traffic again" "$work/rank.0" 20000) || fail "no failback INFO on rank 0 within 20 s"
 back1=$(wait_for "is back and carries traffic again" "$work/rank.1" 20000) || fail "no failback INFO on rank 1 within 20 s"
 
+# Bytes the receiving namespace's TCP sockets have taken in (streams replaced at failover and
+# failback drop out of the sum: any change is progress). Never fails (errexit, pipefail): once the
+# ranks close their sockets there is nothing to sum.
+rx_bytes() {
+  { ss -N "$b" -tinH 2>/dev/null || true; } |
+    awk '{ for (i = 1; i <= NF; i++) if ($i ~ /^bytes_received:/) { split($i, kv, ":"); s += kv[2] } }
+      END { print s + 0 }'
+}
+stall_s="${SWL_FAILOVER_STALL_S:-20}"
+seen=$(rx_bytes)
+moved=$(date +%s)
+while :; do
+  alive=0
+  for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+  [ "$alive" -eq 1 ] || break
+  now=$(rx_bytes)
+  if [ "$now" != "$seen" ]; then
+    seen=$now
+    moved=$(date +%s)
+  elif [ $(($(date +%s) - moved)) -ge "$stall_s" ]; then
+    fail "stalled: the receiver took in no byte for ${stall_s} s after failback"
+  fi
+  sleep 0.5
+done
+ran_ms=$((($(date +%s%N) - started) / 1000000))
 status=0
 for p in "${pids[@]}"; do wait "$p" || status=1; done
-[ "$status" -eq 0 ] || fail "the bench did not complete on both ranks"
+[ "$status" -eq 0 ] || fail "the bench did not complete on both ranks (it ran ${ran_ms} ms)"
 grep -q "data checks: all passed" "$work/rank.0" || fail "rank 0 does not report its data checks passed"
 grep -q "all data checks passed" "$work/rank.1" || fail "rank 1 does not report its data checks passed"
 grep -q "WARN.*path \[0\].*failed (.*failing over to" "$work/rank.0" || fail "rank 0's failover line is not a WARN about path [0]"
@@ -134,5 +181,5 @@ grep -h "failing over to" "$work"/rank.* | head -n 2 | cut -c1-300 | sed 's/^/  
 grep -h "is back and carries traffic again" "$work"/rank.* | head -n 2 | cut -c1-300 | sed 's/^/    /'
 grep -h "new streams connected" "$work"/rank.* | head -n 2 | cut -c1-300 | sed 's/^/    /'
 grep -v "^\s*$" "$work/rank.0" | tail -n 4 | sed 's/^/    /'
-echo "failover.sh: $fault: fault -> failover WARN on the sender: ${warn_ms} ms; repaired -> failback INFO: rank 0 ${back0} ms, rank 1 ${back1} ms (+${back0} ms)"
+echo "failover.sh: $fault: fault -> failover WARN on the sender: ${warn_ms} ms; repaired -> failback INFO: rank 0 ${back0} ms, rank 1 ${back1} ms (+${back0} ms); the bench ran ${ran_ms} ms"
 echo "failover.sh: ok"

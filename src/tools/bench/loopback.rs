@@ -11,6 +11,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use super::bootstrap::Bootstrap;
 use super::modes::{Options, Report, run};
@@ -35,6 +36,8 @@ pub struct LoopbackConfig {
     pub corrupt_message: Option<u64>,
     /// `maxRecvs` reported by `getProperties`.
     pub max_recvs: i32,
+    /// A message is delivered no sooner than this after its `isend`: a slow wire that still moves.
+    pub latency: Duration,
 }
 
 impl Default for LoopbackConfig {
@@ -45,6 +48,7 @@ impl Default for LoopbackConfig {
             isend_null_every: 5,
             corrupt_message: None,
             max_recvs: 8,
+            latency: Duration::ZERO,
         }
     }
 }
@@ -83,6 +87,7 @@ struct Msg {
     tag: i32,
     data: Vec<u8>,
     done: Arc<AtomicBool>,
+    sent: Instant,
 }
 
 struct RecvState {
@@ -110,6 +115,9 @@ impl Wire {
             let Some(msg) = st.msgs.front() else {
                 return Ok(());
             };
+            if msg.sent.elapsed() < fabric.cfg.latency {
+                return Ok(());
+            }
             let mut rs = lock(&rs, "loopback receive")?;
             let Some(slot) = rs
                 .bufs
@@ -331,6 +339,7 @@ impl Net for LoopbackNet {
             tag,
             data: bytes,
             done: done.clone(),
+            sent: Instant::now(),
         });
         Ok(Some(LoopRequest(Req::Send {
             wire: comm.wire.clone(),

@@ -64,7 +64,7 @@ pub struct Options {
     pub chunk_bytes: usize,
     /// Device for every connection; `None`: channel/peer round-robin (a locality hint to the plugin).
     pub dev: Option<usize>,
-    /// Limit for connection setup and for each size.
+    /// Limit for connection setup and for each size; bandwidth: for each window of messages.
     pub timeout: Duration,
     /// Print a progress line (stderr, rank 0) on runs longer than 2 s.
     pub progress: bool,
@@ -447,6 +447,7 @@ fn run_bandwidth<N: Net>(
     let mut timed = Duration::ZERO;
     let mut m = 0;
     while m < total_msgs {
+        let deadline = window_deadline(deadline, o.timeout);
         // a batch of up to `window` messages, not crossing the warmup boundary
         let end = if m < o.warmup { o.warmup } else { total_msgs };
         let batch = o.window.min(end - m);
@@ -531,6 +532,7 @@ fn run_bandwidth<N: Net>(
     // the receiver's ack ends the size on both sides (untimed): the sender does not start the
     // next size before every message of this one has landed
     let ack = pattern::seed(&[4, p as u64, size as u64]);
+    let deadline = window_deadline(deadline, o.timeout);
     if sender {
         scramble(l, &c.recvs[r].buf, 0, 1)?;
         let got = exchange(
@@ -570,6 +572,17 @@ fn run_bandwidth<N: Net>(
         )?;
     }
     Ok(size)
+}
+
+/// The deadline of one window of a bandwidth run (and of its closing ack): `timeout` from now, or
+/// the size's deadline if that is later. A long run that keeps completing windows is slow, not
+/// stalled: a debug build checking every byte on a starved CPU moves 1 MiB messages at tens of ms
+/// each, and 1500 of them outlast any one deadline for the whole size; a window that completes
+/// nothing for `timeout` still fails the run.
+fn window_deadline(size_deadline: Instant, timeout: Duration) -> Instant {
+    Instant::now()
+        .checked_add(timeout)
+        .map_or(size_deadline, |t| t.max(size_deadline))
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -81,7 +81,8 @@ pub struct Args {
     /// Use this NCCL device for every connection (default: round-robin by peer and channel).
     #[arg(long)]
     pub dev: Option<usize>,
-    /// Time allowed for the bootstrap, connection set-up and each size, with the unit ms, s, m or h
+    /// Time allowed for the bootstrap, connection set-up and each size (bandwidth: each window of
+    /// messages, so a long run that keeps moving is never cut off), with the unit ms, s, m or h
     /// (e.g. 10s); a bare number is seconds here (milliseconds in NCCL_SWITCHLESS_* variables).
     /// Default 60s; 1h with --model-mesh, whose runs with relays take minutes of real time at
     /// 256 MiB.
