@@ -9,8 +9,9 @@
 //! properties and the [`Backend`] impl, one line per call.
 //!
 //! Depends on `route` (path choice, the listen handle), `transport` (handshake, comm protocol),
-//! `host` and `config`; nothing from `verbs`. It starts no thread: everything runs on NCCL's calls,
-//! so `dlclose` after `finalize` leaves nothing behind. What each call does, step by step:
+//! `host` and `config`; nothing from `verbs`. It starts no thread of its own except, with
+//! `NCCL_SWITCHLESS_METRICS_DIR` set, the metrics snapshot writer (`plugin::metrics`), which is
+//! joined when the backend is dropped: `dlclose` after `finalize` leaves nothing behind. What each call does, step by step:
 //! `docs/guide/backend.md`.
 #![forbid(unsafe_code)]
 
@@ -189,6 +190,13 @@ pub struct Switchless<P: PathFactory> {
     warned_gdr: Mutex<HashSet<String>>,
     /// Connections set up per physical cable, for the INFO line (see `report`).
     cables: Mutex<report::CableCounts>,
+    /// Every connection's counters (`plugin::metrics`).
+    metrics: Arc<crate::plugin::metrics::Registry>,
+    /// What the snapshots say the process runs.
+    build: crate::transport::metrics::Build,
+    /// The snapshot writer (`NCCL_SWITCHLESS_METRICS_DIR`); dropped last: it writes the final
+    /// snapshot once the comms are gone.
+    exporter: Option<crate::plugin::metrics::Exporter>,
 }
 
 impl<P: PathFactory> std::fmt::Debug for Switchless<P> {
@@ -352,6 +360,27 @@ impl<P: PathFactory> Switchless<P> {
         let mut b = [0u8; 4];
         getrandom::fill(&mut b)
             .map_err(|e| Error::System(format!("reading random bytes for state ids: {e}")))?;
+        let metrics = Arc::new(crate::plugin::metrics::Registry::new());
+        let build = crate::plugin::attest::build();
+        let exporter = match &view.config.metrics_dir {
+            None => None,
+            Some(dir) => {
+                let names: Vec<String> = props
+                    .iter()
+                    .map(|p| p.name.to_string_lossy().into_owned())
+                    .collect();
+                let (reg, b, every) = (
+                    Arc::clone(&metrics),
+                    build.clone(),
+                    view.config.metrics_interval,
+                );
+                Some(crate::plugin::metrics::Exporter::start(
+                    std::path::Path::new(dir),
+                    every,
+                    move || reg.snapshot(&names, &b, every),
+                )?)
+            }
+        };
         Ok(Switchless {
             factory,
             view,
@@ -364,6 +393,9 @@ impl<P: PathFactory> Switchless<P> {
             warned_peers: Mutex::new(HashSet::new()),
             warned_gdr: Mutex::new(HashSet::new()),
             cables: Mutex::new(report::CableCounts::default()),
+            metrics,
+            build,
+            exporter,
         })
     }
 
@@ -375,6 +407,27 @@ impl<P: PathFactory> Switchless<P> {
     /// The host view the backend routes with.
     pub fn view(&self) -> &HostView {
         &self.view
+    }
+
+    /// Every connection's counters.
+    pub fn metrics(&self) -> &crate::plugin::metrics::Registry {
+        &self.metrics
+    }
+
+    /// A snapshot of the counters now (what the exporter writes).
+    pub fn metrics_snapshot(&self) -> crate::transport::metrics::Snapshot {
+        let names: Vec<String> = self
+            .props
+            .iter()
+            .map(|p| p.name.to_string_lossy().into_owned())
+            .collect();
+        self.metrics
+            .snapshot(&names, &self.build, self.view.config.metrics_interval)
+    }
+
+    /// The snapshot file the exporter writes, when it runs.
+    pub fn metrics_file(&self) -> Option<&std::path::Path> {
+        self.exporter.as_ref().map(|e| e.path())
     }
 
     /// Connections in progress (parked between `connect` retries).
