@@ -220,6 +220,7 @@ impl Registry {
 /// Adds closed totals `c` to `t`.
 fn merge(t: &mut PathTotal, c: &PathTotal) {
     t.connections_closed += c.connections_closed;
+    t.standby += c.standby;
     t.sent_bytes = t.sent_bytes.wrapping_add(c.sent_bytes);
     t.received_bytes = t.received_bytes.wrapping_add(c.received_bytes);
     t.sent_pieces = t.sent_pieces.wrapping_add(c.sent_pieces);

@@ -478,9 +478,10 @@ pub struct PathTotal {
     pub id: PathId,
     pub connections_live: u64,
     pub connections_closed: u64,
-    /// Live connections on which the path carries / is down / is a standby now.
+    /// Live connections on which the path carries / is down now.
     pub carrying: u64,
     pub down: u64,
+    /// Connections on which the path is a standby (live ones now, closed ones when they closed).
     pub standby: u64,
     /// Sum of the live connections' stripe weights, Mb/s.
     pub weight_mbps: u64,
@@ -502,11 +503,11 @@ impl PathTotal {
             self.connections_live += 1;
             self.carrying += u64::from(p.carrying);
             self.down += u64::from(p.state != "up");
-            self.standby += u64::from(p.standby);
             self.weight_mbps = self.weight_mbps.saturating_add(p.weight_mbps);
         } else {
             self.connections_closed += 1;
         }
+        self.standby += u64::from(p.standby);
         self.sent_bytes = self.sent_bytes.wrapping_add(p.sent_bytes);
         self.received_bytes = self.received_bytes.wrapping_add(p.received_bytes);
         self.sent_pieces = self.sent_pieces.wrapping_add(p.sent_pieces);
