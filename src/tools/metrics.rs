@@ -481,7 +481,8 @@ pub fn exposition(r: &Report, fmt: Format) -> String {
             .filter_map(|p| v(&p.total).map(|x| (path_labels(p), x)))
             .collect()
     };
-    let counters: [(&str, &str, &dyn Fn(&PathTotal) -> u64); 7] = [
+    type Counter<'a> = (&'a str, &'a str, &'a dyn Fn(&PathTotal) -> u64);
+    let counters: [Counter<'_>; 7] = [
         (
             "switchless_path_sent_bytes",
             "Data bytes whose send on the path completed.",
@@ -633,6 +634,67 @@ pub fn series(reads: &[Vec<Snapshot>]) -> BTreeMap<String, Vec<Point>> {
     out
 }
 
+/// Draws Gb/s per path over time from every `*.history.jsonl` in `dir` into the SVG `out`; the
+/// number of lines drawn. Each process's paths are drawn on their own (`host pid direction …`).
+pub fn plot_history(dir: &Path, out: &Path) -> Result<usize> {
+    let rd = std::fs::read_dir(dir)
+        .map_err(|e| Error::InvalidUsage(format!("{}: cannot read: {e}", dir.display())))?;
+    let mut lines = Vec::new();
+    let mut files: Vec<_> = rd
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().ends_with(".history.jsonl"))
+        .collect();
+    files.sort();
+    let mut t_first = u64::MAX;
+    let mut per_file = Vec::new();
+    for f in &files {
+        let text = std::fs::read_to_string(f)
+            .map_err(|e| Error::System(format!("reading {}: {e}", f.display())))?;
+        let reads: Vec<Vec<Snapshot>> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Snapshot>(l).ok())
+            .map(|s| vec![s])
+            .collect();
+        if let Some(t) = reads.iter().flatten().map(|s| s.time_unix_ms).min() {
+            t_first = t_first.min(t);
+        }
+        per_file.push(reads);
+    }
+    for reads in &per_file {
+        let offset = reads
+            .iter()
+            .flatten()
+            .map(|s| s.time_unix_ms)
+            .min()
+            .unwrap_or(t_first)
+            .saturating_sub(t_first) as f64
+            / 1e3;
+        let pid = reads.first().and_then(|r| r.first()).map_or(0, |s| s.pid);
+        for (name, pts) in series(reads) {
+            lines.push(crate::tools::plot::TimeSeries {
+                label: format!("pid {pid} {name}"),
+                points: pts.into_iter().map(|(t, g)| (t + offset, g)).collect(),
+            });
+        }
+    }
+    if lines.is_empty() {
+        return Err(Error::InvalidUsage(format!(
+            "no history with two snapshots in {} (files *.history.jsonl, written by ranks run with \
+             NCCL_SWITCHLESS_METRICS_DIR)",
+            dir.display()
+        )));
+    }
+    let svg = crate::tools::plot::time_svg(
+        "switchless: data per path (plugin counters)",
+        "Gb/s (10^9 bit/s)",
+        &lines,
+    )?;
+    std::fs::write(out, svg)
+        .map_err(|e| Error::System(format!("writing {}: {e}", out.display())))?;
+    Ok(lines.len())
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -738,65 +800,4 @@ mod tests {
         assert_eq!(num(3.0), "3");
         assert_eq!(num(0.5), "0.5");
     }
-}
-
-/// Draws Gb/s per path over time from every `*.history.jsonl` in `dir` into the SVG `out`; the
-/// number of lines drawn. Each process's paths are drawn on their own (`host pid direction …`).
-pub fn plot_history(dir: &Path, out: &Path) -> Result<usize> {
-    let rd = std::fs::read_dir(dir)
-        .map_err(|e| Error::InvalidUsage(format!("{}: cannot read: {e}", dir.display())))?;
-    let mut lines = Vec::new();
-    let mut files: Vec<_> = rd
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.to_string_lossy().ends_with(".history.jsonl"))
-        .collect();
-    files.sort();
-    let mut t_first = u64::MAX;
-    let mut per_file = Vec::new();
-    for f in &files {
-        let text = std::fs::read_to_string(f)
-            .map_err(|e| Error::System(format!("reading {}: {e}", f.display())))?;
-        let reads: Vec<Vec<Snapshot>> = text
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Snapshot>(l).ok())
-            .map(|s| vec![s])
-            .collect();
-        if let Some(t) = reads.iter().flatten().map(|s| s.time_unix_ms).min() {
-            t_first = t_first.min(t);
-        }
-        per_file.push(reads);
-    }
-    for reads in &per_file {
-        let offset = reads
-            .iter()
-            .flatten()
-            .map(|s| s.time_unix_ms)
-            .min()
-            .unwrap_or(t_first)
-            .saturating_sub(t_first) as f64
-            / 1e3;
-        let pid = reads.first().and_then(|r| r.first()).map_or(0, |s| s.pid);
-        for (name, pts) in series(reads) {
-            lines.push(crate::tools::plot::TimeSeries {
-                label: format!("pid {pid} {name}"),
-                points: pts.into_iter().map(|(t, g)| (t + offset, g)).collect(),
-            });
-        }
-    }
-    if lines.is_empty() {
-        return Err(Error::InvalidUsage(format!(
-            "no history with two snapshots in {} (files *.history.jsonl, written by ranks run with \
-             NCCL_SWITCHLESS_METRICS_DIR)",
-            dir.display()
-        )));
-    }
-    let svg = crate::tools::plot::time_svg(
-        "switchless: data per path (plugin counters)",
-        "Gb/s (10^9 bit/s)",
-        &lines,
-    )?;
-    std::fs::write(out, svg)
-        .map_err(|e| Error::System(format!("writing {}: {e}", out.display())))?;
-    Ok(lines.len())
 }
