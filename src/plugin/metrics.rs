@@ -275,10 +275,7 @@ pub fn append_history(path: &Path, snap: &Snapshot) -> Result<bool> {
     let mut text = serde_json::to_vec(&line)
         .map_err(|e| Error::Internal(format!("encoding the metrics history: {e}")))?;
     text.push(b'\n');
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
+    create(path, true)
         .and_then(|mut f| f.write_all(&text))
         .map_err(|e| Error::System(format!("appending to {}: {e}", path.display())))?;
     Ok(true)
@@ -289,9 +286,30 @@ pub fn write_snapshot(path: &Path, snap: &Snapshot) -> Result<()> {
     let text = serde_json::to_vec(snap)
         .map_err(|e| Error::Internal(format!("encoding the metrics snapshot: {e}")))?;
     let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, text)
+    // The directory may be shared: never follow a link planted at the temporary name (a stale one
+    // is removed, the file created anew), and rename over the snapshot (a link there is replaced).
+    let _ = std::fs::remove_file(&tmp);
+    create(&tmp, false)
+        .and_then(|mut f| {
+            use std::io::Write as _;
+            f.write_all(&text)
+        })
         .and_then(|()| std::fs::rename(&tmp, path))
         .map_err(|e| Error::System(format!("writing {}: {e}", path.display())))
+}
+
+/// Opens `path` for writing without following a symbolic link: a new file, or (`append`) an
+/// existing one appended to.
+fn create(path: &Path, append: bool) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut o = std::fs::OpenOptions::new();
+    o.custom_flags(libc::O_NOFOLLOW).mode(0o644);
+    if append {
+        o.append(true).create(true);
+    } else {
+        o.write(true).create_new(true);
+    }
+    o.open(path)
 }
 
 /// What the exporter thread and its owner share: the stop flag and its wake-up.
@@ -544,5 +562,21 @@ mod tests {
         assert!(lines.len() >= 2, "a periodic line and the last one");
         assert!(lines.last().unwrap().last);
         assert_eq!(lines.last().unwrap().paths[0].received_bytes, 12345);
+    }
+
+    #[test]
+    fn a_link_planted_in_a_shared_directory_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, "keep").unwrap();
+        let snap = Registry::new().snapshot(&[], &Build::default(), Duration::from_secs(1));
+        let path = dir.path().join("s.json");
+        std::os::unix::fs::symlink(&victim, path.with_extension("json.tmp")).unwrap();
+        std::os::unix::fs::symlink(&victim, history_path(&path)).unwrap();
+        write_snapshot(&path, &snap).unwrap();
+        assert!(append_history(&history_path(&path), &snap).is_err());
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
+        let back: Snapshot = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(back.schema, SNAPSHOT_SCHEMA);
     }
 }

@@ -599,7 +599,22 @@ pub fn write_atomic(path: &Path, text: &str) -> Result<()> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = std::path::PathBuf::from(tmp);
-    std::fs::write(&tmp, text)
+    // Never through a link planted at the temporary name: removed, then created anew.
+    let _ = std::fs::remove_file(&tmp);
+    let create = || {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .mode(0o644)
+            .open(&tmp)
+    };
+    create()
+        .and_then(|mut f| {
+            use std::io::Write as _;
+            f.write_all(text.as_bytes())
+        })
         .and_then(|()| std::fs::rename(&tmp, path))
         .map_err(|e| Error::System(format!("writing {}: {e}", path.display())))
 }
