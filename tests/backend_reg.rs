@@ -122,14 +122,19 @@ fn view() -> HostView {
 
 /// Connect and accept until both return comms (NCCL's contract: call again on `None`).
 fn establish(b: &Arc<B>) -> (<B as Backend>::Send, <B as Backend>::Recv) {
+    establish_in(b, &CommInfo::default())
+}
+
+/// [`establish`] for the communicator `info`.
+fn establish_in(b: &Arc<B>, info: &CommInfo) -> (<B as Backend>::Send, <B as Backend>::Recv) {
     let mut h: Handle = [0; HANDLE_SIZE];
-    let mut l = b.listen(&CommInfo::default(), 0, &mut h).unwrap();
+    let mut l = b.listen(info, 0, &mut h).unwrap();
     let (mut s, mut r) = (None, None);
     let deadline = Instant::now() + Duration::from_secs(20);
     while s.is_none() || r.is_none() {
         assert!(Instant::now() < deadline, "handshake did not finish");
         if s.is_none() {
-            s = b.connect(&CommInfo::default(), 0, &mut h).unwrap();
+            s = b.connect(info, 0, &mut h).unwrap();
         }
         if r.is_none() {
             r = B::accept(&mut l).unwrap();
@@ -515,8 +520,22 @@ fn metrics_count_every_byte_per_path_and_the_file_says_so() {
     v.config.metrics_interval = Duration::from_millis(100);
     let fab = MemFab::new(MemFabConfig::default());
     let b = Arc::new(Switchless::from_parts(MemFactory::new(fab.clone(), 0), v).unwrap());
-    let file = b.metrics_file().unwrap().to_path_buf();
-    let conn = establish(&b);
+    // The legacy context (ABI v6-v10, no communicator id, no finalize) starts no snapshot thread.
+    let legacy = establish(&b);
+    assert!(b.metrics_file().is_none());
+    drop(legacy);
+    let fab2 = MemFab::new(MemFabConfig::default());
+    let mut v = view();
+    v.config.metrics_dir = Some(dir.path().to_str().unwrap().to_string());
+    v.config.metrics_interval = Duration::from_millis(100);
+    let b = Arc::new(Switchless::from_parts(MemFactory::new(fab2.clone(), 0), v).unwrap());
+    let fab = fab2;
+    let info = CommInfo {
+        comm_id: Some(7),
+        traffic_class: None,
+    };
+    let conn = establish_in(&b, &info);
+    let file = b.metrics_file().unwrap();
     let src = fab.alloc(4 << 20).unwrap();
     let dst = fab.alloc(4 << 20).unwrap();
     let smr = B::reg_mr(plugin::CommRef::Send(&conn.0), region(src, 4 << 20)).unwrap();
