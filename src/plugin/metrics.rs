@@ -102,6 +102,8 @@ impl Registry {
         let direction = if send { "send" } else { "recv" };
         let paths = path_ids(direction, peer, dev, plans);
         let mut g = lock(&self.inner, "metrics registry")?;
+        // Without snapshots (no METRICS_DIR) this is where closed connections leave the list.
+        fold_orphans(&mut g);
         let id = g.next_id;
         g.next_id += 1;
         g.live.push(Entry {
@@ -127,10 +129,8 @@ impl Registry {
         let mut regs: BTreeMap<usize, (u64, u64)> = BTreeMap::new();
         if let Ok(mut g) = self.inner.lock() {
             let inner = &mut *g;
-            let mut keep = Vec::with_capacity(inner.live.len());
-            for e in inner.live.drain(..) {
-                // Orphaned first, read second: a comm gone before the read has its final values.
-                let gone = e.view.orphaned();
+            fold_orphans(inner);
+            for e in &inner.live {
                 let r = e.view.read();
                 let paths: Vec<PathSnap> = e
                     .paths
@@ -138,19 +138,6 @@ impl Registry {
                     .zip(&r.paths)
                     .map(|(id, p)| PathSnap::new(id.clone(), p))
                     .collect();
-                if gone {
-                    for p in &paths {
-                        inner
-                            .closed
-                            .entry(p.id.clone())
-                            .or_insert_with(|| PathTotal {
-                                id: p.id.clone(),
-                                ..PathTotal::default()
-                            })
-                            .add(p, false);
-                    }
-                    continue;
-                }
                 for p in &paths {
                     totals
                         .entry(p.id.clone())
@@ -177,9 +164,7 @@ impl Registry {
                     registered_bytes: r.registered_bytes,
                     paths,
                 });
-                keep.push(e);
             }
-            inner.live = keep;
             for (id, c) in &inner.closed {
                 let t = totals.entry(id.clone()).or_insert_with(|| PathTotal {
                     id: id.clone(),
@@ -215,6 +200,28 @@ impl Registry {
             paths: totals.into_values().collect(),
         }
     }
+}
+
+/// Moves the connections whose comm is gone from the live list into the closed totals, with
+/// their final values (the comm wrote its last word before it dropped its half).
+fn fold_orphans(inner: &mut Inner) {
+    let Inner { live, closed, .. } = inner;
+    live.retain(|e| {
+        if !e.view.orphaned() {
+            return true;
+        }
+        let r = e.view.read();
+        for (id, p) in e.paths.iter().zip(&r.paths) {
+            closed
+                .entry(id.clone())
+                .or_insert_with(|| PathTotal {
+                    id: id.clone(),
+                    ..PathTotal::default()
+                })
+                .add(&PathSnap::new(id.clone(), p), false);
+        }
+        false
+    });
 }
 
 /// Adds closed totals `c` to `t`.
@@ -518,6 +525,23 @@ mod tests {
         let s = reg.snapshot(&devs, &Build::default(), Duration::from_secs(1));
         assert_eq!(s.paths[0].sent_bytes, 1010);
         assert_eq!(s.devices[0].registered_bytes, 0);
+    }
+
+    #[test]
+    fn closed_connections_leave_the_list_without_snapshots() {
+        let reg = Registry::new();
+        let plans = [plan("a", "10.0.0.1/30", "10.0.0.2", LinkKind::Tcp)];
+        for i in 0..100u64 {
+            let mut m = Meter::new(1);
+            reg.add(true, "10.0.0.2", 0, &plans, m.view()).unwrap();
+            m.sent(0, i);
+        }
+        // Each add folded the ones closed before it: one left (the last, now closed too).
+        assert_eq!(reg.live(), 1);
+        let s = reg.snapshot(&[], &Build::default(), Duration::from_secs(1));
+        assert_eq!(reg.live(), 0);
+        assert_eq!(s.paths[0].sent_bytes, (0..100).sum::<u64>());
+        assert_eq!(s.paths[0].connections_closed, 100);
     }
 
     #[test]
