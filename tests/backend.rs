@@ -1045,7 +1045,11 @@ fn leak_cycles_in_their_own_process() {
     // The metrics registry keeps closed connections only as per-path totals.
     assert!(b.metrics().live() <= 2, "{} live", b.metrics().live());
     let _ = b.metrics_snapshot();
-    assert_eq!(b.metrics().live(), 0, "metrics of closed connections leaked");
+    assert_eq!(
+        b.metrics().live(),
+        0,
+        "metrics of closed connections leaked"
+    );
     let grown = rss_kib().saturating_sub(rss);
     // A leak of even one small allocation per connection shows here (1000 comms x 2 KiB = 2 MiB).
     assert!(
