@@ -39,6 +39,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=tests/c/logger.c");
     println!("cargo:rerun-if-changed=tests/c/layout.c");
     println!("cargo:rerun-if-changed=tests/c/swl_test.h");
+    commit();
 
     let fields = Arc::new(Mutex::new(BTreeSet::new()));
     let bindings = bindgen::Builder::default()
@@ -108,4 +109,33 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .extra_warnings(true)
         .compile("swl_ctest");
     Ok(())
+}
+
+/// `SWITCHLESS_COMMIT` for the attestation line: the variable when set (a package built outside
+/// git), else `git rev-parse --short=12 HEAD`, else `unknown`. Rebuilt when HEAD or the branch it
+/// names moves (uncommitted changes are not marked: the script does not rerun for them).
+fn commit() {
+    println!("cargo:rerun-if-env-changed=SWITCHLESS_COMMIT");
+    let git = |args: &[&str]| -> Option<String> {
+        let o = std::process::Command::new("git").args(args).output().ok()?;
+        o.status
+            .success()
+            .then(|| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    if let Some(path) = git(&["rev-parse", "--git-path", "HEAD"]) {
+        println!("cargo:rerun-if-changed={path}");
+    }
+    if let Some(r) = git(&["symbolic-ref", "-q", "HEAD"]) {
+        if let Some(path) = git(&["rev-parse", "--git-path", &r]) {
+            println!("cargo:rerun-if-changed={path}");
+        }
+    }
+    let c = env::var("SWITCHLESS_COMMIT")
+        .ok()
+        .filter(|c| !c.is_empty())
+        .or_else(|| git(&["rev-parse", "--short=12", "HEAD"]));
+    println!(
+        "cargo:rustc-env=SWITCHLESS_COMMIT={}",
+        c.as_deref().unwrap_or("unknown")
+    );
 }

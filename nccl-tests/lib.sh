@@ -76,8 +76,9 @@ Common options:
 
 Before the benchmark every node runs, in the same srun/container and environment,
 `rank.sh --preflight`: the plugin library resolves, /dev/infiniband is visible where sysfs lists RDMA
-devices, and `switchless doctor` (memlock, MTU, links; planned peers with --plan) reports no error.
-A failure stops the run before any benchmark, naming the node.
+devices, and `switchless doctor` (memlock, MTU, links; planned peers with --plan) reports no error;
+every node's plugin and libnccl.so.2 have the same SHA-256 as most nodes'. A failure stops the run
+before any benchmark, naming the node.
 
 Exit status: 0 every test passed; 1 a test failed (or its summary: wrong results, plugin not used,
 busbw below --expect-busbw); 2 bad options, or the preflight failed on a node.
@@ -334,8 +335,33 @@ sl_preflight() {
   if [ "$rc" != 0 ]; then
     sl_die "preflight: the launcher exited with status $rc before every node reported (see $SL_OUT/preflight.out)"
   fi
+  sl_attest_check "$out"
   # The nodes that passed, comma-separated (Slurm node names under srun: SLURMD_NODENAME).
   SL_CHECKED_NODES=$(grep -oE 'switchless preflight: node=[^ ]+ ok$' <<< "$out" | sed -E 's/.*node=([^ ]+) ok$/\1/' | sort -u | paste -sd, -)
+}
+
+# Compares the preflight's attest lines across nodes: a node whose plugin or libnccl differs (by
+# SHA-256) from what most nodes have stops the run (exit 2), naming the node and both hashes.
+sl_attest_check() {
+  local lines bad
+  lines=$(grep -oE 'switchless preflight: node=[^ ]+ attest plugin=[^ ]+ sha256=[^ ]+ nccl=[^ ]+ sha256=[^ ]+' <<< "$1" |
+    sed -E 's/.*node=([^ ]+) attest plugin=([^ ]+) sha256=([^ ]+) nccl=([^ ]+) sha256=([^ ]+)/\1 \3 \5 \2 \4/' | sort -u || true)
+  [ -n "$lines" ] || return 0
+  bad=$(awk '
+    { node[NR] = $1; p[NR] = $2; n[NR] = $3; pp[NR] = $4; np[NR] = $5; cp[$2]++; cn[$3]++ }
+    END {
+      for (k in cp) if (!sp || cp[k] > cp[mp] || (cp[k] == cp[mp] && k < mp)) { mp = k; sp = 1 }
+      for (k in cn) if (!sn || cn[k] > cn[mn] || (cn[k] == cn[mn] && k < mn)) { mn = k; sn = 1 }
+      for (i = 1; i <= NR; i++) {
+        if (p[i] != mp) printf "%s: plugin %s has sha256 %s, %d of %d node(s) have %s\n", node[i], pp[i], p[i], cp[mp], NR, mp
+        if (n[i] != mn) printf "%s: libnccl %s has sha256 %s, %d of %d node(s) have %s\n", node[i], np[i], n[i], cn[mn], NR, mn
+      }
+    }' <<< "$lines")
+  if [ -n "$bad" ]; then
+    echo "$(basename "$0"): preflight: the nodes do not run the same plugin and NCCL, no benchmark run:" >&2
+    printf '%s\n' "$bad" | sed 's/^/  /' >&2
+    exit 2
+  fi
 }
 
 sl_find_cli() {

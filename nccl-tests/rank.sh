@@ -3,8 +3,10 @@
 # this on every node (inside the container with pyxis), as: rank.sh BINARY [ARGS...]
 # Before the benchmark they run it as: rank.sh --preflight [DOCTOR ARGS...], which checks this node as
 # the benchmark will see it (the plugin resolves, /dev/infiniband is visible where RDMA devices exist,
-# `switchless doctor` finds no error: memlock, MTU, links, planned peers with --plan) and prints one
-# line, `switchless preflight: node=NAME ok` or `... FAIL: WHY`; exit status 1 on a failure.
+# `switchless doctor` finds no error: memlock, MTU, links, planned peers with --plan) and prints
+# `switchless preflight: node=NAME attest plugin=PATH sha256=H nccl=PATH sha256=H` (compared across
+# nodes by the launcher), then `switchless preflight: node=NAME ok` or `... FAIL: WHY`; exit status 1
+# on a failure.
 #
 # Environment it reads (all optional):
 #   NCCL_NET_PLUGIN        default: switchless (NCCL then dlopens libnccl-net-switchless.so)
@@ -91,6 +93,22 @@ if [ "$1" = --preflight ]; then
       printf '%s\n' "$report" | sed "s/^/switchless preflight: node=${node}: doctor: /" >&2
     fi
   fi
+  # Attestation: the SHA-256 of the plugin and of the libnccl this node would load, compared across
+  # nodes by the launcher (a stale library on one node otherwise wins silently).
+  nccl="-"
+  IFS=: read -r -a dirs <<< "${LD_LIBRARY_PATH:-}"
+  for d in "${dirs[@]}"; do
+    if [ -n "$d" ] && [ -e "$d/libnccl.so.2" ]; then
+      nccl="$d/libnccl.so.2"
+      break
+    fi
+  done
+  if [ "$nccl" = "-" ] && command -v ldconfig > /dev/null 2>&1; then
+    found=$(ldconfig -p 2> /dev/null | awk '$1 == "libnccl.so.2" { print $NF; exit }')
+    [ -n "$found" ] && nccl="$found"
+  fi
+  sha() { if [ -r "$1" ]; then sha256sum "$1" | cut -d' ' -f1; else echo -; fi; }
+  echo "switchless preflight: node=${node} attest plugin=${plugin// /_} sha256=$(sha "$plugin") nccl=${nccl// /_} sha256=$(sha "$nccl")"
   if [ ${#why[@]} -gt 0 ]; then
     for w in "${why[@]}"; do
       echo "switchless preflight: node=${node} FAIL: $w"

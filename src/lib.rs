@@ -38,6 +38,10 @@ pub mod verbs;
 /// Plugin version (the crate version).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
+/// The commit the library was built from (`git rev-parse --short=12 HEAD`; `SWITCHLESS_COMMIT` when
+/// set at build time; `unknown` outside git).
+pub const COMMIT: &str = env!("SWITCHLESS_COMMIT");
+
 /// The ncclNet ABI versions this library exports, newest first.
 pub const ABI_VERSIONS: &[u32] = &[12, 11, 10, 9, 8, 7, 6];
 

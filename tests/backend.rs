@@ -1053,6 +1053,14 @@ fn leak_cycles_in_their_own_process() {
     assert_eq!(count_dir("/proc/self/task"), threads, "threads leaked");
     assert_eq!(fab.live_keys(), keys, "registrations leaked");
     assert_eq!(b.connecting(), 0, "parked connection state leaked");
+    // The metrics registry keeps closed connections only as per-path totals.
+    assert!(b.metrics().live() <= 2, "{} live", b.metrics().live());
+    let _ = b.metrics_snapshot();
+    assert_eq!(
+        b.metrics().live(),
+        0,
+        "metrics of closed connections leaked"
+    );
     let plugin = grown.saturating_sub(fabric_slots);
     // A leak of even one small allocation per connection shows here (1000 comms x 1 KiB = 1 MiB).
     assert!(

@@ -122,14 +122,19 @@ fn view() -> HostView {
 
 /// Connect and accept until both return comms (NCCL's contract: call again on `None`).
 fn establish(b: &Arc<B>) -> (<B as Backend>::Send, <B as Backend>::Recv) {
+    establish_in(b, &CommInfo::default())
+}
+
+/// [`establish`] for the communicator `info`.
+fn establish_in(b: &Arc<B>, info: &CommInfo) -> (<B as Backend>::Send, <B as Backend>::Recv) {
     let mut h: Handle = [0; HANDLE_SIZE];
-    let mut l = b.listen(&CommInfo::default(), 0, &mut h).unwrap();
+    let mut l = b.listen(info, 0, &mut h).unwrap();
     let (mut s, mut r) = (None, None);
     let deadline = Instant::now() + Duration::from_secs(20);
     while s.is_none() || r.is_none() {
         assert!(Instant::now() < deadline, "handshake did not finish");
         if s.is_none() {
-            s = b.connect(&CommInfo::default(), 0, &mut h).unwrap();
+            s = b.connect(info, 0, &mut h).unwrap();
         }
         if r.is_none() {
             r = B::accept(&mut l).unwrap();
@@ -502,4 +507,83 @@ fn a_dmabuf_registration_does_not_stall_the_data_path() {
     B::dereg_mr(plugin::CommRef::Recv(&conn.1), rmr).unwrap();
     B::close_send(conn.0).unwrap();
     B::close_recv(conn.1).unwrap();
+}
+
+/// The per-path counters (`plugin::metrics`) see every byte the transfers moved, on both sides,
+/// split over both paths of the connection; and with `NCCL_SWITCHLESS_METRICS_DIR` the backend's
+/// snapshot file says the same, with a last snapshot once the backend is gone.
+#[test]
+fn metrics_count_every_byte_per_path_and_the_file_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut v = view();
+    v.config.metrics_dir = Some(dir.path().to_str().unwrap().to_string());
+    v.config.metrics_interval = Duration::from_millis(100);
+    let fab = MemFab::new(MemFabConfig::default());
+    let b = Arc::new(Switchless::from_parts(MemFactory::new(fab.clone(), 0), v).unwrap());
+    // The legacy context (ABI v6-v10, no communicator id, no finalize) starts no snapshot thread.
+    let legacy = establish(&b);
+    assert!(b.metrics_file().is_none());
+    drop(legacy);
+    let fab2 = MemFab::new(MemFabConfig::default());
+    let mut v = view();
+    v.config.metrics_dir = Some(dir.path().to_str().unwrap().to_string());
+    v.config.metrics_interval = Duration::from_millis(100);
+    let b = Arc::new(Switchless::from_parts(MemFactory::new(fab2.clone(), 0), v).unwrap());
+    let fab = fab2;
+    let info = CommInfo {
+        comm_id: Some(7),
+        traffic_class: None,
+    };
+    let conn = establish_in(&b, &info);
+    let file = b.metrics_file().unwrap();
+    let src = fab.alloc(4 << 20).unwrap();
+    let dst = fab.alloc(4 << 20).unwrap();
+    let smr = B::reg_mr(plugin::CommRef::Send(&conn.0), region(src, 4 << 20)).unwrap();
+    let rmr = B::reg_mr(plugin::CommRef::Recv(&conn.1), region(dst, 4 << 20)).unwrap();
+    let sizes = [4 << 20, 1, 0, 300_000, 4096];
+    for (i, &n) in sizes.iter().enumerate() {
+        transfer(&fab, &conn, (src, &smr), (dst, &rmr), n, i as u8);
+    }
+    let total: u64 = sizes.iter().map(|&n| n as u64).sum();
+    let s = b.metrics_snapshot();
+    let send: Vec<_> = s
+        .paths
+        .iter()
+        .filter(|p| p.id.direction == "send")
+        .collect();
+    let recv: Vec<_> = s
+        .paths
+        .iter()
+        .filter(|p| p.id.direction == "recv")
+        .collect();
+    assert_eq!((send.len(), recv.len()), (2, 2), "{s:#?}");
+    assert_eq!(send.iter().map(|p| p.sent_bytes).sum::<u64>(), total);
+    assert_eq!(recv.iter().map(|p| p.received_bytes).sum::<u64>(), total);
+    assert!(
+        send.iter().all(|p| p.sent_bytes > 0),
+        "4 MiB is striped over both paths"
+    );
+    assert!(send.iter().all(|p| p.id.kind == "verbs" && p.carrying == 1));
+    let c = s
+        .connections
+        .iter()
+        .find(|c| c.direction == "send")
+        .unwrap();
+    assert_eq!((c.messages, c.bytes), (sizes.len() as u64, total));
+    assert_eq!(s.devices[0].registrations, 2);
+    assert_eq!(s.devices[0].registered_bytes, 8 << 20);
+    assert_eq!(s.build.version, switchless::VERSION);
+    B::dereg_mr(plugin::CommRef::Send(&conn.0), smr).unwrap();
+    B::dereg_mr(plugin::CommRef::Recv(&conn.1), rmr).unwrap();
+    B::close_send(conn.0).unwrap();
+    B::close_recv(conn.1).unwrap();
+    drop(b);
+    let last: switchless::transport::metrics::Snapshot =
+        serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert!(last.last);
+    assert!(last.connections.is_empty());
+    let sent: u64 = last.paths.iter().map(|p| p.sent_bytes).sum();
+    let received: u64 = last.paths.iter().map(|p| p.received_bytes).sum();
+    assert_eq!((sent, received), (total, total));
+    assert!(last.paths.iter().all(|p| p.connections_closed == 1));
 }

@@ -546,3 +546,94 @@ fn a_dry_run_needs_no_plugin_and_shows_the_summary() {
     );
     assert!(!out_dir.exists());
 }
+
+/// A stand-in srun that applies `--export=ALL,K=V,...` and runs the command on three "nodes",
+/// and before node3 replaces the plugin library (`$SWAP_LIB`) with other bytes: node3 has a
+/// stale build.
+const FAKE_SRUN_STALE: &str = r#"#!/usr/bin/env bash
+while [ $# -gt 0 ] && [ "$1" != bash ]; do
+  case "$1" in
+    --export=*) IFS=, read -r -a kv <<< "${1#--export=}"; for x in "${kv[@]}"; do [ "$x" = ALL ] || export "${x?}"; done ;;
+  esac
+  shift
+done
+rc=0
+for n in node1 node2 node3; do
+  [ "$n" = node3 ] && echo "an older build" > "$SWAP_LIB"
+  SLURMD_NODENAME=$n "$@" || rc=$?
+done
+exit "$rc"
+"#;
+
+#[test]
+fn the_preflight_names_a_node_with_another_plugin_build() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = tmp.path();
+    let prefix = plugin_dir(t);
+    let lib = prefix.join("lib/libnccl-net-switchless.so");
+    std::fs::write(&lib, "this build").unwrap();
+    let bin = t.join("bin");
+    write_exe(&bin.join("srun"), FAKE_SRUN_STALE);
+    let tests = fake_tests(t);
+    let srun = script("srun-nccl-tests.sh");
+    let args = [
+        srun.to_str().unwrap(),
+        "-N",
+        "3",
+        "-g",
+        "1",
+        "--no-container",
+        "--plugin-dir",
+        prefix.to_str().unwrap(),
+        "-i",
+        "eno1",
+        "--nccl-tests-dir",
+        tests.to_str().unwrap(),
+        "-o",
+        "run",
+    ];
+    let run = |swap: &str| {
+        launch(
+            t,
+            Some(&bin),
+            &[
+                ("SWAP_LIB", swap),
+                // A doctor that passes: the test is about the libraries.
+                ("SWITCHLESS_BIN", "/bin/true"),
+            ],
+            &args,
+        )
+    };
+    let (rc, out, err) = run(lib.to_str().unwrap());
+    assert_eq!(rc, 2, "{out}\n{err}");
+    let want = format!(
+        "node3: plugin {} has sha256 {}",
+        lib.display(),
+        // sha256("an older build\n")
+        sha256_hex(b"an older build\n")
+    );
+    assert!(err.contains(&want), "{err}");
+    assert!(err.contains("2 of 3 node(s) have"), "{err}");
+    assert!(!err.contains("node1:"), "{err}");
+    // The same library everywhere: the preflight passes this check.
+    std::fs::write(&lib, "this build").unwrap();
+    let (_, out, err) = run(t.join("elsewhere").to_str().unwrap());
+    assert!(!err.contains("do not run the same plugin"), "{out}\n{err}");
+    assert!(out.contains("node=node3 attest plugin="), "{out}");
+}
+
+fn sha256_hex(b: &[u8]) -> String {
+    let mut c = Command::new("sha256sum")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    c.stdin.take().unwrap().write_all(b).unwrap();
+    let o = c.wait_with_output().unwrap();
+    String::from_utf8_lossy(&o.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}

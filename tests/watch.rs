@@ -230,3 +230,126 @@ fn cli_reads_the_counters_again_every_interval() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("expected seconds"));
 }
+
+/// A snapshot file as a rank writes it (`NCCL_SWITCHLESS_METRICS_DIR`): one send path on
+/// `enp1s0f0np0` with `sent` bytes at `t_ms`, its plugin's hash `sha`.
+fn write_snapshot(dir: &Path, pid: u32, t_ms: u64, sent: u64, sha: &str) {
+    use switchless::transport::metrics::{Build, PathId, PathTotal, SNAPSHOT_SCHEMA, Snapshot};
+    let s = Snapshot {
+        schema: SNAPSHOT_SCHEMA.into(),
+        host: "node1".into(),
+        pid,
+        time_unix_ms: t_ms,
+        interval_ms: 100,
+        last: false,
+        build: Build {
+            version: "0.1.0".into(),
+            commit: "abc".into(),
+            plugin_sha256: sha.into(),
+            nccl_sha256: "n".into(),
+            ..Build::default()
+        },
+        devices: Vec::new(),
+        connections: Vec::new(),
+        paths: vec![PathTotal {
+            id: PathId {
+                direction: "send".into(),
+                peer: "192.168.100.12".into(),
+                nccl_dev: 0,
+                netdev: "enp1s0f0np0".into(),
+                rdma_dev: "rocep1s0f0".into(),
+                pci_root: "pci0000:00".into(),
+                local: "192.168.100.11/31".into(),
+                remote: "192.168.100.12".into(),
+                kind: "verbs".into(),
+            },
+            connections_live: 1,
+            carrying: 1,
+            sent_bytes: sent,
+            ..PathTotal::default()
+        }],
+    };
+    let p = dir.join(format!("switchless-metrics-node1-{pid}.json"));
+    let tmp = p.with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_vec(&s).unwrap()).unwrap();
+    std::fs::rename(tmp, p).unwrap();
+}
+
+#[test]
+fn cli_merges_the_plugin_snapshots_and_writes_prometheus_text() {
+    let (_d, root) = copy_fixture("gb10-1cable");
+    let m = tempfile::tempdir().unwrap();
+    write_snapshot(m.path(), 10, 1_000, 0, "p1");
+    write_snapshot(m.path(), 11, 1_000, 0, "p1");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Two ranks send 1 GB per second each (by their snapshots' own clocks) on the same path.
+    let writer = {
+        let stop = stop.clone();
+        let dir = m.path().to_path_buf();
+        std::thread::spawn(move || {
+            let mut t = 1_000;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                t += 100;
+                for pid in [10, 11] {
+                    write_snapshot(&dir, pid, t, (t - 1_000) * 1_000_000, "p1");
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        })
+    };
+    let prom = m.path().join("out.prom");
+    let out = Command::new(env!("CARGO_BIN_EXE_switchless"))
+        .args(["watch", "--json", "--interval", "0.3", "--count", "1"])
+        .arg("--root")
+        .arg(&root)
+        .arg("--metrics-dir")
+        .arg(m.path())
+        .arg("--prometheus")
+        .arg(&prom)
+        .output()
+        .unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let p = &v["plugin"]["paths"][0];
+    assert_eq!(p["netdev"], "enp1s0f0np0");
+    // 2 × 1 GB/s = 16 Gb/s, whatever the (snapshot) interval.
+    let g = p["gbps"].as_f64().unwrap();
+    assert!((g - 16.0).abs() < 0.01, "{p}");
+    assert_eq!(p["share_pct"], 100.0);
+    assert_eq!(v["plugin"]["processes"].as_array().unwrap().len(), 2);
+    let text = std::fs::read_to_string(&prom).unwrap();
+    assert!(
+        text.contains("# TYPE switchless_path_sent_bytes_total counter"),
+        "{text}"
+    );
+    assert!(
+        text.lines().any(|l| l.starts_with("switchless_path_sent_bytes_total{host=\"node1\",peer=\"192.168.100.12\",direction=\"send\"")),
+        "{text}"
+    );
+
+    // A third rank with another plugin build: reported, and --check-builds fails.
+    write_snapshot(m.path(), 12, 1_000, 0, "p2");
+    let out = Command::new(env!("CARGO_BIN_EXE_switchless"))
+        .args(["watch", "--once", "--interval", "0.05", "--check-builds"])
+        .arg("--root")
+        .arg(&root)
+        .arg("--metrics-dir")
+        .arg(m.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("MISMATCH node1:12 runs plugin 0.1.0 (commit abc, sha256 p2)"),
+        "{text}"
+    );
+    // --prometheus without a metrics directory is a usage error.
+    let out = Command::new(env!("CARGO_BIN_EXE_switchless"))
+        .args(["watch", "--once", "--prometheus", "x.prom"])
+        .env_remove("NCCL_SWITCHLESS_METRICS_DIR")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}

@@ -74,6 +74,10 @@ pub const MAX_MIN_CHUNK: u64 = 1 << 30;
 pub const MIN_FAILBACK_BACKOFF: Duration = Duration::from_millis(10);
 /// Longest accepted `NCCL_SWITCHLESS_FAILBACK_BACKOFF`.
 pub const MAX_FAILBACK_BACKOFF: Duration = Duration::from_secs(60);
+/// Shortest accepted `NCCL_SWITCHLESS_METRICS_INTERVAL`.
+pub const MIN_METRICS_INTERVAL: Duration = Duration::from_millis(100);
+/// Longest accepted `NCCL_SWITCHLESS_METRICS_INTERVAL`.
+pub const MAX_METRICS_INTERVAL: Duration = Duration::from_secs(3600);
 /// Shortest accepted `NCCL_SWITCHLESS_FAILBACK_INTERVAL`.
 pub const MIN_FAILBACK_INTERVAL: Duration = Duration::from_millis(100);
 /// Longest accepted `NCCL_SWITCHLESS_FAILBACK_INTERVAL`.
@@ -516,6 +520,30 @@ variables! {
             doc: "`1`: stripe shares follow each path's measured throughput (a slow or congested path gets \
                   proportionally less; every path keeps a 2 % probe share). `0`: shares by nominal link \
                   speed only.",
+        },
+        metrics_dir: Option<String> {
+            name: "NCCL_SWITCHLESS_METRICS_DIR",
+            default: "",
+            forms: "empty (off) or an absolute directory path",
+            parse: |v| match v.trim() {
+                "" => Ok(None),
+                d if d.starts_with('/') => Ok(Some(d.to_string())),
+                _ => Err("not an absolute path".to_string()),
+            },
+            show: |d| d.clone().unwrap_or_else(|| "off".to_string()),
+            doc: "Directory where each process writes its per-connection and per-path counters \
+                  (`switchless-metrics-<host>-<pid>.json`, schema `switchless-metrics/1`) every \
+                  `METRICS_INTERVAL`, read by `switchless watch --metrics-dir`. Empty (the default): no \
+                  file and no thread; the counters are kept either way. See `docs/guide/metrics.md`.",
+        },
+        metrics_interval: Duration {
+            name: "NCCL_SWITCHLESS_METRICS_INTERVAL",
+            default: "1s",
+            forms: "100ms..=60m: a number of milliseconds, or a number with the unit ms, s or m",
+            parse: |v| duration_in(v, MIN_METRICS_INTERVAL..=MAX_METRICS_INTERVAL),
+            show: show_ms,
+            doc: "Period of the metrics snapshot (with `NCCL_SWITCHLESS_METRICS_DIR`); a last one is \
+                  written when the plugin closes.",
         },
     }
 }
@@ -996,7 +1024,7 @@ mod tests {
              NCCL_IB_RETRY_CNT=7 NCCL_IB_QPS_PER_CONNECTION=1 NCCL_IB_PCI_RELAXED_ORDERING=2 NCCL_NET_GDR_LEVEL=default transport=auto connect_timeout=off \
              request_timeout=off tcp_streams=auto tcp_threads=auto tcp_user_timeout=30000 ms tcp_fallback=0 min_chunk=131072 bytes \
              log_routes=0 failover=1 standby=1 failback_retries=5 failback_backoff=100 ms failback_interval=5000 ms \
-             tuner=1 adaptive_weights=1"
+             tuner=1 adaptive_weights=1 metrics_dir=off metrics_interval=1000 ms"
         );
     }
 

@@ -44,7 +44,9 @@ pub const TARGET_ENV: &str = "switchless::env";
 /// copy given to `connect` is private to that connection and passed again on every retry).
 pub type Handle = [u8; HANDLE_SIZE];
 
+pub mod attest;
 pub mod factory;
+pub mod metrics;
 pub mod slab;
 pub mod switchless;
 
@@ -552,8 +554,8 @@ pub fn init<B: Backend>(info: CommInfo) -> Result<Context<B>> {
         target: TARGET_INIT,
         comm_id = info.comm_id.map(|c| format!("{c:#x}")).unwrap_or_default(),
         devices = backend.devices().len(),
-        "switchless {} initialized",
-        crate::VERSION
+        "NET/switchless: {} initialized",
+        attest::build().text()
     );
     Ok(Context::new(backend, info))
 }

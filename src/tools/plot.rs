@@ -1,5 +1,5 @@
 //! SVG line plots of a rate against message size (log-scale x), for `switchless bench --plot` and
-//! the performance page. Uses `plotters`' SVG backend (text as SVG `<text>`, no font files).
+//! the performance page, and of rates over time ([`time_svg`], `switchless watch --plot`). Uses `plotters`' SVG backend (text as SVG `<text>`, no font files).
 #![forbid(unsafe_code)]
 
 use std::path::Path;
@@ -187,6 +187,63 @@ fn draw(p: &Plot, root: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>) ->
         .draw()
         .map_err(err)?;
     Ok(())
+}
+
+/// One line over time: a label and (seconds, value) points.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TimeSeries {
+    pub label: String,
+    pub points: Vec<(f64, f64)>,
+}
+
+/// Renders lines over time (linear axes from 0) into an SVG string.
+pub fn time_svg(title: &str, y_label: &str, series: &[TimeSeries]) -> Result<String> {
+    let pts = series.iter().flat_map(|s| s.points.iter());
+    let (mut xmax, mut ymax, mut any) = (0f64, 0f64, false);
+    for &(x, y) in pts {
+        xmax = xmax.max(x);
+        ymax = ymax.max(y);
+        any = true;
+    }
+    if !any {
+        return Err(Error::InvalidArgument("plot: no points".into()));
+    }
+    let mut out = String::new();
+    {
+        let root = SVGBackend::with_string(&mut out, (900, 520)).into_drawing_area();
+        root.fill(&WHITE).map_err(err)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0f64..xmax.max(1.0), 0f64..(ymax * 1.08).max(1.0))
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc("time since the first snapshot (s)")
+            .y_desc(y_label)
+            .draw()
+            .map_err(err)?;
+        for (k, s) in series.iter().enumerate() {
+            let c = COLORS[k % COLORS.len()];
+            let style = ShapeStyle::from(&c).stroke_width(2);
+            chart
+                .draw_series(LineSeries::new(s.points.clone(), style))
+                .map_err(err)?
+                .label(s.label.as_str())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+            .map_err(err)?;
+        root.present().map_err(err)?;
+    }
+    Ok(out)
 }
 
 /// Renders `p` into the file `path`.

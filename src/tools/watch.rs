@@ -119,6 +119,8 @@ pub struct Report {
     /// Imbalance threshold between siblings, percent.
     pub imbalance_pct: f64,
     pub flags: Vec<Flag>,
+    /// The plugin's counters per peer and path (`--metrics-dir`), null without.
+    pub plugin: Option<crate::tools::metrics::Report>,
 }
 
 pub const SCHEMA: &str = "switchless-watch/1";
@@ -259,6 +261,7 @@ impl Watch {
             tcp_links,
             imbalance_pct,
             flags,
+            plugin: None,
         }
     }
 }
@@ -458,4 +461,36 @@ pub fn render_text(r: &Report) -> String {
         let _ = writeln!(out, "FLAG [{}] {}: {}", f.kind, f.device, f.message);
     }
     out
+}
+
+/// The kernel's rate of a plugin path's local port in its direction (`send`: TX, `recv`: RX), Gb/s:
+/// the RDMA port when the path names one, else its netdev.
+pub fn kernel_gbps(r: &Report, id: &crate::transport::metrics::PathId) -> Option<f64> {
+    let pick = |row: &Row| {
+        if id.direction == "send" {
+            row.tx_gbps
+        } else {
+            row.rx_gbps
+        }
+    };
+    let rows = r
+        .devices
+        .iter()
+        .flat_map(|d| d.members.iter())
+        .chain(&r.tcp_links);
+    let mut by_netdev = None;
+    for row in rows {
+        if !id.rdma_dev.is_empty()
+            && row
+                .rdma
+                .as_deref()
+                .is_some_and(|a| a.split(':').next() == Some(id.rdma_dev.as_str()))
+        {
+            return pick(row);
+        }
+        if by_netdev.is_none() && row.netdev.as_deref() == Some(id.netdev.as_str()) {
+            by_netdev = Some(pick(row));
+        }
+    }
+    by_netdev.flatten()
 }

@@ -12,6 +12,8 @@
 //! * [`revive`]: the reconnect exchange of failback (fresh queue pairs agreed over a surviving path).
 //! * [`droplog`]: warnings for connections the listeners drop, rate-limited per process.
 //! * [`ctrl`]: atomic words that software fabrics write for their peer, and the shared range check.
+//! * [`metrics`]: a connection's counters (bytes and pieces per path, failovers, waits), written by
+//!   its comm without locks and read by the exporter.
 //! * [`regcache`]: the ref-counted registration cache (one pin per device and page range).
 //! * [`memfab`]: an in-process fabric with fault injection for tests and benchmarks.
 //! * [`modelfab`]: an in-process fabric with modelled rates and latencies, in virtual time.
@@ -25,6 +27,7 @@ pub mod droplog;
 pub mod fabric;
 pub mod handshake;
 pub mod memfab;
+pub mod metrics;
 pub mod modelfab;
 pub mod regcache;
 pub mod relay;

@@ -10,7 +10,10 @@
 #     entry: the carrier stays up, B drops them) until the entry is removed: the streams' TCP user
 #     timeout (NCCL_SWITCHLESS_TCP_USER_TIMEOUT, 2 s here) notices;
 #   * the run must complete on both ranks, and the logs must show the failover WARN (on the
-#     sender) and the failback INFO line ("is back and carries traffic again") on both ranks.
+#     sender) and the failback INFO line ("is back and carries traffic again") on both ranks;
+#   * the plugin's metrics (NCCL_SWITCHLESS_METRICS_DIR, read by `switchless watch --metrics-dir`)
+#     show the failover and failback of d0 with their times, and the sender's bytes per path add up
+#     to the bytes the bench moved through the plugin (with jq).
 #
 # Prints the time from `link set down` to the failover WARN and from `link set up` to the failback
 # INFO line (the log files are polled every 10 ms: the figures are upper bounds, ±10 ms), and how
@@ -104,10 +107,12 @@ iters="${SWL_FAILOVER_ITERS:-1500}"
 r=0
 started=$(date +%s%N)
 for ns in "$a" "$b"; do
+  mkdir -p "$work/m$r"
   # shellcheck disable=SC2086
-  timeout 270 ip netns exec "$ns" env $env_common "$bin" bench bandwidth --rank "$r" --nranks 2 \
+  timeout 270 ip netns exec "$ns" env $env_common NCCL_SWITCHLESS_METRICS_DIR="$work/m$r" \
+    "$bin" bench bandwidth --rank "$r" --nranks 2 \
     --bootstrap 192.168.202.1:29710 --plugin "$so" --timeout 60 --no-progress --dev 0 \
-    -b 1M -e 1M -n "$iters" -w 50 >"$work/rank.$r" 2>&1 &
+    -b 1M -e 1M -n "$iters" -w 50 --save-json "$work/bw$r.json" >"$work/rank.$r" 2>&1 &
   pids+=($!)
   r=$((r + 1))
 done
@@ -177,6 +182,19 @@ grep -q "data checks: all passed" "$work/rank.0" || fail "rank 0 does not report
 grep -q "all data checks passed" "$work/rank.1" || fail "rank 1 does not report its data checks passed"
 grep -q "WARN.*path \[0\].*failed (.*failing over to" "$work/rank.0" || fail "rank 0's failover line is not a WARN about path [0]"
 grep -q "INFO.*path \[0\].*is back and carries traffic again" "$work/rank.1" || fail "rank 1's failback line is not an INFO about path [0]"
+# The plugin's counters saw it too: on the sender, path d0 failed over and came back (with both
+# times), and the bytes per path add up to what the bench moved through the plugin (re-sent pieces
+# count once, where they landed).
+"$bin" watch --metrics-dir "$work/m0" --once --interval 0.05 --json >"$work/watch0.json" || fail "watch --metrics-dir"
+if command -v jq >/dev/null; then
+  d0=$(jq -c '[.plugin.paths[] | select(.direction == "send" and .netdev == "d0")][0]' "$work/watch0.json")
+  [ "$(jq '.failovers >= 1 and .failbacks >= 1 and .last_failover_unix_ms != null and .last_failback_unix_ms != null' <<< "$d0")" = true ] ||
+    fail "the counters of d0 show no failover and failback: $d0"
+  got=$(jq '[.plugin.paths[] | select(.direction == "send") | .sent_bytes] | add' "$work/watch0.json")
+  want=$(jq '.plugin_bytes.sent_bytes' "$work/bw0.json")
+  [ "$got" = "$want" ] || fail "the send paths' bytes ($got) are not the bench's ($want)"
+  echo "    metrics: d0 failovers/failbacks $(jq -r '"\(.failovers)/\(.failbacks)"' <<< "$d0"); sent per path: $(jq -r '[.plugin.paths[] | select(.direction == "send") | "\(.netdev) \(.sent_bytes)"] | join(", ")' "$work/watch0.json") = bench $want B"
+fi
 grep -h "failing over to" "$work"/rank.* | head -n 2 | cut -c1-300 | sed 's/^/    /'
 grep -h "is back and carries traffic again" "$work"/rank.* | head -n 2 | cut -c1-300 | sed 's/^/    /'
 grep -h "new streams connected" "$work"/rank.* | head -n 2 | cut -c1-300 | sed 's/^/    /'

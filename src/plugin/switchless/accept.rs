@@ -318,8 +318,12 @@ impl<P: PathFactory> ListenEnd<P> {
             steps,
         } = *f;
         let (peer, tcp) = (who(&est), format!("tcp {} <- {}", est.local, est.peer));
+        let peer_ip = est.peer.ip().to_string();
         comm.fabric_mut().watch(Liveness::new(est)?);
-        self.backend()?.log_connected(&ConnReport {
+        let b = self.backend()?;
+        b.metrics
+            .add(false, &peer_ip, self.dev, &plans, comm.metrics())?;
+        b.log_connected(&ConnReport {
             verb: "accepted from",
             peer: &peer,
             dev: self.dev,

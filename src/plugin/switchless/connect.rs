@@ -493,7 +493,10 @@ impl<P: PathFactory> Switchless<P> {
                 s.steps.lap(Step::Ready);
                 let remote = s.remote.take().unwrap_or_default();
                 let tcp = format!("tcp {} -> {}", est.local, est.peer);
+                let peer_ip = est.peer.ip().to_string();
                 s.comm.fabric_mut().watch(Liveness::new(est)?);
+                self.metrics
+                    .add(true, &peer_ip, s.dev, &s.plans, s.comm.metrics())?;
                 self.log_connected(&ConnReport {
                     verb: "connected to",
                     peer: &s.peer,

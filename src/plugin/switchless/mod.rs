@@ -9,8 +9,10 @@
 //! properties and the [`Backend`] impl, one line per call.
 //!
 //! Depends on `route` (path choice, the listen handle), `transport` (handshake, comm protocol),
-//! `host` and `config`; nothing from `verbs`. It starts no thread: everything runs on NCCL's calls,
-//! so `dlclose` after `finalize` leaves nothing behind. What each call does, step by step:
+//! `host` and `config`; nothing from `verbs`. It starts no thread of its own except, with
+//! `NCCL_SWITCHLESS_METRICS_DIR` set and NCCL's ABI v11+, the metrics snapshot writer
+//! (`plugin::metrics`), joined when `finalize` drops the backend: `dlclose` after `finalize`
+//! leaves nothing behind. What each call does, step by step:
 //! `docs/guide/backend.md`.
 #![forbid(unsafe_code)]
 
@@ -189,6 +191,16 @@ pub struct Switchless<P: PathFactory> {
     warned_gdr: Mutex<HashSet<String>>,
     /// Connections set up per physical cable, for the INFO line (see `report`).
     cables: Mutex<report::CableCounts>,
+    /// Every connection's counters (`plugin::metrics`).
+    metrics: Arc<crate::plugin::metrics::Registry>,
+    /// What the snapshots say the process runs.
+    build: crate::transport::metrics::Build,
+    /// The snapshot writer (`NCCL_SWITCHLESS_METRICS_DIR`), started by the first `listen` or
+    /// `connect` of a communicator with its own context (see [`Self::start_exporter`]); dropped
+    /// with the backend, when it writes the final snapshot and is joined.
+    exporter: Mutex<Option<crate::plugin::metrics::Exporter>>,
+    /// Whether starting the exporter was settled (started, refused or failed).
+    exporter_settled: AtomicBool,
 }
 
 impl<P: PathFactory> std::fmt::Debug for Switchless<P> {
@@ -352,6 +364,8 @@ impl<P: PathFactory> Switchless<P> {
         let mut b = [0u8; 4];
         getrandom::fill(&mut b)
             .map_err(|e| Error::System(format!("reading random bytes for state ids: {e}")))?;
+        let metrics = Arc::new(crate::plugin::metrics::Registry::new());
+        let build = crate::plugin::attest::build();
         Ok(Switchless {
             factory,
             view,
@@ -364,6 +378,10 @@ impl<P: PathFactory> Switchless<P> {
             warned_peers: Mutex::new(HashSet::new()),
             warned_gdr: Mutex::new(HashSet::new()),
             cables: Mutex::new(report::CableCounts::default()),
+            metrics,
+            build,
+            exporter: Mutex::new(None),
+            exporter_settled: AtomicBool::new(false),
         })
     }
 
@@ -375,6 +393,77 @@ impl<P: PathFactory> Switchless<P> {
     /// The host view the backend routes with.
     pub fn view(&self) -> &HostView {
         &self.view
+    }
+
+    /// Every connection's counters.
+    pub fn metrics(&self) -> &crate::plugin::metrics::Registry {
+        &self.metrics
+    }
+
+    /// A snapshot of the counters now (what the exporter writes).
+    pub fn metrics_snapshot(&self) -> crate::transport::metrics::Snapshot {
+        let names: Vec<String> = self
+            .props
+            .iter()
+            .map(|p| p.name.to_string_lossy().into_owned())
+            .collect();
+        self.metrics
+            .snapshot(&names, &self.build, self.view.config.metrics_interval)
+    }
+
+    /// The snapshot file the exporter writes, when it runs.
+    pub fn metrics_file(&self) -> Option<std::path::PathBuf> {
+        self.exporter
+            .lock()
+            .ok()?
+            .as_ref()
+            .map(|e| e.path().to_path_buf())
+    }
+
+    /// Starts the snapshot writer (`NCCL_SWITCHLESS_METRICS_DIR`) on the first `listen`/`connect`
+    /// of a communicator with its own context (ABI v11+: NCCL calls `finalize`, which drops the
+    /// backend and joins the thread before NCCL unloads the library). The shared context of ABI
+    /// v6–v10 lives until the library is unloaded, with no call before: a thread of ours would then
+    /// run in unmapped code, so there the snapshots stay off (one INFO line says so). A failure to
+    /// start is a WARN, never a failed connection.
+    fn start_exporter(&self, comm: &CommInfo) {
+        use std::sync::atomic::Ordering;
+        let Some(dir) = &self.view.config.metrics_dir else {
+            return;
+        };
+        if self.exporter_settled.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(mut slot) = self.exporter.lock() else {
+            return;
+        };
+        if self.exporter_settled.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if comm.comm_id.is_none() {
+            tracing::info!(
+                target: crate::plugin::TARGET_INIT,
+                "NET/switchless: NCCL_SWITCHLESS_METRICS_DIR is ignored with this NCCL's net ABI (v10 or older: \
+                 no finalize, so a snapshot thread could outlive the library); the counters are kept"
+            );
+            return;
+        }
+        let names: Vec<String> = self
+            .props
+            .iter()
+            .map(|p| p.name.to_string_lossy().into_owned())
+            .collect();
+        let (reg, b, every) = (
+            Arc::clone(&self.metrics),
+            self.build.clone(),
+            self.view.config.metrics_interval,
+        );
+        match crate::plugin::metrics::Exporter::start(std::path::Path::new(dir), every, move || {
+            reg.snapshot(&names, &b, every)
+        }) {
+            Ok(e) => *slot = Some(e),
+            Err(e) => tracing::warn!("NET/switchless: metrics snapshots are off: {e}"),
+        }
     }
 
     /// Connections in progress (parked between `connect` retries).
@@ -450,6 +539,7 @@ impl<P: PathFactory> Backend for Switchless<P> {
         dev: usize,
         handle: &mut Handle,
     ) -> Result<Self::Listen> {
+        self.start_exporter(comm);
         self.open_listener(comm, dev, handle)
     }
 
@@ -459,6 +549,7 @@ impl<P: PathFactory> Backend for Switchless<P> {
         dev: usize,
         handle: &mut Handle,
     ) -> Result<Option<Self::Send>> {
+        self.start_exporter(comm);
         self.connect_step(comm, dev, handle)
     }
 

@@ -46,6 +46,17 @@ pub(crate) struct Conns<N: Net> {
     recv_key: HashMap<(usize, usize), usize>,
     /// How long [`connect_all`] took, per step.
     pub(crate) setup: SetupTimes,
+    /// Bytes this rank's completed sends and receives moved through the plugin.
+    pub(crate) moved: Moved,
+}
+
+/// Bytes moved through the plugin by one rank: the sizes of its completed `isend`s and what
+/// `test` reported for its completed receives, warm-up, tokens and checks included (what the
+/// plugin's own counters must add up to).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Moved {
+    pub sent_bytes: u64,
+    pub received_bytes: u64,
 }
 
 impl<N: Net> Conns<N> {
@@ -213,6 +224,7 @@ pub(crate) fn connect_all<N: Net>(
     setup.connect_s = lap();
     let mut c = Conns::<N> {
         sends: Vec::new(),
+        moved: Moved::default(),
         send_key: HashMap::new(),
         recvs: Vec::new(),
         recv_key: HashMap::new(),
@@ -342,6 +354,7 @@ pub(crate) fn exchange<N: Net>(
                             r.bufs.len()
                         )));
                     }
+                    c.moved.received_bytes += sz.iter().map(|&n| n as u64).sum::<u64>();
                     rsz[i] = Some(sz);
                     rreq[i] = None;
                     progressed = true;
@@ -367,6 +380,7 @@ pub(crate) fn exchange<N: Net>(
             }
             if let Some(q) = sreq[i].as_mut() {
                 if net.test(q)?.is_some() {
+                    c.moved.sent_bytes += s.len as u64;
                     sdone[i] = true;
                     sreq[i] = None;
                     progressed = true;

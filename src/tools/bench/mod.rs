@@ -26,4 +26,5 @@ pub use crate::ffi::loader::net::{
     CommRef, HANDLE_SIZE, Handle, Net, PTR_HOST, Properties, RecvBuf, Region, SharedBuf,
 };
 pub use bootstrap::Bootstrap;
+pub use conns::Moved;
 pub use modes::{Mode, Options, Report, Row, run};

@@ -141,6 +141,9 @@ pub struct Report {
     /// every connection, registration, up to the barrier after), per step; absent under `--model`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub setup: Option<SetupTimes>,
+    /// Bytes this rank moved through the plugin (all sizes, warm-up and checks included).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plugin_bytes: Option<super::conns::Moved>,
     /// Under `--model`: the efficiency at the largest size (achieved / modelled).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub efficiency: Option<f64>,
@@ -398,6 +401,7 @@ pub fn run_with<N: Net, C: Clock>(
         }
     }
     boot.barrier()?;
+    let moved = c.moved;
     close_all(net, c)?;
     Ok(Report {
         mode: o.mode,
@@ -413,6 +417,7 @@ pub fn run_with<N: Net, C: Clock>(
         rows,
         first_error,
         setup: Some(setup),
+        plugin_bytes: Some(moved),
         efficiency: None,
         latency_us: None,
         model: None,

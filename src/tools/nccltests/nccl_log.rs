@@ -43,6 +43,9 @@ pub struct NcclLog {
     /// `Channel … via NET/<name>/<dev>…` connections per network name, and how many use GPUDirect RDMA
     /// (`/GDRDMA`): (connections, with GDRDMA).
     pub net_channels: BTreeMap<String, (usize, usize)>,
+    /// The plugin's attestation per process (`host:pid`): version, commit, SHA-256 of the plugin
+    /// and of libnccl, from its init line (`NET/switchless: switchless V commit C plugin …`).
+    pub builds: BTreeMap<String, crate::transport::metrics::Build>,
 }
 
 const MAX_KEPT: usize = 20;
@@ -81,6 +84,7 @@ impl NcclLog {
             e.0 += n;
             e.1 += g;
         }
+        self.builds.extend(other.builds);
     }
 
     /// Feeds one NCCL log line (`… NCCL INFO msg` or `… NCCL WARN msg`). Returns false if it is not one.
@@ -109,6 +113,12 @@ impl NcclLog {
                 .net_prefix_lines
                 .entry(format!("NET/{name}"))
                 .or_default() += 1;
+        }
+        if let Some(b) = msg
+            .strip_prefix("NET/switchless: ")
+            .and_then(crate::transport::metrics::Build::parse)
+        {
+            self.builds.insert(proc_key.clone(), b);
         }
         if msg.starts_with("Channel ") {
             if let Some((_, via)) = msg.split_once(" via NET/") {

@@ -330,6 +330,20 @@ pub fn summarize(files: Vec<ParsedFile>, opts: &Options) -> Result<Summary> {
     for f in &nccl.plugin_failures {
         notes.push(format!("NCCL plugin loading: {f}"));
     }
+    // Attestation: every rank must run the same plugin and the same libnccl.
+    let builds: Vec<(String, u32, crate::transport::metrics::Build)> = nccl
+        .builds
+        .iter()
+        .map(|(k, b)| {
+            let (host, pid) = k.rsplit_once(':').unwrap_or((k.as_str(), "0"));
+            (host.to_string(), pid.parse().unwrap_or(0), b.clone())
+        })
+        .collect();
+    for m in crate::tools::metrics::mismatches(&builds) {
+        problems.push(format!(
+            "{m}: a rank loaded another library (check LD_LIBRARY_PATH, NCCL_NET_PLUGIN and the install on that node)"
+        ));
+    }
     Ok(Summary {
         runs,
         nccl,
@@ -417,6 +431,34 @@ mod tests {
         let s = summarize(vec![p], &Options::default()).unwrap();
         assert!(!s.passed());
         assert!(s.problems[0].contains("incomplete"), "{:?}", s.problems);
+    }
+
+    #[test]
+    fn a_rank_with_another_plugin_build_fails_the_summary() {
+        let text = table(&[GOOD], true);
+        let init = |host: &str, sha: &str| {
+            format!(
+                "{host}:7:7 [0] NCCL INFO NET/switchless: switchless 0.1.0 commit abc plugin /p.so sha256 {sha} \
+                 nccl /n.so sha256 n1 initialized comm_id=0x1 devices=2\n"
+            )
+        };
+        let same = format!("{}{}{text}", init("h1", "p1"), init("h2", "p1"));
+        let s = summarize(vec![parse_text("f", &same).unwrap()], &Options::default()).unwrap();
+        assert_eq!(s.nccl.builds.len(), 2);
+        assert!(s.passed(), "{:?}", s.problems);
+        let other = format!(
+            "{}{}{}{text}",
+            init("h1", "p1"),
+            init("h2", "p1"),
+            init("h3", "p2")
+        );
+        let s = summarize(vec![parse_text("f", &other).unwrap()], &Options::default()).unwrap();
+        assert!(!s.passed());
+        assert!(
+            s.problems[0].starts_with("h3:7 runs plugin 0.1.0 (commit abc, sha256 p2), 2 of 3"),
+            "{:?}",
+            s.problems
+        );
     }
 
     #[test]

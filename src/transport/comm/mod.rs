@@ -41,6 +41,7 @@ use crate::transport::fabric::{
     Completion, CtrlMem, Fabric, MemKind, PathRole, Pinner, RECV_DEPTH, Registration, Revive,
     SEND_QUEUE_DEPTH, WcStatus,
 };
+use crate::transport::metrics::Meter;
 use crate::transport::stripe::{MAX_PATHS, StripeParams};
 use crate::transport::wire::{self, CtrlInfo, MAX_RECVS};
 
@@ -119,6 +120,7 @@ macro_rules! registration_methods {
                 )));
             }
             self.core.paths.set_standby(mask);
+            self.core.meter_carrying();
             Ok(())
         }
 
@@ -164,7 +166,21 @@ macro_rules! registration_methods {
         /// Forgets a registration without releasing it (the caller unpins it through the
         /// [`Self::pinner`]); whether this comm held it.
         pub fn forget(&mut self, mh: &$crate::transport::comm::MemHandle) -> bool {
-            self.core.regs.remove(&mh.reg.token).is_some()
+            let held = self.core.regs.remove(&mh.reg.token).is_some();
+            if held {
+                self.core.meter.registration(mh.len, false);
+            }
+            held
+        }
+
+        /// A reader of this comm's counters (`transport::metrics`), for the exporter.
+        pub fn metrics(&self) -> $crate::transport::metrics::MeterView {
+            self.core.meter.view()
+        }
+
+        /// Counts a request of this comm that failed (the caller saw its error).
+        pub fn note_request_error(&mut self) {
+            self.core.meter.request_error();
         }
     };
 }
@@ -418,6 +434,8 @@ struct Core<F: Fabric> {
     closed: bool,
     /// Settles what failed paths had in flight (`fence.rs`).
     fence: fence::Fence,
+    /// Bytes, pieces, failovers per data path (`transport::metrics`).
+    meter: Meter,
 }
 
 /// Registration as NCCL sees it (`regMr`, `regMrDmaBuf`, `deregMr`), the same on both comm types, so
@@ -491,6 +509,7 @@ impl<F: Fabric> Core<F> {
             regs: std::collections::HashMap::new(),
             closed: false,
             fence: fence::Fence::new(ndata),
+            meter: Meter::new(ndata),
         })
     }
 
@@ -522,6 +541,8 @@ impl<F: Fabric> Core<F> {
         // that is only standby would otherwise WARN once per connection on it (hundreds).
         let idle_standby = self.paths.is_standby(k) && !self.paths.carries(k);
         self.paths.set_down(k, now);
+        self.meter.failover(k, now);
+        self.meter_carrying();
         self.newly_down.push(k);
         self.fence_stop(k);
         let path = self.data[k];
@@ -655,13 +676,19 @@ impl<F: Fabric> Core<F> {
                     self.fence_rebuilt(k);
                     rebuilt.push(k);
                     self.paths.rebuilt(k, now, true);
+                    self.meter.rebuilding(k);
                 }
-                Revive::Pending => self.paths.rebuilt(k, now, false),
+                Revive::Pending => {
+                    self.paths.rebuilt(k, now, false);
+                    self.meter.rebuilding(k);
+                }
                 Revive::Ready => {
                     // A rebuilt path has a new label (verbs: its new QP number).
                     self.refresh_labels();
                     let stood_in: Vec<usize> = self.paths.carrying().collect();
                     self.paths.set_up(k);
+                    self.meter.failback(k, now);
+                    self.meter_carrying();
                     self.fence_up(k);
                     self.warned[path] = false;
                     let back: Vec<String> = stood_in
@@ -687,6 +714,16 @@ impl<F: Fabric> Core<F> {
             }
         }
         Ok(())
+    }
+
+    /// Tells the counters which data paths carry now (after a path went down or came back).
+    fn meter_carrying(&mut self) {
+        for k in 0..self.paths.len() {
+            let c = self.paths.carries(k);
+            self.meter.carrying(k, c);
+            let s = self.paths.is_standby(k);
+            self.meter.standby(k, s);
+        }
     }
 
     /// Whether loopback path `lp`'s device has a data path of this connection that is up.
@@ -716,7 +753,9 @@ impl<F: Fabric> Core<F> {
     }
 
     fn deregister(&mut self, mh: &MemHandle) -> Result<()> {
-        self.regs.remove(&mh.reg.token);
+        if self.regs.remove(&mh.reg.token).is_some() {
+            self.meter.registration(mh.len, false);
+        }
         self.fab.deregister(&mh.reg)
     }
 
@@ -770,6 +809,7 @@ impl<F: Fabric> Core<F> {
             )));
         }
         self.paths.set_standby(peer.standby);
+        self.meter_carrying();
         Ok(())
     }
 
@@ -827,6 +867,7 @@ impl<F: Fabric> Core<F> {
             return Err(err);
         }
         self.regs.insert(reg.token, reg.clone());
+        self.meter.registration(len, true);
         if kind == MemKind::Cuda {
             // The first GPU registration (NCCL registers a recv comm's buffers right after accept)
             // readies the flush, so the first iflush does not create QPs on the data path. A failure
@@ -865,6 +906,12 @@ impl<F: Fabric> Core<F> {
                 };
                 let mut res = Ok(());
                 for c in buf.iter() {
+                    // Flushed work after a failure is its consequence, not another error.
+                    if !c.status.is_success() && c.status != WcStatus::WR_FLUSH_ERR {
+                        if let Some(k) = self.data_index(path) {
+                            self.meter.error(k);
+                        }
+                    }
                     if let Err(e) = f(self, path, *c) {
                         res = Err(e);
                         break;
@@ -900,6 +947,7 @@ impl<F: Fabric> Core<F> {
             }
         }
         // 4. Release registrations NCCL did not deregister before closing.
+        self.meter.registrations_cleared();
         for (_, reg) in std::mem::take(&mut self.regs) {
             if let Err(e) = self.fab.deregister(&reg) {
                 first.get_or_insert(e);
@@ -909,10 +957,6 @@ impl<F: Fabric> Core<F> {
             Some(e) => Err(e),
             None => Ok(()),
         }
-    }
-
-    fn fab_ref(&self) -> &F {
-        &self.fab
     }
 }
 

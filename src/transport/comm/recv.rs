@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 use crate::transport::fabric::{
     Completion, CtrlMem, Fabric, LocalSeg, MemKind, RECV_DEPTH, ReadWr, RemoteSeg, WriteWr,
 };
+use crate::transport::metrics::Meter;
 use crate::transport::wire::{
     self, CtrlInfo, CtsElem, FIFO_DEPTH, FenceLayout, Imm, MAX_RECVS, MAX_REQUESTS,
     RECV_SNAP_WORDS, SEND_SNAP_WORDS, SLOT_HDR, SLOT_IDX, SLOT_WORDS, WrKind,
@@ -25,6 +26,11 @@ struct ElemState {
     seen: u8,
     done: bool,
     size: u64,
+    /// Bytes of the pieces other than the first, as their writes arrived (metrics: the first
+    /// piece's immediate rides on the 8-byte size record, so its bytes are the rest of the size).
+    others: u64,
+    /// Data path the first piece's immediate arrived on.
+    first_path: u8,
 }
 
 #[derive(Debug, Default)]
@@ -567,7 +573,8 @@ impl<F: Fabric> RecvComm<F> {
                     }
                     // Data that landed counts whatever became of the path since.
                     let dedupe = core.cfg.failover.enabled;
-                    if let Err(err) = Self::on_imm(core.fab_ref(), records, slots, &c, dedupe) {
+                    let (fab, meter) = (&core.fab, &mut core.meter);
+                    if let Err(err) = Self::on_imm(fab, records, slots, &c, dedupe, (meter, k)) {
                         tracing::warn!(path, label = %core.labels[path], "NET/switchless: {err}");
                         fatal.get_or_insert(err);
                     }
@@ -609,6 +616,7 @@ impl<F: Fabric> RecvComm<F> {
         slots: &mut [RecvReq],
         c: &Completion,
         late_ok: bool,
+        (meter, k): (&mut Meter, Option<usize>),
     ) -> Result<()> {
         let Some(v) = c.imm else {
             return Err(Error::Remote(
@@ -659,6 +667,16 @@ impl<F: Fabric> RecvComm<F> {
         }
         st.expected = imm.npieces as u8;
         st.seen |= bit;
+        let k = k.unwrap_or(0);
+        if imm.piece == 0 && !imm.len_is_size {
+            // The size record's write: the piece's bytes are counted once the size is known.
+            st.first_path = k as u8;
+            meter.received(k, 0, true);
+        } else {
+            let len = u64::from(c.byte_len);
+            st.others = st.others.saturating_add(len);
+            meter.received(k, len, true);
+        }
         if st.seen.count_ones() as usize == imm.npieces {
             let size = if imm.len_is_size {
                 // The whole message was this write: the completion reports its length.
@@ -678,6 +696,13 @@ impl<F: Fabric> RecvComm<F> {
             }
             st.size = size;
             st.done = true;
+            if !imm.len_is_size {
+                meter.received(
+                    usize::from(st.first_path),
+                    size.saturating_sub(st.others),
+                    false,
+                );
+            }
         }
         Ok(())
     }
@@ -745,6 +770,8 @@ impl<F: Fabric> RecvComm<F> {
             for (d, e) in s.sizes.iter_mut().zip(&r.elems[..r.n]) {
                 *d = e.size;
             }
+            let bytes = s.sizes[..r.n].iter().sum();
+            self.core.meter.messages(r.n as u64, bytes);
             self.release_slot(idx);
             return Ok(Some(s));
         }

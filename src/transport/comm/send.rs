@@ -239,7 +239,11 @@ impl<F: Fabric> SendComm<F> {
             }
             return Ok(None);
         }
-        self.stalled_since = None;
+        if let Some(since) = self.stalled_since.take() {
+            self.core
+                .meter
+                .cts_wait(now.saturating_duration_since(since));
+        }
         let Some(cur) = self.cur.as_mut() else {
             return Err(Error::Internal("CTS slot vanished".into()));
         };
@@ -272,6 +276,9 @@ impl<F: Fabric> SendComm<F> {
         // Stripe over the usable paths, by measured (or nominal) weight.
         let mut w = [(0usize, 0u64); MAX_PATHS];
         let mut nw = self.core.paths.weights(&mut w);
+        for &(k, x) in &w[..nw] {
+            self.core.meter.weight(k, x);
+        }
         loop {
             let mut speeds = [0u64; MAX_PATHS];
             for (d, &(_, x)) in speeds.iter_mut().zip(&w[..nw]) {
@@ -495,6 +502,7 @@ impl<F: Fabric> SendComm<F> {
                 match wire::piece_landed(w, r.seq, pi) {
                     Ok(true) => {
                         r.done |= bit;
+                        self.core.meter.sent(k, r.pieces[pi].len);
                         self.core.fence.stats.landed += 1;
                     }
                     Ok(false) => {
@@ -595,6 +603,7 @@ impl<F: Fabric> SendComm<F> {
                 if c.opcode == WcOpcode::RdmaWrite {
                     r.done |= bit;
                     r.parked &= !bit;
+                    core.meter.sent(k, r.pieces[pi].len);
                     if core.paths.is_up(k) {
                         core.paths.completed(k, r.pieces[pi].len);
                     }
@@ -644,6 +653,7 @@ impl<F: Fabric> SendComm<F> {
         }
         if r.all_done() {
             let size = r.size;
+            self.core.meter.messages(1, size);
             self.release(idx);
             return Ok(Some(size));
         }
