@@ -41,6 +41,8 @@ pub struct MemFactory {
     next: Arc<AtomicU32>,
     /// Connections created (both sides), for tests.
     created: Arc<AtomicU32>,
+    /// The options of each endpoint created, with whether it was the accepting side (tests).
+    options: Arc<Mutex<Vec<(bool, ConnOptions)>>>,
 }
 
 impl std::fmt::Debug for MemFactory {
@@ -62,7 +64,13 @@ impl MemFactory {
             parked: Arc::new(Mutex::new(HashMap::new())),
             next: Arc::new(AtomicU32::new(1)),
             created: Arc::new(AtomicU32::new(0)),
+            options: Arc::new(Mutex::new(Vec::new())),
         }
+    }
+
+    /// The options each endpoint was created with, oldest first: `(accepting side, options)`.
+    pub fn options_seen(&self) -> Vec<(bool, ConnOptions)> {
+        lock(&self.options, "memfab options").map_or_else(|_| Vec::new(), |v| v.clone())
     }
 
     /// The simulated fabric (allocate and inspect buffer memory through it).
@@ -116,9 +124,10 @@ impl PathFactory for MemFactory {
         &self,
         paths: &[PathPlan],
         peer: Option<&[PathParams]>,
-        _opts: &ConnOptions,
+        opts: &ConnOptions,
     ) -> Result<MemConn> {
         self.created.fetch_add(1, Ordering::Relaxed);
+        lock(&self.options, "memfab options")?.push((peer.is_some(), *opts));
         let addrs = paths.iter().map(|p| p.local.addr.addr()).collect();
         let dev = |side: &str| {
             use std::hash::{Hash, Hasher};

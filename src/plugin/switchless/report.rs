@@ -13,7 +13,7 @@ use super::{Connectable, PathFactory, PathPlan, Switchless};
 use crate::config::PathType;
 use crate::error::Error;
 use crate::route::select::{Closeness, PathChoice, Selection};
-use crate::route::types::LinkKind;
+use crate::route::types::{LinkKind, LocalLink};
 use crate::sync::lock;
 use crate::transport::handshake::PathParams;
 
@@ -412,14 +412,12 @@ pub fn gdr_warning(
         .paths
         .iter()
         .map(|p| {
-            let how = match near(&p.local.pci_root) {
-                Some(Closeness::SameRootPort) => "under the same PCIe root port",
-                Some(Closeness::SameNuma) => "through the CPU's host bridge (PHB)",
-                _ => "across the CPU interconnect or of unknown distance (SYS)",
-            };
             format!(
-                "{} {} (PCIe root {}: {how})",
-                p.local.netdev, p.local.addr, p.local.pci_root
+                "{} {} (PCIe root {}: {})",
+                p.local.netdev,
+                p.local.addr,
+                p.local.pci_root,
+                distance(near(&p.local.pci_root))
             )
         })
         .collect();
@@ -433,6 +431,86 @@ pub fn gdr_warning(
          the distance with NCCL_NET_GDR_LEVEL=PHB or SYS, or keep NCCL's buffers in host memory with \
          NCCL_NET_GDR_LEVEL=LOC",
         paths.join(", ")
+    )
+}
+
+/// A link's distance from NCCL's device, as the GPU-direct warnings say it.
+fn distance(c: Option<Closeness>) -> &'static str {
+    match c {
+        Some(Closeness::SameRootPort) => "under the same PCIe root port",
+        Some(Closeness::SameNuma) => "through the CPU's host bridge (PHB)",
+        _ => "across the CPU interconnect or of unknown distance (SYS)",
+    }
+}
+
+/// One path of an accepted connection whose end on this node is farther from NCCL's device than
+/// `NCCL_NET_GDR_LEVEL` allows for GPU memory ([`accept_gdr_warning`]).
+#[derive(Debug, Clone)]
+pub struct FarEnd<'a> {
+    /// The data path's index in the connection.
+    pub index: usize,
+    /// A standby path (carries only when failover makes it).
+    pub standby: bool,
+    /// This node's link of the path.
+    pub link: &'a LocalLink,
+    /// Its distance from NCCL's device.
+    pub closeness: Option<Closeness>,
+}
+
+/// The line (one per peer) of an accepting side whose NCCL device may take GPU memory while the
+/// connector's paths end here on NICs beyond `NCCL_NET_GDR_LEVEL` of that device: each such cable
+/// (netdev, address, RDMA device, PCIe root and distance) and what the connection does with it.
+/// The connector chose the paths (from its own locality); this side cannot choose others, so
+/// carrying paths are used as the connector's side uses far links (with a warning), and standby
+/// paths get GPU memory only when failover makes them carry.
+pub fn accept_gdr_warning(
+    who: &str,
+    dev: usize,
+    name: &str,
+    level: &str,
+    far: &[FarEnd<'_>],
+) -> String {
+    let cable = |e: &FarEnd<'_>| {
+        format!(
+            "{}path [{}] {} {} (RDMA device {}, PCIe root {}: {})",
+            if e.standby { "standby " } else { "" },
+            e.index,
+            e.link.netdev,
+            e.link.addr,
+            e.link.rdma_dev.as_deref().unwrap_or("none"),
+            e.link.pci_root,
+            distance(e.closeness)
+        )
+    };
+    let carrying: Vec<String> = far.iter().filter(|e| !e.standby).map(cable).collect();
+    let standby: Vec<String> = far.iter().filter(|e| e.standby).map(cable).collect();
+    let mut decided = Vec::new();
+    if !carrying.is_empty() {
+        decided.push(format!(
+            "{} carr{} data: GPU memory NCCL registers on this connection is registered there and \
+             written by that NIC",
+            carrying.join(", "),
+            if carrying.len() == 1 { "ies" } else { "y" }
+        ));
+    }
+    if !standby.is_empty() {
+        decided.push(format!(
+            "{}: GPU memory is registered there only when failover makes it carry (then it carries, \
+             as the connection would otherwise fail)",
+            standby.join(", ")
+        ));
+    }
+    format!(
+        "{who}: NCCL chose device {dev} ({name}) on this side and may use GPU-direct on it, but the \
+         connector's paths end here on NICs farther than NCCL_NET_GDR_LEVEL={level} from that device \
+         (the connector chose them from its own side's locality): {}. NCCL validated GPU-direct for \
+         device {dev} only: expect these NICs' writes of GPU memory to run well below the links' rate \
+         through a host bridge and lower still across sockets, or to fail where the platform does not \
+         route PCIe peer-to-peer between root ports. Remedy: make NCCL on this side choose a NIC cabled \
+         to this peer (a NCCL_TOPO_FILE, or NCCL_CROSS_NIC; see docs/guide/routing.md), accept the \
+         distance with NCCL_NET_GDR_LEVEL=PHB or SYS, or keep NCCL's buffers in host memory with \
+         NCCL_NET_GDR_LEVEL=LOC",
+        decided.join("; ")
     )
 }
 
