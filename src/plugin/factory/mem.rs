@@ -248,6 +248,19 @@ impl Fabric for MemConn {
     fn pinner(&self) -> Option<std::sync::Arc<dyn crate::transport::fabric::Pinner>> {
         self.ep.pinner()
     }
+    fn defer_paths(&mut self, paths: &[usize]) {
+        self.ep.defer_paths(paths);
+    }
+    fn activate_path(&mut self, path: usize) -> Result<()> {
+        self.ep.activate_path(path)
+    }
+    fn keys_on(
+        &self,
+        reg: &Registration,
+        path: usize,
+    ) -> Option<crate::transport::fabric::PathKeys> {
+        self.ep.keys_on(reg, path)
+    }
     fn alloc_ctrl(&mut self, words: usize) -> Result<CtrlMem> {
         self.ep.alloc_ctrl(words)
     }
