@@ -35,6 +35,8 @@ struct SendReq {
     /// What a piece needs to be posted again on another path (failover).
     data: u64,
     lkeys: [u32; MAX_PATHS],
+    /// The registration of `data` (its keys on a standby path come at the path's first use).
+    token: u64,
     raddr: u64,
     rkeys: [u32; MAX_PATHS],
     rec_word: usize,
@@ -88,6 +90,7 @@ impl<F: Fabric> SendComm<F> {
     /// [`SendComm::connect`].
     pub fn new(fab: F, cfg: ProtocolConfig) -> Result<SendComm<F>> {
         let mut core = Core::new(fab, cfg)?;
+        core.lazy = true;
         let npaths = core.data.len();
         // The receiver writes its fence words after the FIFO (its snapshot: the pieces it has).
         let lin = FenceLayout {
@@ -301,8 +304,9 @@ impl<F: Fabric> SendComm<F> {
         r.error = None;
         r.posted = self.core.cfg.request_timeout.map(|_| now);
         r.data = data;
+        r.token = mh.reg.token;
         for (k, &p) in self.core.data.iter().enumerate() {
-            r.lkeys[k] = mh.reg.keys[p].lkey;
+            r.lkeys[k] = self.core.lkey(&mh.reg, p);
         }
         r.raddr = el.addr;
         r.rkeys = el.rkeys;
@@ -457,6 +461,19 @@ impl<F: Fabric> SendComm<F> {
     /// Parks every piece in flight on a path marked down and not known landed: it is sent again
     /// only once the receiver, its end of that path sealed, says it lacks it ([`Self::resolve`]).
     fn fail_over(&mut self) {
+        if self.core.take_activated() {
+            // A standby path was registered at its first use: the requests in flight take its
+            // keys before any piece moves there.
+            for r in self.reqs.iter_mut().filter(|r| r.in_use) {
+                if let Some(reg) = self.core.regs.get(&r.token) {
+                    for (k, &p) in self.core.data.iter().enumerate() {
+                        if reg.has(p) {
+                            r.lkeys[k] = reg.keys[p].lkey;
+                        }
+                    }
+                }
+            }
+        }
         while let Some(k) = self.core.newly_down.pop() {
             for r in self.reqs.iter_mut() {
                 if !r.in_use || r.error.is_some() {
