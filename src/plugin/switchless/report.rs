@@ -460,9 +460,8 @@ pub struct FarEnd<'a> {
 /// The line (one per peer) of an accepting side whose NCCL device may take GPU memory while the
 /// connector's paths end here on NICs beyond `NCCL_NET_GDR_LEVEL` of that device: each such cable
 /// (netdev, address, RDMA device, PCIe root and distance) and what the connection does with it.
-/// The connector chose the paths (from its own locality); this side cannot choose others, so
-/// carrying paths are used as the connector's side uses far links (with a warning), and standby
-/// paths get GPU memory only when failover makes them carry.
+/// The connector chose the paths (from its own locality); this side cannot choose others, so they
+/// are used as the connector's side uses far links (with a warning).
 pub fn accept_gdr_warning(
     who: &str,
     dev: usize,
@@ -495,9 +494,10 @@ pub fn accept_gdr_warning(
     }
     if !standby.is_empty() {
         decided.push(format!(
-            "{}: GPU memory is registered there only when failover makes it carry (then it carries, \
-             as the connection would otherwise fail)",
-            standby.join(", ")
+            "{}: carr{} data only when failover needs it, and the GPU memory NCCL registers on this \
+             connection is registered there too, for that",
+            standby.join(", "),
+            if standby.len() == 1 { "ies" } else { "y" }
         ));
     }
     format!(
@@ -517,6 +517,55 @@ pub fn accept_gdr_warning(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_accept_warning_names_each_far_cable_and_its_role() {
+        let link = |id: usize, netdev: &str, addr: &str, root: &str| LocalLink {
+            id,
+            kind: LinkKind::Roce,
+            netdev: netdev.into(),
+            rdma_dev: Some(format!("mlx5_{id}")),
+            port: 1,
+            addr: addr.parse().unwrap_or_else(|_| unreachable!()),
+            gid_index: Some(3),
+            pci_root: root.into(),
+            phys_port_id: id as u16,
+            nccl_dev: Some(id),
+            speed_mbps: 400_000,
+            mtu: 9000,
+            active_mtu: 4096,
+            up: true,
+        };
+        let (a, b) = (
+            link(4, "enp1", "10.0.4.1/31", "pci0000:80/0000:80:01.0"),
+            link(5, "enp2", "10.0.5.1/31", "pci0000:00/0000:00:03.0"),
+        );
+        let far = [
+            FarEnd {
+                index: 0,
+                standby: false,
+                link: &a,
+                closeness: Some(Closeness::Farther),
+            },
+            FarEnd {
+                index: 1,
+                standby: true,
+                link: &b,
+                closeness: Some(Closeness::SameNuma),
+            },
+        ];
+        let w = accept_gdr_warning("accept from connector 10.0.4.0", 2, "sl_2", "PXB", &far);
+        for want in [
+            "accept from connector 10.0.4.0: NCCL chose device 2 (sl_2) on this side",
+            "farther than NCCL_NET_GDR_LEVEL=PXB",
+            "path [0] enp1 10.0.4.1/31 (RDMA device mlx5_4, PCIe root pci0000:80/0000:80:01.0: across the CPU interconnect",
+            "carries data: GPU memory NCCL registers on this connection is registered there",
+            "standby path [1] enp2 10.0.5.1/31 (RDMA device mlx5_5, PCIe root pci0000:00/0000:00:03.0: through the CPU's host bridge (PHB)): carries data only when failover needs it",
+            "NCCL_NET_GDR_LEVEL=LOC",
+        ] {
+            assert!(w.contains(want), "{want:?} missing from: {w}");
+        }
+    }
 
     #[test]
     fn set_up_laps_go_to_their_step_and_sum_to_the_total() {
