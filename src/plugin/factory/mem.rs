@@ -55,6 +55,9 @@ impl std::fmt::Debug for MemFactory {
 
 static INSTALLED: Mutex<Option<(MemFactory, HostView)>> = Mutex::new(None);
 
+/// Endpoint options [`MemFactory::options_seen`] keeps.
+const OPTIONS_KEPT: usize = 16;
+
 impl MemFactory {
     /// A factory over `fab`; every endpoint gets `loopbacks` loopback paths.
     pub fn new(fab: MemFab, loopbacks: usize) -> MemFactory {
@@ -68,7 +71,8 @@ impl MemFactory {
         }
     }
 
-    /// The options each endpoint was created with, oldest first: `(accepting side, options)`.
+    /// The options the newest endpoints (up to 16) were created with, oldest first: `(accepting
+    /// side, options)`.
     pub fn options_seen(&self) -> Vec<(bool, ConnOptions)> {
         lock(&self.options, "memfab options").map_or_else(|_| Vec::new(), |v| v.clone())
     }
@@ -127,7 +131,14 @@ impl PathFactory for MemFactory {
         opts: &ConnOptions,
     ) -> Result<MemConn> {
         self.created.fetch_add(1, Ordering::Relaxed);
-        lock(&self.options, "memfab options")?.push((peer.is_some(), *opts));
+        {
+            // The newest few only: a factory creates thousands in the leak tests.
+            let mut o = lock(&self.options, "memfab options")?;
+            if o.len() >= OPTIONS_KEPT {
+                o.remove(0);
+            }
+            o.push((peer.is_some(), *opts));
+        }
         let addrs = paths.iter().map(|p| p.local.addr.addr()).collect();
         let dev = |side: &str| {
             use std::hash::{Hash, Hasher};

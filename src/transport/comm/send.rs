@@ -35,8 +35,6 @@ struct SendReq {
     /// What a piece needs to be posted again on another path (failover).
     data: u64,
     lkeys: [u32; MAX_PATHS],
-    /// The registration of `data` (its keys on a standby path come at the path's first use).
-    token: u64,
     raddr: u64,
     rkeys: [u32; MAX_PATHS],
     rec_word: usize,
@@ -83,6 +81,9 @@ pub struct SendComm<F: Fabric> {
     stalled_since: Option<Instant>,
     /// Spreads pieces moved off a failed path over the survivors.
     spread: u64,
+    /// Per request, the registration of its data (its keys on a standby path come at the path's
+    /// first use); empty on a connection without deferred paths.
+    tokens: Vec<u64>,
 }
 
 impl<F: Fabric> SendComm<F> {
@@ -123,6 +124,7 @@ impl<F: Fabric> SendComm<F> {
             batch: Vec::with_capacity(2),
             stalled_since: None,
             spread: 0,
+            tokens: Vec::new(),
         })
     }
 
@@ -149,6 +151,9 @@ impl<F: Fabric> SendComm<F> {
             peer.addr + 8 * (FIFO_DEPTH * MAX_RECVS) as u64,
             peer.rkeys.clone(),
         );
+        if self.core.deferred != 0 && self.tokens.is_empty() {
+            self.tokens = vec![0; MAX_SEND_REQUESTS];
+        }
         self.peer = Some(peer);
         Ok(())
     }
@@ -304,7 +309,9 @@ impl<F: Fabric> SendComm<F> {
         r.error = None;
         r.posted = self.core.cfg.request_timeout.map(|_| now);
         r.data = data;
-        r.token = mh.reg.token;
+        if let Some(t) = self.tokens.get_mut(idx) {
+            *t = mh.reg.token;
+        }
         for (k, &p) in self.core.data.iter().enumerate() {
             r.lkeys[k] = self.core.lkey(&mh.reg, p);
         }
@@ -464,8 +471,11 @@ impl<F: Fabric> SendComm<F> {
         if self.core.take_activated() {
             // A standby path was registered at its first use: the requests in flight take its
             // keys before any piece moves there.
-            for r in self.reqs.iter_mut().filter(|r| r.in_use) {
-                if let Some(reg) = self.core.regs.get(&r.token) {
+            for (r, t) in self.reqs.iter_mut().zip(&self.tokens) {
+                if !r.in_use {
+                    continue;
+                }
+                if let Some(reg) = self.core.regs.get(t) {
                     for (k, &p) in self.core.data.iter().enumerate() {
                         if reg.has(p) {
                             r.lkeys[k] = reg.keys[p].lkey;

@@ -71,8 +71,10 @@ impl Fabric for MemEndpoint {
         if ep.dev.is_some() {
             return;
         }
-        for &p in paths.iter().filter(|&&p| p < 32 && p < ep.roles.len()) {
-            ep.deferred |= 1 << p;
+        let n = ep.roles.len();
+        let lazy = ep.lazy.get_or_insert_with(Box::default);
+        for &p in paths.iter().filter(|&&p| p < 32 && p < n) {
+            lazy.deferred |= 1 << p;
         }
     }
 
@@ -83,20 +85,20 @@ impl Fabric for MemEndpoint {
         self.check_path(path)?;
         let mut g = lock(&self.inner, LOCK)?;
         let bit = 1u32 << path.min(31);
-        if g.eps[self.id].deferred & bit == 0 {
-            return Ok(());
-        }
-        g.eps[self.id].deferred &= !bit;
-        let ranges: Vec<(u64, (usize, usize, usize))> = g.eps[self.id]
-            .ranges
-            .iter()
-            .map(|(t, r)| (*t, *r))
-            .collect();
+        let ranges: Vec<(u64, (usize, usize, usize))> = match g.eps[self.id].lazy.as_mut() {
+            Some(l) if l.deferred & bit != 0 => {
+                l.deferred &= !bit;
+                l.ranges.iter().map(|(t, r)| (*t, *r)).collect()
+            }
+            _ => return Ok(()),
+        };
         for (token, (r, start, len)) in ranges {
             let mut all = Vec::with_capacity(2);
             let pk = g.key_path(self.id, path, r, start, len, &mut all);
             let ep = &mut g.eps[self.id];
-            ep.late_keys.insert((token, path), pk);
+            if let Some(l) = ep.lazy.as_mut() {
+                l.late_keys.insert((token, path), pk);
+            }
             if let Some(v) = ep.regs.get_mut(&token) {
                 v.extend(all);
             }
@@ -110,7 +112,12 @@ impl Fabric for MemEndpoint {
             return Some(reg.keys[path]);
         }
         let g = lock(&self.inner, LOCK).ok()?;
-        g.eps[self.id].late_keys.get(&(reg.token, path)).copied()
+        g.eps[self.id]
+            .lazy
+            .as_ref()?
+            .late_keys
+            .get(&(reg.token, path))
+            .copied()
     }
 
     fn alloc_ctrl(&mut self, words: usize) -> Result<CtrlMem> {
