@@ -151,9 +151,6 @@ impl<F: Fabric> SendComm<F> {
             peer.addr + 8 * (FIFO_DEPTH * MAX_RECVS) as u64,
             peer.rkeys.clone(),
         );
-        if self.core.deferred != 0 && self.tokens.is_empty() {
-            self.tokens = vec![0; MAX_SEND_REQUESTS];
-        }
         self.peer = Some(peer);
         Ok(())
     }
@@ -309,6 +306,10 @@ impl<F: Fabric> SendComm<F> {
         r.error = None;
         r.posted = self.core.cfg.request_timeout.map(|_| now);
         r.data = data;
+        if self.core.deferred != 0 && self.tokens.is_empty() {
+            // Once per connection with standby paths not used yet.
+            self.tokens = vec![0; MAX_SEND_REQUESTS];
+        }
         if let Some(t) = self.tokens.get_mut(idx) {
             *t = mh.reg.token;
         }
