@@ -402,7 +402,7 @@ fn gpu_memory_stays_within_the_gdr_level_of_nccls_device() {
     // plugin used both, putting GPU memory on a NIC under another root.
     let (links, logs) = paths_on_dev0(&gdr_backend(&[], GPU, 1, ROOT_A));
     assert_eq!(links, ["eth1"], "{:#?}", logs.all());
-    assert!(logs.find(Level::WARN, "GPU-direct").is_empty());
+    assert!(connector_gdr_warnings(&logs).is_empty());
     // PHB: the same NUMA node counts as near; another node does not.
     let phb = [("NCCL_NET_GDR_LEVEL", "PHB")];
     assert_eq!(
@@ -427,7 +427,7 @@ fn gpu_memory_stays_within_the_gdr_level_of_nccls_device() {
     let b = gdr_backend(&[], GPU, 1, "pci0000:40/0000:40:01.0");
     let (links, logs) = paths_on_dev0(&b);
     assert_eq!(links, ["eth1", "eth2"]);
-    let w = logs.find(Level::WARN, "GPU-direct");
+    let w = connector_gdr_warnings(&logs);
     assert_eq!(w.len(), 1, "{:#?}", logs.all());
     for want in [
         "NCCL chose device 0 (sl_gpu)",
@@ -443,9 +443,18 @@ fn gpu_memory_stays_within_the_gdr_level_of_nccls_device() {
     }
     let (_, logs) = paths_on_dev0(&b);
     assert!(
-        logs.find(Level::WARN, "GPU-direct").is_empty(),
+        connector_gdr_warnings(&logs).is_empty(),
         "one WARN per peer"
     );
+}
+
+/// The connecting side's GPU-direct warnings (the accepting side's say "accept from"; in these
+/// one-host tests its end of a path is the peer's link).
+fn connector_gdr_warnings(logs: &Logs) -> Vec<String> {
+    logs.find(Level::WARN, "GPU-direct")
+        .into_iter()
+        .filter(|m| !m.contains("accept from"))
+        .collect()
 }
 
 #[test]
@@ -470,4 +479,120 @@ fn channels_are_counted_per_cable_not_per_function() {
     // TCP links without a cage count per netdev.
     c.add(&[plan(4, u16::MAX), plan(5, u16::MAX)], false);
     assert_eq!(c.summary(), "eth0+eth1 1/1, eth2 1/0, eth4 0/1, eth5 0/1");
+}
+
+/// Connects on NCCL's device `conn` to a listener on device `acc` of the same backend; returns the
+/// captured logs (the pair is closed).
+fn pair_on(b: &Arc<B>, conn: usize, acc: usize) -> Logs {
+    let (pair, logs) = Logs::capture(|| {
+        let mut h: Handle = [0; HANDLE_SIZE];
+        let mut l = b.listen(&CommInfo::default(), acc, &mut h).unwrap();
+        let (mut s, mut r) = (None, None);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while s.is_none() || r.is_none() {
+            assert!(Instant::now() < deadline);
+            if s.is_none() {
+                s = b.connect(&CommInfo::default(), conn, &mut h).unwrap();
+            }
+            if r.is_none() {
+                r = B::accept(&mut l).unwrap();
+            }
+        }
+        (s.unwrap(), r.unwrap())
+    });
+    B::close_send(pair.0).unwrap();
+    B::close_recv(pair.1).unwrap();
+    logs
+}
+
+/// The accepting side applies `NCCL_NET_GDR_LEVEL` to its own end of each path: NCCL decided
+/// GPU-direct for the device it listens on, the connector chose the paths from its side. A path
+/// ending here on a NIC under another root (and NUMA node) than the listening device is named in
+/// one WARN per peer, with what the connection does with it. Before, only the connector looked.
+#[test]
+fn the_accepting_side_names_paths_beyond_its_gdr_level() {
+    const GPU: u32 = 1 | 2;
+    // Connector on device 1 (its link eth1 reaches the peer, under ROOT_A); on this one host the
+    // path's other end is eth2 (under ROOT_FAR, another NUMA node), and the acceptor listens on
+    // device 1 (sl_near, ROOT_A).
+    let b = gdr_backend(&[], GPU, 1, ROOT_A);
+    let logs = pair_on(&b, 1, 1);
+    let w: Vec<String> = logs
+        .find(Level::WARN, "GPU-direct")
+        .into_iter()
+        .filter(|m| m.contains("accept from"))
+        .collect();
+    assert_eq!(w.len(), 1, "{:#?}", logs.all());
+    for want in [
+        "NCCL chose device 1 (sl_near) on this side",
+        "farther than NCCL_NET_GDR_LEVEL=P2C",
+        "path [0] eth2 127.0.0.2/8 (RDMA device mem2, PCIe root pci0000:80/0000:80:01.0: across the CPU interconnect",
+        "carries data: GPU memory NCCL registers on this connection is registered there",
+        "NCCL_NET_GDR_LEVEL=PHB or SYS",
+        "NCCL_NET_GDR_LEVEL=LOC",
+    ] {
+        assert!(w[0].contains(want), "{want:?} missing from: {}", w[0]);
+    }
+    // Once per peer.
+    let again = pair_on(&b, 1, 1);
+    assert!(
+        again.find(Level::WARN, "accept from").is_empty(),
+        "{:#?}",
+        again.all()
+    );
+    // Within the level (the acceptor on device 2, eth2's own, or SYS, or host memory only): no
+    // line.
+    let quiet = |b: &Arc<B>, acc: usize| {
+        let logs = pair_on(b, 1, acc);
+        assert!(
+            logs.find(Level::WARN, "accept from").is_empty(),
+            "{:#?}",
+            logs.all()
+        );
+    };
+    quiet(&gdr_backend(&[], GPU, 1, ROOT_A), 2);
+    quiet(
+        &gdr_backend(&[("NCCL_NET_GDR_LEVEL", "SYS")], GPU, 1, ROOT_A),
+        1,
+    );
+    quiet(
+        &gdr_backend(&[("NCCL_NET_GDR_LEVEL", "LOC")], GPU, 1, ROOT_A),
+        1,
+    );
+    quiet(&gdr_backend(&[], 1, 1, ROOT_A), 1);
+    // PHB: the same NUMA node is near enough.
+    quiet(
+        &gdr_backend(&[("NCCL_NET_GDR_LEVEL", "PHB")], GPU, 0, ROOT_A),
+        1,
+    );
+}
+
+/// Below `PIX` NCCL keeps the accepting side's buffers in host memory and never flushes: the
+/// receiving endpoint is built without loopback (flush) paths. Before, a device that advertises GPU
+/// memory got them whatever `NCCL_NET_GDR_LEVEL` said.
+#[test]
+fn a_host_memory_only_acceptor_asks_for_no_flush_paths() {
+    const GPU: u32 = 1 | 2;
+    let loopback_of_acceptor = |vars: &[(&str, &str)], ptr: u32| {
+        let b = gdr_backend(vars, ptr, 1, ROOT_A);
+        pair_on(&b, 1, 1);
+        let seen = b.factory().options_seen();
+        let acc: Vec<bool> = seen
+            .iter()
+            .filter(|(a, _)| *a)
+            .map(|(_, o)| o.loopback)
+            .collect();
+        let conn: Vec<bool> = seen
+            .iter()
+            .filter(|(a, _)| !*a)
+            .map(|(_, o)| o.loopback)
+            .collect();
+        assert_eq!(conn, [false], "the connecting side never flushes");
+        assert_eq!(acc.len(), 1, "{seen:?}");
+        acc[0]
+    };
+    assert!(loopback_of_acceptor(&[], GPU));
+    assert!(!loopback_of_acceptor(&[("NCCL_NET_GDR_LEVEL", "LOC")], GPU));
+    assert!(!loopback_of_acceptor(&[("NCCL_NET_GDR_LEVEL", "0")], GPU));
+    assert!(!loopback_of_acceptor(&[], 1), "host memory only device");
 }

@@ -827,3 +827,119 @@ fn a_standby_path_that_fails_while_standing_by_is_an_info_line() {
         "{info:?}"
     );
 }
+
+/// The sending side registers on a standby path only at its first use (issue 27 S3): until
+/// failover its device pins nothing of the connection's buffers; the failover registers every
+/// live buffer there and the moved and later messages arrive with their bytes; a registration
+/// made concurrently through the pinner (NCCL's `regMr` outside the comm's lock) is keyed there
+/// whichever side of the activation it files on; and releasing registrations that never met the
+/// standby path leaves nothing behind.
+#[test]
+fn a_standby_path_registers_only_at_its_first_use() {
+    let _p = shared();
+    let fcfg = MemFabConfig {
+        copy_data: true,
+        ..MemFabConfig::default()
+    };
+    let mut g = rig_standby(2, &[1], fcfg, pcfg());
+    let sid = g.sid;
+    let base_keys = g.fab.live_keys();
+    // A registration that never sees failover: nothing on the standby path, released clean.
+    let spare = g.fab.alloc(1 << 16).unwrap();
+    let mh =
+        g.s.reg_mr(&Lent::simulated(spare, 1 << 16), MemKind::Host)
+            .unwrap();
+    assert_eq!(g.fab.registrations_on(sid, 0), 1);
+    assert_eq!(
+        g.fab.registrations_on(sid, 1),
+        0,
+        "eager on the standby path"
+    );
+    g.s.dereg_mr(mh).unwrap();
+    assert_eq!(
+        g.fab.live_keys(),
+        base_keys,
+        "a released registration left keys"
+    );
+    // Before failover: traffic, and still nothing pinned for the standby path.
+    let mut seen_before = Vec::new();
+    stream(&mut g, &[1 << 20; 8], 4, |g, _| {
+        seen_before.push(g.fab.registrations_on(sid, 1));
+    });
+    assert!(seen_before.iter().all(|&n| n == 0), "{seen_before:?}");
+    // A registration filed through the pinner before the failover, adopted after it.
+    let early = g.fab.alloc(1 << 16).unwrap();
+    g.fab.write(early, &pattern(1 << 16, 3)).unwrap();
+    let pinner = g.s.pinner().expect("memfab pins without the comm");
+    let early_reg = pinner
+        .register(&Lent::simulated(early, 1 << 16), MemKind::Host)
+        .unwrap();
+    assert!(!early_reg.has(1), "the standby path was keyed at once");
+    // Cable 0 pulled mid-run: the standby path takes over and is registered at that moment.
+    g.fab.kill_after(sid, 0, 30, true);
+    let mut seen_after = Vec::new();
+    let out = stream(&mut g, &[1 << 20; 16], 8, |g, step| {
+        seen_after.push((step, g.fab.registrations_on(sid, 1)));
+    });
+    assert!(out.received.iter().all(|&c| c == 1));
+    assert_eq!(g.s.paths_carrying(), vec![false, true]);
+    assert!(
+        g.fab.path_bytes(sid, 1) >= 8 << 20,
+        "the standby path took over"
+    );
+    let kill = out.kill_step.unwrap();
+    assert!(
+        seen_after.iter().any(|&(s, n)| s > kill && n == 2),
+        "the stream's buffer and the pinner's early one on the standby path: {seen_after:?}"
+    );
+    // The early registration, filed now: it has the standby path's keys and carries a message.
+    let early_mh = g.s.adopt(early, 1 << 16, MemKind::Host, early_reg).unwrap();
+    assert!(early_mh.registration().has(1), "{early_mh:?}");
+    // One registered after the activation gets the standby path's keys at once.
+    let late = g.fab.alloc(1 << 16).unwrap();
+    let late_reg = pinner
+        .register(&Lent::simulated(late, 1 << 16), MemKind::Host)
+        .unwrap();
+    assert!(late_reg.has(1));
+    pinner.deregister(&late_reg).unwrap();
+    let dst = g.fab.alloc(1 << 16).unwrap();
+    let rmh =
+        g.r.reg_mr(&Lent::simulated(dst, 1 << 16), MemKind::Host)
+            .unwrap();
+    let now = g.now;
+    let rq =
+        g.r.irecv(
+            now,
+            &[RecvBuf {
+                addr: dst,
+                size: 1 << 16,
+                tag: 0,
+                mh: &rmh,
+            }],
+        )
+        .unwrap()
+        .unwrap();
+    let (mut sq, mut sent, mut got) = (None, false, None);
+    for _ in 0..1000 {
+        if sq.is_none() {
+            sq = g.s.isend(now, early, 1 << 16, 0, &early_mh).unwrap();
+        }
+        if let (Some(q), false) = (sq, sent) {
+            sent = g.s.test(now, q).unwrap().is_some();
+        }
+        if got.is_none() {
+            got = g.r.test(now, rq).unwrap();
+        }
+        if sent && got.is_some() {
+            break;
+        }
+        g.fab.step();
+    }
+    assert!(sent);
+    assert_eq!(got.unwrap().as_slice(), &[1 << 16]);
+    assert_eq!(g.fab.read(dst, 1 << 16).unwrap(), pattern(1 << 16, 3));
+    g.s.dereg_mr(early_mh).unwrap();
+    g.r.dereg_mr(rmh).unwrap();
+    assert_eq!(g.fab.registrations_on(sid, 1), 0, "released on both paths");
+    close(g);
+}

@@ -470,7 +470,8 @@ variables! {
             doc: "`1`: a connection whose NCCL device reaches the peer also sets up the peer's other \
                   paths (other cables, the other PCIe function or CX-8 half; for GPU memory only those \
                   within `NCCL_NET_GDR_LEVEL`) as standby: one queue pair each, no data until a carrying \
-                  path fails, then one takes its place until it is back. `0` (or \
+                  path fails, then one takes its place until it is back; the sending side registers \
+                  memory on a standby path only when it first carries. `0` (or \
                   `NCCL_SWITCHLESS_FAILOVER=0`): only NCCL's device's paths. See `docs/failover.md`.",
         },
         failback_retries: u8 {

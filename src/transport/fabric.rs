@@ -107,6 +107,26 @@ pub struct Registration {
     pub keys: Vec<PathKeys>,
     /// Opaque value the fabric uses to find the registration again in [`Fabric::deregister`].
     pub token: u64,
+    /// Paths (bit = path index) whose entry in `keys` is a placeholder: their device was deferred
+    /// ([`Fabric::defer_paths`]) when this was registered. [`Fabric::keys_on`] gives their keys
+    /// once [`Fabric::activate_path`] registered it there.
+    pub missing: u32,
+}
+
+impl Registration {
+    /// A registration with keys on every path.
+    pub fn new(keys: Vec<PathKeys>, token: u64) -> Registration {
+        Registration {
+            keys,
+            token,
+            missing: 0,
+        }
+    }
+
+    /// Whether `keys[path]` is valid.
+    pub fn has(&self, path: usize) -> bool {
+        path < 32 && self.missing & (1 << path) == 0 && path < self.keys.len()
+    }
 }
 
 /// A block of control memory owned by the fabric: `words` 64-bit words at `addr` (8-byte aligned),
@@ -357,6 +377,31 @@ pub trait Fabric {
         None
     }
 
+    /// Registers data memory on the devices of `paths` (data paths standing by for failover) only
+    /// once asked ([`Fabric::activate_path`]): until then a registration leaves their keys
+    /// missing ([`Registration::missing`]), and a device whose every path is deferred pins
+    /// nothing, so `regMr`'s cost and pinned memory do not grow with standby paths. Called
+    /// before the first data registration; control memory is registered everywhere as before.
+    /// The default registers on every path at once (nothing deferred).
+    fn defer_paths(&mut self, paths: &[usize]) {
+        let _ = paths;
+    }
+
+    /// `path` is about to be used (failover made a standby path carry): registers every live data
+    /// registration on its device if it was deferred, and every later one too. Safe against a
+    /// registration being made concurrently through the [`Fabric::pinner`]: it comes back with
+    /// `path`'s keys, or is registered there by this call. Idempotent.
+    fn activate_path(&mut self, path: usize) -> Result<()> {
+        let _ = path;
+        Ok(())
+    }
+
+    /// Keys of `reg` on `path`: from `reg` itself, or, for a path missing there, from the
+    /// registration the fabric made at [`Fabric::activate_path`]. `None` while it has none.
+    fn keys_on(&self, reg: &Registration, path: usize) -> Option<PathKeys> {
+        reg.has(path).then(|| reg.keys[path])
+    }
+
     /// Allocates `words` zeroed 64-bit words of control memory, registered on every path.
     fn alloc_ctrl(&mut self, words: usize) -> Result<CtrlMem>;
 
@@ -510,6 +555,15 @@ impl<F: Fabric + ?Sized> Fabric for Box<F> {
     }
     fn pinner(&self) -> Option<Arc<dyn Pinner>> {
         (**self).pinner()
+    }
+    fn defer_paths(&mut self, paths: &[usize]) {
+        (**self).defer_paths(paths);
+    }
+    fn activate_path(&mut self, path: usize) -> Result<()> {
+        (**self).activate_path(path)
+    }
+    fn keys_on(&self, reg: &Registration, path: usize) -> Option<PathKeys> {
+        (**self).keys_on(reg, path)
     }
     fn alloc_ctrl(&mut self, words: usize) -> Result<CtrlMem> {
         (**self).alloc_ctrl(words)

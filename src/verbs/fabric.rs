@@ -40,7 +40,7 @@
 //! copies the bytes from the SGE at post time.
 
 use std::collections::{HashMap, VecDeque};
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -245,81 +245,240 @@ const DATA_QP_ACCESS: Access = Access::REMOTE_WRITE;
 /// The loopback flush QP only serves its own RDMA reads of this process's receive buffers.
 const FLUSH_QP_ACCESS: Access = Access::REMOTE_READ;
 
+/// One data registration: a pin per device (`None`: a deferred device not used yet), the memory
+/// they pin (kept lent until released), and what a later pin on a deferred device needs.
+struct PinEntry {
+    // Field order: the pins drop before the lent memory and the DMA-BUF fd.
+    pins: Vec<Option<Pin>>,
+    mem: Lent,
+    kind: MemKind,
+    /// A DMA-BUF registration with a deferred device: a duplicate of NCCL's fd (NCCL closes its
+    /// own after `regMrDmaBuf`) and the offset, until the registration is released.
+    dmabuf: Option<(OwnedFd, u64)>,
+}
+
+/// The registrations by token, and the devices deferred ([`Fabric::defer_paths`]), under one
+/// lock: a registration is filed and a device activated one at a time, so every filed
+/// registration has a pin on every active device.
+#[derive(Default)]
+struct PinTable {
+    map: HashMap<u64, PinEntry>,
+    deferred: Vec<bool>,
+}
+
 /// Registers data memory for one endpoint without borrowing it ([`Fabric::pinner`]): a [`Pin`] in
-/// each device's [`Domain`] (the registration cache), keys per path.
+/// each device's [`Domain`] (the registration cache), keys per path. A deferred device (its every
+/// path stands by) is pinned only at [`Fabric::activate_path`].
 struct VerbsPinner {
     doms: Vec<Arc<Domain>>,
     /// Index into `doms` per path.
     path_pd: Vec<usize>,
-    /// Per token: the pins (one per device) and the memory they pin, kept lent until released.
-    regs: Mutex<HashMap<u64, (Vec<Pin>, Lent)>>,
+    regs: Mutex<PinTable>,
     next_token: AtomicU64,
 }
 
 impl VerbsPinner {
-    /// Files one pin per device as a registration: its keys per path and a fresh token.
-    fn file(&self, pins: Vec<Pin>, mem: &Lent) -> Result<Registration> {
-        let keys = self
-            .path_pd
-            .iter()
-            .map(|&d| {
-                let (lkey, rkey) = pins[d].keys();
-                PathKeys { lkey, rkey }
-            })
-            .collect();
-        let token = self.next_token.fetch_add(1, Ordering::Relaxed);
-        lock(&self.regs, "verbs registrations")?.insert(token, (pins, mem.clone()));
-        Ok(Registration { keys, token })
-    }
-}
-
-impl Pinner for VerbsPinner {
-    fn register_dmabuf(&self, mem: &Lent, offset: u64, fd: BorrowedFd<'_>) -> Result<Registration> {
-        let pins = self
-            .doms
-            .iter()
-            .map(|d| d.register_dmabuf(mem.addr(), mem.len(), offset, fd))
-            .collect::<Result<Vec<_>>>()?;
-        self.file(pins, mem)
+    fn new(doms: Vec<Arc<Domain>>, path_pd: Vec<usize>) -> VerbsPinner {
+        let n = doms.len();
+        VerbsPinner {
+            doms,
+            path_pd,
+            regs: Mutex::new(PinTable {
+                map: HashMap::new(),
+                deferred: vec![false; n],
+            }),
+            next_token: AtomicU64::new(1),
+        }
     }
 
-    fn register(&self, mem: &Lent, kind: MemKind) -> Result<Registration> {
-        mem.require_process("a verbs registration")?;
-        let (addr, len) = (mem.addr(), mem.len());
-        if len == 0 {
-            return Err(Error::InvalidArgument(
-                "registration of 0 bytes; accepted: at least 1 byte".into(),
-            ));
+    /// The devices deferred now.
+    fn deferred(&self) -> Result<Vec<bool>> {
+        Ok(lock(&self.regs, "verbs registrations")?.deferred.clone())
+    }
+
+    /// Pins `mem` on device `d`: the DMA-BUF `fd` at `offset` when given, else host or GPU
+    /// memory by address.
+    fn pin_one(
+        &self,
+        d: usize,
+        mem: &Lent,
+        kind: MemKind,
+        dmabuf: Option<(BorrowedFd<'_>, u64)>,
+    ) -> Result<Pin> {
+        let dom = &self.doms[d];
+        if let Some((fd, offset)) = dmabuf {
+            return dom.register_dmabuf(mem.addr(), mem.len(), offset, fd);
         }
         let rk = match kind {
             MemKind::Host => RegKind::Host,
             MemKind::Cuda => RegKind::Cuda,
         };
-        let mut pins = Vec::with_capacity(self.doms.len());
-        for d in &self.doms {
-            // SAFETY: `mem` lends process memory (checked above) that stays allocated and writable
-            // until every registration made from it is released (the `Lent` contract); this pin is
-            // filed with a clone of `mem` and dropped with it in `deregister`. The NIC touches it
-            // only through QPs stopped before teardown.
-            let pin = unsafe { d.register(addr, len, rk) }.map_err(|e| {
-                context(
-                    e,
-                    &format!(
-                        "registering {} memory",
-                        if kind == MemKind::Cuda { "GPU" } else { "host" }
-                    ),
-                )
-            })?;
-            pins.push(pin);
+        // SAFETY: `mem` lends process memory (checked by `register` before any pin) that stays
+        // allocated and writable until every registration made from it is released (the `Lent`
+        // contract); this pin is filed with a clone of `mem` and dropped before it in
+        // `deregister`. The NIC touches it only through QPs stopped before teardown.
+        unsafe { dom.register(mem.addr(), mem.len(), rk) }.map_err(|e| {
+            context(
+                e,
+                &format!(
+                    "registering {} memory",
+                    if kind == MemKind::Cuda { "GPU" } else { "host" }
+                ),
+            )
+        })
+    }
+
+    /// Files a registration: the pins made (per device), plus, under the lock, a pin on any
+    /// device activated since they were made. Its keys per path (missing on deferred devices)
+    /// and a fresh token.
+    fn file(
+        &self,
+        mut pins: Vec<Option<Pin>>,
+        mem: &Lent,
+        kind: MemKind,
+        dmabuf: Option<(BorrowedFd<'_>, u64)>,
+    ) -> Result<Registration> {
+        let mut t = lock(&self.regs, "verbs registrations")?;
+        // A DMA-BUF registration keeps a duplicate of the fd for its deferred devices; without
+        // one (the fd limit), it is pinned there now, as before lazy registration.
+        let mut keep = None;
+        if let Some((fd, offset)) = dmabuf.filter(|_| pins.iter().any(Option::is_none)) {
+            match fd.try_clone_to_owned() {
+                Ok(dup) => keep = Some((dup, offset)),
+                Err(e) => tracing::debug!(
+                    "NET/switchless: no duplicate of the DMA-BUF fd ({e}): registering on the standby devices now"
+                ),
+            }
         }
-        self.file(pins, mem)
+        for (d, p) in pins.iter_mut().enumerate() {
+            if p.is_none() && (!t.deferred[d] || (dmabuf.is_some() && keep.is_none())) {
+                *p = Some(self.pin_one(d, mem, kind, dmabuf)?);
+            }
+        }
+        let mut missing = 0u32;
+        let keys = self
+            .path_pd
+            .iter()
+            .enumerate()
+            .map(|(i, &d)| match &pins[d] {
+                Some(pin) => {
+                    let (lkey, rkey) = pin.keys();
+                    PathKeys { lkey, rkey }
+                }
+                None => {
+                    missing |= 1u32 << i.min(31);
+                    PathKeys::default()
+                }
+            })
+            .collect();
+        let token = self.next_token.fetch_add(1, Ordering::Relaxed);
+        t.map.insert(
+            token,
+            PinEntry {
+                pins,
+                mem: mem.clone(),
+                kind,
+                dmabuf: keep,
+            },
+        );
+        Ok(Registration {
+            keys,
+            token,
+            missing,
+        })
+    }
+
+    /// Pins every filed registration on the device of `path` if it was deferred, and every later
+    /// one there.
+    fn activate(&self, path: usize) -> Result<()> {
+        let Some(&d) = self.path_pd.get(path) else {
+            return Err(Error::InvalidArgument(format!(
+                "verbs path {path}: the connection has {} paths",
+                self.path_pd.len()
+            )));
+        };
+        let mut t = lock(&self.regs, "verbs registrations")?;
+        if !t.deferred[d] {
+            return Ok(());
+        }
+        for e in t.map.values_mut() {
+            if e.pins[d].is_some() {
+                continue;
+            }
+            let src = e.dmabuf.as_ref().map(|(fd, off)| (fd.as_fd(), *off));
+            e.pins[d] = Some(self.pin_one(d, &e.mem, e.kind, src)?);
+        }
+        t.deferred[d] = false;
+        for e in t.map.values_mut() {
+            if e.pins.iter().all(Option::is_some) {
+                e.dmabuf = None;
+            }
+        }
+        Ok(())
+    }
+
+    /// Defers the devices whose every path is in `paths`.
+    fn defer(&self, paths: &[usize]) -> Result<()> {
+        let mut t = lock(&self.regs, "verbs registrations")?;
+        for d in 0..self.doms.len() {
+            let mut on = self.path_pd.iter().enumerate().filter(|(_, pd)| **pd == d);
+            if on.clone().next().is_some() && on.all(|(i, _)| paths.contains(&i)) {
+                t.deferred[d] = true;
+            }
+        }
+        Ok(())
+    }
+
+    fn keys_on(&self, reg: &Registration, path: usize) -> Option<PathKeys> {
+        if reg.has(path) {
+            return Some(reg.keys[path]);
+        }
+        let d = *self.path_pd.get(path)?;
+        let t = lock(&self.regs, "verbs registrations").ok()?;
+        let pin = t.map.get(&reg.token)?.pins.get(d)?.as_ref()?;
+        let (lkey, rkey) = pin.keys();
+        Some(PathKeys { lkey, rkey })
+    }
+}
+
+impl Pinner for VerbsPinner {
+    fn register_dmabuf(&self, mem: &Lent, offset: u64, fd: BorrowedFd<'_>) -> Result<Registration> {
+        let deferred = self.deferred()?;
+        let pins = (0..self.doms.len())
+            .map(|d| {
+                (!deferred[d])
+                    .then(|| self.pin_one(d, mem, MemKind::Cuda, Some((fd, offset))))
+                    .transpose()
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.file(pins, mem, MemKind::Cuda, Some((fd, offset)))
+    }
+
+    fn register(&self, mem: &Lent, kind: MemKind) -> Result<Registration> {
+        mem.require_process("a verbs registration")?;
+        if mem.is_empty() {
+            return Err(Error::InvalidArgument(
+                "registration of 0 bytes; accepted: at least 1 byte".into(),
+            ));
+        }
+        let deferred = self.deferred()?;
+        let pins = (0..self.doms.len())
+            .map(|d| {
+                (!deferred[d])
+                    .then(|| self.pin_one(d, mem, kind, None))
+                    .transpose()
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.file(pins, mem, kind, None)
     }
 
     fn deregister(&self, reg: &Registration) -> Result<()> {
-        let pins = lock(&self.regs, "verbs registrations")?.remove(&reg.token);
+        let entry = lock(&self.regs, "verbs registrations")?
+            .map
+            .remove(&reg.token);
         // Dropped outside the lock: the last reference deregisters the MR; the pins drop before the
-        // lent memory (tuple fields drop in order).
-        pins.map(drop).ok_or_else(|| {
+        // lent memory (struct fields drop in order).
+        entry.map(drop).ok_or_else(|| {
             Error::InvalidArgument(format!(
                 "deregistration of token {}, which this connection did not register (or already released)",
                 reg.token
@@ -343,12 +502,7 @@ impl VerbsFabric {
             ctrl: Vec::new(),
             fb: revive::Failback::empty(),
             loops: Vec::new(),
-            pinner: Arc::new(VerbsPinner {
-                doms: Vec::new(),
-                path_pd: Vec::new(),
-                regs: Mutex::new(HashMap::new()),
-                next_token: AtomicU64::new(1),
-            }),
+            pinner: Arc::new(VerbsPinner::new(Vec::new(), Vec::new())),
             doms: Vec::new(),
             path_pd: Vec::new(),
             infos: Vec::new(),
@@ -430,12 +584,7 @@ impl VerbsFabric {
                 });
             }
         }
-        f.pinner = Arc::new(VerbsPinner {
-            doms: f.doms.clone(),
-            path_pd: f.path_pd.clone(),
-            regs: Mutex::new(HashMap::new()),
-            next_token: AtomicU64::new(1),
-        });
+        f.pinner = Arc::new(VerbsPinner::new(f.doms.clone(), f.path_pd.clone()));
         Ok(f)
     }
 
@@ -746,6 +895,20 @@ impl Fabric for VerbsFabric {
         Some(Arc::clone(&self.pinner) as Arc<dyn Pinner>)
     }
 
+    fn defer_paths(&mut self, paths: &[usize]) {
+        if let Err(e) = self.pinner.defer(paths) {
+            tracing::debug!("NET/switchless: deferring standby registrations: {e}");
+        }
+    }
+
+    fn activate_path(&mut self, path: usize) -> Result<()> {
+        self.pinner.activate(path)
+    }
+
+    fn keys_on(&self, reg: &Registration, path: usize) -> Option<PathKeys> {
+        self.pinner.keys_on(reg, path)
+    }
+
     fn alloc_ctrl(&mut self, words: usize) -> Result<CtrlMem> {
         if words == 0 {
             return Err(Error::InvalidArgument("control memory of 0 words".into()));
@@ -772,7 +935,7 @@ impl Fabric for VerbsFabric {
         Ok(CtrlMem {
             addr,
             words,
-            reg: Registration { keys, token },
+            reg: Registration::new(keys, token),
         })
     }
 

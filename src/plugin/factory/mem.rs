@@ -41,6 +41,8 @@ pub struct MemFactory {
     next: Arc<AtomicU32>,
     /// Connections created (both sides), for tests.
     created: Arc<AtomicU32>,
+    /// The options of each endpoint created, with whether it was the accepting side (tests).
+    options: Arc<Mutex<Vec<(bool, ConnOptions)>>>,
 }
 
 impl std::fmt::Debug for MemFactory {
@@ -53,6 +55,9 @@ impl std::fmt::Debug for MemFactory {
 
 static INSTALLED: Mutex<Option<(MemFactory, HostView)>> = Mutex::new(None);
 
+/// Endpoint options [`MemFactory::options_seen`] keeps.
+const OPTIONS_KEPT: usize = 16;
+
 impl MemFactory {
     /// A factory over `fab`; every endpoint gets `loopbacks` loopback paths.
     pub fn new(fab: MemFab, loopbacks: usize) -> MemFactory {
@@ -62,7 +67,14 @@ impl MemFactory {
             parked: Arc::new(Mutex::new(HashMap::new())),
             next: Arc::new(AtomicU32::new(1)),
             created: Arc::new(AtomicU32::new(0)),
+            options: Arc::new(Mutex::new(Vec::new())),
         }
+    }
+
+    /// The options the newest endpoints (up to 16) were created with, oldest first: `(accepting
+    /// side, options)`.
+    pub fn options_seen(&self) -> Vec<(bool, ConnOptions)> {
+        lock(&self.options, "memfab options").map_or_else(|_| Vec::new(), |v| v.clone())
     }
 
     /// The simulated fabric (allocate and inspect buffer memory through it).
@@ -116,9 +128,17 @@ impl PathFactory for MemFactory {
         &self,
         paths: &[PathPlan],
         peer: Option<&[PathParams]>,
-        _opts: &ConnOptions,
+        opts: &ConnOptions,
     ) -> Result<MemConn> {
         self.created.fetch_add(1, Ordering::Relaxed);
+        {
+            // The newest few only: a factory creates thousands in the leak tests.
+            let mut o = lock(&self.options, "memfab options")?;
+            if o.len() >= OPTIONS_KEPT {
+                o.remove(0);
+            }
+            o.push((peer.is_some(), *opts));
+        }
         let addrs = paths.iter().map(|p| p.local.addr.addr()).collect();
         let dev = |side: &str| {
             use std::hash::{Hash, Hasher};
@@ -238,6 +258,19 @@ impl Fabric for MemConn {
     }
     fn pinner(&self) -> Option<std::sync::Arc<dyn crate::transport::fabric::Pinner>> {
         self.ep.pinner()
+    }
+    fn defer_paths(&mut self, paths: &[usize]) {
+        self.ep.defer_paths(paths);
+    }
+    fn activate_path(&mut self, path: usize) -> Result<()> {
+        self.ep.activate_path(path)
+    }
+    fn keys_on(
+        &self,
+        reg: &Registration,
+        path: usize,
+    ) -> Option<crate::transport::fabric::PathKeys> {
+        self.ep.keys_on(reg, path)
     }
     fn alloc_ctrl(&mut self, words: usize) -> Result<CtrlMem> {
         self.ep.alloc_ctrl(words)

@@ -717,6 +717,19 @@ impl Fabric for NetConn {
     fn pinner(&self) -> Option<std::sync::Arc<dyn crate::transport::fabric::Pinner>> {
         each!(self, f => f.pinner())
     }
+    fn defer_paths(&mut self, paths: &[usize]) {
+        each!(self, f => f.defer_paths(paths))
+    }
+    fn activate_path(&mut self, path: usize) -> Result<()> {
+        each!(self, f => f.activate_path(path))
+    }
+    fn keys_on(
+        &self,
+        reg: &Registration,
+        path: usize,
+    ) -> Option<crate::transport::fabric::PathKeys> {
+        each!(self, f => f.keys_on(reg, path))
+    }
     fn alloc_ctrl(&mut self, words: usize) -> Result<CtrlMem> {
         each!(self, f => f.alloc_ctrl(words))
     }

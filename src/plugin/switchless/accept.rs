@@ -9,13 +9,17 @@ use std::sync::{Arc, Weak};
 
 use super::data::RecvEnd;
 use super::live::Live;
-use super::report::{ConnReport, SetupSteps, Step as SetupStep, step_error};
+use super::report::{
+    ConnReport, FarEnd, SetupSteps, Step as SetupStep, accept_gdr_warning, gdr_scope, level_name,
+    step_error,
+};
 use super::{ConnOptions, Connectable, PathFactory, PathPlan, Switchless};
 use crate::error::{Error, Result};
 use crate::plugin::{CommInfo, Handle};
 use crate::route::handle::Handle as HandleView;
 use crate::route::select::Reach;
 use crate::route::types::LinkKind;
+use crate::sync::lock;
 use crate::transport::comm::RecvComm;
 use crate::transport::handshake::{
     AcceptPoll, AcceptorView, Established, Incoming, Listener, Liveness, PathParams, SideParams,
@@ -153,6 +157,9 @@ impl<P: PathFactory> Switchless<P> {
             secret: inc.fabric_secret(),
             ..self.opts(info, dev, true)
         };
+        let standby = CtrlInfo::from_bytes(&inc.hello().params.extra).map_or(0, |c| c.standby);
+        let peer_ip = format!("connector {}", inc.peer().ip());
+        self.check_gdr_ends(dev, &plans, standby, &peer_ip)?;
         steps.lap(SetupStep::Route);
         match self.build_recv(&plans, &peer, &opts, &inc.hello().params.extra, &mut steps) {
             Ok((rc, local)) => {
@@ -178,6 +185,54 @@ impl<P: PathFactory> Switchless<P> {
                 Err(step_error(e, &who, "setting up the accepted paths"))
             }
         }
+    }
+
+    /// `NCCL_NET_GDR_LEVEL` on the accepting side: NCCL decided GPU-direct for its device `dev`
+    /// here (`paths.cc`), while the connector chose the paths from its own side's locality. When
+    /// NCCL may put GPU memory on `dev`'s connections, the paths whose end on this node is farther
+    /// from `dev` than the level allows are said in one WARN per peer, naming each cable and what
+    /// the connection does with it ([`accept_gdr_warning`]). The connection goes on, as on the
+    /// connecting side when only far links reach the peer: refusing it would fail NCCL's init
+    /// where the far NIC still works (PCIe peer-to-peer through the host bridge).
+    fn check_gdr_ends(&self, dev: usize, plans: &[PathPlan], standby: u8, who: &str) -> Result<()> {
+        if !self.gpu_memory(dev) {
+            return Ok(());
+        }
+        let Some(scope) = gdr_scope(self.view.config.net_gdr_level) else {
+            return Ok(());
+        };
+        let Some(near) = self.near_links(dev, scope) else {
+            return Ok(()); // the device has no PCI function to measure from
+        };
+        let far: Vec<FarEnd<'_>> = plans
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.kind == LinkKind::Roce && !near.iter().any(|n| n.id == p.local.id))
+            .map(|(i, p)| FarEnd {
+                index: i,
+                standby: i < 8 && standby & (1 << i) != 0,
+                link: &p.local,
+                closeness: self.closeness_to(dev, &p.local.pci_root),
+            })
+            .collect();
+        if far.is_empty() {
+            return Ok(());
+        }
+        let first_time = lock(&self.warned_gdr, "GPU-direct warnings")
+            .map(|mut w| w.insert(format!("accept {who}")))?;
+        if first_time {
+            tracing::warn!(
+                "NET/switchless: {}",
+                accept_gdr_warning(
+                    &format!("accept from {who}"),
+                    dev,
+                    &self.dev_name(dev),
+                    &level_name(self.view.config.net_gdr_level),
+                    &far,
+                )
+            );
+        }
+        Ok(())
     }
 
     /// The receiving side of an accepted connection: the endpoint on `plans`, connected to the

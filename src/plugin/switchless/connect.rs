@@ -290,7 +290,7 @@ impl<P: PathFactory> Switchless<P> {
     }
 
     /// The NCCL device's name (`sl_...`), or empty.
-    fn dev_name(&self, dev: usize) -> String {
+    pub(super) fn dev_name(&self, dev: usize) -> String {
         self.props
             .get(dev)
             .map(|p| p.name.to_string_lossy().into_owned())
@@ -309,7 +309,7 @@ impl<P: PathFactory> Switchless<P> {
 
     /// How close a link under PCIe root `root` is to the nearest member of NCCL's device `dev`;
     /// `None` when the device has no member with a known root.
-    fn closeness_to(&self, dev: usize, root: &str) -> Option<Closeness> {
+    pub(super) fn closeness_to(&self, dev: usize, root: &str) -> Option<Closeness> {
         let d = self.view.devices.get(dev)?;
         d.members
             .iter()
@@ -319,7 +319,7 @@ impl<P: PathFactory> Switchless<P> {
     }
 
     /// The links within `scope` of NCCL's device `dev`; `None` when that cannot be judged.
-    fn near_links(&self, dev: usize, scope: Closeness) -> Option<Vec<LocalLink>> {
+    pub(super) fn near_links(&self, dev: usize, scope: Closeness) -> Option<Vec<LocalLink>> {
         let d = self.view.devices.get(dev)?;
         if !d.members.iter().any(|m| m.pci_root.is_some()) {
             return None;

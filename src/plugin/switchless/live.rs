@@ -121,6 +121,19 @@ impl<F: Connectable> Fabric for Live<F> {
     fn pinner(&self) -> Option<std::sync::Arc<dyn crate::transport::fabric::Pinner>> {
         self.inner.pinner()
     }
+    fn defer_paths(&mut self, paths: &[usize]) {
+        self.inner.defer_paths(paths);
+    }
+    fn activate_path(&mut self, path: usize) -> Result<()> {
+        self.inner.activate_path(path)
+    }
+    fn keys_on(
+        &self,
+        reg: &Registration,
+        path: usize,
+    ) -> Option<crate::transport::fabric::PathKeys> {
+        self.inner.keys_on(reg, path)
+    }
     fn alloc_ctrl(&mut self, words: usize) -> Result<CtrlMem> {
         self.inner.alloc_ctrl(words)
     }

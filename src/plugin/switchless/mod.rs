@@ -499,7 +499,9 @@ impl<P: PathFactory> Switchless<P> {
     fn opts(&self, comm: &CommInfo, dev: usize, receiving: bool) -> ConnOptions {
         let tc = comm.traffic_class.and_then(|t| u8::try_from(t).ok());
         ConnOptions {
-            loopback: receiving && self.registers_gpu(dev),
+            // NCCL flushes only GPU-direct receives: below `PIX` it keeps the buffers in host
+            // memory, and the receiving side needs no loopback paths (nor their keys).
+            loopback: receiving && self.gpu_memory(dev),
             gpu: self.gpu_memory(dev),
             qp: QpAttrs::from_config(&self.view.config, tc),
             secret: Default::default(),

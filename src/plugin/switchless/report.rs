@@ -13,7 +13,7 @@ use super::{Connectable, PathFactory, PathPlan, Switchless};
 use crate::config::PathType;
 use crate::error::Error;
 use crate::route::select::{Closeness, PathChoice, Selection};
-use crate::route::types::LinkKind;
+use crate::route::types::{LinkKind, LocalLink};
 use crate::sync::lock;
 use crate::transport::handshake::PathParams;
 
@@ -412,14 +412,12 @@ pub fn gdr_warning(
         .paths
         .iter()
         .map(|p| {
-            let how = match near(&p.local.pci_root) {
-                Some(Closeness::SameRootPort) => "under the same PCIe root port",
-                Some(Closeness::SameNuma) => "through the CPU's host bridge (PHB)",
-                _ => "across the CPU interconnect or of unknown distance (SYS)",
-            };
             format!(
-                "{} {} (PCIe root {}: {how})",
-                p.local.netdev, p.local.addr, p.local.pci_root
+                "{} {} (PCIe root {}: {})",
+                p.local.netdev,
+                p.local.addr,
+                p.local.pci_root,
+                distance(near(&p.local.pci_root))
             )
         })
         .collect();
@@ -436,9 +434,138 @@ pub fn gdr_warning(
     )
 }
 
+/// A link's distance from NCCL's device, as the GPU-direct warnings say it.
+fn distance(c: Option<Closeness>) -> &'static str {
+    match c {
+        Some(Closeness::SameRootPort) => "under the same PCIe root port",
+        Some(Closeness::SameNuma) => "through the CPU's host bridge (PHB)",
+        _ => "across the CPU interconnect or of unknown distance (SYS)",
+    }
+}
+
+/// One path of an accepted connection whose end on this node is farther from NCCL's device than
+/// `NCCL_NET_GDR_LEVEL` allows for GPU memory ([`accept_gdr_warning`]).
+#[derive(Debug, Clone)]
+pub struct FarEnd<'a> {
+    /// The data path's index in the connection.
+    pub index: usize,
+    /// A standby path (carries only when failover makes it).
+    pub standby: bool,
+    /// This node's link of the path.
+    pub link: &'a LocalLink,
+    /// Its distance from NCCL's device.
+    pub closeness: Option<Closeness>,
+}
+
+/// The line (one per peer) of an accepting side whose NCCL device may take GPU memory while the
+/// connector's paths end here on NICs beyond `NCCL_NET_GDR_LEVEL` of that device: each such cable
+/// (netdev, address, RDMA device, PCIe root and distance) and what the connection does with it.
+/// The connector chose the paths (from its own locality); this side cannot choose others, so they
+/// are used as the connector's side uses far links (with a warning).
+pub fn accept_gdr_warning(
+    who: &str,
+    dev: usize,
+    name: &str,
+    level: &str,
+    far: &[FarEnd<'_>],
+) -> String {
+    let cable = |e: &FarEnd<'_>| {
+        format!(
+            "{}path [{}] {} {} (RDMA device {}, PCIe root {}: {})",
+            if e.standby { "standby " } else { "" },
+            e.index,
+            e.link.netdev,
+            e.link.addr,
+            e.link.rdma_dev.as_deref().unwrap_or("none"),
+            e.link.pci_root,
+            distance(e.closeness)
+        )
+    };
+    let carrying: Vec<String> = far.iter().filter(|e| !e.standby).map(cable).collect();
+    let standby: Vec<String> = far.iter().filter(|e| e.standby).map(cable).collect();
+    let mut decided = Vec::new();
+    if !carrying.is_empty() {
+        decided.push(format!(
+            "{} carr{} data: GPU memory NCCL registers on this connection is registered there and \
+             written by that NIC",
+            carrying.join(", "),
+            if carrying.len() == 1 { "ies" } else { "y" }
+        ));
+    }
+    if !standby.is_empty() {
+        decided.push(format!(
+            "{}: carr{} data only when failover needs it, and the GPU memory NCCL registers on this \
+             connection is registered there too, for that",
+            standby.join(", "),
+            if standby.len() == 1 { "ies" } else { "y" }
+        ));
+    }
+    format!(
+        "{who}: NCCL chose device {dev} ({name}) on this side and may use GPU-direct on it, but the \
+         connector's paths end here on NICs farther than NCCL_NET_GDR_LEVEL={level} from that device \
+         (the connector chose them from its own side's locality): {}. NCCL validated GPU-direct for \
+         device {dev} only: expect these NICs' writes of GPU memory to run well below the links' rate \
+         through a host bridge and lower still across sockets, or to fail where the platform does not \
+         route PCIe peer-to-peer between root ports. Remedy: make NCCL on this side choose a NIC cabled \
+         to this peer (a NCCL_TOPO_FILE, or NCCL_CROSS_NIC; see docs/guide/routing.md), accept the \
+         distance with NCCL_NET_GDR_LEVEL=PHB or SYS, or keep NCCL's buffers in host memory with \
+         NCCL_NET_GDR_LEVEL=LOC",
+        decided.join("; ")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_accept_warning_names_each_far_cable_and_its_role() {
+        let link = |id: usize, netdev: &str, addr: &str, root: &str| LocalLink {
+            id,
+            kind: LinkKind::Roce,
+            netdev: netdev.into(),
+            rdma_dev: Some(format!("mlx5_{id}")),
+            port: 1,
+            addr: addr.parse().unwrap_or_else(|_| unreachable!()),
+            gid_index: Some(3),
+            pci_root: root.into(),
+            phys_port_id: id as u16,
+            nccl_dev: Some(id),
+            speed_mbps: 400_000,
+            mtu: 9000,
+            active_mtu: 4096,
+            up: true,
+        };
+        let (a, b) = (
+            link(4, "enp1", "10.0.4.1/31", "pci0000:80/0000:80:01.0"),
+            link(5, "enp2", "10.0.5.1/31", "pci0000:00/0000:00:03.0"),
+        );
+        let far = [
+            FarEnd {
+                index: 0,
+                standby: false,
+                link: &a,
+                closeness: Some(Closeness::Farther),
+            },
+            FarEnd {
+                index: 1,
+                standby: true,
+                link: &b,
+                closeness: Some(Closeness::SameNuma),
+            },
+        ];
+        let w = accept_gdr_warning("accept from connector 10.0.4.0", 2, "sl_2", "PXB", &far);
+        for want in [
+            "accept from connector 10.0.4.0: NCCL chose device 2 (sl_2) on this side",
+            "farther than NCCL_NET_GDR_LEVEL=PXB",
+            "path [0] enp1 10.0.4.1/31 (RDMA device mlx5_4, PCIe root pci0000:80/0000:80:01.0: across the CPU interconnect",
+            "carries data: GPU memory NCCL registers on this connection is registered there",
+            "standby path [1] enp2 10.0.5.1/31 (RDMA device mlx5_5, PCIe root pci0000:00/0000:00:03.0: through the CPU's host bridge (PHB)): carries data only when failover needs it",
+            "NCCL_NET_GDR_LEVEL=LOC",
+        ] {
+            assert!(w.contains(want), "{want:?} missing from: {w}");
+        }
+    }
 
     #[test]
     fn set_up_laps_go_to_their_step_and_sum_to_the_total() {

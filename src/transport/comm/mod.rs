@@ -119,7 +119,7 @@ macro_rules! registration_methods {
                     "standby paths {paths:?} leave none of the {n} data paths carrying"
                 )));
             }
-            self.core.paths.set_standby(mask);
+            self.core.apply_standby(mask);
             self.core.meter_carrying();
             Ok(())
         }
@@ -436,6 +436,14 @@ struct Core<F: Fabric> {
     fence: fence::Fence,
     /// Bytes, pieces, failovers per data path (`transport::metrics`).
     meter: Meter,
+    /// Register on standby paths' devices only at their first use ([`Fabric::defer_paths`]):
+    /// the sending side, whose keys stay local. The receiving side hands its keys to the sender
+    /// in every clear-to-send entry before any failover, so it registers everywhere.
+    lazy: bool,
+    /// Data paths deferred and not activated yet (bit per data path).
+    deferred: u8,
+    /// Some deferred path was activated since the comm last looked ([`Core::take_activated`]).
+    activated: bool,
 }
 
 /// Registration as NCCL sees it (`regMr`, `regMrDmaBuf`, `deregMr`), the same on both comm types, so
@@ -510,6 +518,9 @@ impl<F: Fabric> Core<F> {
             closed: false,
             fence: fence::Fence::new(ndata),
             meter: Meter::new(ndata),
+            lazy: false,
+            deferred: 0,
+            activated: false,
         })
     }
 
@@ -547,6 +558,7 @@ impl<F: Fabric> Core<F> {
         self.fence_stop(k);
         let path = self.data[k];
         self.warned[path] = true;
+        self.activate_carrying(now);
         let survivors: Vec<String> = self
             .paths
             .carrying()
@@ -747,6 +759,85 @@ impl<F: Fabric> Core<F> {
         !self.device_up(lp)
     }
 
+    /// Takes the connector's standby paths (set locally or read from the peer's control
+    /// info); on a lazy comm their devices register data memory only at first use.
+    fn apply_standby(&mut self, mask: u8) {
+        self.paths.set_standby(mask);
+        if !self.lazy {
+            return;
+        }
+        let mut fabric_paths = [0usize; MAX_PATHS];
+        let mut n = 0;
+        for k in 0..self.data.len() {
+            if self.paths.is_standby(k) && !self.paths.carries(k) && self.deferred & (1 << k) == 0 {
+                self.deferred |= 1 << k;
+                fabric_paths[n] = self.data[k];
+                n += 1;
+            }
+        }
+        if n > 0 {
+            self.fab.defer_paths(&fabric_paths[..n]);
+        }
+    }
+
+    /// Registers on every deferred path that now carries (failover made a standby path take
+    /// over): the fabric registers each live registration there, and this comm's copies take
+    /// the new keys. A path whose registration fails is marked down (the next standby path, if
+    /// any, takes over instead; the last usable path is not, and its work fails as without it).
+    fn activate_carrying(&mut self, now: Instant) {
+        for k in 0..self.data.len() {
+            if self.deferred & (1 << k) == 0 || !self.paths.carries(k) {
+                continue;
+            }
+            let path = self.data[k];
+            match self.fab.activate_path(path) {
+                Ok(()) => {
+                    self.deferred &= !(1 << k);
+                    self.activated = true;
+                    let fab = &self.fab;
+                    for reg in self.regs.values_mut() {
+                        fill_keys(fab, reg, path);
+                    }
+                    tracing::debug!(
+                        "NET/switchless: standby path [{k}] {}: {} registration(s) made at its first use",
+                        self.labels[path],
+                        self.regs.len()
+                    );
+                }
+                Err(e) => {
+                    let why = format!(
+                        "registering the connection's memory on it at its first use failed: {e}"
+                    );
+                    if !self.mark_down(k, now, &why) {
+                        tracing::warn!(
+                            "NET/switchless: standby path [{k}] {}: {why}",
+                            self.labels[path]
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether a deferred path was activated since the last call (the send comm then refreshes
+    /// the local keys of its requests in flight).
+    fn take_activated(&mut self) -> bool {
+        std::mem::take(&mut self.activated)
+    }
+
+    /// The local key of registration `reg` (a copy NCCL holds) on fabric path `path`: its own,
+    /// or the one this comm filed at the path's activation. 0 while the path is deferred (it
+    /// carries nothing then).
+    fn lkey(&self, reg: &Registration, path: usize) -> u32 {
+        if reg.has(path) {
+            return reg.keys[path].lkey;
+        }
+        self.regs
+            .get(&reg.token)
+            .filter(|r| r.has(path))
+            .map_or(0, |r| r.keys[path].lkey)
+    }
+
     /// Data-path index of fabric path `path`.
     fn data_index(&self, path: usize) -> Option<usize> {
         self.data_of.get(path).copied().flatten()
@@ -808,7 +899,7 @@ impl<F: Fabric> Core<F> {
                 peer.words, peer.addr
             )));
         }
-        self.paths.set_standby(peer.standby);
+        self.apply_standby(peer.standby);
         self.meter_carrying();
         Ok(())
     }
@@ -865,6 +956,14 @@ impl<F: Fabric> Core<F> {
             ));
             let _ = self.fab.deregister(&reg);
             return Err(err);
+        }
+        let mut reg = reg;
+        for (k, &path) in self.data.iter().enumerate() {
+            // Registered while the path was deferred, activated before this filing: the fabric
+            // keyed it at the activation.
+            if !reg.has(path) && self.deferred & (1 << k) == 0 {
+                fill_keys(&self.fab, &mut reg, path);
+            }
         }
         self.regs.insert(reg.token, reg.clone());
         self.meter.registration(len, true);
@@ -957,6 +1056,17 @@ impl<F: Fabric> Core<F> {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+}
+
+/// Takes `reg`'s keys on fabric path `path` from the fabric when `reg` has none there yet.
+fn fill_keys<F: Fabric>(fab: &F, reg: &mut Registration, path: usize) {
+    if reg.has(path) {
+        return;
+    }
+    if let Some(k) = fab.keys_on(reg, path) {
+        reg.keys[path] = k;
+        reg.missing &= !(1u32 << path.min(31));
     }
 }
 

@@ -81,6 +81,9 @@ pub struct SendComm<F: Fabric> {
     stalled_since: Option<Instant>,
     /// Spreads pieces moved off a failed path over the survivors.
     spread: u64,
+    /// Per request, the registration of its data (its keys on a standby path come at the path's
+    /// first use); empty on a connection without deferred paths.
+    tokens: Vec<u64>,
 }
 
 impl<F: Fabric> SendComm<F> {
@@ -88,6 +91,7 @@ impl<F: Fabric> SendComm<F> {
     /// [`SendComm::connect`].
     pub fn new(fab: F, cfg: ProtocolConfig) -> Result<SendComm<F>> {
         let mut core = Core::new(fab, cfg)?;
+        core.lazy = true;
         let npaths = core.data.len();
         // The receiver writes its fence words after the FIFO (its snapshot: the pieces it has).
         let lin = FenceLayout {
@@ -120,6 +124,7 @@ impl<F: Fabric> SendComm<F> {
             batch: Vec::with_capacity(2),
             stalled_since: None,
             spread: 0,
+            tokens: Vec::new(),
         })
     }
 
@@ -308,8 +313,15 @@ impl<F: Fabric> SendComm<F> {
         r.error = None;
         r.posted = self.core.cfg.request_timeout.map(|_| now);
         r.data = data;
+        if self.core.deferred != 0 && self.tokens.is_empty() {
+            // Once per connection with standby paths not used yet.
+            self.tokens = vec![0; MAX_SEND_REQUESTS];
+        }
+        if let Some(t) = self.tokens.get_mut(idx) {
+            *t = mh.reg.token;
+        }
         for (k, &p) in self.core.data.iter().enumerate() {
-            r.lkeys[k] = mh.reg.keys[p].lkey;
+            r.lkeys[k] = self.core.lkey(&mh.reg, p);
         }
         r.raddr = el.addr;
         r.rkeys = el.rkeys;
@@ -464,6 +476,22 @@ impl<F: Fabric> SendComm<F> {
     /// Parks every piece in flight on a path marked down and not known landed: it is sent again
     /// only once the receiver, its end of that path sealed, says it lacks it ([`Self::resolve`]).
     fn fail_over(&mut self) {
+        if self.core.take_activated() {
+            // A standby path was registered at its first use: the requests in flight take its
+            // keys before any piece moves there.
+            for (r, t) in self.reqs.iter_mut().zip(&self.tokens) {
+                if !r.in_use {
+                    continue;
+                }
+                if let Some(reg) = self.core.regs.get(t) {
+                    for (k, &p) in self.core.data.iter().enumerate() {
+                        if reg.has(p) {
+                            r.lkeys[k] = reg.keys[p].lkey;
+                        }
+                    }
+                }
+            }
+        }
         while let Some(k) = self.core.newly_down.pop() {
             for r in self.reqs.iter_mut() {
                 if !r.in_use || r.error.is_some() {

@@ -62,6 +62,64 @@ impl Fabric for MemEndpoint {
         Some(Arc::new(self.pinner_of()))
     }
 
+    /// Only on a device of its own: a shared device's cached pin serves every path at once.
+    fn defer_paths(&mut self, paths: &[usize]) {
+        let Ok(mut g) = lock(&self.inner, LOCK) else {
+            return;
+        };
+        let ep = &mut g.eps[self.id];
+        if ep.dev.is_some() {
+            return;
+        }
+        let n = ep.roles.len();
+        let lazy = ep.lazy.get_or_insert_with(Box::default);
+        for &p in paths.iter().filter(|&&p| p < 32 && p < n) {
+            lazy.deferred |= 1 << p;
+        }
+    }
+
+    /// Keys every live data registration on `path` (under the fabric's lock, which a concurrent
+    /// pin takes to file its registration: it sees `path` deferred and is keyed here, or sees it
+    /// active and is keyed there).
+    fn activate_path(&mut self, path: usize) -> Result<()> {
+        self.check_path(path)?;
+        let mut g = lock(&self.inner, LOCK)?;
+        let bit = 1u32 << path.min(31);
+        let ranges: Vec<(u64, (usize, usize, usize))> = match g.eps[self.id].lazy.as_mut() {
+            Some(l) if l.deferred & bit != 0 => {
+                l.deferred &= !bit;
+                l.ranges.iter().map(|(t, r)| (*t, *r)).collect()
+            }
+            _ => return Ok(()),
+        };
+        for (token, (r, start, len)) in ranges {
+            let mut all = Vec::with_capacity(2);
+            let pk = g.key_path(self.id, path, r, start, len, &mut all);
+            let ep = &mut g.eps[self.id];
+            if let Some(l) = ep.lazy.as_mut() {
+                l.late_keys.insert((token, path), pk);
+            }
+            if let Some(v) = ep.regs.get_mut(&token) {
+                v.extend(all);
+            }
+            g.stats.pins += 1;
+        }
+        Ok(())
+    }
+
+    fn keys_on(&self, reg: &Registration, path: usize) -> Option<PathKeys> {
+        if reg.has(path) {
+            return Some(reg.keys[path]);
+        }
+        let g = lock(&self.inner, LOCK).ok()?;
+        g.eps[self.id]
+            .lazy
+            .as_ref()?
+            .late_keys
+            .get(&(reg.token, path))
+            .copied()
+    }
+
     fn alloc_ctrl(&mut self, words: usize) -> Result<CtrlMem> {
         let mut g = lock(&self.inner, LOCK)?;
         let r = g.alloc_region(words * 8, true)?;

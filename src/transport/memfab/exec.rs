@@ -44,34 +44,73 @@ impl Inner {
         start: usize,
         len: usize,
     ) -> Registration {
+        self.register_on(ep, region, start, len, 0)
+    }
+
+    /// Whether region `r` is control memory.
+    pub(super) fn is_ctrl(&self, r: usize) -> bool {
+        self.regions.get(r).is_some_and(|x| x.ctrl)
+    }
+
+    /// One key pair for `(ep, path)` on `[start, start+len)` of `region`; its keys go to `all`.
+    pub(super) fn key_path(
+        &mut self,
+        ep: usize,
+        path: usize,
+        region: usize,
+        start: usize,
+        len: usize,
+        all: &mut Vec<u32>,
+    ) -> PathKeys {
+        let mut pk = PathKeys::default();
+        for slot in [&mut pk.lkey, &mut pk.rkey] {
+            self.next_key = self.next_key.wrapping_add(0x9e37).max(1);
+            let key = self.next_key;
+            self.keys.insert(
+                key,
+                Key {
+                    dev: None,
+                    ep,
+                    path,
+                    region,
+                    start,
+                    len,
+                },
+            );
+            *slot = key;
+            all.push(key);
+        }
+        pk
+    }
+
+    /// [`Self::register`] leaving the paths in `skip` (bit = path) without keys.
+    pub(super) fn register_on(
+        &mut self,
+        ep: usize,
+        region: usize,
+        start: usize,
+        len: usize,
+        skip: u32,
+    ) -> Registration {
         let npaths = self.eps[ep].roles.len();
         let mut keys = Vec::with_capacity(npaths);
         let mut all = Vec::with_capacity(2 * npaths);
         for path in 0..npaths {
-            let mut pk = PathKeys::default();
-            for slot in [&mut pk.lkey, &mut pk.rkey] {
-                self.next_key = self.next_key.wrapping_add(0x9e37).max(1);
-                let key = self.next_key;
-                self.keys.insert(
-                    key,
-                    Key {
-                        dev: None,
-                        ep,
-                        path,
-                        region,
-                        start,
-                        len,
-                    },
-                );
-                *slot = key;
-                all.push(key);
+            if path < 32 && skip & (1 << path) != 0 {
+                keys.push(PathKeys::default());
+                continue;
             }
+            let pk = self.key_path(ep, path, region, start, len, &mut all);
             keys.push(pk);
         }
         self.next_token += 1;
         let token = self.next_token;
         self.eps[ep].regs.insert(token, all);
-        Registration { keys, token }
+        Registration {
+            keys,
+            token,
+            missing: skip & ((1u64 << npaths.min(32)) - 1) as u32,
+        }
     }
 
     /// The whole pages of `key` within region `r`: (offset, length), cut at the region's end.

@@ -228,6 +228,22 @@ struct Endpoint {
     cached: HashMap<u64, CacheKey>,
     /// What [`Fabric::health`] fails with (set by [`MemFabric::set_health_error`]).
     health_error: Option<String>,
+    /// Deferred paths and what activating them needs (`None`: nothing deferred; boxed, as most
+    /// endpoints have none).
+    lazy: Option<Box<Lazy>>,
+}
+
+/// An endpoint's deferred paths ([`Fabric::defer_paths`]; a device of its own only: a shared
+/// device's pin serves every path).
+#[derive(Default)]
+struct Lazy {
+    /// Paths whose data registrations wait for [`Fabric::activate_path`] (bit = path).
+    deferred: u32,
+    /// Per data registration made since (by token): where it is, to key it on a path activated
+    /// later.
+    ranges: HashMap<u64, (usize, usize, usize)>,
+    /// Keys made at activation, by (token, path).
+    late_keys: HashMap<(u64, usize), PathKeys>,
 }
 
 struct Inner {
@@ -269,6 +285,7 @@ impl Drop for MemEndpoint {
             return;
         };
         let regs = std::mem::take(&mut ep.regs);
+        ep.lazy = None;
         let unpinned: u64 = std::mem::take(&mut ep.pinned).into_values().sum();
         let cached = std::mem::take(&mut ep.cached);
         for q in ep.qps.iter_mut() {
@@ -351,7 +368,12 @@ impl MemPinner {
         self.delay(len as u64);
         let mut g = lock(&self.inner, LOCK)?;
         let (r, off) = g.region_range(addr, len)?;
-        let reg = g.register(self.id, r, off, len);
+        // Paths deferred now (checked under the fabric's lock, as an activation sets them).
+        let skip = g.eps[self.id].lazy.as_ref().map_or(0, |l| l.deferred);
+        let reg = g.register_on(self.id, r, off, len, skip);
+        if let Some(l) = g.eps[self.id].lazy.as_mut() {
+            l.ranges.insert(reg.token, (r, off, len));
+        }
         g.eps[self.id].pinned.insert(reg.token, len as u64);
         g.stats.pins += 1;
         g.stats.pinned_bytes += len as u64;
@@ -419,6 +441,7 @@ impl MemPinner {
                 npaths
             ],
             token,
+            missing: 0,
         })
     }
 
@@ -436,6 +459,10 @@ impl MemPinner {
         };
         for k in keys {
             g.keys.remove(&k);
+        }
+        if let Some(l) = g.eps[self.id].lazy.as_mut() {
+            l.ranges.remove(&reg.token);
+            l.late_keys.retain(|(t, _), _| *t != reg.token);
         }
         if let Some(n) = g.eps[self.id].pinned.remove(&reg.token) {
             g.stats.pinned_bytes = g.stats.pinned_bytes.saturating_sub(n);
@@ -555,6 +582,7 @@ impl MemFab {
                 dev,
                 cached: HashMap::new(),
                 health_error: None,
+                lazy: None,
             });
             MemEndpoint {
                 inner: Arc::clone(&self.inner),
@@ -809,6 +837,18 @@ impl MemFab {
     /// Number of live memory keys (leak checks after close).
     pub fn live_keys(&self) -> usize {
         lock(&self.inner, LOCK).map_or(0, |g| g.keys.len())
+    }
+
+    /// Data registrations of endpoint `ep` that have keys on its path `path` (control memory
+    /// not counted): what a standby path's device would have pinned.
+    pub fn registrations_on(&self, ep: EpId, path: usize) -> usize {
+        lock(&self.inner, LOCK).map_or(0, |g| {
+            g.keys
+                .values()
+                .filter(|k| k.ep == ep.0 && k.path == path && !g.is_ctrl(k.region))
+                .count()
+                / 2
+        })
     }
 }
 

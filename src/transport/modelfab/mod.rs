@@ -514,7 +514,7 @@ impl Inner {
         self.next_token += 1;
         let token = self.next_token;
         self.eps[ep].regs.insert(token, all);
-        Registration { keys, token }
+        Registration::new(keys, token)
     }
 
     fn check_key(

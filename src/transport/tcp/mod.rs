@@ -139,6 +139,7 @@ impl TcpPinner {
                 self.npaths
             ],
             token,
+            missing: 0,
         })
     }
 }
