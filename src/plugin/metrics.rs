@@ -26,7 +26,7 @@ use crate::transport::metrics::{
     Build, ConnSnap, DeviceSnap, MeterView, PathId, PathSnap, PathTotal, SNAPSHOT_SCHEMA, Snapshot,
 };
 
-use super::switchless::PathPlan;
+use super::switchless::plan::PathPlan;
 
 /// One live connection.
 #[derive(Debug)]

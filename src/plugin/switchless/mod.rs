@@ -17,7 +17,6 @@
 #![forbid(unsafe_code)]
 
 use std::collections::{HashMap, HashSet};
-use std::net::Ipv4Addr;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
@@ -29,7 +28,7 @@ use crate::host::NcclDevice;
 use crate::plugin::{
     Backend, CommInfo, CommRef, FlushBuf, Handle, Properties, PtrSupport, RecvBuf, Region, Slot,
 };
-use crate::route::types::{KernelRoute, LinkKind, LocalLink};
+use crate::route::types::{KernelRoute, LocalLink};
 use crate::transport::comm::{FailoverConfig, MemHandle, ProtocolConfig, WeightConfig};
 use crate::transport::fabric::Fabric;
 use crate::transport::handshake::PathParams;
@@ -39,23 +38,13 @@ pub mod accept;
 pub mod connect;
 pub mod data;
 pub mod live;
+pub mod plan;
 pub mod report;
 
 use live::Live;
+pub use plan::PathPlan;
 
 // ---- The seam to the NIC: what a factory builds and what the backend asks of an endpoint. ----
-
-/// One path of a connection as the backend planned it (connector: from `route::select`; acceptor: from
-/// the hello, checked by `route::check_incoming`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PathPlan {
-    /// This node's link.
-    pub local: LocalLink,
-    /// The peer's address on the same subnet.
-    pub remote: Ipv4Addr,
-    /// What the path carries.
-    pub kind: LinkKind,
-}
 
 /// Queue-pair attributes of a connection (`NCCL_IB_TC`, `NCCL_IB_SL`, `NCCL_IB_TIMEOUT`,
 /// `NCCL_IB_RETRY_CNT`, and the communicator's traffic class). A fabric without queue pairs ignores them.
