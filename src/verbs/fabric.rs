@@ -831,11 +831,11 @@ fn context(e: Error, what: &str) -> Error {
     }
 }
 
-/// What [`from_device_barrier`] is in this build, for people (`switchless doctor`).
+/// What `from_device_barrier` is in this build, for people (`switchless doctor`).
 #[cfg(target_arch = "aarch64")]
 pub const FROM_DEVICE_BARRIER: &str =
     "Acquire load + dmb oshld (rdma-core's udma_from_device_barrier)";
-/// What [`from_device_barrier`] is in this build, for people (`switchless doctor`).
+/// What `from_device_barrier` is in this build, for people (`switchless doctor`).
 #[cfg(not(target_arch = "aarch64"))]
 pub const FROM_DEVICE_BARRIER: &str = "Acquire load + compiler fence (x86-64 keeps loads in order)";
 

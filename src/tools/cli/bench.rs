@@ -47,7 +47,7 @@ pub struct Args {
     #[arg(long, default_value_t = 29500)]
     pub port: u16,
     /// ncclNet plugin to load (default: libnccl-net-switchless.so next to this binary, in ../lib, or in
-    /// ../lib/<multiarch> where the Debian package puts it).
+    /// ../lib/x86_64-linux-gnu or ../lib/aarch64-linux-gnu where the Debian package puts it).
     #[arg(long)]
     pub plugin: Option<PathBuf>,
     /// Run every rank in this process over the in-process loopback Net (no plugin, no network).

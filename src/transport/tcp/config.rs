@@ -194,7 +194,7 @@ fn apply_buffers(sock: &Socket, speed_mbps: u64, streams: usize, cfg: &TcpConfig
 }
 
 /// Sets the stream options of `sock` (a stream, or the listener its streams are accepted from):
-/// socket buffers ([`apply_buffers`]) and [`TcpConfig::user_timeout`].
+/// socket buffers (`apply_buffers`) and [`TcpConfig::user_timeout`].
 pub fn apply_options(
     sock: &Socket,
     speed_mbps: u64,
