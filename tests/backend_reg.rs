@@ -587,3 +587,51 @@ fn metrics_count_every_byte_per_path_and_the_file_says_so() {
     assert_eq!((sent, received), (total, total));
     assert!(last.paths.iter().all(|p| p.connections_closed == 1));
 }
+
+/// Per NCCL device the snapshot says what NCCL registered (each `regMr`'s length) and what the
+/// fabric holds pinned: one buffer registered on two connections of the device is one cached pin
+/// of its whole pages, so the registered bytes are twice the length and the pinned bytes the
+/// page-rounded length once; the pin goes with the last deregistration.
+#[test]
+fn a_device_reports_pinned_bytes_once_for_a_buffer_on_two_connections() {
+    let fab = MemFab::new(MemFabConfig::default());
+    let b = Arc::new(Switchless::from_parts(MemFactory::new(fab.clone(), 0), view()).unwrap());
+    let (a, c) = (establish(&b), establish(&b));
+    let page = switchless::sys::page_size();
+    // Not a whole number of pages: the pin covers 4 pages.
+    let len = 3 * page + 100;
+    let buf = fab.alloc(4 * page as usize).unwrap();
+    let dev = |b: &B| b.metrics_snapshot().devices[0].clone();
+    assert_eq!(dev(&b).pinned_bytes, 0);
+    let ma = B::reg_mr(plugin::CommRef::Send(&a.0), region(buf, len as usize)).unwrap();
+    let mc = B::reg_mr(plugin::CommRef::Send(&c.0), region(buf, len as usize)).unwrap();
+    let d = dev(&b);
+    assert_eq!(
+        (d.registrations, d.registered_bytes, d.pinned_bytes),
+        (2, 2 * len, 4 * page),
+        "{d:?}"
+    );
+    assert_eq!(
+        d.pinned_bytes,
+        fab.stats().pinned_bytes,
+        "the fabric's own count"
+    );
+    B::dereg_mr(plugin::CommRef::Send(&a.0), ma).unwrap();
+    let d = dev(&b);
+    assert_eq!(
+        (d.registrations, d.registered_bytes, d.pinned_bytes),
+        (1, len, 4 * page),
+        "the other connection still holds the pin: {d:?}"
+    );
+    B::dereg_mr(plugin::CommRef::Send(&c.0), mc).unwrap();
+    let d = dev(&b);
+    assert_eq!(
+        (d.registrations, d.registered_bytes, d.pinned_bytes),
+        (0, 0, 0),
+        "{d:?}"
+    );
+    for (s, r) in [a, c] {
+        B::close_send(s).unwrap();
+        B::close_recv(r).unwrap();
+    }
+}

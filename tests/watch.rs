@@ -249,7 +249,13 @@ fn write_snapshot(dir: &Path, pid: u32, t_ms: u64, sent: u64, sha: &str) {
             nccl_sha256: "n".into(),
             ..Build::default()
         },
-        devices: Vec::new(),
+        devices: vec![switchless::transport::metrics::DeviceSnap {
+            nccl_dev: 0,
+            name: "rocep1s0f0".into(),
+            registrations: 2,
+            registered_bytes: 2 << 20,
+            pinned_bytes: 1 << 20,
+        }],
         connections: Vec::new(),
         paths: vec![PathTotal {
             id: PathId {
@@ -319,6 +325,13 @@ fn cli_merges_the_plugin_snapshots_and_writes_prometheus_text() {
     assert!((g - 16.0).abs() < 0.01, "{p}");
     assert_eq!(p["share_pct"], 100.0);
     assert_eq!(v["plugin"]["processes"].as_array().unwrap().len(), 2);
+    // Per device, summed over the two ranks: registered twice the pinned bytes each.
+    let d = &v["plugin"]["devices"][0];
+    assert_eq!(
+        (d["registered_bytes"].as_u64(), d["pinned_bytes"].as_u64()),
+        (Some(4 << 20), Some(2 << 20)),
+        "{d}"
+    );
     let text = std::fs::read_to_string(&prom).unwrap();
     assert!(
         text.contains("# TYPE switchless_path_sent_bytes_total counter"),
@@ -326,6 +339,15 @@ fn cli_merges_the_plugin_snapshots_and_writes_prometheus_text() {
     );
     assert!(
         text.lines().any(|l| l.starts_with("switchless_path_sent_bytes_total{host=\"node1\",peer=\"192.168.100.12\",direction=\"send\"")),
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE switchless_device_pinned_bytes gauge"),
+        "{text}"
+    );
+    assert!(
+        text.lines().any(|l| l
+            == "switchless_device_pinned_bytes{host=\"node1\",nccl_dev=\"0\",device=\"rocep1s0f0\"} 2097152"),
         "{text}"
     );
 

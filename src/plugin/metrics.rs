@@ -123,7 +123,14 @@ impl Registry {
     }
 
     /// Reads every connection now; folds those whose comm is gone into the closed totals.
-    pub fn snapshot(&self, devices: &[String], build: &Build, interval: Duration) -> Snapshot {
+    /// `devices` are NCCL's device names; `pinned(i)` the bytes pinned on device `i` now.
+    pub fn snapshot(
+        &self,
+        devices: &[String],
+        pinned: &dyn Fn(usize) -> u64,
+        build: &Build,
+        interval: Duration,
+    ) -> Snapshot {
         let mut connections = Vec::new();
         let mut totals: BTreeMap<PathId, PathTotal> = BTreeMap::new();
         let mut regs: BTreeMap<usize, (u64, u64)> = BTreeMap::new();
@@ -193,6 +200,7 @@ impl Registry {
                         name: name.clone(),
                         registrations: n,
                         registered_bytes: b,
+                        pinned_bytes: pinned(i),
                     }
                 })
                 .collect(),
@@ -500,7 +508,10 @@ mod tests {
         m2.sent(0, 7);
         m1.registration(4096, true);
         let devs = ["d0".to_string()];
-        let s = reg.snapshot(&devs, &Build::default(), Duration::from_secs(1));
+        // Pinned bytes are the fabric's figure, not a sum over the connections.
+        let pinned = |i: usize| if i == 0 { 8192 } else { 0 };
+        let s = reg.snapshot(&devs, &pinned, &Build::default(), Duration::from_secs(1));
+        assert_eq!(s.devices[0].pinned_bytes, 8192);
         assert_eq!(s.connections.len(), 2);
         assert_eq!(s.paths.len(), 2);
         assert_eq!(s.paths[0].sent_bytes, 1007);
@@ -509,7 +520,7 @@ mod tests {
         assert_eq!(s.devices[0].registered_bytes, 4096);
         m1.sent(0, 1);
         drop(m1);
-        let s = reg.snapshot(&devs, &Build::default(), Duration::from_secs(1));
+        let s = reg.snapshot(&devs, &|_| 0, &Build::default(), Duration::from_secs(1));
         assert_eq!(s.connections.len(), 1);
         assert_eq!(reg.live(), 1);
         assert_eq!(
@@ -522,7 +533,7 @@ mod tests {
         );
         // Later snapshots keep it once (not again per snapshot).
         m2.sent(0, 2);
-        let s = reg.snapshot(&devs, &Build::default(), Duration::from_secs(1));
+        let s = reg.snapshot(&devs, &|_| 0, &Build::default(), Duration::from_secs(1));
         assert_eq!(s.paths[0].sent_bytes, 1010);
         assert_eq!(s.devices[0].registered_bytes, 0);
     }
@@ -538,7 +549,7 @@ mod tests {
         }
         // Each add folded the ones closed before it: one left (the last, now closed too).
         assert_eq!(reg.live(), 1);
-        let s = reg.snapshot(&[], &Build::default(), Duration::from_secs(1));
+        let s = reg.snapshot(&[], &|_| 0, &Build::default(), Duration::from_secs(1));
         assert_eq!(reg.live(), 0);
         assert_eq!(s.paths[0].sent_bytes, (0..100).sum::<u64>());
         assert_eq!(s.paths[0].connections_closed, 100);
@@ -559,7 +570,7 @@ mod tests {
         .unwrap();
         let r2 = Arc::clone(&reg);
         let ex = Exporter::start(dir.path(), Duration::from_millis(100), move || {
-            r2.snapshot(&[], &Build::default(), Duration::from_millis(100))
+            r2.snapshot(&[], &|_| 0, &Build::default(), Duration::from_millis(100))
         })
         .unwrap();
         let path = ex.path().to_path_buf();
@@ -593,7 +604,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let victim = dir.path().join("victim");
         std::fs::write(&victim, "keep").unwrap();
-        let snap = Registry::new().snapshot(&[], &Build::default(), Duration::from_secs(1));
+        let snap = Registry::new().snapshot(&[], &|_| 0, &Build::default(), Duration::from_secs(1));
         let path = dir.path().join("s.json");
         std::os::unix::fs::symlink(&victim, path.with_extension("json.tmp")).unwrap();
         std::os::unix::fs::symlink(&victim, history_path(&path)).unwrap();

@@ -82,6 +82,39 @@ fn sum_paths(snaps: &[Snapshot]) -> BTreeMap<Key, PathTotal> {
     m
 }
 
+/// One NCCL device of one host, summed over its processes (each process pins its own memory).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct DeviceRow {
+    pub host: String,
+    pub nccl_dev: usize,
+    pub name: String,
+    /// Live registrations (`regMr`) and the bytes NCCL asked to register.
+    pub registrations: u64,
+    pub registered_bytes: u64,
+    /// Bytes the fabric holds pinned on the device now (a shared range once, whole pages).
+    pub pinned_bytes: u64,
+}
+
+fn sum_devices(snaps: &[Snapshot]) -> Vec<DeviceRow> {
+    let mut m: BTreeMap<(String, usize, String), DeviceRow> = BTreeMap::new();
+    for s in snaps {
+        for d in &s.devices {
+            let r = m
+                .entry((s.host.clone(), d.nccl_dev, d.name.clone()))
+                .or_insert_with(|| DeviceRow {
+                    host: s.host.clone(),
+                    nccl_dev: d.nccl_dev,
+                    name: d.name.clone(),
+                    ..DeviceRow::default()
+                });
+            r.registrations = r.registrations.saturating_add(d.registrations);
+            r.registered_bytes = r.registered_bytes.saturating_add(d.registered_bytes);
+            r.pinned_bytes = r.pinned_bytes.saturating_add(d.pinned_bytes);
+        }
+    }
+    m.into_values().collect()
+}
+
 /// One path in a report.
 #[derive(Debug, Clone, Serialize)]
 pub struct PathRow {
@@ -115,6 +148,8 @@ pub struct Report {
     pub dir: String,
     pub processes: Vec<ProcessRow>,
     pub paths: Vec<PathRow>,
+    /// Per NCCL device, summed over the host's processes.
+    pub devices: Vec<DeviceRow>,
     /// Files that could not be read.
     pub unreadable: Vec<String>,
     /// Processes whose plugin or NCCL differs from the most common one (attestation).
@@ -220,6 +255,7 @@ pub fn report(
             })
             .collect(),
         paths,
+        devices: sum_devices(now),
         unreadable,
         mismatches: mismatches(&builds),
     }
@@ -270,6 +306,11 @@ fn g(v: Option<f64>) -> String {
 /// `12.3 GB` style total (10^9 bytes).
 fn gb(bytes: u64) -> String {
     format!("{:.3}", bytes as f64 / 1e9)
+}
+
+/// MiB (2^20 bytes), three decimals.
+fn mib(bytes: u64) -> String {
+    format!("{:.3}", bytes as f64 / f64::from(1u32 << 20))
 }
 
 /// The text form: one line per path, grouped by host, direction and peer.
@@ -365,6 +406,22 @@ pub fn render_text(r: &Report) -> String {
             r.dir
         );
     }
+    for d in r
+        .devices
+        .iter()
+        .filter(|d| d.registrations > 0 || d.pinned_bytes > 0)
+    {
+        let _ = writeln!(
+            out,
+            "device {} ({}) on {}: {} registrations, {} MiB registered, {} MiB pinned",
+            d.nccl_dev,
+            d.name,
+            d.host,
+            d.registrations,
+            mib(d.registered_bytes),
+            mib(d.pinned_bytes)
+        );
+    }
     for u in &r.unreadable {
         let _ = writeln!(out, "unreadable: {u}");
     }
@@ -453,7 +510,8 @@ fn num(v: f64) -> String {
 
 /// The report as Prometheus or OpenMetrics text: per path (summed over the host's processes)
 /// bytes, pieces, failovers, failbacks, errors, stripe weight, connections by state and the
-/// times of the last failover and failback; per process the build (`switchless_build_info`).
+/// times of the last failover and failback; per NCCL device registrations, registered and pinned
+/// bytes; per process the build (`switchless_build_info`).
 pub fn exposition(r: &Report, fmt: Format) -> String {
     let mut f = Families {
         fmt,
@@ -563,6 +621,38 @@ pub fn exposition(r: &Report, fmt: Format) -> String {
         "Unix time of the path's last failback.",
         &per_path(&|t| t.last_failback_unix_ms.map(|ms| ms as f64 / 1e3)),
     );
+    type Gauge<'a> = (&'a str, &'a str, &'a dyn Fn(&DeviceRow) -> u64);
+    let gauges: [Gauge<'_>; 3] = [
+        (
+            "switchless_device_registrations",
+            "Live registrations (regMr) on the NCCL device.",
+            &|d| d.registrations,
+        ),
+        (
+            "switchless_device_registered_bytes",
+            "Bytes NCCL registered on the device, summed per registration.",
+            &|d| d.registered_bytes,
+        ),
+        (
+            "switchless_device_pinned_bytes",
+            "Bytes pinned on the device now: a range shared by several registrations once, in whole pages.",
+            &|d| d.pinned_bytes,
+        ),
+    ];
+    for (name, help, v) in gauges {
+        let samples: Vec<(String, f64)> = r
+            .devices
+            .iter()
+            .map(|d| {
+                let dev = d.nccl_dev.to_string();
+                (
+                    labels(&[("host", &d.host), ("nccl_dev", &dev), ("device", &d.name)]),
+                    v(d) as f64,
+                )
+            })
+            .collect();
+        f.family(name, "gauge", help, &samples);
+    }
     let info: Vec<(String, f64)> = r
         .processes
         .iter()
@@ -787,6 +877,49 @@ mod tests {
         assert!(r.mismatches.is_empty());
         let text = render_text(&r);
         assert!(text.contains("16.000"), "{text}");
+    }
+
+    #[test]
+    fn device_figures_are_summed_over_processes_and_exported() {
+        use crate::transport::metrics::DeviceSnap;
+        let dev = |registrations, registered_bytes, pinned_bytes| DeviceSnap {
+            nccl_dev: 0,
+            name: "sl0".into(),
+            registrations,
+            registered_bytes,
+            pinned_bytes,
+        };
+        let mut a = snap(1, 1000, Vec::new());
+        a.devices = vec![dev(2, 2 << 20, 1 << 20)];
+        let mut b = snap(2, 1000, Vec::new());
+        b.devices = vec![dev(1, 4096, 8192)];
+        let r = report(Path::new("d"), &[], &[a, b], Vec::new(), &|_| None);
+        assert_eq!(r.devices.len(), 1);
+        let d = &r.devices[0];
+        assert_eq!(
+            (d.registrations, d.registered_bytes, d.pinned_bytes),
+            (3, (2 << 20) + 4096, (1 << 20) + 8192)
+        );
+        let text = exposition(&r, Format::Prometheus);
+        assert!(
+            text.contains("# TYPE switchless_device_pinned_bytes gauge"),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "switchless_device_pinned_bytes{{host=\"h\",nccl_dev=\"0\",device=\"sl0\"}} {}",
+                (1 << 20) + 8192
+            )),
+            "{text}"
+        );
+        let om = exposition(&r, Format::OpenMetrics);
+        assert!(
+            om.contains("# UNIT switchless_device_pinned_bytes bytes"),
+            "{om}"
+        );
+        assert!(
+            render_text(&r).contains("3 registrations, 2.004 MiB registered, 1.008 MiB pinned")
+        );
     }
 
     #[test]

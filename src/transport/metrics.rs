@@ -528,6 +528,11 @@ pub struct DeviceSnap {
     pub registrations: u64,
     /// Bytes NCCL registered (`regMr` lengths; the registration cache pins a shared range once).
     pub registered_bytes: u64,
+    /// Bytes the fabric holds pinned on the device now: each cached range's whole pages once,
+    /// whichever connections share it, plus pins kept outside the cache; 0 over TCP. Absent in
+    /// snapshots of older plugins (read as 0).
+    #[serde(default)]
+    pub pinned_bytes: u64,
 }
 
 /// Which plugin and NCCL a process runs (attestation).

@@ -234,6 +234,12 @@ impl<V: Clone> RegCache<V> {
         self.map.get(key).map_or(0, |e| e.refs)
     }
 
+    /// Every entry's key and pin (in no order): what a cache shared by several devices holds on
+    /// one of them.
+    pub fn pins(&self) -> impl Iterator<Item = (&CacheKey, &V)> {
+        self.map.iter().map(|(k, e)| (k, &e.pin))
+    }
+
     /// The counters.
     pub fn stats(&self) -> CacheStats {
         self.stats

@@ -7,6 +7,7 @@
 //! cached only when its range is page-aligned (widening it would move its offset in the DMA-BUF).
 
 use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::context::Context;
@@ -21,6 +22,8 @@ use crate::transport::regcache::{CacheKey, Inserted, RegCache, RegKind};
 pub struct Domain {
     pd: Arc<ProtectionDomain>,
     cache: Mutex<RegCache<Arc<MemoryRegion>>>,
+    /// Bytes of the regions held outside the cache (past its bounds, or unaligned DMA-BUFs).
+    uncached: AtomicU64,
     relaxed: RelaxedOrdering,
 }
 
@@ -52,6 +55,14 @@ impl Pin {
 impl Drop for Pin {
     fn drop(&mut self) {
         let Some(key) = self.key else {
+            // This pin owned its region alone: it is deregistered with the pin.
+            let n = self.mr.len() as u64;
+            let _ = self
+                .domain
+                .uncached
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |v| {
+                    Some(v.saturating_sub(n))
+                });
             return;
         };
         // The last reference hands the region back; it is deregistered after the lock is left.
@@ -110,6 +121,7 @@ impl Domain {
         Ok(Arc::new(Domain {
             pd: ProtectionDomain::new(ctx)?,
             cache: Mutex::new(RegCache::default()),
+            uncached: AtomicU64::new(0),
             relaxed,
         }))
     }
@@ -178,7 +190,18 @@ impl Domain {
         Arc::as_ptr(self) as usize as u64
     }
 
+    /// Bytes of data memory the device holds registered now: each cached region's whole pages
+    /// once, however many registrations share it, plus the regions kept outside the cache
+    /// (control memory, registered per connection outside the domain, is not counted).
+    pub fn pinned_bytes(&self) -> u64 {
+        let cached = lock(&self.cache, "registration cache").map_or(0, |c| c.stats().bytes);
+        cached.saturating_add(self.uncached.load(Ordering::Relaxed))
+    }
+
     fn pin(self: &Arc<Self>, mr: Arc<MemoryRegion>, key: Option<CacheKey>) -> Pin {
+        if key.is_none() {
+            self.uncached.fetch_add(mr.len() as u64, Ordering::Relaxed);
+        }
         Pin {
             mr,
             key,

@@ -21,8 +21,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
+use crate::host::NcclDevice;
 use crate::plugin::switchless::{
-    ConnOptions, Connectable, HostView, PathFactory, PathPlan, Switchless,
+    ConnOptions, Connectable, HostView, PathFactory, PathPlan, PinnedReader, Switchless,
 };
 use crate::sync::lock;
 use crate::sys::rawmem::Lent;
@@ -43,6 +44,9 @@ pub struct MemFactory {
     created: Arc<AtomicU32>,
     /// The options of each endpoint created, with whether it was the accepting side (tests).
     options: Arc<Mutex<Vec<(bool, ConnOptions)>>>,
+    /// Each memfab device made so far and the RDMA device names of the paths it serves (for
+    /// [`PathFactory::pinned_reader`]).
+    devs: Arc<Mutex<Vec<MemDev>>>,
 }
 
 impl std::fmt::Debug for MemFactory {
@@ -52,6 +56,9 @@ impl std::fmt::Debug for MemFactory {
             .finish()
     }
 }
+
+/// A memfab device id and the RDMA device names of the paths it serves.
+type MemDev = (u64, Vec<String>);
 
 static INSTALLED: Mutex<Option<(MemFactory, HostView)>> = Mutex::new(None);
 
@@ -68,6 +75,7 @@ impl MemFactory {
             next: Arc::new(AtomicU32::new(1)),
             created: Arc::new(AtomicU32::new(0)),
             options: Arc::new(Mutex::new(Vec::new())),
+            devs: Arc::new(Mutex::new(Vec::new())),
         }
     }
 
@@ -140,16 +148,16 @@ impl PathFactory for MemFactory {
             o.push((peer.is_some(), *opts));
         }
         let addrs = paths.iter().map(|p| p.local.addr.addr()).collect();
+        let mut names: Vec<&str> = paths
+            .iter()
+            .filter_map(|p| p.local.rdma_dev.as_deref())
+            .collect();
+        names.sort_unstable();
+        names.dedup();
         let dev = |side: &str| {
             use std::hash::{Hash, Hasher};
-            let mut names: Vec<&str> = paths
-                .iter()
-                .filter_map(|p| p.local.rdma_dev.as_deref())
-                .collect();
-            names.sort_unstable();
-            names.dedup();
             let mut h = std::collections::hash_map::DefaultHasher::new();
-            (side, names).hash(&mut h);
+            (side, &names).hash(&mut h);
             Some(h.finish())
         };
         match peer {
@@ -158,9 +166,16 @@ impl PathFactory for MemFactory {
                     .iter()
                     .map(|p| u64::from(p.local.speed_mbps))
                     .collect();
-                let (mine, theirs) =
-                    self.fab
-                        .pair_on(&speeds, self.loopbacks, dev("connecting"), dev("accepting"));
+                let (da, db) = (dev("connecting"), dev("accepting"));
+                let (mine, theirs) = self.fab.pair_on(&speeds, self.loopbacks, da, db);
+                {
+                    let mut known = lock(&self.devs, "memfab devices")?;
+                    for d in [da, db].into_iter().flatten() {
+                        if !known.iter().any(|(k, _)| *k == d) {
+                            known.push((d, names.iter().map(|n| n.to_string()).collect()));
+                        }
+                    }
+                }
                 let token = self.next.fetch_add(1, Ordering::Relaxed);
                 lock(&self.parked, "memfab park")?.insert(token, theirs);
                 Ok(MemConn {
@@ -192,6 +207,33 @@ impl PathFactory for MemFactory {
                 Ok(MemConn { ep, token, addrs })
             }
         }
+    }
+
+    /// Both simulated hosts live in this process: a device's figure sums the memfab devices (of
+    /// either side) whose paths use one of its members' RDMA devices.
+    fn pinned_reader(&self, devices: &[NcclDevice]) -> PinnedReader {
+        let members: Vec<Vec<String>> = devices
+            .iter()
+            .map(|d| d.members.iter().map(|m| m.rdma_dev.clone()).collect())
+            .collect();
+        let (fab, devs) = (self.fab.clone(), Arc::clone(&self.devs));
+        Arc::new(move |i| {
+            let Some(mine) = members.get(i) else {
+                return 0;
+            };
+            let ids: Vec<u64> = lock(&devs, "memfab devices").map_or_else(
+                |_| Vec::new(),
+                |known| {
+                    known
+                        .iter()
+                        .filter(|(_, names)| names.iter().any(|n| mine.contains(n)))
+                        .map(|(id, _)| *id)
+                        .collect()
+                },
+            );
+            ids.into_iter()
+                .fold(0u64, |n, id| n.saturating_add(fab.pinned_bytes_on(id)))
+        })
     }
 }
 

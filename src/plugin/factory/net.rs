@@ -20,7 +20,7 @@ use crate::config::{Config, TcpStreams, TransportMode};
 use crate::error::{Error, Result};
 use crate::host::{HostModel, NcclDevice};
 use crate::plugin::switchless::{
-    ConnOptions, Connectable, HostView, PathFactory, PathPlan, Switchless,
+    ConnOptions, Connectable, HostView, PathFactory, PathPlan, PinnedReader, Switchless,
 };
 use crate::route::types::{LinkKind, LocalLink};
 use crate::sync::lock;
@@ -280,6 +280,15 @@ impl PathFactory for NetFactory {
             &opts.secret,
             &cfg,
         )?))
+    }
+
+    /// The verbs devices' figures; TCP paths pin nothing (their buffers are copied by the
+    /// kernel), so a TCP-only process reports 0 for every device.
+    fn pinned_reader(&self, devices: &[NcclDevice]) -> PinnedReader {
+        match &self.verbs {
+            Some(v) => v.pinned_reader(devices),
+            None => Arc::new(|_| 0),
+        }
     }
 }
 

@@ -10,8 +10,9 @@ use std::sync::Arc;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::host::NcclDevice;
 use crate::plugin::switchless::{
-    ConnOptions, Connectable, HostView, PathFactory, PathPlan, Switchless,
+    ConnOptions, Connectable, HostView, PathFactory, PathPlan, PinnedReader, Switchless,
 };
 use crate::route::types::LinkKind;
 use crate::transport::handshake::PathParams;
@@ -203,6 +204,32 @@ impl PathFactory for VerbsFactory {
             });
         }
         VerbsFabric::new(&vp, opts.loopback)
+    }
+
+    /// Each device's figure is the sum over the protection domains of its members' RDMA devices
+    /// (each once). A domain shared by two NCCL devices (two ports of one RDMA device) is counted
+    /// under each.
+    fn pinned_reader(&self, devices: &[NcclDevice]) -> PinnedReader {
+        let per_dev: Vec<Vec<Arc<crate::verbs::Domain>>> = devices
+            .iter()
+            .map(|d| {
+                let mut doms: Vec<Arc<crate::verbs::Domain>> = Vec::new();
+                for m in &d.members {
+                    if let Some(dom) = self.domains.get(&m.rdma_dev) {
+                        if !doms.iter().any(|x| Arc::ptr_eq(x, dom)) {
+                            doms.push(Arc::clone(dom));
+                        }
+                    }
+                }
+                doms
+            })
+            .collect();
+        Arc::new(move |i| {
+            per_dev.get(i).map_or(0, |doms| {
+                doms.iter()
+                    .fold(0u64, |n, d| n.saturating_add(d.pinned_bytes()))
+            })
+        })
     }
 }
 

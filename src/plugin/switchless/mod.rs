@@ -140,6 +140,11 @@ pub trait Connectable: Fabric + Send + 'static {
     }
 }
 
+/// Reads the bytes a factory's fabric holds pinned on one NCCL device now, by the device's index
+/// (0 for an index it does not know). Called by the metrics snapshot (its own thread) while
+/// connections register.
+pub type PinnedReader = Arc<dyn Fn(usize) -> u64 + Send + Sync>;
+
 /// Builds connection endpoints; one per backend.
 pub trait PathFactory: Sized + Send + Sync + 'static {
     /// The endpoint type.
@@ -159,6 +164,10 @@ pub trait PathFactory: Sized + Send + Sync + 'static {
         peer: Option<&[PathParams]>,
         opts: &ConnOptions,
     ) -> Result<Self::Fabric>;
+
+    /// The reader of the bytes pinned on each of `devices` (NCCL's order): what the device's
+    /// registration cache holds (shared ranges once, whole pages) plus pins kept outside it.
+    fn pinned_reader(&self, devices: &[NcclDevice]) -> PinnedReader;
 }
 
 // ---- The backend. ----
@@ -182,6 +191,8 @@ pub struct Switchless<P: PathFactory> {
     cables: Mutex<report::CableCounts>,
     /// Every connection's counters (`plugin::metrics`).
     metrics: Arc<crate::plugin::metrics::Registry>,
+    /// Bytes pinned per device, for the snapshots.
+    pinned: PinnedReader,
     /// What the snapshots say the process runs.
     build: crate::transport::metrics::Build,
     /// The snapshot writer (`NCCL_SWITCHLESS_METRICS_DIR`), started by the first `listen` or
@@ -354,6 +365,7 @@ impl<P: PathFactory> Switchless<P> {
         getrandom::fill(&mut b)
             .map_err(|e| Error::System(format!("reading random bytes for state ids: {e}")))?;
         let metrics = Arc::new(crate::plugin::metrics::Registry::new());
+        let pinned = factory.pinned_reader(&view.devices);
         let build = crate::plugin::attest::build();
         Ok(Switchless {
             factory,
@@ -368,6 +380,7 @@ impl<P: PathFactory> Switchless<P> {
             warned_gdr: Mutex::new(HashSet::new()),
             cables: Mutex::new(report::CableCounts::default()),
             metrics,
+            pinned,
             build,
             exporter: Mutex::new(None),
             exporter_settled: AtomicBool::new(false),
@@ -396,8 +409,12 @@ impl<P: PathFactory> Switchless<P> {
             .iter()
             .map(|p| p.name.to_string_lossy().into_owned())
             .collect();
-        self.metrics
-            .snapshot(&names, &self.build, self.view.config.metrics_interval)
+        self.metrics.snapshot(
+            &names,
+            &*self.pinned,
+            &self.build,
+            self.view.config.metrics_interval,
+        )
     }
 
     /// The snapshot file the exporter writes, when it runs.
@@ -442,13 +459,14 @@ impl<P: PathFactory> Switchless<P> {
             .iter()
             .map(|p| p.name.to_string_lossy().into_owned())
             .collect();
-        let (reg, b, every) = (
+        let (reg, pinned, b, every) = (
             Arc::clone(&self.metrics),
+            Arc::clone(&self.pinned),
             self.build.clone(),
             self.view.config.metrics_interval,
         );
         match crate::plugin::metrics::Exporter::start(std::path::Path::new(dir), every, move || {
-            reg.snapshot(&names, &b, every)
+            reg.snapshot(&names, &*pinned, &b, every)
         }) {
             Ok(e) => *slot = Some(e),
             Err(e) => tracing::warn!("NET/switchless: metrics snapshots are off: {e}"),

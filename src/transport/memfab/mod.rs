@@ -814,6 +814,27 @@ impl MemFab {
         lock(&self.inner, LOCK).map_or_else(|_| Stats::default(), |g| g.stats.clone())
     }
 
+    /// Bytes of data memory pinned now on shared device `dev` ([`MemFab::pair_on`]): its cached
+    /// pins' bytes once each, plus the private registrations of its endpoints (past the cache's
+    /// bounds). [`Stats::pinned_bytes`] is the same over every device.
+    pub fn pinned_bytes_on(&self, dev: u64) -> u64 {
+        lock(&self.inner, LOCK).map_or(0, |g| {
+            let cached: u64 = g
+                .cache
+                .pins()
+                .filter(|(k, _)| k.dev == dev)
+                .map(|(_, p)| p.bytes)
+                .sum();
+            let private: u64 = g
+                .eps
+                .iter()
+                .filter(|e| e.dev == Some(dev))
+                .flat_map(|e| e.pinned.values())
+                .sum();
+            cached.saturating_add(private)
+        })
+    }
+
     /// Payload bytes written so far by `ep` on `path` (striping checks).
     pub fn path_bytes(&self, ep: EpId, path: usize) -> u64 {
         lock(&self.inner, LOCK).map_or(0, |g| {
