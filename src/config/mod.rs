@@ -546,6 +546,17 @@ variables! {
             doc: "Period of the metrics snapshot (with `NCCL_SWITCHLESS_METRICS_DIR`); a last one is \
                   written when the plugin closes.",
         },
+        attest: bool {
+            name: "NCCL_SWITCHLESS_ATTEST",
+            default: "1",
+            forms: FORM_BOOL,
+            parse: parse_bool,
+            show: show_bool,
+            doc: "`1`: the init INFO line and the metrics name the SHA-256 of the plugin library and of \
+                  `libnccl` as mapped in the process (read once per process: tens of ms natively). `0`: \
+                  they say `sha256 off`, for emulators (a TCG VM hashes at a few MB/s) or hosts where \
+                  reading the libraries at init costs too much.",
+        },
     }
 }
 
@@ -1025,7 +1036,7 @@ mod tests {
              NCCL_IB_RETRY_CNT=7 NCCL_IB_QPS_PER_CONNECTION=1 NCCL_IB_PCI_RELAXED_ORDERING=2 NCCL_NET_GDR_LEVEL=default transport=auto connect_timeout=off \
              request_timeout=off tcp_streams=auto tcp_threads=auto tcp_user_timeout=30000 ms tcp_fallback=0 min_chunk=131072 bytes \
              log_routes=0 failover=1 standby=1 failback_retries=5 failback_backoff=100 ms failback_interval=5000 ms \
-             tuner=1 adaptive_weights=1 metrics_dir=off metrics_interval=1000 ms"
+             tuner=1 adaptive_weights=1 metrics_dir=off metrics_interval=1000 ms attest=1"
         );
     }
 

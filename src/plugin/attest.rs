@@ -15,15 +15,20 @@ use sha2::{Digest, Sha256};
 
 use crate::transport::metrics::Build;
 
-/// This process's attestation (computed on the first call).
-pub fn build() -> Build {
+/// This process's attestation (computed on the first call; `hash` false, `NCCL_SWITCHLESS_ATTEST=0`:
+/// the files are not read and their digests say `off`).
+pub fn build(hash: bool) -> Build {
     static BUILD: OnceLock<Build> = OnceLock::new();
     BUILD
         .get_or_init(|| {
             let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
             // Any function of this library lies in its text mapping.
-            let here = build as fn() -> Build as usize;
-            of(&maps, here, &|p| sha256_file(p))
+            let here = build as fn(bool) -> Build as usize;
+            if hash {
+                of(&maps, here, &|p| sha256_file(p))
+            } else {
+                of(&maps, here, &|_| Some("off".to_string()))
+            }
         })
         .clone()
 }
@@ -158,8 +163,21 @@ mod tests {
         );
         assert_eq!(sha256_file("/nonexistent/x"), None);
         // This test binary's own code is mapped from a file.
-        let b = build();
+        let b = build(true);
         assert!(b.plugin_path.starts_with('/'), "{b:?}");
         assert_eq!(b.plugin_sha256.len(), 64);
+    }
+
+    /// `NCCL_SWITCHLESS_ATTEST=0`: no file is read, the digests say `off`.
+    #[test]
+    fn without_hashing_no_file_is_read() {
+        let maps = "7f00-7f10 r-xp 00000000 08:01 42 /opt/p/libnccl-net-switchless.so\n\
+                    7e00-7e10 r-xp 00000000 08:01 43 /opt/nccl/lib/libnccl.so.2\n";
+        let b = of(maps, 0x7f05, &|_| Some("off".to_string()));
+        assert_eq!(
+            (b.plugin_sha256.as_str(), b.nccl_sha256.as_str()),
+            ("off", "off")
+        );
+        assert!(b.text().contains("sha256 off"), "{}", b.text());
     }
 }

@@ -555,7 +555,8 @@ pub fn init<B: Backend>(info: CommInfo) -> Result<Context<B>> {
         comm_id = info.comm_id.map(|c| format!("{c:#x}")).unwrap_or_default(),
         devices = backend.devices().len(),
         "NET/switchless: {} initialized",
-        attest::build().text()
+        // The backend's open read the same setting; a bad value was refused there.
+        attest::build(crate::config::Config::from_env().map_or(true, |c| c.attest)).text()
     );
     Ok(Context::new(backend, info))
 }

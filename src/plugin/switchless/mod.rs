@@ -366,7 +366,7 @@ impl<P: PathFactory> Switchless<P> {
             .map_err(|e| Error::System(format!("reading random bytes for state ids: {e}")))?;
         let metrics = Arc::new(crate::plugin::metrics::Registry::new());
         let pinned = factory.pinned_reader(&view.devices);
-        let build = crate::plugin::attest::build();
+        let build = crate::plugin::attest::build(view.config.attest);
         Ok(Switchless {
             factory,
             view,
