@@ -541,6 +541,8 @@ rc=0
 round || rc=$?
 if [ $rc -ne 0 ] && [ "$FAULT" = 1 ] && [ "$RETRY" = 1 ]; then
     log "guest kernel panic (an rxe/emulator flake, not the code under test): retrying once"
+    # A rerun into the same --results folder (a developer's checkout) finds the last run's attempt.
+    rm -rf "$RESULTS/attempt1"
     mkdir -p "$RESULTS/attempt1"
     for ((n = 1; n <= NODES; n++)); do mv "$RESULTS/node$n" "$RESULTS/node$n.log" "$RESULTS/attempt1/"; done
     attempt=2 rc=0
