@@ -90,6 +90,9 @@ pub struct FenceStats {
     pub landed: u64,
     /// Parked items it showed missing: sent again, once.
     pub resent: u64,
+    /// Receiving comm: key updates posted (a standby path's keys for a receive posted before
+    /// the path's first use). Sending comm: pieces that waited for such a key before posting.
+    pub keys: u64,
 }
 
 impl Fence {

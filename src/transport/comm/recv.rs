@@ -396,6 +396,7 @@ impl<F: Fabric> RecvComm<F> {
                     self.fail_over();
                 } else {
                     self.slots[slot].keys_posted |= bit;
+                    self.core.fence.stats.keys += 1;
                 }
             }
         }

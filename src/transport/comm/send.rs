@@ -416,6 +416,7 @@ impl<F: Fabric> SendComm<F> {
             if r.have & (1 << r.pieces[pi].path) == 0 {
                 // No key for the receive buffer on this path yet (`poll_keys`).
                 r.keyless |= 1 << pi;
+                self.core.fence.stats.keys += 1;
                 continue;
             }
             if let Err(err) = self.post_piece(idx, pi) {
@@ -655,6 +656,9 @@ impl<F: Fabric> SendComm<F> {
         if have & (1 << j) == 0 {
             if r.keyless == 0 {
                 self.waiting.push(idx);
+            }
+            if r.keyless & (1 << pi) == 0 {
+                self.core.fence.stats.keys += 1;
             }
             r.keyless |= 1 << pi;
             return;
