@@ -843,6 +843,7 @@ fn a_standby_path_registers_only_at_its_first_use() {
     };
     let mut g = rig_standby(2, &[1], fcfg, pcfg());
     let sid = g.sid;
+    let rid = g.r.fabric().id();
     let base_keys = g.fab.live_keys();
     // A registration that never sees failover: nothing on the standby path, released clean.
     let spare = g.fab.alloc(1 << 16).unwrap();
@@ -862,11 +863,19 @@ fn a_standby_path_registers_only_at_its_first_use() {
         "a released registration left keys"
     );
     // Before failover: traffic, and still nothing pinned for the standby path.
+    // Both sides: the receiving side hands no standby keys over in its clear-to-send entries.
     let mut seen_before = Vec::new();
     stream(&mut g, &[1 << 20; 8], 4, |g, _| {
-        seen_before.push(g.fab.registrations_on(sid, 1));
+        seen_before.push((
+            g.fab.registrations_on(sid, 1),
+            g.fab.registrations_on(rid, 0),
+            g.fab.registrations_on(rid, 1),
+        ));
     });
-    assert!(seen_before.iter().all(|&n| n == 0), "{seen_before:?}");
+    assert!(
+        seen_before.iter().all(|&s| s == (0, 1, 0)),
+        "(sender on standby, receiver on carrying, receiver on standby): {seen_before:?}"
+    );
     // A registration filed through the pinner before the failover, adopted after it.
     let early = g.fab.alloc(1 << 16).unwrap();
     g.fab.write(early, &pattern(1 << 16, 3)).unwrap();
@@ -878,8 +887,10 @@ fn a_standby_path_registers_only_at_its_first_use() {
     // Cable 0 pulled mid-run: the standby path takes over and is registered at that moment.
     g.fab.kill_after(sid, 0, 30, true);
     let mut seen_after = Vec::new();
+    let mut recv_after = Vec::new();
     let out = stream(&mut g, &[1 << 20; 16], 8, |g, step| {
         seen_after.push((step, g.fab.registrations_on(sid, 1)));
+        recv_after.push((step, g.fab.registrations_on(rid, 1)));
     });
     assert!(out.received.iter().all(|&c| c == 1));
     assert_eq!(g.s.paths_carrying(), vec![false, true]);
@@ -891,6 +902,22 @@ fn a_standby_path_registers_only_at_its_first_use() {
     assert!(
         seen_after.iter().any(|&(s, n)| s > kill && n == 2),
         "the stream's buffer and the pinner's early one on the standby path: {seen_after:?}"
+    );
+    // The receiving side: its stream buffer, on the standby path only from the failover on (the
+    // step whose start records the kill runs after the one in which it happened);
+    // the receives posted before it (8 in flight) got the keys in key updates.
+    assert!(
+        recv_after.iter().all(|&(s, n)| n == usize::from(s >= kill)),
+        "receiver's registrations on the standby path (kill at step {kill}): {recv_after:?}"
+    );
+    assert!(g.r.fence_stats().keys > 0, "{:?}", g.r.fence_stats());
+    assert!(g.s.fence_stats().keys > 0, "{:?}", g.s.fence_stats());
+    eprintln!(
+        "receiving side, registrations on the standby path: before failover {:?}, after {:?}; key updates {}, pieces held for a key {}",
+        seen_before.last().map(|s| s.2),
+        recv_after.last().map(|s| s.1),
+        g.r.fence_stats().keys,
+        g.s.fence_stats().keys
     );
     // The early registration, filed now: it has the standby path's keys and carries a message.
     let early_mh = g.s.adopt(early, 1 << 16, MemKind::Host, early_reg).unwrap();
@@ -941,5 +968,6 @@ fn a_standby_path_registers_only_at_its_first_use() {
     g.s.dereg_mr(early_mh).unwrap();
     g.r.dereg_mr(rmh).unwrap();
     assert_eq!(g.fab.registrations_on(sid, 1), 0, "released on both paths");
+    assert_eq!(g.fab.registrations_on(rid, 1), 0, "released on both paths");
     close(g);
 }
