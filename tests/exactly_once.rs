@@ -657,3 +657,84 @@ fn a_forged_stop_request_costs_a_path_not_data() {
     assert_eq!(r.paths_up(), vec![true, false]);
     assert_eq!(s.paths_up(), vec![true, false]);
 }
+
+/// The key area and the header's keyless-paths bits come from the peer: a receiver whose entry
+/// claims to lack every path's keys gets nothing written until a key update for that very entry
+/// (its sequence number) lands; an update naming another sequence (a stale or forged one) moves
+/// nothing; each path's pieces go once its own update is there, with the keys it carries.
+#[test]
+fn a_sender_writes_nothing_on_a_path_before_the_entrys_own_key_update() {
+    use switchless::transport::wire::{
+        FIFO_DEPTH, FenceLayout, KEY_WORDS, MAX_RECVS, RECV_SNAP_WORDS, SLOT_HDR, SLOT_IDX,
+        SLOT_WORDS, encode_keys, key_area, key_area_words, slot_keys_missing, with_keys_missing,
+    };
+    let (fab, mut s, mut r, sid, (src, smh), (dst, rmh)) = pair2();
+    let mut now = Instant::now();
+    let data = content(9, 40_000);
+    fab.write(src, &data).unwrap();
+    let b = RecvBuf {
+        addr: dst,
+        size: SLOT as u64,
+        tag: 0,
+        mh: &rmh,
+    };
+    let rq = r.irecv(now, &[b]).unwrap().unwrap();
+    // The entry (slot 0, sequence 0) landed; the "receiver" rewrites its header: no keys.
+    let fifo = s.local_info().addr;
+    let word = |at: u64| u64::from_le_bytes(fab.read(at, 8).unwrap().try_into().unwrap());
+    assert_eq!(word(fifo + 8 * SLOT_IDX as u64), 1);
+    let hdr_at = fifo + 8 * SLOT_HDR as u64;
+    assert_eq!(slot_keys_missing(word(hdr_at)), 0, "no path deferred here");
+    fab.write(hdr_at, &with_keys_missing(word(hdr_at), 0xff).to_le_bytes())
+        .unwrap();
+    let sq = s.isend(now, src, 40_000, 0, &smh).unwrap().unwrap();
+    let keys_at = fifo
+        + 8 * (FIFO_DEPTH * SLOT_WORDS
+            + FenceLayout {
+                npaths: 2,
+                snap: RECV_SNAP_WORDS,
+            }
+            .words()) as u64;
+    assert!(s.local_info().words as usize * 8 >= (keys_at - fifo) as usize + 8 * key_area_words(2));
+    let update = |k: usize, seq: u64| {
+        let mut rkeys = [0u32; MAX_RECVS];
+        rkeys[0] = rmh.registration().keys[k].rkey;
+        let mut w = [0u64; KEY_WORDS];
+        encode_keys(seq, &rkeys, &mut w);
+        let bytes: Vec<u8> = w.iter().flat_map(|x| x.to_le_bytes()).collect();
+        fab.write(keys_at + 8 * key_area(k, 0) as u64, &bytes).unwrap();
+    };
+    let mut spin = |s: &mut SendComm<MemEndpoint>, r: &mut RecvComm<MemEndpoint>, n: usize| {
+        let mut done = (None, None);
+        for _ in 0..n {
+            if done.0.is_none() {
+                done.0 = s.test(now, sq).unwrap();
+            }
+            if done.1.is_none() {
+                done.1 = r.test(now, rq).unwrap();
+            }
+            fab.step();
+            now += Duration::from_millis(1);
+        }
+        done
+    };
+    assert_eq!(spin(&mut s, &mut r, 20), (None, None));
+    assert_eq!(fab.path_bytes(sid, 0) + fab.path_bytes(sid, 1), 0);
+    // An update for the slot's next use (sequence 32) is not this entry's.
+    update(0, FIFO_DEPTH as u64);
+    update(1, FIFO_DEPTH as u64);
+    assert_eq!(spin(&mut s, &mut r, 20), (None, None));
+    assert_eq!(fab.path_bytes(sid, 0) + fab.path_bytes(sid, 1), 0);
+    // Path 0's own update: its piece goes, path 1's still waits.
+    update(0, 0);
+    assert_eq!(spin(&mut s, &mut r, 20), (None, None));
+    assert!(fab.path_bytes(sid, 0) > 0);
+    assert_eq!(fab.path_bytes(sid, 1), 0);
+    update(1, 0);
+    let (sent, got) = spin(&mut s, &mut r, 20);
+    assert_eq!(sent, Some(40_000));
+    assert_eq!(got.unwrap().as_slice(), &[40_000]);
+    assert_eq!(fab.read(dst, 40_000).unwrap(), data);
+    assert!(fab.path_bytes(sid, 1) > 0);
+    assert_eq!(s.fence_stats().keys, 2, "both pieces held for a key");
+}
