@@ -640,6 +640,20 @@ mod tests {
         }
 
         #[test]
+        fn key_updates_and_keyless_bits_roundtrip(seq in 0u64..1 << 62, keys in any::<[u32; MAX_RECVS]>(), hdr in any::<u64>(), missing in any::<u8>()) {
+            let mut w = [0u64; KEY_WORDS];
+            encode_keys(seq, &keys, &mut w);
+            prop_assert_eq!(w[0], seq + 1);
+            for (e, &k) in keys.iter().enumerate() {
+                prop_assert_eq!(decode_key(&w[1..], e), k);
+            }
+            let h = with_keys_missing(hdr, missing);
+            prop_assert_eq!(slot_keys_missing(h), missing);
+            // The bits share the header with n, the path count and the magic: untouched.
+            prop_assert_eq!(h & !(0xff << 16), hdr & !(0xff << 16));
+        }
+
+        #[test]
         fn ctrl_info_decoder_never_panics(b in proptest::collection::vec(any::<u8>(), 0..80)) {
             let _ = CtrlInfo::from_bytes(&b);
         }
