@@ -466,7 +466,11 @@ fn a_pulled_cable_delivers_each_message_once_into_a_shared_pool() {
 fn the_receiver_registers_a_standby_path_at_failover_and_hands_its_keys_over() {
     let (mut updates, mut held, mut runs) = (0, 0, 0);
     for at in 0..60 {
-        for mode in [InFlight::Drop, InFlight::LandLost, InFlight::Delay { ops: 3 }] {
+        for mode in [
+            InFlight::Drop,
+            InFlight::LandLost,
+            InFlight::Delay { ops: 3 },
+        ] {
             let mut c = case(mode, at, Some(5));
             c.standby = true;
             c.partial = at % 2 == 1;
@@ -702,7 +706,8 @@ fn a_sender_writes_nothing_on_a_path_before_the_entrys_own_key_update() {
         let mut w = [0u64; KEY_WORDS];
         encode_keys(seq, &rkeys, &mut w);
         let bytes: Vec<u8> = w.iter().flat_map(|x| x.to_le_bytes()).collect();
-        fab.write(keys_at + 8 * key_area(k, 0) as u64, &bytes).unwrap();
+        fab.write(keys_at + 8 * key_area(k, 0) as u64, &bytes)
+            .unwrap();
     };
     let mut spin = |s: &mut SendComm<MemEndpoint>, r: &mut RecvComm<MemEndpoint>, n: usize| {
         let mut done = (None, None);

@@ -170,11 +170,8 @@ impl<F: Fabric> RecvComm<F> {
         // ... then the key area.
         let npaths = self.core.data.len();
         let keys_off = FIFO_DEPTH * SLOT_WORDS + inbox.words();
-        self.core.check_peer(
-            &peer,
-            keys_off + wire::key_area_words(npaths),
-            "CTS FIFO",
-        )?;
+        self.core
+            .check_peer(&peer, keys_off + wire::key_area_words(npaths), "CTS FIFO")?;
         self.core.fence_connect(
             peer.addr + 8 * (FIFO_DEPTH * SLOT_WORDS) as u64,
             peer.rkeys.clone(),
@@ -719,7 +716,9 @@ impl<F: Fabric> RecvComm<F> {
                         // In the sender's key area, whatever became of the path since.
                         r.keys_missing &= !bit;
                     } else if k.is_some_and(|k| core.paths.is_up(k))
-                        && !k.is_some_and(|k| core.mark_down(k, now, &format!("key update write: {}", c.status)))
+                        && !k.is_some_and(|k| {
+                            core.mark_down(k, now, &format!("key update write: {}", c.status))
+                        })
                     {
                         let err = core.completion_error(path, &c, "key update write");
                         r.error.get_or_insert(err);

@@ -12,8 +12,8 @@ use crate::error::{Error, Result};
 use crate::transport::fabric::{CtrlMem, Fabric, LocalSeg, RemoteSeg, WcOpcode, WriteWr};
 use crate::transport::stripe::{Chunk, MAX_PATHS, stripe};
 use crate::transport::wire::{
-    self, CtrlInfo, CtsElem, FIFO_DEPTH, FenceLayout, Imm, KEY_WORDS, MAX_RECVS,
-    MAX_SEND_REQUESTS, RECV_SNAP_WORDS, SEND_SNAP_WORDS, SLOT_HDR, SLOT_IDX, SLOT_WORDS, WrKind,
+    self, CtrlInfo, CtsElem, FIFO_DEPTH, FenceLayout, Imm, KEY_WORDS, MAX_RECVS, MAX_SEND_REQUESTS,
+    RECV_SNAP_WORDS, SEND_SNAP_WORDS, SLOT_HDR, SLOT_IDX, SLOT_WORDS, WrKind,
 };
 
 /// One chunk of a send's stripe, and the data path it is (now) posted on.
@@ -291,7 +291,9 @@ impl<F: Fabric> SendComm<F> {
             if !self.core.paths.carries(k) {
                 continue;
             }
-            if let Some(words) = Self::read_keys(&self.core, &self.fifo, self.keys_off, slot, seq, k)? {
+            if let Some(words) =
+                Self::read_keys(&self.core, &self.fifo, self.keys_off, slot, seq, k)?
+            {
                 for (i, el) in cur.elems[..cur.n].iter_mut().enumerate() {
                     el.rkeys[k] = wire::decode_key(&words, i);
                 }
