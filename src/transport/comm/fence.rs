@@ -171,6 +171,12 @@ impl<F: Fabric> Core<F> {
         }
     }
 
+    /// Whether a fence write is in flight: its completion frees its outbox area and lets the
+    /// next `req` or publish go, so a comm with nothing else to poll for must still reap it.
+    pub(super) fn fence_writing(&self) -> bool {
+        self.fence.req_inflight.is_some() || self.fence.pub_inflight.is_some()
+    }
+
     /// Whether data path `k` may be probed for failback: this end's stop was acknowledged and its
     /// parked work settled, and the peer's stop of this period was sealed for and answered.
     pub(super) fn may_revive(&self, k: usize) -> bool {

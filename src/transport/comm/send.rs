@@ -250,9 +250,16 @@ impl<F: Fabric> SendComm<F> {
             // Nothing to poll for while no clear-to-send arrives: ask the devices what they saw,
             // and settle what failed paths had in flight (the receiver's answer may be waiting).
             self.core.check_health(now)?;
-            self.settle(now)?;
-            let mut rebuilt = Vec::new();
-            self.core.probe(now, &mut rebuilt)?;
+            if self.core.fence_writing() {
+                // A fence write in flight: with no request left to test, nothing else would
+                // reap its completion, and the next publish (an answer the receiver's parked
+                // clear-to-send waits for) would never go.
+                self.progress(now)?;
+            } else {
+                self.settle(now)?;
+                let mut rebuilt = Vec::new();
+                self.core.probe(now, &mut rebuilt)?;
+            }
             let since = *self.stalled_since.get_or_insert(now);
             if let Some(waited) = timed_out(Some(since), self.core.cfg.request_timeout, now) {
                 return Err(Error::Timeout(format!(
