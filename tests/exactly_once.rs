@@ -87,6 +87,10 @@ struct Case {
     /// The last data path stands by (the connector's choice): it carries, and both sides
     /// register on it, only once the fault makes it take over.
     standby: bool,
+    /// A second fault on the same peer, armed when the first has struck: this path, after this
+    /// many more executed work requests (so it can strike while the standby path is activated,
+    /// its key updates in flight).
+    second: Option<(usize, u64)>,
 }
 
 /// What a run saw.
@@ -96,8 +100,10 @@ struct Seen {
     violations: Vec<String>,
     /// Messages whose bytes were not the sender's when their receive completed.
     corrupt: Vec<String>,
-    /// Whether the fault fired, and writes landed with lost completions or late.
+    /// Whether the fault fired (and the second one, if any), and writes landed with lost
+    /// completions or late.
     fired: bool,
+    second_fired: bool,
     landed_lost: u64,
     late_landed: u64,
     late_dropped: u64,
@@ -187,6 +193,8 @@ fn run(c: &Case) -> Seen {
     let fid = peers[c.fault_peer].sid;
     fab.fault_after(fid, c.fault_path, c.fault_at, c.partial, c.mode);
 
+    let mut second = c.second;
+    let mut fired_first = false;
     let mut slot_free = vec![true; c.pool];
     let mut received = vec![0u32; n];
     let mut sent = vec![0u32; n];
@@ -196,6 +204,12 @@ fn run(c: &Case) -> Seen {
     let mut steps = 0;
     for step in 0..20_000 {
         steps = step;
+        if !fired_first && !fab.kill_pending() {
+            fired_first = true;
+            if let Some((path, ops)) = second.take() {
+                fab.fault_after(fid, path, ops, c.partial, c.mode);
+            }
+        }
         // Receives in message order, each into the first free pool buffer (for either peer).
         while next_post < n {
             let Some(k) = slot_free.iter().position(|&f| f) else {
@@ -320,12 +334,13 @@ fn run(c: &Case) -> Seen {
     }
     assert!(
         received.iter().all(|&x| x == 1) && sent.iter().all(|&x| x == 1),
-        "hang after {steps} steps: received {received:?}, sent {sent:?}; paths up {:?} {:?}",
+        "{c:?}: hang after {steps} steps: received {received:?}, sent {sent:?}; paths up {:?} {:?}",
         peers.iter().map(|p| p.s.paths_up()).collect::<Vec<_>>(),
         peers.iter().map(|p| p.r.paths_up()).collect::<Vec<_>>(),
     );
     // Whatever the fault still holds on the wire lands now (unless its target's end is sealed).
-    let fired = !fab.kill_pending();
+    let fired = fired_first || (c.second.is_none() && !fab.kill_pending());
+    let second_fired = c.second.is_some() && fired_first && !fab.kill_pending();
     fab.deliver_late();
     let st = fab.stats();
     let sum = |f: &dyn Fn(&Peer) -> u64| peers.iter().map(f).sum::<u64>();
@@ -341,6 +356,7 @@ fn run(c: &Case) -> Seen {
         violations: fab.violations(),
         corrupt,
         fired,
+        second_fired,
         landed_lost: st.landed_lost,
         late_landed: st.late_landed,
         late_dropped: st.late_dropped,
@@ -398,6 +414,7 @@ fn case(mode: InFlight, fault_at: u64, seed: Option<u64>) -> Case {
         mode,
         seed,
         standby: false,
+        second: None,
     }
 }
 
@@ -485,6 +502,29 @@ fn the_receiver_registers_a_standby_path_at_failover_and_hands_its_keys_over() {
             runs += 1;
         }
     }
+    // Three paths, path 2 standing by: path 0 fails, path 2 is activated beside path 1 (which
+    // has the keys), then path 1 or the activated path 2 fails 0..40 work requests later, with
+    // key updates and held pieces in flight.
+    let mut second_fired = 0;
+    for at in 0..30 {
+        for (path, ops) in [(1, 0), (1, 5), (1, 20), (2, 0), (2, 3), (2, 12)] {
+            let mut c = case(InFlight::Drop, at, Some(5));
+            c.npaths = 3;
+            c.standby = true;
+            c.second = Some((path, ops));
+            let s = check(&c);
+            assert!(s.fired);
+            second_fired += usize::from(s.second_fired);
+            assert_eq!(s.standby_regs_before, vec![0, 0], "{c:?}");
+            updates += s.key_updates;
+            held += s.keyless_pieces;
+            runs += 1;
+        }
+    }
+    assert!(
+        second_fired > 150,
+        "the second fault struck in {second_fired} of 180 runs"
+    );
     // Receives posted before the failover got their keys late, and the sender held pieces
     // for them (a receive in flight across the failover, not only new ones).
     assert!(
@@ -523,6 +563,9 @@ proptest! {
         mode in mode(),
         seed in proptest::option::weighted(0.8, 1u64..1000),
         standby in any::<bool>(),
+        // With 3 paths, one standing by: a second fault on a carrying path or the activated
+        // standby one, up to 40 work requests after the first (during the activation).
+        second in proptest::option::of((1usize..3, 0u64..40)),
     ) {
         let fault_at = fault_permille * 3 * plan.len() as u64 / 1000;
         let c = Case {
@@ -537,6 +580,7 @@ proptest! {
             mode,
             seed,
             standby,
+            second: second.filter(|_| standby && npaths == 3),
         };
         let seen = run(&c);
         prop_assert!(seen.fired, "the fault never fired in {} steps: {c:?}", seen.steps);
