@@ -676,6 +676,84 @@ fn a_health_error_about_one_path_fails_over_instead_of_failing_the_send() {
 /// `iflush` across failover (GB300, pre-Hopper GPUs, `NCCL_NET_FORCE_FLUSH`): a device whose data
 /// path died between the data and the flush is left out (or, found dead by its flush read, marked
 /// down), and the flush completes on the devices left; it fails only when none is.
+/// A GPU receive's flush reads only through devices a receive may have written through: not a
+/// standby path's device while it stands by (the receiving side has not registered there; it did
+/// read there when it registered everywhere at once), and that device once failover made it
+/// carry.
+#[test]
+fn a_flush_skips_a_standby_device_until_it_carries() {
+    use switchless::transport::comm::FlushBuf;
+    let _p = shared();
+    let fab = MemFab::new(MemFabConfig::default());
+    // Data path i and loopback path 2 + i are device i; data path 1 stands by.
+    let (a, b) = fab.pair(&[100_000, 100_000], 2);
+    let (sid, rid) = (a.id(), b.id());
+    let mut s = SendComm::new(a, pcfg()).unwrap();
+    s.set_standby(&[1]).unwrap();
+    let mut r = RecvComm::new(b, pcfg()).unwrap();
+    let (si, ri) = (s.local_info(), r.local_info());
+    s.connect(ri).unwrap();
+    r.connect(si).unwrap();
+    let len = 64 << 10;
+    let src = fab.alloc(len).unwrap();
+    fab.write(src, &pattern(len, 3)).unwrap();
+    let dst = fab.alloc(len).unwrap();
+    let smh = s.reg_mr(&Lent::simulated(src, len), MemKind::Host).unwrap();
+    let rmh = r.reg_mr(&Lent::simulated(dst, len), MemKind::Cuda).unwrap();
+    assert_eq!(fab.registrations_on(rid, 1), 0, "eager on the standby path");
+    let mut now = Instant::now();
+    let mut one = |s: &mut SendComm<MemEndpoint>, r: &mut RecvComm<MemEndpoint>| {
+        let b = RecvBuf {
+            addr: dst,
+            size: len as u64,
+            tag: 0,
+            mh: &rmh,
+        };
+        let rq = r.irecv(now, &[b]).unwrap().unwrap();
+        let (mut sq, mut sent, mut got) = (None, false, false);
+        for _ in 0..1000 {
+            if sq.is_none() {
+                sq = s.isend(now, src, len as u64, 0, &smh).unwrap();
+            }
+            if let Some(q) = sq.filter(|_| !sent) {
+                sent = s.test(now, q).unwrap().is_some();
+            }
+            if !got {
+                got = r.test(now, rq).unwrap().is_some();
+            }
+            if sent && got {
+                break;
+            }
+            fab.step();
+            now += Duration::from_millis(1);
+        }
+        assert!(sent && got);
+        let f = FlushBuf {
+            addr: dst,
+            size: len as u64,
+            mh: &rmh,
+        };
+        let reads = fab.stats().reads;
+        let q = r
+            .iflush(now, &[f])
+            .unwrap()
+            .expect("GPU data needs a flush");
+        while r.test(now, q).unwrap().is_none() {}
+        fab.stats().reads - reads
+    };
+    assert_eq!(one(&mut s, &mut r), 1, "device 0's read only");
+    assert_eq!(fab.path_bytes(sid, 1), 0);
+    // Cable 0 pulled: the standby path carries, both sides register there, the flush reads on
+    // its device (device 0 has no usable data path any more).
+    fab.kill_path(sid, 0);
+    assert_eq!(one(&mut s, &mut r), 1, "device 1's read");
+    assert!(fab.path_bytes(sid, 1) > 0);
+    assert_eq!(r.paths_up(), vec![false, true]);
+    assert_eq!(fab.registrations_on(rid, 1), 1);
+    s.dereg_mr(smh).unwrap();
+    r.dereg_mr(rmh).unwrap();
+}
+
 #[test]
 fn a_flush_goes_on_without_a_dead_device_and_fails_only_with_none_left() {
     use switchless::transport::comm::FlushBuf;
