@@ -84,6 +84,13 @@ struct Case {
     partial: bool,
     mode: InFlight,
     seed: Option<u64>,
+    /// The last data path stands by (the connector's choice): it carries, and both sides
+    /// register on it, only once the fault makes it take over.
+    standby: bool,
+    /// A second fault on the same peer, armed when the first has struck: this path, after this
+    /// many more executed work requests (so it can strike while the standby path is activated,
+    /// its key updates in flight).
+    second: Option<(usize, u64)>,
 }
 
 /// What a run saw.
@@ -93,8 +100,10 @@ struct Seen {
     violations: Vec<String>,
     /// Messages whose bytes were not the sender's when their receive completed.
     corrupt: Vec<String>,
-    /// Whether the fault fired, and writes landed with lost completions or late.
+    /// Whether the fault fired (and the second one, if any), and writes landed with lost
+    /// completions or late.
     fired: bool,
+    second_fired: bool,
     landed_lost: u64,
     late_landed: u64,
     late_dropped: u64,
@@ -105,6 +114,13 @@ struct Seen {
     pieces_resent: u64,
     cts_landed: u64,
     cts_resent: u64,
+    /// Receiving side, per peer: data registrations with keys on the standby path, once
+    /// registered (before any traffic) and at the end.
+    standby_regs_before: Vec<usize>,
+    standby_regs_after: Vec<usize>,
+    /// Key updates the receivers posted, pieces the senders held for one.
+    key_updates: u64,
+    keyless_pieces: u64,
 }
 
 const SLOT: usize = 48 << 10;
@@ -120,7 +136,17 @@ fn run(c: &Case) -> Seen {
         .map(|_| {
             let (a, b) = fab.pair(&vec![100_000; c.npaths], 0);
             let sid = a.id();
-            let (mut s, mut r) = connect_pair(a, b, pcfg()).unwrap();
+            let (mut s, mut r) = if c.standby {
+                let mut s = SendComm::new(a, pcfg()).unwrap();
+                s.set_standby(&[c.npaths - 1]).unwrap();
+                let mut r = RecvComm::new(b, pcfg()).unwrap();
+                let (si, ri) = (s.local_info(), r.local_info());
+                s.connect(ri).unwrap();
+                r.connect(si).unwrap();
+                (s, r)
+            } else {
+                connect_pair(a, b, pcfg()).unwrap()
+            };
             let src = fab.alloc(c.ring * SLOT).unwrap();
             let smh = s
                 .reg_mr(&Lent::simulated(src, c.ring * SLOT), MemKind::Host)
@@ -156,10 +182,19 @@ fn run(c: &Case) -> Seen {
     for (m, &(p, _)) in c.plan.iter().enumerate() {
         peers[p].msgs.push(m);
     }
+    let standby_regs = |fab: &MemFab, peers: &[Peer]| -> Vec<usize> {
+        peers
+            .iter()
+            .map(|p| fab.registrations_on(p.r.fabric().id(), c.npaths - 1))
+            .collect()
+    };
+    let standby_regs_before = standby_regs(&fab, &peers);
     let n = c.plan.len();
     let fid = peers[c.fault_peer].sid;
     fab.fault_after(fid, c.fault_path, c.fault_at, c.partial, c.mode);
 
+    let mut second = c.second;
+    let mut fired_first = false;
     let mut slot_free = vec![true; c.pool];
     let mut received = vec![0u32; n];
     let mut sent = vec![0u32; n];
@@ -169,6 +204,12 @@ fn run(c: &Case) -> Seen {
     let mut steps = 0;
     for step in 0..20_000 {
         steps = step;
+        if !fired_first && !fab.kill_pending() {
+            fired_first = true;
+            if let Some((path, ops)) = second.take() {
+                fab.fault_after(fid, path, ops, c.partial, c.mode);
+            }
+        }
         // Receives in message order, each into the first free pool buffer (for either peer).
         while next_post < n {
             let Some(k) = slot_free.iter().position(|&f| f) else {
@@ -293,16 +334,23 @@ fn run(c: &Case) -> Seen {
     }
     assert!(
         received.iter().all(|&x| x == 1) && sent.iter().all(|&x| x == 1),
-        "hang after {steps} steps: received {received:?}, sent {sent:?}; paths up {:?} {:?}",
+        "{c:?}: hang after {steps} steps: received {received:?}, sent {sent:?}; paths up {:?} {:?}",
         peers.iter().map(|p| p.s.paths_up()).collect::<Vec<_>>(),
         peers.iter().map(|p| p.r.paths_up()).collect::<Vec<_>>(),
     );
     // Whatever the fault still holds on the wire lands now (unless its target's end is sealed).
-    let fired = !fab.kill_pending();
+    // The first fault may strike in the last step (then the second was never armed).
+    let armed = c.second.is_some() && second.is_none();
+    let fired = fired_first || !fab.kill_pending();
+    let second_fired = armed && !fab.kill_pending();
     fab.deliver_late();
     let st = fab.stats();
     let sum = |f: &dyn Fn(&Peer) -> u64| peers.iter().map(f).sum::<u64>();
     let seen = Seen {
+        standby_regs_before,
+        standby_regs_after: standby_regs(&fab, &peers),
+        key_updates: sum(&|p| p.r.fence_stats().keys),
+        keyless_pieces: sum(&|p| p.s.fence_stats().keys),
         pieces_landed: sum(&|p| p.s.fence_stats().landed),
         pieces_resent: sum(&|p| p.s.fence_stats().resent),
         cts_landed: sum(&|p| p.r.fence_stats().landed),
@@ -310,6 +358,7 @@ fn run(c: &Case) -> Seen {
         violations: fab.violations(),
         corrupt,
         fired,
+        second_fired,
         landed_lost: st.landed_lost,
         late_landed: st.late_landed,
         late_dropped: st.late_dropped,
@@ -366,6 +415,8 @@ fn case(mode: InFlight, fault_at: u64, seed: Option<u64>) -> Case {
         partial: false,
         mode,
         seed,
+        standby: false,
+        second: None,
     }
 }
 
@@ -425,6 +476,66 @@ fn a_pulled_cable_delivers_each_message_once_into_a_shared_pool() {
     }
 }
 
+/// One carrying and one standby path per peer; peer 0's carrying path fails at any point, with
+/// receives posted before it in flight (their clear-to-send entries without the standby path's
+/// keys: matched and unmatched by the sender), into one pool the two peers reuse. The receiving
+/// side registers on the standby path only at the failover, hands the keys over in key updates,
+/// and every message still arrives once with its bytes, nothing landing in a completed receive.
+#[test]
+fn the_receiver_registers_a_standby_path_at_failover_and_hands_its_keys_over() {
+    let (mut updates, mut held, mut runs) = (0, 0, 0);
+    for at in 0..60 {
+        for mode in [
+            InFlight::Drop,
+            InFlight::LandLost,
+            InFlight::Delay { ops: 3 },
+        ] {
+            let mut c = case(mode, at, Some(5));
+            c.standby = true;
+            c.partial = at % 2 == 1;
+            let s = check(&c);
+            assert!(s.fired);
+            // Pool and spare buffer: nothing on the standby path before the failover (2 before
+            // this change), both on it after, on the failed-over connection only.
+            assert_eq!(s.standby_regs_before, vec![0, 0], "{c:?}");
+            assert_eq!(s.standby_regs_after, vec![2, 0], "{c:?}");
+            updates += s.key_updates;
+            held += s.keyless_pieces;
+            runs += 1;
+        }
+    }
+    // Three paths, path 2 standing by: path 0 fails, path 2 is activated beside path 1 (which
+    // has the keys), then path 1 or the activated path 2 fails 0..40 work requests later, with
+    // key updates and held pieces in flight.
+    let mut second_fired = 0;
+    for at in 0..30 {
+        for (path, ops) in [(1, 0), (1, 5), (1, 20), (2, 0), (2, 3), (2, 12)] {
+            let mut c = case(InFlight::Drop, at, Some(5));
+            c.npaths = 3;
+            c.standby = true;
+            c.second = Some((path, ops));
+            let s = check(&c);
+            assert!(s.fired);
+            second_fired += usize::from(s.second_fired);
+            assert_eq!(s.standby_regs_before, vec![0, 0], "{c:?}");
+            updates += s.key_updates;
+            held += s.keyless_pieces;
+            runs += 1;
+        }
+    }
+    assert!(
+        second_fired > 150,
+        "the second fault struck in {second_fired} of 180 runs"
+    );
+    // Receives posted before the failover got their keys late, and the sender held pieces
+    // for them (a receive in flight across the failover, not only new ones).
+    assert!(
+        updates > 0 && held > 0,
+        "{runs} runs: {updates} key updates posted, {held} pieces held for a key"
+    );
+    eprintln!("{runs} runs: {updates} key updates posted, {held} pieces held for a key");
+}
+
 fn mode() -> impl Strategy<Value = InFlight> {
     prop_oneof![
         Just(InFlight::Drop),
@@ -453,6 +564,10 @@ proptest! {
         partial in any::<bool>(),
         mode in mode(),
         seed in proptest::option::weighted(0.8, 1u64..1000),
+        standby in any::<bool>(),
+        // With 3 paths, one standing by: a second fault on a carrying path or the activated
+        // standby one, up to 40 work requests after the first (during the activation).
+        second in proptest::option::of((1usize..3, 0u64..40)),
     ) {
         let fault_at = fault_permille * 3 * plan.len() as u64 / 1000;
         let c = Case {
@@ -466,6 +581,8 @@ proptest! {
             partial,
             mode,
             seed,
+            standby,
+            second: second.filter(|_| standby && npaths == 3),
         };
         let seen = run(&c);
         prop_assert!(seen.fired, "the fault never fired in {} steps: {c:?}", seen.steps);
@@ -589,4 +706,86 @@ fn a_forged_stop_request_costs_a_path_not_data() {
     }
     assert_eq!(r.paths_up(), vec![true, false]);
     assert_eq!(s.paths_up(), vec![true, false]);
+}
+
+/// The key area and the header's keyless-paths bits come from the peer: a receiver whose entry
+/// claims to lack every path's keys gets nothing written until a key update for that very entry
+/// (its sequence number) lands; an update naming another sequence (a stale or forged one) moves
+/// nothing; each path's pieces go once its own update is there, with the keys it carries.
+#[test]
+fn a_sender_writes_nothing_on_a_path_before_the_entrys_own_key_update() {
+    use switchless::transport::wire::{
+        FIFO_DEPTH, FenceLayout, KEY_WORDS, MAX_RECVS, RECV_SNAP_WORDS, SLOT_HDR, SLOT_IDX,
+        SLOT_WORDS, encode_keys, key_area, key_area_words, slot_keys_missing, with_keys_missing,
+    };
+    let (fab, mut s, mut r, sid, (src, smh), (dst, rmh)) = pair2();
+    let mut now = Instant::now();
+    let data = content(9, 40_000);
+    fab.write(src, &data).unwrap();
+    let b = RecvBuf {
+        addr: dst,
+        size: SLOT as u64,
+        tag: 0,
+        mh: &rmh,
+    };
+    let rq = r.irecv(now, &[b]).unwrap().unwrap();
+    // The entry (slot 0, sequence 0) landed; the "receiver" rewrites its header: no keys.
+    let fifo = s.local_info().addr;
+    let word = |at: u64| u64::from_le_bytes(fab.read(at, 8).unwrap().try_into().unwrap());
+    assert_eq!(word(fifo + 8 * SLOT_IDX as u64), 1);
+    let hdr_at = fifo + 8 * SLOT_HDR as u64;
+    assert_eq!(slot_keys_missing(word(hdr_at)), 0, "no path deferred here");
+    fab.write(hdr_at, &with_keys_missing(word(hdr_at), 0xff).to_le_bytes())
+        .unwrap();
+    let sq = s.isend(now, src, 40_000, 0, &smh).unwrap().unwrap();
+    let keys_at = fifo
+        + 8 * (FIFO_DEPTH * SLOT_WORDS
+            + FenceLayout {
+                npaths: 2,
+                snap: RECV_SNAP_WORDS,
+            }
+            .words()) as u64;
+    assert!(s.local_info().words as usize * 8 >= (keys_at - fifo) as usize + 8 * key_area_words(2));
+    let update = |k: usize, seq: u64| {
+        let mut rkeys = [0u32; MAX_RECVS];
+        rkeys[0] = rmh.registration().keys[k].rkey;
+        let mut w = [0u64; KEY_WORDS];
+        encode_keys(seq, &rkeys, &mut w);
+        let bytes: Vec<u8> = w.iter().flat_map(|x| x.to_le_bytes()).collect();
+        fab.write(keys_at + 8 * key_area(k, 0) as u64, &bytes)
+            .unwrap();
+    };
+    let mut spin = |s: &mut SendComm<MemEndpoint>, r: &mut RecvComm<MemEndpoint>, n: usize| {
+        let mut done = (None, None);
+        for _ in 0..n {
+            if done.0.is_none() {
+                done.0 = s.test(now, sq).unwrap();
+            }
+            if done.1.is_none() {
+                done.1 = r.test(now, rq).unwrap();
+            }
+            fab.step();
+            now += Duration::from_millis(1);
+        }
+        done
+    };
+    assert_eq!(spin(&mut s, &mut r, 20), (None, None));
+    assert_eq!(fab.path_bytes(sid, 0) + fab.path_bytes(sid, 1), 0);
+    // An update for the slot's next use (sequence 32) is not this entry's.
+    update(0, FIFO_DEPTH as u64);
+    update(1, FIFO_DEPTH as u64);
+    assert_eq!(spin(&mut s, &mut r, 20), (None, None));
+    assert_eq!(fab.path_bytes(sid, 0) + fab.path_bytes(sid, 1), 0);
+    // Path 0's own update: its piece goes, path 1's still waits.
+    update(0, 0);
+    assert_eq!(spin(&mut s, &mut r, 20), (None, None));
+    assert!(fab.path_bytes(sid, 0) > 0);
+    assert_eq!(fab.path_bytes(sid, 1), 0);
+    update(1, 0);
+    let (sent, got) = spin(&mut s, &mut r, 20);
+    assert_eq!(sent, Some(40_000));
+    assert_eq!(got.unwrap().as_slice(), &[40_000]);
+    assert_eq!(fab.read(dst, 40_000).unwrap(), data);
+    assert!(fab.path_bytes(sid, 1) > 0);
+    assert_eq!(s.fence_stats().keys, 2, "both pieces held for a key");
 }

@@ -676,6 +676,84 @@ fn a_health_error_about_one_path_fails_over_instead_of_failing_the_send() {
 /// `iflush` across failover (GB300, pre-Hopper GPUs, `NCCL_NET_FORCE_FLUSH`): a device whose data
 /// path died between the data and the flush is left out (or, found dead by its flush read, marked
 /// down), and the flush completes on the devices left; it fails only when none is.
+/// A GPU receive's flush reads only through devices a receive may have written through: not a
+/// standby path's device while it stands by (the receiving side has not registered there; it did
+/// read there when it registered everywhere at once), and that device once failover made it
+/// carry.
+#[test]
+fn a_flush_skips_a_standby_device_until_it_carries() {
+    use switchless::transport::comm::FlushBuf;
+    let _p = shared();
+    let fab = MemFab::new(MemFabConfig::default());
+    // Data path i and loopback path 2 + i are device i; data path 1 stands by.
+    let (a, b) = fab.pair(&[100_000, 100_000], 2);
+    let (sid, rid) = (a.id(), b.id());
+    let mut s = SendComm::new(a, pcfg()).unwrap();
+    s.set_standby(&[1]).unwrap();
+    let mut r = RecvComm::new(b, pcfg()).unwrap();
+    let (si, ri) = (s.local_info(), r.local_info());
+    s.connect(ri).unwrap();
+    r.connect(si).unwrap();
+    let len = 64 << 10;
+    let src = fab.alloc(len).unwrap();
+    fab.write(src, &pattern(len, 3)).unwrap();
+    let dst = fab.alloc(len).unwrap();
+    let smh = s.reg_mr(&Lent::simulated(src, len), MemKind::Host).unwrap();
+    let rmh = r.reg_mr(&Lent::simulated(dst, len), MemKind::Cuda).unwrap();
+    assert_eq!(fab.registrations_on(rid, 1), 0, "eager on the standby path");
+    let mut now = Instant::now();
+    let mut one = |s: &mut SendComm<MemEndpoint>, r: &mut RecvComm<MemEndpoint>| {
+        let b = RecvBuf {
+            addr: dst,
+            size: len as u64,
+            tag: 0,
+            mh: &rmh,
+        };
+        let rq = r.irecv(now, &[b]).unwrap().unwrap();
+        let (mut sq, mut sent, mut got) = (None, false, false);
+        for _ in 0..1000 {
+            if sq.is_none() {
+                sq = s.isend(now, src, len as u64, 0, &smh).unwrap();
+            }
+            if let Some(q) = sq.filter(|_| !sent) {
+                sent = s.test(now, q).unwrap().is_some();
+            }
+            if !got {
+                got = r.test(now, rq).unwrap().is_some();
+            }
+            if sent && got {
+                break;
+            }
+            fab.step();
+            now += Duration::from_millis(1);
+        }
+        assert!(sent && got);
+        let f = FlushBuf {
+            addr: dst,
+            size: len as u64,
+            mh: &rmh,
+        };
+        let reads = fab.stats().reads;
+        let q = r
+            .iflush(now, &[f])
+            .unwrap()
+            .expect("GPU data needs a flush");
+        while r.test(now, q).unwrap().is_none() {}
+        fab.stats().reads - reads
+    };
+    assert_eq!(one(&mut s, &mut r), 1, "device 0's read only");
+    assert_eq!(fab.path_bytes(sid, 1), 0);
+    // Cable 0 pulled: the standby path carries, both sides register there, the flush reads on
+    // its device (device 0 has no usable data path any more).
+    fab.kill_path(sid, 0);
+    assert_eq!(one(&mut s, &mut r), 1, "device 1's read");
+    assert!(fab.path_bytes(sid, 1) > 0);
+    assert_eq!(r.paths_up(), vec![false, true]);
+    assert_eq!(fab.registrations_on(rid, 1), 1);
+    s.dereg_mr(smh).unwrap();
+    r.dereg_mr(rmh).unwrap();
+}
+
 #[test]
 fn a_flush_goes_on_without_a_dead_device_and_fails_only_with_none_left() {
     use switchless::transport::comm::FlushBuf;
@@ -843,6 +921,7 @@ fn a_standby_path_registers_only_at_its_first_use() {
     };
     let mut g = rig_standby(2, &[1], fcfg, pcfg());
     let sid = g.sid;
+    let rid = g.r.fabric().id();
     let base_keys = g.fab.live_keys();
     // A registration that never sees failover: nothing on the standby path, released clean.
     let spare = g.fab.alloc(1 << 16).unwrap();
@@ -862,11 +941,19 @@ fn a_standby_path_registers_only_at_its_first_use() {
         "a released registration left keys"
     );
     // Before failover: traffic, and still nothing pinned for the standby path.
+    // Both sides: the receiving side hands no standby keys over in its clear-to-send entries.
     let mut seen_before = Vec::new();
     stream(&mut g, &[1 << 20; 8], 4, |g, _| {
-        seen_before.push(g.fab.registrations_on(sid, 1));
+        seen_before.push((
+            g.fab.registrations_on(sid, 1),
+            g.fab.registrations_on(rid, 0),
+            g.fab.registrations_on(rid, 1),
+        ));
     });
-    assert!(seen_before.iter().all(|&n| n == 0), "{seen_before:?}");
+    assert!(
+        seen_before.iter().all(|&s| s == (0, 1, 0)),
+        "(sender on standby, receiver on carrying, receiver on standby): {seen_before:?}"
+    );
     // A registration filed through the pinner before the failover, adopted after it.
     let early = g.fab.alloc(1 << 16).unwrap();
     g.fab.write(early, &pattern(1 << 16, 3)).unwrap();
@@ -878,8 +965,10 @@ fn a_standby_path_registers_only_at_its_first_use() {
     // Cable 0 pulled mid-run: the standby path takes over and is registered at that moment.
     g.fab.kill_after(sid, 0, 30, true);
     let mut seen_after = Vec::new();
+    let mut recv_after = Vec::new();
     let out = stream(&mut g, &[1 << 20; 16], 8, |g, step| {
         seen_after.push((step, g.fab.registrations_on(sid, 1)));
+        recv_after.push((step, g.fab.registrations_on(rid, 1)));
     });
     assert!(out.received.iter().all(|&c| c == 1));
     assert_eq!(g.s.paths_carrying(), vec![false, true]);
@@ -891,6 +980,22 @@ fn a_standby_path_registers_only_at_its_first_use() {
     assert!(
         seen_after.iter().any(|&(s, n)| s > kill && n == 2),
         "the stream's buffer and the pinner's early one on the standby path: {seen_after:?}"
+    );
+    // The receiving side: its stream buffer, on the standby path only from the failover on (the
+    // step whose start records the kill runs after the one in which it happened);
+    // the receives posted before it (8 in flight) got the keys in key updates.
+    assert!(
+        recv_after.iter().all(|&(s, n)| n == usize::from(s >= kill)),
+        "receiver's registrations on the standby path (kill at step {kill}): {recv_after:?}"
+    );
+    assert!(g.r.fence_stats().keys > 0, "{:?}", g.r.fence_stats());
+    assert!(g.s.fence_stats().keys > 0, "{:?}", g.s.fence_stats());
+    eprintln!(
+        "receiving side, registrations on the standby path: before failover {:?}, after {:?}; key updates {}, pieces held for a key {}",
+        seen_before.last().map(|s| s.2),
+        recv_after.last().map(|s| s.1),
+        g.r.fence_stats().keys,
+        g.s.fence_stats().keys
     );
     // The early registration, filed now: it has the standby path's keys and carries a message.
     let early_mh = g.s.adopt(early, 1 << 16, MemKind::Host, early_reg).unwrap();
@@ -941,5 +1046,6 @@ fn a_standby_path_registers_only_at_its_first_use() {
     g.s.dereg_mr(early_mh).unwrap();
     g.r.dereg_mr(rmh).unwrap();
     assert_eq!(g.fab.registrations_on(sid, 1), 0, "released on both paths");
+    assert_eq!(g.fab.registrations_on(rid, 1), 0, "released on both paths");
     close(g);
 }

@@ -56,13 +56,14 @@ fn liar(failover: bool) -> Liar {
     let fab = MemFab::new(MemFabConfig::default());
     let (mut ep, b) = fab.pair(&[100_000], 0);
     let mut r = RecvComm::new(b, protocol(failover)).unwrap();
-    // The FIFO, then the inbox the receiver writes its failover fence words into.
+    // The FIFO, then the inbox the receiver writes its failover fence words into, then the key
+    // area (its key updates for standby paths; none here).
     let inbox = FenceLayout {
         npaths: 1,
         snap: RECV_SNAP_WORDS,
     };
     let fifo = ep
-        .alloc_ctrl(FIFO_DEPTH * SLOT_WORDS + inbox.words())
+        .alloc_ctrl(FIFO_DEPTH * SLOT_WORDS + inbox.words() + wire::key_area_words(1))
         .unwrap();
     r.connect(CtrlInfo {
         addr: fifo.addr,

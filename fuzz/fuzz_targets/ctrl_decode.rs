@@ -1,13 +1,13 @@
 //! Fuzz the comm protocol's decoders of what the peer writes or sends: the control-memory info of
-//! the handshake, a clear-to-send slot (header and elements), a size record, an immediate, and the
-//! TCP stream acknowledgement.
+//! the handshake, a clear-to-send slot (header and elements), a size record, an immediate, a key
+//! update, and the TCP stream acknowledgement.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use switchless::transport::stripe::MAX_PATHS;
 use switchless::transport::tcp::frame::{ACK_LEN, Ack, AckRepr};
 use switchless::transport::wire::{
-    self, CtrlInfo, CtsElem, ELEM_WORDS, Imm, MAX_RECVS, SLOT_HDR, SLOT_WORDS,
+    self, CtrlInfo, CtsElem, ELEM_WORDS, Imm, KEY_WORDS, MAX_RECVS, SLOT_HDR, SLOT_WORDS,
 };
 
 fn word(b: &[u8], i: usize) -> u64 {
@@ -58,6 +58,18 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(imm) = Imm::decode(v) {
         assert_eq!(imm.encode(), v);
     }
+    // A header's keyless-paths bits and a key update's keys: what decodes encodes back.
+    let hdr = word(data, 3);
+    assert_eq!(wire::with_keys_missing(hdr, wire::slot_keys_missing(hdr)), hdr);
+    let kw: Vec<u64> = (0..KEY_WORDS - 1).map(|i| word(data, 4 + i)).collect();
+    let mut rkeys = [0u32; MAX_RECVS];
+    for (e, k) in rkeys.iter_mut().enumerate() {
+        *k = wire::decode_key(&kw, e);
+    }
+    let mut out = [0u64; KEY_WORDS];
+    wire::encode_keys(seq >> 1, &rkeys, &mut out);
+    assert_eq!(&out[1..], &kw[..]);
+    assert_eq!(out[0], (seq >> 1) + 1);
     // The TCP stream acknowledgement: only its magic is accepted (its tag is `tcp::auth`'s check).
     if let Ok(a) = Ack::new_checked(data)
         && let Ok(r) = AckRepr::parse(&a)

@@ -58,6 +58,52 @@ pub fn encode_slot_body(elems: &[CtsElem], npaths: usize, words: &mut [u64; SLOT
     }
 }
 
+/// Bits 16..24 of a slot's header word: the data paths (bit `k`: path `k`) whose keys this entry
+/// lacks, because the receiver had not registered on their devices yet (standby paths, registered
+/// at their first use). The sender posts nothing of the entry's messages on such a path until the
+/// receiver's key update for the slot has landed in the key area ([`KEY_WORDS`]). 0: every key.
+const SLOT_MISSING_SHIFT: u32 = 16;
+
+/// `hdr` with the paths in `missing` marked keyless (see [`slot_keys_missing`]).
+pub fn with_keys_missing(hdr: u64, missing: u8) -> u64 {
+    (hdr & !(0xff << SLOT_MISSING_SHIFT)) | (u64::from(missing) << SLOT_MISSING_SHIFT)
+}
+
+/// The data paths whose keys the entry with header `hdr` lacks (bits past the connection's paths
+/// are the peer's error: the sender never uses them).
+pub fn slot_keys_missing(hdr: u64) -> u8 {
+    (hdr >> SLOT_MISSING_SHIFT) as u8
+}
+
+/// Words of one key update: word 0 is the slot's sequence number + 1 (the entry it completes),
+/// words 1.. the buffers' remote keys on one data path, two per word (buffer `2i` low, `2i + 1`
+/// high). The sender's control block ends with one such area per data path and FIFO slot
+/// ([`key_area`]), after the fence inbox; the area of path `k` is written only over path `k`.
+pub const KEY_WORDS: usize = 1 + MAX_RECVS / 2;
+
+/// Words of the key area for `npaths` data paths.
+pub fn key_area_words(npaths: usize) -> usize {
+    npaths * FIFO_DEPTH * KEY_WORDS
+}
+
+/// Offset, within the key area, of the update for FIFO slot `slot` over data path `k`.
+pub fn key_area(k: usize, slot: usize) -> usize {
+    (k * FIFO_DEPTH + slot) * KEY_WORDS
+}
+
+/// Encodes a key update for the entry of sequence `seq`: `rkeys[e]` is buffer `e`'s key.
+pub fn encode_keys(seq: u64, rkeys: &[u32; MAX_RECVS], out: &mut [u64; KEY_WORDS]) {
+    out[0] = seq + 1;
+    for i in 0..MAX_RECVS / 2 {
+        out[1 + i] = u64::from(rkeys[2 * i]) | (u64::from(rkeys[2 * i + 1]) << 32);
+    }
+}
+
+/// Buffer `e`'s key from the key words (words 1.. of an update).
+pub fn decode_key(words: &[u64], e: usize) -> u32 {
+    words.get(e / 2).map_or(0, |w| (w >> (32 * (e % 2))) as u32)
+}
+
 /// Number of words of the body that carry information for `n` buffers (from [`SLOT_HDR`]).
 pub fn slot_body_words(n: usize) -> usize {
     SLOT_ELEMS + n * ELEM_WORDS - SLOT_HDR
@@ -202,6 +248,8 @@ pub enum WrKind {
     Flush = 4,
     /// The failover fence's writes (a stop request or a publish, see [`FenceLayout`]).
     Fence = 5,
+    /// A receiver's key update ([`KEY_WORDS`]); the index is `path × FIFO_DEPTH + slot`.
+    Keys = 6,
 }
 
 /// Builds a `wr_id`: kind, request index, generation.
@@ -228,6 +276,7 @@ pub fn split_wr_id(id: u64) -> Option<(WrKind, usize, u32)> {
         3 => WrKind::Recv,
         4 => WrKind::Flush,
         5 => WrKind::Fence,
+        6 => WrKind::Keys,
         _ => return None,
     };
     Some((
@@ -330,13 +379,16 @@ pub struct CtrlInfo {
 }
 
 const CTRL_MAGIC: u32 = 0x5357_4c43; // "SWLC"
+/// Version 5: the sender's control block ends with the key area ([`KEY_WORDS`] per data path and
+/// FIFO slot, after the fence inbox), and a clear-to-send header names the paths whose keys the
+/// entry lacks ([`slot_keys_missing`]): the receiver registers on standby devices at first use.
 /// Version 4: each side's control block ends with a fence inbox ([`FenceLayout`]) that the peer
 /// writes when a path fails, and failover waits for it (a version-3 peer would neither write nor
 /// answer). Version 3: a one-write message carries no size record (the immediate's bit 14 says its size is
 /// the write's length), which a version-2 receiver rejects as a foreign immediate. Version 2:
 /// immediates name their piece (failover); a version-1 peer counts immediates per path and would
 /// misread them. Peers of different versions refuse each other here.
-const CTRL_VERSION: u8 = 4;
+const CTRL_VERSION: u8 = 5;
 
 impl CtrlInfo {
     /// Encoded size for `npaths` data paths: 20 + 4 × npaths bytes (52 bytes for 8 paths).
@@ -568,11 +620,12 @@ mod tests {
                 .to_string()
                 .contains("version 9")
         );
-        // A version-3 peer (no failover fence) is refused by name.
+        // A version-4 peer (no key area: it would post entries without keys nobody updates,
+        // or find none where it writes them) is refused by name.
         let mut old = b.clone();
-        old[4] = 3;
+        old[4] = 4;
         let e = CtrlInfo::from_bytes(&old).unwrap_err().to_string();
-        assert!(e.contains("version 3") && e.contains("version 4"), "{e}");
+        assert!(e.contains("version 4") && e.contains("version 5"), "{e}");
         let mut bad = b.clone();
         bad.push(0);
         assert!(CtrlInfo::from_bytes(&bad).is_err());
@@ -584,6 +637,20 @@ mod tests {
             let len_is_size = whole && npieces == 1;
             let imm = Imm { slot, elem, npieces, piece: p % npieces, seq16, len_is_size };
             prop_assert_eq!(Imm::decode(imm.encode()).unwrap(), imm);
+        }
+
+        #[test]
+        fn key_updates_and_keyless_bits_roundtrip(seq in 0u64..1 << 62, keys in any::<[u32; MAX_RECVS]>(), hdr in any::<u64>(), missing in any::<u8>()) {
+            let mut w = [0u64; KEY_WORDS];
+            encode_keys(seq, &keys, &mut w);
+            prop_assert_eq!(w[0], seq + 1);
+            for (e, &k) in keys.iter().enumerate() {
+                prop_assert_eq!(decode_key(&w[1..], e), k);
+            }
+            let h = with_keys_missing(hdr, missing);
+            prop_assert_eq!(slot_keys_missing(h), missing);
+            // The bits share the header with n, the path count and the magic: untouched.
+            prop_assert_eq!(h & !(0xff << 16), hdr & !(0xff << 16));
         }
 
         #[test]

@@ -495,7 +495,7 @@ pub fn accept_gdr_warning(
     if !standby.is_empty() {
         decided.push(format!(
             "{}: carr{} data only when failover needs it, and the GPU memory NCCL registers on this \
-             connection is registered there too, for that",
+             connection is registered there only then (at the failover)",
             standby.join(", "),
             if standby.len() == 1 { "ies" } else { "y" }
         ));

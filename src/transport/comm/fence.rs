@@ -90,6 +90,9 @@ pub struct FenceStats {
     pub landed: u64,
     /// Parked items it showed missing: sent again, once.
     pub resent: u64,
+    /// Receiving comm: key updates posted (a standby path's keys for a receive posted before
+    /// the path's first use). Sending comm: pieces that waited for such a key before posting.
+    pub keys: u64,
 }
 
 impl Fence {
@@ -166,6 +169,12 @@ impl<F: Fabric> Core<F> {
                 self.labels[path]
             );
         }
+    }
+
+    /// Whether a fence write is in flight: its completion frees its outbox area and lets the
+    /// next `req` or publish go, so a comm with nothing else to poll for must still reap it.
+    pub(super) fn fence_writing(&self) -> bool {
+        self.fence.req_inflight.is_some() || self.fence.pub_inflight.is_some()
     }
 
     /// Whether data path `k` may be probed for failback: this end's stop was acknowledged and its

@@ -437,8 +437,8 @@ struct Core<F: Fabric> {
     /// Bytes, pieces, failovers per data path (`transport::metrics`).
     meter: Meter,
     /// Register on standby paths' devices only at their first use ([`Fabric::defer_paths`]):
-    /// the sending side, whose keys stay local. The receiving side hands its keys to the sender
-    /// in every clear-to-send entry before any failover, so it registers everywhere.
+    /// both sides (the receiving side hands the keys it makes then to the sender in key updates,
+    /// `recv.rs`).
     lazy: bool,
     /// Data paths deferred and not activated yet (bit per data path).
     deferred: u8,
@@ -836,6 +836,31 @@ impl<F: Fabric> Core<F> {
             .get(&reg.token)
             .filter(|r| r.has(path))
             .map_or(0, |r| r.keys[path].lkey)
+    }
+
+    /// The remote key of registration `reg` (a copy NCCL holds) on fabric path `path`: its own,
+    /// or the one this comm filed or the fabric made at the path's activation (a loopback path
+    /// shares its device's). `None` while the path is deferred.
+    fn rkey(&self, reg: &Registration, path: usize) -> Option<u32> {
+        if reg.has(path) {
+            return Some(reg.keys[path].rkey);
+        }
+        self.regs
+            .get(&reg.token)
+            .filter(|r| r.has(path))
+            .map(|r| r.keys[path].rkey)
+            .or_else(|| self.fab.keys_on(reg, path).map(|k| k.rkey))
+    }
+
+    /// Whether loopback path `lp`'s device has a data path of this connection that is up and
+    /// registered on (not deferred): the only devices a receive may have written through.
+    fn device_live(&self, lp: usize) -> bool {
+        let dev = self.fab.path_device(lp);
+        (0..self.data.len()).any(|k| {
+            self.paths.is_up(k)
+                && self.deferred & (1 << k) == 0
+                && self.fab.path_device(self.data[k]) == dev
+        })
     }
 
     /// Data-path index of fabric path `path`.

@@ -13,7 +13,7 @@ use crate::transport::fabric::{
 };
 use crate::transport::metrics::Meter;
 use crate::transport::wire::{
-    self, CtrlInfo, CtsElem, FIFO_DEPTH, FenceLayout, Imm, MAX_RECVS, MAX_REQUESTS,
+    self, CtrlInfo, CtsElem, FIFO_DEPTH, FenceLayout, Imm, KEY_WORDS, MAX_RECVS, MAX_REQUESTS,
     RECV_SNAP_WORDS, SEND_SNAP_WORDS, SLOT_HDR, SLOT_IDX, SLOT_WORDS, WrKind,
 };
 
@@ -48,6 +48,14 @@ struct RecvReq {
     cts_parked: bool,
     error: Option<Error>,
     posted: Option<Instant>,
+    /// The registration of each buffer (by token): its keys on a standby path come at the
+    /// path's first use, and go to the sender in a key update.
+    tokens: [u64; MAX_RECVS],
+    /// Data paths whose keys the clear-to-send lacked and whose key update has not been seen
+    /// landed (bit per data path).
+    keys_missing: u8,
+    /// Data paths with a key update of this receive in flight.
+    keys_posted: u8,
 }
 
 #[derive(Debug, Default)]
@@ -78,6 +86,12 @@ pub struct RecvComm<F: Fabric> {
     /// A failure that concerns every request (a receive queue error, a protocol violation).
     fatal: Option<Error>,
     slot_words: [u64; SLOT_WORDS],
+    /// Source words of the key updates, one [`KEY_WORDS`] area per data path and slot.
+    keysrc: CtrlMem,
+    /// The sender's key area (its address: after its FIFO and fence inbox).
+    keys_at: u64,
+    /// FIFO slots whose receive lacks keys (bit per slot): scanned for key updates to post.
+    keys_open: u32,
 }
 
 impl<F: Fabric> RecvComm<F> {
@@ -85,6 +99,9 @@ impl<F: Fabric> RecvComm<F> {
     /// [`RECV_DEPTH`] receives on every data path.
     pub fn new(fab: F, cfg: ProtocolConfig) -> Result<RecvComm<F>> {
         let mut core = Core::new(fab, cfg)?;
+        // Standby paths register at their first use; the keys made then go to the sender in
+        // key updates (`post_keys`).
+        core.lazy = true;
         let npaths = core.data.len();
         let shadow = core.alloc(FIFO_DEPTH * SLOT_WORDS)?;
         // The sender writes its fence words after the records (its snapshot: the FIFO's state).
@@ -99,6 +116,7 @@ impl<F: Fabric> RecvComm<F> {
         };
         core.fence_init(records.word(FIFO_DEPTH * MAX_RECVS), lin, lout)?;
         let scratch = core.alloc(MAX_REQUESTS)?;
+        let keysrc = core.alloc(wire::key_area_words(npaths))?;
         for k in 0..npaths {
             let path = core.data[k];
             for _ in 0..RECV_DEPTH {
@@ -129,6 +147,9 @@ impl<F: Fabric> RecvComm<F> {
             flush_free: (0..MAX_REQUESTS).rev().collect(),
             fatal: None,
             slot_words: [0; SLOT_WORDS],
+            keysrc,
+            keys_at: 0,
+            keys_open: 0,
         })
     }
 
@@ -146,12 +167,16 @@ impl<F: Fabric> RecvComm<F> {
             npaths: self.core.data.len(),
             snap: RECV_SNAP_WORDS,
         };
+        // ... then the key area.
+        let npaths = self.core.data.len();
+        let keys_off = FIFO_DEPTH * SLOT_WORDS + inbox.words();
         self.core
-            .check_peer(&peer, FIFO_DEPTH * SLOT_WORDS + inbox.words(), "CTS FIFO")?;
+            .check_peer(&peer, keys_off + wire::key_area_words(npaths), "CTS FIFO")?;
         self.core.fence_connect(
             peer.addr + 8 * (FIFO_DEPTH * SLOT_WORDS) as u64,
             peer.rkeys.clone(),
         );
+        self.keys_at = peer.addr + 8 * keys_off as u64;
         self.peer = Some(peer);
         Ok(())
     }
@@ -188,17 +213,33 @@ impl<F: Fabric> RecvComm<F> {
         }
         let npaths = self.core.data.len();
         let mut elems = [CtsElem::default(); MAX_RECVS];
-        for (el, b) in elems.iter_mut().zip(bufs) {
+        let mut tokens = [0u64; MAX_RECVS];
+        // Paths not registered on yet (standby, deferred): the entry goes without their keys,
+        // which a key update brings once failover makes such a path carry.
+        let mut missing = 0u8;
+        for ((el, t), b) in elems.iter_mut().zip(tokens.iter_mut()).zip(bufs) {
             el.addr = b.addr;
             el.size = b.size;
             el.tag = b.tag;
+            *t = b.mh.reg.token;
             for (k, &p) in self.core.data.iter().enumerate() {
-                el.rkeys[k] = b.mh.reg.keys[p].rkey;
+                match self.core.rkey(&b.mh.reg, p) {
+                    Some(key) => el.rkeys[k] = key,
+                    None if self.core.deferred & (1 << k) != 0 => missing |= 1 << k,
+                    None => {
+                        return Err(Error::InvalidArgument(format!(
+                            "receive buffer {:#x}+{} bytes: its registration has no key on data \
+                             path {k}, where this connection registered (a handle of another comm?)",
+                            b.addr, b.size
+                        )));
+                    }
+                }
             }
         }
         let seq = self.head;
         let base = slot * SLOT_WORDS;
         wire::encode_slot_body(&elems[..n], npaths, &mut self.slot_words);
+        self.slot_words[SLOT_HDR] = wire::with_keys_missing(self.slot_words[SLOT_HDR], missing);
         let body = wire::slot_body_words(n);
         let fab = &mut self.core.fab;
         fab.ctrl_write(
@@ -227,6 +268,12 @@ impl<F: Fabric> RecvComm<F> {
         r.cts_parked = false;
         r.error = None;
         r.posted = self.core.cfg.request_timeout.map(|_| now);
+        r.tokens = tokens;
+        r.keys_missing = missing;
+        r.keys_posted = 0;
+        if missing != 0 {
+            self.keys_open |= 1 << slot;
+        }
         self.head += 1;
         let generation = r.generation;
         if let Err(err) = self.post_cts(slot, k) {
@@ -303,8 +350,116 @@ impl<F: Fabric> RecvComm<F> {
                 if r.in_use && r.cts_pending > 0 && r.cts_path == k && r.error.is_none() {
                     r.cts_parked = true;
                 }
+                // A key update on it may be lost: posted again once the path is back (the same
+                // words: the sender takes an update only for the entry it names).
+                r.keys_posted &= !(1 << k);
             }
         }
+    }
+
+    /// Posts the key updates that are due: for each receive whose clear-to-send lacked a data
+    /// path's keys, once this end has registered there (failover made the path carry) and while
+    /// the path is up, the buffers' keys on it, over that path into the sender's key area for
+    /// the slot: the keys, then word 0 naming the entry's sequence number (in order on one
+    /// path). The sender moves no piece of the receive onto the path before it read them.
+    fn post_keys(&mut self, now: Instant) {
+        if self.keys_open == 0 || self.fatal.is_some() {
+            return;
+        }
+        let mut open = self.keys_open;
+        while open != 0 {
+            let slot = open.trailing_zeros() as usize;
+            open &= open - 1;
+            let r = &self.slots[slot];
+            if !r.in_use || r.keys_missing == 0 || r.error.is_some() {
+                self.keys_open &= !(1 << slot);
+                continue;
+            }
+            for k in 0..self.core.data.len() {
+                let bit = 1u8 << k;
+                let r = &self.slots[slot];
+                if r.keys_missing & bit == 0
+                    || r.keys_posted & bit != 0
+                    || r.error.is_some()
+                    || self.core.deferred & bit != 0
+                    || !self.core.paths.is_up(k)
+                {
+                    continue;
+                }
+                if let Err(err) = self.post_key_update(slot, k) {
+                    if !self.core.mark_down(k, now, &err.to_string()) {
+                        self.slots[slot].error.get_or_insert(err);
+                    }
+                    self.fail_over();
+                } else {
+                    self.slots[slot].keys_posted |= bit;
+                    self.core.fence.stats.keys += 1;
+                }
+            }
+        }
+    }
+
+    /// Writes slot `slot`'s key update for data path `k` (see [`Self::post_keys`]).
+    fn post_key_update(&mut self, slot: usize, k: usize) -> Result<()> {
+        let r = &self.slots[slot];
+        let path = self.core.data[k];
+        let mut rkeys = [0u32; MAX_RECVS];
+        for (e, key) in rkeys.iter_mut().enumerate().take(r.n) {
+            let Some(reg) = self.core.regs.get(&r.tokens[e]).filter(|g| g.has(path)) else {
+                return Err(Error::InvalidUsage(format!(
+                    "receive buffer {e} of FIFO sequence {} was deregistered while its receive \
+                     was outstanding: no key for data path {k}",
+                    r.seq
+                )));
+            };
+            *key = reg.keys[path].rkey;
+        }
+        let mut words = [0u64; KEY_WORDS];
+        wire::encode_keys(r.seq, &rkeys, &mut words);
+        let area = wire::key_area(k, slot);
+        let src = self.keysrc.word(area);
+        self.core.fab.ctrl_write(src, &words)?;
+        let Some(peer) = self.peer.as_ref() else {
+            return Err(Error::Internal("recv comm lost its peer".into()));
+        };
+        let lkey = self.keysrc.reg.keys[path].lkey;
+        let rkey = peer.rkeys[k];
+        let dst = self.keys_at + 8 * area as u64;
+        let id = wire::wr_id(WrKind::Keys, k * FIFO_DEPTH + slot, r.generation);
+        let inline_max = self.core.cfg.inline_max;
+        let body = 8 * (KEY_WORDS - 1) as u32;
+        self.core.fab.post_writes(
+            path,
+            &[
+                WriteWr {
+                    wr_id: id,
+                    local: LocalSeg {
+                        addr: src + 8,
+                        len: body,
+                        lkey,
+                    },
+                    remote: RemoteSeg {
+                        addr: dst + 8,
+                        rkey,
+                    },
+                    imm: None,
+                    signaled: false,
+                    inline: body <= inline_max,
+                },
+                WriteWr {
+                    wr_id: id,
+                    local: LocalSeg {
+                        addr: src,
+                        len: 8,
+                        lkey,
+                    },
+                    remote: RemoteSeg { addr: dst, rkey },
+                    imm: None,
+                    signaled: true,
+                    inline: 8 <= inline_max,
+                },
+            ],
+        )
     }
 
     /// The sender acknowledged this end's stop of data path `k` with the snapshot in inbox area
@@ -365,6 +520,15 @@ impl<F: Fabric> RecvComm<F> {
             // A slot released on an error would read as a completed receive: answer nothing.
             return Ok(());
         }
+        if self.core.take_activated() {
+            // A standby path was registered at its first use: the receives posted before owe
+            // the sender its keys.
+            tracing::debug!(
+                slots = self.keys_open.count_ones(),
+                "NET/switchless: key updates due for receives posted before a standby path's first use"
+            );
+        }
+        self.post_keys(now);
         // This end's snapshot: per slot and buffer, the newest sequence and the pieces landed.
         let slots = &self.slots;
         self.core.fence_flush(|_, snap| {
@@ -428,9 +592,14 @@ impl<F: Fabric> RecvComm<F> {
             // Only devices that still have a usable data path of this connection: a dead
             // device's loopback would fail (or hang for the RC retry budget), and failover moved
             // its work to the others.
-            if !self.core.device_up(lp) {
+            // Nor a device this connection never registered on (standby, deferred): no
+            // receive wrote through it.
+            if !self.core.device_live(lp) {
                 continue;
             }
+            let Some(rkey) = self.core.rkey(&target.mh.reg, lp) else {
+                continue;
+            };
             let wr = ReadWr {
                 wr_id: id,
                 local: LocalSeg {
@@ -440,7 +609,7 @@ impl<F: Fabric> RecvComm<F> {
                 },
                 remote: RemoteSeg {
                     addr: target.addr,
-                    rkey: target.mh.reg.keys[lp].rkey,
+                    rkey,
                 },
             };
             match self.core.fab.post_read(lp, &wr) {
@@ -484,7 +653,10 @@ impl<F: Fabric> RecvComm<F> {
     }
 
     fn release_slot(&mut self, slot: usize) {
+        self.keys_open &= !(1 << slot);
         let r = &mut self.slots[slot];
+        r.keys_missing = 0;
+        r.keys_posted = 0;
         r.in_use = false;
         r.generation = next_generation(r.generation);
         r.error = None;
@@ -529,6 +701,28 @@ impl<F: Fabric> RecvComm<F> {
                 }
                 WrKind::Fence => {
                     core.fence_completion(path, &c, idx, now);
+                }
+                WrKind::Keys => {
+                    let (kk, slot) = (idx / FIFO_DEPTH, idx % FIFO_DEPTH);
+                    let Some(r) = slots
+                        .get_mut(slot)
+                        .filter(|r| r.in_use && r.generation == generation)
+                    else {
+                        return Ok(()); // the receive completed: the sender had what it needed
+                    };
+                    let bit = 1u8 << (kk & 7);
+                    r.keys_posted &= !bit;
+                    if c.status.is_success() {
+                        // In the sender's key area, whatever became of the path since.
+                        r.keys_missing &= !bit;
+                    } else if k.is_some_and(|k| core.paths.is_up(k))
+                        && !k.is_some_and(|k| {
+                            core.mark_down(k, now, &format!("key update write: {}", c.status))
+                        })
+                    {
+                        let err = core.completion_error(path, &c, "key update write");
+                        r.error.get_or_insert(err);
+                    }
                 }
                 WrKind::Flush => {
                     let Some(f) = flushes

@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::transport::fabric::{CtrlMem, Fabric, LocalSeg, RemoteSeg, WcOpcode, WriteWr};
 use crate::transport::stripe::{Chunk, MAX_PATHS, stripe};
 use crate::transport::wire::{
-    self, CtrlInfo, CtsElem, FIFO_DEPTH, FenceLayout, Imm, MAX_RECVS, MAX_SEND_REQUESTS,
+    self, CtrlInfo, CtsElem, FIFO_DEPTH, FenceLayout, Imm, KEY_WORDS, MAX_RECVS, MAX_SEND_REQUESTS,
     RECV_SNAP_WORDS, SEND_SNAP_WORDS, SLOT_HDR, SLOT_IDX, SLOT_WORDS, WrKind,
 };
 
@@ -49,6 +49,13 @@ struct SendReq {
     parked: u8,
     /// The message's FIFO sequence number.
     seq: u64,
+    /// Data paths whose key for the receive buffer this request has (bit per data path): the
+    /// clear-to-send's, or a key update's (the receiver registers on standby paths at their
+    /// first use).
+    have: u8,
+    /// Pieces not posted yet because their path's key has not come (bit per piece): the
+    /// receiver's key update for the slot brings it, or the piece moves to a path with a key.
+    keyless: u8,
 }
 
 impl SendReq {
@@ -63,6 +70,8 @@ struct CurSlot {
     n: usize,
     elems: [CtsElem; MAX_RECVS],
     matched: u8,
+    /// Data paths whose keys the entry lacks (and no key update has brought yet).
+    missing: u8,
 }
 
 /// The sending side of a connection (NCCL's `sendComm`).
@@ -84,6 +93,10 @@ pub struct SendComm<F: Fabric> {
     /// Per request, the registration of its data (its keys on a standby path come at the path's
     /// first use); empty on a connection without deferred paths.
     tokens: Vec<u64>,
+    /// Word offset in the FIFO block of the key area the receiver writes its key updates into.
+    keys_off: usize,
+    /// Requests with pieces waiting for a key ([`SendReq::keyless`]).
+    waiting: Vec<usize>,
 }
 
 impl<F: Fabric> SendComm<F> {
@@ -98,7 +111,9 @@ impl<F: Fabric> SendComm<F> {
             npaths,
             snap: RECV_SNAP_WORDS,
         };
-        let fifo = core.alloc(FIFO_DEPTH * SLOT_WORDS + lin.words())?;
+        // ... then the key area (the receiver's keys for paths its entries lacked).
+        let keys_off = FIFO_DEPTH * SLOT_WORDS + lin.words();
+        let fifo = core.alloc(keys_off + wire::key_area_words(npaths))?;
         let lout = FenceLayout {
             npaths,
             snap: SEND_SNAP_WORDS,
@@ -125,6 +140,8 @@ impl<F: Fabric> SendComm<F> {
             stalled_since: None,
             spread: 0,
             tokens: Vec::new(),
+            keys_off,
+            waiting: Vec::new(),
         })
     }
 
@@ -188,11 +205,14 @@ impl<F: Fabric> SendComm<F> {
                 )));
             }
         }
+        // Bits past the connection's paths would be a lying peer's: no such path is used.
+        let all = ((1u16 << self.core.data.len()) - 1) as u8;
         self.cur = Some(CurSlot {
             seq: self.head,
             n,
             elems,
             matched: 0,
+            missing: wire::slot_keys_missing(hdr) & all,
         });
         Ok(true)
     }
@@ -230,9 +250,16 @@ impl<F: Fabric> SendComm<F> {
             // Nothing to poll for while no clear-to-send arrives: ask the devices what they saw,
             // and settle what failed paths had in flight (the receiver's answer may be waiting).
             self.core.check_health(now)?;
-            self.settle(now)?;
-            let mut rebuilt = Vec::new();
-            self.core.probe(now, &mut rebuilt)?;
+            if self.core.fence_writing() {
+                // A fence write in flight: with no request left to test, nothing else would
+                // reap its completion, and the next publish (an answer the receiver's parked
+                // clear-to-send waits for) would never go.
+                self.progress(now)?;
+            } else {
+                self.settle(now)?;
+                let mut rebuilt = Vec::new();
+                self.core.probe(now, &mut rebuilt)?;
+            }
             let since = *self.stalled_since.get_or_insert(now);
             if let Some(waited) = timed_out(Some(since), self.core.cfg.request_timeout, now) {
                 return Err(Error::Timeout(format!(
@@ -261,6 +288,27 @@ impl<F: Fabric> SendComm<F> {
             );
             return Ok(None);
         };
+        let seq = cur.seq;
+        let slot = (seq % FIFO_DEPTH as u64) as usize;
+        // Keys the entry lacked for paths that carry now: a key update may have brought them.
+        let mut want = cur.missing;
+        while want != 0 {
+            let k = want.trailing_zeros() as usize;
+            want &= want - 1;
+            if !self.core.paths.carries(k) {
+                continue;
+            }
+            if let Some(words) =
+                Self::read_keys(&self.core, &self.fifo, self.keys_off, slot, seq, k)?
+            {
+                for (i, el) in cur.elems[..cur.n].iter_mut().enumerate() {
+                    el.rkeys[k] = wire::decode_key(&words, i);
+                }
+                cur.missing &= !(1 << k);
+            }
+        }
+        let all = ((1u16 << self.core.data.len()) - 1) as u8;
+        let have = all & !cur.missing;
         let el = cur.elems[e];
         if size > el.size {
             return Err(Error::InvalidUsage(format!(
@@ -269,20 +317,34 @@ impl<F: Fabric> SendComm<F> {
                 el.size
             )));
         }
-        let seq = cur.seq;
         cur.matched |= 1 << e;
         if cur.matched.count_ones() as usize == cur.n {
             self.cur = None;
             self.head += 1;
         }
 
-        let slot = (seq % FIFO_DEPTH as u64) as usize;
         let rec_word = slot * MAX_RECVS + e;
         // Stripe over the usable paths, by measured (or nominal) weight.
         let mut w = [(0usize, 0u64); MAX_PATHS];
         let mut nw = self.core.paths.weights(&mut w);
         for &(k, x) in &w[..nw] {
             self.core.meter.weight(k, x);
+        }
+        if w[..nw].iter().any(|&(k, _)| have & (1 << k) == 0) {
+            // Only on the paths with the buffer's key, while one carries; with none, the pieces
+            // wait for the receiver's key update.
+            let mut keyed = [(0usize, 0u64); MAX_PATHS];
+            let mut m = 0;
+            for &(k, x) in &w[..nw] {
+                if have & (1 << k) != 0 {
+                    keyed[m] = (k, x);
+                    m += 1;
+                }
+            }
+            if m > 0 {
+                w = keyed;
+                nw = m;
+            }
         }
         loop {
             let mut speeds = [0u64; MAX_PATHS];
@@ -340,6 +402,8 @@ impl<F: Fabric> SendComm<F> {
         r.done = 0;
         r.parked = 0;
         r.seq = seq;
+        r.have = have;
+        r.keyless = 0;
         for (p, c) in r.pieces.iter_mut().zip(&self.chunks) {
             *p = Piece {
                 offset: c.offset,
@@ -357,6 +421,13 @@ impl<F: Fabric> SendComm<F> {
         }
 
         for pi in 0..self.reqs[idx].npieces {
+            let r = &mut self.reqs[idx];
+            if r.have & (1 << r.pieces[pi].path) == 0 {
+                // No key for the receive buffer on this path yet (`poll_keys`).
+                r.keyless |= 1 << pi;
+                self.core.fence.stats.keys += 1;
+                continue;
+            }
             if let Err(err) = self.post_piece(idx, pi) {
                 let k = self.reqs[idx].pieces[pi].path;
                 // Failover: the piece is settled with the rest of the path's work (below): a
@@ -366,6 +437,9 @@ impl<F: Fabric> SendComm<F> {
                     return Err(err);
                 }
             }
+        }
+        if self.reqs[idx].keyless != 0 {
+            self.waiting.push(idx);
         }
         self.fail_over();
         if let Some(err) = self.reqs[idx].error.take() {
@@ -499,8 +573,12 @@ impl<F: Fabric> SendComm<F> {
                 }
                 for pi in 0..r.npieces {
                     let bit = 1u8 << pi;
-                    if r.done & bit != 0 || r.parked & bit != 0 || r.pieces[pi].path != k {
-                        continue;
+                    if r.done & bit != 0
+                        || r.parked & bit != 0
+                        || r.keyless & bit != 0
+                        || r.pieces[pi].path != k
+                    {
+                        continue; // a keyless piece was never posted: `poll_keys` moves it
                     }
                     r.parked |= bit;
                     self.core.paths.abandoned(k, r.pieces[pi].len);
@@ -555,6 +633,7 @@ impl<F: Fabric> SendComm<F> {
             // A piece sent again may have failed on its new path: parked there.
             self.fail_over();
         }
+        self.poll_keys(now)?;
         // This end's snapshot: which clear-to-send entries landed (each FIFO slot's index word).
         let fifo = &self.fifo;
         self.core.fence_flush(|fab, snap| {
@@ -569,17 +648,107 @@ impl<F: Fabric> SendComm<F> {
     /// lacks it). A failed post parks it on that path in turn.
     fn move_piece(&mut self, idx: usize, pi: usize, now: Instant) {
         self.spread = self.spread.wrapping_add(1);
-        let Some(j) = self.core.paths.nth_up(self.spread) else {
+        let n = self.core.paths.carrying().count() as u64;
+        // A carrying path with the receive buffer's key, if one has it; else the next carrying
+        // path, where the piece waits for the key.
+        let have = self.reqs[idx].have;
+        let keyed = (0..n)
+            .filter_map(|i| self.core.paths.nth_up(self.spread.wrapping_add(i)))
+            .find(|&j| have & (1 << j) != 0);
+        let Some(j) = keyed.or_else(|| self.core.paths.nth_up(self.spread)) else {
             let err = Error::Internal("no usable path left to fail over to".into());
             self.reqs[idx].error.get_or_insert(err);
             return;
         };
-        self.reqs[idx].pieces[pi].path = j;
+        let r = &mut self.reqs[idx];
+        r.pieces[pi].path = j;
+        if have & (1 << j) == 0 {
+            if r.keyless == 0 {
+                self.waiting.push(idx);
+            }
+            if r.keyless & (1 << pi) == 0 {
+                self.core.fence.stats.keys += 1;
+            }
+            r.keyless |= 1 << pi;
+            return;
+        }
+        r.keyless &= !(1 << pi);
         if let Err(err) = self.post_piece(idx, pi) {
             if !self.core.mark_down(j, now, &err.to_string()) {
                 self.reqs[idx].error.get_or_insert(err);
             }
         }
+    }
+
+    /// The key update for FIFO slot `slot` over data path `k`, if the one for the entry of
+    /// sequence `seq` has landed: its key words (buffer `e`'s key: [`wire::decode_key`]). Word
+    /// 0 is read before the keys and again after (acquire: the keys landed before it, on the
+    /// same path), so the keys are that update's.
+    fn read_keys(
+        core: &Core<F>,
+        fifo: &CtrlMem,
+        keys_off: usize,
+        slot: usize,
+        seq: u64,
+        k: usize,
+    ) -> Result<Option<[u64; KEY_WORDS - 1]>> {
+        let at = keys_off + wire::key_area(k, slot);
+        let tag = fifo.word(at);
+        if core.fab.ctrl_load(tag, Ordering::Acquire)? != seq + 1 {
+            return Ok(None);
+        }
+        let mut words = [0u64; KEY_WORDS - 1];
+        core.fab.ctrl_read(fifo.word(at + 1), &mut words)?;
+        if core.fab.ctrl_load(tag, Ordering::Acquire)? != seq + 1 {
+            return Ok(None);
+        }
+        Ok(Some(words))
+    }
+
+    /// Posts the pieces that waited for a key: on their path once the receiver's key update for
+    /// it landed, or moved to another path when theirs no longer carries (they were never
+    /// posted, so moving them needs no fence).
+    fn poll_keys(&mut self, now: Instant) -> Result<()> {
+        if self.waiting.is_empty() {
+            return Ok(());
+        }
+        let waiting = std::mem::take(&mut self.waiting);
+        for &idx in &waiting {
+            for pi in 0..MAX_PATHS {
+                let r = &self.reqs[idx];
+                if !r.in_use || r.error.is_some() || r.keyless & (1 << pi) == 0 {
+                    continue;
+                }
+                let k = r.pieces[pi].path;
+                if r.have & (1 << k) == 0 {
+                    let (slot, seq, e) = (r.imm.slot, r.seq, r.imm.elem);
+                    if let Some(words) =
+                        Self::read_keys(&self.core, &self.fifo, self.keys_off, slot, seq, k)?
+                    {
+                        let r = &mut self.reqs[idx];
+                        r.rkeys[k] = wire::decode_key(&words, e);
+                        r.have |= 1 << k;
+                    }
+                }
+                let r = &mut self.reqs[idx];
+                if r.have & (1 << k) != 0 && self.core.paths.carries(k) {
+                    r.keyless &= !(1 << pi);
+                    if let Err(err) = self.post_piece(idx, pi) {
+                        if !self.core.mark_down(k, now, &err.to_string()) {
+                            self.reqs[idx].error.get_or_insert(err);
+                        }
+                    }
+                } else if !self.core.paths.carries(k) {
+                    self.move_piece(idx, pi, now);
+                }
+            }
+            let r = &self.reqs[idx];
+            if r.in_use && r.error.is_none() && r.keyless != 0 && !self.waiting.contains(&idx) {
+                self.waiting.push(idx);
+            }
+        }
+        self.fail_over();
+        Ok(())
     }
 
     fn release(&mut self, idx: usize) {
