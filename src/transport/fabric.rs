@@ -535,96 +535,215 @@ pub enum Revive {
     Ready,
 }
 
+/// Writes [`Fabric`] methods that hand each call on: `forward_fabric!(field: paths, register, …)`
+/// to `self.field`, `forward_fabric!(deref: …)` to `**self`. For wrappers that change a few
+/// methods: they name every method they do not write themselves, so that no call falls through
+/// to a trait default instead of reaching the wrapped fabric.
+macro_rules! forward_fabric {
+    ($to:tt: $($m:ident),+ $(,)?) => {
+        $( $crate::transport::fabric::forward_fabric!(@m $to $m); )+
+    };
+    (@to $s:ident deref) => { (**$s) };
+    (@to $s:ident $f:ident) => { $s.$f };
+    (@m $to:tt paths) => {
+        fn paths(&self) -> &[$crate::transport::fabric::PathInfo] {
+            $crate::transport::fabric::forward_fabric!(@to self $to).paths()
+        }
+    };
+    (@m $to:tt register) => {
+        fn register(
+            &mut self,
+            mem: &$crate::sys::rawmem::Lent,
+            kind: $crate::transport::fabric::MemKind,
+        ) -> $crate::error::Result<$crate::transport::fabric::Registration> {
+            $crate::transport::fabric::forward_fabric!(@to self $to).register(mem, kind)
+        }
+    };
+    (@m $to:tt register_dmabuf) => {
+        fn register_dmabuf(
+            &mut self,
+            mem: &$crate::sys::rawmem::Lent,
+            offset: u64,
+            fd: ::std::os::fd::BorrowedFd<'_>,
+        ) -> $crate::error::Result<$crate::transport::fabric::Registration> {
+            $crate::transport::fabric::forward_fabric!(@to self $to).register_dmabuf(mem, offset, fd)
+        }
+    };
+    (@m $to:tt deregister) => {
+        fn deregister(
+            &mut self,
+            reg: &$crate::transport::fabric::Registration,
+        ) -> $crate::error::Result<()> {
+            $crate::transport::fabric::forward_fabric!(@to self $to).deregister(reg)
+        }
+    };
+    (@m $to:tt pinner) => {
+        fn pinner(&self) -> Option<::std::sync::Arc<dyn $crate::transport::fabric::Pinner>> {
+            $crate::transport::fabric::forward_fabric!(@to self $to).pinner()
+        }
+    };
+    (@m $to:tt defer_paths) => {
+        fn defer_paths(&mut self, paths: &[usize]) {
+            $crate::transport::fabric::forward_fabric!(@to self $to).defer_paths(paths)
+        }
+    };
+    (@m $to:tt activate_path) => {
+        fn activate_path(&mut self, path: usize) -> $crate::error::Result<()> {
+            $crate::transport::fabric::forward_fabric!(@to self $to).activate_path(path)
+        }
+    };
+    (@m $to:tt keys_on) => {
+        fn keys_on(
+            &self,
+            reg: &$crate::transport::fabric::Registration,
+            path: usize,
+        ) -> Option<$crate::transport::fabric::PathKeys> {
+            $crate::transport::fabric::forward_fabric!(@to self $to).keys_on(reg, path)
+        }
+    };
+    (@m $to:tt alloc_ctrl) => {
+        fn alloc_ctrl(
+            &mut self,
+            words: usize,
+        ) -> $crate::error::Result<$crate::transport::fabric::CtrlMem> {
+            $crate::transport::fabric::forward_fabric!(@to self $to).alloc_ctrl(words)
+        }
+    };
+    (@m $to:tt free_ctrl) => {
+        fn free_ctrl(
+            &mut self,
+            mem: &$crate::transport::fabric::CtrlMem,
+        ) -> $crate::error::Result<()> {
+            $crate::transport::fabric::forward_fabric!(@to self $to).free_ctrl(mem)
+        }
+    };
+    (@m $to:tt ctrl_load) => {
+        fn ctrl_load(
+            &self,
+            addr: u64,
+            order: ::std::sync::atomic::Ordering,
+        ) -> $crate::error::Result<u64> {
+            $crate::transport::fabric::forward_fabric!(@to self $to).ctrl_load(addr, order)
+        }
+    };
+    (@m $to:tt ctrl_store) => {
+        fn ctrl_store(
+            &self,
+            addr: u64,
+            value: u64,
+            order: ::std::sync::atomic::Ordering,
+        ) -> $crate::error::Result<()> {
+            $crate::transport::fabric::forward_fabric!(@to self $to).ctrl_store(addr, value, order)
+        }
+    };
+    (@m $to:tt ctrl_read) => {
+        fn ctrl_read(&self, addr: u64, out: &mut [u64]) -> $crate::error::Result<()> {
+            $crate::transport::fabric::forward_fabric!(@to self $to).ctrl_read(addr, out)
+        }
+    };
+    (@m $to:tt ctrl_write) => {
+        fn ctrl_write(&self, addr: u64, words: &[u64]) -> $crate::error::Result<()> {
+            $crate::transport::fabric::forward_fabric!(@to self $to).ctrl_write(addr, words)
+        }
+    };
+    (@m $to:tt post_write) => {
+        fn post_write(
+            &mut self,
+            path: usize,
+            wr: &$crate::transport::fabric::WriteWr,
+        ) -> $crate::error::Result<()> {
+            $crate::transport::fabric::forward_fabric!(@to self $to).post_write(path, wr)
+        }
+    };
+    (@m $to:tt post_writes) => {
+        fn post_writes(
+            &mut self,
+            path: usize,
+            wrs: &[$crate::transport::fabric::WriteWr],
+        ) -> $crate::error::Result<()> {
+            $crate::transport::fabric::forward_fabric!(@to self $to).post_writes(path, wrs)
+        }
+    };
+    (@m $to:tt post_read) => {
+        fn post_read(
+            &mut self,
+            path: usize,
+            wr: &$crate::transport::fabric::ReadWr,
+        ) -> $crate::error::Result<()> {
+            $crate::transport::fabric::forward_fabric!(@to self $to).post_read(path, wr)
+        }
+    };
+    (@m $to:tt prepare_flush) => {
+        fn prepare_flush(&mut self) -> $crate::error::Result<()> {
+            $crate::transport::fabric::forward_fabric!(@to self $to).prepare_flush()
+        }
+    };
+    (@m $to:tt path_device) => {
+        fn path_device(&self, path: usize) -> usize {
+            $crate::transport::fabric::forward_fabric!(@to self $to).path_device(path)
+        }
+    };
+    (@m $to:tt post_recv) => {
+        fn post_recv(&mut self, path: usize, wr_id: u64) -> $crate::error::Result<()> {
+            $crate::transport::fabric::forward_fabric!(@to self $to).post_recv(path, wr_id)
+        }
+    };
+    (@m $to:tt poll) => {
+        fn poll(
+            &mut self,
+            path: usize,
+            max: usize,
+            out: &mut Vec<$crate::transport::fabric::Completion>,
+        ) -> $crate::error::Result<usize> {
+            $crate::transport::fabric::forward_fabric!(@to self $to).poll(path, max, out)
+        }
+    };
+    (@m $to:tt shutdown) => {
+        fn shutdown(&mut self) -> $crate::error::Result<()> {
+            $crate::transport::fabric::forward_fabric!(@to self $to).shutdown()
+        }
+    };
+    (@m $to:tt health) => {
+        fn health(&mut self) -> $crate::error::Result<()> {
+            $crate::transport::fabric::forward_fabric!(@to self $to).health()
+        }
+    };
+    (@m $to:tt path_note) => {
+        fn path_note(&self, path: usize) -> Option<String> {
+            $crate::transport::fabric::forward_fabric!(@to self $to).path_note(path)
+        }
+    };
+    (@m $to:tt path_health) => {
+        fn path_health(&mut self, path: usize) -> $crate::error::Result<()> {
+            $crate::transport::fabric::forward_fabric!(@to self $to).path_health(path)
+        }
+    };
+    (@m $to:tt stop_path) => {
+        fn stop_path(&mut self, path: usize) -> $crate::error::Result<()> {
+            $crate::transport::fabric::forward_fabric!(@to self $to).stop_path(path)
+        }
+    };
+    (@m $to:tt seal_path) => {
+        fn seal_path(&mut self, path: usize) -> $crate::error::Result<bool> {
+            $crate::transport::fabric::forward_fabric!(@to self $to).seal_path(path)
+        }
+    };
+    (@m $to:tt revive_path) => {
+        fn revive_path(
+            &mut self,
+            path: usize,
+        ) -> $crate::error::Result<$crate::transport::fabric::Revive> {
+            $crate::transport::fabric::forward_fabric!(@to self $to).revive_path(path)
+        }
+    };
+}
+pub(crate) use forward_fabric;
+
 impl<F: Fabric + ?Sized> Fabric for Box<F> {
-    fn paths(&self) -> &[PathInfo] {
-        (**self).paths()
-    }
-    fn register(&mut self, mem: &Lent, kind: MemKind) -> Result<Registration> {
-        (**self).register(mem, kind)
-    }
-    fn register_dmabuf(
-        &mut self,
-        mem: &Lent,
-        offset: u64,
-        fd: BorrowedFd<'_>,
-    ) -> Result<Registration> {
-        (**self).register_dmabuf(mem, offset, fd)
-    }
-    fn deregister(&mut self, reg: &Registration) -> Result<()> {
-        (**self).deregister(reg)
-    }
-    fn pinner(&self) -> Option<Arc<dyn Pinner>> {
-        (**self).pinner()
-    }
-    fn defer_paths(&mut self, paths: &[usize]) {
-        (**self).defer_paths(paths);
-    }
-    fn activate_path(&mut self, path: usize) -> Result<()> {
-        (**self).activate_path(path)
-    }
-    fn keys_on(&self, reg: &Registration, path: usize) -> Option<PathKeys> {
-        (**self).keys_on(reg, path)
-    }
-    fn alloc_ctrl(&mut self, words: usize) -> Result<CtrlMem> {
-        (**self).alloc_ctrl(words)
-    }
-    fn free_ctrl(&mut self, mem: &CtrlMem) -> Result<()> {
-        (**self).free_ctrl(mem)
-    }
-    fn ctrl_load(&self, addr: u64, order: Ordering) -> Result<u64> {
-        (**self).ctrl_load(addr, order)
-    }
-    fn ctrl_store(&self, addr: u64, value: u64, order: Ordering) -> Result<()> {
-        (**self).ctrl_store(addr, value, order)
-    }
-    fn ctrl_read(&self, addr: u64, out: &mut [u64]) -> Result<()> {
-        (**self).ctrl_read(addr, out)
-    }
-    fn ctrl_write(&self, addr: u64, words: &[u64]) -> Result<()> {
-        (**self).ctrl_write(addr, words)
-    }
-    fn post_write(&mut self, path: usize, wr: &WriteWr) -> Result<()> {
-        (**self).post_write(path, wr)
-    }
-    fn post_writes(&mut self, path: usize, wrs: &[WriteWr]) -> Result<()> {
-        (**self).post_writes(path, wrs)
-    }
-    fn post_read(&mut self, path: usize, wr: &ReadWr) -> Result<()> {
-        (**self).post_read(path, wr)
-    }
-    fn prepare_flush(&mut self) -> Result<()> {
-        (**self).prepare_flush()
-    }
-    fn path_device(&self, path: usize) -> usize {
-        (**self).path_device(path)
-    }
-    fn post_recv(&mut self, path: usize, wr_id: u64) -> Result<()> {
-        (**self).post_recv(path, wr_id)
-    }
-    fn poll(&mut self, path: usize, max: usize, out: &mut Vec<Completion>) -> Result<usize> {
-        (**self).poll(path, max, out)
-    }
-    fn shutdown(&mut self) -> Result<()> {
-        (**self).shutdown()
-    }
-    fn path_note(&self, path: usize) -> Option<String> {
-        (**self).path_note(path)
-    }
-    fn health(&mut self) -> Result<()> {
-        (**self).health()
-    }
-    fn path_health(&mut self, path: usize) -> Result<()> {
-        (**self).path_health(path)
-    }
-    fn revive_path(&mut self, path: usize) -> Result<Revive> {
-        (**self).revive_path(path)
-    }
-    fn stop_path(&mut self, path: usize) -> Result<()> {
-        (**self).stop_path(path)
-    }
-    fn seal_path(&mut self, path: usize) -> Result<bool> {
-        (**self).seal_path(path)
-    }
+    forward_fabric!(deref: paths, register, register_dmabuf, deregister, pinner, defer_paths,
+        activate_path, keys_on, alloc_ctrl, free_ctrl, ctrl_load, ctrl_store, ctrl_read, ctrl_write,
+        post_write, post_writes, post_read, prepare_flush, path_device, post_recv, poll, shutdown,
+        health, path_note, path_health, stop_path, seal_path, revive_path);
 }
 
 #[cfg(test)]

@@ -16,7 +16,6 @@
 #![forbid(unsafe_code)]
 
 use std::collections::HashMap;
-use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -26,10 +25,7 @@ use crate::plugin::switchless::{
     ConnOptions, Connectable, HostView, PathFactory, PathPlan, PinnedReader, Switchless,
 };
 use crate::sync::lock;
-use crate::sys::rawmem::Lent;
-use crate::transport::fabric::{
-    Completion, CtrlMem, Fabric, MemKind, PathInfo, ReadWr, Registration, WriteWr,
-};
+use crate::transport::fabric::{Fabric, forward_fabric};
 use crate::transport::handshake::PathParams;
 use crate::transport::memfab::{MemEndpoint, MemFab};
 
@@ -281,97 +277,8 @@ impl Connectable for MemConn {
 }
 
 impl Fabric for MemConn {
-    fn paths(&self) -> &[PathInfo] {
-        self.ep.paths()
-    }
-    fn register(&mut self, mem: &Lent, kind: MemKind) -> Result<Registration> {
-        self.ep.register(mem, kind)
-    }
-    fn register_dmabuf(
-        &mut self,
-        mem: &Lent,
-        offset: u64,
-        fd: BorrowedFd<'_>,
-    ) -> Result<Registration> {
-        self.ep.register_dmabuf(mem, offset, fd)
-    }
-    fn deregister(&mut self, reg: &Registration) -> Result<()> {
-        self.ep.deregister(reg)
-    }
-    fn pinner(&self) -> Option<std::sync::Arc<dyn crate::transport::fabric::Pinner>> {
-        self.ep.pinner()
-    }
-    fn defer_paths(&mut self, paths: &[usize]) {
-        self.ep.defer_paths(paths);
-    }
-    fn activate_path(&mut self, path: usize) -> Result<()> {
-        self.ep.activate_path(path)
-    }
-    fn keys_on(
-        &self,
-        reg: &Registration,
-        path: usize,
-    ) -> Option<crate::transport::fabric::PathKeys> {
-        self.ep.keys_on(reg, path)
-    }
-    fn alloc_ctrl(&mut self, words: usize) -> Result<CtrlMem> {
-        self.ep.alloc_ctrl(words)
-    }
-    fn free_ctrl(&mut self, mem: &CtrlMem) -> Result<()> {
-        self.ep.free_ctrl(mem)
-    }
-    fn ctrl_load(&self, addr: u64, order: Ordering) -> Result<u64> {
-        self.ep.ctrl_load(addr, order)
-    }
-    fn ctrl_store(&self, addr: u64, value: u64, order: Ordering) -> Result<()> {
-        self.ep.ctrl_store(addr, value, order)
-    }
-    fn ctrl_read(&self, addr: u64, out: &mut [u64]) -> Result<()> {
-        self.ep.ctrl_read(addr, out)
-    }
-    fn ctrl_write(&self, addr: u64, words: &[u64]) -> Result<()> {
-        self.ep.ctrl_write(addr, words)
-    }
-    fn post_write(&mut self, path: usize, wr: &WriteWr) -> Result<()> {
-        self.ep.post_write(path, wr)
-    }
-    fn post_writes(&mut self, path: usize, wrs: &[WriteWr]) -> Result<()> {
-        self.ep.post_writes(path, wrs)
-    }
-    fn post_read(&mut self, path: usize, wr: &ReadWr) -> Result<()> {
-        self.ep.post_read(path, wr)
-    }
-    fn prepare_flush(&mut self) -> Result<()> {
-        self.ep.prepare_flush()
-    }
-    fn path_device(&self, path: usize) -> usize {
-        self.ep.path_device(path)
-    }
-    fn post_recv(&mut self, path: usize, wr_id: u64) -> Result<()> {
-        self.ep.post_recv(path, wr_id)
-    }
-    fn poll(&mut self, path: usize, max: usize, out: &mut Vec<Completion>) -> Result<usize> {
-        self.ep.poll(path, max, out)
-    }
-    fn shutdown(&mut self) -> Result<()> {
-        self.ep.shutdown()
-    }
-    fn path_note(&self, path: usize) -> Option<String> {
-        self.ep.path_note(path)
-    }
-    fn health(&mut self) -> Result<()> {
-        self.ep.health()
-    }
-    fn path_health(&mut self, path: usize) -> Result<()> {
-        self.ep.path_health(path)
-    }
-    fn revive_path(&mut self, path: usize) -> Result<crate::transport::fabric::Revive> {
-        self.ep.revive_path(path)
-    }
-    fn stop_path(&mut self, path: usize) -> Result<()> {
-        self.ep.stop_path(path)
-    }
-    fn seal_path(&mut self, path: usize) -> Result<bool> {
-        self.ep.seal_path(path)
-    }
+    forward_fabric!(ep: paths, register, register_dmabuf, deregister, pinner, defer_paths,
+        activate_path, keys_on, alloc_ctrl, free_ctrl, ctrl_load, ctrl_store, ctrl_read, ctrl_write,
+        post_write, post_writes, post_read, prepare_flush, path_device, post_recv, poll, shutdown,
+        health, path_note, path_health, stop_path, seal_path, revive_path);
 }

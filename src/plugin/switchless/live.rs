@@ -4,15 +4,9 @@
 //! `transport::handshake::Liveness`; the bounds are in docs/security.md.
 #![forbid(unsafe_code)]
 
-use std::os::fd::BorrowedFd;
-use std::sync::atomic::Ordering;
-
 use super::{ConnOptions, Connectable};
 use crate::error::Result;
-use crate::sys::rawmem::Lent;
-use crate::transport::fabric::{
-    Completion, CtrlMem, Fabric, MemKind, PathInfo, PathRole, ReadWr, Registration, WriteWr,
-};
+use crate::transport::fabric::{Completion, Fabric, PathInfo, PathRole, forward_fabric};
 use crate::transport::handshake::{Liveness, PathParams};
 
 /// An endpoint and, once the handshake is done, its liveness channel: a poll that finds nothing and
@@ -101,75 +95,10 @@ impl<F: Connectable> Connectable for Live<F> {
 }
 
 impl<F: Connectable> Fabric for Live<F> {
-    fn paths(&self) -> &[PathInfo] {
-        self.inner.paths()
-    }
-    fn register(&mut self, mem: &Lent, kind: MemKind) -> Result<Registration> {
-        self.inner.register(mem, kind)
-    }
-    fn register_dmabuf(
-        &mut self,
-        mem: &Lent,
-        offset: u64,
-        fd: BorrowedFd<'_>,
-    ) -> Result<Registration> {
-        self.inner.register_dmabuf(mem, offset, fd)
-    }
-    fn deregister(&mut self, reg: &Registration) -> Result<()> {
-        self.inner.deregister(reg)
-    }
-    fn pinner(&self) -> Option<std::sync::Arc<dyn crate::transport::fabric::Pinner>> {
-        self.inner.pinner()
-    }
-    fn defer_paths(&mut self, paths: &[usize]) {
-        self.inner.defer_paths(paths);
-    }
-    fn activate_path(&mut self, path: usize) -> Result<()> {
-        self.inner.activate_path(path)
-    }
-    fn keys_on(
-        &self,
-        reg: &Registration,
-        path: usize,
-    ) -> Option<crate::transport::fabric::PathKeys> {
-        self.inner.keys_on(reg, path)
-    }
-    fn alloc_ctrl(&mut self, words: usize) -> Result<CtrlMem> {
-        self.inner.alloc_ctrl(words)
-    }
-    fn free_ctrl(&mut self, mem: &CtrlMem) -> Result<()> {
-        self.inner.free_ctrl(mem)
-    }
-    fn ctrl_load(&self, addr: u64, order: Ordering) -> Result<u64> {
-        self.inner.ctrl_load(addr, order)
-    }
-    fn ctrl_store(&self, addr: u64, value: u64, order: Ordering) -> Result<()> {
-        self.inner.ctrl_store(addr, value, order)
-    }
-    fn ctrl_read(&self, addr: u64, out: &mut [u64]) -> Result<()> {
-        self.inner.ctrl_read(addr, out)
-    }
-    fn ctrl_write(&self, addr: u64, words: &[u64]) -> Result<()> {
-        self.inner.ctrl_write(addr, words)
-    }
-    fn post_write(&mut self, path: usize, wr: &WriteWr) -> Result<()> {
-        self.inner.post_write(path, wr)
-    }
-    fn post_writes(&mut self, path: usize, wrs: &[WriteWr]) -> Result<()> {
-        self.inner.post_writes(path, wrs)
-    }
-    fn post_read(&mut self, path: usize, wr: &ReadWr) -> Result<()> {
-        self.inner.post_read(path, wr)
-    }
-    fn prepare_flush(&mut self) -> Result<()> {
-        self.inner.prepare_flush()
-    }
-    fn path_device(&self, path: usize) -> usize {
-        self.inner.path_device(path)
-    }
-    fn post_recv(&mut self, path: usize, wr_id: u64) -> Result<()> {
-        self.inner.post_recv(path, wr_id)
-    }
+    forward_fabric!(inner: paths, register, register_dmabuf, deregister, pinner, defer_paths,
+        activate_path, keys_on, alloc_ctrl, free_ctrl, ctrl_load, ctrl_store, ctrl_read, ctrl_write,
+        post_write, post_writes, post_read, prepare_flush, path_device, post_recv,
+        path_note, path_health, stop_path, seal_path, revive_path);
     fn poll(&mut self, path: usize, max: usize, out: &mut Vec<Completion>) -> Result<usize> {
         let n = self.inner.poll(path, max, out)?;
         // Only when nothing completed: what the peer finished before it went counts.
@@ -178,29 +107,16 @@ impl<F: Connectable> Fabric for Live<F> {
         }
         Ok(n)
     }
+
     fn shutdown(&mut self) -> Result<()> {
         // The peer sees this side's end of the channel close with the comm.
         self.live = None;
         self.inner.shutdown()
     }
-    fn path_note(&self, path: usize) -> Option<String> {
-        self.inner.path_note(path)
-    }
+
     fn health(&mut self) -> Result<()> {
         self.inner.health()?;
         self.check()
-    }
-    fn path_health(&mut self, path: usize) -> Result<()> {
-        self.inner.path_health(path)
-    }
-    fn revive_path(&mut self, path: usize) -> Result<crate::transport::fabric::Revive> {
-        self.inner.revive_path(path)
-    }
-    fn stop_path(&mut self, path: usize) -> Result<()> {
-        self.inner.stop_path(path)
-    }
-    fn seal_path(&mut self, path: usize) -> Result<bool> {
-        self.inner.seal_path(path)
     }
 }
 
@@ -209,8 +125,12 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::error::Error;
-    use crate::transport::fabric::{PathInfo, PathRole};
+    use crate::sys::rawmem::Lent;
+    use crate::transport::fabric::{
+        CtrlMem, MemKind, PathInfo, PathRole, ReadWr, Registration, WriteWr,
+    };
     use std::net::{TcpListener, TcpStream};
+    use std::sync::atomic::Ordering;
 
     /// An endpoint with `n` data paths that does nothing (only `Live::check` is under test).
     struct Stub(Vec<PathInfo>);
