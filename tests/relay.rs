@@ -671,35 +671,16 @@ fn relay_services_live_and_die_with_their_communicators() {
     assert!(t.is_ok(), "the port is free again: {t:?}");
 }
 
-/// Peer of the shared-pool run: its connection and its own relay.
-struct Peer {
-    s: SendComm<TcpFabric>,
-    r: RecvComm<TcpFabric>,
-}
+#[path = "support/shared_pool.rs"]
+mod shared_pool;
 
-/// Message `m`'s bytes: distinct per message.
-fn content(m: usize, len: usize) -> Vec<u8> {
-    let mut x = (m as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
+use shared_pool::Peer;
 
-/// NCCL's p2p pool through a relay: two peers send 256 KiB messages (striped over a direct path
-/// and a relayed one) to one host, whose receives share 3 buffers, each posted again for either
-/// peer as soon as its receive completed. At message `kill_at` the relay of peer 0's connection
+/// NCCL's p2p pool through a relay: two peers' messages (`support/shared_pool.rs`) striped over a
+/// direct path and a relayed one. At message `kill_at` the relay of peer 0's connection
 /// dies (what it held in staging is lost, both its legs cut). Every message arrives once with
 /// exactly its bytes, and no completed buffer changes before it is posted again.
 fn shared_pool_through_a_dying_relay(kill_at: usize, port: u16, net: u8) {
-    const SIZE: usize = 256 << 10;
-    const N: usize = 40;
-    const RING: usize = 4;
-    const POOL: usize = 3;
     let o =
         |x: u8, h: u8| -> &'static str { Box::leak(format!("127.{net}.{x}.{h}").into_boxed_str()) };
     let mut relays: Vec<Option<RelayService>> = (0..2u8)
@@ -715,7 +696,7 @@ fn shared_pool_through_a_dying_relay(kill_at: usize, port: u16, net: u8) {
             ))
         })
         .collect();
-    let mut peers: Vec<Peer> = (0..2u8)
+    let mut peers: Vec<Peer<TcpFabric>> = (0..2u8)
         .map(|p| {
             let (a, b) = connect(
                 &[
@@ -740,168 +721,23 @@ fn shared_pool_through_a_dying_relay(kill_at: usize, port: u16, net: u8) {
             Peer { s, r }
         })
         .collect();
-    let pool = HostBuffer::new(POOL * SIZE).unwrap();
-    let rmh: Vec<_> = peers
-        .iter_mut()
-        .map(|g| g.r.reg_mr(&pool.lend(), MemKind::Host).unwrap())
-        .collect();
-    let mut src: Vec<HostBuffer> = (0..2)
-        .map(|_| HostBuffer::new(RING * SIZE).unwrap())
-        .collect();
-    let smh: Vec<_> = peers
-        .iter_mut()
-        .zip(&src)
-        .map(|(g, b)| g.s.reg_mr(&b.lend(), MemKind::Host).unwrap())
-        .collect();
-    let spare: Vec<HostBuffer> = (0..2).map(|_| HostBuffer::new(SIZE).unwrap()).collect();
-    let spare_mh: Vec<_> = peers
-        .iter_mut()
-        .zip(&spare)
-        .map(|(g, b)| g.r.reg_mr(&b.lend(), MemKind::Host).unwrap())
-        .collect();
-    let mut next_op: [Option<Request>; 2] = [None, None];
-    let msgs: Vec<Vec<usize>> = (0..2).map(|p| (p..N).step_by(2).collect()).collect();
-    let mut next_send = [0usize; 2];
-    let mut staged: [Option<usize>; 2] = [None, None];
-    let mut ring_free = [[true; RING]; 2];
-    let mut sq: [Vec<(usize, Request, usize)>; 2] = [Vec::new(), Vec::new()];
-    let mut rq: [Vec<(usize, Request, usize)>; 2] = [Vec::new(), Vec::new()];
-    let mut slot_free = [true; POOL];
-    let mut last: [Option<usize>; POOL] = [None; POOL];
-    let (mut received, mut sent) = (vec![0u32; N], vec![0u32; N]);
-    let mut next_post = 0;
-    let t = Instant::now();
-    while received.iter().any(|&x| x != 1) || sent.iter().any(|&x| x != 1) {
-        assert!(
-            t.elapsed() < DEADLINE,
-            "hang: received {received:?}, sent {sent:?}; paths up {:?} {:?}",
-            peers.iter().map(|g| g.s.paths_up()).collect::<Vec<_>>(),
-            peers.iter().map(|g| g.r.paths_up()).collect::<Vec<_>>()
-        );
-        let now = Instant::now();
-        while next_post < N {
-            let Some(k) = slot_free.iter().position(|&f| f) else {
-                break;
-            };
-            if let Some(m) = last[k] {
-                assert!(
-                    pool.read(k * SIZE, SIZE).unwrap() == content(m, SIZE),
-                    "pool buffer {k} changed after its receive of message {m} completed"
-                );
+    shared_pool::run(
+        &mut peers,
+        40,
+        "relay",
+        DEADLINE,
+        |_, m, _| {
+            if m == kill_at {
+                // The relay host dies: its staging and both legs of every stream go.
+                drop(relays[0].take());
             }
-            let p = next_post % 2;
-            let b = RecvBuf {
-                addr: pool.addr() + (k * SIZE) as u64,
-                size: SIZE as u64,
-                tag: 0,
-                mh: &rmh[p],
-            };
-            match peers[p].r.irecv(now, &[b]).unwrap() {
-                Some(q) => {
-                    rq[p].push((next_post, q, k));
-                    slot_free[k] = false;
-                    next_post += 1;
-                }
-                None => break,
-            }
-        }
-        for p in 0..2 {
-            while next_send[p] < msgs[p].len() {
-                let m = msgs[p][next_send[p]];
-                let e = match staged[p] {
-                    Some(e) => e,
-                    None => {
-                        let Some(e) = ring_free[p].iter().position(|&f| f) else {
-                            break;
-                        };
-                        src[p].write(e * SIZE, &content(m, SIZE)).unwrap();
-                        ring_free[p][e] = false;
-                        staged[p] = Some(e);
-                        e
-                    }
-                };
-                let addr = src[p].addr() + (e * SIZE) as u64;
-                match peers[p]
-                    .s
-                    .isend(now, addr, SIZE as u64, 0, &smh[p])
-                    .unwrap()
-                {
-                    Some(q) => {
-                        sq[p].push((m, q, e));
-                        staged[p] = None;
-                        next_send[p] += 1;
-                    }
-                    None => break,
-                }
-                if p == 0 && m == kill_at {
-                    // The relay host dies: its staging and both legs of every stream go.
-                    drop(relays[0].take());
-                }
-            }
-            let mut i = 0;
-            while i < rq[p].len() {
-                let (m, q, k) = rq[p][i];
-                if let Some(sz) = peers[p].r.test(now, q).unwrap() {
-                    assert_eq!(sz.as_slice(), &[SIZE as u64], "message {m}");
-                    assert!(
-                        pool.read(k * SIZE, SIZE).unwrap() == content(m, SIZE),
-                        "message {m} (peer {p}) in pool buffer {k} is not the sender's"
-                    );
-                    received[m] += 1;
-                    last[k] = Some(m);
-                    slot_free[k] = true;
-                    rq[p].remove(i);
-                } else {
-                    i += 1;
-                }
-            }
-            let mut i = 0;
-            while i < sq[p].len() {
-                let (m, q, e) = sq[p][i];
-                if peers[p].s.test(now, q).unwrap().is_some() {
-                    sent[m] += 1;
-                    ring_free[p][e] = true;
-                    sq[p].remove(i);
-                } else {
-                    i += 1;
-                }
-            }
-            let all_in = msgs[p].iter().all(|&m| received[m] > 0);
-            if all_in && !sq[p].is_empty() && next_op[p].is_none() {
-                let b = RecvBuf {
-                    addr: spare[p].addr(),
-                    size: SIZE as u64,
-                    tag: 0,
-                    mh: &spare_mh[p],
-                };
-                next_op[p] = peers[p].r.irecv(now, &[b]).unwrap();
-            }
-            if let Some(q) = next_op[p] {
-                assert!(peers[p].r.test(now, q).unwrap().is_none());
-            }
-        }
-        std::thread::yield_now();
-    }
-    std::thread::sleep(Duration::from_millis(100));
-    for (k, m) in last.iter().enumerate() {
-        if let Some(m) = *m {
-            assert!(
-                pool.read(k * SIZE, SIZE).unwrap() == content(m, SIZE),
-                "pool buffer {k} changed after its receive of message {m} completed"
-            );
-        }
-    }
+        },
+        |_, _| {},
+    );
     let st = peers[0].s.fence_stats();
     assert!(st.stops > 0, "the relayed path never failed over: {st:?}");
     assert_eq!(peers[1].s.fence_stats().stops, 0, "peer 1's relay lived");
-    for ((mut g, (s, r)), x) in peers
-        .into_iter()
-        .zip(smh.into_iter().zip(rmh))
-        .zip(spare_mh)
-    {
-        g.s.dereg_mr(s).unwrap();
-        g.r.dereg_mr(r).unwrap();
-        g.r.dereg_mr(x).unwrap();
+    for g in peers {
         g.s.close().unwrap();
         g.r.close().unwrap();
     }

@@ -21,6 +21,10 @@ use switchless::transport::tcp::{LinkCheck, TcpConfig, TcpFabric, loopback_pair}
 
 #[path = "support/logs.rs"]
 mod logs;
+#[path = "support/shared_pool.rs"]
+mod shared_pool;
+
+use shared_pool::Peer;
 
 /// Bounds every loop: a hang fails here, not by a test timeout.
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -614,19 +618,6 @@ fn until_back_any(g: &mut Rig) {
     }
 }
 
-/// Message `m`'s bytes: distinct per message, so a copy of one landing in another's buffer shows.
-fn content(m: usize, len: usize) -> Vec<u8> {
-    let mut x = (m as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
-
 /// What becomes of path 0 of peer 0's connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum TcpFault {
@@ -640,195 +631,53 @@ enum TcpFault {
     Delay,
 }
 
-/// NCCL's p2p pool over TCP: two peers send 256 KiB messages (striped over two paths) to one
-/// host, whose receives share 3 buffers, each posted again (for either peer) as soon as its
-/// receive completed; at message 12 the fault strikes peer 0's path 0. Every message arrives
-/// once with exactly its bytes (checked at completion), and a completed buffer is unchanged when
-/// it is posted again and at the end (no write landed after its receive completed).
+/// NCCL's p2p pool over TCP (`support/shared_pool.rs`), two paths per peer: at message 12 the fault
+/// strikes peer 0's path 0.
 fn shared_pool_under(fault: TcpFault) {
-    const SIZE: usize = 256 << 10;
-    const N: usize = 48;
-    const RING: usize = 4;
-    const POOL: usize = 3;
     let cable = Arc::new(Cable::default());
-    let mut peers: Vec<Rig> = (0..2)
-        .map(|i| rig((i == 0 && fault == TcpFault::Delay).then_some(&cable)))
+    let mut peers: Vec<Peer<TcpFabric>> = (0..2)
+        .map(|i| {
+            let g = rig((i == 0 && fault == TcpFault::Delay).then_some(&cable));
+            Peer { s: g.s, r: g.r }
+        })
         .collect();
-    let pool = HostBuffer::new(POOL * SIZE).unwrap();
-    let rmh: Vec<_> = peers
-        .iter_mut()
-        .map(|g| g.r.reg_mr(&pool.lend(), MemKind::Host).unwrap())
-        .collect();
-    let mut src: Vec<HostBuffer> = (0..2)
-        .map(|_| HostBuffer::new(RING * SIZE).unwrap())
-        .collect();
-    let smh: Vec<_> = peers
-        .iter_mut()
-        .zip(&src)
-        .map(|(g, b)| g.s.reg_mr(&b.lend(), MemKind::Host).unwrap())
-        .collect();
-    let spare: Vec<HostBuffer> = (0..2).map(|_| HostBuffer::new(SIZE).unwrap()).collect();
-    let spare_mh: Vec<_> = peers
-        .iter_mut()
-        .zip(&spare)
-        .map(|(g, b)| g.r.reg_mr(&b.lend(), MemKind::Host).unwrap())
-        .collect();
-    let mut next_op: [Option<Request>; 2] = [None, None];
-    // Message m goes from peer m % 2.
-    let msgs: Vec<Vec<usize>> = (0..2).map(|p| (p..N).step_by(2).collect()).collect();
-    let mut next_send = [0usize; 2];
-    let mut staged: [Option<usize>; 2] = [None, None];
-    let mut ring_free = [[true; RING]; 2];
-    let mut sq: [Vec<(usize, Request, usize)>; 2] = [Vec::new(), Vec::new()];
-    let mut rq: [Vec<(usize, Request, usize)>; 2] = [Vec::new(), Vec::new()];
-    let mut slot_free = [true; POOL];
-    let mut last: [Option<usize>; POOL] = [None; POOL];
-    let (mut received, mut sent) = (vec![0u32; N], vec![0u32; N]);
-    let mut next_post = 0;
-    let mut struck: Option<Instant> = None;
+    // Both hooks read when the fault struck.
+    let struck: std::cell::Cell<Option<Instant>> = std::cell::Cell::new(None);
     let mut released = false;
-    let t = Instant::now();
-    while received.iter().any(|&x| x != 1) || sent.iter().any(|&x| x != 1) {
-        assert!(
-            t.elapsed() < DEADLINE,
-            "{fault:?}: hang: received {received:?}, sent {sent:?}; paths up {:?} {:?}",
-            peers.iter().map(|g| g.s.paths_up()).collect::<Vec<_>>(),
-            peers.iter().map(|g| g.r.paths_up()).collect::<Vec<_>>()
-        );
-        let now = Instant::now();
-        if let Some(at) = struck.filter(|_| fault == TcpFault::Delay && !released) {
-            if now.duration_since(at) > Duration::from_millis(200) {
-                peers[0].r.fabric().hold_receiving(0, false);
-                released = true;
-            }
-        }
-        while next_post < N {
-            let Some(k) = slot_free.iter().position(|&f| f) else {
-                break;
-            };
-            // Posted again: it still holds its last message, exactly.
-            if let Some(m) = last[k] {
-                assert!(
-                    pool.read(k * SIZE, SIZE).unwrap() == content(m, SIZE),
-                    "{fault:?}: pool buffer {k} changed after its receive of message {m} completed"
-                );
-            }
-            let p = next_post % 2;
-            let b = RecvBuf {
-                addr: pool.addr() + (k * SIZE) as u64,
-                size: SIZE as u64,
-                tag: 0,
-                mh: &rmh[p],
-            };
-            match peers[p].r.irecv(now, &[b]).unwrap() {
-                Some(q) => {
-                    rq[p].push((next_post, q, k));
-                    slot_free[k] = false;
-                    next_post += 1;
-                }
-                None => break,
-            }
-        }
-        for p in 0..2 {
-            while next_send[p] < msgs[p].len() {
-                let m = msgs[p][next_send[p]];
-                let e = match staged[p] {
-                    Some(e) => e,
-                    None => {
-                        let Some(e) = ring_free[p].iter().position(|&f| f) else {
-                            break;
-                        };
-                        src[p].write(e * SIZE, &content(m, SIZE)).unwrap();
-                        ring_free[p][e] = false;
-                        staged[p] = Some(e);
-                        e
-                    }
-                };
-                let addr = src[p].addr() + (e * SIZE) as u64;
-                match peers[p]
-                    .s
-                    .isend(now, addr, SIZE as u64, 0, &smh[p])
-                    .unwrap()
-                {
-                    Some(q) => {
-                        sq[p].push((m, q, e));
-                        staged[p] = None;
-                        next_send[p] += 1;
-                    }
-                    None => break,
-                }
-                // Message 12 of peer 0 just handed to its path(s): the fault strikes.
-                if p == 0 && m == 12 {
-                    struck = Some(now);
-                    match fault {
-                        TcpFault::LandLost => peers[0].s.fabric().lose_completions(0),
-                        TcpFault::Drop => peers[0].s.fabric().break_path(0),
-                        TcpFault::Delay => {
-                            peers[0].r.fabric().hold_receiving(0, true);
-                            cable.down.store(true, Ordering::SeqCst);
-                        }
+    shared_pool::run(
+        &mut peers,
+        48,
+        &format!("{fault:?}"),
+        DEADLINE,
+        |peers, m, now| {
+            // Message 12 of peer 0 just handed to its path(s): the fault strikes.
+            if m == 12 {
+                struck.set(Some(now));
+                match fault {
+                    TcpFault::LandLost => peers[0].s.fabric().lose_completions(0),
+                    TcpFault::Drop => peers[0].s.fabric().break_path(0),
+                    TcpFault::Delay => {
+                        peers[0].r.fabric().hold_receiving(0, true);
+                        cable.down.store(true, Ordering::SeqCst);
                     }
                 }
             }
-            let mut i = 0;
-            while i < rq[p].len() {
-                let (m, q, k) = rq[p][i];
-                if let Some(sz) = peers[p].r.test(now, q).unwrap() {
-                    assert_eq!(sz.as_slice(), &[SIZE as u64], "message {m}");
-                    assert!(
-                        pool.read(k * SIZE, SIZE).unwrap() == content(m, SIZE),
-                        "{fault:?}: message {m} (peer {p}) in pool buffer {k} is not the sender's"
-                    );
-                    received[m] += 1;
-                    last[k] = Some(m);
-                    slot_free[k] = true;
-                    rq[p].remove(i);
-                } else {
-                    i += 1;
+        },
+        |peers, now| {
+            if let Some(at) = struck
+                .get()
+                .filter(|_| fault == TcpFault::Delay && !released)
+            {
+                if now.duration_since(at) > Duration::from_millis(200) {
+                    peers[0].r.fabric().hold_receiving(0, false);
+                    released = true;
                 }
             }
-            let mut i = 0;
-            while i < sq[p].len() {
-                let (m, q, e) = sq[p][i];
-                if peers[p].s.test(now, q).unwrap().is_some() {
-                    sent[m] += 1;
-                    ring_free[p][e] = true;
-                    sq[p].remove(i);
-                } else {
-                    i += 1;
-                }
-            }
-            // A sender still waits once every receive of its peer completed (the fence's answer
-            // is due: a piece landed with its acknowledgement lost): NCCL's next operation on
-            // the connection calls the receiver; so does this receive, which never completes.
-            let all_in = msgs[p].iter().all(|&m| received[m] > 0);
-            if all_in && !sq[p].is_empty() && next_op[p].is_none() {
-                let b = RecvBuf {
-                    addr: spare[p].addr(),
-                    size: SIZE as u64,
-                    tag: 0,
-                    mh: &spare_mh[p],
-                };
-                next_op[p] = peers[p].r.irecv(now, &[b]).unwrap();
-            }
-            if let Some(q) = next_op[p] {
-                assert!(peers[p].r.test(now, q).unwrap().is_none());
-            }
-        }
-        std::thread::yield_now();
-    }
-    // Whatever was still on its way has had time to land.
-    std::thread::sleep(Duration::from_millis(100));
-    for (k, m) in last.iter().enumerate() {
-        if let Some(m) = *m {
-            assert!(
-                pool.read(k * SIZE, SIZE).unwrap() == content(m, SIZE),
-                "{fault:?}: pool buffer {k} changed after its receive of message {m} completed"
-            );
-        }
-    }
+        },
+    );
     // Path 0 failed over (it may be back by now: failback probes every 20 ms here).
     let st = peers[0].s.fence_stats();
+    let struck = struck.get();
     assert!(
         st.stops > 0 && struck.is_some(),
         "{fault:?}: {st:?} struck {struck:?}; receiver {:?}",
@@ -839,14 +688,7 @@ fn shared_pool_under(fault: TcpFault) {
         // frames went out), or sent again (frames still queued when the path was stopped).
         assert!(st.landed + st.resent > 0, "{fault:?}: {st:?}");
     }
-    for ((mut g, (s, r)), x) in peers
-        .into_iter()
-        .zip(smh.into_iter().zip(rmh))
-        .zip(spare_mh)
-    {
-        g.s.dereg_mr(s).unwrap();
-        g.r.dereg_mr(r).unwrap();
-        g.r.dereg_mr(x).unwrap();
+    for g in peers {
         g.s.close().unwrap();
         g.r.close().unwrap();
     }
