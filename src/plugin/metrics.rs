@@ -473,6 +473,7 @@ mod tests {
             },
             remote: remote.parse().unwrap(),
             kind,
+            relay: None,
         }
     }
 
