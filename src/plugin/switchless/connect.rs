@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::data::SendEnd;
 use super::live::Live;
+use super::relay::{Probed, Probing, RelayedPlan};
 use super::report::{
     ConnReport, SetupSteps, Step, fallback_warning, gdr_scope, gdr_warning, level_name,
     routed_hint, same_host_note, step_error,
@@ -59,9 +60,9 @@ enum Progress<F: Connectable> {
 }
 
 /// A connection parked between `connect` calls: asking the neighbours' relays about a peer no
-/// cable reaches ([`super::relay::Probing`]), or set up and handshaking.
+/// cable reaches ([`Probing`]), or set up and handshaking.
 pub(super) enum Parked<F: Connectable> {
-    Probing(Box<super::relay::Probing>),
+    Probing(Box<Probing>),
     Connecting(Box<ConnectState<F>>),
 }
 
@@ -163,7 +164,7 @@ impl<P: PathFactory> Switchless<P> {
     ///
     /// This is the cables only ([`Self::route_fallback`] is the last resort, after relays:
     /// `super::relay`).
-    pub(super) fn route_direct(
+    fn route_direct(
         &self,
         dev: usize,
         peer: &[RemoteLink],
@@ -189,7 +190,7 @@ impl<P: PathFactory> Switchless<P> {
 
     /// `NCCL_SWITCHLESS_TCP_FALLBACK=1`: TCP over any shared subnet or kernel route, one WARN per
     /// peer; without it, `e` (why no cable reaches the peer) stands.
-    pub(super) fn route_fallback(
+    fn route_fallback(
         &self,
         e: Error,
         dev: usize,
@@ -475,7 +476,7 @@ impl<P: PathFactory> Switchless<P> {
 
     /// The connection over the paths `sel` chose: endpoint, send comm, handshake.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn connect_selected(
+    fn connect_selected(
         &self,
         comm: &CommInfo,
         dev: usize,
@@ -538,7 +539,7 @@ impl<P: PathFactory> Switchless<P> {
     /// Creates the endpoint over `plans` (those at `standby` held back for failover) and the send
     /// comm, and starts the handshake with `start` (given this side's parameters).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn launch(
+    fn launch(
         &self,
         comm: &CommInfo,
         dev: usize,
@@ -585,8 +586,41 @@ impl<P: PathFactory> Switchless<P> {
         match s {
             Parked::Connecting(c) => self.advance_conn(c),
             Parked::Probing(p) => match self.poll_probing(p)? {
-                Parked::Connecting(c) => self.advance_conn(c),
-                p => Ok(Progress::Pending(p)),
+                Probed::Pending(p) => Ok(Progress::Pending(Parked::Probing(p))),
+                Probed::NoRelay(p, e) => {
+                    let sel = self.route_fallback(e, p.dev, &p.repr.links, &p.peer_key)?;
+                    let c = self.connect_selected(
+                        &p.comm,
+                        p.dev,
+                        &p.repr,
+                        p.peer.clone(),
+                        &p.peer_key,
+                        sel,
+                        p.steps,
+                    )?;
+                    self.advance_conn(c)
+                }
+                Probed::Relayed(p, plan) => {
+                    let RelayedPlan {
+                        plans,
+                        requests,
+                        target,
+                    } = plan;
+                    let (nonce, timeout, label) = (p.repr.nonce, self.timeout(), p.peer.clone());
+                    let c = self.launch(
+                        &p.comm,
+                        p.dev,
+                        p.peer.clone(),
+                        plans,
+                        &[],
+                        p.steps,
+                        String::new(),
+                        |mine| {
+                            Connector::start_to(vec![target], nonce, requests, mine, timeout, label)
+                        },
+                    )?;
+                    self.advance_conn(c)
+                }
             },
         }
     }

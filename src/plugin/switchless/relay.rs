@@ -20,7 +20,6 @@ use std::time::Instant;
 
 use ipnet::Ipv4Net;
 
-use super::connect::{ConnectState, Parked};
 use super::report::{SetupSteps, Step};
 use super::{PathFactory, PathPlan, Switchless};
 use crate::config::{Config, RelayMode, TransportMode};
@@ -28,7 +27,7 @@ use crate::error::{Error, Result};
 use crate::plugin::CommInfo;
 use crate::route::handle::HandleRepr;
 use crate::route::types::{LinkKind, LocalLink, point_to_point_peers};
-use crate::transport::handshake::{Connector, PathRequest};
+use crate::transport::handshake::PathRequest;
 use crate::transport::relay::{
     CommKey, Found, Probe, ProbeState, RelayDialer, RelayLink, Relays, ServiceConfig, Ticket,
     port_for, wire::MAX_TARGETS,
@@ -94,15 +93,33 @@ pub(super) struct Probing {
     pub(super) peer: String,
     pub(super) started: Instant,
     pub(super) polled: Instant,
-    comm: CommInfo,
-    dev: usize,
-    repr: HandleRepr,
-    peer_key: String,
+    pub(super) comm: CommInfo,
+    pub(super) dev: usize,
+    pub(super) repr: HandleRepr,
+    pub(super) peer_key: String,
     /// Why no cable reaches the peer.
     why: Error,
     key: CommKey,
     probes: Vec<Probe>,
-    steps: SetupSteps,
+    pub(super) steps: SetupSteps,
+}
+
+/// What the probes came to.
+pub(super) enum Probed {
+    /// Some neighbour has not answered yet.
+    Pending(Box<Probing>),
+    /// No neighbour relays the peer: why (the routing error and every neighbour's answer).
+    NoRelay(Box<Probing>, Error),
+    /// The relayed paths to connect over.
+    Relayed(Box<Probing>, RelayedPlan),
+}
+
+/// A connection over relays, as planned: the paths (each with its dialer), what the hello says
+/// of each, and where the handshake goes.
+pub(super) struct RelayedPlan {
+    pub(super) plans: Vec<PathPlan>,
+    pub(super) requests: Vec<PathRequest>,
+    pub(super) target: (SocketAddrV4, Option<Ipv4Addr>),
 }
 
 impl<P: PathFactory> Switchless<P> {
@@ -184,33 +201,23 @@ impl<P: PathFactory> Switchless<P> {
         }))
     }
 
-    /// Advances the probes; once every neighbour answered, starts the connection over the relays
-    /// that reach the peer, or falls back.
-    pub(super) fn poll_probing(&self, mut p: Box<Probing>) -> Result<Parked<P::Fabric>> {
+    /// Advances the probes; once every neighbour answered, plans the connection over the relays
+    /// that reach the peer.
+    pub(super) fn poll_probing(&self, mut p: Box<Probing>) -> Result<Probed> {
         let mut found: Vec<Found> = Vec::new();
         let mut failed: Vec<String> = Vec::new();
         for probe in &mut p.probes {
             match probe.poll() {
-                ProbeState::Pending => return Ok(Parked::Probing(p)),
+                ProbeState::Pending => return Ok(Probed::Pending(p)),
                 ProbeState::Found(f) => found.push(f.clone()),
                 ProbeState::Failed(why) => failed.push(why.clone()),
             }
         }
-        let Probing {
-            peer,
-            comm,
-            dev,
-            repr,
-            peer_key,
-            why,
-            key,
-            mut steps,
-            ..
-        } = *p;
-        steps.lap(Step::Route);
+        p.steps.lap(Step::Route);
         if found.is_empty() {
             let e = Error::InvalidUsage(format!(
-                "{why}; no neighbour relays it either ({})",
+                "{}; no neighbour relays it either ({})",
+                p.why,
                 failed.join("; ")
             ));
             if self.view.config.relay == RelayMode::Always {
@@ -218,29 +225,22 @@ impl<P: PathFactory> Switchless<P> {
                     "{e}; NCCL_SWITCHLESS_RELAY=always allows no fallback"
                 )));
             }
-            let sel = self.route_fallback(e, dev, &repr.links, &peer_key)?;
-            return self
-                .connect_selected(&comm, dev, &repr, peer, &peer_key, sel, steps)
-                .map(Parked::Connecting);
+            return Ok(Probed::NoRelay(p, e));
         }
-        self.connect_relayed(&comm, dev, &repr, peer, &key, &found, steps)
-            .map(Parked::Connecting)
+        let plan = self.plan_relayed(&p.repr, &p.peer, &p.key, &found)?;
+        Ok(Probed::Relayed(p, plan))
     }
 
-    /// The connection over one relayed TCP path per relay found. The handshake goes to the
-    /// handle's control address (no cable reaches the peer); each path's streams go through its
-    /// relay, and the peer authenticates each end to end with the connection's secret.
-    #[allow(clippy::too_many_arguments)]
-    fn connect_relayed(
+    /// One relayed TCP path per relay found. The handshake goes to the handle's control address
+    /// (no cable reaches the peer); each path's streams go through its relay, and the peer
+    /// authenticates each end to end with the connection's secret.
+    fn plan_relayed(
         &self,
-        comm: &CommInfo,
-        dev: usize,
         repr: &HandleRepr,
-        peer: String,
+        peer: &str,
         key: &CommKey,
         found: &[Found],
-        steps: SetupSteps,
-    ) -> Result<Box<ConnectState<P::Fabric>>> {
+    ) -> Result<RelayedPlan> {
         let control = repr.control.ok_or_else(|| {
             Error::InvalidUsage(format!(
                 "connect to {peer}: relays {} reach it, but its listen handle has no control address \
@@ -307,10 +307,10 @@ impl<P: PathFactory> Switchless<P> {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-        let target = (SocketAddrV4::new(control, repr.port), None);
-        let (nonce, timeout, label) = (repr.nonce, self.timeout(), peer.clone());
-        self.launch(comm, dev, peer, plans, &[], steps, String::new(), |mine| {
-            Connector::start_to(vec![target], nonce, reqs, mine, timeout, label)
+        Ok(RelayedPlan {
+            plans,
+            requests: reqs,
+            target: (SocketAddrV4::new(control, repr.port), None),
         })
     }
 }
