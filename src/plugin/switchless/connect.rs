@@ -164,12 +164,7 @@ impl<P: PathFactory> Switchless<P> {
     ///
     /// This is the cables only ([`Self::route_fallback`] is the last resort, after relays:
     /// `super::relay`).
-    fn route_direct(
-        &self,
-        dev: usize,
-        peer: &[RemoteLink],
-        who: &str,
-    ) -> Result<Selection> {
+    fn route_direct(&self, dev: usize, peer: &[RemoteLink], who: &str) -> Result<Selection> {
         let opts = |kinds| RouteOptions {
             nccl_dev: Some(dev),
             kinds,

@@ -2,11 +2,11 @@
 //!
 //! * The service: [`relays_for`] builds this process's registry of relay services over the host's
 //!   point-to-point links; `init` (ABI v11+, with NCCL's communicator id) registers the
-//!   communicator ([`Switchless::serve_relays`]) and `finalize` drops the ticket, which stops the
+//!   communicator (`Switchless::serve_relays`) and `finalize` drops the ticket, which stops the
 //!   service with the last communicator of its port. ABI v6–v10 pass no communicator id and have
 //!   no `finalize` (a thread of ours would outlive `dlclose`): there the plugin neither serves nor
 //!   uses relays, and a peer no cable reaches fails or takes the TCP fallback as before.
-//! * The connecting side: when no cable reaches the peer, [`Probing`] asks the relay of every
+//! * The connecting side: when no cable reaches the peer, `Probing` asks the relay of every
 //!   neighbour (the far end of each of this host's /30 or /31, on `port_for(comm id)`) which of
 //!   the peer's addresses it reaches, without blocking NCCL's thread; each neighbour that answers
 //!   gives one relayed TCP path. None: the TCP fallback (`NCCL_SWITCHLESS_TCP_FALLBACK=1`), or
