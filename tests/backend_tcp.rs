@@ -582,3 +582,30 @@ fn a_device_advertising_gpu_memory_connects_over_tcp_and_refuses_only_gpu_regist
         }
     }
 }
+
+/// A communicator's relay service (issue 30): `init` with NCCL's communicator id (ABI v11+) makes
+/// the backend serve relays on its point-to-point links at `port_for(id)`, and dropping what `init`
+/// kept (at `finalize`) stops it. No id (the v6–v10 legacy context) or `NCCL_SWITCHLESS_RELAY=off`:
+/// no service.
+#[test]
+fn the_relay_service_lives_from_init_to_finalize() {
+    let id = 0x5357_5445_5354_0000 | u64::from(std::process::id());
+    let port = switchless::transport::relay::port_for(id);
+    let taken = || std::net::TcpListener::bind(("127.0.0.1", port)).is_err();
+    assert!(!taken(), "port {port} is in use before the test");
+    let comm = CommInfo {
+        comm_id: Some(id),
+        traffic_class: None,
+    };
+    let b = backend(config(&[]), 30);
+    let guard = b.attach(&comm).unwrap();
+    assert!(guard.is_some(), "no relay service for a v11+ communicator");
+    assert!(taken(), "the relay service does not listen on port {port}");
+    drop(guard);
+    assert!(!taken(), "the relay service still listens after finalize");
+
+    assert!(b.attach(&CommInfo::default()).unwrap().is_none());
+    let off = backend(config(&[("NCCL_SWITCHLESS_RELAY", "off")]), 30);
+    assert!(off.attach(&comm).unwrap().is_none());
+    assert!(!taken());
+}
