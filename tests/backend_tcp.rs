@@ -609,3 +609,54 @@ fn the_relay_service_lives_from_init_to_finalize() {
     assert!(off.attach(&comm).unwrap().is_none());
     assert!(!taken());
 }
+
+/// A peer no cable reaches, with `NCCL_SWITCHLESS_RELAY=always`: every neighbour's relay is asked
+/// (here the far end of 127.0.0.1/30, where no relay listens), and the connection fails naming
+/// it and why, without taking the TCP fallback that is on.
+#[test]
+fn relay_always_fails_naming_every_neighbour_asked_without_falling_back() {
+    use switchless::route::handle::{Handle as HandleView, HandleRepr};
+    use switchless::route::types::RemoteLink;
+    let b = backend(
+        config(&[
+            ("NCCL_SWITCHLESS_RELAY", "always"),
+            ("NCCL_SWITCHLESS_TCP_FALLBACK", "1"),
+        ]),
+        30,
+    );
+    let repr = HandleRepr {
+        nonce: 7,
+        port: 40000,
+        control: None,
+        links: vec![RemoteLink {
+            addr: "10.99.0.2/30".parse().unwrap(),
+            phys_port_id: 0,
+            pci_root_id: 0,
+            kind: LinkKind::Tcp,
+        }],
+    };
+    let mut h: Handle = [0; HANDLE_SIZE];
+    repr.emit(&mut HandleView::new_unchecked(&mut h[..]))
+        .unwrap();
+    let comm = CommInfo {
+        comm_id: Some(0x5357_5445_5354_0001),
+        traffic_class: None,
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let e = loop {
+        assert!(Instant::now() < deadline, "connect did not fail");
+        match b.connect(&comm, 0, &mut h) {
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Ok(Some(_)) => panic!("connected to a peer nothing reaches"),
+            Err(e) => break e.to_string(),
+        }
+    };
+    let port = switchless::transport::relay::port_for(0x5357_5445_5354_0001);
+    assert!(e.contains("no local link reaches the peer"), "{e}");
+    assert_eq!(e.matches("invalid configuration").count(), 1, "{e}");
+    assert!(e.contains(&format!("relay 127.0.0.2:{port}")), "{e}");
+    assert!(
+        e.contains("NCCL_SWITCHLESS_RELAY=always allows no fallback"),
+        "{e}"
+    );
+}
