@@ -14,16 +14,22 @@
 #     after 3 s: the run completes over the relay through n4 (failover) or fails with an error naming
 #     the relay host n2, within 60 s; nothing hangs.
 #
-# Usage: tests/netns/relay.sh [--release]
+#   * --measure: the same 4-rank alltoall at 16 MiB through relays and then with relays off over the
+#     TCP fallback (the diagonal over the management bridge), in the same run; busbw and the ratio
+#     are printed, never asserted.
+#
+# Usage: tests/netns/relay.sh [--release] [--measure]
 # Needs root and iproute2. Everything created is removed on exit.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 profile=debug
+measure=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --release) profile=release ;;
-    *) echo "relay.sh: unknown argument $1 (accepted: --release)" >&2; exit 2 ;;
+    --measure) measure=1 ;;
+    *) echo "relay.sh: unknown argument $1 (accepted: --release, --measure)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -253,5 +259,20 @@ else
     | sed -E 's/.*NET\/switchless: /    /' | cut -c1-300 | grep . || { tail -n 20 "$work"/killA.*; fail "kill: no path through the relay n2 failed over"; }
   grep -q "data checks: all passed" "$work/killA.0" || fail "kill: job A passed without its data checks"
   echo "relay.sh: kill: job A completed $ms ms after the kill, over the relay through n4 (failover)"
+fi
+
+# --- measurement: relays vs the TCP fallback, same run ------------------------------------------------
+if [ "$measure" = 1 ]; then
+  busbw() { # label: rank 0's busbw (Gb/s) at the largest size
+    grep -E '^ +[0-9]+ ' "$work/$1.0" | tail -n 1 | awk '{ print $8 }'
+  }
+  m="-b 16777216 -e 16777216 -n ${SWL_MEASURE_ITERS:-20} -w 2"
+  run_bench measure-relay alltoall "$m" -- "$tag-n1" "$tag-n2" "$tag-n3" "$tag-n4"
+  [ "$status" -eq 0 ] || { tail -n 20 "$work"/measure-relay.*; fail "measure: alltoall through relays"; }
+  BENCH_ENV="NCCL_SWITCHLESS_RELAY=off NCCL_SWITCHLESS_TCP_FALLBACK=1" \
+    run_bench measure-fallback alltoall "$m" -- "$tag-n1" "$tag-n2" "$tag-n3" "$tag-n4"
+  [ "$status" -eq 0 ] || { tail -n 20 "$work"/measure-fallback.*; fail "measure: alltoall over the fallback"; }
+  r=$(busbw measure-relay); f=$(busbw measure-fallback)
+  awk -v r="$r" -v f="$f" -v p="$profile" 'BEGIN { printf "relay.sh: measure (%s build) alltoall 4 ranks 16 MiB busbw: relays %.3f Gb/s, TCP fallback %.3f Gb/s, ratio %.2f\n", p, r, f, (f > 0 ? r / f : 0) }'
 fi
 echo "relay.sh: ok"
