@@ -19,6 +19,7 @@
 #     are printed, never asserted.
 #
 # Usage: tests/netns/relay.sh [--release] [--measure]
+# Debugging: KEEP_WORK=1 keeps every rank's output; ONLY_KILL=1 runs only the relay-kill part.
 # Needs root and iproute2. Everything created is removed on exit.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
