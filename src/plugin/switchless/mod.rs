@@ -552,9 +552,18 @@ impl<P: PathFactory> Backend for Switchless<P> {
     }
 
     fn attach(self: &Arc<Self>, comm: &CommInfo) -> Result<Option<crate::plugin::CommGuard>> {
-        Ok(self
-            .serve_relays(comm)?
-            .map(|t| crate::plugin::CommGuard::new(Box::new(t))))
+        // A relay service that cannot start costs this host's neighbours their relay through
+        // it (they try the others, then fall back), never this communicator's init.
+        match self.serve_relays(comm) {
+            Ok(t) => Ok(t.map(|t| crate::plugin::CommGuard::new(Box::new(t)))),
+            Err(e) => {
+                tracing::warn!(
+                    "NET/switchless: no relay service for communicator {:#x}: {e}",
+                    comm.comm_id.unwrap_or_default()
+                );
+                Ok(None)
+            }
+        }
     }
 
     fn listen(
