@@ -1112,6 +1112,7 @@ fn attacks_on_the_listen_comm_leave_it_serving_the_real_connector() {
                 connector: "127.0.0.1/8".parse().unwrap(),
                 acceptor: "127.0.0.2".parse().unwrap(),
                 kind: LinkKind::Roce,
+                relayed: false,
             }],
             SideParams {
                 paths: vec![p],

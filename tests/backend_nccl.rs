@@ -468,6 +468,7 @@ fn channels_are_counted_per_cable_not_per_function() {
             remote: l.addr.addr(),
             kind: l.kind,
             local: l,
+            relay: None,
         }
     };
     let mut c = CableCounts::default();

@@ -582,3 +582,81 @@ fn a_device_advertising_gpu_memory_connects_over_tcp_and_refuses_only_gpu_regist
         }
     }
 }
+
+/// A communicator's relay service (issue 30): `init` with NCCL's communicator id (ABI v11+) makes
+/// the backend serve relays on its point-to-point links at `port_for(id)`, and dropping what `init`
+/// kept (at `finalize`) stops it. No id (the v6–v10 legacy context) or `NCCL_SWITCHLESS_RELAY=off`:
+/// no service.
+#[test]
+fn the_relay_service_lives_from_init_to_finalize() {
+    let id = 0x5357_5445_5354_0000 | u64::from(std::process::id());
+    let port = switchless::transport::relay::port_for(id);
+    let taken = || std::net::TcpListener::bind(("127.0.0.1", port)).is_err();
+    assert!(!taken(), "port {port} is in use before the test");
+    let comm = CommInfo {
+        comm_id: Some(id),
+        traffic_class: None,
+    };
+    let b = backend(config(&[]), 30);
+    let guard = b.attach(&comm).unwrap();
+    assert!(guard.is_some(), "no relay service for a v11+ communicator");
+    assert!(taken(), "the relay service does not listen on port {port}");
+    drop(guard);
+    assert!(!taken(), "the relay service still listens after finalize");
+
+    assert!(b.attach(&CommInfo::default()).unwrap().is_none());
+    let off = backend(config(&[("NCCL_SWITCHLESS_RELAY", "off")]), 30);
+    assert!(off.attach(&comm).unwrap().is_none());
+    assert!(!taken());
+}
+
+/// A peer no cable reaches, with `NCCL_SWITCHLESS_RELAY=always`: every neighbour's relay is asked
+/// (here the far end of 127.0.0.1/30, where no relay listens), and the connection fails naming
+/// it and why, without taking the TCP fallback that is on.
+#[test]
+fn relay_always_fails_naming_every_neighbour_asked_without_falling_back() {
+    use switchless::route::handle::{Handle as HandleView, HandleRepr};
+    use switchless::route::types::RemoteLink;
+    let b = backend(
+        config(&[
+            ("NCCL_SWITCHLESS_RELAY", "always"),
+            ("NCCL_SWITCHLESS_TCP_FALLBACK", "1"),
+        ]),
+        30,
+    );
+    let repr = HandleRepr {
+        nonce: 7,
+        port: 40000,
+        control: None,
+        links: vec![RemoteLink {
+            addr: "10.99.0.2/30".parse().unwrap(),
+            phys_port_id: 0,
+            pci_root_id: 0,
+            kind: LinkKind::Tcp,
+        }],
+    };
+    let mut h: Handle = [0; HANDLE_SIZE];
+    repr.emit(&mut HandleView::new_unchecked(&mut h[..]))
+        .unwrap();
+    let comm = CommInfo {
+        comm_id: Some(0x5357_5445_5354_0001),
+        traffic_class: None,
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let e = loop {
+        assert!(Instant::now() < deadline, "connect did not fail");
+        match b.connect(&comm, 0, &mut h) {
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Ok(Some(_)) => panic!("connected to a peer nothing reaches"),
+            Err(e) => break e.to_string(),
+        }
+    };
+    let port = switchless::transport::relay::port_for(0x5357_5445_5354_0001);
+    assert!(e.contains("no local link reaches the peer"), "{e}");
+    assert_eq!(e.matches("invalid configuration").count(), 1, "{e}");
+    assert!(e.contains(&format!("relay 127.0.0.2:{port}")), "{e}");
+    assert!(
+        e.contains("NCCL_SWITCHLESS_RELAY=always allows no fallback"),
+        "{e}"
+    );
+}

@@ -88,6 +88,7 @@ fn req(acceptor: &str) -> PathRequest {
         connector: "127.0.0.1/8".parse().unwrap(),
         acceptor: acceptor.parse().unwrap(),
         kind: LinkKind::Roce,
+        relayed: false,
     }
 }
 

@@ -37,6 +37,8 @@ fn seeds() -> Vec<Vec<u8>> {
                 } else {
                     LinkKind::Tcp
                 },
+                // Kind byte 2: a TCP path through a relay host.
+                relayed: i % 4 == 3,
             })
             .collect();
         let params = SideParams {
@@ -248,6 +250,7 @@ fn arb_hello() -> impl Strategy<Value = Message> {
                         connector: ipnet::Ipv4Net::new(a.into(), p).unwrap(),
                         acceptor: b.into(),
                         kind: if tcp { LinkKind::Tcp } else { LinkKind::Roce },
+                        relayed: false,
                     })
                     .collect();
                 Message::Hello(Hello {
@@ -296,6 +299,7 @@ fn largest_hello_fits_the_payload_bound() {
             connector: "10.0.0.1/30".parse().unwrap(),
             acceptor: format!("10.0.0.{i}").parse().unwrap(),
             kind: LinkKind::Roce,
+            relayed: false,
         })
         .collect();
     let params = SideParams {
@@ -399,10 +403,10 @@ fn specific_malformed_frames_name_the_problem() {
         (
             {
                 let mut b = hello.clone();
-                b[wire::HEADER_LEN + 9 + 9] = 2;
+                b[wire::HEADER_LEN + 9 + 9] = 3;
                 b
             },
-            "kind 2",
+            "kind 3, accepted 0 (RoCE), 1 (TCP) or 2 (TCP through a relay)",
         ),
         (
             {

@@ -28,7 +28,8 @@
 #     in flight can only do so through its port staying down past the RC retry budget.
 #  4. ring4 with NCCL_SWITCHLESS_TCP_FALLBACK=1: `switchless bench alltoall` over all 4 nodes: each
 #     process holds RoCE connections to its neighbours and TCP connections (over the management
-#     network) to its non-neighbour, and the plugin WARNs once per such peer.
+#     network) to its non-neighbour, and the plugin WARNs once per such peer (relays off: with them,
+#     the default, the non-neighbour goes through the neighbours instead).
 # ~55 s (ring4) + ~170 s (standby pair) + ~60 s (pair) + ~25 s (cable-pull) + ~25 s (ring4 fallback) under TCG on 2 shared cores. Needs root, like 80-lab.sh. The
 # binaries are the debug build (`cargo build` first: a no-op after `cargo test --all-targets`).
 set -euo pipefail
@@ -111,7 +112,7 @@ echo "cable-pull: $(grep '"check":"fault:cable-pull"' "$j" | grep -c 'has been d
 grep -hE 'CHECK(OK|FAIL) fault' "$res/ci-cablepull-pair/summary.txt" | sed 's/ path=0 label=.*//'
 echo "== lab ring4 with the TCP fallback: alltoall, RoCE to neighbours and TCP to non-neighbours"
 timeout 420 lab/run.sh "${bins[@]}" --timeout 300 --results "$res/ci-fallback-ring4" \
-    --guest-env "NCCL_SWITCHLESS_TCP_FALLBACK=1 NCCL_DEBUG=INFO" --checks "bench:alltoall" \
+    --guest-env "NCCL_SWITCHLESS_TCP_FALLBACK=1 NCCL_SWITCHLESS_RELAY=off NCCL_DEBUG=INFO" --checks "bench:alltoall" \
     --bench-args "-b 8 -e 65536 -f 16 -n 3 -w 1 --timeout 120" ring4
 j=$res/ci-fallback-ring4/summary.jsonl
 n=$(grep '"check":"bench:alltoall"' "$j" | grep -c '"status":"pass"' || true)

@@ -116,6 +116,40 @@ impl TransportMode {
     }
 }
 
+/// Whether connections may go through a relay host (`NCCL_SWITCHLESS_RELAY`, docs/guide/relay.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RelayMode {
+    /// Relays for a peer no local cable reaches (a ring's non-neighbour), before the TCP fallback.
+    #[default]
+    Auto,
+    /// Never: such a peer fails, or goes over the TCP fallback when that is on.
+    Off,
+    /// As `auto`, and a relay that cannot be found is an error instead of a fallback to
+    /// `NCCL_SWITCHLESS_TCP_FALLBACK`.
+    Always,
+}
+
+impl RelayMode {
+    /// The value as written in the environment.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RelayMode::Auto => "auto",
+            RelayMode::Off => "off",
+            RelayMode::Always => "always",
+        }
+    }
+
+    /// `auto`, `off` or `always`, any case.
+    fn parse(s: &str) -> std::result::Result<RelayMode, Reject> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(RelayMode::Auto),
+            "off" => Ok(RelayMode::Off),
+            "always" => Ok(RelayMode::Always),
+            _ => Err("unknown relay mode".into()),
+        }
+    }
+}
+
 /// NCCL's distance classes between a GPU and a NIC, in NCCL's order (`topoPathTypeStr` in
 /// `src/graph/topo.cc`): the values of `NCCL_NET_GDR_LEVEL`. NCCL uses GPU-direct for a NIC only
 /// when its distance to the GPU is at most the level (default `P2C`, which on a host without C2C
@@ -429,6 +463,19 @@ variables! {
                   it refuses routed paths. `0`: such a connection fails at once with an error saying why. \
                   `1` together with `TRANSPORT=rdma` is refused as contradictory.",
         },
+        relay: RelayMode {
+            name: "NCCL_SWITCHLESS_RELAY",
+            default: "auto",
+            forms: "auto, off or always",
+            parse: RelayMode::parse,
+            show: |m| m.as_str().to_string(),
+            doc: "`auto`: a peer that no point-to-point link reaches (a ring's non-neighbour) is reached \
+                  through relays: each neighbour cabled to both ends forwards one path of the connection \
+                  (TCP paths; docs/guide/relay.md), before `NCCL_SWITCHLESS_TCP_FALLBACK` is tried; every \
+                  rank of a v11+ NCCL serves relays for its neighbours. `off`: no relay paths and no relay \
+                  service. `always`: as `auto`, but when no relay reaches the peer the connection fails \
+                  naming every neighbour asked, even with `TCP_FALLBACK=1`. Any case.",
+        },
         min_chunk: u64 {
             name: "NCCL_SWITCHLESS_MIN_CHUNK",
             default: "128K",
@@ -709,6 +756,7 @@ mod tests {
         assert_eq!(c.ib_retry_cnt, 7);
         assert_eq!(c.ib_qps_per_connection, 1);
         assert_eq!(c.transport, TransportMode::Auto);
+        assert_eq!(c.relay, RelayMode::Auto);
         assert_eq!(c.connect_timeout, None, "NCCL has no connect deadline");
         assert_eq!(c.tcp_streams, TcpStreams::Auto);
         assert_eq!(c.tcp_threads, None);
@@ -761,10 +809,12 @@ mod tests {
             ("NCCL_SWITCHLESS_TCP_STREAMS", "8"),
             ("NCCL_SWITCHLESS_TCP_THREADS", "3"),
             ("NCCL_SWITCHLESS_TCP_FALLBACK", "1"),
+            ("NCCL_SWITCHLESS_RELAY", "Always"),
             ("NCCL_SWITCHLESS_MIN_CHUNK", "1M"),
             ("NCCL_SWITCHLESS_LOG_ROUTES", "1"),
         ])
         .unwrap();
+        assert_eq!(c.relay, RelayMode::Always);
         assert_eq!(c.ib_hca.rail_plane("mlx5_1", 1), (Some(1), Some(0)));
         assert!(!c.ib_hca.matches("mlx5_10", 1));
         assert_eq!(c.ib_gid_index, Some(3));
@@ -887,6 +937,7 @@ mod tests {
             ),
             ("NCCL_IB_HCA", "mlx5_0:0", "1..=255"),
             ("NCCL_SWITCHLESS_TRANSPORT", "verbs", "auto, rdma or tcp"),
+            ("NCCL_SWITCHLESS_RELAY", "on", "auto, off or always"),
             ("NCCL_SWITCHLESS_CONNECT_TIMEOUT", "50ms", "out of range"),
             ("NCCL_SWITCHLESS_CONNECT_TIMEOUT", "2h", "unit"),
             ("NCCL_SWITCHLESS_CONNECT_TIMEOUT", "61m", "out of range"),
@@ -1034,7 +1085,7 @@ mod tests {
             s,
             "NCCL_IB_HCA=<all> NCCL_IB_GID_INDEX=auto NCCL_IB_TC=auto NCCL_IB_SL=auto NCCL_IB_TIMEOUT=20 \
              NCCL_IB_RETRY_CNT=7 NCCL_IB_QPS_PER_CONNECTION=1 NCCL_IB_PCI_RELAXED_ORDERING=2 NCCL_NET_GDR_LEVEL=default transport=auto connect_timeout=off \
-             request_timeout=off tcp_streams=auto tcp_threads=auto tcp_user_timeout=30000 ms tcp_fallback=0 min_chunk=131072 bytes \
+             request_timeout=off tcp_streams=auto tcp_threads=auto tcp_user_timeout=30000 ms tcp_fallback=0 relay=auto min_chunk=131072 bytes \
              log_routes=0 failover=1 standby=1 failback_retries=5 failback_backoff=100 ms failback_interval=5000 ms \
              tuner=1 adaptive_weights=1 metrics_dir=off metrics_interval=1000 ms attest=1"
         );

@@ -53,11 +53,15 @@ pub struct Registry {
     inner: Mutex<Inner>,
 }
 
-/// What a path is called in the metrics: `verbs`, `tcp`, or `relay` when the peer's address is
-/// not on the local link's subnet (the kernel forwards it through a neighbour).
+/// What a path is called in the metrics: `verbs`, `tcp`, `relay` for a path through a relay
+/// host (`transport::relay`, both ends), or `routed` when the peer's address is not on the local
+/// link's subnet (the TCP fallback: the kernel forwards it through a gateway).
 pub fn path_kind(p: &PathPlan) -> &'static str {
-    if !p.local.addr.contains(&p.remote) {
+    if p.relay.is_some() {
         return "relay";
+    }
+    if !p.local.addr.contains(&p.remote) {
+        return "routed";
     }
     match p.local.kind {
         LinkKind::Roce => "verbs",
@@ -473,6 +477,7 @@ mod tests {
             },
             remote: remote.parse().unwrap(),
             kind,
+            relay: None,
         }
     }
 
@@ -488,8 +493,15 @@ mod tests {
         );
         assert_eq!(
             path_kind(&plan("a", "10.0.0.1/30", "10.0.9.2", LinkKind::Tcp)),
-            "relay"
+            "routed"
         );
+        // A relayed path, on the acceptor (its remote is the relay, on the link's subnet).
+        let mut p = plan("a", "10.0.0.1/30", "10.0.0.2", LinkKind::Tcp);
+        p.relay = Some(crate::transport::tcp::RelayVia {
+            name: "10.0.0.2".into(),
+            dialer: None,
+        });
+        assert_eq!(path_kind(&p), "relay");
     }
 
     #[test]

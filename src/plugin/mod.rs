@@ -426,6 +426,20 @@ pub trait Backend: Sized + Send + Sync + 'static {
     /// Closes a listen comm (accepted or not).
     fn close_listen(listen: Self::Listen) -> Result<()>;
 
+    /// What this process runs, for the init line (the backend's own attestation; the default
+    /// computes it with hashing on).
+    fn build(&self) -> crate::transport::metrics::Build {
+        attest::build(true)
+    }
+
+    /// State a communicator keeps from `init` to `finalize` (ABI v11+; the legacy context of
+    /// v6–v10 calls it once with no communicator id), dropped at `finalize`: the relay service.
+    /// Default: none.
+    fn attach(self: &Arc<Self>, comm: &CommInfo) -> Result<Option<CommGuard>> {
+        let _ = comm;
+        Ok(None)
+    }
+
     /// Transfer hints (`setNetAttr`, v11+). Default: ignored.
     fn set_net_attr(&self, _comm: &CommInfo, _attr: &NetAttr) -> Result<()> {
         Ok(())
@@ -518,22 +532,48 @@ fn current<B: Backend>() -> Result<Option<Arc<B>>> {
     Ok(live.upgrade())
 }
 
+/// What a backend keeps per communicator ([`Backend::attach`]), dropped with its context.
+pub struct CommGuard {
+    _state: Box<dyn std::any::Any + Send + Sync>,
+}
+
+impl CommGuard {
+    /// Wraps the backend's state.
+    pub fn new(state: Box<dyn std::any::Any + Send + Sync>) -> CommGuard {
+        CommGuard { _state: state }
+    }
+}
+
+impl std::fmt::Debug for CommGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CommGuard")
+    }
+}
+
 /// A communicator's plugin state (`void* ctx` of ABI v11+).
 #[derive(Debug)]
 pub struct Context<B> {
     magic: u64,
     backend: Arc<B>,
     info: CommInfo,
+    /// The backend's per-communicator state; dropped before the backend reference.
+    guard: Option<CommGuard>,
 }
 
 impl<B: Backend> Context<B> {
     /// A context with its magic word.
-    fn new(backend: Arc<B>, info: CommInfo) -> Context<B> {
+    fn new(backend: Arc<B>, info: CommInfo, guard: Option<CommGuard>) -> Context<B> {
         Context {
             magic: CTX_MAGIC,
             backend,
             info,
+            guard,
         }
+    }
+
+    /// Whether the backend keeps state for this communicator (the relay service).
+    pub fn has_guard(&self) -> bool {
+        self.guard.is_some()
     }
 
     /// What NCCL said about the communicator.
@@ -555,15 +595,18 @@ pub fn init<B: Backend>(info: CommInfo) -> Result<Context<B>> {
         comm_id = info.comm_id.map(|c| format!("{c:#x}")).unwrap_or_default(),
         devices = backend.devices().len(),
         "NET/switchless: {} initialized",
-        // The backend's open read the same setting; a bad value was refused there.
-        attest::build(crate::config::Config::from_env().map_or(true, |c| c.attest)).text()
+        backend.build().text()
     );
-    Ok(Context::new(backend, info))
+    let guard = backend.attach(&info)?;
+    Ok(Context::new(backend, info, guard))
 }
 
-/// `finalize` of ABI v11+: drops the context; the last one releases the backend.
+/// `finalize` of ABI v11+: drops the context (and what the backend keeps for the communicator,
+/// first); the last one releases the backend.
 pub fn finalize<B: Backend>(ctx: Context<B>) -> Result<()> {
-    drop(ctx);
+    let Context { guard, backend, .. } = ctx;
+    drop(guard);
+    drop(backend);
     Ok(())
 }
 

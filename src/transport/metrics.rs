@@ -426,7 +426,8 @@ pub struct PathId {
     pub local: String,
     /// The peer's address the path reaches.
     pub remote: String,
-    /// `verbs`, `tcp`, or `relay` (a routed path: through a neighbour that forwards).
+    /// `verbs`, `tcp`, `relay` (through a relay host) or `routed` (the TCP fallback through a
+    /// gateway that forwards).
     pub kind: String,
 }
 

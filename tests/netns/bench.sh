@@ -113,8 +113,10 @@ run_bench() {
   rank0ip="${BOOT_IP:-192.168.200.${1##*n}}"
   for ns in "$@"; do
     # shellcheck disable=SC2086
+    # Relays are off here (tests/netns/relay.sh covers them): this file is about direct paths, the
+    # no-path errors and the TCP fallback, which relays would otherwise take the place of.
     timeout 120 ip netns exec "$ns" env NCCL_SWITCHLESS_TRANSPORT="${TRANSPORT:-tcp}" \
-      ${BENCH_ENV:-} "$bin" bench "$mode" --rank "$r" --nranks "$nranks" \
+      NCCL_SWITCHLESS_RELAY=off ${BENCH_ENV:-} "$bin" bench "$mode" --rank "$r" --nranks "$nranks" \
       --bootstrap "$rank0ip:$bport" --plugin "$so" --timeout 30 --no-progress $extra \
       >"$work/$label.$r" 2>&1 &
     pidlist+=($!); pids+=($!)

@@ -371,7 +371,7 @@ impl TcpConn {
                 speed_mbps: u64::from(p.local.speed_mbps),
                 mtu: p.local.mtu,
                 label: p.local.netdev.clone(),
-                relay: None,
+                relay: p.relay.clone(),
             })
             .collect();
         let pre = TcpFabric::unconnected(&specs, cfg)?;
@@ -895,6 +895,7 @@ mod tests {
             },
             remote: remote.parse().unwrap(),
             kind: LinkKind::Tcp,
+            relay: None,
         }
     }
 

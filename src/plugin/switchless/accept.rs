@@ -150,6 +150,12 @@ impl<P: PathFactory> Switchless<P> {
                 local: p.local.clone(),
                 remote: p.request.connector.addr(),
                 kind: p.request.kind,
+                // The relay host connects from its address on this link (`remote`); its name is
+                // what the connector was told, this end knows only that address.
+                relay: p.request.relayed.then(|| crate::transport::tcp::RelayVia {
+                    name: p.request.connector.addr().to_string(),
+                    dialer: None,
+                }),
             })
             .collect();
         let peer: Vec<PathParams> = inc.paths().iter().map(|p| p.peer_params.clone()).collect();

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::data::SendEnd;
 use super::live::Live;
+use super::relay::{Probed, Probing, RelayedPlan};
 use super::report::{
     ConnReport, SetupSteps, Step, fallback_warning, gdr_scope, gdr_warning, level_name,
     routed_hint, same_host_note, step_error,
@@ -55,7 +56,44 @@ pub(super) struct ConnectState<F: Connectable> {
 /// Where a connection stands after one `connect` call.
 enum Progress<F: Connectable> {
     Done(SendEnd<Live<F>>),
-    Pending(Box<ConnectState<F>>),
+    Pending(Parked<F>),
+}
+
+/// A connection parked between `connect` calls: asking the neighbours' relays about a peer no
+/// cable reaches ([`Probing`]), or set up and handshaking.
+pub(super) enum Parked<F: Connectable> {
+    Probing(Box<Probing>),
+    Connecting(Box<ConnectState<F>>),
+}
+
+impl<F: Connectable> Parked<F> {
+    fn peer(&self) -> &str {
+        match self {
+            Parked::Probing(p) => &p.peer,
+            Parked::Connecting(c) => &c.peer,
+        }
+    }
+
+    fn started(&self) -> Instant {
+        match self {
+            Parked::Probing(p) => p.started,
+            Parked::Connecting(c) => c.started,
+        }
+    }
+
+    fn polled_mut(&mut self) -> &mut Instant {
+        match self {
+            Parked::Probing(p) => &mut p.polled,
+            Parked::Connecting(c) => &mut c.polled,
+        }
+    }
+
+    fn routed_hint(&self) -> String {
+        match self {
+            Parked::Probing(_) => String::new(),
+            Parked::Connecting(c) => c.routed_hint.clone(),
+        }
+    }
 }
 
 /// A parked connection NCCL has not called `connect` for this long is dropped (after an abort, NCCL
@@ -85,10 +123,10 @@ impl<P: PathFactory> Switchless<P> {
                      (it failed or timed out earlier, or the handle's scratch bytes 120..128 are not zero)"
                 ))
             })?;
-            s.polled = Instant::now();
+            *s.polled_mut() = Instant::now();
             (id, s)
         };
-        let hint = s.routed_hint.clone();
+        let hint = s.routed_hint();
         match self.advance(s) {
             Ok(Progress::Done(end)) => {
                 HandleView::new_unchecked(&mut handle[..]).set_scratch(0);
@@ -123,19 +161,18 @@ impl<P: PathFactory> Switchless<P> {
     /// ([`crate::transport::tcp::gpu_refusal`]; NCCL registers the connection's buffers right after
     /// connecting). RoCE paths of a device that may register GPU memory stay within
     /// `NCCL_NET_GDR_LEVEL` of NCCL's device when the device is overridden ([`Self::select_roce`]).
-    fn route(&self, dev: usize, peer: &[RemoteLink], who: &str) -> Result<Selection> {
-        self.route_any(dev, peer, who)
-    }
-
-    fn route_any(&self, dev: usize, peer: &[RemoteLink], who: &str) -> Result<Selection> {
+    ///
+    /// This is the cables only ([`Self::route_fallback`] is the last resort, after relays:
+    /// `super::relay`).
+    fn route_direct(&self, dev: usize, peer: &[RemoteLink], who: &str) -> Result<Selection> {
         let opts = |kinds| RouteOptions {
             nccl_dev: Some(dev),
             kinds,
             ..RouteOptions::default()
         };
         let (p2p, tcp_peer) = self.tcp_inputs(peer);
-        let (links, routes) = (&self.view.links, &self.view.routes);
-        let first = match self.view.config.transport {
+        let routes = &self.view.routes;
+        match self.view.config.transport {
             TransportMode::Rdma => self.select_roce(dev, peer, who),
             TransportMode::Tcp => select(&p2p, routes, &tcp_peer, &opts(KindFilter::Tcp)),
             TransportMode::Auto => match self.select_roce(dev, peer, who) {
@@ -143,11 +180,24 @@ impl<P: PathFactory> Switchless<P> {
                 Err(e) if p2p.is_empty() => Err(e),
                 Err(_) => select(&p2p, routes, &tcp_peer, &opts(KindFilter::Tcp)),
             },
+        }
+    }
+
+    /// `NCCL_SWITCHLESS_TCP_FALLBACK=1`: TCP over any shared subnet or kernel route, one WARN per
+    /// peer; without it, `e` (why no cable reaches the peer) stands.
+    fn route_fallback(
+        &self,
+        e: Error,
+        dev: usize,
+        peer: &[RemoteLink],
+        who: &str,
+    ) -> Result<Selection> {
+        let opts = |kinds| RouteOptions {
+            nccl_dev: Some(dev),
+            kinds,
+            ..RouteOptions::default()
         };
-        let e = match first {
-            Ok(s) => return Ok(s),
-            Err(e) => e,
-        };
+        let (links, routes) = (&self.view.links, &self.view.routes);
         if !self.view.config.tcp_fallback {
             return Err(e);
         }
@@ -339,18 +389,19 @@ impl<P: PathFactory> Switchless<P> {
         )
     }
 
-    fn sweep(&self, map: &mut HashMap<u64, Box<ConnectState<P::Fabric>>>) {
+    fn sweep(&self, map: &mut HashMap<u64, Parked<P::Fabric>>) {
         let limit = self.timeout().map_or(ABANDONED_AFTER, |t| {
             (2 * t + Duration::from_secs(10)).max(ABANDONED_AFTER)
         });
         map.retain(|id, s| {
-            let keep = s.polled.elapsed() < limit;
+            let polled = *s.polled_mut();
+            let keep = polled.elapsed() < limit;
             if !keep {
                 tracing::warn!(
                     "NET/switchless: dropping connection {id:#x} to {}: abandoned by NCCL for {} s (started {} s ago)",
-                    s.peer,
-                    s.polled.elapsed().as_secs(),
-                    s.started.elapsed().as_secs()
+                    s.peer(),
+                    polled.elapsed().as_secs(),
+                    s.started().elapsed().as_secs()
                 );
             }
             keep
@@ -371,7 +422,8 @@ impl<P: PathFactory> Switchless<P> {
     pub fn age_parked(&self, by: Duration) {
         if let Ok(mut map) = lock(&self.connecting, "connection states") {
             for s in map.values_mut() {
-                s.polled = s.polled.checked_sub(by).unwrap_or(s.polled);
+                let p = s.polled_mut();
+                *p = p.checked_sub(by).unwrap_or(*p);
             }
         }
     }
@@ -381,7 +433,7 @@ impl<P: PathFactory> Switchless<P> {
         comm: &CommInfo,
         dev: usize,
         handle: &Handle,
-    ) -> Result<Box<ConnectState<P::Fabric>>> {
+    ) -> Result<Parked<P::Fabric>> {
         let repr = HandleRepr::from_bytes(&handle[..]).map_err(|e| {
             Error::InvalidArgument(format!(
                 "connect on device {dev}: the handle is not a switchless listen handle: {e}"
@@ -404,8 +456,32 @@ impl<P: PathFactory> Switchless<P> {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
-        let mut steps = SetupSteps::start();
-        let sel = self.route(dev, &repr.links, &peer_key)?;
+        let steps = SetupSteps::start();
+        let sel = match self.route_direct(dev, &repr.links, &peer_key) {
+            Ok(sel) => sel,
+            Err(e) => match self.start_probing(comm, dev, &repr, &peer, &peer_key, e, &steps) {
+                // No cable reaches the peer: the neighbours' relays are asked first.
+                Ok(p) => return Ok(Parked::Probing(p)),
+                Err(e) => self.route_fallback(e, dev, &repr.links, &peer_key)?,
+            },
+        };
+        self.connect_selected(comm, dev, &repr, peer, &peer_key, sel, steps)
+            .map(Parked::Connecting)
+    }
+
+    /// The connection over the paths `sel` chose: endpoint, send comm, handshake.
+    #[allow(clippy::too_many_arguments)]
+    fn connect_selected(
+        &self,
+        comm: &CommInfo,
+        dev: usize,
+        repr: &HandleRepr,
+        peer: String,
+        peer_key: &str,
+        sel: Selection,
+        mut steps: SetupSteps,
+    ) -> Result<Box<ConnectState<P::Fabric>>> {
+        let _ = peer_key;
         if sel.same_host {
             tracing::info!(
                 "NET/switchless: connect to {peer}: {}",
@@ -437,29 +513,52 @@ impl<P: PathFactory> Switchless<P> {
                 local: p.local.clone(),
                 remote: p.remote.addr.addr(),
                 kind: p.kind,
+                relay: None,
             })
             .collect();
         let routed_hint = routed_hint(&chosen[..carrying]);
-        let opts = self.opts(comm, dev, false);
         steps.lap(Step::Route);
+        let standby: Vec<usize> = (carrying..chosen.len()).collect();
+        self.launch(
+            comm,
+            dev,
+            peer,
+            plans,
+            &standby,
+            steps,
+            routed_hint,
+            |mine| Connector::start(repr, &chosen, mine, self.timeout()),
+        )
+    }
+
+    /// Creates the endpoint over `plans` (those at `standby` held back for failover) and the send
+    /// comm, and starts the handshake with `start` (given this side's parameters).
+    #[allow(clippy::too_many_arguments)]
+    fn launch(
+        &self,
+        comm: &CommInfo,
+        dev: usize,
+        peer: String,
+        plans: Vec<PathPlan>,
+        standby: &[usize],
+        mut steps: SetupSteps,
+        routed_hint: String,
+        start: impl FnOnce(SideParams) -> Result<Connector>,
+    ) -> Result<Box<ConnectState<P::Fabric>>> {
+        let opts = self.opts(comm, dev, false);
         let fab = self
             .factory
             .create(&plans, None, &opts)
             .map_err(|e| step_error(e, &peer, "creating the queue pairs"))?;
         let local = fab.local_params();
         let mut sc = SendComm::new(Live::new(fab), self.proto)?;
-        sc.set_standby(&(carrying..chosen.len()).collect::<Vec<_>>())?;
+        sc.set_standby(standby)?;
         let extra = sc.local_info().to_bytes();
         steps.lap(Step::Qps);
-        let connector = Connector::start(
-            &repr,
-            &chosen,
-            SideParams {
-                paths: local.clone(),
-                extra,
-            },
-            self.timeout(),
-        )?;
+        let connector = start(SideParams {
+            paths: local.clone(),
+            extra,
+        })?;
         Ok(Box::new(ConnectState {
             connector,
             comm: sc,
@@ -477,8 +576,52 @@ impl<P: PathFactory> Switchless<P> {
         }))
     }
 
-    /// Advances a connection as far as the sockets allow.
-    fn advance(&self, mut s: Box<ConnectState<P::Fabric>>) -> Result<Progress<P::Fabric>> {
+    /// Advances a parked connection as far as the sockets allow.
+    fn advance(&self, s: Parked<P::Fabric>) -> Result<Progress<P::Fabric>> {
+        match s {
+            Parked::Connecting(c) => self.advance_conn(c),
+            Parked::Probing(p) => match self.poll_probing(p)? {
+                Probed::Pending(p) => Ok(Progress::Pending(Parked::Probing(p))),
+                Probed::NoRelay(p, e) => {
+                    let sel = self.route_fallback(e, p.dev, &p.repr.links, &p.peer_key)?;
+                    let c = self.connect_selected(
+                        &p.comm,
+                        p.dev,
+                        &p.repr,
+                        p.peer.clone(),
+                        &p.peer_key,
+                        sel,
+                        p.steps,
+                    )?;
+                    self.advance_conn(c)
+                }
+                Probed::Relayed(p, plan) => {
+                    let RelayedPlan {
+                        plans,
+                        requests,
+                        target,
+                    } = plan;
+                    let (nonce, timeout, label) = (p.repr.nonce, self.timeout(), p.peer.clone());
+                    let c = self.launch(
+                        &p.comm,
+                        p.dev,
+                        p.peer.clone(),
+                        plans,
+                        &[],
+                        p.steps,
+                        String::new(),
+                        |mine| {
+                            Connector::start_to(vec![target], nonce, requests, mine, timeout, label)
+                        },
+                    )?;
+                    self.advance_conn(c)
+                }
+            },
+        }
+    }
+
+    /// Advances a connection whose endpoint exists as far as the sockets allow.
+    fn advance_conn(&self, mut s: Box<ConnectState<P::Fabric>>) -> Result<Progress<P::Fabric>> {
         loop {
             if let Some(est) = s.est.take() {
                 let ready = s
@@ -488,7 +631,7 @@ impl<P: PathFactory> Switchless<P> {
                     .map_err(|e| step_error(e, &s.peer, "connecting the data paths"))?;
                 if !ready {
                     s.est = Some(est);
-                    return Ok(Progress::Pending(s));
+                    return Ok(Progress::Pending(Parked::Connecting(s)));
                 }
                 s.steps.lap(Step::Ready);
                 let remote = s.remote.take().unwrap_or_default();
@@ -511,7 +654,7 @@ impl<P: PathFactory> Switchless<P> {
                 return Ok(Progress::Done(SendEnd::new(s.comm)));
             }
             match s.connector.poll()? {
-                ConnectPoll::Pending => return Ok(Progress::Pending(s)),
+                ConnectPoll::Pending => return Ok(Progress::Pending(Parked::Connecting(s))),
                 ConnectPoll::Reply(side) => {
                     s.steps.lap(Step::Handshake);
                     let ctrl = CtrlInfo::from_bytes(&side.extra)

@@ -39,6 +39,7 @@ pub mod connect;
 pub mod data;
 pub mod live;
 pub mod plan;
+pub mod relay;
 pub mod report;
 
 use live::Live;
@@ -178,7 +179,7 @@ pub struct Switchless<P: PathFactory> {
     view: HostView,
     props: Vec<Properties>,
     proto: ProtocolConfig,
-    connecting: Mutex<HashMap<u64, Box<connect::ConnectState<P::Fabric>>>>,
+    connecting: Mutex<HashMap<u64, connect::Parked<P::Fabric>>>,
     id_base: u64,
     next_id: AtomicU64,
     /// The small-MTU warning was given (once per process).
@@ -201,6 +202,8 @@ pub struct Switchless<P: PathFactory> {
     exporter: Mutex<Option<crate::plugin::metrics::Exporter>>,
     /// Whether starting the exporter was settled (started, refused or failed).
     exporter_settled: AtomicBool,
+    /// The relay services of this process (`None`: relays off, or no point-to-point link).
+    relays: Option<Arc<crate::transport::relay::Relays>>,
 }
 
 impl<P: PathFactory> std::fmt::Debug for Switchless<P> {
@@ -367,6 +370,7 @@ impl<P: PathFactory> Switchless<P> {
         let metrics = Arc::new(crate::plugin::metrics::Registry::new());
         let pinned = factory.pinned_reader(&view.devices);
         let build = crate::plugin::attest::build(view.config.attest);
+        let relays = relay::relays_for(&view.config, &view.links);
         Ok(Switchless {
             factory,
             view,
@@ -384,6 +388,7 @@ impl<P: PathFactory> Switchless<P> {
             build,
             exporter: Mutex::new(None),
             exporter_settled: AtomicBool::new(false),
+            relays,
         })
     }
 
@@ -540,6 +545,25 @@ impl<P: PathFactory> Backend for Switchless<P> {
 
     fn devices(&self) -> &[Properties] {
         &self.props
+    }
+
+    fn build(&self) -> crate::transport::metrics::Build {
+        self.build.clone()
+    }
+
+    fn attach(self: &Arc<Self>, comm: &CommInfo) -> Result<Option<crate::plugin::CommGuard>> {
+        // A relay service that cannot start costs this host's neighbours their relay through
+        // it (they try the others, then fall back), never this communicator's init.
+        match self.serve_relays(comm) {
+            Ok(t) => Ok(t.map(|t| crate::plugin::CommGuard::new(Box::new(t)))),
+            Err(e) => {
+                tracing::warn!(
+                    "NET/switchless: no relay service for communicator {:#x}: {e}",
+                    comm.comm_id.unwrap_or_default()
+                );
+                Ok(None)
+            }
+        }
     }
 
     fn listen(

@@ -5,6 +5,7 @@
 use std::net::Ipv4Addr;
 
 use crate::route::types::{LinkKind, LocalLink};
+use crate::transport::tcp::RelayVia;
 
 /// One path of a connection as the backend planned it (connector: from `route::select`; acceptor: from
 /// the hello, checked by `route::check_incoming`).
@@ -16,4 +17,8 @@ pub struct PathPlan {
     pub remote: Ipv4Addr,
     /// What the path carries.
     pub kind: LinkKind,
+    /// A TCP path through a relay host (`transport::relay`): on the connector `remote` is the
+    /// peer's address the relay reaches and the dialer opens each stream through the relay; on
+    /// the acceptor `remote` is the relay's address on this link, and there is no dialer.
+    pub relay: Option<RelayVia>,
 }

@@ -194,8 +194,11 @@ impl<P: PathFactory> Switchless<P> {
                     .map_or("-".to_string(), |q| format!("{q:#x}"))
             };
             let mtu = r.map_or(0, |r| fab.path_mtu(i, r));
-            // A routed fallback path: name the gateway the kernel sends it to.
-            let via = if p.local.addr.contains(&p.remote) {
+            // A relayed path names its relay host; a routed fallback path the gateway the
+            // kernel sends it to.
+            let via = if let Some(r) = &p.relay {
+                format!(" via relay {}", r.name)
+            } else if p.local.addr.contains(&p.remote) {
                 String::new()
             } else {
                 match crate::route::kernel_route(routes, p.remote)

@@ -148,6 +148,7 @@ mod tests {
                 connector: "10.0.0.2/30".parse().unwrap(),
                 acceptor: "10.0.0.1".parse().unwrap(),
                 kind: crate::route::types::LinkKind::Tcp,
+                relayed: false,
             }],
             params: SideParams {
                 paths: vec![PathParams {

@@ -151,6 +151,7 @@ impl ConnectMachine {
                 connector: p.local.addr,
                 acceptor: p.remote.addr.addr(),
                 kind: p.kind,
+                relayed: false,
             })
             .collect();
         let peer = format!(

@@ -589,6 +589,21 @@ fn check_source(
     if claimed.contains(&src) {
         return Ok(());
     }
+    // A hello whose paths all go through relays names the relays' addresses on this node's
+    // links (their streams come from there), and no cable reaches the connector: it comes over
+    // the control network, so from any address outside this node's cables. One from a cable's
+    // subnet is still bound to what it claims.
+    let relayed = hello.paths.iter().all(|p| p.relayed);
+    if relayed
+        && !view
+            .links
+            .iter()
+            .any(|l| crate::route::point_to_point(l.addr) && l.addr.contains(&src))
+        && !src.is_loopback()
+        && !src.is_unspecified()
+    {
+        return Ok(());
+    }
     let on_link = view
         .links
         .iter()
@@ -841,5 +856,71 @@ impl AcceptMachine {
             IState::SendReject => "sending a reject",
             IState::Finished => "finished",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn link(addr: &str, netdev: &str) -> LocalLink {
+        LocalLink {
+            id: 0,
+            kind: LinkKind::Tcp,
+            netdev: netdev.into(),
+            rdma_dev: None,
+            port: 0,
+            addr: addr.parse().unwrap(),
+            gid_index: None,
+            pci_root: String::new(),
+            phys_port_id: u16::MAX,
+            nccl_dev: None,
+            speed_mbps: 0,
+            mtu: 9000,
+            active_mtu: 0,
+            up: true,
+        }
+    }
+
+    fn hello(connector: &str, relayed: bool) -> Hello {
+        Hello {
+            nonce: 1,
+            paths: vec![PathRequest {
+                connector: connector.parse().unwrap(),
+                acceptor: "10.0.0.1".parse().unwrap(),
+                kind: LinkKind::Tcp,
+                relayed,
+            }],
+            params: SideParams::default(),
+            tag: [0; 16],
+        }
+    }
+
+    fn from(ip: &str) -> SocketAddr {
+        SocketAddr::new(ip.parse().unwrap(), 40000)
+    }
+
+    /// A hello of relayed paths names the relay's address on this node's cable, and comes over
+    /// the control network: accepted from there, never from a cable's subnet it does not claim.
+    #[test]
+    fn relayed_hellos_come_over_the_control_network_only() {
+        let view = AcceptorView {
+            links: vec![link("10.0.0.1/30", "to2"), link("192.168.9.3/24", "mgmt")],
+            routes: Vec::new(),
+            reach: Reach::OnLink,
+        };
+        let relayed = hello("10.0.0.2/30", true);
+        check_source(&view, &relayed, from("192.168.9.1")).unwrap();
+        check_source(&view, &relayed, from("172.16.0.1")).unwrap();
+        // From the relay itself, which it claims: as any path.
+        check_source(&view, &relayed, from("10.0.0.2")).unwrap();
+        // From inside a cable's subnet it does not claim, or from loopback: refused.
+        let e = check_source(&view, &hello("10.0.0.2/30", true), from("10.0.0.1")).unwrap_err();
+        assert!(e.contains("inside the subnet of to2"), "{e}");
+        check_source(&view, &relayed, from("127.0.0.1")).unwrap_err();
+        // A direct path's hello from the control network but another address: refused as before.
+        let e = check_source(&view, &hello("10.0.0.2/30", false), from("192.168.9.1")).unwrap_err();
+        assert!(e.contains("inside the subnet of mgmt"), "{e}");
     }
 }

@@ -112,6 +112,10 @@ pub struct PathRequest {
     /// The acceptor's address on the same subnet.
     pub acceptor: Ipv4Addr,
     pub kind: LinkKind,
+    /// A TCP path through a relay host (`transport::relay`): `connector` is then the relay's
+    /// address on the acceptor's link (the streams come from there), and the path's writes are
+    /// acknowledged end to end. Kind byte 2 on the wire.
+    pub relayed: bool,
 }
 
 /// Connector → acceptor.
@@ -389,10 +393,11 @@ impl<'a> Reader<'a> {
     }
 }
 
-fn kind_byte(k: LinkKind) -> u8 {
-    match k {
-        LinkKind::Roce => 0,
-        LinkKind::Tcp => 1,
+fn kind_byte(k: LinkKind, relayed: bool) -> u8 {
+    match (k, relayed) {
+        (LinkKind::Roce, _) => 0,
+        (LinkKind::Tcp, false) => 1,
+        (LinkKind::Tcp, true) => 2,
     }
 }
 
@@ -503,7 +508,7 @@ impl Hello {
             p.extend_from_slice(&req.connector.addr().octets());
             p.push(req.connector.prefix_len());
             p.extend_from_slice(&req.acceptor.octets());
-            p.push(kind_byte(req.kind));
+            p.push(kind_byte(req.kind, req.relayed));
             write_params(p, par)?;
         }
         write_bytes16(p, &self.params.extra, MAX_EXTRA, "extra")
@@ -623,12 +628,13 @@ impl Message {
                         bad(format!("path {i}: prefix length {prefix}, accepted 0..=32"))
                     })?;
                     let acceptor = r.ipv4("acceptor address")?;
-                    let kind = match r.u8("kind")? {
-                        0 => LinkKind::Roce,
-                        1 => LinkKind::Tcp,
+                    let (kind, relayed) = match r.u8("kind")? {
+                        0 => (LinkKind::Roce, false),
+                        1 => (LinkKind::Tcp, false),
+                        2 => (LinkKind::Tcp, true),
                         k => {
                             return Err(bad(format!(
-                                "path {i}: kind {k}, accepted 0 (RoCE) or 1 (TCP)"
+                                "path {i}: kind {k}, accepted 0 (RoCE), 1 (TCP) or 2 (TCP through a relay)"
                             )));
                         }
                     };
@@ -636,6 +642,7 @@ impl Message {
                         connector,
                         acceptor,
                         kind,
+                        relayed,
                     });
                     params.push(read_params(&mut r, i)?);
                 }

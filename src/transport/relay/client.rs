@@ -17,7 +17,7 @@ use super::wire::{
 };
 use crate::error::{Error, Result};
 use crate::sys::socket as sock;
-use crate::transport::tcp::{DialStep, StreamDialer};
+use crate::transport::tcp::{DialStep, StreamDialer, connect_start, connect_status};
 
 /// How long a probe keeps trying a relay whose port refuses connections (its rank may not have
 /// called `init` yet), and how long a relay may take to answer once connected.
@@ -77,18 +77,13 @@ impl Door {
         let what = format!("relay {relay}");
         sock.set_nonblocking(true)
             .map_err(|e| Error::io(format!("{what}: making the socket non-blocking"), e))?;
-        let state = match sock.connect(&relay.into()) {
-            Ok(()) => DoorState::Challenge {
+        let state = match connect_start(&sock, relay) {
+            Ok(true) => DoorState::Challenge {
                 sock: sock.into(),
                 buf: [0; CHALLENGE_LEN],
                 got: 0,
             },
-            Err(e)
-                if e.raw_os_error() == Some(libc::EINPROGRESS)
-                    || e.kind() == io::ErrorKind::WouldBlock =>
-            {
-                DoorState::Connecting(sock)
-            }
+            Ok(false) => DoorState::Connecting(sock),
             Err(e) => return Err(Error::System(format!("{what}: connecting failed: {e}"))),
         };
         Ok(Door {
@@ -246,18 +241,6 @@ impl Door {
             }
         }
         Ok(true)
-    }
-}
-
-/// `Ok(true)` once a non-blocking connect finished, `Ok(false)` while it is in progress.
-fn connect_status(s: &Socket) -> io::Result<bool> {
-    if let Some(e) = s.take_error()? {
-        return Err(e);
-    }
-    match s.peer_addr() {
-        Ok(_) => Ok(true),
-        Err(e) if e.raw_os_error() == Some(libc::ENOTCONN) => Ok(false),
-        Err(e) => Err(e),
     }
 }
 

@@ -468,18 +468,13 @@ pub(super) fn start_stream(
             state: OutState::Relaying(step),
         });
     }
-    let state = match sock.connect(&spec.remote.into()) {
-        Ok(()) => OutState::Challenge {
+    let state = match connect_start(&sock, spec.remote) {
+        Ok(true) => OutState::Challenge {
             sock: sock.into(),
             buf: [0; CHALLENGE_LEN],
             got: 0,
         },
-        Err(e)
-            if e.raw_os_error() == Some(libc::EINPROGRESS)
-                || e.kind() == io::ErrorKind::WouldBlock =>
-        {
-            OutState::Connecting(sock)
-        }
+        Ok(false) => OutState::Connecting(sock),
         Err(e) => return Err(connect_error(&what, &e)),
     };
     Ok(OutStream {
@@ -491,8 +486,23 @@ pub(super) fn start_stream(
     })
 }
 
+/// Starts a non-blocking connect of `sock` to `remote`: `Ok(true)` when it connected at once,
+/// `Ok(false)` while it is in progress ([`connect_status`] tells when it finished).
+pub fn connect_start(sock: &Socket, remote: SocketAddr) -> io::Result<bool> {
+    match sock.connect(&remote.into()) {
+        Ok(()) => Ok(true),
+        Err(e)
+            if e.raw_os_error() == Some(libc::EINPROGRESS)
+                || e.kind() == io::ErrorKind::WouldBlock =>
+        {
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// `Ok(true)` once a non-blocking connect finished, `Ok(false)` while it is in progress.
-fn connect_status(s: &Socket) -> io::Result<bool> {
+pub fn connect_status(s: &Socket) -> io::Result<bool> {
     if let Some(e) = s.take_error()? {
         return Err(e);
     }

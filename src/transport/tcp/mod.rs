@@ -47,7 +47,10 @@ pub use config::{
     MBPS_PER_STREAM, MIN_FRAME_BYTES, MIN_STREAMS, RELAY_FRAME_BYTES, TcpConfig,
     default_io_threads, per_path_streams, socket_buffer_bytes, streams_for_speed,
 };
-pub use dial::{DialStep, MAX_PENDING_STREAMS, RelayVia, StreamDialer, TcpPathSpec};
+pub use dial::{
+    DialStep, MAX_PENDING_STREAMS, RelayVia, StreamDialer, TcpPathSpec, connect_start,
+    connect_status,
+};
 pub use pool::io_threads;
 pub use revive::{LinkCheck, MAX_REBUILD_GAP, MIN_REBUILD_GAP};
 pub use setup::{TcpAcceptor, TcpConnector, listen, listen_at, loopback_pair};

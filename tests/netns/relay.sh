@@ -1,0 +1,279 @@
+#!/usr/bin/env bash
+# Relay paths through the plugin .so between network namespaces (issue 30), over TCP paths:
+#
+#   * four hosts in a ring (n1 - n2 - n3 - n4 - n1), one veth /30 per neighbour pair, MTU 9000, and
+#     a management bridge (192.168.202.N/24) that the bench bootstraps over; ip_forward is off
+#     everywhere and NCCL_SWITCHLESS_TCP_FALLBACK is unset, so the diagonal pairs (n1-n3, n2-n4) have
+#     no way to each other but through a neighbour's relay service (inside that neighbour's plugin);
+#   * `bench alltoall --nranks 4` (data verified by the bench): passes; every rank's INFO line names
+#     the relay hosts of its diagonal connection; the management bridge carries only the bootstrap and
+#     the handshakes (its byte counters grow by less than 1 % of the diagonal payload, which the
+#     cables carried);
+#   * `NCCL_SWITCHLESS_RELAY=off`: the same run fails fast with the no-cable error (the test can fail);
+#   * a relay host killed mid-transfer: n1 -> n3 bandwidth through n2 and n4, n2's process killed
+#     after 3 s: the run completes over the relay through n4 (failover) or fails with an error naming
+#     the relay host n2, within 60 s; nothing hangs.
+#
+#   * --measure: the same 4-rank alltoall at 16 MiB through relays and then with relays off over the
+#     TCP fallback (the diagonal over the management bridge), in the same run; busbw and the ratio
+#     are printed, never asserted.
+#
+# Usage: tests/netns/relay.sh [--release] [--measure]
+# Debugging: KEEP_WORK=1 keeps every rank's output; ONLY_KILL=1 runs only the relay-kill part.
+# Needs root and iproute2. Everything created is removed on exit.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+profile=debug
+measure=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --release) profile=release ;;
+    --measure) measure=1 ;;
+    *) echo "relay.sh: unknown argument $1 (accepted: --release, --measure)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+[ "$(id -u)" -eq 0 ] || { echo "relay.sh: needs root to create network namespaces" >&2; exit 1; }
+command -v ip >/dev/null || { echo "relay.sh: ip is missing (iproute2)" >&2; exit 1; }
+
+target="${CARGO_TARGET_DIR:-target}"
+if [ "$profile" = release ]; then
+  cargo build --quiet --release --lib --bin switchless
+else
+  cargo build --quiet --lib --bin switchless
+fi
+bin=$(readlink -f "$target/$profile/switchless")
+work=$(mktemp -d)
+cp "$target/$profile/libswitchless.so" "$work/libnccl-net-switchless.so"
+so="$work/libnccl-net-switchless.so"
+
+tag="swr$$"
+namespaces=()
+pids=()
+cleanup() {
+  local f p c
+  # Ranks started in background subshells are known by their PID files only.
+  for f in "$work"/*.pid; do
+    [ -e "$f" ] || continue
+    p=$(<"$f")
+    for c in $(ps -o pid= --ppid "$p"); do kill "$c" 2>/dev/null || true; done
+    kill "$p" 2>/dev/null || true
+  done
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for ns in "${namespaces[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
+  if [ -n "${KEEP_WORK:-}" ]; then echo "relay.sh: outputs kept in $work" >&2; else rm -rf "$work"; fi
+}
+trap cleanup EXIT INT TERM
+fail() { echo "relay.sh: FAIL: $*" >&2; exit 1; }
+
+hub="$tag-hub"
+ip netns add "$hub"; namespaces+=("$hub")
+ip -n "$hub" link set lo up
+ip -n "$hub" link add br0 type bridge
+ip -n "$hub" link set br0 up
+
+for n in 1 2 3 4; do
+  ns="$tag-n$n"
+  ip netns add "$ns"; namespaces+=("$ns")
+  ip -n "$ns" link set lo up
+  ip netns exec "$ns" sysctl -q -w net.ipv4.ip_forward=0
+  ip link add "$tag-g$n" type veth peer name "$tag-h$n"
+  ip link set "$tag-g$n" netns "$ns"
+  ip link set "$tag-h$n" netns "$hub"
+  ip -n "$ns" link set "$tag-g$n" name mgmt
+  ip -n "$ns" link set mgmt up
+  ip -n "$ns" addr add "192.168.202.$n/24" dev mgmt
+  ip -n "$hub" link set "$tag-h$n" master br0 up
+done
+
+# link <nsA> <nsB> <L> <devA> <devB>: veth pair, 10.202.L.1/30 on A, 10.202.L.2/30 on B, MTU 9000.
+link() {
+  local a="$1" b="$2" l="$3" da="$4" db="$5"
+  ip link add "$tag-$l-a" type veth peer name "$tag-$l-b"
+  ip link set "$tag-$l-a" netns "$a"
+  ip link set "$tag-$l-b" netns "$b"
+  ip -n "$a" link set "$tag-$l-a" name "$da"
+  ip -n "$b" link set "$tag-$l-b" name "$db"
+  ip -n "$a" link set "$da" mtu 9000 up
+  ip -n "$b" link set "$db" mtu 9000 up
+  ip -n "$a" addr add "10.202.$l.1/30" dev "$da"
+  ip -n "$b" addr add "10.202.$l.2/30" dev "$db"
+}
+link "$tag-n1" "$tag-n2" 1 to2 to1
+link "$tag-n2" "$tag-n3" 2 to3 to2
+link "$tag-n3" "$tag-n4" 3 to4 to3
+link "$tag-n1" "$tag-n4" 4 to4 to1
+for n in 1 2 3 4; do
+  [ "$(ip netns exec "$tag-n$n" sysctl -n net.ipv4.ip_forward)" = 0 ] || fail "n$n forwards"
+done
+
+# Bytes through the management bridge (every node's mgmt veth, both directions) and through the
+# cables (every ring link, counted at one end, both directions).
+mgmt_bytes() {
+  local n t=0 rx tx
+  for n in 1 2 3 4; do
+    rx=$(ip netns exec "$tag-n$n" cat /sys/class/net/mgmt/statistics/rx_bytes)
+    tx=$(ip netns exec "$tag-n$n" cat /sys/class/net/mgmt/statistics/tx_bytes)
+    t=$((t + rx + tx))
+  done
+  echo "$t"
+}
+cable_bytes() {
+  local t=0 rx tx d
+  for d in "$tag-n1:to2" "$tag-n2:to3" "$tag-n3:to4" "$tag-n1:to4"; do
+    rx=$(ip netns exec "${d%%:*}" cat "/sys/class/net/${d##*:}/statistics/rx_bytes")
+    tx=$(ip netns exec "${d%%:*}" cat "/sys/class/net/${d##*:}/statistics/tx_bytes")
+    t=$((t + rx + tx))
+  done
+  echo "$t"
+}
+
+bport=29700
+# run_bench <label> <mode> <extra bench args> -- <ns of rank 0> ...: all ranks at once, each bounded
+# by `timeout`; rank 0 bootstraps on its management address. Sets $status; rank r's output is in
+# $work/<label>.r, its PID in $work/<label>.r.pid.
+run_bench() {
+  local label="$1" mode="$2" extra="$3"; shift 4
+  local nranks=$# r=0 ns rank0ip pidlist=()
+  bport=$((bport + 1))
+  rank0ip="192.168.202.${1##*n}"
+  for ns in "$@"; do
+    # shellcheck disable=SC2086
+    timeout "${RUN_LIMIT:-120}" ip netns exec "$ns" env NCCL_SWITCHLESS_TRANSPORT=tcp ${BENCH_ENV:-} \
+      "$bin" bench "$mode" --rank "$r" --nranks "$nranks" \
+      --bootstrap "$rank0ip:$bport" --plugin "$so" --timeout 30 --no-progress $extra \
+      >"$work/$label.$r" 2>&1 &
+    pidlist+=($!); pids+=($!)
+    echo $! >"$work/$label.$r.pid"
+    r=$((r + 1))
+  done
+  status=0
+  for p in "${pidlist[@]}"; do wait "$p" || status=1; done
+}
+
+if [ -z "${ONLY_KILL:-}" ]; then
+# --- alltoall over the ring: the diagonals through relays ------------------------------------------
+size=4194304
+first=1024
+iters=5
+m0=$(mgmt_bytes); c0=$(cable_bytes)
+start=$(date +%s%N)
+BENCH_ENV="NCCL_DEBUG=INFO" run_bench ring-alltoall alltoall "-b $first -e $size -f 8 -n $iters -w 1" -- \
+  "$tag-n1" "$tag-n2" "$tag-n3" "$tag-n4"
+ms=$((($(date +%s%N) - start) / 1000000))
+m1=$(mgmt_bytes); c1=$(cable_bytes)
+if [ "$status" -ne 0 ]; then
+  for f in "$work"/ring-alltoall.?; do echo "--- $f"; tail -n 30 "$f"; done
+  fail "ring-alltoall through relays"
+fi
+sed 's/^/    /' "$work/ring-alltoall.0" | grep -v '^    *$' | grep -v "NCCL INFO\|NET/" | tail -n 8
+# Every rank sends to its diagonal peer through the relays of both its neighbours.
+for r in 0 1 2 3; do
+  line=$(grep -h "relayed TCP path(s) through" "$work/ring-alltoall.$r" | head -n 1)
+  [ -n "$line" ] || { tail -n 40 "$work/ring-alltoall.$r"; fail "rank $r: no INFO line names its relay hosts"; }
+  n=$(echo "$line" | sed -E 's/.* ([0-9]+) relayed TCP path.*/\1/')
+  [ "$n" -ge 2 ] || fail "rank $r: $n relayed path(s), 2 expected (one per neighbour): $line"
+  [ "$r" = 0 ] && echo "$line" | sed -E 's/.*NET\/switchless: /    /' | cut -c1-300
+done
+grep -h "connected to .*via relay" "$work/ring-alltoall.0" | head -n 1 | sed -E 's/.*NET\/switchless: /    /' | cut -c1-400
+mgmt=$((m1 - m0)); cables=$((c1 - c0))
+# The alltoall's bytes on the diagonal: every rank sends one block of each size to each peer per
+# iteration (warm-up included), 1/4 of the size per peer; two diagonal pairs, both directions.
+diag=0
+s=$first
+while [ "$s" -le "$size" ]; do diag=$((diag + 4 * (iters + 1) * s / 4)); s=$((s * 8)); done
+echo "relay.sh: ring-alltoall: ok in $ms ms; management bridge $mgmt bytes, cables $cables bytes, diagonal payload $diag bytes"
+awk -v m="$mgmt" -v d="$diag" 'BEGIN { printf "relay.sh: management bridge bytes / diagonal payload bytes = %.4f\n", m / d }'
+[ $((mgmt * 100)) -lt "$diag" ] || fail "the management bridge carried $mgmt bytes, not less than 1 % of the $diag diagonal bytes: data went over it"
+[ "$cables" -gt $((diag * 2)) ] || fail "the cables carried $cables bytes, less than twice the diagonal's $diag (each relayed byte crosses two cables)"
+
+# --- relays off: the diagonal fails at once, naming why ------------------------------------------
+start=$(date +%s%N)
+BENCH_ENV="NCCL_SWITCHLESS_RELAY=off" run_bench relay-off bandwidth "-b 8 -e 65536 -n 3" -- "$tag-n1" "$tag-n3"
+ms=$((($(date +%s%N) - start) / 1000000))
+[ "$status" -ne 0 ] || fail "relay-off: the diagonal connected with NCCL_SWITCHLESS_RELAY=off"
+grep -qi "no local link reaches the peer\|subnet" "$work"/relay-off.* || { tail -n 20 "$work"/relay-off.*; fail "relay-off: the error does not say why"; }
+[ "$ms" -lt 30000 ] || fail "relay-off: took $ms ms to fail"
+echo "relay.sh: relay-off: the diagonal fails in $ms ms: $(grep -hi -m1 "no local link\|subnet" "$work"/relay-off.* | cut -c1-200)"
+
+fi
+# --- a relay host killed mid-transfer ---------------------------------------------------------------
+# Job A: n1 -> n3 (diagonal, through n2 and n4). Job B: n2 <-> n4 (diagonal, through n1 and n3): it
+# keeps a plugin with a relay service on n2 and n4 (both jobs have 2 ranks, so one communicator id).
+# n2's process is killed 3 s in.
+# Jobs B and C keep a plugin with a relay service on n2 and n4: two ranks on one host each (all
+# three jobs have 2 ranks, so one communicator id and relay port). Each runs in the background (a
+# subshell) with its own bootstrap port. Job B (n2) is killed; job C (n4) keeps relaying.
+bport=29800
+RUN_LIMIT=120 run_bench killB bandwidth "-b 65536 -e 65536 -n 10000000 -w 1" -- "$tag-n2" "$tag-n2" &
+jobb=$!
+bport=29850
+RUN_LIMIT=120 run_bench killC bandwidth "-b 65536 -e 65536 -n 10000000 -w 1" -- "$tag-n4" "$tag-n4" &
+jobc=$!
+bport=29900
+RUN_LIMIT=120 BENCH_ENV="NCCL_DEBUG=INFO" run_bench killA bandwidth "-b 8388608 -e 8388608 -n ${KILL_ITERS:-200} -w 1" -- "$tag-n1" "$tag-n3" &
+joba=$!
+# Wait until job A's connection through both relays carries data, then kill n2's process.
+for _ in $(seq 1 300); do
+  grep -q "connected to .*via relay" "$work/killA.0" 2>/dev/null && break
+  sleep 0.1
+done
+grep -q "connected to .*via relay" "$work/killA.0" || { tail -n 30 "$work"/killA.*; fail "kill: job A did not connect through relays in 30 s"; }
+# Mid-transfer: once 256 MiB went out on n1's cable to n2 (about a fifth of that path's share).
+tx() { ip netns exec "$tag-n1" cat /sys/class/net/to2/statistics/tx_bytes; }
+t0=$(tx)
+for _ in $(seq 1 600); do
+  [ $(($(tx) - t0)) -gt $((256 << 20)) ] && break
+  sleep 0.1
+done
+[ $(($(tx) - t0)) -gt $((256 << 20)) ] || fail "kill: job A moved under 256 MiB through n2 in 60 s"
+start=$(date +%s%N)
+# stop <signal> <label>: each rank of a job is the child of `timeout` (ip netns exec execs the
+# bench): signal the bench by its PID, then `timeout`.
+stop() {
+  local sig="$1" label="$2" r victim c
+  for r in 0 1; do
+    victim=$(<"$work/$label.$r.pid")
+    for c in $(ps -o pid= --ppid "$victim"); do kill "-$sig" "$c" 2>/dev/null || true; done
+    kill "-$sig" "$victim" 2>/dev/null || true
+  done
+}
+stop KILL killB
+astatus=0
+wait "$joba" || astatus=1
+ms=$((($(date +%s%N) - start) / 1000000))
+stop TERM killC
+wait "$jobb" 2>/dev/null || true
+wait "$jobc" 2>/dev/null || true
+[ "$ms" -lt 100000 ] || fail "kill: job A took $ms ms after the kill"
+if [ "$astatus" -ne 0 ]; then
+  # It must fail naming the relay host (n2: 10.202.1.2 on n1's link, 10.202.2.1 on n3's).
+  grep -h "10\.202\.1\.2\|10\.202\.2\.1" "$work/killA.0" "$work/killA.1" | grep -i "warn\|error" | head -n 3 | sed 's/^/    /' | cut -c1-300
+  grep -h "error" "$work/killA.0" "$work/killA.1" | grep -q "10\.202\.1\.2\|10\.202\.2\.1" || {
+    tail -n 20 "$work"/killA.*; fail "kill: job A failed without naming the relay host"; }
+  echo "relay.sh: kill: job A failed $ms ms after the kill, naming the relay host"
+else
+  # The path through n2 failed over to the one through n4, on one end or both.
+  grep -h "failing over" "$work/killA.0" "$work/killA.1" | grep "10\.202\.1\.2\|10\.202\.2\.1" | head -n 1 \
+    | sed -E 's/.*NET\/switchless: /    /' | cut -c1-300 | grep . || { tail -n 20 "$work"/killA.*; fail "kill: no path through the relay n2 failed over"; }
+  grep -q "data checks: all passed" "$work/killA.0" || fail "kill: job A passed without its data checks"
+  echo "relay.sh: kill: job A completed $ms ms after the kill, over the relay through n4 (failover)"
+fi
+
+# --- measurement: relays vs the TCP fallback, same run ------------------------------------------------
+if [ "$measure" = 1 ]; then
+  busbw() { # label: rank 0's busbw (Gb/s) at the largest size
+    grep -E '^ +[0-9]+ ' "$work/$1.0" | tail -n 1 | awk '{ print $8 }'
+  }
+  m="-b 16777216 -e 16777216 -n ${SWL_MEASURE_ITERS:-20} -w 2"
+  run_bench measure-relay alltoall "$m" -- "$tag-n1" "$tag-n2" "$tag-n3" "$tag-n4"
+  [ "$status" -eq 0 ] || { tail -n 20 "$work"/measure-relay.*; fail "measure: alltoall through relays"; }
+  BENCH_ENV="NCCL_SWITCHLESS_RELAY=off NCCL_SWITCHLESS_TCP_FALLBACK=1" \
+    run_bench measure-fallback alltoall "$m" -- "$tag-n1" "$tag-n2" "$tag-n3" "$tag-n4"
+  [ "$status" -eq 0 ] || { tail -n 20 "$work"/measure-fallback.*; fail "measure: alltoall over the fallback"; }
+  r=$(busbw measure-relay); f=$(busbw measure-fallback)
+  awk -v r="$r" -v f="$f" -v p="$profile" 'BEGIN { printf "relay.sh: measure (%s build) alltoall 4 ranks 16 MiB busbw: relays %.3f Gb/s, TCP fallback %.3f Gb/s, ratio %.2f\n", p, r, f, (f > 0 ? r / f : 0) }'
+fi
+echo "relay.sh: ok"
