@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI: shellcheck every shell script (nccl-tests/, docker/, scripts/, lab/, .ci/, tests/slurm/), then smoke-test the
+# CI: shellcheck every shell script (nccl-tests/, docker/, scripts/, lab/, .ci/, tests/slurm/, tests/netns/), then smoke-test the
 # nccl-tests launchers without a cluster (--dry-run, and rank.sh with `env` as the benchmark).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -11,7 +11,7 @@ command -v shellcheck > /dev/null || {
 
 mapfile -t files < <(
   {
-    for d in nccl-tests docker scripts lab .ci tests/slurm; do
+    for d in nccl-tests docker scripts lab .ci tests/slurm tests/netns; do
       [ -d "$d" ] && find "$d" -type f \( -name '*.sh' -o -name '*.sbatch' \) -not -path '*/.cache/*'
     done
     [ -f .ci/run ] && echo .ci/run

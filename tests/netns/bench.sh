@@ -40,67 +40,20 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-[ "$(id -u)" -eq 0 ] || { echo "bench.sh: needs root to create network namespaces" >&2; exit 1; }
-command -v ip >/dev/null || { echo "bench.sh: ip is missing (iproute2)" >&2; exit 1; }
+me=bench.sh
+# shellcheck source=tests/netns/lib.sh
+. tests/netns/lib.sh
+netns_require
 if [ "$measure" = 1 ]; then
   for t in iperf3 jq; do command -v "$t" >/dev/null || { echo "bench.sh: $t is missing" >&2; exit 1; }; done
 fi
-
-target="${CARGO_TARGET_DIR:-target}"
-if [ "$profile" = release ]; then
-  cargo build --quiet --release --lib --bin switchless
-else
-  cargo build --quiet --lib --bin switchless
-fi
-bin=$(readlink -f "$target/$profile/switchless")
-work=$(mktemp -d)
-cp "$target/$profile/libswitchless.so" "$work/libnccl-net-switchless.so"
-so="$work/libnccl-net-switchless.so"
-
-tag="swb$$"
-namespaces=()
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for ns in "${namespaces[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT INT TERM
-fail() { echo "bench.sh: FAIL: $*" >&2; exit 1; }
-
-hub="$tag-hub"
-ip netns add "$hub"; namespaces+=("$hub")
-ip -n "$hub" link set lo up
-ip -n "$hub" link add br0 type bridge
-ip -n "$hub" link set br0 up
-
+netns_build "$profile"
+netns_start "swb$$"
+netns_hub
 # mkns <name> <N>: a node namespace with management address 192.168.200.N/24 on the hub bridge.
-mkns() {
-  local ns="$1" n="$2"
-  ip netns add "$ns"; namespaces+=("$ns")
-  ip -n "$ns" link set lo up
-  ip link add "$tag-g$n" type veth peer name "$tag-h$n"
-  ip link set "$tag-g$n" netns "$ns"
-  ip link set "$tag-h$n" netns "$hub"
-  ip -n "$ns" link set "$tag-g$n" name mgmt
-  ip -n "$ns" link set mgmt up
-  ip -n "$ns" addr add "192.168.200.$n/24" dev mgmt
-  ip -n "$hub" link set "$tag-h$n" master br0 up
-}
-
+mkns() { netns_node "$1" "$2" 200; }
 # link <nsA> <nsB> <L> <devA> <devB>: veth pair, 10.201.L.1/30 on A, 10.201.L.2/30 on B, MTU 9000.
-link() {
-  local a="$1" b="$2" l="$3" da="$4" db="$5"
-  ip link add "$tag-$l-a" type veth peer name "$tag-$l-b"
-  ip link set "$tag-$l-a" netns "$a"
-  ip link set "$tag-$l-b" netns "$b"
-  ip -n "$a" link set "$tag-$l-a" name "$da"
-  ip -n "$b" link set "$tag-$l-b" name "$db"
-  ip -n "$a" link set "$da" mtu 9000 up
-  ip -n "$b" link set "$db" mtu 9000 up
-  ip -n "$a" addr add "10.201.$l.1/30" dev "$da"
-  ip -n "$b" addr add "10.201.$l.2/30" dev "$db"
-}
+link() { netns_link "$@" 201; }
 
 bport=29600
 # run_bench <label> <mode> <extra bench args> -- <ns of rank 0> <ns of rank 1> ...: all ranks at once, each

@@ -35,72 +35,19 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-[ "$(id -u)" -eq 0 ] || { echo "relay.sh: needs root to create network namespaces" >&2; exit 1; }
-command -v ip >/dev/null || { echo "relay.sh: ip is missing (iproute2)" >&2; exit 1; }
-
-target="${CARGO_TARGET_DIR:-target}"
-if [ "$profile" = release ]; then
-  cargo build --quiet --release --lib --bin switchless
-else
-  cargo build --quiet --lib --bin switchless
-fi
-bin=$(readlink -f "$target/$profile/switchless")
-work=$(mktemp -d)
-cp "$target/$profile/libswitchless.so" "$work/libnccl-net-switchless.so"
-so="$work/libnccl-net-switchless.so"
-
-tag="swr$$"
-namespaces=()
-pids=()
-cleanup() {
-  local f p c
-  # Ranks started in background subshells are known by their PID files only.
-  for f in "$work"/*.pid; do
-    [ -e "$f" ] || continue
-    p=$(<"$f")
-    for c in $(ps -o pid= --ppid "$p"); do kill "$c" 2>/dev/null || true; done
-    kill "$p" 2>/dev/null || true
-  done
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for ns in "${namespaces[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
-  if [ -n "${KEEP_WORK:-}" ]; then echo "relay.sh: outputs kept in $work" >&2; else rm -rf "$work"; fi
-}
-trap cleanup EXIT INT TERM
-fail() { echo "relay.sh: FAIL: $*" >&2; exit 1; }
-
-hub="$tag-hub"
-ip netns add "$hub"; namespaces+=("$hub")
-ip -n "$hub" link set lo up
-ip -n "$hub" link add br0 type bridge
-ip -n "$hub" link set br0 up
-
+me=relay.sh
+# shellcheck source=tests/netns/lib.sh
+. tests/netns/lib.sh
+netns_require
+netns_build "$profile"
+netns_start "swr$$"
+netns_hub
 for n in 1 2 3 4; do
-  ns="$tag-n$n"
-  ip netns add "$ns"; namespaces+=("$ns")
-  ip -n "$ns" link set lo up
-  ip netns exec "$ns" sysctl -q -w net.ipv4.ip_forward=0
-  ip link add "$tag-g$n" type veth peer name "$tag-h$n"
-  ip link set "$tag-g$n" netns "$ns"
-  ip link set "$tag-h$n" netns "$hub"
-  ip -n "$ns" link set "$tag-g$n" name mgmt
-  ip -n "$ns" link set mgmt up
-  ip -n "$ns" addr add "192.168.202.$n/24" dev mgmt
-  ip -n "$hub" link set "$tag-h$n" master br0 up
+  netns_node "$tag-n$n" "$n" 202
+  ip netns exec "$tag-n$n" sysctl -q -w net.ipv4.ip_forward=0
 done
-
 # link <nsA> <nsB> <L> <devA> <devB>: veth pair, 10.202.L.1/30 on A, 10.202.L.2/30 on B, MTU 9000.
-link() {
-  local a="$1" b="$2" l="$3" da="$4" db="$5"
-  ip link add "$tag-$l-a" type veth peer name "$tag-$l-b"
-  ip link set "$tag-$l-a" netns "$a"
-  ip link set "$tag-$l-b" netns "$b"
-  ip -n "$a" link set "$tag-$l-a" name "$da"
-  ip -n "$b" link set "$tag-$l-b" name "$db"
-  ip -n "$a" link set "$da" mtu 9000 up
-  ip -n "$b" link set "$db" mtu 9000 up
-  ip -n "$a" addr add "10.202.$l.1/30" dev "$da"
-  ip -n "$b" addr add "10.202.$l.2/30" dev "$db"
-}
+link() { netns_link "$@" 202; }
 link "$tag-n1" "$tag-n2" 1 to2 to1
 link "$tag-n2" "$tag-n3" 2 to3 to2
 link "$tag-n3" "$tag-n4" 3 to4 to3
