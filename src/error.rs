@@ -57,7 +57,15 @@ impl Error {
 
     /// The same error, its message prefixed with `context: ` (the kind, and so NCCL's code, is kept).
     pub fn context(self, context: impl std::fmt::Display) -> Error {
-        let m = |x: String| format!("{context}: {x}");
+        self.map_message(|x| format!("{context}: {x}"))
+    }
+
+    /// The same error, `tail` appended to its message (the kind, and so NCCL's code, is kept).
+    pub fn append(self, tail: impl std::fmt::Display) -> Error {
+        self.map_message(|x| format!("{x}{tail}"))
+    }
+
+    fn map_message(self, m: impl FnOnce(String) -> String) -> Error {
         match self {
             Error::InvalidArgument(x) => Error::InvalidArgument(m(x)),
             Error::InvalidUsage(x) => Error::InvalidUsage(m(x)),

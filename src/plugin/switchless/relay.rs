@@ -216,15 +216,12 @@ impl<P: PathFactory> Switchless<P> {
         p.steps.lap(Step::Route);
         if found.is_empty() {
             let why = std::mem::replace(&mut p.why, Error::Internal(String::new()));
-            let e = append(
-                why,
-                format_args!("; no neighbour relays it either ({})", failed.join("; ")),
-            );
+            let e = why.append(format_args!(
+                "; no neighbour relays it either ({})",
+                failed.join("; ")
+            ));
             if self.view.config.relay == RelayMode::Always {
-                return Err(append(
-                    e,
-                    "; NCCL_SWITCHLESS_RELAY=always allows no fallback",
-                ));
+                return Err(e.append("; NCCL_SWITCHLESS_RELAY=always allows no fallback"));
             }
             return Ok(Probed::NoRelay(p, e));
         }
@@ -313,18 +310,5 @@ impl<P: PathFactory> Switchless<P> {
             requests: reqs,
             target: (SocketAddrV4::new(control, repr.port), None),
         })
-    }
-}
-
-/// The same error (kind, and so NCCL's code, kept), `tail` appended to its message.
-fn append(e: Error, tail: impl std::fmt::Display) -> Error {
-    let m = |x: String| format!("{x}{tail}");
-    match e {
-        Error::InvalidArgument(x) => Error::InvalidArgument(m(x)),
-        Error::InvalidUsage(x) => Error::InvalidUsage(m(x)),
-        Error::System(x) => Error::System(m(x)),
-        Error::Remote(x) => Error::Remote(m(x)),
-        Error::Timeout(x) => Error::Timeout(m(x)),
-        Error::Internal(x) => Error::Internal(m(x)),
     }
 }
