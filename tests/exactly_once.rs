@@ -447,14 +447,14 @@ proptest! {
         ring in 1usize..=4,
         fault_peer in 0usize..2,
         fault_path in 0usize..3,
-        // Per mille of the fewest work requests the plan executes (3 per message: the two
-        // clear-to-send writes and at least one data write), so the fault always fires.
+        // Per mille of the fewest work requests the plan executes (2 per message: the
+        // clear-to-send write and at least one data write), so the fault always fires.
         fault_permille in 0u64..1000,
         partial in any::<bool>(),
         mode in mode(),
         seed in proptest::option::weighted(0.8, 1u64..1000),
     ) {
-        let fault_at = fault_permille * 3 * plan.len() as u64 / 1000;
+        let fault_at = fault_permille * 2 * plan.len() as u64 / 1000;
         let c = Case {
             npaths,
             plan,
