@@ -1485,3 +1485,82 @@ fn works_through_a_boxed_dyn_fabric() {
     // Comms move to another thread (NCCL's progress thread).
     std::thread::spawn(move || drop((s, r))).join().unwrap();
 }
+
+/// Issue 36: the clear-to-send is one write whose words may land in any order. Landed word by
+/// word in a random order, over nothing (slot 0's first use) and over the slot's previous entry
+/// (its use 32 receives later), the entry is never taken before its last word is in place; then
+/// it is, and the message arrives whole.
+fn torn_clear_to_send_landing(order_seed: u64) {
+    use switchless::transport::wire::{FIFO_DEPTH, SLOT_WORDS};
+    let mut g = rig(2);
+    let fifo = g.s.local_info().addr;
+    let (ra, rmh) = g.recv_buf(64, MemKind::Host);
+    let data = pattern(64, 9);
+    let (sa, smh) = g.send_buf(&data);
+    let read_slot = |g: &Rig| -> Vec<u64> {
+        let b = g.fab.read(fifo, 8 * SLOT_WORDS).unwrap();
+        b.chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    let mut rng = order_seed | 1;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut old = vec![0u64; SLOT_WORDS];
+    for i in 0..=FIFO_DEPTH {
+        g.fab.write(ra, &[0xEE; 64]).unwrap();
+        let rreq =
+            g.r.irecv(
+                g.now(),
+                &[RecvBuf {
+                    addr: ra,
+                    size: 64,
+                    tag: 0,
+                    mh: &rmh,
+                }],
+            )
+            .unwrap()
+            .unwrap();
+        if i % FIFO_DEPTH == 0 {
+            // The entry the receiver wrote, taken back to what the slot held before it, then
+            // landed again one word at a time in a random order.
+            let new = read_slot(&g);
+            let len = (0..SLOT_WORDS).rev().find(|&k| new[k] != old[k]).unwrap() + 1;
+            for (k, w) in old.iter().enumerate().take(len) {
+                g.fab.write(fifo + 8 * k as u64, &w.to_le_bytes()).unwrap();
+            }
+            // Words equal to the older ones (same buffer, unused keys) need not land.
+            let mut order: Vec<usize> = (0..len).filter(|&k| new[k] != old[k]).collect();
+            let n = order.len();
+            for k in (1..n).rev() {
+                order.swap(k, (next() % (k as u64 + 1)) as usize);
+            }
+            for (j, &k) in order.iter().enumerate() {
+                assert!(
+                    g.s.isend(g.now(), sa, 64, 0, &smh).unwrap().is_none(),
+                    "taken with {j} of its {n} new words landed (order {order:?})"
+                );
+                g.fab
+                    .write(fifo + 8 * k as u64, &new[k].to_le_bytes())
+                    .unwrap();
+            }
+            old = new;
+        }
+        let sreq = g.isend(sa, 64, 0, &smh);
+        g.wait_send(sreq);
+        let s = g.wait_recv(rreq);
+        assert_eq!(s.as_slice(), &[64]);
+        assert_eq!(g.fab.read(ra, 64).unwrap(), data, "message {i}");
+    }
+}
+
+#[test]
+fn a_clear_to_send_landing_word_by_word_is_taken_only_whole() {
+    for seed in 1..=24 {
+        torn_clear_to_send_landing(seed * 0x9e37_79b9);
+    }
+}
