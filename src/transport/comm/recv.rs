@@ -514,13 +514,17 @@ impl<F: Fabric> RecvComm<F> {
                         return Ok(()); // the clear-to-send was posted again on another path
                     };
                     if c.status.is_success() {
-                        // Landed, whatever became of the path since, and so did every entry
-                        // posted before it on the path (signaled once per window, in order).
+                        // Landed, whatever became of the path since.
+                        r.cts_pending = 0;
+                        r.cts_parked = false;
+                        // So did every entry posted before it on the path (signaled once per
+                        // window, executed in order). A parked one is left to the fence: it may
+                        // have gone out on the path's queue pair before a rebuild.
                         let ticket = r.cts_ticket;
-                        for r in slots.iter_mut() {
-                            if r.in_use && r.cts_path == k && r.cts_ticket <= ticket {
-                                r.cts_pending = 0;
-                                r.cts_parked = false;
+                        for o in slots.iter_mut() {
+                            if o.in_use && o.cts_path == k && o.cts_ticket < ticket && !o.cts_parked
+                            {
+                                o.cts_pending = 0;
                             }
                         }
                     } else if !core.paths.is_up(k) {
