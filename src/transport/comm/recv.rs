@@ -87,8 +87,10 @@ pub struct RecvComm<F: Fabric> {
 
 /// A clear-to-send write is signaled once per this many on its path (and the first): NCCL's
 /// "once per FIFO window". The others complete silently; a signaled completion implies them (a
-/// path executes in order), so at most `2 × CTS_SIGNAL_EVERY` sit in a send queue uncompleted,
-/// well within the `2 × FIFO_DEPTH` of [`SEND_QUEUE_DEPTH`] kept for them.
+/// path executes in order). Unsignaled ones hold send-queue slots until a later signaled one is
+/// polled; every progress call polls, and a signaled write is acknowledged before the sender can
+/// have read it and written the data that completes its receive, so about `2 × CTS_SIGNAL_EVERY`
+/// are held at a time, within the `2 × FIFO_DEPTH` of [`SEND_QUEUE_DEPTH`] kept for them.
 ///
 /// [`SEND_QUEUE_DEPTH`]: crate::transport::fabric::SEND_QUEUE_DEPTH
 const CTS_SIGNAL_EVERY: u64 = FIFO_DEPTH as u64 / 2;
