@@ -218,3 +218,40 @@ fn per_host_roots_far_above_the_load_leave_alltoall_as_fast_as_without_them() {
         );
     }
 }
+
+/// Issue 36: an 8-byte message costs two work requests (its receive's clear-to-send, one write,
+/// and its data, one write with immediate) and four packets with their acknowledgements, on one
+/// path and on eight; the counts are the fabric's, printed in the report.
+#[test]
+fn an_eight_byte_message_costs_two_work_requests_and_four_packets() {
+    for spec in [
+        "400G/1us",
+        "400G/1us,400G/1us,400G/1us,400G/1us,400G/1us,400G/1us,400G/1us,400G/1us",
+    ] {
+        let o = opts(Mode::Latency, 8, 8);
+        let a = run(&o, 2, &model(spec, "")).unwrap();
+        assert_eq!(a.errors(), 0, "{:?}", a.first_error);
+        let c = &a.model.as_ref().unwrap().counters;
+        assert_eq!(c.messages, 2 * (8 + 2), "{c:?}");
+        let p = c.per_message;
+        assert_eq!(p.work_requests, 2.0, "{c:?}");
+        assert_eq!(p.imm_writes, 1.0, "{c:?}");
+        assert_eq!(p.packets + p.acks, 4.0, "{c:?}");
+        // Signaled: each data write, and a clear-to-send once per 16 on its path (the first
+        // on each path of each rank's receive comm included).
+        let npaths = c.paths.len() as f64;
+        let m = c.messages as f64;
+        let cts_signaled = (p.signaled - p.imm_writes) * m;
+        assert!(
+            cts_signaled <= 2.0 * npaths + m / 16.0 + 1e-9,
+            "{cts_signaled} of {m}: {c:?}"
+        );
+        let per_path: f64 = c.paths.iter().map(|x| x.work_requests).sum();
+        assert!((per_path - 2.0).abs() < 1e-9, "{c:?}");
+        let t = report::table(&a);
+        assert!(
+            t.contains("per 8 B message (20 messages): 2.00 work requests"),
+            "{t}"
+        );
+    }
+}

@@ -489,8 +489,9 @@ fn a_standby_path_takes_over_and_stands_by_again() {
         let out = stream(&mut g, &[1 << 20; 8], 4, |_, _| {});
         assert!(out.received.iter().all(|&c| c == 1));
         assert_eq!(g.fab.path_bytes(sid, 1), 0, "the standby path carried data");
-        // Cable 0 pulled after 30 work requests: messages are in flight on it.
-        g.fab.kill_after(sid, 0, 30, true);
+        // Cable 0 pulled after 22 work requests (3 a message: clear-to-send, data, record), half
+        // way through the 16 messages: messages are in flight on it.
+        g.fab.kill_after(sid, 0, 22, true);
         let out = stream(&mut g, &[1 << 20; 16], 8, |_, _| {});
         assert!(out.received.iter().all(|&c| c == 1));
         let (k, d) = (out.kill_step.unwrap(), out.first_done_after_kill.unwrap());
@@ -962,8 +963,9 @@ fn a_standby_path_registers_only_at_its_first_use() {
         .register(&Lent::simulated(early, 1 << 16), MemKind::Host)
         .unwrap();
     assert!(!early_reg.has(1), "the standby path was keyed at once");
-    // Cable 0 pulled mid-run: the standby path takes over and is registered at that moment.
-    g.fab.kill_after(sid, 0, 30, true);
+    // Cable 0 pulled mid-run (22 work requests, 3 a message): the standby path takes over and is
+    // registered at that moment.
+    g.fab.kill_after(sid, 0, 22, true);
     let mut seen_after = Vec::new();
     let mut recv_after = Vec::new();
     let out = stream(&mut g, &[1 << 20; 16], 8, |g, step| {

@@ -19,7 +19,7 @@ use switchless::transport::fabric::{
 use switchless::transport::memfab::{MemEndpoint, MemFab, MemFabConfig};
 use switchless::transport::wire::{
     self, CtrlInfo, CtsElem, ELEM_WORDS, FIFO_DEPTH, FenceLayout, Imm, MAX_RECVS, RECV_SNAP_WORDS,
-    SLOT_ELEMS, SLOT_HDR, SLOT_IDX, SLOT_WORDS,
+    SLOT_ELEMS, SLOT_IDX, SLOT_WORDS,
 };
 
 /// The receiver's posted buffer, in a registration twice its size (so a write past the posted size
@@ -114,24 +114,21 @@ impl Liar {
             .unwrap()
             .unwrap();
         let base = (seq as usize % FIFO_DEPTH) * SLOT_WORDS;
-        let idx = self
-            .ep
-            .ctrl_load(self.fifo.word(base + SLOT_IDX), Ordering::Acquire)
-            .unwrap();
-        assert_eq!(idx, seq + 1, "the receiver wrote its clear-to-send");
-        let hdr = self
-            .ep
-            .ctrl_load(self.fifo.word(base + SLOT_HDR), Ordering::Relaxed)
-            .unwrap();
-        assert_eq!(wire::decode_slot_header(hdr, 1).unwrap(), 1);
-        let mut w = [0u64; ELEM_WORDS];
+        let mut w = [0u64; SLOT_WORDS];
         for (k, x) in w.iter_mut().enumerate() {
             *x = self
                 .ep
-                .ctrl_load(self.fifo.word(base + SLOT_ELEMS + k), Ordering::Relaxed)
+                .ctrl_load(self.fifo.word(base + k), Ordering::Acquire)
                 .unwrap();
         }
-        (req, wire::decode_elem(&w))
+        assert_eq!(w[SLOT_IDX], seq + 1, "the receiver wrote its clear-to-send");
+        assert_eq!(
+            wire::check_slot(&w, seq, 1).unwrap(),
+            Some(1),
+            "in one whole write"
+        );
+        let w = &w[SLOT_ELEMS..SLOT_ELEMS + ELEM_WORDS];
+        (req, wire::decode_elem(w))
     }
 
     /// A write of `len` bytes from the liar's buffer to `addr` (the receiver's `rkey`), with `imm`.
@@ -388,12 +385,10 @@ fn a_clear_to_send_that_wraps_the_address_space_fails_the_send() {
         rkeys: [1; switchless::transport::stripe::MAX_PATHS],
     };
     let mut words = [0u64; SLOT_WORDS];
-    wire::encode_slot_body(&[el], 2, &mut words);
-    for (k, w) in words.iter().enumerate().skip(SLOT_HDR) {
+    let len = wire::encode_slot(0, &[el], 2, &mut words);
+    for (k, w) in words.iter().enumerate().take(len) {
         fab.write(fifo + 8 * k as u64, &w.to_le_bytes()).unwrap();
     }
-    fab.write(fifo + 8 * SLOT_IDX as u64, &1u64.to_le_bytes())
-        .unwrap();
     let e = s
         .isend(Instant::now(), src, 128 << 10, 0, &smh)
         .unwrap_err();

@@ -195,13 +195,11 @@ fn a_message_through_the_protocol_costs_cts_then_one_data_write() {
     let t = stream(&mut p, size, 1, 1)[0];
     let topo = f.topology().unwrap();
     let rate = 50_000_000_000;
-    // The receive is posted first: its clear-to-send (body + index word, two writes on one path)
-    // reaches the sender; the sender then writes the data, one piece in one write, with the
-    // immediate (its length is the size: no size record).
-    let body = 8 * (1 + 7); // slot header + one element
-    let cts = serialize_ps(topo.framing.wire_bytes(body, false), rate)
-        + serialize_ps(topo.framing.wire_bytes(8, false), rate)
-        + 1_500_000;
+    // The receive is posted first: its clear-to-send (one write: index, header, one element,
+    // check word) reaches the sender; the sender then writes the data, one piece in one write,
+    // with the immediate (its length is the size: no size record).
+    let entry = 8 * (1 + 1 + 7 + 1);
+    let cts = serialize_ps(topo.framing.wire_bytes(entry, false), rate) + 1_500_000;
     let data = serialize_ps(topo.framing.wire_bytes(size as u64, true), rate) + 1_500_000;
     assert_eq!(t, cts + data);
     let mut got = vec![0u8; size];
@@ -257,17 +255,17 @@ fn writes_per_message(spec: &str, size: usize) -> (u64, u64) {
 
 #[test]
 fn a_small_message_whose_receive_was_posted_first_is_one_write() {
-    // The clear-to-send: body and index word. The send: the data write with the immediate, its
+    // The clear-to-send: one write (issue 36). The send: the data write with the immediate, its
     // length the size (no size record), on one or on several paths.
     for spec in ["400G/1us", "400G/1us,400G/1us", "92.57G/1.2us,97.28G/1.2us"] {
         for size in [1, 8, 4096, 60 * 1024] {
-            assert_eq!(writes_per_message(spec, size), (2, 1), "{spec} {size} B");
+            assert_eq!(writes_per_message(spec, size), (1, 1), "{spec} {size} B");
         }
     }
     // Empty: the record alone carries the immediate.
-    assert_eq!(writes_per_message("400G/1us", 0), (2, 1));
+    assert_eq!(writes_per_message("400G/1us", 0), (1, 1));
     // Split over two paths: a data write per piece, and the size record after piece 0.
-    assert_eq!(writes_per_message("400G/1us,400G/1us", 1 << 20), (2, 3));
+    assert_eq!(writes_per_message("400G/1us,400G/1us", 1 << 20), (1, 3));
 }
 
 /// Steady-state receive rate in Gb/s of the second half of a stream.
@@ -376,8 +374,9 @@ fn without_copies_only_control_memory_is_written() {
         vec![1u8; 16],
         "no backing store: the buffer is left alone"
     );
-    // Per message: the data (one write, no size record) and its clear-to-send (body + index).
-    assert_eq!(f.stats().unwrap().bytes, 4 * size as u64 + 4 * (64 + 8));
+    // Per message: the data (one write, no size record) and its clear-to-send (one write of
+    // index, header, one element and check word: 80 bytes).
+    assert_eq!(f.stats().unwrap().bytes, 4 * size as u64 + 4 * 80);
 }
 
 /// Posts one write of `len` bytes from `from` to `to` on path 0, with an immediate when `imm`.

@@ -419,12 +419,13 @@ fn small_messages_use_one_path() {
     g.wait_send(sreq);
     g.wait_recv(rreq);
     let after = g.fab.stats();
-    // CTS body + CTS index + data-with-immediate (one piece in one write: no size record).
-    assert_eq!(after.writes - before.writes, 3);
+    // One clear-to-send write (index, header, element and check word together) + data with the
+    // immediate (one piece in one write: no size record).
+    assert_eq!(after.writes - before.writes, 2);
     assert_eq!(after.imm_writes - before.imm_writes, 1);
-    // CTS body (64 bytes for one buffer) and CTS index are inline; 4 KiB of data is not.
-    assert_eq!(after.inline_writes - before.inline_writes, 2);
-    // Two batches (doorbells): the CTS pair and the data write.
+    // The clear-to-send (80 bytes for one buffer) is inline; 4 KiB of data is not.
+    assert_eq!(after.inline_writes - before.inline_writes, 1);
+    // Two batches (doorbells): the clear-to-send and the data write.
     assert_eq!(after.batches - before.batches, 2);
 }
 
@@ -1158,36 +1159,43 @@ fn more_flushes_than_requests_is_an_error_not_a_silent_none() {
 
 #[test]
 fn corrupt_clear_to_send_entries_are_rejected() {
-    use switchless::transport::wire::{SLOT_HDR, SLOT_IDX};
+    use switchless::transport::wire::{self, CtsElem, SLOT_HDR, SLOT_WORDS};
     let mut g = rig(2);
     let fifo = g.s.local_info().addr;
     let (sa, smh) = g.send_buf(&[0; 8]);
-    // Index word says "entry 0 is here", header is garbage.
-    g.fab
-        .write(fifo + 8 * SLOT_HDR as u64, &0xdead_beef_u64.to_le_bytes())
-        .unwrap();
-    g.fab
-        .write(fifo + 8 * SLOT_IDX as u64, &1u64.to_le_bytes())
-        .unwrap();
+    // Writes entry 0 whole (its check word matching) with header `hdr`.
+    let put = |g: &mut Rig, hdr: u64| {
+        let mut w = [0u64; SLOT_WORDS];
+        let len = wire::encode_slot(0, &[CtsElem::default()], 2, &mut w);
+        w[SLOT_HDR] = hdr;
+        w[len - 1] = wire::slot_check(&w[..len - 1]);
+        for (k, x) in w.iter().enumerate().take(len) {
+            g.fab.write(fifo + 8 * k as u64, &x.to_le_bytes()).unwrap();
+        }
+        len
+    };
+    // A whole entry whose header is garbage.
+    put(&mut g, 0xdead_be01);
     let e = g.s.isend(g.now(), sa, 8, 0, &smh).unwrap_err();
     assert!(
         matches!(e, Error::Remote(_)) && e.to_string().contains("magic"),
         "{e}"
     );
     // Right magic, 9 buffers.
-    let hdr = 9u64 | (2 << 8) | (0x5C75 << 32);
-    g.fab
-        .write(fifo + 8 * SLOT_HDR as u64, &hdr.to_le_bytes())
-        .unwrap();
+    put(&mut g, 9u64 | (2 << 8) | (0x5C75 << 32));
     let e = g.s.isend(g.now(), sa, 8, 0, &smh).unwrap_err();
     assert!(e.to_string().contains("accepted: 1..=8"), "{e}");
     // Right magic, wrong path count.
-    let hdr = 1u64 | (3 << 8) | (0x5C75 << 32);
-    g.fab
-        .write(fifo + 8 * SLOT_HDR as u64, &hdr.to_le_bytes())
-        .unwrap();
+    put(&mut g, 1u64 | (3 << 8) | (0x5C75 << 32));
     let e = g.s.isend(g.now(), sa, 8, 0, &smh).unwrap_err();
     assert!(e.to_string().contains("3 data paths"), "{e}");
+    // A valid header whose check word does not match (a torn or forged entry): never taken, the
+    // send waits for a whole one.
+    let len = put(&mut g, 1u64 | (2 << 8) | (0x5C75 << 32));
+    g.fab
+        .write(fifo + 8 * (len as u64 - 1), &7u64.to_le_bytes())
+        .unwrap();
+    assert!(g.s.isend(g.now(), sa, 8, 0, &smh).unwrap().is_none());
 }
 
 #[test]
@@ -1476,4 +1484,83 @@ fn works_through_a_boxed_dyn_fabric() {
     assert_eq!(fab.read(ra, 100).unwrap(), pattern(100, 3));
     // Comms move to another thread (NCCL's progress thread).
     std::thread::spawn(move || drop((s, r))).join().unwrap();
+}
+
+/// Issue 36: the clear-to-send is one write whose words may land in any order. Landed word by
+/// word in a random order, over nothing (slot 0's first use) and over the slot's previous entry
+/// (its use 32 receives later), the entry is never taken before its last word is in place; then
+/// it is, and the message arrives whole.
+fn torn_clear_to_send_landing(order_seed: u64) {
+    use switchless::transport::wire::{FIFO_DEPTH, SLOT_WORDS};
+    let mut g = rig(2);
+    let fifo = g.s.local_info().addr;
+    let (ra, rmh) = g.recv_buf(64, MemKind::Host);
+    let data = pattern(64, 9);
+    let (sa, smh) = g.send_buf(&data);
+    let read_slot = |g: &Rig| -> Vec<u64> {
+        let b = g.fab.read(fifo, 8 * SLOT_WORDS).unwrap();
+        b.chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    let mut rng = order_seed | 1;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut old = vec![0u64; SLOT_WORDS];
+    for i in 0..=FIFO_DEPTH {
+        g.fab.write(ra, &[0xEE; 64]).unwrap();
+        let rreq =
+            g.r.irecv(
+                g.now(),
+                &[RecvBuf {
+                    addr: ra,
+                    size: 64,
+                    tag: 0,
+                    mh: &rmh,
+                }],
+            )
+            .unwrap()
+            .unwrap();
+        if i % FIFO_DEPTH == 0 {
+            // The entry the receiver wrote, taken back to what the slot held before it, then
+            // landed again one word at a time in a random order.
+            let new = read_slot(&g);
+            let len = (0..SLOT_WORDS).rev().find(|&k| new[k] != old[k]).unwrap() + 1;
+            for (k, w) in old.iter().enumerate().take(len) {
+                g.fab.write(fifo + 8 * k as u64, &w.to_le_bytes()).unwrap();
+            }
+            // Words equal to the older ones (same buffer, unused keys) need not land.
+            let mut order: Vec<usize> = (0..len).filter(|&k| new[k] != old[k]).collect();
+            let n = order.len();
+            for k in (1..n).rev() {
+                order.swap(k, (next() % (k as u64 + 1)) as usize);
+            }
+            for (j, &k) in order.iter().enumerate() {
+                assert!(
+                    g.s.isend(g.now(), sa, 64, 0, &smh).unwrap().is_none(),
+                    "taken with {j} of its {n} new words landed (order {order:?})"
+                );
+                g.fab
+                    .write(fifo + 8 * k as u64, &new[k].to_le_bytes())
+                    .unwrap();
+            }
+            old = new;
+        }
+        let sreq = g.isend(sa, 64, 0, &smh);
+        g.wait_send(sreq);
+        let s = g.wait_recv(rreq);
+        assert_eq!(s.as_slice(), &[64]);
+        assert_eq!(g.fab.read(ra, 64).unwrap(), data, "message {i}");
+    }
+}
+
+#[test]
+fn a_clear_to_send_landing_word_by_word_is_taken_only_whole() {
+    for seed in 1..=24 {
+        torn_clear_to_send_landing(seed * 0x9e37_79b9);
+    }
 }

@@ -7,7 +7,8 @@ use libfuzzer_sys::fuzz_target;
 use switchless::transport::stripe::MAX_PATHS;
 use switchless::transport::tcp::frame::{ACK_LEN, Ack, AckRepr};
 use switchless::transport::wire::{
-    self, CtrlInfo, CtsElem, ELEM_WORDS, Imm, KEY_WORDS, MAX_RECVS, SLOT_HDR, SLOT_WORDS,
+    self, CtrlInfo, CtsElem, ELEM_WORDS, Imm, KEY_WORDS, MAX_RECVS, SLOT_ELEMS, SLOT_HDR,
+    SLOT_WORDS,
 };
 
 fn word(b: &[u8], i: usize) -> u64 {
@@ -30,24 +31,28 @@ fuzz_target!(|data: &[u8]| {
             c
         );
     }
-    // A clear-to-send slot: the header bounds the element count, and the elements re-encode.
+    // A clear-to-send slot as the sender reads it: whatever it takes bounds `n`, and its elements
+    // re-encode to an entry that is taken alike (unused bits aside, which the check also covers).
     let npaths = usize::from(data.first().copied().unwrap_or(0)) % (MAX_PATHS + 2);
-    if let Ok(n) = wire::decode_slot_header(word(data, 1), npaths) {
+    let mut w = [0u64; SLOT_WORDS];
+    for (i, x) in w.iter_mut().enumerate() {
+        *x = word(data, i);
+    }
+    let seq = w[0].wrapping_sub(1);
+    let len = wire::slot_words_to_read(w[SLOT_HDR]);
+    if let Ok(Some(n)) = wire::check_slot(&w[..len], seq, npaths) {
         assert!((1..=MAX_RECVS).contains(&n));
         let elems: Vec<CtsElem> = (0..n)
             .map(|e| {
-                let w: Vec<u64> = (0..ELEM_WORDS)
-                    .map(|k| word(data, 2 + e * ELEM_WORDS + k))
-                    .collect();
-                wire::decode_elem(&w)
+                let b = SLOT_ELEMS + e * ELEM_WORDS;
+                wire::decode_elem(&w[b..b + ELEM_WORDS])
             })
             .collect();
-        let mut words = [0u64; SLOT_WORDS];
-        wire::encode_slot_body(&elems, npaths, &mut words);
-        assert_eq!(
-            wire::decode_slot_header(words[SLOT_HDR], npaths).ok(),
-            Some(n)
-        );
+        let mut again = [0u64; SLOT_WORDS];
+        let l = wire::encode_slot(seq, &elems, npaths, &mut again);
+        assert_eq!(l, len);
+        assert_eq!(wire::check_slot(&again[..l], seq, npaths).ok(), Some(Some(n)));
+        assert_eq!(wire::slot_landed(&w), w[0]);
     }
     // A size record and an immediate: whatever decodes encodes back to the same word.
     let (rec, seq) = (word(data, 0), word(data, 1));

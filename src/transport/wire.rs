@@ -19,7 +19,8 @@ pub const FIFO_DEPTH: usize = MAX_REQUESTS;
 
 /// Words per CTS FIFO slot (512 bytes, so slots never share a cache line).
 pub const SLOT_WORDS: usize = 64;
-/// Word 0 of a slot: `seq + 1`, written by its own RDMA write after the body.
+/// Word 0 of a slot: `seq + 1`. It lands in the same write as the rest of the entry, in any order
+/// with it, so it only names the entry the slot should hold; [`check_slot`] says whether it is whole.
 pub const SLOT_IDX: usize = 0;
 /// Word 1 of a slot: header (`n`, data path count, magic).
 pub const SLOT_HDR: usize = 1;
@@ -28,8 +29,10 @@ pub const SLOT_ELEMS: usize = 2;
 /// Words per element: addr, size, tag, 4 words of rkeys (2 per word).
 pub const ELEM_WORDS: usize = 3 + MAX_PATHS / 2;
 const SLOT_MAGIC: u64 = 0x5C75;
+/// Seeds [`slot_check`] (and names the layout: an entry of another layout never checks).
+const CHECK_SEED: u64 = 0x5357_4354_5331_0005; // "SWCTS1", version 5
 
-const _: () = assert!(SLOT_ELEMS + MAX_RECVS * ELEM_WORDS <= SLOT_WORDS);
+const _: () = assert!(slot_entry_words(MAX_RECVS) <= SLOT_WORDS);
 
 /// One buffer of a clear-to-send entry: where the sender may write and how much.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -44,9 +47,68 @@ pub struct CtsElem {
     pub rkeys: [u32; MAX_PATHS],
 }
 
-/// Encodes the body (every word but [`SLOT_IDX`]) of a slot into `words` (length [`SLOT_WORDS`]).
-pub fn encode_slot_body(elems: &[CtsElem], npaths: usize, words: &mut [u64; SLOT_WORDS]) {
-    words[SLOT_HDR] = elems.len() as u64 | ((npaths as u64) << 8) | (SLOT_MAGIC << 32);
+/// Words of the entry for `n` buffers, from [`SLOT_IDX`] through its check word: what one RDMA
+/// write carries (`n` = 1: 10 words, 80 bytes).
+pub const fn slot_entry_words(n: usize) -> usize {
+    SLOT_ELEMS + n * ELEM_WORDS + 1
+}
+
+/// The check word of an entry: a digest of every word before it (index, header, elements).
+///
+/// Each step `h ← mix((h ⊕ w) · K)` is a bijection of `w` for a given `h` and of `h` for a given
+/// `w`, so two word lists that differ in exactly one word never share a digest, whichever word
+/// it is; other differences (several stale words, words swapped) collide with probability about
+/// 2^-64. The length enters first: entries of different `n` do not alias.
+pub fn slot_check(words: &[u64]) -> u64 {
+    let mut h = CHECK_SEED ^ (words.len() as u64).wrapping_mul(0xff51_afd7_ed55_8ccd);
+    for &w in words {
+        h = (h ^ w).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        h ^= h >> 29;
+    }
+    // murmur3's finaliser: every output bit depends on every input bit.
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
+}
+
+/// Encodes the whole entry for sequence `seq` (index, header, elements, check word) into `words`;
+/// returns its length in words ([`slot_entry_words`]), all of which go in one write.
+pub fn encode_slot(
+    seq: u64,
+    elems: &[CtsElem],
+    npaths: usize,
+    words: &mut [u64; SLOT_WORDS],
+) -> usize {
+    encode_slot_with(seq, elems, npaths, 0, words, slot_check)
+}
+
+/// [`encode_slot`] for an entry that lacks the keys of the data paths in `missing` (bit `k`: path
+/// `k`; see [`slot_keys_missing`]): the header says so, under the check word like every other.
+pub fn encode_slot_lacking(
+    seq: u64,
+    elems: &[CtsElem],
+    npaths: usize,
+    missing: u8,
+    words: &mut [u64; SLOT_WORDS],
+) -> usize {
+    encode_slot_with(seq, elems, npaths, missing, words, slot_check)
+}
+
+fn encode_slot_with(
+    seq: u64,
+    elems: &[CtsElem],
+    npaths: usize,
+    missing: u8,
+    words: &mut [u64; SLOT_WORDS],
+    check: fn(&[u64]) -> u64,
+) -> usize {
+    words[SLOT_IDX] = seq.wrapping_add(1);
+    words[SLOT_HDR] = with_keys_missing(
+        elems.len() as u64 | ((npaths as u64) << 8) | (SLOT_MAGIC << 32),
+        missing,
+    );
     for (e, el) in elems.iter().enumerate() {
         let b = SLOT_ELEMS + e * ELEM_WORDS;
         words[b] = el.addr;
@@ -56,6 +118,9 @@ pub fn encode_slot_body(elems: &[CtsElem], npaths: usize, words: &mut [u64; SLOT
             words[b + 3 + k] = u64::from(el.rkeys[2 * k]) | (u64::from(el.rkeys[2 * k + 1]) << 32);
         }
     }
+    let c = slot_entry_words(elems.len()) - 1;
+    words[c] = check(&words[..c]);
+    c + 1
 }
 
 /// Bits 16..24 of a slot's header word: the data paths (bit `k`: path `k`) whose keys this entry
@@ -104,9 +169,65 @@ pub fn decode_key(words: &[u64], e: usize) -> u32 {
     words.get(e / 2).map_or(0, |w| (w >> (32 * (e % 2))) as u32)
 }
 
-/// Number of words of the body that carry information for `n` buffers (from [`SLOT_HDR`]).
-pub fn slot_body_words(n: usize) -> usize {
-    SLOT_ELEMS + n * ELEM_WORDS - SLOT_HDR
+/// How many words [`check_slot`] needs, given the slot's header word as read: the entry's length
+/// for the `n` it names, or 2 (index and header only) when `n` is out of range.
+pub fn slot_words_to_read(hdr: u64) -> usize {
+    match (hdr & 0xff) as usize {
+        n @ 1..=MAX_RECVS => slot_entry_words(n),
+        _ => SLOT_HDR + 1,
+    }
+}
+
+/// Judges the words read from a FIFO slot (from [`SLOT_IDX`], at least
+/// [`slot_words_to_read`]`(w[SLOT_HDR])` of them) against the entry expected there, `seq`.
+///
+/// `Ok(None)`: not (yet) a whole entry for `seq`: an older entry, or one whose write has landed in
+/// part (any subset of its words, in any order, over the older entry's): the sender polls again.
+/// `Ok(Some(n))`: every word is the one the receiver wrote (index, header, elements and check
+/// agree), and the header is valid for `npaths`. `Err`: a whole entry the receiver must not have
+/// written (bad magic, `n`, path count): a broken or hostile peer.
+pub fn check_slot(w: &[u64], seq: u64, npaths: usize) -> Result<Option<usize>> {
+    check_slot_with(w, seq, npaths, slot_check)
+}
+
+fn check_slot_with(
+    w: &[u64],
+    seq: u64,
+    npaths: usize,
+    check: fn(&[u64]) -> u64,
+) -> Result<Option<usize>> {
+    if w.len() <= SLOT_HDR || w[SLOT_IDX] != seq.wrapping_add(1) {
+        return Ok(None);
+    }
+    let hdr = w[SLOT_HDR];
+    let n = (hdr & 0xff) as usize;
+    if n == 0 {
+        // The header of a slot never written before has not landed yet.
+        return Ok(None);
+    }
+    if n > MAX_RECVS {
+        // Not a tear: every value the low byte ever held is 0 or an entry's own n (the byte lands
+        // whole). The peer wrote this.
+        return decode_slot_header(hdr, npaths).map(Some);
+    }
+    let c = slot_entry_words(n) - 1;
+    if w.len() <= c || w[c] != check(&w[..c]) {
+        return Ok(None);
+    }
+    decode_slot_header(hdr, npaths).map(Some)
+}
+
+/// What the sender's failover snapshot reports for a slot, given all of its words: the index word
+/// when the entry it names is whole (the sender has taken it or will), else 0, which tells the
+/// receiver that the entry it wrote there has not landed (the receiver posts it again).
+pub fn slot_landed(w: &[u64; SLOT_WORDS]) -> u64 {
+    let idx = w[SLOT_IDX];
+    let n = (w[SLOT_HDR] & 0xff) as usize;
+    if idx == 0 || n == 0 || n > MAX_RECVS {
+        return 0;
+    }
+    let c = slot_entry_words(n) - 1;
+    if w[c] == slot_check(&w[..c]) { idx } else { 0 }
 }
 
 /// Decodes the header word; returns `n`. Checks the magic, `n` and that the peer has `npaths` data
@@ -297,8 +418,9 @@ pub fn split_wr_id(id: u64) -> Option<(WrKind, usize, u32)> {
 /// * `ack` ([`MAX_PATHS`] words): word `k` is the reader's stop epoch of path `k` that the writer
 ///   has answered: it had sealed its end of `k` (nothing more of it lands) before it took the
 ///   snapshot that precedes this word on the same path;
-/// * the writer's snapshot: the sender's is the index word of each FIFO slot (which clear-to-send
-///   entries landed, [`FIFO_DEPTH`] words); the receiver's is one [`have_word`] per slot and buffer
+/// * the writer's snapshot: the sender's is the index word of each FIFO slot whose entry is whole,
+///   0 for one landed in part ([`slot_landed`]: which clear-to-send entries landed, [`FIFO_DEPTH`]
+///   words); the receiver's is one [`have_word`] per slot and buffer
 ///   (which pieces landed, [`FIFO_DEPTH`] × [`MAX_RECVS`] words).
 ///
 /// A side writes from an outbox of the same shape in its own control memory, one area per path.
@@ -310,7 +432,7 @@ pub struct FenceLayout {
     pub snap: usize,
 }
 
-/// Words of the sender's fence snapshot: one FIFO index word per slot.
+/// Words of the sender's fence snapshot: one FIFO index word per slot ([`slot_landed`]).
 pub const SEND_SNAP_WORDS: usize = FIFO_DEPTH;
 /// Words of the receiver's fence snapshot: one [`have_word`] per slot and buffer.
 pub const RECV_SNAP_WORDS: usize = FIFO_DEPTH * MAX_RECVS;
@@ -379,16 +501,31 @@ pub struct CtrlInfo {
 }
 
 const CTRL_MAGIC: u32 = 0x5357_4c43; // "SWLC"
-/// Version 5: the sender's control block ends with the key area ([`KEY_WORDS`] per data path and
-/// FIFO slot, after the fence inbox), and a clear-to-send header names the paths whose keys the
-/// entry lacks ([`slot_keys_missing`]): the receiver registers on standby devices at first use.
-/// Version 4: each side's control block ends with a fence inbox ([`FenceLayout`]) that the peer
-/// writes when a path fails, and failover waits for it (a version-3 peer would neither write nor
-/// answer). Version 3: a one-write message carries no size record (the immediate's bit 14 says its size is
-/// the write's length), which a version-2 receiver rejects as a foreign immediate. Version 2:
-/// immediates name their piece (failover); a version-1 peer counts immediates per path and would
-/// misread them. Peers of different versions refuse each other here.
+/// Version 5: a clear-to-send entry is one write carrying its sequence and a check word
+/// ([`check_slot`]), and may lack the keys of standby paths the receiver has not registered on yet
+/// ([`slot_keys_missing`]): the sender's control block ends with the key area ([`KEY_WORDS`] per
+/// data path and FIFO slot, after the fence inbox) where they arrive at first use. A version-4
+/// sender would wait for an index word written after the body and take a torn entry, a version-4
+/// receiver would write two. Version 4: each side's control block ends with a fence inbox
+/// ([`FenceLayout`]) that the peer writes when a path fails, and failover waits for it (a
+/// version-3 peer would neither write nor answer). Version 3: a one-write message carries no size
+/// record (the immediate's bit 14 says its size is the write's length), which a version-2
+/// receiver rejects as a foreign immediate. Version 2: immediates name their piece (failover); a
+/// version-1 peer counts immediates per path and would misread them. Peers of different versions
+/// refuse each other here.
 const CTRL_VERSION: u8 = 5;
+
+/// What a data-protocol version is, for the refusal of a peer that speaks another one.
+fn version_name(v: u8) -> &'static str {
+    match v {
+        1 => "per-path immediate counts",
+        2 => "immediates name their piece",
+        3 => "one-write messages without a size record",
+        4 => "two-write clear-to-send: body, then index word",
+        5 => "one-write clear-to-send with a check word, standby keys at first use",
+        _ => "unknown to this plugin",
+    }
+}
 
 impl CtrlInfo {
     /// Encoded size for `npaths` data paths: 20 + 4 × npaths bytes (52 bytes for 8 paths).
@@ -429,8 +566,11 @@ impl CtrlInfo {
         }
         if b[4] != CTRL_VERSION {
             return Err(Error::Remote(format!(
-                "control-memory info version {}; this plugin speaks version {CTRL_VERSION}",
-                b[4]
+                "the peer speaks data-protocol version {} ({}); this plugin speaks version \
+                 {CTRL_VERSION} ({}): both ranks need the same switchless release",
+                b[4],
+                version_name(b[4]),
+                version_name(CTRL_VERSION)
             )));
         }
         let npaths = b[5] as usize;
@@ -474,31 +614,215 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    fn elems(n: usize, salt: u64) -> Vec<CtsElem> {
+        (0..n)
+            .map(|i| CtsElem {
+                addr: 0x1000 * (i as u64 + 1) + (salt << 20),
+                size: 77 + i as u64 + salt,
+                tag: 0xffff_fff0 + i as u32,
+                rkeys: [i as u32, 1, 2, 3, 4, 5, 6, u32::MAX ^ salt as u32],
+            })
+            .collect()
+    }
+
     #[test]
     fn slot_roundtrip() {
-        let mut elems = [CtsElem::default(); 3];
-        for (i, e) in elems.iter_mut().enumerate() {
-            e.addr = 0x1000 * (i as u64 + 1);
-            e.size = 77 + i as u64;
-            e.tag = 0xffff_fff0 + i as u32;
-            e.rkeys = [i as u32, 1, 2, 3, 4, 5, 6, u32::MAX];
-        }
+        let el = elems(3, 0);
         let mut w = [0u64; SLOT_WORDS];
-        encode_slot_body(&elems, 4, &mut w);
-        assert_eq!(decode_slot_header(w[SLOT_HDR], 4).unwrap(), 3);
-        for (i, e) in elems.iter().enumerate() {
+        assert_eq!(encode_slot(41, &el, 4, &mut w), slot_entry_words(3));
+        assert_eq!(w[SLOT_IDX], 42);
+        assert_eq!(slot_words_to_read(w[SLOT_HDR]), slot_entry_words(3));
+        assert_eq!(check_slot(&w, 41, 4).unwrap(), Some(3));
+        assert_eq!(slot_landed(&w), 42);
+        for (i, e) in el.iter().enumerate() {
             let b = SLOT_ELEMS + i * ELEM_WORDS;
             assert_eq!(decode_elem(&w[b..b + ELEM_WORDS]), *e);
         }
-        assert!(
-            decode_slot_header(w[SLOT_HDR], 2)
-                .unwrap_err()
-                .to_string()
-                .contains("2")
-        );
+        // Another sequence expected: not yet.
+        assert_eq!(check_slot(&w, 9, 4).unwrap(), None);
+        // Whole, but for another path count: the peer is refused by name.
+        let e = check_slot(&w, 41, 2).unwrap_err().to_string();
+        assert!(e.contains("4 data paths"), "{e}");
         assert!(decode_slot_header(0, 4).is_err());
         assert!(decode_slot_header((SLOT_MAGIC << 32) | (4 << 8) | 9, 4).is_err());
-        assert_eq!(slot_body_words(1), 1 + ELEM_WORDS);
+        assert_eq!(slot_entry_words(1), 10);
+        assert_eq!(slot_words_to_read(0), 2);
+    }
+
+    #[test]
+    fn a_whole_entry_the_receiver_cannot_have_written_is_an_error() {
+        let mut w = [0u64; SLOT_WORDS];
+        let len = encode_slot(0, &elems(1, 0), 2, &mut w);
+        // Bad magic, with a check word that matches: the peer wrote it so.
+        w[SLOT_HDR] ^= 1 << 40;
+        w[len - 1] = slot_check(&w[..len - 1]);
+        assert!(
+            check_slot(&w, 0, 2)
+                .unwrap_err()
+                .to_string()
+                .contains("magic")
+        );
+        // Nine buffers: no tear shows it (n's byte is 0 or an entry's).
+        w[SLOT_HDR] = (SLOT_MAGIC << 32) | (2 << 8) | 9;
+        let e = check_slot(&w, 0, 2).unwrap_err().to_string();
+        assert!(e.contains("accepted: 1..=8"), "{e}");
+        // The same entry whose check does not match is only "not yet".
+        let len = encode_slot(0, &elems(1, 0), 2, &mut w);
+        w[len - 1] ^= 1;
+        assert_eq!(check_slot(&w, 0, 2).unwrap(), None);
+        assert_eq!(slot_landed(&w), 0);
+    }
+
+    /// The slot as a torn write leaves it: word `i` of the new entry landed when bit `i` of `mask`
+    /// is set, else the slot still holds the old word there.
+    fn torn(
+        old: &[u64; SLOT_WORDS],
+        new: &[u64; SLOT_WORDS],
+        len: usize,
+        mask: u64,
+    ) -> [u64; SLOT_WORDS] {
+        let mut w = *old;
+        for i in 0..len {
+            if mask >> i & 1 == 1 {
+                w[i] = new[i];
+            }
+        }
+        w
+    }
+
+    /// Searches the tears of an entry (`new`, `len` words, sequence `seq`) over `old` for one that
+    /// `accept` takes although the slot does not hold the entry; `Some(mask)` of the first.
+    /// Exhaustive over every subset of words for entries up to 20 words.
+    fn find_torn_accepted(
+        old: &[u64; SLOT_WORDS],
+        new: &[u64; SLOT_WORDS],
+        len: usize,
+        accept: &dyn Fn(&[u64; SLOT_WORDS]) -> bool,
+    ) -> Option<u64> {
+        assert!(len <= 20);
+        (0..1u64 << len).find(|&mask| {
+            let w = torn(old, new, len, mask);
+            accept(&w) && w[..len] != new[..len]
+        })
+    }
+
+    /// The previous generations a slot may hold under a new entry: never written, an entry of the
+    /// same buffers (NCCL reposts the same buffers), of other buffers, of more and of fewer.
+    fn olds(seq: u64, npaths: usize) -> Vec<[u64; SLOT_WORDS]> {
+        let prev = seq.wrapping_sub(FIFO_DEPTH as u64);
+        let mut v = vec![[0u64; SLOT_WORDS]];
+        for (n, salt) in [(1, 0), (2, 0), (1, 5), (2, 9), (3, 0), (8, 3)] {
+            let mut w = [0u64; SLOT_WORDS];
+            encode_slot(prev, &elems(n, salt), npaths, &mut w);
+            v.push(w);
+        }
+        v
+    }
+
+    #[test]
+    fn no_torn_entry_is_ever_taken_and_a_whole_one_is() {
+        let (seq, npaths) = (FIFO_DEPTH as u64 + 3, 2);
+        let accept = |w: &[u64; SLOT_WORDS]| {
+            check_slot(w, seq, npaths).unwrap() == Some(w[SLOT_HDR] as usize & 0xff)
+        };
+        for n in [1, 2] {
+            let mut new = [0u64; SLOT_WORDS];
+            let len = encode_slot(seq, &elems(n, 0), npaths, &mut new);
+            for old in olds(seq, npaths) {
+                assert_eq!(find_torn_accepted(&old, &new, len, &accept), None, "n={n}");
+                let whole = torn(&old, &new, len, u64::MAX);
+                assert_eq!(check_slot(&whole, seq, npaths).unwrap(), Some(n));
+                // The failover snapshot: a torn entry never reports landed.
+                let landed = |w: &[u64; SLOT_WORDS]| slot_landed(w) == seq + 1;
+                assert_eq!(find_torn_accepted(&old, &new, len, &landed), None, "n={n}");
+                assert_eq!(slot_landed(&whole), seq + 1);
+            }
+        }
+    }
+
+    /// The search above can fail: it finds the torn entries a naive check takes.
+    #[test]
+    fn the_tear_search_catches_naive_checks() {
+        let (seq, npaths) = (FIFO_DEPTH as u64 + 3, 2);
+        // Index only (the old two-write entry, sent as one write): takes any tear with the index.
+        let idx_only = |w: &[u64; SLOT_WORDS]| w[SLOT_IDX] == seq + 1;
+        // A digest that leaves out the index: a new index over the older entry's body and check.
+        fn no_seq(w: &[u64]) -> u64 {
+            slot_check(&w[1..])
+        }
+        // A plain XOR: blind to words that swap places.
+        fn xor(w: &[u64]) -> u64 {
+            w.iter().fold(0, |a, &x| a ^ x)
+        }
+        let with = |c: fn(&[u64]) -> u64| {
+            move |w: &[u64; SLOT_WORDS]| {
+                check_slot_with(w, seq, npaths, c).is_ok_and(|r| r.is_some())
+            }
+        };
+        let mut new = [0u64; SLOT_WORDS];
+        let len = encode_slot(seq, &elems(1, 0), npaths, &mut new);
+        let old = olds(seq, npaths)[1];
+        assert!(find_torn_accepted(&old, &new, len, &idx_only).is_some());
+        let mut nn = [0u64; SLOT_WORDS];
+        let nlen = encode_slot_with(seq, &elems(1, 0), npaths, 0, &mut nn, no_seq);
+        let mut no = [0u64; SLOT_WORDS];
+        encode_slot_with(
+            seq - FIFO_DEPTH as u64,
+            &elems(1, 5),
+            npaths,
+            0,
+            &mut no,
+            no_seq,
+        );
+        assert!(find_torn_accepted(&no, &nn, nlen, &with(no_seq)).is_some());
+        // XOR: the same entry with two element words swapped is taken.
+        let mut xn = [0u64; SLOT_WORDS];
+        let xlen = encode_slot_with(seq, &elems(1, 0), npaths, 0, &mut xn, xor);
+        xn.swap(SLOT_ELEMS, SLOT_ELEMS + 1);
+        assert!(with(xor)(&xn));
+        // The real check refuses the same swaps.
+        let mut sn = new;
+        sn.swap(SLOT_ELEMS, SLOT_ELEMS + 1);
+        assert_eq!(check_slot(&sn, seq, npaths).unwrap(), None);
+        let _ = xlen;
+    }
+
+    proptest! {
+        /// Larger entries (up to 8 buffers), any subset of words landed, and words torn within
+        /// (any bytes of each word new or old): only the whole entry is taken.
+        #[test]
+        fn torn_entries_are_never_taken(
+            n in 1..=MAX_RECVS, old_n in 1..=MAX_RECVS, npaths in 1..=MAX_PATHS,
+            seq in (FIFO_DEPTH as u64)..u64::MAX / 2, salt in 0u64..4,
+            words in any::<u64>(), bytes in proptest::collection::vec(any::<u8>(), SLOT_WORDS),
+        ) {
+            let mut new = [0u64; SLOT_WORDS];
+            let len = encode_slot(seq, &elems(n, salt), npaths, &mut new);
+            let mut old = [0u64; SLOT_WORDS];
+            encode_slot(seq - FIFO_DEPTH as u64, &elems(old_n, salt / 2), npaths, &mut old);
+            // Word subset (wrapping the 64-bit mask over the entry), then byte tears.
+            let mut w = torn(&old, &new, len, words.rotate_left(len as u32));
+            for i in 0..len {
+                let m = bytes[i];
+                let bm = (0..8).fold(0u64, |a, b| if m >> b & 1 == 1 { a | 0xff << (8 * b) } else { a });
+                w[i] = (new[i] & bm) | (w[i] & !bm);
+            }
+            let whole = w[..len] == new[..len];
+            let got = check_slot(&w, seq, npaths).unwrap();
+            prop_assert_eq!(got.is_some(), whole);
+            prop_assert_eq!(slot_landed(&w) == seq + 1, whole);
+        }
+
+        /// Words in the wrong places (two swapped) are never taken.
+        #[test]
+        fn reordered_entries_are_never_taken(n in 1..=MAX_RECVS, i in 0..SLOT_WORDS, j in 0..SLOT_WORDS, seq in 0u64..1 << 40) {
+            let mut w = [0u64; SLOT_WORDS];
+            let len = encode_slot(seq, &elems(n, 1), 3, &mut w);
+            let (i, j) = (i % len, j % len);
+            prop_assume!(w[i] != w[j]);
+            w.swap(i, j);
+            prop_assert_eq!(check_slot(&w, seq, 3).unwrap_or(None), None);
+        }
     }
 
     #[test]
@@ -620,12 +944,15 @@ mod tests {
                 .to_string()
                 .contains("version 9")
         );
-        // A version-4 peer (no key area: it would post entries without keys nobody updates,
-        // or find none where it writes them) is refused by name.
+        // A version-4 peer (two-write clear-to-send) is refused by name.
         let mut old = b.clone();
         old[4] = 4;
         let e = CtrlInfo::from_bytes(&old).unwrap_err().to_string();
-        assert!(e.contains("version 4") && e.contains("version 5"), "{e}");
+        assert!(
+            e.contains("version 4 (two-write clear-to-send")
+                && e.contains("version 5 (one-write clear-to-send"),
+            "{e}"
+        );
         let mut bad = b.clone();
         bad.push(0);
         assert!(CtrlInfo::from_bytes(&bad).is_err());

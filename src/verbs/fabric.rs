@@ -35,7 +35,7 @@
 //! [`SEND_QUEUE_DEPTH`]: crate::transport::fabric::SEND_QUEUE_DEPTH
 //! [`RECV_DEPTH`]: crate::transport::fabric::RECV_DEPTH
 //!
-//! The inline hint of [`WriteWr`] is honoured up to the QP's granted `max_inline_data` (64 bytes
+//! The inline hint of [`WriteWr`] is honoured up to the QP's granted `max_inline_data` (128 bytes
 //! requested; a device that refuses inline gets QPs without it and SGE writes only): the provider
 //! copies the bytes from the SGE at post time.
 
@@ -236,8 +236,9 @@ fn path_mtu(a: u32, b: u32) -> Mtu {
         .unwrap_or(Mtu::Mtu256)
 }
 
-/// Inline payload requested per QP, bytes (the protocol marks writes of at most 64 bytes inline).
-const INLINE_BYTES: u32 = 64;
+/// Inline payload requested per QP, bytes: the protocol marks data writes of at most 64 bytes
+/// inline, and clear-to-send entries of at most 128 (one buffer: 80 bytes, in one write).
+const INLINE_BYTES: u32 = 128;
 
 /// What a peer may do through a data QP: the protocol only ever writes to its peer (data, FIFO
 /// slots, size records), so remote reads are refused at the QP.

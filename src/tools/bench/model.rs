@@ -7,7 +7,7 @@
 use super::clock::{Group, VirtualClock};
 use super::inproc::InProcHub;
 use super::modes::{Drive, Mode, Options, Report, run_with};
-use super::summary::{ModelSummary, PathSummary, Pattern};
+use super::summary::{Counters, ModelSummary, PathSummary, Pattern};
 use crate::error::{Error, Result};
 use crate::transport::comm::ProtocolConfig;
 use crate::transport::modelfab::link::{Framing, Topology};
@@ -41,15 +41,15 @@ fn framing_text(f: Framing) -> String {
     }
 }
 
-/// Runs `o.mode` with `nranks` ranks on one fresh model fabric; returns rank 0's report and the
-/// trace digest.
+/// Runs `o.mode` with `nranks` ranks on one fresh model fabric; returns rank 0's report, the
+/// trace digest and the fabric's per-path counts.
 fn run_once(
     o: &Options,
     nranks: usize,
     topo: &Topology,
     verify: bool,
     step: Option<usize>,
-) -> Result<(Report, u64)> {
+) -> Result<(Report, u64, Vec<crate::transport::modelfab::PathStats>)> {
     let fab = ModelFab::new(ModelFabConfig {
         topology: topo.clone(),
         copy_data: verify,
@@ -98,7 +98,7 @@ fn run_once(
             (Ok(r), None) => Ok(r),
         }
     })?;
-    Ok((reports, fab.trace_hash()?))
+    Ok((reports, fab.trace_hash()?, fab.stats()?.paths))
 }
 
 /// Runs `o.mode` under the model and a latency probe; fills the model columns and summary.
@@ -112,7 +112,7 @@ pub fn run(o: &Options, nranks: usize, mo: &ModelOptions) -> Result<Report> {
             "--step-bytes and --latency-bytes must be at least 1".into(),
         ));
     }
-    let (mut rep, hash) = run_once(o, nranks, &topo, verify, step)?;
+    let (mut rep, hash, main_paths) = run_once(o, nranks, &topo, verify, step)?;
     let sum = topo.sum_rate_bps() as f64 / 1e9;
     let capacity = match o.mode {
         Mode::Latency => None,
@@ -129,8 +129,18 @@ pub fn run(o: &Options, nranks: usize, mo: &ModelOptions) -> Result<Report> {
         row.efficiency = capacity.map(|c| got / c);
     }
     let efficiency = rep.rows.last().and_then(|r| r.efficiency);
-    let latency_us = if o.mode == Mode::Latency && o.min_bytes == mo.latency_bytes {
-        rep.rows.first().map_or(0.0, |r| r.time_us)
+    // The main run is the probe itself: a two-rank ping-pong of the probe's size only.
+    let main_is_probe = o.mode == Mode::Latency
+        && nranks == 2
+        && o.min_bytes == mo.latency_bytes
+        && o.max_bytes == mo.latency_bytes;
+    let (latency_us, counters) = if main_is_probe {
+        // Each rank sends one message per round trip, warm-up included.
+        let messages = 2 * (o.warmup + o.iters) as u64;
+        (
+            rep.rows.first().map_or(0.0, |r| r.time_us),
+            Counters::from_stats(mo.latency_bytes, messages, &main_paths),
+        )
     } else {
         let probe = Options {
             mode: Mode::Latency,
@@ -141,8 +151,19 @@ pub fn run(o: &Options, nranks: usize, mo: &ModelOptions) -> Result<Report> {
             progress: false,
             ..o.clone()
         };
-        let (p, _) = run_once(&probe, 2, &topo, true, None)?;
-        p.rows.first().map_or(0.0, |r| r.time_us)
+        let (p, _, paths) = run_once(&probe, 2, &topo, true, None)?;
+        let messages = 2 * (probe.warmup + probe.iters) as u64;
+        let first = p.rows.first().map_or(0.0, |r| r.time_us);
+        // A latency run that starts at the probe's size reports its own first row, as before.
+        let lat = if o.mode == Mode::Latency && o.min_bytes == mo.latency_bytes {
+            rep.rows.first().map_or(first, |r| r.time_us)
+        } else {
+            first
+        };
+        (
+            lat,
+            Counters::from_stats(mo.latency_bytes, messages, &paths),
+        )
     };
     let floor = topo.best_write_ps(mo.latency_bytes as u64) as f64 / 1e6;
     rep.plugin = "switchless comms over the model fabric (virtual time)".into();
@@ -173,6 +194,7 @@ pub fn run(o: &Options, nranks: usize, mo: &ModelOptions) -> Result<Report> {
         rdma_write_us: floor,
         latency_ratio: if floor > 0.0 { latency_us / floor } else { 0.0 },
         trace_hash: format!("{hash:016x}"),
+        counters,
     });
     Ok(rep)
 }

@@ -63,6 +63,7 @@ pub fn table(r: &Report) -> String {
             "#  one-way latency of {} B: {:.3} us; one modelled RDMA write: {:.3} us; ratio {:.2}",
             m.latency_bytes, m.latency_us, m.rdma_write_us, m.latency_ratio
         );
+        let _ = writeln!(s, "#  {}", m.counters.text());
     }
     let model = r.model.is_some() && r.rows.iter().any(|x| x.efficiency.is_some());
     let time = match r.mode {

@@ -73,6 +73,86 @@ pub struct ModelSummary {
     pub latency_ratio: f64,
     /// Digest of the main run's event trace (equal on every machine for the same command).
     pub trace_hash: String,
+    /// What the latency probe's messages cost on the fabric.
+    pub counters: Counters,
+}
+
+/// Work requests and packets per message of a ping-pong of `bytes`-byte messages, counted by the
+/// model fabric: both ranks' work (a message's data and the clear-to-send of its receive).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Counters {
+    /// Message size, bytes.
+    pub bytes: usize,
+    /// Messages the probe sent (pings and pongs).
+    pub messages: u64,
+    /// Per message, all paths.
+    pub per_message: PerMessage,
+    /// Per message, per path index.
+    pub paths: Vec<PerMessage>,
+}
+
+/// Per-message averages of [`crate::transport::modelfab::PathStats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct PerMessage {
+    pub work_requests: f64,
+    pub imm_writes: f64,
+    pub signaled: f64,
+    /// Data packets.
+    pub packets: f64,
+    /// Acknowledgement packets.
+    pub acks: f64,
+}
+
+impl Counters {
+    /// Divides the fabric's per-path counts by `messages`.
+    pub fn from_stats(
+        bytes: usize,
+        messages: u64,
+        paths: &[crate::transport::modelfab::PathStats],
+    ) -> Counters {
+        let m = messages.max(1) as f64;
+        let per = |p: &crate::transport::modelfab::PathStats| PerMessage {
+            work_requests: p.work_requests as f64 / m,
+            imm_writes: p.imm_writes as f64 / m,
+            signaled: p.signaled as f64 / m,
+            packets: p.packets as f64 / m,
+            acks: p.acks as f64 / m,
+        };
+        let mut all = crate::transport::modelfab::PathStats::default();
+        for p in paths {
+            all.add(p);
+        }
+        Counters {
+            bytes,
+            messages,
+            per_message: per(&all),
+            paths: paths.iter().map(per).collect(),
+        }
+    }
+
+    /// One report line: the totals, then per path.
+    pub fn text(&self) -> String {
+        let p = &self.per_message;
+        let paths: Vec<String> = self
+            .paths
+            .iter()
+            .enumerate()
+            .map(|(k, x)| format!("p{k} {:.2}/{:.2}", x.work_requests, x.packets + x.acks))
+            .collect();
+        format!(
+            "per {} B message ({} messages): {:.2} work requests ({:.2} with immediate, {:.2} \
+             signaled), {:.2} packets ({:.2} data + {:.2} ACK); per path (work requests/packets): {}",
+            self.bytes,
+            self.messages,
+            p.work_requests,
+            p.imm_writes,
+            p.signaled,
+            p.packets + p.acks,
+            p.packets,
+            p.acks,
+            paths.join(", ")
+        )
+    }
 }
 
 /// A one-line description of the model for table headers.

@@ -14,7 +14,7 @@ use crate::transport::fabric::{
 use crate::transport::metrics::Meter;
 use crate::transport::wire::{
     self, CtrlInfo, CtsElem, FIFO_DEPTH, FenceLayout, Imm, KEY_WORDS, MAX_RECVS, MAX_REQUESTS,
-    RECV_SNAP_WORDS, SEND_SNAP_WORDS, SLOT_HDR, SLOT_IDX, SLOT_WORDS, WrKind,
+    RECV_SNAP_WORDS, SEND_SNAP_WORDS, SLOT_WORDS, WrKind,
 };
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -43,6 +43,9 @@ struct RecvReq {
     cts_pending: u8,
     /// Data path the clear-to-send was (last) posted on.
     cts_path: usize,
+    /// Its place among the clear-to-send writes posted on that path (a signaled completion of a
+    /// later one there says it landed too).
+    cts_ticket: u64,
     /// The clear-to-send is on a path marked down, not known landed: posted again only once the
     /// sender says it lacks it (the failover fence, `fence.rs`).
     cts_parked: bool,
@@ -92,7 +95,23 @@ pub struct RecvComm<F: Fabric> {
     keys_at: u64,
     /// FIFO slots whose receive lacks keys (bit per slot): scanned for key updates to post.
     keys_open: u32,
+    /// Per data path: clear-to-send writes posted on it (the next one's ticket).
+    cts_posts: Vec<u64>,
 }
+
+/// A clear-to-send write is signaled once per this many on its path (and the first): NCCL's
+/// "once per FIFO window". The others complete silently; a signaled completion implies them (a
+/// path executes in order). Unsignaled ones hold send-queue slots until a later signaled one is
+/// polled; every progress call polls, and a signaled write is acknowledged before the sender can
+/// have read it and written the data that completes its receive, so about `2 × CTS_SIGNAL_EVERY`
+/// are held at a time, within the `2 × FIFO_DEPTH` of [`SEND_QUEUE_DEPTH`] kept for them.
+///
+/// [`SEND_QUEUE_DEPTH`]: crate::transport::fabric::SEND_QUEUE_DEPTH
+const CTS_SIGNAL_EVERY: u64 = FIFO_DEPTH as u64 / 2;
+
+/// Clear-to-send writes of at most this many bytes are marked inline (one buffer: 80 bytes), unless
+/// [`ProtocolConfig::inline_max`] is 0 or larger; the fabric inlines up to what the device allows.
+const CTS_INLINE_BYTES: u32 = 128;
 
 impl<F: Fabric> RecvComm<F> {
     /// Allocates the CTS shadow, the size records and the flush scratch words, and posts
@@ -150,6 +169,7 @@ impl<F: Fabric> RecvComm<F> {
             keysrc,
             keys_at: 0,
             keys_open: 0,
+            cts_posts: vec![0; npaths],
         })
     }
 
@@ -238,19 +258,12 @@ impl<F: Fabric> RecvComm<F> {
         }
         let seq = self.head;
         let base = slot * SLOT_WORDS;
-        wire::encode_slot_body(&elems[..n], npaths, &mut self.slot_words);
-        self.slot_words[SLOT_HDR] = wire::with_keys_missing(self.slot_words[SLOT_HDR], missing);
-        let body = wire::slot_body_words(n);
-        let fab = &mut self.core.fab;
-        fab.ctrl_write(
-            self.shadow.word(base + SLOT_HDR),
-            &self.slot_words[SLOT_HDR..SLOT_HDR + body],
-        )?;
-        fab.ctrl_store(
-            self.shadow.word(base + SLOT_IDX),
-            seq + 1,
-            Ordering::Release,
-        )?;
+        // The whole entry, index, keyless-path bits and check word included: one write carries it.
+        let len =
+            wire::encode_slot_lacking(seq, &elems[..n], npaths, missing, &mut self.slot_words);
+        self.core
+            .fab
+            .ctrl_write(self.shadow.word(base), &self.slot_words[..len])?;
 
         let k = self.core.paths.nth_up(seq).unwrap_or(0);
         let r = &mut self.slots[slot];
@@ -290,8 +303,9 @@ impl<F: Fabric> RecvComm<F> {
         Ok(Some(Request::new(ReqKind::Recv, slot, generation)))
     }
 
-    /// Posts slot `slot`'s clear-to-send (already in the shadow) on data path `k`: the body, then the
-    /// index word on the same path, so the sender sees the index only after the body is in place.
+    /// Posts slot `slot`'s clear-to-send (already in the shadow) on data path `k`: one write of the
+    /// whole entry, inline where the device allows; the sender takes it only once every word of it
+    /// has landed ([`wire::check_slot`]). Signaled once per [`CTS_SIGNAL_EVERY`] on the path.
     /// Posting it again (failover) writes the same words: the sender has not reused the slot.
     fn post_cts(&mut self, slot: usize, k: usize) -> Result<()> {
         let Some(peer) = self.peer.as_ref() else {
@@ -299,47 +313,34 @@ impl<F: Fabric> RecvComm<F> {
         };
         let r = &self.slots[slot];
         let base = slot * SLOT_WORDS;
-        let body = wire::slot_body_words(r.n);
-        let inline_max = self.core.cfg.inline_max;
+        let len = 8 * wire::slot_entry_words(r.n) as u32;
         let path = self.core.data[k];
-        let lkey = self.shadow.reg.keys[path].lkey;
-        let rkey = peer.rkeys[k];
-        let id = wire::wr_id(WrKind::Cts, slot, r.generation);
+        let ticket = self.cts_posts[k];
+        // A batch of one (one doorbell; fabrics count batches there).
         self.core.fab.post_writes(
             path,
-            &[
-                WriteWr {
-                    wr_id: id,
-                    local: LocalSeg {
-                        addr: self.shadow.word(base + SLOT_HDR),
-                        len: (8 * body) as u32,
-                        lkey,
-                    },
-                    remote: RemoteSeg {
-                        addr: peer.addr + 8 * (base + SLOT_HDR) as u64,
-                        rkey,
-                    },
-                    imm: None,
-                    signaled: false,
-                    inline: 8 * body as u32 <= inline_max,
+            &[WriteWr {
+                wr_id: wire::wr_id(WrKind::Cts, slot, r.generation),
+                local: LocalSeg {
+                    addr: self.shadow.word(base),
+                    len,
+                    lkey: self.shadow.reg.keys[path].lkey,
                 },
-                WriteWr {
-                    wr_id: id,
-                    local: LocalSeg {
-                        addr: self.shadow.word(base + SLOT_IDX),
-                        len: 8,
-                        lkey,
-                    },
-                    remote: RemoteSeg {
-                        addr: peer.addr + 8 * (base + SLOT_IDX) as u64,
-                        rkey,
-                    },
-                    imm: None,
-                    signaled: true,
-                    inline: 8 <= inline_max,
+                remote: RemoteSeg {
+                    addr: peer.addr + 8 * base as u64,
+                    rkey: peer.rkeys[k],
                 },
-            ],
-        )
+                imm: None,
+                signaled: ticket % CTS_SIGNAL_EVERY == 0,
+                // The fabric honours the hint up to what the queue pair allows (verbs: the
+                // device's max_inline_data): the entry is small, the NIC need not read it back.
+                inline: self.core.cfg.inline_max > 0
+                    && len <= self.core.cfg.inline_max.max(CTS_INLINE_BYTES),
+            }],
+        )?;
+        self.cts_posts[k] = ticket + 1;
+        self.slots[slot].cts_ticket = ticket;
+        Ok(())
     }
 
     /// Parks every clear-to-send on a path marked down and not known landed: it is posted again
@@ -688,8 +689,18 @@ impl<F: Fabric> RecvComm<F> {
                     };
                     if c.status.is_success() {
                         // Landed, whatever became of the path since.
-                        r.cts_pending = r.cts_pending.saturating_sub(1);
+                        r.cts_pending = 0;
                         r.cts_parked = false;
+                        // So did every entry posted before it on the path (signaled once per
+                        // window, executed in order). A parked one is left to the fence: it may
+                        // have gone out on the path's queue pair before a rebuild.
+                        let ticket = r.cts_ticket;
+                        for o in slots.iter_mut() {
+                            if o.in_use && o.cts_path == k && o.cts_ticket < ticket && !o.cts_parked
+                            {
+                                o.cts_pending = 0;
+                            }
+                        }
                     } else if !core.paths.is_up(k) {
                         // The path is down: the fence settles its entries.
                     } else if !core.mark_down(k, now, &format!("clear-to-send write: {}", c.status))
@@ -842,6 +853,10 @@ impl<F: Fabric> RecvComm<F> {
                 imm.slot, imm.elem, imm.seq16
             )));
         }
+        // The sender took the clear-to-send (whole) before it wrote this: it landed, whether or
+        // not its own completion was signaled or has come.
+        r.cts_pending = 0;
+        r.cts_parked = false;
         let st = &mut r.elems[imm.elem];
         if st.expected != 0 && st.expected as usize != imm.npieces {
             return Err(Error::Remote(format!(

@@ -174,25 +174,36 @@ impl<F: Fabric> SendComm<F> {
 
     registration_methods!();
 
-    /// Tries to load the CTS entry at the FIFO head; `false` if it has not arrived.
+    /// Tries to load the CTS entry at the FIFO head; `false` if it has not arrived whole.
+    ///
+    /// The entry is one RDMA write whose words may land in any order (and a failed path may leave
+    /// part of it): it is taken only when its index names the head and its check word matches
+    /// every word read ([`wire::check_slot`]); anything else is "not yet". The index is loaded
+    /// with acquire (AArch64: the words after it are read no earlier), and the entry is decoded
+    /// from the copies that were checked, never read again.
     fn load_slot(&mut self) -> Result<bool> {
         let slot = (self.head % FIFO_DEPTH as u64) as usize;
         let base = slot * SLOT_WORDS;
         let fab = &self.core.fab;
-        // The NIC wrote this word after the body (same path, in order): acquire pairs with that.
-        let idx = fab.ctrl_load(self.fifo.word(base + SLOT_IDX), Ordering::Acquire)?;
-        if idx != self.head + 1 {
+        let mut w = [0u64; SLOT_WORDS];
+        w[SLOT_IDX] = fab.ctrl_load(self.fifo.word(base + SLOT_IDX), Ordering::Acquire)?;
+        if w[SLOT_IDX] != self.head.wrapping_add(1) {
             return Ok(false);
         }
-        let hdr = fab.ctrl_load(self.fifo.word(base + SLOT_HDR), Ordering::Relaxed)?;
-        let n = wire::decode_slot_header(hdr, self.core.data.len())?;
+        w[SLOT_HDR] = fab.ctrl_load(self.fifo.word(base + SLOT_HDR), Ordering::Acquire)?;
+        let len = wire::slot_words_to_read(w[SLOT_HDR]);
+        fab.ctrl_read(
+            self.fifo.word(base + wire::SLOT_ELEMS),
+            &mut w[wire::SLOT_ELEMS..len.max(wire::SLOT_ELEMS)],
+        )?;
+        let Some(n) = wire::check_slot(&w[..len], self.head, self.core.data.len())? else {
+            return Ok(false);
+        };
         let mut elems = [CtsElem::default(); MAX_RECVS];
-        let mut w = [0u64; MAX_RECVS * wire::ELEM_WORDS];
-        let w = &mut w[..n * wire::ELEM_WORDS];
-        fab.ctrl_read(self.fifo.word(base + wire::SLOT_ELEMS), w)?;
+        let ew = &w[wire::SLOT_ELEMS..wire::SLOT_ELEMS + n * wire::ELEM_WORDS];
         for (e, (el, ew)) in elems
             .iter_mut()
-            .zip(w.chunks_exact(wire::ELEM_WORDS))
+            .zip(ew.chunks_exact(wire::ELEM_WORDS))
             .enumerate()
         {
             *el = wire::decode_elem(ew);
@@ -212,7 +223,7 @@ impl<F: Fabric> SendComm<F> {
             n,
             elems,
             matched: 0,
-            missing: wire::slot_keys_missing(hdr) & all,
+            missing: wire::slot_keys_missing(w[SLOT_HDR]) & all,
         });
         Ok(true)
     }
@@ -634,11 +645,16 @@ impl<F: Fabric> SendComm<F> {
             self.fail_over();
         }
         self.poll_keys(now)?;
-        // This end's snapshot: which clear-to-send entries landed (each FIFO slot's index word).
+        // This end's snapshot: which clear-to-send entries landed whole (each FIFO slot's index
+        // word, 0 where the entry landed in part: the receiver posts it again).
         let fifo = &self.fifo;
         self.core.fence_flush(|fab, snap| {
-            for (s, w) in snap.iter_mut().enumerate() {
-                *w = fab.ctrl_load(fifo.word(s * SLOT_WORDS + SLOT_IDX), Ordering::Acquire)?;
+            let mut w = [0u64; SLOT_WORDS];
+            for (s, out) in snap.iter_mut().enumerate() {
+                w[SLOT_IDX] =
+                    fab.ctrl_load(fifo.word(s * SLOT_WORDS + SLOT_IDX), Ordering::Acquire)?;
+                fab.ctrl_read(fifo.word(s * SLOT_WORDS + SLOT_HDR), &mut w[SLOT_HDR..])?;
+                *out = wire::slot_landed(&w);
             }
             Ok(())
         })

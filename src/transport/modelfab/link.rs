@@ -56,6 +56,16 @@ impl Framing {
         }
     }
 
+    /// Packets of one RDMA write of `len` payload bytes (at least one: a zero-length write is a
+    /// packet too); payload-only framing counts a packet per 4096 bytes.
+    pub fn packets(self, len: u64) -> u64 {
+        let mtu = match self {
+            Framing::Ideal => u64::from(DEFAULT_MTU),
+            Framing::RoceV2 { mtu } => u64::from(mtu.max(1)),
+        };
+        len.div_ceil(mtu).max(1)
+    }
+
     /// The accepted `--mtu` values: the IB MTUs, or 0 for [`Framing::Ideal`].
     pub fn from_mtu(mtu: u32) -> Result<Framing> {
         match mtu {

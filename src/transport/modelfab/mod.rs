@@ -110,6 +110,36 @@ pub struct Stats {
     pub events: u64,
     /// Payload bytes relay hosts forwarded (second legs done).
     pub relayed_bytes: u64,
+    /// Per path index (of the endpoint that posted), what the writes delivered there cost.
+    pub paths: Vec<PathStats>,
+}
+
+/// What the writes delivered on one path cost: work requests and packets (issue 36: packets are
+/// message rate on a NIC, and CPU in a soft-RoCE lab).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PathStats {
+    /// Work requests (writes) delivered.
+    pub work_requests: u64,
+    /// Writes that carried an immediate (each consumed a posted receive).
+    pub imm_writes: u64,
+    /// Signaled writes (a completion at the poster).
+    pub signaled: u64,
+    /// Data packets ([`link::Framing::packets`]).
+    pub packets: u64,
+    /// Acknowledgement packets: one per write, as an RC responder acknowledges a message's last
+    /// packet (rxe does; a NIC may coalesce them).
+    pub acks: u64,
+}
+
+impl PathStats {
+    /// Adds `o`.
+    pub fn add(&mut self, o: &PathStats) {
+        self.work_requests += o.work_requests;
+        self.imm_writes += o.imm_writes;
+        self.signaled += o.signaled;
+        self.packets += o.packets;
+        self.acks += o.acks;
+    }
 }
 
 struct Region {
@@ -823,6 +853,15 @@ impl Inner {
         self.stats.writes += 1;
         self.stats.bytes += len as u64;
         self.stats.wire_bytes += wire;
+        if self.stats.paths.len() <= path {
+            self.stats.paths.resize(path + 1, PathStats::default());
+        }
+        let ps = &mut self.stats.paths[path];
+        ps.work_requests += 1;
+        ps.imm_writes += u64::from(w.imm.is_some());
+        ps.signaled += u64::from(w.signaled);
+        ps.packets += self.framing.packets(len as u64);
+        ps.acks += 1;
         self.eps[ep].qps[path].bytes += len as u64;
         if let (Some(recv_id), Some(imm)) = (recv, w.imm) {
             self.eps[t].qps[path].cq.push_back(Completion {
