@@ -165,7 +165,6 @@ pub fn report(
     unreadable: Vec<String>,
     kernel: &dyn Fn(&PathId) -> Option<f64>,
 ) -> Report {
-    let a = sum_paths(before);
     let b = sum_paths(now);
     // Seconds between the two reads of each process (by its own clock), and which moved.
     let dt: BTreeMap<(String, u32), f64> = now
@@ -176,35 +175,41 @@ pub fn report(
             (d > 0).then(|| ((s.host.clone(), s.pid), d as f64 / 1e3))
         })
         .collect();
-    // Per path: bytes moved in the interval, over the longest interval of the host's processes
-    // (processes write on their own clocks; the slowest bounds the window).
-    let window = |host: &str| -> Option<f64> {
-        dt.iter()
-            .filter(|((h, _), _)| h == host)
-            .map(|(_, d)| *d)
-            .reduce(f64::max)
+    // Per path: the sum of each process's rate, each over its own interval (processes write on
+    // their own clocks: one read a snapshot later than another moved more bytes in a longer
+    // window). A path new to a process moved all of its bytes in that process's interval.
+    let rate = |host: &str, id: &PathId| -> Option<f64> {
+        let moved = |x: &PathTotal| {
+            if id.direction == "send" {
+                x.sent_bytes
+            } else {
+                x.received_bytes
+            }
+        };
+        let mut sum = None;
+        for s in now.iter().filter(|s| s.host == host) {
+            let Some(t) = s.paths.iter().find(|p| p.id == *id) else {
+                continue;
+            };
+            let Some(w) = dt.get(&(s.host.clone(), s.pid)) else {
+                continue;
+            };
+            let old = before
+                .iter()
+                .find(|o| o.host == s.host && o.pid == s.pid)
+                .and_then(|o| o.paths.iter().find(|p| p.id == *id))
+                .map_or(0, moved);
+            let Some(d) = moved(t).checked_sub(old) else {
+                continue;
+            };
+            *sum.get_or_insert(0.0) += d as f64 * 8.0 / 1e9 / w;
+        }
+        sum
     };
     let mut paths: Vec<PathRow> = b
         .iter()
         .map(|((host, id), t)| {
-            let moved = |x: &PathTotal| {
-                if id.direction == "send" {
-                    x.sent_bytes
-                } else {
-                    x.received_bytes
-                }
-            };
-            let gbps = a.get(&(host.clone(), id.clone())).and_then(|o| {
-                let d = moved(t).checked_sub(moved(o))?;
-                let w = window(host)?;
-                Some(d as f64 * 8.0 / 1e9 / w)
-            });
-            let gbps = gbps.or_else(|| {
-                // A path that appeared in the interval moved all of its bytes in it.
-                (!before.is_empty() && !a.contains_key(&(host.clone(), id.clone())))
-                    .then(|| window(host).map(|w| moved(t) as f64 * 8.0 / 1e9 / w))
-                    .flatten()
-            });
+            let gbps = rate(host, id);
             PathRow {
                 host: host.clone(),
                 total: t.clone(),
@@ -877,6 +882,24 @@ mod tests {
         assert!(r.mismatches.is_empty());
         let text = render_text(&r);
         assert!(text.contains("16.000"), "{text}");
+    }
+
+    #[test]
+    fn each_process_rate_counts_over_its_own_interval() {
+        // Both processes send 1 GB/s; the second was read 100 ms earlier in its writing cycle
+        // (1.2 s between its snapshots, 1.3 s for the first). Summing the bytes over the longest
+        // interval said 15.38 Gb/s.
+        let a = vec![
+            snap(1, 1000, vec![path("send", "a", 0, 0)]),
+            snap(2, 1100, vec![path("send", "a", 100_000_000, 0)]),
+        ];
+        let b = vec![
+            snap(1, 2300, vec![path("send", "a", 1_300_000_000, 0)]),
+            snap(2, 2300, vec![path("send", "a", 1_300_000_000, 0)]),
+        ];
+        let r = report(Path::new("d"), &a, &b, Vec::new(), &|_| None);
+        let g = r.paths[0].gbps.unwrap();
+        assert!((g - 16.0).abs() < 1e-9, "{g}");
     }
 
     #[test]
