@@ -824,3 +824,99 @@ fn a_ring_hint_on_a_full_mesh_adds_a_relay_path_an_alltoall_hint_does_not() {
     B::close_recv(pair.1).unwrap();
     drop(guards);
 }
+
+/// The send connections' paths of `b` as (kind, state).
+fn path_states(b: &Arc<B>) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = b
+        .metrics_snapshot()
+        .connections
+        .iter()
+        .filter(|c| c.direction == "send")
+        .flat_map(|c| c.paths.iter())
+        .map(|p| (p.id.kind.clone(), p.state.clone()))
+        .collect();
+    v.sort();
+    v
+}
+
+/// A mesh connection's relay path fails over when its relay host leaves (K's communicator is
+/// finalized: its relay service stops and cuts the legs) and back when it returns (K's `init`
+/// again, same port): the direct path carries on meanwhile, then both carry verified data again.
+#[test]
+fn a_mesh_relay_path_fails_back_when_its_relay_host_returns() {
+    use switchless::plugin::{CommAttr, NetAttr};
+    let id = 0x5357_4642_4143_0000 | u64::from(std::process::id() & 0xffff);
+    let comm = CommInfo {
+        comm_id: Some(id),
+        traffic_class: None,
+    };
+    let vars = [
+        ("NCCL_SWITCHLESS_TRANSPORT", "tcp"),
+        ("NCCL_SWITCHLESS_FAILBACK_INTERVAL", "200ms"),
+        ("NCCL_SWITCHLESS_FAILBACK_BACKOFF", "50ms"),
+    ];
+    let a = mesh_backend(&["127.0.4.1/30", "127.0.6.1/30"], &vars);
+    let k = mesh_backend(&["127.0.4.2/30", "127.0.5.1/30"], &vars);
+    let b = mesh_backend(&["127.0.5.2/30", "127.0.6.2/30"], &vars);
+    let ga = a.attach(&comm).unwrap();
+    let gb = b.attach(&comm).unwrap();
+    let gk = k.attach(&comm).unwrap();
+    let few = CommAttr {
+        max_concurrent_peers: Some(2),
+        ..CommAttr::default()
+    };
+    a.set_net_attr(
+        &comm,
+        &NetAttr {
+            send: few,
+            recv: few,
+            op: Some(1 << 4),
+            algo: Some(1 << 0), // NCCL_ALGO_TREE
+            proto: None,
+        },
+    )
+    .unwrap();
+    let mut pair = connect_comm(&a, &b, &comm);
+    assert_eq!(pair.0.path_labels().len(), 2, "{:?}", pair.0.path_labels());
+    transfer(&mut pair, &[1 << 20, 2 << 20]);
+    let up = vec![
+        ("relay".to_string(), "up".to_string()),
+        ("tcp".into(), "up".into()),
+    ];
+    assert_eq!(path_states(&a), up);
+    // K leaves: its relay service stops, the relay path goes down, the direct one carries on.
+    drop(gk);
+    let t = Instant::now();
+    while path_states(&a)[0].1 == "up" {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "{:?}",
+            path_states(&a)
+        );
+        transfer(&mut pair, &[1 << 20]);
+    }
+    transfer(&mut pair, &[1 << 20, 3 << 20]);
+    // K returns: failback rebuilds the path through it.
+    let gk = k.attach(&comm).unwrap();
+    assert!(gk.is_some());
+    let t = Instant::now();
+    while path_states(&a) != up {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "no failback: {:?}",
+            path_states(&a)
+        );
+        transfer(&mut pair, &[1 << 20]);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let before = path_weights(&a)[0].2;
+    transfer(&mut pair, &[2 << 20, 4 << 20, 4 << 20]);
+    let after = path_weights(&a)[0].2;
+    assert!(
+        after > before,
+        "the relay path carries nothing after failback: {before} -> {after}"
+    );
+    B::close_send(pair.0).unwrap();
+    B::close_recv(pair.1).unwrap();
+    drop((ga, gb, gk));
+}
