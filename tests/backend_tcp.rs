@@ -920,3 +920,44 @@ fn a_mesh_relay_path_fails_back_when_its_relay_host_returns() {
     B::close_recv(pair.1).unwrap();
     drop((ga, gb, gk));
 }
+
+/// The mesh policy with a neighbour that serves no relay (its rank did not `init` the
+/// communicator): the extra relay path is given up after `MESH_PROBE_WAIT` (1 s), not the 10 s a
+/// peer no cable reaches waits for its relays, and the connection goes direct.
+#[test]
+fn a_mesh_neighbour_without_a_relay_costs_a_second_not_ten() {
+    use switchless::plugin::{CommAttr, NetAttr};
+    let id = 0x5357_4e4f_524c_0000 | u64::from(std::process::id() & 0xffff);
+    let comm = CommInfo {
+        comm_id: Some(id),
+        traffic_class: None,
+    };
+    let tcp = ("NCCL_SWITCHLESS_TRANSPORT", "tcp");
+    let a = mesh_backend(&["127.0.7.1/30", "127.0.9.1/30"], &[tcp]);
+    let b = mesh_backend(&["127.0.8.2/30", "127.0.9.2/30"], &[tcp]);
+    let (ga, gb) = (a.attach(&comm).unwrap(), b.attach(&comm).unwrap());
+    let few = CommAttr {
+        max_concurrent_peers: Some(1),
+        ..CommAttr::default()
+    };
+    a.set_net_attr(
+        &comm,
+        &NetAttr {
+            send: few,
+            recv: few,
+            op: Some(1 << 4),
+            algo: Some(1 << 1),
+            proto: None,
+        },
+    )
+    .unwrap();
+    let t = Instant::now();
+    let pair = connect_comm(&a, &b, &comm);
+    let took = t.elapsed();
+    assert_eq!(pair.0.path_labels().len(), 1, "{:?}", pair.0.path_labels());
+    // 1 s of patience plus set-up; the 10 s of a cable-less peer's probes would be far above.
+    assert!(took < Duration::from_secs(6), "connect took {took:?}");
+    B::close_send(pair.0).unwrap();
+    B::close_recv(pair.1).unwrap();
+    drop((ga, gb));
+}

@@ -187,12 +187,19 @@ impl<P: PathFactory> Switchless<P> {
                 if targets.contains(&far) {
                     continue;
                 }
-                probes.push(Probe::start(
+                let probe = Probe::start(
                     l.addr.addr(),
                     SocketAddr::new(IpAddr::V4(far), port),
                     key.clone(),
                     targets.clone(),
-                ));
+                );
+                // Next to direct paths a relay is an extra: a neighbour without one costs
+                // the connection a second at most.
+                probes.push(if mesh {
+                    probe.patience(MESH_PROBE_WAIT)
+                } else {
+                    probe
+                });
             }
         }
         if probes.is_empty() {
@@ -377,6 +384,9 @@ pub const MESH_MAX_PEERS: i32 = 4;
 /// Messages below this many bytes use the direct paths only: one NCCL Simple step (4 MiB buffer
 /// / 8 steps). The model (docs/performance.md) found relays lose on smaller ring steps.
 pub const MESH_RELAY_FLOOR: u64 = 512 * 1024;
+/// How long a mesh connection waits for a neighbour's relay that refuses or stays silent (a
+/// peer no cable reaches waits [`crate::transport::relay::client::PROBE_WAIT`]).
+pub const MESH_PROBE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Whether a connection with a direct route also gets relay paths (issue 30, item 3): relays on,
 /// and the communicator's latest `setNetAttr` hint says Ring or Tree (and nothing else), only
