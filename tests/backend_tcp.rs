@@ -730,7 +730,10 @@ fn a_ring_hint_on_a_full_mesh_adds_a_relay_path_an_alltoall_hint_does_not() {
         traffic_class: None,
     };
     let tcp = ("NCCL_SWITCHLESS_TRANSPORT", "tcp");
-    let a = mesh_backend(&["127.0.1.1/30", "127.0.3.1/30"], &[tcp]);
+    // A's weights held at their start, so the split and the floor read exactly (they adapt from
+    // there by default; the failback test below runs with adaptive weights).
+    let nominal = ("NCCL_SWITCHLESS_ADAPTIVE_WEIGHTS", "0");
+    let a = mesh_backend(&["127.0.1.1/30", "127.0.3.1/30"], &[tcp, nominal]);
     let k = mesh_backend(&["127.0.1.2/30", "127.0.2.1/30"], &[tcp]);
     let b = mesh_backend(&["127.0.2.2/30", "127.0.3.2/30"], &[tcp]);
     let a_off = mesh_backend(
