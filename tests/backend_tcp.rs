@@ -660,3 +660,307 @@ fn relay_always_fails_naming_every_neighbour_asked_without_falling_back() {
         "{e}"
     );
 }
+
+/// A host of a three-host full mesh on 127/8: one TCP point-to-point link per neighbour (each its
+/// own /30, routed on `lo`).
+fn mesh_backend(links: &[&str], vars: &[(&str, &str)]) -> Arc<B> {
+    let config = config(vars);
+    let view = HostView {
+        config: config.clone(),
+        devices: vec![device()],
+        links: links.iter().enumerate().map(|(i, a)| link(i, a)).collect(),
+        routes: links
+            .iter()
+            .map(|a| KernelRoute {
+                dest: a.parse::<ipnet::Ipv4Net>().unwrap().trunc(),
+                gateway: None,
+                ifname: "lo".into(),
+                metric: 0,
+            })
+            .collect(),
+    };
+    Arc::new(Switchless::from_parts(NetFactory::tcp_only(config), view).unwrap())
+}
+
+/// The send connections' paths of `b` as (kind, weight in Mb/s, bytes sent), sorted by kind.
+fn path_weights(b: &Arc<B>) -> Vec<(String, u64, u64)> {
+    let mut v: Vec<(String, u64, u64)> = b
+        .metrics_snapshot()
+        .connections
+        .iter()
+        .filter(|c| c.direction == "send")
+        .flat_map(|c| c.paths.iter())
+        .map(|p| (p.id.kind.clone(), p.weight_mbps, p.sent_bytes))
+        .collect();
+    v.sort();
+    v
+}
+
+/// `a` connects to a listener of `b` for communicator `comm`.
+fn connect_comm(a: &Arc<B>, b: &Arc<B>, comm: &CommInfo) -> Pair {
+    let mut h: Handle = [0; HANDLE_SIZE];
+    let mut l = b.listen(comm, 0, &mut h).unwrap();
+    let (mut s, mut r) = (None, None);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while s.is_none() || r.is_none() {
+        assert!(Instant::now() < deadline, "set-up did not finish");
+        if s.is_none() {
+            s = a.connect(comm, 0, &mut h).unwrap();
+        }
+        if r.is_none() {
+            r = B::accept(&mut l).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    B::close_listen(l).unwrap();
+    (s.unwrap(), r.unwrap())
+}
+
+/// Issue 30 item 3, the mesh policy: on a full mesh of three hosts A, K, B (one cable per pair),
+/// a connection A → B whose communicator's latest `setNetAttr` hint says Ring (collective op,
+/// Simple, one peer each way) gets a relay path through K next to its direct one, and moves
+/// verified data over both; an alltoall (p2p) hint, no hint, or `NCCL_SWITCHLESS_RELAY=off` on
+/// A: the direct path only.
+#[test]
+fn a_ring_hint_on_a_full_mesh_adds_a_relay_path_an_alltoall_hint_does_not() {
+    use switchless::plugin::{CommAttr, NetAttr};
+    let id = 0x5357_4d45_5348_0000 | u64::from(std::process::id() & 0xffff);
+    let comm = CommInfo {
+        comm_id: Some(id),
+        traffic_class: None,
+    };
+    let tcp = ("NCCL_SWITCHLESS_TRANSPORT", "tcp");
+    // A's weights held at their start, so the split and the floor read exactly (they adapt from
+    // there by default; the failback test below runs with adaptive weights).
+    let nominal = ("NCCL_SWITCHLESS_ADAPTIVE_WEIGHTS", "0");
+    let a = mesh_backend(&["127.0.1.1/30", "127.0.3.1/30"], &[tcp, nominal]);
+    let k = mesh_backend(&["127.0.1.2/30", "127.0.2.1/30"], &[tcp]);
+    let b = mesh_backend(&["127.0.2.2/30", "127.0.3.2/30"], &[tcp]);
+    let a_off = mesh_backend(
+        &["127.0.1.1/30", "127.0.3.1/30"],
+        &[tcp, ("NCCL_SWITCHLESS_RELAY", "off")],
+    );
+    // One relay service per host (init of the communicator).
+    let guards: Vec<_> = [&a, &k, &b]
+        .iter()
+        .map(|x| x.attach(&comm).unwrap())
+        .collect();
+    assert!(guards.iter().all(Option::is_some));
+    let few = CommAttr {
+        max_concurrent_peers: Some(1),
+        ..CommAttr::default()
+    };
+    let ring = NetAttr {
+        send: few,
+        recv: few,
+        op: Some(1 << 4),    // all-reduce
+        algo: Some(1 << 1),  // NCCL_ALGO_RING
+        proto: Some(1 << 2), // NCCL_PROTO_SIMPLE
+    };
+    let alltoall = NetAttr {
+        send: CommAttr {
+            max_concurrent_peers: Some(16),
+            ..CommAttr::default()
+        },
+        recv: few,
+        op: Some(1 << 8),
+        algo: None,
+        proto: None,
+    };
+
+    // No hint yet: direct only.
+    let pair = connect_comm(&a, &b, &comm);
+    assert_eq!(pair.0.path_labels().len(), 1, "{:?}", pair.0.path_labels());
+    B::close_send(pair.0).unwrap();
+    B::close_recv(pair.1).unwrap();
+
+    // Ring: the direct path and one through K.
+    a.set_net_attr(&comm, &ring).unwrap();
+    let mut pair = connect_comm(&a, &b, &comm);
+    let labels = pair.0.path_labels();
+    assert_eq!(labels.len(), 2, "{labels:?}");
+    assert!(
+        labels
+            .iter()
+            .any(|l| l.contains("127.0.3.2") && !l.contains("relay")),
+        "{labels:?}"
+    );
+    assert!(labels.iter().any(|l| l.contains("relay")), "{labels:?}");
+    assert_eq!(pair.1.path_labels().len(), 2, "{:?}", pair.1.path_labels());
+    // Below the 512 KiB floor: the direct path alone.
+    transfer(
+        &mut pair,
+        &[0, 100, 64 << 10, 300 << 10, (512 << 10) - 4096],
+    );
+    let after_small = path_weights(&a);
+    eprintln!("after small: {after_small:?}");
+    // The split as stripe weights: the relay path half the direct one (10 Gb/s links here).
+    assert_eq!(after_small[0].1, 5_000, "{after_small:?}");
+    assert_eq!(after_small[1].1, 10_000, "{after_small:?}");
+    assert_eq!(
+        after_small[0].2, 0,
+        "relay carried a small message: {after_small:?}"
+    );
+    assert!(after_small[1].2 > 0, "{after_small:?}");
+    // From the floor on: both paths.
+    transfer(&mut pair, &[1 << 20, (4 << 20) + 77]);
+    let after_big = path_weights(&a);
+    eprintln!("after big: {after_big:?}");
+    assert!(after_big[0].2 > 0, "relay carried nothing: {after_big:?}");
+    assert!(after_big[1].2 > after_small[1].2, "{after_big:?}");
+    B::close_send(pair.0).unwrap();
+    B::close_recv(pair.1).unwrap();
+
+    // Alltoall: direct only, even after a ring hint earlier.
+    a.set_net_attr(&comm, &alltoall).unwrap();
+    let pair = connect_comm(&a, &b, &comm);
+    assert_eq!(pair.0.path_labels().len(), 1, "{:?}", pair.0.path_labels());
+    B::close_send(pair.0).unwrap();
+    B::close_recv(pair.1).unwrap();
+
+    // RELAY=off on A: never, whatever the hint.
+    a_off.set_net_attr(&comm, &ring).unwrap();
+    assert!(a_off.attach(&comm).unwrap().is_none());
+    let pair = connect_comm(&a_off, &b, &comm);
+    assert_eq!(pair.0.path_labels().len(), 1, "{:?}", pair.0.path_labels());
+    B::close_send(pair.0).unwrap();
+    B::close_recv(pair.1).unwrap();
+    drop(guards);
+}
+
+/// The send connections' paths of `b` as (kind, state).
+fn path_states(b: &Arc<B>) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = b
+        .metrics_snapshot()
+        .connections
+        .iter()
+        .filter(|c| c.direction == "send")
+        .flat_map(|c| c.paths.iter())
+        .map(|p| (p.id.kind.clone(), p.state.clone()))
+        .collect();
+    v.sort();
+    v
+}
+
+/// A mesh connection's relay path fails over when its relay host leaves (K's communicator is
+/// finalized: its relay service stops and cuts the legs) and back when it returns (K's `init`
+/// again, same port): the direct path carries on meanwhile, then both carry verified data again.
+#[test]
+fn a_mesh_relay_path_fails_back_when_its_relay_host_returns() {
+    use switchless::plugin::{CommAttr, NetAttr};
+    let id = 0x5357_4642_4143_0000 | u64::from(std::process::id() & 0xffff);
+    let comm = CommInfo {
+        comm_id: Some(id),
+        traffic_class: None,
+    };
+    let vars = [
+        ("NCCL_SWITCHLESS_TRANSPORT", "tcp"),
+        ("NCCL_SWITCHLESS_FAILBACK_INTERVAL", "200ms"),
+        ("NCCL_SWITCHLESS_FAILBACK_BACKOFF", "50ms"),
+    ];
+    let a = mesh_backend(&["127.0.4.1/30", "127.0.6.1/30"], &vars);
+    let k = mesh_backend(&["127.0.4.2/30", "127.0.5.1/30"], &vars);
+    let b = mesh_backend(&["127.0.5.2/30", "127.0.6.2/30"], &vars);
+    let ga = a.attach(&comm).unwrap();
+    let gb = b.attach(&comm).unwrap();
+    let gk = k.attach(&comm).unwrap();
+    let few = CommAttr {
+        max_concurrent_peers: Some(2),
+        ..CommAttr::default()
+    };
+    a.set_net_attr(
+        &comm,
+        &NetAttr {
+            send: few,
+            recv: few,
+            op: Some(1 << 4),
+            algo: Some(1 << 0), // NCCL_ALGO_TREE
+            proto: None,
+        },
+    )
+    .unwrap();
+    let mut pair = connect_comm(&a, &b, &comm);
+    assert_eq!(pair.0.path_labels().len(), 2, "{:?}", pair.0.path_labels());
+    transfer(&mut pair, &[1 << 20, 2 << 20]);
+    let up = vec![
+        ("relay".to_string(), "up".to_string()),
+        ("tcp".into(), "up".into()),
+    ];
+    assert_eq!(path_states(&a), up);
+    // K leaves: its relay service stops, the relay path goes down, the direct one carries on.
+    drop(gk);
+    let t = Instant::now();
+    while path_states(&a)[0].1 == "up" {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "{:?}",
+            path_states(&a)
+        );
+        transfer(&mut pair, &[1 << 20]);
+    }
+    transfer(&mut pair, &[1 << 20, 3 << 20]);
+    // K returns: failback rebuilds the path through it.
+    let gk = k.attach(&comm).unwrap();
+    assert!(gk.is_some());
+    let t = Instant::now();
+    while path_states(&a) != up {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "no failback: {:?}",
+            path_states(&a)
+        );
+        transfer(&mut pair, &[1 << 20]);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let before = path_weights(&a)[0].2;
+    transfer(&mut pair, &[2 << 20, 4 << 20, 4 << 20]);
+    let after = path_weights(&a)[0].2;
+    assert!(
+        after > before,
+        "the relay path carries nothing after failback: {before} -> {after}"
+    );
+    B::close_send(pair.0).unwrap();
+    B::close_recv(pair.1).unwrap();
+    drop((ga, gb, gk));
+}
+
+/// The mesh policy with a neighbour that serves no relay (its rank did not `init` the
+/// communicator): the extra relay path is given up after `MESH_PROBE_WAIT` (1 s), not the 10 s a
+/// peer no cable reaches waits for its relays, and the connection goes direct.
+#[test]
+fn a_mesh_neighbour_without_a_relay_costs_a_second_not_ten() {
+    use switchless::plugin::{CommAttr, NetAttr};
+    let id = 0x5357_4e4f_524c_0000 | u64::from(std::process::id() & 0xffff);
+    let comm = CommInfo {
+        comm_id: Some(id),
+        traffic_class: None,
+    };
+    let tcp = ("NCCL_SWITCHLESS_TRANSPORT", "tcp");
+    let a = mesh_backend(&["127.0.7.1/30", "127.0.9.1/30"], &[tcp]);
+    let b = mesh_backend(&["127.0.8.2/30", "127.0.9.2/30"], &[tcp]);
+    let (ga, gb) = (a.attach(&comm).unwrap(), b.attach(&comm).unwrap());
+    let few = CommAttr {
+        max_concurrent_peers: Some(1),
+        ..CommAttr::default()
+    };
+    a.set_net_attr(
+        &comm,
+        &NetAttr {
+            send: few,
+            recv: few,
+            op: Some(1 << 4),
+            algo: Some(1 << 1),
+            proto: None,
+        },
+    )
+    .unwrap();
+    let t = Instant::now();
+    let pair = connect_comm(&a, &b, &comm);
+    let took = t.elapsed();
+    assert_eq!(pair.0.path_labels().len(), 1, "{:?}", pair.0.path_labels());
+    // 1 s of patience plus set-up; the 10 s of a cable-less peer's probes would be far above.
+    assert!(took < Duration::from_secs(6), "connect took {took:?}");
+    B::close_send(pair.0).unwrap();
+    B::close_recv(pair.1).unwrap();
+    drop((ga, gb));
+}

@@ -1674,3 +1674,47 @@ fn the_liveness_channel_sees_a_peer_that_exits() {
     assert!(matches!(e, Error::Remote(_)), "{e}");
     assert!(e.to_string().contains("is gone"), "{e}");
 }
+
+/// `NCCL_SWITCHLESS_RELAY=off` on the accepting host: a hello with a relayed path (kind byte 2)
+/// is refused, and the connector is told why, naming the setting. With relays on (the default),
+/// the same hello is accepted.
+#[test]
+fn relay_off_on_the_acceptor_refuses_relayed_paths_naming_the_setting() {
+    let tcp_link = LocalLink {
+        kind: LinkKind::Tcp,
+        rdma_dev: None,
+        gid_index: None,
+        ..lo_link()
+    };
+    let relayed = PathRequest {
+        connector: "127.0.0.1/8".parse().unwrap(),
+        acceptor: "127.0.0.1".parse().unwrap(),
+        kind: LinkKind::Tcp,
+        relayed: true,
+    };
+    for refuse in [false, true] {
+        let v = AcceptorView {
+            links: vec![tcp_link.clone()],
+            refuse_relayed: refuse,
+            ..view()
+        };
+        let mut n = Net::new(SocketAddrV4::new(LO, PORT), NONCE, v, T);
+        let addr = n.listen_addr;
+        let mut c = connector_to(&mut n, &[addr], vec![relayed], params(1, 1), T, "peer");
+        if !refuse {
+            let _inc = next_incoming(&mut n, &mut [&mut c]);
+            continue;
+        }
+        let e = rounds(|| {
+            assert!(
+                n.poll_listener().unwrap().is_none(),
+                "relayed hello accepted"
+            );
+            n.poll_connector(&mut c).err()
+        });
+        let t = e.to_string();
+        assert!(matches!(e, Error::Remote(_)), "{t}");
+        assert!(t.contains("NCCL_SWITCHLESS_RELAY=off"), "{t}");
+        assert!(t.contains("relayed path"), "{t}");
+    }
+}

@@ -472,8 +472,11 @@ variables! {
             doc: "`auto`: a peer that no point-to-point link reaches (a ring's non-neighbour) is reached \
                   through relays: each neighbour cabled to both ends forwards one path of the connection \
                   (TCP paths; docs/guide/relay.md), before `NCCL_SWITCHLESS_TCP_FALLBACK` is tried; every \
-                  rank of a v11+ NCCL serves relays for its neighbours. `off`: no relay paths and no relay \
-                  service. `always`: as `auto`, but when no relay reaches the peer the connection fails \
+                  rank of a v11+ NCCL serves relays for its neighbours. On a mesh, a connection made after \
+                  NCCL's `setNetAttr` hint says Ring or Tree with few peers also gets relay paths next to \
+                  its direct TCP ones (never for alltoall or p2p; messages under 512 KiB stay direct). \
+                  `off`: no relay paths, no relay service, and relayed paths in an incoming hello are \
+                  refused. `always`: as `auto`, but when no relay reaches the peer the connection fails \
                   naming every neighbour asked, even with `TCP_FALLBACK=1`. Any case.",
         },
         min_chunk: u64 {

@@ -101,6 +101,7 @@ impl<P: PathFactory> Switchless<P> {
             } else {
                 Reach::OnLink
             },
+            refuse_relayed: self.view.config.relay == crate::config::RelayMode::Off,
         };
         let control = self.control_addr();
         let listener = Listener::bind_advertised(view, control, self.timeout())?;

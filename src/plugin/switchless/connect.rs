@@ -27,7 +27,7 @@ use crate::route::types::{LinkKind, LocalLink, RemoteLink};
 use crate::sync::lock;
 use crate::transport::comm::SendComm;
 use crate::transport::handshake::{
-    ConnectPoll, Connector, Established, Liveness, PathParams, SideParams,
+    ConnectPoll, Connector, Established, Liveness, PathParams, PathRequest, SideParams,
 };
 use crate::transport::wire::CtrlInfo;
 
@@ -459,12 +459,31 @@ impl<P: PathFactory> Switchless<P> {
         let steps = SetupSteps::start();
         let sel = match self.route_direct(dev, &repr.links, &peer_key) {
             Ok(sel) => sel,
-            Err(e) => match self.start_probing(comm, dev, &repr, &peer, &peer_key, e, &steps) {
-                // No cable reaches the peer: the neighbours' relays are asked first.
-                Ok(p) => return Ok(Parked::Probing(p)),
-                Err(e) => self.route_fallback(e, dev, &repr.links, &peer_key)?,
-            },
+            Err(e) => {
+                match self.start_probing(comm, dev, &repr, &peer, &peer_key, e, &steps, false) {
+                    // No cable reaches the peer: the neighbours' relays are asked first.
+                    Ok(p) => return Ok(Parked::Probing(p)),
+                    Err(e) => self.route_fallback(e, dev, &repr.links, &peer_key)?,
+                }
+            }
         };
+        // The mesh policy: a Ring/Tree hint adds relay paths next to the direct TCP ones (relay
+        // legs are TCP; a RoCE route keeps its paths).
+        if !sel.same_host
+            && sel
+                .paths
+                .iter()
+                .all(|p| p.kind == LinkKind::Tcp && p.via.is_none())
+            && self.wants_mesh_relays(comm)
+        {
+            let none = Error::Internal(String::new());
+            if let Ok(mut p) =
+                self.start_probing(comm, dev, &repr, &peer, &peer_key, none, &steps, true)
+            {
+                p.direct = Some(sel);
+                return Ok(Parked::Probing(p));
+            }
+        }
         self.connect_selected(comm, dev, &repr, peer, &peer_key, sel, steps)
             .map(Parked::Connecting)
     }
@@ -527,6 +546,7 @@ impl<P: PathFactory> Switchless<P> {
             &standby,
             steps,
             routed_hint,
+            None,
             |mine| Connector::start(repr, &chosen, mine, self.timeout()),
         )
     }
@@ -543,15 +563,20 @@ impl<P: PathFactory> Switchless<P> {
         standby: &[usize],
         mut steps: SetupSteps,
         routed_hint: String,
+        min_chunk: Option<u64>,
         start: impl FnOnce(SideParams) -> Result<Connector>,
     ) -> Result<Box<ConnectState<P::Fabric>>> {
         let opts = self.opts(comm, dev, false);
+        let mut proto = self.proto;
+        if let Some(m) = min_chunk {
+            proto.stripe.min_chunk = m;
+        }
         let fab = self
             .factory
             .create(&plans, None, &opts)
             .map_err(|e| step_error(e, &peer, "creating the queue pairs"))?;
         let local = fab.local_params();
-        let mut sc = SendComm::new(Live::new(fab), self.proto)?;
+        let mut sc = SendComm::new(Live::new(fab), proto)?;
         sc.set_standby(standby)?;
         let extra = sc.local_info().to_bytes();
         steps.lap(Step::Qps);
@@ -582,8 +607,17 @@ impl<P: PathFactory> Switchless<P> {
             Parked::Connecting(c) => self.advance_conn(c),
             Parked::Probing(p) => match self.poll_probing(p)? {
                 Probed::Pending(p) => Ok(Progress::Pending(Parked::Probing(p))),
-                Probed::NoRelay(p, e) => {
-                    let sel = self.route_fallback(e, p.dev, &p.repr.links, &p.peer_key)?;
+                Probed::NoRelay(mut p, e) => {
+                    let sel = match p.direct.take() {
+                        Some(sel) => {
+                            tracing::info!(
+                                "NET/switchless: connect to {}: no neighbour relays it; direct paths only",
+                                p.peer
+                            );
+                            sel
+                        }
+                        None => self.route_fallback(e, p.dev, &p.repr.links, &p.peer_key)?,
+                    };
                     let c = self.connect_selected(
                         &p.comm,
                         p.dev,
@@ -595,7 +629,11 @@ impl<P: PathFactory> Switchless<P> {
                     )?;
                     self.advance_conn(c)
                 }
-                Probed::Relayed(p, plan) => {
+                Probed::Relayed(mut p, plan) => {
+                    if let Some(sel) = p.direct.take() {
+                        let c = self.connect_mesh(&p, sel, plan)?;
+                        return self.advance_conn(c);
+                    }
                     let RelayedPlan {
                         plans,
                         requests,
@@ -610,6 +648,7 @@ impl<P: PathFactory> Switchless<P> {
                         &[],
                         p.steps,
                         String::new(),
+                        None,
                         |mine| {
                             Connector::start_to(vec![target], nonce, requests, mine, timeout, label)
                         },
@@ -618,6 +657,87 @@ impl<P: PathFactory> Switchless<P> {
                 }
             },
         }
+    }
+
+    /// The mesh policy's connection: the direct paths of `sel` and the relay paths of `plan`,
+    /// striped by the model's ring split (each relay path half the direct paths' weight, below
+    /// every direct path; [`super::relay::mesh_relay_weight`]) and with a smallest chunk that
+    /// keeps messages under [`super::relay::MESH_RELAY_FLOOR`] on the direct paths.
+    fn connect_mesh(
+        &self,
+        p: &Probing,
+        sel: Selection,
+        plan: RelayedPlan,
+    ) -> Result<Box<ConnectState<P::Fabric>>> {
+        use super::relay::{mesh_min_chunk, mesh_relay_weight};
+        let direct = fold_qps(&sel.paths, self.view.config.ib_qps_per_connection);
+        let total: u64 = direct.iter().map(|c| u64::from(c.local.speed_mbps)).sum();
+        let slowest = direct
+            .iter()
+            .map(|c| u64::from(c.local.speed_mbps))
+            .min()
+            .unwrap_or(0);
+        let mut plans: Vec<PathPlan> = direct
+            .iter()
+            .map(|c| PathPlan {
+                local: c.local.clone(),
+                remote: c.remote.addr.addr(),
+                kind: c.kind,
+                relay: None,
+            })
+            .collect();
+        let mut requests: Vec<PathRequest> = direct
+            .iter()
+            .map(|c| PathRequest {
+                connector: c.local.addr,
+                acceptor: c.remote.addr.addr(),
+                kind: c.kind,
+                relayed: false,
+            })
+            .collect();
+        let room = crate::transport::stripe::MAX_PATHS.saturating_sub(plans.len());
+        let (mut relay_min, mut sum) = (u64::MAX, total);
+        for (mut rp, rq) in plan.plans.into_iter().zip(plan.requests).take(room) {
+            let w = mesh_relay_weight(total, slowest, u64::from(rp.local.speed_mbps));
+            rp.local.speed_mbps = u32::try_from(w).unwrap_or(u32::MAX);
+            relay_min = relay_min.min(w);
+            sum += w;
+            plans.push(rp);
+            requests.push(rq);
+        }
+        let min_chunk = mesh_min_chunk(self.proto.stripe.min_chunk, relay_min, sum);
+        tracing::info!(
+            "NET/switchless: connect to {}: {} direct and {} relayed path(s) (a Ring/Tree hint); relay weight {} of {} Mb/s, direct paths only below {} KiB",
+            p.peer,
+            direct.len(),
+            plans.len() - direct.len(),
+            relay_min,
+            sum,
+            super::relay::MESH_RELAY_FLOOR / 1024
+        );
+        let first = direct
+            .first()
+            .ok_or_else(|| Error::Internal("a mesh connection without a direct path".into()))?;
+        let mut targets = vec![(
+            std::net::SocketAddrV4::new(first.remote.addr.addr(), p.repr.port),
+            Some(first.local.addr.addr()),
+        )];
+        if let Some(c) = p.repr.control.filter(|&c| c != first.remote.addr.addr()) {
+            targets.push((std::net::SocketAddrV4::new(c, p.repr.port), None));
+        }
+        let (nonce, timeout, label) = (p.repr.nonce, self.timeout(), p.peer.clone());
+        let hint = routed_hint(&direct);
+        self.launch(
+            &p.comm,
+            p.dev,
+            p.peer.clone(),
+            plans,
+            &[],
+            p.steps,
+            hint,
+            Some(min_chunk),
+            |mine| Connector::start_to(targets, nonce, requests, mine, timeout, label),
+        )
     }
 
     /// Advances a connection whose endpoint exists as far as the sockets allow.

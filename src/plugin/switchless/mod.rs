@@ -173,6 +173,9 @@ pub trait PathFactory: Sized + Send + Sync + 'static {
 
 // ---- The backend. ----
 
+/// Communicators whose latest `setNetAttr` hint the backend keeps (a process has a handful).
+pub const MAX_HINTED_COMMS: usize = 64;
+
 /// The backend. See the module docs.
 pub struct Switchless<P: PathFactory> {
     factory: P,
@@ -204,6 +207,10 @@ pub struct Switchless<P: PathFactory> {
     exporter_settled: AtomicBool,
     /// The relay services of this process (`None`: relays off, or no point-to-point link).
     relays: Option<Arc<crate::transport::relay::Relays>>,
+    /// The latest `setNetAttr` hint per communicator id (v11+), read by `connect` for the mesh
+    /// relay policy ([`relay::mesh_relay`]); at most [`MAX_HINTED_COMMS`] (one is forgotten to
+    /// make room).
+    hints: Arc<Mutex<HashMap<u64, crate::plugin::NetAttr>>>,
 }
 
 impl<P: PathFactory> std::fmt::Debug for Switchless<P> {
@@ -389,6 +396,7 @@ impl<P: PathFactory> Switchless<P> {
             exporter: Mutex::new(None),
             exporter_settled: AtomicBool::new(false),
             relays,
+            hints: Arc::new(Mutex::new(HashMap::new())),
         })
     }
 
@@ -564,6 +572,20 @@ impl<P: PathFactory> Backend for Switchless<P> {
                 Ok(None)
             }
         }
+    }
+
+    fn set_net_attr(&self, comm: &CommInfo, attr: &crate::plugin::NetAttr) -> Result<()> {
+        // The legacy (v6-v10) context has no id and no setNetAttr: nothing to keep.
+        if let Some(id) = comm.comm_id {
+            let mut h = crate::sync::lock(&self.hints, "setNetAttr hints")?;
+            if h.len() >= MAX_HINTED_COMMS && !h.contains_key(&id) {
+                if let Some(&k) = h.keys().next() {
+                    h.remove(&k);
+                }
+            }
+            h.insert(id, *attr);
+        }
+        Ok(())
     }
 
     fn listen(

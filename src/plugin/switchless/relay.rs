@@ -102,6 +102,9 @@ pub(super) struct Probing {
     key: CommKey,
     probes: Vec<Probe>,
     pub(super) steps: SetupSteps,
+    /// The mesh policy ([`mesh_relay`]): the direct route, to which the relay paths found are
+    /// added (none found: the direct paths alone). `None`: no cable reaches the peer.
+    pub(super) direct: Option<crate::route::select::Selection>,
 }
 
 /// What the probes came to.
@@ -123,6 +126,18 @@ pub(super) struct RelayedPlan {
 }
 
 impl<P: PathFactory> Switchless<P> {
+    /// [`mesh_relay`] for a connection of `comm`: relays served here, a communicator id, and its
+    /// latest hint.
+    pub(super) fn wants_mesh_relays(&self, comm: &CommInfo) -> bool {
+        let (Some(_), Some(id)) = (&self.relays, comm.comm_id) else {
+            return false;
+        };
+        let hint = crate::sync::lock(&self.hints, "setNetAttr hints")
+            .ok()
+            .and_then(|h| h.get(&id).copied());
+        mesh_relay(self.view.config.relay, hint.as_ref())
+    }
+
     /// `init` of a communicator (ABI v11+): serves relays for it on `port_for(comm id)`, unless
     /// relays are off or another rank of this host serves that port already.
     pub(super) fn serve_relays(&self, info: &CommInfo) -> Result<Option<RelayTicket>> {
@@ -146,6 +161,7 @@ impl<P: PathFactory> Switchless<P> {
         peer_key: &str,
         why: Error,
         steps: &SetupSteps,
+        mesh: bool,
     ) -> std::result::Result<Box<Probing>, Error> {
         let Some(id) = comm.comm_id else {
             return Err(why);
@@ -171,19 +187,31 @@ impl<P: PathFactory> Switchless<P> {
                 if targets.contains(&far) {
                     continue;
                 }
-                probes.push(Probe::start(
+                let probe = Probe::start(
                     l.addr.addr(),
                     SocketAddr::new(IpAddr::V4(far), port),
                     key.clone(),
                     targets.clone(),
-                ));
+                );
+                // Next to direct paths a relay is an extra: a neighbour without one costs
+                // the connection a second at most.
+                probes.push(if mesh {
+                    probe.patience(MESH_PROBE_WAIT)
+                } else {
+                    probe
+                });
             }
         }
         if probes.is_empty() {
             return Err(why);
         }
         tracing::info!(
-            "NET/switchless: connect to {peer}: no cable reaches it; asking {} neighbour relay(s) on port {port}",
+            "NET/switchless: connect to {peer}: {}; asking {} neighbour relay(s) on port {port}",
+            if mesh {
+                "a Ring/Tree hint on a mesh"
+            } else {
+                "no cable reaches it"
+            },
             probes.len()
         );
         Ok(Box::new(Probing {
@@ -198,6 +226,7 @@ impl<P: PathFactory> Switchless<P> {
             key,
             probes,
             steps: *steps,
+            direct: None,
         }))
     }
 
@@ -220,12 +249,12 @@ impl<P: PathFactory> Switchless<P> {
                 "; no neighbour relays it either ({})",
                 failed.join("; ")
             ));
-            if self.view.config.relay == RelayMode::Always {
+            if self.view.config.relay == RelayMode::Always && p.direct.is_none() {
                 return Err(e.append("; NCCL_SWITCHLESS_RELAY=always allows no fallback"));
             }
             return Ok(Probed::NoRelay(p, e));
         }
-        let plan = self.plan_relayed(&p.repr, &p.peer, &p.key, &found)?;
+        let plan = self.plan_relayed(&p.repr, &p.peer, &p.key, &found, p.direct.is_some())?;
         Ok(Probed::Relayed(p, plan))
     }
 
@@ -238,8 +267,10 @@ impl<P: PathFactory> Switchless<P> {
         peer: &str,
         key: &CommKey,
         found: &[Found],
+        mesh: bool,
     ) -> Result<RelayedPlan> {
-        let control = repr.control.ok_or_else(|| {
+        // Next to direct paths the handshake goes over them (the target is not used).
+        let control = repr.control.or(mesh.then_some(Ipv4Addr::UNSPECIFIED)).ok_or_else(|| {
             Error::InvalidUsage(format!(
                 "connect to {peer}: relays {} reach it, but its listen handle has no control address \
                  (a management network) to carry the handshake",
@@ -297,7 +328,12 @@ impl<P: PathFactory> Switchless<P> {
             )));
         }
         tracing::info!(
-            "NET/switchless: connect to {peer}: no cable reaches it; {} relayed TCP path(s) through {}",
+            "NET/switchless: connect to {peer}: {}; {} relayed TCP path(s) through {}",
+            if mesh {
+                "a Ring/Tree hint on a mesh"
+            } else {
+                "no cable reaches it"
+            },
             plans.len(),
             plans
                 .iter()
@@ -310,5 +346,133 @@ impl<P: PathFactory> Switchless<P> {
             requests: reqs,
             target: (SocketAddrV4::new(control, repr.port), None),
         })
+    }
+}
+
+// ---- The mesh policy: relay paths next to the direct ones, by NCCL's hints. ----
+
+/// `ncclNetAttr.op` bits of the collectives (`BIT(ncclFunc_t)`: broadcast, reduce, all-gather,
+/// reduce-scatter, all-reduce). Any other bit is point-to-point (send/recv, alltoall, scatter,
+/// gather), where a two-hop byte costs two cables.
+pub const OP_COLLECTIVES: u32 = 0x1f;
+/// `ncclNetAttr.algo` bits: `BIT(NCCL_ALGO_TREE)`, `BIT(NCCL_ALGO_RING)`.
+pub const ALGO_TREE_BIT: u32 = 1 << 0;
+/// See [`ALGO_TREE_BIT`].
+pub const ALGO_RING_BIT: u32 = 1 << 1;
+/// `ncclNetAttr.proto` bit of `NCCL_PROTO_SIMPLE`, the protocol of large steps.
+pub const PROTO_SIMPLE_BIT: u32 = 1 << 2;
+/// Most concurrent peers a connection's hint may name and still get relay paths: a ring has 1
+/// each way, a tree at most 2 × (arity − 1) = 4 (NCCL's `NCCL_MAX_TREE_ARITY` is 3); a p2p
+/// fan-out names p2p channels × 8.
+pub const MESH_MAX_PEERS: i32 = 4;
+/// Messages below this many bytes use the direct paths only: one NCCL Simple step (4 MiB buffer
+/// / 8 steps). The model (docs/performance.md) found relays lose on smaller ring steps.
+pub const MESH_RELAY_FLOOR: u64 = 512 * 1024;
+/// How long a mesh connection waits for a neighbour's relay that refuses or stays silent (a
+/// peer no cable reaches waits [`crate::transport::relay::client::PROBE_WAIT`]).
+pub const MESH_PROBE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Whether a connection with a direct route also gets relay paths (issue 30, item 3): relays on,
+/// and the communicator's latest `setNetAttr` hint says Ring or Tree (and nothing else), only
+/// collective operations, the Simple protocol if any is named, and few concurrent peers. No hint
+/// (ABI v6–v10, or none given yet): no relay paths, as before.
+pub fn mesh_relay(mode: RelayMode, hint: Option<&crate::plugin::NetAttr>) -> bool {
+    let Some(h) = hint else {
+        return false;
+    };
+    if mode == RelayMode::Off {
+        return false;
+    }
+    let ring_or_tree = ALGO_RING_BIT | ALGO_TREE_BIT;
+    let algo_ok = matches!(h.algo, Some(a) if a != 0 && a & !ring_or_tree == 0);
+    let op_ok = h.op.is_none_or(|o| o & !OP_COLLECTIVES == 0);
+    let proto_ok = h.proto.is_none_or(|p| p & PROTO_SIMPLE_BIT != 0);
+    let few =
+        |a: &crate::plugin::CommAttr| a.max_concurrent_peers.is_none_or(|n| n <= MESH_MAX_PEERS);
+    algo_ok && op_ok && proto_ok && few(&h.send) && few(&h.recv)
+}
+
+/// The stripe weight (Mb/s) of each relay path next to direct paths of `direct` Mb/s in all and
+/// `slowest` Mb/s the slowest, with `relays` relay hosts: the model's ring split, 2/N of the
+/// bytes direct and 1/N through each of the N − 2 other hosts, so each relay path weighs half the
+/// direct sum; never above its slower leg (`leg`), and below every direct path so that a message
+/// too small to split over all paths stays on the direct ones.
+pub fn mesh_relay_weight(direct: u64, slowest: u64, leg: u64) -> u64 {
+    let mut w = (direct / 2).max(1);
+    if leg != 0 {
+        w = w.min(leg);
+    }
+    w.min(slowest.saturating_sub(1).max(1))
+}
+
+/// The smallest chunk of a connection with relay paths: the relays' share of a message reaches
+/// it from [`MESH_RELAY_FLOOR`] on (the stripe drops the slowest paths first while a chunk would
+/// be smaller), and never below the configured `min_chunk`.
+pub fn mesh_min_chunk(min_chunk: u64, relay_weight: u64, total_weight: u64) -> u64 {
+    let share =
+        u128::from(MESH_RELAY_FLOOR) * u128::from(relay_weight) / u128::from(total_weight.max(1));
+    min_chunk.max(u64::try_from(share).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod mesh_tests {
+    use super::*;
+    use crate::plugin::{CommAttr, NetAttr};
+
+    fn hint(op: u32, algo: Option<u32>, proto: Option<u32>, peers: i32) -> NetAttr {
+        let a = CommAttr {
+            max_concurrent_peers: Some(peers),
+            ..CommAttr::default()
+        };
+        NetAttr {
+            send: a,
+            recv: a,
+            op: Some(op),
+            algo,
+            proto,
+        }
+    }
+
+    #[test]
+    fn ring_and_tree_with_few_peers_get_relays_fan_outs_never() {
+        let ar = 1 << 4;
+        let ring = hint(ar, Some(ALGO_RING_BIT), Some(PROTO_SIMPLE_BIT), 1);
+        assert!(mesh_relay(RelayMode::Auto, Some(&ring)));
+        assert!(mesh_relay(RelayMode::Always, Some(&ring)));
+        assert!(!mesh_relay(RelayMode::Off, Some(&ring)));
+        assert!(!mesh_relay(RelayMode::Auto, None));
+        let tree = hint(ar, Some(ALGO_TREE_BIT), None, 4);
+        assert!(mesh_relay(RelayMode::Auto, Some(&tree)));
+        // Too many peers, small steps, other algorithms, undefined algorithm, p2p ops: no.
+        assert!(!mesh_relay(
+            RelayMode::Auto,
+            Some(&hint(ar, Some(ALGO_RING_BIT), None, 5))
+        ));
+        assert!(!mesh_relay(
+            RelayMode::Auto,
+            Some(&hint(ar, Some(ALGO_RING_BIT), Some(1), 1))
+        ));
+        assert!(!mesh_relay(
+            RelayMode::Auto,
+            Some(&hint(ar, Some(1 << 6), None, 1))
+        ));
+        assert!(!mesh_relay(RelayMode::Auto, Some(&hint(ar, None, None, 1))));
+        for p2p in [1 << 5, 1 << 6, 1 << 7, 1 << 8, 1 << 9] {
+            let h = hint(p2p | ar, Some(ALGO_RING_BIT), None, 1);
+            assert!(!mesh_relay(RelayMode::Auto, Some(&h)), "op {p2p:#x}");
+        }
+    }
+
+    #[test]
+    fn relay_weights_follow_the_ring_split_below_every_direct_path() {
+        // One 10 Gb/s direct path: half of it, below it.
+        assert_eq!(mesh_relay_weight(10_000, 10_000, 10_000), 5_000);
+        // Four 400 Gb/s direct paths: half the sum is 800, held below the slowest direct path.
+        assert_eq!(mesh_relay_weight(1_600_000, 400_000, 400_000), 399_999);
+        // A slower leg bounds it.
+        assert_eq!(mesh_relay_weight(10_000, 10_000, 2_000), 2_000);
+        // The floor: a relay with 1/3 of the weight joins from 512 KiB messages.
+        assert_eq!(mesh_min_chunk(32 << 10, 5_000, 15_000), (512 << 10) / 3);
+        assert_eq!(mesh_min_chunk(1 << 20, 5_000, 15_000), 1 << 20);
     }
 }

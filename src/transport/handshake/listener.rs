@@ -64,6 +64,9 @@ pub struct AcceptorView {
     /// Whether routed TCP paths are accepted (`NCCL_SWITCHLESS_TCP_FALLBACK=1`, see
     /// [`crate::route::check_incoming`]).
     pub reach: Reach,
+    /// Whether hellos with a relayed path (kind byte 2) are refused (`NCCL_SWITCHLESS_RELAY=off`
+    /// on this host): this host then neither serves relays nor takes streams through them.
+    pub refuse_relayed: bool,
 }
 
 /// One path of an incoming connection, resolved on this node.
@@ -541,6 +544,17 @@ fn check_hello(
     let mut paths = Vec::with_capacity(hello.paths.len());
     for (n, (req, par)) in hello.paths.iter().zip(&hello.params.paths).enumerate() {
         let what = || format!("path {n} ({} -> {})", req.connector.addr(), req.acceptor);
+        if req.relayed && view.refuse_relayed {
+            return Err(Refusal::both(
+                &key,
+                format!(
+                    "{}: a relayed path (through the relay at {}), and NCCL_SWITCHLESS_RELAY=off on \
+                     the accepting host refuses relayed paths (auto or always accept them)",
+                    what(),
+                    req.connector.addr()
+                ),
+            ));
+        }
         let l = check_incoming(
             &view.links,
             &view.routes,
@@ -909,6 +923,7 @@ mod tests {
             links: vec![link("10.0.0.1/30", "to2"), link("192.168.9.3/24", "mgmt")],
             routes: Vec::new(),
             reach: Reach::OnLink,
+            refuse_relayed: false,
         };
         let relayed = hello("10.0.0.2/30", true);
         check_source(&view, &relayed, from("192.168.9.1")).unwrap();

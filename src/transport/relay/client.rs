@@ -291,10 +291,19 @@ pub struct Probe {
     retry_at: Option<Instant>,
     backoff: Duration,
     started: Instant,
+    /// How long a refusing or silent relay is given ([`PROBE_WAIT`] unless [`Probe::patience`]).
+    wait: Duration,
     state: ProbeState,
 }
 
 impl Probe {
+    /// Gives the relay `wait` instead of [`PROBE_WAIT`] (a relay path that is only an extra,
+    /// next to direct paths, is not worth holding the connection 10 s for).
+    pub fn patience(mut self, wait: Duration) -> Probe {
+        self.wait = wait;
+        self
+    }
+
     /// Starts asking the relay at `relay` (reached from this host's `local` link address) about
     /// `targets` (the peer's addresses, at most [`super::wire::MAX_TARGETS`]).
     pub fn start(
@@ -312,6 +321,7 @@ impl Probe {
             retry_at: None,
             backoff: RETRY_FIRST,
             started: Instant::now(),
+            wait: PROBE_WAIT,
             state: ProbeState::Pending,
         };
         p.open();
@@ -353,11 +363,11 @@ impl Probe {
         };
         match d.poll() {
             Ok(DoorPoll::Pending) => {
-                if now.duration_since(self.started) > PROBE_WAIT {
+                if now.duration_since(self.started) > self.wait {
                     self.state = ProbeState::Failed(format!(
-                        "relay {} did not answer within {} s",
+                        "relay {} did not answer within {} ms",
                         self.relay,
-                        PROBE_WAIT.as_secs()
+                        self.wait.as_millis()
                     ));
                 }
             }
@@ -373,7 +383,7 @@ impl Probe {
             }
             Ok(DoorPoll::NoService) => {
                 self.door = None;
-                if now.duration_since(self.started) + self.backoff > PROBE_WAIT {
+                if now.duration_since(self.started) + self.backoff > self.wait {
                     self.state = ProbeState::Failed(format!(
                         "nothing listens on relay {} (no rank of this communicator serves relays \
                          on that host)",
