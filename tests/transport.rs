@@ -104,6 +104,16 @@ impl Rig {
             .unwrap();
         (addr, mh)
     }
+    /// irecv of one buffer, which must be taken (a free slot).
+    fn irecv1(&mut self, addr: u64, size: u64, tag: u32, mh: &MemHandle) -> Request {
+        let b = RecvBuf {
+            addr,
+            size,
+            tag,
+            mh,
+        };
+        self.r.irecv(self.now(), &[b]).unwrap().unwrap()
+    }
     /// isend, retrying while the CTS has not arrived (stepping the fabric in reorder mode).
     fn isend(&mut self, addr: u64, size: u64, tag: u32, mh: &MemHandle) -> Request {
         for _ in 0..10_000 {
@@ -138,18 +148,7 @@ fn one_message_one_path() {
     let data = pattern(10_000, 1);
     let (sa, smh) = g.send_buf(&data);
     let (ra, rmh) = g.recv_buf(16_384, MemKind::Host);
-    let rreq =
-        g.r.irecv(
-            g.now(),
-            &[RecvBuf {
-                addr: ra,
-                size: 16_384,
-                tag: 3,
-                mh: &rmh,
-            }],
-        )
-        .unwrap()
-        .unwrap();
+    let rreq = g.irecv1(ra, 16_384, 3, &rmh);
     let sreq = g.isend(sa, 10_000, 3, &smh);
     assert_eq!(g.wait_send(sreq), 10_000);
     assert_eq!(g.wait_recv(rreq).as_slice(), &[10_000]);
@@ -198,18 +197,7 @@ fn grouped_receive_matches_by_tag_and_reports_sizes_per_buffer() {
 fn send_with_unposted_tag_waits() {
     let mut g = rig(1);
     let (ra, rmh) = g.recv_buf(64, MemKind::Host);
-    let rreq =
-        g.r.irecv(
-            g.now(),
-            &[RecvBuf {
-                addr: ra,
-                size: 64,
-                tag: 1,
-                mh: &rmh,
-            }],
-        )
-        .unwrap()
-        .unwrap();
+    let rreq = g.irecv1(ra, 64, 1, &rmh);
     let (sa, smh) = g.send_buf(&[1; 8]);
     assert_eq!(g.s.isend(g.now(), sa, 8, 2, &smh).unwrap(), None);
     let req = g.s.isend(g.now(), sa, 8, 1, &smh).unwrap().unwrap();
@@ -230,17 +218,7 @@ fn no_clear_to_send_means_retry() {
 fn send_larger_than_receive_is_an_error_naming_both_sizes() {
     let mut g = rig(1);
     let (ra, rmh) = g.recv_buf(100, MemKind::Host);
-    g.r.irecv(
-        g.now(),
-        &[RecvBuf {
-            addr: ra,
-            size: 100,
-            tag: 0,
-            mh: &rmh,
-        }],
-    )
-    .unwrap()
-    .unwrap();
+    g.irecv1(ra, 100, 0, &rmh);
     let (sa, smh) = g.send_buf(&[0; 101]);
     let err = g.s.isend(g.now(), sa, 101, 0, &smh).unwrap_err();
     assert!(matches!(err, Error::InvalidUsage(_)), "{err}");
@@ -255,18 +233,7 @@ fn send_larger_than_receive_is_an_error_naming_both_sizes() {
 fn smaller_send_reports_actual_size() {
     let mut g = rig(3);
     let (ra, rmh) = g.recv_buf(1 << 20, MemKind::Host);
-    let rreq =
-        g.r.irecv(
-            g.now(),
-            &[RecvBuf {
-                addr: ra,
-                size: 1 << 20,
-                tag: 0,
-                mh: &rmh,
-            }],
-        )
-        .unwrap()
-        .unwrap();
+    let rreq = g.irecv1(ra, 1 << 20, 0, &rmh);
     let data = pattern(300_001, 9);
     let (sa, smh) = g.send_buf(&data);
     let sreq = g.isend(sa, 300_001, 0, &smh);
@@ -369,18 +336,7 @@ fn striping_follows_link_speed() {
     let data = pattern(len, 4);
     let (sa, smh) = g.send_buf(&data);
     let (ra, rmh) = g.recv_buf(len, MemKind::Host);
-    let rreq =
-        g.r.irecv(
-            g.now(),
-            &[RecvBuf {
-                addr: ra,
-                size: len as u64,
-                tag: 0,
-                mh: &rmh,
-            }],
-        )
-        .unwrap()
-        .unwrap();
+    let rreq = g.irecv1(ra, len as u64, 0, &rmh);
     let before: Vec<u64> = (0..4).map(|p| g.fab.path_bytes(g.sid, p)).collect();
     let sreq = g.isend(sa, len as u64, 0, &smh);
     g.wait_send(sreq);
@@ -403,18 +359,7 @@ fn small_messages_use_one_path() {
     let (ra, rmh) = g.recv_buf(4096, MemKind::Host);
     let (sa, smh) = g.send_buf(&pattern(4096, 0));
     let before = g.fab.stats();
-    let rreq =
-        g.r.irecv(
-            g.now(),
-            &[RecvBuf {
-                addr: ra,
-                size: 4096,
-                tag: 0,
-                mh: &rmh,
-            }],
-        )
-        .unwrap()
-        .unwrap();
+    let rreq = g.irecv1(ra, 4096, 0, &rmh);
     let sreq = g.isend(sa, 4096, 0, &smh);
     g.wait_send(sreq);
     g.wait_recv(rreq);
@@ -435,18 +380,7 @@ fn zero_byte_messages() {
     let (ra, rmh) = g.recv_buf(16, MemKind::Host);
     let (sa, smh) = g.send_buf(&[]);
     for _ in 0..5 {
-        let rreq =
-            g.r.irecv(
-                g.now(),
-                &[RecvBuf {
-                    addr: ra,
-                    size: 0,
-                    tag: 1,
-                    mh: &rmh,
-                }],
-            )
-            .unwrap()
-            .unwrap();
+        let rreq = g.irecv1(ra, 0, 1, &rmh);
         let sreq = g.isend(sa, 0, 1, &smh);
         assert_eq!(g.wait_send(sreq), 0);
         assert_eq!(g.wait_recv(rreq).as_slice(), &[0]);
@@ -460,18 +394,7 @@ fn requests_are_never_null_or_the_ll_marker() {
     let (ra, rmh) = g.recv_buf(8, MemKind::Host);
     let (sa, smh) = g.send_buf(&[1; 8]);
     for _ in 0..100 {
-        let rreq =
-            g.r.irecv(
-                g.now(),
-                &[RecvBuf {
-                    addr: ra,
-                    size: 8,
-                    tag: 0,
-                    mh: &rmh,
-                }],
-            )
-            .unwrap()
-            .unwrap();
+        let rreq = g.irecv1(ra, 8, 0, &rmh);
         let sreq = g.isend(sa, 8, 0, &smh);
         assert!(rreq.to_raw() > 1 && sreq.to_raw() > 1);
         assert_eq!(Request::from_raw(rreq.to_raw()), rreq);
@@ -643,35 +566,13 @@ fn completion_error_fails_only_affected_requests_and_names_the_path() {
     let (ra, rmh) = g.recv_buf(128, MemKind::Host);
     let (sa, smh) = g.send_buf(&[3; 64]);
     // One good round first.
-    let rr =
-        g.r.irecv(
-            g.now(),
-            &[RecvBuf {
-                addr: ra,
-                size: 64,
-                tag: 0,
-                mh: &rmh,
-            }],
-        )
-        .unwrap()
-        .unwrap();
+    let rr = g.irecv1(ra, 64, 0, &rmh);
     let sr = g.isend(sa, 64, 0, &smh);
     g.wait_send(sr);
     g.wait_recv(rr);
     // Now the sender's path fails with a transport retry error.
     g.fab.fail_next(g.sid, 0, WcStatus::RETRY_EXC_ERR);
-    let rr =
-        g.r.irecv(
-            g.now(),
-            &[RecvBuf {
-                addr: ra,
-                size: 64,
-                tag: 0,
-                mh: &rmh,
-            }],
-        )
-        .unwrap()
-        .unwrap();
+    let rr = g.irecv1(ra, 64, 0, &rmh);
     let sr = g.isend(sa, 64, 0, &smh);
     let err = g.s.test(g.now(), sr).unwrap_err();
     assert!(matches!(err, Error::Remote(_)), "{err}");
@@ -689,17 +590,7 @@ fn local_errors_are_system_errors() {
     let mut g = rig(2);
     let (ra, rmh) = g.recv_buf(64, MemKind::Host);
     let (sa, smh) = g.send_buf(&[3; 64]);
-    g.r.irecv(
-        g.now(),
-        &[RecvBuf {
-            addr: ra,
-            size: 64,
-            tag: 0,
-            mh: &rmh,
-        }],
-    )
-    .unwrap()
-    .unwrap();
+    g.irecv1(ra, 64, 0, &rmh);
     g.fab.fail_next(g.sid, 0, WcStatus::LOC_PROT_ERR);
     g.fab.fail_next(g.sid, 1, WcStatus::LOC_PROT_ERR);
     let sr = g.isend(sa, 64, 0, &smh);
@@ -711,18 +602,7 @@ fn cts_write_error_fails_the_receive() {
     let mut g = rig(1);
     let (ra, rmh) = g.recv_buf(64, MemKind::Host);
     g.fab.fail_next(g.rid, 0, WcStatus::REM_ACCESS_ERR);
-    let rr =
-        g.r.irecv(
-            g.now(),
-            &[RecvBuf {
-                addr: ra,
-                size: 64,
-                tag: 0,
-                mh: &rmh,
-            }],
-        )
-        .unwrap()
-        .unwrap();
+    let rr = g.irecv1(ra, 64, 0, &rmh);
     let err = g.r.test(g.now(), rr).unwrap_err();
     assert!(err.to_string().contains("clear-to-send"), "{err}");
 }
@@ -733,18 +613,7 @@ fn silent_peer_leaves_requests_pending_until_the_timeout() {
     let (ra, rmh) = g.recv_buf(64, MemKind::Host);
     let (sa, smh) = g.send_buf(&[3; 64]);
     g.fab.stall(g.sid, true);
-    let rr =
-        g.r.irecv(
-            g.now(),
-            &[RecvBuf {
-                addr: ra,
-                size: 64,
-                tag: 0,
-                mh: &rmh,
-            }],
-        )
-        .unwrap()
-        .unwrap();
+    let rr = g.irecv1(ra, 64, 0, &rmh);
     let sr = g.isend(sa, 64, 0, &smh);
     assert_eq!(g.r.test(g.now(), rr).unwrap(), None);
     assert_eq!(g.s.test(g.now(), sr).unwrap(), None);
@@ -853,17 +722,7 @@ fn path_errors_and_timeouts_carry_what_the_device_said_about_the_port() {
     let (sa, smh) = g.send_buf(&[3; 64]);
     g.fab.set_path_note(g.sid, 0, Some(NOTE));
     g.fab.fail_next(g.sid, 0, WcStatus::RETRY_EXC_ERR);
-    g.r.irecv(
-        g.now(),
-        &[RecvBuf {
-            addr: ra,
-            size: 64,
-            tag: 0,
-            mh: &rmh,
-        }],
-    )
-    .unwrap()
-    .unwrap();
+    g.irecv1(ra, 64, 0, &rmh);
     let sr = g.isend(sa, 64, 0, &smh);
     let msg = g.s.test(g.now(), sr).unwrap_err().to_string();
     assert!(
@@ -919,18 +778,7 @@ fn without_timeout_a_silent_peer_never_errors() {
     let mut g = rig(1);
     let (ra, rmh) = g.recv_buf(64, MemKind::Host);
     g.fab.stall(g.sid, true);
-    let rr =
-        g.r.irecv(
-            g.now(),
-            &[RecvBuf {
-                addr: ra,
-                size: 64,
-                tag: 0,
-                mh: &rmh,
-            }],
-        )
-        .unwrap()
-        .unwrap();
+    let rr = g.irecv1(ra, 64, 0, &rmh);
     let (sa, smh) = g.send_buf(&[3; 64]);
     let sr = g.isend(sa, 64, 0, &smh);
     for _ in 0..1000 {
@@ -959,18 +807,7 @@ fn close_with_requests_outstanding_releases_everything() {
     g.fab.stall(g.sid, true);
     let mut pending = Vec::new();
     for i in 0..10 {
-        let rr =
-            g.r.irecv(
-                g.now(),
-                &[RecvBuf {
-                    addr: ra,
-                    size: 4096,
-                    tag: 0,
-                    mh: &rmh,
-                }],
-            )
-            .unwrap()
-            .unwrap();
+        let rr = g.irecv1(ra, 4096, 0, &rmh);
         let sr = g.isend(sa, 4096, 0, &smh);
         pending.push((rr, sr, i));
     }
@@ -1057,18 +894,7 @@ fn receives_stay_posted() {
     let (ra, rmh) = g.recv_buf(1 << 18, MemKind::Host);
     let (sa, smh) = g.send_buf(&pattern(1 << 18, 0));
     for _ in 0..3 {
-        let rr =
-            g.r.irecv(
-                g.now(),
-                &[RecvBuf {
-                    addr: ra,
-                    size: 1 << 18,
-                    tag: 0,
-                    mh: &rmh,
-                }],
-            )
-            .unwrap()
-            .unwrap();
+        let rr = g.irecv1(ra, 1 << 18, 0, &rmh);
         let sr = g.isend(sa, 1 << 18, 0, &smh);
         g.wait_send(sr);
         g.wait_recv(rr);
@@ -1419,17 +1245,7 @@ fn one_warning_per_failed_path_naming_path_and_status() {
         let (ra, rmh) = g.recv_buf(1 << 20, MemKind::Host);
         let (sa, smh) = g.send_buf(&pattern(1 << 20, 1));
         for _ in 0..3 {
-            g.r.irecv(
-                g.now(),
-                &[RecvBuf {
-                    addr: ra,
-                    size: 1 << 20,
-                    tag: 0,
-                    mh: &rmh,
-                }],
-            )
-            .unwrap()
-            .unwrap();
+            g.irecv1(ra, 1 << 20, 0, &rmh);
         }
         g.fab.fail_next(g.sid, 1, WcStatus::REM_ACCESS_ERR);
         let sreqs: Vec<Request> = (0..3).map(|_| g.isend(sa, 1 << 20, 0, &smh)).collect();
@@ -1513,18 +1329,7 @@ fn torn_clear_to_send_landing(order_seed: u64) {
     let mut old = vec![0u64; SLOT_WORDS];
     for i in 0..=FIFO_DEPTH {
         g.fab.write(ra, &[0xEE; 64]).unwrap();
-        let rreq =
-            g.r.irecv(
-                g.now(),
-                &[RecvBuf {
-                    addr: ra,
-                    size: 64,
-                    tag: 0,
-                    mh: &rmh,
-                }],
-            )
-            .unwrap()
-            .unwrap();
+        let rreq = g.irecv1(ra, 64, 0, &rmh);
         if i % FIFO_DEPTH == 0 {
             // The entry the receiver wrote, taken back to what the slot held before it, then
             // landed again one word at a time in a random order.
