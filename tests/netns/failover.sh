@@ -32,19 +32,11 @@ cd "$(dirname "$0")/../.."
 
 profile=debug
 [ "${1:-}" = --release ] && profile=release
-[ "$(id -u)" -eq 0 ] || { echo "failover.sh: needs root to create network namespaces" >&2; exit 1; }
-command -v ip >/dev/null || { echo "failover.sh: ip is missing (iproute2)" >&2; exit 1; }
-
-target="${CARGO_TARGET_DIR:-target}"
-if [ "$profile" = release ]; then
-  cargo build --quiet --release --lib --bin switchless
-else
-  cargo build --quiet --lib --bin switchless
-fi
-bin=$(readlink -f "$target/$profile/switchless")
-work=$(mktemp -d)
-cp "$target/$profile/libswitchless.so" "$work/libnccl-net-switchless.so"
-so="$work/libnccl-net-switchless.so"
+me=failover.sh
+# shellcheck source=tests/netns/lib.sh
+. tests/netns/lib.sh
+netns_require
+netns_build "$profile"
 
 tag="swf$$"
 a="$tag-a"
