@@ -56,18 +56,11 @@ fi
 [ -x "$bin" ] || { echo "mesh.sh: $bin is not executable" >&2; exit 1; }
 bin=$(readlink -f "$bin")
 
-tag="swl$$"
-namespaces=()
-pids=()
+me=mesh.sh
+# shellcheck source=tests/netns/lib.sh
+. tests/netns/lib.sh
 work=$(mktemp -d)
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for ns in "${namespaces[@]}"; do ip netns del "$ns" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT INT TERM
-
-fail() { echo "mesh.sh: FAIL: $*" >&2; exit 1; }
+netns_start "swl$$"
 
 mkns() {
   ip netns add "$1"
@@ -76,18 +69,7 @@ mkns() {
 }
 
 # link <nsA> <nsB> <L> <devA> <devB>: veth pair, 10.200.L.1/30 on A, 10.200.L.2/30 on B, MTU 9000.
-link() {
-  local a="$1" b="$2" l="$3" da="$4" db="$5"
-  ip link add "$tag-$l-a" type veth peer name "$tag-$l-b"
-  ip link set "$tag-$l-a" netns "$a"
-  ip link set "$tag-$l-b" netns "$b"
-  ip -n "$a" link set "$tag-$l-a" name "$da"
-  ip -n "$b" link set "$tag-$l-b" name "$db"
-  ip -n "$a" link set "$da" mtu 9000 up
-  ip -n "$b" link set "$db" mtu 9000 up
-  ip -n "$a" addr add "10.200.$l.1/30" dev "$da"
-  ip -n "$b" addr add "10.200.$l.2/30" dev "$db"
-}
+link() { netns_link "$@" 200; }
 
 default_payload() {
   local role="$1" local_ip="$2" peer_ip="$3" port="$4"
