@@ -19,18 +19,10 @@ use switchless::transport::fabric::MemKind;
 use switchless::transport::memfab::{EpId, InFlight, MemEndpoint, MemFab, MemFabConfig};
 use switchless::transport::stripe::StripeParams;
 
-/// Message `m`'s bytes: distinct per message, so a copy of one landing in another's buffer shows.
-fn content(m: usize, len: usize) -> Vec<u8> {
-    let mut x = (m as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8
-        })
-        .collect()
-}
+#[path = "support/shared_pool.rs"]
+mod shared_pool;
+
+use shared_pool::content;
 
 fn pcfg() -> ProtocolConfig {
     ProtocolConfig {
