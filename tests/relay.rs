@@ -1058,6 +1058,36 @@ fn hostile_clients_at_the_relay_door_are_refused_counted_and_cost_nobody_else() 
 /// two rates, the relay thread's CPU per 100 Gb/s forwarded, and its peak staging memory.
 /// `cargo test --release --test relay -- --ignored --nocapture relay_cost`
 #[test]
+fn the_relay_counts_its_own_threads_cpu_not_its_starters() {
+    // The starter has spent far more CPU than the new service thread will: the service's count
+    // must not be the difference of two threads' clocks (it read 0 then).
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(200) {
+        std::hint::black_box(t.elapsed());
+    }
+    let k = relay_host(
+        24006,
+        &["127.0.95.2/30", "127.0.96.1/30"],
+        COMM,
+        Bounds::default(),
+    );
+    // A few housekeeping ticks publish the count.
+    let mut cpu = 0;
+    for _ in 0..100 {
+        std::thread::sleep(Duration::from_millis(60));
+        cpu = k.stats().cpu_ns;
+        if cpu > 0 {
+            break;
+        }
+    }
+    assert!(cpu > 0, "the relay thread's CPU read 0 after 6 s");
+    assert!(
+        cpu < 150_000_000,
+        "an idle relay thread counted {cpu} ns: the starter's CPU?"
+    );
+}
+
+#[test]
 #[ignore = "a benchmark: run it by name in release mode"]
 fn relay_cost() {
     const MSG: usize = 4 << 20;

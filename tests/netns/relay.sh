@@ -16,7 +16,9 @@
 #
 #   * --measure: the same 4-rank alltoall at 16 MiB through relays and then with relays off over the
 #     TCP fallback (the diagonal over the management bridge), in the same run; busbw and the ratio
-#     are printed, never asserted.
+#     are printed, never asserted; and for each relay host its relay thread's CPU time (/proc, by
+#     the thread's name), the bytes its service forwarded (its own count, logged at stop), cores per
+#     100 Gb/s forwarded and peak staging memory.
 #
 # Usage: tests/netns/relay.sh [--release] [--measure]
 # Debugging: KEEP_WORK=1 keeps every rank's output; ONLY_KILL=1 runs only the relay-kill part.
@@ -214,13 +216,73 @@ if [ "$measure" = 1 ]; then
   busbw() { # label: rank 0's busbw (Gb/s) at the largest size
     grep -E '^ +[0-9]+ ' "$work/$1.0" | tail -n 1 | awk '{ print $8 }'
   }
+  # relay_cpu <label> <nranks>: until $work/<label>.done exists, samples every rank's relay service
+  # thread (comm `swl-relay<port>`) from /proc: "<utime+stime ticks> <thread life, ticks> <time on
+  # a CPU, ns (schedstat: finer than the ticks)>" goes to
+  # $work/<label>.<r>.relaycpu at each sample, so the last line written is the last sample before
+  # the thread ended. Builtins only between the sleeps (no fork per sample but the sleep).
+  relay_cpu() {
+    local label="$1" nranks="$2" r t st fld up bench=() rest tp ns
+    while [ ! -e "$work/$label.done" ]; do
+      for ((r = 0; r < nranks; r++)); do
+        if [ -z "${bench[r]:-}" ]; then
+          # The rank's PID file holds `timeout`; the bench is its child (ip netns exec execs it).
+          [ -e "$work/$label.$r.pid" ] || continue
+          tp=$(<"$work/$label.$r.pid")
+          read -r "bench[$r]" _ <"/proc/$tp/task/$tp/children" 2>/dev/null || true
+          [ -n "${bench[r]:-}" ] || continue
+        fi
+        for t in /proc/"${bench[r]}"/task/*; do
+          read -r st <"$t/comm" 2>/dev/null || continue
+          [[ $st == swl-relay* ]] || continue
+          read -r st <"$t/stat" 2>/dev/null || continue
+          read -r up _ </proc/uptime
+          ns=-1
+          read -r ns _ <"$t/schedstat" 2>/dev/null || true
+          rest=${st##*) }
+          read -ra fld <<<"$rest"
+          # Fields 14, 15 (utime, stime) and 22 (starttime) of stat; $rest starts at field 3.
+          up=${up/./}
+          echo "$((fld[11] + fld[12])) $((up * clk / 100 - fld[19])) $ns" >"$work/$label.$r.relaycpu"
+        done
+      done
+      sleep 0.1
+    done
+  }
+  clk=$(getconf CLK_TCK)
   m="-b 16777216 -e 16777216 -n ${SWL_MEASURE_ITERS:-20} -w 2"
-  run_bench measure-relay alltoall "$m" -- "$tag-n1" "$tag-n2" "$tag-n3" "$tag-n4"
+  rm -f "$work/measure-relay.done"
+  relay_cpu measure-relay 4 &
+  poller=$!; pids+=("$poller")
+  BENCH_ENV="NCCL_DEBUG=INFO" run_bench measure-relay alltoall "$m" -- "$tag-n1" "$tag-n2" "$tag-n3" "$tag-n4"
+  touch "$work/measure-relay.done"; wait "$poller" || true
   [ "$status" -eq 0 ] || { tail -n 20 "$work"/measure-relay.*; fail "measure: alltoall through relays"; }
-  BENCH_ENV="NCCL_SWITCHLESS_RELAY=off NCCL_SWITCHLESS_TCP_FALLBACK=1" \
+  BENCH_ENV="NCCL_DEBUG=INFO NCCL_SWITCHLESS_RELAY=off NCCL_SWITCHLESS_TCP_FALLBACK=1" \
     run_bench measure-fallback alltoall "$m" -- "$tag-n1" "$tag-n2" "$tag-n3" "$tag-n4"
   [ "$status" -eq 0 ] || { tail -n 20 "$work"/measure-fallback.*; fail "measure: alltoall over the fallback"; }
   r=$(busbw measure-relay); f=$(busbw measure-fallback)
   awk -v r="$r" -v f="$f" -v p="$profile" 'BEGIN { printf "relay.sh: measure (%s build) alltoall 4 ranks 16 MiB busbw: relays %.3f Gb/s, TCP fallback %.3f Gb/s, ratio %.2f\n", p, r, f, (f > 0 ? r / f : 0) }'
+  # Relay cost per host: CPU from /proc (the thread's whole life, sampled), bytes forwarded from
+  # the service's own count (RelayStats, logged when it stops at finalize: both directions,
+  # frame headers included). Cores per 100 Gb/s = (CPU s / wall s) / (forwarded Gb/s / 100); the
+  # wall time (the thread's life) cancels, so it is CPU seconds per 100 Gb forwarded.
+  tcpu=0; tns=0; tbytes=0
+  for r in 0 1 2 3; do
+    [ -s "$work/measure-relay.$r.relaycpu" ] || fail "measure: rank $r: no relay thread (swl-relay*) seen in /proc"
+    read -r ticks life ns <"$work/measure-relay.$r.relaycpu"
+    line=$(grep -h "relay service on port .* stopped" "$work/measure-relay.$r" | tail -n 1)
+    [ -n "$line" ] || fail "measure: rank $r: the relay service did not log its forwarded bytes at stop"
+    mib=$(echo "$line" | sed -E 's/.*\(([0-9.]+) MiB\) forwarded.*/\1/')
+    peak=$(echo "$line" | sed -E 's/.*peak staging ([0-9.]+) MiB.*/\1/')
+    own=$(echo "$line" | sed -E 's/.*CPU ([0-9.]+) s.*/\1/')
+    awk -v n="n$((r + 1))" -v t="$ticks" -v l="$life" -v c="$clk" -v m="$mib" -v p="$peak" -v o="$own" -v ns="$ns" 'BEGIN {
+      cpu = t / c; wall = l / c; gbit = m * 1048576 * 8 / 1e9
+      printf "relay.sh: measure: relay host %s: relay thread CPU %.2f s (utime+stime; on a CPU %.3f s by schedstat, %.3f s by the service) over %.2f s wall (%.3f cores), forwarded %.1f MiB (%.3f Gb/s), %.2f cores per 100 Gb/s (%.2f by schedstat), peak staging %.1f MiB\n",
+        n, cpu, ns / 1e9, o, wall, cpu / wall, m, gbit / wall, (gbit > 0 ? cpu / (gbit / 100) : 0), (gbit > 0 && ns >= 0 ? ns / 1e9 / (gbit / 100) : -1), p }'
+    tcpu=$((tcpu + ticks)); tns=$((tns + ns)); tbytes=$(awk -v a="$tbytes" -v m="$mib" 'BEGIN { printf "%.0f", a + m * 1048576 }')
+  done
+  awk -v t="$tcpu" -v c="$clk" -v b="$tbytes" -v p="$profile" -v ns="$tns" 'BEGIN {
+    printf "relay.sh: measure (%s build): all relay hosts: %.2f CPU s (utime+stime; %.3f s by schedstat) for %.3f Gb forwarded: %.2f cores per 100 Gb/s (%.2f by schedstat)\n",
+      p, t / c, ns / 1e9, b * 8 / 1e9, (b > 0 ? (t / c) / (b * 8 / 1e11) : 0), (b > 0 ? (ns / 1e9) / (b * 8 / 1e11) : 0) }'
 fi
 echo "relay.sh: ok"

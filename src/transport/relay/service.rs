@@ -241,7 +241,8 @@ impl RelayService {
             run: Vec::new(),
             mem: Budget::default(),
             stats: RelayStats::default(),
-            cpu0: crate::sys::clock::thread_cpu_ns(),
+            // Read on the service thread itself (`main`): a thread clock read here is the caller's.
+            cpu0: None,
             links_read: None,
             down: Vec::new(),
         };
@@ -419,6 +420,7 @@ fn token(id: usize, side: usize) -> Token {
 
 impl Server {
     fn main(&mut self, mut poll: Poll) {
+        self.cpu0 = crate::sys::clock::thread_cpu_ns();
         let mut events = Events::with_capacity(256);
         let mut tick = Instant::now();
         while !self.sh.stop.load(Ordering::SeqCst) {
