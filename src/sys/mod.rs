@@ -1,6 +1,7 @@
-//! The operating system below the transports: raw process memory and the few socket syscalls the TCP
-//! fabric makes without `std`. With `ffi` and `verbs`, the only module where `unsafe` is allowed; every
-//! unsafe block has a `SAFETY:` comment, and every libc call goes through `syscall!`.
+//! The operating system below the transports: raw process memory, the few socket syscalls the TCP
+//! fabric makes without `std`, and threads that do not pin the library ([`thread`]). With `ffi` and `verbs`, the only module where `unsafe` is allowed; every
+//! unsafe block has a `SAFETY:` comment, and every libc call that reports through `errno` goes through
+//! `syscall!` (pthread calls return their error).
 #![allow(unsafe_code)]
 
 /// Calls `libc::$fn(args…)` and turns a negative return into `Err(io::Error::last_os_error())`
@@ -21,6 +22,7 @@ macro_rules! syscall {
 pub mod clock;
 pub mod rawmem;
 pub mod socket;
+pub mod thread;
 
 pub use rawmem::{HostBuffer, Lent, RawRegion, page_size};
 pub use socket::{Ready, recv_slice, send_slice, wait_fd};

@@ -17,7 +17,6 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use ipnet::Ipv4Net;
@@ -162,7 +161,7 @@ pub struct RelayService {
     addrs: Vec<SocketAddr>,
     sh: Arc<Shared>,
     waker: Arc<Waker>,
-    thread: Option<JoinHandle<()>>,
+    thread: Option<crate::sys::thread::Joiner>,
 }
 
 impl std::fmt::Debug for RelayService {
@@ -246,10 +245,11 @@ impl RelayService {
             links_read: None,
             down: Vec::new(),
         };
-        let thread = std::thread::Builder::new()
-            .name(format!("swl-relay{port}"))
-            .spawn(move || server.main(poll))
-            .map_err(|e| Error::io("starting the relay service thread", e))?;
+        // Started from `init`, on NCCL's main thread: not through std, which would keep the
+        // library mapped after NCCL's dlclose (crate::sys::thread).
+        let thread =
+            crate::sys::thread::spawn(&format!("swl-relay{port}"), move || server.main(poll))
+                .map_err(|e| Error::io("starting the relay service thread", e))?;
         Ok(Some(RelayService {
             port,
             addrs,
@@ -301,7 +301,7 @@ impl Drop for RelayService {
         self.sh.stop.store(true, Ordering::SeqCst);
         let _ = self.waker.wake();
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            t.join();
         }
     }
 }
