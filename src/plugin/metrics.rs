@@ -5,7 +5,7 @@
 //! * A connection is filed once, when it becomes ready (NCCL's service thread, not the data path).
 //!   A closed connection's counters are folded into per-path totals at the next snapshot, so the
 //!   totals cover the whole run while the registry stays bounded by the paths the process knows.
-//! * With `NCCL_SWITCHLESS_METRICS_DIR` set, one thread (`switchless-metrics`) writes
+//! * With `NCCL_SWITCHLESS_METRICS_DIR` set, one thread (`swl-metrics`) writes
 //!   `switchless-metrics-<host>-<pid>.json` there every `NCCL_SWITCHLESS_METRICS_INTERVAL`
 //!   (a temporary file renamed over the old one: a reader never sees half a file), and a last one
 //!   when the backend closes; the thread is joined then. Unset: no thread, no file. Each snapshot's
@@ -16,7 +16,6 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::error::{Error, Result};
@@ -342,7 +341,7 @@ struct Stop {
 #[derive(Debug)]
 pub struct Exporter {
     stop: Arc<Stop>,
-    thread: Option<JoinHandle<()>>,
+    thread: Option<crate::sys::thread::Joiner>,
     path: PathBuf,
 }
 
@@ -363,10 +362,11 @@ impl Exporter {
         let path = snapshot_path(dir);
         let stop = Arc::new(Stop::default());
         let (s, p) = (Arc::clone(&stop), path.clone());
-        let thread = std::thread::Builder::new()
-            .name("switchless-metrics".into())
-            .spawn(move || run(&s, &p, interval, &take))
-            .map_err(|e| Error::System(format!("starting the metrics thread: {e}")))?;
+        // Started on one of NCCL's threads: not through std, which would keep the library mapped
+        // after NCCL's dlclose until that thread exits (crate::sys::thread).
+        let thread =
+            crate::sys::thread::spawn("switchless-metrics", move || run(&s, &p, interval, &take))
+                .map_err(|e| Error::System(format!("starting the metrics thread: {e}")))?;
         tracing::info!(
             target: super::TARGET_INIT,
             "NET/switchless: metrics snapshot every {} ms in {}",
@@ -445,7 +445,7 @@ impl Drop for Exporter {
         }
         self.stop.wake.notify_all();
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            t.join();
         }
     }
 }
