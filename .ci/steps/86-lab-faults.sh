@@ -3,7 +3,9 @@
 #  1. ring4 (1-2-3-4-1, each node cabled to its two neighbours only): `switchless bench latency`
 #     between every pair of neighbours (bench:latency@A-B, a 2-rank job each), then no-route:1-3 and
 #     no-route:2-4: nodes that share no cable must be refused fast (within LAB_NOROUTE_BOUND, 10 s)
-#     with the plugin's "no local link reaches the peer ... shared subnet" error, never hang.
+#     with the plugin's "no local link reaches the peer ... shared subnet" error, never hang. Relays
+#     off (NCCL_SWITCHLESS_RELAY=off): this is the routing refusal; with relays on, a connector asks
+#     its neighbours' relays for up to 10 s first (tests/netns/relay.sh covers relays).
 #  2a. pair with standby paths on (the default: each connection carries on NCCL's device's cable
 #     and keeps the other cable as a standby path), one boot, three faults on the carrying cable,
 #     each of which must COMPLETE on both nodes with the bench's data checks: fault:link-down (the
@@ -45,7 +47,7 @@ start=$(date +%s)
 
 echo "== lab ring4: neighbours through the plugin, non-neighbours refused fast"
 timeout 420 lab/run.sh "${bins[@]}" --timeout 300 --results "$res/ci-faults-ring4" \
-    --checks "bench:latency@1-2 bench:latency@2-3 bench:latency@3-4 bench:latency@4-1 no-route:1-3 no-route:2-4" \
+    --guest-env "NCCL_SWITCHLESS_RELAY=off" --checks "bench:latency@1-2 bench:latency@2-3 bench:latency@3-4 bench:latency@4-1 no-route:1-3 no-route:2-4" \
     --bench-args "-b 8 -e 65536 -f 16 -n 5 -w 1 --timeout 60" ring4
 j=$res/ci-faults-ring4/summary.jsonl
 n=$(grep '"check":"no-route:' "$j" | grep '"status":"pass"' | grep -c 'no local link reaches the peer' || true)
