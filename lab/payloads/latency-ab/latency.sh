@@ -10,7 +10,9 @@
 #   lab/run.sh --bin-dir target/release --payload /tmp/ab --check-timeout 1200 --checks payload pair
 # Environment (--guest-env): LAT_ROUNDS (default 3), LAT_AHEAD (receives posted ahead, default 2),
 # LAT_ITERS (bench round trips per run, default 300), LAT_BW (1: a 2 MiB bandwidth run of each build
-# per round, default), LAT_BW_ITERS (default 10). Output: payload.txt of each node, lines
+# per round, default), LAT_BW_ITERS (default 10), LAT_B_ENV (environment for build B's runs, NAME:VALUE
+# pairs separated by commas, as --guest-env takes no `=` in a value: `NCCL_IB_HCA:rxe_eth1` when B is
+# NCCL's IB transport, see ibext/build.sh). Output: payload.txt of each node, lines
 # `WL <tag> t_min .. t_typical ..` (node 2), `BENCH <tag> build A|B ...: min .. median ..` and
 # `BW <tag> build A|B ... algbw(Gb/s) ..` (node 1) and `PKTS ... rnr N retries N` (both).
 [ "$LAB_NODE" -le 2 ] || exit 0
@@ -47,16 +49,17 @@ wl() { # ib_write_lat, 1000 iterations, node 1 serves
     fi
     pk1 "WL $1" 1000
 }
-pick() { # $1 build (A or B): sets bin and plug
+pick() { # $1 build (A or B): sets bin, plug and envb (B's environment)
     if [ "$1" = A ]; then
-        bin=/opt/switchless/bin/switchless; plug=/opt/switchless/lib/libnccl-net-switchless.so
+        bin=/opt/switchless/bin/switchless; plug=/opt/switchless/lib/libnccl-net-switchless.so; envb=
     else
-        bin=$here/b/switchless; plug=$here/b/libnccl-net-switchless.so
+        bin=$here/b/switchless; plug=$here/b/libnccl-net-switchless.so; envb=$(echo "${LAT_B_ENV:-}" | tr ',:' ' =')
     fi
 }
 bw() { # $1 build, $2 round tag: 2 MiB messages over both cables
     p=$((p + 1)); pk0; pick "$1"
-    "$bin" bench bandwidth --plugin "$plug" --rank $rank --nranks 2 --bootstrap "$LAB_BOOTSTRAP_IP:$p" \
+    # shellcheck disable=SC2086 # LAT_B_ENV is a list of K=V words
+    env $envb "$bin" bench bandwidth --plugin "$plug" --rank $rank --nranks 2 --bootstrap "$LAB_BOOTSTRAP_IP:$p" \
         -b 2M -e 2M -n "${LAT_BW_ITERS:-10}" -w 2 --timeout 100 --no-progress > /tmp/w.txt 2>&1
     rc=$?
     awk -v t="$2" -v b="$1" -v rc=$rc '$1 == 2097152 {print "BW " t " build " b " rc " rc " algbw(Gb/s) " $7; exit}' /tmp/w.txt
@@ -66,7 +69,8 @@ bw() { # $1 build, $2 round tag: 2 MiB messages over both cables
 bench() { # $1 build (A or B), $2 round tag
     p=$((p + 1)); pk0; pick "$1"
     a=${LAT_AHEAD:-2}
-    "$bin" bench latency --plugin "$plug" --rank $rank --nranks 2 --bootstrap "$LAB_BOOTSTRAP_IP:$p" \
+    # shellcheck disable=SC2086 # LAT_B_ENV is a list of K=V words
+    env $envb "$bin" bench latency --plugin "$plug" --rank $rank --nranks 2 --bootstrap "$LAB_BOOTSTRAP_IP:$p" \
         -b 8 -e 8 -n "${LAT_ITERS:-300}" -w 20 --timeout 100 --ahead "$a" --no-progress > /tmp/b.txt 2>&1
     rc=$?
     sed -n "s/^# one-way us at 8 B (rank 0, per round trip \/ 2):/BENCH $2 build $1 ahead $a rc $rc:/p" /tmp/b.txt
