@@ -10,9 +10,10 @@
 #   lab/run.sh --bin-dir target/release --payload /tmp/ab --check-timeout 1200 --checks payload pair
 # Environment (--guest-env): LAT_ROUNDS (default 3), LAT_AHEAD (receives posted ahead, default 2),
 # LAT_ITERS (bench round trips per run, default 300), LAT_BW (1: a 2 MiB bandwidth run of each build
-# per round, default), LAT_BW_ITERS (default 10), LAT_B_ENV (environment for build B's runs, NAME:VALUE
-# pairs separated by commas, as --guest-env takes no `=` in a value: `NCCL_IB_HCA:rxe_eth1` when B is
-# NCCL's IB transport, see ibext/build.sh). Output: payload.txt of each node, lines
+# per round, default), LAT_BW_ITERS (default 10), LAT_BREAKDOWN (1: the bench's per-call breakdown,
+# lines `BRK <tag> build A|B node N ...`), LAT_B_ENV (environment for build B's runs, NAME:VALUE
+# pairs separated by commas, as --guest-env takes no `=` in a value: `NCCL_IB_HCA:rxe_eth1` when B
+# is NCCL's IB transport, see ibext/build.sh). Output: payload.txt of each node, lines
 # `WL <tag> t_min .. t_typical ..` (node 2), `BENCH <tag> build A|B ...: min .. median ..` and
 # `BW <tag> build A|B ... algbw(Gb/s) ..` (node 1) and `PKTS ... rnr N retries N` (both).
 [ "$LAB_NODE" -le 2 ] || exit 0
@@ -69,11 +70,13 @@ bw() { # $1 build, $2 round tag: 2 MiB messages over both cables
 bench() { # $1 build (A or B), $2 round tag
     p=$((p + 1)); pk0; pick "$1"
     a=${LAT_AHEAD:-2}
+    brk=; [ "${LAT_BREAKDOWN:-0}" = 1 ] && brk=--breakdown
     # shellcheck disable=SC2086 # LAT_B_ENV is a list of K=V words
     env $envb "$bin" bench latency --plugin "$plug" --rank $rank --nranks 2 --bootstrap "$LAB_BOOTSTRAP_IP:$p" \
-        -b 8 -e 8 -n "${LAT_ITERS:-300}" -w 20 --timeout 100 --ahead "$a" --no-progress > /tmp/b.txt 2>&1
+        -b 8 -e 8 -n "${LAT_ITERS:-300}" -w 20 --timeout 100 --ahead "$a" --no-progress $brk > /tmp/b.txt 2>&1
     rc=$?
     sed -n "s/^# one-way us at 8 B (rank 0, per round trip \/ 2):/BENCH $2 build $1 ahead $a rc $rc:/p" /tmp/b.txt
+    sed -n "s/^# breakdown/BRK $2 build $1 node $LAB_NODE: breakdown/p" /tmp/b.txt
     [ $rc -eq 0 ] || cat /tmp/b.txt
     pk1 "BENCH $2 build $1" "$((${LAT_ITERS:-300} + 20))"
 }
