@@ -719,8 +719,9 @@ fn connect_comm(a: &Arc<B>, b: &Arc<B>, comm: &CommInfo) -> Pair {
 /// Issue 30 item 3, the mesh policy: on a full mesh of three hosts A, K, B (one cable per pair),
 /// a connection A → B whose communicator's latest `setNetAttr` hint says Ring (collective op,
 /// Simple, one peer each way) gets a relay path through K next to its direct one, and moves
-/// verified data over both; an alltoall (p2p) hint, no hint, or `NCCL_SWITCHLESS_RELAY=off` on
-/// A: the direct path only.
+/// verified data over both, as does NCCL's own connect-time hint of a collective connection (no
+/// op, algo or proto; at most 4 peers); an alltoall (p2p) hint, no hint, or
+/// `NCCL_SWITCHLESS_RELAY=off` on A: the direct path only.
 #[test]
 fn a_ring_hint_on_a_full_mesh_adds_a_relay_path_an_alltoall_hint_does_not() {
     use switchless::plugin::{CommAttr, NetAttr};
@@ -808,6 +809,34 @@ fn a_ring_hint_on_a_full_mesh_adds_a_relay_path_an_alltoall_hint_does_not() {
     eprintln!("after big: {after_big:?}");
     assert!(after_big[0].2 > 0, "relay carried nothing: {after_big:?}");
     assert!(after_big[1].2 > after_small[1].2, "{after_big:?}");
+    B::close_send(pair.0).unwrap();
+    B::close_recv(pair.1).unwrap();
+
+    // The hint NCCL itself gives right before it connects a collective (ring, tree) connection
+    // (`populateCommNetAttrs`, NCCL 2.30 net.cc): op, algo and proto undefined, min(4, ranks)
+    // peers, its channels as flows. NCCL names the algorithm only per transfer, after connecting.
+    let coll = CommAttr {
+        max_concurrent_peers: Some(3),
+        min_concurrent_peers: Some(1),
+        max_flows_per_peer: Some(2),
+        min_flows_per_peer: Some(1),
+    };
+    let collective_connect = NetAttr {
+        send: coll,
+        recv: coll,
+        op: None,
+        algo: None,
+        proto: None,
+    };
+    a.set_net_attr(&comm, &collective_connect).unwrap();
+    let mut pair = connect_comm(&a, &b, &comm);
+    let labels = pair.0.path_labels();
+    assert_eq!(labels.len(), 2, "{labels:?}");
+    assert!(labels.iter().any(|l| l.contains("relay")), "{labels:?}");
+    let before = path_weights(&a);
+    transfer(&mut pair, &[(2 << 20) + 5]);
+    let after = path_weights(&a);
+    assert!(after[0].2 > before[0].2, "relay carried nothing: {after:?}");
     B::close_send(pair.0).unwrap();
     B::close_recv(pair.1).unwrap();
 

@@ -373,9 +373,18 @@ pub const MESH_RELAY_FLOOR: u64 = 512 * 1024;
 pub const MESH_PROBE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Whether a connection with a direct route also gets relay paths (issue 30, item 3): relays on,
-/// and the communicator's latest `setNetAttr` hint says Ring or Tree (and nothing else), only
-/// collective operations, the Simple protocol if any is named, and few concurrent peers. No hint
-/// (ABI v6–v10, or none given yet): no relay paths, as before.
+/// and the communicator's latest `setNetAttr` hint names few concurrent peers and either
+///
+/// * is the hint NCCL gives right before it connects a **collective** connection (ring, tree,
+///   PAT: `populateCommNetAttrs` in NCCL's `transport/net.cc`): `op`, `algo` and `proto`
+///   undefined, max concurrent peers min(2 × (tree arity − 1), ranks) = at most 4. NCCL sets
+///   `algo` only per transfer, after its connections are made, and a p2p connection's hint names
+///   the p2p ops instead; or
+/// * says Ring or Tree (and nothing else), only collective operations, and the Simple protocol if
+///   any (a transfer hint: the connection is made by something other than NCCL's proxy).
+///
+/// No hint (ABI v6–v10, or none given yet), no peer count, a p2p op bit or another algorithm: no
+/// relay paths.
 pub fn mesh_relay(mode: RelayMode, hint: Option<&crate::plugin::NetAttr>) -> bool {
     let Some(h) = hint else {
         return false;
@@ -383,13 +392,21 @@ pub fn mesh_relay(mode: RelayMode, hint: Option<&crate::plugin::NetAttr>) -> boo
     if mode == RelayMode::Off {
         return false;
     }
+    let few = |a: &crate::plugin::CommAttr| {
+        a.max_concurrent_peers
+            .is_some_and(|n| (1..=MESH_MAX_PEERS).contains(&n))
+    };
+    if !(few(&h.send) && few(&h.recv)) {
+        return false;
+    }
+    if h.op.is_none() && h.algo.is_none() && h.proto.is_none() {
+        return true; // NCCL's connect-time hint of a collective connection
+    }
     let ring_or_tree = ALGO_RING_BIT | ALGO_TREE_BIT;
     let algo_ok = matches!(h.algo, Some(a) if a != 0 && a & !ring_or_tree == 0);
     let op_ok = h.op.is_none_or(|o| o & !OP_COLLECTIVES == 0);
     let proto_ok = h.proto.is_none_or(|p| p & PROTO_SIMPLE_BIT != 0);
-    let few =
-        |a: &crate::plugin::CommAttr| a.max_concurrent_peers.is_none_or(|n| n <= MESH_MAX_PEERS);
-    algo_ok && op_ok && proto_ok && few(&h.send) && few(&h.recv)
+    algo_ok && op_ok && proto_ok
 }
 
 /// The stripe weight (Mb/s) of each relay path next to direct paths of `direct` Mb/s in all and
@@ -457,10 +474,56 @@ mod mesh_tests {
             Some(&hint(ar, Some(1 << 6), None, 1))
         ));
         assert!(!mesh_relay(RelayMode::Auto, Some(&hint(ar, None, None, 1))));
+        // No peer count: not a hint that says how the connection is used.
+        let mut no_peers = ring;
+        no_peers.send.max_concurrent_peers = None;
+        assert!(!mesh_relay(RelayMode::Auto, Some(&no_peers)));
         for p2p in [1 << 5, 1 << 6, 1 << 7, 1 << 8, 1 << 9] {
             let h = hint(p2p | ar, Some(ALGO_RING_BIT), None, 1);
             assert!(!mesh_relay(RelayMode::Auto, Some(&h)), "op {p2p:#x}");
         }
+    }
+
+    /// The hint NCCL 2.30 gives right before it connects (`populateCommNetAttrs`, net.cc): a
+    /// collective connection (ring, tree, PAT) leaves op, algo and proto undefined and names
+    /// min(2 × (arity 3 − 1), ranks) peers and its channels as flows; a p2p connection names
+    /// the p2p ops, p2p channels × 8 peers (capped by the ranks) and p2p channels per peer.
+    fn connect_hint(p2p: bool, nranks: i32) -> NetAttr {
+        let (peers, flows, op) = if p2p {
+            let send_recv_a2a_scatter_gather = (1 << 5) | (1 << 6) | (1 << 7) | (1 << 8) | (1 << 9);
+            ((4 * 8).min(nranks), 2, Some(send_recv_a2a_scatter_gather))
+        } else {
+            (4.min(nranks), 16, None)
+        };
+        let a = CommAttr {
+            max_concurrent_peers: Some(peers),
+            min_concurrent_peers: Some(1),
+            max_flows_per_peer: Some(flows),
+            min_flows_per_peer: Some(1),
+        };
+        NetAttr {
+            send: a,
+            recv: a,
+            op,
+            algo: None,
+            proto: None,
+        }
+    }
+
+    #[test]
+    fn nccls_connect_time_hint_of_a_collective_connection_gets_relays_a_p2p_one_never() {
+        for nranks in [3, 4, 8] {
+            let coll = connect_hint(false, nranks);
+            assert!(mesh_relay(RelayMode::Auto, Some(&coll)), "{nranks} ranks");
+            assert!(!mesh_relay(RelayMode::Off, Some(&coll)));
+            let p2p = connect_hint(true, nranks);
+            assert!(!mesh_relay(RelayMode::Auto, Some(&p2p)), "{nranks} ranks");
+            assert!(!mesh_relay(RelayMode::Always, Some(&p2p)));
+        }
+        // Two ranks: peers 2, a collective connection still.
+        assert!(mesh_relay(RelayMode::Auto, Some(&connect_hint(false, 2))));
+        // NCCL_NET_ATTR_INIT untouched (every field undefined): says nothing, no relays.
+        assert!(!mesh_relay(RelayMode::Auto, Some(&NetAttr::default())));
     }
 
     #[test]
