@@ -39,8 +39,9 @@
 #     (`via relay nodeK (10.100...)`), the all-reduce's uncabled hops 1 -> 2 and 3 -> 4 go through
 #     relays, and no path uses the fallback or the management network. The step prints the busbw of
 #     both benches at 512 KiB, relays vs the fallback of part 4, as a ratio (never asserted).
-# ~55 s (ring4) + ~170 s (standby pair) + ~60 s (pair) + ~25 s (cable-pull) + ~80 s each (ring4x
-# fallback, ring4x relays) under TCG on 2 shared cores. Needs root, like 80-lab.sh. The
+# ~55 s (ring4) + ~170 s (standby pair) + ~60 s (pair) + ~25 s (cable-pull) + ~50-90 s each (ring4x
+# fallback, ring4x relays) under TCG on 2 shared cores: 310-390 s in all (2026-12-04, load 4-6).
+# Needs root, like 80-lab.sh. The
 # binaries are the debug build (`cargo build` first: a no-op after `cargo test --all-targets`).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
