@@ -993,3 +993,64 @@ fn a_mesh_neighbour_without_a_relay_costs_a_second_not_ten() {
     B::close_recv(pair.1).unwrap();
     drop((ga, gb));
 }
+
+/// A communicator's `setNetAttr` hint lives as long as the communicator: `finalize` of its last
+/// context (the guard `attach` returned, dropped) forgets it, so a later communicator that gets the
+/// same id starts with no hint (direct paths only), as any new communicator does. Two contexts of
+/// one id (two ranks of a process, as NCCL's commHash is shared by a process's GPUs) share the
+/// hint until the last one finalizes.
+#[test]
+fn finalize_of_a_communicators_last_context_forgets_its_hint() {
+    use switchless::plugin::{CommAttr, NetAttr};
+    let id = 0x5357_4649_4e41_0000 | u64::from(std::process::id() & 0xffff);
+    let comm = CommInfo {
+        comm_id: Some(id),
+        traffic_class: None,
+    };
+    let tcp = ("NCCL_SWITCHLESS_TRANSPORT", "tcp");
+    let a = mesh_backend(&["127.0.10.1/30", "127.0.12.1/30"], &[tcp]);
+    let k = mesh_backend(&["127.0.10.2/30", "127.0.11.1/30"], &[tcp]);
+    let b = mesh_backend(&["127.0.11.2/30", "127.0.12.2/30"], &[tcp]);
+    let (gk, gb) = (k.attach(&comm).unwrap(), b.attach(&comm).unwrap());
+    let few = CommAttr {
+        max_concurrent_peers: Some(1),
+        ..CommAttr::default()
+    };
+    let ring = NetAttr {
+        send: few,
+        recv: few,
+        op: Some(1 << 4),    // all-reduce
+        algo: Some(1 << 1),  // NCCL_ALGO_RING
+        proto: Some(1 << 2), // NCCL_PROTO_SIMPLE
+    };
+    let paths = |what: &str| {
+        let pair = connect_comm(&a, &b, &comm);
+        let n = pair.0.path_labels().len();
+        eprintln!("{what}: {:?}", pair.0.path_labels());
+        B::close_send(pair.0).unwrap();
+        B::close_recv(pair.1).unwrap();
+        n
+    };
+    let (ga1, ga2) = (a.attach(&comm).unwrap(), a.attach(&comm).unwrap());
+    assert!(ga1.is_some() && ga2.is_some());
+    assert_eq!(paths("no hint"), 1);
+    a.set_net_attr(&comm, &ring).unwrap();
+    assert_eq!(a.hinted_comms(), 1);
+    assert_eq!(paths("ring hint"), 2, "the ring hint added no relay path");
+    drop(ga1);
+    assert_eq!(
+        paths("one context finalized"),
+        2,
+        "the other context lost its hint"
+    );
+    drop(ga2);
+    assert_eq!(a.hinted_comms(), 0, "finalize kept the hint");
+    // A new communicator with the same id: no hint of the finalized one.
+    let ga3 = a.attach(&comm).unwrap();
+    assert_eq!(
+        paths("after finalize"),
+        1,
+        "the finalized communicator's ring hint outlived it"
+    );
+    drop((ga3, gk, gb));
+}

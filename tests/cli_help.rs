@@ -149,3 +149,32 @@ fn no_arguments_print_the_overview_and_exit_2() {
     assert!(text.contains("NCCL_NET_PLUGIN="), "{text}");
     assert!(text.contains("libnccl-net-switchless.so"), "{text}");
 }
+
+#[test]
+fn bench_comm_id_takes_decimal_or_hex_and_refuses_the_rest() {
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_switchless"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    for bad in ["0", "abc", "0x", "-5", "18446744073709551616"] {
+        let out = run(&[
+            "bench",
+            "latency",
+            &format!("--comm-id={bad}"),
+            "--bootstrap",
+            "127.0.0.1:1",
+        ]);
+        assert_eq!(out.status.code(), Some(2), "--comm-id {bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--comm-id") && err.contains("accepted: a communicator id from 1 to"),
+            "--comm-id {bad}: {err}"
+        );
+    }
+    // An id means a plugin run: with --loopback (no plugin) it is a usage error.
+    let out = run(&["bench", "latency", "--loopback", "--comm-id", "0x5357beef"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be used with"));
+}

@@ -28,11 +28,20 @@
 #     node 1's note: a pulled DAC) with NCCL_IB_TIMEOUT=14 NCCL_IB_RETRY_CNT=3 and no request
 #     timeout: both sides must fail with an error naming the path within 20 s; a side with nothing
 #     in flight can only do so through its port staying down past the RC retry budget.
-#  4. ring4 with NCCL_SWITCHLESS_TCP_FALLBACK=1: `switchless bench alltoall` over all 4 nodes: each
-#     process holds RoCE connections to its neighbours and TCP connections (over the management
-#     network) to its non-neighbour, and the plugin WARNs once per such peer (relays off: with them,
-#     the default, the non-neighbour goes through the neighbours instead).
-# ~55 s (ring4) + ~170 s (standby pair) + ~60 s (pair) + ~25 s (cable-pull) + ~25 s (ring4 fallback) under TCG on 2 shared cores. Needs root, like 80-lab.sh. The
+#  4. ring4x (lab/topologies/ring4x.topo: ring4 cabled 1-3-2-4-1, so the pairs 1-2 and 3-4 share
+#     no cable and the bench's rank-order ring 1 -> 2 -> 3 -> 4 -> 1 crosses both) with
+#     NCCL_SWITCHLESS_TCP_FALLBACK=1 and relays off: `switchless bench alltoall` and `bench allreduce`
+#     over all 4 nodes: each process holds RoCE connections to its neighbours and TCP connections
+#     (over the management network) to its non-neighbour, and the plugin WARNs once per such peer.
+#  5. ring4x with relays (the default) and no TCP fallback, the same benches (issue 30 item 5): both
+#     pass with their data checks on all 4 nodes; each node's non-neighbour is reached through both
+#     neighbours' relays (TCP legs on the cables): its connection's INFO line names each relay host
+#     (`via relay nodeK (10.100...)`), the all-reduce's uncabled hops 1 -> 2 and 3 -> 4 go through
+#     relays, and no path uses the fallback or the management network. The step prints the busbw of
+#     both benches at 512 KiB, relays vs the fallback of part 4, as a ratio (never asserted).
+# ~55 s (ring4) + ~170 s (standby pair) + ~60 s (pair) + ~25 s (cable-pull) + ~50-90 s each (ring4x
+# fallback, ring4x relays) under TCG on 2 shared cores: 310-390 s in all (2026-12-04, load 4-6).
+# Needs root, like 80-lab.sh. The
 # binaries are the debug build (`cargo build` first: a no-op after `cargo test --all-targets`).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -112,16 +121,23 @@ n=$(grep '"check":"fault:cable-pull"' "$j" | grep -c '"status":"pass"' || true)
 # RC retry budget can end its wait: without that it would hang and fail the check above.
 echo "cable-pull: $(grep '"check":"fault:cable-pull"' "$j" | grep -c 'has been down for ' || true) of 2 sides failed through the port staying down"
 grep -hE 'CHECK(OK|FAIL) fault' "$res/ci-cablepull-pair/summary.txt" | sed 's/ path=0 label=.*//'
-echo "== lab ring4 with the TCP fallback: alltoall, RoCE to neighbours and TCP to non-neighbours"
-timeout 420 lab/run.sh "${bins[@]}" --timeout 300 --results "$res/ci-fallback-ring4" \
-    --guest-env "NCCL_SWITCHLESS_TCP_FALLBACK=1 NCCL_SWITCHLESS_RELAY=off NCCL_DEBUG=INFO" --checks "bench:alltoall" \
-    --bench-args "-b 8 -e 65536 -f 16 -n 3 -w 1 --timeout 120" ring4
-j=$res/ci-fallback-ring4/summary.jsonl
-n=$(grep '"check":"bench:alltoall"' "$j" | grep -c '"status":"pass"' || true)
-[ "$n" = 4 ] || { echo "FAIL: alltoall with the fallback passed on $n of 4 nodes"; exit 1; }
-out=$res/ci-fallback-ring4/node1/bench-alltoall.txt
-# One WARN per peer that needs the fallback: each ring4 node has exactly one non-neighbour.
-for f in "$res"/ci-fallback-ring4/node*/bench-alltoall.txt; do
+# Parts 4 and 5 run the same benches on ring4x (ring4 cabled 1-3-2-4-1, out of rank order: the
+# bench's rank-order ring all-reduce then crosses the two uncabled pairs 1-2 and 3-4, where on ring4
+# it would stay on the cables), first over the TCP fallback, then through relays: same sizes, same
+# iterations, so the busbw ratio printed at the end compares them in one run (never asserted).
+ring_bench="-b 8 -e 512K -f 16 -n 5 -w 1 --timeout 120"
+echo "== lab ring4x with the TCP fallback: alltoall and allreduce, RoCE to neighbours and TCP to non-neighbours"
+timeout 420 lab/run.sh "${bins[@]}" --timeout 300 --results "$res/ci-fallback-ring4x" \
+    --guest-env "NCCL_SWITCHLESS_TCP_FALLBACK=1 NCCL_SWITCHLESS_RELAY=off NCCL_DEBUG=INFO" --checks "bench:alltoall bench:allreduce" \
+    --bench-args "$ring_bench" ring4x
+j=$res/ci-fallback-ring4x/summary.jsonl
+for m in alltoall allreduce; do
+    n=$(grep "\"check\":\"bench:$m\"" "$j" | grep -c '"status":"pass"' || true)
+    [ "$n" = 4 ] || { echo "FAIL: $m with the fallback passed on $n of 4 nodes"; exit 1; }
+done
+out=$res/ci-fallback-ring4x/node1/bench-alltoall.txt
+# One WARN per peer that needs the fallback: each ring4x node has exactly one non-neighbour.
+for f in "$res"/ci-fallback-ring4x/node*/bench-alltoall.txt; do
     n=$(grep -c 'TCP_FALLBACK=1 carries it over TCP' "$f" || true)
     [ "$n" = 1 ] || { echo "FAIL: $f has $n fallback WARNs, expected 1 (one non-neighbour)"; exit 1; }
 done
@@ -129,5 +145,45 @@ grep -q 'connected to peer.* rxe_' "$out" || { echo "FAIL: node 1 has no RoCE co
 grep -qE '(connected to|accepted from) .* tcp [0-9.]+/24 ->' "$out" ||
     { echo "FAIL: node 1 has no TCP connection over the management network"; exit 1; }
 grep -h 'TCP_FALLBACK=1 carries it' "$out" | head -n 1 | cut -c1-300
+
+echo "== lab ring4x with relays (the default, no TCP fallback): alltoall and allreduce through the neighbours"
+timeout 420 lab/run.sh "${bins[@]}" --timeout 300 --results "$res/ci-relay-ring4x" \
+    --guest-env "NCCL_DEBUG=INFO" --checks "bench:alltoall bench:allreduce" --bench-args "$ring_bench" ring4x
+d=$res/ci-relay-ring4x
+j=$d/summary.jsonl
+for m in alltoall allreduce; do
+    n=$(grep "\"check\":\"bench:$m\"" "$j" | grep -c '"status":"pass"' || true)
+    [ "$n" = 4 ] || { echo "FAIL: $m through relays passed (data checks included) on $n of 4 nodes"; exit 1; }
+done
+# Each node's non-neighbour goes through both its neighbours' relays: the connector's INFO line
+# names each relay host (`-> <peer> via relay nodeK (<K's address>)`). Neighbours in ring4x:
+# 1: 3 4, 2: 3 4, 3: 1 2, 4: 1 2. Nothing may take the TCP fallback or a management-network path.
+for n in 1 2 3 4; do
+    case $n in 1 | 2) relays="3 4" ;; *) relays="1 2" ;; esac
+    f=$d/node$n/bench-alltoall.txt
+    for k in $relays; do
+        grep -qE "connected to peer .* via relay node$k \(10\.100\." "$f" ||
+            { echo "FAIL: node $n's alltoall has no connection INFO line naming the relay host node$k"; exit 1; }
+    done
+    for m in alltoall allreduce; do
+        ! grep -qE 'TCP_FALLBACK=1 carries it|\[[0-9]+\] [^ ]+ [^ ]+ 192\.168\.77\.[0-9]+/24 ->' "$d/node$n/bench-$m.txt" ||
+            { echo "FAIL: node $n's $m used the TCP fallback or a management-network path"; exit 1; }
+    done
+done
+# The rank-order ring all-reduce sends node 1 -> 2 and 3 -> 4 (uncabled) through relays.
+for n in 1 3; do
+    grep -qE 'connected to peer .* via relay node[0-9]' "$d/node$n/bench-allreduce.txt" ||
+        { echo "FAIL: node $n's allreduce did not connect to its uncabled ring successor through relays"; exit 1; }
+done
+grep -hE 'connected to peer .* via relay node' "$d/node1/bench-alltoall.txt" | head -n 1 | sed -E 's/.*NET\/switchless: /    /' | cut -c1-400
+# busbw at the largest size, rank 0's report: relays vs the fallback in this run (printed only).
+python3 - "$res/ci-relay-ring4x/node1" "$res/ci-fallback-ring4x/node1" <<'PY'
+import json, sys
+for m in ("alltoall", "allreduce"):
+    r, f = (json.load(open(f"{d}/bench-{m}.json"))["rows"][-1] for d in sys.argv[1:3])
+    ratio = r["busbw_gbits_s"] / f["busbw_gbits_s"] if f["busbw_gbits_s"] > 0 else float("nan")
+    print(f"lab ring4x {m} busbw at {r['size_bytes']} B: relays {r['busbw_gbits_s']:.4f} Gb/s, "
+          f"TCP fallback {f['busbw_gbits_s']:.4f} Gb/s, ratio {ratio:.2f} (TCG VMs: ratios only)")
+PY
 
 echo "lab faults CI step passed in $(($(date +%s) - start)) s"

@@ -173,6 +173,33 @@ pub fn cli_seconds(s: &str) -> Result<Duration, String> {
     })
 }
 
+/// `--comm-id ID` on the command line: a communicator id, a `u64` in decimal (`12345`) or `0x`
+/// hexadecimal (`0x5357beef`), not 0 (NCCL's commHash is never 0 in practice, and 0 would read as
+/// "no id"), as a clap value parser.
+pub fn cli_comm_id(s: &str) -> Result<u64, String> {
+    const ACCEPTED: &str = "accepted: a communicator id from 1 to 18446744073709551615, decimal or 0x hexadecimal, e.g. 0x5357beef";
+    let t = s.trim();
+    let v = if let Some(hex) = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        if hex.is_empty() || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(format!(
+                "'{s}' has no hexadecimal digits after 0x; {ACCEPTED}"
+            ));
+        }
+        u64::from_str_radix(hex, 16)
+            .map_err(|_| format!("'{s}' is larger than 64 bits; {ACCEPTED}"))?
+    } else {
+        if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(format!("'{s}' is not a number; {ACCEPTED}"));
+        }
+        t.parse::<u64>()
+            .map_err(|_| format!("'{s}' is larger than 64 bits; {ACCEPTED}"))?
+    };
+    if v == 0 {
+        return Err(format!("0 is not a communicator id; {ACCEPTED}"));
+    }
+    Ok(v)
+}
+
 /// `-1` (automatic: `None`) or an integer in `0..=hi`.
 pub(crate) fn auto_u8(s: &str, hi: u8) -> Result<Option<u8>, Reject> {
     match parse_int_in(s, -1, i64::from(hi))? {
@@ -219,6 +246,43 @@ pub(crate) fn bytes_in(s: &str, range: RangeInclusive<u64>) -> Result<u64, Rejec
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn comm_ids_in_decimal_and_hex_and_never_zero() {
+        assert_eq!(cli_comm_id("12345"), Ok(12345));
+        assert_eq!(cli_comm_id("0x5357beef"), Ok(0x5357_beef));
+        assert_eq!(cli_comm_id("0XFFFFFFFFFFFFFFFF"), Ok(u64::MAX));
+        assert_eq!(cli_comm_id("18446744073709551615"), Ok(u64::MAX));
+        for bad in [
+            "",
+            "abc",
+            "-1",
+            "1.5",
+            "0x",
+            "0xg1",
+            "12 34",
+            "18446744073709551616",
+            "0x1ffffffffffffffff",
+            "0",
+            "0x0",
+        ] {
+            let e = cli_comm_id(bad).expect_err(bad);
+            assert!(
+                e.contains("accepted: a communicator id from 1 to"),
+                "{bad}: {e}"
+            );
+        }
+        assert!(
+            cli_comm_id("0")
+                .unwrap_err()
+                .starts_with("0 is not a communicator id")
+        );
+        assert!(
+            cli_comm_id("abc")
+                .unwrap_err()
+                .contains("'abc' is not a number")
+        );
+    }
 
     #[test]
     fn ints_follow_strtoll_base0_but_strictly() {

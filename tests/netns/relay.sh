@@ -149,20 +149,21 @@ echo "relay.sh: relay-off: the diagonal fails in $ms ms: $(grep -hi -m1 "no loca
 
 fi
 # --- a relay host killed mid-transfer ---------------------------------------------------------------
-# Job A: n1 -> n3 (diagonal, through n2 and n4). Job B: n2 <-> n4 (diagonal, through n1 and n3): it
-# keeps a plugin with a relay service on n2 and n4 (both jobs have 2 ranks, so one communicator id).
-# n2's process is killed 3 s in.
-# Jobs B and C keep a plugin with a relay service on n2 and n4: two ranks on one host each (all
-# three jobs have 2 ranks, so one communicator id and relay port). Each runs in the background (a
-# subshell) with its own bootstrap port. Job B (n2) is killed; job C (n4) keeps relaying.
+# Job A: n1 -> n3 (diagonal, through n2 and n4). Jobs B and C keep a plugin with a relay service on
+# n2 and n4: two ranks on one host each. A relay serves only its own communicator, and each bench
+# job draws a random communicator id unless given one, so all three jobs are given the same
+# `--comm-id` (one communicator id, one relay port), as the ranks of one NCCL job share commHash.
+# Each runs in the background (a subshell) with its own bootstrap port. Job B (n2) is killed once
+# job A moved 256 MiB through it; job C (n4) keeps relaying.
+kill_comm="--comm-id 0x5357$(printf '%012x' $$)"
 bport=29800
-RUN_LIMIT=120 run_bench killB bandwidth "-b 65536 -e 65536 -n 10000000 -w 1" -- "$tag-n2" "$tag-n2" &
+RUN_LIMIT=120 run_bench killB bandwidth "-b 65536 -e 65536 -n 10000000 -w 1 $kill_comm" -- "$tag-n2" "$tag-n2" &
 jobb=$!
 bport=29850
-RUN_LIMIT=120 run_bench killC bandwidth "-b 65536 -e 65536 -n 10000000 -w 1" -- "$tag-n4" "$tag-n4" &
+RUN_LIMIT=120 run_bench killC bandwidth "-b 65536 -e 65536 -n 10000000 -w 1 $kill_comm" -- "$tag-n4" "$tag-n4" &
 jobc=$!
 bport=29900
-RUN_LIMIT=120 BENCH_ENV="NCCL_DEBUG=INFO" run_bench killA bandwidth "-b 8388608 -e 8388608 -n ${KILL_ITERS:-200} -w 1" -- "$tag-n1" "$tag-n3" &
+RUN_LIMIT=120 BENCH_ENV="NCCL_DEBUG=INFO" run_bench killA bandwidth "-b 8388608 -e 8388608 -n ${KILL_ITERS:-200} -w 1 $kill_comm" -- "$tag-n1" "$tag-n3" &
 joba=$!
 # Wait until job A's connection through both relays carries data, then kill n2's process.
 for _ in $(seq 1 300); do

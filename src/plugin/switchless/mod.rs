@@ -207,10 +207,9 @@ pub struct Switchless<P: PathFactory> {
     exporter_settled: AtomicBool,
     /// The relay services of this process (`None`: relays off, or no point-to-point link).
     relays: Option<Arc<crate::transport::relay::Relays>>,
-    /// The latest `setNetAttr` hint per communicator id (v11+), read by `connect` for the mesh
-    /// relay policy ([`relay::mesh_relay`]); at most [`MAX_HINTED_COMMS`] (one is forgotten to
-    /// make room).
-    hints: Arc<Mutex<HashMap<u64, crate::plugin::NetAttr>>>,
+    /// The latest `setNetAttr` hint per live communicator (v11+), for the mesh relay policy; each
+    /// context's relay ticket holds its id's, and `finalize` of the last forgets it.
+    hints: Arc<Mutex<relay::Hints>>,
 }
 
 impl<P: PathFactory> std::fmt::Debug for Switchless<P> {
@@ -396,7 +395,7 @@ impl<P: PathFactory> Switchless<P> {
             exporter: Mutex::new(None),
             exporter_settled: AtomicBool::new(false),
             relays,
-            hints: Arc::new(Mutex::new(HashMap::new())),
+            hints: Arc::new(Mutex::new(relay::Hints::default())),
         })
     }
 
@@ -560,8 +559,8 @@ impl<P: PathFactory> Backend for Switchless<P> {
     }
 
     fn attach(self: &Arc<Self>, comm: &CommInfo) -> Result<Option<crate::plugin::CommGuard>> {
-        // A relay service that cannot start costs this host's neighbours their relay through
-        // it (they try the others, then fall back), never this communicator's init.
+        // Never fails the communicator's init: a relay service that cannot start is a WARN
+        // inside `serve_relays`, and so is this.
         match self.serve_relays(comm) {
             Ok(t) => Ok(t.map(|t| crate::plugin::CommGuard::new(Box::new(t)))),
             Err(e) => {
@@ -576,14 +575,10 @@ impl<P: PathFactory> Backend for Switchless<P> {
 
     fn set_net_attr(&self, comm: &CommInfo, attr: &crate::plugin::NetAttr) -> Result<()> {
         // The legacy (v6-v10) context has no id and no setNetAttr: nothing to keep.
-        if let Some(id) = comm.comm_id {
-            let mut h = crate::sync::lock(&self.hints, "setNetAttr hints")?;
-            if h.len() >= MAX_HINTED_COMMS && !h.contains_key(&id) {
-                if let Some(&k) = h.keys().next() {
-                    h.remove(&k);
-                }
-            }
-            h.insert(id, *attr);
+        // Without relays no hint is read (the mesh policy is their only reader), and no context
+        // holds one to drop at `finalize`.
+        if let (Some(id), Some(_)) = (comm.comm_id, &self.relays) {
+            crate::sync::lock(&self.hints, "setNetAttr hints")?.set(id, *attr);
         }
         Ok(())
     }

@@ -13,9 +13,10 @@
 //!   the routing error naming every neighbour asked and its answer.
 #![forbid(unsafe_code)]
 
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use ipnet::Ipv4Net;
@@ -24,7 +25,7 @@ use super::report::{SetupSteps, Step};
 use super::{PathFactory, PathPlan, Switchless};
 use crate::config::{Config, RelayMode, TransportMode};
 use crate::error::{Error, Result};
-use crate::plugin::CommInfo;
+use crate::plugin::{CommInfo, NetAttr};
 use crate::route::handle::HandleRepr;
 use crate::route::types::{LinkKind, LocalLink, point_to_point_peers};
 use crate::transport::handshake::PathRequest;
@@ -82,10 +83,80 @@ pub fn relays_for(cfg: &Config, links: &[LocalLink]) -> Option<Arc<Relays>> {
     }))
 }
 
-/// A communicator's relay service registration, kept by its context until `finalize`.
+/// A communicator's relay service registration and its hold on the communicator's `setNetAttr`
+/// hint, kept by its context until `finalize`. `_ticket` is `None` when the service could not
+/// start (the hint is kept all the same).
 #[derive(Debug)]
 pub struct RelayTicket {
-    _ticket: Ticket,
+    _ticket: Option<Ticket>,
+    _hints: HintLease,
+}
+
+/// The latest `setNetAttr` hint per communicator id (v11+), read by `connect` for the mesh relay
+/// policy ([`mesh_relay`]), and how many live contexts (`init` without `finalize` yet) hold each
+/// id: the hint goes with the last of them. At most [`super::MAX_HINTED_COMMS`] hints (one is
+/// forgotten to make room).
+#[derive(Debug, Default)]
+pub(super) struct Hints {
+    attrs: HashMap<u64, NetAttr>,
+    users: HashMap<u64, usize>,
+}
+
+impl Hints {
+    pub(super) fn get(&self, id: u64) -> Option<NetAttr> {
+        self.attrs.get(&id).copied()
+    }
+
+    pub(super) fn set(&mut self, id: u64, attr: NetAttr) {
+        if self.attrs.len() >= super::MAX_HINTED_COMMS && !self.attrs.contains_key(&id) {
+            if let Some(&k) = self.attrs.keys().next() {
+                self.attrs.remove(&k);
+            }
+        }
+        self.attrs.insert(id, attr);
+    }
+
+    /// Communicators with a hint kept (tests, the bound).
+    pub(super) fn len(&self) -> usize {
+        self.attrs.len()
+    }
+}
+
+/// One context's hold on its communicator's hint: the last one dropped (at `finalize`) forgets
+/// the hint, so a later communicator that gets the same id starts without one.
+#[derive(Debug)]
+struct HintLease {
+    hints: Arc<Mutex<Hints>>,
+    id: u64,
+}
+
+impl HintLease {
+    fn new(hints: &Arc<Mutex<Hints>>, id: u64) -> Result<HintLease> {
+        *crate::sync::lock(hints, "setNetAttr hints")?
+            .users
+            .entry(id)
+            .or_insert(0) += 1;
+        Ok(HintLease {
+            hints: Arc::clone(hints),
+            id,
+        })
+    }
+}
+
+impl Drop for HintLease {
+    fn drop(&mut self) {
+        // A poisoned lock (a panic elsewhere) leaves the hint: bounded, and harmless but stale.
+        let Ok(mut h) = crate::sync::lock(&self.hints, "setNetAttr hints") else {
+            return;
+        };
+        match h.users.get_mut(&self.id) {
+            Some(n) if *n > 1 => *n -= 1,
+            _ => {
+                h.users.remove(&self.id);
+                h.attrs.remove(&self.id);
+            }
+        }
+    }
 }
 
 /// A connection whose peer no cable reaches, asking the neighbours' relays.
@@ -134,7 +205,7 @@ impl<P: PathFactory> Switchless<P> {
         };
         let hint = crate::sync::lock(&self.hints, "setNetAttr hints")
             .ok()
-            .and_then(|h| h.get(&id).copied());
+            .and_then(|h| h.get(id));
         mesh_relay(self.view.config.relay, hint.as_ref())
     }
 
@@ -144,9 +215,24 @@ impl<P: PathFactory> Switchless<P> {
         let (Some(relays), Some(id)) = (&self.relays, info.comm_id) else {
             return Ok(None);
         };
+        let hints = HintLease::new(&self.hints, id)?;
+        // A relay service that cannot start costs this host's neighbours their relay through it
+        // (they try the others, then fall back), never this communicator's init.
+        let ticket = relays
+            .register(id)
+            .map_err(|e| {
+                tracing::warn!("NET/switchless: no relay service for communicator {id:#x}: {e}");
+            })
+            .ok();
         Ok(Some(RelayTicket {
-            _ticket: relays.register(id)?,
+            _ticket: ticket,
+            _hints: hints,
         }))
+    }
+
+    /// Communicators whose `setNetAttr` hint this backend keeps (for tests).
+    pub fn hinted_comms(&self) -> usize {
+        crate::sync::lock(&self.hints, "setNetAttr hints").map_or(0, |h| h.len())
     }
 
     /// Starts asking every neighbour's relay about the peer of `repr`; `Err(why)` (unchanged)

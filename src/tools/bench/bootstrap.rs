@@ -243,6 +243,72 @@ impl Bootstrap {
     pub fn barrier(&mut self) -> Result<()> {
         self.allgather(&[]).map(|_| ())
     }
+
+    /// The job's communicator id, the same on every rank: rank 0's `given` id (`--comm-id`), else a
+    /// random one rank 0 draws, so that each job is its own communicator as NCCL's commHash is
+    /// (the plugin derives its relay port from it: jobs sharing an id share relay services). A
+    /// rank given an id that differs from rank 0's fails, and so does every other rank, each
+    /// naming the rank: all of them see every rank's blob.
+    pub fn agree_comm_id(&mut self, given: Option<u64>) -> Result<u64> {
+        let mine = match (self.rank, given) {
+            (_, Some(id)) => id,
+            (0, None) => random_comm_id()?,
+            (_, None) => 0, // not read: rank 0's id counts
+        };
+        let mut blob = [0u8; 9];
+        blob[0] = u8::from(given.is_some());
+        blob[1..].copy_from_slice(&mine.to_le_bytes());
+        let all = self.allgather(&blob)?;
+        let mut ids = Vec::with_capacity(all.len());
+        for (r, b) in all.iter().enumerate() {
+            let (flag, id) = match b.split_first() {
+                Some((&f, id)) if f <= 1 && id.len() == 8 => {
+                    (f == 1, u64::from_le_bytes(id.try_into().unwrap_or([0; 8])))
+                }
+                _ => {
+                    return Err(Error::Remote(format!(
+                        "bootstrap: rank {r} sent a {} B communicator id blob (accepted: 9 B, a flag 0 or 1 and the id)",
+                        b.len()
+                    )));
+                }
+            };
+            ids.push((flag, id));
+        }
+        let root = match ids.first() {
+            Some(&(_, id)) if id != 0 => id,
+            _ => {
+                return Err(Error::Remote(
+                    "bootstrap: rank 0 sent communicator id 0 (accepted: 1 or more)".into(),
+                ));
+            }
+        };
+        for (r, &(flag, id)) in ids.iter().enumerate() {
+            if flag && id != root {
+                let root_has = if ids.first().is_some_and(|&(f, _)| f) {
+                    format!("was given --comm-id {root:#x}")
+                } else {
+                    format!("has no --comm-id (it drew {root:#x})")
+                };
+                return Err(Error::InvalidUsage(format!(
+                    "rank {r} was given --comm-id {id:#x} but rank 0 {root_has}: give every rank of a job the same --comm-id, or none"
+                )));
+            }
+        }
+        Ok(root)
+    }
+}
+
+/// A random communicator id, never 0.
+fn random_comm_id() -> Result<u64> {
+    loop {
+        let mut b = [0u8; 8];
+        getrandom::fill(&mut b)
+            .map_err(|e| Error::System(format!("drawing the job's communicator id: {e}")))?;
+        let id = u64::from_le_bytes(b);
+        if id != 0 {
+            return Ok(id);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -281,5 +347,60 @@ mod tests {
             .err()
             .unwrap();
         assert!(e.to_string().contains("ranks 1 did not join"), "{e}");
+    }
+
+    /// Runs `agree_comm_id` on `n` ranks over 127.0.0.1, rank r given `given[r]`.
+    fn agree(given: &[Option<u64>]) -> Vec<Result<u64>> {
+        let n = given.len();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let t = Duration::from_secs(10);
+        let hs: Vec<_> = (1..n)
+            .map(|r| {
+                let (a, g) = (addr.clone(), given[r]);
+                std::thread::spawn(move || Bootstrap::join(&a, r, n, t).unwrap().agree_comm_id(g))
+            })
+            .collect();
+        let mut out = vec![Bootstrap::root(l, n, t).unwrap().agree_comm_id(given[0])];
+        out.extend(hs.into_iter().map(|h| h.join().unwrap()));
+        out
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "opens a TCP socket; Miri isolates the host")]
+    fn every_rank_gets_the_same_comm_id_and_each_job_its_own() {
+        let a: Vec<u64> = agree(&[None, None, None])
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        assert!(a[0] != 0 && a.iter().all(|&x| x == a[0]), "{a:x?}");
+        let b: Vec<u64> = agree(&[None, None, None])
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        assert_ne!(a[0], b[0], "two jobs drew the same id");
+        // Given on every rank, or on rank 0 alone: that id everywhere.
+        for given in [
+            [Some(0x77), Some(0x77), Some(0x77)],
+            [Some(0x77), None, None],
+        ] {
+            let ids: Vec<u64> = agree(&given).into_iter().map(Result::unwrap).collect();
+            assert_eq!(ids, vec![0x77; 3]);
+        }
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "opens a TCP socket; Miri isolates the host")]
+    fn a_rank_with_another_comm_id_fails_every_rank_naming_it() {
+        for given in [[Some(0x77), None, Some(0x78)], [None, None, Some(0x78)]] {
+            for r in agree(&given) {
+                let e = r.unwrap_err().to_string();
+                assert!(
+                    e.contains("rank 2 was given --comm-id 0x78 but rank 0"),
+                    "{e}"
+                );
+                assert!(e.contains("same --comm-id, or none"), "{e}");
+            }
+        }
     }
 }

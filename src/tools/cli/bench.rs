@@ -78,6 +78,14 @@ pub struct Args {
     /// Allreduce: largest single message, in the forms of -b.
     #[arg(long, default_value = "128K", value_parser = cli_bytes_usize)]
     pub chunk_bytes: usize,
+    /// The communicator id passed to the plugin's `init` (decimal or 0x hexadecimal, not 0; the
+    /// plugin derives its relay port from it). Default: a random id rank 0 draws and shares over
+    /// the bootstrap, so each job is its own communicator as NCCL's commHash is. Give several jobs
+    /// the same id to make them one communicator for the relays (a relay host that runs as a job
+    /// of its own); every rank of a job that gives it must give rank 0's.
+    #[arg(long, value_name = "ID", value_parser = crate::config::values::cli_comm_id,
+          conflicts_with_all = ["loopback", "model", "model_mesh"])]
+    pub comm_id: Option<u64>,
     /// Use this NCCL device for every connection (default: round-robin by peer and channel).
     #[arg(long)]
     pub dev: Option<usize>,
@@ -302,8 +310,9 @@ fn real(a: &Args, o: &b::Options, nranks: usize) -> Result<b::Report> {
 fn run_plugin(a: &Args, o: &b::Options, boot: &mut b::Bootstrap) -> Result<b::Report> {
     let t0 = std::time::Instant::now();
     let mut net = crate::ffi::loader::HostNet::load_default(a.plugin.as_deref())?;
-    // one communicator id for the whole job, like NCCL's commHash
-    b::Net::init(&mut net, 0x5357_4c42_0000_0000 | boot.nranks() as u64)?;
+    // one communicator id for the whole job, unique per job like NCCL's commHash
+    let comm_id = boot.agree_comm_id(a.comm_id)?;
+    b::Net::init(&mut net, comm_id)?;
     net.announce_network();
     let init_s = t0.elapsed().as_secs_f64();
     let r = b::run(&net, boot, o);
