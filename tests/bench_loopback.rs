@@ -24,6 +24,7 @@ fn opts(mode: Mode) -> Options {
         progress: false,
         breakdown: false,
         ahead: 2,
+        rdma_packets: false,
     }
 }
 

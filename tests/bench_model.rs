@@ -25,6 +25,7 @@ fn opts(mode: Mode, min: usize, max: usize) -> Options {
         progress: false,
         breakdown: false,
         ahead: 2,
+        rdma_packets: false,
     }
 }
 

@@ -15,6 +15,8 @@ pub(crate) struct Local {
     pub(crate) spread: Option<Spread>,
     /// Latency mode with `--breakdown`: where this rank's time went.
     pub(crate) breakdown: Option<super::breakdown::Breakdown>,
+    /// Latency against a real plugin: this host's RDMA packets over the timed round trips.
+    pub(crate) packets: Option<super::rdma_counters::HostPackets>,
     pub(crate) errors: u64,
     pub(crate) first: Option<String>,
     /// Fill and check payload bytes.
@@ -54,6 +56,7 @@ impl Local {
             time_us: 0.0,
             spread: None,
             breakdown: None,
+            packets: None,
             errors: 0,
             first: None,
             verify,

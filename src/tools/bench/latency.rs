@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 use std::collections::VecDeque;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::breakdown::{Call, Recorder};
@@ -14,6 +15,7 @@ use super::checks::{Local, check_size, fill_region, scramble, verify_region};
 use super::clock::Clock;
 use super::conns::{Conns, wait_tick};
 use super::pattern;
+use super::rdma_counters;
 use crate::error::{Error, Result};
 use crate::ffi::loader::net::{Net, RecvBuf, Region};
 
@@ -28,6 +30,9 @@ pub(crate) struct PingPong {
     pub(crate) breakdown: bool,
     /// Receives each rank keeps posted (≥ 1), each in its own slot of the receive buffer.
     pub(crate) ahead: usize,
+    /// Read this host's RDMA port counters at the start and end of the timed round trips into
+    /// `Local::packets`.
+    pub(crate) rdma_packets: bool,
 }
 
 /// Runs `size`-byte ping-pongs between `me` and `p` on channel 0; the lower rank sets `l.time_us`
@@ -77,8 +82,14 @@ pub(crate) fn run<N: Net>(
         // The higher rank's receives for the first pings, posted ahead.
         post_upto(c, l, &mut rec, &mut posted, depth - 1)?;
     }
+    let counters = || {
+        pp.rdma_packets
+            .then(|| rdma_counters::snapshot(Path::new(rdma_counters::SYSFS_INFINIBAND)))
+    };
+    let mut before = None;
     for it in 0..total {
         if it == pp.warmup {
+            before = counters();
             rec.start();
         }
         let ping = seed(1, me.min(p), me.max(p), it);
@@ -139,6 +150,9 @@ pub(crate) fn run<N: Net>(
         l.spread = super::checks::Spread::of(one_way);
     }
     l.breakdown = rec.finish();
+    if let (Some(b), Some(a)) = (before, counters()) {
+        l.packets = rdma_counters::HostPackets::between(&b, &a, pp.iters as u64);
+    }
     Ok(())
 }
 

@@ -18,6 +18,7 @@ pub mod modes;
 pub mod nccl;
 pub mod pattern;
 mod pipeline;
+pub mod rdma_counters;
 pub mod report;
 mod stream;
 pub mod summary;

@@ -72,6 +72,9 @@ pub struct Options {
     pub breakdown: bool,
     /// Latency: receives each rank keeps posted ahead (1: the pong's just before the ping).
     pub ahead: usize,
+    /// Latency: read this host's RDMA port counters around the timed round trips
+    /// (`Row::rdma_packets`); set for runs through a real plugin, not in-process ones.
+    pub rdma_packets: bool,
 }
 
 impl Default for Options {
@@ -91,6 +94,7 @@ impl Default for Options {
             progress: true,
             breakdown: false,
             ahead: 2,
+            rdma_packets: false,
         }
     }
 }
@@ -123,6 +127,10 @@ pub struct Row {
     /// Latency with `--breakdown`: where this rank's time went (each rank reports its own).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub breakdown: Option<super::breakdown::Breakdown>,
+    /// Latency through a real plugin: this rank's host's RDMA packets per timed round trip, from
+    /// its ports' counters (every packet of those ports, not only the bench's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rdma_packets: Option<super::rdma_counters::HostPackets>,
 }
 
 /// The result of a run (rank 0 holds the merged rows; other ranks their own view of them).
@@ -300,6 +308,7 @@ pub fn run_with<N: Net, C: Clock>(
                             iters: o.iters,
                             breakdown: o.breakdown,
                             ahead: o.ahead,
+                            rdma_packets: o.rdma_packets,
                         };
                         latency::run(net, clock, &mut c, me, p, size, &pp, deadline, &mut l)?;
                         size
@@ -389,6 +398,7 @@ pub fn run_with<N: Net, C: Clock>(
             efficiency: None,
             one_way_us: l.spread.take(),
             breakdown: l.breakdown.take(),
+            rdma_packets: l.packets.take(),
         });
         if o.progress && me == 0 && start.elapsed() > Duration::from_secs(2) {
             eprintln!(

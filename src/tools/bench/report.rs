@@ -118,6 +118,9 @@ pub fn table(r: &Report) -> String {
         if let Some(b) = &row.breakdown {
             let _ = writeln!(s, "{}", b.line(r.rank, row.size_bytes));
         }
+        if let Some(p) = &row.rdma_packets {
+            let _ = writeln!(s, "{}", p.line(r.rank, row.size_bytes));
+        }
     }
     let _ = writeln!(
         s,
