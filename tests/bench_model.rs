@@ -255,3 +255,31 @@ fn an_eight_byte_message_costs_two_work_requests_and_four_packets() {
         );
     }
 }
+
+/// Bandwidth streamed as NCCL's proxy posts it (one size): the report carries what each message
+/// of the stream cost on the fabric; whole-message bandwidth and latency runs carry none.
+#[test]
+fn a_streamed_size_reports_what_each_of_its_messages_cost() {
+    let mut o = opts(Mode::Bandwidth, 8, 8);
+    o.iters = 40;
+    o.warmup = 4;
+    let mut m = model("400G/1us", "");
+    m.pattern = Pattern::Ll;
+    let r = run(&o, 2, &m).unwrap();
+    assert_eq!(r.errors(), 0, "{:?}", r.first_error);
+    let c = r.model.as_ref().unwrap().stream.clone().unwrap();
+    assert_eq!(c.messages, 44, "{c:?}");
+    // Receives posted as each completes: the sender waits for every entry, one write each.
+    assert_eq!(c.per_message.work_requests, 2.0, "{c:?}");
+    assert_eq!(c.per_message.packets + c.per_message.acks, 4.0, "{c:?}");
+    let t = report::table(&r);
+    assert!(
+        t.contains("streamed, per 8 B message (44 messages): 2.00 work requests"),
+        "{t}"
+    );
+    m.pattern = Pattern::Messages;
+    let w = run(&o, 2, &m).unwrap();
+    assert!(w.model.unwrap().stream.is_none());
+    let l = run(&opts(Mode::Latency, 8, 8), 2, &model("400G/1us", "")).unwrap();
+    assert!(l.model.unwrap().stream.is_none());
+}
