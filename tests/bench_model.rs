@@ -283,3 +283,38 @@ fn a_streamed_size_reports_what_each_of_its_messages_cost() {
     let l = run(&opts(Mode::Latency, 8, 8), 2, &model("400G/1us", "")).unwrap();
     assert!(l.model.unwrap().stream.is_none());
 }
+
+/// Issue 36 item 2: receives posted eight ahead (NCCL's steps) of a ping-pong, whose sender takes
+/// one entry per round trip: the receiver holds new entries back while the sender has three or
+/// more unused, and posts them several to a write. Fewer work requests and packets per message,
+/// the same latency; posted one or two ahead, every entry still goes alone (the sender waits for
+/// it).
+#[test]
+fn receives_posted_eight_ahead_share_clear_to_send_writes() {
+    for spec in [
+        "400G/1us",
+        "400G/1us,400G/1us,400G/1us,400G/1us,400G/1us,400G/1us,400G/1us,400G/1us",
+    ] {
+        let mut o = opts(Mode::Latency, 8, 8);
+        o.iters = 100;
+        o.warmup = 10;
+        let mut cost = Vec::new();
+        for ahead in [1, 2, 8] {
+            o.ahead = ahead;
+            let r = run(&o, 2, &model(spec, "")).unwrap();
+            assert_eq!(r.errors(), 0, "{:?}", r.first_error);
+            let s = r.model.unwrap();
+            let p = s.counters.per_message;
+            cost.push((ahead, p.work_requests, p.packets + p.acks, s.latency_ratio));
+        }
+        for &(ahead, wr, packets, ratio) in &cost {
+            assert!(ratio < 1.01, "{spec}: {cost:?}");
+            if ahead < 8 {
+                assert_eq!((wr, packets), (2.0, 4.0), "{spec}: {cost:?}");
+            } else {
+                // One data write each, the entries of three or four messages in one write.
+                assert!(wr < 1.5 && packets < 3.0, "{spec}: {cost:?}");
+            }
+        }
+    }
+}
