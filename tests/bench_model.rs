@@ -256,3 +256,66 @@ fn an_eight_byte_message_costs_two_work_requests_and_four_packets() {
         );
     }
 }
+
+/// Bandwidth streamed as NCCL's proxy posts it (one size): the report carries what each message
+/// of the stream cost on the fabric; whole-message bandwidth and latency runs carry none.
+#[test]
+fn a_streamed_size_reports_what_each_of_its_messages_cost() {
+    let mut o = opts(Mode::Bandwidth, 8, 8);
+    o.iters = 40;
+    o.warmup = 4;
+    let mut m = model("400G/1us", "");
+    m.pattern = Pattern::Ll;
+    let r = run(&o, 2, &m).unwrap();
+    assert_eq!(r.errors(), 0, "{:?}", r.first_error);
+    let c = r.model.as_ref().unwrap().stream.clone().unwrap();
+    assert_eq!(c.messages, 44, "{c:?}");
+    // Receives posted as each completes: the sender waits for every entry, one write each.
+    assert_eq!(c.per_message.work_requests, 2.0, "{c:?}");
+    assert_eq!(c.per_message.packets + c.per_message.acks, 4.0, "{c:?}");
+    let t = report::table(&r);
+    assert!(
+        t.contains("streamed, per 8 B message (44 messages): 2.00 work requests"),
+        "{t}"
+    );
+    m.pattern = Pattern::Messages;
+    let w = run(&o, 2, &m).unwrap();
+    assert!(w.model.unwrap().stream.is_none());
+    let l = run(&opts(Mode::Latency, 8, 8), 2, &model("400G/1us", "")).unwrap();
+    assert!(l.model.unwrap().stream.is_none());
+}
+
+/// Issue 36 item 2: receives posted eight ahead (NCCL's steps) of a ping-pong, whose sender takes
+/// one entry per round trip: the receiver holds new entries back while the sender has three or
+/// more unused, and posts them several to a write. Fewer work requests and packets per message,
+/// the same latency; posted one or two ahead, every entry still goes alone (the sender waits for
+/// it).
+#[test]
+fn receives_posted_eight_ahead_share_clear_to_send_writes() {
+    for spec in [
+        "400G/1us",
+        "400G/1us,400G/1us,400G/1us,400G/1us,400G/1us,400G/1us,400G/1us,400G/1us",
+    ] {
+        let mut o = opts(Mode::Latency, 8, 8);
+        o.iters = 100;
+        o.warmup = 10;
+        let mut cost = Vec::new();
+        for ahead in [1, 2, 8] {
+            o.ahead = ahead;
+            let r = run(&o, 2, &model(spec, "")).unwrap();
+            assert_eq!(r.errors(), 0, "{:?}", r.first_error);
+            let s = r.model.unwrap();
+            let p = s.counters.per_message;
+            cost.push((ahead, p.work_requests, p.packets + p.acks, s.latency_ratio));
+        }
+        for &(ahead, wr, packets, ratio) in &cost {
+            assert!(ratio < 1.01, "{spec}: {cost:?}");
+            if ahead < 8 {
+                assert_eq!((wr, packets), (2.0, 4.0), "{spec}: {cost:?}");
+            } else {
+                // One data write each, the entries of three or four messages in one write.
+                assert!(wr < 1.5 && packets < 3.0, "{spec}: {cost:?}");
+            }
+        }
+    }
+}

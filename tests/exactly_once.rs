@@ -83,6 +83,10 @@ struct Case {
     /// many more executed work requests (so it can strike while the standby path is activated,
     /// its key updates in flight).
     second: Option<(usize, u64)>,
+    /// Each peer hands a send to `isend` only every this many steps (1: every step): a slow
+    /// sender, holding the receiver's entries unused, so that the receiver holds new ones back
+    /// and posts several in one write.
+    send_gap: usize,
 }
 
 /// What a run saw.
@@ -113,6 +117,9 @@ struct Seen {
     /// Key updates the receivers posted, pieces the senders held for one.
     key_updates: u64,
     keyless_pieces: u64,
+    /// Receiving side: clear-to-send entries posted and the writes that carried them.
+    cts_entries: u64,
+    cts_writes: u64,
 }
 
 const SLOT: usize = 48 << 10;
@@ -227,7 +234,7 @@ fn run(c: &Case) -> Seen {
                 None => break,
             }
         }
-        for peer in peers.iter_mut() {
+        for peer in peers.iter_mut().filter(|_| step % c.send_gap == 0) {
             while peer.next_send < peer.msgs.len() {
                 let m = peer.msgs[peer.next_send];
                 let size = c.plan[m].1;
@@ -250,6 +257,9 @@ fn run(c: &Case) -> Seen {
                         peer.sq.push((m, q, e));
                         peer.staged = None;
                         peer.next_send += 1;
+                        if c.send_gap > 1 {
+                            break; // one send per turn
+                        }
                     }
                     None => break,
                 }
@@ -347,6 +357,8 @@ fn run(c: &Case) -> Seen {
         pieces_resent: sum(&|p| p.s.fence_stats().resent),
         cts_landed: sum(&|p| p.r.fence_stats().landed),
         cts_resent: sum(&|p| p.r.fence_stats().resent),
+        cts_entries: sum(&|p| p.r.cts_stats().entries),
+        cts_writes: sum(&|p| p.r.cts_stats().writes),
         violations: fab.violations(),
         corrupt,
         fired,
@@ -409,6 +421,7 @@ fn case(mode: InFlight, fault_at: u64, seed: Option<u64>) -> Case {
         seed,
         standby: false,
         second: None,
+        send_gap: 1,
     }
 }
 
@@ -466,6 +479,43 @@ fn a_pulled_cable_delivers_each_message_once_into_a_shared_pool() {
         c.partial = at % 2 == 0;
         assert!(check(&c).fired);
     }
+}
+
+/// A slow sender with receives posted far ahead: the receiver holds entries back and posts
+/// several in one write, and a fault at any point (dropped, landed with the completion lost,
+/// held and landing late, cut mid-write) finds batched entries in flight. Every message still
+/// arrives once, nothing lands in a completed receive, and the entries were batched.
+#[test]
+fn entries_batched_in_one_write_stay_exactly_once_whatever_the_fault() {
+    let (mut entries, mut writes, mut resent, mut landed) = (0, 0, 0, 0);
+    for at in 0..48 {
+        for mode in [
+            InFlight::Drop,
+            InFlight::LandLost,
+            InFlight::Delay { ops: 3 },
+        ] {
+            let mut c = case(mode, at, Some(13));
+            c.pool = 12;
+            c.ring = 2;
+            c.send_gap = 6;
+            c.partial = at % 2 == 1;
+            let s = check(&c);
+            assert!(s.fired, "{c:?}");
+            entries += s.cts_entries;
+            writes += s.cts_writes;
+            resent += s.cts_resent;
+            landed += s.cts_landed;
+        }
+    }
+    assert!(
+        writes * 5 < entries * 4 && resent > 0 && landed > 0,
+        "{entries} clear-to-send entries in {writes} writes; the fence found {landed} landed \
+         and posted {resent} again"
+    );
+    eprintln!(
+        "{entries} clear-to-send entries in {writes} writes; the fence found {landed} landed \
+         and posted {resent} again"
+    );
 }
 
 /// One carrying and one standby path per peer; peer 0's carrying path fails at any point, with
@@ -548,12 +598,13 @@ proptest! {
         npaths in 2usize..=3,
         plan in proptest::collection::vec(
             (0usize..2, prop_oneof![Just(0usize), 1usize..4096, 4096usize..=SLOT]), 4..32),
-        pool in 1usize..=3,
+        pool in prop_oneof![1usize..=3, 4usize..=12],
         ring in 1usize..=4,
         fault_peer in 0usize..2,
         fault_path in 0usize..3,
-        // Per mille of the fewest work requests the plan executes (2 per message: the
-        // clear-to-send write and at least one data write), so the fault always fires.
+        // Per mille of the fewest work requests the plan executes (1.25 per message: at least
+        // one data write, and a clear-to-send write for at most four entries), so the fault
+        // always fires.
         fault_permille in 0u64..1000,
         partial in any::<bool>(),
         mode in mode(),
@@ -562,8 +613,10 @@ proptest! {
         // With 3 paths, one standing by: a second fault on a carrying path or the activated
         // standby one, up to 40 work requests after the first (during the activation).
         second in proptest::option::of((1usize..3, 0u64..40)),
+        // A slow sender (the receiver holds entries back and posts several in one write).
+        send_gap in prop_oneof![Just(1usize), 2usize..8],
     ) {
-        let fault_at = fault_permille * 2 * plan.len() as u64 / 1000;
+        let fault_at = fault_permille * 5 * plan.len() as u64 / 4000;
         let c = Case {
             npaths,
             plan,
@@ -577,6 +630,7 @@ proptest! {
             seed,
             standby,
             second: second.filter(|_| standby && npaths == 3),
+            send_gap,
         };
         let seen = run(&c);
         prop_assert!(seen.fired, "the fault never fired in {} steps: {c:?}", seen.steps);

@@ -6,10 +6,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use switchless::error::Error;
 use switchless::sys::Lent;
+use switchless::transport::comm::CtsStats;
 use switchless::transport::comm::{
     FailoverConfig, MemHandle, ProtocolConfig, RecvBuf, RecvComm, Request, SendComm, connect_pair,
 };
@@ -423,5 +424,81 @@ fn control_memory_that_wraps_is_refused_at_connect() {
     assert!(
         matches!(&e, Error::Remote(m) if m.contains("wraps the address space")),
         "{e}"
+    );
+}
+
+impl Liar {
+    /// Posts receives 0..3, lets the first one's signaled clear-to-send completion be polled 1 ms
+    /// later (the receiver's round trip: 1 ms), then, 3 ms on with none of them taken (the
+    /// sender holds three unused), posts `held` more, which the receiver holds back.
+    fn hold_back(&mut self, held: usize) -> (Vec<(Request, CtsElem)>, Vec<Request>) {
+        let taken: Vec<_> = (0..3).map(|seq| self.post(seq)).collect();
+        self.now += Duration::from_millis(1);
+        assert!(self.r.test(self.now, taken[0].0).unwrap().is_none());
+        self.now += Duration::from_millis(3);
+        let mut reqs = Vec::new();
+        for seq in 3..3 + held as u64 {
+            let b = [RecvBuf {
+                addr: self.rbuf,
+                size: POSTED as u64,
+                tag: 7,
+                mh: &self.rmh,
+            }];
+            reqs.push(self.r.irecv(self.now, &b).unwrap().unwrap());
+            assert!(!self.landed(seq), "entry {seq} held back");
+        }
+        (taken, reqs)
+    }
+
+    /// Whether the entry of `seq` is whole in the liar's FIFO.
+    fn landed(&self, seq: u64) -> bool {
+        let base = (seq as usize % FIFO_DEPTH) * SLOT_WORDS;
+        let mut w = [0u64; SLOT_WORDS];
+        for (k, x) in w.iter_mut().enumerate() {
+            *x = self
+                .ep
+                .ctrl_load(self.fifo.word(base + k), Ordering::Acquire)
+                .unwrap();
+        }
+        wire::check_slot(&w, seq, 1).unwrap() == Some(1)
+    }
+}
+
+/// Issue 36: while the sender holds three unused entries, the receiver holds new ones back and
+/// posts them together once the sender takes one (one write over their consecutive slots). A
+/// sender that claims data for an entry held back cannot have read it: the receive fails with a
+/// `Remote` error, never completes.
+#[test]
+fn entries_held_back_go_in_one_write_and_cannot_be_claimed_before() {
+    let mut g = liar(false);
+    let (taken, held) = g.hold_back(2);
+    assert_eq!(
+        g.r.cts_stats(),
+        CtsStats {
+            entries: 3,
+            writes: 3
+        }
+    );
+    // The sender takes entry 0 (its message arrives): two unused left, the two held go.
+    let el = taken[0].1;
+    g.write(el.addr, el.rkeys[0], 16, Some(imm(0, 0, 1, 0, 0, true)));
+    assert_eq!(g.outcome(taken[0].0).unwrap(), 16);
+    assert!(g.landed(3) && g.landed(4), "the held entries were posted");
+    assert_eq!(
+        g.r.cts_stats(),
+        CtsStats {
+            entries: 5,
+            writes: 4
+        }
+    );
+    drop(held);
+
+    let mut g = liar(false);
+    let (taken, held) = g.hold_back(1);
+    let el = taken[0].1;
+    g.write(el.addr, el.rkeys[0], 16, Some(imm(3, 0, 1, 0, 3, true)));
+    remote(
+        g.outcome(held[0]),
+        "slot 3 (FIFO sequence 3) whose clear-to-send was not sent yet",
     );
 }

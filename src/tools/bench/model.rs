@@ -113,6 +113,12 @@ pub fn run(o: &Options, nranks: usize, mo: &ModelOptions) -> Result<Report> {
         ));
     }
     let (mut rep, hash, main_paths) = run_once(o, nranks, &topo, verify, step)?;
+    // The stream's messages are all the main run moves (nothing else crosses the fabric).
+    let stream =
+        (o.mode == Mode::Bandwidth && step.is_some() && o.min_bytes == o.max_bytes).then(|| {
+            let messages = (o.warmup + o.iters) as u64;
+            Counters::from_stats(o.min_bytes, messages, &main_paths)
+        });
     let sum = topo.sum_rate_bps() as f64 / 1e9;
     let capacity = match o.mode {
         Mode::Latency => None,
@@ -195,6 +201,7 @@ pub fn run(o: &Options, nranks: usize, mo: &ModelOptions) -> Result<Report> {
         latency_ratio: if floor > 0.0 { latency_us / floor } else { 0.0 },
         trace_hash: format!("{hash:016x}"),
         counters,
+        stream,
     });
     Ok(rep)
 }

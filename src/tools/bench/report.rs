@@ -64,6 +64,9 @@ pub fn table(r: &Report) -> String {
             m.latency_bytes, m.latency_us, m.rdma_write_us, m.latency_ratio
         );
         let _ = writeln!(s, "#  {}", m.counters.text());
+        if let Some(c) = &m.stream {
+            let _ = writeln!(s, "#  streamed, {}", c.text());
+        }
     }
     let model = r.model.is_some() && r.rows.iter().any(|x| x.efficiency.is_some());
     let time = match r.mode {

@@ -75,6 +75,10 @@ pub struct ModelSummary {
     pub trace_hash: String,
     /// What the latency probe's messages cost on the fabric.
     pub counters: Counters,
+    /// What each message of the main run cost on the fabric: bandwidth streamed as NCCL's proxy
+    /// posts it (a step pattern), one size.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stream: Option<Counters>,
 }
 
 /// Work requests and packets per message of a ping-pong of `bytes`-byte messages, counted by the

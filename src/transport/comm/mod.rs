@@ -2,9 +2,11 @@
 //!
 //! See `docs/guide/transport.md` and the [`super`] module docs for the protocol. In short:
 //!
-//! 1. `irecv` writes a clear-to-send (CTS) entry into the sender's FIFO slot `seq % 32` with two RDMA
-//!    writes on one path: the body (buffers, sizes, tags, rkeys per path), then the word `seq + 1`.
-//! 2. `isend` acquire-loads that word; when it reads `seq + 1` it decodes the body, matches the tag,
+//! 1. `irecv` writes a clear-to-send (CTS) entry into the sender's FIFO slot `seq % 32` in one RDMA
+//!    write on one path: the word `seq + 1`, a header, the buffers (sizes, tags, rkeys per path)
+//!    and a check word. While the sender holds three or more entries unused, a new entry is held
+//!    back and goes later with the next ones, consecutive slots in one write.
+//! 2. `isend` acquire-loads that word; when the entry is whole it decodes it, matches the tag,
 //!    checks the size and writes the data striped over the usable data paths, one piece per path.
 //!    Piece 0 ends with the size record written into the receiver's record array with an
 //!    immediate; every other piece's last data write carries the immediate. A message of one piece
@@ -237,7 +239,7 @@ mod send;
 
 pub use fence::FenceStats;
 pub use paths::{FailoverConfig, WeightConfig};
-pub use recv::RecvComm;
+pub use recv::{CtsStats, RecvComm};
 pub use send::SendComm;
 
 /// Largest single RDMA write the protocol posts (1 GiB; IB allows up to 2 GiB).

@@ -2,7 +2,7 @@
 //! sender's FIFO, counts the immediates per buffer and reads the size records; flushes GPU receives.
 
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::{
     Core, FlushBuf, ProtocolConfig, RecvBuf, ReqKind, Request, Sizes, next_generation, timed_out,
@@ -49,6 +49,11 @@ struct RecvReq {
     /// The clear-to-send is on a path marked down, not known landed: posted again only once the
     /// sender says it lacks it (the failover fence, `fence.rs`).
     cts_parked: bool,
+    /// The clear-to-send is held back (written to the shadow, not posted): it goes out with the
+    /// entries after it in one write ([`RecvComm::flush_held`]). Never on a path until then.
+    cts_held: bool,
+    /// When the clear-to-send was (last) posted.
+    cts_at: Option<Instant>,
     error: Option<Error>,
     posted: Option<Instant>,
     /// The registration of each buffer (by token): its keys on a standby path come at the
@@ -97,6 +102,23 @@ pub struct RecvComm<F: Fabric> {
     keys_open: u32,
     /// Per data path: clear-to-send writes posted on it (the next one's ticket).
     cts_posts: Vec<u64>,
+    /// Entries held back, not posted yet: the newest ones, sequences `head - held .. head`.
+    held: u64,
+    /// Shortest round trip seen: from posting a clear-to-send to its signaled completion, or
+    /// to the first data of its receive (each at least the network's round trip, more when
+    /// polled late).
+    rtt: Option<Duration>,
+    /// Clear-to-send entries posted and the writes that carried them.
+    cts_stats: CtsStats,
+}
+
+/// What a receiving comm's clear-to-send writes carried ([`RecvComm::cts_stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CtsStats {
+    /// Entries posted (an entry posted again after a failover counts again).
+    pub entries: u64,
+    /// Writes that carried them (several consecutive entries go in one write when held back).
+    pub writes: u64,
 }
 
 /// A clear-to-send write is signaled once per this many on its path (and the first): NCCL's
@@ -108,6 +130,18 @@ pub struct RecvComm<F: Fabric> {
 ///
 /// [`SEND_QUEUE_DEPTH`]: crate::transport::fabric::SEND_QUEUE_DEPTH
 const CTS_SIGNAL_EVERY: u64 = FIFO_DEPTH as u64 / 2;
+
+/// A new clear-to-send entry is held back (not posted yet) while the sender holds at least this
+/// many entries unused ([`RecvComm::in_hand`]): it has work in hand, and the entry can wait to
+/// travel with the next ones in one write. Under that, held entries go at once: the sender
+/// could run dry before a later write lands. Three, not two: the receiver learns that the
+/// sender took an entry only when its data arrives, so one of those counted may be taken
+/// already (with 2, 64 KiB streamed over one 400 Gb/s path lost 0.25% in the model).
+const CTS_HOLD_AHEAD: usize = 3;
+
+/// At most this many entries are held back: they go in one write (one packet at the RoCE MTUs:
+/// 3 × 512 + 472 bytes at most).
+const CTS_BATCH_MAX: u64 = 4;
 
 /// Clear-to-send writes of at most this many bytes are marked inline (one buffer: 80 bytes), unless
 /// [`ProtocolConfig::inline_max`] is 0 or larger; the fabric inlines up to what the device allows.
@@ -170,6 +204,9 @@ impl<F: Fabric> RecvComm<F> {
             keys_at: 0,
             keys_open: 0,
             cts_posts: vec![0; npaths],
+            held: 0,
+            rtt: None,
+            cts_stats: CtsStats::default(),
         })
     }
 
@@ -205,7 +242,11 @@ impl<F: Fabric> RecvComm<F> {
 
     /// Posts a grouped receive of 1..=[`MAX_RECVS`] buffers (NCCL `irecv`). `Ok(None)` means "call
     /// again later": the FIFO slot this receive needs is still held by an older request. `now` is the
-    /// current time (the request timeout counts from it).
+    /// current time (the request timeout counts from it, and it dates the clear-to-send).
+    ///
+    /// The entry is posted at once unless the sender holds three or more entries unused: then it
+    /// is held back, to go with the next ones in one write (from here, or from `test` once fewer
+    /// are in hand; see `docs/guide/transport.md`).
     pub fn irecv(&mut self, now: Instant, bufs: &[RecvBuf<'_>]) -> Result<Option<Request>> {
         if self.peer.is_none() {
             return Err(Error::InvalidArgument(
@@ -268,6 +309,7 @@ impl<F: Fabric> RecvComm<F> {
         let k = self.core.paths.nth_up(seq).unwrap_or(0);
         let r = &mut self.slots[slot];
         r.cts_path = k;
+        r.cts_held = true;
         r.in_use = true;
         r.seq = seq;
         r.n = n;
@@ -288,32 +330,95 @@ impl<F: Fabric> RecvComm<F> {
             self.keys_open |= 1 << slot;
         }
         self.head += 1;
+        self.held += 1;
         let generation = r.generation;
-        if let Err(err) = self.post_cts(slot, k) {
-            // A failed batch may have been posted in part: the entry is settled with the rest of
-            // the path's work (parked below, posted again once the sender says it lacks it).
-            if !self.core.mark_down(k, now, &err.to_string()) {
-                // The entry's state at the sender is unknown: this comm can take no more.
-                self.fatal.get_or_insert(err.clone());
+        // Held back only while the sender has work in hand (it is not waiting for this entry),
+        // and at most a batch's worth.
+        if self.held >= CTS_BATCH_MAX || self.in_hand(now) < CTS_HOLD_AHEAD {
+            if let Err(err) = self.flush_held(now) {
                 self.release_slot(slot);
                 return Err(err);
             }
         }
-        self.fail_over();
         Ok(Some(Request::new(ReqKind::Recv, slot, generation)))
+    }
+
+    /// Entries the sender is known to hold unused: posted more than twice the shortest round
+    /// trip ago and no data of their receive seen yet. An entry the sender was waiting for
+    /// brings data within one round trip (an entry still on its way, or taken with its data on
+    /// the way, does not count); the doubled margin absorbs a round trip measured late (at a
+    /// poll, not at arrival) and jitter. Parked and held entries do not count.
+    fn in_hand(&self, now: Instant) -> usize {
+        let Some(rtt) = self.rtt else { return 0 };
+        let age = rtt.saturating_mul(2);
+        self.slots
+            .iter()
+            .filter(|r| {
+                r.in_use
+                    && !r.cts_held
+                    && !r.cts_parked
+                    && r.error.is_none()
+                    && r.cts_at
+                        .is_some_and(|t| now.saturating_duration_since(t) > age)
+                    && r.elems[..r.n].iter().all(|e| e.seen == 0 && !e.done)
+            })
+            .count()
+    }
+
+    /// Posts every held entry: one write per run of consecutive FIFO slots (split at the wrap),
+    /// on the path of the run's first entry. A failed post marks its path down (its entries are
+    /// parked like any posted one); on the last usable path the comm fails.
+    fn flush_held(&mut self, now: Instant) -> Result<()> {
+        if let Some(e) = &self.fatal {
+            self.held = 0;
+            return Err(e.clone());
+        }
+        while self.held > 0 {
+            let first = self.head - self.held;
+            let s0 = (first % FIFO_DEPTH as u64) as usize;
+            let run = self.held.min((FIFO_DEPTH - s0) as u64) as usize;
+            let k = self.core.paths.nth_up(first).unwrap_or(0);
+            for r in &mut self.slots[s0..s0 + run] {
+                r.cts_path = k;
+                r.cts_held = false;
+            }
+            self.held -= run as u64;
+            if let Err(err) = self.post_cts_run(s0, run, k, now) {
+                // A failed batch may have been posted in part: its entries are settled with the
+                // rest of the path's work (parked, posted again once the sender says it lacks it).
+                if !self.core.mark_down(k, now, &err.to_string()) {
+                    // The entries' state at the sender is unknown: this comm can take no more.
+                    self.held = 0;
+                    self.fatal.get_or_insert(err.clone());
+                    return Err(err);
+                }
+            }
+            self.fail_over();
+        }
+        Ok(())
     }
 
     /// Posts slot `slot`'s clear-to-send (already in the shadow) on data path `k`: one write of the
     /// whole entry, inline where the device allows; the sender takes it only once every word of it
     /// has landed ([`wire::check_slot`]). Signaled once per [`CTS_SIGNAL_EVERY`] on the path.
     /// Posting it again (failover) writes the same words: the sender has not reused the slot.
-    fn post_cts(&mut self, slot: usize, k: usize) -> Result<()> {
+    fn post_cts(&mut self, slot: usize, k: usize, now: Instant) -> Result<()> {
+        self.post_cts_run(slot, 1, k, now)
+    }
+
+    /// Posts the entries of the `run` consecutive slots from `slot` (no wrap) in one write: from
+    /// the first slot's start to the last entry's check word, the unused tails of the slots
+    /// between included (the shadow's words; the sender reads only an entry's own words, and
+    /// judges each entry whole on its own). A slot is written again only after its receive
+    /// completed, a round trip after the sender read the entry, long after this write landed.
+    fn post_cts_run(&mut self, slot: usize, run: usize, k: usize, now: Instant) -> Result<()> {
         let Some(peer) = self.peer.as_ref() else {
             return Err(Error::Internal("recv comm lost its peer".into()));
         };
         let r = &self.slots[slot];
         let base = slot * SLOT_WORDS;
-        let len = 8 * wire::slot_entry_words(r.n) as u32;
+        let last = &self.slots[slot + run - 1];
+        let len = 8 * ((run - 1) * SLOT_WORDS + wire::slot_entry_words(last.n)) as u32;
         let path = self.core.data[k];
         let ticket = self.cts_posts[k];
         // A batch of one (one doorbell; fabrics count batches there).
@@ -339,7 +444,12 @@ impl<F: Fabric> RecvComm<F> {
             }],
         )?;
         self.cts_posts[k] = ticket + 1;
-        self.slots[slot].cts_ticket = ticket;
+        for r in &mut self.slots[slot..slot + run] {
+            r.cts_ticket = ticket;
+            r.cts_at = Some(now);
+        }
+        self.cts_stats.entries += run as u64;
+        self.cts_stats.writes += 1;
         Ok(())
     }
 
@@ -348,7 +458,12 @@ impl<F: Fabric> RecvComm<F> {
     fn fail_over(&mut self) {
         while let Some(k) = self.core.newly_down.pop() {
             for r in self.slots.iter_mut() {
-                if r.in_use && r.cts_pending > 0 && r.cts_path == k && r.error.is_none() {
+                if r.in_use
+                    && r.cts_pending > 0
+                    && !r.cts_held
+                    && r.cts_path == k
+                    && r.error.is_none()
+                {
                     r.cts_parked = true;
                 }
                 // A key update on it may be lost: posted again once the path is back (the same
@@ -375,6 +490,9 @@ impl<F: Fabric> RecvComm<F> {
             if !r.in_use || r.keys_missing == 0 || r.error.is_some() {
                 self.keys_open &= !(1 << slot);
                 continue;
+            }
+            if r.cts_held {
+                continue; // its update follows the entry
             }
             for k in 0..self.core.data.len() {
                 let bit = 1u8 << k;
@@ -499,7 +617,7 @@ impl<F: Fabric> RecvComm<F> {
                     continue;
                 };
                 self.slots[slot].cts_path = j2;
-                if let Err(err) = self.post_cts(slot, j2) {
+                if let Err(err) = self.post_cts(slot, j2, now) {
                     if !self.core.mark_down(j2, now, &err.to_string()) {
                         self.slots[slot].error.get_or_insert(err);
                     }
@@ -663,11 +781,21 @@ impl<F: Fabric> RecvComm<F> {
         r.error = None;
     }
 
+    /// Posts the held entries once the sender runs short of entries in hand.
+    fn flush_due(&mut self, now: Instant) -> Result<()> {
+        if self.held > 0 && self.in_hand(now) < CTS_HOLD_AHEAD {
+            self.flush_held(now)?;
+        }
+        Ok(())
+    }
+
     fn progress(&mut self, now: Instant) -> Result<()> {
+        self.flush_due(now)?;
         let slots = &mut self.slots;
         let flushes = &mut self.flushes;
         let records = &self.records;
         let fatal = &mut self.fatal;
+        let rtt = &mut self.rtt;
         let polled = self.core.poll_all(|core, path, c| {
             let Some((kind, idx, generation)) = wire::split_wr_id(c.wr_id) else {
                 return Err(Error::Internal(format!(
@@ -688,6 +816,12 @@ impl<F: Fabric> RecvComm<F> {
                         return Ok(()); // the clear-to-send was posted again on another path
                     };
                     if c.status.is_success() {
+                        // A round trip of the network alone (the write and its acknowledgement),
+                        // whatever the sender does.
+                        if let Some(t) = r.cts_at {
+                            let d = now.saturating_duration_since(t);
+                            *rtt = Some(rtt.map_or(d, |x| x.min(d)));
+                        }
                         // Landed, whatever became of the path since.
                         r.cts_pending = 0;
                         r.cts_parked = false;
@@ -696,7 +830,11 @@ impl<F: Fabric> RecvComm<F> {
                         // have gone out on the path's queue pair before a rebuild.
                         let ticket = r.cts_ticket;
                         for o in slots.iter_mut() {
-                            if o.in_use && o.cts_path == k && o.cts_ticket < ticket && !o.cts_parked
+                            if o.in_use
+                                && o.cts_path == k
+                                && o.cts_ticket <= ticket
+                                && !o.cts_parked
+                                && !o.cts_held
                             {
                                 o.cts_pending = 0;
                             }
@@ -779,7 +917,9 @@ impl<F: Fabric> RecvComm<F> {
                     // Data that landed counts whatever became of the path since.
                     let dedupe = core.cfg.failover.enabled;
                     let (fab, meter) = (&core.fab, &mut core.meter);
-                    if let Err(err) = Self::on_imm(fab, records, slots, &c, dedupe, (meter, k)) {
+                    if let Err(err) =
+                        Self::on_imm(fab, records, slots, &c, dedupe, (meter, k), (now, rtt))
+                    {
                         tracing::warn!(path, label = %core.labels[path], "NET/switchless: {err}");
                         fatal.get_or_insert(err);
                     }
@@ -808,7 +948,7 @@ impl<F: Fabric> RecvComm<F> {
             }
             self.core.fence.recvs[k] = RECV_DEPTH;
         }
-        Ok(())
+        self.flush_due(now)
     }
 
     /// Counts one piece's immediate; once every piece of the buffer is in, reads the size record (a
@@ -822,6 +962,7 @@ impl<F: Fabric> RecvComm<F> {
         c: &Completion,
         late_ok: bool,
         (meter, k): (&mut Meter, Option<usize>),
+        (now, rtt): (Instant, &mut Option<Duration>),
     ) -> Result<()> {
         let Some(v) = c.imm else {
             return Err(Error::Remote(
@@ -852,6 +993,20 @@ impl<F: Fabric> RecvComm<F> {
                 "immediate for slot {} buffer {} sequence {:#x} matches no posted receive",
                 imm.slot, imm.elem, imm.seq16
             )));
+        }
+        if r.cts_held {
+            // Held back: the sender cannot have taken it.
+            return Err(Error::Remote(format!(
+                "immediate for slot {} (FIFO sequence {}) whose clear-to-send was not sent yet",
+                imm.slot, r.seq
+            )));
+        }
+        if let Some(t) = r
+            .cts_at
+            .filter(|_| r.elems[..r.n].iter().all(|e| e.seen == 0))
+        {
+            let d = now.saturating_duration_since(t);
+            *rtt = Some(rtt.map_or(d, |x| x.min(d)));
         }
         // The sender took the clear-to-send (whole) before it wrote this: it landed, whether or
         // not its own completion was signaled or has come.
@@ -1000,6 +1155,11 @@ impl<F: Fabric> RecvComm<F> {
             return Err(Error::Timeout(msg));
         }
         Ok(None)
+    }
+
+    /// What the clear-to-send writes carried so far: entries, and the writes that carried them.
+    pub fn cts_stats(&self) -> CtsStats {
+        self.cts_stats
     }
 
     /// Number of receive requests outstanding.
