@@ -287,7 +287,7 @@ fn a_streamed_size_reports_what_each_of_its_messages_cost() {
 
 /// Issue 36 item 2: receives posted eight ahead (NCCL's steps) of a ping-pong, whose sender takes
 /// one entry per round trip: the receiver holds new entries back while the sender has three or
-/// more unused, and posts them several to a write. Fewer work requests and packets per message,
+/// more unused, and posts them two to a write. Fewer work requests and packets per message,
 /// the same latency; posted one or two ahead, every entry still goes alone (the sender waits for
 /// it).
 #[test]
@@ -313,8 +313,9 @@ fn receives_posted_eight_ahead_share_clear_to_send_writes() {
             if ahead < 8 {
                 assert_eq!((wr, packets), (2.0, 4.0), "{spec}: {cost:?}");
             } else {
-                // One data write each, the entries of three or four messages in one write.
-                assert!(wr < 1.5 && packets < 3.0, "{spec}: {cost:?}");
+                // One data write each, mostly two messages' entries in one write (at most two:
+                // one packet at any RoCE MTU); 2.00 / 4.00 without batching.
+                assert!(wr < 1.7 && packets < 3.4, "{spec}: {cost:?}");
             }
         }
     }

@@ -602,9 +602,9 @@ proptest! {
         ring in 1usize..=4,
         fault_peer in 0usize..2,
         fault_path in 0usize..3,
-        // Per mille of the fewest work requests the plan executes (1.25 per message: at least
-        // one data write, and a clear-to-send write for at most four entries), so the fault
-        // always fires.
+        // Per mille of a floor under the fewest work requests the plan executes (1.25 per
+        // message; at least one data write, and a clear-to-send write for at most two entries:
+        // 1.5), so the fault always fires.
         fault_permille in 0u64..1000,
         partial in any::<bool>(),
         mode in mode(),

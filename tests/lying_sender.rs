@@ -465,13 +465,15 @@ impl Liar {
 }
 
 /// Issue 36: while the sender holds three unused entries, the receiver holds new ones back and
-/// posts them together once the sender takes one (one write over their consecutive slots). A
+/// posts them in one write over their consecutive slots once two are held, or alone once the
+/// sender takes one. A
 /// sender that claims data for an entry held back cannot have read it: the receive fails with a
 /// `Remote` error, never completes.
 #[test]
 fn entries_held_back_go_in_one_write_and_cannot_be_claimed_before() {
+    // Two held (the most one write takes): both go at once, in one write.
     let mut g = liar(false);
-    let (taken, held) = g.hold_back(2);
+    let (_taken, mut held) = g.hold_back(1);
     assert_eq!(
         g.r.cts_stats(),
         CtsStats {
@@ -479,15 +481,34 @@ fn entries_held_back_go_in_one_write_and_cannot_be_claimed_before() {
             writes: 3
         }
     );
-    // The sender takes entry 0 (its message arrives): two unused left, the two held go.
-    let el = taken[0].1;
-    g.write(el.addr, el.rkeys[0], 16, Some(imm(0, 0, 1, 0, 0, true)));
-    assert_eq!(g.outcome(taken[0].0).unwrap(), 16);
+    let b = [RecvBuf {
+        addr: g.rbuf,
+        size: POSTED as u64,
+        tag: 7,
+        mh: &g.rmh,
+    }];
+    held.push(g.r.irecv(g.now, &b).unwrap().unwrap());
     assert!(g.landed(3) && g.landed(4), "the held entries were posted");
     assert_eq!(
         g.r.cts_stats(),
         CtsStats {
             entries: 5,
+            writes: 4
+        }
+    );
+    drop(held);
+
+    // The sender takes entry 0 (its message arrives): two unused left, the held one goes.
+    let mut g = liar(false);
+    let (taken, held) = g.hold_back(1);
+    let el = taken[0].1;
+    g.write(el.addr, el.rkeys[0], 16, Some(imm(0, 0, 1, 0, 0, true)));
+    assert_eq!(g.outcome(taken[0].0).unwrap(), 16);
+    assert!(g.landed(3), "the held entry was posted");
+    assert_eq!(
+        g.r.cts_stats(),
+        CtsStats {
+            entries: 4,
             writes: 4
         }
     );

@@ -139,9 +139,13 @@ const CTS_SIGNAL_EVERY: u64 = FIFO_DEPTH as u64 / 2;
 /// already (with 2, 64 KiB streamed over one 400 Gb/s path lost 0.25% in the model).
 const CTS_HOLD_AHEAD: usize = 3;
 
-/// At most this many entries are held back: they go in one write (one packet at the RoCE MTUs:
-/// 3 × 512 + 472 bytes at most).
-const CTS_BATCH_MAX: u64 = 4;
+/// At most this many entries are held back: they go in one write of at most 512 + 472 bytes, one
+/// packet at every RoCE MTU from 1024 on. One packet, because the write also rewrites the unused
+/// tail of the first entry's slot, which the sender never checks: in one packet it lands with
+/// the entry the sender does check, so it cannot land after that slot's next entry (a round trip
+/// later, possibly on another path). Across packets it could, after a retransmission on a lossy
+/// path, and a longer next entry would then fail its check: a stall.
+const CTS_BATCH_MAX: u64 = 2;
 
 /// Clear-to-send writes of at most this many bytes are marked inline (one buffer: 80 bytes), unless
 /// [`ProtocolConfig::inline_max`] is 0 or larger; the fabric inlines up to what the device allows.
