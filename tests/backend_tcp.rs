@@ -696,6 +696,30 @@ fn path_weights(b: &Arc<B>) -> Vec<(String, u64, u64)> {
     v
 }
 
+/// Communicator `tag` of this test process (the relay port is derived from the id: one per test).
+fn mesh_comm(tag: u64) -> CommInfo {
+    CommInfo {
+        comm_id: Some(tag << 16 | u64::from(std::process::id() & 0xffff)),
+        traffic_class: None,
+    }
+}
+
+/// A transfer hint: all-reduce over `algo` (`BIT(NCCL_ALGO_*)`), `proto` if named, `peers`
+/// concurrent peers each way.
+fn coll_hint(algo: u32, proto: Option<u32>, peers: i32) -> switchless::plugin::NetAttr {
+    let few = switchless::plugin::CommAttr {
+        max_concurrent_peers: Some(peers),
+        ..Default::default()
+    };
+    switchless::plugin::NetAttr {
+        send: few,
+        recv: few,
+        op: Some(1 << 4), // all-reduce
+        algo: Some(algo),
+        proto,
+    }
+}
+
 /// `a` connects to a listener of `b` for communicator `comm`.
 fn connect_comm(a: &Arc<B>, b: &Arc<B>, comm: &CommInfo) -> Pair {
     let mut h: Handle = [0; HANDLE_SIZE];
@@ -725,11 +749,7 @@ fn connect_comm(a: &Arc<B>, b: &Arc<B>, comm: &CommInfo) -> Pair {
 #[test]
 fn a_ring_hint_on_a_full_mesh_adds_a_relay_path_an_alltoall_hint_does_not() {
     use switchless::plugin::{CommAttr, NetAttr};
-    let id = 0x5357_4d45_5348_0000 | u64::from(std::process::id() & 0xffff);
-    let comm = CommInfo {
-        comm_id: Some(id),
-        traffic_class: None,
-    };
+    let comm = mesh_comm(0x5357_4d45_5348);
     let tcp = ("NCCL_SWITCHLESS_TRANSPORT", "tcp");
     // A's weights held at their start, so the split and the floor read exactly (they adapt from
     // there by default; the failback test below runs with adaptive weights).
@@ -747,23 +767,13 @@ fn a_ring_hint_on_a_full_mesh_adds_a_relay_path_an_alltoall_hint_does_not() {
         .map(|x| x.attach(&comm).unwrap())
         .collect();
     assert!(guards.iter().all(Option::is_some));
-    let few = CommAttr {
-        max_concurrent_peers: Some(1),
-        ..CommAttr::default()
-    };
-    let ring = NetAttr {
-        send: few,
-        recv: few,
-        op: Some(1 << 4),    // all-reduce
-        algo: Some(1 << 1),  // NCCL_ALGO_RING
-        proto: Some(1 << 2), // NCCL_PROTO_SIMPLE
-    };
+    let ring = coll_hint(1 << 1, Some(1 << 2), 1); // NCCL_ALGO_RING, NCCL_PROTO_SIMPLE
     let alltoall = NetAttr {
         send: CommAttr {
             max_concurrent_peers: Some(16),
             ..CommAttr::default()
         },
-        recv: few,
+        recv: ring.recv,
         op: Some(1 << 8),
         algo: None,
         proto: None,
@@ -876,12 +886,7 @@ fn path_states(b: &Arc<B>) -> Vec<(String, String)> {
 /// again, same port): the direct path carries on meanwhile, then both carry verified data again.
 #[test]
 fn a_mesh_relay_path_fails_back_when_its_relay_host_returns() {
-    use switchless::plugin::{CommAttr, NetAttr};
-    let id = 0x5357_4642_4143_0000 | u64::from(std::process::id() & 0xffff);
-    let comm = CommInfo {
-        comm_id: Some(id),
-        traffic_class: None,
-    };
+    let comm = mesh_comm(0x5357_4642_4143);
     let vars = [
         ("NCCL_SWITCHLESS_TRANSPORT", "tcp"),
         ("NCCL_SWITCHLESS_FAILBACK_INTERVAL", "200ms"),
@@ -893,21 +898,8 @@ fn a_mesh_relay_path_fails_back_when_its_relay_host_returns() {
     let ga = a.attach(&comm).unwrap();
     let gb = b.attach(&comm).unwrap();
     let gk = k.attach(&comm).unwrap();
-    let few = CommAttr {
-        max_concurrent_peers: Some(2),
-        ..CommAttr::default()
-    };
-    a.set_net_attr(
-        &comm,
-        &NetAttr {
-            send: few,
-            recv: few,
-            op: Some(1 << 4),
-            algo: Some(1 << 0), // NCCL_ALGO_TREE
-            proto: None,
-        },
-    )
-    .unwrap();
+    a.set_net_attr(&comm, &coll_hint(1 << 0, None, 2)) // NCCL_ALGO_TREE
+        .unwrap();
     let mut pair = connect_comm(&a, &b, &comm);
     assert_eq!(pair.0.path_labels().len(), 2, "{:?}", pair.0.path_labels());
     transfer(&mut pair, &[1 << 20, 2 << 20]);
@@ -958,31 +950,12 @@ fn a_mesh_relay_path_fails_back_when_its_relay_host_returns() {
 /// peer no cable reaches waits for its relays, and the connection goes direct.
 #[test]
 fn a_mesh_neighbour_without_a_relay_costs_a_second_not_ten() {
-    use switchless::plugin::{CommAttr, NetAttr};
-    let id = 0x5357_4e4f_524c_0000 | u64::from(std::process::id() & 0xffff);
-    let comm = CommInfo {
-        comm_id: Some(id),
-        traffic_class: None,
-    };
+    let comm = mesh_comm(0x5357_4e4f_524c);
     let tcp = ("NCCL_SWITCHLESS_TRANSPORT", "tcp");
     let a = mesh_backend(&["127.0.7.1/30", "127.0.9.1/30"], &[tcp]);
     let b = mesh_backend(&["127.0.8.2/30", "127.0.9.2/30"], &[tcp]);
     let (ga, gb) = (a.attach(&comm).unwrap(), b.attach(&comm).unwrap());
-    let few = CommAttr {
-        max_concurrent_peers: Some(1),
-        ..CommAttr::default()
-    };
-    a.set_net_attr(
-        &comm,
-        &NetAttr {
-            send: few,
-            recv: few,
-            op: Some(1 << 4),
-            algo: Some(1 << 1),
-            proto: None,
-        },
-    )
-    .unwrap();
+    a.set_net_attr(&comm, &coll_hint(1 << 1, None, 1)).unwrap();
     let t = Instant::now();
     let pair = connect_comm(&a, &b, &comm);
     let took = t.elapsed();
@@ -1001,28 +974,13 @@ fn a_mesh_neighbour_without_a_relay_costs_a_second_not_ten() {
 /// hint until the last one finalizes.
 #[test]
 fn finalize_of_a_communicators_last_context_forgets_its_hint() {
-    use switchless::plugin::{CommAttr, NetAttr};
-    let id = 0x5357_4649_4e41_0000 | u64::from(std::process::id() & 0xffff);
-    let comm = CommInfo {
-        comm_id: Some(id),
-        traffic_class: None,
-    };
+    let comm = mesh_comm(0x5357_4649_4e41);
     let tcp = ("NCCL_SWITCHLESS_TRANSPORT", "tcp");
     let a = mesh_backend(&["127.0.10.1/30", "127.0.12.1/30"], &[tcp]);
     let k = mesh_backend(&["127.0.10.2/30", "127.0.11.1/30"], &[tcp]);
     let b = mesh_backend(&["127.0.11.2/30", "127.0.12.2/30"], &[tcp]);
     let (gk, gb) = (k.attach(&comm).unwrap(), b.attach(&comm).unwrap());
-    let few = CommAttr {
-        max_concurrent_peers: Some(1),
-        ..CommAttr::default()
-    };
-    let ring = NetAttr {
-        send: few,
-        recv: few,
-        op: Some(1 << 4),    // all-reduce
-        algo: Some(1 << 1),  // NCCL_ALGO_RING
-        proto: Some(1 << 2), // NCCL_PROTO_SIMPLE
-    };
+    let ring = coll_hint(1 << 1, Some(1 << 2), 1); // NCCL_ALGO_RING, NCCL_PROTO_SIMPLE
     let paths = |what: &str| {
         let pair = connect_comm(&a, &b, &comm);
         let n = pair.0.path_labels().len();

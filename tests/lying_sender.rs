@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use switchless::error::Error;
 use switchless::sys::Lent;
-use switchless::transport::comm::CtsStats;
 use switchless::transport::comm::{
     FailoverConfig, MemHandle, ProtocolConfig, RecvBuf, RecvComm, Request, SendComm, connect_pair,
 };
@@ -471,16 +470,14 @@ impl Liar {
 /// `Remote` error, never completes.
 #[test]
 fn entries_held_back_go_in_one_write_and_cannot_be_claimed_before() {
+    let stats = |g: &Liar| {
+        let c = g.r.cts_stats();
+        (c.entries, c.writes)
+    };
     // Two held (the most one write takes): both go at once, in one write.
     let mut g = liar(false);
     let (_taken, mut held) = g.hold_back(1);
-    assert_eq!(
-        g.r.cts_stats(),
-        CtsStats {
-            entries: 3,
-            writes: 3
-        }
-    );
+    assert_eq!(stats(&g), (3, 3));
     let b = [RecvBuf {
         addr: g.rbuf,
         size: POSTED as u64,
@@ -489,13 +486,7 @@ fn entries_held_back_go_in_one_write_and_cannot_be_claimed_before() {
     }];
     held.push(g.r.irecv(g.now, &b).unwrap().unwrap());
     assert!(g.landed(3) && g.landed(4), "the held entries were posted");
-    assert_eq!(
-        g.r.cts_stats(),
-        CtsStats {
-            entries: 5,
-            writes: 4
-        }
-    );
+    assert_eq!(stats(&g), (5, 4));
     drop(held);
 
     // The sender takes entry 0 (its message arrives): two unused left, the held one goes.
@@ -505,13 +496,7 @@ fn entries_held_back_go_in_one_write_and_cannot_be_claimed_before() {
     g.write(el.addr, el.rkeys[0], 16, Some(imm(0, 0, 1, 0, 0, true)));
     assert_eq!(g.outcome(taken[0].0).unwrap(), 16);
     assert!(g.landed(3), "the held entry was posted");
-    assert_eq!(
-        g.r.cts_stats(),
-        CtsStats {
-            entries: 4,
-            writes: 4
-        }
-    );
+    assert_eq!(stats(&g), (4, 4));
     drop(held);
 
     let mut g = liar(false);
