@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use switchless::tools::bench::model::{ModelOptions, run};
 use switchless::tools::bench::summary::Pattern;
-use switchless::tools::bench::{Mode, Options, report};
+use switchless::tools::bench::{Mode, NetAttrMode, Options, report};
 
 fn opts(mode: Mode, min: usize, max: usize) -> Options {
     Options {
@@ -25,6 +25,7 @@ fn opts(mode: Mode, min: usize, max: usize) -> Options {
         progress: false,
         breakdown: false,
         ahead: 2,
+        net_attr: NetAttrMode::Nccl,
     }
 }
 

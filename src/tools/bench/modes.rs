@@ -16,6 +16,7 @@ use super::checks::{Local, check_size, fill_region, partner, scramble, verify_re
 use super::clock::{Clock, Group, WallClock};
 pub use super::conns::SetupTimes;
 use super::conns::{Conns, RecvOp, SendOp, close_all, connect_all, exchange};
+use super::hints::{ConnKind, NetAttrMode, bench_hint};
 use super::pattern;
 use super::{latency, stream};
 use crate::error::{Error, Result};
@@ -72,6 +73,8 @@ pub struct Options {
     pub breakdown: bool,
     /// Latency: receives each rank keeps posted ahead (1: the pong's just before the ping).
     pub ahead: usize,
+    /// Whether `setNetAttr` gets NCCL's connect-time hint before each connect and accept.
+    pub net_attr: NetAttrMode,
 }
 
 impl Default for Options {
@@ -91,6 +94,7 @@ impl Default for Options {
             progress: true,
             breakdown: false,
             ahead: 2,
+            net_attr: NetAttrMode::Nccl,
         }
     }
 }
@@ -280,8 +284,30 @@ pub fn run_with<N: Net, C: Clock>(
             recv_bytes = per;
         }
     }
+    // NCCL's connect-time hint of each connection (`--net-attr`). The all-reduce's rings are a
+    // collective's connections. Bandwidth and latency between two ranks are what ncclSend/ncclRecv
+    // do in NCCL (nccl-tests' sendrecv), and the alltoall is NCCL's p2p alltoall: p2p connections,
+    // with one channel and one connection per peer, as the bench makes them.
+    let kind = match o.mode {
+        Mode::Allreduce => ConnKind::Collective {
+            channels: o.channels,
+        },
+        Mode::Latency | Mode::Bandwidth | Mode::Alltoall => ConnKind::P2p {
+            channels: 1,
+            per_peer: 1,
+        },
+    };
+    let hint = bench_hint(o.net_attr, kind, n);
     let mut c = connect_all(
-        net, boot, &outs, &ins, send_bytes, recv_bytes, o.dev, o.timeout,
+        net,
+        boot,
+        &outs,
+        &ins,
+        send_bytes,
+        recv_bytes,
+        o.dev,
+        o.timeout,
+        hint.as_ref(),
     )?;
     let setup = c.setup;
     let start = Instant::now();
