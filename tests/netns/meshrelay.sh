@@ -14,6 +14,9 @@
 #     all-reduce's (under 1 % of its payload);
 #   * `bench alltoall --nranks 4`, default hints (a p2p connection's): no relay paths;
 #   * busbw with relays over busbw without (printed, never asserted: two shared CPUs, debug build).
+#   * --measure: then the all-reduce at 128 MiB (10 iterations, 2 warm-up) with relays and with
+#     NCCL_SWITCHLESS_RELAY=off, alternated SWL_MEASURE_REPS times (default 3): each busbw, the
+#     medians and their ratio, and the diagonal share (printed, never asserted).
 #
 # Why the diagonal bound: a ring connection A -> B on a 4-host mesh gets one relay path through
 # each of the two other hosts, each weighted half the direct path (the model's ring split: 2/N
@@ -23,7 +26,7 @@
 # move from there as the paths' speeds show (a relayed byte also costs the relay host's CPU), so
 # the test asks for at least a fifth (SWL_MESH_DIAG_MIN_PCT, default 20).
 #
-# Usage: tests/netns/meshrelay.sh [--release]
+# Usage: tests/netns/meshrelay.sh [--release] [--measure]
 # SWL_BENCH_BIN=/path/to/switchless runs that bench binary (e.g. one built before the bench gave
 # hints, to see the test fail) with the plugin built here. KEEP_WORK=1 keeps every rank's output.
 # Needs root and iproute2. Everything created is removed on exit. About 30-60 s after the build.
@@ -31,10 +34,12 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 profile=debug
+measure=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --release) profile=release ;;
-    *) echo "meshrelay.sh: unknown argument $1 (accepted: --release)" >&2; exit 2 ;;
+    --measure) measure=1 ;;
+    *) echo "meshrelay.sh: unknown argument $1 (accepted: --release, --measure)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -163,4 +168,23 @@ awk -v h="$hint_bw" -v o="$off_bw" -v n="${none_bw:-0}" -v p="$profile" 'BEGIN {
   printf "meshrelay.sh: busbw (%s build, 4 ranks, 32 MiB allreduce): relays %.3f Gb/s, RELAY=off %.3f Gb/s, ratio %.2f", p, h, o, (o > 0 ? h / o : 0)
   if (n > 0) printf "; --net-attr none %.3f Gb/s, ratio %.2f", n, h / n
   printf "\n" }'
+
+# --- --measure: relays on vs off, alternated ----------------------------------------------------------
+if [ "$measure" = 1 ]; then
+  msize=$((128 << 20)); miters=10; mwarm=2
+  m="-b $msize -e $msize -n $miters -w $mwarm --channels 2 --chunk-bytes 4M"
+  mpayload=$((6 * msize * (miters + mwarm)))
+  median() { tr ' ' '\n' | sed '/^$/d' | sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+  on="" off="" share=""
+  for i in $(seq 1 "${SWL_MEASURE_REPS:-3}"); do
+    run_bench "m-on-$i" allreduce "$m"
+    on+=" $(busbw "m-on-$i")"
+    share+=" $(awk -v d="$dbytes" -v p="$mpayload" 'BEGIN { printf "%.3f", d / p }')"
+    BENCH_ENV="NCCL_SWITCHLESS_RELAY=off" run_bench "m-off-$i" allreduce "$m"
+    off+=" $(busbw "m-off-$i")"
+  done
+  mon=$(echo "$on" | median); moff=$(echo "$off" | median)
+  echo "meshrelay.sh: measure ($profile build, 4 ranks, 128 MiB allreduce, 2 channels): busbw relays [$on ] Gb/s, RELAY=off [$off ] Gb/s; diagonal bytes / payload [$share ]"
+  awk -v a="$mon" -v b="$moff" 'BEGIN { printf "meshrelay.sh: measure: median busbw relays %.3f Gb/s, RELAY=off %.3f Gb/s, ratio %.2f\n", a, b, (b > 0 ? a / b : 0) }'
+fi
 echo "meshrelay.sh: ok"
