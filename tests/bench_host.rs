@@ -67,3 +67,19 @@ fn our_plugin_inits_exactly_when_the_host_has_rdma() {
         println!("RDMA-BRANCH bench_host::our_plugin_inits_exactly_when_the_host_has_rdma");
     }
 }
+
+/// `set_net_attr` calls the plugin's v12 `setNetAttr` (not the trait's "no such field" default):
+/// before `init` there is no context, and our plugin refuses the NULL one by name.
+#[test]
+fn set_net_attr_reaches_our_plugins_set_net_attr() {
+    let net = HostNet::load(&our_plugin()).unwrap();
+    let hint = switchless::tools::bench::hints::connect_hint(
+        switchless::tools::bench::hints::ConnKind::Collective { channels: 2 },
+        4,
+    );
+    let e = net
+        .set_net_attr(&hint)
+        .expect_err("setNetAttr took a NULL ctx");
+    let s = e.to_string();
+    assert!(s.contains("setNetAttr returned ncclInvalidArgument"), "{s}");
+}

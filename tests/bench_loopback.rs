@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use switchless::tools::bench::loopback::{LoopbackConfig, run_ranks};
-use switchless::tools::bench::{Mode, Options, report};
+use switchless::tools::bench::{Mode, NetAttrMode, Options, report};
 
 fn opts(mode: Mode) -> Options {
     Options {
@@ -25,6 +25,7 @@ fn opts(mode: Mode) -> Options {
         breakdown: false,
         ahead: 2,
         rdma_packets: false,
+        net_attr: NetAttrMode::Nccl,
     }
 }
 
@@ -368,4 +369,77 @@ fn the_nccl_tests_layout_reads_back_through_summarize() {
         "{:?}",
         sum.problems
     );
+}
+
+/// `--net-attr nccl`: right before every `connect` and `accept` call of a rank comes a
+/// `setNetAttr` with NCCL's connect-time hint of the mode's connections (a collective's for the
+/// all-reduce's rings, a p2p one for the rest); `--net-attr none`: no `setNetAttr` at all.
+#[test]
+fn every_connect_and_accept_follows_nccls_connect_time_hint() {
+    use switchless::tools::bench::hints::{ConnKind, connect_hint};
+    use switchless::tools::bench::loopback::{LoopbackFabric, SetupCall, run_ranks_on};
+    let n = 4;
+    for mode in [
+        Mode::Allreduce,
+        Mode::Alltoall,
+        Mode::Bandwidth,
+        Mode::Latency,
+    ] {
+        let o = opts(mode);
+        let want = match mode {
+            Mode::Allreduce => connect_hint(ConnKind::Collective { channels: 2 }, n),
+            _ => connect_hint(
+                ConnKind::P2p {
+                    channels: 1,
+                    per_peer: 1,
+                },
+                n,
+            ),
+        };
+        let f = LoopbackFabric::new(LoopbackConfig::default());
+        run_ranks_on(&o, n, f.clone()).unwrap();
+        let calls = f.setup_calls();
+        let (mut conns, mut hints) = (0, 0);
+        for r in 0..n as u64 {
+            let mine: Vec<&SetupCall> = calls
+                .iter()
+                .filter(|(id, _)| *id == r)
+                .map(|(_, c)| c)
+                .collect();
+            for (i, c) in mine.iter().enumerate() {
+                match c {
+                    SetupCall::Connect | SetupCall::Accept => {
+                        conns += 1;
+                        assert!(i > 0, "{mode:?} rank {r}: {c:?} with no hint before it");
+                        assert_eq!(
+                            mine[i - 1],
+                            &SetupCall::NetAttr(want),
+                            "{mode:?} rank {r} call {i}"
+                        );
+                    }
+                    SetupCall::NetAttr(h) => {
+                        hints += 1;
+                        assert_eq!(h, &want);
+                    }
+                }
+            }
+        }
+        assert!(conns >= 2 * n, "{mode:?}: {conns} connect/accept calls");
+        assert_eq!(hints, conns, "{mode:?}: one hint per connect/accept call");
+
+        let none = Options {
+            net_attr: NetAttrMode::None,
+            ..opts(mode)
+        };
+        let f = LoopbackFabric::new(LoopbackConfig::default());
+        run_ranks_on(&none, n, f.clone()).unwrap();
+        let calls = f.setup_calls();
+        assert!(calls.iter().any(|(_, c)| *c == SetupCall::Connect));
+        assert!(
+            !calls
+                .iter()
+                .any(|(_, c)| matches!(c, SetupCall::NetAttr(_))),
+            "{mode:?}: --net-attr none called setNetAttr"
+        );
+    }
 }

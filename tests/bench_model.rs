@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use switchless::tools::bench::model::{ModelOptions, run};
 use switchless::tools::bench::summary::Pattern;
-use switchless::tools::bench::{Mode, Options, report};
+use switchless::tools::bench::{Mode, NetAttrMode, Options, report};
 
 fn opts(mode: Mode, min: usize, max: usize) -> Options {
     Options {
@@ -26,6 +26,7 @@ fn opts(mode: Mode, min: usize, max: usize) -> Options {
         breakdown: false,
         ahead: 2,
         rdma_packets: false,
+        net_attr: NetAttrMode::Nccl,
     }
 }
 

@@ -212,6 +212,26 @@ fn comm_attr(a: &impl CommAttrIn) -> CommAttr {
 }
 attr_in!(abi::ncclNetAttr_v11_t, abi::ncclNetAttr_v12_t);
 
+/// The v12 struct of `attr`, `None` as `NCCL_NET_ATTR_UNDEF`: what a host (`switchless bench`)
+/// passes to a plugin's `setNetAttr`; [`AttrIn::attr`] reads it back unchanged.
+pub fn attr_out_v12(attr: &NetAttr) -> abi::ncclNetAttr_v12_t {
+    let i = |v: Option<i32>| v.unwrap_or(abi::NCCL_NET_ATTR_UNDEF);
+    let u = |v: Option<u32>| v.unwrap_or(abi::NCCL_NET_ATTR_UNDEF as u32);
+    let c = |a: &CommAttr| abi::ncclNetCommAttr_v12_t {
+        maxConcurrentPeers: i(a.max_concurrent_peers),
+        minConcurrentPeers: i(a.min_concurrent_peers),
+        maxFlowsPerPeer: i(a.max_flows_per_peer),
+        minFlowsPerPeer: i(a.min_flows_per_peer),
+    };
+    abi::ncclNetAttr_v12_t {
+        sendCommAttr: c(&attr.send),
+        recvCommAttr: c(&attr.recv),
+        op: u(attr.op),
+        algo: u(attr.algo),
+        proto: u(attr.proto),
+    }
+}
+
 /// The integer type of a size argument: `int` (older versions) or `size_t`.
 pub trait CSize: Copy {
     /// Bytes, or an error for a negative `int`.
@@ -229,5 +249,35 @@ impl CSize for c_int {
 impl CSize for usize {
     fn bytes(self) -> Result<usize> {
         Ok(self)
+    }
+}
+
+#[cfg(test)]
+mod attr_tests {
+    use super::*;
+
+    #[test]
+    fn a_hint_written_for_a_plugin_reads_back_unchanged_with_undef_as_none() {
+        let a = NetAttr {
+            send: CommAttr {
+                max_concurrent_peers: Some(4),
+                min_concurrent_peers: Some(1),
+                max_flows_per_peer: Some(2),
+                min_flows_per_peer: Some(1),
+            },
+            recv: CommAttr {
+                max_concurrent_peers: Some(3),
+                ..CommAttr::default()
+            },
+            op: Some(0x7c0),
+            algo: None,
+            proto: Some(4),
+        };
+        let raw = attr_out_v12(&a);
+        assert_eq!(raw.recvCommAttr.minFlowsPerPeer, -1);
+        assert_eq!(raw.algo, u32::MAX);
+        assert_eq!(raw.op, 0x7c0);
+        assert_eq!(raw.attr(), a);
+        assert_eq!(attr_out_v12(&NetAttr::default()).attr(), NetAttr::default());
     }
 }

@@ -422,6 +422,18 @@ impl net::Net for HostNet {
         Ok((!s.is_null()).then_some(HostSend(s)))
     }
 
+    fn set_net_attr(&self, attr: &net::NetAttr) -> Result<bool> {
+        // NULL in a v12 vtable is allowed (NCCL checks it before every call): nothing to call.
+        let Some(f) = self.vt().setNetAttr else {
+            return Ok(false);
+        };
+        let mut raw = crate::ffi::props::attr_out_v12(attr);
+        // SAFETY: `self.ctx` is the context `init` returned (or NULL before it, which the plugin
+        // rejects); `raw` is a v12 attribute struct that outlives the call, which only reads it.
+        self.check("setNetAttr", unsafe { f(self.ctx, &mut raw) })?;
+        Ok(true)
+    }
+
     fn accept(&self, listen: &mut HostListen) -> Result<Option<HostRecv>> {
         let f = self.vt().accept.ok_or_else(|| self.missing("accept"))?;
         let mut r: *mut c_void = ptr::null_mut();

@@ -6,6 +6,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::error::{Error, Result};
+pub use crate::plugin::{CommAttr, NetAttr};
 
 /// `NCCL_NET_HANDLE_MAXSIZE`: the size of the blob `listen` writes and `connect` reads.
 pub const HANDLE_SIZE: usize = 128;
@@ -145,6 +146,12 @@ pub trait Net {
     /// `connect(ctx, dev, handle, &sendComm, &devHandle)`. `handle` is the same private copy on
     /// every retry (NCCL IB keeps its connect state in it).
     fn connect(&self, dev: usize, handle: &mut Handle) -> Result<Option<Self::SendComm>>;
+    /// `setNetAttr(ctx, &netAttr)` (v11+; `None` fields go out as `NCCL_NET_ATTR_UNDEF`).
+    /// `Ok(false)`: the plugin has no `setNetAttr` (the field may be NULL), so nothing was called.
+    fn set_net_attr(&self, attr: &NetAttr) -> Result<bool> {
+        let _ = attr;
+        Ok(false)
+    }
     /// `accept(listenComm, &recvComm, &devHandle)`.
     fn accept(&self, listen: &mut Self::ListenComm) -> Result<Option<Self::RecvComm>>;
     /// `regMr(comm, data, size, NCCL_PTR_HOST, &mhandle)` over a whole buffer.

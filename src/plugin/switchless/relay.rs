@@ -564,7 +564,7 @@ mod mesh_tests {
         let mut no_peers = ring;
         no_peers.send.max_concurrent_peers = None;
         assert!(!mesh_relay(RelayMode::Auto, Some(&no_peers)));
-        for p2p in [1 << 5, 1 << 6, 1 << 7, 1 << 8, 1 << 9] {
+        for p2p in [1 << 5, 1 << 6, 1 << 7, 1 << 8, 1 << 9, 1 << 10] {
             let h = hint(p2p | ar, Some(ALGO_RING_BIT), None, 1);
             assert!(!mesh_relay(RelayMode::Auto, Some(&h)), "op {p2p:#x}");
         }
@@ -576,7 +576,9 @@ mod mesh_tests {
     /// the p2p ops, p2p channels × 8 peers (capped by the ranks) and p2p channels per peer.
     fn connect_hint(p2p: bool, nranks: i32) -> NetAttr {
         let (peers, flows, op) = if p2p {
-            let send_recv_a2a_scatter_gather = (1 << 5) | (1 << 6) | (1 << 7) | (1 << 8) | (1 << 9);
+            // NCCL 2.30's ncclFunc_t: Send 6, Recv 7, AlltoAll 8, Scatter 9, Gather 10.
+            let send_recv_a2a_scatter_gather =
+                (1 << 6) | (1 << 7) | (1 << 8) | (1 << 9) | (1 << 10);
             ((4 * 8).min(nranks), 2, Some(send_recv_a2a_scatter_gather))
         } else {
             (4.min(nranks), 16, None)

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use super::clock::{Clock, Group};
 use crate::error::{Error, Result};
-use crate::ffi::loader::net::{CommRef, HANDLE_SIZE, Handle, Net, RecvBuf, Region, SharedBuf};
+use crate::ffi::loader::net::{
+    CommRef, HANDLE_SIZE, Handle, Net, NetAttr, RecvBuf, Region, SharedBuf,
+};
 
 /// A connection, its buffer and the buffer's registration.
 pub(crate) struct Link<C, M> {
@@ -88,7 +90,9 @@ pub(crate) fn wait_tick(
 }
 
 /// Listens for `ins`, exchanges the handles, connects `outs` and accepts `ins` (both retried until
-/// non-NULL, interleaved like NCCL's service thread), then registers the buffers.
+/// non-NULL, interleaved like NCCL's service thread), then registers the buffers. With a `hint`,
+/// `setNetAttr(hint)` goes right before every `connect` and `accept` call, as NCCL's
+/// `sendConnect`/`recvConnect` give the connection's connect-time hint before the proxy's.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn connect_all<N: Net>(
     net: &N,
@@ -99,6 +103,7 @@ pub(crate) fn connect_all<N: Net>(
     recv_bytes: usize,
     dev: Option<usize>,
     timeout: Duration,
+    hint: Option<&NetAttr>,
 ) -> Result<Conns<N>> {
     let me = boot.rank();
     let t0 = Instant::now();
@@ -176,6 +181,9 @@ pub(crate) fn connect_all<N: Net>(
         let mut pending = 0;
         for (i, ((dst, ch), h)) in handles.iter_mut().enumerate() {
             if sends[i].is_none() {
+                if let Some(h) = hint {
+                    net.set_net_attr(h)?;
+                }
                 sends[i] = net.connect(dev_for(*dst, *ch)?, h)?;
                 pending += usize::from(sends[i].is_none());
             }
@@ -183,6 +191,9 @@ pub(crate) fn connect_all<N: Net>(
         for (i, (_, l)) in listens.iter_mut().enumerate() {
             if recvs[i].is_none() {
                 if let Some(lc) = l.as_mut() {
+                    if let Some(h) = hint {
+                        net.set_net_attr(h)?;
+                    }
                     recvs[i] = net.accept(lc)?;
                 }
                 match recvs[i].is_some() {

@@ -17,7 +17,7 @@ use super::bootstrap::Bootstrap;
 use super::modes::{Options, Report, run};
 use crate::error::{Error, Result};
 use crate::ffi::loader::net::{
-    CommRef, HANDLE_SIZE, Handle, Net, PTR_HOST, Properties, RecvBuf, Region, SharedBuf,
+    CommRef, HANDLE_SIZE, Handle, Net, NetAttr, PTR_HOST, Properties, RecvBuf, Region, SharedBuf,
 };
 use crate::sync::lock;
 
@@ -56,6 +56,18 @@ impl Default for LoopbackConfig {
 struct FabricState {
     next_id: u64,
     listeners: HashMap<u64, Sender<Arc<Wire>>>,
+    /// Nets made on this fabric so far (each net's id in [`LoopbackFabric::setup_calls`]).
+    nets: u64,
+    /// Every `setNetAttr`, `connect` and `accept` call, in order, by net.
+    calls: Vec<(u64, SetupCall)>,
+}
+
+/// A set-up call a [`LoopbackNet`] took, for tests of what the bench calls and in which order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SetupCall {
+    NetAttr(NetAttr),
+    Connect,
+    Accept,
 }
 
 /// The shared wire of all loopback ranks in a process.
@@ -72,9 +84,24 @@ impl LoopbackFabric {
             state: Mutex::new(FabricState {
                 next_id: 1,
                 listeners: HashMap::new(),
+                nets: 0,
+                calls: Vec::new(),
             }),
             delivered: AtomicU64::new(0),
         })
+    }
+
+    /// Every `setNetAttr`, `connect` and `accept` call so far, in order, each with the id of the
+    /// net (rank) that took it (0, 1, ... in the order the nets were made).
+    pub fn setup_calls(&self) -> Vec<(u64, SetupCall)> {
+        lock(&self.state, "loopback fabric").map_or_else(|_| Vec::new(), |s| s.calls.clone())
+    }
+
+    fn record(&self, net: u64, call: SetupCall) -> Result<()> {
+        lock(&self.state, "loopback fabric")?
+            .calls
+            .push((net, call));
+        Ok(())
     }
 
     /// Messages delivered so far.
@@ -163,14 +190,20 @@ pub struct LoopbackNet {
     fabric: Arc<LoopbackFabric>,
     inited: bool,
     isends: AtomicU64,
+    id: u64,
 }
 
 impl LoopbackNet {
     pub fn new(fabric: Arc<LoopbackFabric>) -> Self {
+        let id = lock(&fabric.state, "loopback fabric").map_or(u64::MAX, |mut s| {
+            s.nets += 1;
+            s.nets - 1
+        });
         LoopbackNet {
             fabric,
             inited: false,
             isends: AtomicU64::new(0),
+            id,
         }
     }
 
@@ -266,8 +299,14 @@ impl Net for LoopbackNet {
         Ok((h, LoopListen { rx }))
     }
 
+    fn set_net_attr(&self, attr: &NetAttr) -> Result<bool> {
+        self.fabric.record(self.id, SetupCall::NetAttr(*attr))?;
+        Ok(true)
+    }
+
     fn connect(&self, dev: usize, handle: &mut Handle) -> Result<Option<LoopSend>> {
         self.check_dev(dev)?;
+        self.fabric.record(self.id, SetupCall::Connect)?;
         if &handle[..8] != MAGIC {
             return Err(Error::Remote(
                 "loopback: connect handle has no LOOPBACK magic (not from a loopback listen)"
@@ -299,6 +338,7 @@ impl Net for LoopbackNet {
     }
 
     fn accept(&self, listen: &mut LoopListen) -> Result<Option<LoopRecv>> {
+        self.fabric.record(self.id, SetupCall::Accept)?;
         Ok(listen.rx.try_recv().ok().map(|wire| LoopRecv { wire }))
     }
 
@@ -436,7 +476,11 @@ impl Net for LoopbackNet {
 /// Runs `nranks` ranks as threads over one loopback fabric (bootstrap on 127.0.0.1) and returns
 /// rank 0's report; the first error of any rank is returned instead.
 pub fn run_ranks(o: &Options, nranks: usize, cfg: LoopbackConfig) -> Result<Report> {
-    let fabric = LoopbackFabric::new(cfg);
+    run_ranks_on(o, nranks, LoopbackFabric::new(cfg))
+}
+
+/// [`run_ranks`] on a given fabric (read its [`LoopbackFabric::setup_calls`] after).
+pub fn run_ranks_on(o: &Options, nranks: usize, fabric: Arc<LoopbackFabric>) -> Result<Report> {
     let l = std::net::TcpListener::bind("127.0.0.1:0")
         .map_err(|e| Error::io("bootstrap bind 127.0.0.1:0", e))?;
     let addr = l

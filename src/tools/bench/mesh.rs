@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use super::checks::Local;
 use super::clock::{Clock, Group, VirtualClock, VirtualRank};
 use super::conns::{Conns, close_all, connect_all};
+use super::hints::{ConnKind, bench_hint};
 use super::inproc::InProcHub;
 use super::modes::{Options, sizes};
 use super::nccl::{self, NCCL_STEPS, Plan};
@@ -383,6 +384,16 @@ fn rank_run<N: Net>(
         Collective::AllToAll => p2p_chunk(kind),
     };
     let links = plan(mo.collective, mo.algo, kind, me, n, channels, max);
+    // NCCL's connect-time hint, as with a plugin (the in-process fabric takes none; its relays
+    // follow --relay).
+    let conn_kind = match mo.collective {
+        Collective::AllReduce => ConnKind::Collective { channels },
+        Collective::AllToAll => ConnKind::P2p {
+            channels,
+            per_peer: channels,
+        },
+    };
+    let hint = bench_hint(o.net_attr, conn_kind, n);
     let mut c = connect_all(
         net,
         vr,
@@ -392,6 +403,7 @@ fn rank_run<N: Net>(
         NCCL_STEPS * slot,
         None,
         o.timeout,
+        hint.as_ref(),
     )?;
     let mut out = Vec::new();
     for &size in &sz {

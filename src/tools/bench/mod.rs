@@ -9,6 +9,7 @@ mod checks;
 pub mod clock;
 mod conns;
 pub mod cpu;
+pub mod hints;
 pub mod inproc;
 mod latency;
 pub mod loopback;
@@ -28,4 +29,5 @@ pub use crate::ffi::loader::net::{
 };
 pub use bootstrap::Bootstrap;
 pub use conns::Moved;
+pub use hints::NetAttrMode;
 pub use modes::{Mode, Options, Report, Row, run};

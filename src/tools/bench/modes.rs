@@ -16,6 +16,7 @@ use super::checks::{Local, check_size, fill_region, partner, scramble, verify_re
 use super::clock::{Clock, Group, WallClock};
 pub use super::conns::SetupTimes;
 use super::conns::{Conns, RecvOp, SendOp, close_all, connect_all, exchange};
+use super::hints::{ConnKind, NetAttrMode, bench_hint};
 use super::pattern;
 use super::{latency, stream};
 use crate::error::{Error, Result};
@@ -75,6 +76,8 @@ pub struct Options {
     /// Latency: read this host's RDMA port counters around the timed round trips
     /// (`Row::rdma_packets`); set for runs through a real plugin, not in-process ones.
     pub rdma_packets: bool,
+    /// Whether `setNetAttr` gets NCCL's connect-time hint before each connect and accept.
+    pub net_attr: NetAttrMode,
 }
 
 impl Default for Options {
@@ -95,6 +98,7 @@ impl Default for Options {
             breakdown: false,
             ahead: 2,
             rdma_packets: false,
+            net_attr: NetAttrMode::Nccl,
         }
     }
 }
@@ -288,8 +292,30 @@ pub fn run_with<N: Net, C: Clock>(
             recv_bytes = per;
         }
     }
+    // NCCL's connect-time hint of each connection (`--net-attr`). The all-reduce's rings are a
+    // collective's connections. Bandwidth and latency between two ranks are what ncclSend/ncclRecv
+    // do in NCCL (nccl-tests' sendrecv), and the alltoall is NCCL's p2p alltoall: p2p connections,
+    // with one channel and one connection per peer, as the bench makes them.
+    let kind = match o.mode {
+        Mode::Allreduce => ConnKind::Collective {
+            channels: o.channels,
+        },
+        Mode::Latency | Mode::Bandwidth | Mode::Alltoall => ConnKind::P2p {
+            channels: 1,
+            per_peer: 1,
+        },
+    };
+    let hint = bench_hint(o.net_attr, kind, n);
     let mut c = connect_all(
-        net, boot, &outs, &ins, send_bytes, recv_bytes, o.dev, o.timeout,
+        net,
+        boot,
+        &outs,
+        &ins,
+        send_bytes,
+        recv_bytes,
+        o.dev,
+        o.timeout,
+        hint.as_ref(),
     )?;
     let setup = c.setup;
     let start = Instant::now();

@@ -89,6 +89,14 @@ pub struct Args {
     /// Use this NCCL device for every connection (default: round-robin by peer and channel).
     #[arg(long)]
     pub dev: Option<usize>,
+    /// `setNetAttr` hints (net ABI v11+): `nccl` gives the plugin NCCL's connect-time hint right
+    /// before each connect and accept, as NCCL 2.30 does: a collective connection's for allreduce
+    /// (op, algo, proto undefined; min(4, ranks) peers; --channels flows), a p2p connection's for
+    /// alltoall, bandwidth and latency (NCCL's send/recv; the p2p op bits; min(8, ranks) peers;
+    /// 1 flow). The switchless plugin's mesh policy adds relay paths to collective connections
+    /// only. `none`: never call it (as NCCL before 2.28). Skipped where the plugin has none.
+    #[arg(long, value_enum, default_value_t = b::NetAttrMode::Nccl)]
+    pub net_attr: b::NetAttrMode,
     /// Time allowed for the bootstrap, connection set-up and each size (bandwidth: each window of
     /// messages, so a long run that keeps moving is never cut off), with the unit ms, s, m or h
     /// (e.g. 10s); a bare number is seconds here (milliseconds in NCCL_SWITCHLESS_* variables).
@@ -243,6 +251,7 @@ fn options(a: &Args) -> b::Options {
         ahead: usize::from(a.ahead),
         // Set in `run_plugin`: an in-process or modelled run moves no packet on this host's NICs.
         rdma_packets: false,
+        net_attr: a.net_attr,
     }
 }
 
