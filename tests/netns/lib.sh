@@ -74,6 +74,24 @@ netns_node() {
   ip -n "$hub" link set "$tag-h$n" master br0 up
 }
 
+# netns_ring4 <net>: nodes $tag-n1..4 on the hub (192.168.<net>.N) with ip_forward off, cabled in
+# a ring n1-n2-n3-n4-n1 (links 1-4: 10.<net>.L.1/30 and .2, devices to<peer>): a relay is then
+# the only way between non-neighbours. Checks that no node forwards.
+netns_ring4() {
+  local net="$1" n
+  for n in 1 2 3 4; do
+    netns_node "$tag-n$n" "$n" "$net"
+    ip netns exec "$tag-n$n" sysctl -q -w net.ipv4.ip_forward=0
+  done
+  netns_link "$tag-n1" "$tag-n2" 1 to2 to1 "$net"
+  netns_link "$tag-n2" "$tag-n3" 2 to3 to2 "$net"
+  netns_link "$tag-n3" "$tag-n4" 3 to4 to3 "$net"
+  netns_link "$tag-n1" "$tag-n4" 4 to4 to1 "$net"
+  for n in 1 2 3 4; do
+    [ "$(ip netns exec "$tag-n$n" sysctl -n net.ipv4.ip_forward)" = 0 ] || fail "n$n forwards"
+  done
+}
+
 netns_link() {
   local a="$1" b="$2" l="$3" da="$4" db="$5" net="$6"
   ip link add "$tag-$l-a" type veth peer name "$tag-$l-b"

@@ -52,21 +52,10 @@ netns_build "$profile"
 [ -z "${SWL_BENCH_BIN:-}" ] || bin=$(readlink -f "$SWL_BENCH_BIN")
 netns_start "swm$$"
 netns_hub
-for n in 1 2 3 4; do
-  netns_node "$tag-n$n" "$n" 203
-  ip netns exec "$tag-n$n" sysctl -q -w net.ipv4.ip_forward=0
-done
-# link <nsA> <nsB> <L> <devA> <devB>: veth pair, 10.203.L.1/30 on A, 10.203.L.2/30 on B, MTU 9000.
-link() { netns_link "$@" 203; }
-link "$tag-n1" "$tag-n2" 1 to2 to1
-link "$tag-n2" "$tag-n3" 2 to3 to2
-link "$tag-n3" "$tag-n4" 3 to4 to3
-link "$tag-n1" "$tag-n4" 4 to4 to1
-link "$tag-n1" "$tag-n3" 5 to3 to1
-link "$tag-n2" "$tag-n4" 6 to4 to2
-for n in 1 2 3 4; do
-  [ "$(ip netns exec "$tag-n$n" sysctl -n net.ipv4.ip_forward)" = 0 ] || fail "n$n forwards"
-done
+# The ring n1-n2-n3-n4-n1 (lib.sh, ip_forward off), then the two diagonals: a full mesh.
+netns_ring4 203
+netns_link "$tag-n1" "$tag-n3" 5 to3 to1 203
+netns_link "$tag-n2" "$tag-n4" 6 to4 to2 203
 
 # bytes <ns:dev>...: rx + tx bytes at one end of each cable (each byte that crossed it, once).
 bytes() {

@@ -44,19 +44,8 @@ netns_require
 netns_build "$profile"
 netns_start "swr$$"
 netns_hub
-for n in 1 2 3 4; do
-  netns_node "$tag-n$n" "$n" 202
-  ip netns exec "$tag-n$n" sysctl -q -w net.ipv4.ip_forward=0
-done
-# link <nsA> <nsB> <L> <devA> <devB>: veth pair, 10.202.L.1/30 on A, 10.202.L.2/30 on B, MTU 9000.
-link() { netns_link "$@" 202; }
-link "$tag-n1" "$tag-n2" 1 to2 to1
-link "$tag-n2" "$tag-n3" 2 to3 to2
-link "$tag-n3" "$tag-n4" 3 to4 to3
-link "$tag-n1" "$tag-n4" 4 to4 to1
-for n in 1 2 3 4; do
-  [ "$(ip netns exec "$tag-n$n" sysctl -n net.ipv4.ip_forward)" = 0 ] || fail "n$n forwards"
-done
+# n1-n2-n3-n4-n1, 10.202.L.x/30 cables, ip_forward off (lib.sh).
+netns_ring4 202
 
 # Bytes through the management bridge (every node's mgmt veth, both directions) and through the
 # cables (every ring link, counted at one end, both directions).

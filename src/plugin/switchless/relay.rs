@@ -564,54 +564,13 @@ mod mesh_tests {
         let mut no_peers = ring;
         no_peers.send.max_concurrent_peers = None;
         assert!(!mesh_relay(RelayMode::Auto, Some(&no_peers)));
+        // NCCL_NET_ATTR_INIT untouched (every field undefined): says nothing, no relays. NCCL's
+        // own connect-time hints are checked against this rule in `tools::bench::hints`.
+        assert!(!mesh_relay(RelayMode::Auto, Some(&NetAttr::default())));
         for p2p in [1 << 5, 1 << 6, 1 << 7, 1 << 8, 1 << 9, 1 << 10] {
             let h = hint(p2p | ar, Some(ALGO_RING_BIT), None, 1);
             assert!(!mesh_relay(RelayMode::Auto, Some(&h)), "op {p2p:#x}");
         }
-    }
-
-    /// The hint NCCL 2.30 gives right before it connects (`populateCommNetAttrs`, net.cc): a
-    /// collective connection (ring, tree, PAT) leaves op, algo and proto undefined and names
-    /// min(2 × (arity 3 − 1), ranks) peers and its channels as flows; a p2p connection names
-    /// the p2p ops, p2p channels × 8 peers (capped by the ranks) and p2p channels per peer.
-    fn connect_hint(p2p: bool, nranks: i32) -> NetAttr {
-        let (peers, flows, op) = if p2p {
-            // NCCL 2.30's ncclFunc_t: Send 6, Recv 7, AlltoAll 8, Scatter 9, Gather 10.
-            let send_recv_a2a_scatter_gather =
-                (1 << 6) | (1 << 7) | (1 << 8) | (1 << 9) | (1 << 10);
-            ((4 * 8).min(nranks), 2, Some(send_recv_a2a_scatter_gather))
-        } else {
-            (4.min(nranks), 16, None)
-        };
-        let a = CommAttr {
-            max_concurrent_peers: Some(peers),
-            min_concurrent_peers: Some(1),
-            max_flows_per_peer: Some(flows),
-            min_flows_per_peer: Some(1),
-        };
-        NetAttr {
-            send: a,
-            recv: a,
-            op,
-            algo: None,
-            proto: None,
-        }
-    }
-
-    #[test]
-    fn nccls_connect_time_hint_of_a_collective_connection_gets_relays_a_p2p_one_never() {
-        for nranks in [3, 4, 8] {
-            let coll = connect_hint(false, nranks);
-            assert!(mesh_relay(RelayMode::Auto, Some(&coll)), "{nranks} ranks");
-            assert!(!mesh_relay(RelayMode::Off, Some(&coll)));
-            let p2p = connect_hint(true, nranks);
-            assert!(!mesh_relay(RelayMode::Auto, Some(&p2p)), "{nranks} ranks");
-            assert!(!mesh_relay(RelayMode::Always, Some(&p2p)));
-        }
-        // Two ranks: peers 2, a collective connection still.
-        assert!(mesh_relay(RelayMode::Auto, Some(&connect_hint(false, 2))));
-        // NCCL_NET_ATTR_INIT untouched (every field undefined): says nothing, no relays.
-        assert!(!mesh_relay(RelayMode::Auto, Some(&NetAttr::default())));
     }
 
     #[test]
