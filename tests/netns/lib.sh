@@ -13,6 +13,21 @@
 # A rank started in a background subshell is known by its PID file, $work/*.pid: the cleanup ends
 # its children and it.
 
+# netns_args "$@": the relay scripts' options, --release (profile=release, else debug) and
+# --measure (measure=1, else 0); anything else is refused, naming what is accepted.
+netns_args() {
+  profile=debug
+  measure=0
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --release) profile=release ;;
+      --measure) measure=1 ;;
+      *) echo "$me: unknown argument $1 (accepted: --release, --measure)" >&2; exit 2 ;;
+    esac
+    shift
+  done
+}
+
 netns_require() {
   [ "$(id -u)" -eq 0 ] || { echo "$me: needs root to create network namespaces" >&2; exit 1; }
   command -v ip >/dev/null || { echo "$me: ip is missing (iproute2)" >&2; exit 1; }

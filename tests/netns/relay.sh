@@ -26,20 +26,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-profile=debug
-measure=0
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --release) profile=release ;;
-    --measure) measure=1 ;;
-    *) echo "relay.sh: unknown argument $1 (accepted: --release, --measure)" >&2; exit 2 ;;
-  esac
-  shift
-done
-
 me=relay.sh
 # shellcheck source=tests/netns/lib.sh
 . tests/netns/lib.sh
+netns_args "$@"
 netns_require
 netns_build "$profile"
 netns_start "swr$$"
