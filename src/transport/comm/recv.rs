@@ -147,6 +147,13 @@ const CTS_HOLD_AHEAD: usize = 3;
 /// path, and a longer next entry would then fail its check: a stall.
 const CTS_BATCH_MAX: u64 = 2;
 
+/// Keeps in `rtt` the shortest round trip seen: from `posted` (a clear-to-send went out) to `now`
+/// (its completion, or its receive's first data).
+fn shortest_round_trip(rtt: &mut Option<Duration>, posted: Instant, now: Instant) {
+    let d = now.saturating_duration_since(posted);
+    *rtt = Some(rtt.map_or(d, |x| x.min(d)));
+}
+
 /// Clear-to-send writes of at most this many bytes are marked inline (one buffer: 80 bytes), unless
 /// [`ProtocolConfig::inline_max`] is 0 or larger; the fabric inlines up to what the device allows.
 const CTS_INLINE_BYTES: u32 = 128;
@@ -823,8 +830,7 @@ impl<F: Fabric> RecvComm<F> {
                         // A round trip of the network alone (the write and its acknowledgement),
                         // whatever the sender does.
                         if let Some(t) = r.cts_at {
-                            let d = now.saturating_duration_since(t);
-                            *rtt = Some(rtt.map_or(d, |x| x.min(d)));
+                            shortest_round_trip(rtt, t, now);
                         }
                         // Landed, whatever became of the path since.
                         r.cts_pending = 0;
@@ -1009,8 +1015,7 @@ impl<F: Fabric> RecvComm<F> {
             .cts_at
             .filter(|_| r.elems[..r.n].iter().all(|e| e.seen == 0))
         {
-            let d = now.saturating_duration_since(t);
-            *rtt = Some(rtt.map_or(d, |x| x.min(d)));
+            shortest_round_trip(rtt, t, now);
         }
         // The sender took the clear-to-send (whole) before it wrote this: it landed, whether or
         // not its own completion was signaled or has come.
