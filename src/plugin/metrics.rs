@@ -364,9 +364,8 @@ impl Exporter {
         let (s, p) = (Arc::clone(&stop), path.clone());
         // Started on one of NCCL's threads: not through std, which would keep the library mapped
         // after NCCL's dlclose until that thread exits (crate::sys::thread).
-        let thread =
-            crate::sys::thread::spawn("switchless-metrics", move || run(&s, &p, interval, &take))
-                .map_err(|e| Error::System(format!("starting the metrics thread: {e}")))?;
+        let thread = crate::sys::thread::spawn("swl-metrics", move || run(&s, &p, interval, &take))
+            .map_err(|e| Error::System(format!("starting the metrics thread: {e}")))?;
         tracing::info!(
             target: super::TARGET_INIT,
             "NET/switchless: metrics snapshot every {} ms in {}",
