@@ -625,6 +625,13 @@ fn silent_peer_leaves_requests_pending_until_the_timeout() {
     let e = g.r.test(g.now(), rr).unwrap_err();
     assert!(matches!(e, Error::Timeout(_)), "{e}");
     assert!(e.to_string().contains("no progress for 400 ms"), "{e}");
+    // The error says where the receive stood: its entry left this side, no data came.
+    assert!(
+        e.to_string().contains("its clear-to-send went on path 0")
+            || e.to_string().contains("its clear-to-send landed on path 0"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("pieces seen 0"), "{e}");
     let e = g.s.test(g.now(), sr).unwrap_err();
     assert!(matches!(e, Error::Timeout(_)), "{e}");
     assert!(e.to_string().contains("no progress for 400 ms"), "{e}");
@@ -645,6 +652,38 @@ fn sender_without_clear_to_send_times_out() {
         "{e}"
     );
     assert!(e.to_string().contains("no progress for 400 ms"), "{e}");
+    // No receive was ever posted: the error says the head's slot is empty, not torn.
+    assert!(e.to_string().contains("slot 0 never written"), "{e}");
+}
+
+/// A receive whose clear-to-send is still held back when it times out says so in its error: the
+/// sender held three entries unused, so the fourth waited to go with the next one (batching), and
+/// the sender never used the three.
+#[test]
+fn a_timed_out_receive_says_its_clear_to_send_was_held_back() {
+    let mut g = timing_out_rig(0);
+    let mut reqs = Vec::new();
+    for _ in 0..3 {
+        let (ra, rmh) = g.recv_buf(64, MemKind::Host);
+        let rr = g.irecv1(ra, 64, 0, &rmh);
+        // The entries land: their completions give the receiver its round trip.
+        assert_eq!(g.r.test(g.now(), rr).unwrap(), None);
+        reqs.push((rr, rmh));
+    }
+    // Well past twice the round trip with no data: the sender holds all three unused.
+    g.advance(Duration::from_millis(10));
+    let (ra, rmh) = g.recv_buf(64, MemKind::Host);
+    let held = g.irecv1(ra, 64, 0, &rmh);
+    assert_eq!(g.r.test(g.now(), held).unwrap(), None);
+    g.advance(Duration::from_millis(300));
+    let e = g.r.test(g.now(), held).unwrap_err();
+    assert!(matches!(e, Error::Timeout(_)), "{e}");
+    assert!(
+        e.to_string().contains(
+            "its clear-to-send is held back with 0 other(s), the sender holding 3 unused"
+        ),
+        "{e}"
+    );
 }
 
 /// Security review finding 18: a receive that timed out leaves its clear-to-send live at the

@@ -1149,8 +1149,10 @@ impl<F: Fabric> RecvComm<F> {
             return Ok(Some(s));
         }
         if let Some(w) = timed_out(r.posted, self.core.cfg.request_timeout, now) {
+            let state = self.waiting_on(idx, now);
+            let r = &self.slots[idx];
             let msg = format!(
-                "receive of {} buffers (FIFO sequence {}) made no progress for {} ms (NCCL_SWITCHLESS_REQUEST_TIMEOUT): the peer does not answer on path(s) {}",
+                "receive of {} buffers (FIFO sequence {}) made no progress for {} ms (NCCL_SWITCHLESS_REQUEST_TIMEOUT; {state}): the peer does not answer on path(s) {}",
                 r.n,
                 r.seq,
                 w.as_millis(),
@@ -1164,6 +1166,37 @@ impl<F: Fabric> RecvComm<F> {
             return Err(Error::Timeout(msg));
         }
         Ok(None)
+    }
+
+    /// Where a receive that timed out stands, for its error: its clear-to-send (held back, on a
+    /// path and not known landed, parked at a failover, or landed) and the pieces seen, so a
+    /// stall says whether the entry ever left this side or the sender never answered it.
+    fn waiting_on(&self, idx: usize, now: Instant) -> String {
+        let r = &self.slots[idx];
+        let cts = if r.cts_held {
+            format!(
+                "its clear-to-send is held back with {} other(s), the sender holding {} unused",
+                self.held.saturating_sub(1),
+                self.in_hand(now)
+            )
+        } else if r.cts_parked {
+            format!(
+                "its clear-to-send is parked at a failover of path {}",
+                r.cts_path
+            )
+        } else if r.cts_pending > 0 {
+            format!(
+                "its clear-to-send went on path {} {} ms ago, not known landed",
+                r.cts_path,
+                r.cts_at
+                    .map_or(0, |t| now.saturating_duration_since(t).as_millis())
+            )
+        } else {
+            format!("its clear-to-send landed on path {}", r.cts_path)
+        };
+        let seen: u32 = r.elems[..r.n].iter().map(|e| e.seen.count_ones()).sum();
+        let expected: u32 = r.elems[..r.n].iter().map(|e| u32::from(e.expected)).sum();
+        format!("{cts}; pieces seen {seen} of {expected} expected (0: none announced)")
     }
 
     /// What the clear-to-send writes carried so far: entries, and the writes that carried them.

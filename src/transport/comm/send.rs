@@ -228,6 +228,25 @@ impl<F: Fabric> SendComm<F> {
         Ok(true)
     }
 
+    /// What the FIFO slot of the head holds, for a timeout's error: nothing yet, an older entry
+    /// (the receiver's entry never landed), or the head's entry not whole (a torn write).
+    fn head_slot_state(&self) -> String {
+        let slot = (self.head % FIFO_DEPTH as u64) as usize;
+        let base = slot * SLOT_WORDS;
+        let idx = self
+            .core
+            .fab
+            .ctrl_load(self.fifo.word(base + SLOT_IDX), Ordering::Acquire)
+            .unwrap_or(0);
+        match idx.checked_sub(1) {
+            None => format!("slot {slot} never written"),
+            Some(seq) if seq == self.head => {
+                format!("slot {slot} names it, but the entry is not whole (a write landed in part)")
+            }
+            Some(seq) => format!("slot {slot} holds sequence {seq}"),
+        }
+    }
+
     /// Posts a send of `size` bytes at `data` with `tag` (NCCL `isend`). `Ok(None)` means "call again
     /// later": the receiver's clear-to-send has not arrived, no buffer of it carries `tag` yet, or all
     /// [`MAX_SEND_REQUESTS`] requests are in use. `now` is the current time (the request timeout
@@ -274,9 +293,10 @@ impl<F: Fabric> SendComm<F> {
             let since = *self.stalled_since.get_or_insert(now);
             if let Some(waited) = timed_out(Some(since), self.core.cfg.request_timeout, now) {
                 return Err(Error::Timeout(format!(
-                    "send of {size} bytes (tag {tag}) made no progress for {} ms (NCCL_SWITCHLESS_REQUEST_TIMEOUT): no clear-to-send from the receiver (FIFO sequence {}) on path(s) {}",
+                    "send of {size} bytes (tag {tag}) made no progress for {} ms (NCCL_SWITCHLESS_REQUEST_TIMEOUT): no clear-to-send from the receiver (FIFO sequence {}; {}) on path(s) {}",
                     waited.as_millis(),
                     self.head,
+                    self.head_slot_state(),
                     self.core.paths_text()
                 )));
             }
