@@ -9,6 +9,9 @@
 //! (itself) over two paths.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "support/logs.rs"]
+mod logs;
+
 use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -787,7 +790,23 @@ fn a_ring_hint_on_a_full_mesh_adds_a_relay_path_an_alltoall_hint_does_not() {
 
     // Ring: the direct path and one through K.
     a.set_net_attr(&comm, &ring).unwrap();
-    let mut pair = connect_comm(&a, &b, &comm);
+    let (mut pair, logs) = logs::Logs::capture(|| connect_comm(&a, &b, &comm));
+    // Each end's INFO line names the relay; a TCP path shows no RoCE fields (GID, root, QPs).
+    for (verb, relay) in [
+        ("connected to peer", "-> 127.0.2.2 via relay"),
+        (
+            "accepted from connector",
+            "-> 127.0.2.1 via relay 127.0.2.1",
+        ),
+    ] {
+        let lines = logs.find(tracing::Level::INFO, verb);
+        assert_eq!(lines.len(), 1, "{:?}", logs.all());
+        assert!(lines[0].contains(relay), "{}", lines[0]);
+        assert!(lines[0].contains(" tcp 127.0."), "{}", lines[0]);
+        for roce in [" gid ", " root ", " qp "] {
+            assert!(!lines[0].contains(roce), "{}", lines[0]);
+        }
+    }
     let labels = pair.0.path_labels();
     assert_eq!(labels.len(), 2, "{labels:?}");
     assert!(

@@ -209,6 +209,16 @@ impl<P: PathFactory> Switchless<P> {
                     None => " (routed)".to_string(),
                 }
             };
+            if p.kind == LinkKind::Tcp {
+                // A TCP path (also over a RoCE port's netdev, as relay legs and
+                // NCCL_SWITCHLESS_TRANSPORT=tcp are): no GID, PCIe root or queue pairs to name.
+                let _ = write!(
+                    s,
+                    " [{i}] {} tcp {} -> {}{via} mtu {mtu};",
+                    p.local.netdev, p.local.addr, p.remote,
+                );
+                continue;
+            }
             let _ = write!(
                 s,
                 " [{i}] {} {} {} -> {}{via} gid {} root {} mtu {mtu} qp {} -> {};",
