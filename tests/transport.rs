@@ -353,6 +353,63 @@ fn striping_follows_link_speed() {
     }
 }
 
+/// A mesh connection's relay paths carry no piece of a message under their floor, however fast
+/// they are (the adaptive weights may rate them above the direct path); from the floor on every
+/// path carries; and with the direct path dead a small message still goes, on the floored paths.
+#[test]
+fn paths_with_a_minimum_message_carry_only_messages_from_it() {
+    const FLOOR: u64 = 512 << 10;
+    let mut g = rig_with(
+        &[100_000, 400_000, 400_000],
+        0,
+        MemFabConfig::default(),
+        ProtocolConfig::default(),
+    );
+    let e = g.s.set_min_message(&[1, 3], FLOOR).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("path 3: the connection has 3 data paths"),
+        "{e}"
+    );
+    g.s.set_min_message(&[1, 2], FLOOR).unwrap();
+    let send = |g: &mut Rig, len: usize, seed: u8| -> Vec<u64> {
+        let data = pattern(len, seed);
+        let (sa, smh) = g.send_buf(&data);
+        let (ra, rmh) = g.recv_buf(len, MemKind::Host);
+        let rreq = g.irecv1(ra, len as u64, 0, &rmh);
+        let before: Vec<u64> = (0..3).map(|p| g.fab.path_bytes(g.sid, p)).collect();
+        let sreq = g.isend(sa, len as u64, 0, &smh);
+        // Both ends progress together (a failover's fence needs both).
+        let (mut sent, mut got) = (false, false);
+        for _ in 0..10_000 {
+            sent = sent || g.s.test(g.now(), sreq).unwrap().is_some();
+            got = got || g.r.test(g.now(), rreq).unwrap().is_some();
+            if sent && got {
+                break;
+            }
+            g.fab.step();
+        }
+        assert!(sent && got, "{len} B: send done {sent}, receive done {got}");
+        assert_eq!(g.fab.read(ra, len).unwrap(), data);
+        (0..3)
+            .map(|p| g.fab.path_bytes(g.sid, p) - before[p])
+            .collect()
+    };
+    for len in [4096, 256 << 10, (512 << 10) - 1] {
+        let sent = send(&mut g, len, 1);
+        assert_eq!(&sent[1..], &[0, 0], "{len} B: {sent:?}");
+    }
+    for len in [512 << 10, 4 << 20] {
+        let sent = send(&mut g, len, 2);
+        assert!(sent.iter().all(|&b| b > 0), "{len} B: {sent:?}");
+    }
+    // Only the floored paths left: small messages go on them.
+    g.fab.kill_path(g.sid, 0);
+    let sent = send(&mut g, 4096, 3);
+    assert_eq!(sent[0], 0, "{sent:?}");
+    assert!(sent[1] + sent[2] >= 4096, "{sent:?}");
+}
+
 #[test]
 fn small_messages_use_one_path() {
     let mut g = rig(4);

@@ -563,14 +563,11 @@ impl<P: PathFactory> Switchless<P> {
         standby: &[usize],
         mut steps: SetupSteps,
         routed_hint: String,
-        min_chunk: Option<u64>,
+        floor: Option<(Vec<usize>, u64)>,
         start: impl FnOnce(SideParams) -> Result<Connector>,
     ) -> Result<Box<ConnectState<P::Fabric>>> {
         let opts = self.opts(comm, dev, false);
-        let mut proto = self.proto;
-        if let Some(m) = min_chunk {
-            proto.stripe.min_chunk = m;
-        }
+        let proto = self.proto;
         let fab = self
             .factory
             .create(&plans, None, &opts)
@@ -578,6 +575,9 @@ impl<P: PathFactory> Switchless<P> {
         let local = fab.local_params();
         let mut sc = SendComm::new(Live::new(fab), proto)?;
         sc.set_standby(standby)?;
+        if let Some((paths, bytes)) = &floor {
+            sc.set_min_message(paths, *bytes)?;
+        }
         let extra = sc.local_info().to_bytes();
         steps.lap(Step::Qps);
         let connector = start(SideParams {
@@ -669,7 +669,7 @@ impl<P: PathFactory> Switchless<P> {
         sel: Selection,
         plan: RelayedPlan,
     ) -> Result<Box<ConnectState<P::Fabric>>> {
-        use super::relay::{mesh_min_chunk, mesh_relay_weight};
+        use super::relay::{MESH_RELAY_FLOOR, mesh_relay_weight};
         let direct = fold_qps(&sel.paths, self.view.config.ib_qps_per_connection);
         let total: u64 = direct.iter().map(|c| u64::from(c.local.speed_mbps)).sum();
         let slowest = direct
@@ -705,7 +705,12 @@ impl<P: PathFactory> Switchless<P> {
             plans.push(rp);
             requests.push(rq);
         }
-        let min_chunk = mesh_min_chunk(self.proto.stripe.min_chunk, relay_min, sum);
+        // The relay paths carry no piece of a message under the floor (the comm's own rule, so
+        // it holds as the adaptive weights move).
+        let floor = (
+            (direct.len()..plans.len()).collect::<Vec<_>>(),
+            MESH_RELAY_FLOOR,
+        );
         tracing::info!(
             "NET/switchless: connect to {}: {} direct and {} relayed path(s) (a Ring/Tree hint); relay weight {} of {} Mb/s, direct paths only below {} KiB",
             p.peer,
@@ -713,7 +718,7 @@ impl<P: PathFactory> Switchless<P> {
             plans.len() - direct.len(),
             relay_min,
             sum,
-            super::relay::MESH_RELAY_FLOOR / 1024
+            MESH_RELAY_FLOOR / 1024
         );
         let first = direct
             .first()
@@ -735,7 +740,7 @@ impl<P: PathFactory> Switchless<P> {
             &[],
             p.steps,
             hint,
-            Some(min_chunk),
+            Some(floor),
             |mine| Connector::start_to(targets, nonce, requests, mine, timeout, label),
         )
     }

@@ -451,8 +451,9 @@ pub const PROTO_SIMPLE_BIT: u32 = 1 << 2;
 /// each way, a tree at most 2 × (arity − 1) = 4 (NCCL's `NCCL_MAX_TREE_ARITY` is 3); a p2p
 /// fan-out names p2p channels × 8.
 pub const MESH_MAX_PEERS: i32 = 4;
-/// Messages below this many bytes use the direct paths only: one NCCL Simple step (4 MiB buffer
-/// / 8 steps). The model (docs/performance.md) found relays lose on smaller ring steps.
+/// Messages below this many bytes use the direct paths only (`SendComm::set_min_message` on the
+/// relay paths): one NCCL Simple step (4 MiB buffer / 8 steps). The model (docs/performance.md)
+/// found relays lose on smaller ring steps.
 pub const MESH_RELAY_FLOOR: u64 = 512 * 1024;
 /// How long a mesh connection waits for a neighbour's relay that refuses or stays silent (a
 /// peer no cable reaches waits [`crate::transport::relay::client::PROBE_WAIT`]).
@@ -506,15 +507,6 @@ pub fn mesh_relay_weight(direct: u64, slowest: u64, leg: u64) -> u64 {
         w = w.min(leg);
     }
     w.min(slowest.saturating_sub(1).max(1))
-}
-
-/// The smallest chunk of a connection with relay paths: the relays' share of a message reaches
-/// it from [`MESH_RELAY_FLOOR`] on (the stripe drops the slowest paths first while a chunk would
-/// be smaller), and never below the configured `min_chunk`.
-pub fn mesh_min_chunk(min_chunk: u64, relay_weight: u64, total_weight: u64) -> u64 {
-    let share =
-        u128::from(MESH_RELAY_FLOOR) * u128::from(relay_weight) / u128::from(total_weight.max(1));
-    min_chunk.max(u64::try_from(share).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]
@@ -581,8 +573,5 @@ mod mesh_tests {
         assert_eq!(mesh_relay_weight(1_600_000, 400_000, 400_000), 399_999);
         // A slower leg bounds it.
         assert_eq!(mesh_relay_weight(10_000, 10_000, 2_000), 2_000);
-        // The floor: a relay with 1/3 of the weight joins from 512 KiB messages.
-        assert_eq!(mesh_min_chunk(32 << 10, 5_000, 15_000), (512 << 10) / 3);
-        assert_eq!(mesh_min_chunk(1 << 20, 5_000, 15_000), 1 << 20);
     }
 }

@@ -97,6 +97,8 @@ pub struct SendComm<F: Fabric> {
     keys_off: usize,
     /// Requests with pieces waiting for a key ([`SendReq::keyless`]).
     waiting: Vec<usize>,
+    /// Per data path, the smallest message it carries a piece of ([`SendComm::set_min_message`]).
+    floors: [u64; MAX_PATHS],
 }
 
 impl<F: Fabric> SendComm<F> {
@@ -138,6 +140,7 @@ impl<F: Fabric> SendComm<F> {
             chunks: Vec::with_capacity(MAX_PATHS),
             batch: Vec::with_capacity(2),
             stalled_since: None,
+            floors: [0; MAX_PATHS],
             spread: 0,
             tokens: Vec::new(),
             keys_off,
@@ -173,6 +176,23 @@ impl<F: Fabric> SendComm<F> {
     }
 
     registration_methods!();
+
+    /// Data paths `paths` carry no piece of a message under `bytes` while another usable path
+    /// can take it (a mesh connection's relay paths: a two-hop byte costs two cables, which pays
+    /// only on large ring steps). Unlike a larger `min_chunk`, this holds whatever the adaptive
+    /// weights do, and leaves the other paths' striping alone.
+    pub fn set_min_message(&mut self, paths: &[usize], bytes: u64) -> Result<()> {
+        let n = self.core.data.len();
+        for &k in paths {
+            let f = self.floors.get_mut(k).filter(|_| k < n).ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "minimum message on path {k}: the connection has {n} data paths"
+                ))
+            })?;
+            *f = bytes;
+        }
+        Ok(())
+    }
 
     /// Tries to load the CTS entry at the FIFO head; `false` if it has not arrived whole.
     ///
@@ -374,6 +394,22 @@ impl<F: Fabric> SendComm<F> {
             }
             if m > 0 {
                 w = keyed;
+                nw = m;
+            }
+        }
+        if w[..nw].iter().any(|&(k, _)| self.floors[k] > size) {
+            // Paths with a floor above this message drop out, unless none would be left (the
+            // other paths failed: the message goes as it can).
+            let mut kept = [(0usize, 0u64); MAX_PATHS];
+            let mut m = 0;
+            for &(k, x) in &w[..nw] {
+                if self.floors[k] <= size {
+                    kept[m] = (k, x);
+                    m += 1;
+                }
+            }
+            if m > 0 {
+                w = kept;
                 nw = m;
             }
         }
