@@ -1006,22 +1006,27 @@ impl<F: Fabric> Core<F> {
         &mut self,
         mut f: impl FnMut(&mut Core<F>, usize, Completion) -> Result<()>,
     ) -> Result<usize> {
+        // The completion buffer is taken once for the whole sweep (`f` gets the core without it)
+        // and put back whatever happened: a sweep that finds nothing moves no vector per path.
+        let mut buf = std::mem::take(&mut self.cqe);
+        let res = self.poll_sweep(&mut buf, &mut f);
+        self.cqe = buf;
+        res
+    }
+
+    /// [`Core::poll_all`]'s sweep, into `buf`.
+    fn poll_sweep(
+        &mut self,
+        buf: &mut Vec<Completion>,
+        f: &mut impl FnMut(&mut Core<F>, usize, Completion) -> Result<()>,
+    ) -> Result<usize> {
         let npaths = self.fab.paths().len();
         let mut total = 0;
         for path in 0..npaths {
             // Bounded: at most the queue depth worth of completions per call.
             for _ in 0..(SEND_QUEUE_DEPTH + RECV_DEPTH) / POLL_BATCH + 1 {
-                let mut buf = std::mem::take(&mut self.cqe);
                 buf.clear();
-                let got = self.fab.poll(path, POLL_BATCH, &mut buf);
-                let got = match got {
-                    Ok(n) => n,
-                    Err(e) => {
-                        self.cqe = buf;
-                        return Err(e);
-                    }
-                };
-                let mut res = Ok(());
+                let got = self.fab.poll(path, POLL_BATCH, buf)?;
                 for c in buf.iter() {
                     // Flushed work after a failure is its consequence, not another error.
                     if !c.status.is_success() && c.status != WcStatus::WR_FLUSH_ERR {
@@ -1029,13 +1034,8 @@ impl<F: Fabric> Core<F> {
                             self.meter.error(k);
                         }
                     }
-                    if let Err(e) = f(self, path, *c) {
-                        res = Err(e);
-                        break;
-                    }
+                    f(self, path, *c)?;
                 }
-                self.cqe = buf;
-                res?;
                 total += got;
                 if got < POLL_BATCH {
                     break;
