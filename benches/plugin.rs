@@ -14,6 +14,9 @@
 //! it does a few checked rounds with small buffers and exits. `--rounds N` runs only N rounds of 0 B
 //! (after 3 warm-up rounds) and exits: for instruction counts under `valgrind --tool=callgrind`, where
 //! the difference between two N is the cost of the rounds alone (set-up and teardown cancel).
+//! `--idle-recv N` / `--idle-send N` likewise: N `test` calls on a posted receive whose data has not
+//! come, N on a posted send whose data write has not executed (the fabric stalled), each inside one
+//! round: what NCCL's proxy pays for every poll of a request still in flight.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::ffi::{c_int, c_void};
@@ -173,7 +176,25 @@ impl Plugin {
 
     /// One round: irecv, isend (each posted again while NULL), then test both until done.
     fn round(&self, c: &Conn) {
-        let n = &self.net;
+        let rreq = self.post_recv(c);
+        let sreq = self.post_send(c);
+        assert_eq!(self.finish(sreq, rreq), c.size, "received size");
+    }
+
+    /// One `test` of `req`: the first size once it is done.
+    fn test_once(&self, req: Vp) -> Option<usize> {
+        let mut done = 0;
+        let mut sizes = [0 as c_int; 64];
+        // SAFETY: a live request; `sizes` has 64 ints.
+        ok(
+            unsafe { self.net.test.unwrap()(req, &mut done, sizes.as_mut_ptr()) },
+            "test",
+        );
+        (done != 0).then_some(sizes[0] as usize)
+    }
+
+    /// Posts a receive of the connection's buffer (retried while the slot is busy).
+    fn post_recv(&self, c: &Conn) -> Vp {
         let mut rreq: Vp = std::ptr::null_mut();
         while rreq.is_null() {
             let mut data = [c.ra as Vp];
@@ -184,7 +205,7 @@ impl Plugin {
             // SAFETY: arrays of one element each; live comm and mhandle.
             ok(
                 unsafe {
-                    n.irecv.unwrap()(
+                    self.net.irecv.unwrap()(
                         c.rc,
                         1,
                         data.as_mut_ptr(),
@@ -198,12 +219,17 @@ impl Plugin {
                 "irecv",
             );
         }
+        rreq
+    }
+
+    /// Posts a send of the connection's buffer (retried until the clear-to-send is there).
+    fn post_send(&self, c: &Conn) -> Vp {
         let mut sreq: Vp = std::ptr::null_mut();
         while sreq.is_null() {
             // SAFETY: live comm and mhandle.
             ok(
                 unsafe {
-                    n.isend.unwrap()(
+                    self.net.isend.unwrap()(
                         c.sc,
                         c.sa as Vp,
                         c.size,
@@ -216,27 +242,21 @@ impl Plugin {
                 "isend",
             );
         }
-        let (mut sd, mut rd) = (0, 0);
-        let mut sizes = [0 as c_int; 64];
-        while sd == 0 || rd == 0 {
-            if sd == 0 {
-                // SAFETY: a live request; `sizes` has 64 ints.
-                ok(
-                    unsafe { n.test.unwrap()(sreq, &mut sd, sizes.as_mut_ptr()) },
-                    "test",
-                );
+        sreq
+    }
+
+    /// Tests the send, then the receive, until both are done: the size received.
+    fn finish(&self, sreq: Vp, rreq: Vp) -> usize {
+        let (mut sd, mut rd) = (None, None);
+        while sd.is_none() || rd.is_none() {
+            if sd.is_none() {
+                sd = self.test_once(sreq);
             }
-            if rd == 0 {
-                // SAFETY: as above.
-                ok(
-                    unsafe { n.test.unwrap()(rreq, &mut rd, sizes.as_mut_ptr()) },
-                    "test",
-                );
-                if rd != 0 {
-                    assert_eq!(sizes[0] as usize, c.size, "received size");
-                }
+            if rd.is_none() {
+                rd = self.test_once(rreq);
             }
         }
+        rd.unwrap_or(0)
     }
 
     fn close(&self, c: Conn) {
@@ -447,6 +467,43 @@ fn rounds_only(p: &Plugin, fab: &MemFab, n: u64) {
     println!("rounds: {n} rounds of 0 B");
 }
 
+/// `--idle-recv NR` / `--idle-send NS`: on one connection of 0 B, NR `test` calls on a receive
+/// whose data has not come (no send posted yet), then NS on a send whose data write waits in the
+/// stalled fabric.
+fn idle_tests(p: &Plugin, fab: &MemFab, nr: u64, ns: u64) {
+    let c = conn(p, fab, 0);
+    for _ in 0..3 {
+        p.round(&c);
+    }
+    // The receiving side: its clear-to-send went out, nothing came back.
+    let rreq = p.post_recv(&c);
+    for _ in 0..nr {
+        assert!(
+            p.test_once(rreq).is_none(),
+            "a receive without a send completed"
+        );
+    }
+    let sreq = p.post_send(&c);
+    p.finish(sreq, rreq);
+    // The sending side: the clear-to-send is there, the data write is posted and not executed.
+    let (a, b) = fab.newest_pair().unwrap();
+    let rreq = p.post_recv(&c);
+    fab.stall(a, true);
+    fab.stall(b, true);
+    let sreq = p.post_send(&c);
+    for _ in 0..ns {
+        assert!(
+            p.test_once(sreq).is_none(),
+            "a send in a stalled fabric completed"
+        );
+    }
+    fab.stall(a, false);
+    fab.stall(b, false);
+    p.finish(sreq, rreq);
+    p.close(c);
+    println!("idle tests: {nr} on a receive, {ns} on a send");
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let measure = args.iter().any(|a| a == "--bench");
@@ -455,6 +512,14 @@ fn main() {
             .and_then(|n| n.parse::<u64>().ok())
             .expect("--rounds N")
     });
+    let count = |flag: &str| {
+        args.iter().position(|a| a == flag).map(|i| {
+            args.get(i + 1)
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("{flag} N"))
+        })
+    };
+    let (idle_recv, idle_send) = (count("--idle-recv"), count("--idle-send"));
     let fab = MemFab::new(MemFabConfig {
         copy_data: false,
         pin_ns_per_page: PIN_NS_PER_PAGE,
@@ -464,6 +529,10 @@ fn main() {
     let p = Plugin::open();
     if let Some(n) = rounds {
         rounds_only(&p, &fab, n);
+        return;
+    }
+    if idle_recv.is_some() || idle_send.is_some() {
+        idle_tests(&p, &fab, idle_recv.unwrap_or(0), idle_send.unwrap_or(0));
         return;
     }
     bench_round(&p, &fab, measure);

@@ -15,12 +15,22 @@ use crate::transport::handshake::{Liveness, PathParams};
 pub struct Live<F> {
     inner: F,
     live: Option<Liveness>,
+    /// The path polled last: a comm polls its paths in ascending order, so a poll of a path at or
+    /// below it starts the next sweep.
+    last_polled: usize,
+    /// An empty poll of this sweep looked at the channel already.
+    looked: bool,
 }
 
 impl<F: Connectable> Live<F> {
     /// An endpoint without a liveness channel yet.
     pub fn new(inner: F) -> Live<F> {
-        Live { inner, live: None }
+        Live {
+            inner,
+            live: None,
+            last_polled: 0,
+            looked: false,
+        }
     }
 
     /// Keeps `live` as the channel, unless the endpoint notices a dead peer by itself (TCP paths
@@ -101,8 +111,16 @@ impl<F: Connectable> Fabric for Live<F> {
         path_note, path_health, stop_path, seal_path, revive_path);
     fn poll(&mut self, path: usize, max: usize, out: &mut Vec<Completion>) -> Result<usize> {
         let n = self.inner.poll(path, max, out)?;
-        // Only when nothing completed: what the peer finished before it went counts.
-        if n == 0 {
+        if path <= self.last_polled {
+            self.looked = false;
+        }
+        self.last_polled = path;
+        // Only when nothing completed: what the peer finished before it went counts. Once per
+        // sweep over the paths: each look reads the clock, and the socket itself is asked at most
+        // every `LIVENESS_CHECK_EVERY` (100 ms); the looks skipped on the other paths delay that
+        // by at most one sweep.
+        if n == 0 && !self.looked {
+            self.looked = true;
             self.check()?;
         }
         Ok(n)
@@ -237,5 +255,22 @@ mod tests {
         let e = c.health().unwrap_err().to_string();
         assert!(e.contains("is gone") && e.contains("[1] cable1"), "{e}");
         assert!(c.watching());
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "opens a TCP socket; Miri isolates the host")]
+    fn empty_polls_look_at_the_channel_once_per_sweep_over_the_paths() {
+        let (mut c, l) = live(2, std::io::ErrorKind::ConnectionReset);
+        let mut out = Vec::new();
+        assert!(
+            c.poll(0, 4, &mut out).is_err(),
+            "the sweep's first empty poll looks"
+        );
+        // A fresh channel whose next look fails: the same sweep does not look again...
+        let s = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        c.watch(Liveness::failing(s, std::io::ErrorKind::ConnectionReset));
+        c.poll(1, 4, &mut out).unwrap();
+        // ... the next one does.
+        assert!(c.poll(0, 4, &mut out).is_err(), "the next sweep looks");
     }
 }

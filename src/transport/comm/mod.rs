@@ -425,8 +425,10 @@ struct Core<F: Fabric> {
     /// Data paths marked down whose work the comm has not moved yet.
     newly_down: Vec<usize>,
     labels: Vec<String>,
-    /// When [`Core::check_paths`] last ran from a poll ([`Core::check_paths_busy`]).
-    paths_checked: Option<Instant>,
+    /// When [`Core::check_paths`] is next due: [`PATH_CHECK_IDLE`] and [`PATH_CHECK_BUSY`] after it
+    /// last ran (`None`: due now). Deadlines, so that the call that is not due (nearly every one:
+    /// NCCL's progress thread polls in a tight loop) compares two instants and subtracts none.
+    paths_due: Option<CheckDue>,
     warned: Vec<bool>,
     cqe: Vec<Completion>,
     ctrl: Vec<CtrlMem>,
@@ -513,7 +515,7 @@ impl<F: Fabric> Core<F> {
             data,
             loops,
             labels,
-            paths_checked: None,
+            paths_due: None,
             cqe: Vec::with_capacity(POLL_BATCH),
             ctrl: Vec::new(),
             regs: std::collections::HashMap::new(),
@@ -613,13 +615,10 @@ impl<F: Fabric> Core<F> {
     /// clear-to-send has come). A health error
     /// is returned only when no path it could be about was marked down (it concerns the connection).
     fn check_health(&mut self, now: Instant) -> Result<()> {
-        let due = self
-            .paths_checked
-            .is_none_or(|t| now.saturating_duration_since(t) >= PATH_CHECK_IDLE);
-        if !due {
+        if !self.paths_due.is_none_or(|d| d.due(now, false)) {
             return Ok(());
         }
-        self.paths_checked = Some(now);
+        self.paths_due = Some(CheckDue::after(now));
         let overall = self.fab.health();
         let marked = self.check_paths(now);
         match overall {
@@ -653,16 +652,8 @@ impl<F: Fabric> Core<F> {
     /// whose link died silently completes nothing, while its survivors do). Not on every call:
     /// NCCL's progress thread polls in a tight loop.
     fn check_paths_busy(&mut self, now: Instant, polled: usize) {
-        let period = if polled == 0 {
-            PATH_CHECK_IDLE
-        } else {
-            PATH_CHECK_BUSY
-        };
-        let due = self
-            .paths_checked
-            .is_none_or(|t| now.saturating_duration_since(t) >= period);
-        if due {
-            self.paths_checked = Some(now);
+        if self.paths_due.is_none_or(|d| d.due(now, polled != 0)) {
+            self.paths_due = Some(CheckDue::after(now));
             self.check_paths(now);
         }
     }
@@ -1015,22 +1006,27 @@ impl<F: Fabric> Core<F> {
         &mut self,
         mut f: impl FnMut(&mut Core<F>, usize, Completion) -> Result<()>,
     ) -> Result<usize> {
+        // The completion buffer is taken once for the whole sweep (`f` gets the core without it)
+        // and put back whatever happened: a sweep that finds nothing moves no vector per path.
+        let mut buf = std::mem::take(&mut self.cqe);
+        let res = self.poll_sweep(&mut buf, &mut f);
+        self.cqe = buf;
+        res
+    }
+
+    /// [`Core::poll_all`]'s sweep, into `buf`.
+    fn poll_sweep(
+        &mut self,
+        buf: &mut Vec<Completion>,
+        f: &mut impl FnMut(&mut Core<F>, usize, Completion) -> Result<()>,
+    ) -> Result<usize> {
         let npaths = self.fab.paths().len();
         let mut total = 0;
         for path in 0..npaths {
             // Bounded: at most the queue depth worth of completions per call.
             for _ in 0..(SEND_QUEUE_DEPTH + RECV_DEPTH) / POLL_BATCH + 1 {
-                let mut buf = std::mem::take(&mut self.cqe);
                 buf.clear();
-                let got = self.fab.poll(path, POLL_BATCH, &mut buf);
-                let got = match got {
-                    Ok(n) => n,
-                    Err(e) => {
-                        self.cqe = buf;
-                        return Err(e);
-                    }
-                };
-                let mut res = Ok(());
+                let got = self.fab.poll(path, POLL_BATCH, buf)?;
                 for c in buf.iter() {
                     // Flushed work after a failure is its consequence, not another error.
                     if !c.status.is_success() && c.status != WcStatus::WR_FLUSH_ERR {
@@ -1038,13 +1034,8 @@ impl<F: Fabric> Core<F> {
                             self.meter.error(k);
                         }
                     }
-                    if let Err(e) = f(self, path, *c) {
-                        res = Err(e);
-                        break;
-                    }
+                    f(self, path, *c)?;
                 }
-                self.cqe = buf;
-                res?;
                 total += got;
                 if got < POLL_BATCH {
                     break;
@@ -1102,6 +1093,31 @@ fn gbps(mbps: u64) -> String {
     format!("{}.{:02}", mbps / 1000, (mbps % 1000) / 10)
 }
 
+/// When the path checks are next due, from the instant `t` they last ran: `t + PATH_CHECK_IDLE` while
+/// polls find nothing, `t + PATH_CHECK_BUSY` while they find completions. `None`: never (`t` plus
+/// the period is past what an [`Instant`] holds, so no clock reaches it).
+#[derive(Debug, Clone, Copy)]
+struct CheckDue {
+    idle: Option<Instant>,
+    busy: Option<Instant>,
+}
+
+impl CheckDue {
+    fn after(t: Instant) -> CheckDue {
+        CheckDue {
+            idle: t.checked_add(PATH_CHECK_IDLE),
+            busy: t.checked_add(PATH_CHECK_BUSY),
+        }
+    }
+
+    /// Whether `now` is at least the period after `t`: the same as
+    /// `now.saturating_duration_since(t) >= period` (a `now` before `t` is never due).
+    fn due(self, now: Instant, busy: bool) -> bool {
+        let at = if busy { self.busy } else { self.idle };
+        at.is_some_and(|at| now >= at)
+    }
+}
+
 /// How long a request posted at `posted` has waited at `now`, if that is past `limit`. Saturating: a
 /// `now` before `posted` (a caller's clock that stepped back) counts as no wait.
 fn timed_out(posted: Option<Instant>, limit: Option<Duration>, now: Instant) -> Option<Duration> {
@@ -1124,4 +1140,28 @@ pub fn connect_pair<F: Fabric, G: Fabric>(
     s.connect(ri)?;
     r.connect(si)?;
     Ok((s, r))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_check_deadline_is_due_exactly_when_the_period_has_passed() {
+        let t = Instant::now() + Duration::from_secs(1);
+        let d = CheckDue::after(t);
+        for ns in [
+            0u64, 1, 999_999, 1_000_000, 1_000_001, 9_999_999, 10_000_000, 10_000_001,
+        ] {
+            for now in [t + Duration::from_nanos(ns), t - Duration::from_nanos(ns)] {
+                for (busy, period) in [(false, PATH_CHECK_IDLE), (true, PATH_CHECK_BUSY)] {
+                    assert_eq!(
+                        d.due(now, busy),
+                        now.saturating_duration_since(t) >= period,
+                        "{ns} ns, busy {busy}"
+                    );
+                }
+            }
+        }
+    }
 }
