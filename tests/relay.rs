@@ -762,12 +762,7 @@ mod logs;
 
 /// Every thread's events (the relay service logs from its own thread), for the WARN limit.
 fn global_logs() -> &'static logs::Logs {
-    static LOGS: std::sync::OnceLock<logs::Logs> = std::sync::OnceLock::new();
-    LOGS.get_or_init(|| {
-        let l = logs::Logs::default();
-        tracing::subscriber::set_global_default(l.clone()).expect("one global subscriber");
-        l
-    })
+    logs::Logs::global()
 }
 
 use std::io::{Read, Write};

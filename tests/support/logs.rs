@@ -20,6 +20,19 @@ impl Logs {
         (out, logs)
     }
 
+    /// Every thread's events, from the first call on, for the whole test binary (the one global
+    /// subscriber). Use it where the event may come from another thread, or where tests run in
+    /// parallel: a callsite first hit on a thread with no subscriber may be cached as
+    /// uninteresting and never reach a scoped one ([`Logs::capture`]).
+    pub fn global() -> &'static Logs {
+        static LOGS: std::sync::OnceLock<Logs> = std::sync::OnceLock::new();
+        LOGS.get_or_init(|| {
+            let l = Logs::default();
+            tracing::subscriber::set_global_default(l.clone()).expect("one global subscriber");
+            l
+        })
+    }
+
     /// Messages at `level` that contain `needle`.
     pub fn find(&self, level: Level, needle: &str) -> Vec<String> {
         self.0
