@@ -7,6 +7,11 @@
 //! | request | client | 116 | `SWRQ`, version, op (1 probe, 2 open, 3 open to a relay), target count, reserved; the communicator's public id (u64); the target port (u16), 2 reserved; 16 target IPv4 addresses (unused ones zero); a 16-byte client nonce; a 16-byte tag |
 //! | verdict | relay | 68 | `SWRV`, version, code, 2 reserved; the target it matched and its own address on that target's link (IPv4); its link's speed (u32, Mb/s); its host name (32 bytes, NUL-padded); a 16-byte tag |
 //!
+//! An open to a relay (op 3) names a second relay (its address on one of the first relay's links)
+//! and the first relay's own port (a communicator's relay door has one port on every host); once
+//! joined, the second relay's challenge, request and verdict pass through the first as bytes (a
+//! chain A → K1 → K2 → B, docs/guide/relay.md).
+//!
 //! The request's tag is BLAKE3 keyed with a key derived from the communicator id NCCL passes to
 //! `init` ([`CommKey`]), over the request and the relay's challenge: it shows the relay that the
 //! client belongs to a communicator the relay serves (a filter against strangers, not a secret:
