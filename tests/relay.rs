@@ -515,6 +515,54 @@ fn a_path_through_two_relays_finds_the_peer_and_carries_verified_data_end_to_end
     }
 }
 
+/// A chained probe whose second relay is not up yet (its rank has not called `init`): the first
+/// relay answers `unreachable`, and the probe asks again until the second serves, within its
+/// patience; past it the probe fails naming the first relay's answer.
+#[test]
+fn a_chained_probe_waits_for_a_second_relay_that_comes_up_late() {
+    let port = 24043;
+    let _k1 = relay_named(
+        "k1",
+        port,
+        &["127.0.131.2/30", "127.0.132.1/30"],
+        COMM,
+        Bounds::default(),
+    );
+    let door = SocketAddr::from(([127, 0, 131, 2], port));
+    let key = CommKey::new(COMM);
+    let late = |wait: Duration| {
+        Probe::start_chained(
+            ip("127.0.131.1"),
+            door,
+            ip("127.0.132.2"),
+            key.clone(),
+            vec![ip("127.0.133.2")],
+        )
+        .patience(wait)
+    };
+    let e = finish(late(Duration::from_millis(300)));
+    assert!(
+        matches!(&e, ProbeState::Failed(w) if w.contains("could not reach")),
+        "{e:?}"
+    );
+    let k2 = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        relay_named(
+            "k2",
+            port,
+            &["127.0.132.2/30", "127.0.133.1/30"],
+            COMM,
+            Bounds::default(),
+        )
+    });
+    let found = finish(late(Duration::from_secs(10)));
+    assert!(
+        matches!(&found, ProbeState::Found(f) if f.via == ip("127.0.133.1")),
+        "{found:?}"
+    );
+    drop(k2.join().unwrap());
+}
+
 /// A relayed write completes when the peer has it, not when the relay host's kernel does: with
 /// B not reading, a small send stays incomplete although every byte left A and the relay;
 /// once B reads, it completes. (Completed on the relay's TCP acknowledgement, as a direct path's

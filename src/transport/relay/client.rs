@@ -71,6 +71,8 @@ pub struct Door {
     key: CommKey,
     req: RequestRepr,
     state: DoorState,
+    /// The relay's refusal, once it refused.
+    refused: Option<Code>,
 }
 
 impl Door {
@@ -94,6 +96,7 @@ impl Door {
             key,
             req,
             state,
+            refused: None,
         })
     }
 
@@ -109,6 +112,7 @@ impl Door {
                 buf: [0; CHALLENGE_LEN],
                 got: 0,
             },
+            refused: None,
         }
     }
 
@@ -209,6 +213,7 @@ impl Door {
                     }
                     let v = VerdictRepr::parse(&buf).map_err(|e| e.context(&self.what))?;
                     if v.code != Code::Ok {
+                        self.refused = Some(v.code);
                         return Err(Error::Remote(format!(
                             "{} refused: {}",
                             self.what,
@@ -370,7 +375,9 @@ impl Probe {
 
     /// Starts asking, through the relay at `relay`, the second relay at `next` (its address on
     /// the first relay's link; its door on the same port) which of `targets` it reaches: a chain
-    /// A → K1 → K2 → B. The first relay's refusal or the second's fails the probe, naming it.
+    /// A → K1 → K2 → B. The first relay's refusal or the second's fails the probe, naming it;
+    /// but while the first cannot reach the second's door it is asked again, for the probe's
+    /// patience, as a neighbour whose door refuses connections is.
     pub fn start_chained(
         local: Ipv4Addr,
         relay: SocketAddr,
@@ -448,7 +455,12 @@ impl Probe {
         let Some(d) = self.door.as_mut() else {
             return &self.state;
         };
-        match d.poll() {
+        let polled = d.poll();
+        // A chain's first relay that could not reach the second's door: the second's rank may
+        // not be up yet, so it is asked again, as a neighbour whose door refuses is.
+        let k2_absent =
+            self.next.is_some() && self.first.is_none() && d.refused == Some(Code::Unreachable);
+        match polled {
             Ok(DoorPoll::Pending) => {
                 if now.duration_since(self.started) > self.wait {
                     self.state = ProbeState::Failed(format!(
@@ -505,6 +517,11 @@ impl Probe {
                     self.retry_at = Some(now + self.backoff);
                     self.backoff = (self.backoff * 2).min(RETRY_MAX);
                 }
+            }
+            Err(_) if k2_absent && now.duration_since(self.started) + self.backoff <= self.wait => {
+                self.door = None;
+                self.retry_at = Some(now + self.backoff);
+                self.backoff = (self.backoff * 2).min(RETRY_MAX);
             }
             Err(e) => self.state = ProbeState::Failed(e.to_string()),
         }
