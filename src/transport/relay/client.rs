@@ -368,7 +368,7 @@ impl Probe {
         key: CommKey,
         targets: Vec<Ipv4Addr>,
     ) -> Probe {
-        let mut p = Probe::start_later(local, relay, key, targets);
+        let mut p = Probe::unstarted(local, relay, key, targets);
         p.open();
         p
     }
@@ -385,13 +385,14 @@ impl Probe {
         key: CommKey,
         targets: Vec<Ipv4Addr>,
     ) -> Probe {
-        let mut p = Probe::start_later(local, relay, key, targets);
+        let mut p = Probe::unstarted(local, relay, key, targets);
         p.next = Some(next);
         p.open();
         p
     }
 
-    fn start_later(
+    /// A probe that has not connected yet.
+    fn unstarted(
         local: Ipv4Addr,
         relay: SocketAddr,
         key: CommKey,
