@@ -1,6 +1,7 @@
 //! Relay paths over real sockets on 127/8 (every address of it is this host's): a connector A on
 //! 127.0.1.1/30, a relay host K on 127.0.1.2/30 and 127.0.2.1/30, a peer B on 127.0.2.2/30, and a
-//! direct cable A–B on 127.0.3.0/30 where a test wants one. K runs the relay service
+//! direct cable A–B on 127.0.3.0/30 where a test wants one (each test on addresses of its own;
+//! chains of two relays, A–K1–K2–B, on three /30s in a line). K runs the relay service
 //! (`transport::relay`); A probes it, then opens the path's streams through it; B accepts them
 //! from K's address as any path's. The data is verified byte for byte; a relayed write completes
 //! only on B's acknowledgement; a relay that dies costs its path, not a message, and no write lands
@@ -19,7 +20,7 @@ use switchless::transport::comm::{
 use switchless::transport::fabric::{Fabric, MemKind};
 use switchless::transport::handshake::auth::ConnSecret;
 use switchless::transport::relay::{
-    Bounds, CommKey, Probe, ProbeState, RelayDialer, RelayLink, RelayService, ServiceConfig,
+    Bounds, CommKey, Hop, Probe, ProbeState, RelayDialer, RelayLink, RelayService, ServiceConfig,
 };
 use switchless::transport::tcp::{
     RelayVia, TcpAcceptor, TcpConfig, TcpConnector, TcpFabric, TcpPathSpec, listen,
@@ -42,11 +43,16 @@ fn link(addr: &str) -> RelayLink {
 
 /// A relay host with links `addrs` serving communicator `comm` on `port`.
 fn relay_host(port: u16, addrs: &[&str], comm: u64, bounds: Bounds) -> RelayService {
+    relay_named("k", port, addrs, comm, bounds)
+}
+
+/// … named `host`.
+fn relay_named(host: &str, port: u16, addrs: &[&str], comm: u64, bounds: Bounds) -> RelayService {
     let cfg = ServiceConfig {
         links: addrs.iter().map(|a| link(a)).collect(),
         bounds,
         tcp: TcpConfig::default(),
-        host: "k".into(),
+        host: host.into(),
         link_down: None,
     };
     let s = RelayService::start(port, cfg)
@@ -58,12 +64,32 @@ fn relay_host(port: u16, addrs: &[&str], comm: u64, bounds: Bounds) -> RelayServ
 
 /// Asks the relay at `relay` (from `local`) which of `targets` it reaches.
 fn probe(local: &str, relay: SocketAddr, comm: u64, targets: &[&str]) -> ProbeState {
-    let mut p = Probe::start(
+    finish(Probe::start(
         ip(local),
         relay,
         CommKey::new(comm),
         targets.iter().map(|t| ip(t)).collect(),
-    );
+    ))
+}
+
+/// Asks, through the relay at `relay`, the second relay at `next` which of `targets` it reaches.
+fn probe_chained(
+    local: &str,
+    relay: SocketAddr,
+    next: &str,
+    comm: u64,
+    targets: &[&str],
+) -> ProbeState {
+    finish(Probe::start_chained(
+        ip(local),
+        relay,
+        ip(next),
+        CommKey::new(comm),
+        targets.iter().map(|t| ip(t)).collect(),
+    ))
+}
+
+fn finish(mut p: Probe) -> ProbeState {
     let t = Instant::now();
     loop {
         match p.poll() {
@@ -100,6 +126,17 @@ struct PathDef {
 /// Connects A to B over `paths` (the relayed ones through their relays, as communicator `comm`);
 /// returns (connector, acceptor).
 fn connect(paths: &[PathDef], comm: u64, streams: usize) -> (TcpFabric, TcpFabric) {
+    connect_chained(paths, &vec![None; paths.len()], comm, streams)
+}
+
+/// … where `next[i]` names path `i`'s second relay (its address on the first relay's link, host
+/// `k2`): a chain A → K → K2 → B, `via` naming K's door and K2's address on B's link.
+fn connect_chained(
+    paths: &[PathDef],
+    next: &[Option<&str>],
+    comm: u64,
+    streams: usize,
+) -> (TcpFabric, TcpFabric) {
     let tcfg = TcpConfig {
         streams: Some(streams),
         connect_timeout: Some(Duration::from_secs(20)),
@@ -112,7 +149,7 @@ fn connect(paths: &[PathDef], comm: u64, streams: usize) -> (TcpFabric, TcpFabri
         .collect();
     let mut cs = Vec::new();
     let mut acs = Vec::new();
-    for (p, l) in paths.iter().zip(&listeners) {
+    for ((p, l), next) in paths.iter().zip(&listeners).zip(next) {
         let (relay_c, relay_a, from) = match p.via {
             Some((door, k_on_b)) => {
                 let found = switchless::transport::relay::Found {
@@ -122,6 +159,10 @@ fn connect(paths: &[PathDef], comm: u64, streams: usize) -> (TcpFabric, TcpFabri
                     via: ip(k_on_b),
                     speed_mbps: 10_000,
                     host: "k".into(),
+                    next: next.map(|n| Hop {
+                        addr: ip(n),
+                        host: "k2".into(),
+                    }),
                 };
                 let d = Arc::new(RelayDialer::new(&found, CommKey::new(comm)));
                 (
@@ -367,6 +408,159 @@ fn a_relayed_path_carries_verified_data_end_to_end() {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// A peer two relays away (a ring of six: the opposite box): A–K1–K2–B in a line, K1 and K2
+/// serving the communicator on its one port. A chained probe asks K2 through K1 and finds B; the
+/// path's streams open K1's door to K2's (open to a relay), then K2's to B, and carry verified
+/// data end to end; B takes them from K2's address on its link. A chained probe that K2 refuses
+/// comes back through K1 as K2's verdict, in order.
+#[test]
+fn a_path_through_two_relays_finds_the_peer_and_carries_verified_data_end_to_end() {
+    let port = 24041;
+    let k1 = relay_named(
+        "k1",
+        port,
+        &["127.0.111.2/30", "127.0.112.1/30"],
+        COMM,
+        Bounds::default(),
+    );
+    let k2 = relay_named(
+        "k2",
+        port,
+        &["127.0.112.2/30", "127.0.113.1/30"],
+        COMM,
+        Bounds::default(),
+    );
+    let door = SocketAddr::from(([127, 0, 111, 2], port));
+    // K1 reaches no address of B; K2, through K1, reaches one of them.
+    let e = probe("127.0.111.1", door, COMM, &["127.0.113.2"]);
+    assert!(
+        matches!(&e, ProbeState::Failed(w) if w.contains("not at the far end")),
+        "{e:?}"
+    );
+    match probe_chained(
+        "127.0.111.1",
+        door,
+        "127.0.112.2",
+        COMM,
+        &["127.0.114.2", "127.0.113.2"],
+    ) {
+        ProbeState::Found(f) => {
+            assert_eq!((f.target, f.via), (ip("127.0.113.2"), ip("127.0.113.1")));
+            assert_eq!((f.local, f.relay), (ip("127.0.111.1"), door));
+            assert_eq!(
+                f.next,
+                Some(Hop {
+                    addr: ip("127.0.112.2"),
+                    host: "k2".into()
+                })
+            );
+            assert_eq!(f.name(), "k1 (127.0.111.2) then k2 (127.0.112.2)");
+            assert_eq!(f.speed_mbps, 10_000);
+        }
+        s => panic!("{s:?}"),
+    }
+    // K2 refuses (B's other address is on none of its links): its verdict and its end come back
+    // through K1, which passes both on in order.
+    let e = probe_chained("127.0.111.1", door, "127.0.112.2", COMM, &["127.0.114.2"]);
+    assert!(
+        matches!(&e, ProbeState::Failed(w) if w.contains("relay 127.0.112.2:24041 through 127.0.111.2:24041 refused")
+            && w.contains("not at the far end")),
+        "{e:?}"
+    );
+    let (a, b) = connect_chained(
+        &[PathDef {
+            a: "127.0.111.1",
+            b: "127.0.113.2",
+            via: Some((door, "127.0.113.1")),
+        }],
+        &[Some("127.0.112.2")],
+        COMM,
+        3,
+    );
+    let label = a.paths()[0].label.clone();
+    assert!(
+        label.contains("127.0.113.2 via relay k (127.0.111.2) then k2 (127.0.112.2)"),
+        "{label}"
+    );
+    let (mut s, mut r) = connect_pair(a, b, pcfg()).unwrap();
+    let sizes = [0, 1, 4096, 65_537, 1 << 20, (3 << 20) + 77, 9 << 20];
+    stream(&mut s, &mut r, &sizes, |_| {});
+    s.close().unwrap();
+    r.close().unwrap();
+    let t = Instant::now();
+    loop {
+        let (s1, s2) = (k1.stats(), k2.stats());
+        if s1.legs == 0 && s2.legs == 0 {
+            // Two chained probes and three streams through K1, each to K2's door; three streams
+            // through K2 to B. Every frame passed both; at K2 one probe refused.
+            assert_eq!((s1.opened, s1.chained), (5, 5), "{s1:?}");
+            assert_eq!((s2.opened, s2.chained, s2.probes), (3, 0, 1), "{s2:?}");
+            let payload: usize = sizes.iter().sum();
+            assert!(s1.bytes as usize > payload && s2.bytes as usize > payload);
+            assert_eq!((s1.staging, s2.staging), (0, 0));
+            // At K1 the first probe, for an address of B on none of its links.
+            assert_eq!(s1.refused.get("target not on a link"), Some(&1), "{s1:?}");
+            assert_eq!(s1.refusals(), 1, "{s1:?}");
+            assert_eq!(s2.refused.get("target not on a link"), Some(&1), "{s2:?}");
+            assert_eq!(s2.refusals(), 1, "{s2:?}");
+            break;
+        }
+        assert!(
+            t.elapsed() < DEADLINE,
+            "the relays' streams never ended: {s1:?} {s2:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A chained probe whose second relay is not up yet (its rank has not called `init`): the first
+/// relay answers `unreachable`, and the probe asks again until the second serves, within its
+/// patience; past it the probe fails naming the first relay's answer.
+#[test]
+fn a_chained_probe_waits_for_a_second_relay_that_comes_up_late() {
+    let port = 24043;
+    let _k1 = relay_named(
+        "k1",
+        port,
+        &["127.0.131.2/30", "127.0.132.1/30"],
+        COMM,
+        Bounds::default(),
+    );
+    let door = SocketAddr::from(([127, 0, 131, 2], port));
+    let key = CommKey::new(COMM);
+    let late = |wait: Duration| {
+        Probe::start_chained(
+            ip("127.0.131.1"),
+            door,
+            ip("127.0.132.2"),
+            key.clone(),
+            vec![ip("127.0.133.2")],
+        )
+        .patience(wait)
+    };
+    let e = finish(late(Duration::from_millis(300)));
+    assert!(
+        matches!(&e, ProbeState::Failed(w) if w.contains("could not reach")),
+        "{e:?}"
+    );
+    let k2 = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        relay_named(
+            "k2",
+            port,
+            &["127.0.132.2/30", "127.0.133.1/30"],
+            COMM,
+            Bounds::default(),
+        )
+    });
+    let found = finish(late(Duration::from_secs(10)));
+    assert!(
+        matches!(&found, ProbeState::Found(f) if f.via == ip("127.0.133.1")),
+        "{found:?}"
+    );
+    drop(k2.join().unwrap());
 }
 
 /// A relayed write completes when the peer has it, not when the relay host's kernel does: with
@@ -1046,6 +1240,133 @@ fn hostile_clients_at_the_relay_door_are_refused_counted_and_cost_nobody_else() 
     assert!(st.refusals() > lines.len() as u64, "{st:?} {lines:#?}");
     s.close().unwrap();
     r.close().unwrap();
+}
+
+/// An open to a relay of communicator `comm` sealed for `challenge`: the relay door at `target`.
+fn relay_req(comm: u64, challenge: &[u8; 16], target: SocketAddr) -> RequestRepr {
+    let IpAddr::V4(t) = target.ip() else {
+        unreachable!()
+    };
+    CommKey::new(comm).seal(
+        RequestRepr {
+            op: Op::OpenRelay,
+            comm: 0,
+            port: target.port(),
+            targets: vec![t],
+            nonce: [6; 16],
+            tag: [0; 16],
+        },
+        challenge,
+    )
+}
+
+/// A hostile neighbour H of K1 (127.0.121.1) asks K1 to open to relays it may not: another port
+/// than the relay's own, a target on none of K1's links, the far end of H's own link or K1's own
+/// address there, a wrong tag; and to a host on a link with no relay. Each is refused with a
+/// verdict naming why and counted. An open to K2's door that K2 then refuses (garbage for a
+/// request) gets K2's verdict through K1, then an orderly end. K1 keeps serving: a chained probe
+/// through it finds B behind K2.
+#[test]
+fn hostile_opens_to_a_relay_are_refused_counted_and_the_relay_keeps_serving() {
+    let port = 24042;
+    let k1 = relay_named(
+        "k1",
+        port,
+        &["127.0.121.2/30", "127.0.122.1/30", "127.0.123.1/30"],
+        COMM,
+        Bounds::default(),
+    );
+    let k2 = relay_named(
+        "k2",
+        port,
+        &["127.0.122.2/30", "127.0.124.1/30"],
+        COMM,
+        Bounds::default(),
+    );
+    let h = "127.0.121.1";
+    let door = SocketAddr::from(([127, 0, 121, 2], port));
+    let at = |a: &str, p: u16| SocketAddr::new(IpAddr::V4(ip(a)), p);
+    let ask = |req: &dyn Fn(&[u8; 16]) -> RequestRepr| {
+        let mut x = raw(h, door);
+        let c = challenge(&mut x);
+        x.write_all(&req(&c).to_bytes()).unwrap();
+        let v = verdict(&mut x);
+        assert!(cut(&mut x), "a refusal left the connection open");
+        v.code
+    };
+    // Another port than the relay's own (K2's address, a port a path listener might have).
+    assert_eq!(
+        ask(&|c| relay_req(COMM, c, at("127.0.122.2", port + 1))),
+        Code::Malformed
+    );
+    // A target on none of K1's links; H itself; K1's own address on H's link.
+    for t in ["127.0.99.2", h, "127.0.121.2"] {
+        assert_eq!(
+            ask(&|c| relay_req(COMM, c, at(t, port))),
+            Code::NotALink,
+            "{t}"
+        );
+    }
+    // A wrong tag.
+    assert_eq!(
+        ask(&|c| {
+            let mut r = relay_req(COMM, c, at("127.0.122.2", port));
+            r.tag[3] ^= 0x10;
+            r
+        }),
+        Code::BadTag
+    );
+    // A host on K1's link where no relay listens.
+    assert_eq!(
+        ask(&|c| relay_req(COMM, c, at("127.0.123.2", port))),
+        Code::Unreachable
+    );
+    // Through K1 to K2's door, which refuses garbage: its verdict, then the end, through K1.
+    let mut x = raw(h, door);
+    let c = challenge(&mut x);
+    x.write_all(&relay_req(COMM, &c, at("127.0.122.2", port)).to_bytes())
+        .unwrap();
+    assert_eq!(verdict(&mut x).code, Code::Ok);
+    challenge(&mut x);
+    x.write_all(&[0xA5; 116]).unwrap();
+    assert_eq!(verdict(&mut x).code, Code::Malformed);
+    let mut rest = [0u8; 1];
+    assert_eq!(
+        x.read(&mut rest).unwrap(),
+        0,
+        "an orderly end of stream after the verdict"
+    );
+    // Its leg at K1 ends when H hangs up too.
+    drop(x);
+    // K1 still serves.
+    let found = probe_chained(h, door, "127.0.122.2", COMM, &["127.0.124.2"]);
+    assert!(
+        matches!(&found, ProbeState::Found(f) if f.via == ip("127.0.124.1")),
+        "{found:?}"
+    );
+    let t = Instant::now();
+    loop {
+        let (s1, s2) = (k1.stats(), k2.stats());
+        let want = [
+            ("not the relay port", 1),
+            ("target not on a link", 3),
+            ("bad tag", 1),
+            ("unreachable", 1),
+        ];
+        if s1.legs == 0
+            && want
+                .iter()
+                .all(|(w, n)| s1.refused.get(w).copied() == Some(*n))
+        {
+            assert_eq!(s1.refusals(), 6, "{s1:?}");
+            assert_eq!((s1.opened, s1.chained), (2, 2), "{s1:?}");
+            assert_eq!(s2.refused.get("malformed"), Some(&1), "{s2:?}");
+            assert_eq!(s2.probes, 1, "{s2:?}");
+            break;
+        }
+        assert!(t.elapsed() < DEADLINE, "{s1:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// Not a test: the relay's cost, for docs/guide/relay.md. One connection of one path (4 streams)

@@ -37,9 +37,16 @@ fn requests() -> Vec<[u8; REQUEST_LEN]> {
         targets: vec![Ipv4Addr::new(10, 0, 2, 2)],
         ..probe.clone()
     };
+    // An open to a relay (a chain's first hop): one target, the relay door's port.
+    let open_relay = RequestRepr {
+        op: Op::OpenRelay,
+        port: 24_600,
+        ..open.clone()
+    };
     vec![
         k.seal(probe, &[1; 16]).to_bytes(),
         k.seal(open, &[2; 16]).to_bytes(),
+        k.seal(open_relay, &[3; 16]).to_bytes(),
     ]
 }
 

@@ -2,6 +2,9 @@
 //! connection to a relay: its challenge, the request, the verdict), [`Probe`] (which relay reaches
 //! the peer: asked once per neighbour before the handshake) and [`RelayDialer`] (each stream of a
 //! relayed path opened through the relay, for `tcp::TcpConnector` and the failback's rebuilds).
+//! Both also go through a chain of two relays, A → K1 → K2 → B: K1's door opens to K2's
+//! ([`Op::OpenRelay`], K2's address on K1's link, the same port), then K2's door exchange runs
+//! on the same stream (K1 passes it through), then the path's opening as through one relay.
 //! Everything is driven without blocking.
 #![forbid(unsafe_code)]
 
@@ -68,6 +71,8 @@ pub struct Door {
     key: CommKey,
     req: RequestRepr,
     state: DoorState,
+    /// The relay's refusal, once it refused.
+    refused: Option<Code>,
 }
 
 impl Door {
@@ -91,7 +96,24 @@ impl Door {
             key,
             req,
             state,
+            refused: None,
         })
+    }
+
+    /// Goes on through `sock`, a stream a first relay joined to a second relay's door (`what`
+    /// names that door for errors): its challenge, `req`, its verdict.
+    pub fn through(sock: TcpStream, what: String, key: CommKey, req: RequestRepr) -> Door {
+        Door {
+            what,
+            key,
+            req,
+            state: DoorState::Challenge {
+                sock,
+                buf: [0; CHALLENGE_LEN],
+                got: 0,
+            },
+            refused: None,
+        }
     }
 
     /// Advances as far as the socket allows.
@@ -191,6 +213,7 @@ impl Door {
                     }
                     let v = VerdictRepr::parse(&buf).map_err(|e| e.context(&self.what))?;
                     if v.code != Code::Ok {
+                        self.refused = Some(v.code);
                         return Err(Error::Remote(format!(
                             "{} refused: {}",
                             self.what,
@@ -251,23 +274,52 @@ pub struct Found {
     pub local: Ipv4Addr,
     /// The relay's door (its address on that link, and the communicator's port).
     pub relay: SocketAddr,
-    /// The peer's address the relay reaches, and the relay's own address on that link.
+    /// The peer's address the relay reaches, and the relay's own address on that link (of a
+    /// chain: the second relay's; the peer sees the streams come from it).
     pub target: Ipv4Addr,
     pub via: Ipv4Addr,
-    /// The relay's link speed toward the peer, Mb/s (0: unknown).
+    /// The relay's link speed toward the peer, Mb/s (0: unknown); of a chain, the slowest of
+    /// both relays' links onward.
     pub speed_mbps: u32,
-    /// The relay's host name.
+    /// The relay's host name (of a chain: the first relay's).
+    pub host: String,
+    /// A chain's second relay; `None`: the relay reaches the peer itself.
+    pub next: Option<Hop>,
+}
+
+/// The second relay of a chain A → K1 → K2 → B, as K1 reaches it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hop {
+    /// K2's address on K1's link to it (its door is there, on the same port as K1's).
+    pub addr: Ipv4Addr,
+    /// K2's host name.
     pub host: String,
 }
 
 impl Found {
-    /// How logs and path labels name the relay: `node5 (10.0.0.2)`.
+    /// How logs and path labels name the relay: `node5 (10.0.0.2)`; a chain `node5 (10.0.0.2)
+    /// then node6 (10.0.5.2)`.
     pub fn name(&self) -> String {
-        if self.host.is_empty() {
-            self.relay.ip().to_string()
-        } else {
-            format!("{} ({})", self.host, self.relay.ip())
+        let one = |host: &str, ip: IpAddr| {
+            if host.is_empty() {
+                ip.to_string()
+            } else {
+                format!("{host} ({ip})")
+            }
+        };
+        let first = one(&self.host, self.relay.ip());
+        match &self.next {
+            None => first,
+            Some(h) => format!("{first} then {}", one(&h.host, IpAddr::V4(h.addr))),
         }
+    }
+}
+
+/// The slower of two link speeds, Mb/s (0: unknown, unless both are).
+fn slower(a: u32, b: u32) -> u32 {
+    match (a, b) {
+        (0, x) | (x, 0) => x,
+        (a, b) => a.min(b),
     }
 }
 
@@ -285,6 +337,10 @@ pub enum ProbeState {
 pub struct Probe {
     local: Ipv4Addr,
     relay: SocketAddr,
+    /// A chain's second relay (its address on the first relay's link).
+    next: Option<Ipv4Addr>,
+    /// A chain's first verdict, once the first relay joined the stream to the second's door.
+    first: Option<VerdictRepr>,
     key: CommKey,
     targets: Vec<Ipv4Addr>,
     door: Option<Door>,
@@ -312,9 +368,41 @@ impl Probe {
         key: CommKey,
         targets: Vec<Ipv4Addr>,
     ) -> Probe {
-        let mut p = Probe {
+        let mut p = Probe::unstarted(local, relay, key, targets);
+        p.open();
+        p
+    }
+
+    /// Starts asking, through the relay at `relay`, the second relay at `next` (its address on
+    /// the first relay's link; its door on the same port) which of `targets` it reaches: a chain
+    /// A → K1 → K2 → B. The first relay's refusal or the second's fails the probe, naming it;
+    /// but while the first cannot reach the second's door it is asked again, for the probe's
+    /// patience, as a neighbour whose door refuses connections is.
+    pub fn start_chained(
+        local: Ipv4Addr,
+        relay: SocketAddr,
+        next: Ipv4Addr,
+        key: CommKey,
+        targets: Vec<Ipv4Addr>,
+    ) -> Probe {
+        let mut p = Probe::unstarted(local, relay, key, targets);
+        p.next = Some(next);
+        p.open();
+        p
+    }
+
+    /// A probe that has not connected yet.
+    fn unstarted(
+        local: Ipv4Addr,
+        relay: SocketAddr,
+        key: CommKey,
+        targets: Vec<Ipv4Addr>,
+    ) -> Probe {
+        Probe {
             local,
             relay,
+            next: None,
+            first: None,
             key,
             targets,
             door: None,
@@ -323,19 +411,26 @@ impl Probe {
             started: Instant::now(),
             wait: PROBE_WAIT,
             state: ProbeState::Pending,
-        };
-        p.open();
-        p
+        }
     }
 
-    fn open(&mut self) {
-        let req = RequestRepr {
+    /// The probe itself (to the second relay, of a chain).
+    fn probe_req(&self) -> RequestRepr {
+        RequestRepr {
             op: Op::Probe,
             comm: 0,
             port: 0,
             targets: self.targets.clone(),
             nonce: [0; NONCE_LEN],
             tag: [0; NONCE_LEN],
+        }
+    }
+
+    fn open(&mut self) {
+        self.first = None;
+        let req = match self.next {
+            None => self.probe_req(),
+            Some(k2) => open_relay(self.relay.port(), k2),
         };
         match bound_socket(self.local)
             .and_then(|s| Door::start(s, self.relay, self.key.clone(), req))
@@ -361,7 +456,12 @@ impl Probe {
         let Some(d) = self.door.as_mut() else {
             return &self.state;
         };
-        match d.poll() {
+        let polled = d.poll();
+        // A chain's first relay that could not reach the second's door: the second's rank may
+        // not be up yet, so it is asked again, as a neighbour whose door refuses is.
+        let k2_absent =
+            self.next.is_some() && self.first.is_none() && d.refused == Some(Code::Unreachable);
+        match polled {
             Ok(DoorPoll::Pending) => {
                 if now.duration_since(self.started) > self.wait {
                     self.state = ProbeState::Failed(format!(
@@ -371,16 +471,41 @@ impl Probe {
                     ));
                 }
             }
-            Ok(DoorPoll::Done(v, _)) => {
-                self.state = ProbeState::Found(Found {
-                    local: self.local,
-                    relay: self.relay,
-                    target: v.target,
-                    via: v.via,
-                    speed_mbps: v.speed_mbps,
-                    host: v.host,
-                })
-            }
+            Ok(DoorPoll::Done(v, s)) => match (self.next, self.first.take()) {
+                (Some(k2), None) => {
+                    // K1 joined the stream to K2's door: K2's exchange, through K1.
+                    let what = format!("relay {k2}:{} through {}", self.relay.port(), self.relay);
+                    let req = self.probe_req();
+                    self.first = Some(v);
+                    self.door = Some(Door::through(s, what, self.key.clone(), req));
+                    return self.poll();
+                }
+                (Some(k2), Some(first)) => {
+                    self.state = ProbeState::Found(Found {
+                        local: self.local,
+                        relay: self.relay,
+                        target: v.target,
+                        via: v.via,
+                        speed_mbps: slower(first.speed_mbps, v.speed_mbps),
+                        host: first.host,
+                        next: Some(Hop {
+                            addr: k2,
+                            host: v.host,
+                        }),
+                    })
+                }
+                (None, _) => {
+                    self.state = ProbeState::Found(Found {
+                        local: self.local,
+                        relay: self.relay,
+                        target: v.target,
+                        via: v.via,
+                        speed_mbps: v.speed_mbps,
+                        host: v.host,
+                        next: None,
+                    })
+                }
+            },
             Ok(DoorPoll::NoService) => {
                 self.door = None;
                 if now.duration_since(self.started) + self.backoff > self.wait {
@@ -393,6 +518,11 @@ impl Probe {
                     self.retry_at = Some(now + self.backoff);
                     self.backoff = (self.backoff * 2).min(RETRY_MAX);
                 }
+            }
+            Err(_) if k2_absent && now.duration_since(self.started) + self.backoff <= self.wait => {
+                self.door = None;
+                self.retry_at = Some(now + self.backoff);
+                self.backoff = (self.backoff * 2).min(RETRY_MAX);
             }
             Err(e) => self.state = ProbeState::Failed(e.to_string()),
         }
@@ -411,20 +541,35 @@ fn bound_socket(local: Ipv4Addr) -> Result<Socket> {
     Ok(s)
 }
 
-/// Opens each stream of a relayed path through the relay at `relay` ([`StreamDialer`] for the TCP
-/// fabric's connector and its failback).
+/// An open to the second relay at `k2` (its door on `port`, the first relay's own).
+fn open_relay(port: u16, k2: Ipv4Addr) -> RequestRepr {
+    RequestRepr {
+        op: Op::OpenRelay,
+        comm: 0,
+        port,
+        targets: vec![k2],
+        nonce: [0; NONCE_LEN],
+        tag: [0; NONCE_LEN],
+    }
+}
+
+/// Opens each stream of a relayed path through the relay at `relay`, or through a chain of two
+/// ([`StreamDialer`] for the TCP fabric's connector and its failback).
 #[derive(Debug)]
 pub struct RelayDialer {
     relay: SocketAddr,
+    /// A chain's second relay (its address on the first relay's link).
+    next: Option<Ipv4Addr>,
     key: CommKey,
     name: String,
 }
 
 impl RelayDialer {
-    /// A dialer through the relay found by a probe.
+    /// A dialer through the relay (or the chain) found by a probe.
     pub fn new(found: &Found, key: CommKey) -> RelayDialer {
         RelayDialer {
             relay: found.relay,
+            next: found.next.as_ref().map(|h| h.addr),
             key,
             name: found.name(),
         }
@@ -433,6 +578,9 @@ impl RelayDialer {
 
 struct OpenStep {
     door: Door,
+    /// A chain's open of the peer, for the second relay's door once the first joined the stream.
+    then: Option<(String, RequestRepr)>,
+    key: CommKey,
     name: String,
 }
 
@@ -451,8 +599,17 @@ impl StreamDialer for RelayDialer {
             nonce: [0; NONCE_LEN],
             tag: [0; NONCE_LEN],
         };
+        let (first, then) = match self.next {
+            None => (req, None),
+            Some(k2) => {
+                let what = format!("relay {k2}:{} through {}", self.relay.port(), self.relay);
+                (open_relay(self.relay.port(), k2), Some((what, req)))
+            }
+        };
         Ok(Box::new(OpenStep {
-            door: Door::start(sock, self.relay, self.key.clone(), req)?,
+            door: Door::start(sock, self.relay, self.key.clone(), first)?,
+            then,
+            key: self.key.clone(),
             name: self.name.clone(),
         }))
     }
@@ -462,7 +619,14 @@ impl DialStep for OpenStep {
     fn poll(&mut self) -> Result<Option<TcpStream>> {
         match self.door.poll()? {
             DoorPoll::Pending => Ok(None),
-            DoorPoll::Done(_, s) => Ok(Some(s)),
+            DoorPoll::Done(_, s) => match self.then.take() {
+                // The first relay joined the stream to the second's door: on to it.
+                Some((what, req)) => {
+                    self.door = Door::through(s, what, self.key.clone(), req);
+                    self.poll()
+                }
+                None => Ok(Some(s)),
+            },
             DoorPoll::NoService => Err(Error::System(format!(
                 "relay {}: nothing listens on its relay port any more (its rank exited)",
                 self.name

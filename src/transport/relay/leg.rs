@@ -6,13 +6,17 @@
 //! the frames, the stream's opening passes through as bytes: the peer's challenge and
 //! acknowledgement one way, the client's hello the other (`tcp::frame`), so the peer
 //! authenticates the client end to end and the relay learns nothing of the connection's secret.
-//! Driven without blocking by the service thread (`super::service`), edge-triggered: a readiness
+//! A stream to a second relay (a chain, `wire::Op::OpenRelay`) passes that relay's door exchange
+//! through as bytes first ([`CHAIN_OPENING`]). An end of stream while the opening passes (after
+//! every byte read so far went on) is passed on as an end of stream, so a second relay's refusal
+//! reaches the client whole. Driven without blocking by the service thread (`super::service`), edge-triggered: a readiness
 //! flag is cleared when its socket would block.
 #![forbid(unsafe_code)]
 
 use std::io;
 use std::net::TcpStream;
 
+use super::wire;
 use crate::sys::socket as sock;
 use crate::transport::tcp::frame::{
     ACK_LEN, CHALLENGE_LEN, FRAME_MAGIC, Frame, HEADER_LEN, HELLO_LEN, OP_ACK, OP_CLOSE, OP_WRITE,
@@ -20,6 +24,17 @@ use crate::transport::tcp::frame::{
 
 /// Bytes a direction moves per turn before the service turns to other legs.
 pub const TURN_BYTES: usize = 2 << 20;
+
+/// Bytes of a path stream's opening that pass through as they are, by direction (client → peer,
+/// peer → client): the client's hello; the peer's challenge, then its acknowledgement.
+pub const PATH_OPENING: [usize; 2] = [HELLO_LEN, CHALLENGE_LEN + ACK_LEN];
+
+/// … of a stream opened to a second relay's door: its door exchange (the client's request; the
+/// door's challenge and verdict), then the path's opening.
+pub const CHAIN_OPENING: [usize; 2] = [
+    wire::REQUEST_LEN + HELLO_LEN,
+    wire::CHALLENGE_LEN + wire::VERDICT_LEN + CHALLENGE_LEN + ACK_LEN,
+];
 
 /// Why a leg ends against its will: what the service counts and logs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,15 +89,11 @@ struct Dir {
 }
 
 impl Dir {
-    fn new(src: usize) -> Dir {
+    /// Direction from side `src`, whose first `raw` bytes pass through unread.
+    fn new(src: usize, raw: usize) -> Dir {
         Dir {
             src,
-            // Client → peer: the hello; peer → client: its challenge, then its acknowledgement.
-            raw: if src == 0 {
-                HELLO_LEN
-            } else {
-                CHALLENGE_LEN + ACK_LEN
-            },
+            raw,
             st: DirState::Header {
                 buf: [0; HEADER_LEN],
                 got: 0,
@@ -117,13 +128,14 @@ pub enum Turn {
 }
 
 impl Joined {
-    /// A stream joined now; both sides may be ready (tried at once).
-    pub fn new(a: TcpStream, b: TcpStream, max_frame: usize) -> Joined {
+    /// A stream joined now whose opening is `raw` bytes by direction (client → peer, peer →
+    /// client: [`PATH_OPENING`] or [`CHAIN_OPENING`]); both sides may be ready (tried at once).
+    pub fn new(a: TcpStream, b: TcpStream, max_frame: usize, raw: [usize; 2]) -> Joined {
         Joined {
             socks: [a, b],
             rd: [true; 2],
             wr: [true; 2],
-            dirs: [Dir::new(0), Dir::new(1)],
+            dirs: [Dir::new(0, raw[0]), Dir::new(1, raw[1])],
             max_frame,
         }
     }
@@ -187,7 +199,10 @@ impl Joined {
                     if *got < want {
                         match sock::recv_slice(&self.socks[src], &mut buf[*got..want]) {
                             Ok(0) if *got == 0 => {
-                                // The source ended at a frame boundary: pass the end on.
+                                // The source ended at a frame boundary, or in the opening after
+                                // everything it sent went on (a second relay's refusal: its
+                                // verdict, then its end): pass the end on, in order (a reset
+                                // could drop what the destination has not read yet).
                                 let _ = self.socks[dst].shutdown(std::net::Shutdown::Write);
                                 dir.done = true;
                                 return Ok(false);
@@ -365,6 +380,101 @@ pub fn frame_len(h: &[u8; HEADER_LEN], max_frame: usize) -> Result<usize, (&'sta
 mod tests {
     use super::*;
     use crate::transport::tcp::frame::FrameRepr;
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+    use std::time::{Duration, Instant};
+
+    struct Unbounded;
+    impl Staging for Unbounded {
+        fn take(&mut self, _: usize) -> bool {
+            true
+        }
+        fn give(&mut self, _: usize) {}
+    }
+
+    /// A connected pair on 127.0.0.1: (the far end, the relay's end, non-blocking).
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let far = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (near, _) = l.accept().unwrap();
+        near.set_nonblocking(true).unwrap();
+        far.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        (far, near)
+    }
+
+    /// Turns the leg (readiness taken as given) until `done` says so.
+    fn turn_until(j: &mut Joined, done: impl Fn(&Joined) -> bool) {
+        let t = Instant::now();
+        while !done(j) {
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "the leg never got there"
+            );
+            j.rd = [true; 2];
+            j.wr = [true; 2];
+            j.turn(&mut Unbounded).unwrap();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// A chain's opening passes through unread (a door request is no frame), frames follow; a
+    /// second relay that answers and ends (a refusal, or a probe's answer) reaches the client as
+    /// its bytes, then an orderly end of stream, not a reset.
+    #[test]
+    fn a_chains_door_exchange_passes_and_an_end_in_the_opening_arrives_in_order() {
+        let (mut client, a) = pair();
+        let (mut peer, b) = pair();
+        let mut j = Joined::new(a, b, 1 << 19, CHAIN_OPENING);
+        // Client → peer: a request and a hello (not frames), then a close frame.
+        let opening: Vec<u8> = (0..CHAIN_OPENING[0]).map(|i| (i * 7) as u8).collect();
+        client.write_all(&opening).unwrap();
+        client
+            .write_all(&FrameRepr::close(false).to_bytes())
+            .unwrap();
+        let mut got = vec![0u8; CHAIN_OPENING[0] + HEADER_LEN];
+        let mut n = 0;
+        let t = Instant::now();
+        peer.set_nonblocking(true).unwrap();
+        while n < got.len() {
+            assert!(t.elapsed() < Duration::from_secs(20), "{n} bytes arrived");
+            j.rd = [true; 2];
+            j.wr = [true; 2];
+            j.turn(&mut Unbounded).unwrap();
+            match peer.read(&mut got[n..]) {
+                Ok(k) => n += k,
+                Err(e) if would_block(&e) => std::thread::sleep(Duration::from_millis(1)),
+                Err(e) => panic!("{e}"),
+            }
+        }
+        peer.set_nonblocking(false).unwrap();
+        assert_eq!(&got[..CHAIN_OPENING[0]], &opening[..]);
+        // Peer → client: a door's challenge and verdict (92 bytes of the opening), then its end.
+        let answer: Vec<u8> = (0..wire::CHALLENGE_LEN + wire::VERDICT_LEN)
+            .map(|i| i as u8 ^ 0x5a)
+            .collect();
+        peer.write_all(&answer[..10]).unwrap();
+        turn_until(&mut j, |j| j.dirs[1].bytes >= 10);
+        peer.write_all(&answer[10..]).unwrap();
+        peer.shutdown(std::net::Shutdown::Write).unwrap();
+        turn_until(&mut j, |j| j.dirs[1].done);
+        let mut back = Vec::new();
+        client.read_to_end(&mut back).unwrap();
+        assert_eq!(back, answer, "the verdict's bytes, then an orderly end");
+        // The client hangs up too: the leg is done, in order.
+        drop(client);
+        drop(peer);
+        let t = Instant::now();
+        loop {
+            assert!(t.elapsed() < Duration::from_secs(20), "never finished");
+            j.rd = [true; 2];
+            j.wr = [true; 2];
+            if j.turn(&mut Unbounded).unwrap() == Turn::Finished {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(j.moved().0, 1, "one frame (the close) besides the opening");
+    }
 
     #[test]
     fn only_the_framing_is_checked() {

@@ -20,7 +20,7 @@ mod leg;
 pub mod service;
 pub mod wire;
 
-pub use client::{Found, Probe, ProbeState, RelayDialer};
+pub use client::{Found, Hop, Probe, ProbeState, RelayDialer};
 pub use service::{Bounds, RelayLink, RelayService, RelayStats, Relays, ServiceConfig, Ticket};
 pub use wire::{CommKey, port_for};
 

@@ -6,7 +6,9 @@
 //! it gets a challenge at once, then must send one request (`super::wire`) within
 //! [`Bounds::request_timeout`]: a probe is answered and closed; an open whose target is the far
 //! end of another of this host's links is connected from this host's address on that link, then
-//! answered `OK`, and from then on forwarded both ways (`super::leg`). Every refusal is counted
+//! answered `OK`, and from then on forwarded both ways (`super::leg`); an open to a relay is the
+//! same with the target's relay door for target (this service's own port: one communicator, one
+//! port), its door exchange passing through first. Every refusal is counted
 //! by reason ([`RelayStats::refused`]) and logged through the process-wide rate-limited drop log.
 //! Every resource a client can grow is bounded ([`Bounds`], docs/security.md).
 #![forbid(unsafe_code)]
@@ -24,7 +26,7 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use socket2::{Domain, Protocol, Socket, Type};
 
-use super::leg::{Joined, LegError, Staging, Turn};
+use super::leg::{CHAIN_OPENING, Joined, LegError, PATH_OPENING, Staging, Turn};
 use super::wire::{
     CHALLENGE_LEN, ChallengeRepr, Code, CommKey, Op, REQUEST_LEN, RequestRepr, VerdictRepr,
     port_for,
@@ -122,10 +124,13 @@ pub struct RelayStats {
     pub probes: u64,
     /// Streams joined to their target.
     pub opened: u64,
+    /// … of which to a second relay's door (a chain, `wire::Op::OpenRelay`).
+    pub chained: u64,
     /// Streams that ended (in order or not).
     pub closed: u64,
     /// Refusals and drops by reason: `not a link` (the source), `unknown communicator`, `bad tag`,
-    /// `malformed`, `out of order`, `target not on a link`, `busy`, `unreachable`, `timeout`,
+    /// `malformed`, `out of order`, `target not on a link`, `not the relay port`, `busy`,
+    /// `unreachable`, `timeout`,
     /// `evicted`, `oversized frame`, `bad frame`, `after close`, `link down`.
     pub refused: BTreeMap<&'static str, u64>,
     /// Streams joined now.
@@ -687,7 +692,8 @@ impl Server {
         }
     }
 
-    /// A whole request: checks it and answers (probe), or connects to the target (open).
+    /// A whole request: checks it and answers (probe), or connects to the target (open, or open
+    /// to a relay).
     fn request(&mut self, poll: &Poll, id: usize) {
         let Some(leg) = self.legs.get(&id) else {
             return;
@@ -718,6 +724,15 @@ impl Server {
                 "a request not authenticated by its communicator (wrong tag)".into()
             });
             return self.answer(poll, id, VerdictRepr::refusal(Code::BadTag));
+        }
+        if req.op == Op::OpenRelay && req.port != self.port {
+            // A second relay of this communicator listens on this same port (`port_for`): any
+            // other port is no relay door of it, and this op may open nothing else.
+            let (p, own) = (req.port, self.port);
+            self.refuse("not the relay port", src, || {
+                format!("an open to a relay on port {p}, not this relay's port {own}")
+            });
+            return self.answer(poll, id, VerdictRepr::refusal(Code::Malformed));
         }
         // The first target at the far end of one of this host's links (not the client's own).
         let found = req.targets.iter().find_map(|t| {
@@ -907,8 +922,13 @@ impl Server {
                 }
                 let b: TcpStream = b.into();
                 let _ = b.set_nodelay(true);
-                leg.state = State::Joined(Box::new(Joined::new(a, b, self.cfg.bounds.max_frame)));
+                // A second relay's door exchange passes before the path's opening.
+                let chained = req.op == Op::OpenRelay;
+                let raw = if chained { CHAIN_OPENING } else { PATH_OPENING };
+                leg.state =
+                    State::Joined(Box::new(Joined::new(a, b, self.cfg.bounds.max_frame, raw)));
                 self.stats.opened += 1;
+                self.stats.chained += u64::from(chained);
                 leg.queued = true;
                 self.run.push(id);
             }

@@ -4,8 +4,13 @@
 //! | message | from | bytes | content |
 //! |---|---|---|---|
 //! | challenge | relay, at once on accepting a connection from a host on one of its links | 24 | `SWRC`, version 1, 3 reserved, 16 random bytes |
-//! | request | client | 116 | `SWRQ`, version, op (1 probe, 2 open), target count, reserved; the communicator's public id (u64); the target port (u16), 2 reserved; 16 target IPv4 addresses (unused ones zero); a 16-byte client nonce; a 16-byte tag |
+//! | request | client | 116 | `SWRQ`, version, op (1 probe, 2 open, 3 open to a relay), target count, reserved; the communicator's public id (u64); the target port (u16), 2 reserved; 16 target IPv4 addresses (unused ones zero); a 16-byte client nonce; a 16-byte tag |
 //! | verdict | relay | 68 | `SWRV`, version, code, 2 reserved; the target it matched and its own address on that target's link (IPv4); its link's speed (u32, Mb/s); its host name (32 bytes, NUL-padded); a 16-byte tag |
+//!
+//! An open to a relay (op 3) names a second relay (its address on one of the first relay's links)
+//! and the first relay's own port (a communicator's relay door has one port on every host); once
+//! joined, the second relay's challenge, request and verdict pass through the first as bytes (a
+//! chain A → K1 → K2 → B, docs/guide/relay.md).
 //!
 //! The request's tag is BLAKE3 keyed with a key derived from the communicator id NCCL passes to
 //! `init` ([`CommKey`]), over the request and the relay's challenge: it shows the relay that the
@@ -215,6 +220,17 @@ pub enum Op {
     /// Join this connection to the one target at `port`: from the `OK` verdict on, the relay
     /// forwards the stream both ways.
     Open = 2,
+    /// Join this connection to the relay door of the one target (a second relay), `port` being
+    /// the relay's own door port: from the `OK` verdict on, the relay forwards the stream both
+    /// ways, the second relay's door exchange first (a chain A → K1 → K2 → B).
+    OpenRelay = 3,
+}
+
+impl Op {
+    /// Whether the relay joins the connection to its target (an open of either kind).
+    pub fn opens(self) -> bool {
+        self != Op::Probe
+    }
 }
 
 /// A request's meaning.
@@ -223,9 +239,10 @@ pub struct RequestRepr {
     pub op: Op,
     /// The communicator's public id ([`CommKey::id`]).
     pub comm: u64,
-    /// [`Op::Open`]: the target's listener port; [`Op::Probe`]: 0.
+    /// [`Op::Open`]: the target's listener port; [`Op::OpenRelay`]: the relay door's port;
+    /// [`Op::Probe`]: 0.
     pub port: u16,
-    /// 1..=[`MAX_TARGETS`] addresses; exactly one for [`Op::Open`].
+    /// 1..=[`MAX_TARGETS`] addresses; exactly one for an open of either kind.
     pub targets: Vec<Ipv4Addr>,
     /// The client's random nonce.
     pub nonce: [u8; NONCE_LEN],
@@ -254,18 +271,23 @@ impl RequestRepr {
         let op = match b[field::OP] {
             1 => Op::Probe,
             2 => Op::Open,
+            3 => Op::OpenRelay,
             o => {
                 return Err(bad(format!(
-                    "request op {o}, accepted 1 (probe) or 2 (open)"
+                    "request op {o}, accepted 1 (probe), 2 (open) or 3 (open to a relay)"
                 )));
             }
         };
+        let what = match op {
+            Op::Probe => "a probe",
+            Op::Open => "an open",
+            Op::OpenRelay => "an open to a relay",
+        };
         let n = usize::from(b[field::NTARGETS]);
-        let max = if op == Op::Open { 1 } else { MAX_TARGETS };
+        let max = if op.opens() { 1 } else { MAX_TARGETS };
         if n == 0 || n > max {
             return Err(bad(format!(
-                "{n} targets in {} request, accepted 1..={max}",
-                if op == Op::Open { "an open" } else { "a probe" }
+                "{n} targets in {what} request, accepted 1..={max}"
             )));
         }
         if b[field::RESERVED0] != 0 || b[field::RESERVED1] != [0, 0] {
@@ -274,17 +296,17 @@ impl RequestRepr {
         let mut c = [0u8; 8];
         c.copy_from_slice(&b[field::COMM]);
         let port = u16::from_le_bytes([b[field::PORT][0], b[field::PORT][1]]);
-        if (op == Op::Open) == (port == 0) {
+        if op.opens() == (port == 0) {
             return Err(bad(format!(
-                "port {port} in {} request (an open names its target's port, a probe none)",
-                if op == Op::Open { "an open" } else { "a probe" }
+                "port {port} in {what} request (an open names its target's port, a probe none)"
             )));
         }
-        if op == Op::Open && port < MIN_TARGET_PORT {
+        if op.opens() && port < MIN_TARGET_PORT {
             // A relay never opens a connection to a system service of the target on a client's
-            // word: a path's listener is on an unprivileged port (the kernel gives it one).
+            // word: a path's listener is on an unprivileged port (the kernel gives it one), a
+            // relay door in `PORT_BASE..` (the relay checks it is its own).
             return Err(bad(format!(
-                "target port {port} in an open, accepted {MIN_TARGET_PORT}..=65535"
+                "target port {port} in {what}, accepted {MIN_TARGET_PORT}..=65535"
             )));
         }
         let t = &b[field::TARGETS];
@@ -532,7 +554,8 @@ mod tests {
         };
         assert!(err(&|x| x[0] = b'X').contains("SWRQ"));
         assert!(err(&|x| x[4] = 9).contains("version 9"));
-        assert!(err(&|x| x[5] = 3).contains("op 3"));
+        assert!(err(&|x| x[5] = 4).contains("op 4"));
+        assert!(err(&|x| x[5] = 3).contains("2 targets in an open to a relay"));
         assert!(err(&|x| x[6] = 0).contains("0 targets"));
         assert!(err(&|x| x[6] = 17).contains("17 targets"));
         assert!(err(&|x| x[7] = 1).contains("reserved"));
@@ -562,6 +585,26 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("2 targets in an open")
+        );
+        // An open to a relay: one target and a door port, as an open.
+        let mut relay = open.clone();
+        relay.op = Op::OpenRelay;
+        relay.targets.truncate(1);
+        relay.port = PORT_BASE;
+        assert_eq!(RequestRepr::parse(&relay.to_bytes()).unwrap(), relay);
+        relay.port = 0;
+        assert!(
+            RequestRepr::parse(&relay.to_bytes())
+                .unwrap_err()
+                .to_string()
+                .contains("port 0 in an open to a relay")
+        );
+        relay.port = 80;
+        assert!(
+            RequestRepr::parse(&relay.to_bytes())
+                .unwrap_err()
+                .to_string()
+                .contains("target port 80 in an open to a relay")
         );
     }
 
