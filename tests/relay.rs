@@ -20,7 +20,8 @@ use switchless::transport::comm::{
 use switchless::transport::fabric::{Fabric, MemKind};
 use switchless::transport::handshake::auth::ConnSecret;
 use switchless::transport::relay::{
-    Bounds, CommKey, Hop, Probe, ProbeState, RelayDialer, RelayLink, RelayService, ServiceConfig,
+    Bounds, CommKey, Hop, Probe, ProbeState, RelayDialer, RelayLink, RelayService, RelayStats,
+    ServiceConfig,
 };
 use switchless::transport::tcp::{
     RelayVia, TcpAcceptor, TcpConfig, TcpConnector, TcpFabric, TcpPathSpec, listen,
@@ -742,6 +743,20 @@ fn a_dead_relay_costs_its_path_and_the_last_one_fails_naming_the_relay() {
     assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
 }
 
+/// `k`'s statistics once `ok` holds (the service publishes them every 50 ms), or a failure naming
+/// what they were at the deadline.
+fn stats_once(k: &RelayService, what: &str, ok: impl Fn(&RelayStats) -> bool) -> RelayStats {
+    let t = Instant::now();
+    loop {
+        let st = k.stats();
+        if ok(&st) {
+            return st;
+        }
+        assert!(t.elapsed() < DEADLINE, "{what}: {st:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// A relay path fails over and back like any path: a direct cable and a relayed path carry a
 /// connection; the relay host goes away (its rank exits) and the direct path carries on; a relay
 /// comes back on the same port and failback rebuilds the relayed path through it (a new stream
@@ -769,7 +784,7 @@ fn a_relayed_path_fails_over_and_back_when_its_relay_returns() {
     );
     let (mut s, mut r) = connect_pair(a, b, pcfg()).unwrap();
     stream(&mut s, &mut r, &[1 << 20; 8], |_| {});
-    assert!(k.stats().frames > 0, "the relayed path carried nothing");
+    stats_once(&k, "the relayed path carried nothing", |st| st.frames > 0);
     drop(k);
     stream(&mut s, &mut r, &[1 << 20; 16], |_| {});
     assert_eq!(s.paths_up(), vec![true, false]);
@@ -786,7 +801,9 @@ fn a_relayed_path_fails_over_and_back_when_its_relay_returns() {
         stream(&mut s, &mut r, &[64 << 10; 16], |_| {});
     }
     assert!(s.fabric().path_generation(1) >= 1);
-    assert_eq!(k.stats().opened, 2, "{:?}", k.stats());
+    stats_once(&k, "the relay opened both streams again", |st| {
+        st.opened == 2
+    });
     let before: u64 = s.fabric().stream_bytes(1).iter().sum();
     stream(&mut s, &mut r, &[256 << 10; 64], |_| {});
     let after: u64 = s.fabric().stream_bytes(1).iter().sum();
@@ -794,7 +811,9 @@ fn a_relayed_path_fails_over_and_back_when_its_relay_returns() {
         after > before + (1 << 20),
         "the relayed path carries data again ({before} -> {after} bytes)"
     );
-    assert!(k.stats().frames > 0);
+    stats_once(&k, "the returned relay forwarded nothing", |st| {
+        st.frames > 0
+    });
 }
 
 /// The registry of relay services: one service per port per host (a second plugin instance on the
