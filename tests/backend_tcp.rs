@@ -1042,7 +1042,9 @@ fn finalize_of_a_communicators_last_context_forgets_its_hint() {
 /// (door op 4), probes n3 through n2 and n5 through n6, and gets two relayed paths, each through
 /// two relays; the INFO lines name both relays of each, n4 takes each path's streams from the
 /// second relay's address on its link, and verified data of several sizes (4 MiB included)
-/// crosses. With `NCCL_SWITCHLESS_RELAY=off` on n1 the connection fails with the no-cable error.
+/// crosses. When n3 (the second relay of one chain) leaves, that path fails over to the other
+/// chain, and back once n3 returns (failback dials through both relays again). With
+/// `NCCL_SWITCHLESS_RELAY=off` on n1 the connection fails with the no-cable error.
 ///
 /// n3-n4 is 127.0.0.0/30 (n3 127.0.0.1, n4 127.0.0.2; n4's control address, as its first link):
 /// on 127/8 the kernel sends n1's handshake from 127.0.0.1, which a relayed hello must claim
@@ -1051,6 +1053,11 @@ fn finalize_of_a_communicators_last_context_forgets_its_hint() {
 fn the_opposite_host_of_a_ring_of_six_connects_through_two_relays() {
     let comm = mesh_comm(0x5357_4855_5032);
     let tcp = ("NCCL_SWITCHLESS_TRANSPORT", "tcp");
+    let vars = [
+        tcp,
+        ("NCCL_SWITCHLESS_FAILBACK_INTERVAL", "200ms"),
+        ("NCCL_SWITCHLESS_FAILBACK_BACKOFF", "50ms"),
+    ];
     let ring = [
         ["127.0.161.1/30", "127.0.166.2/30"], // n1: to n2, to n6
         ["127.0.161.2/30", "127.0.162.1/30"], // n2
@@ -1059,8 +1066,8 @@ fn the_opposite_host_of_a_ring_of_six_connects_through_two_relays() {
         ["127.0.164.2/30", "127.0.165.1/30"], // n5
         ["127.0.165.2/30", "127.0.166.1/30"], // n6
     ];
-    let hosts: Vec<Arc<B>> = ring.iter().map(|l| mesh_backend(l, &[tcp])).collect();
-    let guards: Vec<_> = hosts.iter().map(|h| h.attach(&comm).unwrap()).collect();
+    let hosts: Vec<Arc<B>> = ring.iter().map(|l| mesh_backend(l, &vars)).collect();
+    let mut guards: Vec<_> = hosts.iter().map(|h| h.attach(&comm).unwrap()).collect();
     assert!(guards.iter().all(Option::is_some));
     let logs = logs::Logs::global();
     let mut pair = connect_comm(&hosts[0], &hosts[3], &comm);
@@ -1117,6 +1124,31 @@ fn the_opposite_host_of_a_ring_of_six_connects_through_two_relays() {
     // Both chains carried bytes (the large messages are striped over both).
     let sent = path_weights(&hosts[0]);
     assert!(sent.len() == 2 && sent.iter().all(|p| p.2 > 0), "{sent:?}");
+    // n3 leaves (finalize: its relay service stops and cuts its legs): the chain through it
+    // goes down, the other carries on.
+    let up = |h: &Arc<B>| path_states(h).iter().filter(|p| p.1 == "up").count();
+    assert_eq!(up(&hosts[0]), 2, "{:?}", path_states(&hosts[0]));
+    guards[2] = None;
+    let t = Instant::now();
+    while up(&hosts[0]) == 2 {
+        assert!(t.elapsed() < Duration::from_secs(20), "no failover");
+        transfer(&mut pair, &[1 << 20]);
+    }
+    transfer(&mut pair, &[1 << 20, 4 << 20]);
+    // n3 returns: failback rebuilds the path through n2 and n3.
+    guards[2] = hosts[2].attach(&comm).unwrap();
+    assert!(guards[2].is_some());
+    let t = Instant::now();
+    while up(&hosts[0]) != 2 {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "no failback: {:?}",
+            path_states(&hosts[0])
+        );
+        transfer(&mut pair, &[1 << 20]);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    transfer(&mut pair, &[4 << 20, 4 << 20]);
     B::close_send(pair.0).unwrap();
     B::close_recv(pair.1).unwrap();
 

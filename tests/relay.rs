@@ -1536,6 +1536,25 @@ fn a_relay_lists_its_other_links_far_ends_and_refuses_what_it_may_not() {
     assert!(CommKey::new(COMM).check_verdict(&v, &tag));
     assert_eq!(ask(1, true).0.code, Code::BadTag);
     assert_eq!(ask(2, false).0.code, Code::NotALink);
+    // A probe K1 refuses counts as answered (its door is up: worth asking for its list); one
+    // to a host where nothing listens does not.
+    let asked = |relay: SocketAddr| {
+        let mut p = Probe::start(
+            ip("127.0.141.1"),
+            relay,
+            CommKey::new(COMM),
+            vec![ip("127.0.144.2")],
+        )
+        .patience(Duration::from_millis(100));
+        let t = Instant::now();
+        while *p.poll() == ProbeState::Pending {
+            assert!(t.elapsed() < DEADLINE, "the probe never ended");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        p.answered()
+    };
+    assert!(asked(door));
+    assert!(!asked(SocketAddr::from(([127, 0, 141, 2], port + 1))));
     // K1 keeps serving: through the K2 it listed, B.
     match probe_chained("127.0.141.1", door, "127.0.142.2", COMM, &["127.0.144.2"]) {
         ProbeState::Found(f) => assert_eq!(f.via, ip("127.0.144.1")),
@@ -1545,14 +1564,16 @@ fn a_relay_lists_its_other_links_far_ends_and_refuses_what_it_may_not() {
     let t = Instant::now();
     let s = loop {
         let s = k1.stats();
-        if s.refusals() >= 4 || t.elapsed() > DEADLINE {
+        if s.refusals() >= 5 || t.elapsed() > DEADLINE {
             break s;
         }
         std::thread::sleep(Duration::from_millis(10));
     };
-    // Two lists of 2 answers, one by hand; the lists' ends and the hand's past the last.
+    // Two lists of 2 answers, one by hand; the lists' ends and the hand's past the last; the
+    // refused probe.
     assert_eq!(s.listed, 3, "{s:?}");
     assert_eq!(s.refused.get("no such link"), Some(&2), "{s:?}");
     assert_eq!(s.refused.get("unknown communicator"), Some(&1), "{s:?}");
     assert_eq!(s.refused.get("bad tag"), Some(&1), "{s:?}");
+    assert_eq!(s.refused.get("target not on a link"), Some(&1), "{s:?}");
 }

@@ -368,10 +368,16 @@ impl<P: PathFactory> Switchless<P> {
         if found.is_empty() && p.direct.is_none() {
             // No neighbour reaches the peer: ask them which hosts they are cabled to, to probe
             // those through them (chains of two relays).
+            // Only neighbours whose door answered: one that never listened or answered would
+            // cost the connection its patience a second time.
             let lists = p
                 .asked
                 .iter()
-                .map(|&(local, relay)| (local, relay, LinkList::start(local, relay, p.key.clone())))
+                .zip(&p.probes)
+                .filter(|(_, probe)| probe.answered())
+                .map(|(&(local, relay), _)| {
+                    (local, relay, LinkList::start(local, relay, p.key.clone()))
+                })
                 .collect();
             return self.poll_listing(p, lists, failed);
         }

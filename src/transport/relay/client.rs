@@ -353,6 +353,8 @@ pub struct Probe {
     /// How long a refusing or silent relay is given ([`PROBE_WAIT`] unless [`Probe::patience`]).
     wait: Duration,
     state: ProbeState,
+    /// Whether the (first) relay's door gave a verdict, `OK` or a refusal.
+    answered: bool,
 }
 
 impl Probe {
@@ -414,7 +416,14 @@ impl Probe {
             started: Instant::now(),
             wait: PROBE_WAIT,
             state: ProbeState::Pending,
+            answered: false,
         }
+    }
+
+    /// Whether the relay's door answered with a verdict (`OK` or a refusal): its service runs, so
+    /// it can be asked more (its list of links), unlike one that never listened or answered.
+    pub fn answered(&self) -> bool {
+        self.answered
     }
 
     /// The probe itself (to the second relay, of a chain).
@@ -464,6 +473,7 @@ impl Probe {
         // not be up yet, so it is asked again, as a neighbour whose door refuses is.
         let k2_absent =
             self.next.is_some() && self.first.is_none() && d.refused == Some(Code::Unreachable);
+        self.answered |= d.refused.is_some() || matches!(polled, Ok(DoorPoll::Done(..)));
         match polled {
             Ok(DoorPoll::Pending) => {
                 if now.duration_since(self.started) > self.wait {
