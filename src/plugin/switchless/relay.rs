@@ -367,9 +367,8 @@ impl<P: PathFactory> Switchless<P> {
         }
         if found.is_empty() && p.direct.is_none() {
             // No neighbour reaches the peer: ask them which hosts they are cabled to, to probe
-            // those through them (chains of two relays).
-            // Only neighbours whose door answered: one that never listened or answered would
-            // cost the connection its patience a second time.
+            // those through them (chains of two relays); only those whose door answered, as one
+            // that never listened or answered would cost the connection its patience again.
             let lists = p
                 .asked
                 .iter()
@@ -391,10 +390,12 @@ impl<P: PathFactory> Switchless<P> {
         mut lists: Vec<(Ipv4Addr, SocketAddr, LinkList)>,
         mut one_hop: Vec<String>,
     ) -> Result<Probed> {
-        if lists
-            .iter_mut()
-            .any(|(_, _, l)| *l.poll() == ListState::Pending)
-        {
+        // Every list is advanced (none waits on another's answer).
+        let mut pending = false;
+        for (_, _, l) in &mut lists {
+            pending |= *l.poll() == ListState::Pending;
+        }
+        if pending {
             p.chain = Chain::Listing { lists, one_hop };
             return Ok(Probed::Pending(p));
         }
@@ -447,18 +448,21 @@ impl<P: PathFactory> Switchless<P> {
     ) -> Result<Probed> {
         let mut found = Vec::new();
         let mut chained = Vec::new();
+        let mut pending = false;
+        // Every probe is advanced (none waits on another's answer).
         for probe in &mut probes {
             match probe.poll() {
-                ProbeState::Pending => {
-                    p.chain = Chain::Probing {
-                        probes,
-                        one_hop: failed,
-                    };
-                    return Ok(Probed::Pending(p));
-                }
+                ProbeState::Pending => pending = true,
                 ProbeState::Found(f) => found.push(f.clone()),
                 ProbeState::Failed(why) => chained.push(why.clone()),
             }
+        }
+        if pending {
+            p.chain = Chain::Probing {
+                probes,
+                one_hop: failed,
+            };
+            return Ok(Probed::Pending(p));
         }
         if found.is_empty() {
             failed.extend(chained);
