@@ -1035,3 +1035,137 @@ fn finalize_of_a_communicators_last_context_forgets_its_hint() {
     );
     drop((ga3, gk, gb));
 }
+
+/// Issue 30, a peer two relays away: a ring of six hosts n1 … n6 on 127/8 (one /30 per
+/// neighbour pair), each serving relays; n1 connects to the opposite host n4, which no cable
+/// and no neighbour's relay reaches. n1 asks its neighbours n2 and n6 for their other links
+/// (door op 4), probes n3 through n2 and n5 through n6, and gets two relayed paths, each through
+/// two relays; the INFO lines name both relays of each, n4 takes each path's streams from the
+/// second relay's address on its link, and verified data of several sizes (4 MiB included)
+/// crosses. When n3 (the second relay of one chain) leaves, that path fails over to the other
+/// chain, and back once n3 returns (failback dials through both relays again). With
+/// `NCCL_SWITCHLESS_RELAY=off` on n1 the connection fails with the no-cable error.
+///
+/// n3-n4 is 127.0.0.0/30 (n3 127.0.0.1, n4 127.0.0.2; n4's control address, as its first link):
+/// on 127/8 the kernel sends n1's handshake from 127.0.0.1, which a relayed hello must claim
+/// (from loopback, an unclaimed source is refused: `check_source`).
+#[test]
+fn the_opposite_host_of_a_ring_of_six_connects_through_two_relays() {
+    let comm = mesh_comm(0x5357_4855_5032);
+    let tcp = ("NCCL_SWITCHLESS_TRANSPORT", "tcp");
+    let vars = [
+        tcp,
+        ("NCCL_SWITCHLESS_FAILBACK_INTERVAL", "200ms"),
+        ("NCCL_SWITCHLESS_FAILBACK_BACKOFF", "50ms"),
+    ];
+    let ring = [
+        ["127.0.161.1/30", "127.0.166.2/30"], // n1: to n2, to n6
+        ["127.0.161.2/30", "127.0.162.1/30"], // n2
+        ["127.0.162.2/30", "127.0.0.1/30"],   // n3
+        ["127.0.0.2/30", "127.0.164.1/30"],   // n4
+        ["127.0.164.2/30", "127.0.165.1/30"], // n5
+        ["127.0.165.2/30", "127.0.166.1/30"], // n6
+    ];
+    let hosts: Vec<Arc<B>> = ring.iter().map(|l| mesh_backend(l, &vars)).collect();
+    let mut guards: Vec<_> = hosts.iter().map(|h| h.attach(&comm).unwrap()).collect();
+    assert!(guards.iter().all(Option::is_some));
+    let logs = logs::Logs::global();
+    let mut pair = connect_comm(&hosts[0], &hosts[3], &comm);
+    let labels = pair.0.path_labels();
+    assert_eq!(labels.len(), 2, "{labels:?}");
+    // Each names both relays: `via relays <host> (K1's address) > <host> (K2's on K1's link)`.
+    for (to, k1, k2) in [
+        (
+            "-> 127.0.0.2 via relays ",
+            "(127.0.161.2) > ",
+            "(127.0.162.2)",
+        ),
+        (
+            "-> 127.0.164.1 via relays ",
+            "(127.0.166.1) > ",
+            "(127.0.165.1)",
+        ),
+    ] {
+        assert!(
+            labels
+                .iter()
+                .any(|l| l.contains(to) && l.contains(k1) && l.contains(k2)),
+            "{to}{k1}{k2}: {labels:?}"
+        );
+    }
+    let found = logs.find(tracing::Level::INFO, "relay(s) two hops away");
+    assert!(
+        found
+            .iter()
+            .any(|l| l.contains("127.0.162.2 through 127.0.161.2")
+                && l.contains("127.0.165.1 through 127.0.166.1")),
+        "{found:?}"
+    );
+    let connected = logs.find(tracing::Level::INFO, "connected to peer 127.0.0.2/30");
+    assert!(
+        connected
+            .iter()
+            .any(|l| l.contains(" > ") && l.contains("via relays")),
+        "{connected:?}"
+    );
+    // n4 takes each path from the second relay's address on its link.
+    let accepted = logs.find(tracing::Level::INFO, "accepted from connector");
+    assert!(
+        accepted
+            .iter()
+            .any(|l| l.contains("via relay 127.0.0.1") && l.contains("via relay 127.0.164.2")),
+        "{accepted:?}"
+    );
+    assert_eq!(pair.1.path_labels().len(), 2, "{:?}", pair.1.path_labels());
+    transfer(
+        &mut pair,
+        &[0, 1, 4096, 65_537, 1 << 20, (3 << 20) + 77, 4 << 20],
+    );
+    // Both chains carried bytes (the large messages are striped over both).
+    let sent = path_weights(&hosts[0]);
+    assert!(sent.len() == 2 && sent.iter().all(|p| p.2 > 0), "{sent:?}");
+    // n3 leaves (finalize: its relay service stops and cuts its legs): the chain through it
+    // goes down, the other carries on.
+    let up = |h: &Arc<B>| path_states(h).iter().filter(|p| p.1 == "up").count();
+    assert_eq!(up(&hosts[0]), 2, "{:?}", path_states(&hosts[0]));
+    guards[2] = None;
+    let t = Instant::now();
+    while up(&hosts[0]) == 2 {
+        assert!(t.elapsed() < Duration::from_secs(20), "no failover");
+        transfer(&mut pair, &[1 << 20]);
+    }
+    transfer(&mut pair, &[1 << 20, 4 << 20]);
+    // n3 returns: failback rebuilds the path through n2 and n3.
+    guards[2] = hosts[2].attach(&comm).unwrap();
+    assert!(guards[2].is_some());
+    let t = Instant::now();
+    while up(&hosts[0]) != 2 {
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "no failback: {:?}",
+            path_states(&hosts[0])
+        );
+        transfer(&mut pair, &[1 << 20]);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    transfer(&mut pair, &[4 << 20, 4 << 20]);
+    B::close_send(pair.0).unwrap();
+    B::close_recv(pair.1).unwrap();
+
+    // Relays off on n1: the no-cable error, as before.
+    let off = mesh_backend(&ring[0], &[tcp, ("NCCL_SWITCHLESS_RELAY", "off")]);
+    let mut h: Handle = [0; HANDLE_SIZE];
+    let l = hosts[3].listen(&comm, 0, &mut h).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let e = loop {
+        assert!(Instant::now() < deadline, "connect did not fail");
+        match off.connect(&comm, 0, &mut h) {
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Ok(Some(_)) => panic!("connected with relays off to a peer no cable reaches"),
+            Err(e) => break e.to_string(),
+        }
+    };
+    assert!(e.contains("no local link reaches the peer"), "{e}");
+    B::close_listen(l).unwrap();
+    drop(guards);
+}

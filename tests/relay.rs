@@ -20,8 +20,8 @@ use switchless::transport::comm::{
 use switchless::transport::fabric::{Fabric, MemKind};
 use switchless::transport::handshake::auth::ConnSecret;
 use switchless::transport::relay::{
-    Bounds, CommKey, Hop, Probe, ProbeState, RelayDialer, RelayLink, RelayService, RelayStats,
-    ServiceConfig,
+    Bounds, CommKey, Hop, LinkList, ListState, Probe, ProbeState, RelayDialer, RelayLink,
+    RelayService, RelayStats, ServiceConfig,
 };
 use switchless::transport::tcp::{
     RelayVia, TcpAcceptor, TcpConfig, TcpConnector, TcpFabric, TcpPathSpec, listen,
@@ -457,7 +457,7 @@ fn a_path_through_two_relays_finds_the_peer_and_carries_verified_data_end_to_end
                     host: "k2".into()
                 })
             );
-            assert_eq!(f.name(), "k1 (127.0.111.2) then k2 (127.0.112.2)");
+            assert_eq!(f.name(), "k1 (127.0.111.2) > k2 (127.0.112.2)");
             assert_eq!(f.speed_mbps, 10_000);
         }
         s => panic!("{s:?}"),
@@ -482,7 +482,7 @@ fn a_path_through_two_relays_finds_the_peer_and_carries_verified_data_end_to_end
     );
     let label = a.paths()[0].label.clone();
     assert!(
-        label.contains("127.0.113.2 via relay k (127.0.111.2) then k2 (127.0.112.2)"),
+        label.contains("127.0.113.2 via relays k (127.0.111.2) > k2 (127.0.112.2)"),
         "{label}"
     );
     let (mut s, mut r) = connect_pair(a, b, pcfg()).unwrap();
@@ -1477,4 +1477,121 @@ fn relay_cost() {
         r.close().unwrap();
     }
     println!("relayed / direct: {:.2}", rate[1] / rate[0]);
+}
+
+/// A list of K1's links (op 4): from A, the far ends of K1's other up links, in K1's order, never
+/// A's own, one request per index until `NotALink`; each answer is authenticated. A request with
+/// a wrong tag, of another communicator, or past the last link is refused and counted, and K1
+/// keeps serving: the chained probe through the listed K2 finds B.
+#[test]
+fn a_relay_lists_its_other_links_far_ends_and_refuses_what_it_may_not() {
+    let port = 24044;
+    let k1 = relay_named(
+        "k1",
+        port,
+        &["127.0.141.2/30", "127.0.142.1/30", "127.0.143.1/30"],
+        COMM,
+        Bounds::default(),
+    );
+    let _k2 = relay_named(
+        "k2",
+        port,
+        &["127.0.142.2/30", "127.0.144.1/30"],
+        COMM,
+        Bounds::default(),
+    );
+    let door = SocketAddr::from(([127, 0, 141, 2], port));
+    let list = |comm: u64| {
+        let mut l = LinkList::start(ip("127.0.141.1"), door, CommKey::new(comm));
+        let t = Instant::now();
+        loop {
+            match l.poll() {
+                ListState::Pending => assert!(t.elapsed() < DEADLINE, "the list never ended"),
+                s => return s.clone(),
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    assert_eq!(
+        list(COMM),
+        ListState::Done(vec![ip("127.0.142.2"), ip("127.0.143.2")])
+    );
+    // Another communicator: refused, named.
+    let e = list(COMM + 1);
+    assert!(
+        matches!(&e, ListState::Failed(w) if w.contains("serves no such communicator")),
+        "{e:?}"
+    );
+    // By hand: index 1's answer is tagged and names K1's own address on that link; a wrong tag
+    // and an index past the last are refused, each with its verdict and an end.
+    let ask = |index: u16, wrong_tag: bool| {
+        let mut x = raw("127.0.141.1", door);
+        let c = challenge(&mut x);
+        let mut req = CommKey::new(COMM).seal(
+            RequestRepr {
+                op: Op::List,
+                comm: 0,
+                port: index,
+                targets: Vec::new(),
+                nonce: [8; 16],
+                tag: [0; 16],
+            },
+            &c,
+        );
+        if wrong_tag {
+            req.tag[0] ^= 1;
+        }
+        x.write_all(&req.to_bytes()).unwrap();
+        let v = verdict(&mut x);
+        assert!(cut(&mut x), "a list's answer left the connection open");
+        (v, req.tag)
+    };
+    let (v, tag) = ask(1, false);
+    assert_eq!(
+        (v.code, v.target, v.via, v.host.as_str()),
+        (Code::Ok, ip("127.0.143.2"), ip("127.0.143.1"), "k1")
+    );
+    assert!(CommKey::new(COMM).check_verdict(&v, &tag));
+    assert_eq!(ask(1, true).0.code, Code::BadTag);
+    assert_eq!(ask(2, false).0.code, Code::NotALink);
+    // A probe K1 refuses counts as answered (its door is up: worth asking for its list); one
+    // to a host where nothing listens does not.
+    let asked = |relay: SocketAddr| {
+        let mut p = Probe::start(
+            ip("127.0.141.1"),
+            relay,
+            CommKey::new(COMM),
+            vec![ip("127.0.144.2")],
+        )
+        .patience(Duration::from_millis(100));
+        let t = Instant::now();
+        while *p.poll() == ProbeState::Pending {
+            assert!(t.elapsed() < DEADLINE, "the probe never ended");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        p.answered()
+    };
+    assert!(asked(door));
+    assert!(!asked(SocketAddr::from(([127, 0, 141, 2], port + 1))));
+    // K1 keeps serving: through the K2 it listed, B.
+    match probe_chained("127.0.141.1", door, "127.0.142.2", COMM, &["127.0.144.2"]) {
+        ProbeState::Found(f) => assert_eq!(f.via, ip("127.0.144.1")),
+        s => panic!("{s:?}"),
+    }
+    // Stats are published every 50 ms: wait for the last refusal's.
+    let t = Instant::now();
+    let s = loop {
+        let s = k1.stats();
+        if s.refusals() >= 5 || t.elapsed() > DEADLINE {
+            break s;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    // Two lists of 2 answers, one by hand; the lists' ends and the hand's past the last; the
+    // refused probe.
+    assert_eq!(s.listed, 3, "{s:?}");
+    assert_eq!(s.refused.get("no such link"), Some(&2), "{s:?}");
+    assert_eq!(s.refused.get("unknown communicator"), Some(&1), "{s:?}");
+    assert_eq!(s.refused.get("bad tag"), Some(&1), "{s:?}");
+    assert_eq!(s.refused.get("target not on a link"), Some(&1), "{s:?}");
 }

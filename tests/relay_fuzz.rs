@@ -11,8 +11,8 @@ use std::net::Ipv4Addr;
 use switchless::error::Error;
 use switchless::transport::relay::CommKey;
 use switchless::transport::relay::wire::{
-    CHALLENGE_LEN, ChallengeRepr, Code, MAX_TARGETS, Op, REQUEST_LEN, RequestRepr, VERDICT_LEN,
-    VerdictRepr,
+    CHALLENGE_LEN, ChallengeRepr, Code, MAX_LINKS, MAX_TARGETS, Op, REQUEST_LEN, RequestRepr,
+    VERDICT_LEN, VerdictRepr,
 };
 
 #[path = "support/fuzz.rs"]
@@ -43,10 +43,18 @@ fn requests() -> Vec<[u8; REQUEST_LEN]> {
         port: 24_600,
         ..open.clone()
     };
+    // A list of the relay's links (a chain's discovery): no target, the link's index as port.
+    let list = RequestRepr {
+        op: Op::List,
+        port: 1,
+        targets: Vec::new(),
+        ..open.clone()
+    };
     vec![
         k.seal(probe, &[1; 16]).to_bytes(),
         k.seal(open, &[2; 16]).to_bytes(),
         k.seal(open_relay, &[3; 16]).to_bytes(),
+        k.seal(list, &[4; 16]).to_bytes(),
     ]
 }
 
@@ -98,7 +106,12 @@ fn mutated_requests_never_panic_and_reencode_exactly() {
         match RequestRepr::parse(&b) {
             Ok(r) => {
                 assert_eq!(r.to_bytes(), b, "{r:?}");
-                assert!(!r.targets.is_empty() && r.targets.len() <= MAX_TARGETS);
+                // A list names no target and a link index; the others 1..=MAX_TARGETS.
+                if r.op == Op::List {
+                    assert!(r.targets.is_empty() && r.port < MAX_LINKS, "{r:?}");
+                } else {
+                    assert!(!r.targets.is_empty() && r.targets.len() <= MAX_TARGETS);
+                }
                 ok += 1;
             }
             Err(e) => {

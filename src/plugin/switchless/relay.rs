@@ -11,6 +11,10 @@
 //!   the peer's addresses it reaches, without blocking NCCL's thread; each neighbour that answers
 //!   gives one relayed TCP path. None: the TCP fallback (`NCCL_SWITCHLESS_TCP_FALLBACK=1`), or
 //!   the routing error naming every neighbour asked and its answer.
+//! * Two relays away: when no neighbour reaches the peer (and no cable does), `Probing` asks each
+//!   neighbour K1 to list the far ends of its other links (`LinkList`), then probes each such K2
+//!   through K1 (`Probe::start_chained`); each chain that reaches the peer gives one relayed path
+//!   through both. One-hop relays are preferred: chains are asked only when none answers.
 #![forbid(unsafe_code)]
 
 use std::collections::HashMap;
@@ -30,8 +34,8 @@ use crate::route::handle::HandleRepr;
 use crate::route::types::{LinkKind, LocalLink, point_to_point_peers};
 use crate::transport::handshake::PathRequest;
 use crate::transport::relay::{
-    CommKey, Found, Probe, ProbeState, RelayDialer, RelayLink, Relays, ServiceConfig, Ticket,
-    port_for, wire::MAX_TARGETS,
+    CommKey, Found, LinkList, ListState, Probe, ProbeState, RelayDialer, RelayLink, Relays,
+    ServiceConfig, Ticket, port_for, wire::MAX_TARGETS,
 };
 use crate::transport::tcp::{RelayVia, TcpConfig};
 
@@ -172,11 +176,38 @@ pub(super) struct Probing {
     why: Error,
     key: CommKey,
     probes: Vec<Probe>,
+    /// Each neighbour asked: this host's link address toward it and its relay door.
+    asked: Vec<(Ipv4Addr, SocketAddr)>,
+    /// The peer's point-to-point addresses the probes name.
+    targets: Vec<Ipv4Addr>,
+    /// Past the one-hop probes: the search for chains of two relays.
+    chain: Chain,
     pub(super) steps: SetupSteps,
     /// The mesh policy ([`mesh_relay`]): the direct route, to which the relay paths found are
     /// added (none found: the direct paths alone). `None`: no cable reaches the peer.
     pub(super) direct: Option<crate::route::select::Selection>,
 }
+
+/// Where the search for chains of two relays (A → K1 → K2 → B) stands; only for a peer no cable
+/// reaches, once no neighbour's relay reaches it.
+enum Chain {
+    /// The one-hop probes are still out (or found relays).
+    NotYet,
+    /// Each neighbour K1 is asked for the far ends of its other links (the K2s).
+    Listing {
+        lists: Vec<(Ipv4Addr, SocketAddr, LinkList)>,
+        /// Why no neighbour relays the peer itself.
+        one_hop: Vec<String>,
+    },
+    /// Each K2 is probed through its K1.
+    Probing {
+        probes: Vec<Probe>,
+        one_hop: Vec<String>,
+    },
+}
+
+/// Most chains asked for one connection (each is one door connection per probe at K1 and K2).
+const MAX_CHAINS: usize = 16;
 
 /// What the probes came to.
 pub(super) enum Probed {
@@ -268,17 +299,15 @@ impl<P: PathFactory> Switchless<P> {
         let key = CommKey::new(id);
         let port = port_for(id);
         let mut probes = Vec::new();
+        let mut asked = Vec::new();
         for l in p2p_links(&self.view.links) {
             for far in point_to_point_peers(l.addr).unwrap_or_default() {
                 if targets.contains(&far) {
                     continue;
                 }
-                let probe = Probe::start(
-                    l.addr.addr(),
-                    SocketAddr::new(IpAddr::V4(far), port),
-                    key.clone(),
-                    targets.clone(),
-                );
+                let relay = SocketAddr::new(IpAddr::V4(far), port);
+                asked.push((l.addr.addr(), relay));
+                let probe = Probe::start(l.addr.addr(), relay, key.clone(), targets.clone());
                 // Next to direct paths a relay is an extra: a neighbour without one costs
                 // the connection a second at most.
                 probes.push(if mesh {
@@ -311,6 +340,9 @@ impl<P: PathFactory> Switchless<P> {
             why,
             key,
             probes,
+            asked,
+            targets,
+            chain: Chain::NotYet,
             steps: *steps,
             direct: None,
         }))
@@ -319,6 +351,11 @@ impl<P: PathFactory> Switchless<P> {
     /// Advances the probes; once every neighbour answered, plans the connection over the relays
     /// that reach the peer.
     pub(super) fn poll_probing(&self, mut p: Box<Probing>) -> Result<Probed> {
+        match std::mem::replace(&mut p.chain, Chain::NotYet) {
+            Chain::NotYet => {}
+            Chain::Listing { lists, one_hop } => return self.poll_listing(p, lists, one_hop),
+            Chain::Probing { probes, one_hop } => return self.poll_chains(p, probes, one_hop),
+        }
         let mut found: Vec<Found> = Vec::new();
         let mut failed: Vec<String> = Vec::new();
         for probe in &mut p.probes {
@@ -328,6 +365,118 @@ impl<P: PathFactory> Switchless<P> {
                 ProbeState::Failed(why) => failed.push(why.clone()),
             }
         }
+        if found.is_empty() && p.direct.is_none() {
+            // No neighbour reaches the peer: ask them which hosts they are cabled to, to probe
+            // those through them (chains of two relays); only those whose door answered, as one
+            // that never listened or answered would cost the connection its patience again.
+            let lists = p
+                .asked
+                .iter()
+                .zip(&p.probes)
+                .filter(|(_, probe)| probe.answered())
+                .map(|(&(local, relay), _)| {
+                    (local, relay, LinkList::start(local, relay, p.key.clone()))
+                })
+                .collect();
+            return self.poll_listing(p, lists, failed);
+        }
+        self.probed(p, found, failed)
+    }
+
+    /// The neighbours' lists of links: once all answered, probes each K2 behind its K1.
+    fn poll_listing(
+        &self,
+        mut p: Box<Probing>,
+        mut lists: Vec<(Ipv4Addr, SocketAddr, LinkList)>,
+        mut one_hop: Vec<String>,
+    ) -> Result<Probed> {
+        // Every list is advanced (none waits on another's answer).
+        let mut pending = false;
+        for (_, _, l) in &mut lists {
+            pending |= *l.poll() == ListState::Pending;
+        }
+        if pending {
+            p.chain = Chain::Listing { lists, one_hop };
+            return Ok(Probed::Pending(p));
+        }
+        let mine: Vec<Ipv4Addr> = self.view.links.iter().map(|l| l.addr.addr()).collect();
+        let mut probes = Vec::new();
+        let mut names = Vec::new();
+        for (local, relay, l) in &mut lists {
+            match l.poll() {
+                ListState::Done(far) => {
+                    for k2 in far {
+                        // The peer itself would have answered the one-hop probe; this host is
+                        // no relay of its own connection.
+                        if p.targets.contains(k2) || mine.contains(k2) || probes.len() >= MAX_CHAINS
+                        {
+                            continue;
+                        }
+                        names.push(format!("{k2} through {}", relay.ip()));
+                        probes.push(Probe::start_chained(
+                            *local,
+                            *relay,
+                            *k2,
+                            p.key.clone(),
+                            p.targets.clone(),
+                        ));
+                    }
+                }
+                ListState::Failed(why) => one_hop.push(format!("listing its links: {why}")),
+                ListState::Pending => {}
+            }
+        }
+        if probes.is_empty() {
+            return self.probed(p, Vec::new(), one_hop);
+        }
+        tracing::info!(
+            "NET/switchless: connect to {}: no neighbour relays it; asking {} relay(s) two hops away ({})",
+            p.peer,
+            probes.len(),
+            names.join(", ")
+        );
+        self.poll_chains(p, probes, one_hop)
+    }
+
+    /// The chained probes: once all answered, plans the connection over the chains that reach
+    /// the peer.
+    fn poll_chains(
+        &self,
+        mut p: Box<Probing>,
+        mut probes: Vec<Probe>,
+        mut failed: Vec<String>,
+    ) -> Result<Probed> {
+        let mut found = Vec::new();
+        let mut chained = Vec::new();
+        let mut pending = false;
+        // Every probe is advanced (none waits on another's answer).
+        for probe in &mut probes {
+            match probe.poll() {
+                ProbeState::Pending => pending = true,
+                ProbeState::Found(f) => found.push(f.clone()),
+                ProbeState::Failed(why) => chained.push(why.clone()),
+            }
+        }
+        if pending {
+            p.chain = Chain::Probing {
+                probes,
+                one_hop: failed,
+            };
+            return Ok(Probed::Pending(p));
+        }
+        if found.is_empty() {
+            failed.extend(chained);
+        }
+        self.probed(p, found, failed)
+    }
+
+    /// Every probe answered: the relayed plan, or why none relays the peer.
+    fn probed(
+        &self,
+        mut p: Box<Probing>,
+        found: Vec<Found>,
+        failed: Vec<String>,
+    ) -> Result<Probed> {
         p.steps.lap(Step::Route);
         if found.is_empty() {
             let why = std::mem::replace(&mut p.why, Error::Internal(String::new()));

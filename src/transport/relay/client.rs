@@ -1,7 +1,9 @@
 //! The client's side of the relay door (the host that opens a relayed path): [`Door`] (one
 //! connection to a relay: its challenge, the request, the verdict), [`Probe`] (which relay reaches
-//! the peer: asked once per neighbour before the handshake) and [`RelayDialer`] (each stream of a
-//! relayed path opened through the relay, for `tcp::TcpConnector` and the failback's rebuilds).
+//! the peer: asked once per neighbour before the handshake), [`LinkList`] (the far ends of a
+//! neighbour's other links: the second relays of chains through it) and [`RelayDialer`] (each
+//! stream of a relayed path opened through the relay, for `tcp::TcpConnector` and the failback's
+//! rebuilds).
 //! Both also go through a chain of two relays, A → K1 → K2 → B: K1's door opens to K2's
 //! ([`Op::OpenRelay`], K2's address on K1's link, the same port), then K2's door exchange runs
 //! on the same stream (K1 passes it through), then the path's opening as through one relay.
@@ -15,8 +17,8 @@ use std::time::{Duration, Instant};
 use socket2::{Domain, Protocol, Socket, Type};
 
 use super::wire::{
-    CHALLENGE_LEN, ChallengeRepr, Code, CommKey, NONCE_LEN, Op, REQUEST_LEN, RequestRepr,
-    VERDICT_LEN, VerdictRepr,
+    CHALLENGE_LEN, ChallengeRepr, Code, CommKey, MAX_LINKS, NONCE_LEN, Op, REQUEST_LEN,
+    RequestRepr, VERDICT_LEN, VerdictRepr,
 };
 use crate::error::{Error, Result};
 use crate::sys::socket as sock;
@@ -227,7 +229,8 @@ impl Door {
                             self.what
                         )));
                     }
-                    if !self.req.targets.contains(&v.target) {
+                    // A list names no target: any far end answers it.
+                    if self.req.op != Op::List && !self.req.targets.contains(&v.target) {
                         return Err(Error::Remote(format!(
                             "{}: it answered for {}, which was not asked",
                             self.what, v.target
@@ -297,8 +300,8 @@ pub struct Hop {
 }
 
 impl Found {
-    /// How logs and path labels name the relay: `node5 (10.0.0.2)`; a chain `node5 (10.0.0.2)
-    /// then node6 (10.0.5.2)`.
+    /// How logs and path labels name the relay: `node5 (10.0.0.2)`; a chain `node5 (10.0.0.2) >
+    /// node6 (10.0.5.2)` (the second relay's address on the first relay's link).
     pub fn name(&self) -> String {
         let one = |host: &str, ip: IpAddr| {
             if host.is_empty() {
@@ -310,7 +313,7 @@ impl Found {
         let first = one(&self.host, self.relay.ip());
         match &self.next {
             None => first,
-            Some(h) => format!("{first} then {}", one(&h.host, IpAddr::V4(h.addr))),
+            Some(h) => format!("{first} > {}", one(&h.host, IpAddr::V4(h.addr))),
         }
     }
 }
@@ -350,6 +353,8 @@ pub struct Probe {
     /// How long a refusing or silent relay is given ([`PROBE_WAIT`] unless [`Probe::patience`]).
     wait: Duration,
     state: ProbeState,
+    /// Whether the (first) relay's door gave a verdict, `OK` or a refusal.
+    answered: bool,
 }
 
 impl Probe {
@@ -411,7 +416,14 @@ impl Probe {
             started: Instant::now(),
             wait: PROBE_WAIT,
             state: ProbeState::Pending,
+            answered: false,
         }
+    }
+
+    /// Whether the relay's door answered with a verdict (`OK` or a refusal): its service runs, so
+    /// it can be asked more (its list of links), unlike one that never listened or answered.
+    pub fn answered(&self) -> bool {
+        self.answered
     }
 
     /// The probe itself (to the second relay, of a chain).
@@ -461,6 +473,7 @@ impl Probe {
         // not be up yet, so it is asked again, as a neighbour whose door refuses is.
         let k2_absent =
             self.next.is_some() && self.first.is_none() && d.refused == Some(Code::Unreachable);
+        self.answered |= d.refused.is_some() || matches!(polled, Ok(DoorPoll::Done(..)));
         match polled {
             Ok(DoorPoll::Pending) => {
                 if now.duration_since(self.started) > self.wait {
@@ -525,6 +538,113 @@ impl Probe {
                 self.backoff = (self.backoff * 2).min(RETRY_MAX);
             }
             Err(e) => self.state = ProbeState::Failed(e.to_string()),
+        }
+        &self.state
+    }
+}
+
+/// What a [`LinkList`] has come to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListState {
+    Pending,
+    /// The far ends of the relay's other up point-to-point links (its neighbours but this host),
+    /// in the relay's order.
+    Done(Vec<Ipv4Addr>),
+    /// The relay did not list its links; why.
+    Failed(String),
+}
+
+/// Asks one neighbour's relay for the far ends of its other point-to-point links (the second
+/// relays of chains through it): one list request ([`Op::List`]) per link index, until the relay
+/// answers `NotALink`. A relay whose port refuses connections is not asked again (the caller
+/// asks neighbours whose door answered a probe), and the whole list is given [`PROBE_WAIT`].
+pub struct LinkList {
+    local: Ipv4Addr,
+    relay: SocketAddr,
+    key: CommKey,
+    index: u16,
+    door: Option<Door>,
+    found: Vec<Ipv4Addr>,
+    started: Instant,
+    state: ListState,
+}
+
+impl LinkList {
+    /// Starts asking the relay at `relay` (reached from this host's `local` link address).
+    pub fn start(local: Ipv4Addr, relay: SocketAddr, key: CommKey) -> LinkList {
+        let mut l = LinkList {
+            local,
+            relay,
+            key,
+            index: 0,
+            door: None,
+            found: Vec::new(),
+            started: Instant::now(),
+            state: ListState::Pending,
+        };
+        l.open();
+        l
+    }
+
+    fn open(&mut self) {
+        let req = RequestRepr {
+            op: Op::List,
+            comm: 0,
+            port: self.index,
+            targets: Vec::new(),
+            nonce: [0; NONCE_LEN],
+            tag: [0; NONCE_LEN],
+        };
+        match bound_socket(self.local)
+            .and_then(|s| Door::start(s, self.relay, self.key.clone(), req))
+        {
+            Ok(d) => self.door = Some(d),
+            Err(e) => self.state = ListState::Failed(e.to_string()),
+        }
+    }
+
+    /// Advances; what the list has come to.
+    pub fn poll(&mut self) -> &ListState {
+        while self.state == ListState::Pending {
+            let Some(d) = self.door.as_mut() else {
+                break;
+            };
+            let polled = d.poll();
+            let past_the_last = d.refused == Some(Code::NotALink);
+            match polled {
+                Ok(DoorPoll::Pending) => {
+                    if self.started.elapsed() > PROBE_WAIT {
+                        self.state = ListState::Failed(format!(
+                            "relay {} did not list its links within {} ms",
+                            self.relay,
+                            PROBE_WAIT.as_millis()
+                        ));
+                    }
+                    break;
+                }
+                Ok(DoorPoll::Done(v, _)) => {
+                    if !self.found.contains(&v.target) {
+                        self.found.push(v.target);
+                    }
+                    self.index += 1;
+                    if self.index >= MAX_LINKS {
+                        self.state = ListState::Done(std::mem::take(&mut self.found));
+                    } else {
+                        self.open();
+                    }
+                }
+                Ok(DoorPoll::NoService) => {
+                    self.state = ListState::Failed(format!(
+                        "nothing listens on relay {} (no rank of this communicator serves relays \
+                         on that host)",
+                        self.relay
+                    ));
+                }
+                Err(_) if past_the_last => {
+                    self.state = ListState::Done(std::mem::take(&mut self.found));
+                }
+                Err(e) => self.state = ListState::Failed(e.to_string()),
+            }
         }
         &self.state
     }

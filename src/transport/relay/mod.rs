@@ -6,7 +6,8 @@
 //! its fence carry over; a relay host that dies cuts its streams, and the path fails over.
 //!
 //! * [`wire`]: the relay door (challenge, request, verdict) and the port rule ([`port_for`]).
-//! * [`client`]: the connecting host's side: [`Probe`] (which neighbour reaches the peer) and
+//! * [`client`]: the connecting host's side: [`Probe`] (which neighbour reaches the peer),
+//!   [`LinkList`] (which hosts a neighbour is cabled to: a chain's second relays) and
 //!   [`RelayDialer`] (each stream of a relayed path opened through the relay).
 //! * [`service`]: the relay host's side: [`RelayService`] (one thread per port) and [`Relays`]
 //!   (services started and stopped with the communicators that register).
@@ -20,7 +21,7 @@ mod leg;
 pub mod service;
 pub mod wire;
 
-pub use client::{Found, Hop, Probe, ProbeState, RelayDialer};
+pub use client::{Found, Hop, LinkList, ListState, Probe, ProbeState, RelayDialer};
 pub use service::{Bounds, RelayLink, RelayService, RelayStats, Relays, ServiceConfig, Ticket};
 pub use wire::{CommKey, port_for};
 

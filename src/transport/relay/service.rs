@@ -8,7 +8,8 @@
 //! end of another of this host's links is connected from this host's address on that link, then
 //! answered `OK`, and from then on forwarded both ways (`super::leg`); an open to a relay is the
 //! same with the target's relay door for target (this service's own port: one communicator, one
-//! port), its door exchange passing through first. Every refusal is counted
+//! port), its door exchange passing through first; a list is answered with the far end of one of this
+//! host's other links (a chain's second relay) and closed. Every refusal is counted
 //! by reason ([`RelayStats::refused`]) and logged through the process-wide rate-limited drop log.
 //! Every resource a client can grow is bounded ([`Bounds`], docs/security.md).
 #![forbid(unsafe_code)]
@@ -122,6 +123,8 @@ pub struct RelayStats {
     pub accepted: u64,
     /// Probes answered `OK`.
     pub probes: u64,
+    /// List requests answered `OK` (one link's far end each).
+    pub listed: u64,
     /// Streams joined to their target.
     pub opened: u64,
     /// … of which to a second relay's door (a chain, `wire::Op::OpenRelay`).
@@ -129,7 +132,7 @@ pub struct RelayStats {
     /// Streams that ended (in order or not).
     pub closed: u64,
     /// Refusals and drops by reason: `not a link` (the source), `unknown communicator`, `bad tag`,
-    /// `malformed`, `out of order`, `target not on a link`, `not the relay port`, `busy`,
+    /// `malformed`, `out of order`, `target not on a link`, `not the relay port`, `no such link`, `busy`,
     /// `unreachable`, `timeout`,
     /// `evicted`, `oversized frame`, `bad frame`, `after close`, `link down`.
     pub refused: BTreeMap<&'static str, u64>,
@@ -734,6 +737,9 @@ impl Server {
             });
             return self.answer(poll, id, VerdictRepr::refusal(Code::Malformed));
         }
+        if req.op == Op::List {
+            return self.list(poll, id, &req, &key, src);
+        }
         // The first target at the far end of one of this host's links (not the client's own).
         let found = req.targets.iter().find_map(|t| {
             (*t != src)
@@ -831,6 +837,46 @@ impl Server {
             leg.since = Instant::now();
             leg.state = State::Connecting { b, req, key, link };
         }
+    }
+
+    /// A list request: the far end of this host's `req.port`-th up point-to-point link other than
+    /// the client's own (in the configured order), or `NotALink` past the last.
+    fn list(&mut self, poll: &Poll, id: usize, req: &RequestRepr, key: &CommKey, src: Ipv4Addr) {
+        let down = |l: &RelayLink| {
+            self.cfg
+                .link_down
+                .as_ref()
+                .is_some_and(|f| f(&l.netdev).is_some())
+        };
+        let nth = self
+            .cfg
+            .links
+            .iter()
+            .filter(|l| !down(l))
+            .filter_map(|l| {
+                // A /31 has one far end; a /30's is the host address that is not ours.
+                let far = point_to_point_peers(l.addr)?.into_iter().next()?;
+                (far != src).then_some((far, l))
+            })
+            .nth(usize::from(req.port));
+        let Some((far, l)) = nth else {
+            let i = req.port;
+            self.refuse("no such link", src, || {
+                format!("a list of link {i}, past this host's other up point-to-point links")
+            });
+            return self.answer(poll, id, VerdictRepr::refusal(Code::NotALink));
+        };
+        let ok = VerdictRepr {
+            code: Code::Ok,
+            target: far,
+            via: l.addr.addr(),
+            speed_mbps: l.speed_mbps,
+            host: self.cfg.host.clone(),
+            tag: [0; 16],
+        };
+        self.stats.listed += 1;
+        let v = key.seal_verdict(ok, &req.tag);
+        self.answer(poll, id, v)
     }
 
     /// Sends a verdict and ends the connection (a probe's answer, or a refusal).

@@ -4,13 +4,19 @@
 //! | message | from | bytes | content |
 //! |---|---|---|---|
 //! | challenge | relay, at once on accepting a connection from a host on one of its links | 24 | `SWRC`, version 1, 3 reserved, 16 random bytes |
-//! | request | client | 116 | `SWRQ`, version, op (1 probe, 2 open, 3 open to a relay), target count, reserved; the communicator's public id (u64); the target port (u16), 2 reserved; 16 target IPv4 addresses (unused ones zero); a 16-byte client nonce; a 16-byte tag |
+//! | request | client | 116 | `SWRQ`, version, op (1 probe, 2 open, 3 open to a relay, 4 list links), target count, reserved; the communicator's public id (u64); the target port (u16; of a list: the link's index), 2 reserved; 16 target IPv4 addresses (unused ones zero); a 16-byte client nonce; a 16-byte tag |
 //! | verdict | relay | 68 | `SWRV`, version, code, 2 reserved; the target it matched and its own address on that target's link (IPv4); its link's speed (u32, Mb/s); its host name (32 bytes, NUL-padded); a 16-byte tag |
 //!
 //! An open to a relay (op 3) names a second relay (its address on one of the first relay's links)
 //! and the first relay's own port (a communicator's relay door has one port on every host); once
 //! joined, the second relay's challenge, request and verdict pass through the first as bytes (a
 //! chain A → K1 → K2 → B, docs/guide/relay.md).
+//!
+//! A list (op 4) names no target and, in the port field, an index below [`MAX_LINKS`]: the relay
+//! answers with the far end of its `index`-th point-to-point link other than the client's own (up
+//! ones, in its configured order) in the verdict's target and its own address on that link in
+//! `via`, or `NotALink` past its last. So a client finds the second relays of its chains (their
+//! addresses on the first relay's links) with one request per link.
 //!
 //! The request's tag is BLAKE3 keyed with a key derived from the communicator id NCCL passes to
 //! `init` ([`CommKey`]), over the request and the relay's challenge: it shows the relay that the
@@ -44,6 +50,8 @@ pub const MAX_TARGETS: usize = 16;
 pub const NONCE_LEN: usize = 16;
 /// Bytes of the host name a verdict carries.
 pub const HOST_LEN: usize = 32;
+/// Links a list request may ask about (indices `0..MAX_LINKS`): more than a host has NIC ports.
+pub const MAX_LINKS: u16 = 16;
 
 const CHALLENGE_MAGIC: [u8; 4] = *b"SWRC";
 const REQUEST_MAGIC: [u8; 4] = *b"SWRQ";
@@ -224,12 +232,15 @@ pub enum Op {
     /// the relay's own door port: from the `OK` verdict on, the relay forwards the stream both
     /// ways, the second relay's door exchange first (a chain A → K1 → K2 → B).
     OpenRelay = 3,
+    /// Which host is at the far end of the relay's `port`-th point-to-point link other than the
+    /// client's own? No target; the relay answers and closes (`NotALink` past its last link).
+    List = 4,
 }
 
 impl Op {
     /// Whether the relay joins the connection to its target (an open of either kind).
     pub fn opens(self) -> bool {
-        self != Op::Probe
+        matches!(self, Op::Open | Op::OpenRelay)
     }
 }
 
@@ -240,9 +251,9 @@ pub struct RequestRepr {
     /// The communicator's public id ([`CommKey::id`]).
     pub comm: u64,
     /// [`Op::Open`]: the target's listener port; [`Op::OpenRelay`]: the relay door's port;
-    /// [`Op::Probe`]: 0.
+    /// [`Op::Probe`]: 0; [`Op::List`]: the link's index (below [`MAX_LINKS`]).
     pub port: u16,
-    /// 1..=[`MAX_TARGETS`] addresses; exactly one for an open of either kind.
+    /// 1..=[`MAX_TARGETS`] addresses; exactly one for an open of either kind; none for a list.
     pub targets: Vec<Ipv4Addr>,
     /// The client's random nonce.
     pub nonce: [u8; NONCE_LEN],
@@ -272,9 +283,11 @@ impl RequestRepr {
             1 => Op::Probe,
             2 => Op::Open,
             3 => Op::OpenRelay,
+            4 => Op::List,
             o => {
                 return Err(bad(format!(
-                    "request op {o}, accepted 1 (probe), 2 (open) or 3 (open to a relay)"
+                    "request op {o}, accepted 1 (probe), 2 (open), 3 (open to a relay) or 4 \
+                     (list links)"
                 )));
             }
         };
@@ -282,12 +295,17 @@ impl RequestRepr {
             Op::Probe => "a probe",
             Op::Open => "an open",
             Op::OpenRelay => "an open to a relay",
+            Op::List => "a list",
         };
         let n = usize::from(b[field::NTARGETS]);
-        let max = if op.opens() { 1 } else { MAX_TARGETS };
-        if n == 0 || n > max {
+        let (min, max) = match op {
+            Op::List => (0, 0),
+            Op::Probe => (1, MAX_TARGETS),
+            Op::Open | Op::OpenRelay => (1, 1),
+        };
+        if n < min || n > max {
             return Err(bad(format!(
-                "{n} targets in {what} request, accepted 1..={max}"
+                "{n} targets in {what} request, accepted {min}..={max}"
             )));
         }
         if b[field::RESERVED0] != 0 || b[field::RESERVED1] != [0, 0] {
@@ -296,7 +314,13 @@ impl RequestRepr {
         let mut c = [0u8; 8];
         c.copy_from_slice(&b[field::COMM]);
         let port = u16::from_le_bytes([b[field::PORT][0], b[field::PORT][1]]);
-        if op.opens() == (port == 0) {
+        if op == Op::List {
+            if port >= MAX_LINKS {
+                return Err(bad(format!(
+                    "link index {port} in a list request, accepted 0..{MAX_LINKS}"
+                )));
+            }
+        } else if op.opens() == (port == 0) {
             return Err(bad(format!(
                 "port {port} in {what} request (an open names its target's port, a probe none)"
             )));
@@ -365,7 +389,8 @@ pub enum Code {
     UnknownComm = 1,
     /// The request's tag does not answer the challenge under the communicator's key.
     BadTag = 2,
-    /// No target is the far end of one of the relay's point-to-point links.
+    /// No target is the far end of one of the relay's point-to-point links (a list: no link of
+    /// that index).
     NotALink = 3,
     /// A bound of the relay is reached (relay connections in all, or from this client).
     Busy = 4,
@@ -410,7 +435,8 @@ impl Code {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VerdictRepr {
     pub code: Code,
-    /// The target the relay matched (probe) or reached (open); unspecified on a refusal.
+    /// The target the relay matched (probe) or reached (open), or the far end of the link asked
+    /// about (list); unspecified on a refusal.
     pub target: Ipv4Addr,
     /// The relay's own address on the target's link (the target sees the relay's streams come
     /// from it).
@@ -554,7 +580,8 @@ mod tests {
         };
         assert!(err(&|x| x[0] = b'X').contains("SWRQ"));
         assert!(err(&|x| x[4] = 9).contains("version 9"));
-        assert!(err(&|x| x[5] = 4).contains("op 4"));
+        assert!(err(&|x| x[5] = 5).contains("op 5"));
+        assert!(err(&|x| x[5] = 4).contains("2 targets in a list"));
         assert!(err(&|x| x[5] = 3).contains("2 targets in an open to a relay"));
         assert!(err(&|x| x[6] = 0).contains("0 targets"));
         assert!(err(&|x| x[6] = 17).contains("17 targets"));
@@ -605,6 +632,37 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("target port 80 in an open to a relay")
+        );
+        // A list: no target, a link index below MAX_LINKS in the port field (0 included).
+        let mut list = relay.clone();
+        list.op = Op::List;
+        list.targets.clear();
+        for i in [0, MAX_LINKS - 1] {
+            list.port = i;
+            assert_eq!(RequestRepr::parse(&list.to_bytes()).unwrap(), list);
+        }
+        list.port = MAX_LINKS;
+        assert!(
+            RequestRepr::parse(&list.to_bytes())
+                .unwrap_err()
+                .to_string()
+                .contains("link index 16 in a list")
+        );
+        list.port = 0;
+        list.targets.push(Ipv4Addr::new(1, 2, 3, 4));
+        assert!(
+            RequestRepr::parse(&list.to_bytes())
+                .unwrap_err()
+                .to_string()
+                .contains("1 targets in a list request, accepted 0..=0")
+        );
+        let mut b = list.to_bytes();
+        b[field::NTARGETS] = 0;
+        assert!(
+            RequestRepr::parse(&b)
+                .unwrap_err()
+                .to_string()
+                .contains("target slot 0 holds 1.2.3.4 beyond the 0 targets")
         );
     }
 
