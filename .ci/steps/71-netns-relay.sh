@@ -7,11 +7,13 @@
 # the path over to the other relay (or fails naming the relay), without a hang. Then the mesh policy
 # (tests/netns/meshrelay.sh): four hosts in a full mesh, `bench allreduce --nranks 4` with NCCL's
 # connect-time hints gets relay paths and puts bytes on the diagonal cables, `--net-attr none`,
-# NCCL_SWITCHLESS_RELAY=off and an alltoall get none. Needs root and iproute2; about two minutes
-# after the build.
+# NCCL_SWITCHLESS_RELAY=off and an alltoall get none. Then a ring of six (tests/netns/ring6.sh): the
+# opposite hosts connect through chains of two relays. Needs root and iproute2; about three
+# minutes after the build.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 [ "$(id -u)" -eq 0 ] || { echo "71-netns-relay: needs root to create network namespaces" >&2; exit 1; }
 timeout 240 tests/netns/relay.sh
 timeout 240 tests/netns/meshrelay.sh
+timeout 240 tests/netns/ring6.sh
 echo "71-netns-relay: ok"
