@@ -169,12 +169,10 @@ fn connect_chained(
                 (
                     Some(RelayVia {
                         name: found.name(),
-                        chained: found.next.is_some(),
                         dialer: Some(d),
                     }),
                     Some(RelayVia {
                         name: found.name(),
-                        chained: found.next.is_some(),
                         dialer: None,
                     }),
                     k_on_b,

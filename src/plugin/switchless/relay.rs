@@ -553,7 +553,6 @@ impl<P: PathFactory> Switchless<P> {
                 kind: LinkKind::Tcp,
                 relay: Some(RelayVia {
                     name: f.name(),
-                    chained: f.next.is_some(),
                     dialer: Some(Arc::new(RelayDialer::new(f, key.clone()))),
                 }),
             });

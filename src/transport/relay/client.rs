@@ -484,8 +484,8 @@ impl Probe {
                     ));
                 }
             }
-            Ok(DoorPoll::Done(v, s)) => {
-                if let (Some(k2), None) = (self.next, &self.first) {
+            Ok(DoorPoll::Done(v, s)) => match (self.next, self.first.take()) {
+                (Some(k2), None) => {
                     // K1 joined the stream to K2's door: K2's exchange, through K1.
                     let what = format!("relay {k2}:{} through {}", self.relay.port(), self.relay);
                     let req = self.probe_req();
@@ -493,29 +493,32 @@ impl Probe {
                     self.door = Some(Door::through(s, what, self.key.clone(), req));
                     return self.poll();
                 }
-                // One relay's verdict, or a chain's second (named with the first's host, and the
-                // slower of both relays' links onward).
-                let (speed_mbps, host, next) = match (self.next, self.first.take()) {
-                    (Some(k2), Some(first)) => (
-                        slower(first.speed_mbps, v.speed_mbps),
-                        first.host,
-                        Some(Hop {
+                (Some(k2), Some(first)) => {
+                    self.state = ProbeState::Found(Found {
+                        local: self.local,
+                        relay: self.relay,
+                        target: v.target,
+                        via: v.via,
+                        speed_mbps: slower(first.speed_mbps, v.speed_mbps),
+                        host: first.host,
+                        next: Some(Hop {
                             addr: k2,
                             host: v.host,
                         }),
-                    ),
-                    _ => (v.speed_mbps, v.host, None),
-                };
-                self.state = ProbeState::Found(Found {
-                    local: self.local,
-                    relay: self.relay,
-                    target: v.target,
-                    via: v.via,
-                    speed_mbps,
-                    host,
-                    next,
-                });
-            }
+                    })
+                }
+                (None, _) => {
+                    self.state = ProbeState::Found(Found {
+                        local: self.local,
+                        relay: self.relay,
+                        target: v.target,
+                        via: v.via,
+                        speed_mbps: v.speed_mbps,
+                        host: v.host,
+                        next: None,
+                    })
+                }
+            },
             Ok(DoorPoll::NoService) => {
                 self.door = None;
                 if now.duration_since(self.started) + self.backoff > self.wait {

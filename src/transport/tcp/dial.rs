@@ -38,30 +38,17 @@ pub trait DialStep: Send + Sync {
 /// complete on the peer's acknowledgement frames, end to end.
 #[derive(Clone)]
 pub struct RelayVia {
-    /// The relay host as labels and errors name it (its name and address on this link); of a
-    /// chain of two relays, both (`first > second`).
+    /// The relay host as labels and errors name it (its name and address on this link).
     pub name: String,
-    /// A chain of two relays (connector only: the acceptor sees the last relay alone).
-    pub chained: bool,
     /// Connector: opens each stream through the relay. Acceptor: `None` (the relay connects to
     /// this end's listener from its address on the link, which is the path's peer address).
     pub dialer: Option<std::sync::Arc<dyn StreamDialer>>,
-}
-
-impl RelayVia {
-    /// How a path label or log line names the relay: `relay node2 (10.0.1.2)`, or for a chain
-    /// `relays node2 (10.0.1.2) > node3 (10.0.2.3)`.
-    pub fn phrase(&self) -> String {
-        let s = if self.chained { "s" } else { "" };
-        format!("relay{s} {}", self.name)
-    }
 }
 
 impl std::fmt::Debug for RelayVia {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RelayVia")
             .field("name", &self.name)
-            .field("chained", &self.chained)
             .field("dials", &self.dialer.is_some())
             .finish()
     }
@@ -74,7 +61,7 @@ impl PartialEq for RelayVia {
             (None, None) => true,
             _ => false,
         };
-        self.name == o.name && self.chained == o.chained && same
+        self.name == o.name && same
     }
 }
 

@@ -70,7 +70,9 @@ impl TcpFabric {
             // the peer is the address it asked the relay for.
             let peer = match &spec.relay {
                 Some(r) if r.dialer.is_some() => {
-                    format!("{} via {}", spec.remote.ip(), r.phrase())
+                    // A chain of two relays is named `first > second` (`relay::Found::name`).
+                    let s = if r.name.contains(" > ") { "s" } else { "" };
+                    format!("{} via relay{s} {}", spec.remote.ip(), r.name)
                 }
                 Some(r) => format!("relay {}", r.name),
                 None => peer,
