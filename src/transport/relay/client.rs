@@ -22,7 +22,7 @@ use super::wire::{
 };
 use crate::error::{Error, Result};
 use crate::sys::socket as sock;
-use crate::transport::tcp::{DialStep, StreamDialer, connect_start, connect_status};
+use crate::transport::tcp::{DialStep, Dialed, StreamDialer, connect_start, connect_status};
 
 /// How long a probe keeps trying a relay whose port refuses connections (its rank may not have
 /// called `init` yet), and how long a relay may take to answer once connected.
@@ -41,6 +41,10 @@ pub enum DoorPoll {
     /// Nothing listens on the relay's port (no rank of this communicator serves relays there, or
     /// not yet).
     NoService,
+    /// The relay ended the connection before its verdict (why, naming it): it drops the oldest
+    /// connection that has not sent its request to make room for a newer one, and one that took
+    /// too long to send it. Worth asking again.
+    Dropped(String),
 }
 
 enum DoorState {
@@ -149,9 +153,13 @@ impl Door {
                     mut buf,
                     mut got,
                 } => {
-                    if !self.read(&sock, &mut buf, &mut got, "its challenge")? {
-                        self.state = DoorState::Challenge { sock, buf, got };
-                        return Ok(DoorPoll::Pending);
+                    match self.read(&sock, &mut buf, &mut got, "its challenge") {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            self.state = DoorState::Challenge { sock, buf, got };
+                            return Ok(DoorPoll::Pending);
+                        }
+                        Err(why) => return Ok(DoorPoll::Dropped(why)),
                     }
                     let c = ChallengeRepr::parse(&buf).map_err(|e| e.context(&self.what))?;
                     let mut req = self.req.clone();
@@ -184,7 +192,7 @@ impl Door {
                             }
                             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                             Err(e) => {
-                                return Err(Error::System(format!(
+                                return Ok(DoorPoll::Dropped(format!(
                                     "{}: sending the request: {e}",
                                     self.what
                                 )));
@@ -204,14 +212,18 @@ impl Door {
                     mut got,
                     tag,
                 } => {
-                    if !self.read(&sock, &mut buf, &mut got, "its verdict")? {
-                        self.state = DoorState::Verdict {
-                            sock,
-                            buf,
-                            got,
-                            tag,
-                        };
-                        return Ok(DoorPoll::Pending);
+                    match self.read(&sock, &mut buf, &mut got, "its verdict") {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            self.state = DoorState::Verdict {
+                                sock,
+                                buf,
+                                got,
+                                tag,
+                            };
+                            return Ok(DoorPoll::Pending);
+                        }
+                        Err(why) => return Ok(DoorPoll::Dropped(why)),
                     }
                     let v = VerdictRepr::parse(&buf).map_err(|e| e.context(&self.what))?;
                     if v.code != Code::Ok {
@@ -248,22 +260,22 @@ impl Door {
         }
     }
 
-    /// Reads what has arrived of a fixed-size message; `Ok(true)` once whole.
-    fn read(&self, s: &TcpStream, buf: &mut [u8], got: &mut usize, what: &str) -> Result<bool> {
+    /// Reads what has arrived of a fixed-size message; `Ok(true)` once whole, `Err(why)` when the
+    /// relay ended the connection first.
+    fn read(
+        &self,
+        s: &TcpStream,
+        buf: &mut [u8],
+        got: &mut usize,
+        what: &str,
+    ) -> std::result::Result<bool, String> {
         while *got < buf.len() {
             match sock::recv_slice(s, &mut buf[*got..]) {
-                Ok(0) => {
-                    return Err(Error::Remote(format!(
-                        "{}: closed before sending {what}",
-                        self.what
-                    )));
-                }
+                Ok(0) => return Err(format!("{}: closed before sending {what}", self.what)),
                 Ok(n) => *got += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    return Err(Error::Remote(format!("{}: reading {what}: {e}", self.what)));
-                }
+                Err(e) => return Err(format!("{}: reading {what}: {e}", self.what)),
             }
         }
         Ok(true)
@@ -532,6 +544,20 @@ impl Probe {
                     self.backoff = (self.backoff * 2).min(RETRY_MAX);
                 }
             }
+            // A relay busy with many new connections dropped this one: asked again (a chain from
+            // its first relay), as long as the probe's patience lasts.
+            Ok(DoorPoll::Dropped(why)) => {
+                self.door = None;
+                if now.duration_since(self.started) + self.backoff > self.wait {
+                    self.state = ProbeState::Failed(format!(
+                        "{why} (asked again for {} ms)",
+                        self.wait.as_millis()
+                    ));
+                } else {
+                    self.retry_at = Some(now + self.backoff);
+                    self.backoff = (self.backoff * 2).min(RETRY_MAX);
+                }
+            }
             Err(_) if k2_absent && now.duration_since(self.started) + self.backoff <= self.wait => {
                 self.door = None;
                 self.retry_at = Some(now + self.backoff);
@@ -564,6 +590,9 @@ pub struct LinkList {
     key: CommKey,
     index: u16,
     door: Option<Door>,
+    /// When a request the relay dropped is asked again, and the wait after that.
+    retry_at: Option<Instant>,
+    backoff: Duration,
     found: Vec<Ipv4Addr>,
     started: Instant,
     state: ListState,
@@ -578,6 +607,8 @@ impl LinkList {
             key,
             index: 0,
             door: None,
+            retry_at: None,
+            backoff: RETRY_FIRST,
             found: Vec::new(),
             started: Instant::now(),
             state: ListState::Pending,
@@ -606,6 +637,14 @@ impl LinkList {
     /// Advances; what the list has come to.
     pub fn poll(&mut self) -> &ListState {
         while self.state == ListState::Pending {
+            if let Some(t) = self.retry_at {
+                if Instant::now() < t {
+                    break;
+                }
+                self.retry_at = None;
+                self.open();
+                continue;
+            }
             let Some(d) = self.door.as_mut() else {
                 break;
             };
@@ -639,6 +678,20 @@ impl LinkList {
                          on that host)",
                         self.relay
                     ));
+                }
+                // Dropped by a relay busy with new connections: the same index again, for the
+                // list's patience.
+                Ok(DoorPoll::Dropped(why)) => {
+                    self.door = None;
+                    if self.started.elapsed() + self.backoff > PROBE_WAIT {
+                        self.state = ListState::Failed(format!(
+                            "{why} (asked again for {} ms)",
+                            PROBE_WAIT.as_millis()
+                        ));
+                    } else {
+                        self.retry_at = Some(Instant::now() + self.backoff);
+                        self.backoff = (self.backoff * 2).min(RETRY_MAX);
+                    }
                 }
                 Err(_) if past_the_last => {
                     self.state = ListState::Done(std::mem::take(&mut self.found));
@@ -736,17 +789,18 @@ impl StreamDialer for RelayDialer {
 }
 
 impl DialStep for OpenStep {
-    fn poll(&mut self) -> Result<Option<TcpStream>> {
+    fn poll(&mut self) -> Result<Dialed> {
         match self.door.poll()? {
-            DoorPoll::Pending => Ok(None),
+            DoorPoll::Pending => Ok(Dialed::Pending),
             DoorPoll::Done(_, s) => match self.then.take() {
                 // The first relay joined the stream to the second's door: on to it.
                 Some((what, req)) => {
                     self.door = Door::through(s, what, self.key.clone(), req);
                     self.poll()
                 }
-                None => Ok(Some(s)),
+                None => Ok(Dialed::Joined(s)),
             },
+            DoorPoll::Dropped(why) => Ok(Dialed::Dropped(why)),
             DoorPoll::NoService => Err(Error::System(format!(
                 "relay {}: nothing listens on its relay port any more (its rank exited)",
                 self.name

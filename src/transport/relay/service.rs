@@ -78,8 +78,11 @@ impl Default for Bounds {
         Bounds {
             legs: 512,
             legs_per_source: 128,
-            pending: 64,
-            pending_per_source: 8,
+            // A neighbour's ranks open every stream of their relayed paths at once (NCCL connects
+            // its channels together); a dropped one dials again, but a bound below a busy host's
+            // burst would make every set-up churn.
+            pending: 256,
+            pending_per_source: 64,
             staging_bytes: 256 << 20,
             staging_per_source: 64 << 20,
             request_timeout: Duration::from_secs(5),

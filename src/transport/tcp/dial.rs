@@ -29,10 +29,28 @@ pub trait StreamDialer: Send + Sync {
 
 /// One stream's connection through a [`StreamDialer`], advanced without blocking.
 pub trait DialStep: Send + Sync {
-    /// `Ok(Some(stream))` once the stream reaches the peer (its challenge comes next on it),
-    /// `Ok(None)` to call again. The error names the relay and what it said.
-    fn poll(&mut self) -> Result<Option<TcpStream>>;
+    /// Where the stream's connection stands. The error names the relay and what it said.
+    fn poll(&mut self) -> Result<Dialed>;
 }
+
+/// What one poll of a [`DialStep`] gave.
+#[derive(Debug)]
+pub enum Dialed {
+    /// Call again.
+    Pending,
+    /// The stream reaches the peer (its challenge comes next on it).
+    Joined(TcpStream),
+    /// The relay ended the connection before its verdict (why, naming it): a relay drops the
+    /// oldest connection that has not sent its request when a newer one needs its place, so a
+    /// burst of streams can cost a few. The stream dials again ([`REDIAL_FOR`]).
+    Dropped(String),
+}
+
+/// How long a relayed stream the relay keeps dropping before its verdict is dialed again, from
+/// the first drop; the waits between dials double from [`REDIAL_FIRST`] to [`REDIAL_MAX`].
+pub const REDIAL_FOR: Duration = Duration::from_secs(30);
+const REDIAL_FIRST: Duration = Duration::from_millis(10);
+const REDIAL_MAX: Duration = Duration::from_millis(500);
 
 /// A relayed path: its streams go through a relay host (`transport::relay`), and its writes
 /// complete on the peer's acknowledgement frames, end to end.
@@ -96,6 +114,19 @@ pub(super) struct OutStream {
     /// The hello without its tag (the tag answers the acceptor's challenge).
     hello: HelloRepr,
     state: OutState,
+    /// A relayed stream's means to dial again when the relay drops it (`None`: a direct one).
+    redial: Option<Box<Redial>>,
+}
+
+/// What a relayed stream needs to dial again, and how its redials went.
+struct Redial {
+    spec: TcpPathSpec,
+    cfg: TcpConfig,
+    dialer: std::sync::Arc<dyn StreamDialer>,
+    /// The first drop (the [`REDIAL_FOR`] window counts from it), and the drops so far.
+    first: Option<Instant>,
+    drops: u32,
+    backoff: Duration,
 }
 
 enum OutState {
@@ -103,6 +134,8 @@ enum OutState {
     Connecting(Socket),
     /// Joining the peer through a relay host ([`StreamDialer`]).
     Relaying(Box<dyn DialStep>),
+    /// The relay dropped the stream's connection; dials again at `at`.
+    Redialing { at: Instant },
     /// Connected; `got` bytes of the acceptor's challenge are in.
     Challenge {
         sock: TcpStream,
@@ -148,19 +181,27 @@ impl OutStream {
                     Err(e) => return Err(connect_error(&self.what, &e)),
                 },
                 OutState::Relaying(mut step) => match step.poll() {
-                    Ok(None) => {
+                    Ok(Dialed::Pending) => {
                         self.state = OutState::Relaying(step);
                         return Ok(false);
                     }
-                    Ok(Some(sock)) => {
+                    Ok(Dialed::Joined(sock)) => {
                         self.state = OutState::Challenge {
                             sock,
                             buf: [0; CHALLENGE_LEN],
                             got: 0,
                         }
                     }
+                    Ok(Dialed::Dropped(why)) => self.dropped(why)?,
                     Err(e) => return Err(e.context(&self.what)),
                 },
+                OutState::Redialing { at } => {
+                    if Instant::now() < at {
+                        self.state = OutState::Redialing { at };
+                        return Ok(false);
+                    }
+                    self.state = OutState::Relaying(self.dial_again()?);
+                }
                 OutState::Challenge {
                     sock,
                     mut buf,
@@ -252,6 +293,51 @@ impl OutStream {
                 }
             }
         }
+    }
+
+    /// The relay dropped the stream's connection before its verdict: dials again after a wait,
+    /// within [`REDIAL_FOR`] of the first drop.
+    fn dropped(&mut self, why: String) -> Result<()> {
+        let Some(r) = self.redial.as_mut() else {
+            return Err(Error::Remote(format!("{}: {why}", self.what)));
+        };
+        let now = Instant::now();
+        let first = *r.first.get_or_insert(now);
+        r.drops += 1;
+        if now.duration_since(first) + r.backoff > REDIAL_FOR {
+            return Err(Error::Remote(format!(
+                "{}: {why}; the relay dropped this stream's connection {} times in {} s (a relay \
+                 drops the oldest connections that have not sent their request when newer ones \
+                 need the room)",
+                self.what,
+                r.drops,
+                REDIAL_FOR.as_secs()
+            )));
+        }
+        self.state = OutState::Redialing {
+            at: now + r.backoff,
+        };
+        r.backoff = (r.backoff * 2).min(REDIAL_MAX);
+        Ok(())
+    }
+
+    /// A fresh socket for the stream, dialed through its relay.
+    fn dial_again(&mut self) -> Result<Box<dyn DialStep>> {
+        let Some(r) = self.redial.as_ref() else {
+            return Err(Error::Internal(format!(
+                "{}: a direct stream cannot be dialed again",
+                self.what
+            )));
+        };
+        let sock = stream_socket(
+            &r.spec,
+            usize::from(self.hello.nstreams),
+            &r.cfg,
+            &self.what,
+        )?;
+        r.dialer
+            .dial(sock, r.spec.remote)
+            .map_err(|e| e.context(&self.what))
     }
 
     pub(super) fn into_stream(self) -> Option<TcpStream> {
@@ -439,23 +525,7 @@ pub(super) fn start_stream(
             "{what}: the peer's address and port must be set"
         )));
     }
-    let sock = Socket::new(
-        Domain::for_address(spec.remote),
-        Type::STREAM,
-        Some(Protocol::TCP),
-    )
-    .map_err(|e| Error::io(&what, e))?;
-    sock.set_tcp_nodelay(true)
-        .map_err(|e| Error::io(format!("{what}: TCP_NODELAY"), e))?;
-    apply_options(&sock, spec.speed_mbps, usize::from(hello.nstreams), cfg)?;
-    sock.bind(&SocketAddr::new(spec.local, 0).into())
-        .map_err(|e| {
-            Error::System(format!(
-                "{what}: binding to the local link address failed: {e}; the address must be configured on this host"
-            ))
-        })?;
-    sock.set_nonblocking(true)
-        .map_err(|e| Error::io(format!("{what}: making the socket non-blocking"), e))?;
+    let sock = stream_socket(spec, usize::from(hello.nstreams), cfg, &what)?;
     let mut hello = *hello;
     hello.nonce = random_nonce()?;
     if let Some(d) = spec.relay.as_ref().and_then(|r| r.dialer.as_ref()) {
@@ -466,6 +536,14 @@ pub(super) fn start_stream(
             key: key.clone(),
             hello,
             state: OutState::Relaying(step),
+            redial: Some(Box::new(Redial {
+                spec: spec.clone(),
+                cfg: cfg.clone(),
+                dialer: d.clone(),
+                first: None,
+                drops: 0,
+                backoff: REDIAL_FIRST,
+            })),
         });
     }
     let state = match connect_start(&sock, spec.remote) {
@@ -483,7 +561,36 @@ pub(super) fn start_stream(
         key: key.clone(),
         hello,
         state,
+        redial: None,
     })
+}
+
+/// A stream's socket: `TCP_NODELAY`, the path's buffer options, bound to the local link address,
+/// non-blocking.
+fn stream_socket(
+    spec: &TcpPathSpec,
+    nstreams: usize,
+    cfg: &TcpConfig,
+    what: &str,
+) -> Result<Socket> {
+    let sock = Socket::new(
+        Domain::for_address(spec.remote),
+        Type::STREAM,
+        Some(Protocol::TCP),
+    )
+    .map_err(|e| Error::io(what, e))?;
+    sock.set_tcp_nodelay(true)
+        .map_err(|e| Error::io(format!("{what}: TCP_NODELAY"), e))?;
+    apply_options(&sock, spec.speed_mbps, nstreams, cfg)?;
+    sock.bind(&SocketAddr::new(spec.local, 0).into())
+        .map_err(|e| {
+            Error::System(format!(
+                "{what}: binding to the local link address failed: {e}; the address must be configured on this host"
+            ))
+        })?;
+    sock.set_nonblocking(true)
+        .map_err(|e| Error::io(format!("{what}: making the socket non-blocking"), e))?;
+    Ok(sock)
 }
 
 /// Starts a non-blocking connect of `sock` to `remote`: `Ok(true)` when it connected at once,
@@ -527,5 +634,86 @@ fn connect_error(what: &str, e: &io::Error) -> Error {
         Error::Timeout(format!("{what}: {e}"))
     } else {
         Error::System(format!("{what} failed: {e}{hint}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::transport::handshake::auth::ConnSecret;
+
+    /// A relay that drops every connection before its verdict; counts the dials.
+    struct Dropping(Arc<AtomicUsize>);
+    struct DropStep;
+
+    impl DialStep for DropStep {
+        fn poll(&mut self) -> Result<Dialed> {
+            Ok(Dialed::Dropped(
+                "relay 10.0.0.2:24600: closed before sending its verdict".into(),
+            ))
+        }
+    }
+
+    impl StreamDialer for Dropping {
+        fn dial(&self, _sock: Socket, _remote: SocketAddr) -> Result<Box<dyn DialStep>> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok(Box::new(DropStep))
+        }
+    }
+
+    #[test]
+    fn a_stream_the_relay_keeps_dropping_dials_again_then_fails_naming_the_drops() {
+        let dials = Arc::new(AtomicUsize::new(0));
+        let spec = TcpPathSpec {
+            local: IpAddr::from([127, 0, 0, 1]),
+            remote: SocketAddr::from(([127, 0, 0, 1], 9)),
+            speed_mbps: 10_000,
+            mtu: 0,
+            label: String::new(),
+            relay: Some(RelayVia {
+                name: "k (10.0.0.2)".into(),
+                dialer: Some(Arc::new(Dropping(dials.clone()))),
+            }),
+        };
+        let hello = HelloRepr {
+            npaths: 1,
+            path: 0,
+            nstreams: 1,
+            stream: 0,
+            generation: 0,
+            conn: 7,
+            nonce: [0; super::super::frame::NONCE_LEN],
+            tag: [0; super::super::frame::TAG_LEN],
+        };
+        let key = StreamKey::new(&ConnSecret::from_bytes([1; 32]));
+        let mut o = start_stream(&spec, &hello, &key, &TcpConfig::default()).unwrap();
+        // Dropped connections are dialed again, each on a fresh socket, after short waits.
+        let t = Instant::now();
+        while dials.load(Ordering::SeqCst) < 4 {
+            assert!(!o.poll().unwrap());
+            assert!(t.elapsed() < Duration::from_secs(10), "never dialed again");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // Past the window, the next drop fails the stream, naming the relay's words and the count.
+        if let Some(r) = o.redial.as_mut() {
+            r.first = Instant::now().checked_sub(REDIAL_FOR);
+        }
+        let e = loop {
+            match o.poll() {
+                Ok(false) => std::thread::sleep(Duration::from_millis(1)),
+                Ok(true) => panic!("a stream that was never joined came up"),
+                Err(e) => break e.to_string(),
+            }
+            assert!(t.elapsed() < Duration::from_secs(20), "never gave up");
+        };
+        assert!(
+            e.contains("closed before sending its verdict")
+                && e.contains("dropped this stream's connection 5 times in 30 s")
+                && e.contains("TCP path 0 stream 0"),
+            "{e}"
+        );
     }
 }

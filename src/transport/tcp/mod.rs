@@ -48,8 +48,8 @@ pub use config::{
     default_io_threads, per_path_streams, socket_buffer_bytes, streams_for_speed,
 };
 pub use dial::{
-    DialStep, MAX_PENDING_STREAMS, RelayVia, StreamDialer, TcpPathSpec, connect_start,
-    connect_status,
+    DialStep, Dialed, MAX_PENDING_STREAMS, REDIAL_FOR, RelayVia, StreamDialer, TcpPathSpec,
+    connect_start, connect_status,
 };
 pub use pool::io_threads;
 pub use revive::{LinkCheck, MAX_REBUILD_GAP, MIN_REBUILD_GAP};
