@@ -181,10 +181,12 @@ fn start_chained(
                 (
                     Some(RelayVia {
                         name: found.name(),
+                        chained: found.next.is_some(),
                         dialer: Some(d),
                     }),
                     Some(RelayVia {
                         name: found.name(),
+                        chained: found.next.is_some(),
                         dialer: None,
                     }),
                     k_on_b,

@@ -498,6 +498,7 @@ mod tests {
         let mut p = plan("a", "10.0.0.1/30", "10.0.0.2", LinkKind::Tcp);
         p.relay = Some(crate::transport::tcp::RelayVia {
             name: "10.0.0.2".into(),
+            chained: false,
             dialer: None,
         });
         assert_eq!(path_kind(&p), "relay");

@@ -155,6 +155,7 @@ impl<P: PathFactory> Switchless<P> {
                 // what the connector was told, this end knows only that address.
                 relay: p.request.relayed.then(|| crate::transport::tcp::RelayVia {
                     name: p.request.connector.addr().to_string(),
+                    chained: false,
                     dialer: None,
                 }),
             })

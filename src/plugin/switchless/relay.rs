@@ -553,6 +553,7 @@ impl<P: PathFactory> Switchless<P> {
                 kind: LinkKind::Tcp,
                 relay: Some(RelayVia {
                     name: f.name(),
+                    chained: f.next.is_some(),
                     dialer: Some(Arc::new(RelayDialer::new(f, key.clone()))),
                 }),
             });

@@ -197,9 +197,7 @@ impl<P: PathFactory> Switchless<P> {
             // A relayed path names its relay host; a routed fallback path the gateway the
             // kernel sends it to.
             let via = if let Some(r) = &p.relay {
-                // A chain of two relays is named `first > second` (`relay::Found::name`).
-                let s = if r.name.contains(" > ") { "s" } else { "" };
-                format!(" via relay{s} {}", r.name)
+                format!(" via {}", r.phrase())
             } else if p.local.addr.contains(&p.remote) {
                 String::new()
             } else {

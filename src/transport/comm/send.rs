@@ -381,38 +381,13 @@ impl<F: Fabric> SendComm<F> {
         for &(k, x) in &w[..nw] {
             self.core.meter.weight(k, x);
         }
-        if w[..nw].iter().any(|&(k, _)| have & (1 << k) == 0) {
-            // Only on the paths with the buffer's key, while one carries; with none, the pieces
-            // wait for the receiver's key update.
-            let mut keyed = [(0usize, 0u64); MAX_PATHS];
-            let mut m = 0;
-            for &(k, x) in &w[..nw] {
-                if have & (1 << k) != 0 {
-                    keyed[m] = (k, x);
-                    m += 1;
-                }
-            }
-            if m > 0 {
-                w = keyed;
-                nw = m;
-            }
-        }
-        if w[..nw].iter().any(|&(k, _)| self.floors[k] > size) {
-            // Paths with a floor above this message drop out, unless none would be left (the
-            // other paths failed: the message goes as it can).
-            let mut kept = [(0usize, 0u64); MAX_PATHS];
-            let mut m = 0;
-            for &(k, x) in &w[..nw] {
-                if self.floors[k] <= size {
-                    kept[m] = (k, x);
-                    m += 1;
-                }
-            }
-            if m > 0 {
-                w = kept;
-                nw = m;
-            }
-        }
+        // Only on the paths with the buffer's key, while one carries; with none, the pieces wait
+        // for the receiver's key update.
+        nw = keep_paths(&mut w, nw, |k| have & (1 << k) != 0);
+        // Paths with a floor above this message drop out, unless none would be left (the other
+        // paths failed: the message goes as it can).
+        let floors = self.floors;
+        nw = keep_paths(&mut w, nw, |k| floors[k] <= size);
         loop {
             let mut speeds = [0u64; MAX_PATHS];
             for (d, &(_, x)) in speeds.iter_mut().zip(&w[..nw]) {
@@ -958,6 +933,24 @@ impl<F: Fabric> Drop for SendComm<F> {
     fn drop(&mut self) {
         let _ = self.core.close();
     }
+}
+
+/// Keeps, in order, the weights `w[..nw]` of the paths `keep` accepts, unless it accepts none:
+/// then all stay. Returns how many are kept.
+fn keep_paths(w: &mut [(usize, u64); MAX_PATHS], nw: usize, keep: impl Fn(usize) -> bool) -> usize {
+    let kept = w[..nw].iter().filter(|&&(k, _)| keep(k)).count();
+    if kept == 0 || kept == nw {
+        // None accepted, or all: nothing moves (the common case, one pass).
+        return nw;
+    }
+    let mut m = 0;
+    for i in 0..nw {
+        if keep(w[i].0) {
+            w[m] = w[i];
+            m += 1;
+        }
+    }
+    m
 }
 
 #[cfg(test)]

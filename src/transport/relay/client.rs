@@ -496,8 +496,8 @@ impl Probe {
                     ));
                 }
             }
-            Ok(DoorPoll::Done(v, s)) => match (self.next, self.first.take()) {
-                (Some(k2), None) => {
+            Ok(DoorPoll::Done(v, s)) => {
+                if let (Some(k2), None) = (self.next, &self.first) {
                     // K1 joined the stream to K2's door: K2's exchange, through K1.
                     let what = format!("relay {k2}:{} through {}", self.relay.port(), self.relay);
                     let req = self.probe_req();
@@ -505,32 +505,29 @@ impl Probe {
                     self.door = Some(Door::through(s, what, self.key.clone(), req));
                     return self.poll();
                 }
-                (Some(k2), Some(first)) => {
-                    self.state = ProbeState::Found(Found {
-                        local: self.local,
-                        relay: self.relay,
-                        target: v.target,
-                        via: v.via,
-                        speed_mbps: slower(first.speed_mbps, v.speed_mbps),
-                        host: first.host,
-                        next: Some(Hop {
+                // One relay's verdict, or a chain's second (named with the first's host, and the
+                // slower of both relays' links onward).
+                let (speed_mbps, host, next) = match (self.next, self.first.take()) {
+                    (Some(k2), Some(first)) => (
+                        slower(first.speed_mbps, v.speed_mbps),
+                        first.host,
+                        Some(Hop {
                             addr: k2,
                             host: v.host,
                         }),
-                    })
-                }
-                (None, _) => {
-                    self.state = ProbeState::Found(Found {
-                        local: self.local,
-                        relay: self.relay,
-                        target: v.target,
-                        via: v.via,
-                        speed_mbps: v.speed_mbps,
-                        host: v.host,
-                        next: None,
-                    })
-                }
-            },
+                    ),
+                    _ => (v.speed_mbps, v.host, None),
+                };
+                self.state = ProbeState::Found(Found {
+                    local: self.local,
+                    relay: self.relay,
+                    target: v.target,
+                    via: v.via,
+                    speed_mbps,
+                    host,
+                    next,
+                });
+            }
             Ok(DoorPoll::NoService) => {
                 self.door = None;
                 if now.duration_since(self.started) + self.backoff > self.wait {

@@ -56,17 +56,30 @@ const REDIAL_MAX: Duration = Duration::from_millis(500);
 /// complete on the peer's acknowledgement frames, end to end.
 #[derive(Clone)]
 pub struct RelayVia {
-    /// The relay host as labels and errors name it (its name and address on this link).
+    /// The relay host as labels and errors name it (its name and address on this link); of a
+    /// chain of two relays, both (`first > second`).
     pub name: String,
+    /// A chain of two relays (connector only: the acceptor sees the last relay alone).
+    pub chained: bool,
     /// Connector: opens each stream through the relay. Acceptor: `None` (the relay connects to
     /// this end's listener from its address on the link, which is the path's peer address).
     pub dialer: Option<std::sync::Arc<dyn StreamDialer>>,
+}
+
+impl RelayVia {
+    /// How a path label or log line names the relay: `relay node2 (10.0.1.2)`, or for a chain
+    /// `relays node2 (10.0.1.2) > node3 (10.0.2.3)`.
+    pub fn phrase(&self) -> String {
+        let s = if self.chained { "s" } else { "" };
+        format!("relay{s} {}", self.name)
+    }
 }
 
 impl std::fmt::Debug for RelayVia {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RelayVia")
             .field("name", &self.name)
+            .field("chained", &self.chained)
             .field("dials", &self.dialer.is_some())
             .finish()
     }
@@ -79,7 +92,7 @@ impl PartialEq for RelayVia {
             (None, None) => true,
             _ => false,
         };
-        self.name == o.name && same
+        self.name == o.name && self.chained == o.chained && same
     }
 }
 
@@ -676,6 +689,7 @@ mod tests {
             relay: Some(RelayVia {
                 name: "k (10.0.0.2)".into(),
                 dialer: Some(Arc::new(Dropping(dials.clone()))),
+                chained: false,
             }),
         };
         let hello = HelloRepr {

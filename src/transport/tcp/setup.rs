@@ -70,9 +70,7 @@ impl TcpFabric {
             // the peer is the address it asked the relay for.
             let peer = match &spec.relay {
                 Some(r) if r.dialer.is_some() => {
-                    // A chain of two relays is named `first > second` (`relay::Found::name`).
-                    let s = if r.name.contains(" > ") { "s" } else { "" };
-                    format!("{} via relay{s} {}", spec.remote.ip(), r.name)
+                    format!("{} via {}", spec.remote.ip(), r.phrase())
                 }
                 Some(r) => format!("relay {}", r.name),
                 None => peer,
