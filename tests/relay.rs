@@ -1061,6 +1061,109 @@ fn shared_pool_through_a_dying_relay(kill_at: usize, port: u16, net: u8) {
     }
 }
 
+/// [`shared_pool_through_a_dying_relay`] through chains of two relays: each peer's second path
+/// goes A -> K1 -> K2 -> B (K1 and K2 on the peer's own port), and peer 0's relay `which` (0: K1,
+/// 1: K2) dies at message `kill_at`. Whichever leg breaks, both ends see the path go, and no
+/// message of either peer lands twice or in the other's buffer.
+fn shared_pool_through_a_dying_chain(which: usize, kill_at: usize, port: u16, net: u8) {
+    let o =
+        |x: u8, h: u8| -> &'static str { Box::leak(format!("127.{net}.{x}.{h}").into_boxed_str()) };
+    let mut relays: Vec<[Option<RelayService>; 2]> = (0..2u8)
+        .map(|p| {
+            let port = port + u16::from(p);
+            [
+                Some(relay_named(
+                    "k1",
+                    port,
+                    &[
+                        &format!("127.{net}.{}.2/30", 10 * p + 1),
+                        &format!("127.{net}.{}.1/30", 10 * p + 4),
+                    ],
+                    COMM,
+                    Bounds::default(),
+                )),
+                Some(relay_named(
+                    "k2",
+                    port,
+                    &[
+                        &format!("127.{net}.{}.2/30", 10 * p + 4),
+                        &format!("127.{net}.{}.1/30", 10 * p + 2),
+                    ],
+                    COMM,
+                    Bounds::default(),
+                )),
+            ]
+        })
+        .collect();
+    let mut peers: Vec<Peer<TcpFabric>> = (0..2u8)
+        .map(|p| {
+            let (a, b) = connect_chained(
+                &[
+                    PathDef {
+                        a: o(10 * p + 3, 1),
+                        b: o(10 * p + 3, 2),
+                        via: None,
+                    },
+                    PathDef {
+                        a: o(10 * p + 1, 1),
+                        b: o(10 * p + 2, 2),
+                        via: Some((
+                            SocketAddr::new(IpAddr::V4(ip(o(10 * p + 1, 2))), port + u16::from(p)),
+                            o(10 * p + 2, 1),
+                        )),
+                    },
+                ],
+                &[None, Some(o(10 * p + 4, 2))],
+                COMM,
+                2,
+            );
+            assert!(
+                a.paths()[1].label.contains("via relays k ("),
+                "{}",
+                a.paths()[1].label
+            );
+            let (s, r) = connect_pair(a, b, pcfg()).unwrap();
+            Peer { s, r }
+        })
+        .collect();
+    shared_pool::run(
+        &mut peers,
+        40,
+        "chain",
+        DEADLINE,
+        |_, m, _| {
+            if m == kill_at {
+                // One relay host of the chain dies: its staging and every leg through it go.
+                drop(relays[0][which].take());
+            }
+        },
+        |_, _| {},
+    );
+    let st = peers[0].s.fence_stats();
+    assert!(st.stops > 0, "the chained path never failed over: {st:?}");
+    assert_eq!(peers[1].s.fence_stats().stops, 0, "peer 1's chain lived");
+    let chained = relays[1][0].as_ref().map(|k| k.stats().chained);
+    assert_eq!(
+        chained,
+        Some(2),
+        "peer 1's streams went through both relays"
+    );
+    for g in peers {
+        g.s.close().unwrap();
+        g.r.close().unwrap();
+    }
+}
+
+#[test]
+fn a_shared_receive_pool_gets_each_message_once_when_a_chains_second_relay_dies_mid_run() {
+    shared_pool_through_a_dying_chain(1, 20, 24014, 70);
+}
+
+#[test]
+fn a_shared_receive_pool_gets_each_message_once_when_a_chains_first_relay_dies_early() {
+    shared_pool_through_a_dying_chain(0, 4, 24016, 80);
+}
+
 #[test]
 fn a_shared_receive_pool_gets_each_message_once_when_a_relay_dies_early() {
     shared_pool_through_a_dying_relay(4, 24010, 50);
