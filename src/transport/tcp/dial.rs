@@ -47,7 +47,7 @@ pub enum Dialed {
 }
 
 /// How long a relayed stream the relay keeps dropping before its verdict is dialed again, from
-/// the first drop; the waits between dials double from [`REDIAL_FIRST`] to [`REDIAL_MAX`].
+/// the first drop; the waits between dials double from 10 ms to 500 ms.
 pub const REDIAL_FOR: Duration = Duration::from_secs(30);
 const REDIAL_FIRST: Duration = Duration::from_millis(10);
 const REDIAL_MAX: Duration = Duration::from_millis(500);
