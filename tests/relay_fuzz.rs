@@ -158,3 +158,40 @@ fn mutated_verdicts_and_challenges_never_panic_and_reencode_exactly() {
     }
     assert!(ok > 0 && bad > 0, "{ok} decoded, {bad} refused");
 }
+
+/// The descriptor a relay reads from each verbs write of its client (`relay::staging`): what
+/// decodes re-encodes to the same bytes; what does not is an `Error::Remote` naming it.
+#[test]
+fn mutated_staging_descriptors_never_panic_and_reencode_exactly() {
+    use switchless::transport::relay::staging::{DESC_LEN, Descriptor};
+    let seeds: Vec<[u8; DESC_LEN]> = [None, Some(0), Some(u32::MAX)]
+        .into_iter()
+        .map(|imm| {
+            Descriptor {
+                len: 512 << 10,
+                addr: 0x7f12_3456_7000,
+                rkey: 0xabcd,
+                imm,
+            }
+            .to_bytes()
+        })
+        .collect();
+    let mut rng = Rng(0x5eed_0003);
+    let (mut ok, mut bad) = (0, 0);
+    for i in 0..iters() {
+        let mut b = seeds[i % seeds.len()];
+        mutate(&mut rng, &mut b);
+        match Descriptor::parse(&b) {
+            Ok(d) => {
+                assert_eq!(d.to_bytes(), b, "{d:?}");
+                ok += 1;
+            }
+            Err(e) => {
+                assert!(matches!(e, Error::Remote(_)), "{e:?}");
+                assert!(e.to_string().contains("relay staging descriptor: "), "{e}");
+                bad += 1;
+            }
+        }
+    }
+    assert!(ok > 0 && bad > 0, "{ok} decoded, {bad} refused");
+}

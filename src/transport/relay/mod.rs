@@ -12,6 +12,8 @@
 //! * [`service`]: the relay host's side: [`RelayService`] (one thread per port) and [`Relays`]
 //!   (services started and stopped with the communicators that register).
 //! * `leg`: one relayed stream at the relay host.
+//! * [`staging`]: the sans-IO core of a verbs leg (descriptor, K's staging ring, A's credits); not
+//!   yet driven by queue pairs: relay paths are TCP today.
 //!
 //! The design and its bounds: docs/guide/relay.md and docs/security.md.
 #![forbid(unsafe_code)]
@@ -19,6 +21,7 @@
 pub mod client;
 mod leg;
 pub mod service;
+pub mod staging;
 pub mod wire;
 
 pub use client::{Found, Hop, LinkList, ListState, Probe, ProbeState, RelayDialer};
