@@ -995,104 +995,36 @@ mod shared_pool;
 use shared_pool::Peer;
 
 /// NCCL's p2p pool through a relay: two peers' messages (`support/shared_pool.rs`) striped over a
-/// direct path and a relayed one. At message `kill_at` the relay of peer 0's connection
-/// dies (what it held in staging is lost, both its legs cut). Every message arrives once with
-/// exactly its bytes, and no completed buffer changes before it is posted again.
-fn shared_pool_through_a_dying_relay(kill_at: usize, port: u16, net: u8) {
+/// direct path and a relayed one, through one relay K or (`chain`) through two, A -> K1 -> K2 -> B
+/// (both on the peer's own port). At message `kill_at` relay `which` of peer 0's connection (0: K
+/// or K1, 1: K2) dies: what it held in staging is lost, every leg through it cut. Whichever leg
+/// breaks, the path fails over; every message arrives once with exactly its bytes, and no
+/// completed buffer changes before it is posted again.
+fn shared_pool_through_a_dying_relay(
+    chain: bool,
+    which: usize,
+    kill_at: usize,
+    port: u16,
+    net: u8,
+) {
     let o =
         |x: u8, h: u8| -> &'static str { Box::leak(format!("127.{net}.{x}.{h}").into_boxed_str()) };
-    let mut relays: Vec<Option<RelayService>> = (0..2u8)
-        .map(|p| {
-            Some(relay_host(
-                port + u16::from(p),
-                &[
-                    &format!("127.{net}.{}.2/30", 10 * p + 1),
-                    &format!("127.{net}.{}.1/30", 10 * p + 2),
-                ],
-                COMM,
-                Bounds::default(),
-            ))
-        })
-        .collect();
-    let mut peers: Vec<Peer<TcpFabric>> = (0..2u8)
-        .map(|p| {
-            let (a, b) = connect(
-                &[
-                    PathDef {
-                        a: o(10 * p + 3, 1),
-                        b: o(10 * p + 3, 2),
-                        via: None,
-                    },
-                    PathDef {
-                        a: o(10 * p + 1, 1),
-                        b: o(10 * p + 2, 2),
-                        via: Some((
-                            SocketAddr::new(IpAddr::V4(ip(o(10 * p + 1, 2))), port + u16::from(p)),
-                            o(10 * p + 2, 1),
-                        )),
-                    },
-                ],
-                COMM,
-                2,
-            );
-            let (s, r) = connect_pair(a, b, pcfg()).unwrap();
-            Peer { s, r }
-        })
-        .collect();
-    shared_pool::run(
-        &mut peers,
-        40,
-        "relay",
-        DEADLINE,
-        |_, m, _| {
-            if m == kill_at {
-                // The relay host dies: its staging and both legs of every stream go.
-                drop(relays[0].take());
-            }
-        },
-        |_, _| {},
-    );
-    let st = peers[0].s.fence_stats();
-    assert!(st.stops > 0, "the relayed path never failed over: {st:?}");
-    assert_eq!(peers[1].s.fence_stats().stops, 0, "peer 1's relay lived");
-    for g in peers {
-        g.s.close().unwrap();
-        g.r.close().unwrap();
-    }
-}
-
-/// [`shared_pool_through_a_dying_relay`] through chains of two relays: each peer's second path
-/// goes A -> K1 -> K2 -> B (K1 and K2 on the peer's own port), and peer 0's relay `which` (0: K1,
-/// 1: K2) dies at message `kill_at`. Whichever leg breaks, both ends see the path go, and no
-/// message of either peer lands twice or in the other's buffer.
-fn shared_pool_through_a_dying_chain(which: usize, kill_at: usize, port: u16, net: u8) {
-    let o =
-        |x: u8, h: u8| -> &'static str { Box::leak(format!("127.{net}.{x}.{h}").into_boxed_str()) };
-    let mut relays: Vec<[Option<RelayService>; 2]> = (0..2u8)
+    let mut relays: Vec<Vec<Option<RelayService>>> = (0..2u8)
         .map(|p| {
             let port = port + u16::from(p);
-            [
-                Some(relay_named(
-                    "k1",
-                    port,
-                    &[
-                        &format!("127.{net}.{}.2/30", 10 * p + 1),
-                        &format!("127.{net}.{}.1/30", 10 * p + 4),
-                    ],
-                    COMM,
-                    Bounds::default(),
-                )),
-                Some(relay_named(
-                    "k2",
-                    port,
-                    &[
-                        &format!("127.{net}.{}.2/30", 10 * p + 4),
-                        &format!("127.{net}.{}.1/30", 10 * p + 2),
-                    ],
-                    COMM,
-                    Bounds::default(),
-                )),
-            ]
+            let host = |name: &str, a: u8, b: u8| {
+                let links = [
+                    format!("127.{net}.{}.2/30", 10 * p + a),
+                    format!("127.{net}.{}.1/30", 10 * p + b),
+                ];
+                let links: Vec<&str> = links.iter().map(String::as_str).collect();
+                Some(relay_named(name, port, &links, COMM, Bounds::default()))
+            };
+            if chain {
+                vec![host("k1", 1, 4), host("k2", 4, 2)]
+            } else {
+                vec![host("k", 1, 2)]
+            }
         })
         .collect();
     let mut peers: Vec<Peer<TcpFabric>> = (0..2u8)
@@ -1113,15 +1045,12 @@ fn shared_pool_through_a_dying_chain(which: usize, kill_at: usize, port: u16, ne
                         )),
                     },
                 ],
-                &[None, Some(o(10 * p + 4, 2))],
+                &[None, chain.then(|| o(10 * p + 4, 2))],
                 COMM,
                 2,
             );
-            assert!(
-                a.paths()[1].label.contains("via relays k ("),
-                "{}",
-                a.paths()[1].label
-            );
+            let label = &a.paths()[1].label;
+            assert_eq!(label.contains("via relays k ("), chain, "{label}");
             let (s, r) = connect_pair(a, b, pcfg()).unwrap();
             Peer { s, r }
         })
@@ -1129,25 +1058,26 @@ fn shared_pool_through_a_dying_chain(which: usize, kill_at: usize, port: u16, ne
     shared_pool::run(
         &mut peers,
         40,
-        "chain",
+        if chain { "chain" } else { "relay" },
         DEADLINE,
         |_, m, _| {
             if m == kill_at {
-                // One relay host of the chain dies: its staging and every leg through it go.
                 drop(relays[0][which].take());
             }
         },
         |_, _| {},
     );
     let st = peers[0].s.fence_stats();
-    assert!(st.stops > 0, "the chained path never failed over: {st:?}");
-    assert_eq!(peers[1].s.fence_stats().stops, 0, "peer 1's chain lived");
-    let chained = relays[1][0].as_ref().map(|k| k.stats().chained);
-    assert_eq!(
-        chained,
-        Some(2),
-        "peer 1's streams went through both relays"
-    );
+    assert!(st.stops > 0, "the relayed path never failed over: {st:?}");
+    assert_eq!(peers[1].s.fence_stats().stops, 0, "peer 1's relays lived");
+    if chain {
+        let chained = relays[1][0].as_ref().map(|k| k.stats().chained);
+        assert_eq!(
+            chained,
+            Some(2),
+            "peer 1's streams went through both relays"
+        );
+    }
     for g in peers {
         g.s.close().unwrap();
         g.r.close().unwrap();
@@ -1156,22 +1086,22 @@ fn shared_pool_through_a_dying_chain(which: usize, kill_at: usize, port: u16, ne
 
 #[test]
 fn a_shared_receive_pool_gets_each_message_once_when_a_chains_second_relay_dies_mid_run() {
-    shared_pool_through_a_dying_chain(1, 20, 24014, 70);
+    shared_pool_through_a_dying_relay(true, 1, 20, 24014, 70);
 }
 
 #[test]
 fn a_shared_receive_pool_gets_each_message_once_when_a_chains_first_relay_dies_early() {
-    shared_pool_through_a_dying_chain(0, 4, 24016, 80);
+    shared_pool_through_a_dying_relay(true, 0, 4, 24016, 80);
 }
 
 #[test]
 fn a_shared_receive_pool_gets_each_message_once_when_a_relay_dies_early() {
-    shared_pool_through_a_dying_relay(4, 24010, 50);
+    shared_pool_through_a_dying_relay(false, 0, 4, 24010, 50);
 }
 
 #[test]
 fn a_shared_receive_pool_gets_each_message_once_when_a_relay_dies_mid_run() {
-    shared_pool_through_a_dying_relay(20, 24012, 60);
+    shared_pool_through_a_dying_relay(false, 0, 20, 24012, 60);
 }
 
 // ---------------------------------------------------------------------------------------------------
