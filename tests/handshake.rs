@@ -444,6 +444,33 @@ fn rejected_connector_fails_with_the_acceptors_reason() {
         t.contains("test peer rejected the connection") && t.contains("127.0.0.3"),
         "{t}"
     );
+    assert!(!t.contains("reached it at"), "{t}");
+
+    // The same refusal from the second target (the control address: a cable-path hello from
+    // outside the cable is refused for its source) names what happened at the first, the cause.
+    let black = SocketAddrV4::new(LO, 7000);
+    n.hosts.insert(black, Host::Refuses);
+    let mut c = connector_to(
+        &mut n,
+        &[black, addr],
+        vec![req("127.0.0.3")],
+        params(1, 1),
+        T,
+        "test peer",
+    );
+    let e = rounds(|| {
+        assert!(n.poll_listener().unwrap().is_none());
+        n.poll_connector(&mut c).err()
+    });
+    let t = e.to_string();
+    assert!(
+        t.contains("test peer rejected the connection")
+            && t.contains(&format!(
+                "(this connection reached it at {addr} after: 127.0.0.1:7000: "
+            ))
+            && t.ends_with(')'),
+        "{t}"
+    );
 
     // The acceptor's own refusal (e.g. QP creation failed) reaches the connector too, control
     // characters escaped.

@@ -391,8 +391,19 @@ impl ConnectMachine {
             None => return Ok(Some(ConnectEvent::Pending)),
             Some(Message::Reply(r)) => r,
             Some(Message::Refuse(f)) if self.key.check_refuse(&self.hello_tag, &f) => {
+                // Reached at a later target (the control address), the refusal is often about
+                // where the connection came from: what failed first is the cause to name.
+                let after = if self.failures.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " (this connection reached it at {} after: {})",
+                        self.current_target(),
+                        self.failures.join("; ")
+                    )
+                };
                 return Err(Error::Remote(format!(
-                    "{} rejected the connection: {}",
+                    "{} rejected the connection: {}{after}",
                     self.peer,
                     printable(&f.reason)
                 )));
