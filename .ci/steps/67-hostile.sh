@@ -104,7 +104,8 @@ tests relay hostile_clients_at_the_relay_door_are_refused_counted_and_cost_nobod
 tests relay_fuzz \
   mutated_requests_never_panic_and_reencode_exactly \
   mutated_verdicts_and_challenges_never_panic_and_reencode_exactly \
-  mutated_staging_descriptors_never_panic_and_reencode_exactly
+  mutated_staging_descriptors_never_panic_and_reencode_exactly \
+  mutated_leg_setup_messages_never_panic_and_reencode_exactly
 
 timeout 600 tests/netns/hostile.sh
 echo "67-hostile: ok"

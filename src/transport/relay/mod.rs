@@ -14,12 +14,15 @@
 //! * `leg`: one relayed stream at the relay host.
 //! * [`staging`]: the sans-IO core of a verbs leg (descriptor, K's staging ring, A's credits); not
 //!   yet driven by queue pairs: relay paths are TCP today.
+//! * [`leg_setup`]: the messages that will set a verbs leg up on the door's connection (not sent
+//!   yet).
 //!
 //! The design and its bounds: docs/guide/relay.md and docs/security.md.
 #![forbid(unsafe_code)]
 
 pub mod client;
 mod leg;
+pub mod leg_setup;
 pub mod service;
 pub mod staging;
 pub mod wire;

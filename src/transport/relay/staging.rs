@@ -125,7 +125,7 @@ impl Descriptor {
 
 /// The geometry both ends agree on at set-up: `slots` slots of `slot_bytes` each (a descriptor
 /// and at most `slot_bytes - DESC_LEN` payload bytes).
-fn check_geometry(slots: u32, slot_bytes: usize) -> Result<usize> {
+pub(crate) fn check_geometry(slots: u32, slot_bytes: usize) -> Result<usize> {
     if slots == 0 || slots > MAX_SLOTS {
         return Err(Error::InvalidArgument(format!(
             "relay staging ring of {slots} slots; accepted 1..={MAX_SLOTS}"
