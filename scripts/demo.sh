@@ -13,7 +13,9 @@ echo "== switchless doctor (this host)"
 results=lab/.cache/results/demo-mesh3
 rm -rf "$results"
 echo "== soft-RoCE lab: mesh3"
-lab/run.sh --bin-dir "$target/release" --results "$results" \
+# Two virtual CPUs per VM: with one, about one boot in four saw a VM stop sending on its cables in
+# the 2 MiB bursts (docs/guide/lab.md, "A VM whose cables fall silent"); with two, none in 12.
+lab/run.sh --bin-dir "$target/release" --results "$results" --smp 2 \
     --checks "write_bw send_lat bench:latency bench:bandwidth bench:alltoall bench:allreduce" \
     --bench-args "-b 8 -e 2097152 -f 4 -n 10 -w 2 --timeout 120" \
     --guest-env "NCCL_DEBUG=INFO" mesh3
