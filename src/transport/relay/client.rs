@@ -31,6 +31,44 @@ pub const PROBE_WAIT: Duration = Duration::from_secs(10);
 const RETRY_FIRST: Duration = Duration::from_millis(20);
 const RETRY_MAX: Duration = Duration::from_millis(500);
 
+/// When a door connection that was refused or dropped is opened again: waits doubling from
+/// [`RETRY_FIRST`] to [`RETRY_MAX`], within a patience counted from a start.
+struct Retry {
+    at: Option<Instant>,
+    backoff: Duration,
+}
+
+impl Retry {
+    fn new() -> Retry {
+        Retry {
+            at: None,
+            backoff: RETRY_FIRST,
+        }
+    }
+
+    /// Schedules the next try one wait after `now` and doubles the wait; `false` (nothing
+    /// scheduled) when that try would come more than `wait` after `started`.
+    fn schedule(&mut self, now: Instant, started: Instant, wait: Duration) -> bool {
+        if now.duration_since(started) + self.backoff > wait {
+            return false;
+        }
+        self.at = Some(now + self.backoff);
+        self.backoff = (self.backoff * 2).min(RETRY_MAX);
+        true
+    }
+
+    /// `Some(true)` once the scheduled try is due (and no longer scheduled), `Some(false)` before;
+    /// `None` with none scheduled.
+    fn due(&mut self, now: Instant) -> Option<bool> {
+        let t = self.at?;
+        if now < t {
+            return Some(false);
+        }
+        self.at = None;
+        Some(true)
+    }
+}
+
 /// What one poll of a [`Door`] gave.
 #[derive(Debug)]
 pub enum DoorPoll {
@@ -359,8 +397,7 @@ pub struct Probe {
     key: CommKey,
     targets: Vec<Ipv4Addr>,
     door: Option<Door>,
-    retry_at: Option<Instant>,
-    backoff: Duration,
+    retry: Retry,
     started: Instant,
     /// How long a refusing or silent relay is given ([`PROBE_WAIT`] unless [`Probe::patience`]).
     wait: Duration,
@@ -423,8 +460,7 @@ impl Probe {
             key,
             targets,
             door: None,
-            retry_at: None,
-            backoff: RETRY_FIRST,
+            retry: Retry::new(),
             started: Instant::now(),
             wait: PROBE_WAIT,
             state: ProbeState::Pending,
@@ -470,12 +506,10 @@ impl Probe {
             return &self.state;
         }
         let now = Instant::now();
-        if let Some(t) = self.retry_at {
-            if now < t {
-                return &self.state;
-            }
-            self.retry_at = None;
-            self.open();
+        match self.retry.due(now) {
+            Some(false) => return &self.state,
+            Some(true) => self.open(),
+            None => {}
         }
         let Some(d) = self.door.as_mut() else {
             return &self.state;
@@ -530,35 +564,27 @@ impl Probe {
             }
             Ok(DoorPoll::NoService) => {
                 self.door = None;
-                if now.duration_since(self.started) + self.backoff > self.wait {
+                if !self.retry.schedule(now, self.started, self.wait) {
                     self.state = ProbeState::Failed(format!(
                         "nothing listens on relay {} (no rank of this communicator serves relays \
                          on that host)",
                         self.relay
                     ));
-                } else {
-                    self.retry_at = Some(now + self.backoff);
-                    self.backoff = (self.backoff * 2).min(RETRY_MAX);
                 }
             }
             // A relay busy with many new connections dropped this one: asked again (a chain from
             // its first relay), as long as the probe's patience lasts.
             Ok(DoorPoll::Dropped(why)) => {
                 self.door = None;
-                if now.duration_since(self.started) + self.backoff > self.wait {
+                if !self.retry.schedule(now, self.started, self.wait) {
                     self.state = ProbeState::Failed(format!(
                         "{why} (asked again for {} ms)",
                         self.wait.as_millis()
                     ));
-                } else {
-                    self.retry_at = Some(now + self.backoff);
-                    self.backoff = (self.backoff * 2).min(RETRY_MAX);
                 }
             }
-            Err(_) if k2_absent && now.duration_since(self.started) + self.backoff <= self.wait => {
+            Err(_) if k2_absent && self.retry.schedule(now, self.started, self.wait) => {
                 self.door = None;
-                self.retry_at = Some(now + self.backoff);
-                self.backoff = (self.backoff * 2).min(RETRY_MAX);
             }
             Err(e) => self.state = ProbeState::Failed(e.to_string()),
         }
@@ -587,9 +613,8 @@ pub struct LinkList {
     key: CommKey,
     index: u16,
     door: Option<Door>,
-    /// When a request the relay dropped is asked again, and the wait after that.
-    retry_at: Option<Instant>,
-    backoff: Duration,
+    /// When a request the relay dropped is asked again.
+    retry: Retry,
     found: Vec<Ipv4Addr>,
     started: Instant,
     state: ListState,
@@ -604,8 +629,7 @@ impl LinkList {
             key,
             index: 0,
             door: None,
-            retry_at: None,
-            backoff: RETRY_FIRST,
+            retry: Retry::new(),
             found: Vec::new(),
             started: Instant::now(),
             state: ListState::Pending,
@@ -634,13 +658,13 @@ impl LinkList {
     /// Advances; what the list has come to.
     pub fn poll(&mut self) -> &ListState {
         while self.state == ListState::Pending {
-            if let Some(t) = self.retry_at {
-                if Instant::now() < t {
-                    break;
+            match self.retry.due(Instant::now()) {
+                Some(false) => break,
+                Some(true) => {
+                    self.open();
+                    continue;
                 }
-                self.retry_at = None;
-                self.open();
-                continue;
+                None => {}
             }
             let Some(d) = self.door.as_mut() else {
                 break;
@@ -680,14 +704,14 @@ impl LinkList {
                 // list's patience.
                 Ok(DoorPoll::Dropped(why)) => {
                     self.door = None;
-                    if self.started.elapsed() + self.backoff > PROBE_WAIT {
+                    if !self
+                        .retry
+                        .schedule(Instant::now(), self.started, PROBE_WAIT)
+                    {
                         self.state = ListState::Failed(format!(
                             "{why} (asked again for {} ms)",
                             PROBE_WAIT.as_millis()
                         ));
-                    } else {
-                        self.retry_at = Some(Instant::now() + self.backoff);
-                        self.backoff = (self.backoff * 2).min(RETRY_MAX);
                     }
                 }
                 Err(_) if past_the_last => {
