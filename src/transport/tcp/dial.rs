@@ -133,9 +133,9 @@ pub(super) struct OutStream {
 
 /// What a relayed stream needs to dial again, and how its redials went.
 struct Redial {
+    /// A relayed path's spec: its relay's dialer is what dials again.
     spec: TcpPathSpec,
     cfg: TcpConfig,
-    dialer: std::sync::Arc<dyn StreamDialer>,
     /// The first drop (the [`REDIAL_FOR`] window counts from it), and the drops so far.
     first: Option<Instant>,
     drops: u32,
@@ -336,7 +336,11 @@ impl OutStream {
 
     /// A fresh socket for the stream, dialed through its relay.
     fn dial_again(&mut self) -> Result<Box<dyn DialStep>> {
-        let Some(r) = self.redial.as_ref() else {
+        let Some((r, dialer)) = self
+            .redial
+            .as_ref()
+            .and_then(|r| Some((r, r.spec.relay.as_ref()?.dialer.as_ref()?)))
+        else {
             return Err(Error::Internal(format!(
                 "{}: a direct stream cannot be dialed again",
                 self.what
@@ -348,7 +352,7 @@ impl OutStream {
             &r.cfg,
             &self.what,
         )?;
-        r.dialer
+        dialer
             .dial(sock, r.spec.remote)
             .map_err(|e| e.context(&self.what))
     }
@@ -552,7 +556,6 @@ pub(super) fn start_stream(
             redial: Some(Box::new(Redial {
                 spec: spec.clone(),
                 cfg: cfg.clone(),
-                dialer: d.clone(),
                 first: None,
                 drops: 0,
                 backoff: REDIAL_FIRST,
