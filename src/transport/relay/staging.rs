@@ -1,11 +1,11 @@
-//! The sans-IO core of a relay path over verbs (docs/guide/relay.md, "Verbs legs: the design"; not
-//! yet driven by queue pairs): the [`Descriptor`] A writes ahead of each payload, the staging
+//! The sans-IO core of a relay path over verbs (docs/guide/relay.md, "Verbs legs: the design";
+//! driven by [`super::staged`] at A and B and [`super::forward`] at K): the [`Descriptor`] A writes ahead of each payload, the staging
 //! [`Ring`] at K that takes A's writes in order and says what to forward where, and A's
 //! [`Sender`], which picks the slot of the next write and counts writes landed from K's credits.
 //!
-//! A write crosses as one RDMA write with immediate from A into K's next slot (descriptor, then
-//! payload; the immediate is the write's sequence number, low 32 bits) and one write out of that
-//! slot into B's buffer with B's address, B's key and A's own immediate, if any. K's NIC checks
+//! A write crosses as two RDMA writes from A into K's next slot, in order on one queue pair: the
+//! descriptor (a plain write at the slot's start), then the payload with an immediate (the write's
+//! sequence number, low 32 bits) right after it; and one write out of that slot into B's buffer with B's address, B's key and A's own immediate, if any. K's NIC checks
 //! nothing of B's; B's NIC checks the key and bounds, as on any path. K credits A with the number
 //! of writes whose forward B's NIC acknowledged, so A counts a write landed only once it is in B's
 //! memory: a write K held when it died never counts, as with the TCP relay's acknowledgement
@@ -195,10 +195,10 @@ impl Ring {
         (seq % u64::from(self.slots)) as usize * self.slot_bytes
     }
 
-    /// A's write completed at K with immediate `imm` and `byte_len` bytes; `desc` is what it wrote
-    /// at [`Ring::next_descriptor`]. Returns what to forward, or why the leg must end: a write out
-    /// of order, one past the credits A was given, a descriptor that does not parse, a length
-    /// that is not the descriptor's or does not fit a slot.
+    /// A's payload write completed at K with immediate `imm` and `byte_len` bytes; `desc` is what
+    /// its descriptor write put at [`Ring::next_descriptor`] before it. Returns what to forward, or
+    /// why the leg must end: a write out of order, one past the credits A was given, a descriptor
+    /// that does not parse, a length that is not the descriptor's or does not fit a slot.
     pub fn arrived(&mut self, imm: u32, byte_len: u32, desc: &[u8; DESC_LEN]) -> Result<Forward> {
         let seq = self.next;
         if imm != seq as u32 {
@@ -216,17 +216,17 @@ impl Ring {
             )));
         }
         let d = Descriptor::parse(desc)?;
-        let total = (d.len as usize).checked_add(DESC_LEN);
-        if total != Some(byte_len as usize) {
+        if byte_len != d.len {
             return Err(Error::Remote(format!(
-                "relay staging: write {seq} is {byte_len} bytes, its descriptor says {} + {DESC_LEN}",
+                "relay staging: write {seq} is {byte_len} bytes, its descriptor says {}",
                 d.len
             )));
         }
-        if byte_len as usize > self.slot_bytes {
+        if byte_len as usize > self.slot_bytes - DESC_LEN {
             return Err(Error::Remote(format!(
-                "relay staging: write {seq} is {byte_len} bytes, a slot holds {}",
-                self.slot_bytes
+                "relay staging: write {seq} is {byte_len} bytes, a slot holds {} after its \
+                 descriptor",
+                self.slot_bytes - DESC_LEN
             )));
         }
         self.next += 1;
@@ -287,6 +287,11 @@ impl Sender {
     /// The largest payload one write carries.
     pub fn max_payload(&self) -> usize {
         self.slot_bytes - DESC_LEN
+    }
+
+    /// Writes given a slot so far.
+    pub fn sent(&self) -> u64 {
+        self.next
     }
 
     /// Writes sent and not yet credited.
@@ -416,7 +421,7 @@ mod tests {
             assert_eq!(s.seq, u64::from(i));
             assert_eq!(k.next_descriptor().start, s.offset);
             let desc = d(len as u32, (i % 3 != 0).then_some(i)).to_bytes();
-            let f = k.arrived(s.imm, (len + DESC_LEN) as u32, &desc).unwrap();
+            let f = k.arrived(s.imm, len as u32, &desc).unwrap();
             assert_eq!(f.offset, s.offset + DESC_LEN);
             assert_eq!((f.len, f.imm), (len, (i % 3 != 0).then_some(i)));
             queue.push_back(f);
@@ -433,21 +438,23 @@ mod tests {
     fn the_relay_refuses_writes_out_of_order_past_the_credits_or_of_the_wrong_length() {
         let mut k = Ring::new(2, 256).unwrap();
         let desc = d(100, None).to_bytes();
-        let e = k.arrived(1, 132, &desc).unwrap_err().to_string();
+        let e = k.arrived(1, 100, &desc).unwrap_err().to_string();
         assert!(e.contains("out of order"), "{e}");
-        let e = k.arrived(0, 131, &desc).unwrap_err().to_string();
-        assert!(e.contains("its descriptor says 100 + 32"), "{e}");
-        let e = k.arrived(0, 332, &d(300, None).to_bytes()).unwrap_err();
-        assert!(e.to_string().contains("a slot holds 256"), "{e}");
-        let e = k.arrived(0, 32, &[0; DESC_LEN]).unwrap_err().to_string();
+        let e = k.arrived(0, 99, &desc).unwrap_err().to_string();
+        assert!(e.contains("its descriptor says 100"), "{e}");
+        let e = k.arrived(0, 225, &d(225, None).to_bytes()).unwrap_err();
+        assert!(e.to_string().contains("a slot holds 224 after"), "{e}");
+        k.arrived(0, 224, &d(224, None).to_bytes()).unwrap();
+        let mut k = Ring::new(2, 256).unwrap();
+        let e = k.arrived(0, 0, &[0; DESC_LEN]).unwrap_err().to_string();
         assert!(e.contains("magic"), "{e}");
         // Two slots: a third write before a credit overran them.
-        k.arrived(0, 132, &desc).unwrap();
-        k.arrived(1, 132, &desc).unwrap();
-        let e = k.arrived(2, 132, &desc).unwrap_err().to_string();
+        k.arrived(0, 100, &desc).unwrap();
+        k.arrived(1, 100, &desc).unwrap();
+        let e = k.arrived(2, 100, &desc).unwrap_err().to_string();
         assert!(e.contains("overran its credits"), "{e}");
         assert_eq!(k.forwarded(0).unwrap(), 1);
-        k.arrived(2, 132, &desc).unwrap();
+        k.arrived(2, 100, &desc).unwrap();
         // Forwards complete in order.
         assert!(k.forwarded(2).is_err());
         assert_eq!(k.forwarded(1).unwrap(), 2);
@@ -462,7 +469,7 @@ mod tests {
         for want in [u32::MAX - 1, u32::MAX, 0, 1] {
             let s = a.reserve(8).unwrap().unwrap();
             assert_eq!(s.imm, want);
-            let f = k.arrived(s.imm, 40, &d(8, None).to_bytes()).unwrap();
+            let f = k.arrived(s.imm, 8, &d(8, None).to_bytes()).unwrap();
             assert_eq!(f.seq, s.seq);
         }
         assert_eq!(a.credit(start + 4).unwrap(), 4);
