@@ -106,6 +106,9 @@ tests relay_fuzz \
   mutated_verdicts_and_challenges_never_panic_and_reencode_exactly \
   mutated_staging_descriptors_never_panic_and_reencode_exactly \
   mutated_leg_setup_messages_never_panic_and_reencode_exactly
+tests relay_verbs \
+  a_client_that_writes_out_of_order_or_outside_bs_buffer_ends_the_leg_and_lands_nothing \
+  a_relay_that_credits_writes_never_sent_fails_the_path_naming_it
 
 timeout 600 tests/netns/hostile.sh
 echo "67-hostile: ok"

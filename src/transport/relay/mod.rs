@@ -12,18 +12,21 @@
 //! * [`service`]: the relay host's side: [`RelayService`] (one thread per port) and [`Relays`]
 //!   (services started and stopped with the communicators that register).
 //! * `leg`: one relayed stream at the relay host.
-//! * [`staging`]: the sans-IO core of a verbs leg (descriptor, K's staging ring, A's credits); not
-//!   yet driven by queue pairs: relay paths are TCP today.
-//! * [`leg_setup`]: the messages that will set a verbs leg up on the door's connection (not sent
-//!   yet).
+//! * Verbs legs (not wired into the plugin yet: relay paths are TCP today): [`staging`], the
+//!   sans-IO core (descriptor, K's staging ring, A's credits); [`staged`], the path kind at A and
+//!   B (a [`Fabric`](crate::transport::fabric::Fabric) wrapper whose staged paths write through
+//!   K's ring and complete on K's credits); [`forward`], K's forwarder over its two queue pairs;
+//!   [`leg_setup`], the messages that will set a leg up on the door's connection.
 //!
 //! The design and its bounds: docs/guide/relay.md and docs/security.md.
 #![forbid(unsafe_code)]
 
 pub mod client;
+pub mod forward;
 mod leg;
 pub mod leg_setup;
 pub mod service;
+pub mod staged;
 pub mod staging;
 pub mod wire;
 

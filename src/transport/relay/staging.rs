@@ -1,7 +1,8 @@
 //! The sans-IO core of a relay path over verbs (docs/guide/relay.md, "Verbs legs: the design";
-//! driven by [`super::staged`] at A and B and [`super::forward`] at K): the [`Descriptor`] A writes ahead of each payload, the staging
-//! [`Ring`] at K that takes A's writes in order and says what to forward where, and A's
-//! [`Sender`], which picks the slot of the next write and counts writes landed from K's credits.
+//! driven by [`super::staged`] at A and B and [`super::forward`] at K): the [`Descriptor`] A
+//! writes ahead of each payload, the staging [`Ring`] at K that takes A's writes in order and says
+//! what to forward where, and A's [`Sender`], which picks the slot of the next write and counts
+//! writes landed from K's credits.
 //!
 //! A write crosses as two RDMA writes from A into K's next slot, in order on one queue pair: the
 //! descriptor (a plain write at the slot's start), then the payload with an immediate (the write's
