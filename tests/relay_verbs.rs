@@ -7,15 +7,20 @@
 //! B's memory; a relay or a client that lies: the leg ends, naming why.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use switchless::error::Result;
+use switchless::error::{Error, Result};
 use switchless::sys::Lent;
 use switchless::transport::comm::{
     ProtocolConfig, RecvBuf, RecvComm, Request, SendComm, connect_pair,
 };
-use switchless::transport::fabric::{Fabric, LocalSeg, MemKind, RemoteSeg, WriteWr};
-use switchless::transport::memfab::{EpId, MemEndpoint, MemFab, MemFabConfig};
+use switchless::transport::fabric::{
+    Completion, CtrlMem, Fabric, LocalSeg, MemKind, PathInfo, ReadWr, Registration, RemoteSeg,
+    Revive, WriteWr,
+};
+use switchless::transport::memfab::{EpId, InFlight, MemEndpoint, MemFab, MemFabConfig};
 use switchless::transport::relay::forward::{Forwarder, StagingMem};
 use switchless::transport::relay::staged::{Staged, StagedLink};
 use switchless::transport::relay::staging::{DESC_LEN, Descriptor};
@@ -540,4 +545,400 @@ fn a_client_that_writes_out_of_order_or_outside_bs_buffer_ends_the_leg_and_lands
     t.post(0, t.to_b(0, 999), 1000, 0);
     let e = t.k.poll().unwrap_err().to_string();
     assert!(e.contains("its descriptor says 999"), "{e}");
+}
+
+/// One connection end whose paths come from several in-process endpoints (a direct path to B and
+/// a path to K, as a verbs connection's queue pairs would): path `i` is path `map[i].1` of
+/// endpoint `map[i].0`. Registrations are made on every endpoint and their keys picked per path;
+/// control memory lives on endpoint 0 and is registered on the others.
+struct Joined {
+    parts: Vec<MemEndpoint>,
+    map: Vec<(usize, usize)>,
+    infos: Vec<PathInfo>,
+    regs: HashMap<u64, Vec<Registration>>,
+    next: u64,
+}
+
+impl Joined {
+    fn new(parts: Vec<MemEndpoint>) -> Joined {
+        let mut map = Vec::new();
+        let mut infos = Vec::new();
+        for (j, p) in parts.iter().enumerate() {
+            for (k, info) in p.paths().iter().enumerate() {
+                map.push((j, k));
+                infos.push(info.clone());
+            }
+        }
+        Joined {
+            parts,
+            map,
+            infos,
+            regs: HashMap::new(),
+            next: 1,
+        }
+    }
+
+    fn at(&mut self, path: usize) -> Result<(&mut MemEndpoint, usize)> {
+        let &(j, k) = self
+            .map
+            .get(path)
+            .ok_or_else(|| Error::InvalidArgument(format!("path {path}")))?;
+        Ok((&mut self.parts[j], k))
+    }
+
+    fn combine(&mut self, regs: Vec<Registration>) -> Registration {
+        let keys = self.map.iter().map(|&(j, k)| regs[j].keys[k]).collect();
+        let token = self.next;
+        self.next += 1;
+        self.regs.insert(token, regs);
+        Registration::new(keys, token)
+    }
+}
+
+impl Fabric for Joined {
+    fn paths(&self) -> &[PathInfo] {
+        &self.infos
+    }
+    fn register(&mut self, mem: &Lent, kind: MemKind) -> Result<Registration> {
+        let regs = self
+            .parts
+            .iter_mut()
+            .map(|p| p.register(mem, kind))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(self.combine(regs))
+    }
+    fn deregister(&mut self, reg: &Registration) -> Result<()> {
+        let regs = self
+            .regs
+            .remove(&reg.token)
+            .ok_or_else(|| Error::InvalidArgument("unknown registration".into()))?;
+        for (p, r) in self.parts.iter_mut().zip(&regs) {
+            p.deregister(r)?;
+        }
+        Ok(())
+    }
+    fn alloc_ctrl(&mut self, words: usize) -> Result<CtrlMem> {
+        let c = self.parts[0].alloc_ctrl(words)?;
+        let mut regs = vec![c.reg.clone()];
+        for p in &mut self.parts[1..] {
+            regs.push(p.register(&Lent::simulated(c.addr, words * 8), MemKind::Host)?);
+        }
+        let reg = self.combine(regs);
+        self.regs.get_mut(&reg.token).unwrap()[0] = c.reg.clone();
+        Ok(CtrlMem {
+            addr: c.addr,
+            words,
+            reg,
+        })
+    }
+    fn free_ctrl(&mut self, mem: &CtrlMem) -> Result<()> {
+        let regs = self.regs.remove(&mem.reg.token).unwrap_or_default();
+        for (p, r) in self.parts.iter_mut().zip(&regs).skip(1) {
+            p.deregister(r)?;
+        }
+        let first = CtrlMem {
+            reg: regs.first().cloned().unwrap_or_else(|| mem.reg.clone()),
+            ..mem.clone()
+        };
+        self.parts[0].free_ctrl(&first)
+    }
+    fn ctrl_load(&self, addr: u64, order: Ordering) -> Result<u64> {
+        self.parts[0].ctrl_load(addr, order)
+    }
+    fn ctrl_store(&self, addr: u64, value: u64, order: Ordering) -> Result<()> {
+        self.parts[0].ctrl_store(addr, value, order)
+    }
+    fn post_write(&mut self, path: usize, wr: &WriteWr) -> Result<()> {
+        let (p, k) = self.at(path)?;
+        p.post_write(k, wr)
+    }
+    fn post_read(&mut self, path: usize, wr: &ReadWr) -> Result<()> {
+        let (p, k) = self.at(path)?;
+        p.post_read(k, wr)
+    }
+    fn path_device(&self, path: usize) -> usize {
+        self.map.get(path).map_or(0, |m| m.0)
+    }
+    fn post_recv(&mut self, path: usize, wr_id: u64) -> Result<()> {
+        let (p, k) = self.at(path)?;
+        p.post_recv(k, wr_id)
+    }
+    fn poll(&mut self, path: usize, max: usize, out: &mut Vec<Completion>) -> Result<usize> {
+        let (p, k) = self.at(path)?;
+        p.poll(k, max, out)
+    }
+    fn shutdown(&mut self) -> Result<()> {
+        for p in &mut self.parts {
+            p.shutdown()?;
+        }
+        Ok(())
+    }
+    fn health(&mut self) -> Result<()> {
+        for p in &mut self.parts {
+            p.health()?;
+        }
+        Ok(())
+    }
+    fn path_health(&mut self, path: usize) -> Result<()> {
+        let (p, k) = self.at(path)?;
+        p.path_health(k)
+    }
+    fn stop_path(&mut self, path: usize) -> Result<()> {
+        let (p, k) = self.at(path)?;
+        p.stop_path(k)
+    }
+    fn seal_path(&mut self, path: usize) -> Result<bool> {
+        let (p, k) = self.at(path)?;
+        p.seal_path(k)
+    }
+    fn revive_path(&mut self, path: usize) -> Result<Revive> {
+        let (p, k) = self.at(path)?;
+        p.revive_path(k)
+    }
+}
+
+/// A - B with a direct path (0) and a relay path through K (1).
+struct Mixed {
+    fab: MemFab,
+    s: SendComm<Staged<Joined>>,
+    r: RecvComm<Staged<Joined>>,
+    k: Forwarder<MemEndpoint, MemRing>,
+    /// A's end of the A-K link and B's end of the K-B link.
+    a_k: EpId,
+    k_b: EpId,
+    now: Instant,
+}
+
+fn mixed(seed: Option<u64>) -> Mixed {
+    let fab = MemFab::new(MemFabConfig {
+        reorder_seed: seed,
+        ..MemFabConfig::default()
+    });
+    let (a1, b1) = fab.pair(&[100_000], 0);
+    let (a2, ka) = fab.pair(&[100_000], 0);
+    let (kb, b2) = fab.pair(&[100_000], 0);
+    let (a_k, k_b) = (a2.id(), b2.id());
+    let mut a = Staged::new(Joined::new(vec![a1, a2]));
+    let mut b = Staged::new(Joined::new(vec![b1, b2]));
+    let ea = a.stage(1, SLOTS).unwrap();
+    let eb = b.stage(1, SLOTS).unwrap();
+    let bytes = SLOTS as usize * SLOT_BYTES;
+    let ring = || MemRing {
+        fab: fab.clone(),
+        addr: fab.alloc(bytes).unwrap(),
+        len: bytes,
+    };
+    let mut k = Forwarder::new(
+        [ka, kb],
+        [0, 0],
+        [ring(), ring()],
+        SLOTS,
+        SLOT_BYTES,
+        ea.credit,
+    )
+    .unwrap();
+    k.peer(eb.credit).unwrap();
+    let link = |ring, peer_lengths| StagedLink {
+        ring,
+        slots: SLOTS,
+        slot_bytes: SLOT_BYTES,
+        peer_lengths,
+    };
+    a.attach(1, link(k.ring(0).unwrap(), eb.lengths)).unwrap();
+    b.attach(1, link(k.ring(1).unwrap(), ea.lengths)).unwrap();
+    let (s, r) = connect_pair(a, b, pcfg()).unwrap();
+    Mixed {
+        fab,
+        s,
+        r,
+        k,
+        a_k,
+        k_b,
+        now: Instant::now(),
+    }
+}
+
+/// Streams `n` messages of `size` bytes through a receive pool of `pool` buffers reused in turn
+/// (as NCCL reuses its buffers), guarding each completed receive's buffer until it is posted
+/// again: a late write into it is a violation. K polls when `relay(step)` says so.
+fn stream_reused(
+    g: &mut Mixed,
+    n: usize,
+    size: usize,
+    pool: usize,
+    mut relay: impl FnMut(&mut Mixed, usize) -> bool,
+) -> (Vec<u32>, usize) {
+    let src = g.fab.alloc(n * size).unwrap();
+    for m in 0..n {
+        g.fab
+            .write(src + (m * size) as u64, &pattern(size, m as u8))
+            .unwrap();
+    }
+    let dst = g.fab.alloc(pool * size).unwrap();
+    let smh =
+        g.s.reg_mr(&Lent::simulated(src, n * size), MemKind::Host)
+            .unwrap();
+    let rmh =
+        g.r.reg_mr(&Lent::simulated(dst, pool * size), MemKind::Host)
+            .unwrap();
+    let mut received = vec![0u32; n];
+    let (mut rnext, mut snext, mut sent) = (0, 0, 0);
+    let mut rq: Vec<(usize, Request, usize)> = Vec::new();
+    let mut sq: Vec<Request> = Vec::new();
+    let mut free = vec![true; pool];
+    let mut steps = 0;
+    for step in 0..40_000 {
+        steps = step;
+        let polls = relay(g, step);
+        let now = g.now;
+        while rnext < n {
+            // Into a buffer whose last receive completed, as NCCL posts it again.
+            let Some(k) = free.iter().position(|&f| f) else {
+                break;
+            };
+            let at = dst + (k * size) as u64;
+            g.fab.unguard(at);
+            let b = RecvBuf {
+                addr: at,
+                size: size as u64,
+                tag: 0,
+                mh: &rmh,
+            };
+            let Some(q) = g.r.irecv(now, &[b]).unwrap() else {
+                break;
+            };
+            free[k] = false;
+            rq.push((rnext, q, k));
+            rnext += 1;
+        }
+        while snext < n && sq.len() < 4 {
+            let at = src + (snext * size) as u64;
+            let Some(q) = g.s.isend(now, at, size as u64, 0, &smh).unwrap() else {
+                break;
+            };
+            sq.push(q);
+            snext += 1;
+        }
+        let mut i = 0;
+        while i < rq.len() {
+            if let Some(sz) = g.r.test(now, rq[i].1).unwrap() {
+                let (m, _, k) = rq[i];
+                assert_eq!(sz.as_slice(), &[size as u64], "message {m}");
+                let at = dst + (k * size) as u64;
+                assert!(
+                    g.fab.read(at, size).unwrap() == pattern(size, m as u8),
+                    "message {m}"
+                );
+                g.fab.guard(
+                    at,
+                    size,
+                    &format!("buffer of message {m} (done at step {step})"),
+                );
+                free[k] = true;
+                received[m] += 1;
+                rq.remove(i);
+            } else {
+                i += 1;
+            }
+        }
+        let mut i = 0;
+        while i < sq.len() {
+            if g.s.test(now, sq[i]).unwrap().is_some() {
+                sq.remove(i);
+                sent += 1;
+            } else {
+                i += 1;
+            }
+        }
+        if polls {
+            // K's errors end its leg; the comms see the path fail.
+            let _ = g.k.poll();
+        }
+        if sent == n && received.iter().all(|&c| c == 1) {
+            break;
+        }
+        g.fab.step();
+        g.now += Duration::from_millis(1);
+    }
+    (received, steps)
+}
+
+/// How the relay goes, at step `kill`.
+#[derive(Debug, Clone, Copy)]
+enum Cut {
+    /// K dies: both its cables.
+    Both,
+    /// Its cable to A only (K still reaches B).
+    ASide,
+    /// Its cable to B only.
+    BSide,
+    /// Its cable to A, while the writes K is forwarding to B are held on the wire and land
+    /// after this many more work requests, unless B's end is sealed first.
+    AWithLateForwards(u64),
+}
+
+#[test]
+fn a_relay_path_next_to_a_direct_one_fails_over_when_its_relay_dies_and_each_message_lands_once() {
+    // With `hold`, K stopped forwarding `hold` steps before the cut, so it dies holding writes A
+    // made into its staging ring, which only the direct path can deliver now. 3 receive buffers
+    // reused in turn: a copy landing twice, or late into a reused buffer, is a guard violation.
+    let mut late = (0, 0);
+    for seed in [None, Some(3), Some(11)] {
+        for (kill, hold) in [(2usize, 0usize), (6, 0), (15, 5), (45, 25)] {
+            for cut in [
+                Cut::Both,
+                Cut::ASide,
+                Cut::BSide,
+                Cut::AWithLateForwards(1),
+                Cut::AWithLateForwards(40),
+            ] {
+                let mut g = mixed(seed);
+                let (a_k, k_b) = (g.a_k, g.k_b);
+                let kb = EpId(k_b.0 - 1); // K's end of the K-B link
+                let (received, steps) = stream_reused(&mut g, 40, 300_000, 3, |g, step| {
+                    if step == kill {
+                        match cut {
+                            Cut::Both => {
+                                g.fab.kill_path(a_k, 0);
+                                g.fab.kill_path(k_b, 0);
+                            }
+                            Cut::ASide => g.fab.kill_path(a_k, 0),
+                            Cut::BSide => g.fab.kill_path(k_b, 0),
+                            Cut::AWithLateForwards(ops) => {
+                                g.fab.kill_path(a_k, 0);
+                                g.fab.fault_after(kb, 0, 0, false, InFlight::Delay { ops });
+                            }
+                        }
+                    }
+                    step + hold < kill || step > kill
+                });
+                let case = format!("seed {seed:?}, {cut:?} at step {kill}, holding for {hold}");
+                assert!(received.iter().all(|&c| c == 1), "{case}: {received:?}");
+                assert!(
+                    g.fab.violations().is_empty(),
+                    "{case}: {:?}",
+                    g.fab.violations()
+                );
+                assert_eq!(g.s.paths_up(), vec![true, false], "{case}");
+                assert_eq!(g.r.paths_up(), vec![true, false], "{case}");
+                assert!(steps < 10_000, "{case}: {steps} steps");
+                assert!(
+                    g.k.stats(0).forwarded > 0,
+                    "{case}: the relay path carried data"
+                );
+                assert!(g.k.ended().is_some(), "{case}: the leg ended");
+                let st = g.fab.stats();
+                late.0 += st.late_landed;
+                late.1 += st.late_dropped;
+                g.s.close().unwrap();
+                g.r.close().unwrap();
+            }
+        }
+    }
+    // Forwards held on the wire met B's end both ways: landed before its seal (counted, not
+    // sent again), and dropped after it.
+    assert!(
+        late.0 > 0 && late.1 > 0,
+        "late forwards landed / dropped: {late:?}"
+    );
 }
