@@ -51,7 +51,8 @@ struct Rig {
     fab: MemFab,
     s: SendComm<End>,
     r: RecvComm<End>,
-    k: Forwarder<MemEndpoint, MemRing>,
+    /// K's forwarder, unless a test handed it to a pump.
+    k: Option<Forwarder<MemEndpoint, MemRing>>,
     /// A's end and K's end of the A-K link; K's end and B's end of the K-B link.
     ids: [EpId; 4],
     /// A's credit word (for the test that plays a lying relay).
@@ -120,7 +121,7 @@ fn rig(seed: Option<u64>) -> Rig {
         fab,
         s,
         r,
-        k,
+        k: Some(k),
         ids,
         a_credit: ea.credit,
         now: Instant::now(),
@@ -244,7 +245,7 @@ fn stream(
             }
         }
         if relay_polls && out.relay_err.is_none() {
-            if let Err(e) = g.k.poll() {
+            if let Some(Err(e)) = g.k.as_mut().map(|k| k.poll()) {
                 out.relay_err = Some(e.to_string());
             }
         }
@@ -307,7 +308,8 @@ fn a_relay_path_over_verbs_carries_verified_data_of_every_size_through_the_stagi
         );
         check_landed(&g, &sizes, &out, dst, &offs);
         // Both directions crossed K: A's data one way, B's clear-to-send entries the other.
-        let (ab, ba) = (g.k.stats(0), g.k.stats(1));
+        let k = g.k.as_ref().unwrap();
+        let (ab, ba) = (k.stats(0), k.stats(1));
         let payload: u64 = sizes.iter().map(|&s| s as u64).sum();
         assert!(
             ab.bytes >= payload,
@@ -316,7 +318,7 @@ fn a_relay_path_over_verbs_carries_verified_data_of_every_size_through_the_stagi
         // A write larger than a slot crossed as several; every forward was credited.
         assert!(ab.forwarded > sizes.len() as u64, "{ab:?}");
         assert!(ba.forwarded > 0 && ba.credits > 0, "{ba:?}");
-        assert_eq!(g.k.ended(), None);
+        assert_eq!(k.ended(), None);
         g.s.close().unwrap();
         g.r.close().unwrap();
     }
@@ -941,4 +943,73 @@ fn a_relay_path_next_to_a_direct_one_fails_over_when_its_relay_dies_and_each_mes
         late.0 > 0 && late.1 > 0,
         "late forwards landed / dropped: {late:?}"
     );
+}
+
+#[test]
+fn the_relays_forwarding_thread_carries_a_leg_closes_it_on_demand_and_reports_one_that_failed() {
+    use switchless::transport::relay::pump::Pump;
+    // A leg on the pump's thread: the comms here, K there.
+    let mut g = rig(Some(9));
+    let pump = Pump::start("swl-test-pump", 2).unwrap();
+    pump.add(7, Box::new(g.k.take().unwrap())).unwrap();
+    let sizes = sizes();
+    let (out, dst, offs) = stream(&mut g, &sizes, 4, |_, _| false);
+    assert!(
+        out.sent_ok.iter().all(|&x| x) && out.received.iter().all(|&c| c == 1),
+        "{out:?}"
+    );
+    check_landed(&g, &sizes, &out, dst, &offs);
+    assert!(pump.moved() > sizes.len() as u64);
+    assert_eq!(pump.legs(), 1);
+    // The client went away: the service closes the leg; both ends' next messages fail.
+    pump.close(7, "the client closed the door's connection")
+        .unwrap();
+    let (out, ..) = stream(&mut g, &[100_000], 1, |_, _| false);
+    assert!(out.send_err.is_some() && out.recv_err.is_some(), "{out:?}");
+    assert!(
+        pump.take_ended().is_empty(),
+        "closed on demand, not ended on its own"
+    );
+    for _ in 0..500 {
+        if pump.legs() == 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(pump.legs(), 0);
+
+    // A leg whose cable to B goes: it ends on its own and is reported with its reason.
+    let mut g = rig(None);
+    let kb = EpId(g.ids[2].0);
+    pump.add(8, Box::new(g.k.take().unwrap())).unwrap();
+    g.fab.kill_path(kb, 0);
+    let (out, ..) = stream(&mut g, &[100_000], 1, |_, _| false);
+    assert!(out.send_err.is_some(), "{out:?}");
+    let mut ended = Vec::new();
+    for _ in 0..500 {
+        ended = pump.take_ended();
+        if !ended.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(ended.len(), 1, "{ended:?}");
+    assert_eq!(ended[0].0, 8);
+    assert!(ended[0].1.contains("relay leg ended"), "{ended:?}");
+    assert_eq!(pump.legs(), 0);
+
+    // At most two legs: a third is refused, naming the bound, and closed.
+    let (mut a, mut b, mut c) = (rig(None), rig(None), rig(None));
+    pump.add(1, Box::new(a.k.take().unwrap())).unwrap();
+    pump.add(2, Box::new(b.k.take().unwrap())).unwrap();
+    let e = pump.add(3, Box::new(c.k.take().unwrap())).unwrap_err();
+    assert!(e.to_string().contains("2 verbs legs already"), "{e}");
+    let (out, ..) = stream(&mut c, &[1000], 1, |_, _| false);
+    assert!(
+        out.send_err.is_some(),
+        "the refused leg was closed: {out:?}"
+    );
+    drop(pump); // closes the two legs and joins the thread
+    let (out, ..) = stream(&mut a, &[1000], 1, |_, _| false);
+    assert!(out.send_err.is_some(), "{out:?}");
 }
