@@ -235,6 +235,10 @@ pub enum Op {
     /// Which host is at the far end of the relay's `port`-th point-to-point link other than the
     /// client's own? No target; the relay answers and closes (`NotALink` past its last link).
     List = 4,
+    /// Set up a verbs leg to the one target (port 0: the relay opens no connection to it): after
+    /// the `OK` verdict the connection carries the leg's set-up (`super::leg_setup`) and stays
+    /// open as its control channel; the leg ends when it closes.
+    OpenVerbs = 5,
 }
 
 impl Op {
@@ -284,10 +288,11 @@ impl RequestRepr {
             2 => Op::Open,
             3 => Op::OpenRelay,
             4 => Op::List,
+            5 => Op::OpenVerbs,
             o => {
                 return Err(bad(format!(
-                    "request op {o}, accepted 1 (probe), 2 (open), 3 (open to a relay) or 4 \
-                     (list links)"
+                    "request op {o}, accepted 1 (probe), 2 (open), 3 (open to a relay), 4 \
+                     (list links) or 5 (open a verbs leg)"
                 )));
             }
         };
@@ -296,12 +301,13 @@ impl RequestRepr {
             Op::Open => "an open",
             Op::OpenRelay => "an open to a relay",
             Op::List => "a list",
+            Op::OpenVerbs => "a verbs leg",
         };
         let n = usize::from(b[field::NTARGETS]);
         let (min, max) = match op {
             Op::List => (0, 0),
             Op::Probe => (1, MAX_TARGETS),
-            Op::Open | Op::OpenRelay => (1, 1),
+            Op::Open | Op::OpenRelay | Op::OpenVerbs => (1, 1),
         };
         if n < min || n > max {
             return Err(bad(format!(
@@ -322,7 +328,8 @@ impl RequestRepr {
             }
         } else if op.opens() == (port == 0) {
             return Err(bad(format!(
-                "port {port} in {what} request (an open names its target's port, a probe none)"
+                "port {port} in {what} request (an open names its target's port, a probe and a \
+                 verbs leg none)"
             )));
         }
         if op.opens() && port < MIN_TARGET_PORT {
@@ -398,6 +405,8 @@ pub enum Code {
     Unreachable = 5,
     /// The request is malformed, or bytes came before the verdict (out of order).
     Malformed = 6,
+    /// A verbs leg: the relay has no RDMA device on the links (it relays TCP only).
+    NoVerbs = 7,
 }
 
 impl Code {
@@ -410,7 +419,8 @@ impl Code {
             4 => Code::Busy,
             5 => Code::Unreachable,
             6 => Code::Malformed,
-            c => return Err(bad(format!("verdict code {c}, accepted 0..=6"))),
+            7 => Code::NoVerbs,
+            c => return Err(bad(format!("verdict code {c}, accepted 0..=7"))),
         })
     }
 
@@ -427,6 +437,7 @@ impl Code {
             Code::Busy => "it is at its bound of relay connections",
             Code::Unreachable => "it could not reach the peer",
             Code::Malformed => "the request was malformed or out of order",
+            Code::NoVerbs => "it relays over TCP only (no RDMA device on its links)",
         }
     }
 }
@@ -580,7 +591,8 @@ mod tests {
         };
         assert!(err(&|x| x[0] = b'X').contains("SWRQ"));
         assert!(err(&|x| x[4] = 9).contains("version 9"));
-        assert!(err(&|x| x[5] = 5).contains("op 5"));
+        assert!(err(&|x| x[5] = 6).contains("op 6"));
+        assert!(err(&|x| x[5] = 5).contains("2 targets in a verbs leg"));
         assert!(err(&|x| x[5] = 4).contains("2 targets in a list"));
         assert!(err(&|x| x[5] = 3).contains("2 targets in an open to a relay"));
         assert!(err(&|x| x[6] = 0).contains("0 targets"));
@@ -632,6 +644,18 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("target port 80 in an open to a relay")
+        );
+        // A verbs leg: one target and no port (the relay opens no connection to it).
+        let mut verbs = relay.clone();
+        verbs.op = Op::OpenVerbs;
+        verbs.port = 0;
+        assert_eq!(RequestRepr::parse(&verbs.to_bytes()).unwrap(), verbs);
+        verbs.port = PORT_BASE;
+        assert!(
+            RequestRepr::parse(&verbs.to_bytes())
+                .unwrap_err()
+                .to_string()
+                .contains("a probe and a verbs leg none")
         );
         // A list: no target, a link index below MAX_LINKS in the port field (0 included).
         let mut list = relay.clone();
@@ -694,12 +718,12 @@ mod tests {
             (Code::Busy, "", [0; NONCE_LEN])
         );
         let mut b = v.to_bytes();
-        b[5] = 7;
+        b[5] = 8;
         assert!(
             VerdictRepr::parse(&b)
                 .unwrap_err()
                 .to_string()
-                .contains("code 7")
+                .contains("code 8")
         );
         // A host name is cut to its field on a character boundary, and shown escaped.
         let long = VerdictRepr {
