@@ -55,6 +55,7 @@ fn relay_named(host: &str, port: u16, addrs: &[&str], comm: u64, bounds: Bounds)
         tcp: TcpConfig::default(),
         host: host.into(),
         link_down: None,
+        verbs: None,
     };
     let s = RelayService::start(port, cfg)
         .unwrap()
@@ -934,6 +935,7 @@ fn relay_services_live_and_die_with_their_communicators() {
         tcp: TcpConfig::default(),
         host: "k".into(),
         link_down: None,
+        verbs: None,
     };
     // Two communicators whose ports are the same: one service serves both.
     let c1 = 0x1000u64;

@@ -1013,3 +1013,361 @@ fn the_relays_forwarding_thread_carries_a_leg_closes_it_on_demand_and_reports_on
     let (out, ..) = stream(&mut a, &[1000], 1, |_, _| false);
     assert!(out.send_err.is_some(), "{out:?}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// A verbs leg set up through a real relay service's door (127/8), K's half made by a factory
+// over the in-process fabric.
+// ---------------------------------------------------------------------------------------------
+
+mod door {
+    use super::*;
+    use std::collections::VecDeque;
+    use std::io::{Read, Write};
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
+    use std::sync::{Arc, Mutex};
+    use switchless::transport::relay::leg_setup::{
+        Geometry, Offer, Peer, QpEnd, READY_LEN, Ready, UP_LEN, Window, parse_up,
+    };
+    use switchless::transport::relay::pump::PumpLeg;
+    use switchless::transport::relay::wire::{
+        CHALLENGE_LEN, ChallengeRepr, Code, Op, RequestRepr, VERDICT_LEN, VerdictRepr,
+    };
+    use switchless::transport::relay::{
+        Bounds, CommKey, LegFactory, PendingLeg, RelayLink, RelayService, ServiceConfig,
+    };
+    use switchless::transport::tcp::TcpConfig;
+
+    /// K's halves, made ahead: each the K ends of an A-K and a K-B pair.
+    pub struct MemFactory {
+        pub fab: MemFab,
+        pub halves: Mutex<VecDeque<(MemEndpoint, MemEndpoint)>>,
+    }
+
+    struct Pending {
+        k: Forwarder<MemEndpoint, MemRing>,
+        ring: Geometry,
+    }
+
+    fn end() -> QpEnd {
+        QpEnd {
+            qpn: 0x11,
+            psn: 0,
+            gid: [0; 16],
+            mtu: 4096,
+        }
+    }
+
+    fn win(r: RemoteSeg) -> Window {
+        Window {
+            addr: r.addr,
+            rkey: r.rkey,
+        }
+    }
+
+    impl LegFactory for MemFactory {
+        fn create(
+            &self,
+            _from: &RelayLink,
+            _to: &RelayLink,
+            offer: &Offer,
+            ring: Geometry,
+        ) -> Result<Box<dyn PendingLeg>> {
+            let (ka, kb) = self
+                .halves
+                .lock()
+                .unwrap()
+                .pop_front()
+                .ok_or_else(|| Error::System("no queue pairs left".into()))?;
+            let bytes = ring.bytes() as usize;
+            let mem = || MemRing {
+                fab: self.fab.clone(),
+                addr: self.fab.alloc(bytes).unwrap(),
+                len: bytes,
+            };
+            let credit = RemoteSeg {
+                addr: offer.credit.addr,
+                rkey: offer.credit.rkey,
+            };
+            let k = Forwarder::new(
+                [ka, kb],
+                [0, 0],
+                [mem(), mem()],
+                ring.slots,
+                ring.slot_bytes as usize,
+                credit,
+            )?;
+            Ok(Box::new(Pending { k, ring }))
+        }
+    }
+
+    impl PendingLeg for Pending {
+        fn ready(&self) -> Ready {
+            Ready {
+                k_a: end(),
+                ring_a: win(self.k.ring(0).unwrap()),
+                k_b: end(),
+                ring_b: win(self.k.ring(1).unwrap()),
+                ring: self.ring,
+            }
+        }
+        fn finish(self: Box<Self>, peer: &Peer) -> Result<Box<dyn PumpLeg>> {
+            let mut k = self.k;
+            k.peer(RemoteSeg {
+                addr: peer.credit.addr,
+                rkey: peer.credit.rkey,
+            })?;
+            Ok(Box::new(k))
+        }
+    }
+
+    pub const COMM: u64 = 0x5eed_0f7e_1a00;
+
+    pub fn relay(port: u16, factory: Option<Arc<dyn LegFactory>>) -> RelayService {
+        let link = |a: &str| RelayLink {
+            addr: a.parse().unwrap(),
+            netdev: "lo".into(),
+            speed_mbps: 100_000,
+        };
+        let cfg = ServiceConfig {
+            links: vec![link("127.0.61.2/30"), link("127.0.62.1/30")],
+            bounds: Bounds::default(),
+            tcp: TcpConfig::default(),
+            host: "k".into(),
+            link_down: None,
+            verbs: factory,
+        };
+        let s = RelayService::start(port, cfg)
+            .unwrap()
+            .expect("a free port");
+        s.add_comm(COMM).unwrap();
+        s
+    }
+
+    fn read_exact(s: &mut TcpStream, n: usize) -> std::io::Result<Vec<u8>> {
+        let mut b = vec![0u8; n];
+        s.read_exact(&mut b)?;
+        Ok(b)
+    }
+
+    /// A's door exchange: an open-verbs request for B; the verdict.
+    pub fn open(port: u16) -> (TcpStream, VerdictRepr) {
+        let a = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        let from = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 61, 1)), 0);
+        a.bind(&from.into()).unwrap();
+        let to = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 61, 2)), port);
+        a.connect(&to.into()).unwrap();
+        let mut a: TcpStream = a.into();
+        a.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let c = read_exact(&mut a, CHALLENGE_LEN).unwrap();
+        let c = ChallengeRepr::parse(c.as_slice().try_into().unwrap()).unwrap();
+        let key = CommKey::new(COMM);
+        let req = key.seal(
+            RequestRepr {
+                op: Op::OpenVerbs,
+                comm: key.id(),
+                port: 0,
+                targets: vec![Ipv4Addr::new(127, 0, 62, 2)],
+                nonce: [7; 16],
+                tag: [0; 16],
+            },
+            &c.nonce,
+        );
+        a.write_all(&req.to_bytes()).unwrap();
+        let v = read_exact(&mut a, VERDICT_LEN).unwrap();
+        let v = VerdictRepr::parse(v.as_slice().try_into().unwrap()).unwrap();
+        if v.code == Code::Ok {
+            assert!(key.check_verdict(&v, &req.tag), "a verdict K sealed");
+        }
+        (a, v)
+    }
+
+    pub fn offer(a: &mut TcpStream, ring: Geometry, credit: RemoteSeg) -> std::io::Result<Ready> {
+        let o = Offer {
+            a: end(),
+            ring,
+            credit: win(credit),
+        };
+        a.write_all(&o.to_bytes())?;
+        let r = read_exact(a, READY_LEN)?;
+        Ready::parse(r.as_slice().try_into().unwrap())
+            .map_err(|e| std::io::Error::other(e.to_string()))
+    }
+
+    pub fn peer(a: &mut TcpStream, credit: RemoteSeg) -> std::io::Result<()> {
+        let p = Peer {
+            b: end(),
+            credit: win(credit),
+        };
+        a.write_all(&p.to_bytes())?;
+        let u = read_exact(a, UP_LEN)?;
+        parse_up(u.as_slice().try_into().unwrap()).map_err(|e| std::io::Error::other(e.to_string()))
+    }
+}
+
+/// Polls `f` every 2 ms for up to 10 s.
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < Duration::from_secs(10), "never: {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn a_verbs_leg_set_up_through_the_relays_door_carries_verified_data_and_ends_with_its_connection() {
+    use std::sync::{Arc, Mutex};
+    use switchless::transport::relay::leg_setup::Geometry;
+    use switchless::transport::relay::wire::Code;
+
+    let fab = MemFab::new(MemFabConfig::default());
+    let (a, ka) = fab.pair(&[100_000], 0);
+    let (kb, b) = fab.pair(&[100_000], 0);
+    let factory = Arc::new(door::MemFactory {
+        fab: fab.clone(),
+        halves: Mutex::new([(ka, kb)].into()),
+    });
+    let port = 31_061;
+    let k = door::relay(port, Some(factory));
+    let (mut ctl, v) = door::open(port);
+    assert_eq!(v.code, Code::Ok, "{v:?}");
+    assert_eq!(v.target.to_string(), "127.0.62.2");
+    assert_eq!(v.via.to_string(), "127.0.62.1");
+
+    let (mut a, mut b) = (Staged::new(a), Staged::new(b));
+    let ea = a.stage(0, 256).unwrap();
+    let eb = b.stage(0, 256).unwrap();
+    // A asks for 256 slots of 64 KiB (16 MiB); the relay grants what its 4 MiB bound holds.
+    let asked = Geometry {
+        slots: 256,
+        slot_bytes: 64 << 10,
+    };
+    let ready = door::offer(&mut ctl, asked, ea.credit).unwrap();
+    assert_eq!(ready.ring.slots, 64, "{ready:?}");
+    let link = |ring: switchless::transport::relay::leg_setup::Window, peer_lengths| StagedLink {
+        ring: RemoteSeg {
+            addr: ring.addr,
+            rkey: ring.rkey,
+        },
+        slots: ready.ring.slots,
+        slot_bytes: ready.ring.slot_bytes as usize,
+        peer_lengths,
+    };
+    a.attach(0, link(ready.ring_a, eb.lengths)).unwrap();
+    b.attach(0, link(ready.ring_b, ea.lengths)).unwrap();
+    // B's end and credit word, as A's handshake with B would bring them.
+    door::peer(&mut ctl, eb.credit).unwrap();
+    eventually("the leg is forwarding", || k.stats().verbs_legs == 1);
+
+    let (s, r) = connect_pair(a, b, pcfg()).unwrap();
+    let mut g = Rig {
+        fab,
+        s,
+        r,
+        k: None,
+        ids: [EpId(0); 4],
+        a_credit: ea.credit,
+        now: Instant::now(),
+    };
+    let sizes = sizes();
+    let (out, dst, offs) = stream(&mut g, &sizes, 4, |_, _| false);
+    assert!(
+        out.sent_ok.iter().all(|&x| x) && out.received.iter().all(|&c| c == 1),
+        "{out:?}"
+    );
+    check_landed(&g, &sizes, &out, dst, &offs);
+    let st = k.stats();
+    assert_eq!((st.verbs_opened, st.verbs_ended), (1, 0), "{st:?}");
+
+    // A's door connection closes: the relay ends the leg, and both ends fail their next message.
+    drop(ctl);
+    eventually("the leg is closed", || k.stats().verbs_legs == 0);
+    let (out, ..) = stream(&mut g, &[100_000], 1, |_, _| false);
+    assert!(out.send_err.is_some() && out.recv_err.is_some(), "{out:?}");
+}
+
+#[test]
+fn a_verbs_leg_the_relay_cannot_make_or_a_malformed_set_up_is_refused_and_counted() {
+    use std::io::{Read, Write};
+    use std::sync::{Arc, Mutex};
+    use switchless::transport::relay::wire::Code;
+
+    // A relay without verbs legs: refused by name.
+    let k = door::relay(31_062, None);
+    let (_, v) = door::open(31_062);
+    assert_eq!(v.code, Code::NoVerbs, "{v:?}");
+    assert!(Code::NoVerbs.text().contains("TCP only"));
+    eventually("counted", || k.stats().refused.get("no verbs") == Some(&1));
+    drop(k);
+
+    // A relay with them: a garbage offer ends the connection, counted; so does an offer whose
+    // slots are larger than the relay's ring; and a factory out of queue pairs.
+    let fab = MemFab::new(MemFabConfig::default());
+    let (_, ka) = fab.pair(&[100_000], 0);
+    let (kb, _) = fab.pair(&[100_000], 0);
+    let factory = Arc::new(door::MemFactory {
+        fab: fab.clone(),
+        halves: Mutex::new([(ka, kb)].into()),
+    });
+    let k = door::relay(31_063, Some(factory));
+    let (mut ctl, v) = door::open(31_063);
+    assert_eq!(v.code, Code::Ok);
+    ctl.write_all(&[0x55; switchless::transport::relay::leg_setup::OFFER_LEN])
+        .unwrap();
+    let mut rest = Vec::new();
+    let _ = ctl.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "no ready for a garbage offer");
+    eventually("counted", || {
+        k.stats().refused.get("verbs set-up") == Some(&1)
+    });
+    let (mut ctl, _) = door::open(31_063);
+    let huge = switchless::transport::relay::leg_setup::Geometry {
+        slots: 1,
+        slot_bytes: 8 << 20,
+    };
+    assert!(
+        door::offer(
+            &mut ctl,
+            huge,
+            RemoteSeg {
+                addr: 0x1000,
+                rkey: 1
+            }
+        )
+        .is_err()
+    );
+    eventually("counted", || {
+        k.stats().refused.get("verbs set-up") == Some(&2)
+    });
+    // The one prepared half is used by this leg; the next finds none.
+    let (mut ctl, _) = door::open(31_063);
+    let ok = switchless::transport::relay::leg_setup::Geometry {
+        slots: 8,
+        slot_bytes: 64 << 10,
+    };
+    door::offer(
+        &mut ctl,
+        ok,
+        RemoteSeg {
+            addr: 0x1000,
+            rkey: 1,
+        },
+    )
+    .unwrap();
+    let (mut ctl2, _) = door::open(31_063);
+    assert!(
+        door::offer(
+            &mut ctl2,
+            ok,
+            RemoteSeg {
+                addr: 0x1000,
+                rkey: 1
+            }
+        )
+        .is_err()
+    );
+    eventually("counted", || {
+        k.stats().refused.get("verbs set-up") == Some(&3)
+    });
+    assert_eq!(k.stats().verbs_opened, 0);
+    drop(ctl);
+}

@@ -108,7 +108,8 @@ tests relay_fuzz \
   mutated_leg_setup_messages_never_panic_and_reencode_exactly
 tests relay_verbs \
   a_client_that_writes_out_of_order_or_outside_bs_buffer_ends_the_leg_and_lands_nothing \
-  a_relay_that_credits_writes_never_sent_fails_the_path_naming_it
+  a_relay_that_credits_writes_never_sent_fails_the_path_naming_it \
+  a_verbs_leg_the_relay_cannot_make_or_a_malformed_set_up_is_refused_and_counted
 
 timeout 600 tests/netns/hostile.sh
 echo "67-hostile: ok"

@@ -84,6 +84,8 @@ pub fn relays_for(cfg: &Config, links: &[LocalLink]) -> Option<Arc<Relays>> {
         link_down: Some(Arc::new(move |netdev: &str| {
             crate::host::links::netdev_link_down(&reader, netdev)
         })),
+        // Verbs legs are not wired into the plugin yet (docs/guide/relay.md): TCP legs only.
+        verbs: None,
     }))
 }
 

@@ -1,5 +1,5 @@
-//! The set-up messages of a verbs relay leg (docs/guide/relay.md, "Verbs legs: the design"; not
-//! yet sent by anyone): what A and K say on the door's TCP connection, which stays open as the
+//! The set-up messages of a verbs relay leg (docs/guide/relay.md, "Verbs legs: the design"; the
+//! relay service reads and answers them, no client sends them yet): what A and K say on the door's TCP connection, which stays open as the
 //! leg's control channel, to connect A's queue pair to K's on the A-K link and K's on the K-B link
 //! to B's. Four fixed-size messages, little endian, each opening with `SWL`, its type, the version
 //! and three reserved bytes:

@@ -33,7 +33,10 @@ pub mod staging;
 pub mod wire;
 
 pub use client::{Found, Hop, LinkList, ListState, Probe, ProbeState, RelayDialer};
-pub use service::{Bounds, RelayLink, RelayService, RelayStats, Relays, ServiceConfig, Ticket};
+pub use service::{
+    Bounds, LegFactory, PendingLeg, RelayLink, RelayService, RelayStats, Relays, ServiceConfig,
+    Ticket,
+};
 pub use wire::{CommKey, port_for};
 
 use crate::error::{Error, Result};

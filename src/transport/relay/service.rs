@@ -28,6 +28,9 @@ use mio::{Events, Interest, Poll, Token, Waker};
 use socket2::{Domain, Protocol, Socket, Type};
 
 use super::leg::{CHAIN_OPENING, Joined, LegError, PATH_OPENING, Staging, Turn};
+use super::leg_setup::{Geometry, OFFER_LEN, Offer, PEER_LEN, Peer, Ready, up_bytes};
+use super::pump::{Pump, PumpLeg};
+use super::staging::MAX_SLOTS;
 use super::wire::{
     CHALLENGE_LEN, ChallengeRepr, Code, CommKey, Op, REQUEST_LEN, RequestRepr, VerdictRepr,
     port_for,
@@ -61,6 +64,13 @@ pub struct Bounds {
     pub pending: usize,
     /// … from one client address; past it that address's oldest is dropped.
     pub pending_per_source: usize,
+    /// Verbs legs (set up or forwarding) over every client, and from one client address.
+    pub verbs_legs: usize,
+    pub verbs_legs_per_source: usize,
+    /// Bytes of one verbs leg's staging ring, each direction (registered memory: a leg holds two).
+    pub verbs_ring_bytes: u64,
+    /// Time from a verbs leg's verdict to A's peer message (A's handshake with B runs between).
+    pub verbs_setup_timeout: Duration,
     /// Staging memory of frames in transit, bytes, over every client; a frame waits for memory.
     pub staging_bytes: usize,
     /// … of one client's streams.
@@ -88,8 +98,37 @@ impl Default for Bounds {
             request_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
             max_frame: RELAY_FRAME_BYTES,
+            // 32 legs of two 4 MiB rings: at most 256 MiB registered, as the TCP legs' staging.
+            verbs_legs: 32,
+            verbs_legs_per_source: 8,
+            verbs_ring_bytes: 4 << 20,
+            verbs_setup_timeout: Duration::from_secs(30),
         }
     }
+}
+
+/// How a relay service makes its half of a verbs leg (the plugin: queue pairs on the RDMA devices
+/// of the two links; tests: the in-process fabric).
+pub trait LegFactory: Send + Sync {
+    /// K's queue pair on the link to A (`from`), connected to A's end in `offer`, its queue pair
+    /// on the link to B (`to`), and both staging rings of shape `ring` (granted by the service:
+    /// at most what A asked and the bounds allow); credits go to A's credit word in `offer`.
+    fn create(
+        &self,
+        from: &RelayLink,
+        to: &RelayLink,
+        offer: &Offer,
+        ring: Geometry,
+    ) -> Result<Box<dyn PendingLeg>>;
+}
+
+/// K's half of a verbs leg between A's offer and B's end.
+pub trait PendingLeg: Send {
+    /// K's answer to the offer (its two queue pair ends and rings, the ring granted).
+    fn ready(&self) -> Ready;
+    /// B's end and credit word (from A's handshake with B): K's queue pair on B's link
+    /// connected; the leg, ready to forward.
+    fn finish(self: Box<Self>, peer: &Peer) -> Result<Box<dyn PumpLeg>>;
 }
 
 /// Reads a netdev's link state: `Some(why)` while it is down.
@@ -107,6 +146,8 @@ pub struct ServiceConfig {
     pub host: String,
     /// The link check (the plugin reads sysfs); `None`: links are taken to be up.
     pub link_down: Option<LinkDown>,
+    /// Verbs legs (`wire::Op::OpenVerbs`); `None`: refused with `NoVerbs` (TCP legs only).
+    pub verbs: Option<Arc<dyn LegFactory>>,
 }
 
 impl std::fmt::Debug for ServiceConfig {
@@ -134,10 +175,16 @@ pub struct RelayStats {
     pub chained: u64,
     /// Streams that ended (in order or not).
     pub closed: u64,
+    /// Verbs legs set up and handed to the forwarding thread; of them, those that ended on their
+    /// own (a queue pair failed, a client broke the protocol); forwarding now.
+    pub verbs_opened: u64,
+    pub verbs_ended: u64,
+    pub verbs_legs: usize,
     /// Refusals and drops by reason: `not a link` (the source), `unknown communicator`, `bad tag`,
     /// `malformed`, `out of order`, `target not on a link`, `not the relay port`, `no such link`, `busy`,
     /// `unreachable`, `timeout`,
-    /// `evicted`, `oversized frame`, `bad frame`, `after close`, `link down`.
+    /// `evicted`, `oversized frame`, `bad frame`, `after close`, `link down`, `no verbs`,
+    /// `verbs set-up` (a leg's offer or peer message refused, or K's queue pairs failed).
     pub refused: BTreeMap<&'static str, u64>,
     /// Streams joined now.
     pub legs: usize,
@@ -255,6 +302,7 @@ impl RelayService {
             cpu0: None,
             links_read: None,
             down: Vec::new(),
+            pump: None,
         };
         // Started from `init`, on NCCL's main thread: not through std, which would keep the
         // library mapped after NCCL's dlclose (crate::sys::thread).
@@ -394,6 +442,29 @@ enum State {
         link: usize,
     },
     Joined(Box<Joined>),
+    /// A verbs leg to the far end of link `to`: the verdict is out, A's offer is arriving.
+    VerbsOffer {
+        buf: [u8; OFFER_LEN],
+        got: usize,
+        to: usize,
+    },
+    /// K's ready is out; A's peer message (B's end, from A's handshake with B) is arriving.
+    VerbsPeer {
+        pending: Box<dyn PendingLeg>,
+        buf: [u8; PEER_LEN],
+        got: usize,
+    },
+    /// The leg forwards on the pump's thread; the connection is its control channel.
+    Verbs,
+}
+
+impl State {
+    fn verbs(&self) -> bool {
+        matches!(
+            self,
+            State::VerbsOffer { .. } | State::VerbsPeer { .. } | State::Verbs
+        )
+    }
 }
 
 struct Leg {
@@ -423,6 +494,8 @@ struct Server {
     links_read: Option<Instant>,
     /// Links last read as down.
     down: Vec<usize>,
+    /// The forwarding thread of the verbs legs, started with the first.
+    pump: Option<Pump>,
 }
 
 fn token(id: usize, side: usize) -> Token {
@@ -666,6 +739,28 @@ impl Server {
                 self.request(poll, id);
             }
             State::Connecting { .. } => self.connecting(poll, id),
+            State::VerbsOffer { .. } | State::VerbsPeer { .. } => self.verbs_setup(poll, id),
+            State::Verbs => {
+                let src = leg.source;
+                let Some(a) = leg.a.as_ref() else {
+                    return;
+                };
+                let mut one = [0u8; 1];
+                match sock::recv_slice(a, &mut one) {
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                        ) => {}
+                    Ok(0) | Err(_) => self.close(poll, id, None),
+                    Ok(_) => {
+                        self.refuse("verbs set-up", src, || {
+                            "bytes on a verbs leg's control channel; leg closed".into()
+                        });
+                        self.close(poll, id, Some(()));
+                    }
+                }
+            }
             State::Joined(j) => {
                 let src = leg.source;
                 let mut mem = ClientMem {
@@ -778,6 +873,10 @@ impl Server {
             let v = key.seal_verdict(ok, &req.tag);
             return self.answer(poll, id, v);
         }
+        if req.op == Op::OpenVerbs {
+            let v = key.seal_verdict(ok, &req.tag);
+            return self.open_verbs(poll, id, v, link);
+        }
         // An open: bounds first.
         let b = &self.cfg.bounds;
         let busy: Vec<Ipv4Addr> = self
@@ -840,6 +939,186 @@ impl Server {
             leg.since = Instant::now();
             leg.state = State::Connecting { b, req, key, link };
         }
+    }
+
+    /// A verbs leg to the far end of link `to` (`v`: the sealed `OK` verdict): bounds, then the
+    /// verdict, then A's offer is awaited.
+    fn open_verbs(&mut self, poll: &Poll, id: usize, v: VerdictRepr, to: usize) {
+        let Some(src) = self.legs.get(&id).map(|l| l.source) else {
+            return;
+        };
+        if self.cfg.verbs.is_none() {
+            self.refuse("no verbs", src, || {
+                "a verbs leg asked of a relay that forwards over TCP only".into()
+            });
+            return self.answer(poll, id, VerdictRepr::refusal(Code::NoVerbs));
+        }
+        let b = &self.cfg.bounds;
+        let busy: Vec<Ipv4Addr> = self
+            .legs
+            .values()
+            .filter(|l| l.state.verbs())
+            .map(|l| l.source)
+            .collect();
+        if busy.len() >= b.verbs_legs
+            || busy.iter().filter(|s| **s == src).count() >= b.verbs_legs_per_source
+        {
+            let (all, per) = (b.verbs_legs, b.verbs_legs_per_source);
+            self.refuse("busy", src, || {
+                format!("a verbs leg past the bound of {all} legs, {per} per client")
+            });
+            return self.answer(poll, id, VerdictRepr::refusal(Code::Busy));
+        }
+        let l = &self.cfg.links[to];
+        if let Some(why) = self.cfg.link_down.as_ref().and_then(|f| f(&l.netdev)) {
+            let t = v.target;
+            self.refuse("unreachable", src, || {
+                format!("{t}: its link is down: {why}")
+            });
+            return self.answer(poll, id, VerdictRepr::refusal(Code::Unreachable));
+        }
+        let Some(leg) = self.legs.get_mut(&id) else {
+            return;
+        };
+        let Some(a) = leg.a.as_ref() else {
+            return;
+        };
+        // 68 bytes into a socket that has sent 24: never blocks.
+        let bytes = v.to_bytes();
+        if !matches!(sock::send_slice(a, &bytes, false), Ok(n) if n == bytes.len()) {
+            return self.close(poll, id, None);
+        }
+        leg.links[1] = to;
+        leg.since = Instant::now();
+        leg.state = State::VerbsOffer {
+            buf: [0; OFFER_LEN],
+            got: 0,
+            to,
+        };
+        leg.queued = true;
+        self.run.push(id);
+    }
+
+    /// Reads A's offer, then its peer message; answers each (ready, then up) and hands the leg
+    /// to the forwarding thread.
+    fn verbs_setup(&mut self, poll: &Poll, id: usize) {
+        let Some(leg) = self.legs.get_mut(&id) else {
+            return;
+        };
+        let src = leg.source;
+        let Some(a) = leg.a.as_ref() else {
+            return;
+        };
+        let (buf, got): (&mut [u8], &mut usize) = match &mut leg.state {
+            State::VerbsOffer { buf, got, .. } => (buf, got),
+            State::VerbsPeer { buf, got, .. } => (buf, got),
+            _ => return,
+        };
+        while *got < buf.len() {
+            match sock::recv_slice(a, &mut buf[*got..]) {
+                Ok(0) => return self.close(poll, id, None),
+                Ok(n) => *got += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return self.close(poll, id, None),
+            }
+        }
+        let from = leg.links[0];
+        let state = std::mem::replace(&mut leg.state, State::Verbs);
+        let step = match state {
+            State::VerbsOffer { buf, to, .. } => self.verbs_offer(&buf, from, to).map(Some),
+            State::VerbsPeer { pending, buf, .. } => {
+                self.verbs_peer(id, pending, &buf).map(|()| None)
+            }
+            _ => return,
+        };
+        let (reply, next): (Vec<u8>, State) = match step {
+            Ok(Some(pending)) => (
+                pending.ready().to_bytes().to_vec(),
+                State::VerbsPeer {
+                    pending,
+                    buf: [0; PEER_LEN],
+                    got: 0,
+                },
+            ),
+            Ok(None) => (up_bytes().to_vec(), State::Verbs),
+            Err(e) => {
+                self.refuse("verbs set-up", src, || e.to_string());
+                return self.close(poll, id, Some(()));
+            }
+        };
+        let Some(leg) = self.legs.get_mut(&id) else {
+            return;
+        };
+        leg.state = next;
+        let sent = leg.a.as_ref().map(|a| sock::send_slice(a, &reply, false));
+        // At most 104 bytes answering a request the client waits on: a full socket buffer here
+        // is a client that does not read.
+        if !matches!(sent, Some(Ok(n)) if n == reply.len()) {
+            self.close(poll, id, Some(()));
+        }
+    }
+
+    /// A's offer: the ring granted (at most what A asked, [`MAX_SLOTS`] and the per-leg bound),
+    /// and K's half made.
+    fn verbs_offer(
+        &mut self,
+        buf: &[u8; OFFER_LEN],
+        from: usize,
+        to: usize,
+    ) -> Result<Box<dyn PendingLeg>> {
+        let offer = Offer::parse(buf)?;
+        let cap = self.cfg.bounds.verbs_ring_bytes;
+        let slot = u64::from(offer.ring.slot_bytes);
+        let fit = cap / slot.max(1);
+        if fit == 0 {
+            return Err(Error::Remote(format!(
+                "a verbs leg asking for slots of {slot} bytes; this relay's ring holds {cap}"
+            )));
+        }
+        let slots = u64::from(offer.ring.slots)
+            .min(u64::from(MAX_SLOTS))
+            .min(fit);
+        let ring = Geometry {
+            slots: u32::try_from(slots).unwrap_or(MAX_SLOTS),
+            slot_bytes: offer.ring.slot_bytes,
+        };
+        let factory = self
+            .cfg
+            .verbs
+            .clone()
+            .ok_or_else(|| Error::Internal("verbs leg without a factory".into()))?;
+        let pending = factory.create(&self.cfg.links[from], &self.cfg.links[to], &offer, ring)?;
+        let ready = pending.ready();
+        if ready.ring != ring || ready.answers(&offer).is_err() {
+            return Err(Error::Internal(format!(
+                "the verbs leg factory granted {:?}; the relay granted {ring:?}",
+                ready.ring
+            )));
+        }
+        Ok(pending)
+    }
+
+    /// A's peer message: K's half finished and handed to the forwarding thread.
+    fn verbs_peer(
+        &mut self,
+        id: usize,
+        pending: Box<dyn PendingLeg>,
+        buf: &[u8; PEER_LEN],
+    ) -> Result<()> {
+        let peer = Peer::parse(buf)?;
+        let leg = pending.finish(&peer)?;
+        if self.pump.is_none() {
+            let name = format!("swl-fwd{}", self.port);
+            self.pump = Some(Pump::start(&name, self.cfg.bounds.verbs_legs)?);
+        }
+        let pump = self
+            .pump
+            .as_ref()
+            .ok_or_else(|| Error::Internal("relay forwarding thread".into()))?;
+        pump.add(id as u64, leg)?;
+        self.stats.verbs_opened += 1;
+        Ok(())
     }
 
     /// A list request: the far end of this host's `req.port`-th up point-to-point link other than
@@ -1017,6 +1296,24 @@ impl Server {
                     }
                 }
             }
+            State::Verbs => {
+                if let Some(p) = &self.pump {
+                    // The client's control channel ended (or the service cut it): the leg too.
+                    let _ = p.close(id as u64, "its door connection closed");
+                }
+                if cut.is_some()
+                    && let Some(a) = &leg.a
+                {
+                    let _ = sock::abort(a);
+                }
+            }
+            State::VerbsOffer { .. } | State::VerbsPeer { .. } => {
+                if cut.is_some()
+                    && let Some(a) = &leg.a
+                {
+                    let _ = sock::abort(a);
+                }
+            }
             State::Request { .. } => {}
         }
         for fd in fds {
@@ -1037,6 +1334,11 @@ impl Server {
                 State::Connecting { .. } if now.duration_since(l.since) > b.connect_timeout => {
                     Some((*id, l.source, true))
                 }
+                State::VerbsOffer { .. } | State::VerbsPeer { .. }
+                    if now.duration_since(l.since) > b.verbs_setup_timeout =>
+                {
+                    Some((*id, l.source, false))
+                }
                 _ => None,
             })
             .collect();
@@ -1050,6 +1352,17 @@ impl Server {
                 self.refuse("timeout", src, || "no whole request in time".into());
                 self.close(poll, id, None);
             }
+        }
+        // Verbs legs that ended on their own: their control channel is cut, so A learns it.
+        let ended = self.pump.as_ref().map(Pump::take_ended).unwrap_or_default();
+        for (id, why) in ended {
+            self.stats.verbs_ended += 1;
+            tracing::debug!(
+                "NET/switchless: relay on port {}: a verbs leg ended: {why}",
+                self.port
+            );
+            // Gone from the pump already: its close there is a no-op.
+            self.close(poll, id as usize, Some(()));
         }
         // Connecting legs are looked at here too (a refused connect may report no event).
         let connecting: Vec<usize> = self
@@ -1096,6 +1409,11 @@ impl Server {
             .legs
             .values()
             .filter(|l| matches!(l.state, State::Joined(_)))
+            .count();
+        self.stats.verbs_legs = self
+            .legs
+            .values()
+            .filter(|l| matches!(l.state, State::Verbs))
             .count();
         self.stats.staging = self.mem.used;
         self.stats.staging_peak = self.mem.peak;
