@@ -1026,7 +1026,7 @@ mod door {
     use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
     use std::sync::{Arc, Mutex};
     use switchless::transport::relay::leg_setup::{
-        Geometry, Offer, Peer, QpEnd, READY_LEN, Ready, UP_LEN, Window, parse_up,
+        Geometry, Offer, Peer, QpEnd, READY_LEN, Ready, Window,
     };
     use switchless::transport::relay::pump::PumpLeg;
     use switchless::transport::relay::wire::{
@@ -1192,16 +1192,6 @@ mod door {
         Ready::parse(r.as_slice().try_into().unwrap())
             .map_err(|e| std::io::Error::other(e.to_string()))
     }
-
-    pub fn peer(a: &mut TcpStream, credit: RemoteSeg) -> std::io::Result<()> {
-        let p = Peer {
-            b: end(),
-            credit: win(credit),
-        };
-        a.write_all(&p.to_bytes())?;
-        let u = read_exact(a, UP_LEN)?;
-        parse_up(u.as_slice().try_into().unwrap()).map_err(|e| std::io::Error::other(e.to_string()))
-    }
 }
 
 /// Polls `f` every 2 ms for up to 10 s.
@@ -1215,8 +1205,11 @@ fn eventually(what: &str, mut f: impl FnMut() -> bool) {
 
 #[test]
 fn a_verbs_leg_set_up_through_the_relays_door_carries_verified_data_and_ends_with_its_connection() {
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
     use std::sync::{Arc, Mutex};
-    use switchless::transport::relay::leg_setup::Geometry;
+    use switchless::transport::relay::CommKey;
+    use switchless::transport::relay::leg_setup::{Geometry, Offer, Peer, QpEnd, Window};
+    use switchless::transport::relay::verbs_client::{LegStep, VerbsLeg};
     use switchless::transport::relay::wire::Code;
 
     let fab = MemFab::new(MemFabConfig::default());
@@ -1228,22 +1221,50 @@ fn a_verbs_leg_set_up_through_the_relays_door_carries_verified_data_and_ends_wit
     });
     let port = 31_061;
     let k = door::relay(port, Some(factory));
-    let (mut ctl, v) = door::open(port);
-    assert_eq!(v.code, Code::Ok, "{v:?}");
-    assert_eq!(v.target.to_string(), "127.0.62.2");
-    assert_eq!(v.via.to_string(), "127.0.62.1");
-
     let (mut a, mut b) = (Staged::new(a), Staged::new(b));
     let ea = a.stage(0, 256).unwrap();
     let eb = b.stage(0, 256).unwrap();
     // A asks for 256 slots of 64 KiB (16 MiB); the relay grants what its 4 MiB bound holds.
-    let asked = Geometry {
-        slots: 256,
-        slot_bytes: 64 << 10,
+    let offer = Offer {
+        a: QpEnd {
+            qpn: 0x11,
+            psn: 0,
+            gid: [0; 16],
+            mtu: 4096,
+        },
+        ring: Geometry {
+            slots: 256,
+            slot_bytes: 64 << 10,
+        },
+        credit: Window {
+            addr: ea.credit.addr,
+            rkey: ea.credit.rkey,
+        },
     };
-    let ready = door::offer(&mut ctl, asked, ea.credit).unwrap();
+    let relay_at = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 61, 2)), port);
+    let mut leg = VerbsLeg::start(
+        Ipv4Addr::new(127, 0, 61, 1),
+        relay_at,
+        CommKey::new(door::COMM),
+        Ipv4Addr::new(127, 0, 62, 2),
+        offer,
+    )
+    .unwrap();
+    let ready = loop {
+        match leg.poll().unwrap() {
+            LegStep::Ready(r) => break r,
+            LegStep::Pending => std::thread::sleep(Duration::from_millis(1)),
+            s => panic!("{s:?} before the ready"),
+        }
+    };
+    let v = leg.verdict().unwrap();
+    assert_eq!(v.code, Code::Ok, "{v:?}");
+    assert_eq!(v.target.to_string(), "127.0.62.2");
+    assert_eq!(v.via.to_string(), "127.0.62.1");
+    assert_eq!(v.host, "k");
     assert_eq!(ready.ring.slots, 64, "{ready:?}");
-    let link = |ring: switchless::transport::relay::leg_setup::Window, peer_lengths| StagedLink {
+    assert_eq!(leg.poll().unwrap(), LegStep::AwaitingPeer);
+    let link = |ring: Window, peer_lengths| StagedLink {
         ring: RemoteSeg {
             addr: ring.addr,
             rkey: ring.rkey,
@@ -1255,7 +1276,28 @@ fn a_verbs_leg_set_up_through_the_relays_door_carries_verified_data_and_ends_wit
     a.attach(0, link(ready.ring_a, eb.lengths)).unwrap();
     b.attach(0, link(ready.ring_b, ea.lengths)).unwrap();
     // B's end and credit word, as A's handshake with B would bring them.
-    door::peer(&mut ctl, eb.credit).unwrap();
+    leg.peer(&Peer {
+        b: offer.a,
+        credit: Window {
+            addr: eb.credit.addr,
+            rkey: eb.credit.rkey,
+        },
+    })
+    .unwrap();
+    assert!(
+        leg.peer(&Peer {
+            b: offer.a,
+            credit: offer.credit
+        })
+        .is_err(),
+        "once"
+    );
+    let t = Instant::now();
+    while leg.poll().unwrap() != LegStep::Up {
+        assert!(t.elapsed() < Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let ctl = leg.into_control().unwrap();
     eventually("the leg is forwarding", || k.stats().verbs_legs == 1);
 
     let (s, r) = connect_pair(a, b, pcfg()).unwrap();
@@ -1291,12 +1333,43 @@ fn a_verbs_leg_the_relay_cannot_make_or_a_malformed_set_up_is_refused_and_counte
     use std::sync::{Arc, Mutex};
     use switchless::transport::relay::wire::Code;
 
-    // A relay without verbs legs: refused by name.
+    // A relay without verbs legs: refused by name (the raw verdict, and the client's error).
     let k = door::relay(31_062, None);
     let (_, v) = door::open(31_062);
     assert_eq!(v.code, Code::NoVerbs, "{v:?}");
-    assert!(Code::NoVerbs.text().contains("TCP only"));
-    eventually("counted", || k.stats().refused.get("no verbs") == Some(&1));
+    let at = std::net::SocketAddr::from(([127, 0, 61, 2], 31_062));
+    let offer = switchless::transport::relay::leg_setup::Offer {
+        a: switchless::transport::relay::leg_setup::QpEnd {
+            qpn: 1,
+            psn: 0,
+            gid: [0; 16],
+            mtu: 1024,
+        },
+        ring: switchless::transport::relay::leg_setup::Geometry {
+            slots: 8,
+            slot_bytes: 4096,
+        },
+        credit: switchless::transport::relay::leg_setup::Window {
+            addr: 0x1000,
+            rkey: 1,
+        },
+    };
+    let mut leg = switchless::transport::relay::verbs_client::VerbsLeg::start(
+        [127, 0, 61, 1].into(),
+        at,
+        switchless::transport::relay::CommKey::new(door::COMM),
+        [127, 0, 62, 2].into(),
+        offer,
+    )
+    .unwrap();
+    let e = loop {
+        match leg.poll() {
+            Ok(_) => std::thread::sleep(Duration::from_millis(1)),
+            Err(e) => break e.to_string(),
+        }
+    };
+    assert!(e.contains("refused: it relays over TCP only"), "{e}");
+    eventually("counted", || k.stats().refused.get("no verbs") == Some(&2));
     drop(k);
 
     // A relay with them: a garbage offer ends the connection, counted; so does an offer whose

@@ -725,7 +725,7 @@ impl LinkList {
 }
 
 /// A non-blocking TCP socket bound to `local`.
-fn bound_socket(local: Ipv4Addr) -> Result<Socket> {
+pub(super) fn bound_socket(local: Ipv4Addr) -> Result<Socket> {
     let s = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP))
         .map_err(|e| Error::io("relay door socket", e))?;
     s.set_tcp_nodelay(true)

@@ -16,8 +16,8 @@
 //!   sans-IO core (descriptor, K's staging ring, A's credits); [`staged`], the path kind at A and
 //!   B (a [`Fabric`](crate::transport::fabric::Fabric) wrapper whose staged paths write through
 //!   K's ring and complete on K's credits); [`forward`], K's forwarder over its two queue pairs;
-//!   [`pump`], K's thread that polls every forwarder; [`leg_setup`], the messages that will set a
-//!   leg up on the door's connection.
+//!   [`pump`], K's thread that polls every forwarder; [`leg_setup`], the messages that set a leg
+//!   up on the door's connection (door op 5: the service answers them, [`verbs_client`] asks).
 //!
 //! The design and its bounds: docs/guide/relay.md and docs/security.md.
 #![forbid(unsafe_code)]
@@ -30,6 +30,7 @@ pub mod pump;
 pub mod service;
 pub mod staged;
 pub mod staging;
+pub mod verbs_client;
 pub mod wire;
 
 pub use client::{Found, Hop, LinkList, ListState, Probe, ProbeState, RelayDialer};
