@@ -1702,6 +1702,42 @@ fn the_liveness_channel_sees_a_peer_that_exits() {
     assert!(e.to_string().contains("is gone"), "{e}");
 }
 
+/// A hello with a RoCE path through a relay (kind byte 3, a verbs leg) is refused by this build's
+/// acceptor, naming it, whatever its relay setting: relay paths are TCP until verbs legs are
+/// wired into the plugin. The kind survives the wire (it was encoded as a direct RoCE path once).
+#[test]
+fn a_verbs_relay_path_is_refused_by_name_until_verbs_legs_are_wired() {
+    let relayed = PathRequest {
+        connector: "127.0.0.1/8".parse().unwrap(),
+        acceptor: "127.0.0.1".parse().unwrap(),
+        kind: LinkKind::Roce,
+        relayed: true,
+    };
+    for refuse in [false, true] {
+        let v = AcceptorView {
+            refuse_relayed: refuse,
+            ..view()
+        };
+        let mut n = Net::new(SocketAddrV4::new(LO, PORT), NONCE, v, T);
+        let addr = n.listen_addr;
+        let mut c = connector_to(&mut n, &[addr], vec![relayed], params(1, 1), T, "peer");
+        let e = rounds(|| {
+            assert!(
+                n.poll_listener().unwrap().is_none(),
+                "verbs relay path accepted"
+            );
+            n.poll_connector(&mut c).err()
+        });
+        let t = e.to_string();
+        assert!(matches!(e, Error::Remote(_)), "{t}");
+        assert!(
+            t.contains("a RoCE path through the relay at 127.0.0.1"),
+            "{t}"
+        );
+        assert!(t.contains("relay paths over TCP only"), "{t}");
+    }
+}
+
 /// `NCCL_SWITCHLESS_RELAY=off` on the accepting host: a hello with a relayed path (kind byte 2)
 /// is refused, and the connector is told why, naming the setting. With relays on (the default),
 /// the same hello is accepted.

@@ -403,10 +403,11 @@ fn specific_malformed_frames_name_the_problem() {
         (
             {
                 let mut b = hello.clone();
-                b[wire::HEADER_LEN + 9 + 9] = 3;
+                b[wire::HEADER_LEN + 9 + 9] = 4;
                 b
             },
-            "kind 3, accepted 0 (RoCE), 1 (TCP) or 2 (TCP through a relay)",
+            "kind 4, accepted 0 (RoCE), 1 (TCP), 2 (TCP through a relay) or 3 (RoCE through a \
+             relay)",
         ),
         (
             {

@@ -544,6 +544,17 @@ fn check_hello(
     let mut paths = Vec::with_capacity(hello.paths.len());
     for (n, (req, par)) in hello.paths.iter().zip(&hello.params.paths).enumerate() {
         let what = || format!("path {n} ({} -> {})", req.connector.addr(), req.acceptor);
+        if req.relayed && req.kind == LinkKind::Roce {
+            return Err(Refusal::both(
+                &key,
+                format!(
+                    "{}: a RoCE path through the relay at {} (a verbs leg); this build carries \
+                     relay paths over TCP only",
+                    what(),
+                    req.connector.addr()
+                ),
+            ));
+        }
         if req.relayed && view.refuse_relayed {
             return Err(Refusal::both(
                 &key,

@@ -112,9 +112,11 @@ pub struct PathRequest {
     /// The acceptor's address on the same subnet.
     pub acceptor: Ipv4Addr,
     pub kind: LinkKind,
-    /// A TCP path through a relay host (`transport::relay`): `connector` is then the relay's
-    /// address on the acceptor's link (the streams come from there), and the path's writes are
-    /// acknowledged end to end. Kind byte 2 on the wire.
+    /// A path through a relay host (`transport::relay`): `connector` is then the relay's
+    /// address on the acceptor's link. TCP (kind byte 2): the streams come from there, and the
+    /// path's writes are acknowledged end to end. RoCE (kind byte 3, a verbs leg: the path's
+    /// params name the relay's queue pair on the acceptor's link): defined on the wire, refused
+    /// by this build's acceptor (relay paths are TCP until verbs legs are wired).
     pub relayed: bool,
 }
 
@@ -395,9 +397,10 @@ impl<'a> Reader<'a> {
 
 fn kind_byte(k: LinkKind, relayed: bool) -> u8 {
     match (k, relayed) {
-        (LinkKind::Roce, _) => 0,
+        (LinkKind::Roce, false) => 0,
         (LinkKind::Tcp, false) => 1,
         (LinkKind::Tcp, true) => 2,
+        (LinkKind::Roce, true) => 3,
     }
 }
 
@@ -632,9 +635,11 @@ impl Message {
                         0 => (LinkKind::Roce, false),
                         1 => (LinkKind::Tcp, false),
                         2 => (LinkKind::Tcp, true),
+                        3 => (LinkKind::Roce, true),
                         k => {
                             return Err(bad(format!(
-                                "path {i}: kind {k}, accepted 0 (RoCE), 1 (TCP) or 2 (TCP through a relay)"
+                                "path {i}: kind {k}, accepted 0 (RoCE), 1 (TCP), 2 (TCP through \
+                                 a relay) or 3 (RoCE through a relay)"
                             )));
                         }
                     };
