@@ -2,12 +2,13 @@
 # CI step: the tests that have a branch for hosts with RDMA devices, run where verbs exist: inside
 # the soft-RoCE VM lab (lab/run.sh pair: 2 nodes, 2 cables), through its `payload` check. The step
 # builds the test binaries (cargo test --no-run; paths from --message-format=json): tests/abi.rs,
-# tests/bench_host.rs and the library's unit tests, plus the cdylib they load and the
+# tests/bench_host.rs, tests/relay_verbs.rs (a verbs relay leg A -> K -> B over real queue pairs)
+# and the library's unit tests, plus the cdylib they load and the
 # examples verbs_smoke and async_events; lab/guest/verbs-tests.sh runs them in both VMs. Then it
 # counts, per node, what ran; a test whose RDMA branch did not run there fails the step:
 #   * every RDMA-BRANCH marker the sources print (grep of src/ and tests/: `println!("RDMA-BRANCH
 #     …")` and tests/abi.rs's `rdma_branch("…")`), on every node;
-#   * three `test result: ok` lines with tests passed and none failed;
+#   * four `test result: ok` lines with tests passed and none failed;
 #   * verbs_smoke: one SMOKE PASS per cable of the node, and the error path (bad rkey -> remote
 #     access error, then a flushed request) on the client end of every cable;
 #   * async_events: IBV_EVENT_PORT_ERR and IBV_EVENT_PORT_ACTIVE on the node's first cable.
@@ -24,7 +25,7 @@ trap 'rm -rf "$tmp"' EXIT
 pl=$tmp/payload
 mkdir -p "$pl"
 
-cargo test --no-run --locked --message-format=json --lib --test abi --test bench_host 2> "$tmp/build.err" > "$tmp/tests.json" ||
+cargo test --no-run --locked --message-format=json --lib --test abi --test bench_host --test relay_verbs 2> "$tmp/build.err" > "$tmp/tests.json" ||
   { cat "$tmp/build.err" >&2; fail "cargo test --no-run"; }
 cargo build --locked --message-format=json --example verbs_smoke --example async_events 2> "$tmp/build.err" > "$tmp/examples.json" ||
   { cat "$tmp/build.err" >&2; fail "cargo build --examples"; }
@@ -36,6 +37,7 @@ art() { # $1 json file, $2 jq filter -> one path
 }
 cp "$(art "$tmp/tests.json" 'select(.target.name == "abi" and .profile.test) | .executable')" "$pl/abi"
 cp "$(art "$tmp/tests.json" 'select(.target.name == "bench_host" and .profile.test) | .executable')" "$pl/bench_host"
+cp "$(art "$tmp/tests.json" 'select(.target.name == "relay_verbs" and .profile.test) | .executable')" "$pl/relay_verbs"
 cp "$(art "$tmp/tests.json" 'select(.target.name == "switchless" and .profile.test and (.target.kind | index("rlib"))) | .executable')" "$pl/unit"
 # tests/abi.rs and bench_host.rs load the plugin from next to their executable.
 cp "$(art "$tmp/tests.json" 'select(.target.name == "switchless" and (.profile.test | not) and (.target.kind | index("cdylib"))) | .filenames[] | select(endswith(".so"))')" "$pl/libswitchless.so"
@@ -65,14 +67,14 @@ for n in 1 2; do
     grep -qE "RDMA-BRANCH ${m}\$" "$out" || fail "node $n: the RDMA branch of $m did not run (no 'RDMA-BRANCH $m')"
   done
   ok=$(grep -cE '^test result: ok\. [1-9][0-9]* passed; 0 failed' "$out" || true)
-  [ "$ok" = 3 ] || fail "node $n: $ok of 3 test binaries passed tests: $(grep '^test result' "$out" | tr '\n' ' ')"
+  [ "$ok" = 4 ] || fail "node $n: $ok of 4 test binaries passed tests: $(grep '^test result' "$out" | tr '\n' ' ')"
   nl=$(sed -n 's/^LAB_NLINKS=//p' "$res/node$n/lab.env")
   pass=$(grep -c "^SMOKE PASS node $n cable " "$out" || true)
   [ "$pass" = "$nl" ] || fail "node $n: verbs_smoke passed on $pass of $nl cables"
   cables_total=$((cables_total + nl))
   errpath=$((errpath + $(grep -c '^SMOKE cable [0-9]* error path ok: ' "$out" || true)))
   grep -q "^ASYNC-EVENTS node $n " "$out" || fail "node $n: async_events saw no port going down and up"
-  echo "82-lab-verbs: node $n: ${#want[@]} RDMA branches, 3 test binaries, $pass cables, port events: ok"
+  echo "82-lab-verbs: node $n: ${#want[@]} RDMA branches, 4 test binaries, $pass cables, port events: ok"
 done
 # Each cable has one client end, which checks the error path.
 [ "$errpath" -eq $((cables_total / 2)) ] || fail "the bad-rkey/flush error path ran on $errpath of $((cables_total / 2)) cables"

@@ -7,7 +7,8 @@
 #      (remote access error) and the flushed request after it;
 #   2. the cargo test binaries whose tests have a branch for hosts with RDMA devices (they print
 #      RDMA-BRANCH lines there): tests/abi.rs (but the nm check: no binutils in the VM),
-#      tests/bench_host.rs, and the library's verbs:: unit tests;
+#      tests/bench_host.rs, tests/relay_verbs.rs's verbs leg, and the library's verbs:: unit
+#      tests;
 #   3. examples/async_events on this node's first cable while its netdev goes down and up again: it
 #      must read IBV_EVENT_PORT_ERR and IBV_EVENT_PORT_ACTIVE.
 # Exit status 0 when every step passed; the CI step also counts the markers in the output.
@@ -21,6 +22,7 @@ step() {
 step ./verbs_smoke
 step ./abi --skip exports_exactly_the_vtables --nocapture --test-threads=1
 step ./bench_host --nocapture --test-threads=1
+step ./relay_verbs a_relay_leg_over_real_verbs --nocapture --test-threads=1
 step ./unit verbs:: --nocapture --test-threads=1
 
 eval "set -- \$LAB_LINK_0"
