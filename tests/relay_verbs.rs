@@ -1445,26 +1445,15 @@ fn a_verbs_leg_the_relay_cannot_make_or_a_malformed_set_up_is_refused_and_counte
     drop(ctl);
 }
 
-/// The same leg over real verbs, where the host has an RDMA device (the soft-RoCE lab's VMs: CI
-/// step 82 runs this binary there): A, K and B in this process, four RC queue pairs on the
-/// device's IPv4 RoCE v2 GID (A's to K's first, K's second to B's: rxe carries a queue pair to
-/// another on the same device like any other), K's rings in host memory, the real comm protocol
-/// on top. Every size around the slot, verified byte for byte; K's counters show both directions
-/// forwarded. On a host without RDMA devices (the build host) it checks nothing and says so.
-#[test]
-fn a_relay_leg_over_real_verbs_carries_verified_data_when_the_host_has_rdma() {
+/// The soft-RoCE lab's device for the verbs branches: the first RDMA device, port 1, its first
+/// IPv4 RoCE v2 GID. `None` on a host without RDMA devices (the build host).
+fn lab_path() -> Option<(String, switchless::verbs::fabric::VerbsPath)> {
     use switchless::config::RelaxedOrdering;
-    use switchless::sys::HostBuffer;
-    use switchless::transport::handshake::auth::ConnSecret;
-    use switchless::verbs::fabric::{QpTuning, RemoteEnd, VerbsFabric, VerbsPath};
+    use switchless::verbs::fabric::VerbsPath;
     use switchless::verbs::{Context, Domain, GidType, device_names};
-
     let names = device_names().unwrap_or_default();
-    let Some(name) = names.first() else {
-        println!("no RDMA device here: the verbs branch runs in the soft-RoCE lab");
-        return;
-    };
-    let ctx = Context::open(name).unwrap();
+    let name = names.first()?.clone();
+    let ctx = Context::open(&name).unwrap();
     let port = 1u8;
     let info = ctx.query_port(port).unwrap();
     let gid = ctx
@@ -1473,30 +1462,123 @@ fn a_relay_leg_over_real_verbs_carries_verified_data_when_the_host_has_rdma() {
         .into_iter()
         .find(|e| e.gid.ipv4().is_some() && e.gid_type == Some(GidType::RoceV2))
         .expect("an IPv4 RoCE v2 GID on the lab's device");
-    let domain = Domain::new(&ctx, RelaxedOrdering::Off).unwrap();
     let path = VerbsPath {
-        domain,
+        domain: Domain::new(&ctx, RelaxedOrdering::Off).unwrap(),
         port,
         gid_index: gid.index,
         active_mtu: info.active_mtu.map_or(1024, |m| m.bytes()),
         speed_mbps: 10_000,
         label: format!("{name}:{port} gid {}", gid.index),
     };
+    Some((name, path))
+}
+
+fn remote_end(e: &switchless::verbs::fabric::LocalEnd) -> switchless::verbs::fabric::RemoteEnd {
+    switchless::verbs::fabric::RemoteEnd {
+        qpn: e.qpn,
+        psn: e.psn,
+        gid: e.gid,
+        mtu: e.mtu,
+        mailbox: 0,
+        mailbox_rkey: 0,
+    }
+}
+
+/// Sends each of `sizes` from A to B over real memory, one at a time, verified byte for byte;
+/// `k` (when K runs on this thread) is polled in between.
+fn verbs_messages<F: Fabric, G: Fabric>(
+    s: &mut SendComm<F>,
+    r: &mut RecvComm<G>,
+    mut k: Option<
+        &mut Forwarder<switchless::verbs::fabric::VerbsFabric, switchless::sys::HostBuffer>,
+    >,
+    sizes: &[usize],
+) {
+    use switchless::sys::HostBuffer;
+    let max = *sizes.iter().max().unwrap();
+    let mut src = HostBuffer::new(max).unwrap();
+    src.write(0, &pattern(max, 5)).unwrap();
+    let dst = HostBuffer::new(max).unwrap();
+    let smh = s.reg_mr(&src.lend(), MemKind::Host).unwrap();
+    let rmh = r.reg_mr(&dst.lend(), MemKind::Host).unwrap();
+    let t = Instant::now();
+    let mut poll_k = || {
+        if let Some(k) = k.as_deref_mut() {
+            k.poll().unwrap();
+        }
+    };
+    for (m, &size) in sizes.iter().enumerate() {
+        let b = RecvBuf {
+            addr: dst.addr(),
+            size: size as u64,
+            tag: 0,
+            mh: &rmh,
+        };
+        let rq = loop {
+            if let Some(q) = r.irecv(Instant::now(), &[b]).unwrap() {
+                break q;
+            }
+        };
+        let sq = loop {
+            poll_k();
+            if let Some(q) = s
+                .isend(Instant::now(), src.addr(), size as u64, 0, &smh)
+                .unwrap()
+            {
+                break q;
+            }
+        };
+        let (mut sent, mut got) = (false, false);
+        while !(sent && got) {
+            assert!(
+                t.elapsed() < Duration::from_secs(120),
+                "message {m} of {size} bytes hangs"
+            );
+            poll_k();
+            let now = Instant::now();
+            if !sent && s.test(now, sq).unwrap().is_some() {
+                sent = true;
+            }
+            if !got && let Some(sz) = r.test(now, rq).unwrap() {
+                assert_eq!(sz.as_slice(), &[size as u64], "message {m}");
+                got = true;
+            }
+        }
+        assert!(
+            dst.read(0, size).unwrap() == pattern(max, 5)[..size],
+            "message {m} of {size} bytes"
+        );
+    }
+    s.dereg_mr(smh).unwrap();
+    r.dereg_mr(rmh).unwrap();
+}
+
+fn verbs_sizes(slot_bytes: usize) -> Vec<usize> {
+    let p = slot_bytes - DESC_LEN;
+    vec![0, 1, 4095, p, p + 1, 3 * p + 5, 1 << 20, (2 << 20) + 3]
+}
+
+/// The same leg over real verbs, where the host has an RDMA device (the soft-RoCE lab's VMs: CI
+/// step 82 runs this binary there): A, K and B in this process, four RC queue pairs on the
+/// device's IPv4 RoCE v2 GID (A's to K's first, K's second to B's: rxe carries a queue pair to
+/// another on the same device like any other), K's rings in host memory, the real comm protocol
+/// on top. Every size around the slot, verified byte for byte; K's counters show both directions
+/// forwarded. On a host without RDMA devices (the build host) it checks nothing and says so.
+#[test]
+fn a_relay_leg_over_real_verbs_carries_verified_data_when_the_host_has_rdma() {
+    use switchless::sys::HostBuffer;
+    use switchless::transport::handshake::auth::ConnSecret;
+    use switchless::verbs::fabric::{QpTuning, VerbsFabric};
+
+    let Some((name, path)) = lab_path() else {
+        println!("no RDMA device here: the verbs branch runs in the soft-RoCE lab");
+        return;
+    };
     let mk = || VerbsFabric::new(std::slice::from_ref(&path), false).unwrap();
     let (a, ka, kb, b) = (mk(), mk(), mk(), mk());
     let tuning = QpTuning::default();
     let secret = ConnSecret::from_bytes([3; 32]);
-    let end = |f: &VerbsFabric| {
-        let e = f.local_ends()[0];
-        RemoteEnd {
-            qpn: e.qpn,
-            psn: e.psn,
-            gid: e.gid,
-            mtu: e.mtu,
-            mailbox: 0,
-            mailbox_rkey: 0,
-        }
-    };
+    let end = |f: &VerbsFabric| remote_end(&f.local_ends()[0]);
     a.connect(&[end(&ka)], &tuning, &secret).unwrap();
     ka.connect(&[end(&a)], &tuning, &secret).unwrap();
     kb.connect(&[end(&b)], &tuning, &secret).unwrap();
@@ -1521,66 +1603,14 @@ fn a_relay_leg_over_real_verbs_carries_verified_data_when_the_host_has_rdma() {
     a.attach(0, link(k.ring(0).unwrap(), eb.lengths)).unwrap();
     b.attach(0, link(k.ring(1).unwrap(), ea.lengths)).unwrap();
     let (mut s, mut r) = connect_pair(a, b, pcfg()).unwrap();
-
-    let p = slot_bytes - DESC_LEN;
-    let sizes = [0usize, 1, 4095, p, p + 1, 3 * p + 5, 1 << 20, (2 << 20) + 3];
-    let max = *sizes.iter().max().unwrap();
-    let mut src = HostBuffer::new(max).unwrap();
-    src.write(0, &pattern(max, 5)).unwrap();
-    let dst = HostBuffer::new(max).unwrap();
-    let smh = s.reg_mr(&src.lend(), MemKind::Host).unwrap();
-    let rmh = r.reg_mr(&dst.lend(), MemKind::Host).unwrap();
     let t = Instant::now();
-    for (m, &size) in sizes.iter().enumerate() {
-        let now = Instant::now();
-        let b = RecvBuf {
-            addr: dst.addr(),
-            size: size as u64,
-            tag: 0,
-            mh: &rmh,
-        };
-        let rq = loop {
-            if let Some(q) = r.irecv(now, &[b]).unwrap() {
-                break q;
-            }
-        };
-        let sq = loop {
-            k.poll().unwrap();
-            if let Some(q) = s
-                .isend(Instant::now(), src.addr(), size as u64, 0, &smh)
-                .unwrap()
-            {
-                break q;
-            }
-        };
-        let (mut sent, mut got) = (false, false);
-        while !(sent && got) {
-            assert!(
-                t.elapsed() < Duration::from_secs(120),
-                "message {m} of {size} bytes hangs"
-            );
-            k.poll().unwrap();
-            let now = Instant::now();
-            if !sent && s.test(now, sq).unwrap().is_some() {
-                sent = true;
-            }
-            if !got && let Some(sz) = r.test(now, rq).unwrap() {
-                assert_eq!(sz.as_slice(), &[size as u64], "message {m}");
-                got = true;
-            }
-        }
-        assert!(
-            dst.read(0, size).unwrap() == pattern(max, 5)[..size],
-            "message {m} of {size} bytes"
-        );
-    }
+    let sizes = verbs_sizes(slot_bytes);
+    verbs_messages(&mut s, &mut r, Some(&mut k), &sizes);
     let (ab, ba) = (k.stats(0), k.stats(1));
     assert!(
         ab.forwarded > sizes.len() as u64 && ba.forwarded > 0,
         "{ab:?} {ba:?}"
     );
-    s.dereg_mr(smh).unwrap();
-    r.dereg_mr(rmh).unwrap();
     s.close().unwrap();
     r.close().unwrap();
     println!(
@@ -1592,4 +1622,146 @@ fn a_relay_leg_over_real_verbs_carries_verified_data_when_the_host_has_rdma() {
     );
     // Counted by the lab's CI step: this branch ran where verbs exist.
     println!("RDMA-BRANCH relay_verbs::a_relay_leg_over_real_verbs_carries_verified_data");
+}
+
+/// The production K side on real verbs (`verbs::relay_leg::VerbsLegs`, the relay service's
+/// factory): a relay service on 127/8 whose links map to the lab VM's RDMA device, A's set-up
+/// through its door with `VerbsLeg` (A's queue pair end in the offer, K's ends in the ready, B's
+/// in the peer message), K's queue pairs made and connected by the factory, forwarding on the
+/// service's thread; the comm protocol's messages verified; the leg closed with A's door
+/// connection. On a host without RDMA devices it checks nothing and says so.
+#[test]
+fn a_relay_services_verbs_leg_over_real_queue_pairs_when_the_host_has_rdma() {
+    use std::collections::HashMap;
+    use std::net::{Ipv4Addr, SocketAddr};
+    use std::sync::Arc;
+    use switchless::transport::handshake::auth::ConnSecret;
+    use switchless::transport::relay::leg_setup::{Geometry, Offer, Peer, QpEnd, Window};
+    use switchless::transport::relay::verbs_client::{LegStep, VerbsLeg};
+    use switchless::transport::relay::{Bounds, CommKey, RelayLink, RelayService, ServiceConfig};
+    use switchless::transport::tcp::TcpConfig;
+    use switchless::verbs::fabric::{LocalEnd, QpTuning, VerbsFabric};
+    use switchless::verbs::relay_leg::VerbsLegs;
+
+    let Some((name, path)) = lab_path() else {
+        println!("no RDMA device here: the verbs branch runs in the soft-RoCE lab");
+        return;
+    };
+    let tuning = QpTuning::default();
+    let legs = VerbsLegs::new(HashMap::from([("lo".to_string(), path.clone())]), tuning);
+    let link = |a: &str| RelayLink {
+        addr: a.parse().unwrap(),
+        netdev: "lo".into(),
+        speed_mbps: 10_000,
+    };
+    let comm = 0x7e1a_0000_5eedu64;
+    let port = 31_071;
+    let k = RelayService::start(
+        port,
+        ServiceConfig {
+            links: vec![link("127.0.71.2/30"), link("127.0.72.1/30")],
+            bounds: Bounds::default(),
+            tcp: TcpConfig::default(),
+            host: "k".into(),
+            link_down: None,
+            verbs: Some(Arc::new(legs)),
+        },
+    )
+    .unwrap()
+    .expect("a free port");
+    k.add_comm(comm).unwrap();
+
+    let mk = || VerbsFabric::new(std::slice::from_ref(&path), false).unwrap();
+    let (a, b) = (mk(), mk());
+    let qp_end = |e: &LocalEnd| QpEnd {
+        qpn: e.qpn,
+        psn: e.psn,
+        gid: e.gid,
+        mtu: e.mtu as u16,
+    };
+    let (end_a, end_b) = (qp_end(&a.local_ends()[0]), qp_end(&b.local_ends()[0]));
+    let (mut a, mut b) = (Staged::new(a), Staged::new(b));
+    let ea = a.stage(0, 16).unwrap();
+    let eb = b.stage(0, 16).unwrap();
+    let win = |r: RemoteSeg| Window {
+        addr: r.addr,
+        rkey: r.rkey,
+    };
+    let offer = Offer {
+        a: end_a,
+        ring: Geometry {
+            slots: 16,
+            slot_bytes: 64 << 10,
+        },
+        credit: win(ea.credit),
+    };
+    let mut leg = VerbsLeg::start(
+        Ipv4Addr::new(127, 0, 71, 1),
+        SocketAddr::from(([127, 0, 71, 2], port)),
+        CommKey::new(comm),
+        Ipv4Addr::new(127, 0, 72, 2),
+        offer,
+    )
+    .unwrap();
+    let t = Instant::now();
+    let ready = loop {
+        match leg.poll().unwrap() {
+            LegStep::Ready(r) => break r,
+            _ => {
+                assert!(t.elapsed() < Duration::from_secs(30), "no ready");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    };
+    // A's queue pair to K's first, B's to K's second (B would read it from A's hello).
+    let secret = ConnSecret::from_bytes([5; 32]);
+    let to_remote = |q: &QpEnd| switchless::verbs::fabric::RemoteEnd {
+        qpn: q.qpn,
+        psn: q.psn,
+        gid: q.gid,
+        mtu: u32::from(q.mtu),
+        mailbox: 0,
+        mailbox_rkey: 0,
+    };
+    a.inner()
+        .connect(&[to_remote(&ready.k_a)], &tuning, &secret)
+        .unwrap();
+    b.inner()
+        .connect(&[to_remote(&ready.k_b)], &tuning, &secret)
+        .unwrap();
+    let slink = |ring: Window, peer_lengths| StagedLink {
+        ring: RemoteSeg {
+            addr: ring.addr,
+            rkey: ring.rkey,
+        },
+        slots: ready.ring.slots,
+        slot_bytes: ready.ring.slot_bytes as usize,
+        peer_lengths,
+    };
+    a.attach(0, slink(ready.ring_a, eb.lengths)).unwrap();
+    b.attach(0, slink(ready.ring_b, ea.lengths)).unwrap();
+    leg.peer(&Peer {
+        b: end_b,
+        credit: win(eb.credit),
+    })
+    .unwrap();
+    while leg.poll().unwrap() != LegStep::Up {
+        assert!(t.elapsed() < Duration::from_secs(30), "no up");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let ctl = leg.into_control().unwrap();
+    let (mut s, mut r) = connect_pair(a, b, pcfg()).unwrap();
+    let sizes = verbs_sizes(64 << 10);
+    verbs_messages(&mut s, &mut r, None, &sizes);
+    let st = k.stats();
+    assert_eq!((st.verbs_opened, st.verbs_legs), (1, 1), "{st:?}");
+    drop(ctl);
+    eventually("the leg is closed", || k.stats().verbs_legs == 0);
+    println!(
+        "relay service's verbs leg over {name}: {} messages in {:.2} s",
+        sizes.len(),
+        t.elapsed().as_secs_f64()
+    );
+    // Counted by the lab's CI step: this branch ran where verbs exist.
+    println!("RDMA-BRANCH relay_verbs::a_relay_services_verbs_leg_over_real_queue_pairs");
 }

@@ -22,7 +22,7 @@ step() {
 step ./verbs_smoke
 step ./abi --skip exports_exactly_the_vtables --nocapture --test-threads=1
 step ./bench_host --nocapture --test-threads=1
-step ./relay_verbs a_relay_leg_over_real_verbs --nocapture --test-threads=1
+step ./relay_verbs _when_the_host_has_rdma --nocapture --test-threads=1
 step ./unit verbs:: --nocapture --test-threads=1
 
 eval "set -- \$LAB_LINK_0"

@@ -15,6 +15,7 @@ pub mod events;
 pub mod fabric;
 mod memory;
 mod qp;
+pub mod relay_leg;
 mod sym;
 mod types;
 

@@ -152,6 +152,13 @@ impl<F: Fabric, M: StagingMem> Forwarder<F, M> {
         })
     }
 
+    /// End `i` (0: the queue pair to A, 1: to B), e.g. to connect it once its far end is known.
+    pub fn end(&self, i: usize) -> Result<&F> {
+        self.ends
+            .get(i)
+            .ok_or_else(|| Error::InvalidArgument(format!("relay leg end {i}; accepted 0 or 1")))
+    }
+
     /// B's credit word (from B's answer to the hello).
     pub fn peer(&mut self, credit_b: RemoteSeg) -> Result<()> {
         self.dirs[1].credit_to = Some(credit_b);
