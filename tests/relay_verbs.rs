@@ -1765,3 +1765,52 @@ fn a_relay_services_verbs_leg_over_real_queue_pairs_when_the_host_has_rdma() {
     // Counted by the lab's CI step: this branch ran where verbs exist.
     println!("RDMA-BRANCH relay_verbs::a_relay_services_verbs_leg_over_real_queue_pairs");
 }
+
+#[test]
+fn staging_a_path_checks_its_path_its_slot_count_and_its_attachment() {
+    let fab = MemFab::new(MemFabConfig::default());
+    let (a, _b) = fab.pair(&[100_000], 0);
+    let mut a = Staged::new(a);
+    for (path, slots, want) in [
+        (1usize, 8u32, "staging path 1; the connection has 1 paths"),
+        (0, 0, "staged for 0 slots; accepted 1..=256"),
+        (0, 257, "staged for 257 slots; accepted 1..=256"),
+    ] {
+        let e = a.stage(path, slots).unwrap_err().to_string();
+        assert!(e.contains(want), "{e}");
+    }
+    let ea = a.stage(0, 8).unwrap();
+    assert!(
+        a.stage(0, 8)
+            .unwrap_err()
+            .to_string()
+            .contains("staged already")
+    );
+    // A write before the relay is attached is refused; a ring larger than the descriptors
+    // prepared for is too.
+    let wr = WriteWr {
+        wr_id: 1,
+        local: LocalSeg {
+            addr: 0,
+            len: 0,
+            lkey: 0,
+        },
+        remote: ea.lengths,
+        imm: None,
+        signaled: true,
+        inline: false,
+    };
+    let e = a.post_write(0, &wr).unwrap_err().to_string();
+    assert!(e.contains("before its relay is attached"), "{e}");
+    let link = StagedLink {
+        ring: ea.credit,
+        slots: 9,
+        slot_bytes: 4096,
+        peer_lengths: ea.lengths,
+    };
+    let e = a.attach(0, link).unwrap_err().to_string();
+    assert!(
+        e.contains("ring has 9 slots; this end prepared descriptors for 8"),
+        "{e}"
+    );
+}

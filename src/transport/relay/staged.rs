@@ -26,7 +26,7 @@ use crate::transport::fabric::{
     forward_fabric,
 };
 
-use super::staging::{DESC_LEN, Descriptor, Sender};
+use super::staging::{DESC_LEN, Descriptor, MAX_SLOTS, Sender};
 
 /// Words of the length ring: twice the receives a path keeps posted, so a length written for a
 /// write one full round of receives ahead never lands on the one the peer still has to read.
@@ -169,7 +169,8 @@ impl<F: Fabric> Staged<F> {
     }
 
     /// Makes data path `path` a staged path (its queue pair connected to K): allocates its credit
-    /// word, its length ring and its descriptors, and returns what K and the peer need.
+    /// word, its length ring and descriptors for up to `max_slots` slots (at most
+    /// [`MAX_SLOTS`]), and returns what K and the peer need.
     pub fn stage(&mut self, path: usize, max_slots: u32) -> Result<StagedEnd> {
         if path >= self.inner.paths().len() || path >= 32 {
             return Err(Error::InvalidArgument(format!(
@@ -183,6 +184,11 @@ impl<F: Fabric> Staged<F> {
         if self.legs[path].is_some() {
             return Err(Error::InvalidUsage(format!(
                 "path {path} is staged already"
+            )));
+        }
+        if max_slots == 0 || max_slots > MAX_SLOTS {
+            return Err(Error::InvalidArgument(format!(
+                "a relay path staged for {max_slots} slots; accepted 1..={MAX_SLOTS}"
             )));
         }
         let words = 1 + LENGTH_RING + max_slots as usize * SLOT_WORDS;
