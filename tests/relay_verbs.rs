@@ -22,7 +22,7 @@ use switchless::transport::fabric::{
 };
 use switchless::transport::memfab::{EpId, InFlight, MemEndpoint, MemFab, MemFabConfig};
 use switchless::transport::relay::forward::{Forwarder, StagingMem};
-use switchless::transport::relay::staged::{Staged, StagedLink};
+use switchless::transport::relay::staged::{Staged, StagedEnd, StagedLink};
 use switchless::transport::relay::staging::{DESC_LEN, Descriptor};
 use switchless::transport::stripe::StripeParams;
 
@@ -80,6 +80,39 @@ fn pcfg() -> ProtocolConfig {
     }
 }
 
+/// Puts K between A's and B's path `path`: stages it at both ends, builds K's forwarder over its
+/// ends `k` ([to A, to B]) with two rings of `SLOTS` x `SLOT_BYTES` in `fab`, and attaches both
+/// ends; returns K and A's end.
+fn relay_between<X: Fabric, Y: Fabric>(
+    fab: &MemFab,
+    a: &mut Staged<X>,
+    b: &mut Staged<Y>,
+    path: usize,
+    k: [MemEndpoint; 2],
+) -> (Forwarder<MemEndpoint, MemRing>, StagedEnd) {
+    let ea = a.stage(path, SLOTS).unwrap();
+    let eb = b.stage(path, SLOTS).unwrap();
+    let bytes = SLOTS as usize * SLOT_BYTES;
+    let ring = || MemRing {
+        fab: fab.clone(),
+        addr: fab.alloc(bytes).unwrap(),
+        len: bytes,
+    };
+    let mut k = Forwarder::new(k, [0, 0], [ring(), ring()], SLOTS, SLOT_BYTES, ea.credit).unwrap();
+    k.peer(eb.credit).unwrap();
+    let link = |ring, peer_lengths| StagedLink {
+        ring,
+        slots: SLOTS,
+        slot_bytes: SLOT_BYTES,
+        peer_lengths,
+    };
+    a.attach(path, link(k.ring(0).unwrap(), eb.lengths))
+        .unwrap();
+    b.attach(path, link(k.ring(1).unwrap(), ea.lengths))
+        .unwrap();
+    (k, ea)
+}
+
 /// A - K - B, one staged path; `seed` runs queue pairs in a random interleaving.
 fn rig(seed: Option<u64>) -> Rig {
     let fab = MemFab::new(MemFabConfig {
@@ -90,32 +123,7 @@ fn rig(seed: Option<u64>) -> Rig {
     let (kb, b) = fab.pair(&[100_000], 0);
     let ids = [a.id(), ka.id(), kb.id(), b.id()];
     let (mut a, mut b) = (Staged::new(a), Staged::new(b));
-    let ea = a.stage(0, SLOTS).unwrap();
-    let eb = b.stage(0, SLOTS).unwrap();
-    let bytes = SLOTS as usize * SLOT_BYTES;
-    let ring = |fab: &MemFab| MemRing {
-        fab: fab.clone(),
-        addr: fab.alloc(bytes).unwrap(),
-        len: bytes,
-    };
-    let mut k = Forwarder::new(
-        [ka, kb],
-        [0, 0],
-        [ring(&fab), ring(&fab)],
-        SLOTS,
-        SLOT_BYTES,
-        ea.credit,
-    )
-    .unwrap();
-    k.peer(eb.credit).unwrap();
-    let link = |ring, peer_lengths| StagedLink {
-        ring,
-        slots: SLOTS,
-        slot_bytes: SLOT_BYTES,
-        peer_lengths,
-    };
-    a.attach(0, link(k.ring(0).unwrap(), eb.lengths)).unwrap();
-    b.attach(0, link(k.ring(1).unwrap(), ea.lengths)).unwrap();
+    let (k, ea) = relay_between(&fab, &mut a, &mut b, 0, [ka, kb]);
     let (s, r) = connect_pair(a, b, pcfg()).unwrap();
     Rig {
         fab,
@@ -722,32 +730,7 @@ fn mixed(seed: Option<u64>) -> Mixed {
     let (a_k, k_b) = (a2.id(), b2.id());
     let mut a = Staged::new(Joined::new(vec![a1, a2]));
     let mut b = Staged::new(Joined::new(vec![b1, b2]));
-    let ea = a.stage(1, SLOTS).unwrap();
-    let eb = b.stage(1, SLOTS).unwrap();
-    let bytes = SLOTS as usize * SLOT_BYTES;
-    let ring = || MemRing {
-        fab: fab.clone(),
-        addr: fab.alloc(bytes).unwrap(),
-        len: bytes,
-    };
-    let mut k = Forwarder::new(
-        [ka, kb],
-        [0, 0],
-        [ring(), ring()],
-        SLOTS,
-        SLOT_BYTES,
-        ea.credit,
-    )
-    .unwrap();
-    k.peer(eb.credit).unwrap();
-    let link = |ring, peer_lengths| StagedLink {
-        ring,
-        slots: SLOTS,
-        slot_bytes: SLOT_BYTES,
-        peer_lengths,
-    };
-    a.attach(1, link(k.ring(0).unwrap(), eb.lengths)).unwrap();
-    b.attach(1, link(k.ring(1).unwrap(), ea.lengths)).unwrap();
+    let (k, _) = relay_between(&fab, &mut a, &mut b, 1, [ka, kb]);
     let (s, r) = connect_pair(a, b, pcfg()).unwrap();
     Mixed {
         fab,
