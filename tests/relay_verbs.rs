@@ -1177,6 +1177,74 @@ mod door {
     }
 }
 
+/// Polls A's verbs leg set-up until K's ready (at most 30 s).
+fn until_ready(
+    leg: &mut switchless::transport::relay::verbs_client::VerbsLeg,
+) -> switchless::transport::relay::leg_setup::Ready {
+    use switchless::transport::relay::verbs_client::LegStep;
+    let t = Instant::now();
+    loop {
+        match leg.poll().unwrap() {
+            LegStep::Ready(r) => return r,
+            LegStep::Pending => {
+                assert!(t.elapsed() < Duration::from_secs(30), "no ready from K");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            s => panic!("{s:?} before the ready"),
+        }
+    }
+}
+
+/// Attaches A's and B's staged path 0 to K's rings as `ready` gives them.
+fn attach_ready<X: Fabric, Y: Fabric>(
+    ready: &switchless::transport::relay::leg_setup::Ready,
+    a: &mut Staged<X>,
+    b: &mut Staged<Y>,
+    ea: &StagedEnd,
+    eb: &StagedEnd,
+) {
+    let link = |ring: switchless::transport::relay::leg_setup::Window, peer_lengths| StagedLink {
+        ring: RemoteSeg {
+            addr: ring.addr,
+            rkey: ring.rkey,
+        },
+        slots: ready.ring.slots,
+        slot_bytes: ready.ring.slot_bytes as usize,
+        peer_lengths,
+    };
+    a.attach(0, link(ready.ring_a, eb.lengths)).unwrap();
+    b.attach(0, link(ready.ring_b, ea.lengths)).unwrap();
+}
+
+/// Sends K B's end and credit word (`again`: a second peer message, refused), polls until K's
+/// up (at most 30 s); the leg's control channel.
+fn until_up(
+    mut leg: switchless::transport::relay::verbs_client::VerbsLeg,
+    b_end: switchless::transport::relay::leg_setup::QpEnd,
+    eb: &StagedEnd,
+    again: Option<&switchless::transport::relay::leg_setup::Peer>,
+) -> std::net::TcpStream {
+    use switchless::transport::relay::leg_setup::{Peer, Window};
+    use switchless::transport::relay::verbs_client::LegStep;
+    leg.peer(&Peer {
+        b: b_end,
+        credit: Window {
+            addr: eb.credit.addr,
+            rkey: eb.credit.rkey,
+        },
+    })
+    .unwrap();
+    if let Some(p) = again {
+        assert!(leg.peer(p).is_err(), "a second peer message");
+    }
+    let t = Instant::now();
+    while leg.poll().unwrap() != LegStep::Up {
+        assert!(t.elapsed() < Duration::from_secs(30), "no up from K");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    leg.into_control().unwrap()
+}
+
 /// Polls `f` every 2 ms for up to 10 s.
 fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     let t = Instant::now();
@@ -1233,13 +1301,7 @@ fn a_verbs_leg_set_up_through_the_relays_door_carries_verified_data_and_ends_wit
         offer,
     )
     .unwrap();
-    let ready = loop {
-        match leg.poll().unwrap() {
-            LegStep::Ready(r) => break r,
-            LegStep::Pending => std::thread::sleep(Duration::from_millis(1)),
-            s => panic!("{s:?} before the ready"),
-        }
-    };
+    let ready = until_ready(&mut leg);
     let v = leg.verdict().unwrap();
     assert_eq!(v.code, Code::Ok, "{v:?}");
     assert_eq!(v.target.to_string(), "127.0.62.2");
@@ -1247,40 +1309,13 @@ fn a_verbs_leg_set_up_through_the_relays_door_carries_verified_data_and_ends_wit
     assert_eq!(v.host, "k");
     assert_eq!(ready.ring.slots, 64, "{ready:?}");
     assert_eq!(leg.poll().unwrap(), LegStep::AwaitingPeer);
-    let link = |ring: Window, peer_lengths| StagedLink {
-        ring: RemoteSeg {
-            addr: ring.addr,
-            rkey: ring.rkey,
-        },
-        slots: ready.ring.slots,
-        slot_bytes: ready.ring.slot_bytes as usize,
-        peer_lengths,
-    };
-    a.attach(0, link(ready.ring_a, eb.lengths)).unwrap();
-    b.attach(0, link(ready.ring_b, ea.lengths)).unwrap();
+    attach_ready(&ready, &mut a, &mut b, &ea, &eb);
     // B's end and credit word, as A's handshake with B would bring them.
-    leg.peer(&Peer {
+    let twice = Peer {
         b: offer.a,
-        credit: Window {
-            addr: eb.credit.addr,
-            rkey: eb.credit.rkey,
-        },
-    })
-    .unwrap();
-    assert!(
-        leg.peer(&Peer {
-            b: offer.a,
-            credit: offer.credit
-        })
-        .is_err(),
-        "once"
-    );
-    let t = Instant::now();
-    while leg.poll().unwrap() != LegStep::Up {
-        assert!(t.elapsed() < Duration::from_secs(10));
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let ctl = leg.into_control().unwrap();
+        credit: offer.credit,
+    };
+    let ctl = until_up(leg, offer.a, &eb, Some(&twice));
     eventually("the leg is forwarding", || k.stats().verbs_legs == 1);
 
     let (s, r) = connect_pair(a, b, pcfg()).unwrap();
@@ -1619,8 +1654,8 @@ fn a_relay_services_verbs_leg_over_real_queue_pairs_when_the_host_has_rdma() {
     use std::net::{Ipv4Addr, SocketAddr};
     use std::sync::Arc;
     use switchless::transport::handshake::auth::ConnSecret;
-    use switchless::transport::relay::leg_setup::{Geometry, Offer, Peer, QpEnd, Window};
-    use switchless::transport::relay::verbs_client::{LegStep, VerbsLeg};
+    use switchless::transport::relay::leg_setup::{Geometry, Offer, QpEnd, Window};
+    use switchless::transport::relay::verbs_client::VerbsLeg;
     use switchless::transport::relay::{Bounds, CommKey, RelayLink, RelayService, ServiceConfig};
     use switchless::transport::tcp::TcpConfig;
     use switchless::verbs::fabric::{LocalEnd, QpTuning, VerbsFabric};
@@ -1687,15 +1722,7 @@ fn a_relay_services_verbs_leg_over_real_queue_pairs_when_the_host_has_rdma() {
     )
     .unwrap();
     let t = Instant::now();
-    let ready = loop {
-        match leg.poll().unwrap() {
-            LegStep::Ready(r) => break r,
-            _ => {
-                assert!(t.elapsed() < Duration::from_secs(30), "no ready");
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        }
-    };
+    let ready = until_ready(&mut leg);
     // A's queue pair to K's first, B's to K's second (B would read it from A's hello).
     let secret = ConnSecret::from_bytes([5; 32]);
     let to_remote = |q: &QpEnd| switchless::verbs::fabric::RemoteEnd {
@@ -1712,27 +1739,8 @@ fn a_relay_services_verbs_leg_over_real_queue_pairs_when_the_host_has_rdma() {
     b.inner()
         .connect(&[to_remote(&ready.k_b)], &tuning, &secret)
         .unwrap();
-    let slink = |ring: Window, peer_lengths| StagedLink {
-        ring: RemoteSeg {
-            addr: ring.addr,
-            rkey: ring.rkey,
-        },
-        slots: ready.ring.slots,
-        slot_bytes: ready.ring.slot_bytes as usize,
-        peer_lengths,
-    };
-    a.attach(0, slink(ready.ring_a, eb.lengths)).unwrap();
-    b.attach(0, slink(ready.ring_b, ea.lengths)).unwrap();
-    leg.peer(&Peer {
-        b: end_b,
-        credit: win(eb.credit),
-    })
-    .unwrap();
-    while leg.poll().unwrap() != LegStep::Up {
-        assert!(t.elapsed() < Duration::from_secs(30), "no up");
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let ctl = leg.into_control().unwrap();
+    attach_ready(&ready, &mut a, &mut b, &ea, &eb);
+    let ctl = until_up(leg, end_b, &eb, None);
     let (mut s, mut r) = connect_pair(a, b, pcfg()).unwrap();
     let sizes = verbs_sizes(64 << 10);
     verbs_messages(&mut s, &mut r, None, &sizes);
