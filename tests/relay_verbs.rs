@@ -1106,6 +1106,15 @@ mod door {
     pub const COMM: u64 = 0x5eed_0f7e_1a00;
 
     pub fn relay(port: u16, factory: Option<Arc<dyn LegFactory>>) -> RelayService {
+        relay_with(port, factory, None)
+    }
+
+    /// [`relay`] with a link check (`netdev -> Some(why)` while down).
+    pub fn relay_with(
+        port: u16,
+        factory: Option<Arc<dyn LegFactory>>,
+        link_down: Option<switchless::transport::relay::service::LinkDown>,
+    ) -> RelayService {
         let link = |a: &str| RelayLink {
             addr: a.parse().unwrap(),
             netdev: "lo".into(),
@@ -1116,7 +1125,7 @@ mod door {
             bounds: Bounds::default(),
             tcp: TcpConfig::default(),
             host: "k".into(),
-            link_down: None,
+            link_down,
             verbs: factory,
         };
         let s = RelayService::start(port, cfg)
@@ -1804,4 +1813,87 @@ fn staging_a_path_checks_its_path_its_slot_count_and_its_attachment() {
         e.contains("ring has 9 slots; this end prepared descriptors for 8"),
         "{e}"
     );
+}
+
+#[test]
+fn a_verbs_leg_whose_link_goes_down_is_cut_at_the_relay_and_both_ends_fail() {
+    use std::io::Read;
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+    use std::sync::atomic::AtomicBool;
+    use std::sync::{Arc, Mutex};
+    use switchless::transport::relay::CommKey;
+    use switchless::transport::relay::leg_setup::{Geometry, Offer, QpEnd, Window};
+    use switchless::transport::relay::verbs_client::VerbsLeg;
+
+    let fab = MemFab::new(MemFabConfig::default());
+    let (a, ka) = fab.pair(&[100_000], 0);
+    let (kb, b) = fab.pair(&[100_000], 0);
+    let factory = Arc::new(door::MemFactory {
+        fab: fab.clone(),
+        halves: Mutex::new([(ka, kb)].into()),
+    });
+    let down = Arc::new(AtomicBool::new(false));
+    let seen = Arc::clone(&down);
+    let check: switchless::transport::relay::service::LinkDown = Arc::new(move |_: &str| {
+        seen.load(std::sync::atomic::Ordering::Relaxed)
+            .then(|| "carrier lost".to_string())
+    });
+    let port = 31_064;
+    let k = door::relay_with(port, Some(factory), Some(check));
+    let (mut a, mut b) = (Staged::new(a), Staged::new(b));
+    let ea = a.stage(0, 8).unwrap();
+    let eb = b.stage(0, 8).unwrap();
+    let end = QpEnd {
+        qpn: 0x11,
+        psn: 0,
+        gid: [0; 16],
+        mtu: 4096,
+    };
+    let offer = Offer {
+        a: end,
+        ring: Geometry {
+            slots: 8,
+            slot_bytes: 64 << 10,
+        },
+        credit: Window {
+            addr: ea.credit.addr,
+            rkey: ea.credit.rkey,
+        },
+    };
+    let mut leg = VerbsLeg::start(
+        Ipv4Addr::new(127, 0, 61, 1),
+        SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 61, 2)), port),
+        CommKey::new(door::COMM),
+        Ipv4Addr::new(127, 0, 62, 2),
+        offer,
+    )
+    .unwrap();
+    let ready = until_ready(&mut leg);
+    attach_ready(&ready, &mut a, &mut b, &ea, &eb);
+    let mut ctl = until_up(leg, end, &eb, None);
+    let (s, r) = connect_pair(a, b, pcfg()).unwrap();
+    let mut g = Rig {
+        fab,
+        s,
+        r,
+        k: None,
+        ids: [EpId(0); 4],
+        a_credit: ea.credit,
+        now: Instant::now(),
+    };
+    let (out, ..) = stream(&mut g, &[300_000, 7], 2, |_, _| false);
+    assert!(out.sent_ok.iter().all(|&x| x), "{out:?}");
+    // The link to B goes down: the relay cuts the leg (its queue pairs would fail only after the
+    // RC retries), A's control channel ends, and both ends fail their next message.
+    eventually("the leg is counted", || k.stats().verbs_legs == 1);
+    down.store(true, std::sync::atomic::Ordering::Relaxed);
+    eventually("the leg is cut", || {
+        let st = k.stats();
+        st.verbs_legs == 0 && st.refused.get("link down") == Some(&1)
+    });
+    let mut rest = Vec::new();
+    let _ = ctl.read_to_end(&mut rest);
+    assert!(rest.is_empty());
+    let (out, ..) = stream(&mut g, &[100_000], 1, |_, _| false);
+    assert!(out.send_err.is_some() && out.recv_err.is_some(), "{out:?}");
 }

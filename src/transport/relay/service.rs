@@ -1388,14 +1388,15 @@ impl Server {
                     .legs
                     .iter()
                     .filter(|(_, l)| {
-                        matches!(l.state, State::Joined(_))
+                        // A verbs leg too: its queue pairs would fail only after the RC retries.
+                        (matches!(l.state, State::Joined(_)) || l.state.verbs())
                             && l.links.iter().any(|k| self.down.contains(k))
                     })
                     .map(|(id, l)| (*id, l.source))
                     .collect();
                 for (id, src) in cut {
                     self.refuse("link down", src, || {
-                        "a relayed stream's link went down; stream cut".into()
+                        "a relayed stream's or verbs leg's link went down; cut".into()
                     });
                     self.close(poll, id, Some(()));
                 }
