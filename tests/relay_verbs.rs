@@ -1263,14 +1263,25 @@ fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
-#[test]
-fn a_verbs_leg_set_up_through_the_relays_door_carries_verified_data_and_ends_with_its_connection() {
+/// A leg set up through a real relay service's door on `port` (K's half from the in-process
+/// fabric; `link_down`: the service's link check), A asking for `slots` slots of 64 KiB: the
+/// service, the comms over the leg, A's control channel, K's verdict and ready.
+fn door_rig(
+    port: u16,
+    slots: u32,
+    link_down: Option<switchless::transport::relay::service::LinkDown>,
+) -> (
+    switchless::transport::relay::RelayService,
+    Rig,
+    std::net::TcpStream,
+    switchless::transport::relay::wire::VerdictRepr,
+    switchless::transport::relay::leg_setup::Ready,
+) {
     use std::net::{IpAddr, Ipv4Addr, SocketAddr};
     use std::sync::{Arc, Mutex};
     use switchless::transport::relay::CommKey;
     use switchless::transport::relay::leg_setup::{Geometry, Offer, Peer, QpEnd, Window};
     use switchless::transport::relay::verbs_client::{LegStep, VerbsLeg};
-    use switchless::transport::relay::wire::Code;
 
     let fab = MemFab::new(MemFabConfig::default());
     let (a, ka) = fab.pair(&[100_000], 0);
@@ -1279,12 +1290,10 @@ fn a_verbs_leg_set_up_through_the_relays_door_carries_verified_data_and_ends_wit
         fab: fab.clone(),
         halves: Mutex::new([(ka, kb)].into()),
     });
-    let port = 31_061;
-    let k = door::relay(port, Some(factory));
+    let k = door::relay_with(port, Some(factory), link_down);
     let (mut a, mut b) = (Staged::new(a), Staged::new(b));
-    let ea = a.stage(0, 256).unwrap();
-    let eb = b.stage(0, 256).unwrap();
-    // A asks for 256 slots of 64 KiB (16 MiB); the relay grants what its 4 MiB bound holds.
+    let ea = a.stage(0, slots).unwrap();
+    let eb = b.stage(0, slots).unwrap();
     let offer = Offer {
         a: QpEnd {
             qpn: 0x11,
@@ -1293,7 +1302,7 @@ fn a_verbs_leg_set_up_through_the_relays_door_carries_verified_data_and_ends_wit
             mtu: 4096,
         },
         ring: Geometry {
-            slots: 256,
+            slots,
             slot_bytes: 64 << 10,
         },
         credit: Window {
@@ -1301,22 +1310,16 @@ fn a_verbs_leg_set_up_through_the_relays_door_carries_verified_data_and_ends_wit
             rkey: ea.credit.rkey,
         },
     };
-    let relay_at = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 61, 2)), port);
     let mut leg = VerbsLeg::start(
         Ipv4Addr::new(127, 0, 61, 1),
-        relay_at,
+        SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 61, 2)), port),
         CommKey::new(door::COMM),
         Ipv4Addr::new(127, 0, 62, 2),
         offer,
     )
     .unwrap();
     let ready = until_ready(&mut leg);
-    let v = leg.verdict().unwrap();
-    assert_eq!(v.code, Code::Ok, "{v:?}");
-    assert_eq!(v.target.to_string(), "127.0.62.2");
-    assert_eq!(v.via.to_string(), "127.0.62.1");
-    assert_eq!(v.host, "k");
-    assert_eq!(ready.ring.slots, 64, "{ready:?}");
+    let verdict = leg.verdict().unwrap().clone();
     assert_eq!(leg.poll().unwrap(), LegStep::AwaitingPeer);
     attach_ready(&ready, &mut a, &mut b, &ea, &eb);
     // B's end and credit word, as A's handshake with B would bring them.
@@ -1326,9 +1329,8 @@ fn a_verbs_leg_set_up_through_the_relays_door_carries_verified_data_and_ends_wit
     };
     let ctl = until_up(leg, offer.a, &eb, Some(&twice));
     eventually("the leg is forwarding", || k.stats().verbs_legs == 1);
-
     let (s, r) = connect_pair(a, b, pcfg()).unwrap();
-    let mut g = Rig {
+    let g = Rig {
         fab,
         s,
         r,
@@ -1337,6 +1339,20 @@ fn a_verbs_leg_set_up_through_the_relays_door_carries_verified_data_and_ends_wit
         a_credit: ea.credit,
         now: Instant::now(),
     };
+    (k, g, ctl, verdict, ready)
+}
+
+#[test]
+fn a_verbs_leg_set_up_through_the_relays_door_carries_verified_data_and_ends_with_its_connection() {
+    use switchless::transport::relay::wire::Code;
+
+    // A asks for 256 slots of 64 KiB (16 MiB); the relay grants what its 4 MiB bound holds.
+    let (k, mut g, ctl, v, ready) = door_rig(31_061, 256, None);
+    assert_eq!(v.code, Code::Ok, "{v:?}");
+    assert_eq!(v.target.to_string(), "127.0.62.2");
+    assert_eq!(v.via.to_string(), "127.0.62.1");
+    assert_eq!(v.host, "k");
+    assert_eq!(ready.ring.slots, 64, "{ready:?}");
     let sizes = sizes();
     let (out, dst, offs) = stream(&mut g, &sizes, 4, |_, _| false);
     assert!(
@@ -1818,74 +1834,20 @@ fn staging_a_path_checks_its_path_its_slot_count_and_its_attachment() {
 #[test]
 fn a_verbs_leg_whose_link_goes_down_is_cut_at_the_relay_and_both_ends_fail() {
     use std::io::Read;
-    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+    use std::sync::Arc;
     use std::sync::atomic::AtomicBool;
-    use std::sync::{Arc, Mutex};
-    use switchless::transport::relay::CommKey;
-    use switchless::transport::relay::leg_setup::{Geometry, Offer, QpEnd, Window};
-    use switchless::transport::relay::verbs_client::VerbsLeg;
 
-    let fab = MemFab::new(MemFabConfig::default());
-    let (a, ka) = fab.pair(&[100_000], 0);
-    let (kb, b) = fab.pair(&[100_000], 0);
-    let factory = Arc::new(door::MemFactory {
-        fab: fab.clone(),
-        halves: Mutex::new([(ka, kb)].into()),
-    });
     let down = Arc::new(AtomicBool::new(false));
     let seen = Arc::clone(&down);
     let check: switchless::transport::relay::service::LinkDown = Arc::new(move |_: &str| {
         seen.load(std::sync::atomic::Ordering::Relaxed)
             .then(|| "carrier lost".to_string())
     });
-    let port = 31_064;
-    let k = door::relay_with(port, Some(factory), Some(check));
-    let (mut a, mut b) = (Staged::new(a), Staged::new(b));
-    let ea = a.stage(0, 8).unwrap();
-    let eb = b.stage(0, 8).unwrap();
-    let end = QpEnd {
-        qpn: 0x11,
-        psn: 0,
-        gid: [0; 16],
-        mtu: 4096,
-    };
-    let offer = Offer {
-        a: end,
-        ring: Geometry {
-            slots: 8,
-            slot_bytes: 64 << 10,
-        },
-        credit: Window {
-            addr: ea.credit.addr,
-            rkey: ea.credit.rkey,
-        },
-    };
-    let mut leg = VerbsLeg::start(
-        Ipv4Addr::new(127, 0, 61, 1),
-        SocketAddr::new(IpAddr::V4(Ipv4Addr::new(127, 0, 61, 2)), port),
-        CommKey::new(door::COMM),
-        Ipv4Addr::new(127, 0, 62, 2),
-        offer,
-    )
-    .unwrap();
-    let ready = until_ready(&mut leg);
-    attach_ready(&ready, &mut a, &mut b, &ea, &eb);
-    let mut ctl = until_up(leg, end, &eb, None);
-    let (s, r) = connect_pair(a, b, pcfg()).unwrap();
-    let mut g = Rig {
-        fab,
-        s,
-        r,
-        k: None,
-        ids: [EpId(0); 4],
-        a_credit: ea.credit,
-        now: Instant::now(),
-    };
+    let (k, mut g, mut ctl, ..) = door_rig(31_064, 8, Some(check));
     let (out, ..) = stream(&mut g, &[300_000, 7], 2, |_, _| false);
     assert!(out.sent_ok.iter().all(|&x| x), "{out:?}");
     // The link to B goes down: the relay cuts the leg (its queue pairs would fail only after the
     // RC retries), A's control channel ends, and both ends fail their next message.
-    eventually("the leg is counted", || k.stats().verbs_legs == 1);
     down.store(true, std::sync::atomic::Ordering::Relaxed);
     eventually("the leg is cut", || {
         let st = k.stats();
