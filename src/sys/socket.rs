@@ -45,6 +45,46 @@ pub fn recv_slice(sock: &impl AsRawFd, out: &mut [u8]) -> io::Result<usize> {
     Ok(n as usize)
 }
 
+/// How far [`fill`] got with a fixed-size message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fill {
+    /// The buffer is whole.
+    Whole,
+    /// Nothing more to read now (`EAGAIN`): call again once readable.
+    Pending,
+    /// The peer ended the stream before the buffer was whole.
+    Closed,
+}
+
+/// Reads into `buf[*got..]` without blocking until it is whole, the socket has nothing more, or
+/// the stream ends; `*got` counts the bytes in. `EINTR` is retried; other errors are returned.
+pub fn fill(sock: &impl AsRawFd, buf: &mut [u8], got: &mut usize) -> io::Result<Fill> {
+    while *got < buf.len() {
+        match recv_slice(sock, &mut buf[*got..]) {
+            Ok(0) => return Ok(Fill::Closed),
+            Ok(n) => *got += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Fill::Pending),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Fill::Whole)
+}
+
+/// Sends `data[*sent..]` without blocking until all of it is out (`Ok(true)`) or the socket takes
+/// no more now (`Ok(false)`); `*sent` counts the bytes out. `EINTR` is retried.
+pub fn drain(sock: &impl AsRawFd, data: &[u8], sent: &mut usize) -> io::Result<bool> {
+    while *sent < data.len() {
+        match send_slice(sock, &data[*sent..], false) {
+            Ok(n) => *sent += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
 /// What [`wait_fd`] waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ready {
@@ -235,4 +275,39 @@ pub fn set_keepalive(
         libc::TCP_USER_TIMEOUT,
         int(total_ms),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::unix::net::UnixStream;
+
+    #[test]
+    #[cfg_attr(miri, ignore = "calls recv(2) and send(2)")]
+    fn fill_and_drain_report_whole_pending_and_closed() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let mut buf = [0u8; 8];
+        let mut got = 0;
+        assert_eq!(fill(&a, &mut buf, &mut got).unwrap(), Fill::Pending);
+        b.write_all(b"abc").unwrap();
+        assert_eq!(fill(&a, &mut buf, &mut got).unwrap(), Fill::Pending);
+        assert_eq!(got, 3);
+        let mut sent = 0;
+        assert!(drain(&b, b"defgh", &mut sent).unwrap());
+        assert_eq!(sent, 5);
+        assert_eq!(fill(&a, &mut buf, &mut got).unwrap(), Fill::Whole);
+        assert_eq!(&buf, b"abcdefgh");
+        b.write_all(b"x").unwrap();
+        drop(b);
+        let (mut buf, mut got) = ([0u8; 4], 0);
+        assert_eq!(fill(&a, &mut buf, &mut got).unwrap(), Fill::Closed);
+        assert_eq!(got, 1);
+        // A full socket takes what it can and says so.
+        let (c, _d) = UnixStream::pair().unwrap();
+        let big = vec![7u8; 8 << 20];
+        let mut sent = 0;
+        assert!(!drain(&c, &big, &mut sent).unwrap());
+        assert!(sent > 0 && sent < big.len(), "{sent}");
+    }
 }

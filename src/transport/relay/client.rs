@@ -10,7 +10,6 @@
 //! Everything is driven without blocking.
 #![forbid(unsafe_code)]
 
-use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
@@ -21,7 +20,7 @@ use super::wire::{
     RequestRepr, VERDICT_LEN, VerdictRepr,
 };
 use crate::error::{Error, Result};
-use crate::sys::socket as sock;
+use crate::sys::socket::{self as sock, Fill};
 use crate::transport::tcp::{DialStep, Dialed, StreamDialer, connect_start, connect_status};
 
 /// How long a probe keeps trying a relay whose port refuses connections (its rank may not have
@@ -216,25 +215,22 @@ impl Door {
                     mut sent,
                     tag,
                 } => {
-                    while sent < REQUEST_LEN {
-                        match sock::send_slice(&sock, &bytes[sent..], false) {
-                            Ok(n) => sent += n,
-                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                                self.state = DoorState::Request {
-                                    sock,
-                                    bytes,
-                                    sent,
-                                    tag,
-                                };
-                                return Ok(DoorPoll::Pending);
-                            }
-                            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                            Err(e) => {
-                                return Ok(DoorPoll::Dropped(format!(
-                                    "{}: sending the request: {e}",
-                                    self.what
-                                )));
-                            }
+                    match sock::drain(&sock, &bytes, &mut sent) {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            self.state = DoorState::Request {
+                                sock,
+                                bytes,
+                                sent,
+                                tag,
+                            };
+                            return Ok(DoorPoll::Pending);
+                        }
+                        Err(e) => {
+                            return Ok(DoorPoll::Dropped(format!(
+                                "{}: sending the request: {e}",
+                                self.what
+                            )));
                         }
                     }
                     self.state = DoorState::Verdict {
@@ -307,16 +303,12 @@ impl Door {
         got: &mut usize,
         what: &str,
     ) -> std::result::Result<bool, String> {
-        while *got < buf.len() {
-            match sock::recv_slice(s, &mut buf[*got..]) {
-                Ok(0) => return Err(format!("{}: closed before sending {what}", self.what)),
-                Ok(n) => *got += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(format!("{}: reading {what}: {e}", self.what)),
-            }
+        match sock::fill(s, buf, got) {
+            Ok(Fill::Whole) => Ok(true),
+            Ok(Fill::Pending) => Ok(false),
+            Ok(Fill::Closed) => Err(format!("{}: closed before sending {what}", self.what)),
+            Err(e) => Err(format!("{}: reading {what}: {e}", self.what)),
         }
-        Ok(true)
     }
 }
 

@@ -38,7 +38,7 @@ use super::wire::{
 use crate::error::{Error, Result};
 use crate::route::types::point_to_point_peers;
 use crate::sync::lock;
-use crate::sys::socket as sock;
+use crate::sys::socket::{self as sock, Fill};
 use crate::transport::tcp::config::apply_options;
 use crate::transport::tcp::{RELAY_FRAME_BYTES, TcpConfig, streams_for_speed};
 
@@ -721,22 +721,18 @@ impl Server {
                 let Some(a) = leg.a.as_ref() else {
                     return;
                 };
-                while *got < REQUEST_LEN {
-                    match sock::recv_slice(a, &mut buf[*got..]) {
-                        Ok(0) => {
-                            let src = leg.source;
-                            self.refuse("malformed", src, || {
-                                "closed before its request was whole".into()
-                            });
-                            return self.close(poll, id, None);
-                        }
-                        Ok(n) => *got += n,
-                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(_) => return self.close(poll, id, None),
+                match sock::fill(a, buf, got) {
+                    Ok(Fill::Whole) => self.request(poll, id),
+                    Ok(Fill::Pending) => {}
+                    Ok(Fill::Closed) => {
+                        let src = leg.source;
+                        self.refuse("malformed", src, || {
+                            "closed before its request was whole".into()
+                        });
+                        self.close(poll, id, None);
                     }
+                    Err(_) => self.close(poll, id, None),
                 }
-                self.request(poll, id);
             }
             State::Connecting { .. } => self.connecting(poll, id),
             State::VerbsOffer { .. } | State::VerbsPeer { .. } => self.verbs_setup(poll, id),
@@ -1014,14 +1010,10 @@ impl Server {
             State::VerbsPeer { buf, got, .. } => (buf, got),
             _ => return,
         };
-        while *got < buf.len() {
-            match sock::recv_slice(a, &mut buf[*got..]) {
-                Ok(0) => return self.close(poll, id, None),
-                Ok(n) => *got += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => return self.close(poll, id, None),
-            }
+        match sock::fill(a, buf, got) {
+            Ok(Fill::Whole) => {}
+            Ok(Fill::Pending) => return,
+            Ok(Fill::Closed) | Err(_) => return self.close(poll, id, None),
         }
         let from = leg.links[0];
         let state = std::mem::replace(&mut leg.state, State::Verbs);

@@ -5,7 +5,6 @@
 //! ([`VerbsLeg::into_control`]): closing it ends the leg at K. Driven without blocking.
 #![forbid(unsafe_code)]
 
-use std::io;
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
@@ -13,7 +12,7 @@ use super::client::{Door, DoorPoll};
 use super::leg_setup::{Offer, Peer, READY_LEN, Ready, UP_LEN, parse_up};
 use super::wire::{CommKey, NONCE_LEN, Op, RequestRepr, VerdictRepr};
 use crate::error::{Error, Result};
-use crate::sys::socket as sock;
+use crate::sys::socket::{self as sock, Fill};
 
 /// How long K may take to answer each set-up message.
 pub const SETUP_WAIT: Duration = Duration::from_secs(10);
@@ -174,20 +173,17 @@ impl VerbsLeg {
                     bytes,
                     mut sent,
                 } => {
-                    while sent < bytes.len() {
-                        match sock::send_slice(&sock, &bytes[sent..], false) {
-                            Ok(n) => sent += n,
-                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                                self.state = State::Send { sock, bytes, sent };
-                                return self.waiting();
-                            }
-                            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                            Err(e) => {
-                                return Err(Error::System(format!(
-                                    "{}: sending the verbs leg's set-up: {e}",
-                                    self.what
-                                )));
-                            }
+                    match sock::drain(&sock, &bytes, &mut sent) {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            self.state = State::Send { sock, bytes, sent };
+                            return self.waiting();
+                        }
+                        Err(e) => {
+                            return Err(Error::System(format!(
+                                "{}: sending the verbs leg's set-up: {e}",
+                                self.what
+                            )));
                         }
                     }
                     let n = if self.ready.is_none() {
@@ -206,32 +202,29 @@ impl VerbsLeg {
                     mut buf,
                     mut got,
                 } => {
-                    while got < buf.len() {
-                        match sock::recv_slice(&sock, &mut buf[got..]) {
-                            Ok(0) => {
-                                return Err(Error::Remote(format!(
-                                    "{}: closed the verbs leg's set-up (it refused the {} \
-                                     message, or could not make its queue pairs)",
-                                    self.what,
-                                    if self.ready.is_none() {
-                                        "offer"
-                                    } else {
-                                        "peer"
-                                    }
-                                )));
-                            }
-                            Ok(n) => got += n,
-                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                                self.state = State::Read { sock, buf, got };
-                                return self.waiting();
-                            }
-                            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                            Err(e) => {
-                                return Err(Error::System(format!(
-                                    "{}: reading the verbs leg's set-up: {e}",
-                                    self.what
-                                )));
-                            }
+                    match sock::fill(&sock, &mut buf, &mut got) {
+                        Ok(Fill::Whole) => {}
+                        Ok(Fill::Pending) => {
+                            self.state = State::Read { sock, buf, got };
+                            return self.waiting();
+                        }
+                        Ok(Fill::Closed) => {
+                            return Err(Error::Remote(format!(
+                                "{}: closed the verbs leg's set-up (it refused the {} message, \
+                                 or could not make its queue pairs)",
+                                self.what,
+                                if self.ready.is_none() {
+                                    "offer"
+                                } else {
+                                    "peer"
+                                }
+                            )));
+                        }
+                        Err(e) => {
+                            return Err(Error::System(format!(
+                                "{}: reading the verbs leg's set-up: {e}",
+                                self.what
+                            )));
                         }
                     }
                     if self.ready.is_none() {
