@@ -67,9 +67,21 @@ pub struct StagedLink {
     pub peer_lengths: RemoteSeg,
 }
 
-/// One write through K: a slot's payload, or a length word for the peer's length ring.
+/// What a staged path has queued: a write through K, or the end of one of the comm's writes.
 #[derive(Debug, Clone, Copy)]
 enum Item {
+    Write(Slotted),
+    /// The comm's write `wr_id` is complete once every item before this one is credited.
+    Done {
+        wr_id: u64,
+        signaled: bool,
+    },
+}
+
+/// One write through K, one slot: a piece of the comm's payload, or a length word for the peer's
+/// length ring.
+#[derive(Debug, Clone, Copy)]
+enum Slotted {
     Piece {
         local: LocalSeg,
         remote: RemoteSeg,
@@ -78,11 +90,6 @@ enum Item {
     Length {
         word: u64,
         remote: RemoteSeg,
-    },
-    /// The comm's write `wr_id` is complete once every item before this one is credited.
-    Done {
-        wr_id: u64,
-        signaled: bool,
     },
 }
 
@@ -276,15 +283,15 @@ impl<F: Fabric> Staged<F> {
             if last && pieces > 1 && wr.imm.is_some() {
                 let index = leg.imm_sent;
                 let word = LEN_FLAG | ((index & 0x7fff_ffff) << 32) | len as u64;
-                leg.queue.push_back(Item::Length {
+                leg.queue.push_back(Item::Write(Slotted::Length {
                     word,
                     remote: RemoteSeg {
                         addr: link.peer_lengths.addr + 8 * (index % LENGTH_RING as u64),
                         rkey: link.peer_lengths.rkey,
                     },
-                });
+                }));
             }
-            leg.queue.push_back(Item::Piece {
+            leg.queue.push_back(Item::Write(Slotted::Piece {
                 local: LocalSeg {
                     addr: wr.local.addr + off as u64,
                     len: n as u32,
@@ -295,7 +302,7 @@ impl<F: Fabric> Staged<F> {
                     rkey: wr.remote.rkey,
                 },
                 imm: if last { wr.imm } else { None },
-            });
+            }));
         }
         if wr.imm.is_some() {
             leg.imm_sent += 1;
@@ -317,23 +324,26 @@ impl<F: Fabric> Staged<F> {
             return Ok(());
         };
         while let Some(&item) = leg.queue.front() {
-            let len = match item {
+            let write = match item {
                 Item::Done { wr_id, signaled } => {
                     leg.queue.pop_front();
                     leg.sent.push_back((sender.sent(), wr_id, signaled));
                     continue;
                 }
-                Item::Piece { local, .. } => local.len,
-                Item::Length { .. } => 8,
+                Item::Write(w) => w,
+            };
+            let len = match write {
+                Slotted::Piece { local, .. } => local.len,
+                Slotted::Length { .. } => 8,
             };
             let Some(slot) = sender.reserve(len as usize)? else {
                 break; // every slot waits for its credit
             };
             leg.queue.pop_front();
             let words = slot_words(&leg.ctrl, slot.seq, link.slots);
-            let (local, remote, imm) = match item {
-                Item::Piece { local, remote, imm } => (local, remote, imm),
-                Item::Length { word, remote } => {
+            let (local, remote, imm) = match write {
+                Slotted::Piece { local, remote, imm } => (local, remote, imm),
+                Slotted::Length { word, remote } => {
                     // The slot's own source word: free again once the slot is credited.
                     let src = words + 8 * DESC_WORDS as u64;
                     self.inner.ctrl_store(src, word, Ordering::Relaxed)?;
@@ -344,7 +354,6 @@ impl<F: Fabric> Staged<F> {
                     };
                     (local, remote, None)
                 }
-                Item::Done { .. } => continue,
             };
             let desc = Descriptor {
                 len: local.len,
