@@ -54,7 +54,7 @@ const BATCH: usize = 64;
 pub struct DirStats {
     /// Writes forwarded and acknowledged by the far end.
     pub forwarded: u64,
-    /// Their payload bytes.
+    /// Payload bytes of the writes posted to the far end (acknowledged or not yet).
     pub bytes: u64,
     /// Credit writes posted to the sender.
     pub credits: u64,
